@@ -1,0 +1,317 @@
+"""The contract: what a sim observes and accepts, shared by the sim, the agent and the dataset.
+
+A contract is derived from the env's spaces plus one sample observation, then written to an
+editable ``contract.json`` at an explicit path. Later runs load that file and merge it with a fresh
+derivation: human edits to names, descriptions, types, bounds, the control rate and the robot type
+survive, while a shape or dtype that no longer matches the env is an error naming the feature, the
+file and both shapes. The file never lands in the working directory by accident: without a path
+the contract lives in memory only.
+
+Feature naming:
+
+- a ``Dict`` (or ``Tuple``) observation is flattened, nested keys joined with ``/``;
+- a bare observation is called ``image`` when it looks like a camera, else ``state``;
+- the action is always the single feature ``action``, a flat vector of ``A`` values.
+
+Cameras are detected as ``HWC`` ``uint8`` arrays with 1, 3 or 4 channels (``gray`` for one channel,
+``rgb`` otherwise; edit the type to ``bgr`` or ``depth`` when that is what the sim renders).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hud_pipelines.errors import ContractError
+
+CONTRACT_VERSION = 1
+DEFAULT_CONTROL_RATE = 30.0
+"""Hz, used when the env states neither ``metadata["render_fps"]`` nor a ``dt``."""
+ACTION = "action"
+CAMERA_CHANNELS = (1, 3, 4)
+CAMERA_NAMES = ["height", "width", "channel"]
+
+
+class FeatureType(StrEnum):
+    """What a feature holds; the camera types tell consumers how to read the pixels."""
+
+    STATE = "state"
+    RGB = "rgb"
+    BGR = "bgr"
+    GRAY = "gray"
+    DEPTH = "depth"
+
+    @property
+    def is_camera(self) -> bool:
+        return self is not FeatureType.STATE
+
+
+class Feature(BaseModel):
+    """One named array of the contract, without the batch axis."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["observation", "action"]
+    type: FeatureType = FeatureType.STATE
+    dtype: str = Field(description="numpy dtype name, e.g. float32, uint8, int64, bool")
+    shape: tuple[int, ...]
+    names: list[str] | None = Field(
+        default=None,
+        description="one name per element for vectors; ['height', 'width', 'channel'] for cameras",
+    )
+    description: str | None = None
+    low: list[float] | None = Field(default=None, description="flat lower bounds, when known")
+    high: list[float] | None = Field(default=None, description="flat upper bounds, when known")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_camera(self) -> bool:
+        return self.type.is_camera
+
+
+class Contract(BaseModel):
+    """Observation and action features, control rate and robot type of one sim."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = CONTRACT_VERSION
+    control_rate: float = Field(gt=0, description="steps per second of simulated time (Hz)")
+    robot_type: str = "unknown"
+    features: dict[str, Feature]
+
+    @property
+    def action(self) -> Feature:
+        return self.features[ACTION]
+
+    @property
+    def observation_features(self) -> dict[str, Feature]:
+        return {k: f for k, f in self.features.items() if f.role == "observation"}
+
+    @property
+    def cameras(self) -> dict[str, Feature]:
+        return {k: f for k, f in self.observation_features.items() if f.is_camera}
+
+    @property
+    def state_features(self) -> dict[str, Feature]:
+        return {k: f for k, f in self.observation_features.items() if not f.is_camera}
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2, exclude_none=True) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# derivation
+
+
+def flatten_observation(observation: object, prefix: str = "") -> dict[str, npt.NDArray[Any]]:
+    """Flatten a (nested) dict/tuple observation into ``{"a/b": array}``; a bare value is one entry."""
+    if isinstance(observation, Mapping):
+        flat: dict[str, npt.NDArray[Any]] = {}
+        for key, value in observation.items():  # pyright: ignore[reportUnknownVariableType]
+            flat.update(flatten_observation(value, f"{prefix}{key}/"))
+        return flat
+    if isinstance(observation, tuple):
+        flat = {}
+        for index, value in enumerate(observation):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+            flat.update(flatten_observation(value, f"{prefix}{index}/"))
+        return flat
+    return {prefix.rstrip("/"): to_numpy(observation)}
+
+
+def to_numpy(value: object) -> npt.NDArray[Any]:
+    """Convert an array-like, including a torch tensor on any device, to numpy without importing torch."""
+    detach = getattr(value, "detach", None)
+    if callable(detach):
+        value = detach().cpu().numpy()  # pyright: ignore[reportUnknownMemberType]
+    return np.asarray(value)
+
+
+def looks_like_camera(array: npt.NDArray[Any]) -> bool:
+    return array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in CAMERA_CHANNELS
+
+
+def _observation_feature(name: str, sample: npt.NDArray[Any], space: gym.Space[Any] | None) -> Feature:
+    leaf = name.rsplit("/", 1)[-1]
+    if looks_like_camera(sample):
+        kind = FeatureType.GRAY if sample.shape[-1] == 1 else FeatureType.RGB
+        return Feature(
+            role="observation", type=kind, dtype=str(sample.dtype), shape=sample.shape, names=list(CAMERA_NAMES)
+        )
+    shape = sample.shape if sample.ndim > 0 else (1,)
+    size = math.prod(shape)
+    low, high = _bounds(space, size)
+    return Feature(
+        role="observation",
+        dtype=str(sample.dtype),
+        shape=shape,
+        names=[f"{leaf}_{i}" for i in range(size)],
+        low=low,
+        high=high,
+    )
+
+
+def _bounds(space: gym.Space[Any] | None, size: int) -> tuple[list[float] | None, list[float] | None]:
+    """Flat finite bounds of a space when it has them (infinite bounds are left out of the file)."""
+    if isinstance(space, gym.spaces.Box):
+        low = np.asarray(space.low, dtype=np.float64).reshape(-1)
+        high = np.asarray(space.high, dtype=np.float64).reshape(-1)
+        if low.size == size and np.isfinite(low).all() and np.isfinite(high).all():
+            return low.tolist(), high.tolist()
+        return None, None
+    if isinstance(space, gym.spaces.Discrete):
+        return [float(space.start)] * size, [float(space.start + space.n - 1)] * size
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        start = np.asarray(space.start, dtype=np.float64).reshape(-1)
+        nvec = np.asarray(space.nvec, dtype=np.float64).reshape(-1)
+        return start.tolist(), (start + nvec - 1).tolist()
+    if isinstance(space, gym.spaces.MultiBinary):
+        return [0.0] * size, [1.0] * size
+    return None, None
+
+
+def _subspace(space: gym.Space[Any] | None, name: str) -> gym.Space[Any] | None:
+    """Find the leaf space that ``flatten_observation`` called ``name``."""
+    node: gym.Space[Any] | None = space
+    for part in name.split("/") if name else []:
+        if isinstance(node, gym.spaces.Dict):
+            node = node.spaces.get(part)
+        elif isinstance(node, gym.spaces.Tuple) and part.isdigit() and int(part) < len(node.spaces):
+            node = node.spaces[int(part)]
+        else:
+            return None
+    return node
+
+
+def action_feature(space: gym.Space[Any]) -> Feature:
+    """The flat action feature of a (single-env) action space."""
+    if isinstance(space, gym.spaces.Box):
+        size = math.prod(space.shape)
+        dtype = str(space.dtype)
+    elif isinstance(space, gym.spaces.Discrete):
+        size, dtype = 1, "int64"
+    elif isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        size, dtype = math.prod(space.shape), "int64"
+    else:
+        raise ContractError(f"unsupported action space {space!r}: use Box, Discrete, MultiDiscrete or MultiBinary")
+    low, high = _bounds(space, size)
+    return Feature(
+        role="action", dtype=dtype, shape=(size,), names=[f"{ACTION}_{i}" for i in range(size)], low=low, high=high
+    )
+
+
+def control_rate_of(env: Any) -> float:
+    """``metadata["render_fps"]``, else ``1/dt``, else :data:`DEFAULT_CONTROL_RATE`."""
+    metadata: Mapping[str, Any] = getattr(env, "metadata", None) or {}
+    fps = metadata.get("render_fps")
+    if isinstance(fps, int | float) and fps > 0:
+        return float(fps)
+    for holder in (env, getattr(env, "unwrapped", None)):
+        dt = getattr(holder, "dt", None)
+        if isinstance(dt, int | float) and dt > 0:
+            return 1.0 / float(dt)
+    return DEFAULT_CONTROL_RATE
+
+
+def derive_contract(
+    observation_space: gym.Space[Any] | None,
+    action_space: gym.Space[Any],
+    sample_observation: object,
+    *,
+    control_rate: float,
+    robot_type: str = "unknown",
+) -> Contract:
+    """Derive a contract from single-env spaces and one (unbatched) sample observation."""
+    features: dict[str, Feature] = {}
+    flat = flatten_observation(sample_observation)
+    for name, sample in flat.items():
+        key = name or ("image" if looks_like_camera(sample) else "state")
+        if key == ACTION:
+            raise ContractError(f"an observation feature may not be called {ACTION!r}")
+        check_dtype_name(sample.dtype, key)
+        features[key] = _observation_feature(key, sample, _subspace(observation_space, name))
+    features[ACTION] = action_feature(action_space)
+    return Contract(control_rate=control_rate, robot_type=robot_type, features=features)
+
+
+def check_dtype_name(dtype: np.dtype[Any], feature: str) -> None:
+    if dtype.kind not in "biuf":
+        raise ContractError(f"feature {feature!r} has dtype {dtype}: only bool, int and float features are supported")
+
+
+# ---------------------------------------------------------------------------------------------
+# the editable file
+
+
+def load_contract(path: Path) -> Contract:
+    """Read a contract file; a malformed one is an error naming the file and the field."""
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ContractError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from exc
+    try:
+        return Contract.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        raise ContractError(f"{path}: invalid contract: {problems}") from exc
+
+
+def merge_contract(edited: Contract, derived: Contract, *, source: Path | str) -> Contract:
+    """Keep the edits of ``edited`` where they still fit the env that produced ``derived``.
+
+    Names, descriptions, types, bounds, the control rate and the robot type come from ``edited``;
+    a feature whose shape or dtype changed, or that the env no longer has, is an error. Features
+    the env gained are added as derived.
+    """
+    gone = sorted(set(edited.features) - set(derived.features))
+    if gone:
+        raise ContractError(
+            f"{source}: features {gone} are in the contract file but not in the env "
+            f"(the env has {sorted(derived.features)})"
+        )
+    merged: dict[str, Feature] = {}
+    for name, fresh in derived.features.items():
+        kept = edited.features.get(name)
+        if kept is None:
+            merged[name] = fresh
+            continue
+        if kept.shape != fresh.shape or np.dtype(kept.dtype) != np.dtype(fresh.dtype) or kept.role != fresh.role:
+            raise ContractError(
+                f"{source}: feature {name!r} is {kept.role} {kept.dtype}{list(kept.shape)} in the "
+                f"contract file but {fresh.role} {fresh.dtype}{list(fresh.shape)} in the env; "
+                "fix the file or delete it to derive it again"
+            )
+        if kept.names is not None and not kept.is_camera and len(kept.names) != fresh.size:
+            raise ContractError(f"{source}: feature {name!r} has {len(kept.names)} names for {fresh.size} values")
+        merged[name] = kept
+    return edited.model_copy(update={"features": merged})
+
+
+def resolve_contract(derived: Contract, path: Path | None) -> Contract:
+    """Write ``derived`` to ``path`` the first time; afterwards load the file and merge.
+
+    With ``path=None`` nothing touches the disk. The file is rewritten only when the merge added
+    features, so a user's formatting survives ordinary runs.
+    """
+    if path is None:
+        return derived
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(derived.to_json())
+        return derived
+    edited = load_contract(path)
+    merged = merge_contract(edited, derived, source=path)
+    if set(merged.features) != set(edited.features):
+        path.write_text(merged.to_json())
+    return merged

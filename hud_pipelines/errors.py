@@ -1,0 +1,80 @@
+"""The exceptions hud-pipelines raises.
+
+One hierarchy so callers can catch ``HudPipelinesError`` at a boundary (the CLI, a Dagster asset) and
+still tell the cases apart where it matters: a bad input (contract, factory, task argument, action)
+is the user's to fix; a sim fault (start-up, crash, timeout, remote error) ends the affected episodes
+as *errored*, never as failed.
+"""
+
+from __future__ import annotations
+
+
+class HudPipelinesError(Exception):
+    """Base class of every error raised on purpose by hud-pipelines."""
+
+
+class ContractError(HudPipelinesError):
+    """A contract cannot be derived, loaded or merged, or a frame does not match it."""
+
+
+class FactoryError(HudPipelinesError):
+    """A sim factory spec cannot be resolved to something that builds an env."""
+
+
+class TaskArgumentError(HudPipelinesError):
+    """A task argument is accepted neither by the factory nor by ``reset``."""
+
+
+class ActionError(HudPipelinesError):
+    """An action frame does not match the contract (shape, dtype, finiteness, bounds)."""
+
+
+class WireError(HudPipelinesError):
+    """A frame cannot be decoded, or breaks the protocol (type, version, sequence, size)."""
+
+
+class SlotStateError(HudPipelinesError):
+    """An operation is illegal in a slot's current lifecycle state."""
+
+
+class SimError(HudPipelinesError):
+    """The sim, or the link to it, failed; the episodes it was running end as errored."""
+
+
+class SimStartError(SimError):
+    """The sim child did not come up within its start-up deadline (its stderr is attached)."""
+
+
+class SimCrashedError(SimError):
+    """The sim child died, or the connection to it dropped, while a request was in flight."""
+
+
+class SimTimeoutError(SimError):
+    """A request to the sim missed its deadline; a spawned child's process group is killed."""
+
+
+class RemoteError(SimError):
+    """The sim answered a request with an error frame.
+
+    ``phase`` is where it happened (``handshake``, ``decode``, ``reset``, ``step``, ...), ``slot``
+    the affected slot (``None`` when it concerns the whole batch) and ``remote_traceback`` the
+    formatted traceback from the sim process when an exception caused it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        phase: str,
+        slot: int | None = None,
+        remote_traceback: str | None = None,
+    ) -> None:
+        where = f"{phase}" if slot is None else f"{phase}, slot {slot}"
+        text = f"sim error during {where}: {message}"
+        if remote_traceback:
+            text = f"{text}\n--- sim traceback ---\n{remote_traceback.rstrip()}"
+        super().__init__(text)
+        self.message = message
+        self.phase = phase
+        self.slot = slot
+        self.remote_traceback = remote_traceback

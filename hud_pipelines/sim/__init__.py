@@ -1,0 +1,1 @@
+"""Serving sims: the bridge (slots in lockstep), the server, the process handle and the client."""

@@ -1,0 +1,129 @@
+"""Action frames: validation against the contract, hold actions, conversion to the env's space.
+
+An action frame is ``[N, A]`` (one flat row of ``A`` values per slot). For every *running* slot the
+row must be finite; rows of finished slots are ignored and replaced by the hold action, so a client
+may send anything there (zeros, its last action, even NaN).
+
+Bounds:
+
+- ``Box`` spaces: out-of-bounds values are clipped into ``[low, high]`` by default
+  (:attr:`BoundsMode.CLIP`); :attr:`BoundsMode.ERROR` refuses them instead.
+- ``Discrete``, ``MultiDiscrete`` and ``MultiBinary`` spaces: values are rounded to the nearest
+  integer; a value outside the space is always an error (clipping an index would hide a bug).
+
+Hold actions (what a finished slot receives while the others keep stepping):
+
+- :attr:`HoldMode.LAST` (default): the slot's last applied action, which is the safe choice for
+  absolute-pose control where "zero" means "jump to the origin";
+- :attr:`HoldMode.ZERO`: zeros, clipped into the bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.contract import Feature
+from hud_pipelines.errors import ActionError
+
+
+class HoldMode(StrEnum):
+    LAST = "last"
+    ZERO = "zero"
+
+
+class BoundsMode(StrEnum):
+    CLIP = "clip"
+    ERROR = "error"
+
+
+class ActionAdapter:
+    """Turns ``[N, A]`` action frames into what the env's action space expects."""
+
+    def __init__(
+        self,
+        feature: Feature,
+        space: gym.Space[Any],
+        num_slots: int,
+        *,
+        hold: HoldMode = HoldMode.LAST,
+        bounds: BoundsMode = BoundsMode.CLIP,
+    ) -> None:
+        self.feature = feature
+        self.space = space
+        self.num_slots = num_slots
+        self.hold = hold
+        self.bounds = bounds
+        self.width = math.prod(feature.shape)
+        self.discrete = not isinstance(space, gym.spaces.Box)
+        low = np.asarray(feature.low, dtype=np.float64) if feature.low is not None else np.full(self.width, -np.inf)
+        high = np.asarray(feature.high, dtype=np.float64) if feature.high is not None else np.full(self.width, np.inf)
+        self.low, self.high = low, high
+        self._zero = np.clip(np.zeros(self.width), low, high)
+        self.last = np.tile(self._zero, (num_slots, 1))
+
+    def restart(self) -> None:
+        """Forget the last actions at a new episode (a slot that never acted holds zeros)."""
+        self.last = np.tile(self._zero, (self.num_slots, 1))
+
+    def spec(self) -> str:
+        return f"{self.feature.dtype}[N={self.num_slots}, A={self.width}] (names {self.feature.names})"
+
+    def validate(self, action: object, running: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+        """Check a frame and return the ``[N, A]`` rows to apply (hold rows for finished slots)."""
+        if not isinstance(action, np.ndarray):
+            raise ActionError(f"the action must be an array, got {type(action).__name__}; expected {self.spec()}")
+        frame: npt.NDArray[Any] = action
+        if frame.ndim == 1 and self.width == 1 and frame.shape[0] == self.num_slots:
+            frame = frame.reshape(self.num_slots, 1)
+        if frame.shape != (self.num_slots, self.width):
+            raise ActionError(f"action has shape {list(frame.shape)}, expected {self.spec()}")
+        if frame.dtype.kind not in "biuf":
+            raise ActionError(f"action has dtype {frame.dtype}, expected a numeric {self.spec()}")
+        rows = frame.astype(np.float64)
+        live = rows[running]
+        bad = ~np.isfinite(live).all(axis=1)
+        if bad.any():
+            slots = np.flatnonzero(running)[bad].tolist()
+            raise ActionError(f"non-finite action (NaN or inf) for slot(s) {slots}; expected finite {self.spec()}")
+        if self.discrete:
+            rounded = np.rint(rows)
+            outside = running & ((rounded < self.low) | (rounded > self.high)).any(axis=1)
+            if outside.any():
+                raise ActionError(
+                    f"action out of the discrete range [{self.low.tolist()}, {self.high.tolist()}] for slot(s) "
+                    f"{np.flatnonzero(outside).tolist()}"
+                )
+            rows = rounded
+        else:
+            outside = running & ((rows < self.low) | (rows > self.high)).any(axis=1)
+            if outside.any() and self.bounds is BoundsMode.ERROR:
+                raise ActionError(
+                    f"action out of bounds for slot(s) {np.flatnonzero(outside).tolist()}: low {self.low.tolist()}, "
+                    f"high {self.high.tolist()}"
+                )
+            rows = np.clip(rows, self.low, self.high)
+        held = self.last if self.hold is HoldMode.LAST else np.broadcast_to(self._zero, rows.shape)
+        rows = np.where(running[:, None], rows, held)
+        self.last = rows
+        return rows
+
+    def to_env(self, rows: npt.NDArray[np.float64], *, batched: bool) -> Any:
+        """Reshape and cast rows for the env: one array for a vector env, a list of per-slot actions otherwise."""
+        space = self.space
+        if isinstance(space, gym.spaces.Discrete):
+            batch: npt.NDArray[Any] = rows[:, 0].astype(np.int64)
+        elif isinstance(space, gym.spaces.MultiBinary):
+            batch = rows.astype(np.int8).reshape((self.num_slots, *space.shape))
+        elif isinstance(space, gym.spaces.MultiDiscrete):
+            batch = rows.astype(np.int64).reshape((self.num_slots, *space.shape))
+        else:
+            batch = rows.astype(space.dtype).reshape((self.num_slots, *space.shape))  # pyright: ignore[reportArgumentType]
+        if batched:
+            return batch
+        return list(batch)

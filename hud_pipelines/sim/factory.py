@@ -1,0 +1,191 @@
+"""Resolve a sim factory spec to something that builds envs, and sort task arguments.
+
+A spec is one of:
+
+- ``package.module:callable`` - any callable returning a gymnasium-style env (or a vector env when
+  its signature has ``num_envs``);
+- ``path/to/file.py:callable`` - the same, loaded from a file;
+- a gymnasium registry id such as ``CartPole-v1`` or ``gym_pusht/PushT-v0`` (the namespace's
+  package is imported when the id is not registered yet).
+
+Task arguments are partitioned by the factory's signature: its parameters are *build* arguments (a
+changed value rebuilds the env), ``seed`` and ``options`` are *episodic* (they go to ``reset``).
+Anything else is an error that shows the signature.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from hud_pipelines.errors import FactoryError, TaskArgumentError
+
+EPISODIC_ARGS = frozenset({"seed", "options"})
+"""Task arguments that go to ``reset`` rather than to the factory."""
+MAKE_ARGS = frozenset({"render_mode", "max_episode_steps", "disable_env_checker"})
+"""``gym.make`` keywords every registry id accepts."""
+NUM_ENVS = "num_envs"
+
+
+class FactoryKind(StrEnum):
+    REGISTRY = "registry"
+    CALLABLE = "callable"
+
+
+@dataclass(frozen=True)
+class Factory:
+    """A resolved factory: how to build one env, or a vector env of ``num_envs`` slots."""
+
+    spec: str
+    kind: FactoryKind
+    target: Callable[..., Any] | str
+    """The callable, or the registry id."""
+    build_params: frozenset[str]
+    accepts_any: bool
+    """The factory takes ``**kwargs``: every non-episodic argument is a build argument."""
+    vectorizes: bool
+    """The factory's signature has ``num_envs``: it batches natively."""
+    signature: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.rsplit(":", 1)[-1] if self.kind is FactoryKind.CALLABLE else self.spec
+
+    def split_task(self, task: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Split one task's arguments into (build args, episodic args)."""
+        build: dict[str, Any] = {}
+        episodic: dict[str, Any] = {}
+        for key, value in task.items():
+            if key in EPISODIC_ARGS:
+                episodic[key] = value
+            elif key == NUM_ENVS:
+                raise TaskArgumentError(f"{NUM_ENVS!r} is set when the sim starts, not per task")
+            elif key in self.build_params or self.accepts_any:
+                build[key] = value
+            else:
+                hint = difflib.get_close_matches(key, [*self.build_params, *EPISODIC_ARGS], n=1)
+                suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+                raise TaskArgumentError(
+                    f"task argument {key!r} is accepted neither by the factory {self.name}{self.signature} "
+                    f"nor by reset(seed, options){suggestion}"
+                )
+        return build, episodic
+
+    def build(self, build_args: Mapping[str, Any], num_envs: int) -> Any:
+        """Build a single env (``num_envs == 1`` without native batching) or a vector env."""
+        if isinstance(self.target, str):
+            if num_envs == 1:
+                return gym.make(self.target, **build_args)
+            args = dict(build_args)
+            mode = args.pop("vectorization_mode", None)
+            return gym.make_vec(self.target, num_envs=num_envs, vectorization_mode=mode, **args)
+        if self.vectorizes:
+            return self.target(**build_args, num_envs=num_envs)
+        return self.target(**build_args)
+
+
+def resolve_factory(spec: str) -> Factory:
+    """Resolve ``spec``; an unknown module, attribute or id is an error with the closest matches."""
+    if ":" in spec:
+        module_part, _, attribute = spec.rpartition(":")
+        module = _load_file(module_part, spec) if module_part.endswith(".py") else _import(module_part, spec)
+        target = getattr(module, attribute, None)
+        if target is None:
+            names = [n for n in dir(module) if not n.startswith("_")]
+            hint = difflib.get_close_matches(attribute, names, n=3)
+            suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
+            raise FactoryError(f"factory {spec!r}: {module_part} has no attribute {attribute!r}{suggestion}")
+        if not callable(target):
+            raise FactoryError(f"factory {spec!r}: {attribute!r} is not callable")
+        return _callable_factory(spec, target)
+    return _registry_factory(spec)
+
+
+def _import(module_name: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise FactoryError(f"factory {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+
+
+def _load_file(path_text: str, spec: str) -> Any:
+    path = Path(path_text).resolve()
+    if not path.is_file():
+        raise FactoryError(f"factory {spec!r}: file {path} does not exist")
+    module_name = f"hud_pipelines_factory_{path.stem}_{abs(hash(path)) & 0xFFFFFF:x}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise FactoryError(f"factory {spec!r}: cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    loader_spec.loader.exec_module(module)
+    return module
+
+
+def _parameters(target: Callable[..., Any]) -> tuple[frozenset[str], bool, str]:
+    signature = inspect.signature(target)
+    names = frozenset(
+        p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    )
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    return names, accepts_any, str(signature)
+
+
+def _callable_factory(spec: str, target: Callable[..., Any]) -> Factory:
+    names, accepts_any, signature = _parameters(target)
+    return Factory(
+        spec=spec,
+        kind=FactoryKind.CALLABLE,
+        target=target,
+        build_params=names - {NUM_ENVS},
+        accepts_any=accepts_any,
+        vectorizes=NUM_ENVS in names,
+        signature=signature,
+    )
+
+
+def _registry_factory(env_id: str) -> Factory:
+    if env_id not in gym.registry and "/" in env_id:
+        namespace = env_id.split("/", 1)[0]
+        try:
+            importlib.import_module(namespace)
+        except ModuleNotFoundError as exc:
+            raise FactoryError(
+                f"registry id {env_id!r}: namespace {namespace!r} is not registered and no package of "
+                f"that name can be imported ({exc})"
+            ) from exc
+    if env_id not in gym.registry:
+        hint = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
+        raise FactoryError(f"unknown gymnasium registry id {env_id!r}{suggestion}")
+    env_spec = gym.spec(env_id)
+    entry = env_spec.entry_point
+    creator: Callable[..., Any] | None = None
+    if callable(entry):
+        creator = entry
+    elif isinstance(entry, str):
+        module_name, _, attribute = entry.partition(":")
+        creator = getattr(importlib.import_module(module_name), attribute)
+    names, accepts_any, signature = _parameters(creator) if creator else (frozenset[str](), True, "(**kwargs)")
+    names = names | frozenset(env_spec.kwargs) | MAKE_ARGS | {"vectorization_mode"}
+    return Factory(
+        spec=env_id,
+        kind=FactoryKind.REGISTRY,
+        target=env_id,
+        build_params=names - {NUM_ENVS},
+        accepts_any=accepts_any,
+        vectorizes=False,
+        signature=signature,
+    )

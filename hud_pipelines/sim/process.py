@@ -1,0 +1,251 @@
+"""The parent-side handle of a sim: spawn a child that serves it, or attach to one served elsewhere.
+
+A spawned child:
+
+- runs ``python -m hud_pipelines.sim`` in a new session, so it leads its own process group and
+  teardown can kill everything it started (SIGTERM, a grace period, then SIGKILL of the group);
+- must print its ready line within ``startup_timeout_s``, else it is killed and the error carries the
+  tail of its stderr (which is also forwarded to the ``hud_pipelines.sim.child`` logger);
+- holds the read end of a pipe on stdin whose write end only this process has: when this process
+  dies for any reason the child sees EOF and kills its own group, so no sim outlives its parent.
+
+Attaching takes a URL and a token; :meth:`SimProcess.connect` returns the same :class:`SimClient`
+either way.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from hud_pipelines.errors import SimStartError
+from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, SimClient
+from hud_pipelines.sim.serve import TOKEN_ENV
+from hud_pipelines.wire.messages import Framing
+
+log = logging.getLogger(__name__)
+child_log = logging.getLogger("hud_pipelines.sim.child")
+DEFAULT_STARTUP_TIMEOUT_S = 120.0
+DEFAULT_GRACE_S = 5.0
+STDERR_TAIL_LINES = 60
+
+
+class SimProcess:
+    """A served sim: a child process we own (``spawn``) or a URL we were given (``attach``)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        popen: subprocess.Popen[bytes] | None = None,
+        stderr_tail: collections.deque[str] | None = None,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self._popen = popen
+        self._stderr_tail = stderr_tail if stderr_tail is not None else collections.deque[str](maxlen=STDERR_TAIL_LINES)
+
+    # -- construction ------------------------------------------------------------------------------
+
+    @classmethod
+    def attach(cls, url: str, token: str) -> SimProcess:
+        """A sim that something else serves (``hud-pipelines serve`` on another host)."""
+        return cls(url, token)
+
+    @classmethod
+    def spawn(
+        cls,
+        factory: str,
+        *,
+        num_envs: int = 1,
+        build_args: Mapping[str, Any] | None = None,
+        contract_path: Path | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        options: Sequence[str] = (),
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        python: str = sys.executable,
+    ) -> SimProcess:
+        """Start a child serving ``factory``; returns once it printed its ready line."""
+        token = secrets.token_urlsafe(24)
+        command = [
+            python,
+            "-m",
+            "hud_pipelines.sim",
+            factory,
+            "--num-envs",
+            str(num_envs),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--parent-watch",
+            *options,
+        ]
+        if contract_path is not None:
+            command += ["--contract", str(contract_path)]
+        for key, value in (build_args or {}).items():
+            command += ["--arg", f"{key}={json.dumps(value)}"]
+        child_env = {**os.environ, **(env or {}), TOKEN_ENV: token}
+        popen = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=child_env,
+            cwd=cwd,
+        )
+        tail = collections.deque[str](maxlen=STDERR_TAIL_LINES)
+        assert popen.stderr is not None
+        assert popen.stdout is not None
+        threading.Thread(
+            target=_pump_stderr, args=(popen.stderr, tail, popen.pid), name=f"hud-sim-{popen.pid}-stderr", daemon=True
+        ).start()
+        handle = cls("", token, popen=popen, stderr_tail=tail)
+        try:
+            ready = _read_ready_line(popen, startup_timeout_s)
+        except SimStartError as exc:
+            handle.close(grace_s=1.0)
+            raise SimStartError(f"{exc} (sim {factory!r}){handle.diagnose()}") from None
+        except BaseException:
+            handle.close(grace_s=1.0)
+            raise
+        handle.url = str(ready["url"])
+        log.info("sim %s (pid %d) ready at %s", factory, popen.pid, handle.url)
+        return handle
+
+    # -- use -----------------------------------------------------------------------------------------
+
+    def connect(
+        self,
+        *,
+        framing: Framing | None = Framing.BATCHED,
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    ) -> SimClient:
+        """A client of this sim; a spawned child is killed when one of its requests times out."""
+        return SimClient(
+            self.url,
+            self.token,
+            framing=framing,
+            step_timeout_s=step_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            diagnose=self.diagnose,
+            on_timeout=self.kill if self._popen is not None else None,
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._popen is None else self._popen.pid
+
+    @property
+    def owned(self) -> bool:
+        return self._popen is not None
+
+    def alive(self) -> bool:
+        return self._popen is None or self._popen.poll() is None
+
+    def diagnose(self, wait_s: float = 1.0) -> str:
+        """Exit status and stderr tail of a spawned child (waits briefly for a dying child)."""
+        if self._popen is None:
+            return ""
+        try:
+            code = self._popen.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            status = f"sim process {self._popen.pid} is still running"
+        elif code < 0:
+            status = f"sim process {self._popen.pid} was killed by {signal.Signals(-code).name}"
+        else:
+            status = f"sim process {self._popen.pid} exited with code {code}"
+        time.sleep(0.05)  # let the stderr pump catch the last lines
+        lines = "\n".join(f"  | {line}" for line in self._stderr_tail)
+        return f"{status}; stderr tail:\n{lines}" if lines else status
+
+    def kill(self) -> None:
+        """SIGKILL the child's whole process group now (a hung sim gets no grace)."""
+        if self._popen is not None:
+            _signal_group(self._popen.pid, signal.SIGKILL)
+            self._popen.wait()
+
+    def close(self, grace_s: float = DEFAULT_GRACE_S) -> None:
+        """Stop a spawned child: SIGTERM to its group, then SIGKILL after ``grace_s``; no-op when attached."""
+        popen = self._popen
+        if popen is None:
+            return
+        if popen.poll() is None:
+            _signal_group(popen.pid, signal.SIGTERM)
+            try:
+                popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, grace_s)
+        _signal_group(popen.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
+        popen.wait()
+        if popen.stdin is not None:
+            popen.stdin.close()
+
+    def __enter__(self) -> SimProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _pump_stderr(stream: IO[bytes], tail: collections.deque[str], pid: int) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip()
+        tail.append(line)
+        child_log.info("[%d] %s", pid, line)
+    stream.close()
+
+
+def _read_ready_line(popen: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+    assert popen.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    buffer = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(popen.stdout, selectors.EVENT_READ)
+        while b"\n" not in buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SimStartError(f"the sim did not become ready within {timeout_s:g} s")
+            if not selector.select(timeout=min(remaining, 0.5)):
+                if popen.poll() is not None:
+                    raise SimStartError(f"the sim exited with code {popen.returncode} before it was ready")
+                continue
+            chunk = os.read(popen.stdout.fileno(), 65536)
+            if not chunk:
+                popen.wait(timeout=5)
+                raise SimStartError(f"the sim exited with code {popen.returncode} before it was ready")
+            buffer += chunk
+    line = buffer.split(b"\n", 1)[0]
+    try:
+        ready = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SimStartError(f"the sim's ready line is not JSON: {line[:200]!r}") from exc
+    if not isinstance(ready, dict) or "url" not in ready:
+        raise SimStartError(f"the sim's ready line has no url: {line[:200]!r}")
+    return ready  # pyright: ignore[reportUnknownVariableType]

@@ -1,0 +1,198 @@
+"""``hud-pipelines serve`` / ``python -m hud_pipelines.sim``: the one way a sim is served.
+
+The pipeline spawns this entry point as a child process; on another host or in a container you run
+it yourself and the pipeline attaches by URL and token. Either way the process:
+
+1. moves ``stdout`` aside (anything the env prints goes to ``stderr``), so that
+2. exactly one JSON line reaches ``stdout`` once the sim is built and listening::
+
+       {"url": "ws://127.0.0.1:40123", "token": "...", "protocol": 1, "num_envs": 4, "pid": 1234}
+
+3. then runs the sim on the main thread until SIGTERM/SIGINT (or, with ``--parent-watch``, until
+   its stdin closes because the parent died; it then kills its own process group).
+
+This module imports neither torch, lerobot nor dagster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.sim.actions import BoundsMode, HoldMode
+from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.server import MainThreadExecutor, SimServer
+from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
+
+log = logging.getLogger("hud_pipelines.sim")
+TOKEN_ENV = "HUD_PIPELINES_TOKEN"
+EXIT_BAD_INPUT = 2
+PARENT_GONE_GRACE_S = 3.0
+
+
+def parse_value(text: str) -> Any:
+    """``--arg`` values are JSON where they parse as JSON (numbers, booleans, lists), else strings."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_build_args(pairs: list[str]) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise HudPipelinesError(f"--arg expects key=value, got {pair!r}")
+        args[key] = parse_value(value)
+    return args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("factory", help="module:callable, path/to/file.py:callable, or a gymnasium registry id")
+    parser.add_argument("--num-envs", type=int, default=1, help="slots served in lockstep (default 1)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this host only)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default 0: any free port, reported)")
+    parser.add_argument(
+        "--contract",
+        type=Path,
+        default=None,
+        help="contract.json to write on first use and merge afterwards (default: in memory only)",
+    )
+    parser.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a build argument for the factory (repeatable; JSON values)",
+    )
+    parser.add_argument(
+        "--token", default=None, help=f"capability token clients must present (default ${TOKEN_ENV}, else random)"
+    )
+    parser.add_argument(
+        "--hold",
+        choices=[m.value for m in HoldMode],
+        default=HoldMode.LAST.value,
+        help="action a finished slot receives while others step (default: its last action)",
+    )
+    parser.add_argument(
+        "--bounds",
+        choices=[m.value for m in BoundsMode],
+        default=BoundsMode.CLIP.value,
+        help="out-of-bounds continuous actions: clip (default) or error",
+    )
+    parser.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--parent-watch", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until told to stop; returns the process exit code."""
+    ready_out = _claim_stdout()
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s [sim %(process)d] %(name)s: %(message)s",
+    )
+    executor = MainThreadExecutor()
+    _install_signal_handlers(executor)
+    if args.parent_watch:
+        threading.Thread(target=_watch_parent, name="hud-parent-watch", daemon=True).start()
+    token: str = args.token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    bridge: GymBridge | None = None
+    server: SimServer | None = None
+    try:
+        bridge = GymBridge(
+            args.factory,
+            args.num_envs,
+            build_args=parse_build_args(args.arg),
+            contract_path=args.contract,
+            hold=HoldMode(args.hold),
+            bounds=BoundsMode(args.bounds),
+        )
+        bridge.start()
+        server = SimServer(
+            bridge, executor, token=token, host=args.host, port=args.port, max_frame_bytes=args.max_frame_bytes
+        )
+        port = server.start()
+        host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
+        ready = {
+            "url": f"ws://{host}:{port}",
+            "token": token,
+            "protocol": PROTOCOL_VERSION,
+            "num_envs": args.num_envs,
+            "pid": os.getpid(),
+        }
+        ready_out.write(json.dumps(ready) + "\n")
+        ready_out.flush()
+        ready_out.close()
+        log.info("serving %s with %d slot(s) at ws://%s:%d", args.factory, args.num_envs, host, port)
+        executor.run_forever()
+        log.info("shutting down")
+        return 0
+    except KeyboardInterrupt:
+        log.info("interrupted")
+        return 0
+    except HudPipelinesError as exc:
+        log.error("%s", exc)
+        return EXIT_BAD_INPUT
+    finally:
+        executor.close()
+        if server is not None:
+            server.stop()
+        if bridge is not None:
+            bridge.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hud_pipelines.sim", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def _claim_stdout() -> Any:
+    """Keep the real stdout for the ready line; everything else printed goes to stderr."""
+    ready_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(ready_fd, "w")
+
+
+def _install_signal_handlers(executor: MainThreadExecutor) -> None:
+    """The first SIGTERM/SIGINT stops serving after the current sim touch; a second one interrupts it."""
+    stopping = False
+
+    def shutdown(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        stopping = True
+        executor.stop()  # SimpleQueue.put is reentrant: safe inside a signal handler
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+
+
+def _watch_parent() -> None:
+    """Exit with the whole process group once stdin closes (the parent that spawned us is gone)."""
+    try:
+        while os.read(0, 4096):  # the raw fd: a buffered reader would hold a lock at interpreter exit
+            pass
+    except OSError:
+        pass
+    log.warning("parent process went away; stopping the sim")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(PARENT_GONE_GRACE_S)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
