@@ -1,7 +1,6 @@
 # Two entry points for a fresh machine; each prepares the environment first (scripts/setup).
 export HF_HUB_OFFLINE := 1
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
-export MUJOCO_GL ?= egl
 
 .PHONY: setup eval test lint bench
 
