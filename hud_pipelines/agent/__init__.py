@@ -1,0 +1,1 @@
+"""The agent side: policies behind one batched seam, the lockstep agent loop, cross-sim batching."""

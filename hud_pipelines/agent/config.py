@@ -1,0 +1,108 @@
+"""Typed agent settings, as written under ``agent:`` in a pipeline YAML.
+
+Policies are chosen by their ``kind``; each kind has its own strict model so a typo in a key fails
+at load time and the JSON Schema documents every option. These models hold settings only; building
+a policy from them (and importing torch or lerobot) happens in :mod:`hud_pipelines.agent.policies`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RandomPolicyConfig(_Model):
+    """Uniform random actions from the contract's action bounds (seeded)."""
+
+    kind: Literal["random"] = "random"
+    seed: int = Field(0, description="seed of the policy's random generator")
+    chunk_size: int = Field(1, ge=1, description="actions per inference call")
+
+
+class ConstantPolicyConfig(_Model):
+    """The same action every step (zeros by default); useful as a hold or smoke-test policy."""
+
+    kind: Literal["constant"] = "constant"
+    value: list[float] | None = Field(None, description="the action, flat in contract order; zeros when omitted")
+
+
+class ScriptedPolicyConfig(_Model):
+    """Any Python callable by import path, e.g. a PD controller in ``envs/``."""
+
+    kind: Literal["scripted"] = "scripted"
+    target: str = Field(
+        description="'module:callable' or 'path/to/file.py:callable'; called as target(**args) when it is a "
+        "class or factory returning a policy, or used directly as fn(observation_batch) -> actions"
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for target when it is a factory")
+
+
+class TorchPolicyConfig(_Model):
+    """A ``torch.nn.Module`` class by import path, with an optional checkpoint."""
+
+    kind: Literal["torch"] = "torch"
+    target: str = Field(description="'module:Class' of a torch.nn.Module mapping a batch to [B, T, A] or [B, A]")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the module's constructor")
+    checkpoint: str | None = Field(None, description="a state_dict file (torch.save) to load, relative to the YAML")
+    device: str = Field("auto", description="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...")
+
+
+class LeRobotPolicyConfig(_Model):
+    """Any LeRobot policy type through lerobot's own factory; never downloads anything."""
+
+    kind: Literal["lerobot"] = "lerobot"
+    path: str | None = Field(
+        None, description="a local pretrained folder (save_pretrained layout with its pre/post processors)"
+    )
+    type: str | None = Field(
+        None, description="a policy type (act, diffusion, ...) built with random weights for smoke runs when no path"
+    )
+    overrides: dict[str, Any] = Field(default_factory=dict, description="config fields to override (e.g. n_action_steps)")
+    device: str = Field("auto", description="'auto' (CUDA when present), 'cpu', 'cuda', ...")
+
+
+class RemotePolicyConfig(_Model):
+    """A policy served elsewhere over an openpi-style websocket (metadata frame, msgpack infer)."""
+
+    kind: Literal["remote"] = "remote"
+    url: str = Field(description="ws://host:port of the policy server")
+    api_key: str | None = Field(None, description="sent as the Authorization header when set")
+    timeout_s: float = Field(60.0, gt=0, description="deadline of one inference call")
+
+
+PolicyConfig = Annotated[
+    RandomPolicyConfig
+    | ConstantPolicyConfig
+    | ScriptedPolicyConfig
+    | TorchPolicyConfig
+    | LeRobotPolicyConfig
+    | RemotePolicyConfig,
+    Field(discriminator="kind"),
+]
+
+
+class BatchingConfig(_Model):
+    """How calls from concurrent sims are stacked into one policy forward (``BatchedModel``)."""
+
+    max_wait_ms: float = Field(
+        5.0, ge=0, description="longest wait for more callers before a forward; never waited when all are present"
+    )
+    batch_size: int | None = Field(None, ge=1, description="flush as soon as this many rows are queued")
+
+
+class AgentConfig(_Model):
+    """The agent that drives every slot of a sim."""
+
+    policy: PolicyConfig
+    horizon: int | None = Field(
+        None, ge=1, description="execute the first k actions of each chunk before asking again (default: whole chunk)"
+    )
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    torch_threads: int | None = Field(
+        1, ge=1, description="torch intra-op threads (1 keeps latency stable while sims share the cores; null = torch default)"
+    )
