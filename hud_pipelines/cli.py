@@ -1,7 +1,7 @@
 """``hud-pipelines``: validate, run and serve evals from the command line.
 
-Subcommands import what they need lazily so that ``hud-pipelines serve`` (the sim child) never pays
-for torch, lerobot or dagster.
+Subcommands import what they need lazily, so ``hud-pipelines serve`` (the sim child) never pays for
+torch, lerobot or dagster, and ``validate`` never starts a sim.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -17,11 +18,70 @@ def _serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from hud_pipelines.spec.commands import run_validate
+
+    return run_validate(args)
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from hud_pipelines.spec.commands import run_schema
+
+    return run_schema(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hud_pipelines.runs import run_pipeline
+
+    return run_pipeline(
+        args.pipeline,
+        pipelines_dir=args.pipelines_dir,
+        outputs_dir=args.outputs,
+        partitions=args.partition or None,
+        quiet=args.quiet,
+    )
+
+
+def _contract(args: argparse.Namespace) -> int:
+    from hud_pipelines.runs import write_contract
+
+    return write_contract(args.pipeline, pipelines_dir=args.pipelines_dir, out=args.out)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hud-pipelines", description="Declarative evaluation of robot policies in simulation.")
+    parser = argparse.ArgumentParser(
+        prog="hud-pipelines", description="Declarative evaluation of robot policies in simulation."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from hud_pipelines.sim.serve import add_arguments as add_serve_arguments
+    from hud_pipelines.spec.commands import add_schema_arguments, add_validate_arguments
+
+    validate = commands.add_parser("validate", help="check pipeline files; every problem with file:line")
+    add_validate_arguments(validate)
+    validate.set_defaults(handler=_validate)
+
+    run = commands.add_parser("run", help="run a pipeline's Dagster job on the local instance, with a summary")
+    run.add_argument("pipeline", help="a pipeline file, or the name of a pipeline in --pipelines-dir")
+    _add_pipelines_dir(run)
+    run.add_argument(
+        "--outputs", type=Path, default=None, help="outputs root (default $HUD_PIPELINES_OUTPUTS or ./outputs)"
+    )
+    run.add_argument("--partition", action="append", metavar="KEY", help="run only these instances (repeatable)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(handler=_run)
+
+    schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (or the YAML reference)")
+    add_schema_arguments(schema)
+    schema.set_defaults(handler=_schema)
+
+    contract = commands.add_parser("contract", help="derive (or merge) a pipeline's contract.json and show it")
+    contract.add_argument("pipeline", help="a pipeline file, or the name of a pipeline in --pipelines-dir")
+    _add_pipelines_dir(contract)
+    contract.add_argument(
+        "--out", type=Path, default=None, help="where to write it (default: the pipeline's sim.contract)"
+    )
+    contract.set_defaults(handler=_contract)
 
     serve = commands.add_parser("serve", help="serve a sim over the wire (prints one JSON ready line)")
     add_serve_arguments(serve)
@@ -29,10 +89,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_pipelines_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pipelines-dir", type=Path, default=None, help="where pipeline names are looked up (default ./pipelines)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from hud_pipelines.errors import HudPipelinesError
+
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except HudPipelinesError as exc:
+        print(f"hud-pipelines {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hud-pipelines {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

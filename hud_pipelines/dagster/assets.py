@@ -1,0 +1,339 @@
+"""One pipeline spec -> its Dagster assets, checks, job and resource.
+
+The graph, under the key prefix ``<name>``::
+
+    contract -> rollouts (one partition per task x instance) -> grades (+ blocking checks) -> dataset
+                                                             -> report
+
+- ``rollouts`` is partitioned with ``BackfillPolicy.single_run()``: one local run drives every
+  selected instance (``max_concurrent`` at a time) in one process and one step. As each instance
+  ends, an observation with its figures is logged for its partition. If some instances failed, the
+  others are materialized one by one and the step fails, so exactly the failed partitions show as
+  failed and can be re-run alone.
+- ``grades`` and ``report`` read the latest result of every partition: a partition that never ran
+  shows its slots as errored, never as failed.
+- the ``dataset`` sits behind ``grades`` so a failing blocking check stops it from being published;
+  the ``report`` does not, so a failing eval still gets its report.
+
+The job (named like the pipeline) runs in process (one sim set for the whole run) and carries the
+full partition range as default tags, so ``dagster job execute -j <name>`` and ``dg launch --job
+<name>`` run the whole eval; ``--partition-range k...k`` re-runs one instance.
+"""
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+from dagster import AssetCheckExecutionContext, AssetExecutionContext
+
+from hud_pipelines import progress
+from hud_pipelines.contract import Contract
+from hud_pipelines.dagster.resources import PipelineResource, resource_key
+from hud_pipelines.eval import EvalRunner, InstanceResult, unreached_rows
+from hud_pipelines.grading import GradeRow, summarize
+from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.recording import EpisodeSink, EpisodeStatus
+from hud_pipelines.report import render_markdown, render_plot
+from hud_pipelines.spec.models import (
+    CheckSpec,
+    MaxErrorRateCheck,
+    MinMeanScoreCheck,
+    MinSuccessRateCheck,
+    Partition,
+    PipelineSpec,
+)
+
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
+GRADE_COLUMNS: list[tuple[str, str]] = [
+    ("task", "string"),
+    ("instance", "int"),
+    ("slot", "int"),
+    ("seed", "int"),
+    ("status", "string"),
+    ("score", "float"),
+    ("success", "bool"),
+    ("total_reward", "float"),
+    ("steps", "int"),
+    ("error", "string"),
+]
+
+
+def _resource(context: AssetExecutionContext | dg.AssetCheckExecutionContext, spec: PipelineSpec) -> PipelineResource:
+    return getattr(context.resources, resource_key(spec.name))
+
+
+def collect_rows(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
+    """One row per scheduled slot, from the latest result of every partition (errored where none)."""
+    rows: list[GradeRow] = []
+    for partition in spec.partitions():
+        path = outputs.result(spec.partition_key(*partition))
+        if path.exists():
+            rows.extend(InstanceResult.read(path).rows)
+        else:
+            rows.extend(unreached_rows(spec, partition, "this instance has not been materialized"))
+    return rows
+
+
+def _grades_table(rows: Sequence[GradeRow]) -> dg.TableMetadataValue:
+    schema = dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in GRADE_COLUMNS])
+    records = [dg.TableRecord({name: _cell(getattr(row, name)) for name, _ in GRADE_COLUMNS}) for row in rows[:500]]
+    return dg.MetadataValue.table(records, schema=schema)
+
+
+def _cell(value: object) -> str | int | float | bool | None:
+    if isinstance(value, EpisodeStatus):
+        return value.value
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def _features_table(contract: Contract) -> dg.TableMetadataValue:
+    schema = dg.TableSchema(
+        columns=[dg.TableColumn(n, "string") for n in ("feature", "role", "type", "dtype", "shape", "names")]
+    )
+    records = [
+        dg.TableRecord(
+            {
+                "feature": name,
+                "role": feature.role,
+                "type": feature.type.value,
+                "dtype": feature.dtype,
+                "shape": str(list(feature.shape)),
+                "names": ", ".join(feature.names or [])[:200],
+            }
+        )
+        for name, feature in contract.features.items()
+    ]
+    return dg.MetadataValue.table(records, schema=schema)
+
+
+def _instance_metadata(result: InstanceResult) -> dict[str, Any]:
+    counts = result.counts()
+    return {
+        "episodes": len(result.rows),
+        "env_steps": result.env_steps,
+        "succeeded": counts[EpisodeStatus.SUCCEEDED.value],
+        "failed": counts[EpisodeStatus.FAILED.value],
+        "errored": counts[EpisodeStatus.ERRORED.value],
+        "wall_s": round(result.wall_s, 3),
+        "error": result.error or "",
+    }
+
+
+def build_pipeline_assets(
+    spec: PipelineSpec,
+) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
+    """The assets, checks and job of one pipeline (the resource is bound by the caller)."""
+    name = spec.name
+    key = resource_key(name)
+    partitions = dg.StaticPartitionsDefinition(spec.partition_keys())
+    single_run = dg.BackfillPolicy.single_run()
+    group = name
+
+    @dg.asset(
+        key=[name, "contract"],
+        group_name=group,
+        description=f"The sim's contract (observation and action features) for {name}.",
+        required_resource_keys={key},
+        backfill_policy=single_run,
+    )
+    def contract(context: AssetExecutionContext) -> dg.MaterializeResult:
+        resource = _resource(context, spec)
+        with resource.pool.sim() as live:
+            derived = live.client.contract
+        path = resource.outputs.contract
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(derived.to_json())
+        return dg.MaterializeResult(
+            metadata={
+                "features": _features_table(derived),
+                "control_rate_hz": derived.control_rate,
+                "robot_type": derived.robot_type,
+                "path": dg.MetadataValue.path(str(spec.contract_path or path)),
+            }
+        )
+
+    @dg.asset(
+        key=[name, "rollouts"],
+        group_name=group,
+        deps=[contract],
+        partitions_def=partitions,
+        backfill_policy=single_run,
+        description=f"Rollouts of {name}: one partition per task instance, each one sim of "
+        f"{spec.sim.num_envs} slot(s).",
+        required_resource_keys={key},
+    )
+    def rollouts(context: AssetExecutionContext) -> dg.MaterializeResult:
+        resource = _resource(context, spec)
+        outputs = resource.outputs
+        selected = [spec.partition_for_key(k) for k in context.partition_keys]
+        traces_dir = outputs.traces(context.run.run_id)
+
+        def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
+            from hud_pipelines.telemetry.traces import TraceRecorder
+
+            return [TraceRecorder(traces_dir)]
+
+        def on_result(result: InstanceResult) -> None:
+            result.write(outputs.result(result.key))
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=context.asset_key, partition=result.key, metadata=_instance_metadata(result)
+                )
+            )
+            progress.notify(result)
+
+        runner = EvalRunner(spec, resource.pool, job=f"{name}/{context.run.run_id}", sinks=sinks, on_result=on_result)
+        results = runner.run(selected)
+        failed = [r for r in results if r.failed]
+        totals = summarize([row for r in results for row in r.rows])
+        metadata: dict[str, Any] = {
+            "instances": len(results),
+            "episodes": totals.scheduled,
+            "errored": totals.errored,
+            "env_steps": sum(r.env_steps for r in results),
+            "wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
+            "traces": dg.MetadataValue.path(str(traces_dir)),
+        }
+        if failed:
+            for result in results:
+                if not result.failed:
+                    context.log_event(
+                        dg.AssetMaterialization(
+                            asset_key=context.asset_key, partition=result.key, metadata=_instance_metadata(result)
+                        )
+                    )
+            reasons = "\n".join(f"- {r.key}: {r.error}" for r in failed)
+            raise dg.Failure(
+                description=f"{len(failed)} of {len(results)} instance(s) of {name} failed:\n{reasons}",
+                metadata=metadata,
+            )
+        return dg.MaterializeResult(metadata=metadata)
+
+    @dg.asset(
+        key=[name, "grades"],
+        group_name=group,
+        deps=[rollouts],
+        backfill_policy=single_run,
+        description=f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, status.",
+        required_resource_keys={key},
+    )
+    def grades(context: AssetExecutionContext) -> dg.MaterializeResult:
+        outputs = _resource(context, spec).outputs
+        rows = collect_rows(spec, outputs)
+        write_grades(rows, outputs)
+        summary = summarize(rows)
+        low, high = summary.success_interval
+        return dg.MaterializeResult(
+            metadata={
+                "grades": _grades_table(rows),
+                "scheduled": summary.scheduled,
+                "succeeded": summary.succeeded,
+                "failed": summary.failed,
+                "errored": summary.errored,
+                "success_rate": summary.success_rate if summary.success_rate is not None else float("nan"),
+                "success_rate_ci95_low": low,
+                "success_rate_ci95_high": high,
+                "error_rate": summary.error_rate,
+                "mean_score": summary.mean_score if summary.mean_score is not None else float("nan"),
+                "path": dg.MetadataValue.path(str(outputs.grades_csv)),
+            }
+        )
+
+    @dg.asset(
+        key=[name, "report"],
+        group_name=group,
+        deps=[rollouts],
+        backfill_policy=single_run,
+        description=f"Success rate with its 95% interval and denominators, per task, with a plot, for {name}.",
+        required_resource_keys={key},
+    )
+    def report(context: AssetExecutionContext) -> dg.MaterializeResult:
+        outputs = _resource(context, spec).outputs
+        rows = collect_rows(spec, outputs)
+        plot = render_plot(name, rows)
+        outputs.report_png.parent.mkdir(parents=True, exist_ok=True)
+        outputs.report_png.write_bytes(plot)
+        markdown = render_markdown(name, rows, plot_png=plot)
+        outputs.report_md.write_text(markdown)
+        return dg.MaterializeResult(
+            metadata={"report": dg.MetadataValue.md(markdown), "path": dg.MetadataValue.path(str(outputs.report_md))}
+        )
+
+    checks = [_check(spec, check, grades.key) for check in spec.checks]
+    assets: list[dg.AssetsDefinition] = [contract, rollouts, grades, report]
+    job = dg.define_asset_job(
+        name,
+        selection=dg.AssetSelection.key_prefixes([name]),
+        executor_def=dg.in_process_executor,
+        description=spec.description or f"Evaluate {name}",
+        tags={RANGE_START_TAG: spec.partition_keys()[0], RANGE_END_TAG: spec.partition_keys()[-1]},
+    )
+    return assets, checks, job
+
+
+def write_grades(rows: Sequence[GradeRow], outputs: EvalOutputs) -> None:
+    """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
+    outputs.base.mkdir(parents=True, exist_ok=True)
+    partial = outputs.grades_json.with_suffix(".partial")
+    partial.write_text(json.dumps([row.as_dict() for row in rows], indent=1))
+    partial.replace(outputs.grades_json)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow([name for name, _ in GRADE_COLUMNS])
+    for row in rows:
+        writer.writerow([_cell(getattr(row, name)) for name, _ in GRADE_COLUMNS])
+    partial = outputs.grades_csv.with_suffix(".partial")
+    partial.write_text(buffer.getvalue())
+    partial.replace(outputs.grades_csv)
+
+
+def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
+    return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
+
+
+def _check(spec: PipelineSpec, check: CheckSpec, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+    key = resource_key(spec.name)
+
+    @dg.asset_check(
+        asset=grades_key,
+        name=check.name,
+        blocking=check.blocking,
+        description=type(check).__doc__,
+        required_resource_keys={key},
+    )
+    def run_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        summary = summarize(read_grades(_resource(context, spec).outputs))
+        passed, observed = evaluate_check(check, summary.success_rate, summary.error_rate, summary.mean_score)
+        return dg.AssetCheckResult(
+            passed=passed,
+            severity=dg.AssetCheckSeverity.ERROR if check.blocking else dg.AssetCheckSeverity.WARN,
+            description=f"{check.kind}: observed {observed}, threshold {check.value}",
+            metadata={
+                "observed": observed if observed is not None else float("nan"),
+                "threshold": check.value,
+                "scheduled": summary.scheduled,
+                "errored": summary.errored,
+            },
+        )
+
+    return run_check
+
+
+def evaluate_check(
+    check: CheckSpec, success_rate: float | None, error_rate: float, mean_score: float | None
+) -> tuple[bool, float | None]:
+    """Whether ``check`` passes and the figure it looked at (no graded episode fails a rate check)."""
+    match check:
+        case MinSuccessRateCheck():
+            return success_rate is not None and success_rate >= check.value, success_rate
+        case MaxErrorRateCheck():
+            return error_rate <= check.value, error_rate
+        case MinMeanScoreCheck():
+            return mean_score is not None and mean_score >= check.value, mean_score

@@ -1,0 +1,128 @@
+"""Grades: per-slot rows and eval-level statistics with honest denominators.
+
+Every scheduled (task, instance, slot) ends in exactly one row whose ``status`` is ``succeeded``,
+``failed`` or ``errored``. Errors are never failures: the success rate is ``succeeded / (succeeded +
+failed)`` over the episodes that produced an answer, and the error rate is reported beside it, so
+``scheduled == succeeded + failed + errored`` always holds. The 95% interval is Wilson's score
+interval, which stays inside [0, 1] and is sensible for the small samples evals usually have.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hud_pipelines.recording import EpisodeStatus
+
+Z_95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class GradeRow:
+    """One graded slot of one instance of one task."""
+
+    pipeline: str
+    task: str
+    task_index: int
+    instance: int
+    group_id: str
+    slot: int
+    seed: int | None
+    status: EpisodeStatus
+    score: float
+    success: bool
+    total_reward: float
+    steps: int
+    error: str | None = None
+    trace_id: str | None = None
+    metrics: dict[str, float | bool] = field(default_factory=lambda: dict[str, float | bool]())
+    """Columns added by the graders after the first (``<name>_score``, ``<name>_success``)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["status"] = self.status.value
+        return row
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> GradeRow:
+        return cls(**{**row, "status": EpisodeStatus(row["status"])})
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; ``(0, 1)`` when there are no trials."""
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Eval-level figures with their denominators."""
+
+    scheduled: int
+    succeeded: int
+    failed: int
+    errored: int
+    mean_score: float | None
+    mean_return: float | None
+
+    @property
+    def graded(self) -> int:
+        """Episodes that produced an answer (errors excluded)."""
+        return self.succeeded + self.failed
+
+    @property
+    def success_rate(self) -> float | None:
+        return None if self.graded == 0 else self.succeeded / self.graded
+
+    @property
+    def error_rate(self) -> float:
+        return 0.0 if self.scheduled == 0 else self.errored / self.scheduled
+
+    @property
+    def success_interval(self) -> tuple[float, float]:
+        return wilson_interval(self.succeeded, self.graded)
+
+    def as_dict(self) -> dict[str, Any]:
+        low, high = self.success_interval
+        return {
+            "scheduled": self.scheduled,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "errored": self.errored,
+            "success_rate": self.success_rate,
+            "success_rate_ci95": [low, high],
+            "error_rate": self.error_rate,
+            "mean_score": self.mean_score,
+            "mean_return": self.mean_return,
+        }
+
+
+def summarize(rows: Iterable[GradeRow]) -> Summary:
+    rows = list(rows)
+    graded = [r for r in rows if r.status is not EpisodeStatus.ERRORED]
+    return Summary(
+        scheduled=len(rows),
+        succeeded=sum(r.status is EpisodeStatus.SUCCEEDED for r in rows),
+        failed=sum(r.status is EpisodeStatus.FAILED for r in rows),
+        errored=sum(r.status is EpisodeStatus.ERRORED for r in rows),
+        mean_score=_mean([r.score for r in graded]),
+        mean_return=_mean([r.total_reward for r in graded]),
+    )
+
+
+def summarize_by_task(rows: Sequence[GradeRow]) -> dict[str, Summary]:
+    tasks: dict[str, list[GradeRow]] = {}
+    for row in rows:
+        tasks.setdefault(row.task, []).append(row)
+    return {task: summarize(task_rows) for task, task_rows in tasks.items()}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

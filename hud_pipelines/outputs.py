@@ -1,0 +1,61 @@
+"""Where an eval's files live: results per instance, traces per run, dataset shards, grades, report.
+
+Everything of pipeline ``<name>`` sits under ``<root>/<name>/``; the root is ``$HUD_PIPELINES_OUTPUTS``
+or ``outputs/`` in the working directory (the project root when run through ``make``, the CLI or
+``dagster dev``). Per-instance results are replaced atomically, so re-running one instance replaces
+its slots and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+OUTPUTS_ENV = "HUD_PIPELINES_OUTPUTS"
+
+
+def default_outputs_root() -> Path:
+    configured = os.environ.get(OUTPUTS_ENV)
+    return Path(configured).expanduser().resolve() if configured else (Path.cwd() / "outputs").resolve()
+
+
+@dataclass(frozen=True)
+class EvalOutputs:
+    """The file layout of one pipeline's outputs."""
+
+    root: Path
+    pipeline: str
+
+    @property
+    def base(self) -> Path:
+        return self.root / self.pipeline
+
+    @property
+    def contract(self) -> Path:
+        return self.base / "contract.json"
+
+    def result(self, partition_key: str) -> Path:
+        return self.base / "rollouts" / f"{partition_key}.json"
+
+    def traces(self, run_id: str) -> Path:
+        return self.base / "traces" / run_id
+
+    def shard(self, partition_key: str) -> Path:
+        return self.base / "shards" / partition_key
+
+    @property
+    def grades_json(self) -> Path:
+        return self.base / "grades.json"
+
+    @property
+    def grades_csv(self) -> Path:
+        return self.base / "grades.csv"
+
+    @property
+    def report_md(self) -> Path:
+        return self.base / "report.md"
+
+    @property
+    def report_png(self) -> Path:
+        return self.base / "report.png"

@@ -1,0 +1,90 @@
+"""The eval report: success rate with its 95% interval and denominators, a per-task table, a plot.
+
+Rendered as markdown with the plot inline (a PNG data URL), which the Dagster UI shows as is and
+which also reads fine as a file next to the grades.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+
+from hud_pipelines.grading import GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.recording import EpisodeStatus
+
+STATUS_COLOURS = {
+    EpisodeStatus.SUCCEEDED: "#2e7d32",
+    EpisodeStatus.FAILED: "#c62828",
+    EpisodeStatus.ERRORED: "#9e9e9e",
+}
+
+
+def _rate(summary: Summary) -> str:
+    rate = summary.success_rate
+    if rate is None:
+        return "n/a (no graded episodes)"
+    low, high = summary.success_interval
+    return f"{rate:.1%} (95% CI {low:.1%}-{high:.1%}, {summary.succeeded}/{summary.graded})"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def render_markdown(pipeline: str, rows: Sequence[GradeRow], plot_png: bytes | None = None) -> str:
+    """The report as markdown; ``plot_png`` is embedded inline when given."""
+    total = summarize(rows)
+    lines = [
+        f"# {pipeline}",
+        "",
+        f"**Success rate:** {_rate(total)}",
+        "",
+        f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
+        f"errored {total.errored} (error rate {total.error_rate:.1%}; errors are not failures).",
+        "",
+        f"Mean score {_number(total.mean_score)}, mean return {_number(total.mean_return)}.",
+        "",
+        "| task | scheduled | succeeded | failed | errored | success rate (95% CI) | mean return |",
+        "|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for task, summary in summarize_by_task(rows).items():
+        lines.append(
+            f"| {task} | {summary.scheduled} | {summary.succeeded} | {summary.failed} | {summary.errored} | "
+            f"{_rate(summary)} | {_number(summary.mean_return)} |"
+        )
+    errors = [r for r in rows if r.status is EpisodeStatus.ERRORED]
+    if errors:
+        lines += ["", "## Errored episodes", ""]
+        lines += [f"- {r.task} instance {r.instance} slot {r.slot}: {r.error or 'unknown error'}" for r in errors[:20]]
+        if len(errors) > 20:
+            lines.append(f"- ... and {len(errors) - 20} more (see the grades table)")
+    if plot_png is not None:
+        encoded = base64.b64encode(plot_png).decode()
+        lines += ["", f"![per-slot outcomes](data:image/png;base64,{encoded})"]
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(pipeline: str, rows: Sequence[GradeRow]) -> bytes:
+    """A PNG of per-slot returns, coloured by outcome, grouped by task and instance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = sorted(rows, key=lambda r: (r.task_index, r.instance, r.slot))
+    figure, axis = plt.subplots(figsize=(max(4.0, 0.25 * len(ordered) + 2), 3.0), dpi=100)
+    positions = list(range(len(ordered)))
+    axis.bar(
+        positions,
+        [r.total_reward for r in ordered],
+        color=[STATUS_COLOURS[r.status] for r in ordered],
+    )
+    axis.set_xticks(positions, [f"{r.task}/{r.instance}/{r.slot}" for r in ordered], rotation=90, fontsize=6)
+    axis.set_ylabel("episode return")
+    axis.set_title(f"{pipeline}: per-slot returns (green succeeded, red failed, grey errored)", fontsize=8)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return buffer.getvalue()

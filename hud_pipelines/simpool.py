@@ -1,0 +1,152 @@
+"""Sims for the instances of one eval: spawned on demand, reused, always torn down.
+
+An eval runs ``group`` instances per task, at most ``max_concurrent`` at once, and each instance is
+one vectorized sim of ``num_envs`` slots. :class:`SimPool` hands out a connected sim per instance:
+an idle one when there is one (a sim is reset for every instance anyway, so reuse is safe and saves a
+start-up), otherwise it spawns a child. A sim whose instance failed is closed, never reused. For a
+sim served elsewhere (``url`` + ``token``) the pool attaches instead; a served sim takes one
+connection at a time, so attached instances queue for it.
+
+The pool is lazy: nothing is spawned until an instance asks. That matters under Dagster, whose CLI
+initialises a job's resources once more after the run (to load outputs): an eager pool would start
+a sim for nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.process import SimProcess
+from hud_pipelines.wire.messages import Framing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """How to get a sim: spawn ``factory`` or attach to ``url``."""
+
+    factory: str | None = None
+    build_args: dict[str, Any] = field(default_factory=lambda: dict[str, Any]())
+    num_envs: int = 1
+    contract_path: Path | None = None
+    startup_timeout_s: float = 120.0
+    step_timeout_s: float = 60.0
+    options: tuple[str, ...] = ()
+    url: str | None = None
+    token: str | None = None
+    cwd: Path | None = None
+
+
+@dataclass
+class LiveSim:
+    """A sim and the client connected to it; ``healthy`` turns false on any fault."""
+
+    process: SimProcess
+    client: SimClient
+    healthy: bool = True
+
+    def kill(self) -> None:
+        """Stop the sim now (a rollout timeout): a spawned child's group is killed, an attached link closed."""
+        self.healthy = False
+        if self.process.owned:
+            self.process.kill()
+        else:
+            self.client.close()
+
+
+class SimPool:
+    """Spawns, reuses and finally closes the sims of one eval (thread-safe)."""
+
+    def __init__(self, settings: SimSettings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._idle: list[LiveSim] = []
+        self._live: list[LiveSim] = []
+        self._attached = threading.Semaphore(1)
+        self._closed = False
+        self.spawned = 0
+
+    def _open(self) -> LiveSim:
+        settings = self.settings
+        if settings.url is not None:
+            process = SimProcess.attach(settings.url, settings.token or "")
+        else:
+            assert settings.factory is not None
+            process = SimProcess.spawn(
+                settings.factory,
+                num_envs=settings.num_envs,
+                build_args=settings.build_args,
+                contract_path=settings.contract_path,
+                options=settings.options,
+                startup_timeout_s=settings.startup_timeout_s,
+                cwd=settings.cwd,
+            )
+            self.spawned += 1
+        try:
+            client = process.connect(framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s)
+        except BaseException:
+            process.close(grace_s=1.0)
+            raise
+        return LiveSim(process, client)
+
+    @contextlib.contextmanager
+    def sim(self) -> Iterator[LiveSim]:
+        """A connected sim for one instance; returned to the pool if it stayed healthy."""
+        attached = self.settings.url is not None
+        if attached:
+            self._attached.acquire()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the sim pool is closed")
+                live = self._idle.pop() if self._idle else None
+            if live is None:
+                live = self._open()
+                with self._lock:
+                    self._live.append(live)
+            try:
+                yield live
+            except BaseException:
+                live.healthy = False
+                raise
+            finally:
+                self._release(live)
+        finally:
+            if attached:
+                self._attached.release()
+
+    def _release(self, live: LiveSim) -> None:
+        with self._lock:
+            if live.healthy and live.process.alive() and not self._closed:
+                self._idle.append(live)
+                return
+            self._live.remove(live)
+        _shutdown(live)
+
+    def close(self) -> None:
+        """Close every sim this pool opened (idle or in use); safe to call twice."""
+        with self._lock:
+            self._closed = True
+            live, self._live, self._idle = self._live, [], []
+        for sim in live:
+            _shutdown(sim)
+
+    def __enter__(self) -> SimPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _shutdown(live: LiveSim) -> None:
+    with contextlib.suppress(Exception):
+        live.client.close()
+    live.process.close()
