@@ -124,11 +124,18 @@ def _progress(console: Console, name: str, total: int, quiet: bool) -> Iterator[
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn(f"[bold]{name}[/bold] instances"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.description}"))
+    columns = (
+        TextColumn(f"[bold]{name}[/bold] instances"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    )
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("", total=total)
-        yield lambda result: bar.update(task, advance=1, description=f"{result.key} {'FAILED' if result.failed else 'ok'}")
+        yield lambda result: bar.update(
+            task, advance=1, description=f"{result.key} {'FAILED' if result.failed else 'ok'}"
+        )
 
 
 def _print_summary(name: str, rows: list[GradeRow], succeeded: bool, run_id: str, base: Path) -> None:
@@ -138,12 +145,21 @@ def _print_summary(name: str, rows: list[GradeRow], succeeded: bool, run_id: str
     console = Console()
     table = Table(title=f"{name}: per-slot grades")
     for column in ("task", "instance", "slot", "seed", "status", "score", "return", "steps", "error"):
-        table.add_column(column, justify="right" if column in ("instance", "slot", "seed", "score", "return", "steps") else "left")
+        table.add_column(
+            column, justify="right" if column in ("instance", "slot", "seed", "score", "return", "steps") else "left"
+        )
     for row in rows:
         style = STATUS_STYLE[row.status]
         table.add_row(
-            row.task, str(row.instance), str(row.slot), str(row.seed), f"[{style}]{row.status.value}[/{style}]",
-            f"{row.score:.3g}", f"{row.total_reward:.3g}", str(row.steps), (row.error or "")[:60],
+            row.task,
+            str(row.instance),
+            str(row.slot),
+            str(row.seed),
+            f"[{style}]{row.status.value}[/{style}]",
+            f"{row.score:.3g}",
+            f"{row.total_reward:.3g}",
+            str(row.steps),
+            (row.error or "")[:60],
         )
     console.print(table)
     summary = summarize(rows)
@@ -173,9 +189,14 @@ def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Pat
             raise HudPipelinesError(f"{spec.name}: the sim has neither a factory nor a url")
         sim = SimProcess.attach(spec.sim.url, spec.sim.token.get_secret_value())
     else:
-        sim = SimProcess.spawn(spec.factory, num_envs=spec.sim.num_envs, build_args=spec.sim.args,
-                               contract_path=target, options=spec.sim.serve_options(),
-                               startup_timeout_s=spec.sim.startup_timeout_s)
+        sim = SimProcess.spawn(
+            spec.factory,
+            num_envs=spec.sim.num_envs,
+            build_args=spec.sim.args,
+            contract_path=target,
+            options=spec.sim.serve_options(),
+            startup_timeout_s=spec.sim.startup_timeout_s,
+        )
     with sim, sim.connect() as client:
         contract = client.contract
     if target is not None and spec.factory is None:
@@ -186,8 +207,16 @@ def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Pat
         table.add_column(column)
     for name, feature in contract.features.items():
         names = ", ".join(feature.names or [])
-        table.add_row(name, feature.role, feature.type.value, feature.dtype, str(list(feature.shape)),
-                      names if len(names) < 60 else names[:57] + "...")
+        table.add_row(
+            name,
+            feature.role,
+            feature.type.value,
+            feature.dtype,
+            str(list(feature.shape)),
+            names if len(names) < 60 else names[:57] + "...",
+        )
     Console().print(table)
-    print(f"written to {target}" if target is not None else "not written (the pipeline sets no sim.contract; use --out)")
+    print(
+        f"written to {target}" if target is not None else "not written (the pipeline sets no sim.contract; use --out)"
+    )
     return 0

@@ -21,6 +21,7 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 """
 
 import csv
+import warnings
 import io
 import json
 from collections.abc import Sequence
@@ -130,6 +131,16 @@ def build_pipeline_assets(
     spec: PipelineSpec,
 ) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
     """The assets, checks and job of one pipeline (the resource is bound by the caller)."""
+    with warnings.catch_warnings():
+        # BackfillPolicy is marked beta in Dagster 1.13; the single-run policy is what makes one
+        # local run drive every partition, so it is used on purpose.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _build(spec)
+
+
+def _build(
+    spec: PipelineSpec,
+) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
     name = spec.name
     key = resource_key(name)
     partitions = dg.StaticPartitionsDefinition(spec.partition_keys())

@@ -1,0 +1,137 @@
+"""Pipelines as Dagster asset graphs, run in process: composition, failures, re-runs, resources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
+from hud_pipelines.eval import InstanceResult
+from hud_pipelines.grading import GradeRow
+from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.recording import EpisodeStatus
+from tests.dagster.support import REPO, WritePipeline, sim_processes
+
+
+def _run(path: Path, outputs: Path, instance: dg.DagsterInstance, **kwargs: object) -> dg.ExecuteInProcessResult:
+    defs = definitions_for_file(path, outputs_dir=outputs, project_dir=REPO)
+    name = json.loads(path.read_text())["name"]
+    return defs.resolve_job_def(name).execute_in_process(instance=instance, raise_on_error=False, **kwargs)  # type: ignore[arg-type]
+
+
+def _grades(outputs: Path, name: str) -> list[GradeRow]:
+    return [GradeRow.from_dict(r) for r in json.loads(EvalOutputs(outputs, name).grades_json.read_text())]
+
+
+def test_every_bundled_pipeline_loads_into_definitions() -> None:
+    defs = build_definitions(REPO / "pipelines")
+    dg.Definitions.validate_loadable(defs)
+    names = sorted(p.stem for p in (REPO / "pipelines").glob("*.yaml"))
+    assert names, "no bundled pipelines"
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
+    for path in (REPO / "pipelines").glob("*.yaml"):
+        from hud_pipelines.spec.loader import load_pipeline
+
+        spec = load_pipeline(path)
+        assert spec.name in jobs
+        assert {f"{spec.name}/{a}" for a in ("contract", "rollouts", "grades", "report")} <= keys
+
+
+def test_group_times_num_envs_gives_one_graded_row_per_slot(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    pid_log = tmp_path / "pids.txt"
+    path = write_pipeline(
+        "compose",
+        sim={"args": {"pid_log": str(pid_log)}, "num_envs": 2},
+        tasks=[{"name": "near", "seed": 0}, {"name": "far", "seed": 100}],
+        group=3,
+        max_concurrent=2,
+    )
+    result = _run(path, outputs_dir, instance)
+    assert result.success
+    rows = _grades(outputs_dir, "compose")
+    assert len(rows) == 2 * 3 * 2
+    assert len({(r.task, r.instance, r.slot) for r in rows}) == len(rows)
+    for row in rows:
+        base = 0 if row.task == "near" else 100
+        assert row.seed == base + row.instance * 2 + row.slot
+        assert row.group_id == f"{row.task}-i{row.instance}"
+        assert row.status is EpisodeStatus.SUCCEEDED  # the PD controller outlasts 30 steps
+    materialized = instance.get_materialized_partitions(dg.AssetKey(["compose", "rollouts"]))
+    assert materialized == {f"{t}-i{i}" for t in ("near", "far") for i in range(3)}
+    observations = [
+        e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
+    ]
+    assert len(observations) == 6
+    # max_concurrent sims at most, reused across the six instances (the contract's sim included)
+    assert len(set(pid_log.read_text().split())) <= 2
+    assert not sim_processes(str(path.parent.parent))
+
+
+def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_results(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    marker = tmp_path / "crash-armed"
+    marker.touch()
+    # seeds are instance * 2 + slot: seed 2 is instance 1, slot 0
+    path = write_pipeline("crashy", sim={"args": {"crash_seeds": [2], "crash_file": str(marker)}}, group=3)
+    result = _run(path, outputs_dir, instance)
+    assert not result.success
+    rollouts = dg.AssetKey(["crashy", "rollouts"])
+    assert instance.get_materialized_partitions(rollouts) == {"task0-i0", "task0-i2"}
+    failed = InstanceResult.read(EvalOutputs(outputs_dir, "crashy").result("task0-i1"))
+    assert failed.failed and "SIGKILL" in (failed.error or "")
+    assert {r.status for r in failed.rows} == {EpisodeStatus.ERRORED}
+    kept = InstanceResult.read(EvalOutputs(outputs_dir, "crashy").result("task0-i0"))
+    assert not kept.failed and {r.status for r in kept.rows} == {EpisodeStatus.SUCCEEDED}
+    assert not sim_processes(str(path.parent.parent))
+
+    marker.unlink()  # the fault is gone: re-run the failed instance alone
+    defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
+    job = defs.resolve_job_def("crashy")
+    rerun = job.execute_in_process(
+        instance=instance,
+        tags={"dagster/asset_partition_range_start": "task0-i1", "dagster/asset_partition_range_end": "task0-i1"},
+    )
+    assert rerun.success
+    assert instance.get_materialized_partitions(rollouts) == {"task0-i0", "task0-i1", "task0-i2"}
+    rows = _grades(outputs_dir, "crashy")
+    assert len(rows) == 6 and {r.status for r in rows} == {EpisodeStatus.SUCCEEDED}
+
+
+def test_a_rollout_past_its_deadline_ends_errored_and_its_sim_is_killed(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
+) -> None:
+    path = write_pipeline("stall", sim={"args": {"stall_seeds": [0]}, "num_envs": 1}, group=2, rollout_timeout_s=3)
+    result = _run(path, outputs_dir, instance)
+    assert not result.success
+    stalled = InstanceResult.read(EvalOutputs(outputs_dir, "stall").result("task0-i0"))
+    assert "rollout_timeout_s=3 exceeded" in (stalled.error or "")
+    assert [r.status for r in stalled.rows] == [EpisodeStatus.ERRORED]
+    assert stalled.wall_s < 30
+    healthy = InstanceResult.read(EvalOutputs(outputs_dir, "stall").result("task0-i1"))
+    assert not healthy.failed
+    assert not sim_processes(str(path.parent.parent))
+
+
+@pytest.mark.parametrize(("threshold", "passes"), [(0.5, True), (1.01, False)])
+def test_blocking_checks_gate_the_run(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, threshold: float, passes: bool
+) -> None:
+    path = write_pipeline(
+        "gated",
+        group=1,
+        graders=[{"kind": "return", "threshold": 1000}] if not passes else [{"kind": "return", "threshold": 25}],
+        checks=[{"kind": "min_success_rate", "value": min(threshold, 1.0)}, {"kind": "max_error_rate", "value": 0.0}],
+    )
+    result = _run(path, outputs_dir, instance)
+    assert result.success is passes
+    evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert evaluations == {"min_success_rate": passes, "max_error_rate": True}
+    report = EvalOutputs(outputs_dir, "gated").report_md.read_text()
+    assert "Scheduled 2 = succeeded" in report  # the report is written whether or not the checks pass
