@@ -1,0 +1,121 @@
+"""Command-line handlers of ``hud-pipelines validate`` and ``hud-pipelines schema``.
+
+Each command is a pair: ``add_*_arguments(parser)`` fills an ``argparse`` (sub)parser and
+``run_*(args) -> int`` runs it and returns the exit status, so the top-level CLI only wires them.
+Problems go to stdout as one block per problem (``file:line:col: key.path: message`` plus the
+line and a caret) so that editors and CI logs link them; the exit status says whether any exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from hud_pipelines.spec.loader import collect_pipelines
+from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.problems import SpecError, display_path
+from hud_pipelines.spec.schema import render_json_schema, render_markdown
+
+DEFAULT_PIPELINES_DIR = Path("pipelines")
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="FILE_OR_DIR",
+        help=f"pipeline files, or directories of *.yaml / *.yml files (default: {DEFAULT_PIPELINES_DIR}/)",
+    )
+    parser.add_argument(
+        "--deep",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also resolve the sim factory and its arguments, policy and grader import paths and referenced "
+        "files (imports the factory's module; default: on)",
+    )
+
+
+def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Validate every given file; print each problem, or one line per valid pipeline; 1 when any problem exists."""
+    stream = out or sys.stdout
+    paths: list[Path] = list(args.paths) or [DEFAULT_PIPELINES_DIR]
+    deep: bool = args.deep
+    if deep:
+        _put_cwd_on_path()
+    specs, problems = collect_pipelines(paths, deep=deep)
+    if problems:
+        print(SpecError(problems).render(), file=stream)
+        return EXIT_PROBLEMS
+    for spec in specs:
+        print(f"ok  {_summary(spec)}", file=stream)
+    checked = "deep" if deep else "shallow"
+    print(f"{len(specs)} pipeline{'s' if len(specs) != 1 else ''} valid ({checked} check)", file=stream)
+    return EXIT_OK
+
+
+def _summary(spec: PipelineSpec) -> str:
+    where = display_path(spec.source) if spec.source is not None else spec.name
+    partitions = len(spec.partitions())
+    return (
+        f"{where}: {spec.name} ({len(spec.tasks)} task(s) x group {spec.group} = {partitions} partition(s) "
+        f"of {spec.sim.num_envs} slot(s), {spec.scheduled_slots} episodes)"
+    )
+
+
+def _put_cwd_on_path() -> None:
+    # `module:callable` targets name modules of the project (envs.controllers:...); a console script
+    # does not put the working directory on sys.path the way `python -m` does.
+    cwd = str(Path.cwd())
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def add_schema_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--markdown", action="store_true", help="the YAML reference as markdown instead of the JSON Schema"
+    )
+    parser.add_argument("-o", "--output", type=Path, default=None, help="write to FILE instead of stdout")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="do not write: exit 1 when the --output file differs from what would be written (for CI)",
+    )
+
+
+def run_schema(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Print or write the JSON Schema (or, with ``--markdown``, the YAML reference)."""
+    stream = out or sys.stdout
+    markdown: bool = args.markdown
+    output: Path | None = args.output
+    check: bool = args.check
+    text = render_markdown() if markdown else render_json_schema()
+    if output is None:
+        if check:
+            print("--check needs --output FILE to compare with", file=sys.stderr)
+            return EXIT_PROBLEMS
+        stream.write(text)
+        return EXIT_OK
+    if check:
+        current = output.read_text(encoding="utf-8") if output.is_file() else None
+        if current != text:
+            print(
+                f"{display_path(output)} is out of date; regenerate it with: {_regenerate(markdown, output)}",
+                file=stream,
+            )
+            return EXIT_PROBLEMS
+        print(f"{display_path(output)} is up to date", file=stream)
+        return EXIT_OK
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    print(f"wrote {display_path(output)}", file=stream)
+    return EXIT_OK
+
+
+def _regenerate(markdown: bool, output: Path) -> str:
+    flag = " --markdown" if markdown else ""
+    return f"hud-pipelines schema{flag} -o {display_path(output)}"

@@ -1,0 +1,118 @@
+"""Deep validation: do the names in a valid spec resolve to things that exist?
+
+Plain loading checks shape only; ``hud-pipelines validate`` (deep by default) also resolves the sim
+factory (an unknown registry id or attribute gets the factory resolver's closest matches), sorts
+every build argument against the factory's signature, checks that policy and grader targets are
+importable, and that files a spec points at exist or parse. Each finding is located at the YAML
+line that names the culprit. This imports the factory's module (and gymnasium), but policy and
+grader modules are only read, not run, where possible (see :mod:`hud_pipelines.spec.targets`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hud_pipelines.agent.config import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.spec.document import KeyPath, YamlDocument
+from hud_pipelines.spec.models import CallableGrader, PipelineSpec
+from hud_pipelines.spec.problems import Problem
+from hud_pipelines.spec.targets import target_problem
+
+EPISODIC_KEYS = ("seed", "options")
+
+
+def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """Everything that shape validation cannot see; imports print to stderr so stdout stays the caller's."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return [
+            *_factory_problems(spec, document),
+            *_contract_problems(spec, document),
+            *_policy_problems(spec, document),
+            *_grader_problems(spec, document),
+        ]
+
+
+def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    if spec.factory is None:
+        return []
+    from hud_pipelines.sim.factory import resolve_factory
+
+    try:
+        factory = resolve_factory(spec.factory)
+    except HudPipelinesError as exc:
+        return [document.problem(("sim", "factory"), str(exc))]
+    except Exception as exc:  # the user's factory module failed to import
+        return [document.problem(("sim", "factory"), f"loading factory {spec.factory!r} raised {_describe(exc)}")]
+    problems = _argument_problems(factory.split_task, spec.sim.args, ("sim", "args"), document)
+    for index, task in enumerate(spec.tasks):
+        problems += _argument_problems(factory.split_task, task.args, ("tasks", index, "args"), document)
+    return problems
+
+
+def _argument_problems(
+    split: Callable[[Mapping[str, Any]], object], args: Mapping[str, Any], path: KeyPath, document: YamlDocument
+) -> list[Problem]:
+    problems: list[Problem] = []
+    for key, value in args.items():
+        if key in EPISODIC_KEYS:
+            problems.append(
+                document.problem(
+                    (*path, key), f"{key!r} is not a build argument: set it on the task ('tasks[i].{key}')", on_key=True
+                )
+            )
+            continue
+        try:
+            split({key: value})
+        except HudPipelinesError as exc:
+            problems.append(document.problem((*path, key), str(exc), on_key=True))
+    return problems
+
+
+def _contract_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    path = spec.contract_path
+    if path is None or not path.exists():
+        return []  # written from the derived contract on first use
+    if not path.is_file():
+        return [document.problem(("sim", "contract"), f"{path} is a directory; expected a contract.json file")]
+    from hud_pipelines.contract import load_contract
+
+    try:
+        load_contract(path)
+    except HudPipelinesError as exc:
+        return [document.problem(("sim", "contract"), str(exc))]
+    return []
+
+
+def _policy_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    policy = spec.resolved_agent().policy
+    where: KeyPath = ("agent", "policy")
+    problems: list[Problem] = []
+    if isinstance(policy, ScriptedPolicyConfig | TorchPolicyConfig):
+        message = target_problem(policy.target)
+        if message is not None:
+            problems.append(document.problem((*where, "target"), message))
+    checkpoint = policy.checkpoint if isinstance(policy, TorchPolicyConfig) else None
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        problems.append(document.problem((*where, "checkpoint"), f"checkpoint {checkpoint} does not exist"))
+    if isinstance(policy, LeRobotPolicyConfig) and policy.path is not None and not Path(policy.path).is_dir():
+        problems.append(document.problem((*where, "path"), f"LeRobot policy folder {policy.path} does not exist"))
+    return problems
+
+
+def _grader_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    problems: list[Problem] = []
+    for index, grader in enumerate(spec.resolved_graders()):
+        if isinstance(grader, CallableGrader):
+            message = target_problem(grader.target)
+            if message is not None:
+                problems.append(document.problem(("graders", index, "target"), message))
+    return problems
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

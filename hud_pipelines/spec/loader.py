@@ -1,0 +1,181 @@
+"""Load pipeline files into :class:`PipelineSpec` models, reporting every problem at once.
+
+Loading a file runs three passes and keeps going after each one finds problems, so that a single
+``validate`` shows everything that is wrong:
+
+1. read the YAML (syntax, tabs, duplicate keys, tags, ``${VAR}`` interpolation) with positions;
+2. validate the data against the models (types, ranges, unknown keys and kinds, cross-field rules);
+3. optionally (``deep=True``) resolve what the spec names: the sim factory and its arguments,
+   policy and grader import paths, referenced files.
+
+Anything found raises one :class:`SpecError` listing all problems (across all files for
+:func:`load_pipelines`), each with file, line, column, key path and the offending line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from hud_pipelines.spec.document import YamlDocument, read_document
+from hud_pipelines.spec.models import SOURCE_CONTEXT, PipelineSpec
+from hud_pipelines.spec.problems import Problem, SpecError, display_path
+from hud_pipelines.spec.validation import validation_problems
+
+PIPELINE_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The outcome of loading one file: the spec when it is valid, and every problem found."""
+
+    file: str
+    spec: PipelineSpec | None
+    problems: list[Problem]
+    document: YamlDocument | None
+
+
+def load_pipeline(path: Path | str, *, deep: bool = False, env: Mapping[str, str] | None = None) -> PipelineSpec:
+    """Load one pipeline file; raises :class:`SpecError` with all of its problems."""
+    loaded = load_file(Path(path), deep=deep, env=env)
+    if loaded.spec is None or loaded.problems:
+        raise SpecError(loaded.problems)
+    return loaded.spec
+
+
+def load_pipeline_text(
+    text: str,
+    *,
+    source: Path | str | None = None,
+    deep: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> PipelineSpec:
+    """Load a pipeline from YAML text; ``source`` (a path, need not exist) anchors relative paths and messages."""
+    file = display_path(source) if source is not None else "<string>"
+    loaded = _load_text(text, file, Path(source) if source is not None else None, deep=deep, env=env)
+    if loaded.spec is None or loaded.problems:
+        raise SpecError(loaded.problems)
+    return loaded.spec
+
+
+def load_pipelines(
+    directory: Path | str, *, deep: bool = False, env: Mapping[str, str] | None = None
+) -> list[PipelineSpec]:
+    """Load every ``*.yaml`` / ``*.yml`` in ``directory`` (sorted by file name; an empty directory gives ``[]``).
+
+    Raises :class:`SpecError` listing the problems of all files, including a ``name`` used twice.
+    """
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise SpecError([Problem(display_path(folder), 0, 0, "", "no such directory of pipeline files")])
+    specs, problems = _load_many(pipeline_files(folder), deep=deep, env=env)
+    if problems:
+        raise SpecError(problems)
+    return specs
+
+
+def collect_pipelines(
+    paths: Iterable[Path | str], *, deep: bool = False, env: Mapping[str, str] | None = None
+) -> tuple[list[PipelineSpec], list[Problem]]:
+    """Load files and directories of pipeline files without raising: the valid specs and all problems.
+
+    A directory without pipeline files and a path that does not exist are problems too, so that a
+    ``validate`` of nothing never passes by accident.
+    """
+    files: list[Path] = []
+    problems: list[Problem] = []
+    for entry in (Path(p) for p in paths):
+        if entry.is_dir():
+            found = pipeline_files(entry)
+            if not found:
+                problems.append(Problem(display_path(entry), 0, 0, "", "no pipeline files (*.yaml, *.yml) here"))
+            files += found
+        elif entry.is_file():
+            files.append(entry)
+        else:
+            problems.append(Problem(display_path(entry), 0, 0, "", "no such file or directory"))
+    unique = list(dict.fromkeys(f.resolve() for f in files))
+    specs, found_problems = _load_many(unique, deep=deep, env=env)
+    return specs, problems + found_problems
+
+
+def pipeline_files(directory: Path) -> list[Path]:
+    """The pipeline files directly in ``directory``, sorted by name."""
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in PIPELINE_SUFFIXES)
+
+
+def load_file(path: Path, *, deep: bool = False, env: Mapping[str, str] | None = None) -> Loaded:
+    """Load one file without raising."""
+    file = display_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Loaded(file, None, [Problem(file, 0, 0, "", "no such file")], None)
+    except (OSError, UnicodeDecodeError) as exc:
+        return Loaded(file, None, [Problem(file, 0, 0, "", f"cannot read the file: {exc}")], None)
+    return _load_text(text, file, path, deep=deep, env=env)
+
+
+def _load_text(text: str, file: str, source: Path | None, *, deep: bool, env: Mapping[str, str] | None) -> Loaded:
+    document, problems = read_document(text, file, os.environ if env is None else env)
+    if document is None:
+        return Loaded(file, None, sorted(problems, key=Problem.sort_key), None)
+    context = {SOURCE_CONTEXT: source} if source is not None else {}
+    try:
+        spec = PipelineSpec.model_validate(document.data, context=context)
+    except ValidationError as exc:
+        reported = [p.path for p in problems]
+        problems += [p for p in validation_problems(exc, document) if not _covered(p.path, reported)]
+        return Loaded(file, None, sorted(problems, key=Problem.sort_key), document)
+    if deep and not problems:
+        from hud_pipelines.spec.deep import deep_problems
+
+        problems += deep_problems(spec, document)
+    return Loaded(file, spec, sorted(problems, key=Problem.sort_key), document)
+
+
+def _load_many(
+    files: Iterable[Path], *, deep: bool, env: Mapping[str, str] | None
+) -> tuple[list[PipelineSpec], list[Problem]]:
+    specs: list[PipelineSpec] = []
+    problems: list[Problem] = []
+    owners: dict[str, Loaded] = {}
+    for path in files:
+        loaded = load_file(path, deep=deep, env=env)
+        problems += loaded.problems
+        spec = loaded.spec
+        if spec is None or loaded.document is None:
+            continue
+        first = owners.get(spec.name)
+        if first is not None and first.document is not None:
+            where = first.document.problem(("name",), "").where
+            problems.append(
+                loaded.document.problem(
+                    ("name",), f"pipeline name {spec.name!r} is already used by {where}; names must be unique"
+                )
+            )
+            continue
+        owners[spec.name] = loaded
+        if not loaded.problems:
+            specs.append(spec)
+    return specs, problems
+
+
+def _covered(path: str, reported: list[str]) -> bool:
+    """A validation error at ``path`` merely echoes a reading problem there (e.g. an unset ``${VAR}``)."""
+    return any(path == r or path.startswith((f"{r}.", f"{r}[")) for r in reported if r)
+
+
+__all__ = [
+    "Loaded",
+    "collect_pipelines",
+    "load_file",
+    "load_pipeline",
+    "load_pipeline_text",
+    "load_pipelines",
+    "pipeline_files",
+]

@@ -1,0 +1,171 @@
+"""Check that a ``module:attribute`` or ``path/to/file.py:attribute`` import path names something.
+
+Policy and grader targets often live in modules that import torch (5 s) or lerobot (11 s) at the
+top. Validation should not pay that: the module is *found* (``importlib.util.find_spec``, which
+runs only parent packages' ``__init__``) and its source is read with :mod:`ast` for top-level
+definitions. Only a module whose names cannot be known statically (a C extension, a module-level
+``__getattr__``, a star import) is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import pkgutil
+from pathlib import Path
+
+from hud_pipelines.spec.problems import did_you_mean
+
+_BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.With, ast.For, ast.While)
+
+
+def target_problem(target: str) -> str | None:
+    """Why ``target`` cannot be imported, or ``None`` when it names an existing attribute.
+
+    A ``file.py`` part must already be absolute (see ``PipelineSpec.resolve_target``).
+    """
+    module_part, sep, attribute = target.rpartition(":")
+    if not sep or not module_part or not attribute.isidentifier():
+        return f"expected 'module:attribute' or 'path/to/file.py:attribute', got {target!r}"
+    if module_part.endswith(".py"):
+        return _file_problem(Path(module_part), attribute)
+    return _module_problem(module_part, attribute)
+
+
+def _file_problem(path: Path, attribute: str) -> str | None:
+    if not path.is_file():
+        siblings = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
+        return f"file {path} does not exist{did_you_mean(path.name, siblings)}"
+    names = _static_names(path)
+    if isinstance(names, str):
+        return names
+    if names is None:
+        spec = importlib.util.spec_from_file_location(f"_hud_target_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            return f"cannot load {path} as a Python module"
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            return f"importing {path} raised {type(exc).__name__}: {exc}"
+        names = _runtime_names(module, attribute)
+    return _attribute_problem(str(path), attribute, names)
+
+
+def _module_problem(module_name: str, attribute: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        return f"cannot import module {module_name!r}: no module named {missing!r}{_module_hint(missing)}"
+    except Exception as exc:  # a parent package's __init__ failed, or the name is not a module name
+        return f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+    if spec is None:
+        return f"cannot import module {module_name!r}: no module of that name{_module_hint(module_name)}"
+    names: set[str] | str | None = None
+    if spec.origin and spec.origin.endswith(".py") and Path(spec.origin).is_file():
+        names = _static_names(Path(spec.origin))
+        if isinstance(names, str):
+            return names
+    if names is None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:
+            return f"importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        names = _runtime_names(module, attribute)
+    return _attribute_problem(module_name, attribute, names)
+
+
+def _runtime_names(module: object, attribute: str) -> set[str]:
+    """Names of an imported module; ``hasattr`` also sees what a module-level ``__getattr__`` provides."""
+    names = set(dir(module))
+    if hasattr(module, attribute):
+        names.add(attribute)
+    return names
+
+
+def _attribute_problem(owner: str, attribute: str, names: set[str]) -> str | None:
+    if attribute in names:
+        return None
+    public = sorted(n for n in names if not n.startswith("_"))
+    return f"{owner} has no attribute {attribute!r}{did_you_mean(attribute, public)}"
+
+
+def _module_hint(module_name: str) -> str:
+    parent, _, leaf = module_name.rpartition(".")
+    try:
+        if parent:
+            package = importlib.import_module(parent)
+            search = list(getattr(package, "__path__", []))
+            siblings = [m.name for m in pkgutil.iter_modules(search)]
+        else:
+            siblings = [m.name for m in pkgutil.iter_modules()]
+    except Exception:
+        return ""
+    return did_you_mean(leaf, siblings)
+
+
+def _static_names(path: Path) -> set[str] | str | None:
+    """Top-level names bound by a module's source; ``None`` when they cannot be known without running it.
+
+    A string is a problem (the file does not parse).
+    """
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as exc:
+        return f"{path}:{exc.lineno}: syntax error: {exc.msg}"
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"cannot read {path}: {exc}"
+    names: set[str] = set()
+    if not _collect(tree.body, names):
+        return None
+    return names
+
+
+def _collect(statements: list[ast.stmt], names: set[str]) -> bool:
+    """Add the names ``statements`` bind; ``False`` when a star import or ``__getattr__`` makes them open-ended."""
+    for statement in statements:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if statement.name == "__getattr__":
+                return False
+            names.add(statement.name)
+        elif isinstance(statement, ast.Assign):
+            for target in statement.targets:
+                names.update(_bound(target))
+        elif isinstance(statement, ast.AnnAssign | ast.AugAssign):
+            names.update(_bound(statement.target))
+        elif isinstance(statement, ast.Import):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in statement.names)
+        elif isinstance(statement, ast.ImportFrom):
+            for alias in statement.names:
+                if alias.name == "*":
+                    return False
+                names.add(alias.asname or alias.name)
+        elif isinstance(statement, _BLOCKS):
+            for block in _blocks(statement):
+                if not _collect(block, names):
+                    return False
+    return True
+
+
+def _blocks(statement: ast.stmt) -> list[list[ast.stmt]]:
+    blocks: list[list[ast.stmt]] = []
+    for attribute in ("body", "orelse", "finalbody"):
+        block: object = getattr(statement, attribute, None)
+        if isinstance(block, list):
+            blocks.append([s for s in block if isinstance(s, ast.stmt)])  # pyright: ignore[reportUnknownVariableType]
+    for handler in getattr(statement, "handlers", []):
+        if isinstance(handler, ast.ExceptHandler):
+            blocks.append(handler.body)
+    return blocks
+
+
+def _bound(target: ast.expr) -> set[str]:
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Tuple | ast.List):
+        return {name for element in target.elts for name in _bound(element)}
+    if isinstance(target, ast.Starred):
+        return _bound(target.value)
+    return set()

@@ -1,0 +1,227 @@
+"""Pydantic validation errors turned into located, readable problems.
+
+Pydantic reports a location as a tuple that mixes real keys with the tags of discriminated unions
+(``('agent', 'policy', 'scripted', 'target')``); this module walks the model types alongside the
+location to tell the two apart, finds the key path's place in the YAML file, and rewrites the
+message in the file's own terms: what was expected, what was found, and the closest valid name for
+an unknown key or ``kind``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
+
+from hud_pipelines.spec.document import KeyPath, YamlDocument
+from hud_pipelines.spec.models import NAME_PATTERN, TASK_NAME_PATTERN, PipelineSpec
+from hud_pipelines.spec.problems import Problem, did_you_mean
+
+KIND = "kind"
+PATTERN_HINTS = {
+    NAME_PATTERN: "a name of lowercase letters, digits and '_' starting with a letter",
+    TASK_NAME_PATTERN: "a name of lowercase letters, digits, '_' and '-' starting with a letter or digit",
+    r"^wss?://": "a ws:// or wss:// URL",
+    r"^[^/\s]+/[^/\s]+$": "'owner/name'",
+}
+UNION_NOUNS = {"policy": "policy", "graders": "grader", "checks": "check"}
+_TYPE_EXPECTATIONS = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "bool_not_number": "a number",
+}
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+_BOUND_KEYS = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
+
+
+def validation_problems(error: ValidationError, document: YamlDocument) -> list[Problem]:
+    """One problem per pydantic error, located in ``document``."""
+    return [_problem(details, document) for details in error.errors()]
+
+
+def _problem(details: ErrorDetails, document: YamlDocument) -> Problem:
+    loc: KeyPath = tuple(details["loc"])
+    kind = details["type"]
+    ctx: dict[str, Any] = dict(details.get("ctx") or {})
+    if kind == "spec_rule":
+        loc = (*loc, *_parse_at(str(ctx.get("at", ""))))
+        path, _ = _walk(loc)
+        return document.problem(path, str(ctx["message"]))
+    path, end_type = _walk(loc)
+    found = details.get("input")
+    if kind == "missing":
+        _, parent_type = _walk(loc[:-1])
+        described = _field_description(parent_type, str(loc[-1]))
+        hint = f" ({described})" if described else ""
+        return document.problem(path, f"missing required key {loc[-1]!r}{hint}")
+    if kind == "extra_forbidden":
+        _, parent_type = _walk(loc[:-1])
+        allowed = _field_names(parent_type)
+        key = str(loc[-1])
+        expected = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+        return document.problem(path, f"unknown key {key!r}{did_you_mean(key, allowed)}{expected}", on_key=True)
+    if kind == "union_tag_invalid":
+        tags = _union_tags(end_type)
+        tag = str(ctx.get("tag"))
+        noun = _union_noun(path)
+        return document.problem(
+            (*path, KIND),
+            f"unknown {noun} kind {tag!r}{did_you_mean(tag, tags)}; expected one of: {', '.join(tags)}",
+        )
+    if kind == "union_tag_not_found" or (kind == "model_attributes_type" and _union_tags(end_type)):
+        tags = _union_tags(end_type)
+        noun = _union_noun(path)
+        if isinstance(found, dict):
+            message = f"missing key 'kind': which {noun} this is, one of: {', '.join(tags)}"
+        else:
+            message = f"expected a mapping with a 'kind' (one of: {', '.join(tags)}), got {describe(found)}"
+        return document.problem(path, message)
+    return document.problem(path, _message(kind, ctx, found, details["msg"]))
+
+
+def _message(kind: str, ctx: dict[str, Any], found: Any, fallback: str) -> str:
+    got = f", got {describe(found)}"
+    if kind in _TYPE_EXPECTATIONS:
+        return f"expected {_TYPE_EXPECTATIONS[kind]}{got}"
+    if kind in _BOUNDS:
+        return f"expected a number {_BOUNDS[kind]} {_number(ctx.get(_BOUND_KEYS[kind]))}{got}"
+    if kind == "string_pattern_mismatch":
+        pattern = str(ctx.get("pattern"))
+        return f"expected {PATTERN_HINTS.get(pattern, f'text matching {pattern}')}{got}"
+    if kind == "string_too_short":
+        return f"expected a non-empty string{got}"
+    if kind == "too_short":
+        return f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
+    if kind in ("enum", "literal_error"):
+        options = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        word = str(found) if isinstance(found, str) else ""
+        return f"expected one of: {', '.join(options)}{got}{did_you_mean(word, options)}"
+    return f"{fallback}{got}"
+
+
+def _number(value: Any) -> str:
+    """``1`` rather than ``1.0`` for a whole bound: the file may hold either."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def describe(value: Any) -> str:
+    """A value as it would be written in YAML, short enough for one line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return repr(value if len(value) <= 60 else f"{value[:57]}...")
+    return str(value)
+
+
+# -- walking the model types along a pydantic location ---------------------------------------------
+
+
+def _walk(loc: KeyPath) -> tuple[KeyPath, Any]:
+    """The YAML key path of a pydantic location (union tags dropped) and the type found at its end."""
+    current: Any = PipelineSpec
+    path: list[str | int] = []
+    for part in loc:
+        current = _unwrap(current)
+        members = _union_members(current)
+        if members is not None and isinstance(part, str) and part in members:
+            current = members[part]
+            continue
+        path.append(part)
+        current = _child_type(current, part)
+    return tuple(path), _unwrap(current)
+
+
+def _child_type(parent: Any, part: str | int) -> Any:
+    if _is_model(parent):
+        fields: dict[str, FieldInfo] = parent.model_fields
+        info = fields.get(str(part))
+        return info.annotation if info is not None else None
+    origin = get_origin(parent)
+    args = get_args(parent)
+    if origin is list and args:
+        return args[0]
+    if origin is dict and len(args) == 2:
+        return args[1]
+    return None
+
+
+def _unwrap(tp: Any) -> Any:
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+            continue
+        if _is_union(tp):
+            members = [a for a in get_args(tp) if a is not type(None)]
+            if len(members) == 1:
+                tp = members[0]
+                continue
+        return tp
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def _is_model(tp: Any) -> bool:
+    return inspect.isclass(tp) and issubclass(tp, BaseModel)
+
+
+def _union_members(tp: Any) -> dict[str, type[BaseModel]] | None:
+    """``{kind: model}`` for a discriminated union of models, else ``None``."""
+    if not _is_union(tp):
+        return None
+    members: dict[str, type[BaseModel]] = {}
+    for member in get_args(_unwrap(tp)):
+        member = _unwrap(member)
+        if not _is_model(member) or KIND not in member.model_fields:
+            return None
+        members[str(member.model_fields[KIND].default)] = member
+    return members
+
+
+def _union_tags(tp: Any) -> list[str]:
+    members = _union_members(tp)
+    return list(members) if members else []
+
+
+def _union_noun(path: KeyPath) -> str:
+    names = [p for p in path if isinstance(p, str)]
+    return UNION_NOUNS.get(names[-1], names[-1]) if names else "item"
+
+
+def _field_names(tp: Any) -> list[str]:
+    return list(tp.model_fields) if _is_model(tp) else []
+
+
+def _field_description(tp: Any, name: str) -> str | None:
+    if not _is_model(tp):
+        return None
+    info: FieldInfo | None = tp.model_fields.get(name)
+    return info.description if info is not None else None
+
+
+def _parse_at(at: str) -> KeyPath:
+    return tuple(int(p) if p.isdigit() else p for p in at.split(".") if p)

@@ -1,0 +1,165 @@
+"""Deep validation: the names a spec uses resolve, policy modules are read rather than run."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hud_pipelines.spec import SpecError, load_pipeline
+from hud_pipelines.spec.targets import target_problem
+
+WriteYaml = Callable[..., Path]
+
+HEAVY_MODULE = '''\
+"""Stands in for a policy module whose imports are expensive: it must never be executed by validation."""
+import not_a_real_heavy_dependency  # would raise ModuleNotFoundError if this file were run
+
+raise RuntimeError("validation executed the module")
+
+
+class Policy:
+    pass
+
+
+if not_a_real_heavy_dependency:
+    def make_policy():
+        return Policy()
+else:
+    from somewhere import fallback_policy as alternate_policy
+'''
+
+
+def pipeline(policy: str, extra: str = "") -> str:
+    return f"name: deep\nsim: {{factory: CartPole-v1}}\nagent:\n  policy: {policy}\n{extra}"
+
+
+def test_file_targets_are_checked_from_source_without_running_the_module(write_yaml: WriteYaml) -> None:
+    write_yaml(HEAVY_MODULE, "policies/heavy.py")
+    for name in ("Policy", "make_policy", "alternate_policy", "not_a_real_heavy_dependency"):
+        path = write_yaml(pipeline(f"{{kind: torch, target: policies/heavy.py:{name}}}"), f"{name}.yaml")
+        assert load_pipeline(path, deep=True).name == "deep"
+    with pytest.raises(SpecError, match="has no attribute 'Polcy' \\(did you mean 'Policy'\\?\\)"):
+        load_pipeline(write_yaml(pipeline("{kind: scripted, target: policies/heavy.py:Polcy}"), "typo.yaml"), deep=True)
+
+
+def test_module_targets_are_found_without_importing_them(
+    write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = write_yaml(HEAVY_MODULE, "project/mypolicies/heavy.py").parent
+    write_yaml("", "project/mypolicies/__init__.py")
+    monkeypatch.syspath_prepend(str(package.parent))
+    path = write_yaml(pipeline("{kind: torch, target: mypolicies.heavy:Policy}"), "project/p.yaml")
+    assert load_pipeline(path, deep=True).name == "deep"
+    assert "mypolicies.heavy" not in sys.modules
+    with pytest.raises(
+        SpecError, match=re.escape("'mypolicies.heavyy': no module of that name (did you mean 'heavy'?)")
+    ):
+        load_pipeline(
+            write_yaml(pipeline("{kind: torch, target: mypolicies.heavyy:Policy}"), "project/q.yaml"), deep=True
+        )
+
+
+def test_a_module_with_dynamic_attributes_is_imported_to_check(
+    write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_yaml(
+        "def __getattr__(name):\n"
+        "    if name == 'lazy_policy':\n"
+        "        return object()\n"
+        "    raise AttributeError(name)\n",
+        "dyn/lazy_mod.py",
+    )
+    monkeypatch.syspath_prepend(str(write_yaml("", "dyn/.keep").parent))
+    assert target_problem("lazy_mod:lazy_policy") is None
+    assert target_problem("lazy_mod:other") == "lazy_mod has no attribute 'other'"
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("json", "expected 'module:attribute'"),
+        ("json:", "expected 'module:attribute'"),
+        ("json:dumps", None),
+        ("os.path:joinn", "os.path has no attribute 'joinn' (did you mean 'join'?)"),
+        ("not_a_module_xyz.sub:f", "no module named 'not_a_module_xyz'"),
+    ],
+)
+def test_target_problem_messages(target: str, message: str | None) -> None:
+    problem = target_problem(target)
+    if message is None:
+        assert problem is None
+    else:
+        assert problem is not None
+        assert message in problem
+
+
+def test_a_syntax_error_in_a_target_file_is_reported_with_its_line(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("def ok():\n    pass\n\ndef broken(:\n")
+    problem = target_problem(f"{tmp_path / 'broken.py'}:ok")
+    assert problem is not None
+    assert "broken.py:4: syntax error" in problem
+
+
+def test_task_build_arguments_are_sorted_against_the_factory(write_yaml: WriteYaml) -> None:
+    path = write_yaml(
+        """\
+        name: args
+        sim:
+          factory: CartPole-v1
+          args: {max_episode_steps: 50, render_mode: rgb_array}
+        agent: {policy: {kind: random}}
+        tasks:
+          - args: {sutton_barto_reward: true}
+          - args: {max_episode_step: 10, num_envs: 2}
+        """
+    )
+    with pytest.raises(SpecError) as raised:
+        load_pipeline(path, deep=True)
+    problems = raised.value.problems
+    assert [(p.line, p.path) for p in problems] == [
+        (8, "tasks[1].args.max_episode_step"),
+        (8, "tasks[1].args.num_envs"),
+    ]
+    assert "did you mean 'max_episode_steps'?" in problems[0].message
+    assert "'num_envs' is set when the sim starts" in problems[1].message
+
+
+def test_an_existing_contract_must_parse(write_yaml: WriteYaml) -> None:
+    write_yaml("{not json", "contracts/cartpole.json")
+    path = write_yaml(
+        pipeline("{kind: random}").replace("CartPole-v1}", "CartPole-v1, contract: contracts/cartpole.json}")
+    )
+    with pytest.raises(SpecError) as raised:
+        load_pipeline(path, deep=True)
+    [problem] = raised.value.problems
+    assert problem.path == "sim.contract"
+    assert problem.line == 2
+    missing = write_yaml(
+        pipeline("{kind: random}").replace("CartPole-v1}", "CartPole-v1, contract: new/c.json}"), "m.yaml"
+    )
+    assert load_pipeline(missing, deep=True).contract_path == missing.parent.resolve() / "new" / "c.json"
+
+
+def test_a_factory_module_that_fails_to_import_is_reported(write_yaml: WriteYaml) -> None:
+    write_yaml("raise ValueError('broken factory module')\ndef make():\n    pass\n", "envs_broken.py")
+    path = write_yaml("name: f\nsim: {factory: envs_broken.py:make}\nagent: {policy: {kind: random}}\n")
+    with pytest.raises(SpecError, match="raised ValueError: broken factory module"):
+        load_pipeline(path, deep=True)
+
+
+def test_deep_validation_keeps_stdout_clean(write_yaml: WriteYaml, capsys: pytest.CaptureFixture[str]) -> None:
+    write_yaml("print('noise from an env module')\ndef make(num_envs=1):\n    pass\n", "noisy_env.py")
+    path = write_yaml("name: n\nsim: {factory: noisy_env.py:make}\nagent: {policy: {kind: random}}\n")
+    load_pipeline(path, deep=True)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "noise from an env module" in captured.err
+
+
+def test_shallow_loading_does_not_resolve_anything(write_yaml: WriteYaml) -> None:
+    path = write_yaml(pipeline("{kind: scripted, target: nowhere.at_all:fn}").replace("CartPole-v1", "Nope-v9"))
+    assert load_pipeline(path).factory == "Nope-v9"

@@ -1,0 +1,58 @@
+"""``${VAR}`` / ``${VAR:-default}`` expansion: only what is spelled out, and unset variables named."""
+
+from __future__ import annotations
+
+import pytest
+
+from hud_pipelines.spec.interpolation import interpolate
+
+ENV = {"HOST": "10.0.0.5", "PORT": "8765", "EMPTY": ""}
+
+
+@pytest.mark.parametrize(
+    ("text", "expanded"),
+    [
+        ("ws://${HOST}:${PORT}", "ws://10.0.0.5:8765"),
+        ("${MISSING:-fallback}", "fallback"),
+        ("${EMPTY:-fallback}", "fallback"),
+        ("[${EMPTY}]", "[]"),
+        ("${HOST:-unused}", "10.0.0.5"),
+        ("${MISSING:-}", ""),
+        ("cost: $5, $HOST, ~/data", "cost: $5, $HOST, ~/data"),
+        ("literal $${HOST} and ${HOST}", "literal ${HOST} and 10.0.0.5"),
+        ("a$$b", "a$$b"),
+        ("no references", "no references"),
+    ],
+)
+def test_expansion(text: str, expanded: str) -> None:
+    assert interpolate(text, ENV) == (expanded, [])
+
+
+def test_an_unset_variable_is_named_and_located() -> None:
+    value, errors = interpolate("ws://${HOST}:${SIM_PORT}/x", ENV)
+    assert value == "ws://10.0.0.5:${SIM_PORT}/x"
+    [error] = errors
+    assert "environment variable SIM_PORT is not set" in error.message
+    assert "${SIM_PORT:-default}" in error.message
+    assert (error.offset, error.length) == (13, len("${SIM_PORT}"))
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "offset"),
+    [
+        ("${1X}", "malformed reference '${1X}'", 0),
+        ("a ${}", "malformed reference '${}'", 2),
+        ("${A:-${B}}", "malformed reference", 0),
+        ("${A-b}", "malformed reference '${A-b}'", 0),
+        ("x ${HOST", "unterminated '${'", 2),
+    ],
+)
+def test_malformed_references(text: str, message: str, offset: int) -> None:
+    _, errors = interpolate(text, ENV)
+    assert [e.offset for e in errors] == [offset]
+    assert message in errors[0].message
+
+
+def test_every_problem_of_one_string_is_reported() -> None:
+    _, errors = interpolate("${A}/${B}/${HOST}/${C:-ok}/${1}", {"HOST": "h"})
+    assert [e.offset for e in errors] == [0, 5, 27]

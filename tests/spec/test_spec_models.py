@@ -1,0 +1,231 @@
+"""The pipeline models: defaults, cross-field rules, and the helpers the runner relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from hud_pipelines.agent.config import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
+from hud_pipelines.sim.actions import BoundsMode, HoldMode
+from hud_pipelines.spec import (
+    CallableGrader,
+    MaxErrorRateCheck,
+    MinSuccessRateCheck,
+    Partition,
+    PipelineSpec,
+    ReturnGrader,
+    SuccessGrader,
+)
+from hud_pipelines.spec.models import SOURCE_CONTEXT
+
+
+def spec(source: Path | None = None, **overrides: Any) -> PipelineSpec:
+    data: dict[str, Any] = {
+        "name": "cartpole",
+        "sim": {"factory": "CartPole-v1"},
+        "agent": {"policy": {"kind": "random"}},
+        **overrides,
+    }
+    context = {SOURCE_CONTEXT: source} if source is not None else None
+    return PipelineSpec.model_validate(data, context=context)
+
+
+def test_defaults_give_one_task_one_instance_one_slot_graded_by_success() -> None:
+    s = spec()
+    assert [t.name for t in s.tasks] == ["task0"]
+    assert s.tasks[0].seed == 0
+    assert s.group == 1
+    assert s.sim.num_envs == 1
+    assert s.max_concurrent == 1
+    assert s.graders == [SuccessGrader(name="success")]
+    assert s.checks == []
+    assert s.sim.hold is HoldMode.LAST
+    assert s.sim.bounds is BoundsMode.CLIP
+    assert not s.dataset_enabled
+    assert s.partitions() == [Partition(0, 0)]
+    assert s.partition_keys() == ["task0-i0"]
+
+
+def test_partitions_are_task_major_with_stable_keys() -> None:
+    s = spec(tasks=[{}, {"name": "hard", "seed": 50}], group=3)
+    assert s.partitions() == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert s.partition_keys() == ["task0-i0", "task0-i1", "task0-i2", "hard-i0", "hard-i1", "hard-i2"]
+    for partition, key in zip(s.partitions(), s.partition_keys(), strict=True):
+        assert s.partition_for_key(key) == partition
+        assert s.partition_key(*partition) == key
+    with pytest.raises(KeyError, match="no partition 'hard-i3'; known: task0-i0"):
+        s.partition_for_key("hard-i3")
+    with pytest.raises(IndexError, match=r"instances 0\.\.2"):
+        s.partition_key(1, 3)
+
+
+def test_seeds_compose_group_and_num_envs_into_distinct_seeds() -> None:
+    s = spec(sim={"factory": "CartPole-v1", "num_envs": 4}, tasks=[{"seed": 10}, {"seed": 1000}], group=3)
+    assert s.seeds_for(0, 0) == [10, 11, 12, 13]
+    assert s.seeds_for(0, 2) == [18, 19, 20, 21]
+    assert s.seeds_for(1, 1) == [1004, 1005, 1006, 1007]
+    first_task = [seed for instance in range(3) for seed in s.seeds_for(0, instance)]
+    assert len(set(first_task)) == s.slots_per_task == 12
+    assert s.scheduled_slots == 24
+
+
+def test_slot_tasks_carry_seed_options_and_the_full_build_arguments() -> None:
+    s = spec(
+        sim={"factory": "CartPole-v1", "num_envs": 2, "args": {"max_episode_steps": 100, "render_mode": None}},
+        tasks=[{"seed": 5, "options": {"low": -0.1}, "args": {"max_episode_steps": 20}, "prompt": "balance"}, {}],
+    )
+    assert s.build_args(0) == {"max_episode_steps": 20, "render_mode": None}
+    assert s.slot_tasks(0, 0) == [
+        {"max_episode_steps": 20, "render_mode": None, "seed": 5, "options": {"low": -0.1}},
+        {"max_episode_steps": 20, "render_mode": None, "seed": 6, "options": {"low": -0.1}},
+    ]
+    # the second task restores the sim-level build arguments a previous task overrode
+    assert s.slot_tasks(1, 0)[0] == {"max_episode_steps": 100, "render_mode": None, "seed": 0, "options": {}}
+    assert all("prompt" not in task for task in s.slot_tasks(0, 0))
+
+
+def test_models_are_frozen_and_refuse_unknown_keys() -> None:
+    s = spec()
+    with pytest.raises(ValidationError, match="frozen"):
+        s.group = 2  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        spec(sim={"factory": "CartPole-v1", "num_env": 2})
+
+
+def test_numbers_refuse_booleans_but_accept_numeric_strings_from_interpolation() -> None:
+    with pytest.raises(ValidationError, match="expected a number, got a boolean"):
+        spec(group=True)
+    assert spec(group="3").group == 3
+
+
+@pytest.mark.parametrize(
+    ("sim", "message"),
+    [
+        ({}, "exactly one of 'factory'"),
+        ({"factory": "CartPole-v1", "url": "ws://h:1", "token": "t"}, "exclude each other"),
+        ({"url": "ws://h:1"}, "needs its 'token'"),
+        ({"factory": "CartPole-v1", "token": "t"}, "'token' belongs to a sim attached by 'url'"),
+        ({"url": "ws://h:1", "token": "t", "hold": "zero"}, "'hold' configures a spawned sim"),
+        ({"url": "http://h:1", "token": "t"}, "pattern"),
+    ],
+)
+def test_sim_source_rules(sim: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        spec(sim=sim)
+
+
+def test_attached_sim_keeps_its_token_secret() -> None:
+    s = spec(sim={"url": "ws://10.0.0.5:8765", "token": "hunter2", "num_envs": 3})
+    assert not s.sim.spawned
+    assert s.factory is None
+    assert s.sim.token is not None
+    assert s.sim.token.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(s)
+    assert "hunter2" not in s.model_dump_json()
+
+
+def test_grader_and_check_names_default_to_their_kind_and_must_be_unique() -> None:
+    s = spec(
+        graders=[{"kind": "return", "threshold": 195}, {"kind": "return", "name": "raw_return"}],
+        checks=[{"kind": "min_success_rate", "value": 0.8}, {"kind": "max_error_rate", "value": 0, "blocking": False}],
+    )
+    assert s.graders == [ReturnGrader(name="return", threshold=195.0), ReturnGrader(name="raw_return")]
+    assert s.checks == [
+        MinSuccessRateCheck(name="min_success_rate", value=0.8),
+        MaxErrorRateCheck(name="max_error_rate", value=0.0, blocking=False),
+    ]
+    with pytest.raises(ValidationError, match="check name 'max_error_rate' is already used by checks\\[0\\]"):
+        spec(checks=[{"kind": "max_error_rate", "value": 0}, {"kind": "max_error_rate", "value": 0.1}])
+
+
+def test_task_names_are_filled_by_position_and_must_be_unique() -> None:
+    with pytest.raises(ValidationError, match="task name 'task1' is already used by tasks\\[0\\]"):
+        spec(tasks=[{"name": "task1"}, {}])  # the second task's default name collides
+    assert [t.name for t in spec(tasks=[{"name": "easy"}, {}]).tasks] == ["easy", "task1"]
+
+
+def test_relative_paths_resolve_against_the_yaml_file(tmp_path: Path) -> None:
+    source = tmp_path / "pipelines" / "cartpole.yaml"
+    s = spec(
+        source=source,
+        sim={"factory": "../envs/cartpole.py:make", "contract": "contracts/cartpole.json"},
+        agent={"policy": {"kind": "scripted", "target": "controllers.py:pd", "args": {"kp": 1.0}}},
+        graders=[
+            {"kind": "callable", "target": "graders.py:grade"},
+            {"kind": "callable", "name": "by_module", "target": "pkg.mod:fn"},
+        ],
+    )
+    pipelines = (tmp_path / "pipelines").resolve()
+    assert s.source == source.resolve()
+    assert s.base_dir == pipelines
+    assert s.factory == f"{(tmp_path / 'envs' / 'cartpole.py').resolve()}:make"
+    assert s.contract_path == pipelines / "contracts" / "cartpole.json"
+    policy = s.resolved_agent().policy
+    assert isinstance(policy, ScriptedPolicyConfig)
+    assert policy.target == f"{pipelines / 'controllers.py'}:pd"
+    assert policy.args == {"kp": 1.0}
+    assert [g.target for g in s.resolved_graders() if isinstance(g, CallableGrader)] == [
+        f"{pipelines / 'graders.py'}:grade",
+        "pkg.mod:fn",
+    ]
+
+
+def test_module_targets_and_registry_ids_are_left_alone(tmp_path: Path) -> None:
+    s = spec(source=tmp_path / "p.yaml", sim={"factory": "gym_pusht/PushT-v0"})
+    assert s.factory == "gym_pusht/PushT-v0"
+    assert s.resolve_target("envs.controllers:cartpole_pd") == "envs.controllers:cartpole_pd"
+    assert s.contract_path is None
+
+
+def test_torch_and_lerobot_paths_resolve(tmp_path: Path) -> None:
+    source = tmp_path / "p.yaml"
+    torch = spec(source=source, agent={"policy": {"kind": "torch", "target": "m.py:Net", "checkpoint": "w/net.pt"}})
+    policy = torch.resolved_agent().policy
+    assert isinstance(policy, TorchPolicyConfig)
+    assert policy.checkpoint == str(tmp_path.resolve() / "w" / "net.pt")
+    assert policy.target == f"{tmp_path.resolve() / 'm.py'}:Net"
+    lerobot = spec(source=source, agent={"policy": {"kind": "lerobot", "path": "/abs/act"}, "horizon": 4})
+    resolved = lerobot.resolved_agent()
+    assert isinstance(resolved.policy, LeRobotPolicyConfig)
+    assert resolved.policy.path == "/abs/act"
+    assert resolved.horizon == 4
+
+
+def test_a_spec_built_in_code_resolves_against_the_working_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = spec(sim={"factory": "CartPole-v1", "contract": "c.json"})
+    assert s.source is None
+    assert s.contract_path == tmp_path.resolve() / "c.json"
+
+
+def test_dataset_defaults_follow_the_pipeline_name(tmp_path: Path) -> None:
+    assert spec().dataset_root(tmp_path) == tmp_path / "outputs" / "datasets" / "cartpole"
+    assert spec().dataset_repo_id == "local/cartpole"
+    s = spec(dataset={"root": "data/cp", "repo_id": "lab/cartpole", "video": False})
+    assert s.dataset_enabled
+    assert s.dataset is not None
+    assert not s.dataset.video
+    assert s.dataset_root(tmp_path) == tmp_path / "data" / "cp"
+    assert s.dataset_repo_id == "lab/cartpole"
+    assert not spec(dataset={"enabled": False}).dataset_enabled
+
+
+def test_spec_hash_is_stable_and_follows_content(tmp_path: Path) -> None:
+    here = spec(source=tmp_path / "a" / "p.yaml", sim={"factory": "CartPole-v1", "contract": "c.json"})
+    there = spec(source=tmp_path / "b" / "p.yaml", sim={"factory": "CartPole-v1", "contract": "c.json"})
+    assert here.spec_hash == there.spec_hash
+    assert len(here.spec_hash) == 64
+    assert spec(max_steps=10).spec_hash != spec(max_steps=11).spec_hash
+    assert spec(max_steps=10).spec_hash == spec(max_steps=10).spec_hash
+    attached = {"url": "ws://h:1", "num_envs": 2}
+    assert spec(sim={**attached, "token": "a"}).spec_hash == spec(sim={**attached, "token": "b"}).spec_hash
+
+
+def test_serve_options_carry_hold_and_bounds() -> None:
+    s = spec(sim={"factory": "CartPole-v1", "hold": "zero", "bounds": "error"})
+    assert s.sim.serve_options() == ["--hold", "zero", "--bounds", "error"]
