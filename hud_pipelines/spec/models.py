@@ -120,7 +120,8 @@ class SimSpec(_Model):
     num_envs: Int = Field(
         default=1,
         ge=1,
-        description="slots per sim instance, stepped in lockstep (a vectorized factory batches them natively)",
+        description="slots per sim instance, stepped in lockstep (a vectorized factory batches them natively); "
+        "with `url`: the slots the served sim has",
     )
     contract: str | None = Field(
         default=None,
@@ -540,8 +541,9 @@ class PipelineSpec(_Model):
     def spec_hash(self) -> str:
         """SHA-256 of the spec's content (after ``${VAR}`` interpolation, secrets masked), as hex.
 
-        Stable across processes and checkouts (paths are hashed as written), it changes whenever a
-        value that could change results changes; use it as a code or data version.
+        Stable across processes and checkouts (paths are hashed as written, not resolved) and
+        changed by any edit to a value, the description included; a different token leaves it alone
+        (the token is a credential, not an input). Use it as a code or data version.
         """
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
