@@ -2,14 +2,19 @@
 export HF_HUB_OFFLINE := 1
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup eval test lint bench
+.PHONY: setup eval test lint bench dev
 
 setup:
 	@scripts/setup
 
-## The main job: evaluate the bundled CartPole pipeline end to end.
+## The main job: the bundled CartPole eval as a Dagster run on the local instance (.dagster_home/).
 eval: setup
-	.venv/bin/hud-pipelines demo
+	.venv/bin/hud-pipelines run cartpole_pd
+
+## The Dagster UI with every pipeline in pipelines/ (http://127.0.0.1:3000).
+dev: setup
+	@mkdir -p $(DAGSTER_HOME) && [ -f $(DAGSTER_HOME)/dagster.yaml ] || printf 'telemetry:\n  enabled: false\n' > $(DAGSTER_HOME)/dagster.yaml
+	.venv/bin/dagster dev -w workspace.yaml
 
 ## The test suite (what CI runs).
 test: setup
@@ -22,3 +27,6 @@ lint: setup
 
 bench: setup
 	.venv/bin/python bench/wire.py
+	.venv/bin/python bench/agent.py
+	.venv/bin/python bench/dataset.py
+	.venv/bin/python bench/dagster_overhead.py
