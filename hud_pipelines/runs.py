@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from hud_pipelines.grading import GradeRow, summarize
 from hud_pipelines.recording import EpisodeStatus
 
 if TYPE_CHECKING:
+    from dagster import ExecuteInProcessResult
     from rich.console import Console
 
     from hud_pipelines.eval import InstanceResult
@@ -107,13 +109,35 @@ def run_pipeline(
 
     console = Console(stderr=True)
     logging.getLogger("hud_pipelines").setLevel(logging.WARNING)
-    run_config = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    # Dagster's console logger would print every failure with a stack trace; the summary below says
+    # what failed in a line each, and the full event log stays in the instance (`dagster dev`).
+    run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     with dg.DagsterInstance.get() as instance, _progress(console, spec.name, len(ordered), quiet) as on_result:
         with progress.listening(on_result):
             result = job.execute_in_process(instance=instance, tags=tags, run_config=run_config, raise_on_error=False)
     rows = collect_rows(spec, outputs)
-    _print_summary(spec.name, rows, result.success, result.run_id, outputs.base)
+    _print_summary(spec.name, rows, result.success, result.run_id, outputs.base, _problems(result))
     return 0 if result.success else 1
+
+
+def _problems(result: ExecuteInProcessResult) -> list[str]:
+    """One line per failed step or failed check of a run."""
+    problems: list[str] = []
+    for evaluation in result.get_asset_check_evaluations():
+        if not evaluation.passed:
+            blocking = "blocking " if evaluation.severity.value == "ERROR" else ""
+            description = evaluation.description or ""
+            problems.append(f"{blocking}check {evaluation.check_name} failed: {description}")
+    for event in result.all_events:
+        if event.event_type_value != "STEP_FAILURE":
+            continue
+        error = event.step_failure_data.error
+        if error is None or error.cls_name == "DagsterAssetCheckFailedError":  # reported above
+            continue
+        cause = error.cause if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause else error
+        lines = cause.message.strip().splitlines()
+        problems.append(f"step {event.step_key} failed: {' / '.join(lines[:6])}")
+    return problems
 
 
 @contextlib.contextmanager
@@ -138,11 +162,13 @@ def _progress(console: Console, name: str, total: int, quiet: bool) -> Iterator[
         )
 
 
-def _print_summary(name: str, rows: list[GradeRow], succeeded: bool, run_id: str, base: Path) -> None:
+def _print_summary(
+    name: str, rows: list[GradeRow], succeeded: bool, run_id: str, base: Path, problems: list[str]
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title=f"{name}: per-slot grades")
     for column in ("task", "instance", "slot", "seed", "status", "score", "return", "steps", "error"):
         table.add_column(
@@ -170,6 +196,8 @@ def _print_summary(name: str, rows: list[GradeRow], succeeded: bool, run_id: str
         f"success rate {rate_text}; scheduled {summary.scheduled} = succeeded {summary.succeeded} + failed "
         f"{summary.failed} + errored {summary.errored}"
     )
+    for problem in problems:
+        console.print(f"[red]{problem}[/red]", markup=True, highlight=False)
     verdict = "[green]run succeeded[/green]" if succeeded else "[red]run FAILED[/red]"
     console.print(f"{verdict} (run {run_id}); outputs in {base}")
 
