@@ -270,7 +270,10 @@ class _Check(_Named):
 
 
 class MinSuccessRateCheck(_Check):
-    """Passes when succeeded / (succeeded + failed) is at least `value`; errored slots are not failures (bound them with `max_error_rate`), and no graded slot at all fails the check."""
+    """Passes when succeeded / (succeeded + failed) is at least `value`.
+
+    Errored slots are not failures (bound them with `max_error_rate`); no graded slot at all fails the check.
+    """
 
     kind: Literal["min_success_rate"] = Field(default="min_success_rate", description="selects this check")
     value: Float = Field(ge=0.0, le=1.0, description="lowest acceptable success rate, 0..1")
