@@ -1,0 +1,11 @@
+"""Every eval's rollouts as a LeRobot v3 dataset, written through lerobot's own ``LeRobotDataset``.
+
+- :mod:`.options`: what a pipeline can choose (camera storage, codec, state features, writers).
+- :mod:`.features`: contract -> LeRobot features, and one recorded frame -> one LeRobot frame.
+- :mod:`.writer`: :class:`~.writer.LeRobotDatasetSink`, an ``EpisodeSink`` writing one shard.
+- :mod:`.merge`: shards -> one dataset (lerobot's aggregation).
+- :mod:`.publish`: :class:`~.publish.DatasetBuild`, shards beside the published path, swapped in atomically.
+- :mod:`.summary`: what a Dagster asset shows about the published dataset.
+
+Importing this package is cheap; lerobot (about 11 s to import) is loaded by the modules that write.
+"""

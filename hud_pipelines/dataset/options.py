@@ -1,0 +1,58 @@
+"""What a pipeline chooses about its dataset; the defaults are the ones the benchmark measures."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CameraStorage(StrEnum):
+    """How camera frames are stored: one mp4 per camera and file (``video``) or PNGs in parquet (``image``)."""
+
+    VIDEO = "video"
+    IMAGE = "image"
+
+
+class VideoCodec(StrEnum):
+    """Codecs lerobot can write through PyAV.
+
+    ``h264`` is the default: for small sim cameras it encodes about 10x faster than SVT-AV1 at a
+    similar size (``bench/dataset.md``) and every decoder reads it. ``libsvtav1`` is lerobot's own
+    default, smaller at high resolutions.
+    """
+
+    H264 = "h264"
+    AV1 = "libsvtav1"
+
+
+class DatasetOptions(BaseModel):
+    """Dataset settings, as written under ``dataset:`` in a pipeline YAML."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cameras: CameraStorage = Field(default=CameraStorage.VIDEO, description="'video' (mp4) or 'image' (PNG)")
+    codec: VideoCodec = Field(default=VideoCodec.H264, description="video codec when cameras are 'video'")
+    state_features: list[str] | None = Field(
+        default=None,
+        description="observation features concatenated, in this order, into observation.state; by default every "
+        "non-camera observation feature in contract order. The other vectors become observation.<name>",
+    )
+    keep_errored: bool = Field(
+        default=False,
+        description="keep errored episodes, flagged by an 'episode.errored' column, instead of leaving them out",
+    )
+    writers: int = Field(
+        default=2,
+        ge=1,
+        le=32,
+        description="writer threads per shard; each owns one part of the shard, so parts encode in parallel",
+    )
+    queued_episodes: int = Field(
+        default=4,
+        ge=1,
+        description="finished episodes that may wait for a writer before end() blocks (bounds memory)",
+    )
+    close_timeout_s: float = Field(
+        default=600.0, gt=0, description="how long close() waits for the writers to drain and finalize"
+    )

@@ -1,0 +1,198 @@
+"""What a Dagster asset shows about a published dataset: counts, size, features, stats, first frames.
+
+Reading goes through lerobot (``LeRobotDataset(repo_id, root=...)``), so a summary that builds is
+also proof that the published dataset loads. The thumbnail strip decodes the first frame of the
+first episodes of every camera: one row per camera, one column per episode.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.dataset.writer import default_repo_id
+
+_MAX_DIMS = 6
+"""Stats of wider vectors are cut after this many dimensions (metadata lives in the event log)."""
+
+
+@dataclass(frozen=True)
+class FeatureRow:
+    key: str
+    dtype: str
+    shape: str
+    names: str
+
+
+@dataclass(frozen=True)
+class StatRow:
+    key: str
+    min: str
+    max: str
+    mean: str
+    std: str
+
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    path: Path
+    repo_id: str
+    episodes: int
+    frames: int
+    fps: int
+    robot_type: str
+    tasks: int
+    size_bytes: int
+    features: list[FeatureRow]
+    stats: list[StatRow]
+    success_rate: float | None
+    """Share of episodes graded successful, from ``meta/hud_episodes.jsonl`` (``None`` without it)."""
+    thumbnail_png: bytes | None = field(default=None, repr=False)
+
+    def dagster_metadata(self) -> dict[str, Any]:
+        """The summary as ``MaterializeResult(metadata=...)`` values."""
+        import dagster as dg
+
+        features = dg.MetadataValue.table(
+            records=[dg.TableRecord(vars(row)) for row in self.features],
+            schema=dg.TableSchema(columns=[dg.TableColumn(name) for name in ("key", "dtype", "shape", "names")]),
+        )
+        stats = dg.MetadataValue.table(
+            records=[dg.TableRecord(vars(row)) for row in self.stats],
+            schema=dg.TableSchema(columns=[dg.TableColumn(name) for name in ("key", "min", "max", "mean", "std")]),
+        )
+        metadata: dict[str, Any] = {
+            "path": dg.MetadataValue.path(str(self.path)),
+            "repo_id": self.repo_id,
+            "episodes": self.episodes,
+            "frames": self.frames,
+            "fps": self.fps,
+            "size_mb": round(self.size_bytes / 2**20, 3),
+            "features": features,
+            "stats": stats,
+        }
+        if self.success_rate is not None:
+            metadata["success_rate"] = self.success_rate
+        if self.thumbnail_png is not None:
+            encoded = base64.b64encode(self.thumbnail_png).decode()
+            metadata["first_frames"] = dg.MetadataValue.md(f"![first frames](data:image/png;base64,{encoded})")
+        return metadata
+
+
+def summarize_dataset(
+    root: Path, *, repo_id: str | None = None, thumbnail_episodes: int = 8, thumbnail_height: int = 96
+) -> DatasetSummary:
+    """Load the dataset at ``root`` with lerobot and summarize it."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    root = Path(root)
+    repo_id = repo_id or default_repo_id(root.name)
+    dataset = LeRobotDataset(repo_id, root=root)
+    meta = dataset.meta
+    specs = cast(dict[str, dict[str, Any]], meta.features)
+    features = [
+        FeatureRow(
+            key=key,
+            dtype=str(spec["dtype"]),
+            shape=str(list(cast(Sequence[int], spec["shape"]))),
+            names=_short(spec.get("names")),
+        )
+        for key, spec in specs.items()
+    ]
+    all_stats = cast(dict[str, dict[str, Any]], meta.stats or {})
+    cameras = set(meta.camera_keys)
+    stats = [
+        StatRow(
+            key=key,
+            min=_numbers(values["min"]),
+            max=_numbers(values["max"]),
+            mean=_numbers(values["mean"]),
+            std=_numbers(values["std"]),
+        )
+        for key, values in all_stats.items()
+        if key not in cameras and {"min", "max", "mean", "std"} <= set(values)
+    ]
+    records = read_episode_records(root)
+    success_rate = sum(bool(r.get("success")) for r in records) / len(records) if records else None
+    return DatasetSummary(
+        path=root,
+        repo_id=repo_id,
+        episodes=meta.total_episodes,
+        frames=meta.total_frames,
+        fps=meta.fps,
+        robot_type=str(meta.robot_type),
+        tasks=meta.total_tasks,
+        size_bytes=sum(p.stat().st_size for p in root.rglob("*") if p.is_file()),
+        features=features,
+        stats=stats,
+        success_rate=success_rate,
+        thumbnail_png=_thumbnails(dataset, thumbnail_episodes, thumbnail_height),
+    )
+
+
+def _short(names: object) -> str:
+    if not isinstance(names, list | tuple):
+        return "" if names is None else str(names)
+    items = [str(n) for n in cast(Sequence[object], names)]
+    return ", ".join(items[:_MAX_DIMS]) + (f", ... ({len(items)})" if len(items) > _MAX_DIMS else "")
+
+
+def _numbers(values: object) -> str:
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    text = ", ".join(f"{v:.4g}" for v in flat[:_MAX_DIMS])
+    return f"[{text}{', ...' if flat.size > _MAX_DIMS else ''}]"
+
+
+def _thumbnails(dataset: Any, episodes: int, height: int) -> bytes | None:
+    """One PNG: a row per camera, the first frame of each of the first ``episodes`` episodes."""
+    cameras: list[str] = list(dataset.meta.camera_keys)
+    if not cameras or episodes < 1:
+        return None
+    from PIL import Image
+
+    starts = [int(i) for i in dataset.meta.episodes["dataset_from_index"][:episodes]]
+    rows: list[npt.NDArray[np.uint8]] = []
+    for camera in cameras:
+        tiles = [_to_uint8_hwc(dataset[start][camera]) for start in starts]
+        rows.append(_row([_resize(tile, height) for tile in tiles]))
+    width = max(row.shape[1] for row in rows)
+    strip = np.concatenate([np.pad(row, ((0, 0), (0, width - row.shape[1]), (0, 0))) for row in rows], axis=0)
+    buffer = io.BytesIO()
+    Image.fromarray(strip).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _to_uint8_hwc(image: Any) -> npt.NDArray[np.uint8]:
+    """A decoded frame (torch CHW, float in [0, 1] or depth units) as displayable RGB uint8."""
+    array = np.asarray(image.numpy() if hasattr(image, "numpy") else image, dtype=np.float32)
+    if array.ndim == 3 and array.shape[0] in (1, 3):
+        array = array.transpose(1, 2, 0)
+    if array.shape[-1] == 1:
+        low, high = float(array.min()), float(array.max())
+        array = np.repeat((array - low) / (high - low or 1.0), 3, axis=-1)
+    elif array.max() > 1.0:
+        array = array / 255.0
+    return (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def _resize(tile: npt.NDArray[np.uint8], height: int) -> npt.NDArray[np.uint8]:
+    from PIL import Image
+
+    width = max(1, round(tile.shape[1] * height / tile.shape[0]))
+    return np.asarray(Image.fromarray(tile).resize((width, height)), dtype=np.uint8)
+
+
+def _row(tiles: Sequence[npt.NDArray[np.uint8]]) -> npt.NDArray[np.uint8]:
+    gap = np.zeros((tiles[0].shape[0], 2, 3), dtype=np.uint8)
+    parts: list[npt.NDArray[np.uint8]] = []
+    for tile in tiles:
+        parts += [tile, gap]
+    return np.concatenate(parts[:-1], axis=1)

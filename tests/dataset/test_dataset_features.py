@@ -1,0 +1,196 @@
+"""Contract -> LeRobot features, on literal contracts and frames (no dataset is written here)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hud_pipelines.contract import Contract, Feature, FeatureType
+from hud_pipelines.dataset.features import ERRORED, DatasetLayout
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
+from hud_pipelines.errors import ContractError
+from hud_pipelines.recording import Frame
+
+
+def _contract(**extra: Feature) -> Contract:
+    features = {
+        "pixels": Feature(role="observation", type=FeatureType.RGB, dtype="uint8", shape=(4, 6, 3)),
+        "agent_pos": Feature(role="observation", dtype="float64", shape=(2,), names=["x", "y"]),
+        **extra,
+        "action": Feature(role="action", dtype="float32", shape=(2,), names=["ax", "ay"]),
+    }
+    return Contract(control_rate=10.0, robot_type="pusher", features=features)
+
+
+def _frame(observation: dict[str, Any], action: Any = (0.5, -0.5), **kw: Any) -> Frame:
+    values = {"reward": 1.5, "terminated": False, "truncated": True, "success": True} | kw
+    return Frame(index=0, observation=observation, action=np.asarray(action, dtype=np.float32), **values)
+
+
+def test_contract_maps_to_lerobot_keys_shapes_and_names() -> None:
+    velocity = Feature(role="observation", dtype="float32", shape=(3,))
+    layout = DatasetLayout.build(_contract(**{"body/vel": velocity}))
+    features = layout.lerobot_features()
+    assert list(features) == [
+        "observation.images.pixels",
+        "observation.state",
+        "action",
+        "next.reward",
+        "next.done",
+        "next.success",
+    ]
+    assert features["observation.images.pixels"] == {
+        "dtype": "video",
+        "shape": (4, 6, 3),
+        "names": ["height", "width", "channels"],
+    }
+    # Every non-camera observation feature is state, concatenated in contract order.
+    assert features["observation.state"]["shape"] == (5,)
+    assert features["observation.state"]["names"] == ["x", "y", "body_vel_0", "body_vel_1", "body_vel_2"]
+    assert features["action"]["names"] == ["ax", "ay"]
+    assert (layout.fps, layout.robot_type) == (10, "pusher")
+
+
+def test_frame_conversion_concatenates_state_and_copies_pixels() -> None:
+    layout = DatasetLayout.build(_contract())
+    pixels = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    out = layout.lerobot_frame(_frame({"pixels": pixels, "agent_pos": np.array([1.0, 2.0])}))
+    assert out["observation.state"].dtype == np.float32
+    np.testing.assert_array_equal(out["observation.state"], [1.0, 2.0])
+    np.testing.assert_array_equal(out["observation.images.pixels"], pixels)
+    pixels[:] = 0  # the caller's buffer may be reused; the recorded frame must not change
+    assert out["observation.images.pixels"].any()
+    assert out["next.reward"].tolist() == [1.5]
+    assert out["next.done"].tolist() == [True]
+    assert out["next.success"].tolist() == [True]
+    np.testing.assert_array_equal(out["action"], [0.5, -0.5])
+
+
+def test_state_features_option_splits_other_vectors_out() -> None:
+    extra = {"goal": Feature(role="observation", dtype="int64", shape=(2,))}
+    options = DatasetOptions(state_features=["agent_pos"])
+    layout = DatasetLayout.build(_contract(**extra), options)
+    features = layout.lerobot_features()
+    assert features["observation.state"]["names"] == ["x", "y"]
+    assert features["observation.goal"] == {"dtype": "int64", "shape": (2,), "names": ["goal_0", "goal_1"]}
+    frame = _frame({"pixels": np.zeros((4, 6, 3), np.uint8), "agent_pos": np.zeros(2), "goal": np.array([3, 4])})
+    assert layout.lerobot_frame(frame)["observation.goal"].tolist() == [3, 4]
+
+    with pytest.raises(ContractError, match="'nope'"):
+        DatasetLayout.build(_contract(), DatasetOptions(state_features=["nope"]))
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape", "pixel", "stored"),
+    [
+        (FeatureType.RGB, (2, 2, 4), [10, 20, 30, 255], [10, 20, 30]),
+        (FeatureType.BGR, (2, 2, 3), [10, 20, 30], [30, 20, 10]),
+        (FeatureType.GRAY, (2, 2, 1), [77], [77, 77, 77]),
+    ],
+)
+def test_camera_types_are_stored_as_rgb(
+    kind: FeatureType, shape: tuple[int, ...], pixel: list[int], stored: list[int]
+) -> None:
+    camera = Feature(role="observation", type=kind, dtype="uint8", shape=shape)
+    contract = Contract(
+        control_rate=5, features={"cam": camera, "action": Feature(role="action", dtype="float32", shape=(1,))}
+    )
+    layout = DatasetLayout.build(contract)
+    assert layout.lerobot_features()["observation.images.cam"]["shape"] == (2, 2, 3)
+    image = np.broadcast_to(np.asarray(pixel, dtype=np.uint8), shape).copy()
+    out = layout.lerobot_frame(_frame({"cam": image}, action=[0.0]))["observation.images.cam"]
+    assert out.shape == (2, 2, 3)
+    assert out[0, 0].tolist() == stored
+
+
+def test_float_pixels_become_uint8_and_depth_is_a_depth_map() -> None:
+    contract = Contract(
+        control_rate=5,
+        features={
+            "rgb": Feature(role="observation", type=FeatureType.RGB, dtype="float32", shape=(2, 2, 3)),
+            "depth": Feature(role="observation", type=FeatureType.DEPTH, dtype="float32", shape=(2, 2)),
+            "action": Feature(role="action", dtype="float32", shape=(1,)),
+        },
+    )
+    layout = DatasetLayout.build(contract, DatasetOptions(cameras=CameraStorage.IMAGE))
+    features = layout.lerobot_features()
+    assert features["observation.images.depth"]["info"] == {"is_depth_map": True}
+    assert features["observation.images.depth"]["shape"] == (2, 2, 1)
+    assert features["observation.images.rgb"]["dtype"] == "image"
+    out = layout.lerobot_frame(_frame({"rgb": np.full((2, 2, 3), 1.0, np.float32), "depth": np.ones((2, 2))}, [0]))
+    assert out["observation.images.rgb"].dtype == np.uint8
+    assert out["observation.images.rgb"].max() == 255
+    assert out["observation.images.depth"].shape == (2, 2, 1)
+
+
+def test_plain_dict_spec_with_lerobot_dtypes_and_missing_shapes() -> None:
+    spec = {
+        "features": {
+            "front": {"dtype": "video"},
+            "wrist": {"dtype": "image", "shape": [3, 3, 3]},
+            "qpos": {"names": ["a", "b", "c"]},
+            "action": {"shape": [2]},
+        },
+        "fps": 15,
+        "robot_type": "arm",
+    }
+    layout = DatasetLayout.build(spec)
+    assert layout.missing_shapes == ["front", "qpos"]
+    with pytest.raises(ContractError, match="unknown until the first frame"):
+        layout.lerobot_features()
+    observation = {"front": np.zeros((8, 10, 3), np.uint8), "wrist": np.zeros((3, 3, 3), np.uint8), "qpos": np.ones(3)}
+    complete = layout.with_shapes_from(observation, np.zeros(2, np.float32))
+    features = complete.lerobot_features()
+    assert features["observation.images.front"]["dtype"] == "video"
+    assert features["observation.images.front"]["shape"] == (8, 10, 3)
+    assert features["observation.images.wrist"]["dtype"] == "image"  # the spec's own storage wins
+    assert features["observation.state"] == {"dtype": "float32", "shape": (3,), "names": ["a", "b", "c"]}
+    assert (complete.fps, complete.robot_type) == (15, "arm")
+
+
+def test_missing_dtype_means_float32() -> None:
+    layout = DatasetLayout.build(
+        {"pos": {"shape": [2]}, "aux": {"shape": [1]}, "action": {"shape": [1]}},
+        fps=10,
+        options=DatasetOptions(state_features=["pos"]),
+    )
+    assert layout.lerobot_features()["observation.aux"]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"a/b": {"shape": [1]}, "a_b": {"shape": [1]}, "action": {"shape": [1]}}, "both map to"),
+        ({"x": {"shape": [1], "colour": 1}, "action": {"shape": [1]}}, "unknown keys"),
+        ({"x": {"shape": [1], "dtype": "complex64"}, "action": {"shape": [1]}}, "not bool, int or float"),
+        ({"x": {"shape": [1], "type": "lidar"}, "action": {"shape": [1]}}, "'lidar' is not one of"),
+        ({"x": {"shape": [0]}, "action": {"shape": [1]}}, "positive ints"),
+        ({"x": {"shape": [1]}}, "exactly one action"),
+    ],
+)
+def test_bad_specs_name_the_culprit(spec: dict[str, Any], message: str) -> None:
+    options = DatasetOptions(state_features=[]) if "a/b" in spec else None
+    with pytest.raises(ContractError, match=message):
+        DatasetLayout.build(spec, options, fps=10)
+
+
+def test_frames_that_do_not_match_the_contract_name_the_feature() -> None:
+    layout = DatasetLayout.build(_contract())
+    with pytest.raises(ContractError, match="'agent_pos' is missing"):
+        layout.lerobot_frame(_frame({"pixels": np.zeros((4, 6, 3), np.uint8)}))
+    with pytest.raises(ContractError, match=r"'pixels' has shape \[4, 6, 4\]"):
+        layout.lerobot_frame(_frame({"pixels": np.zeros((4, 6, 4), np.uint8), "agent_pos": np.zeros(2)}))
+    with pytest.raises(ContractError, match="action has 3 values"):
+        layout.lerobot_frame(_frame({"pixels": np.zeros((4, 6, 3), np.uint8), "agent_pos": np.zeros(2)}, [1, 2, 3]))
+
+
+def test_keep_errored_declares_the_flag_and_fractional_rates_round(caplog: pytest.LogCaptureFixture) -> None:
+    contract = _contract().model_copy(update={"control_rate": 66.6667})
+    with caplog.at_level(logging.WARNING):
+        layout = DatasetLayout.build(contract, DatasetOptions(keep_errored=True))
+    assert layout.fps == 67
+    assert "stored as fps 67" in caplog.text
+    assert layout.lerobot_features()[ERRORED] == {"dtype": "bool", "shape": (1,), "names": None}

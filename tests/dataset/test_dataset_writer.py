@@ -1,0 +1,159 @@
+"""The shard sink with real lerobot: a CartPole eval, interleaved slots, errored and aborted episodes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.dataset.options import DatasetOptions
+from hud_pipelines.dataset.publish import DatasetBuild
+from hud_pipelines.dataset.writer import DatasetWriteError, LeRobotDatasetSink
+from hud_pipelines.errors import SlotStateError
+from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame
+from tests.dataset.rollouts import contract_of, rollout
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+SPEC = {"pos": {"shape": [2]}, "action": {"shape": [1]}}
+
+
+def load(root: Path) -> Any:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    return LeRobotDataset(f"local/{root.name}", root=root)
+
+
+def check_episodes(dataset: Any) -> list[int]:
+    """Per episode: frames = actions = rows, frame_index 0..n-1, timestamps step by 1/fps, done at the end."""
+    table = dataset.hf_dataset.with_format("numpy")[:]
+    lengths: list[int] = []
+    for episode in range(dataset.num_episodes):
+        rows = table["episode_index"] == episode
+        length = int(dataset.meta.episodes[episode]["length"])
+        assert int(rows.sum()) == length
+        assert len(table["action"][rows]) == length
+        np.testing.assert_array_equal(table["frame_index"][rows], np.arange(length))
+        np.testing.assert_allclose(np.diff(table["timestamp"][rows]), 1.0 / dataset.fps, atol=1e-6)
+        assert bool(np.asarray(table["next.done"][rows])[-1])
+        lengths.append(length)
+    return lengths
+
+
+def key(slot: int, episode: int = 0) -> EpisodeKey:
+    return EpisodeKey(job="unit", task=0, instance=0, slot=slot, episode=episode, seed=slot)
+
+
+def frame(slot: int, step: int, *, last: bool = False) -> Frame:
+    """Frames whose values say which slot and step they came from."""
+    return Frame(
+        index=step,
+        observation={"pos": np.array([slot, step], dtype=np.float32)},
+        action=np.array([slot * 100 + step], dtype=np.float32),
+        reward=1.0,
+        terminated=last,
+        truncated=False,
+        success=last,
+    )
+
+
+def outcome(status: EpisodeStatus, steps: int) -> EpisodeOutcome:
+    return EpisodeOutcome(
+        status=status, score=1.0, success=status is EpisodeStatus.SUCCEEDED, total_reward=steps, steps=steps
+    )
+
+
+def test_cartpole_eval_writes_a_dataset_lerobot_loads(tmp_path: Path) -> None:
+    target = tmp_path / "cartpole"
+    contract = contract_of("CartPole-v1")
+    assert not contract.cameras
+    with DatasetBuild(target, contract) as build:
+        _, outcomes = rollout(build.sink("instance-0"), "CartPole-v1", num_envs=2, rounds=2, max_steps=40)
+        published = build.publish()
+
+    dataset = load(target)
+    written = [o for o in outcomes if o.status is not EpisodeStatus.ERRORED]
+    assert published.episodes == dataset.num_episodes == len(written) == 4
+    assert dataset.fps == 50
+    assert sorted(check_episodes(dataset)) == sorted(o.steps for o in written)
+    assert {"observation.state", "action", "next.reward"} <= set(dataset.meta.stats)
+    assert dataset.meta.features["observation.state"]["names"] == ["state_0", "state_1", "state_2", "state_3"]
+    records = read_episode_records(target)
+    assert [r["episode_index"] for r in records] == list(range(4))
+    assert sorted((r["slot"], r["episode"]) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for record in records:
+        assert record["frames"] == dataset.meta.episodes[record["episode_index"]]["length"]
+    assert not list(tmp_path.glob(".cartpole.staging-*"))  # the staging directory is gone once published
+
+
+def test_interleaved_slots_commit_whole_episodes_and_leave_errored_out(tmp_path: Path) -> None:
+    sink = LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=DatasetOptions(writers=1))
+    with sink:
+        for slot in range(3):
+            sink.begin(key(slot), f"slot {slot}")
+        for step in range(5):
+            for slot in range(3):
+                sink.add(key(slot), frame(slot, step, last=step == 4))
+        sink.end(key(1), outcome(EpisodeStatus.ERRORED, 5))
+        sink.end(key(2), outcome(EpisodeStatus.FAILED, 5))
+        sink.end(key(0), outcome(EpisodeStatus.SUCCEEDED, 5))
+        sink.begin(key(1, 1), "never ends")
+        sink.add(key(1, 1), frame(1, 0))
+        sink.begin(key(2, 1), "errored at reset")
+        sink.end(key(2, 1), outcome(EpisodeStatus.ERRORED, 0))
+    report = sink.report
+    assert (report.episodes_written, report.frames_written) == (2, 10)
+    assert (report.errored_dropped, report.aborted, report.empty_dropped) == (1, 1, 1)
+
+    dataset = load(report.parts[0])
+    table = dataset.hf_dataset.with_format("numpy")[:]
+    # Whole episodes, in end order: slot 2 ended first, then slot 0; each slot's frames in step order.
+    assert table["observation.state"][:, 0].tolist() == [2.0] * 5 + [0.0] * 5
+    assert table["observation.state"][:, 1].tolist() == [0, 1, 2, 3, 4] * 2
+    assert [dataset.meta.episodes[i]["tasks"] for i in range(2)] == [["slot 2"], ["slot 0"]]
+
+
+def test_keep_errored_flags_errored_episodes(tmp_path: Path) -> None:
+    options = DatasetOptions(writers=1, keep_errored=True)
+    with LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=options) as sink:
+        for slot, status in enumerate([EpisodeStatus.SUCCEEDED, EpisodeStatus.ERRORED]):
+            sink.begin(key(slot), "task")
+            for step in range(3):
+                sink.add(key(slot), frame(slot, step, last=step == 2))
+            sink.end(key(slot), outcome(status, 3))
+    assert sink.report.errored_kept == 1
+    table = load(sink.report.parts[0]).hf_dataset.with_format("numpy")[:]
+    assert np.asarray(table["episode.errored"]).reshape(-1).tolist() == [False] * 3 + [True] * 3
+    assert [r["status"] for r in read_episode_records(sink.report.parts[0])] == ["succeeded", "errored"]
+
+
+def test_sink_protocol_errors_name_the_episode(tmp_path: Path) -> None:
+    with LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10) as sink:
+        with pytest.raises(SlotStateError, match="not open"):
+            sink.add(key(0), frame(0, 0))
+        sink.begin(key(0), "task")
+        with pytest.raises(SlotStateError, match="begun twice"):
+            sink.begin(key(0), "task")
+        with pytest.raises(SlotStateError, match="not open"):
+            sink.end(key(1), outcome(EpisodeStatus.FAILED, 1))
+    with pytest.raises(SlotStateError, match="closed"):
+        sink.begin(key(3), "task")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "part-000").mkdir()
+    with pytest.raises(DatasetWriteError, match="not empty"):
+        LeRobotDatasetSink(SPEC, tmp_path / "used", fps=10)
+
+
+def test_a_failing_writer_surfaces_at_close(tmp_path: Path) -> None:
+    sink = LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=DatasetOptions(writers=1))
+    (tmp_path / "shard" / "part-000").write_text("in the way")  # lerobot refuses to create over it
+    sink.begin(key(0), "task")
+    sink.add(key(0), frame(0, 0, last=True))
+    sink.end(key(0), outcome(EpisodeStatus.SUCCEEDED, 1))
+    with pytest.raises(DatasetWriteError, match="writer failed"):
+        sink.close()
+    assert not any(thread.is_alive() for thread in sink._writers)  # pyright: ignore[reportPrivateUsage]
