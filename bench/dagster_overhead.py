@@ -57,8 +57,14 @@ def _in_process(pipeline: Path, outputs: Path) -> None:
 
 def _subprocess(command: list[str], env: dict[str, str]) -> Callable[[Path, Path], None]:
     def run(pipeline: Path, outputs: Path) -> None:
-        done = subprocess.run(command, env={**env, "HUD_PIPELINES_OUTPUTS": str(outputs)}, cwd=REPO,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            command,
+            check=False,
+            env={**env, "HUD_PIPELINES_OUTPUTS": str(outputs)},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
@@ -100,8 +106,11 @@ def main() -> None:
     summary: dict[str, dict[str, float]] = {}
     for way, samples in times.items():
         median = statistics.median(samples)
-        summary[way] = {"median_s": round(median, 3), "ratio": round(median / base, 2),
-                        "overhead_s": round(median - base, 3)}
+        summary[way] = {
+            "median_s": round(median, 3),
+            "ratio": round(median / base, 2),
+            "overhead_s": round(median - base, 3),
+        }
         print(f"{way:<22} {median:>9.2f} {min(samples):>7.2f} {median / base:>13.2f} {median - base:>11.2f}")
     print(json.dumps({"bench": "dagster_overhead", "pipeline": name, "repeats": args.repeats, "results": summary}))
 

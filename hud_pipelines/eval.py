@@ -31,8 +31,8 @@ from typing import Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError, SimError
-from hud_pipelines.grading import GradeRow
 from hud_pipelines.graders import Grader, build_graders
+from hud_pipelines.grading import GradeRow
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
 from hud_pipelines.simpool import LiveSim, SimPool, SimSettings
 from hud_pipelines.spec.models import Partition, PipelineSpec

@@ -37,7 +37,7 @@ class GradeRow:
     steps: int
     error: str | None = None
     trace_id: str | None = None
-    metrics: dict[str, float | bool] = field(default_factory=lambda: dict[str, float | bool]())
+    metrics: dict[str, float | bool] = field(default_factory=dict[str, float | bool])
     """Columns added by the graders after the first (``<name>_score``, ``<name>_success``)."""
 
     def as_dict(self) -> dict[str, Any]:

@@ -112,9 +112,12 @@ def run_pipeline(
     # Dagster's console logger would print every failure with a stack trace; the summary below says
     # what failed in a line each, and the full event log stays in the instance (`dagster dev`).
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-    with dg.DagsterInstance.get() as instance, _progress(console, spec.name, len(ordered), quiet) as on_result:
-        with progress.listening(on_result):
-            result = job.execute_in_process(instance=instance, tags=tags, run_config=run_config, raise_on_error=False)
+    with (
+        dg.DagsterInstance.get() as instance,
+        _progress(console, spec.name, len(ordered), quiet) as on_result,
+        progress.listening(on_result),
+    ):
+        result = job.execute_in_process(instance=instance, tags=tags, run_config=run_config, raise_on_error=False)
     rows = collect_rows(spec, outputs)
     _print_summary(spec.name, rows, result.success, result.run_id, outputs.base, _problems(result))
     return 0 if result.success else 1

@@ -34,7 +34,7 @@ class SimSettings:
     """How to get a sim: spawn ``factory`` or attach to ``url``."""
 
     factory: str | None = None
-    build_args: dict[str, Any] = field(default_factory=lambda: dict[str, Any]())
+    build_args: dict[str, Any] = field(default_factory=dict[str, Any])
     num_envs: int = 1
     contract_path: Path | None = None
     startup_timeout_s: float = 120.0

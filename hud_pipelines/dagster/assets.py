@@ -21,15 +21,15 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 """
 
 import csv
-import warnings
 import io
 import json
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster import AssetCheckExecutionContext, AssetExecutionContext
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines import progress
 from hud_pipelines.contract import Contract

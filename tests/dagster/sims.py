@@ -15,8 +15,15 @@ import gymnasium as gym
 
 
 class _Scripted(gym.Wrapper[Any, Any, Any, Any]):
-    def __init__(self, env: gym.Env[Any, Any], *, crash_seeds: list[int], crash_file: str | None,
-                 stall_seeds: list[int], at_step: int) -> None:
+    def __init__(
+        self,
+        env: gym.Env[Any, Any],
+        *,
+        crash_seeds: list[int],
+        crash_file: str | None,
+        stall_seeds: list[int],
+        at_step: int,
+    ) -> None:
         super().__init__(env)
         self.crash_seeds = set(crash_seeds)
         self.stall_seeds = set(stall_seeds)
@@ -54,5 +61,6 @@ def cartpole(
         with open(pid_log, "a") as log:
             log.write(f"{os.getpid()}\n")
     env = gym.make("CartPole-v1")
-    return _Scripted(env, crash_seeds=crash_seeds or [], crash_file=crash_file, stall_seeds=stall_seeds or [],
-                     at_step=at_step)
+    return _Scripted(
+        env, crash_seeds=crash_seeds or [], crash_file=crash_file, stall_seeds=stall_seeds or [], at_step=at_step
+    )

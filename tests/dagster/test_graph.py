@@ -64,9 +64,7 @@ def test_group_times_num_envs_gives_one_graded_row_per_slot(
         assert row.status is EpisodeStatus.SUCCEEDED  # the PD controller outlasts 30 steps
     materialized = instance.get_materialized_partitions(dg.AssetKey(["compose", "rollouts"]))
     assert materialized == {f"{t}-i{i}" for t in ("near", "far") for i in range(3)}
-    observations = [
-        e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
-    ]
+    observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     assert len(observations) == 6
     # max_concurrent sims at most, reused across the six instances (the contract's sim included)
     assert len(set(pid_log.read_text().split())) <= 2
@@ -85,10 +83,12 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
     rollouts = dg.AssetKey(["crashy", "rollouts"])
     assert instance.get_materialized_partitions(rollouts) == {"task0-i0", "task0-i2"}
     failed = InstanceResult.read(EvalOutputs(outputs_dir, "crashy").result("task0-i1"))
-    assert failed.failed and "SIGKILL" in (failed.error or "")
+    assert failed.failed
+    assert "SIGKILL" in (failed.error or "")
     assert {r.status for r in failed.rows} == {EpisodeStatus.ERRORED}
     kept = InstanceResult.read(EvalOutputs(outputs_dir, "crashy").result("task0-i0"))
-    assert not kept.failed and {r.status for r in kept.rows} == {EpisodeStatus.SUCCEEDED}
+    assert not kept.failed
+    assert {r.status for r in kept.rows} == {EpisodeStatus.SUCCEEDED}
     assert not sim_processes(str(path.parent.parent))
 
     marker.unlink()  # the fault is gone: re-run the failed instance alone
@@ -101,7 +101,8 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
     assert rerun.success
     assert instance.get_materialized_partitions(rollouts) == {"task0-i0", "task0-i1", "task0-i2"}
     rows = _grades(outputs_dir, "crashy")
-    assert len(rows) == 6 and {r.status for r in rows} == {EpisodeStatus.SUCCEEDED}
+    assert len(rows) == 6
+    assert {r.status for r in rows} == {EpisodeStatus.SUCCEEDED}
 
 
 def test_a_rollout_past_its_deadline_ends_errored_and_its_sim_is_killed(

@@ -1,0 +1,120 @@
+"""Grades and their statistics: denominators, Wilson intervals, graders, checks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from hud_pipelines.dagster.assets import evaluate_check
+from hud_pipelines.graders import GraderError, build_graders
+from hud_pipelines.grading import GradeRow, summarize, summarize_by_task, wilson_interval
+from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus
+from hud_pipelines.spec.models import (
+    CallableGrader,
+    MaxErrorRateCheck,
+    MinMeanScoreCheck,
+    MinSuccessRateCheck,
+    ReturnGrader,
+    SuccessGrader,
+)
+
+KEY = EpisodeKey("job", 0, 0, 0, 0, 7)
+
+
+def _row(status: EpisodeStatus, task: str = "t", reward: float = 1.0) -> GradeRow:
+    return GradeRow(
+        "p",
+        task,
+        0,
+        0,
+        "t-i0",
+        0,
+        0,
+        status,
+        float(status is EpisodeStatus.SUCCEEDED),
+        status is EpisodeStatus.SUCCEEDED,
+        reward,
+        10,
+    )
+
+
+def test_wilson_interval_matches_the_textbook_and_stays_in_bounds() -> None:
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0
+    assert high == pytest.approx(0.2775, abs=1e-4)
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4902, abs=1e-4)
+    assert high == pytest.approx(0.9433, abs=1e-4)
+    for successes, trials in [(0, 1), (1, 1), (3, 7), (50, 100)]:
+        low, high = wilson_interval(successes, trials)
+        assert 0.0 <= low <= successes / trials <= high <= 1.0
+        mirrored = wilson_interval(trials - successes, trials)
+        assert mirrored == pytest.approx((1 - high, 1 - low))
+    assert (
+        wilson_interval(50, 100)[1] - wilson_interval(50, 100)[0]
+        < wilson_interval(5, 10)[1] - wilson_interval(5, 10)[0]
+    )
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_errors_are_reported_beside_the_rate_never_as_failures() -> None:
+    rows = (
+        [_row(EpisodeStatus.SUCCEEDED)] * 3
+        + [_row(EpisodeStatus.FAILED)]
+        + [_row(EpisodeStatus.ERRORED, reward=-99)] * 2
+    )
+    summary = summarize(rows)
+    assert summary.scheduled == 6 == summary.succeeded + summary.failed + summary.errored
+    assert summary.success_rate == pytest.approx(3 / 4)
+    assert summary.error_rate == pytest.approx(2 / 6)
+    assert summary.mean_return == pytest.approx(1.0)  # errored returns are left out
+    by_task = summarize_by_task([*rows, _row(EpisodeStatus.FAILED, task="u")])
+    assert by_task["u"].success_rate == 0.0
+    assert by_task["t"].scheduled == 6
+    assert summarize([_row(EpisodeStatus.ERRORED)]).success_rate is None
+
+
+def test_checks_pass_and_fail_on_their_figure() -> None:
+    assert evaluate_check(MinSuccessRateCheck(value=0.75), 0.75, 0.0, None) == (True, 0.75)
+    assert evaluate_check(MinSuccessRateCheck(value=0.75), 0.74, 0.0, None)[0] is False
+    assert evaluate_check(MinSuccessRateCheck(value=0.0), None, 1.0, None)[0] is False  # nothing graded
+    assert evaluate_check(MaxErrorRateCheck(value=0.1), 1.0, 0.2, None) == (False, 0.2)
+    assert evaluate_check(MinMeanScoreCheck(value=100.0), 1.0, 0.0, 150.0) == (True, 150.0)
+
+
+def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:
+    status = status or (EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED)
+    return EpisodeOutcome(status=status, score=float(success), success=success, total_reward=reward, steps=5)
+
+
+def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
+    module = tmp_path / "grade.py"
+    module.write_text(
+        "def by_steps(episode):\n"
+        "    return {'score': episode['steps'] * 2.0, 'success': episode['seed'] == 7}\n"
+        "def flag(episode):\n    return episode['total_reward'] > 3\n"
+        "def broken(episode):\n    return 'yes'\n"
+    )
+    success, returns, threshold, by_steps, flag, broken = build_graders(
+        [
+            SuccessGrader(name="success"),
+            ReturnGrader(name="ret"),
+            ReturnGrader(name="thr", threshold=4.0),
+            CallableGrader(name="steps", target=f"{module}:by_steps"),
+            CallableGrader(name="flag", target=f"{module}:flag"),
+            CallableGrader(name="broken", target=f"{module}:broken"),
+        ],
+        base_dir=tmp_path,
+    )
+    outcome = _outcome(False, 3.5)
+    assert success.grade(outcome, KEY) == (0.0, False)
+    assert returns.grade(outcome, KEY) == (3.5, False)  # no threshold: the env's signal decides
+    assert threshold.grade(outcome, KEY) == (3.5, False)
+    assert threshold.grade(_outcome(False, 4.0), KEY)[1]
+    assert by_steps.grade(outcome, KEY) == (10.0, True)
+    assert flag.grade(outcome, KEY) == (1.0, True)
+    with pytest.raises(GraderError, match=r"broken.*returned 'yes'"):
+        broken.grade(outcome, KEY)
+    assert math.isfinite(returns.grade(_outcome(True, -1.0), KEY)[0])
