@@ -20,15 +20,17 @@ class RandomPolicyConfig(_Model):
     """Uniform random actions from the contract's action bounds (seeded)."""
 
     kind: Literal["random"] = "random"
-    seed: int = Field(0, description="seed of the policy's random generator")
-    chunk_size: int = Field(1, ge=1, description="actions per inference call")
+    seed: int = Field(default=0, description="seed of the policy's random generator")
+    chunk_size: int = Field(default=1, ge=1, description="actions per inference call")
 
 
 class ConstantPolicyConfig(_Model):
     """The same action every step (zeros by default); useful as a hold or smoke-test policy."""
 
     kind: Literal["constant"] = "constant"
-    value: list[float] | None = Field(None, description="the action, flat in contract order; zeros when omitted")
+    value: list[float] | None = Field(
+        default=None, description="the action, flat in contract order; zeros when omitted"
+    )
 
 
 class ScriptedPolicyConfig(_Model):
@@ -48,8 +50,10 @@ class TorchPolicyConfig(_Model):
     kind: Literal["torch"] = "torch"
     target: str = Field(description="'module:Class' of a torch.nn.Module mapping a batch to [B, T, A] or [B, A]")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the module's constructor")
-    checkpoint: str | None = Field(None, description="a state_dict file (torch.save) to load, relative to the YAML")
-    device: str = Field("auto", description="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...")
+    checkpoint: str | None = Field(
+        default=None, description="a state_dict file (torch.save) to load, relative to the YAML"
+    )
+    device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...")
 
 
 class LeRobotPolicyConfig(_Model):
@@ -57,13 +61,21 @@ class LeRobotPolicyConfig(_Model):
 
     kind: Literal["lerobot"] = "lerobot"
     path: str | None = Field(
-        None, description="a local pretrained folder (save_pretrained layout with its pre/post processors)"
+        default=None, description="a local pretrained folder (save_pretrained layout with its pre/post processors)"
     )
     type: str | None = Field(
-        None, description="a policy type (act, diffusion, ...) built with random weights for smoke runs when no path"
+        default=None,
+        description="a policy type (act, diffusion, ...) built with random weights for smoke runs when no path",
     )
-    overrides: dict[str, Any] = Field(default_factory=dict, description="config fields to override (e.g. n_action_steps)")
-    device: str = Field("auto", description="'auto' (CUDA when present), 'cpu', 'cuda', ...")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="config fields to override (e.g. n_action_steps)"
+    )
+    device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu', 'cuda', ...")
+    rename: dict[str, str] = Field(
+        default_factory=dict,
+        description="contract feature -> LeRobot input key, for inputs not named observation.images.<camera> / "
+        "observation.state (a renamed state feature is passed on its own, not concatenated)",
+    )
 
 
 class RemotePolicyConfig(_Model):
@@ -71,8 +83,17 @@ class RemotePolicyConfig(_Model):
 
     kind: Literal["remote"] = "remote"
     url: str = Field(description="ws://host:port of the policy server")
-    api_key: str | None = Field(None, description="sent as the Authorization header when set")
-    timeout_s: float = Field(60.0, gt=0, description="deadline of one inference call")
+    api_key: str | None = Field(default=None, description="sent as the Authorization header when set")
+    timeout_s: float = Field(default=60.0, gt=0, description="deadline of one inference call")
+    batched: bool = Field(
+        default=False,
+        description="send one request per batch with a leading batch axis; by default one request per slot "
+        "(openpi servers take unbatched observations)",
+    )
+    rename: dict[str, str] = Field(
+        default_factory=dict, description="contract feature -> key in the request (e.g. 'observation/state')"
+    )
+    prompt_key: str = Field(default="prompt", description="request key of the task prompt")
 
 
 PolicyConfig = Annotated[
@@ -90,9 +111,11 @@ class BatchingConfig(_Model):
     """How calls from concurrent sims are stacked into one policy forward (``BatchedModel``)."""
 
     max_wait_ms: float = Field(
-        5.0, ge=0, description="longest wait for more callers before a forward; never waited when all are present"
+        default=5.0,
+        ge=0,
+        description="longest wait for more callers before a forward; never waited when all are present",
     )
-    batch_size: int | None = Field(None, ge=1, description="flush as soon as this many rows are queued")
+    batch_size: int | None = Field(default=None, ge=1, description="flush as soon as this many rows are queued")
 
 
 class AgentConfig(_Model):
@@ -100,9 +123,15 @@ class AgentConfig(_Model):
 
     policy: PolicyConfig
     horizon: int | None = Field(
-        None, ge=1, description="execute the first k actions of each chunk before asking again (default: whole chunk)"
+        default=None,
+        ge=1,
+        description="execute the first k actions of each chunk before asking again (default: whole chunk)",
     )
-    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    batching: BatchingConfig = Field(
+        default=BatchingConfig(), description="how calls from concurrent sims share one forward"
+    )
     torch_threads: int | None = Field(
-        1, ge=1, description="torch intra-op threads (1 keeps latency stable while sims share the cores; null = torch default)"
+        default=1,
+        ge=1,
+        description="torch intra-op threads (1 keeps latency stable while sims share the cores; null = torch default)",
     )

@@ -1,0 +1,198 @@
+"""``BatchedModel``: one policy shared by several agent loops, their calls stacked into one forward.
+
+Several sims driven from one process (``k`` instances of an eval) each call ``infer`` from their
+own thread. Calls that are waiting together are stacked row-wise into one forward of the inner
+policy and the rows are scattered back. A batch is flushed:
+
+- at once when every expected caller is waiting (the lockstep path: no timer at all);
+- when ``batch_size`` rows are queued;
+- when the oldest waiting call has waited ``max_wait_s`` (a caller that is not coming, for example
+  one whose slots all have actions left, costs at most this window).
+
+Forwards never overlap (torch on a CPU gains nothing from it and remote clients are not
+thread-safe); calls that arrive during a forward form the next batch. An exception in a forward
+fails exactly the callers of that batch.
+
+``expected_callers`` is the number of loops that share the model. A loop that finishes must
+:meth:`leave` so the others stop waiting for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, policy_horizon
+
+
+@dataclass
+class _Call:
+    batch: PolicyBatch
+    arrived: float
+    result: Actions | None = None
+    error: BaseException | None = None
+    forward_rows: int = 0
+    done: bool = False
+    claimed: bool = False
+
+
+@dataclass
+class BatchingStats:
+    forwards: int = 0
+    calls: int = 0
+    rows: int = 0
+    batch_rows: list[int] = field(default_factory=list[int])
+    """Rows of every forward, in order."""
+    timer_flushes: int = 0
+    """Forwards started because the window ran out (not because every caller was waiting)."""
+
+
+class BatchedModel:
+    """A thread-safe policy that coalesces concurrent ``infer`` calls into one forward."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        max_wait_s: float = 0.005,
+        batch_size: int | None = None,
+        expected_callers: int = 1,
+    ) -> None:
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if expected_callers < 0:
+            raise ValueError(f"expected_callers must be >= 0, got {expected_callers}")
+        self.policy = policy
+        self.max_wait_s = max_wait_s
+        self.batch_size = batch_size
+        self._expected = expected_callers
+        self._pending: list[_Call] = []
+        self._cond = threading.Condition()
+        self._forward_lock = threading.Lock()
+        self._local = threading.local()
+        self.stats = BatchingStats()
+        self.horizon = policy_horizon(policy)
+        history = getattr(policy, "observation_steps", 1)
+        self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
+
+    # -- callers ---------------------------------------------------------------------------------------
+
+    @property
+    def expected_callers(self) -> int:
+        return self._expected
+
+    @expected_callers.setter
+    def expected_callers(self, value: int) -> None:
+        if value < 0:
+            raise ValueError(f"expected_callers must be >= 0, got {value}")
+        with self._cond:
+            self._expected = value
+            self._cond.notify_all()
+
+    def leave(self) -> None:
+        """One caller is done for good: the others no longer wait for it."""
+        with self._cond:
+            self._expected = max(0, self._expected - 1)
+            self._cond.notify_all()
+
+    def last_forward_rows(self) -> int | None:
+        """Rows of the forward that served this thread's last call."""
+        return getattr(self._local, "rows", None)
+
+    def reset(self) -> None:
+        """Shared rows carry no per-episode state; a stateful inner policy must not be shared."""
+
+    # -- the seam --------------------------------------------------------------------------------------
+
+    def infer(self, batch: PolicyBatch) -> Actions:
+        call = _Call(batch=batch, arrived=time.monotonic())
+        with self._cond:
+            self._pending.append(call)
+            self._cond.notify_all()
+        while not call.done:
+            with self._cond:
+                taken: list[_Call] | None = None
+                while not call.claimed and taken is None:
+                    ready, timed_out = self._ready()
+                    if ready:
+                        taken = self._take()
+                        self.stats.timer_flushes += int(timed_out)
+                    else:
+                        self._cond.wait(timeout=self._time_left())
+                if taken is None:  # another caller's forward serves this call
+                    while not call.done:
+                        self._cond.wait()
+                    break
+            self._forward(taken)  # this call may not be among them when batch_size capped the batch
+        self._local.rows = call.forward_rows
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    # -- internals (called with the condition held) --------------------------------------------------
+
+    def _ready(self) -> tuple[bool, bool]:
+        """Whether the pending calls should be flushed now, and whether the timer decided it."""
+        if not self._pending:
+            return False, False
+        if len(self._pending) >= self._expected:
+            return True, False
+        if self.batch_size is not None and sum(c.batch.size for c in self._pending) >= self.batch_size:
+            return True, False
+        if time.monotonic() - self._pending[0].arrived >= self.max_wait_s:
+            return True, True
+        return False, False
+
+    def _time_left(self) -> float | None:
+        if not self._pending:
+            return None
+        return max(0.0, self._pending[0].arrived + self.max_wait_s - time.monotonic())
+
+    def _take(self) -> list[_Call]:
+        """Claim the oldest pending calls, up to ``batch_size`` rows (at least one call)."""
+        taken: list[_Call] = []
+        rows = 0
+        while self._pending:
+            size = self._pending[0].batch.size
+            if taken and self.batch_size is not None and rows + size > self.batch_size:
+                break
+            call = self._pending.pop(0)
+            call.claimed = True
+            taken.append(call)
+            rows += size
+        return taken
+
+    def _forward(self, calls: list[_Call]) -> None:
+        """Run one forward for ``calls`` (outside the condition) and hand every caller its rows."""
+        rows = sum(c.batch.size for c in calls)
+        try:
+            with self._forward_lock:
+                stacked = PolicyBatch.concat([c.batch for c in calls])
+                actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
+            if actions.ndim not in (2, 3) or actions.shape[0] != rows:
+                raise PolicyError(
+                    f"the batched policy returned {list(actions.shape)} for {rows} stacked rows; "
+                    f"expected [{rows}, T, A]"
+                )
+            offset = 0
+            for call in calls:
+                call.result = actions[offset : offset + call.batch.size]
+                offset += call.batch.size
+        except BaseException as exc:
+            for call in calls:
+                call.error = exc
+        with self._cond:
+            self.stats.forwards += 1
+            self.stats.calls += len(calls)
+            self.stats.rows += rows
+            self.stats.batch_rows.append(rows)
+            for call in calls:
+                call.forward_rows = rows
+                call.done = True
+            self._cond.notify_all()

@@ -1,0 +1,172 @@
+"""The one seam between the agent loop and any policy: a batched ``infer``.
+
+A policy maps a batch of observations (one row per slot that needs actions, keyed by the contract's
+feature names) plus one prompt per row to a chunk of actions per row, ``[B, T, A]`` float32 in
+contract order. Everything else (LeRobot's tensors, a torch module's inputs, a remote server's
+frames) is the business of the policy behind the seam.
+
+Two optional members refine the contract without widening it:
+
+- ``reset()``: called at the start of every run of episodes (stateful policies clear their state);
+- ``horizon``: how many actions of a chunk the policy wants executed before it is asked again
+  (LeRobot's ``n_action_steps``); the agent's own ``horizon`` setting wins over it.
+
+:func:`build_policy` turns a ``kind``-discriminated :mod:`hud_pipelines.agent.config` model into a
+policy; torch and lerobot are imported only for the kinds that need them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.contract import Contract
+from hud_pipelines.errors import HudPipelinesError
+
+Actions = npt.NDArray[np.float32]
+"""``[B, T, A]`` action chunks in contract order."""
+
+
+class PolicyError(HudPipelinesError):
+    """A policy cannot be built, or its output does not fit the contract."""
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """Observations of ``B`` slots: ``observation[name]`` is ``[B, ...]``; one prompt per row.
+
+    Arrays are writable (the agent copies read-only wire buffers before they get here), so a
+    policy may hand them to ``torch.from_numpy`` or modify them in place.
+    """
+
+    observation: dict[str, npt.NDArray[Any]]
+    prompts: list[str]
+
+    def __post_init__(self) -> None:
+        for name, array in self.observation.items():
+            if array.shape[:1] != (len(self.prompts),):
+                raise PolicyError(
+                    f"observation {name!r} has {array.shape[0] if array.ndim else 0} rows "
+                    f"for {len(self.prompts)} prompts"
+                )
+
+    @property
+    def size(self) -> int:
+        return len(self.prompts)
+
+    def rows(self, index: Sequence[int] | npt.NDArray[np.intp]) -> PolicyBatch:
+        """The batch of the given rows (fancy indexing copies, so the result is writable)."""
+        picked = np.asarray(index, dtype=np.intp)
+        return PolicyBatch(
+            observation={k: v[picked] for k, v in self.observation.items()},
+            prompts=[self.prompts[i] for i in picked.tolist()],
+        )
+
+    @staticmethod
+    def concat(batches: Sequence[PolicyBatch]) -> PolicyBatch:
+        """Stack batches row-wise (used to coalesce callers); every batch must have the same features."""
+        if len(batches) == 1:
+            return batches[0]
+        keys = batches[0].observation.keys()
+        for other in batches[1:]:
+            if other.observation.keys() != keys:
+                raise PolicyError(
+                    f"cannot stack batches with different features: {sorted(keys)} vs {sorted(other.observation)}"
+                )
+        return PolicyBatch(
+            observation={k: np.concatenate([b.observation[k] for b in batches]) for k in keys},
+            prompts=[p for b in batches for p in b.prompts],
+        )
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Maps a batch of observations to ``[B, T, A]`` float32 action chunks."""
+
+    def infer(self, batch: PolicyBatch) -> Actions: ...
+
+
+def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions:
+    """Normalise a policy's output to ``[rows, T, width]`` float32; ``[rows, width]`` means ``T = 1``.
+
+    A shape that cannot be read that way is an error naming ``source`` and the expected shape.
+    """
+    array = np.asarray(actions, dtype=np.float32)
+    if array.ndim == 2 and array.shape == (rows, width):
+        return array[:, None, :]
+    if array.ndim == 1 and width == 1 and array.shape == (rows,):
+        return array.reshape(rows, 1, 1)
+    if array.ndim == 3 and array.shape[0] == rows and array.shape[2] == width and array.shape[1] >= 1:
+        return array
+    raise PolicyError(
+        f"{source} returned actions of shape {list(array.shape)}; "
+        f"expected [B={rows}, T, A={width}] or [B={rows}, A={width}]"
+    )
+
+
+def policy_horizon(policy: object) -> int | None:
+    """The ``horizon`` a policy asks for, if it declares one."""
+    value = getattr(policy, "horizon", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def reset_policy(policy: object) -> None:
+    """Call ``policy.reset()`` when the policy has one."""
+    reset = getattr(policy, "reset", None)
+    if callable(reset):
+        reset()
+
+
+def build_policy(
+    config: Any,
+    contract: Contract,
+    *,
+    base_dir: Path,
+    torch_threads: int | None = 1,
+) -> Policy:
+    """Build the policy a ``kind``-discriminated config names.
+
+    ``base_dir`` resolves relative paths (checkpoints, pretrained folders, ``file.py:callable``
+    targets) against the directory of the YAML that declared them. ``torch_threads`` applies to the
+    torch-backed kinds (1 keeps latency stable while sims share the cores; ``None`` keeps torch's
+    default).
+    """
+    from hud_pipelines.agent import config as cfg
+
+    match config:
+        case cfg.RandomPolicyConfig():
+            from hud_pipelines.agent.builtin import RandomPolicy
+
+            return RandomPolicy(contract, seed=config.seed, chunk_size=config.chunk_size)
+        case cfg.ConstantPolicyConfig():
+            from hud_pipelines.agent.builtin import ConstantPolicy
+
+            return ConstantPolicy(contract, config.value)
+        case cfg.ScriptedPolicyConfig():
+            from hud_pipelines.agent.builtin import scripted_policy
+
+            return scripted_policy(config.target, contract, args=config.args, base_dir=base_dir)
+        case cfg.TorchPolicyConfig():
+            from hud_pipelines.agent.torch_policy import TorchModulePolicy
+
+            return TorchModulePolicy.from_config(config, contract, base_dir=base_dir, torch_threads=torch_threads)
+        case cfg.LeRobotPolicyConfig():
+            from hud_pipelines.agent.lerobot import LeRobotPolicy
+
+            return LeRobotPolicy.from_config(config, contract, base_dir=base_dir, torch_threads=torch_threads)
+        case cfg.RemotePolicyConfig():
+            from hud_pipelines.agent.remote import RemotePolicy
+
+            return RemotePolicy.from_config(config, contract)
+        case _:
+            raise PolicyError(f"unknown policy config {type(config).__name__}: {config!r}")
+
+
+def observation_row(observation: Mapping[str, npt.NDArray[Any]], row: int) -> dict[str, npt.NDArray[Any]]:
+    """Row ``row`` of a batched observation (views, not copies)."""
+    return {k: v[row] for k, v in observation.items()}

@@ -1,0 +1,502 @@
+"""The agent loop: N slots of one sim, one loop, batched first (``N = 1`` is a batch of one).
+
+Every slot has an open-loop queue of actions. On each tick:
+
+1. the slots that are still running and whose queue ran dry are refilled by **one** ``infer`` over
+   exactly those rows (slots with actions left are not asked);
+2. each refilled slot's chunk is cut to the horizon and converted by ``adapt_chunk(chunk, obs)``
+   against that slot's own observation (e.g. deltas to absolute targets);
+3. every running slot pops its next action (through ``adapt_action(action, obs)`` when set);
+   finished slots repeat their last row, which the sim replaces by its hold action;
+4. one ``[N, A]`` step; running slots report a frame to every sink, and a slot whose episode ended
+   clears its queue and records nothing more.
+
+The loop ends when no slot is running or after ``max_steps`` ticks; slots still running then end as
+failed with ``truncated=True``. A sim fault (:class:`~hud_pipelines.errors.SimError`) or a policy
+failure ends the running slots as errored with the reason, finished slots keep their outcome, and
+``run`` returns normally: every slot always gets exactly one outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.agent.policy import Policy, PolicyBatch, as_chunks, policy_horizon, reset_policy
+from hud_pipelines.contract import Contract
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
+from hud_pipelines.wire.messages import Observation
+
+log = logging.getLogger(__name__)
+
+ObservationRow = dict[str, npt.NDArray[Any]]
+ChunkAdapter = Callable[[npt.NDArray[np.float32], ObservationRow], npt.NDArray[Any]]
+"""``adapt_chunk(chunk [T, A], slot_observation) -> chunk [T', A]``"""
+ActionAdapter = Callable[[npt.NDArray[np.float32], ObservationRow], npt.NDArray[Any]]
+"""``adapt_action(action [A], slot_observation) -> action [A]``"""
+EpisodeKeyFactory = Callable[[int, int | None], EpisodeKey]
+"""``key(slot, seed) -> EpisodeKey``"""
+
+
+class Sim(Protocol):
+    """What the loop needs from a sim: ``SimClient`` (served) and ``GymBridge`` (in-process) both fit."""
+
+    @property
+    def contract(self) -> Contract: ...
+
+    @property
+    def num_envs(self) -> int: ...
+
+    def reset(self, tasks: list[dict[str, Any]]) -> Observation: ...
+
+    def step(self, action: npt.NDArray[Any]) -> Observation: ...
+
+
+@dataclass(frozen=True)
+class EpisodeKeys:
+    """Keys of one run's episodes: ``(job, task, instance, slot, episode, seed)``."""
+
+    job: str
+    task: int = 0
+    instance: int = 0
+    episode: int = 0
+
+    def __call__(self, slot: int, seed: int | None) -> EpisodeKey:
+        return EpisodeKey(self.job, self.task, self.instance, slot, self.episode, seed)
+
+
+@dataclass
+class RunStats:
+    """Counters of the last ``run`` (for benchmarks and tests)."""
+
+    ticks: int = 0
+    env_steps: int = 0
+    """Slot-steps of running slots (hold steps of finished slots are not counted)."""
+    forwards: int = 0
+    """``infer`` calls made by this loop (one per refill tick)."""
+    rows_inferred: int = 0
+    refill_rows: list[int] = field(default_factory=list[int])
+    """Rows of every ``infer`` call, in order."""
+    infer_s: float = 0.0
+    step_s: float = 0.0
+    wall_s: float = 0.0
+
+
+class _Slots:
+    """Per-slot bookkeeping of one run, vectorised over the N slots where the loop is hot."""
+
+    def __init__(self, num_slots: int, width: int) -> None:
+        self.running = np.zeros(num_slots, dtype=np.bool_)
+        self.queue = np.zeros((num_slots, 1, width), dtype=np.float32)
+        self.cursor = np.zeros(num_slots, dtype=np.intp)
+        self.length = np.zeros(num_slots, dtype=np.intp)
+        self.steps = np.zeros(num_slots, dtype=np.int64)
+        self.total_reward = np.zeros(num_slots, dtype=np.float64)
+        self.success = np.zeros(num_slots, dtype=np.bool_)
+        self.action = np.zeros((num_slots, width), dtype=np.float32)
+        self.outcomes: list[EpisodeOutcome | None] = [None] * num_slots
+
+    def load(self, slot: int, chunk: npt.NDArray[np.float32]) -> None:
+        if chunk.shape[0] > self.queue.shape[1]:
+            grown = np.zeros((self.queue.shape[0], chunk.shape[0], self.queue.shape[2]), dtype=np.float32)
+            grown[:, : self.queue.shape[1]] = self.queue
+            self.queue = grown
+        self.queue[slot, : chunk.shape[0]] = chunk
+        self.cursor[slot] = 0
+        self.length[slot] = chunk.shape[0]
+
+    def finish(self, slot: int, outcome: EpisodeOutcome) -> None:
+        self.running[slot] = False
+        self.length[slot] = 0
+        self.cursor[slot] = 0
+        self.outcomes[slot] = outcome
+
+
+class RobotAgent:
+    """Drives every slot of a sim with one policy (see the module docstring for the loop)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        contract: Contract,
+        *,
+        horizon: int | None = None,
+        adapt_chunk: ChunkAdapter | None = None,
+        adapt_action: ActionAdapter | None = None,
+    ) -> None:
+        if horizon is not None and horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        self.policy = policy
+        self.contract = contract
+        self.horizon = horizon if horizon is not None else policy_horizon(policy)
+        self.adapt_chunk = adapt_chunk
+        self.adapt_action = adapt_action
+        self.width = contract.action.size
+        history = getattr(policy, "observation_steps", 1)
+        self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
+        self.last_run = RunStats()
+        self._episodes: dict[tuple[str, int, int], int] = {}
+
+    # -- public ----------------------------------------------------------------------------------------
+
+    def run(
+        self,
+        sim: Sim,
+        tasks: list[dict[str, Any]],
+        *,
+        max_steps: int,
+        key: EpisodeKeyFactory | tuple[str, int, int],
+        sinks: Sequence[EpisodeSink] = (),
+        prompts: list[str] | None = None,
+    ) -> list[EpisodeOutcome]:
+        """Run one episode in every slot of ``sim``; returns one outcome per slot.
+
+        ``key`` is an :data:`EpisodeKeyFactory` or ``(job, task, instance)``; with the tuple, the
+        episode number counts the runs this agent made under that triple. ``prompts`` (one per
+        slot) override the prompts the sim offers at reset.
+        """
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        num_slots = sim.num_envs
+        if len(tasks) != num_slots:
+            raise ValueError(f"run needs one task per slot: the sim has {num_slots} slots, {len(tasks)} tasks given")
+        if prompts is not None and len(prompts) != num_slots:
+            raise ValueError(f"prompts must have one entry per slot ({num_slots}), got {len(prompts)}")
+        keys = self._keys(key, tasks)
+        stats = self.last_run = RunStats()
+        started = time.perf_counter()
+        try:
+            return _Run(self, sim, keys, list(sinks), stats).execute(tasks, max_steps, prompts)
+        finally:
+            stats.wall_s = time.perf_counter() - started
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
+    def _keys(self, key: EpisodeKeyFactory | tuple[str, int, int], tasks: list[dict[str, Any]]) -> list[EpisodeKey]:
+        if isinstance(key, tuple):
+            triple = cast(tuple[str, int, int], key)
+            job, task, instance = triple
+            episode = self._episodes.get(triple, 0)
+            self._episodes[triple] = episode + 1
+            key = EpisodeKeys(job, task, instance, episode)
+        return [key(slot, _seed(task)) for slot, task in enumerate(tasks)]
+
+
+def _seed(task: dict[str, Any]) -> int | None:
+    seed = task.get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def forward_rows(policy: object, rows: int) -> int:
+    """Rows of the forward that served the last call from this thread (larger under ``BatchedModel``)."""
+    probe = getattr(policy, "last_forward_rows", None)
+    value = probe() if callable(probe) else None
+    return value if isinstance(value, int) and value >= rows else rows
+
+
+class _Run:
+    """One ``RobotAgent.run``: the state that lives only for its duration."""
+
+    def __init__(
+        self, agent: RobotAgent, sim: Sim, keys: list[EpisodeKey], sinks: list[EpisodeSink], stats: RunStats
+    ) -> None:
+        self.agent = agent
+        self.sim = sim
+        self.keys = keys
+        self.sinks = sinks
+        self.stats = stats
+        self.slots = _Slots(len(keys), agent.width)
+        self.history: dict[str, npt.NDArray[Any]] = {}
+        self.unreported: list[int] = []
+        """Slots that ended and whose outcome the sinks have not heard yet."""
+        self.sim_healthy = True
+
+    def execute(self, tasks: list[dict[str, Any]], max_steps: int, prompts: list[str] | None) -> list[EpisodeOutcome]:
+        slots = self.slots
+        try:
+            observation = self.sim.reset(tasks)
+        except HudPipelinesError as exc:
+            for slot, key in enumerate(self.keys):
+                self._begin(key, prompts[slot] if prompts else "")
+                self._end(slot, _errored(f"reset failed: {exc}", 0, 0.0))
+            self.sim_healthy = False
+            self._report_ends()
+            return self._outcomes()
+        offered = observation.prompt or [""] * len(self.keys)
+        self.prompts = list(prompts) if prompts is not None else [str(p) for p in offered]
+        for slot, key in enumerate(self.keys):
+            self._begin(key, self.prompts[slot])
+        slots.running[:] = [status == "running" for status in observation.status]
+        self._apply_errors(observation)
+        for slot in np.flatnonzero(~slots.running):
+            if slots.outcomes[slot] is None:
+                self._end(int(slot), _errored(f"slot is {observation.status[slot]} after reset", 0, 0.0))
+        reset_policy(self.agent.policy)
+        if self.agent.observation_steps > 1:
+            self._start_history(observation)
+        self._report_ends()
+        try:
+            while slots.running.any() and self.stats.ticks < max_steps:
+                observation = self._tick(observation)
+                if self.unreported:
+                    self._report_ends()
+        except _SimFailed as failure:
+            self.sim_healthy = False
+            self._fail_running(failure.reason)
+        except _PolicyFailed as failure:
+            self._fail_running(failure.reason)
+        except BaseException:
+            self.sim_healthy = False
+            self._fail_running("the agent loop was interrupted")
+            self._report_ends()
+            raise
+        for slot in np.flatnonzero(slots.running):
+            self._end(int(slot), self._graded(int(slot), truncated=True, terminated=False))
+        self._report_ends()
+        return self._outcomes()
+
+    # -- one tick --------------------------------------------------------------------------------------
+
+    def _tick(self, observation: Observation) -> Observation:
+        slots = self.slots
+        need = np.flatnonzero(slots.running & (slots.cursor >= slots.length))
+        if need.size:
+            self._refill(need, observation)
+        running = np.flatnonzero(slots.running)
+        slots.action[running] = slots.queue[running, slots.cursor[running]]
+        slots.cursor[running] += 1
+        if self.agent.adapt_action is not None:
+            for slot in running.tolist():
+                row = self.agent.adapt_action(slots.action[slot].copy(), _row(observation, slot))
+                slots.action[slot] = np.asarray(row, dtype=np.float32).reshape(self.agent.width)
+        action = slots.action.copy()
+        started = time.perf_counter()
+        try:
+            reply = self.sim.step(action)
+        except HudPipelinesError as exc:  # a SimError, or a fault an in-process bridge raises directly
+            raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
+        self.stats.step_s += time.perf_counter() - started
+        self.stats.ticks += 1
+        self.stats.env_steps += running.size
+        self._record(observation, reply, running, action)
+        if self.history:
+            self._push_history(reply, running)
+        return reply
+
+    def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
+        agent = self.agent
+        batch = PolicyBatch(observation=self._policy_rows(observation, need), prompts=[self.prompts[s] for s in need])
+        started = time.perf_counter()
+        try:
+            raw = agent.policy.infer(batch)
+            chunks = as_chunks(raw, need.size, agent.width, source=f"policy {type(agent.policy).__name__}")
+        except Exception as exc:
+            log.exception("policy inference failed for slots %s", need.tolist())
+            raise _PolicyFailed(f"policy failed: {type(exc).__name__}: {exc}") from exc
+        latency = time.perf_counter() - started
+        rows = forward_rows(agent.policy, need.size)
+        self.stats.infer_s += latency
+        self.stats.forwards += 1
+        self.stats.rows_inferred += need.size
+        self.stats.refill_rows.append(int(need.size))
+        refilled: list[int] = need.tolist()
+        for index, slot in enumerate(refilled):
+            chunk = chunks[index] if agent.horizon is None else chunks[index, : agent.horizon]
+            if agent.adapt_chunk is not None:
+                try:
+                    adapted = agent.adapt_chunk(chunk.copy(), _row(observation, slot))
+                    chunk = as_chunks(np.asarray(adapted)[None], 1, agent.width, source="adapt_chunk")[0]
+                except Exception as exc:
+                    raise _PolicyFailed(f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}") from exc
+            self.slots.load(slot, chunk)
+            record = Inference(step=int(self.slots.steps[slot]), chunk=chunk, latency_s=latency, batch_size=rows)
+            for sink in self.sinks:
+                sink.inference(self.keys[slot], record)
+
+    def _policy_rows(self, observation: Observation, need: npt.NDArray[np.intp]) -> dict[str, npt.NDArray[Any]]:
+        source = self.history or observation.observation
+        if need.size == len(self.keys):
+            return {k: v if v.flags.writeable else v.copy() for k, v in source.items()}
+        return {k: v[need] for k, v in source.items()}  # fancy indexing copies
+
+    def _record(
+        self, before: Observation, reply: Observation, running: npt.NDArray[np.intp], action: npt.NDArray[np.float32]
+    ) -> None:
+        slots = self.slots
+        slots.steps[running] += 1
+        slots.total_reward[running] += reply.reward[running]
+        slots.success[running] |= reply.success[running]
+        errored = self._apply_errors(reply)
+        stepped: list[int] = running.tolist()
+        for slot in stepped:
+            if slot in errored:
+                continue
+            if self.sinks:
+                frame = Frame(
+                    index=int(slots.steps[slot]) - 1,
+                    observation=_row(before, slot),
+                    action=action[slot],
+                    reward=float(reply.reward[slot]),
+                    terminated=bool(reply.terminated[slot]),
+                    truncated=bool(reply.truncated[slot]),
+                    success=bool(reply.success[slot]),
+                )
+                for sink in self.sinks:
+                    sink.add(self.keys[slot], frame)
+            status = reply.status[slot]
+            if reply.terminated[slot] or reply.truncated[slot] or status == "done":
+                terminated, truncated = bool(reply.terminated[slot]), bool(reply.truncated[slot])
+                self._end(slot, self._graded(slot, terminated=terminated, truncated=truncated))
+
+    def _apply_errors(self, reply: Observation) -> set[int]:
+        """End the running slots the sim reports as errored; returns those slots."""
+        slots = self.slots
+        reasons = {e.slot: e.message for e in reply.errors}
+        for slot, status in enumerate(reply.status):
+            if status == "errored":
+                reasons.setdefault(slot, "the sim reports the slot as errored")
+        ended: set[int] = set()
+        for slot, reason in reasons.items():
+            if 0 <= slot < len(self.keys) and slots.running[slot]:
+                self._end(slot, _errored(reason, int(slots.steps[slot]), float(slots.total_reward[slot])))
+                ended.add(slot)
+        return ended
+
+    # -- observation history (policies with n_obs_steps > 1) ----------------------------------------
+
+    def _start_history(self, observation: Observation) -> None:
+        steps = self.agent.observation_steps
+        self.history = {k: np.repeat(v[:, None], steps, axis=1) for k, v in observation.observation.items()}
+
+    def _push_history(self, reply: Observation, running: npt.NDArray[np.intp]) -> None:
+        for name, buffer in self.history.items():
+            buffer[running, :-1] = buffer[running, 1:]
+            buffer[running, -1] = reply.observation[name][running]
+
+    # -- episode ends ---------------------------------------------------------------------------------
+
+    def _graded(self, slot: int, *, terminated: bool, truncated: bool) -> EpisodeOutcome:
+        slots = self.slots
+        success = bool(slots.success[slot])
+        total = float(slots.total_reward[slot])
+        return EpisodeOutcome(
+            status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
+            score=float(success) if success else total,
+            success=success,
+            total_reward=total,
+            steps=int(slots.steps[slot]),
+            terminated=terminated,
+            truncated=truncated,
+        )
+
+    def _fail_running(self, reason: str) -> None:
+        slots = self.slots
+        for slot in np.flatnonzero(slots.running).tolist():
+            self._end(slot, _errored(reason, int(slots.steps[slot]), float(slots.total_reward[slot])))
+
+    def _grade_from_sim(self, slots: list[int]) -> None:
+        """Take the score of each of ``slots`` from the sim's own grade (success, or the return).
+
+        Only the sim knows whether the env reports a success signal at all, which decides what the
+        score means; when the sim cannot answer, the agent's own reading stays.
+        """
+        if not self.sim_healthy:
+            return
+        grades = _sim_grades(self.sim)
+        if grades is None:
+            return
+        for slot in slots:
+            outcome = self.slots.outcomes[slot]
+            grade = grades[slot] if slot < len(grades) else None
+            if outcome is None or grade is None or outcome.status is EpisodeStatus.ERRORED:
+                continue
+            score = grade.get("score")
+            if isinstance(score, int | float):
+                self.slots.outcomes[slot] = _replace(outcome, score=float(score))
+
+    def _begin(self, key: EpisodeKey, prompt: str) -> None:
+        for sink in self.sinks:
+            sink.begin(key, prompt)
+
+    def _end(self, slot: int, outcome: EpisodeOutcome) -> None:
+        """Stop the slot now; the sinks hear of it in :meth:`_report_ends`, once graded."""
+        self.slots.finish(slot, outcome)
+        self.unreported.append(slot)
+
+    def _report_ends(self) -> None:
+        """Grade the slots that ended since the last call (one ``result()`` for all) and tell the sinks."""
+        if not self.unreported:
+            return
+        ended, self.unreported = self.unreported, []
+        graded = [
+            s for s in ended if (o := self.slots.outcomes[s]) is not None and o.status is not EpisodeStatus.ERRORED
+        ]
+        if graded:
+            self._grade_from_sim(graded)
+        for slot in ended:
+            outcome = self.slots.outcomes[slot]
+            assert outcome is not None
+            for sink in self.sinks:
+                sink.end(self.keys[slot], outcome)
+
+    def _outcomes(self) -> list[EpisodeOutcome]:
+        missing = [slot for slot, outcome in enumerate(self.slots.outcomes) if outcome is None]
+        if missing:
+            raise AssertionError(f"slots {missing} ended without an outcome")
+        return [outcome for outcome in self.slots.outcomes if outcome is not None]
+
+
+class _PolicyFailed(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _SimFailed(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _row(observation: Observation, slot: int) -> ObservationRow:
+    return {k: v[slot] for k, v in observation.observation.items()}
+
+
+def _errored(reason: str, steps: int, total_reward: float) -> EpisodeOutcome:
+    return EpisodeOutcome(
+        status=EpisodeStatus.ERRORED,
+        score=0.0,
+        success=False,
+        total_reward=total_reward,
+        steps=steps,
+        error=reason,
+    )
+
+
+def _replace(outcome: EpisodeOutcome, **changes: Any) -> EpisodeOutcome:
+    import dataclasses
+
+    return dataclasses.replace(outcome, **changes)
+
+
+def _sim_grades(sim: object) -> list[dict[str, Any]] | None:
+    """Per-slot grade dicts from ``sim.result()`` when the sim offers one and it answers."""
+    result = getattr(sim, "result", None)
+    if not callable(result):
+        return None
+    try:
+        graded: Any = result()
+    except HudPipelinesError as exc:
+        log.warning("could not read the sim's grades, keeping the agent's own: %s", exc)
+        return None
+    slots: Any = (
+        cast(dict[str, Any], graded).get("slots") if isinstance(graded, dict) else getattr(graded, "slots", None)
+    )
+    return cast(list[dict[str, Any]], slots) if isinstance(slots, list) else None

@@ -1,0 +1,71 @@
+"""Resolve ``module:attribute`` and ``path/to/file.py:attribute`` targets named in YAML.
+
+Pipelines name scripted controllers and torch modules by import path. A relative file path is read
+from the YAML's directory. A module that is not importable from ``sys.path`` is looked up in the
+YAML's directory, its parents and the working directory, because a pipeline usually sits in a
+project whose own packages (``envs/`` for example) are not installed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from hud_pipelines.agent.policy import PolicyError
+
+
+def load_target(spec: str, *, base_dir: Path) -> Any:
+    """The object ``spec`` names; every failure is a :class:`PolicyError` naming ``spec``."""
+    module_part, sep, attribute = spec.rpartition(":")
+    if not sep or not module_part or not attribute:
+        raise PolicyError(f"target {spec!r} must look like 'package.module:name' or 'path/to/file.py:name'")
+    module = (
+        _load_file(module_part, spec, base_dir) if module_part.endswith(".py") else _import(module_part, spec, base_dir)
+    )
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        names = [n for n in dir(module) if not n.startswith("_")]
+        hint = difflib.get_close_matches(attribute, names, n=3)
+        suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
+        raise PolicyError(f"target {spec!r}: {module_part} has no attribute {attribute!r}{suggestion}") from None
+
+
+def _import(module_name: str, spec: str, base_dir: Path) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.split(".", 1)[0]
+        if exc.name is None or exc.name.split(".", 1)[0] != top:
+            raise PolicyError(f"target {spec!r}: importing {module_name!r} failed: {exc}") from exc
+        for root in (base_dir.resolve(), *base_dir.resolve().parents, Path.cwd()):
+            if (root / top).is_dir() or (root / f"{top}.py").is_file():
+                if str(root) not in sys.path:
+                    sys.path.insert(0, str(root))
+                return importlib.import_module(module_name)
+        raise PolicyError(f"target {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+
+
+def _load_file(path_text: str, spec: str, base_dir: Path) -> Any:
+    path = Path(path_text)
+    path = (path if path.is_absolute() else base_dir / path).resolve()
+    if not path.is_file():
+        raise PolicyError(f"target {spec!r}: file {path} does not exist")
+    module_name = f"hud_pipelines_target_{path.stem}_{abs(hash(path)) & 0xFFFFFF:x}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise PolicyError(f"target {spec!r}: cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module

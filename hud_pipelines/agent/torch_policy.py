@@ -1,0 +1,82 @@
+"""A ``torch.nn.Module`` behind the policy seam (importing this module imports torch).
+
+The module is called as ``module(observation)`` where ``observation`` maps every contract
+observation feature to a float32 tensor ``[B, ...]`` on the policy's device (cameras keep their
+``HWC`` layout and 0-255 range: the module decides how to read them). It returns ``[B, T, A]`` or
+``[B, A]`` actions in contract order.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from hud_pipelines.agent.config import TorchPolicyConfig
+from hud_pipelines.agent.policy import Actions, PolicyBatch, PolicyError, as_chunks
+from hud_pipelines.agent.targets import load_target
+from hud_pipelines.agent.torch_runtime import configure_threads, resolve_device, to_tensor
+from hud_pipelines.contract import Contract
+
+
+class TorchModulePolicy:
+    """Runs a module in inference mode and returns its actions as numpy chunks."""
+
+    def __init__(self, module: torch.nn.Module, contract: Contract, *, device: torch.device, name: str = "") -> None:
+        self.module = module.to(device).eval()
+        self.device = device
+        self.width = contract.action.size
+        self.name = name or type(module).__qualname__
+        declared = getattr(module, "horizon", None)
+        self.horizon: int | None = declared if isinstance(declared, int) and declared >= 1 else None
+
+    @classmethod
+    def from_config(
+        cls, config: TorchPolicyConfig, contract: Contract, *, base_dir: Path, torch_threads: int | None = 1
+    ) -> TorchModulePolicy:
+        configure_threads(torch_threads)
+        device = resolve_device(config.device)
+        target = load_target(config.target, base_dir=base_dir)
+        if not (inspect.isclass(target) and issubclass(target, torch.nn.Module)):
+            raise PolicyError(f"torch policy target {config.target!r} is not a torch.nn.Module class")
+        try:
+            module = target(**config.args)
+        except TypeError as exc:
+            raise PolicyError(f"torch policy {config.target!r} cannot be built with args {config.args}: {exc}") from exc
+        if config.checkpoint is not None:
+            load_checkpoint(module, _resolve(config.checkpoint, base_dir), device)
+        return cls(module, contract, device=device, name=config.target)
+
+    def infer(self, batch: PolicyBatch) -> Actions:
+        inputs = {k: to_tensor(v, self.device, dtype=torch.float32) for k, v in batch.observation.items()}
+        with torch.inference_mode():
+            output: Any = self.module(inputs)
+        if not isinstance(output, torch.Tensor):
+            raise PolicyError(f"torch policy {self.name} returned a {type(output).__name__}, expected a tensor")
+        actions = cast(npt.NDArray[np.float32], output.detach().to("cpu", torch.float32).numpy())
+        return as_chunks(actions, batch.size, self.width, source=f"torch policy {self.name}")
+
+
+def _resolve(path_text: str, base_dir: Path) -> Path:
+    path = Path(path_text)
+    return path if path.is_absolute() else base_dir / path
+
+
+def load_checkpoint(module: torch.nn.Module, path: Path, device: torch.device) -> None:
+    """Load a ``state_dict`` saved with ``torch.save``; tensors only (no pickled code runs)."""
+    if not path.is_file():
+        raise PolicyError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:
+        raise PolicyError(f"checkpoint {path} cannot be read as a state_dict: {exc}") from exc
+    if not isinstance(state, dict):
+        raise PolicyError(f"checkpoint {path} holds a {type(state).__name__}, expected a state_dict")
+    try:
+        module.load_state_dict(state)  # pyright: ignore[reportUnknownArgumentType]
+    except RuntimeError as exc:
+        raise PolicyError(f"checkpoint {path} does not fit {type(module).__qualname__}: {exc}") from exc

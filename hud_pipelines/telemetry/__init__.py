@@ -1,0 +1,1 @@
+"""Telemetry: one trace per slot per episode (JSON lines of typed steps), optional camera video."""

@@ -1,0 +1,329 @@
+"""Traces: one JSON-lines file per slot per episode, grouped by job, plus a reader.
+
+Layout: ``<root>/<job>/<trace_id>.jsonl`` (and ``<trace_id>.<camera>.mp4`` with video on), where
+``trace_id`` is :attr:`hud_pipelines.recording.EpisodeKey.trace_id`, deterministic from (job,
+task, instance, slot, episode, seed): the same eval run twice writes the same file names.
+
+Every line is one typed step (``type`` is a :class:`StepType`):
+
+- ``trace``: the header (key fields, prompt, per-dimension names of the action and state features);
+- ``observation``: the state the action was chosen from, ``{feature: {name: value}}``;
+- ``inference``: a chunk the policy returned (``chunk`` ``[T][A]``, ``length``, ``names``,
+  ``latency_s``, ``batch_size``);
+- ``action``: the action applied, ``{name: value}``;
+- ``reward``: reward, done flags and success after the step;
+- ``error``: why an errored episode ended;
+- ``grade``: the outcome, always the last line.
+
+Only ``trace.started_at`` and ``inference.latency_s`` depend on timing; everything else is a pure
+function of the rollout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.contract import Contract, FeatureType, looks_like_camera
+from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, Frame, Inference
+
+TRACE_SUFFIX = ".jsonl"
+TIMING_FIELDS = frozenset({"started_at", "latency_s"})
+"""Fields whose values depend on timing (ignore them when comparing traces)."""
+
+
+class StepType(StrEnum):
+    TRACE = "trace"
+    OBSERVATION = "observation"
+    INFERENCE = "inference"
+    ACTION = "action"
+    REWARD = "reward"
+    ERROR = "error"
+    GRADE = "grade"
+
+
+@dataclass
+class _Open:
+    key: EpisodeKey
+    file: IO[str]
+    videos: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+class TraceRecorder:
+    """An :class:`~hud_pipelines.recording.EpisodeSink` that writes traces under ``root/<job>/``.
+
+    ``contract`` supplies per-dimension names and tells cameras from state; without it names are
+    ``<feature>_<i>`` and cameras are recognised by shape. With ``video=True`` each camera of each
+    trace is encoded to its own mp4 at the contract's control rate. One recorder may serve several
+    threads (the agent loops of concurrent sims).
+    """
+
+    def __init__(
+        self, root: Path, contract: Contract | None = None, *, video: bool = False, video_codec: str | None = None
+    ) -> None:
+        self.root = Path(root)
+        self.contract = contract
+        self.video = video
+        self.video_codec = video_codec
+        self.fps = contract.control_rate if contract is not None else 30.0
+        self._open: dict[str, _Open] = {}
+        self._lock = threading.Lock()
+        self._names: dict[str, list[str]] = {}
+        self.written: list[Path] = []
+
+    def path(self, key: EpisodeKey) -> Path:
+        return self.root / _safe(key.job) / f"{key.trace_id}{TRACE_SUFFIX}"
+
+    # -- EpisodeSink -----------------------------------------------------------------------------------
+
+    def begin(self, key: EpisodeKey, prompt: str) -> None:
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header: dict[str, Any] = {
+            "type": StepType.TRACE.value,
+            "trace_id": key.trace_id,
+            "job": key.job,
+            "task": key.task,
+            "instance": key.instance,
+            "slot": key.slot,
+            "episode": key.episode,
+            "seed": key.seed,
+            "prompt": prompt,
+            "started_at": time.time(),
+        }
+        if self.contract is not None:
+            header["action_names"] = self._action_names(self.contract.action.size)
+            header["state_names"] = {n: self._feature_names(n, f.size) for n, f in self.contract.state_features.items()}
+            header["control_rate"] = self.contract.control_rate
+        with self._lock:
+            previous = self._open.pop(key.trace_id, None)
+            if previous is not None:
+                self._close(previous)
+            handle = _Open(key=key, file=path.open("w", encoding="utf-8"))
+            self._open[key.trace_id] = handle
+            self.written.append(path)
+            _write(handle.file, header)
+
+    def add(self, key: EpisodeKey, frame: Frame) -> None:
+        state: dict[str, dict[str, Any]] = {}
+        cameras: dict[str, npt.NDArray[Any]] = {}
+        for name, value in frame.observation.items():
+            if self._is_camera(name, value):
+                cameras[name] = value
+            else:
+                flat = np.asarray(value).reshape(-1)
+                state[name] = dict(zip(self._feature_names(name, flat.size), flat.tolist(), strict=True))
+        action = np.asarray(frame.action).reshape(-1)
+        lines = [
+            {"type": StepType.OBSERVATION.value, "step": frame.index, "state": state},
+            {
+                "type": StepType.ACTION.value,
+                "step": frame.index,
+                "action": dict(zip(self._action_names(action.size), action.tolist(), strict=True)),
+            },
+            {
+                "type": StepType.REWARD.value,
+                "step": frame.index,
+                "reward": frame.reward,
+                "terminated": frame.terminated,
+                "truncated": frame.truncated,
+                "success": frame.success,
+            },
+        ]
+        with self._lock:
+            handle = self._require(key)
+            for line in lines:
+                _write(handle.file, line)
+            if self.video:
+                self._add_video(handle, cameras)
+
+    def inference(self, key: EpisodeKey, record: Inference) -> None:
+        chunk = np.asarray(record.chunk)
+        line = {
+            "type": StepType.INFERENCE.value,
+            "step": record.step,
+            "length": int(chunk.shape[0]),
+            "names": self._action_names(int(chunk.shape[-1])),
+            "chunk": chunk.tolist(),
+            "latency_s": record.latency_s,
+            "batch_size": record.batch_size,
+        }
+        with self._lock:
+            _write(self._require(key).file, line)
+
+    def end(self, key: EpisodeKey, outcome: EpisodeOutcome) -> None:
+        with self._lock:
+            handle = self._open.pop(key.trace_id, None)
+            if handle is None:
+                raise KeyError(f"trace {key} was never begun")
+            if outcome.error is not None:
+                _write(handle.file, {"type": StepType.ERROR.value, "message": outcome.error})
+            _write(
+                handle.file,
+                {
+                    "type": StepType.GRADE.value,
+                    "status": outcome.status.value,
+                    "score": outcome.score,
+                    "success": outcome.success,
+                    "total_reward": outcome.total_reward,
+                    "steps": outcome.steps,
+                    "terminated": outcome.terminated,
+                    "truncated": outcome.truncated,
+                    "error": outcome.error,
+                    "extra": _jsonable(outcome.extra),
+                },
+            )
+            self._close(handle)
+
+    def close(self) -> None:
+        """Close traces that never ended (their files lack a grade, which readers report)."""
+        with self._lock:
+            for handle in self._open.values():
+                self._close(handle)
+            self._open.clear()
+
+    def __enter__(self) -> TraceRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
+    def _require(self, key: EpisodeKey) -> _Open:
+        handle = self._open.get(key.trace_id)
+        if handle is None:
+            raise KeyError(f"trace {key} was never begun (or already ended)")
+        return handle
+
+    def _close(self, handle: _Open) -> None:
+        handle.file.close()
+        for video in handle.videos.values():
+            video.close()
+
+    def _is_camera(self, name: str, value: npt.NDArray[Any]) -> bool:
+        if self.contract is not None and name in self.contract.features:
+            return self.contract.features[name].is_camera
+        return looks_like_camera(np.asarray(value))
+
+    def _feature_names(self, name: str, size: int) -> list[str]:
+        cached = self._names.get(name)
+        if cached is not None and len(cached) == size:
+            return cached
+        feature = self.contract.features.get(name) if self.contract is not None else None
+        names = list(feature.names) if feature is not None and feature.names and len(feature.names) == size else None
+        names = names or [f"{name.rsplit('/', 1)[-1]}_{i}" for i in range(size)]
+        self._names[name] = names
+        return names
+
+    def _action_names(self, size: int) -> list[str]:
+        return self._feature_names("action", size)
+
+    def _add_video(self, handle: _Open, cameras: dict[str, npt.NDArray[Any]]) -> None:
+        from hud_pipelines.telemetry.video import CameraVideo
+
+        for name, image in cameras.items():
+            video = handle.videos.get(name)
+            if video is None:
+                path = self.path(handle.key).with_suffix(f".{_safe(name)}.mp4")
+                video = handle.videos[name] = CameraVideo(path, self.fps, codec=self.video_codec)
+            feature = self.contract.features.get(name) if self.contract is not None else None
+            video.add(image[..., ::-1] if feature is not None and feature.type is FeatureType.BGR else image)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
+
+
+def _write(file: IO[str], line: dict[str, Any]) -> None:
+    file.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace read back from disk."""
+
+    path: Path
+    header: dict[str, Any]
+    steps: list[dict[str, Any]]
+    grade: dict[str, Any] | None
+    """``None`` when the episode never ended (the writer was interrupted)."""
+
+    @property
+    def trace_id(self) -> str:
+        return str(self.header["trace_id"])
+
+    def of_type(self, kind: StepType | str) -> list[dict[str, Any]]:
+        return [s for s in self.steps if s["type"] == str(kind)]
+
+    @property
+    def videos(self) -> list[Path]:
+        return sorted(self.path.parent.glob(f"{self.trace_id}.*.mp4"))
+
+    def without_timing(self) -> list[dict[str, Any]]:
+        """Every line with the timing-dependent fields removed (for comparing two rollouts)."""
+        lines = [self.header, *self.steps, *([self.grade] if self.grade is not None else [])]
+        return [{k: v for k, v in line.items() if k not in TIMING_FIELDS} for line in lines]
+
+
+def read_trace(path: Path) -> Trace:
+    """Parse one trace file; a malformed line is a ``ValueError`` naming the file and line."""
+    header: dict[str, Any] | None = None
+    steps: list[dict[str, Any]] = []
+    grade: dict[str, Any] | None = None
+    with Path(path).open(encoding="utf-8") as file:
+        for number, text in enumerate(file, start=1):
+            if not text.strip():
+                continue
+            try:
+                line: Any = json.loads(text, parse_constant=_constant)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
+            if not isinstance(line, dict):
+                raise ValueError(f"{path}:{number}: a step must be a JSON object")
+            entry = cast(dict[str, Any], line)
+            kind = entry.get("type")
+            if kind not in StepType.__members__.values():
+                raise ValueError(f"{path}:{number}: unknown step type {kind!r}")
+            if kind == StepType.TRACE:
+                header = entry
+            elif kind == StepType.GRADE:
+                grade = entry
+            else:
+                steps.append(entry)
+    if header is None:
+        raise ValueError(f"{path}: no trace header line")
+    return Trace(path=Path(path), header=header, steps=steps, grade=grade)
+
+
+def read_traces(job_dir: Path) -> list[Trace]:
+    """Every trace of one job directory, ordered by (task, instance, slot, episode)."""
+    traces = [read_trace(p) for p in sorted(Path(job_dir).glob(f"*{TRACE_SUFFIX}"))]
+    return sorted(traces, key=lambda t: tuple(t.header.get(k, 0) for k in ("task", "instance", "slot", "episode")))
+
+
+def iter_jobs(root: Path) -> Iterator[Path]:
+    """The job directories under a trace root."""
+    return (p for p in sorted(Path(root).iterdir()) if p.is_dir())
+
+
+def _constant(name: str) -> float:
+    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]

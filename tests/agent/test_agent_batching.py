@@ -1,0 +1,210 @@
+"""BatchedModel: concurrent callers share one forward; no window is waited when all are present.
+
+"Does not wait" is proven without timing assertions: the window is 10 s and the test's own timeout
+is far below what even one wasted window would cost.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from hud_pipelines.agent.batching import BatchedModel
+from hud_pipelines.agent.builtin import scripted_policy
+from hud_pipelines.agent.policy import PolicyBatch, PolicyError
+from hud_pipelines.agent.runner import RobotAgent
+from hud_pipelines.recording import EpisodeOutcome, EpisodeStatus
+from hud_pipelines.sim.bridge import GymBridge
+
+LONG_WINDOW_S = 10.0
+
+
+class Doubler:
+    """Returns ``2 * x`` for every row (one action, chunk of 1) and logs the rows of each forward."""
+
+    def __init__(self) -> None:
+        self.forwards: list[int] = []
+        self.lock = threading.Lock()
+
+    def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+        with self.lock:
+            self.forwards.append(batch.size)
+        x = batch.observation["x"]
+        if np.any(x < 0):
+            raise RuntimeError("negative input")
+        return (2 * x).reshape(batch.size, 1, 1).astype(np.float32)
+
+
+def rows(values: list[float]) -> PolicyBatch:
+    return PolicyBatch(observation={"x": np.asarray(values, dtype=np.float32)[:, None]}, prompts=[""] * len(values))
+
+
+def call_concurrently(model: BatchedModel, batches: list[PolicyBatch]) -> list[Any]:
+    """Call ``infer`` from one thread per batch, all released together; returns results or exceptions."""
+    results: list[Any] = [None] * len(batches)
+    barrier = threading.Barrier(len(batches))
+
+    def worker(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = model.infer(batches[index])
+        except Exception as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(batches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@pytest.mark.timeout(5)
+def test_concurrent_callers_share_one_forward_and_get_their_own_rows() -> None:
+    inner = Doubler()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, expected_callers=4)
+    batches = [rows([10 * k + 1, 10 * k + 2]) for k in range(4)]
+    results = call_concurrently(model, batches)
+    assert inner.forwards == [8]
+    for k, result in enumerate(results):
+        assert result[:, 0, 0].tolist() == [2 * (10 * k + 1), 2 * (10 * k + 2)]
+    assert model.stats.timer_flushes == 0
+
+
+@pytest.mark.timeout(10)
+def test_lockstep_callers_never_wait_for_the_window() -> None:
+    inner = Doubler()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, expected_callers=3)
+    rounds = 30
+    barrier = threading.Barrier(3)
+
+    def loop(k: int) -> None:
+        for r in range(rounds):
+            out = model.infer(rows([k + r]))
+            assert out[0, 0, 0] == 2 * (k + r)
+            barrier.wait()  # lockstep: nobody starts round r + 1 before all finished round r
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert inner.forwards == [3] * rounds
+    assert model.stats.timer_flushes == 0
+
+
+@pytest.mark.timeout(10)
+def test_a_caller_that_leaves_is_not_waited_for() -> None:
+    inner = Doubler()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, expected_callers=2)
+    done_early = threading.Event()
+
+    def short() -> None:
+        model.infer(rows([1.0]))
+        model.leave()
+        done_early.set()
+
+    def long() -> None:
+        model.infer(rows([2.0]))
+        done_early.wait()
+        for r in range(5):
+            model.infer(rows([float(r)]))
+
+    threads = [threading.Thread(target=short), threading.Thread(target=long)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert inner.forwards == [2, 1, 1, 1, 1, 1]
+    assert model.expected_callers == 1
+    assert model.stats.timer_flushes == 0
+
+
+@pytest.mark.timeout(5)
+def test_batch_size_flushes_before_the_window() -> None:
+    inner = Doubler()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, batch_size=4, expected_callers=10)
+    results = call_concurrently(model, [rows([1.0, 2.0]), rows([3.0, 4.0])])
+    assert inner.forwards == [4]
+    assert [r[:, 0, 0].tolist() for r in results] == [[2.0, 4.0], [6.0, 8.0]]
+
+
+@pytest.mark.timeout(5)
+def test_the_window_flushes_when_a_caller_does_not_come() -> None:
+    inner = Doubler()
+    model = BatchedModel(inner, max_wait_s=0.05, expected_callers=2)
+    assert model.infer(rows([3.0]))[0, 0, 0] == 6.0
+    assert model.stats.timer_flushes == 1
+
+
+@pytest.mark.timeout(5)
+def test_an_exception_fails_only_the_callers_of_that_batch() -> None:
+    inner = Doubler()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, batch_size=2, expected_callers=4)
+    results = call_concurrently(model, [rows([1.0]), rows([-1.0]), rows([3.0]), rows([4.0])])
+    failed = [r for r in results if isinstance(r, Exception)]
+    served = [r for r in results if not isinstance(r, Exception)]
+    assert sorted(inner.forwards) == [2, 2]
+    assert len(failed) == 2
+    assert all("negative input" in str(e) for e in failed)
+    assert len(served) == 2
+    assert isinstance(results[1], RuntimeError)
+    model.expected_callers = 1
+    assert model.infer(rows([5.0]))[0, 0, 0] == 10.0, "the model keeps serving after a failed batch"
+
+
+def test_a_policy_returning_the_wrong_row_count_fails_its_callers() -> None:
+    class Short:
+        def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+            return np.zeros((batch.size - 1, 1, 1), dtype=np.float32)
+
+    with pytest.raises(PolicyError, match="stacked rows"):
+        BatchedModel(Short()).infer(rows([1.0, 2.0]))
+
+
+@pytest.mark.timeout(60)
+def test_k_sims_share_one_forward_per_tick_through_robot_agents() -> None:
+    """Three Pendulum sims of two slots each, one agent thread per sim: one 6-row forward per tick."""
+    k, num_envs, steps = 3, 2, 200
+    bridges = [GymBridge("Pendulum-v1", num_envs) for _ in range(k)]
+    for bridge in bridges:
+        bridge.start()
+    contract = bridges[0].contract
+    counting = Doubler()
+    swing_up = scripted_policy("envs.controllers:pendulum_swing_up", contract, base_dir=Path())
+
+    class Counted:
+        def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+            with counting.lock:
+                counting.forwards.append(batch.size)
+            return swing_up.infer(batch)
+
+    model = BatchedModel(Counted(), max_wait_s=LONG_WINDOW_S, expected_callers=k)
+    outcomes: list[list[EpisodeOutcome]] = [[] for _ in range(k)]
+    agents = [RobotAgent(model, contract) for _ in range(k)]
+
+    def drive(index: int) -> None:
+        try:
+            tasks = [{"seed": 100 * index + s} for s in range(num_envs)]
+            outcomes[index] = agents[index].run(bridges[index], tasks, max_steps=500, key=("shared", 0, index))
+        finally:
+            model.leave()
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(k)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for bridge in bridges:
+            bridge.close()
+    assert counting.forwards == [k * num_envs] * steps
+    assert model.stats.timer_flushes == 0
+    assert all(agent.last_run.forwards == steps for agent in agents)
+    assert all(o.status is EpisodeStatus.FAILED and o.steps == steps for run in outcomes for o in run)

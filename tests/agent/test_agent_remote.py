@@ -1,0 +1,150 @@
+"""The remote kind against a tiny in-test server that speaks openpi's websocket policy protocol.
+
+The server encodes arrays the way openpi's ``msgpack_numpy`` does (binary ``__ndarray__`` keys),
+independently of the client's own codec, so the round trip proves the two layouts agree.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from agent_helpers import countdown_contract
+from websockets.sync.server import Server, ServerConnection, serve
+
+from hud_pipelines.agent.config import RemotePolicyConfig
+from hud_pipelines.agent.policy import PolicyBatch, PolicyError, build_policy
+from hud_pipelines.agent.remote import RemotePolicy
+from hud_pipelines.agent.runner import RobotAgent
+from hud_pipelines.sim.bridge import GymBridge
+
+
+def openpi_pack(obj: Any) -> bytes:
+    def default(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return {b"__ndarray__": True, b"data": value.tobytes(), b"dtype": value.dtype.str, b"shape": value.shape}
+        if isinstance(value, np.generic):
+            return {b"__npgeneric__": True, b"data": value.item(), b"dtype": value.dtype.str}
+        return value
+
+    return msgpack.packb(obj, default=default, use_bin_type=True)
+
+
+def openpi_unpack(data: bytes) -> Any:
+    def hook(obj: dict[Any, Any]) -> Any:
+        if b"__ndarray__" in obj:
+            return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]), shape=obj[b"shape"])
+        return obj
+
+    return msgpack.unpackb(data, object_hook=hook)
+
+
+class PolicyServer:
+    """Metadata frame first, then ``infer(obs) -> {"actions": ...}`` per message; text frames on error."""
+
+    def __init__(self, infer: Callable[[dict[str, Any]], Any], api_key: str | None = None) -> None:
+        self.infer = infer
+        self.api_key = api_key
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[str | None] = []
+        self.server: Server = serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.socket.getsockname()[:2]
+        return f"ws://{host}:{port}"
+
+    def _handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        self.headers.append(ws.request.headers.get("Authorization"))
+        ws.send(openpi_pack({"policy": "test", "action_horizon": 3}))
+        for message in ws:
+            assert isinstance(message, bytes)
+            observation = openpi_unpack(message)
+            self.requests.append(observation)
+            try:
+                ws.send(openpi_pack({"actions": self.infer(observation), "server_timing": {"infer_ms": 1.0}}))
+            except Exception as exc:
+                ws.send(f"Traceback (most recent call last):\n  {type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def pd_server() -> Iterator[PolicyServer]:
+    """Serves the CartPole PD law over one unbatched observation, as a 3-step chunk."""
+
+    def infer(observation: dict[str, Any]) -> np.ndarray:
+        x, x_dot, theta, theta_dot = observation["observation/state"].tolist()
+        push = float(0.1 * x + 0.5 * x_dot + 10 * theta + 2 * theta_dot > 0)
+        assert observation["prompt"] == "CartPole-v1"
+        return np.full((3, 1), push, dtype=np.float32)
+
+    server = PolicyServer(infer, api_key="secret")
+    yield server
+    server.close()
+
+
+def test_remote_policy_round_trip_balances_cartpole(pd_server: PolicyServer) -> None:
+    with GymBridge("CartPole-v1", 2) as bridge:
+        config = RemotePolicyConfig(
+            url=pd_server.url, api_key="secret", rename={"state": "observation/state"}, timeout_s=10
+        )
+        policy = build_policy(config, bridge.contract, base_dir=Path())
+        assert isinstance(policy, RemotePolicy)
+        assert policy.metadata == {"policy": "test", "action_horizon": 3}
+        agent = RobotAgent(policy, bridge.contract, horizon=1)
+        outcomes = agent.run(bridge, [{"seed": 0}, {"seed": 1}], max_steps=600, key=("remote", 0, 0))
+        policy.close()
+    assert [o.steps for o in outcomes] == [500, 500]
+    assert pd_server.headers == ["Api-Key secret"]
+    assert len(pd_server.requests) == 2 * 500, "one unbatched request per slot per refill"
+    assert pd_server.requests[0]["observation/state"].shape == (4,)
+
+
+def test_batched_requests_carry_the_batch_axis() -> None:
+    server = PolicyServer(lambda obs: np.repeat(obs["x"][:, None, :] * 2, 2, axis=1))
+    try:
+        contract = countdown_contract()
+        with RemotePolicy(server.url, contract, batched=True, rename={"state": "x"}) as policy:
+            out = policy.infer(
+                PolicyBatch(observation={"state": np.array([[1.0], [2.0]], dtype=np.float32)}, prompts=["a", "b"])
+            )
+    finally:
+        server.close()
+    assert out.shape == (2, 2, 1)
+    assert out[:, 0, 0].tolist() == [2.0, 4.0]
+    assert server.requests[0]["prompt"] == ["a", "b"]
+
+
+def test_server_errors_and_bad_replies_are_policy_errors() -> None:
+    contract = countdown_contract()
+
+    def infer(observation: dict[str, Any]) -> Any:
+        if observation["state"][1] > 0:
+            raise ValueError("the model is not loaded")
+        return np.zeros((5, 2), dtype=np.float32)
+
+    server = PolicyServer(infer)
+    url = server.url
+    try:
+        with RemotePolicy(url, contract, timeout_s=10) as policy:
+            good = PolicyBatch(observation={"state": np.zeros((1, 2), dtype=np.float32)}, prompts=[""])
+            with pytest.raises(PolicyError, match=r"returned actions of shape \[1, 5, 2\]"):
+                policy.infer(good)
+            bad = PolicyBatch(observation={"state": np.ones((1, 2), dtype=np.float32)}, prompts=[""])
+            with pytest.raises(PolicyError, match=r"reported an error:\nTraceback(.|\n)*the model is not loaded"):
+                policy.infer(bad)
+    finally:
+        server.close()
+    with pytest.raises(PolicyError, match="cannot connect to the policy server"):
+        RemotePolicy(url, contract, timeout_s=2)

@@ -1,0 +1,270 @@
+"""The agent loop's rules, checked tick by tick on a scripted sim, then on real gymnasium sims."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from agent_helpers import CountdownSim, RecordingSink
+
+from envs.controllers import (
+    CARTPOLE_SUCCESS_STEPS,
+    INVERTED_PENDULUM_SUCCESS_RETURN,
+    PENDULUM_SUCCESS_RETURN,
+)
+from hud_pipelines.agent.builtin import FunctionPolicy, scripted_policy
+from hud_pipelines.agent.policy import PolicyBatch
+from hud_pipelines.agent.runner import EpisodeKeys, RobotAgent
+from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.process import SimProcess
+
+
+class SlotEcho:
+    """Returns chunks of ``length`` actions ``slot * 1000 + call * 10 + t`` and logs which slots it saw."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.calls: list[list[int]] = []
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+        slots = batch.observation["state"][:, 0].astype(int).tolist()
+        call = len(self.calls)
+        self.calls.append(slots)
+        t = np.arange(self.length, dtype=np.float32)
+        rows = [slot * 1000 + call * 10 + t for slot in slots]
+        return np.stack(rows)[:, :, None].astype(np.float32)
+
+
+def run(sim: CountdownSim, policy: Any, sink: RecordingSink | None = None, **agent_args: Any) -> Any:
+    agent = RobotAgent(policy, sim.contract, **{k: v for k, v in agent_args.items() if k != "max_steps"})
+    outcomes = agent.run(
+        sim,
+        [{"seed": i} for i in range(sim.num_envs)],
+        max_steps=agent_args.get("max_steps", 100),
+        key=EpisodeKeys("job"),
+        sinks=[sink] if sink is not None else [],
+    )
+    return agent, outcomes
+
+
+def test_refill_asks_only_for_spent_slots_and_adapts_each_chunk_against_its_slot() -> None:
+    sim = CountdownSim([12, 12, 12])
+    keep = {0: 1, 1: 2, 2: 3}  # slot s executes s + 1 actions per chunk
+    seen: list[tuple[int, float]] = []
+
+    def adapt_chunk(chunk: npt.NDArray[np.float32], observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        slot = int(observation["state"][0])
+        seen.append((slot, float(observation["state"][1])))
+        assert np.all(chunk // 1000 == slot), "a slot was handed another slot's chunk"
+        return chunk[: keep[slot]] + 0.5
+
+    policy = SlotEcho(length=4)
+    agent, _ = run(sim, policy, adapt_chunk=adapt_chunk, max_steps=12)
+    expected_rows = [[s for s in range(3) if tick % (s + 1) == 0] for tick in range(12)]
+    assert policy.calls == expected_rows
+    assert agent.last_run.forwards == 12
+    assert agent.last_run.refill_rows == [len(r) for r in expected_rows]
+    # adapt_chunk ran once per refilled slot, against that slot's observation at that tick
+    assert seen == [(s, float(tick)) for tick, rows in enumerate(expected_rows) for s in rows]
+    applied = np.stack(sim.actions)[:, :, 0]
+    assert np.all(applied % 1 == 0.5), "every applied action went through adapt_chunk"
+    assert np.all(applied[:, 2] // 1000 == 2)
+
+
+def test_one_forward_per_refill_tick_and_horizon_cuts_chunks() -> None:
+    sim = CountdownSim([10, 10, 10, 10])
+    policy = SlotEcho(length=8)
+    agent, _ = run(sim, policy, horizon=3, max_steps=10)
+    assert agent.last_run.forwards == 4  # ticks 0, 3, 6, 9
+    assert policy.calls == [[0, 1, 2, 3]] * 4
+    applied = np.stack(sim.actions)[:, 0, 0]
+    assert applied.tolist() == [0, 1, 2, 10, 11, 12, 20, 21, 22, 30]
+
+
+def test_finished_slots_record_nothing_and_receive_a_hold_row(sink: RecordingSink) -> None:
+    sim = CountdownSim([2, 5, 9], succeed=(1,))
+    policy = SlotEcho(length=2)
+    agent, outcomes = run(sim, policy, sink, max_steps=50)
+    by_slot = sink.by_slot()
+    for slot, length in enumerate([2, 5, 9]):
+        trace = by_slot[slot]
+        assert [f.index for f in sink.frames[trace]] == list(range(length))
+        assert all(r.step < length for r in sink.inferences[trace])
+        assert [r.step for r in sink.inferences[trace]] == list(range(0, length, 2))
+        assert outcomes[slot].steps == length
+    assert [o.status for o in outcomes] == [EpisodeStatus.FAILED, EpisodeStatus.SUCCEEDED, EpisodeStatus.FAILED]
+    assert all(0 not in rows for rows in policy.calls[1:]), "slot 0 finished at tick 2 and was asked again"
+    assert agent.last_run.ticks == 9
+    assert agent.last_run.env_steps == 2 + 5 + 9
+    # slot 0 stops changing its row once done: the sim sees its last action repeated
+    applied = np.stack(sim.actions)[:, 0, 0]
+    assert np.all(applied[2:] == applied[1])
+    assert [o.score for o in outcomes] == [20.0, 50.0, 90.0], "scores come from the sim's grade"
+
+
+def test_max_steps_ends_running_slots_as_truncated_failures(sink: RecordingSink) -> None:
+    sim = CountdownSim([3, 100, 100])
+    _, outcomes = run(sim, SlotEcho(length=5), sink, max_steps=10)
+    assert outcomes[0].status is EpisodeStatus.FAILED
+    assert outcomes[0].terminated
+    assert not outcomes[0].truncated
+    for outcome in outcomes[1:]:
+        assert outcome.status is EpisodeStatus.FAILED
+        assert outcome.truncated
+        assert not outcome.terminated
+        assert outcome.steps == 10
+    assert len(sink.ended) == 3
+
+
+def test_a_sim_crash_errors_the_running_slots_and_keeps_finished_ones(sink: RecordingSink) -> None:
+    sim = CountdownSim([2, 10, 10], succeed=(0,), crash_at=5)
+    _, outcomes = run(sim, SlotEcho(length=1), sink, max_steps=50)
+    assert outcomes[0].status is EpisodeStatus.SUCCEEDED
+    for outcome in outcomes[1:]:
+        assert outcome.status is EpisodeStatus.ERRORED
+        assert outcome.error is not None
+        assert "SimCrashedError" in outcome.error
+        assert outcome.steps == 4
+    assert set(sink.ended) == set(sink.begun)
+
+
+def test_a_slot_error_in_the_observation_errors_only_that_slot(sink: RecordingSink) -> None:
+    sim = CountdownSim([6, 6, 6], slot_errors={3: [1]})
+    _, outcomes = run(sim, SlotEcho(length=1), sink, max_steps=50)
+    assert outcomes[1].status is EpisodeStatus.ERRORED
+    assert outcomes[1].error == "slot 1 broke"
+    assert [outcomes[0].steps, outcomes[2].steps] == [6, 6]
+    assert len(sink.frames[sink.by_slot()[1]]) == 2, "the errored step is not recorded as a frame"
+
+
+def test_a_policy_failure_errors_the_running_slots() -> None:
+    calls = 0
+
+    def flaky(observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("the model ran out of memory")
+        return np.zeros((observation["state"].shape[0], 1), dtype=np.float32)
+
+    sim = CountdownSim([1, 10])
+    _, outcomes = run(sim, FunctionPolicy(flaky, sim.contract), max_steps=50)
+    assert outcomes[0].status is EpisodeStatus.FAILED
+    assert outcomes[1].status is EpisodeStatus.ERRORED
+    assert outcomes[1].error is not None
+    assert "the model ran out of memory" in outcomes[1].error
+
+
+def test_a_wrongly_shaped_chunk_is_an_error_naming_the_shape() -> None:
+    sim = CountdownSim([4, 4])
+    _, outcomes = run(sim, FunctionPolicy(lambda obs: np.zeros((2, 3, 5)), sim.contract), max_steps=5)
+    assert all(o.status is EpisodeStatus.ERRORED for o in outcomes)
+    assert outcomes[0].error is not None
+    assert "[2, 3, 5]" in outcomes[0].error
+
+
+def test_policies_with_observation_history_see_the_last_steps() -> None:
+    class History(SlotEcho):
+        observation_steps = 3
+
+        def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+            state = batch.observation["state"]
+            assert state.shape[1:] == (3, 2)
+            self.calls.append(state[:, :, 1].astype(int).tolist())
+            return np.zeros((state.shape[0], 2, 1), dtype=np.float32)
+
+    policy = History(length=2)
+    run(CountdownSim([6, 6]), policy, max_steps=6)
+    assert policy.calls[0] == [[0, 0, 0], [0, 0, 0]]  # the reset observation repeated
+    assert policy.calls[1] == [[0, 1, 2], [0, 1, 2]]
+    assert policy.calls[2] == [[2, 3, 4], [2, 3, 4]]
+
+
+def test_keys_count_episodes_per_job_task_instance(sink: RecordingSink) -> None:
+    sim = CountdownSim([1, 1])
+    agent = RobotAgent(SlotEcho(length=1), sim.contract)
+    for _ in range(2):
+        agent.run(sim, [{"seed": 7}, {"seed": 8}], max_steps=5, key=("job", 3, 2), sinks=[sink])
+    keys = sorted((k.episode, k.slot, k.seed, k.task, k.instance) for k in sink.keys.values())
+    assert keys == [(0, 0, 7, 3, 2), (0, 1, 8, 3, 2), (1, 0, 7, 3, 2), (1, 1, 8, 3, 2)]
+    assert set(sink.begun.values()) == {"count 1"}
+
+
+def test_bad_arguments_are_refused_before_anything_runs() -> None:
+    sim = CountdownSim([1, 1])
+    agent = RobotAgent(SlotEcho(length=1), sim.contract)
+    with pytest.raises(ValueError, match="one task per slot"):
+        agent.run(sim, [{}], max_steps=5, key=("job", 0, 0))
+    with pytest.raises(ValueError, match="max_steps"):
+        agent.run(sim, [{}, {}], max_steps=0, key=("job", 0, 0))
+    with pytest.raises(ValueError, match="horizon"):
+        RobotAgent(SlotEcho(length=1), sim.contract, horizon=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# real sims, scripted experts
+
+
+def test_pd_balances_cartpole_for_the_whole_episode_in_every_slot() -> None:
+    with GymBridge("CartPole-v1", 3) as bridge:
+        policy = scripted_policy("envs.controllers:cartpole_pd", bridge.contract, base_dir=Path())
+        agent = RobotAgent(policy, bridge.contract)
+        outcomes = agent.run(bridge, [{"seed": s} for s in range(3)], max_steps=1000, key=("cartpole", 0, 0))
+    for outcome in outcomes:
+        assert outcome.steps == CARTPOLE_SUCCESS_STEPS
+        assert outcome.truncated
+        assert not outcome.terminated
+        assert outcome.score == CARTPOLE_SUCCESS_STEPS
+    assert agent.last_run.forwards == CARTPOLE_SUCCESS_STEPS
+
+
+def test_swing_up_beats_the_pendulum_return_threshold() -> None:
+    with GymBridge("Pendulum-v1", 4) as bridge:
+        policy = scripted_policy(
+            "envs.controllers:PendulumSwingUp", bridge.contract, args={"kp": 12.0}, base_dir=Path()
+        )
+        outcomes = RobotAgent(policy, bridge.contract).run(
+            bridge, [{"seed": s} for s in range(4)], max_steps=500, key=("pendulum", 0, 0)
+        )
+    for outcome in outcomes:
+        assert outcome.steps == 200
+        assert outcome.total_reward > PENDULUM_SUCCESS_RETURN
+        assert outcome.score == pytest.approx(outcome.total_reward)
+
+
+def test_a_random_policy_does_not_beat_the_pendulum_threshold() -> None:
+    from hud_pipelines.agent.builtin import RandomPolicy
+
+    with GymBridge("Pendulum-v1", 4) as bridge:
+        outcomes = RobotAgent(RandomPolicy(bridge.contract, seed=1), bridge.contract).run(
+            bridge, [{"seed": s} for s in range(4)], max_steps=500, key=("pendulum", 0, 0)
+        )
+    assert all(o.total_reward < PENDULUM_SUCCESS_RETURN for o in outcomes)
+
+
+def test_pd_keeps_the_inverted_pendulum_up() -> None:
+    with GymBridge("InvertedPendulum-v5", 2) as bridge:
+        policy = scripted_policy("envs.controllers:inverted_pendulum_pd", bridge.contract, base_dir=Path())
+        outcomes = RobotAgent(policy, bridge.contract).run(
+            bridge, [{"seed": s} for s in range(2)], max_steps=1000, key=("ip", 0, 0)
+        )
+    assert all(o.total_reward >= INVERTED_PENDULUM_SUCCESS_RETURN for o in outcomes)
+
+
+def test_the_same_loop_drives_a_served_sim(sink: RecordingSink) -> None:
+    with SimProcess.spawn("CartPole-v1", num_envs=2) as process, process.connect() as client:
+        policy = scripted_policy("envs.controllers:cartpole_pd", client.contract, base_dir=Path())
+        outcomes = RobotAgent(policy, client.contract).run(
+            client, [{"seed": 0}, {"seed": 1}], max_steps=600, key=("served", 0, 0), sinks=[sink]
+        )
+    assert [o.steps for o in outcomes] == [CARTPOLE_SUCCESS_STEPS] * 2
+    assert [o.score for o in outcomes] == [float(CARTPOLE_SUCCESS_STEPS)] * 2
+    assert all(len(frames) == CARTPOLE_SUCCESS_STEPS for frames in sink.frames.values())

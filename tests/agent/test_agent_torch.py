@@ -1,0 +1,89 @@
+"""The torch kind: a module by import path, a checkpoint that changes its behaviour, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from envs.controllers import CARTPOLE_SUCCESS_STEPS
+from envs.policies import CartPoleTorchPD, LinearChunkPolicy
+from hud_pipelines.agent.config import TorchPolicyConfig
+from hud_pipelines.agent.policy import PolicyBatch, PolicyError, build_policy
+from hud_pipelines.agent.runner import RobotAgent
+from hud_pipelines.agent.torch_policy import TorchModulePolicy
+from hud_pipelines.agent.torch_runtime import configure_threads, resolve_device, to_tensor
+from hud_pipelines.sim.bridge import GymBridge
+
+
+def test_a_checkpointed_module_balances_cartpole(tmp_path: Path) -> None:
+    module = CartPoleTorchPD()
+    with torch.no_grad():
+        module.gains.copy_(torch.tensor([0.1, 0.5, 10.0, 2.0]))
+    torch.save(module.state_dict(), tmp_path / "pd.pt")
+    config = TorchPolicyConfig(target="envs.policies:CartPoleTorchPD", checkpoint="pd.pt", device="cpu")
+    with GymBridge("CartPole-v1", 2) as bridge:
+        policy = build_policy(config, bridge.contract, base_dir=tmp_path)
+        outcomes = RobotAgent(policy, bridge.contract).run(
+            bridge, [{"seed": 0}, {"seed": 1}], max_steps=600, key=("torch", 0, 0)
+        )
+        untrained = build_policy(config.model_copy(update={"checkpoint": None}), bridge.contract, base_dir=tmp_path)
+        short = RobotAgent(untrained, bridge.contract).run(
+            bridge, [{"seed": 0}, {"seed": 1}], max_steps=600, key=("torch", 0, 1)
+        )
+    assert [o.steps for o in outcomes] == [CARTPOLE_SUCCESS_STEPS] * 2
+    assert all(o.steps < 100 for o in short), "zero gains (no checkpoint) cannot balance the pole"
+    assert torch.get_num_threads() == 1
+
+
+def test_chunked_module_output_and_read_only_inputs(tmp_path: Path) -> None:
+    module = LinearChunkPolicy(state_dim=2, action_dim=1, chunk_size=4)
+    torch.save(module.state_dict(), tmp_path / "linear.pt")
+    with GymBridge("Pendulum-v1") as bridge:
+        contract = bridge.contract
+    config = TorchPolicyConfig(
+        target="envs.policies:LinearChunkPolicy",
+        args={"state_dim": 3, "action_dim": 1, "chunk_size": 4},
+        device="auto",
+    )
+    policy = build_policy(config, contract, base_dir=tmp_path)
+    assert isinstance(policy, TorchModulePolicy)
+    state = np.ones((5, 3), dtype=np.float32)
+    state.flags.writeable = False
+    out = policy.infer(PolicyBatch(observation={"state": state}, prompts=[""] * 5))
+    assert out.shape == (5, 4, 1)
+    assert out.dtype == np.float32
+    with pytest.raises(PolicyError, match="does not fit LinearChunkPolicy"):
+        build_policy(config.model_copy(update={"checkpoint": "linear.pt"}), contract, base_dir=tmp_path)
+
+
+def test_torch_errors_name_the_culprit(tmp_path: Path) -> None:
+    with GymBridge("Pendulum-v1") as bridge:
+        contract = bridge.contract
+    with pytest.raises(PolicyError, match=r"is not a torch\.nn\.Module class"):
+        build_policy(TorchPolicyConfig(target="envs.controllers:CartPolePD"), contract, base_dir=tmp_path)
+    with pytest.raises(PolicyError, match="cannot be built with args"):
+        build_policy(TorchPolicyConfig(target="envs.policies:LinearChunkPolicy"), contract, base_dir=tmp_path)
+    missing = TorchPolicyConfig(target="envs.policies:CartPoleTorchPD", checkpoint="nope.pt")
+    with pytest.raises(PolicyError, match=r"nope.pt does not exist"):
+        build_policy(missing, contract, base_dir=tmp_path)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    junk = TorchPolicyConfig(target="envs.policies:CartPoleTorchPD", checkpoint="junk.pt")
+    with pytest.raises(PolicyError, match="cannot be read as a state_dict"):
+        build_policy(junk, contract, base_dir=tmp_path)
+    with pytest.raises(PolicyError, match="not available"):
+        resolve_device("cuda:7") if not torch.cuda.is_available() else resolve_device("nonsense")
+    with pytest.raises(PolicyError, match="torch_threads"):
+        configure_threads(0)
+
+
+def test_to_tensor_copies_read_only_and_strided_arrays() -> None:
+    frozen = np.arange(6, dtype=np.float32).reshape(2, 3)
+    frozen.flags.writeable = False
+    tensor = to_tensor(frozen, torch.device("cpu"))
+    tensor += 1  # would fail or corrupt the frame if it shared a read-only buffer
+    assert frozen.tolist() == [[0, 1, 2], [3, 4, 5]]
+    strided = np.arange(12, dtype=np.uint8).reshape(3, 4)[:, ::2]
+    assert to_tensor(strided, torch.device("cpu"), dtype=torch.float32).tolist() == [[0, 2], [4, 6], [8, 10]]

@@ -1,0 +1,136 @@
+"""``wrap(env)`` on a user-owned loop writes the same traces as the managed agent loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from agent_helpers import RecordingSink
+
+from envs.controllers import pendulum_swing_up
+from hud_pipelines.agent.builtin import FunctionPolicy
+from hud_pipelines.agent.runner import RobotAgent
+from hud_pipelines.contract import load_contract
+from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.telemetry.traces import StepType, TraceRecorder, read_traces
+from hud_pipelines.wrap import RecordVectorEpisodes, wrap
+
+SEEDS = [5, 6]
+
+
+def comparable(root: Path, job: str) -> list[list[dict[str, Any]]]:
+    """Every trace of a job without timing fields and without inference steps (a user loop has none)."""
+    return [
+        [line for line in trace.without_timing() if line["type"] != StepType.INFERENCE]
+        for trace in read_traces(root / job)
+    ]
+
+
+def managed(root: Path, num_envs: int, seeds_per_run: list[list[int]]) -> None:
+    with GymBridge("Pendulum-v1", num_envs) as bridge:
+        agent = RobotAgent(FunctionPolicy(pendulum_swing_up, bridge.contract), bridge.contract)
+        with TraceRecorder(root, bridge.contract) as recorder:
+            for seeds in seeds_per_run:
+                agent.run(bridge, [{"seed": s} for s in seeds], max_steps=1000, key=("same", 0, 0), sinks=[recorder])
+
+
+def test_wrapped_single_env_traces_equal_the_managed_loop(tmp_path: Path) -> None:
+    managed(tmp_path / "managed", 1, [[s] for s in SEEDS])
+
+    env = wrap(gym.make("Pendulum-v1"), job="same", trace_dir=tmp_path / "wrapped")
+    for seed in SEEDS:
+        observation, _ = env.reset(seed=seed)
+        done = False
+        while not done:
+            action = pendulum_swing_up({"state": observation[None]})[0]
+            observation, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+    env.close()
+
+    wrapped, reference = comparable(tmp_path / "wrapped", "same"), comparable(tmp_path / "managed", "same")
+    assert len(reference) == len(SEEDS)
+    assert [t[0]["seed"] for t in reference] == SEEDS
+    assert wrapped == reference
+    assert sorted(p.name for p in (tmp_path / "wrapped" / "same").iterdir()) == sorted(
+        p.name for p in (tmp_path / "managed" / "same").iterdir()
+    ), "the same deterministic trace ids"
+
+
+def test_wrapped_vector_env_traces_equal_the_managed_loop(tmp_path: Path) -> None:
+    seeds = [11, 12, 13]
+    managed(tmp_path / "managed", 3, [seeds])
+
+    env = wrap(gym.make_vec("Pendulum-v1", num_envs=3, vectorization_mode="sync"), job="same", trace_dir=tmp_path / "w")
+    assert isinstance(env, RecordVectorEpisodes)
+    observation, _ = env.reset(seed=seeds)
+    for _ in range(200):
+        observation, *_ = env.step(pendulum_swing_up({"state": observation}))
+    env.close()
+
+    assert comparable(tmp_path / "w", "same") == comparable(tmp_path / "managed", "same")
+
+
+def test_vector_autoreset_starts_new_episodes_without_recording_the_reset_step(tmp_path: Path) -> None:
+    sink = RecordingSink()
+    env = wrap(gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync"), job="auto", sinks=[sink])
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(120):
+        env.step(rng.integers(0, 2, size=3))
+    env.close()
+    assert sink.closed == 1
+    for trace_id, key in sink.keys.items():
+        frames = sink.frames[trace_id]
+        outcome = sink.ended[trace_id]
+        assert [f.index for f in frames] == list(range(len(frames)))
+        assert outcome.steps == len(frames)
+        assert outcome.total_reward == len(frames), "CartPole pays 1 per step; the autoreset step pays nothing"
+        if key.episode == 0:
+            assert key.seed == key.slot
+        else:
+            assert key.seed is None
+    episodes = sorted((k.slot, k.episode) for k in sink.keys.values())
+    assert len(episodes) > 3 * 3, "random CartPole episodes end within ~40 steps"
+    finished = [o for o in sink.ended.values() if o.terminated]
+    cut = [o for o in sink.ended.values() if not o.terminated]
+    assert len(cut) == 3, "one open episode per slot is cut short by close()"
+    assert all(o.truncated and o.extra["reason"] for o in cut)
+    assert all(o.status is EpisodeStatus.FAILED for o in finished)
+
+
+def test_same_step_autoreset_and_contract_file(tmp_path: Path) -> None:
+    sink = RecordingSink()
+    vector = gym.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+    )
+    env = wrap(vector, job="same-step", sinks=[sink], contract_path=tmp_path / "contract.json")
+    env.reset(seed=[1, 2])
+    for _ in range(60):
+        env.step(np.ones(2, dtype=np.int64))  # always push right: episodes end fast
+    env.close()
+    assert load_contract(tmp_path / "contract.json") == env.contract
+    for trace_id, frames in sink.frames.items():
+        outcome = sink.ended[trace_id]
+        assert outcome.steps == len(frames)
+        assert outcome.total_reward == len(frames)
+    assert sorted({k.episode for k in sink.keys.values()})[-1] >= 2
+
+
+def test_reset_before_the_end_cuts_the_episode_short() -> None:
+    sink = RecordingSink()
+    env = wrap(gym.make("CartPole-v1"), sinks=[sink], prompt="balance")
+    env.reset(seed=0)
+    env.step(0)
+    env.reset(seed=1)
+    env.step(1)
+    env.close()
+    outcomes = sorted(sink.ended.values(), key=lambda o: o.steps)
+    assert [o.steps for o in outcomes] == [1, 1]
+    assert all(o.truncated and not o.terminated for o in outcomes)
+    assert set(sink.begun.values()) == {"balance"}
