@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,57 +12,9 @@ from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import DatasetBuild
 from hud_pipelines.dataset.writer import DatasetWriteError, LeRobotDatasetSink
 from hud_pipelines.errors import SlotStateError
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame
+from hud_pipelines.recording import EpisodeStatus
 from tests.dataset.rollouts import contract_of, rollout
-
-os.environ["HF_HUB_OFFLINE"] = "1"
-
-SPEC = {"pos": {"shape": [2]}, "action": {"shape": [1]}}
-
-
-def load(root: Path) -> Any:
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-    return LeRobotDataset(f"local/{root.name}", root=root)
-
-
-def check_episodes(dataset: Any) -> list[int]:
-    """Per episode: frames = actions = rows, frame_index 0..n-1, timestamps step by 1/fps, done at the end."""
-    table = dataset.hf_dataset.with_format("numpy")[:]
-    lengths: list[int] = []
-    for episode in range(dataset.num_episodes):
-        rows = table["episode_index"] == episode
-        length = int(dataset.meta.episodes[episode]["length"])
-        assert int(rows.sum()) == length
-        assert len(table["action"][rows]) == length
-        np.testing.assert_array_equal(table["frame_index"][rows], np.arange(length))
-        np.testing.assert_allclose(np.diff(table["timestamp"][rows]), 1.0 / dataset.fps, atol=1e-6)
-        assert bool(np.asarray(table["next.done"][rows])[-1])
-        lengths.append(length)
-    return lengths
-
-
-def key(slot: int, episode: int = 0) -> EpisodeKey:
-    return EpisodeKey(job="unit", task=0, instance=0, slot=slot, episode=episode, seed=slot)
-
-
-def frame(slot: int, step: int, *, last: bool = False) -> Frame:
-    """Frames whose values say which slot and step they came from."""
-    return Frame(
-        index=step,
-        observation={"pos": np.array([slot, step], dtype=np.float32)},
-        action=np.array([slot * 100 + step], dtype=np.float32),
-        reward=1.0,
-        terminated=last,
-        truncated=False,
-        success=last,
-    )
-
-
-def outcome(status: EpisodeStatus, steps: int) -> EpisodeOutcome:
-    return EpisodeOutcome(
-        status=status, score=1.0, success=status is EpisodeStatus.SUCCEEDED, total_reward=steps, steps=steps
-    )
+from tests.dataset.support import SPEC, check_episodes, frame, key, load, outcome
 
 
 def test_cartpole_eval_writes_a_dataset_lerobot_loads(tmp_path: Path) -> None:

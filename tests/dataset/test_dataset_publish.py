@@ -1,0 +1,147 @@
+"""Merging shards and publishing atomically: the published path never holds a half-written dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hud_pipelines.dataset.merge import EmptyDatasetError, find_parts, read_episode_records
+from hud_pipelines.dataset.options import DatasetOptions
+from hud_pipelines.dataset.publish import OWNER_FILE, DatasetBuild, swap_in
+from hud_pipelines.dataset.writer import DatasetWriteError
+from tests.dataset.rollouts import contract_of, rollout
+from tests.dataset.support import SPEC, check_episodes, load, write_episodes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def publish(target: Path, episodes_per_shard: list[int], **options: object) -> None:
+    with DatasetBuild(target, SPEC, fps=10, options=DatasetOptions.model_validate(options)) as build:
+        for instance, count in enumerate(episodes_per_shard):
+            write_episodes(build.sink(f"instance-{instance}"), count, instance=instance)
+        build.publish()
+
+
+def test_two_instances_shards_merge_into_one_dataset(tmp_path: Path) -> None:
+    target = tmp_path / "cartpole"
+    contract = contract_of("CartPole-v1")
+    with DatasetBuild(target, contract) as build:
+        _, first = rollout(build.sink(0), "CartPole-v1", num_envs=2, rounds=2, max_steps=30, instance=0)
+        _, second = rollout(build.sink(1), "CartPole-v1", num_envs=1, rounds=3, max_steps=30, instance=1, seed=50)
+        published = build.publish()
+
+    parts = [part for report in published.sinks.values() for part in report.parts]
+    assert len(parts) > 2  # two instances, two writers each: several parts were merged
+    dataset = load(target)
+    assert published.episodes == dataset.num_episodes == len(first) + len(second) == 7
+    assert sorted(check_episodes(dataset)) == sorted(o.steps for o in first + second)
+    records = read_episode_records(target)
+    assert [r["episode_index"] for r in records] == list(range(7))
+    assert sorted(r["instance"] for r in records) == [0, 0, 0, 0, 1, 1, 1]
+    for record in records:  # the sidecar's offsets follow lerobot's merge order
+        assert record["frames"] == dataset.meta.episodes[record["episode_index"]]["length"]
+
+
+def test_a_new_materialization_replaces_the_old_one_whole(tmp_path: Path) -> None:
+    target = tmp_path / "rollouts"
+    publish(target, [2])
+    assert load(target).num_episodes == 2
+    publish(target, [3, 1], writers=1)
+    dataset = load(target)
+    assert dataset.num_episodes == 4
+    check_episodes(dataset)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts"]  # no staging, no old copy left
+
+
+def test_swap_in_exchanges_directories(tmp_path: Path) -> None:
+    old, new = tmp_path / "published", tmp_path / "new"
+    (old / "meta").mkdir(parents=True)
+    (old / "meta" / "info.json").write_text('{"v": 1}')
+    (new / "meta").mkdir(parents=True)
+    (new / "meta" / "info.json").write_text('{"v": 2}')
+    swap_in(new, old)
+    assert json.loads((old / "meta" / "info.json").read_text()) == {"v": 2}
+    assert not new.exists()
+
+
+def test_publishing_never_replaces_what_is_not_a_dataset(tmp_path: Path) -> None:
+    target = tmp_path / "home"
+    target.mkdir()
+    (target / "notes.txt").write_text("precious")
+    with pytest.raises(DatasetWriteError, match="not a lerobot dataset"):
+        DatasetBuild(target, SPEC, fps=10)
+    assert (target / "notes.txt").read_text() == "precious"
+
+
+def test_nothing_to_publish_keeps_the_old_dataset(tmp_path: Path) -> None:
+    target = tmp_path / "rollouts"
+    publish(target, [2])
+    with DatasetBuild(target, SPEC, fps=10) as build:
+        build.sink("instance-0")
+        with pytest.raises(EmptyDatasetError):
+            build.publish()
+    assert load(target).num_episodes == 2
+
+
+def test_leftovers_of_interrupted_builds_are_recovered(tmp_path: Path) -> None:
+    target = tmp_path / "rollouts"
+    publish(target, [2])
+    aside = tmp_path / ".rollouts.old-dead"
+    target.rename(aside)  # a publish died between its two renames
+    dead = tmp_path / ".rollouts.staging-dead"
+    dead.mkdir()
+    (dead / OWNER_FILE).write_text(json.dumps({"host": os.uname().nodename, "pid": 2**22 + 1}))
+    alive = tmp_path / ".rollouts.staging-alive"
+    alive.mkdir()
+    (alive / OWNER_FILE).write_text(json.dumps({"host": os.uname().nodename, "pid": os.getpid()}))
+    with DatasetBuild(target, SPEC, fps=10) as build:
+        assert load(target).num_episodes == 2
+        assert not aside.exists()
+        assert not dead.exists()
+        assert alive.exists()
+        write_episodes(build.sink("x"), 1)
+        build.publish()
+    assert load(target).num_episodes == 1
+
+
+@pytest.mark.slow
+def test_sigterm_mid_write_leaves_the_published_dataset_intact(tmp_path: Path) -> None:
+    target = tmp_path / "rollouts"
+    publish(target, [3])
+    before = (target / "meta" / "info.json").read_text()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.dataset.sigterm_writer", str(target)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("READY"), process.communicate(timeout=60)[1][-3000:]
+        staging = Path(line.split()[1])
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode != 0
+    assert "Terminated" in stderr
+    assert (target / "meta" / "info.json").read_text() == before
+    dataset = load(target)
+    assert dataset.num_episodes == 3
+    check_episodes(dataset)
+    # finalize ran on the way out: every part of the cancelled build is complete and loads.
+    parts = find_parts([staging])
+    assert parts
+    assert sum(load(part).num_episodes for part in parts) >= 6
