@@ -21,6 +21,7 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 """
 
 import csv
+from pathlib import Path
 import io
 import json
 import warnings
@@ -34,6 +35,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from hud_pipelines import progress
 from hud_pipelines.contract import Contract
 from hud_pipelines.dagster.resources import PipelineResource, resource_key
+from hud_pipelines.dagster.shards import ShardStore
 from hud_pipelines.eval import EvalRunner, InstanceResult, unreached_rows
 from hud_pipelines.grading import GradeRow, summarize
 from hud_pipelines.outputs import EvalOutputs
@@ -185,14 +187,20 @@ def _build(
         outputs = resource.outputs
         selected = [spec.partition_for_key(k) for k in context.partition_keys]
         traces_dir = outputs.traces(context.run.run_id)
+        shards = ShardStore(outputs, spec, run_id=context.run.run_id)
 
         def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
             from hud_pipelines.telemetry.traces import TraceRecorder
 
-            return [TraceRecorder(traces_dir)]
+            recorders: list[EpisodeSink] = [TraceRecorder(traces_dir)]
+            if spec.dataset_enabled:
+                recorders.append(shards.sink(spec.partition_key(*partition), contract))
+            return recorders
 
         def on_result(result: InstanceResult) -> None:
             result.write(outputs.result(result.key))
+            if spec.dataset_enabled:
+                shards.commit(result.key)
             context.log_event(
                 dg.AssetObservation(
                     asset_key=context.asset_key, partition=result.key, metadata=_instance_metadata(result)
@@ -279,6 +287,26 @@ def _build(
 
     checks = [_check(spec, check, grades.key) for check in spec.checks]
     assets: list[dg.AssetsDefinition] = [contract, rollouts, grades, report]
+
+    if spec.dataset_enabled:
+
+        @dg.asset(
+            key=[name, "dataset"],
+            group_name=group,
+            deps=[grades],
+            backfill_policy=single_run,
+            description=f"The rollouts of {name} as a LeRobot v3 dataset (every instance's shard, merged and "
+            "published atomically).",
+            required_resource_keys={key},
+        )
+        def dataset(context: AssetExecutionContext) -> dg.MaterializeResult:
+            resource = _resource(context, spec)
+            published = ShardStore(resource.outputs, spec, run_id=context.run.run_id).publish(
+                spec.dataset_root(Path(resource.project_dir))
+            )
+            return dg.MaterializeResult(metadata=published.dagster_metadata())
+
+        assets.append(dataset)
     job = dg.define_asset_job(
         name,
         selection=dg.AssetSelection.key_prefixes([name]),

@@ -136,3 +136,46 @@ def test_blocking_checks_gate_the_run(
     assert evaluations == {"min_success_rate": passes, "max_error_rate": True}
     report = EvalOutputs(outputs_dir, "gated").report_md.read_text()
     assert "Scheduled 2 = succeeded" in report  # the report is written whether or not the checks pass
+
+
+def test_the_dataset_asset_publishes_every_instance_and_a_rerun_replaces_only_its_shard(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    target = tmp_path / "published"
+    path = write_pipeline("recorded", group=2, dataset={"root": str(target), "repo_id": "local/recorded"})
+    assert _run(path, outputs_dir, instance).success
+    dataset = LeRobotDataset("local/recorded", root=target)
+    assert dataset.num_episodes == 4  # 2 instances x 2 slots
+    assert dataset.num_frames == 4 * 30  # every episode ran to max_steps
+    rerun = _run(
+        path,
+        outputs_dir,
+        instance,
+        tags={"dagster/asset_partition_range_start": "task0-i1", "dagster/asset_partition_range_end": "task0-i1"},
+    )
+    assert rerun.success
+    assert LeRobotDataset("local/recorded", root=target).num_episodes == 4  # replaced, not appended
+    shards = sorted(p.name for p in (outputs_dir / "recorded" / "shards").iterdir())
+    assert shards == ["task0-i0", "task0-i1"]  # no run-private or retired shard left behind
+
+
+def test_a_failing_blocking_check_stops_the_dataset_but_not_the_report(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    target = tmp_path / "never"
+    path = write_pipeline(
+        "unpublished",
+        group=1,
+        graders=[{"kind": "return", "threshold": 10_000}],
+        checks=[{"kind": "min_success_rate", "value": 0.5}],
+        dataset={"root": str(target)},
+    )
+    result = _run(path, outputs_dir, instance)
+    assert not result.success
+    started = {e.step_key for e in result.all_events if e.event_type_value == "STEP_START"}
+    assert "unpublished__report" in started
+    assert "unpublished__dataset" not in started  # stopped by the blocking check upstream
+    assert not target.exists()
+    assert EvalOutputs(outputs_dir, "unpublished").report_md.exists()

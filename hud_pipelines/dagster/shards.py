@@ -1,0 +1,80 @@
+"""Dataset shards per instance, kept between runs, and their publication as one dataset.
+
+Each instance writes its episodes into its own shard (a
+:class:`~hud_pipelines.dataset.writer.LeRobotDatasetSink`) in a run-private directory; once the
+instance ended, that shard replaces the instance's previous one under ``shards/<partition>``. So a
+re-run of one instance replaces exactly its episodes, and the ``dataset`` asset can merge the
+latest shard of every instance and publish the result atomically (the published path never holds
+a half-written dataset).
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+from hud_pipelines.contract import Contract
+from hud_pipelines.dataset.merge import find_parts, merge_parts
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
+from hud_pipelines.dataset.publish import recover, staging_prefix, swap_in
+from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
+from hud_pipelines.dataset.writer import LeRobotDatasetSink
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.spec.models import PipelineSpec
+
+
+class ShardStore:
+    """The shards of one pipeline under ``outputs/<name>/shards/``."""
+
+    def __init__(self, outputs: EvalOutputs, spec: PipelineSpec, *, run_id: str) -> None:
+        self.outputs = outputs
+        self.spec = spec
+        self.run_id = run_id
+        dataset = spec.dataset
+        self.options = DatasetOptions(
+            cameras=CameraStorage.VIDEO if dataset is None or dataset.video else CameraStorage.IMAGE,
+            keep_errored=dataset is not None and dataset.keep_errored,
+        )
+
+    def _pending(self, partition_key: str) -> Path:
+        return self.outputs.shard(partition_key).with_name(f".{partition_key}.run-{self.run_id}")
+
+    def sink(self, partition_key: str, contract: Contract) -> LeRobotDatasetSink:
+        """A fresh shard sink for one instance of this run."""
+        pending = self._pending(partition_key)
+        shutil.rmtree(pending, ignore_errors=True)
+        return LeRobotDatasetSink(contract, pending, options=self.options, repo_id=self.spec.dataset_repo_id)
+
+    def commit(self, partition_key: str) -> None:
+        """Make this run's shard of ``partition_key`` the current one (call after its sink closed)."""
+        pending = self._pending(partition_key)
+        if not pending.exists():
+            return
+        current = self.outputs.shard(partition_key)
+        if current.exists():
+            retired = current.with_name(f".{partition_key}.old-{uuid.uuid4().hex[:8]}")
+            current.rename(retired)
+            pending.rename(current)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            pending.rename(current)
+
+    def publish(self, target: Path) -> DatasetSummary:
+        """Merge the current shard of every instance and swap the result in at ``target``."""
+        keys = self.spec.partition_keys()
+        parts = find_parts([self.outputs.shard(k) for k in keys if self.outputs.shard(k).is_dir()])
+        if not parts:
+            raise HudPipelinesError(
+                f"{self.spec.name}: no instance has recorded an episode yet; run the rollouts first"
+            )
+        recover(target)
+        staging = target.parent / f"{staging_prefix(target)}{uuid.uuid4().hex[:12]}"
+        staging.mkdir(parents=True)
+        try:
+            merged = merge_parts(parts, staging / "dataset", repo_id=self.spec.dataset_repo_id)
+            swap_in(merged.root, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return summarize_dataset(target, repo_id=self.spec.dataset_repo_id)
