@@ -21,11 +21,11 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 """
 
 import csv
-from pathlib import Path
 import io
 import json
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
