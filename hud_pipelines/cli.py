@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -97,6 +98,9 @@ def _add_pipelines_dir(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from hud_pipelines.errors import HudPipelinesError
+
+    # pygame (imported by gym-pusht) warns about pkg_resources on import: noise for CLI users.
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler

@@ -179,3 +179,22 @@ def test_a_failing_blocking_check_stops_the_dataset_but_not_the_report(
     assert "unpublished__dataset" not in started  # stopped by the blocking check upstream
     assert not target.exists()
     assert EvalOutputs(outputs_dir, "unpublished").report_md.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pipeline", sorted(p.stem for p in (REPO / "pipelines").glob("*.yaml")))
+def test_every_bundled_pipeline_runs_end_to_end(
+    pipeline: str, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.spec.loader import load_pipeline
+
+    path = REPO / "pipelines" / f"{pipeline}.yaml"
+    spec = load_pipeline(path)
+    defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=tmp_path)  # datasets land in tmp
+    result = defs.resolve_job_def(spec.name).execute_in_process(instance=instance, raise_on_error=False)
+    rows = _grades(outputs_dir, spec.name)
+    assert len(rows) == spec.scheduled_slots
+    assert not [r for r in rows if r.status is EpisodeStatus.ERRORED]
+    assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    if spec.dataset_enabled:
+        assert spec.dataset_root(tmp_path).joinpath("meta", "info.json").is_file()
