@@ -11,7 +11,10 @@ Feature naming:
 
 - a ``Dict`` (or ``Tuple``) observation is flattened, nested keys joined with ``/``;
 - a bare observation is called ``image`` when it looks like a camera, else ``state``;
-- the action is always the single feature ``action``, a flat vector of ``A`` values.
+- the action is always the single feature ``action``, a flat vector of ``A`` values;
+- per-dimension names default to ``<feature>_<i>`` (``state_0``, ``robot/joints_2``, ``action_1``).
+
+The control rate is ``metadata["render_fps"]``, else ``1/dt``, else :data:`DEFAULT_CONTROL_RATE`.
 
 Cameras are detected as ``HWC`` ``uint8`` arrays with 1, 3 or 4 channels (``gray`` for one channel,
 ``rgb`` otherwise; edit the type to ``bgr`` or ``depth`` when that is what the sim renders).
@@ -24,7 +27,7 @@ import math
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import gymnasium as gym
 import numpy as np
@@ -119,12 +122,12 @@ def flatten_observation(observation: object, prefix: str = "") -> dict[str, npt.
     """Flatten a (nested) dict/tuple observation into ``{"a/b": array}``; a bare value is one entry."""
     if isinstance(observation, Mapping):
         flat: dict[str, npt.NDArray[Any]] = {}
-        for key, value in observation.items():  # pyright: ignore[reportUnknownVariableType]
+        for key, value in cast("Mapping[Any, object]", observation).items():
             flat.update(flatten_observation(value, f"{prefix}{key}/"))
         return flat
     if isinstance(observation, tuple):
         flat = {}
-        for index, value in enumerate(observation):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        for index, value in enumerate(cast("tuple[object, ...]", observation)):
             flat.update(flatten_observation(value, f"{prefix}{index}/"))
         return flat
     return {prefix.rstrip("/"): to_numpy(observation)}
@@ -134,7 +137,7 @@ def to_numpy(value: object) -> npt.NDArray[Any]:
     """Convert an array-like, including a torch tensor on any device, to numpy without importing torch."""
     detach = getattr(value, "detach", None)
     if callable(detach):
-        value = detach().cpu().numpy()  # pyright: ignore[reportUnknownMemberType]
+        value = cast(Any, detach()).cpu().numpy()
     return np.asarray(value)
 
 
@@ -143,7 +146,6 @@ def looks_like_camera(array: npt.NDArray[Any]) -> bool:
 
 
 def _observation_feature(name: str, sample: npt.NDArray[Any], space: gym.Space[Any] | None) -> Feature:
-    leaf = name.rsplit("/", 1)[-1]
     if looks_like_camera(sample):
         kind = FeatureType.GRAY if sample.shape[-1] == 1 else FeatureType.RGB
         return Feature(
@@ -156,7 +158,7 @@ def _observation_feature(name: str, sample: npt.NDArray[Any], space: gym.Space[A
         role="observation",
         dtype=str(sample.dtype),
         shape=shape,
-        names=[f"{leaf}_{i}" for i in range(size)],
+        names=[f"{name}_{i}" for i in range(size)],
         low=low,
         high=high,
     )
@@ -186,9 +188,12 @@ def _subspace(space: gym.Space[Any] | None, name: str) -> gym.Space[Any] | None:
     node: gym.Space[Any] | None = space
     for part in name.split("/") if name else []:
         if isinstance(node, gym.spaces.Dict):
-            node = node.spaces.get(part)
-        elif isinstance(node, gym.spaces.Tuple) and part.isdigit() and int(part) < len(node.spaces):
-            node = node.spaces[int(part)]
+            node = cast("dict[str, gym.Space[Any]]", node.spaces).get(part)
+        elif isinstance(node, gym.spaces.Tuple):
+            children = cast("tuple[gym.Space[Any], ...]", node.spaces)
+            if not part.isdigit() or int(part) >= len(children):
+                return None
+            node = children[int(part)]
         else:
             return None
     return node
@@ -198,28 +203,34 @@ def action_feature(space: gym.Space[Any]) -> Feature:
     """The flat action feature of a (single-env) action space."""
     if isinstance(space, gym.spaces.Box):
         size = math.prod(space.shape)
-        dtype = str(space.dtype)
+        dtype = str(cast("np.dtype[Any]", space.dtype))
     elif isinstance(space, gym.spaces.Discrete):
         size, dtype = 1, "int64"
     elif isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
         size, dtype = math.prod(space.shape), "int64"
     else:
         raise ContractError(f"unsupported action space {space!r}: use Box, Discrete, MultiDiscrete or MultiBinary")
-    low, high = _bounds(space, size)
+    low, high = _bounds(cast("gym.Space[Any]", space), size)
     return Feature(
         role="action", dtype=dtype, shape=(size,), names=[f"{ACTION}_{i}" for i in range(size)], low=low, high=high
     )
 
 
-def control_rate_of(env: Any) -> float:
-    """``metadata["render_fps"]``, else ``1/dt``, else :data:`DEFAULT_CONTROL_RATE`."""
-    metadata: Mapping[str, Any] = getattr(env, "metadata", None) or {}
-    fps = metadata.get("render_fps")
-    if isinstance(fps, int | float) and fps > 0:
-        return float(fps)
-    for holder in (env, getattr(env, "unwrapped", None)):
+def control_rate_of(*envs: Any) -> float:
+    """``metadata["render_fps"]``, else ``1/dt``, else :data:`DEFAULT_CONTROL_RATE`.
+
+    Several objects may be given (a vector env, its first sub-env, ...): each is asked in turn,
+    ``render_fps`` first, and its ``unwrapped`` env too.
+    """
+    holders = [h for env in envs if env is not None for h in (env, getattr(env, "unwrapped", None)) if h is not None]
+    for holder in holders:
+        metadata = cast("Mapping[str, Any]", getattr(holder, "metadata", None) or {})
+        fps = metadata.get("render_fps")
+        if isinstance(fps, int | float) and not isinstance(fps, bool) and fps > 0:
+            return float(fps)
+    for holder in holders:
         dt = getattr(holder, "dt", None)
-        if isinstance(dt, int | float) and dt > 0:
+        if isinstance(dt, int | float) and not isinstance(dt, bool) and dt > 0:
             return 1.0 / float(dt)
     return DEFAULT_CONTROL_RATE
 

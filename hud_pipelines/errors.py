@@ -45,6 +45,14 @@ class SimStartError(SimError):
     """The sim child did not come up within its start-up deadline (its stderr is attached)."""
 
 
+class SimRefusedError(SimError):
+    """The sim refused the connection before the WebSocket handshake (HTTP 401: token, 409: busy)."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class SimCrashedError(SimError):
     """The sim child died, or the connection to it dropped, while a request was in flight."""
 

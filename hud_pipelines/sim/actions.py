@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -64,6 +64,8 @@ class ActionAdapter:
         low = np.asarray(feature.low, dtype=np.float64) if feature.low is not None else np.full(self.width, -np.inf)
         high = np.asarray(feature.high, dtype=np.float64) if feature.high is not None else np.full(self.width, np.inf)
         self.low, self.high = low, high
+        self._kinds = "biuf" if isinstance(space, gym.spaces.MultiBinary) else "iuf"
+        """Accepted action dtype kinds: numbers; bools only for a MultiBinary space."""
         self._zero = np.clip(np.zeros(self.width), low, high)
         self.last = np.tile(self._zero, (num_slots, 1))
 
@@ -72,25 +74,26 @@ class ActionAdapter:
         self.last = np.tile(self._zero, (self.num_slots, 1))
 
     def spec(self) -> str:
-        return f"{self.feature.dtype}[N={self.num_slots}, A={self.width}] (names {self.feature.names})"
+        """What a valid frame looks like, for error messages."""
+        return f"expected {self.feature.dtype}[N={self.num_slots}, A={self.width}] (names {self.feature.names})"
 
     def validate(self, action: object, running: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
         """Check a frame and return the ``[N, A]`` rows to apply (hold rows for finished slots)."""
         if not isinstance(action, np.ndarray):
-            raise ActionError(f"the action must be an array, got {type(action).__name__}; expected {self.spec()}")
-        frame: npt.NDArray[Any] = action
+            raise ActionError(f"the action must be an array, got {type(action).__name__}; {self.spec()}")
+        frame = cast("npt.NDArray[Any]", action)
         if frame.ndim == 1 and self.width == 1 and frame.shape[0] == self.num_slots:
             frame = frame.reshape(self.num_slots, 1)
         if frame.shape != (self.num_slots, self.width):
-            raise ActionError(f"action has shape {list(frame.shape)}, expected {self.spec()}")
-        if frame.dtype.kind not in "biuf":
-            raise ActionError(f"action has dtype {frame.dtype}, expected a numeric {self.spec()}")
+            raise ActionError(f"action has shape {list(frame.shape)}, {self.spec()}")
+        if frame.dtype.kind not in self._kinds:
+            raise ActionError(f"action has dtype {frame.dtype}, {self.spec()}")
         rows = frame.astype(np.float64)
         live = rows[running]
         bad = ~np.isfinite(live).all(axis=1)
         if bad.any():
             slots = np.flatnonzero(running)[bad].tolist()
-            raise ActionError(f"non-finite action (NaN or inf) for slot(s) {slots}; expected finite {self.spec()}")
+            raise ActionError(f"non-finite action (NaN or inf) for slot(s) {slots}; {self.spec()}, finite")
         if self.discrete:
             rounded = np.rint(rows)
             outside = running & ((rounded < self.low) | (rounded > self.high)).any(axis=1)
@@ -123,7 +126,8 @@ class ActionAdapter:
         elif isinstance(space, gym.spaces.MultiDiscrete):
             batch = rows.astype(np.int64).reshape((self.num_slots, *space.shape))
         else:
-            batch = rows.astype(space.dtype).reshape((self.num_slots, *space.shape))  # pyright: ignore[reportArgumentType]
+            dtype = cast("np.dtype[Any]", space.dtype)
+            batch = rows.astype(dtype).reshape((self.num_slots, *cast("tuple[int, ...]", space.shape)))
         if batched:
             return batch
         return list(batch)

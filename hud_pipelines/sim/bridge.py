@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hud_pipelines.contract import (
     Contract,
@@ -35,7 +36,7 @@ from hud_pipelines.contract import (
 from hud_pipelines.errors import HudPipelinesError, TaskArgumentError
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
-from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
+from hud_pipelines.sim.factory import Factory, resolve_factory
 from hud_pipelines.sim.slots import SlotBatch
 from hud_pipelines.wire.messages import Observation, Phase, SlotError
 
@@ -53,7 +54,11 @@ class EnvFault(HudPipelinesError):
 
 
 class GymBridge:
-    """Serve ``num_envs`` slots of the env that ``factory`` builds."""
+    """Serve ``num_envs`` slots of the env that ``factory`` builds.
+
+    ``hold`` is what a finished slot receives while the others keep stepping; ``bounds`` says what
+    happens to continuous actions outside the contract's bounds (see :mod:`hud_pipelines.sim.actions`).
+    """
 
     def __init__(
         self,
@@ -77,9 +82,11 @@ class GymBridge:
         self.factory.split_task(self._build_args)  # refuse unknown build arguments before building
         self._envs: SlotEnvs | None = None
         self._contract: Contract | None = None
-        self._names: dict[str, str] = {}
         self._obs: ObservationBuffer = {}
+        self._float_features: list[str] = []
         self._actions: ActionAdapter | None = None
+        self._rebuild = False
+        """Set after the env itself raised in a vector env: the next reset builds it afresh."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -91,7 +98,18 @@ class GymBridge:
 
     @property
     def vectorized(self) -> bool:
+        """Whether one vector env serves all slots (else one env per slot)."""
         return isinstance(self._envs, VectorEnvs)
+
+    @property
+    def envs(self) -> SlotEnvs:
+        """The envs behind the slots (:class:`ReplicatedEnvs` or :class:`VectorEnvs`), for inspection."""
+        return self._require_envs()
+
+    @property
+    def build_args(self) -> dict[str, Any]:
+        """The build arguments of the envs built now."""
+        return dict(self._build_args)
 
     def start(self) -> Contract:
         """Build the envs and derive the contract (resolved against ``contract_path``)."""
@@ -110,47 +128,71 @@ class GymBridge:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def idle_hook(self) -> Callable[[], None] | None:
+        """The env's ``idle_hook`` method, if it has one (the server runs it between requests)."""
+        return None if self._envs is None else self._envs.idle_hook()
+
     def _build(self, build_args: dict[str, Any]) -> None:
+        """(Re)build the envs; on any failure no envs are left half-built."""
         self.close()
-        built = self.factory.build(build_args, self.num_envs)
-        native = self.factory.vectorizes or (self.factory.kind is FactoryKind.REGISTRY and self.num_envs > 1)
-        if native:
-            envs: SlotEnvs = VectorEnvs(built)
-            if envs.num_slots != self.num_envs:
-                raise TaskArgumentError(
-                    f"factory {self.factory.name} was asked for num_envs={self.num_envs} but built {envs.num_slots} slots"
-                )
-        else:
-            envs = ReplicatedEnvs([built, *(self.factory.build(build_args, 1) for _ in range(self.num_envs - 1))])
+        built: list[Any] = []
+        try:
+            if self.factory.builds_vector(build_args, self.num_envs):
+                built.append(self.factory.build(build_args, self.num_envs))
+                envs: SlotEnvs = VectorEnvs(built[0])
+                if envs.num_slots != self.num_envs:
+                    raise TaskArgumentError(
+                        f"factory {self.factory.name} was asked for num_envs={self.num_envs} but built "
+                        f"{envs.num_slots} slots"
+                    )
+            else:
+                for _ in range(self.num_envs):
+                    built.append(self.factory.build(build_args, 1))
+                envs = ReplicatedEnvs(built)
+            self._adopt(envs, build_args)
+        except BaseException:
+            for env in built:
+                _close_quietly(env)
+            raise
         self._envs = envs
-        sample, _ = envs.sample_observation()
+        self._build_args = build_args
+        self._rebuild = False
+
+    def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any]) -> None:
+        """Derive the contract of freshly built envs and size every buffer from it."""
+        sample = envs.sample_observation()
         robot_type = str(envs.metadata.get("robot_type") or self.factory.name)
         derived = derive_contract(
             envs.single_observation_space,
             envs.single_action_space,
             sample,
-            control_rate=control_rate_of(envs),
+            control_rate=control_rate_of(*envs.rate_sources()),
             robot_type=robot_type,
         )
         if self._contract is None:
             self._contract = resolve_contract(derived, self.contract_path)
         else:  # a rebuild with other build args must still honour the contract the clients saw
             merge_contract(self._contract, derived, source=f"the env rebuilt with {build_args}")
-        self._names = {name: name or next(iter(derived.observation_features)) for name in flatten_observation(sample)}
-        envs.contract = self._contract  # pyright: ignore[reportAttributeAccessIssue]
+        contract = self._contract
+        envs.contract = contract
+        default_name = next(iter(derived.observation_features))
+        envs.names = {name: name or default_name for name in flatten_observation(sample)}
         self._obs = {
-            k: np.zeros((self.num_envs, *f.shape), dtype=f.dtype)
-            for k, f in self._contract.observation_features.items()
+            k: np.zeros((self.num_envs, *f.shape), dtype=f.dtype) for k, f in contract.observation_features.items()
         }
+        self._float_features = [k for k, f in contract.observation_features.items() if np.dtype(f.dtype).kind == "f"]
         self._actions = ActionAdapter(
-            self._contract.action, envs.single_action_space, self.num_envs, hold=self.hold, bounds=self.bounds
+            contract.action, envs.single_action_space, self.num_envs, hold=self.hold, bounds=self.bounds
         )
-        self._build_args = build_args
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def reset(self, tasks: list[dict[str, Any]], seq: int = 0) -> Observation:
-        """Start a new episode in every slot; ``tasks`` has one dict per slot."""
+    def reset(self, tasks: list[dict[str, Any]], seq: int = 0, *, copy: bool = True) -> Observation:
+        """Start a new episode in every slot; ``tasks`` has one dict per slot.
+
+        With ``copy=False`` the observation arrays are the bridge's own buffers, valid only until
+        the next request (the server encodes them at once).
+        """
         if len(tasks) != self.num_envs:
             raise TaskArgumentError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
         split = [self.factory.split_task(task) for task in tasks]
@@ -161,20 +203,27 @@ class GymBridge:
                     f"slot {slot} asks for build arguments {slot_build}, slot 0 for {build_args}: the slots of one "
                     "sim share one build"
                 )
-        if build_args and build_args != {k: self._build_args.get(k) for k in build_args}:
-            log.info("rebuilding %s with %s", self.factory.name, build_args)
-            self._build({**self._build_args, **build_args})
         seeds = [_seed(episodic.get("seed"), slot) for slot, (_, episodic) in enumerate(split)]
-        options = [episodic.get("options") for _, episodic in split]
-        self.slots.begin(seeds)
+        options = [_options(episodic.get("options"), slot) for slot, (_, episodic) in enumerate(split)]
+        wanted = {**self._build_args, **build_args}
+        if self._envs is None or self._rebuild or wanted != self._build_args:
+            if wanted != self._build_args:
+                log.info("rebuilding %s with %s", self.factory.name, wanted)
+            try:
+                self._build(wanted)
+            except BaseException:
+                self.slots.fail_running(f"building the env with {wanted} failed")
+                raise
         envs = self._require_envs()
+        self.slots.begin(seeds)
         try:
-            offered = envs.reset(seeds, options, self._obs, self._names)
+            offered = envs.reset(seeds, options, self._obs)
         except HudPipelinesError:
             self.slots.fail_running("reset refused")
             raise
         except Exception as exc:
             self.slots.fail_running(f"env.reset raised {type(exc).__name__}: {exc}")
+            self._rebuild = True
             raise EnvFault(
                 Phase.RESET,
                 f"env.reset raised {type(exc).__name__}: {exc}",
@@ -184,41 +233,44 @@ class GymBridge:
         assert self._actions is not None
         self._actions.restart()
         prompts = [own or self._prompt(task) for own, task in zip(offered, tasks, strict=True)]
-        return self._observation(seq, np.zeros(self.num_envs), prompts=prompts)
+        nonfinite = self._nonfinite(np.ones(self.num_envs, dtype=np.bool_))
+        return self._observation(seq, np.zeros(self.num_envs), copy=copy, prompts=prompts, nonfinite=nonfinite)
 
-    def step(self, action: object, seq: int = 0) -> Observation:
-        """Apply one ``[N, A]`` action frame to every running slot."""
+    def step(self, action: object, seq: int = 0, *, copy: bool = True) -> Observation:
+        """Apply one ``[N, A]`` action frame to every running slot (see :meth:`reset` for ``copy``)."""
         self.slots.require_running()
         envs = self._require_envs()
         assert self._actions is not None
         running = self.slots.running()
         rows = self._actions.validate(action, running)
         try:
-            tick = envs.step(self._actions.to_env(rows, batched=self.vectorized), running, self._obs, self._names)
+            tick = envs.step(self._actions.to_env(rows, batched=self.vectorized), running, self._obs)
         except HudPipelinesError:
             self.slots.fail_running("step refused")
             raise
         except Exception as exc:
             self.slots.fail_running(f"env.step raised {type(exc).__name__}: {exc}")
+            self._rebuild = self.vectorized
             raise EnvFault(
                 Phase.STEP, f"env.step raised {type(exc).__name__}: {exc}", slot=None, formatted=traceback.format_exc()
             ) from exc
-        for slot, formatted in tick.errors.items():
-            self.slots.fail(slot, formatted.strip().splitlines()[-1])
         stepped = running.copy()
-        stepped[list(tick.errors)] = False
-        self.slots.record_step(tick.reward, tick.terminated, tick.truncated, tick.success)
+        for slot, formatted in tick.errors.items():
+            self.slots.fail(slot, _last_line(formatted))
+            stepped[slot] = False
+        self.slots.record_step(tick.reward, tick.terminated, tick.truncated, tick.success, stepped)
         if tick.errors and not stepped.any():
             slot, formatted = next(iter(tick.errors.items()))
             raise EnvFault(
                 Phase.STEP,
-                formatted.strip().splitlines()[-1],
+                f"slot {slot}: {_last_line(formatted)}" if len(tick.errors) == 1 else _last_line(formatted),
                 slot=slot if len(tick.errors) == 1 else None,
                 formatted=formatted,
             )
+        nonfinite = self._nonfinite(stepped)
         reward = np.where(stepped, tick.reward, 0.0)
-        errors = [SlotError(slot=s, message=f.strip().splitlines()[-1], traceback=f) for s, f in tick.errors.items()]
-        return self._observation(seq, reward, errors=errors)
+        errors = [SlotError(slot=s, message=_last_line(f), traceback=f) for s, f in tick.errors.items()]
+        return self._observation(seq, reward, copy=copy, errors=errors, nonfinite=nonfinite)
 
     def result(self) -> dict[str, Any]:
         """``{score, success, slots}`` of the current episodes."""
@@ -235,28 +287,68 @@ class GymBridge:
             raise RuntimeError("the bridge has not started; call start() first")
         return self._envs
 
+    def _nonfinite(self, rows: npt.NDArray[np.bool_]) -> list[int]:
+        """Slots among ``rows`` whose float observations hold NaN or infinity; counted in their records."""
+        if not self._float_features:
+            return []
+        bad = np.zeros(self.num_envs, dtype=np.bool_)
+        for key in self._float_features:
+            values = self._obs[key].reshape(self.num_envs, -1)
+            bad |= ~np.isfinite(values).all(axis=1)
+        bad &= rows
+        if not bad.any():
+            return []
+        self.slots.flag_nonfinite(bad)
+        return np.flatnonzero(bad).tolist()
+
     def _prompt(self, task: Mapping[str, Any]) -> str:
         described = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in sorted(task.items()) if k != "seed")
         return f"{self.factory.name} {described}".strip()
 
     def _observation(
-        self, seq: int, reward: Any, *, prompts: list[str] | None = None, errors: list[SlotError] | None = None
+        self,
+        seq: int,
+        reward: npt.NDArray[np.float64],
+        *,
+        copy: bool,
+        prompts: list[str] | None = None,
+        errors: list[SlotError] | None = None,
+        nonfinite: list[int] | None = None,
     ) -> Observation:
-        records = self.slots.records
+        slots = self.slots
         return Observation(
             seq=seq,
-            observation={k: v.copy() for k, v in self._obs.items()},
+            observation={k: v.copy() for k, v in self._obs.items()} if copy else dict(self._obs),
             reward=np.asarray(reward, dtype=np.float64),
-            terminated=np.array([r.terminated for r in records], dtype=np.bool_),
-            truncated=np.array([r.truncated for r in records], dtype=np.bool_),
-            success=np.array([r.success for r in records], dtype=np.bool_),
-            status=[r.state.value for r in records],
+            terminated=slots.terminated,
+            truncated=slots.truncated,
+            success=slots.success,
+            status=[state.value for state in slots.states],
             prompt=prompts,
             errors=errors or [],
+            nonfinite=nonfinite or [],
         )
+
+
+def _last_line(formatted: str) -> str:
+    lines = formatted.strip().splitlines()
+    return lines[-1] if lines else formatted
+
+
+def _close_quietly(env: Any) -> None:
+    try:
+        env.close()
+    except Exception:  # the build already failed; that error is the one to report
+        log.debug("closing a half-built env failed", exc_info=True)
 
 
 def _seed(value: object, slot: int) -> int | None:
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     raise TaskArgumentError(f"slot {slot}: seed must be an integer or null, got {value!r}")
+
+
+def _options(value: object, slot: int) -> dict[str, Any] | None:
+    if value is None or isinstance(value, dict):
+        return value  # pyright: ignore[reportUnknownVariableType]
+    raise TaskArgumentError(f"slot {slot}: options must be a map or null, got {value!r}")

@@ -2,9 +2,10 @@
 
 Every request carries a sequence number and waits for its reply under a deadline. The client keeps
 the internal (batched) form whatever framing the wire uses, so callers always see ``[N, ...]``
-arrays. Failures are typed:
+arrays (writable, native byte order). Failures are typed:
 
 - an error frame from the sim -> :class:`RemoteError` (the connection stays usable);
+- the connection refused (wrong token, sim busy) -> :class:`SimRefusedError` with the HTTP status;
 - the connection dropped (the child died) -> :class:`SimCrashedError` with the owner's diagnosis
   (exit status and stderr tail when the sim was spawned by us);
 - no reply within the deadline -> :class:`SimTimeoutError`; the owner kills a spawned child.
@@ -21,11 +22,17 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
-from websockets.sync.client import ClientConnection, connect
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import RemoteError, SimCrashedError, SimError, SimTimeoutError, WireError
+from hud_pipelines.errors import (
+    RemoteError,
+    SimCrashedError,
+    SimError,
+    SimRefusedError,
+    SimTimeoutError,
+    WireError,
+)
+from hud_pipelines.sim.link import LinkClosed, LinkError, LinkRefused, WebSocketLink
 from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -51,7 +58,11 @@ DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 
 class SimClient:
-    """Drives one served sim; use it as a context manager."""
+    """Drives one served sim; use it as a context manager.
+
+    ``step_timeout_s`` bounds every step and result; ``reset_timeout_s`` (default: the same) bounds
+    a reset, which may rebuild the env.
+    """
 
     def __init__(
         self,
@@ -60,6 +71,7 @@ class SimClient:
         *,
         framing: Framing | None = Framing.BATCHED,
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        reset_timeout_s: float | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         diagnose: Callable[[], str] | None = None,
@@ -67,37 +79,46 @@ class SimClient:
     ) -> None:
         self.url = url
         self.step_timeout_s = step_timeout_s
+        self.reset_timeout_s = reset_timeout_s if reset_timeout_s is not None else step_timeout_s
         self._diagnose = diagnose or (lambda: "")
         self._on_timeout = on_timeout or (lambda: None)
         self._seq = itertools.count(1)
         self._broken: str | None = None
         try:
-            self._ws: ClientConnection = connect(
+            self._link = WebSocketLink(
                 url,
-                additional_headers={"Authorization": f"Bearer {token}"},
-                compression=None,
+                headers={"Authorization": f"Bearer {token}"},
                 max_size=max_frame_bytes,
-                open_timeout=connect_timeout_s,
-                close_timeout=1,
+                timeout_s=connect_timeout_s,
             )
-        except InvalidStatus as exc:
-            body = exc.response.body.decode(errors="replace").strip() if exc.response.body else ""
-            raise SimError(f"the sim at {url} refused the connection: HTTP {exc.response.status_code} {body}") from exc
-        except (OSError, TimeoutError, WebSocketException) as exc:
+        except LinkRefused as exc:
+            raise SimRefusedError(f"the sim at {url} refused the connection: {exc}", status=exc.status) from exc
+        except (OSError, LinkError) as exc:
             raise SimCrashedError(f"cannot connect to the sim at {url}: {exc}{self._diagnosis()}") from exc
-        self._framing = framing or Framing.BATCHED
-        self._ws.send(packb(to_wire(Hello(protocol=PROTOCOL_VERSION, framing=framing))))
-        hello = self._receive("handshake", connect_timeout_s, framing=Framing.BATCHED)
-        if not isinstance(hello, ServerHello):
-            self.close()
-            raise WireError(f"expected a hello frame from the sim, got {type(hello).__name__}")
+        try:
+            self._send(Hello(protocol=PROTOCOL_VERSION, framing=framing), "handshake", connect_timeout_s)
+            hello = self._receive("handshake", connect_timeout_s, Framing.BATCHED, None)
+            if isinstance(hello, ErrorFrame):
+                self._broken = hello.message
+                raise RemoteError(hello.message, phase=hello.phase)
+            if not isinstance(hello, ServerHello):
+                raise WireError(f"expected a hello frame from the sim, got {type(hello).__name__}")
+            self.contract = Contract.model_validate(hello.contract)
+        except BaseException:
+            self._broken = self._broken or "the handshake failed"
+            self._link.close(timeout_s=0.2)
+            raise
         self.hello = hello
-        self._framing = hello.framing
-        self.contract = Contract.model_validate(hello.contract)
+        self.framing = hello.framing
 
     @property
     def num_envs(self) -> int:
         return self.hello.num_envs
+
+    @property
+    def usable(self) -> bool:
+        """False after a crash, a timeout, a protocol violation or :meth:`close`."""
+        return self._broken is None
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -107,28 +128,30 @@ class SimClient:
             tasks = {}
         if isinstance(tasks, dict):
             tasks = [dict(tasks) for _ in range(self.num_envs)]
-        reply = self._request(Reset(seq=next(self._seq), tasks=tasks), "reset")
+        if len(tasks) != self.num_envs:
+            raise SimError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
+        reply = self._request(Reset(seq=next(self._seq), tasks=tasks), "reset", self.reset_timeout_s)
         return self._expect(reply, Observation)
 
     def step(self, action: Any) -> Observation:
         """Send one ``[N, A]`` action frame (an ``[A]`` row is accepted for a single slot)."""
         array = np.asarray(action)
-        if array.ndim == 1 and self.num_envs == 1 and array.shape[0] != 1:
-            array = array[None]
-        reply = self._request(Step(seq=next(self._seq), action=array), "step")
+        if self.num_envs == 1 and array.ndim <= 1:
+            array = array.reshape(1, -1)
+        reply = self._request(Step(seq=next(self._seq), action=array), "step", self.step_timeout_s)
         return self._expect(reply, Observation)
 
     def result(self) -> Result:
-        reply = self._request(ResultRequest(seq=next(self._seq)), "result")
+        reply = self._request(ResultRequest(seq=next(self._seq)), "result", self.step_timeout_s)
         return self._expect(reply, Result)
 
     def close(self) -> None:
-        """Say goodbye (best effort) and close the connection."""
+        """Say goodbye (best effort) and close the connection; safe to call twice."""
         if self._broken is None:
-            with contextlib.suppress(ConnectionClosed, OSError):
-                self._ws.send(packb(to_wire(Close())))
+            with contextlib.suppress(LinkError, OSError, TimeoutError):
+                self._link.send(packb(to_wire(Close())), 1.0)
         self._broken = self._broken or "the client was closed"
-        self._ws.close()
+        self._link.close()
 
     def __enter__(self) -> SimClient:
         return self
@@ -138,47 +161,64 @@ class SimClient:
 
     # -- plumbing ----------------------------------------------------------------------------------
 
-    def _request(self, request: Request, phase: str) -> Reply:
+    def _request(self, request: Request, phase: str, timeout_s: float) -> Reply:
         if self._broken is not None:
             raise SimError(f"the connection to {self.url} is unusable: {self._broken}")
-        try:
-            self._ws.send(packb(to_wire(request, self._framing)))
-        except (ConnectionClosed, OSError) as exc:
-            raise self._crashed(phase, exc) from exc
-        reply = self._receive(phase, self.step_timeout_s, framing=self._framing)
         seq = getattr(request, "seq", None)
+        self._send(request, phase, timeout_s)
+        reply = self._receive(phase, timeout_s, self.framing, self.num_envs)
         reply_seq = getattr(reply, "seq", None)
         if isinstance(reply, ErrorFrame):
             if reply_seq not in (None, seq):
-                self._broken = f"error frame for request {reply_seq} while waiting for {seq}"
-                raise WireError(self._broken)
+                raise self._violation(f"error frame for request {reply_seq} while waiting for {seq}")
             raise RemoteError(reply.message, phase=reply.phase, slot=reply.slot, remote_traceback=reply.traceback)
         if reply_seq != seq:
-            self._broken = f"reply numbered {reply_seq} to request {seq}: late or out-of-order reply"
-            raise WireError(self._broken)
+            raise self._violation(f"reply numbered {reply_seq} to request {seq}: late or out-of-order reply")
         return reply
 
-    def _receive(self, phase: str, timeout_s: float, *, framing: Framing) -> Reply:
+    def _violation(self, message: str) -> WireError:
+        """The sim broke the protocol: this connection can no longer be trusted."""
+        self._broken = message
+        self._link.abort()
+        return WireError(message)
+
+    def _send(self, message: Request | Hello, phase: str, timeout_s: float) -> None:
+        frame = packb(to_wire(message, self.framing if isinstance(message, Reset | Step) else Framing.BATCHED))
         try:
-            frame = self._ws.recv(timeout=timeout_s)
+            self._link.send(frame, timeout_s)
         except TimeoutError as exc:
-            self._broken = f"{phase} timed out"
-            self._on_timeout()
-            raise SimTimeoutError(
-                f"the sim at {self.url} did not answer {phase} within {timeout_s:g} s; it is presumed hung"
-                f"{self._diagnosis()}"
-            ) from exc
-        except (ConnectionClosed, OSError) as exc:
+            raise self._timed_out(phase, timeout_s) from exc
+        except (LinkError, OSError) as exc:
             raise self._crashed(phase, exc) from exc
-        reply = parse_reply(unpackb(frame), framing)
-        if isinstance(reply, ErrorFrame) and phase == "handshake":
-            self._broken = reply.message
-            raise RemoteError(reply.message, phase=reply.phase)
-        return reply
+
+    def _receive(self, phase: str, timeout_s: float, framing: Framing, num_slots: int | None) -> Reply:
+        try:
+            frame = self._link.recv(timeout_s)
+        except TimeoutError as exc:
+            raise self._timed_out(phase, timeout_s) from exc
+        except (LinkError, OSError) as exc:
+            raise self._crashed(phase, exc) from exc
+        try:
+            return parse_reply(unpackb(frame), framing, num_slots)
+        except WireError as exc:
+            self._broken = f"undecodable reply during {phase}: {exc}"
+            self._link.abort()
+            raise
+
+    def _timed_out(self, phase: str, timeout_s: float) -> SimTimeoutError:
+        self._broken = f"{phase} timed out"
+        self._link.abort()  # a late reply must never be read as the answer to a later request
+        self._on_timeout()
+        return SimTimeoutError(
+            f"the sim at {self.url} did not answer {phase} within {timeout_s:g} s; it is presumed hung"
+            f"{self._diagnosis()}"
+        )
 
     def _crashed(self, phase: str, exc: BaseException) -> SimCrashedError:
         self._broken = f"connection lost during {phase}"
-        return SimCrashedError(f"the sim at {self.url} went away during {phase} ({exc}){self._diagnosis()}")
+        self._link.abort()
+        code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
+        return SimCrashedError(f"the sim at {self.url} went away during {phase}{code}: {exc}{self._diagnosis()}")
 
     def _diagnosis(self) -> str:
         text = self._diagnose()
@@ -186,6 +226,5 @@ class SimClient:
 
     def _expect[R](self, reply: Reply, kind: type[R]) -> R:
         if not isinstance(reply, kind):
-            self._broken = f"unexpected {type(reply).__name__} reply"
-            raise WireError(f"expected a {kind.__name__} reply, got {type(reply).__name__}")
+            raise self._violation(f"expected a {kind.__name__} reply, got {type(reply).__name__}")
         return reply

@@ -8,16 +8,18 @@
   caller's mask.
 
 Both write the observations of the slots they stepped into a caller-owned batch buffer (one array
-per flattened feature, ``[N, ...]``) after checking each against the contract, and return rewards,
+per contract feature, ``[N, ...]``) after checking each against the contract, and return rewards,
 done flags and a per-slot success signal (-1 where the env reported none).
 """
 
 from __future__ import annotations
 
+import logging
 import traceback
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -26,8 +28,12 @@ import numpy.typing as npt
 from hud_pipelines.contract import Contract, flatten_observation, to_numpy
 from hud_pipelines.errors import ContractError, TaskArgumentError
 
+log = logging.getLogger(__name__)
+
 SUCCESS_KEYS = ("is_success", "success", "task_success")
 """``info`` keys probed for a success signal, in this order (also inside ``final_info``)."""
+IDLE_HOOK = "idle_hook"
+"""An env method of this name, if present, is run by the sim's main thread between requests."""
 
 ObservationBuffer = dict[str, npt.NDArray[Any]]
 
@@ -53,33 +59,55 @@ class Tick:
         )
 
 
-class SlotEnvs(Protocol):
-    """N slots' worth of envs; every method is called on the sim's main thread."""
+class SlotEnvs(ABC):
+    """N slots' worth of envs; every method is called on the sim's main thread.
+
+    ``contract`` and ``names`` (flattened observation key -> contract feature) are set by the
+    bridge once the contract is resolved, before the first ``reset``.
+    """
 
     num_slots: int
     single_observation_space: gym.Space[Any] | None
     single_action_space: gym.Space[Any]
-    metadata: Mapping[str, Any]
 
-    def sample_observation(self) -> tuple[object, list[str]]:
-        """One unbatched observation (after a reset) and the per-slot prompts the env offers."""
-        ...
+    def __init__(self) -> None:
+        self.contract: Contract | None = None
+        self.names: dict[str, str] = {}
+        self.device: Any = None
+        """The torch device of a torch-native env (its observations are tensors), else ``None``."""
 
+    @property
+    @abstractmethod
+    def metadata(self) -> Mapping[str, Any]: ...
+
+    @abstractmethod
+    def rate_sources(self) -> list[Any]:
+        """Objects that may state ``metadata["render_fps"]`` or ``dt``, most specific first."""
+
+    @abstractmethod
+    def sample_observation(self) -> object:
+        """One unbatched observation (after an unseeded reset), for contract derivation."""
+
+    @abstractmethod
     def reset(
-        self,
-        seeds: list[int | None],
-        options: list[dict[str, Any] | None],
-        out: ObservationBuffer,
-        names: dict[str, str],
+        self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer
     ) -> list[str | None]:
         """Reset every slot, fill ``out``; returns the prompt each env offers (``None`` if none)."""
-        ...
 
-    def step(
-        self, actions: list[Any] | Any, active: npt.NDArray[np.bool_], out: ObservationBuffer, names: dict[str, str]
-    ) -> Tick: ...
+    @abstractmethod
+    def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
+        """Step the slots; only ``active`` rows of ``out`` are written."""
 
+    @abstractmethod
     def close(self) -> None: ...
+
+    @abstractmethod
+    def idle_hook(self) -> Any:
+        """The env's own ``idle_hook`` callable, if it offers one."""
+
+    def write(self, out: ObservationBuffer, flat: dict[str, npt.NDArray[Any]], rows: slice | int, where: str) -> None:
+        assert self.contract is not None, "the bridge sets the contract before the first reset"
+        write_rows(out, self.names, self.contract, flat, rows, where)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,6 +119,9 @@ def success_of(info: Mapping[str, Any]) -> int:
     for key in SUCCESS_KEYS:
         if key in info:
             return int(bool(np.asarray(info[key]).any()))
+    final = info.get("final_info")
+    if isinstance(final, Mapping):
+        return success_of(cast("Mapping[str, Any]", final))
     return -1
 
 
@@ -99,19 +130,19 @@ def vector_success(info: Mapping[str, Any], num_slots: int) -> npt.NDArray[np.in
     result = np.full(num_slots, -1, dtype=np.int8)
     for key in reversed(SUCCESS_KEYS):  # first key in SUCCESS_KEYS wins
         if key in info:
-            values = np.asarray(info[key]).reshape(num_slots, -1).any(axis=1)
+            values = cast("npt.NDArray[np.bool_]", np.asarray(info[key]).reshape(num_slots, -1).any(axis=1))
             mask = np.asarray(info.get(f"_{key}", np.ones(num_slots, dtype=np.bool_)), dtype=np.bool_)
             result[mask] = values[mask]
-    final = info.get("final_info")
+    final: object = info.get("final_info")
     if isinstance(final, Mapping):  # gymnasium 1.x, same-step autoreset
         final_mask = np.asarray(info.get("_final_info", np.ones(num_slots, dtype=np.bool_)), dtype=np.bool_)
-        inner = vector_success(final, num_slots)  # pyright: ignore[reportUnknownArgumentType]
+        inner = vector_success(cast("Mapping[str, Any]", final), num_slots)
         use = final_mask & (inner >= 0)
         result[use] = inner[use]
     elif final is not None:  # gymnasium 0.29: an object array of per-slot dicts (None where not done)
-        for slot, slot_info in enumerate(list(final)):  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+        for slot, slot_info in enumerate(cast("list[object]", list(cast(Any, final)))):
             if isinstance(slot_info, Mapping):
-                signal = success_of(slot_info)  # pyright: ignore[reportUnknownArgumentType]
+                signal = success_of(cast("Mapping[str, Any]", slot_info))
                 if signal >= 0:
                     result[slot] = signal
     return result
@@ -134,7 +165,7 @@ def write_rows(
     names: dict[str, str],
     contract: Contract,
     flat: dict[str, npt.NDArray[Any]],
-    rows: slice | int | npt.NDArray[np.bool_],
+    rows: slice | int,
     where: str,
 ) -> None:
     """Check a flattened observation against the contract and copy it into ``out[key][rows]``."""
@@ -145,10 +176,11 @@ def write_rows(
     for name, array in flat.items():
         key = names[name]
         feature = contract.features[key]
-        expected = out[key][rows].shape
-        if array.shape != expected and array.size == int(np.prod(expected)) and array.ndim <= 1:
+        target = out[key][rows]
+        expected = target.shape
+        if array.shape != expected and array.size == target.size and array.ndim <= 1:
             array = array.reshape(expected)  # a scalar observation (e.g. Discrete) becomes shape (1,)
-        if array.shape != expected or array.dtype != np.dtype(feature.dtype):
+        if array.shape != expected or array.dtype != target.dtype:
             raise ContractError(
                 f"{where}: observation {key!r} is {array.dtype}{list(array.shape)}, the contract says "
                 f"{feature.dtype}{list(expected)}"
@@ -156,13 +188,22 @@ def write_rows(
         out[key][rows] = array
 
 
-def _torch_device(env: Any, sample: object) -> Any:
+def leaves(observation: object) -> list[object]:
+    """The leaves of a (nested) dict/tuple observation, without converting them."""
+    if isinstance(observation, Mapping):
+        return [x for v in cast("Mapping[Any, object]", observation).values() for x in leaves(v)]
+    if isinstance(observation, tuple):
+        return [x for v in cast("tuple[object, ...]", observation) for x in leaves(v)]
+    return [observation]
+
+
+def torch_device_of(env: Any, sample: object) -> Any:
     """The device of a torch-native env, else ``None``.
 
     An env counts as torch-native when its observations are tensors; its ``device`` attribute wins
     over the tensors' own device.
     """
-    tensors = [leaf for leaf in flatten_observation_raw(sample) if hasattr(leaf, "detach")]
+    tensors = [leaf for leaf in leaves(sample) if hasattr(leaf, "detach")]
     if not tensors:
         return None
     for holder in (env, getattr(env, "unwrapped", None)):
@@ -170,14 +211,6 @@ def _torch_device(env: Any, sample: object) -> Any:
         if device is not None:
             return device
     return getattr(tensors[0], "device", None)
-
-
-def flatten_observation_raw(observation: object) -> list[object]:
-    if isinstance(observation, Mapping):
-        return [x for v in observation.values() for x in flatten_observation_raw(v)]  # pyright: ignore[reportUnknownVariableType]
-    if isinstance(observation, tuple):
-        return [x for v in observation for x in flatten_observation_raw(v)]  # pyright: ignore[reportUnknownVariableType]
-    return [observation]
 
 
 def to_env_action(action: Any, device: Any) -> Any:
@@ -189,59 +222,67 @@ def to_env_action(action: Any, device: Any) -> Any:
     return torch.as_tensor(action, device=device)
 
 
+def _idle_hook_of(*holders: Any) -> Any:
+    for holder in holders:
+        hook = getattr(holder, IDLE_HOOK, None)
+        if callable(hook):
+            return hook
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # backends
 
 
-class ReplicatedEnvs:
+class ReplicatedEnvs(SlotEnvs):
     """N copies of a single env in this process; ``N = 1`` is the plain single-env case."""
 
     def __init__(self, envs: list[Any]) -> None:
+        super().__init__()
         self.envs = envs
         self.num_slots = len(envs)
         first = envs[0]
         self.single_observation_space = getattr(first, "observation_space", None)
         self.single_action_space = first.action_space
-        self.metadata = getattr(first, "metadata", None) or {}
-        self.contract: Contract | None = None
-        self._device: Any = None
 
-    def sample_observation(self) -> tuple[object, list[str]]:
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return cast("Mapping[str, Any]", getattr(self.envs[0], "metadata", None) or {})
+
+    def rate_sources(self) -> list[Any]:
+        return [self.envs[0], getattr(self.envs[0], "unwrapped", None)]
+
+    def idle_hook(self) -> Any:
+        first = self.envs[0]
+        return _idle_hook_of(first, getattr(first, "unwrapped", None))
+
+    def sample_observation(self) -> object:
         observation, _ = self.envs[0].reset()
-        self._device = _torch_device(self.envs[0], observation)
-        return observation, []
+        self.device = torch_device_of(self.envs[0], observation)
+        return observation
 
     def reset(
-        self,
-        seeds: list[int | None],
-        options: list[dict[str, Any] | None],
-        out: ObservationBuffer,
-        names: dict[str, str],
+        self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer
     ) -> list[str | None]:
-        assert self.contract is not None
         for slot, env in enumerate(self.envs):
             observation, _ = env.reset(seed=seeds[slot], options=options[slot])
-            write_rows(out, names, self.contract, flatten_observation(observation), slot, f"slot {slot} reset")
+            self.write(out, flatten_observation(observation), slot, f"slot {slot} reset")
         return [prompt_of(env) for env in self.envs]
 
-    def step(
-        self, actions: list[Any] | Any, active: npt.NDArray[np.bool_], out: ObservationBuffer, names: dict[str, str]
-    ) -> Tick:
-        assert self.contract is not None
+    def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
         tick = Tick.empty(self.num_slots)
-        for slot in np.flatnonzero(active):
+        for slot in np.flatnonzero(active).tolist():
             try:
                 observation, reward, terminated, truncated, info = self.envs[slot].step(
-                    to_env_action(actions[slot], self._device)
+                    to_env_action(actions[slot], self.device)
                 )
-                write_rows(out, names, self.contract, flatten_observation(observation), int(slot), f"slot {slot} step")
+                self.write(out, flatten_observation(observation), slot, f"slot {slot} step")
+                tick.reward[slot] = float(to_numpy(reward))
+                tick.terminated[slot] = bool(to_numpy(terminated))
+                tick.truncated[slot] = bool(to_numpy(truncated))
+                tick.success[slot] = success_of(info)
             except Exception:  # the env's own code failed: report it against this slot, keep the others
-                tick.errors[int(slot)] = traceback.format_exc()
-                continue
-            tick.reward[slot] = float(to_numpy(reward))
-            tick.terminated[slot] = bool(to_numpy(terminated))
-            tick.truncated[slot] = bool(to_numpy(truncated))
-            tick.success[slot] = success_of(info)
+                tick.errors[slot] = traceback.format_exc()
         return tick
 
     def close(self) -> None:
@@ -249,75 +290,89 @@ class ReplicatedEnvs:
             env.close()
 
 
-class VectorEnvs:
+class VectorEnvs(SlotEnvs):
     """One gymnasium-style vector env serving every slot."""
 
     def __init__(self, vector_env: Any) -> None:
+        super().__init__()
         self.env = vector_env
         self.num_slots = int(vector_env.num_envs)
         self.single_observation_space = getattr(vector_env, "single_observation_space", None)
         self.single_action_space = vector_env.single_action_space
-        self.metadata = getattr(vector_env, "metadata", None) or {}
-        self.contract: Contract | None = None
-        self._device: Any = None
-        self._seed_list = isinstance(vector_env, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv) or bool(
+        self.per_slot_seeds = isinstance(vector_env, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv) or bool(
             getattr(vector_env, "per_slot_seeds", False)
         )
+        """Whether ``reset`` takes a list of seeds; otherwise slot 0's seed seeds the whole batch."""
+        self._scratch: ObservationBuffer = {}
+        self._warned_seeds = False
 
-    def sample_observation(self) -> tuple[object, list[str]]:
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return cast("Mapping[str, Any]", getattr(self.env, "metadata", None) or {})
+
+    def rate_sources(self) -> list[Any]:
+        sub_envs = cast("list[Any]", getattr(self.env, "envs", None) or [None])
+        return [self.env, getattr(self.env, "unwrapped", None), sub_envs[0]]
+
+    def idle_hook(self) -> Any:
+        return _idle_hook_of(self.env, getattr(self.env, "unwrapped", None))
+
+    def sample_observation(self) -> object:
         observation, _ = self.env.reset()
-        self._device = _torch_device(self.env, observation)
-        first = flatten_observation(observation)
-        return _unflatten_row(observation, 0, first), []
+        self.device = torch_device_of(self.env, observation)
+        return _row(observation, 0)
 
     def _seed_argument(self, seeds: list[int | None]) -> int | list[int | None] | None:
-        if self._seed_list:
+        if self.per_slot_seeds:
             return seeds
-        # A vector env that takes one seed draws every slot from it: slot 0's seed stands for the batch.
+        if len(set(seeds)) > 1 and not self._warned_seeds:
+            self._warned_seeds = True
+            log.warning(
+                "%s takes one seed for all its slots: slot 0's seed %s seeds the batch (per-slot seeds %s are not "
+                "passed on)",
+                type(self.env).__name__,
+                seeds[0],
+                seeds,
+            )
         return seeds[0]
 
     def reset(
-        self,
-        seeds: list[int | None],
-        options: list[dict[str, Any] | None],
-        out: ObservationBuffer,
-        names: dict[str, str],
+        self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer
     ) -> list[str | None]:
-        assert self.contract is not None
-        distinct = {repr(o) for o in options}
-        if len(distinct) > 1:
+        if len({repr(o) for o in options}) > 1:
             raise TaskArgumentError(
                 "a vector env takes one options dict for all slots; the tasks of this reset differ in 'options'"
             )
         observation, _ = self.env.reset(seed=self._seed_argument(seeds), options=options[0])
-        write_rows(out, names, self.contract, flatten_observation(observation), slice(None), "reset")
+        self.write(out, flatten_observation(observation), slice(None), "reset")
         return [prompt_of(self.env)] * self.num_slots
 
-    def step(
-        self, actions: list[Any] | Any, active: npt.NDArray[np.bool_], out: ObservationBuffer, names: dict[str, str]
-    ) -> Tick:
-        assert self.contract is not None
-        observation, reward, terminated, truncated, info = self.env.step(to_env_action(actions, self._device))
+    def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
+        observation, reward, terminated, truncated, info = self.env.step(to_env_action(actions, self.device))
         flat = flatten_observation(observation)
-        scratch = {k: np.empty_like(v) for k, v in out.items()}
-        write_rows(scratch, names, self.contract, flat, slice(None), "step")
-        for key, rows in scratch.items():
-            out[key][active] = rows[active]
+        if active.all():
+            self.write(out, flat, slice(None), "step")
+        else:  # finished slots keep their final observation: autoreset data never reaches them
+            if not self._scratch:
+                self._scratch = {k: np.empty_like(v) for k, v in out.items()}
+            self.write(self._scratch, flat, slice(None), "step")
+            for key, rows in self._scratch.items():
+                out[key][active] = rows[active]
         return Tick(
             reward=to_numpy(reward).astype(np.float64).reshape(self.num_slots),
             terminated=to_numpy(terminated).astype(np.bool_).reshape(self.num_slots),
             truncated=to_numpy(truncated).astype(np.bool_).reshape(self.num_slots),
-            success=vector_success(info, self.num_slots),
+            success=vector_success(cast("Mapping[str, Any]", info), self.num_slots),
         )
 
     def close(self) -> None:
         self.env.close()
 
 
-def _unflatten_row(observation: object, row: int, flat: dict[str, npt.NDArray[Any]]) -> object:
+def _row(observation: object, row: int) -> object:
     """Row ``row`` of a batched observation, keeping its dict nesting (for contract derivation)."""
     if isinstance(observation, Mapping):
-        return {k: _unflatten_row(v, row, flat) for k, v in observation.items()}  # pyright: ignore[reportUnknownVariableType]
+        return {k: _row(v, row) for k, v in cast("Mapping[Any, object]", observation).items()}
     if isinstance(observation, tuple):
-        return tuple(_unflatten_row(v, row, flat) for v in observation)  # pyright: ignore[reportUnknownVariableType]
+        return tuple(_row(v, row) for v in cast("tuple[object, ...]", observation))
     return to_numpy(observation)[row]

@@ -19,6 +19,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,11 +31,15 @@ import gymnasium as gym
 
 from hud_pipelines.errors import FactoryError, TaskArgumentError
 
+log = logging.getLogger(__name__)
+
 EPISODIC_ARGS = frozenset({"seed", "options"})
 """Task arguments that go to ``reset`` rather than to the factory."""
 MAKE_ARGS = frozenset({"render_mode", "max_episode_steps", "disable_env_checker"})
 """``gym.make`` keywords every registry id accepts."""
 NUM_ENVS = "num_envs"
+VECTORIZATION_MODE = "vectorization_mode"
+"""A build argument of every registry id: ``gym.make_vec``'s mode (``sync``, ``async``, ``vector_entry_point``)."""
 
 
 class FactoryKind(StrEnum):
@@ -77,21 +82,32 @@ class Factory:
                 suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
                 raise TaskArgumentError(
                     f"task argument {key!r} is accepted neither by the factory {self.name}{self.signature} "
-                    f"nor by reset(seed, options){suggestion}"
+                    f"nor by reset(seed, options){suggestion}; build arguments: {sorted(self.build_params)}"
                 )
         return build, episodic
 
+    def builds_vector(self, build_args: Mapping[str, Any], num_envs: int) -> bool:
+        """Whether :meth:`build` returns one vector env for all slots (else one env per slot).
+
+        A callable vectorizes when its signature has ``num_envs``; a registry id goes through
+        ``gym.make_vec`` for ``num_envs > 1``, or whenever ``vectorization_mode`` is given (so a
+        batch of one can use the same vectorization as a larger batch).
+        """
+        if self.kind is FactoryKind.REGISTRY:
+            return num_envs > 1 or build_args.get(VECTORIZATION_MODE) is not None
+        return self.vectorizes
+
     def build(self, build_args: Mapping[str, Any], num_envs: int) -> Any:
-        """Build a single env (``num_envs == 1`` without native batching) or a vector env."""
+        """Build a vector env of ``num_envs`` slots when :meth:`builds_vector`, else a single env."""
+        args = dict(build_args)
         if isinstance(self.target, str):
-            if num_envs == 1:
-                return gym.make(self.target, **build_args)
-            args = dict(build_args)
-            mode = args.pop("vectorization_mode", None)
+            mode = args.pop(VECTORIZATION_MODE, None)
+            if not self.builds_vector(build_args, num_envs):
+                return gym.make(self.target, **args)
             return gym.make_vec(self.target, num_envs=num_envs, vectorization_mode=mode, **args)
         if self.vectorizes:
-            return self.target(**build_args, num_envs=num_envs)
-        return self.target(**build_args)
+            return self.target(**args, num_envs=num_envs)
+        return self.target(**args)
 
 
 def resolve_factory(spec: str) -> Factory:
@@ -135,7 +151,14 @@ def _load_file(path_text: str, spec: str) -> Any:
 
 
 def _parameters(target: Callable[..., Any]) -> tuple[frozenset[str], bool, str]:
-    signature = inspect.signature(target)
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # a builtin or extension callable without a signature
+        return frozenset(), True, "(**kwargs)"
+    try:  # show `x: int`, not `x: 'int'`, for modules with postponed annotations
+        signature = inspect.signature(target, eval_str=True)
+    except Exception:  # an annotation that does not evaluate: the plain signature still names the parameters
+        log.debug("cannot evaluate the annotations of %r", target)
     names = frozenset(
         p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     )
@@ -179,7 +202,7 @@ def _registry_factory(env_id: str) -> Factory:
         module_name, _, attribute = entry.partition(":")
         creator = getattr(importlib.import_module(module_name), attribute)
     names, accepts_any, signature = _parameters(creator) if creator else (frozenset[str](), True, "(**kwargs)")
-    names = names | frozenset(env_spec.kwargs) | MAKE_ARGS | {"vectorization_mode"}
+    names = names | frozenset(env_spec.kwargs) | MAKE_ARGS | {VECTORIZATION_MODE}
     return Factory(
         spec=env_id,
         kind=FactoryKind.REGISTRY,

@@ -123,7 +123,7 @@ class SimProcess:
             ready = _read_ready_line(popen, startup_timeout_s)
         except SimStartError as exc:
             handle.close(grace_s=1.0)
-            raise SimStartError(f"{exc} (sim {factory!r}){handle.diagnose()}") from None
+            raise SimStartError(f"{exc} (sim {factory!r})\n{handle.diagnose()}") from None
         except BaseException:
             handle.close(grace_s=1.0)
             raise
@@ -138,14 +138,20 @@ class SimProcess:
         *,
         framing: Framing | None = Framing.BATCHED,
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        reset_timeout_s: float | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> SimClient:
-        """A client of this sim; a spawned child is killed when one of its requests times out."""
+        """A client of this sim; a spawned child's process group is killed when a request times out.
+
+        ``framing=None`` lets the sim choose (``scalar`` for one slot). The client always hands out
+        batched arrays.
+        """
         return SimClient(
             self.url,
             self.token,
             framing=framing,
             step_timeout_s=step_timeout_s,
+            reset_timeout_s=reset_timeout_s,
             connect_timeout_s=connect_timeout_s,
             diagnose=self.diagnose,
             on_timeout=self.kill if self._popen is not None else None,
@@ -154,6 +160,11 @@ class SimProcess:
     @property
     def pid(self) -> int | None:
         return None if self._popen is None else self._popen.pid
+
+    @property
+    def pgid(self) -> int | None:
+        """The child's process group (the child leads it), which teardown kills as a whole."""
+        return self.pid
 
     @property
     def owned(self) -> bool:
@@ -199,8 +210,9 @@ class SimProcess:
                 log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, grace_s)
         _signal_group(popen.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
         popen.wait()
-        if popen.stdin is not None:
-            popen.stdin.close()
+        for stream in (popen.stdin, popen.stdout):
+            if stream is not None:
+                stream.close()
 
     def __enter__(self) -> SimProcess:
         return self

@@ -11,6 +11,9 @@ it yourself and the pipeline attaches by URL and token. Either way the process:
 3. then runs the sim on the main thread until SIGTERM/SIGINT (or, with ``--parent-watch``, until
    its stdin closes because the parent died; it then kills its own process group).
 
+An env that has an ``idle_hook()`` method gets it called on the main thread between requests (and
+every 10 ms while no request arrives): the place to pump an app that must keep rendering.
+
 This module imports neither torch, lerobot nor dagster.
 """
 
@@ -123,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             bounds=BoundsMode(args.bounds),
         )
         bridge.start()
+        executor.idle_hook = bridge.idle_hook()
         server = SimServer(
             bridge, executor, token=token, host=args.host, port=args.port, max_frame_bytes=args.max_frame_bytes
         )
@@ -149,15 +153,23 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return EXIT_BAD_INPUT
     finally:
+        _shut_down(executor, server, bridge)
+
+
+def _shut_down(executor: MainThreadExecutor, server: SimServer | None, bridge: GymBridge | None) -> None:
+    """Refuse new work, close the connections, close the env; a further signal cuts this short."""
+    try:
         executor.close()
         if server is not None:
             server.stop()
         if bridge is not None:
             bridge.close()
+    except KeyboardInterrupt:
+        log.warning("interrupted again while shutting down; exiting without closing the env")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hud_pipelines.sim", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hud_pipelines.sim", description=(__doc__ or "").split("\n\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -3,24 +3,30 @@
 Sims such as MuJoCo with EGL, Isaac/Omniverse Kit and pygame insist on owning the main thread, so
 the main thread runs :meth:`MainThreadExecutor.run_forever` and nothing else: it blocks on a queue
 (no sleep-polling) and runs each sim touch (build, reset, step, result, close) in arrival order. An
-optional idle hook runs whenever no touch arrived for ``idle_interval_s`` (where a Kit-style app is
-pumped). The WebSocket server runs in an asyncio loop on a daemon thread and hands every request to
-the main thread as one job, so a reply can never be read while its step is still running.
+optional idle hook runs between touches, at most every ``idle_interval_s`` (where a Kit-style app
+is pumped). The WebSocket server runs in an asyncio loop on a daemon thread and hands every frame
+to the main thread as one job (decode, sim touch, encode: see :mod:`hud_pipelines.sim.session`),
+so a reply can never be read while its step is still running.
 
 One connection drives the sim at a time; a second one is refused with HTTP 409 until the first
 closes. Every connection must present the capability token (``Authorization: Bearer <token>`` or
-``?token=``), checked before the WebSocket handshake completes.
+``?token=``), checked before the WebSocket handshake completes: a connection without it never
+reaches the sim. WebSocket keepalive pings are off (a long reset or a slow policy must not get a
+healthy connection dropped); TCP keepalive notices a peer that vanished.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import functools
 import hmac
 import logging
 import queue
+import socket
 import threading
-import traceback
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -30,36 +36,24 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
+from websockets.protocol import State
 
-from hud_pipelines.errors import HudPipelinesError, WireError
-from hud_pipelines.sim.bridge import EnvFault, GymBridge
-from hud_pipelines.wire.codec import packb, unpackb
-from hud_pipelines.wire.messages import (
-    DEFAULT_MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
-    Close,
-    ErrorFrame,
-    Framing,
-    Observation,
-    Phase,
-    Reply,
-    Request,
-    Reset,
-    Result,
-    ResultRequest,
-    ServerHello,
-    Step,
-    parse_hello,
-    parse_request,
-    to_wire,
-)
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.session import SERVER_NAME, CloseCode, Session
+from hud_pipelines.wire.codec import packb
+from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, ErrorFrame, Phase, to_wire
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-SERVER_NAME = "hud-pipelines/1"
 HANDSHAKE_TIMEOUT_S = 30.0
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_TRY_AGAIN_LATER = 1013
+"""How long a connection may take to send its ``hello`` frame."""
+CLOSING_WAIT_S = 5.0
+"""How long a new connection waits for a closing one to let go of the sim before it gets a 409."""
+TCP_KEEPALIVE_S = (10, 5, 3)
+"""Idle seconds before the first probe, seconds between probes, probes before the peer is declared gone."""
+
+__all__ = ["SERVER_NAME", "MainThreadExecutor", "SimServer", "SimShuttingDown"]
 
 
 class SimShuttingDown(HudPipelinesError):
@@ -73,8 +67,9 @@ class MainThreadExecutor:
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = (
             queue.SimpleQueue()
         )
-        self._idle_hook = idle_hook
-        self._idle_interval_s = idle_interval_s
+        self.idle_hook = idle_hook
+        """Run between jobs, at most every ``idle_interval_s`` (also while no job arrives)."""
+        self.idle_interval_s = idle_interval_s
         self._lock = threading.Lock()
         self._closed = False
 
@@ -93,7 +88,7 @@ class MainThreadExecutor:
         return await asyncio.wrap_future(self.submit(fn))
 
     def stop(self) -> None:
-        """Make :meth:`run_forever` return after the jobs queued so far."""
+        """Make :meth:`run_forever` return after the jobs queued so far (safe in a signal handler)."""
         self._queue.put(None)
 
     def close(self) -> None:
@@ -109,15 +104,23 @@ class MainThreadExecutor:
                     item[1].set_exception(SimShuttingDown("the sim is shutting down"))
 
     def run_forever(self) -> None:
-        """Run queued jobs until :meth:`stop`; call this on the main thread."""
+        """Run queued jobs until :meth:`stop`; call this on the main thread.
+
+        Without an idle hook the thread blocks on the queue with no timeout at all.
+        """
+        next_idle = time.monotonic()
         while True:
-            if self._idle_hook is None:
+            hook = self.idle_hook
+            if hook is None:
                 item = self._queue.get()
             else:
+                now = time.monotonic()
+                if now >= next_idle:
+                    hook()
+                    next_idle = time.monotonic() + self.idle_interval_s
                 try:
-                    item = self._queue.get(timeout=self._idle_interval_s)
+                    item = self._queue.get(timeout=max(0.0, next_idle - time.monotonic()))
                 except queue.Empty:
-                    self._idle_hook()
                     continue
             if item is None:
                 return
@@ -151,7 +154,12 @@ class SimServer:
         self.host = host
         self.port = port
         self.max_frame_bytes = max_frame_bytes
+        self.connections_served = 0
         self._busy = False
+        self._closing = False
+        """The connection that drives the sim is on its way out; a newcomer waits for it instead of a 409."""
+        self._idle: asyncio.Event | None = None
+        self._current: ServerConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -161,7 +169,7 @@ class SimServer:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 30.0) -> int:
-        """Start serving on a daemon thread; returns the bound port."""
+        """Start serving on a daemon thread; returns the bound port (the OS picks one for port 0)."""
         self._thread = threading.Thread(target=self._thread_main, name="hud-sim-server", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):
@@ -170,11 +178,12 @@ class SimServer:
             raise self._failure
         return self.port
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Close every connection (1001, going away) and the listening socket."""
         if self._loop is not None and self._stopped is not None:
             self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=timeout_s)
 
     def _thread_main(self) -> None:
         try:
@@ -182,11 +191,14 @@ class SimServer:
         except BaseException as exc:  # reported to start() or logged; never kill the process from here
             self._failure = exc
             self._ready.set()
-            log.exception("sim server thread failed")
+            if not isinstance(exc, OSError):
+                log.exception("sim server thread failed")
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         server: Server
         async with serve(
             self._handle,
@@ -195,20 +207,34 @@ class SimServer:
             process_request=self._admit,
             compression=None,
             max_size=self.max_frame_bytes,
+            ping_interval=None,
+            close_timeout=1,
+            server_header=SERVER_NAME,
         ) as server:
             self.port = int(next(iter(server.sockets)).getsockname()[1])
             self._ready.set()
             await self._stopped.wait()
+            server.close(close_connections=True)
 
     # -- admission ---------------------------------------------------------------------------------
 
-    def _admit(self, connection: ServerConnection, request: HttpRequest) -> HttpResponse | None:
+    async def _admit(self, connection: ServerConnection, request: HttpRequest) -> HttpResponse | None:
+        """Refuse a connection before the WebSocket handshake: 401 without the token, 409 when busy.
+
+        A connection that arrives while the previous one is closing waits (briefly) for it to finish,
+        so a client may close and reconnect at once.
+        """
         offered = _bearer(request.headers.get("Authorization"))
         if offered is None:
             offered = parse_qs(urlsplit(request.path).query).get("token", [""])[0]
         if not hmac.compare_digest(offered.encode(), self.token.encode()):
             log.warning("refused a connection from %s: missing or wrong token", connection.remote_address)
             return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong capability token\n")
+        current = self._current
+        leaving = self._closing or (current is not None and current.state is not State.OPEN)
+        if self._busy and leaving and self._idle is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), CLOSING_WAIT_S)
         if self._busy:
             return connection.respond(HTTPStatus.CONFLICT, "the sim is driven by another connection\n")
         return None
@@ -216,117 +242,74 @@ class SimServer:
     # -- one connection ----------------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
-        if self._busy:
-            await ws.close(CLOSE_TRY_AGAIN_LATER, "the sim is driven by another connection")
+        if self._busy:  # two connections admitted at the same instant: the later one goes
+            await ws.close(CloseCode.TRY_AGAIN_LATER, "the sim is driven by another connection")
             return
         self._busy = True
+        self._closing = False
+        self._current = ws
+        assert self._idle is not None
+        self._idle.clear()
+        self.connections_served += 1
+        _enable_tcp_keepalive(ws)
+        session = Session(self.bridge, max_frame_bytes=self.max_frame_bytes)
         try:
-            framing = await self._handshake(ws)
-            if framing is not None:
-                await self._serve_requests(ws, framing)
+            try:
+                first = await asyncio.wait_for(ws.recv(), HANDSHAKE_TIMEOUT_S)
+            except TimeoutError:
+                await ws.close(CloseCode.PROTOCOL_ERROR, "no hello frame")
+                return
+            frame: bytes | str | None = first
+            while frame is not None:
+                outcome = await self.executor.run(functools.partial(session.receive, frame))
+                if outcome.reply is not None:
+                    await ws.send(outcome.reply)
+                if outcome.close is not None:
+                    self._closing = True
+                    await ws.close(outcome.close, outcome.reason)
+                    return
+                frame = await _next_frame(ws)
+            self._closing = True
         except ConnectionClosed:
-            pass
+            self._closing = True
+        except SimShuttingDown:
+            message = "the sim is shutting down"
+            try:
+                await ws.send(packb(to_wire(ErrorFrame(phase=Phase.SERVER, message=message))))
+                await ws.close(CloseCode.GOING_AWAY, message)
+            except ConnectionClosed:
+                pass
         finally:
             try:
-                aborted = await self.executor.run(lambda: self.bridge.abort("client disconnected mid-episode"))
+                aborted = await self.executor.run(functools.partial(session.abort, "client disconnected mid-episode"))
                 if aborted:
                     log.warning("client left with slots %s running: their episodes are marked errored", aborted)
             except SimShuttingDown:
                 pass
             self._busy = False
-
-    async def _handshake(self, ws: ServerConnection) -> Framing | None:
-        try:
-            first = await asyncio.wait_for(ws.recv(), HANDSHAKE_TIMEOUT_S)
-            hello = parse_hello(unpackb(first))
-        except TimeoutError:
-            await ws.close(CLOSE_PROTOCOL_ERROR, "no hello frame")
-            return None
-        except WireError as exc:
-            await self._refuse(ws, str(exc))
-            return None
-        if hello.protocol != PROTOCOL_VERSION:
-            await self._refuse(
-                ws, f"protocol version {hello.protocol} is not supported; this sim speaks {PROTOCOL_VERSION}"
-            )
-            return None
-        num_envs = self.bridge.num_envs
-        framing = hello.framing or (Framing.SCALAR if num_envs == 1 else Framing.BATCHED)
-        if framing is Framing.SCALAR and num_envs != 1:
-            await self._refuse(ws, f"scalar framing needs num_envs == 1; this sim serves {num_envs} slots, use batched")
-            return None
-        contract = self.bridge.contract.model_dump(mode="json", exclude_none=True)
-        reply = ServerHello(
-            protocol=PROTOCOL_VERSION,
-            framing=framing,
-            num_envs=num_envs,
-            contract=contract,
-            server=SERVER_NAME,
-            hold=self.bridge.hold.value,
-            max_frame_bytes=self.max_frame_bytes,
-        )
-        await ws.send(packb(to_wire(reply, framing)))
-        return framing
-
-    async def _refuse(self, ws: ServerConnection, message: str) -> None:
-        await ws.send(packb(to_wire(ErrorFrame(phase=Phase.HANDSHAKE, message=message))))
-        await ws.close(CLOSE_PROTOCOL_ERROR, message[:120])
-
-    async def _serve_requests(self, ws: ServerConnection, framing: Framing) -> None:
-        last_seq = 0
-        async for frame in ws:
-            try:
-                request = parse_request(unpackb(frame), framing)
-            except WireError as exc:
-                await ws.send(packb(to_wire(ErrorFrame(phase=Phase.DECODE, message=str(exc)))))
-                continue
-            if isinstance(request, Close):
-                await ws.send(packb(to_wire(Close())))
-                await ws.close()
-                return
-            if request.seq <= last_seq:
-                message = f"sequence number {request.seq} is not above the last one ({last_seq}): duplicate or replayed request"
-                await ws.send(packb(to_wire(ErrorFrame(phase=Phase.DECODE, seq=request.seq, message=message))))
-                continue
-            last_seq = request.seq
-            reply = await self.executor.run(lambda: self._dispatch(request))
-            await ws.send(packb(to_wire(reply, framing)))
-
-    def _dispatch(self, request: Request) -> Reply:
-        """Run one request against the bridge (on the main thread); every failure becomes an error frame."""
-        phase = _PHASES[type(request)]
-        seq = getattr(request, "seq", None)
-        try:
-            match request:
-                case Reset(seq=seq, tasks=tasks):
-                    return self.bridge.reset(tasks, seq)
-                case Step(seq=seq, action=action):
-                    return self.bridge.step(action, seq)
-                case ResultRequest(seq=seq):
-                    graded = self.bridge.result()
-                    return Result(seq=seq, score=graded["score"], success=graded["success"], slots=graded["slots"])
-                case Close():
-                    return Close()
-        except EnvFault as fault:
-            return ErrorFrame(
-                phase=fault.phase, seq=seq, slot=fault.slot, message=str(fault), traceback=fault.formatted
-            )
-        except HudPipelinesError as exc:
-            return ErrorFrame(phase=phase, seq=seq, message=str(exc))
-        except Exception as exc:
-            log.exception("unexpected failure while serving %s", phase)
-            return ErrorFrame(
-                phase=phase, seq=seq, message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
-            )
+            self._current = None
+            self._idle.set()
 
 
-_PHASES: dict[type, Phase] = {Reset: Phase.RESET, Step: Phase.STEP, ResultRequest: Phase.RESULT, Close: Phase.SERVER}
+async def _next_frame(ws: ServerConnection) -> bytes | str | None:
+    try:
+        return await ws.recv()
+    except ConnectionClosed:
+        return None
+
+
+def _enable_tcp_keepalive(ws: ServerConnection) -> None:
+    sock: socket.socket | None = ws.transport.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle, interval, count = TCP_KEEPALIVE_S
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _bearer(header: str | None) -> str | None:
     if header and header.lower().startswith("bearer "):
         return header[7:].strip()
     return None
-
-
-__all__ = ["MainThreadExecutor", "Observation", "SimServer"]

@@ -9,6 +9,9 @@ each slot's episode record. Its rules are the ones a batch of slots must never b
   happens to it afterwards (hold actions, vector-env autoresets) reaches its episode record;
 - success is sticky within an episode: once seen it stays true until the next reset;
 - an illegal transition raises :class:`SlotStateError` naming the state.
+
+The records are kept as per-slot numpy columns so that one lockstep tick of 64 slots costs a few
+vectorised operations rather than a Python loop; :attr:`SlotBatch.records` gives per-slot snapshots.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from hud_pipelines.errors import SlotStateError
 
 
 class SlotState(StrEnum):
+    """A slot's lifecycle: ``IDLE -> RUNNING -> DONE | ERRORED``, and back to ``RUNNING`` on reset."""
+
     IDLE = "idle"
     """Never reset."""
     RUNNING = "running"
@@ -33,12 +38,18 @@ class SlotState(StrEnum):
     """The episode ended on a fault (sim exception, disconnect); never counted as a failure."""
 
 
-@dataclass
+_STATES: tuple[SlotState, ...] = tuple(SlotState)
+_CODE = {state: code for code, state in enumerate(_STATES)}
+_RUNNING = _CODE[SlotState.RUNNING]
+
+
+@dataclass(frozen=True)
 class SlotRecord:
-    """One slot's current episode."""
+    """A snapshot of one slot's current episode."""
 
     state: SlotState = SlotState.IDLE
     episode: int = -1
+    """Episodes this slot started, minus one (``-1`` before the first reset)."""
     seed: int | None = None
     total_reward: float = 0.0
     steps: int = 0
@@ -47,6 +58,8 @@ class SlotRecord:
     success: bool = False
     success_reported: bool = False
     """Whether the env ever reported a success signal; decides what the score means."""
+    nonfinite_steps: int = 0
+    """Steps whose observation held NaN or infinity (the data was passed on, flagged)."""
     error: str | None = None
 
     @property
@@ -66,6 +79,7 @@ class SlotRecord:
             "steps": self.steps,
             "terminated": self.terminated,
             "truncated": self.truncated,
+            "nonfinite_steps": self.nonfinite_steps,
             "error": self.error,
         }
 
@@ -76,30 +90,85 @@ class SlotBatch:
     def __init__(self, num_slots: int) -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        self.records = [SlotRecord() for _ in range(num_slots)]
+        self.num_slots = num_slots
+        self._state = np.full(num_slots, _CODE[SlotState.IDLE], dtype=np.int8)
+        self._episode = np.full(num_slots, -1, dtype=np.int64)
+        self._seeds: list[int | None] = [None] * num_slots
+        self._total_reward = np.zeros(num_slots, dtype=np.float64)
+        self._steps = np.zeros(num_slots, dtype=np.int64)
+        self._terminated = np.zeros(num_slots, dtype=np.bool_)
+        self._truncated = np.zeros(num_slots, dtype=np.bool_)
+        self._success = np.zeros(num_slots, dtype=np.bool_)
+        self._success_reported = np.zeros(num_slots, dtype=np.bool_)
+        self._nonfinite_steps = np.zeros(num_slots, dtype=np.int64)
+        self._errors: list[str | None] = [None] * num_slots
 
     def __len__(self) -> int:
-        return len(self.records)
+        return self.num_slots
+
+    # -- views -------------------------------------------------------------------------------------
 
     @property
     def states(self) -> list[SlotState]:
-        return [r.state for r in self.records]
+        return [_STATES[code] for code in self._state.tolist()]
+
+    def state(self, slot: int) -> SlotState:
+        return _STATES[int(self._state[slot])]
 
     def running(self) -> npt.NDArray[np.bool_]:
-        return np.array([r.state is SlotState.RUNNING for r in self.records], dtype=np.bool_)
+        """A fresh ``[N]`` mask of the slots whose episode is running."""
+        return self._state == _RUNNING
+
+    @property
+    def terminated(self) -> npt.NDArray[np.bool_]:
+        return self._terminated.copy()
+
+    @property
+    def truncated(self) -> npt.NDArray[np.bool_]:
+        return self._truncated.copy()
+
+    @property
+    def success(self) -> npt.NDArray[np.bool_]:
+        return self._success.copy()
+
+    def record(self, slot: int) -> SlotRecord:
+        return SlotRecord(
+            state=self.state(slot),
+            episode=int(self._episode[slot]),
+            seed=self._seeds[slot],
+            total_reward=float(self._total_reward[slot]),
+            steps=int(self._steps[slot]),
+            terminated=bool(self._terminated[slot]),
+            truncated=bool(self._truncated[slot]),
+            success=bool(self._success[slot]),
+            success_reported=bool(self._success_reported[slot]),
+            nonfinite_steps=int(self._nonfinite_steps[slot]),
+            error=self._errors[slot],
+        )
+
+    @property
+    def records(self) -> list[SlotRecord]:
+        return [self.record(slot) for slot in range(self.num_slots)]
+
+    # -- transitions -------------------------------------------------------------------------------
 
     def begin(self, seeds: list[int | None]) -> None:
         """Start a new episode in every slot at once (a batched reset)."""
-        if len(seeds) != len(self.records):
-            raise SlotStateError(f"a reset must start all {len(self.records)} slots together, got {len(seeds)} tasks")
-        for record, seed in zip(self.records, seeds, strict=True):
-            episode = record.episode + 1
-            record.__init__(state=SlotState.RUNNING, episode=episode, seed=seed)
+        if len(seeds) != self.num_slots:
+            raise SlotStateError(f"a reset must start all {self.num_slots} slots together, got {len(seeds)} tasks")
+        self._state[:] = _RUNNING
+        self._episode += 1
+        self._seeds = list(seeds)
+        for column in (self._total_reward, self._steps, self._nonfinite_steps):
+            column[:] = 0
+        for mask in (self._terminated, self._truncated, self._success, self._success_reported):
+            mask[:] = False
+        self._errors = [None] * self.num_slots
 
     def require_running(self) -> None:
         """Refuse a step when no slot can use it (before the first reset, or after all finished)."""
-        if not any(r.state is SlotState.RUNNING for r in self.records):
-            states = sorted({r.state.value for r in self.records})
+        if not (self._state == _RUNNING).any():
+            states = sorted({state.value for state in self.states})
             raise SlotStateError(f"cannot step: no slot is running (slot states: {', '.join(states)}); reset first")
 
     def record_step(
@@ -108,45 +177,49 @@ class SlotBatch:
         terminated: npt.NDArray[np.bool_],
         truncated: npt.NDArray[np.bool_],
         success: npt.NDArray[np.int8],
+        stepped: npt.NDArray[np.bool_] | None = None,
     ) -> npt.NDArray[np.bool_]:
-        """Account one lockstep tick; returns the mask of slots that were running during it.
+        """Account one lockstep tick for the running slots; returns the mask of slots it counted.
 
-        ``success`` holds -1 where the env reported nothing for the slot, else 0/1.
+        ``success`` holds -1 where the env reported nothing for the slot, else 0/1. ``stepped``
+        narrows the tick to the slots whose env actually produced data (default: all running).
         """
-        was_running = self.running()
-        for slot in np.flatnonzero(was_running):
-            record = self.records[slot]
-            record.total_reward += float(reward[slot])
-            record.steps += 1
-            if success[slot] >= 0:
-                record.success_reported = True
-                record.success = record.success or bool(success[slot])
-            if terminated[slot] or truncated[slot]:
-                record.terminated = bool(terminated[slot])
-                record.truncated = bool(truncated[slot])
-                record.state = SlotState.DONE
-        return was_running
+        counted = self.running() if stepped is None else self.running() & stepped
+        self._total_reward[counted] += reward[counted]
+        self._steps[counted] += 1
+        reported = counted & (success >= 0)
+        self._success_reported |= reported
+        self._success |= reported & (success > 0)
+        done = counted & (terminated | truncated)
+        self._terminated[done] = terminated[done]
+        self._truncated[done] = truncated[done]
+        self._state[done] = _CODE[SlotState.DONE]
+        return counted
+
+    def flag_nonfinite(self, slots: npt.NDArray[np.bool_]) -> None:
+        """Count a step with a non-finite observation against each flagged slot."""
+        self._nonfinite_steps[slots] += 1
 
     def fail(self, slot: int, reason: str) -> None:
         """End ``slot``'s running episode as errored."""
-        record = self.records[slot]
-        if record.state is not SlotState.RUNNING:
-            raise SlotStateError(f"slot {slot} is {record.state.value}, only a running slot can fail")
-        record.state = SlotState.ERRORED
-        record.error = reason
+        state = self.state(slot)
+        if state is not SlotState.RUNNING:
+            raise SlotStateError(f"slot {slot} is {state.value}, only a running slot can fail")
+        self._state[slot] = _CODE[SlotState.ERRORED]
+        self._errors[slot] = reason
 
     def fail_running(self, reason: str) -> list[int]:
         """End every running episode as errored (a fault that hit the whole batch)."""
-        slots = [i for i, r in enumerate(self.records) if r.state is SlotState.RUNNING]
+        slots = np.flatnonzero(self.running()).tolist()
         for slot in slots:
             self.fail(slot, reason)
         return slots
 
     def result(self) -> dict[str, Any]:
         """``{score, success, slots}``: mean score, whether every slot succeeded, one dict per slot."""
-        slots = [r.as_dict(i) for i, r in enumerate(self.records)]
+        records = self.records
         return {
-            "score": float(np.mean([r.score for r in self.records])),
-            "success": all(r.success for r in self.records),
-            "slots": slots,
+            "score": float(np.mean([r.score for r in records])),
+            "success": all(r.success for r in records),
+            "slots": [r.as_dict(i) for i, r in enumerate(records)],
         }

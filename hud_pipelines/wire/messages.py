@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -39,22 +39,26 @@ class Framing(StrEnum):
     BATCHED = "batched"
 
     def out(self, value: Any) -> Any:
-        """Frame an internal batched value (array, mask or per-slot list) for the wire."""
+        """Frame an internal batched value (array, mask or per-slot list) for the wire.
+
+        ``scalar`` framing sends row 0 without the slot axis; a one-dimensional float or bool array
+        (a reward, a done mask) becomes a plain msgpack float or bool.
+        """
         if self is Framing.BATCHED:
             return value
         if isinstance(value, np.ndarray):
-            row: Any = value[0]  # pyright: ignore[reportUnknownVariableType]
-            return row.item() if value.ndim == 1 and value.dtype.kind in "bf" else row
-        return value[0]
+            array = cast("npt.NDArray[Any]", value)
+            return array[0].item() if array.ndim == 1 and array.dtype.kind in "bf" else array[0]
+        return cast("list[Any]", value)[0]
 
     def into(self, value: Any, dtype: type | None = None) -> Any:
         """Turn a wire value into the internal batched form (adds the slot axis for ``scalar``)."""
         if self is Framing.BATCHED:
             return value
         if isinstance(value, np.ndarray):
-            return value[None]
+            return cast("npt.NDArray[Any]", value)[None]
         if dtype is not None:
-            return np.asarray([value], dtype=dtype)
+            return cast("npt.NDArray[Any]", np.asarray([value], dtype=dtype))
         return [value]
 
 
@@ -62,11 +66,16 @@ class Phase(StrEnum):
     """Where an error happened; carried by every error frame."""
 
     HANDSHAKE = "handshake"
+    """The first frame was not an acceptable ``hello`` (the server closes with 1002 after it)."""
     DECODE = "decode"
+    """A frame could not be decoded or is not a valid request; nothing reached the sim."""
+    SEQUENCE = "sequence"
+    """A request's ``seq`` was not above the previous one (duplicate or replayed); it was not run."""
     RESET = "reset"
     STEP = "step"
     RESULT = "result"
     SERVER = "server"
+    """The server itself failed (for example it is shutting down)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,6 +86,7 @@ class Phase(StrEnum):
 class Hello:
     protocol: int
     framing: Framing | None = None
+    """``None`` lets the server choose: ``scalar`` for one slot, else ``batched``."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,8 @@ class ServerHello:
     server: str
     hold: str
     max_frame_bytes: int
+    bounds: str = "clip"
+    """How out-of-bounds continuous actions are treated: ``clip`` or ``error``."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,8 @@ class Observation:
     status: list[str]
     prompt: list[str] | None = None
     errors: list[SlotError] = field(default_factory=list[SlotError])
+    nonfinite: list[int] = field(default_factory=list[int])
+    """Slots whose observation holds NaN or infinity in this frame (their data is passed on, flagged)."""
 
     @property
     def num_slots(self) -> int:
@@ -196,6 +210,7 @@ def to_wire(message: Request | Reply | Hello, framing: Framing = Framing.BATCHED
                 "contract": message.contract,
                 "server": message.server,
                 "hold": message.hold,
+                "bounds": message.bounds,
                 "max_frame_bytes": message.max_frame_bytes,
             }
         case Observation():
@@ -209,6 +224,7 @@ def to_wire(message: Request | Reply | Hello, framing: Framing = Framing.BATCHED
                 "success": framing.out(message.success),
                 "status": framing.out(message.status),
                 "errors": [{"slot": e.slot, "message": e.message, "traceback": e.traceback} for e in message.errors],
+                "nonfinite": list(message.nonfinite),
             }
             if message.prompt is not None:
                 out["prompt"] = framing.out(message.prompt)
@@ -242,21 +258,45 @@ class _Fields:
     def __init__(self, frame: object, allowed: set[str]) -> None:
         if not isinstance(frame, dict):
             raise WireError(f"a frame must be a msgpack map, got {type(frame).__name__}")
-        self.raw: dict[str, Any] = frame  # pyright: ignore[reportUnknownMemberType]
+        self.raw = cast("dict[Any, Any]", frame)
         self.kind = str(self.raw.get("type"))
         unknown = sorted(set(map(str, self.raw)) - allowed - {"type"})
         if unknown:
             raise WireError(f"{self.kind!r} frame has unknown keys {unknown}; allowed: {sorted(allowed)}")
 
     def get(self, key: str, types: type | tuple[type, ...], *, optional: bool = False) -> Any:
-        if key not in self.raw or self.raw[key] is None:
+        value: object = self.raw.get(key)
+        if value is None:
             if optional:
                 return None
             raise WireError(f"{self.kind!r} frame is missing {key!r}")
-        value = self.raw[key]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
-            raise WireError(f"{self.kind!r} frame: {key!r} has type {type(value).__name__}")
+            expected = " or ".join(t.__name__ for t in _as_tuple(types))
+            raise WireError(f"{self.kind!r} frame: {key!r} must be {expected}, got {type(value).__name__}")
         return value
+
+    def per_slot(self, key: str, framing: Framing, dtype: type, num_slots: int | None) -> npt.NDArray[Any]:
+        """A per-slot number or bool: a plain value under ``scalar`` framing, an ``[N]`` array under ``batched``."""
+        if framing is Framing.SCALAR:
+            kinds: tuple[type, ...] = (bool,) if dtype is np.bool_ else (float, int)
+            return cast("npt.NDArray[Any]", np.asarray([self.get(key, kinds)], dtype=dtype))
+        array: npt.NDArray[Any] = self.get(key, np.ndarray)
+        if array.ndim != 1 or (num_slots is not None and array.shape[0] != num_slots):
+            raise WireError(f"{self.kind!r} frame: {key!r} must have shape [N={num_slots}], got {list(array.shape)}")
+        return cast("npt.NDArray[Any]", array.astype(dtype, copy=False))
+
+    def strings(self, key: str, framing: Framing, *, optional: bool = False) -> list[str] | None:
+        """A per-slot string: a plain string under ``scalar`` framing, a list of strings under ``batched``."""
+        if framing is Framing.SCALAR:
+            value = self.get(key, str, optional=optional)
+            return None if value is None else [value]
+        items = self.get(key, list, optional=optional)
+        if items is None:
+            return None
+        values = cast("list[object]", items)
+        if not all(isinstance(v, str) for v in values):
+            raise WireError(f"{self.kind!r} frame: {key!r} must be a list of strings")
+        return cast("list[str]", values)
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
@@ -266,7 +306,7 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
 def message_type(frame: object) -> MessageType:
     if not isinstance(frame, dict) or "type" not in frame:
         raise WireError("a frame must be a msgpack map with a 'type' key")
-    kind = frame["type"]  # pyright: ignore[reportUnknownVariableType]
+    kind: object = cast("dict[Any, Any]", frame)["type"]
     try:
         return MessageType(kind)
     except ValueError:
@@ -275,35 +315,45 @@ def message_type(frame: object) -> MessageType:
 
 
 def parse_hello(frame: object) -> Hello:
-    fields = _Fields(frame, {"protocol", "framing"})
     if message_type(frame) is not MessageType.HELLO:
-        raise WireError(f"the first frame must be 'hello', got {fields.kind!r}")
+        kind: object = cast("dict[Any, Any]", frame)["type"]
+        raise WireError(f"the first frame must be 'hello', got {kind!r}")
+    fields = _Fields(frame, {"protocol", "framing"})
     framing = fields.get("framing", str, optional=True)
+    protocol = fields.get("protocol", int)
     try:
-        return Hello(protocol=fields.get("protocol", int), framing=None if framing is None else Framing(framing))
+        return Hello(protocol=protocol, framing=None if framing is None else Framing(framing))
     except ValueError:
         raise WireError(f"unknown framing {framing!r}; use 'scalar' or 'batched'") from None
 
 
-def parse_request(frame: object, framing: Framing) -> Request:
-    """Decode a client request into its internal (batched) form."""
+def parse_request(frame: object, framing: Framing, num_slots: int | None = None) -> Request:
+    """Decode a client request into its internal (batched) form.
+
+    ``num_slots`` lets a batched ``reset`` without ``task`` mean one empty task per slot.
+    """
     kind = message_type(frame)
     match kind:
         case MessageType.RESET:
             fields = _Fields(frame, {"seq", "task"})
-            task = fields.get("task", (dict, list), optional=True)
-            tasks: list[Any] = framing.into({} if task is None else task)
-            if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):  # pyright: ignore[reportUnnecessaryIsInstance]
+            seq = fields.get("seq", int)
+            task: object = fields.get("task", (dict, list), optional=True)
+            if task is None:
+                empty: dict[str, Any] = {}
+                task = empty if framing is Framing.SCALAR else [dict(empty) for _ in range(num_slots or 1)]
+            tasks: object = framing.into(task)
+            if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in cast("list[object]", tasks)):
                 raise WireError(
-                    f"'reset' frame: 'task' must be a map ({framing.value} framing)"
+                    "'reset' frame: 'task' must be a map (scalar framing)"
                     if framing is Framing.SCALAR
                     else "'reset' frame: 'task' must be a list of maps, one per slot (batched framing)"
                 )
-            return Reset(seq=fields.get("seq", int), tasks=tasks)
+            return Reset(seq=seq, tasks=cast("list[dict[str, Any]]", tasks))
         case MessageType.STEP:
             fields = _Fields(frame, {"seq", "action"})
+            seq = fields.get("seq", int)
             action = fields.get("action", np.ndarray)
-            return Step(seq=fields.get("seq", int), action=framing.into(action))
+            return Step(seq=seq, action=framing.into(action))
         case MessageType.RESULT:
             fields = _Fields(frame, {"seq"})
             return ResultRequest(seq=fields.get("seq", int))
@@ -311,52 +361,82 @@ def parse_request(frame: object, framing: Framing) -> Request:
             _Fields(frame, set())
             return Close()
         case _:
-            raise WireError(f"a client may not send {kind.value!r} frames; send reset, step, result or close")
+            raise WireError(f"a client may not send {kind.value!r} frames here; send reset, step, result or close")
 
 
-def parse_reply(frame: object, framing: Framing) -> Reply:
-    """Decode a server frame into its internal (batched) form."""
+def parse_reply(frame: object, framing: Framing, num_slots: int | None = None) -> Reply:
+    """Decode a server frame into its internal (batched) form; ``num_slots`` checks the slot axis."""
     kind = message_type(frame)
     match kind:
         case MessageType.HELLO:
-            f = _Fields(frame, {"protocol", "framing", "num_envs", "contract", "server", "hold", "max_frame_bytes"})
+            f = _Fields(
+                frame, {"protocol", "framing", "num_envs", "contract", "server", "hold", "bounds", "max_frame_bytes"}
+            )
+            try:
+                chosen = Framing(f.get("framing", str))
+            except ValueError:
+                raise WireError(f"'hello' frame: unknown framing {f.raw.get('framing')!r}") from None
             return ServerHello(
                 protocol=f.get("protocol", int),
-                framing=Framing(f.get("framing", str)),
+                framing=chosen,
                 num_envs=f.get("num_envs", int),
                 contract=f.get("contract", dict),
                 server=f.get("server", str),
                 hold=f.get("hold", str),
+                bounds=f.get("bounds", str, optional=True) or "clip",
                 max_frame_bytes=f.get("max_frame_bytes", int),
             )
         case MessageType.OBSERVATION:
             f = _Fields(
                 frame,
-                {"seq", "observation", "reward", "terminated", "truncated", "success", "status", "prompt", "errors"},
+                {
+                    "seq",
+                    "observation",
+                    "reward",
+                    "terminated",
+                    "truncated",
+                    "success",
+                    "status",
+                    "prompt",
+                    "errors",
+                    "nonfinite",
+                },
             )
-            observation: dict[str, Any] = f.get("observation", dict)
-            prompt = f.get("prompt", (str, list), optional=True)
+            observation: dict[Any, Any] = f.get("observation", dict)
+            arrays: dict[str, npt.NDArray[Any]] = {}
+            for key, value in observation.items():
+                if not isinstance(value, np.ndarray):
+                    raise WireError(f"'observation' frame: feature {key!r} must be an array")
+                array = cast("npt.NDArray[Any]", framing.into(value))
+                if num_slots is not None and (array.ndim == 0 or array.shape[0] != num_slots):
+                    raise WireError(
+                        f"'observation' frame: feature {key!r} has shape {list(array.shape)}, not [N={num_slots}, ...]"
+                    )
+                arrays[str(key)] = array
+            status = f.strings("status", framing)
+            assert status is not None
             return Observation(
                 seq=f.get("seq", int),
-                observation={str(k): framing.into(v) for k, v in observation.items()},
-                reward=framing.into(f.get("reward", (float, int, np.ndarray)), np.float64),
-                terminated=framing.into(f.get("terminated", (bool, np.ndarray)), np.bool_),
-                truncated=framing.into(f.get("truncated", (bool, np.ndarray)), np.bool_),
-                success=framing.into(f.get("success", (bool, np.ndarray)), np.bool_),
-                status=framing.into(f.get("status", (str, list))),
-                prompt=None if prompt is None else framing.into(prompt),
-                errors=[
-                    SlotError(slot=e["slot"], message=e["message"], traceback=e.get("traceback"))
-                    for e in f.get("errors", list, optional=True) or []
-                ],
+                observation=arrays,
+                reward=f.per_slot("reward", framing, np.float64, num_slots),
+                terminated=f.per_slot("terminated", framing, np.bool_, num_slots),
+                truncated=f.per_slot("truncated", framing, np.bool_, num_slots),
+                success=f.per_slot("success", framing, np.bool_, num_slots),
+                status=status,
+                prompt=f.strings("prompt", framing, optional=True),
+                errors=_slot_errors(f.get("errors", list, optional=True) or []),
+                nonfinite=_ints(f.get("nonfinite", list, optional=True) or [], "nonfinite"),
             )
         case MessageType.RESULT:
             f = _Fields(frame, {"seq", "score", "success", "slots"})
+            slots = cast("list[object]", f.get("slots", list))
+            if not all(isinstance(s, dict) for s in slots):
+                raise WireError("'result' frame: 'slots' must be a list of maps")
             return Result(
                 seq=f.get("seq", int),
                 score=float(f.get("score", (float, int))),
                 success=f.get("success", bool),
-                slots=f.get("slots", list),
+                slots=cast("list[dict[str, Any]]", slots),
             )
         case MessageType.ERROR:
             f = _Fields(frame, {"seq", "phase", "slot", "message", "traceback"})
@@ -371,3 +451,24 @@ def parse_reply(frame: object, framing: Framing) -> Reply:
             return Close()
         case _:
             raise WireError(f"a server may not send {kind.value!r} frames")
+
+
+def _slot_errors(items: list[object]) -> list[SlotError]:
+    errors: list[SlotError] = []
+    for item in items:
+        fields = _Fields(item, {"slot", "message", "traceback"})
+        fields.kind = "errors[]"
+        errors.append(
+            SlotError(
+                slot=fields.get("slot", int),
+                message=fields.get("message", str),
+                traceback=fields.get("traceback", str, optional=True),
+            )
+        )
+    return errors
+
+
+def _ints(items: list[object], key: str) -> list[int]:
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        raise WireError(f"'observation' frame: {key!r} must be a list of slot numbers")
+    return cast("list[int]", items)

@@ -1,0 +1,189 @@
+"""A blocking WebSocket client driven in the caller's thread by websockets' sans-I/O protocol.
+
+The sim client is strictly request/reply, so it needs no reader thread: :meth:`WebSocketLink.recv`
+reads the socket itself until a whole message arrived or the deadline passed. That saves a thread
+hand-off per reply (the round trip is the cost of a served step) and makes every wait explicit:
+there is no read that can block without a deadline.
+
+Nothing here knows the sim protocol; it moves binary messages and reports, as plain exceptions,
+a refused handshake (:class:`LinkRefused`, with the HTTP status), a closed or broken connection
+(:class:`LinkClosed`, with the close code when the peer sent one) and a missed deadline
+(``TimeoutError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import time
+from typing import cast
+
+from websockets.client import ClientProtocol
+from websockets.exceptions import InvalidStatus, InvalidURI
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.uri import parse_uri
+
+RECV_CHUNK_BYTES = 1 << 20
+
+
+class LinkError(Exception):
+    """Base class of the link's own failures."""
+
+
+class LinkRefused(LinkError):
+    """The server answered the opening handshake with an HTTP status other than 101."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status} {body}".strip())
+        self.status = status
+        self.body = body
+
+
+class LinkClosed(LinkError):
+    """The connection is closed or broken; ``code`` is the peer's close code when it sent one."""
+
+    def __init__(self, message: str, code: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+class WebSocketLink:
+    """One WebSocket connection; use it from one thread at a time."""
+
+    def __init__(self, url: str, *, headers: dict[str, str], max_size: int | None, timeout_s: float) -> None:
+        try:
+            uri = parse_uri(url)
+        except InvalidURI as exc:
+            raise LinkError(f"not a WebSocket URL: {url!r} ({exc})") from exc
+        deadline = time.monotonic() + timeout_s
+        sock = socket.create_connection((uri.host, uri.port), timeout=timeout_s)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if uri.secure:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=uri.host)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._buffer = bytearray(RECV_CHUNK_BYTES)
+        self._frames: list[Frame] = []
+        self._fragments: list[bytes | bytearray | memoryview] = []
+        self._text = False
+        self._protocol = ClientProtocol(uri, max_size=max_size)
+        request = self._protocol.connect()
+        request.headers.update(headers)
+        self._protocol.send_request(request)
+        try:
+            self._flush(deadline)
+            while self._protocol.state is State.CONNECTING and self._protocol.handshake_exc is None:
+                self._pump(deadline)
+        except BaseException:
+            self._sock.close()
+            raise
+        failure = self._protocol.handshake_exc
+        if failure is not None:
+            self._sock.close()
+            if isinstance(failure, InvalidStatus):
+                response = failure.response
+                body = response.body.decode(errors="replace").strip() if response.body else ""
+                raise LinkRefused(response.status_code, body) from failure
+            raise LinkError(f"the WebSocket handshake with {url} failed: {failure}") from failure
+
+    @property
+    def open(self) -> bool:
+        return self._protocol.state is State.OPEN
+
+    def send(self, data: bytes, timeout_s: float) -> None:
+        """Send one binary message."""
+        if self._protocol.state is not State.OPEN:
+            raise self._closed()
+        self._protocol.send_binary(data)
+        self._flush(time.monotonic() + timeout_s)
+
+    def recv(self, timeout_s: float) -> bytes | bytearray | memoryview | str:
+        """The next whole message (fragments joined), waiting at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while self._frames:
+                frame = self._frames.pop(0)
+                if frame.opcode in (Opcode.BINARY, Opcode.TEXT, Opcode.CONT):
+                    if frame.opcode is not Opcode.CONT:
+                        self._fragments = []
+                        self._text = frame.opcode is Opcode.TEXT
+                    self._fragments.append(frame.data)
+                    if frame.fin:
+                        data = b"".join(self._fragments) if len(self._fragments) > 1 else self._fragments[0]
+                        self._fragments = []
+                        return bytes(data).decode(errors="replace") if self._text else data
+            if self._protocol.state is State.CLOSED or self._protocol.close_rcvd is not None:
+                raise self._closed()
+            self._pump(deadline)
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Close politely (wait up to ``timeout_s`` for the peer's close frame), then drop the socket."""
+        deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(LinkError, OSError, TimeoutError):
+            if self._protocol.state is State.OPEN:
+                self._protocol.send_close(1000)
+                self._flush(deadline)
+            while self._protocol.state is not State.CLOSED:
+                self._pump(deadline)
+        self._sock.close()
+
+    def abort(self) -> None:
+        """Drop the connection without a closing handshake (the peer is dead, hung or lying)."""
+        self._sock.close()
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _pump(self, deadline: float) -> None:
+        """Read once from the socket (waiting until ``deadline``) and feed the protocol."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("no data before the deadline")
+        self._sock.settimeout(remaining)
+        try:
+            count = self._sock.recv_into(self._buffer)
+        except TimeoutError:
+            raise
+        except OSError as exc:  # reset by a peer that died
+            self._protocol.receive_eof()
+            self._discard_writes()
+            raise LinkClosed(f"the connection broke ({exc})") from exc
+        if count == 0:
+            self._protocol.receive_eof()
+        else:
+            self._protocol.receive_data(cast(bytes, memoryview(self._buffer)[:count]))
+        self._frames.extend(e for e in self._protocol.events_received() if isinstance(e, Frame))
+        self._flush(deadline)  # pongs, and our half of a closing handshake
+
+    def _flush(self, deadline: float) -> None:
+        for chunk in self._protocol.data_to_send():
+            try:
+                if chunk:
+                    self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    self._sock.sendall(chunk)
+                else:  # the protocol asks to half-close the TCP connection
+                    self._sock.shutdown(socket.SHUT_WR)
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                self._protocol.receive_eof()
+                self._discard_writes()
+                raise LinkClosed(f"the connection broke ({exc})") from exc
+
+    def _discard_writes(self) -> None:
+        self._protocol.data_to_send()
+
+    def _closed(self) -> LinkClosed:
+        received = self._protocol.close_rcvd
+        if received is not None:
+            return LinkClosed(
+                f"the peer closed the connection ({received.code} {received.reason})".rstrip(),
+                code=received.code,
+                reason=received.reason,
+            )
+        return LinkClosed("the connection closed without a close frame")

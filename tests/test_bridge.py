@@ -1,0 +1,449 @@
+"""GymBridge in-process on real sims: the same trajectories as plain gymnasium, N = 1 and N > 1.
+
+Every env kind runs through the bridge and through a plain gymnasium loop (single envs, or the
+same vector env) with the same seeds and actions; the observations must be bit-identical and the
+rewards and done flags identical. The served counterpart is ``test_served.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from envs.faulty import FaultyEnv
+from envs.vectorized import PointMassVectorEnv, point_mass
+from hud_pipelines.contract import action_feature
+from hud_pipelines.errors import ActionError, ContractError, SlotStateError, TaskArgumentError
+from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
+from hud_pipelines.sim.bridge import EnvFault, GymBridge
+from hud_pipelines.sim.envs import ReplicatedEnvs, VectorEnvs, success_of, vector_success
+from hud_pipelines.sim.factory import resolve_factory
+from hud_pipelines.sim.slots import SlotState
+from hud_pipelines.wire.messages import Phase
+from tests.conftest import (
+    FAULTY,
+    POINT_MASS,
+    PROBE,
+    Array,
+    action_frames,
+    assert_same_trajectory,
+    driven,
+    plain_single_envs,
+    plain_vector_env,
+)
+
+PUSHT = "gym_pusht/PushT-v0"
+PUSHT_ARGS = {"obs_type": "pixels_agent_pos", "max_episode_steps": 12}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One env kind at one batch size, and how to build the plain gymnasium reference."""
+
+    factory: str
+    num_envs: int
+    build_args: dict[str, Any] = field(default_factory=dict[str, Any])
+    steps: int = 40
+    reference: str = "single"
+    """``single``: N envs from ``gym.make``; ``vector``: ``gym.make_vec`` (same mode); ``native``: the factory."""
+    seeds_per_slot: bool = True
+
+    @property
+    def id(self) -> str:
+        return f"{self.factory.rsplit('/', 1)[-1]}-N{self.num_envs}"
+
+    def seeds(self) -> list[int]:
+        return [100 + slot for slot in range(self.num_envs)]
+
+    def expected(self, frames: list[Array]) -> Any:
+        seeds = self.seeds()
+        args = dict(self.build_args)
+        resolve_factory(self.factory)  # imports the namespace of a namespaced id (gym_pusht)
+        match self.reference:
+            case "single":
+                return plain_single_envs([gym.make(self.factory, **args) for _ in seeds], seeds, frames)
+            case "vector":
+                mode = args.pop("vectorization_mode", None)
+                env = gym.make_vec(self.factory, num_envs=self.num_envs, vectorization_mode=mode, **args)
+                return plain_vector_env(env, seeds if self.seeds_per_slot else seeds[0], frames)
+            case _:
+                return plain_vector_env(point_mass(num_envs=self.num_envs, **args), seeds, frames)
+
+
+CASES = [
+    Case("CartPole-v1", 1),
+    Case("CartPole-v1", 4, reference="vector", seeds_per_slot=False),  # gymnasium's vector_entry_point
+    Case("Pendulum-v1", 1, {"max_episode_steps": 25}),
+    Case("Pendulum-v1", 3, {"max_episode_steps": 25}, reference="vector"),
+    Case("InvertedPendulum-v5", 1),
+    Case("InvertedPendulum-v5", 3, reference="vector"),
+    Case(PUSHT, 1, PUSHT_ARGS, steps=14),
+    Case(PUSHT, 2, PUSHT_ARGS, steps=14, reference="vector"),
+    Case(POINT_MASS, 1, {"max_steps": 15}, reference="native"),
+    Case(POINT_MASS, 4, {"max_steps": 15}, reference="native"),
+]
+
+
+def point_mass_env(bridge: GymBridge) -> PointMassVectorEnv:
+    return cast(PointMassVectorEnv, cast(VectorEnvs, bridge.envs).env)
+
+
+def run_bridge(case: Case, frames: list[Array]) -> Any:
+    with GymBridge(case.factory, case.num_envs, build_args=case.build_args) as bridge:
+        return driven(bridge.reset, bridge.step, [{"seed": s} for s in case.seeds()], frames)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_bridge_trajectories_are_bit_identical_to_plain_gymnasium(case: Case) -> None:
+    with GymBridge(case.factory, case.num_envs, build_args=case.build_args) as bridge:
+        space = bridge.contract  # the contract's action feature decides the frame width
+        assert space.action.shape[0] >= 1
+        single_space = bridge.envs.single_action_space
+    frames = action_frames(single_space, case.num_envs, case.steps)
+    actual = run_bridge(case, frames)
+    assert_same_trajectory(actual, case.expected(frames))
+    assert max(step for _, step in actual) >= 3  # the run went past a few steps
+
+
+def test_a_replicated_callable_factory_equals_n_plain_envs(tmp_path: Any) -> None:
+    module = tmp_path / "pendulums.py"
+    module.write_text(
+        "import gymnasium as gym\n"
+        "def make(g: float = 10.0):\n"
+        "    return gym.make('Pendulum-v1', g=g, max_episode_steps=20)\n"
+    )
+    with GymBridge(f"{module}:make", 3) as bridge:
+        assert not bridge.vectorized
+        frames = action_frames(bridge.envs.single_action_space, 3, 25)
+        actual = driven(bridge.reset, bridge.step, [{"seed": s} for s in (5, 6, 7)], frames)
+    expected = plain_single_envs([gym.make("Pendulum-v1", max_episode_steps=20) for _ in range(3)], [5, 6, 7], frames)
+    assert_same_trajectory(actual, expected)
+
+
+def test_observation_frames_are_batched_and_typed() -> None:
+    with GymBridge(PUSHT, 2, build_args=PUSHT_ARGS) as bridge:
+        reply = bridge.reset([{"seed": 1}, {"seed": 2}], seq=1)
+        assert reply.observation["pixels"].shape == (2, 96, 96, 3)
+        assert reply.observation["pixels"].dtype == np.uint8
+        assert reply.observation["agent_pos"].shape == (2, 2)
+        assert set(bridge.contract.cameras) == {"pixels"}
+        assert reply.status == ["running", "running"]
+        assert reply.reward.dtype == np.float64
+        assert reply.terminated.dtype == np.bool_
+        stepped = bridge.step(np.full((2, 2), 256.0, np.float32), seq=2)
+        assert stepped.seq == 2
+        stepped.observation["pixels"][:] = 0  # the caller owns its copy
+        assert bridge.step(np.full((2, 2), 256.0), seq=3).observation["pixels"].any()
+
+
+# ---------------------------------------------------------------------------------------------
+# finished slots: hold actions, frozen data, no autoreset leak
+
+
+@pytest.mark.parametrize("hold", [HoldMode.LAST, HoldMode.ZERO])
+def test_a_finished_slot_gets_the_hold_action_and_its_data_stays_frozen(hold: HoldMode) -> None:
+    with GymBridge(POINT_MASS, 2, hold=hold) as bridge:
+        bridge.reset([{"seed": 1, "options": {"max_steps": [2, 6]}}, {"seed": 2, "options": {"max_steps": [2, 6]}}])
+        pushes = [np.array([[0.5, -0.5], [0.1, 0.1]], np.float32) * (k + 1) for k in range(5)]
+        replies = [bridge.step(push) for push in pushes]
+        env = point_mass_env(bridge)  # the vector env itself: what did it receive?
+    assert [r.status for r in replies[:2]] == [["running", "running"], ["done", "running"]]
+    assert replies[1].truncated.tolist() == [True, False]
+    final = replies[1].observation["state"][0].copy()
+    for later in replies[2:]:
+        # the vector env autoreset slot 0 (new position, new goal); none of it reaches the slot
+        np.testing.assert_array_equal(later.observation["state"][0], final)
+        assert later.reward[0] == 0.0
+        assert later.truncated[0]
+        assert later.status[0] == "done"
+    received = np.stack(env.received)
+    expected_hold = received[1, 0] if hold is HoldMode.LAST else np.zeros(2, np.float32)
+    for step in range(2, 5):
+        np.testing.assert_array_equal(received[step, 0], expected_hold)
+        np.testing.assert_array_equal(received[step, 1], np.clip(pushes[step][1], -1, 1))
+    result = bridge.result()
+    assert [s["steps"] for s in result["slots"]] == [2, 5]
+    assert not np.array_equal(env.position[0], final[:2])  # the env did move on: the mask did the work
+
+
+def test_a_replicated_finished_slot_is_not_stepped_again() -> None:
+    with GymBridge(FAULTY, 2, build_args={}) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        envs = [cast(FaultyEnv, env) for env in cast(ReplicatedEnvs, bridge.envs).envs]
+        for _ in range(10):
+            bridge.step(np.zeros((2, 1)))
+        assert [env.t for env in envs] == [10, 10]
+        assert bridge.slots.states == [SlotState.DONE, SlotState.DONE]
+        with pytest.raises(SlotStateError, match="no slot is running"):
+            bridge.step(np.zeros((2, 1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# actions
+
+
+def test_wrong_action_shape_or_dtype_names_the_expected_spec() -> None:
+    with GymBridge("Pendulum-v1", 2) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        for bad in (np.zeros((2, 3)), np.zeros((3, 1)), np.zeros(5), np.zeros((2, 1, 1))):
+            with pytest.raises(ActionError, match=r"expected float32\[N=2, A=1\] \(names \['action_0'\]\)"):
+                bridge.step(bad)
+        with pytest.raises(ActionError, match=r"dtype <U1, expected float32\[N=2, A=1\]"):
+            bridge.step(np.array([["a"], ["b"]]))
+        with pytest.raises(ActionError, match="must be an array, got list"):
+            bridge.step([[0.0], [0.0]])
+        assert bridge.slots.states == [SlotState.RUNNING] * 2  # refused frames apply nothing
+        assert [r.steps for r in bridge.slots.records] == [0, 0]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_actions_are_refused_naming_the_slot(bad: float) -> None:
+    with GymBridge("Pendulum-v1", 3) as bridge:
+        bridge.reset([{"seed": s} for s in range(3)])
+        with pytest.raises(ActionError, match=r"non-finite action \(NaN or inf\) for slot\(s\) \[2\]"):
+            bridge.step(np.array([[0.0], [0.0], [bad]]))
+        assert [r.steps for r in bridge.slots.records] == [0, 0, 0]
+
+
+def test_a_finished_slot_may_send_anything() -> None:
+    with GymBridge(POINT_MASS, 2) as bridge:
+        bridge.reset([{"seed": 0, "options": {"max_steps": [1, 5]}}] * 2)
+        bridge.step(np.zeros((2, 2)))
+        reply = bridge.step(np.array([[np.nan, np.nan], [0.5, 0.5]]))  # slot 0 is done: its row is ignored
+        assert reply.status == ["done", "running"]
+
+
+def test_continuous_bounds_clip_by_default_or_error_when_asked() -> None:
+    with GymBridge(POINT_MASS, 2) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        bridge.step(np.array([[3.0, -7.0], [0.5, 0.25]]))
+        np.testing.assert_array_equal(point_mass_env(bridge).received[-1], [[1.0, -1.0], [0.5, 0.25]])
+    with GymBridge(POINT_MASS, 2, bounds=BoundsMode.ERROR) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        with pytest.raises(
+            ActionError, match=r"out of bounds for slot\(s\) \[1\]: low \[-1.0, -1.0\], high \[1.0, 1.0\]"
+        ):
+            bridge.step(np.array([[0.5, 0.5], [0.0, 1.5]]))
+
+
+def test_discrete_actions_are_cast_to_int_and_range_checked() -> None:
+    with GymBridge(PROBE, 2) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        reply = bridge.step(np.array([[2.0], [0.9]]))  # ProbeEnv refuses anything its space does not contain
+        assert reply.reward.tolist() == [2.0, 1.0]
+        reply = bridge.step(np.array([1, 0], dtype=np.int32))  # [N] is accepted for A == 1
+        assert reply.reward.tolist() == [1.0, 0.0]
+        with pytest.raises(ActionError, match=r"out of the discrete range \[\[0.0\], \[2.0\]\] for slot\(s\) \[0\]"):
+            bridge.step(np.array([[3], [0]]))
+
+
+def test_action_adapter_reshapes_to_the_space() -> None:
+    space = gym.spaces.Box(-1, 1, (2, 2), np.float32)
+    adapter = ActionAdapter(action_feature(space), space, 2)
+    rows = adapter.validate(np.arange(8, dtype=np.float64).reshape(2, 4) / 10, np.array([True, True]))
+    batch = adapter.to_env(rows, batched=True)
+    assert batch.shape == (2, 2, 2)
+    assert batch.dtype == np.float32
+    per_slot = adapter.to_env(rows, batched=False)
+    assert [a.shape for a in per_slot] == [(2, 2), (2, 2)]
+    multi = gym.spaces.MultiDiscrete([3, 3])
+    adapter = ActionAdapter(action_feature(multi), multi, 1)
+    assert adapter.to_env(adapter.validate(np.array([[2.2, 0.1]]), np.array([True])), batched=True).tolist() == [[2, 0]]
+
+
+# ---------------------------------------------------------------------------------------------
+# success, score, prompts
+
+
+@pytest.mark.parametrize("key", ["is_success", "success", "task_success"])
+def test_success_is_probed_from_info_and_sticky(key: str) -> None:
+    with GymBridge(PROBE, 1, build_args={"success_key": key, "success_at": 2, "episode_steps": 4}) as bridge:
+        bridge.reset([{"seed": 0}])
+        successes = [bool(bridge.step(np.array([[1]])).success[0]) for _ in range(4)]
+        result = bridge.result()
+    assert successes == [False, True, True, True]
+    assert result["success"] is True
+    assert result["score"] == 1.0
+    assert result["slots"][0]["total_reward"] == 4.0
+
+
+def test_without_a_success_signal_the_score_is_the_return() -> None:
+    with GymBridge(PROBE, 2, build_args={"episode_steps": 3}) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        for _ in range(3):
+            bridge.step(np.array([[2], [1]]))
+        result = bridge.result()
+    assert [s["score"] for s in result["slots"]] == [6.0, 3.0]
+    assert result["score"] == 4.5
+    assert result["success"] is False
+    assert [s["status"] for s in result["slots"]] == ["done", "done"]
+    assert all(s["truncated"] and not s["terminated"] for s in result["slots"])
+
+
+def test_vector_success_reads_masks_and_final_info() -> None:
+    info = {
+        "success": np.array([True, False, True]),
+        "_success": np.array([True, True, False]),
+        "final_info": {"is_success": np.array([False, False, True]), "_is_success": np.array([False, False, True])},
+        "_final_info": np.array([False, False, True]),
+    }
+    assert vector_success(info, 3).tolist() == [1, 0, 1]
+    legacy = {"final_info": np.array([None, {"task_success": 1.0}, {}], dtype=object)}
+    assert vector_success(legacy, 3).tolist() == [-1, 1, -1]
+    assert success_of({"final_info": {"is_success": True}}) == 1
+    assert success_of({"other": 1}) == -1
+
+
+def test_prompts_come_from_the_env_or_from_the_task() -> None:
+    with GymBridge(PROBE, 1, build_args={"prompt": "push the block"}) as bridge:
+        assert bridge.reset([{"seed": 0}]).prompt == ["push the block"]
+    with GymBridge(POINT_MASS, 2) as bridge:
+        reply = bridge.reset([{"seed": 3, "options": {"max_steps": 9}}] * 2)
+        assert reply.prompt == ['point_mass options={"max_steps": 9}'] * 2
+    with GymBridge(PROBE, 1) as bridge:
+        assert bridge.idle_hook() is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# task arguments and rebuilds
+
+
+def test_a_changed_build_argument_rebuilds_the_env() -> None:
+    with GymBridge("CartPole-v1", 1) as bridge:
+        first = bridge.envs
+        bridge.reset([{"seed": 0, "max_episode_steps": 3}])
+        rebuilt = bridge.envs
+        assert rebuilt is not first
+        assert bridge.build_args == {"max_episode_steps": 3}
+        replies = [bridge.step(np.array([[step % 2]])) for step in range(3)]
+        assert [r.truncated[0] for r in replies] == [False, False, True]
+        bridge.reset([{"seed": 1}])  # no build argument: the current build stays
+        bridge.reset([{"seed": 1, "max_episode_steps": 3}])  # the same value: no rebuild
+        assert bridge.envs is rebuilt
+        bridge.reset([{"seed": 1, "max_episode_steps": 50}])
+        assert bridge.envs is not rebuilt
+
+
+def test_unknown_or_inconsistent_task_arguments_are_refused() -> None:
+    with GymBridge(FAULTY, 2) as bridge:
+        with pytest.raises(TaskArgumentError, match=r"'delay' is accepted neither by the factory faulty\(fault: str"):
+            bridge.reset([{"delay": 1}, {}])
+        with pytest.raises(
+            TaskArgumentError, match=re.escape("slot 1 asks for build arguments {'at_step': 3}, slot 0 for {}")
+        ):
+            bridge.reset([{}, {"at_step": 3}])
+        with pytest.raises(TaskArgumentError, match="one task per slot: 2 slots, 1 tasks"):
+            bridge.reset([{}])
+        with pytest.raises(TaskArgumentError, match="slot 0: seed must be an integer or null, got 'x'"):
+            bridge.reset([{"seed": "x"}, {}])
+        with pytest.raises(TaskArgumentError, match="slot 1: options must be a map or null, got 3"):
+            bridge.reset([{}, {"options": 3}])
+    with pytest.raises(TaskArgumentError, match="'nope' is accepted neither"):
+        GymBridge(FAULTY, 1, build_args={"nope": 1})
+    with GymBridge(POINT_MASS, 2) as bridge, pytest.raises(TaskArgumentError, match="one options dict for all slots"):
+        bridge.reset([{"options": {"max_steps": 2}}, {"options": {"max_steps": 3}}])
+
+
+def test_a_rebuild_that_changes_a_shape_is_refused_and_the_old_build_comes_back(tmp_path: Any) -> None:
+    module = tmp_path / "sized.py"
+    module.write_text(
+        "import gymnasium as gym, numpy as np\n"
+        "def make(width: int = 3):\n"
+        "    return gym.wrappers.TimeLimit(_Env(width), 5)\n"
+        "class _Env(gym.Env):\n"
+        "    def __init__(self, width):\n"
+        "        self.observation_space = gym.spaces.Box(-1, 1, (width,), np.float32)\n"
+        "        self.action_space = gym.spaces.Discrete(2)\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        return np.zeros(self.observation_space.shape, np.float32), {}\n"
+        "    def step(self, action):\n"
+        "        return np.zeros(self.observation_space.shape, np.float32), 0.0, False, False, {}\n"
+    )
+    with GymBridge(f"{module}:make", 1) as bridge:
+        bridge.reset([{"seed": 0}])
+        with pytest.raises(
+            ContractError,
+            match=r"'state' is observation float32\[3\] in the contract file but observation float32\[4\]",
+        ):
+            bridge.reset([{"width": 4}])
+        assert bridge.slots.states == [SlotState.ERRORED]
+        reply = bridge.reset([{"seed": 1}])  # the last good build serves again
+        assert reply.observation["state"].shape == (1, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# env faults in-process
+
+
+def test_an_exception_in_one_slot_fails_that_slot_only() -> None:
+    with GymBridge(FAULTY, 3, build_args={"fault": "raise_step", "at_step": 2, "fault_seed": 11}) as bridge:
+        bridge.reset([{"seed": 10}, {"seed": 11}, {"seed": 12}])
+        assert bridge.step(np.zeros((3, 1))).errors == []
+        reply = bridge.step(np.zeros((3, 1)))
+        assert reply.status == ["running", "errored", "running"]
+        assert [e.slot for e in reply.errors] == [1]
+        assert "ZeroDivisionError: FaultyEnv step 2 failed on purpose (seed 11)" in reply.errors[0].message
+        assert 'File "' in (reply.errors[0].traceback or "")
+        assert "in step" in (reply.errors[0].traceback or "")
+        assert reply.reward.tolist() == [1.0, 0.0, 1.0]
+        reply = bridge.step(np.zeros((3, 1)))
+        assert reply.errors == []
+        assert reply.status == ["running", "errored", "running"]
+        slots = bridge.result()["slots"]
+    assert [s["steps"] for s in slots] == [3, 1, 3]
+    assert "ZeroDivisionError" in slots[1]["error"]
+
+
+def test_an_exception_with_no_usable_data_left_is_an_env_fault_with_the_traceback() -> None:
+    with GymBridge(FAULTY, 1, build_args={"fault": "raise_step", "at_step": 1}) as bridge:
+        bridge.reset([{"seed": 0}])
+        with pytest.raises(EnvFault) as caught:
+            bridge.step(np.zeros((1, 1)))
+        assert caught.value.phase is Phase.STEP
+        assert caught.value.slot == 0
+        assert "ZeroDivisionError" in str(caught.value)
+        assert "Traceback" in caught.value.formatted
+        assert bridge.slots.states == [SlotState.ERRORED]
+
+
+def test_a_reset_exception_errors_the_batch_and_the_next_reset_recovers() -> None:
+    with GymBridge(FAULTY, 2, build_args={"fault": "raise_reset", "fault_seed": 1}) as bridge:
+        with pytest.raises(
+            EnvFault, match=r"env\.reset raised ValueError: FaultyEnv reset failed on purpose"
+        ) as caught:
+            bridge.reset([{"seed": 0}, {"seed": 1}])
+        assert caught.value.phase is Phase.RESET
+        assert bridge.slots.states == [SlotState.ERRORED, SlotState.ERRORED]
+        assert bridge.reset([{"seed": 0}, {"seed": 2}]).status == ["running", "running"]
+
+
+def test_an_observation_that_breaks_the_contract_fails_the_slot() -> None:
+    with GymBridge(FAULTY, 2, build_args={"fault": "wrong_shape_step", "at_step": 1, "fault_seed": 0}) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        reply = bridge.step(np.zeros((2, 1)))
+    assert reply.status == ["errored", "running"]
+    assert "observation 'state' is float32[5], the contract says float32[3]" in reply.errors[0].message
+
+
+def test_non_finite_observations_are_flagged_and_counted() -> None:
+    with GymBridge(FAULTY, 2, build_args={"fault": "nan_step", "at_step": 2, "fault_seed": 1}) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        assert bridge.step(np.zeros((2, 1))).nonfinite == []
+        reply = bridge.step(np.zeros((2, 1)))
+        assert reply.nonfinite == [1]
+        assert np.isnan(reply.observation["state"][1]).all()
+        bridge.step(np.zeros((2, 1)))
+        assert [s["nonfinite_steps"] for s in bridge.result()["slots"]] == [0, 2]
+
+
+def test_a_bridge_must_start_before_use() -> None:
+    bridge = GymBridge("CartPole-v1")
+    with pytest.raises(RuntimeError, match="call start\\(\\) first"):
+        _ = bridge.contract
+    with pytest.raises(ValueError, match="num_envs must be >= 1"):
+        GymBridge("CartPole-v1", 0)

@@ -1,0 +1,238 @@
+"""The contract: derived from spaces and a sample, written once to an explicit path, edits survive."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from hud_pipelines.contract import (
+    CAMERA_NAMES,
+    DEFAULT_CONTROL_RATE,
+    Contract,
+    FeatureType,
+    action_feature,
+    control_rate_of,
+    derive_contract,
+    load_contract,
+    merge_contract,
+    resolve_contract,
+)
+from hud_pipelines.errors import ContractError
+from hud_pipelines.sim.bridge import GymBridge
+
+Box, Discrete, MultiDiscrete, MultiBinary = (
+    gym.spaces.Box,
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
+)
+
+
+def derive(space: gym.Space[Any], action: gym.Space[Any] | None = None, *, rate: float = 10.0) -> Contract:
+    space.seed(0)
+    return derive_contract(space, action or Box(-1, 1, (2,), np.float32), space.sample(), control_rate=rate)
+
+
+def test_box_observation_is_one_state_feature_with_default_names() -> None:
+    contract = derive(Box(-np.inf, np.inf, (4,), np.float32))
+    state = contract.features["state"]
+    assert (state.role, state.type, state.dtype, state.shape) == ("observation", FeatureType.STATE, "float32", (4,))
+    assert state.names == ["state_0", "state_1", "state_2", "state_3"]
+    assert state.low is None  # infinite bounds stay out of the file
+    assert list(contract.state_features) == ["state"]
+    assert contract.cameras == {}
+
+
+def test_discrete_multidiscrete_multibinary_observations() -> None:
+    contract = derive(gym.spaces.Dict({"d": Discrete(5, start=2), "md": MultiDiscrete([3, 4]), "mb": MultiBinary(3)}))
+    d, md, mb = contract.features["d"], contract.features["md"], contract.features["mb"]
+    assert (d.dtype, d.shape, d.low, d.high) == ("int64", (1,), [2.0], [6.0])
+    assert (md.dtype, md.shape, md.low, md.high) == ("int64", (2,), [0.0, 0.0], [2.0, 3.0])
+    assert (mb.dtype, mb.shape, mb.low, mb.high) == ("int8", (3,), [0.0] * 3, [1.0] * 3)
+    assert md.names == ["md_0", "md_1"]
+
+
+def test_nested_dict_and_tuple_observations_are_flattened_with_slashes() -> None:
+    leaves: dict[str, gym.Space[Any]] = {
+        "robot": gym.spaces.Dict({"joints": Box(-1, 1, (3,), np.float32), "gripper": Discrete(2)}),
+        "pair": gym.spaces.Tuple((Box(0, 1, (2,), np.float64), Discrete(4))),
+        "camera": Box(0, 255, (8, 6, 3), np.uint8),
+    }
+    space: gym.Space[Any] = gym.spaces.Dict(leaves)
+    contract = derive(space)
+    assert set(contract.observation_features) == {"robot/joints", "robot/gripper", "pair/0", "pair/1", "camera"}
+    joints = contract.features["robot/joints"]
+    assert joints.names == ["robot/joints_0", "robot/joints_1", "robot/joints_2"]
+    assert (joints.low, joints.high) == ([-1.0] * 3, [1.0] * 3)
+    assert contract.features["pair/0"].dtype == "float64"
+    assert contract.features["pair/1"].high == [3.0]
+    assert list(contract.cameras) == ["camera"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "kind"),
+    [
+        ((96, 96, 3), np.uint8, FeatureType.RGB),
+        ((64, 48, 4), np.uint8, FeatureType.RGB),
+        ((32, 32, 1), np.uint8, FeatureType.GRAY),
+        ((32, 32, 2), np.uint8, FeatureType.STATE),  # two channels is no camera
+        ((32, 32, 3), np.float32, FeatureType.STATE),  # float images are not cameras by default
+        ((32, 32), np.uint8, FeatureType.STATE),  # no channel axis
+    ],
+)
+def test_cameras_are_hwc_uint8_with_1_3_or_4_channels(shape: tuple[int, ...], dtype: type, kind: FeatureType) -> None:
+    contract = derive(Box(0, 255, shape, dtype))
+    name = "image" if kind is not FeatureType.STATE else "state"
+    feature = contract.features[name]
+    assert feature.type is kind
+    assert feature.shape == shape
+    if kind.is_camera:
+        assert feature.names == CAMERA_NAMES
+        assert contract.cameras == {name: feature}
+
+
+def test_action_features() -> None:
+    box = action_feature(Box(np.array([-1, -2, -3]), np.array([1, 2, 3]), dtype=np.float32))
+    assert (box.role, box.dtype, box.shape, box.low, box.high) == ("action", "float32", (3,), [-1, -2, -3], [1, 2, 3])
+    assert box.names == ["action_0", "action_1", "action_2"]
+    assert action_feature(Box(-1, 1, (2, 2), np.float64)).shape == (4,)
+    discrete = action_feature(Discrete(3, start=-1))
+    assert (discrete.dtype, discrete.shape, discrete.low, discrete.high) == ("int64", (1,), [-1.0], [1.0])
+    assert action_feature(MultiDiscrete([2, 5])).high == [1.0, 4.0]
+    assert action_feature(MultiBinary(4)).shape == (4,)
+    with pytest.raises(ContractError, match="unsupported action space Dict"):
+        action_feature(gym.spaces.Dict({"a": Discrete(2)}))
+
+
+def test_derivation_refuses_bad_observations() -> None:
+    with pytest.raises(ContractError, match="may not be called 'action'"):
+        derive_contract(None, Discrete(2), {"action": np.zeros(2)}, control_rate=1)
+    with pytest.raises(ContractError, match="'state' has dtype <U3"):
+        derive_contract(None, Discrete(2), np.array(["abc"]), control_rate=1)
+
+
+def test_control_rate_from_render_fps_then_dt_then_default() -> None:
+    assert control_rate_of(SimpleNamespace(metadata={"render_fps": 50}, dt=0.5)) == 50.0
+    assert control_rate_of(SimpleNamespace(metadata={}, dt=0.04)) == pytest.approx(25.0)
+    assert control_rate_of(SimpleNamespace(metadata={}, unwrapped=SimpleNamespace(dt=0.1))) == pytest.approx(10.0)
+    assert control_rate_of(SimpleNamespace(metadata={"render_fps": None})) == DEFAULT_CONTROL_RATE
+    vector = SimpleNamespace(metadata={"autoreset_mode": "next"})
+    assert control_rate_of(vector, SimpleNamespace(dt=0.02)) == pytest.approx(50.0)
+    assert control_rate_of(gym.make("CartPole-v1")) == 50.0
+    assert control_rate_of(gym.make("InvertedPendulum-v5")) == pytest.approx(25.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the file
+
+
+def cartpole_contract() -> Contract:
+    env = gym.make("CartPole-v1")
+    observation, _ = env.reset(seed=0)
+    return derive_contract(env.observation_space, env.action_space, observation, control_rate=control_rate_of(env))
+
+
+def test_without_a_path_nothing_touches_the_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    derived = cartpole_contract()
+    assert resolve_contract(derived, None) is derived
+    with GymBridge("CartPole-v1") as bridge:
+        bridge.reset([{"seed": 0}])
+    assert os.listdir(tmp_path) == []
+
+
+def test_first_run_writes_the_file_later_runs_keep_the_edits(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "contract.json"
+    derived = cartpole_contract()
+    assert resolve_contract(derived, path) == derived
+    raw = json.loads(path.read_text())
+    raw["robot_type"] = "cart_pole"
+    raw["control_rate"] = 25.0
+    raw["features"]["state"]["names"] = ["x", "x_dot", "theta", "theta_dot"]
+    raw["features"]["state"]["description"] = "cart position and pole angle"
+    raw["features"]["action"]["names"] = ["push_right"]
+    raw["features"]["action"]["description"] = "0 pushes left, 1 pushes right"
+    edited_text = json.dumps(raw, indent=4)  # the user's own formatting
+    path.write_text(edited_text)
+
+    merged = resolve_contract(cartpole_contract(), path)
+    assert merged.robot_type == "cart_pole"
+    assert merged.control_rate == 25.0
+    assert merged.features["state"].names == ["x", "x_dot", "theta", "theta_dot"]
+    assert merged.features["state"].description == "cart position and pole angle"
+    assert merged.action.names == ["push_right"]
+    assert path.read_text() == edited_text  # nothing to add: the file is left as the user wrote it
+
+
+def test_an_edited_type_survives_and_a_missing_feature_is_added_back(tmp_path: Path) -> None:
+    path = tmp_path / "contract.json"
+    space = gym.spaces.Dict({"camera": Box(0, 255, (8, 8, 3), np.uint8), "pos": Box(-1, 1, (2,), np.float32)})
+    derived = derive(space)
+    resolve_contract(derived, path)
+    raw = json.loads(path.read_text())
+    raw["features"]["camera"]["type"] = "bgr"
+    del raw["features"]["pos"]
+    path.write_text(json.dumps(raw))
+    merged = resolve_contract(derive(space), path)
+    assert merged.features["camera"].type is FeatureType.BGR
+    assert merged.features["pos"] == derived.features["pos"]
+    assert "pos" in load_contract(path).features  # written back because the merge added it
+
+
+def test_a_shape_change_names_the_feature_the_file_and_both_shapes(tmp_path: Path) -> None:
+    path = tmp_path / "contract.json"
+    resolve_contract(derive(gym.spaces.Dict({"joints": Box(-1, 1, (3,), np.float32)})), path)
+    with pytest.raises(ContractError) as caught:
+        resolve_contract(derive(gym.spaces.Dict({"joints": Box(-1, 1, (7,), np.float32)})), path)
+    message = str(caught.value)
+    assert str(path) in message
+    assert "'joints'" in message
+    assert "float32[3] in the contract file" in message
+    assert "float32[7] in the env" in message
+
+
+def test_a_dtype_change_or_a_vanished_feature_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "contract.json"
+    resolve_contract(derive(gym.spaces.Dict({"a": Box(-1, 1, (3,), np.float32), "b": Discrete(2)})), path)
+    with pytest.raises(
+        ContractError, match=r"'a' is observation float32\[3\] in the contract file but observation float64\[3\]"
+    ):
+        resolve_contract(derive(gym.spaces.Dict({"a": Box(-1, 1, (3,), np.float64), "b": Discrete(2)})), path)
+    with pytest.raises(ContractError, match=r"features \['b'\] are in the contract file but not in the env"):
+        resolve_contract(derive(gym.spaces.Dict({"a": Box(-1, 1, (3,), np.float32)})), path)
+
+
+def test_wrong_name_count_bad_json_and_unknown_keys_are_errors_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "contract.json"
+    derived = cartpole_contract()
+    raw = json.loads(derived.to_json())
+    raw["features"]["state"]["names"] = ["x", "theta"]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ContractError, match="'state' has 2 names for 4 values"):
+        resolve_contract(derived, path)
+    path.write_text('{\n  "control_rate": 50,\n  "features": {,}\n}')
+    with pytest.raises(ContractError, match=f"{path}:3:.*not valid JSON"):
+        resolve_contract(derived, path)
+    raw = json.loads(derived.to_json())
+    raw["features"]["state"]["colour"] = "blue"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ContractError, match=f"{path}: invalid contract: features.state.colour"):
+        resolve_contract(derived, path)
+
+
+def test_merge_keeps_edits_but_not_a_role_swap() -> None:
+    derived = cartpole_contract()
+    swapped = derived.model_copy(
+        update={
+            "features": {**derived.features, "state": derived.features["state"].model_copy(update={"role": "action"})}
+        }
+    )
+    with pytest.raises(ContractError, match="'state' is action float32"):
+        merge_contract(swapped, derived, source="edited.json")

@@ -1,0 +1,306 @@
+"""Served sims: a spawned child, the wire, the client; the same trajectories as in-process.
+
+Each env kind of ``test_bridge.py`` is served from a child process, N = 1 with scalar framing and
+N > 1 with batched framing, and driven with the same seeds and actions as a plain gymnasium loop:
+the observations must be bit-identical. Then the process shape itself: one JSON ready line on
+stdout, sim touches on the main thread, no torch/lerobot/dagster in the child, ``--arg`` build
+arguments, the contract file, attach, tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from hud_pipelines.contract import Feature
+from hud_pipelines.errors import RemoteError, SimRefusedError, SimStartError
+from hud_pipelines.sim.process import SimProcess
+from hud_pipelines.wire.codec import packb, unpackb
+from hud_pipelines.wire.messages import PROTOCOL_VERSION, Framing
+from tests.conftest import FAULTY, PROBE, REPO, action_frames, assert_same_trajectory, driven, wait_group_gone
+from tests.test_bridge import CASES, Case
+
+Spawn = Callable[..., SimProcess]
+
+
+def action_space(feature: Feature) -> gym.Space[Any]:
+    """The single-env action space a client can rebuild from the contract alone."""
+    low = np.asarray(feature.low if feature.low is not None else [-1.0] * feature.size)
+    high = np.asarray(feature.high if feature.high is not None else [1.0] * feature.size)
+    if np.dtype(feature.dtype).kind == "i":
+        return gym.spaces.Discrete(int(high[0] - low[0]) + 1, start=int(low[0]))
+    return gym.spaces.Box(low.astype(feature.dtype), high.astype(feature.dtype), dtype=np.dtype(feature.dtype))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_served_trajectories_are_bit_identical_to_plain_gymnasium(case: Case, spawn: Spawn) -> None:
+    sim = spawn(case.factory, num_envs=case.num_envs, build_args=case.build_args)
+    framing = None if case.num_envs == 1 else Framing.BATCHED  # the sim picks scalar framing for one env
+    with sim.connect(framing=framing) as client:
+        assert client.framing is (Framing.SCALAR if case.num_envs == 1 else Framing.BATCHED)
+        assert client.num_envs == case.num_envs
+        frames = action_frames(action_space(client.contract.action), case.num_envs, case.steps)
+        actual = driven(client.reset, client.step, [{"seed": s} for s in case.seeds()], frames)
+        for array in client.reset([{"seed": 0}] * case.num_envs).observation.values():
+            assert array.flags.writeable
+            assert array.dtype.isnative
+            assert array.shape[0] == case.num_envs
+    assert_same_trajectory(actual, case.expected(frames))
+
+
+def test_a_replicated_callable_served_equals_in_process(spawn: Spawn, tmp_path: Path) -> None:
+    from hud_pipelines.sim.bridge import GymBridge
+
+    module = tmp_path / "pendulums.py"
+    module.write_text(
+        "import gymnasium as gym\ndef make():\n    return gym.make('Pendulum-v1', max_episode_steps=15)\n"
+    )
+    tasks = [{"seed": s} for s in (3, 4, 5)]
+    with GymBridge(f"{module}:make", 3) as bridge:
+        frames = action_frames(bridge.envs.single_action_space, 3, 20)
+        in_process = driven(bridge.reset, bridge.step, tasks, frames)
+    sim = spawn(f"{module}:make", num_envs=3)
+    with sim.connect() as client:
+        served = driven(client.reset, client.step, tasks, frames)
+    assert_same_trajectory(served, in_process)
+
+
+# ---------------------------------------------------------------------------------------------
+# the wire as another language would see it
+
+
+@pytest.fixture(scope="module")
+def probe_sim() -> Iterator[SimProcess]:
+    sim = SimProcess.spawn(PROBE, build_args={"success_key": "is_success"})
+    yield sim
+    sim.close()
+    assert sim.pgid is not None
+    wait_group_gone(sim.pgid)
+
+
+def raw_connect(sim: SimProcess) -> ClientConnection:
+    return connect(sim.url, additional_headers={"Authorization": f"Bearer {sim.token}"}, compression=None)
+
+
+def test_scalar_framing_on_the_wire(probe_sim: SimProcess) -> None:
+    with raw_connect(probe_sim) as ws:
+        ws.send(packb({"type": "hello", "protocol": PROTOCOL_VERSION}))
+        hello = unpackb(ws.recv(timeout=10))
+        assert hello["type"] == "hello"
+        assert (hello["protocol"], hello["framing"], hello["num_envs"]) == (PROTOCOL_VERSION, "scalar", 1)
+        assert (hello["hold"], hello["bounds"]) == ("last", "clip")
+        assert hello["server"].startswith("hud-pipelines/")
+        assert hello["contract"]["features"]["action"]["dtype"] == "int64"
+        assert hello["max_frame_bytes"] > 0
+        ws.send(packb({"type": "reset", "seq": 1, "task": {"seed": 4}}))
+        reset = unpackb(ws.recv(timeout=10))
+        assert reset["observation"]["state"].shape == (4,)
+        assert (reset["status"], reset["prompt"], reset["errors"]) == ("running", "probe", [])
+        ws.send(packb({"type": "step", "seq": 2, "action": np.array([2], dtype=np.int64)}))
+        step = unpackb(ws.recv(timeout=10))
+        assert step["type"] == "observation"
+        assert step["seq"] == 2
+        assert step["observation"]["state"].shape == (4,)
+        assert step["reward"] == 2.0
+        assert type(step["terminated"]) is bool
+        assert type(step["success"]) is bool
+        ws.send(packb({"type": "result", "seq": 3}))
+        result = unpackb(ws.recv(timeout=10))
+        assert result["type"] == "result"
+        assert result["slots"][0]["steps"] == 1
+        ws.send(packb({"type": "close"}))
+        assert unpackb(ws.recv(timeout=10)) == {"type": "close"}
+
+
+def test_the_token_may_travel_as_a_query_parameter_and_is_required(probe_sim: SimProcess) -> None:
+    with connect(f"{probe_sim.url}/?token={probe_sim.token}", compression=None) as ws:
+        ws.send(packb({"type": "hello", "protocol": PROTOCOL_VERSION}))
+        assert unpackb(ws.recv(timeout=10))["type"] == "hello"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {probe_sim.token}"}):
+        with pytest.raises(InvalidStatus) as caught, connect(probe_sim.url, additional_headers=headers):
+            pass
+        assert caught.value.response.status_code == 401
+
+
+def test_sim_touches_run_on_the_main_thread_and_the_idle_hook_runs_between(probe_sim: SimProcess) -> None:
+    with probe_sim.connect(framing=None) as client:
+        reply = client.reset({"seed": 0})
+        _, on_main, idle_before, built_on_main = reply.observation["state"][0]
+        assert (on_main, built_on_main) == (1.0, 1.0)
+        time.sleep(0.3)
+        _t, on_main, idle_after, _ = client.step([1]).observation["state"][0]
+        assert on_main == 1.0
+        assert idle_after > idle_before + 5  # pumped every ~10 ms while no request came
+
+
+def test_success_and_result_over_the_wire(probe_sim: SimProcess) -> None:
+    with probe_sim.connect() as client:
+        client.reset({"seed": 1})
+        replies = [client.step(np.array([[1]])) for _ in range(4)]
+        result = client.result()
+    assert [bool(r.success[0]) for r in replies] == [False, False, True, True]
+    assert (result.score, result.success) == (1.0, True)
+    slot = result.slots[0]
+    assert {"score", "success", "total_reward", "steps", "terminated", "truncated", "status"} <= set(slot)
+    assert (slot["steps"], slot["total_reward"], slot["status"]) == (4, 4.0, "running")
+
+
+def test_one_connection_drives_the_sim_a_second_is_refused_until_it_leaves(probe_sim: SimProcess) -> None:
+    with probe_sim.connect() as first:
+        with pytest.raises(SimRefusedError, match="HTTP 409") as caught:
+            probe_sim.connect()
+        assert caught.value.status == 409
+        first.reset()
+    with probe_sim.connect() as second:
+        assert second.reset().status == ["running"]
+
+
+def test_task_arguments_over_the_wire(spawn: Spawn) -> None:
+    sim = spawn("CartPole-v1")
+    with sim.connect() as client:
+        reply = client.reset({"seed": 0, "max_episode_steps": 2})
+        client.step([[0]])
+        assert client.step([[1]]).truncated.tolist() == [True]
+        with pytest.raises(RemoteError, match=r"'gravity' is accepted neither by the factory CartPole-v1\(") as caught:
+            client.reset({"gravity": 3.0})
+        assert caught.value.phase == "reset"
+        assert client.reset({"seed": 0}).status == ["running"]  # still serving
+    assert reply.prompt == ["CartPole-v1 max_episode_steps=2"]
+
+
+def test_attach_gives_the_same_client_and_does_not_own_the_sim(probe_sim: SimProcess) -> None:
+    attached = SimProcess.attach(probe_sim.url, probe_sim.token)
+    assert attached.pid is None
+    assert not attached.owned
+    assert attached.alive()
+    with attached.connect() as client:
+        assert client.reset({"seed": 2}).status == ["running"]
+    attached.close()
+    assert probe_sim.alive()
+
+
+# ---------------------------------------------------------------------------------------------
+# the child process itself
+
+
+def serve_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hud_pipelines.sim", *args]
+
+
+def read_ready(process: subprocess.Popen[bytes]) -> dict[str, Any]:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    return json.loads(line)
+
+
+@pytest.mark.parametrize("entry", ["module", "console-script"])
+def test_exactly_one_json_line_reaches_stdout_whatever_the_env_prints(entry: str) -> None:
+    factory = f"{REPO / 'envs' / 'faulty.py'}:faulty"
+    args = [factory, "--arg", "fault=print", "--arg", "at_step=1"]
+    command = (
+        serve_command(*args)
+        if entry == "module"
+        else [str(Path(sys.executable).parent / "hud-pipelines"), "serve", *args]
+    )
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        ready = read_ready(process)
+        assert {"url", "token", "protocol"} <= set(ready)
+        assert ready["protocol"] == PROTOCOL_VERSION
+        assert ready["url"].startswith("ws://127.0.0.1:")
+        with SimProcess.attach(ready["url"], ready["token"]).connect() as client:
+            client.reset({"seed": 0})
+            client.step([[0.5]])
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=20)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL) if process.poll() is None else None
+    assert stdout == b""  # nothing after the ready line, although the env printed on build, reset and step
+    assert process.returncode == 0
+    text = stderr.decode()
+    assert "FaultyEnv is building" in text
+    assert "FaultyEnv is stepping" in text
+    assert "shutting down" in text
+
+
+def test_the_child_imports_no_torch_lerobot_or_dagster(spawn: Spawn, tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, os, sys\n"
+        "atexit.register(lambda: open(os.environ['HUD_TEST_MODULES'], 'w').write('\\n'.join(sorted(sys.modules))))\n"
+    )
+    listing = tmp_path / "modules.txt"
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    sim = spawn("CartPole-v1", num_envs=2, env={"PYTHONPATH": path, "HUD_TEST_MODULES": str(listing)})
+    with sim.connect() as client:
+        client.reset()
+        client.step(np.zeros((2, 1)))
+    sim.close()
+    modules = {name.split(".")[0] for name in listing.read_text().split()}
+    assert {"gymnasium", "websockets", "msgpack", "hud_pipelines"} <= modules  # the listing is real
+    assert not modules & {"torch", "lerobot", "dagster", "transformers"}
+
+
+def test_build_arguments_from_the_command_line(spawn: Spawn) -> None:
+    sim = spawn("CartPole-v1", options=["--arg", "max_episode_steps=3", "--arg", "sutton_barto_reward=true"])
+    with sim.connect() as client:
+        client.reset({"seed": 0})
+        replies = [client.step([[k % 2]]) for k in range(3)]
+    assert replies[-1].truncated.tolist() == [True]
+    assert [r.reward[0] for r in replies] == [0.0, 0.0, 0.0]  # Sutton and Barto reward: 0 while alive
+
+
+def test_an_unknown_build_argument_fails_start_up_naming_the_signature(spawn: Spawn) -> None:
+    started = time.monotonic()
+    with pytest.raises(SimStartError) as caught:
+        spawn(FAULTY, build_args={"speed": 3})
+    assert time.monotonic() - started < 15
+    message = str(caught.value)
+    assert "exited with code 2 before it was ready" in message
+    assert "task argument 'speed' is accepted neither by the factory faulty(fault: str = 'none'" in message
+
+
+def test_the_contract_file_is_written_where_asked_and_edits_survive_a_restart(spawn: Spawn, tmp_path: Path) -> None:
+    path = tmp_path / "pipelines" / "cartpole.contract.json"
+    sim = spawn("CartPole-v1", contract_path=path)
+    with sim.connect() as client:
+        assert client.contract.features["state"].names == ["state_0", "state_1", "state_2", "state_3"]
+    sim.close()
+    raw = json.loads(path.read_text())
+    raw["features"]["state"]["names"] = ["x", "x_dot", "theta", "theta_dot"]
+    raw["robot_type"] = "cart_pole"
+    path.write_text(json.dumps(raw))
+    sim = spawn("CartPole-v1", contract_path=path)
+    with sim.connect() as client:
+        assert client.contract.features["state"].names == ["x", "x_dot", "theta", "theta_dot"]
+        assert client.contract.robot_type == "cart_pole"
+    sim.close()
+    raw["features"]["state"]["shape"] = [6]
+    raw["features"]["state"]["names"] = [f"s{i}" for i in range(6)]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(SimStartError) as caught:
+        spawn("CartPole-v1", contract_path=path)
+    message = str(caught.value)
+    assert str(path) in message
+    assert "'state' is observation float32[6] in the contract file" in message
+    assert "float32[4] in the env" in message
+
+
+def test_no_contract_file_lands_in_the_working_directory(spawn: Spawn, tmp_path: Path) -> None:
+    sim = spawn("CartPole-v1", cwd=tmp_path)
+    with sim.connect() as client:
+        client.reset()
+    sim.close()
+    assert list(tmp_path.iterdir()) == []
