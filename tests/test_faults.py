@@ -542,3 +542,18 @@ def test_non_finite_observations_reach_the_client_flagged(spawn: Spawn) -> None:
         assert np.isnan(reply.observation["state"][1]).all()
         assert np.isfinite(reply.observation["state"][0]).all()
         assert [s["nonfinite_steps"] for s in client.result().slots] == [0, 1]
+
+
+def test_teardown_escalates_to_sigkill_when_sigterm_is_not_enough(spawn: Spawn) -> None:
+    sim = spawn(FAULTY, build_args={"fault": "hang_step", "at_step": 1})
+    sim_pid = sim.pid
+    assert sim_pid is not None
+    with raw(sim) as ws:
+        call(ws, packb({"type": "reset", "seq": 1, "task": [{"seed": 0}]}))
+        ws.send(packb({"type": "step", "seq": 2, "action": np.zeros((1, 1), np.float32)}))  # hangs in env.step
+        time.sleep(0.3)
+        started = time.monotonic()
+        sim.close(grace_s=0.5)  # SIGTERM only queues a stop behind the hung step: SIGKILL must follow
+        assert time.monotonic() - started < 5
+    assert "killed by SIGKILL" in sim.diagnose()
+    wait_group_gone(sim_pid)

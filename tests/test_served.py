@@ -304,3 +304,9 @@ def test_no_contract_file_lands_in_the_working_directory(spawn: Spawn, tmp_path:
         client.reset()
     sim.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_server_never_negotiates_compression(probe_sim: SimProcess) -> None:
+    with connect(probe_sim.url, additional_headers={"Authorization": f"Bearer {probe_sim.token}"}) as ws:
+        assert ws.response is not None
+        assert ws.response.headers.get("Sec-WebSocket-Extensions") is None  # the client offered permessage-deflate

@@ -1,0 +1,238 @@
+"""Served vs in-process stepping, side by side in one run; and spawn-to-first-observation.
+
+For each sim and batch size the same env code runs twice with the same vectorization:
+
+- in-process: a ``SyncVectorEnv`` stepped in a plain loop (the baseline);
+- served: the same sim in a child process (``SimProcess.spawn``), stepped over the wire with
+  batched framing through ``SimClient`` (registry ids get ``vectorization_mode="sync"``, the camera
+  sim's factory builds a ``SyncVectorEnv`` itself).
+
+Each repeat times the in-process loop and then the served loop back to back and records their ratio
+(served throughput / in-process throughput), so both see the same machine load; the table reports
+medians over repeats. CartPole is driven by a balancing rule computed from the observation on both
+sides (so episodes do not end at once); Pendulum and the camera sim get the same random torques.
+
+Usage: ``python bench/wire.py [--repeats 5] [--quick]``. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from envs.camera_pendulum import camera_pendulum  # noqa: E402
+from hud_pipelines.sim.process import SimProcess  # noqa: E402
+from hud_pipelines.wire.messages import Framing  # noqa: E402
+
+CAMERA = f"{REPO / 'envs' / 'camera_pendulum.py'}:camera_pendulum"
+LONG_EPISODES = 10**6
+Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    factory: str
+    num_envs: int
+    steps: int
+    camera: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}_n{self.num_envs}"
+
+    def build_args(self) -> dict[str, Any]:
+        if self.camera:
+            return {"max_episode_steps": LONG_EPISODES}
+        return {"vectorization_mode": "sync", "max_episode_steps": LONG_EPISODES}
+
+    def in_process(self) -> Any:
+        if self.camera:
+            return camera_pendulum(num_envs=self.num_envs, max_episode_steps=LONG_EPISODES)
+        return gym.make_vec(
+            self.factory, num_envs=self.num_envs, vectorization_mode="sync", max_episode_steps=LONG_EPISODES
+        )
+
+
+def configs(quick: bool) -> list[Config]:
+    scale = 0.25 if quick else 1.0
+
+    def steps(count: int) -> int:
+        return max(20, int(count * scale))
+
+    return [
+        Config("cartpole", "CartPole-v1", 1, steps(2000)),
+        Config("cartpole", "CartPole-v1", 8, steps(1500)),
+        Config("cartpole", "CartPole-v1", 64, steps(400)),
+        Config("pendulum", "Pendulum-v1", 1, steps(2000)),
+        Config("pendulum", "Pendulum-v1", 8, steps(1500)),
+        Config("pendulum", "Pendulum-v1", 64, steps(400)),
+        Config("camera", CAMERA, 8, steps(300), camera=True),
+        Config("camera", CAMERA, 64, steps(60), camera=True),
+    ]
+
+
+def policy_for(config: Config, space: gym.Space[Any]) -> Callable[[int, Array], Array]:
+    """The same action rule for both sides: CartPole balances, the others replay random torques."""
+    if config.name == "cartpole":
+
+        def balance(step: int, state: Array) -> Array:
+            push = 10 * state[:, 2] + 2 * state[:, 3] + 0.5 * state[:, 0] + state[:, 1]
+            return (push > 0).astype(np.int64).reshape(-1, 1)
+
+        return balance
+    assert isinstance(space, gym.spaces.Box)
+    rng = np.random.default_rng(0)
+    low = float(np.asarray(space.low, dtype=np.float64).min())
+    high = float(np.asarray(space.high, dtype=np.float64).max())
+    table = rng.uniform(low, high, (config.steps, config.num_envs, 1)).astype(np.float32)
+    return lambda step, state: table[step % config.steps]
+
+
+def state_of(observation: Any) -> Array:
+    return cast(Array, observation["state"] if isinstance(observation, dict) else observation)
+
+
+def time_in_process(env: Any, config: Config, policy: Callable[[int, Array], Array]) -> float:
+    """Env-steps per second of a plain loop over a ``SyncVectorEnv``."""
+    observation, _ = env.reset(seed=0)
+    for step in range(10):
+        observation, *_ = env.step(policy(step, state_of(observation)).reshape(config.num_envs, *_action_shape(env)))
+    started = time.perf_counter()
+    for step in range(config.steps):
+        action = policy(step, state_of(observation)).reshape(config.num_envs, *_action_shape(env))
+        observation, *_ = env.step(action)
+    return config.steps * config.num_envs / (time.perf_counter() - started)
+
+
+def _action_shape(env: Any) -> tuple[int, ...]:
+    return tuple(env.single_action_space.shape)
+
+
+def time_served(sim: SimProcess, config: Config, policy: Callable[[int, Array], Array]) -> tuple[float, float]:
+    """Env-steps per second through the wire, and the median round trip of one frame (ms)."""
+    tasks = [{"seed": slot} for slot in range(config.num_envs)]
+    with sim.connect(framing=Framing.BATCHED) as client:
+        reply = client.reset(tasks)
+        for step in range(10):
+            reply = client.step(policy(step, reply.observation["state"]))
+        trips: list[float] = []
+        started = time.perf_counter()
+        for step in range(config.steps):
+            if "running" not in reply.status:
+                reply = client.reset(tasks)
+            sent = time.perf_counter()
+            reply = client.step(policy(step, reply.observation["state"]))
+            trips.append(time.perf_counter() - sent)
+        elapsed = time.perf_counter() - started
+    return config.steps * config.num_envs / elapsed, statistics.median(trips) * 1000
+
+
+@dataclass
+class Row:
+    config: Config
+    in_process: float
+    served: float
+    ratio: float
+    trip_ms: float
+
+
+def measure(config: Config, repeats: int) -> Row:
+    env = config.in_process()
+    policy = policy_for(config, env.single_action_space)
+    sim = SimProcess.spawn(config.factory, num_envs=config.num_envs, build_args=config.build_args())
+    try:
+        local: list[float] = []
+        served: list[float] = []
+        ratios: list[float] = []
+        trips: list[float] = []
+        for _ in range(repeats):
+            local.append(time_in_process(env, config, policy))
+            rate, trip = time_served(sim, config, policy)
+            served.append(rate)
+            trips.append(trip)
+            ratios.append(served[-1] / local[-1])
+    finally:
+        sim.close()
+        env.close()
+    return Row(
+        config, statistics.median(local), statistics.median(served), statistics.median(ratios), statistics.median(trips)
+    )
+
+
+def spawn_to_first_observation(repeats: int) -> list[float]:
+    """Seconds from ``SimProcess.spawn`` to the first observation of a reset, for CartPole-v1."""
+    times: list[float] = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        sim = SimProcess.spawn("CartPole-v1")
+        try:
+            with sim.connect() as client:
+                client.reset({"seed": 0})
+                times.append(time.perf_counter() - started)
+        finally:
+            sim.close()
+    return times
+
+
+def machine() -> str:
+    load = os.getloadavg()
+    return (
+        f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}, "
+        f"gymnasium {gym.__version__}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the steps (a smoke run)")
+    parser.add_argument("--only", default=None, help="run only configs whose key contains this text")
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    rows: list[Row] = []
+    header = f"{'sim':<10}{'N':>4}{'camera':>8}{'in-process/s':>15}{'served/s':>12}{'ratio':>8}{'round trip ms':>15}"
+    print(header)
+    print("-" * len(header))
+    for config in configs(args.quick):
+        if args.only and args.only not in config.key:
+            continue
+        row = measure(config, args.repeats)
+        rows.append(row)
+        camera = "96x96x3" if config.camera else "-"
+        print(
+            f"{config.name:<10}{config.num_envs:>4}{camera:>8}{row.in_process:>15,.0f}{row.served:>12,.0f}"
+            f"{row.ratio:>8.2f}{row.trip_ms:>15.2f}",
+            flush=True,
+        )
+    spawn_times = [] if args.only else spawn_to_first_observation(args.repeats)
+    if spawn_times:
+        print(
+            f"spawn to first observation (CartPole-v1): median {statistics.median(spawn_times):.2f} s "
+            f"(runs: {', '.join(f'{t:.2f}' for t in spawn_times)})"
+        )
+    summary: dict[str, Any] = {f"ratio_{row.config.key}": round(row.ratio, 3) for row in rows}
+    if spawn_times:
+        summary["spawn_to_first_observation_s"] = round(statistics.median(spawn_times), 3)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
