@@ -17,12 +17,12 @@ import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from hud_pipelines.dataset.writer import EPISODES_SIDECAR, DatasetWriteError
+from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
+from hud_pipelines.dataset.writer import DatasetWriteError
 
 logger = logging.getLogger(__name__)
-
-INFO_FILE = "meta/info.json"
 
 
 class EmptyDatasetError(DatasetWriteError):
@@ -57,17 +57,17 @@ def _episodes_in(part: Path) -> int:
     return int(info.get("total_episodes", 0))
 
 
-def _readable(part: Path, repo_id: str) -> str | None:
-    """Why the part cannot be merged, or ``None`` when it can."""
+def _open_part(part: Path, repo_id: str) -> tuple[Any, str | None]:
+    """The part's lerobot metadata, or why the part cannot be merged."""
     from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 
     try:
         meta = LeRobotDatasetMetadata(repo_id, root=part)
         if meta.total_episodes == 0 or meta.episodes is None or len(meta.episodes) != meta.total_episodes:
-            return "its episode metadata is incomplete (not finalized)"
+            return None, "its episode metadata is incomplete (not finalized)"
     except Exception as exc:  # a killed writer leaves parquet files without footers
-        return f"unreadable: {exc!r}"
-    return None
+        return None, f"unreadable: {exc!r}"
+    return meta, None
 
 
 def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single: bool = False) -> MergeResult:
@@ -81,26 +81,26 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     if dest.exists():
         raise DatasetWriteError(f"{dest}: the merge target already exists")
     usable: list[Path] = []
+    metas: list[Any] = []
     skipped: list[tuple[Path, str]] = []
     for part in sorted(Path(p) for p in parts):
         if _episodes_in(part) == 0:
             skipped.append((part, "no episodes"))
             continue
-        reason = _readable(part, repo_id)
+        meta, reason = _open_part(part, repo_id)
         if reason is not None:
             logger.warning("leaving %s out of the merge: %s", part, reason)
             skipped.append((part, reason))
             continue
         usable.append(part)
+        metas.append(meta)
     if not usable:
         raise EmptyDatasetError(f"no episodes to merge into {dest} (parts: {[str(p) for p in parts]})")
 
     from lerobot.datasets.aggregate import aggregate_datasets
-    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 
-    metas = [LeRobotDatasetMetadata(repo_id, root=p) for p in usable]
-    expected_episodes = sum(m.total_episodes for m in metas)
-    expected_frames = sum(m.total_frames for m in metas)
+    expected_episodes = sum(int(m.total_episodes) for m in metas)
+    expected_frames = sum(int(m.total_frames) for m in metas)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if len(usable) == 1:
         if move_single:
@@ -110,10 +110,10 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     else:
         aggregate_datasets(repo_ids=[repo_id] * len(usable), aggr_repo_id=repo_id, roots=list(usable), aggr_root=dest)
         _merge_sidecars(usable, [m.total_episodes for m in metas], dest)
-    merged = LeRobotDatasetMetadata(repo_id, root=dest)
-    if (merged.total_episodes, merged.total_frames) != (expected_episodes, expected_frames):
+    info = json.loads((dest / INFO_FILE).read_text())
+    if (info.get("total_episodes"), info.get("total_frames")) != (expected_episodes, expected_frames):
         raise DatasetWriteError(
-            f"{dest}: merged {merged.total_episodes} episodes / {merged.total_frames} frames, "
+            f"{dest}: merged {info.get('total_episodes')} episodes / {info.get('total_frames')} frames, "
             f"expected {expected_episodes} / {expected_frames}"
         )
     return MergeResult(

@@ -26,6 +26,18 @@ class VideoCodec(StrEnum):
     AV1 = "libsvtav1"
 
 
+class WriterKind(StrEnum):
+    """Where lerobot writes a shard's parts.
+
+    ``thread``: in this process (cheap to start, shares the GIL with the agent loop); ``process``: one
+    child process per part (~11 s to start while the sims start, then writes on its own core and
+    never holds this interpreter's GIL).
+    """
+
+    THREAD = "thread"
+    PROCESS = "process"
+
+
 class DatasetOptions(BaseModel):
     """Dataset settings, as written under ``dataset:`` in a pipeline YAML."""
 
@@ -42,11 +54,12 @@ class DatasetOptions(BaseModel):
         default=False,
         description="keep errored episodes, flagged by an 'episode.errored' column, instead of leaving them out",
     )
+    writer: WriterKind = Field(default=WriterKind.THREAD, description="'thread' or 'process' (see WriterKind)")
     writers: int = Field(
-        default=2,
+        default=1,
         ge=1,
         le=32,
-        description="writer threads per shard; each owns one part of the shard, so parts encode in parallel",
+        description="writers per shard; each owns one part of the shard, so parts are written in parallel",
     )
     queued_episodes: int = Field(
         default=4,

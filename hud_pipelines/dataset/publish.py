@@ -41,8 +41,9 @@ from typing import Any, Self
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.dataset.cancel import sigterm_interrupts
-from hud_pipelines.dataset.merge import INFO_FILE, MergeResult, find_parts, merge_parts
+from hud_pipelines.dataset.merge import MergeResult, find_parts, merge_parts
 from hud_pipelines.dataset.options import DatasetOptions
+from hud_pipelines.dataset.part import INFO_FILE
 from hud_pipelines.dataset.writer import DatasetWriteError, LeRobotDatasetSink, SinkReport, default_repo_id
 
 logger = logging.getLogger(__name__)

@@ -9,46 +9,40 @@ Why it looks like this:
   carries ``episode.errored``); an episode never ended (cancellation) is never written.
 - **Writing never stalls stepping.** ``add`` converts and buffers (microseconds); ``end`` puts the
   finished episode on a bounded queue. Writer threads (``options.writers``) take episodes from it,
-  each into its own *part* (a complete lerobot dataset under ``<root>/part-<i>``), so PNG writing,
-  stats and video encoding of several episodes run at once (they release the GIL). The queue bound
-  keeps memory flat whatever the number of episodes: at most slots x episode length frames plus
-  ``queued_episodes`` finished episodes are held; when writers fall behind, ``end`` waits.
+  each into its own *part* (a complete lerobot dataset under ``<root>/part-<i>``), written by
+  lerobot in this process (``writer: thread``) or in a child process per part (``writer: process``,
+  which keeps lerobot's Python work off this interpreter's GIL and uses more cores). The queue
+  bound keeps memory flat whatever the number of episodes: at most slots x episode length frames
+  plus ``queued_episodes`` finished episodes are held; when writers fall behind, ``end`` waits.
 - **finalize always runs.** Each writer finalizes its part when the sink closes, when the writer
-  fails, and when the thread that owns the sink is gone without closing it. Writers are not
-  daemon threads, so an interrupt in the caller still lets them finish the part they hold.
-- Each part also gets ``meta/hud_episodes.jsonl``: one line per written episode with its
-  ``EpisodeKey``, trace id and outcome, so dataset episodes can be joined with grades and traces.
+  fails, and when the program's main thread ends without closing it. Writers are not daemon
+  threads, so an interrupt in the caller still lets them finish the part they hold.
+- Episodes of one part keep their end order; several parts are merged in part order
+  (:mod:`.merge`), and ``meta/hud_episodes.jsonl`` maps every episode back to its ``EpisodeKey``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
-
-import numpy as np
+from typing import Any, Self
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.dataset.features import ERRORED, DatasetLayout, FrameDict
-from hud_pipelines.dataset.options import DatasetOptions, VideoCodec
+from hud_pipelines.dataset.features import DatasetLayout, FrameDict
+from hud_pipelines.dataset.options import DatasetOptions, WriterKind
+from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, Part, PartWriter
+from hud_pipelines.dataset.process import ProcessPart
 from hud_pipelines.errors import HudPipelinesError, SlotStateError
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
 
-if TYPE_CHECKING:
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
 logger = logging.getLogger(__name__)
 
-PART_PREFIX = "part-"
-EPISODES_SIDECAR = "meta/hud_episodes.jsonl"
-"""Per part (and in a merged dataset): one JSON line per episode, in episode_index order."""
 _POLL_S = 0.5
 
 
@@ -75,14 +69,6 @@ class SinkReport:
 class _OpenEpisode:
     prompt: str
     frames: list[FrameDict] = field(default_factory=list[FrameDict])
-
-
-@dataclass(frozen=True)
-class _FinishedEpisode:
-    key: EpisodeKey
-    task: str
-    frames: list[FrameDict]
-    outcome: EpisodeOutcome
 
 
 def default_repo_id(name: str) -> str:
@@ -116,13 +102,12 @@ class LeRobotDatasetSink:
         self.repo_id = repo_id or default_repo_id(self.root.name)
         self.root.mkdir(parents=True, exist_ok=True)
         self._open: dict[EpisodeKey, _OpenEpisode] = {}
-        self._queue: queue.Queue[_FinishedEpisode | None] = queue.Queue(maxsize=self.options.queued_episodes)
+        self._queue: queue.Queue[FinishedEpisode | None] = queue.Queue(maxsize=self.options.queued_episodes)
         self._lock = threading.Lock()
         self._report = SinkReport()
         self._failure: BaseException | None = None
         self._closed = False
-        self._owner = threading.current_thread()
-        self._writers = [_PartWriter(self, index) for index in range(self.options.writers)]
+        self._writers = [_WriterThread(self, index) for index in range(self.options.writers)]
         for writer in self._writers:
             writer.start()
 
@@ -161,7 +146,7 @@ class LeRobotDatasetSink:
                     self._report.errored_dropped += 1
                     return
                 self._report.errored_kept += 1
-        self._put(_FinishedEpisode(key=key, task=episode.prompt, frames=episode.frames, outcome=outcome))
+        self._put(FinishedEpisode(key=key, task=episode.prompt, frames=episode.frames, outcome=outcome))
 
     def close(self) -> None:
         """Drop episodes never ended, let the writers drain the queue, finalize every part."""
@@ -181,7 +166,7 @@ class LeRobotDatasetSink:
             limit = self.options.close_timeout_s
             raise DatasetWriteError(f"{self.root}: writers {stuck} did not finish within {limit}s")
         with self._lock:
-            self._report.parts = sorted(w.part for w in self._writers if w.created)
+            self._report.parts = sorted(w.part.path for w in self._writers if (w.part.path / INFO_FILE).is_file())
         if self._failure is not None:
             raise DatasetWriteError(f"{self.root}: a dataset writer failed: {self._failure!r}") from self._failure
 
@@ -216,7 +201,7 @@ class LeRobotDatasetSink:
         if self._failure is not None:
             raise DatasetWriteError(f"{self.root}: a dataset writer failed: {self._failure!r}") from self._failure
 
-    def _put(self, item: _FinishedEpisode | None, *, closing: bool = False) -> None:
+    def _put(self, item: FinishedEpisode | None, *, closing: bool = False) -> None:
         """Enqueue, waiting while writers are busy, but never on writers that are all gone."""
         while True:
             if not any(w.is_alive() for w in self._writers):
@@ -230,13 +215,13 @@ class LeRobotDatasetSink:
                 if self._failure is not None and not closing:
                     self._check_usable()
 
-    def _next(self) -> tuple[bool, _FinishedEpisode | None]:
-        """A writer's next item; ``(False, None)`` when the owner is gone without closing."""
+    def _next(self) -> tuple[bool, FinishedEpisode | None]:
+        """A writer's next item; ``(False, None)`` when the program ends without closing the sink."""
         while True:
             try:
                 return True, self._queue.get(timeout=_POLL_S)
             except queue.Empty:
-                if not self._owner.is_alive():
+                if not threading.main_thread().is_alive():
                     return False, None
 
     def _failed(self, exc: BaseException) -> None:
@@ -250,34 +235,41 @@ class LeRobotDatasetSink:
             self._report.frames_written += frames
 
 
-class _PartWriter(threading.Thread):
-    """Owns one part: creates it on its first episode, writes episodes whole, always finalizes."""
+class _WriterThread(threading.Thread):
+    """Takes finished episodes from the sink's queue and writes them into its part, always finalizing."""
 
     def __init__(self, sink: LeRobotDatasetSink, index: int) -> None:
         super().__init__(name=f"dataset-writer-{sink.root.name}-{index}", daemon=False)
         self.sink = sink
-        self.part = sink.root / f"{PART_PREFIX}{index:03d}"
-        self.created = False
-        self._dataset: LeRobotDataset | None = None
+        path = sink.root / f"{PART_PREFIX}{index:03d}"
+        options = sink.options
+        self.part: Part = (
+            ProcessPart(path, options, sink.repo_id)
+            if options.writer is WriterKind.PROCESS
+            else PartWriter(path, options, sink.repo_id)
+        )
 
     def run(self) -> None:
         try:
-            # Warm lerobot's import (~11 s) while the sims start, not when the first episode ends.
-            import lerobot.datasets.lerobot_dataset  # noqa: F401  # pyright: ignore[reportUnusedImport]
-
+            self.part.start()
             while True:
                 ok, item = self.sink._next()  # pyright: ignore[reportPrivateUsage]
                 if not ok or item is None:
                     break
                 if self.sink._failure is not None:  # pyright: ignore[reportPrivateUsage]
                     continue
-                self._write(item)
+                self.part.write(item, self.sink.layout)
+                self.sink._written(len(item.frames))  # pyright: ignore[reportPrivateUsage]
         except BaseException as exc:
             logger.exception("dataset writer %s failed", self.name)
             self.sink._failed(exc)  # pyright: ignore[reportPrivateUsage]
             self._drain()
         finally:
-            self._finalize()
+            try:
+                self.part.finalize()
+            except BaseException as exc:
+                logger.exception("finalizing %s failed", self.part.path)
+                self.sink._failed(exc)  # pyright: ignore[reportPrivateUsage]
 
     def _drain(self) -> None:
         """After a failure keep taking items so producers and close() never wait on this writer."""
@@ -285,84 +277,3 @@ class _PartWriter(threading.Thread):
             ok, item = self.sink._next()  # pyright: ignore[reportPrivateUsage]
             if not ok or item is None:
                 return
-
-    def _write(self, episode: _FinishedEpisode) -> None:
-        dataset = self._dataset or self._create()
-        errored = episode.outcome.status is EpisodeStatus.ERRORED
-        flag = np.array([errored], dtype=np.bool_)
-        try:
-            for frame in episode.frames:
-                row: dict[str, Any] = dict(frame)
-                row["task"] = episode.task
-                if self.sink.layout.keep_errored:
-                    row[ERRORED] = flag
-                dataset.add_frame(row)
-            index = dataset.meta.total_episodes
-            dataset.save_episode()
-        except BaseException:
-            if dataset.has_pending_frames():
-                dataset.clear_episode_buffer()
-            raise
-        self._record(index, episode)
-        self.sink._written(len(episode.frames))  # pyright: ignore[reportPrivateUsage]
-
-    def _create(self) -> LeRobotDataset:
-        from lerobot.configs import RGBEncoderConfig
-        from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-        _quiet_libraries()
-        options = self.sink.options
-        encoder = RGBEncoderConfig(
-            vcodec=options.codec.value, preset="ultrafast" if options.codec is VideoCodec.H264 else None
-        )
-        layout = self.sink.layout
-        self._dataset = LeRobotDataset.create(
-            repo_id=self.sink.repo_id,
-            fps=layout.fps,
-            features=layout.lerobot_features(),
-            root=self.part,
-            robot_type=layout.robot_type,
-            use_videos=layout.uses_video,
-            rgb_encoder=encoder,
-        )
-        self.created = True
-        return self._dataset
-
-    def _record(self, index: int, episode: _FinishedEpisode) -> None:
-        outcome = episode.outcome
-        line = {
-            "episode_index": index,
-            "trace_id": episode.key.trace_id,
-            **asdict(episode.key),
-            "status": outcome.status.value,
-            "success": outcome.success,
-            "score": outcome.score,
-            "total_reward": outcome.total_reward,
-            "steps": outcome.steps,
-            "frames": len(episode.frames),
-            "task_prompt": episode.task,
-        }
-        with (self.part / EPISODES_SIDECAR).open("a") as sidecar:
-            sidecar.write(json.dumps(line) + "\n")
-
-    def _finalize(self) -> None:
-        dataset, self._dataset = self._dataset, None
-        if dataset is None:
-            return
-        try:
-            if dataset.has_pending_frames():
-                dataset.clear_episode_buffer()
-            dataset.finalize()
-        except BaseException as exc:
-            logger.exception("finalizing %s failed", self.part)
-            self.sink._failed(exc)  # pyright: ignore[reportPrivateUsage]
-
-
-def _quiet_libraries() -> None:
-    """Keep warnings, drop chatter: libav prints a banner per encode and per concatenation at INFO
-    (lerobot hands logging back to libav's own printer), ``datasets`` a progress bar per episode."""
-    import av.logging
-    import datasets
-
-    av.logging.set_libav_level(av.logging.WARNING)
-    datasets.disable_progress_bars()

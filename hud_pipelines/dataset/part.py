@@ -1,0 +1,146 @@
+"""One part of a shard: a complete lerobot dataset that one writer fills, episode by episode.
+
+A part is created on its first episode (the layout is complete by then: missing shapes were filled
+from the first frame), written only through ``LeRobotDataset`` (``create``, ``add_frame`` with the
+task string, ``save_episode``) and always finalized. Beside lerobot's files it keeps
+``meta/hud_episodes.jsonl``: one line per episode with its ``EpisodeKey``, trace id and outcome, so
+dataset episodes can be joined with grades and traces.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from hud_pipelines.dataset.features import ERRORED, DatasetLayout, FrameDict
+from hud_pipelines.dataset.options import DatasetOptions, VideoCodec
+from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus
+
+if TYPE_CHECKING:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+logger = logging.getLogger(__name__)
+
+PART_PREFIX = "part-"
+INFO_FILE = "meta/info.json"
+EPISODES_SIDECAR = "meta/hud_episodes.jsonl"
+"""Per part (and in a merged dataset): one JSON line per episode, in episode_index order."""
+
+
+@dataclass(frozen=True)
+class FinishedEpisode:
+    """A whole episode, ready to be written: converted frames, task string and outcome."""
+
+    key: EpisodeKey
+    task: str
+    frames: list[FrameDict]
+    outcome: EpisodeOutcome
+
+
+class Part(Protocol):
+    """Where a writer thread puts episodes: lerobot in this process, or in a child process."""
+
+    path: Path
+
+    def start(self) -> None:
+        """Prepare (import lerobot, spawn a child) before the first episode arrives."""
+        ...
+
+    def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
+        """Write one episode whole; returns its episode index in the part."""
+        ...
+
+    def finalize(self) -> None:
+        """Flush and close; idempotent; the part is loadable afterwards (if it holds an episode)."""
+        ...
+
+
+class PartWriter:
+    """Writes a part with lerobot in the calling process."""
+
+    def __init__(self, path: Path, options: DatasetOptions, repo_id: str) -> None:
+        self.path = path
+        self.options = options
+        self.repo_id = repo_id
+        self._dataset: LeRobotDataset | None = None
+
+    def start(self) -> None:
+        # lerobot's import takes ~11 s: pay it while the sims start, not when the first episode ends.
+        import lerobot.datasets.lerobot_dataset  # noqa: F401  # pyright: ignore[reportUnusedImport]
+
+    def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
+        dataset = self._dataset or self._create(layout)
+        flag = np.array([episode.outcome.status is EpisodeStatus.ERRORED], dtype=np.bool_)
+        try:
+            for frame in episode.frames:
+                row: dict[str, Any] = dict(frame)
+                row["task"] = episode.task
+                if layout.keep_errored:
+                    row[ERRORED] = flag
+                dataset.add_frame(row)
+            index = int(dataset.meta.total_episodes)
+            dataset.save_episode()
+        except BaseException:
+            if dataset.has_pending_frames():
+                dataset.clear_episode_buffer()
+            raise
+        self._record(index, episode)
+        return index
+
+    def finalize(self) -> None:
+        dataset, self._dataset = self._dataset, None
+        if dataset is None:
+            return
+        if dataset.has_pending_frames():
+            dataset.clear_episode_buffer()
+        dataset.finalize()
+
+    def _create(self, layout: DatasetLayout) -> LeRobotDataset:
+        from lerobot.configs import RGBEncoderConfig
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        quiet_libraries()
+        codec = self.options.codec
+        encoder = RGBEncoderConfig(vcodec=codec.value, preset="ultrafast" if codec is VideoCodec.H264 else None)
+        self._dataset = LeRobotDataset.create(
+            repo_id=self.repo_id,
+            fps=layout.fps,
+            features=layout.lerobot_features(),
+            root=self.path,
+            robot_type=layout.robot_type,
+            use_videos=layout.uses_video,
+            rgb_encoder=encoder,
+        )
+        return self._dataset
+
+    def _record(self, index: int, episode: FinishedEpisode) -> None:
+        outcome = episode.outcome
+        line = {
+            "episode_index": index,
+            "trace_id": episode.key.trace_id,
+            **asdict(episode.key),
+            "status": outcome.status.value,
+            "success": outcome.success,
+            "score": outcome.score,
+            "total_reward": outcome.total_reward,
+            "steps": outcome.steps,
+            "frames": len(episode.frames),
+            "task_prompt": episode.task,
+        }
+        with (self.path / EPISODES_SIDECAR).open("a") as sidecar:
+            sidecar.write(json.dumps(line) + "\n")
+
+
+def quiet_libraries() -> None:
+    """Keep warnings, drop chatter: libav prints a banner per encode and per concatenation at INFO
+    (lerobot hands logging back to libav's own printer), ``datasets`` a progress bar per episode."""
+    import av.logging
+    import datasets
+
+    av.logging.set_libav_level(av.logging.WARNING)
+    datasets.disable_progress_bars()
