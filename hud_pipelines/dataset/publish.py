@@ -19,7 +19,10 @@ The API a Dagster asset needs::
         for instance in instances:
             run_instance(..., sinks=[build.sink(instance.name)])
         published = build.publish()
-    summary = summarize_dataset(published.path)
+    return MaterializeResult(metadata=summarize_dataset(published.path).dagster_metadata())
+
+Shards written by other processes (one per partition run, each a closed ``LeRobotDatasetSink``)
+are published with :func:`publish_shards`.
 """
 
 from __future__ import annotations
@@ -143,12 +146,44 @@ def _owner_alive(staging: Path) -> bool:
     return True
 
 
-def publish_parts(parts: Iterable[Path], target: Path, *, repo_id: str, staging: Path) -> MergeResult:
-    """Merge ``parts`` inside ``staging`` and swap the result in at ``target``."""
-    merged = merge_parts(list(parts), staging / "dataset", repo_id=repo_id, move_single=True)
+def publish_parts(
+    parts: Iterable[Path], target: Path, *, repo_id: str, staging: Path, consume: bool = False
+) -> MergeResult:
+    """Merge ``parts`` inside ``staging`` and swap the result in at ``target``.
+
+    With ``consume`` a single part may be renamed instead of copied (parts inside ``staging``).
+    """
+    merged = merge_parts(list(parts), staging / "dataset", repo_id=repo_id, move_single=consume)
     swap_in(merged.root, target)
     return MergeResult(
         root=target, episodes=merged.episodes, frames=merged.frames, parts=merged.parts, skipped=merged.skipped
+    )
+
+
+def new_staging(target: Path) -> Path:
+    """A fresh staging directory beside ``target``, marked with its owner (after clearing dead ones)."""
+    _check_replaceable(target)
+    recover(target)
+    staging = target.parent / f"{staging_prefix(target)}{uuid.uuid4().hex[:12]}"
+    staging.mkdir(parents=True)
+    (staging / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    return staging
+
+
+def publish_shards(shards: Iterable[Path], target: Path, *, repo_id: str | None = None) -> PublishResult:
+    """Merge shards written elsewhere (e.g. one per Dagster partition run) and swap them in at ``target``.
+
+    The shards are read, never moved or changed; they must be closed (finalized) already.
+    """
+    target = Path(target).absolute()
+    repo_id = repo_id or default_repo_id(target.name)
+    staging = new_staging(target)
+    try:
+        merged = publish_parts(find_parts(shards), target, repo_id=repo_id, staging=staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return PublishResult(
+        path=target, repo_id=repo_id, episodes=merged.episodes, frames=merged.frames, skipped_parts=merged.skipped
     )
 
 
@@ -176,11 +211,7 @@ class DatasetBuild:
         self.repo_id = repo_id or default_repo_id(self.target.name)
         self._fps = fps
         self._robot_type = robot_type
-        _check_replaceable(self.target)
-        recover(self.target)
-        self.staging = self.target.parent / f"{staging_prefix(self.target)}{uuid.uuid4().hex[:12]}"
-        self.staging.mkdir(parents=True)
-        (self.staging / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        self.staging = new_staging(self.target)
         self._sinks: dict[str, LeRobotDatasetSink] = {}
         self._signals = contextlib.ExitStack()
         self.result: PublishResult | None = None
@@ -224,7 +255,9 @@ class DatasetBuild:
         if self.result is not None:
             return self.result
         reports = self.close_sinks()
-        merged = publish_parts(find_parts([self.shards]), self.target, repo_id=self.repo_id, staging=self.staging)
+        merged = publish_parts(
+            find_parts([self.shards]), self.target, repo_id=self.repo_id, staging=self.staging, consume=True
+        )
         shutil.rmtree(self.staging, ignore_errors=True)
         self.result = PublishResult(
             path=self.target,

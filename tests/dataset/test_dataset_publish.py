@@ -15,8 +15,8 @@ import pytest
 
 from hud_pipelines.dataset.merge import EmptyDatasetError, find_parts, read_episode_records
 from hud_pipelines.dataset.options import DatasetOptions, WriterKind
-from hud_pipelines.dataset.publish import OWNER_FILE, DatasetBuild, swap_in
-from hud_pipelines.dataset.writer import DatasetWriteError
+from hud_pipelines.dataset.publish import OWNER_FILE, DatasetBuild, publish_shards, swap_in
+from hud_pipelines.dataset.writer import DatasetWriteError, LeRobotDatasetSink
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import SPEC, check_episodes, load, write_episodes
 
@@ -175,3 +175,16 @@ def test_sigterm_mid_write_leaves_the_published_dataset_intact(tmp_path: Path, w
     parts = find_parts([staging])
     assert parts
     assert sum(load(part).num_episodes for part in parts) >= 6
+
+
+def test_shards_written_elsewhere_are_published_untouched(tmp_path: Path) -> None:
+    shards = [tmp_path / "runs" / name for name in ("partition-a", "partition-b")]
+    for instance, (shard, count) in enumerate(zip(shards, [2, 3], strict=True)):
+        with LeRobotDatasetSink(SPEC, shard, fps=10) as sink:
+            write_episodes(sink, count, instance=instance)
+    target = tmp_path / "published"
+    result = publish_shards(shards, target)
+    assert result.episodes == load(target).num_episodes == 5
+    assert [load(part).num_episodes for part in find_parts(shards)] == [2, 3]  # read, never moved
+    assert sorted(r["instance"] for r in read_episode_records(target)) == [0, 0, 1, 1, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["published", "runs"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from hud_pipelines.dataset.writer import DatasetWriteError, LeRobotDatasetSink
 from hud_pipelines.errors import SlotStateError
 from hud_pipelines.recording import EpisodeStatus
 from tests.dataset.rollouts import contract_of, rollout
-from tests.dataset.support import SPEC, check_episodes, frame, key, load, outcome
+from tests.dataset.support import SPEC, check_episodes, frame, key, load, outcome, write_episodes
 
 
 def test_cartpole_eval_writes_a_dataset_lerobot_loads(tmp_path: Path) -> None:
@@ -108,3 +109,19 @@ def test_a_failing_writer_surfaces_at_close(tmp_path: Path, writer: WriterKind) 
     with pytest.raises(DatasetWriteError, match="writer failed"):
         sink.close()
     assert not any(thread.is_alive() for thread in sink._writers)  # pyright: ignore[reportPrivateUsage]
+
+
+def test_a_writer_failing_mid_run_keeps_its_committed_episodes_loadable(tmp_path: Path) -> None:
+    sink = LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10)
+    write_episodes(sink, 2)
+    while sink.report.episodes_written < 2:
+        time.sleep(0.05)
+    sidecar = tmp_path / "shard" / "part-000" / "meta" / "hud_episodes.jsonl"
+    sidecar.unlink()
+    sidecar.mkdir()  # the next episode's bookkeeping fails after lerobot saved it
+    write_episodes(sink, 1, first=2)
+    with pytest.raises(DatasetWriteError, match="writer failed"):
+        sink.close()
+    dataset = load(tmp_path / "shard" / "part-000")
+    assert dataset.num_episodes == 3
+    check_episodes(dataset)
