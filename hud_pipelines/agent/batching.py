@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hud_pipelines.agent.config import BatchingConfig
 from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, policy_horizon
 
 
@@ -79,6 +80,16 @@ class BatchedModel:
         self.horizon = policy_horizon(policy)
         history = getattr(policy, "observation_steps", 1)
         self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
+
+    @classmethod
+    def from_config(cls, policy: Policy, batching: BatchingConfig, *, expected_callers: int = 1) -> BatchedModel:
+        """The model an eval shares between its ``expected_callers`` instances, as ``agent.batching`` says."""
+        return cls(
+            policy,
+            max_wait_s=batching.max_wait_ms / 1000.0,
+            batch_size=batching.batch_size,
+            expected_callers=expected_callers,
+        )
 
     # -- callers ---------------------------------------------------------------------------------------
 

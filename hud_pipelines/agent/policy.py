@@ -9,7 +9,9 @@ Two optional members refine the contract without widening it:
 
 - ``reset()``: called at the start of every run of episodes (stateful policies clear their state);
 - ``horizon``: how many actions of a chunk the policy wants executed before it is asked again
-  (LeRobot's ``n_action_steps``); the agent's own ``horizon`` setting wins over it.
+  (LeRobot's ``n_action_steps``); the agent's own ``horizon`` setting wins over it;
+- ``observation_steps``: how many past observations the policy reads (LeRobot's ``n_obs_steps``);
+  above one, the agent keeps each slot's last frames and passes ``[B, n, ...]`` arrays.
 
 :func:`build_policy` turns a ``kind``-discriminated :mod:`hud_pipelines.agent.config` model into a
 policy; torch and lerobot are imported only for the kinds that need them.
@@ -20,13 +22,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError
+
+if TYPE_CHECKING:
+    from hud_pipelines.agent.config import PolicyConfig
 
 Actions = npt.NDArray[np.float32]
 """``[B, T, A]`` action chunks in contract order."""
@@ -123,7 +128,7 @@ def reset_policy(policy: object) -> None:
 
 
 def build_policy(
-    config: Any,
+    config: PolicyConfig,
     contract: Contract,
     *,
     base_dir: Path,
@@ -163,8 +168,6 @@ def build_policy(
             from hud_pipelines.agent.remote import RemotePolicy
 
             return RemotePolicy.from_config(config, contract)
-        case _:
-            raise PolicyError(f"unknown policy config {type(config).__name__}: {config!r}")
 
 
 def observation_row(observation: Mapping[str, npt.NDArray[Any]], row: int) -> dict[str, npt.NDArray[Any]]:

@@ -12,9 +12,14 @@ Every slot has an open-loop queue of actions. On each tick:
    clears its queue and records nothing more.
 
 The loop ends when no slot is running or after ``max_steps`` ticks; slots still running then end as
-failed with ``truncated=True``. A sim fault (:class:`~hud_pipelines.errors.SimError`) or a policy
-failure ends the running slots as errored with the reason, finished slots keep their outcome, and
-``run`` returns normally: every slot always gets exactly one outcome.
+failed with ``truncated=True``. An error from the sim (a :class:`~hud_pipelines.errors.SimError`
+from a served sim, or any :class:`~hud_pipelines.errors.HudPipelinesError` an in-process bridge
+raises) or a policy failure ends the running slots as errored with the reason, finished slots keep
+their outcome, and ``run`` returns normally: every slot always gets exactly one outcome.
+
+Scores come from the sim's own grade (``sim.result()``, read once on every tick where slots ended):
+only the sim knows whether the env reports success at all, which decides whether the score is
+success or the return. Sinks hear ``end`` on the tick the episode ended, with that grade.
 """
 
 from __future__ import annotations

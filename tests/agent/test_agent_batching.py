@@ -208,3 +208,10 @@ def test_k_sims_share_one_forward_per_tick_through_robot_agents() -> None:
     assert model.stats.timer_flushes == 0
     assert all(agent.last_run.forwards == steps for agent in agents)
     assert all(o.status is EpisodeStatus.FAILED and o.steps == steps for run in outcomes for o in run)
+
+
+def test_batching_settings_come_from_the_agent_config() -> None:
+    from hud_pipelines.agent.config import BatchingConfig
+
+    model = BatchedModel.from_config(Doubler(), BatchingConfig(max_wait_ms=20.0, batch_size=6), expected_callers=3)
+    assert (model.max_wait_s, model.batch_size, model.expected_callers) == (0.02, 6, 3)

@@ -166,3 +166,20 @@ def test_build_policy_dispatches_on_kind() -> None:
     assert isinstance(agent.policy, RandomPolicyConfig)
     assert agent.batching.max_wait_ms == 5.0
     assert policy_horizon(FunctionPolicy(lambda obs: obs, contract)) is None
+
+
+def test_the_loop_traces_and_wrap_do_not_import_torch_or_lerobot() -> None:
+    """Modules a sim child or a scripted eval imports must stay free of torch (~5 s) and lerobot (~15 s)."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "import hud_pipelines.agent, hud_pipelines.agent.runner, hud_pipelines.agent.batching\n"
+        "import hud_pipelines.agent.builtin, hud_pipelines.agent.remote, hud_pipelines.telemetry.traces\n"
+        "import hud_pipelines.wrap, envs.controllers\n"
+        "from hud_pipelines.agent import RobotAgent, BatchedModel, build_policy\n"
+        "heavy = sorted(m for m in ('torch', 'lerobot', 'av') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

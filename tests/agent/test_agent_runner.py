@@ -145,6 +145,21 @@ def test_a_slot_error_in_the_observation_errors_only_that_slot(sink: RecordingSi
     assert len(sink.frames[sink.by_slot()[1]]) == 2, "the errored step is not recorded as a frame"
 
 
+def test_adapt_action_sees_each_slots_observation_every_step() -> None:
+    sim = CountdownSim([3, 5])
+    seen: list[tuple[int, int]] = []
+
+    def adapt_action(action: npt.NDArray[np.float32], observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        slot, step = (int(v) for v in observation["state"])
+        seen.append((slot, step))
+        return action + 100 * slot + step
+
+    run(sim, SlotEcho(length=10), adapt_action=adapt_action, max_steps=10)
+    assert seen == [(s, t) for t in range(5) for s in (0, 1) if t < [3, 5][s]]
+    applied = np.stack(sim.actions)[:, :, 0]
+    assert applied[:, 1].tolist() == [1000 + 100 + t + t for t in range(5)]
+
+
 def test_a_policy_failure_errors_the_running_slots() -> None:
     calls = 0
 
