@@ -22,6 +22,7 @@ from the first real frame (:meth:`DatasetLayout.with_shapes_from`) before any da
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -30,8 +31,8 @@ from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
-from lerobot.utils.constants import ACTION, DONE, OBS_IMAGES, OBS_PREFIX, OBS_STATE, REWARD, SUCCESS
 
+from hud_pipelines.contract import ACTION as ACTION_FEATURE
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.errors import ContractError
@@ -46,6 +47,37 @@ _SPEC_KEYS = {"role", "type", "dtype", "shape", "names", "description", "low", "
 _STORAGE_DTYPES = {storage.value for storage in CameraStorage}
 
 Role = Literal["observation", "action"]
+
+
+@dataclass(frozen=True)
+class LeRobotKeys:
+    """lerobot's own key constants (``lerobot.utils.constants``)."""
+
+    action: str
+    state: str
+    images: str
+    observation_prefix: str
+    reward: str
+    done: str
+    success: str
+
+
+@functools.cache
+def lerobot_keys() -> LeRobotKeys:
+    """Imported on first use: ``lerobot.utils.constants`` pulls in huggingface_hub (~5 s)."""
+    from lerobot.utils import constants
+
+    return LeRobotKeys(
+        action=constants.ACTION,
+        state=constants.OBS_STATE,
+        images=constants.OBS_IMAGES,
+        observation_prefix=constants.OBS_PREFIX,
+        reward=constants.REWARD,
+        done=constants.DONE,
+        success=constants.SUCCESS,
+    )
+
+
 FrameDict = dict[str, npt.NDArray[Any]]
 
 
@@ -99,7 +131,7 @@ def _from_spec(name: str, spec: Mapping[str, Any]) -> SourceFeature:
     unknown = sorted(set(spec) - _SPEC_KEYS)
     if unknown:
         raise ContractError(f"feature {name!r}: unknown keys {unknown} (allowed: {sorted(_SPEC_KEYS)})")
-    role = spec.get("role", "action" if name == ACTION else "observation")
+    role = spec.get("role", "action" if name == ACTION_FEATURE else "observation")
     if role not in ("observation", "action"):
         raise ContractError(f"feature {name!r}: role must be 'observation' or 'action', got {role!r}")
     raw_type = spec.get("type")
@@ -279,13 +311,16 @@ class DatasetLayout:
         if not isinstance(fps, int | float) or fps <= 0:
             raise ContractError("a dataset needs a positive fps (the contract's control_rate)")
         actions = [f for f in features if f.role == "action"]
-        if [f.name for f in actions] != [ACTION]:
-            raise ContractError(f"the contract needs exactly one action feature called {ACTION!r}, got {actions}")
+        if [f.name for f in actions] != [ACTION_FEATURE]:
+            raise ContractError(
+                f"the contract needs exactly one action feature called {ACTION_FEATURE!r}, got {actions}"
+            )
+        keys = lerobot_keys()
         observations = [f for f in features if f.role == "observation"]
         cameras = tuple(
             CameraField(
                 source=f.name,
-                key=f"{OBS_IMAGES}.{sanitize_key(f.name)}",
+                key=f"{keys.images}.{sanitize_key(f.name)}",
                 kind=f.camera,
                 storage=f.storage or options.cameras,
                 source_shape=f.shape,
@@ -300,11 +335,13 @@ class DatasetLayout:
             raise ContractError(
                 f"state_features {unknown} are not non-camera observation features (those are {list(vectors)})"
             )
-        state = tuple(_vector(vectors[n], OBS_STATE, np.dtype(np.float32)) for n in state_names)
+        state = tuple(_vector(vectors[n], keys.state, np.dtype(np.float32)) for n in state_names)
         others = tuple(
-            _vector(f, f"{OBS_PREFIX}{sanitize_key(n)}", f.dtype) for n, f in vectors.items() if n not in state_names
+            _vector(f, f"{keys.observation_prefix}{sanitize_key(n)}", f.dtype)
+            for n, f in vectors.items()
+            if n not in state_names
         )
-        action = _vector(actions[0], ACTION, np.dtype(np.float32))
+        action = _vector(actions[0], keys.action, np.dtype(np.float32))
         layout = cls(
             fps=_integer_fps(float(fps)),
             robot_type=str(robot_type),
@@ -363,7 +400,7 @@ class DatasetLayout:
         pairs = [(c.key, c.source) for c in self.cameras]
         pairs += [(v.key, v.source) for v in self.vectors]
         if self.state:
-            pairs.append((OBS_STATE, "+".join(v.source for v in self.state)))
+            pairs.append((lerobot_keys().state, "+".join(v.source for v in self.state)))
         return pairs
 
     @property
@@ -374,19 +411,24 @@ class DatasetLayout:
         """The ``features`` argument of ``LeRobotDataset.create``; needs a complete layout."""
         if not self.complete:
             raise ContractError(f"shapes of {self.missing_shapes} are unknown until the first frame")
+        keys = lerobot_keys()
         features: dict[str, dict[str, Any]] = {c.key: c.lerobot_feature() for c in self.cameras}
         if self.state:
-            features[OBS_STATE] = {
+            features[keys.state] = {
                 "dtype": "float32",
                 "shape": (sum(v.size for v in self.state),),
                 "names": self.state_names(),
             }
         for v in self.vectors:
             features[v.key] = {"dtype": str(v.dtype), "shape": v.stored_shape, "names": v.dimension_names()}
-        features[ACTION] = {"dtype": "float32", "shape": (self.action.size,), "names": self.action.dimension_names()}
-        features[REWARD] = {"dtype": "float32", "shape": (1,), "names": None}
-        features[DONE] = {"dtype": "bool", "shape": (1,), "names": None}
-        features[SUCCESS] = {"dtype": "bool", "shape": (1,), "names": None}
+        features[keys.action] = {
+            "dtype": "float32",
+            "shape": (self.action.size,),
+            "names": self.action.dimension_names(),
+        }
+        features[keys.reward] = {"dtype": "float32", "shape": (1,), "names": None}
+        features[keys.done] = {"dtype": "bool", "shape": (1,), "names": None}
+        features[keys.success] = {"dtype": "bool", "shape": (1,), "names": None}
         if self.keep_errored:
             features[ERRORED] = {"dtype": "bool", "shape": (1,), "names": None}
         return features
@@ -402,6 +444,7 @@ class DatasetLayout:
 
     def lerobot_frame(self, frame: Frame) -> FrameDict:
         """One recorded frame as a LeRobot frame (without ``task`` and the errored flag)."""
+        keys = lerobot_keys()
         observation = frame.observation
         out: FrameDict = {}
         for camera in self.cameras:
@@ -412,17 +455,17 @@ class DatasetLayout:
                 np.asarray(self._get(observation, v.source, v.source_shape), dtype=np.float32).reshape(-1)
                 for v in self.state
             ]
-            out[OBS_STATE] = np.concatenate(parts)
+            out[keys.state] = np.concatenate(parts)
         for v in self.vectors:
             value = self._get(observation, v.source, v.source_shape)
             out[v.key] = np.array(value, dtype=v.dtype).reshape(v.stored_shape)
         action = np.asarray(frame.action, dtype=np.float32)
         if action.size != self.action.size:
             raise ContractError(f"action has {action.size} values, the contract says {self.action.size}")
-        out[ACTION] = action.reshape(self.action.size).copy()
-        out[REWARD] = np.array([frame.reward], dtype=np.float32)
-        out[DONE] = np.array([frame.done], dtype=np.bool_)
-        out[SUCCESS] = np.array([frame.success], dtype=np.bool_)
+        out[keys.action] = action.reshape(self.action.size).copy()
+        out[keys.reward] = np.array([frame.reward], dtype=np.float32)
+        out[keys.done] = np.array([frame.done], dtype=np.bool_)
+        out[keys.success] = np.array([frame.success], dtype=np.bool_)
         return out
 
     @staticmethod
