@@ -9,7 +9,9 @@ For each sim and batch size the same env code runs twice with the same vectoriza
 
 Each repeat times the in-process loop and then the served loop back to back and records their ratio
 (served throughput / in-process throughput), so both see the same machine load; the table reports
-medians over repeats. CartPole is driven by a balancing rule computed from the observation on both
+medians over repeats, the median round trip of one served frame, and the CPU time per env-step of
+the in-process loop and of both served processes together (the served overhead in CPU, which is
+what counts on a machine whose cores are busy with other work). CartPole is driven by a balancing rule computed from the observation on both
 sides (so episodes do not end at once); Pendulum and the camera sim get the same random torques.
 
 Usage: ``python bench/wire.py [--repeats 5] [--quick]``. The last line printed is one JSON object.
@@ -109,30 +111,43 @@ def state_of(observation: Any) -> Array:
     return cast(Array, observation["state"] if isinstance(observation, dict) else observation)
 
 
-def time_in_process(env: Any, config: Config, policy: Callable[[int, Array], Array]) -> float:
-    """Env-steps per second of a plain loop over a ``SyncVectorEnv``."""
+def time_in_process(env: Any, config: Config, policy: Callable[[int, Array], Array]) -> tuple[float, float]:
+    """Env-steps per second of a plain loop over a ``SyncVectorEnv``, and CPU microseconds per env-step."""
     observation, _ = env.reset(seed=0)
     for step in range(10):
         observation, *_ = env.step(policy(step, state_of(observation)).reshape(config.num_envs, *_action_shape(env)))
+    cpu = time.process_time()
     started = time.perf_counter()
     for step in range(config.steps):
         action = policy(step, state_of(observation)).reshape(config.num_envs, *_action_shape(env))
         observation, *_ = env.step(action)
-    return config.steps * config.num_envs / (time.perf_counter() - started)
+    env_steps = config.steps * config.num_envs
+    return env_steps / (time.perf_counter() - started), (time.process_time() - cpu) / env_steps * 1e6
 
 
 def _action_shape(env: Any) -> tuple[int, ...]:
     return tuple(env.single_action_space.shape)
 
 
-def time_served(sim: SimProcess, config: Config, policy: Callable[[int, Array], Array]) -> tuple[float, float]:
-    """Env-steps per second through the wire, and the median round trip of one frame (ms)."""
+def child_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_served(sim: SimProcess, config: Config, policy: Callable[[int, Array], Array]) -> tuple[float, float, float]:
+    """Env-steps per second through the wire, the median round trip of one frame (ms), and the CPU
+    microseconds per env-step of both processes together."""
     tasks = [{"seed": slot} for slot in range(config.num_envs)]
     with sim.connect(framing=Framing.BATCHED) as client:
         reply = client.reset(tasks)
         for step in range(10):
             reply = client.step(policy(step, reply.observation["state"]))
         trips: list[float] = []
+        cpu = time.process_time() + child_cpu_s(sim.pid)
         started = time.perf_counter()
         for step in range(config.steps):
             if "running" not in reply.status:
@@ -141,7 +156,9 @@ def time_served(sim: SimProcess, config: Config, policy: Callable[[int, Array], 
             reply = client.step(policy(step, reply.observation["state"]))
             trips.append(time.perf_counter() - sent)
         elapsed = time.perf_counter() - started
-    return config.steps * config.num_envs / elapsed, statistics.median(trips) * 1000
+        used = time.process_time() + child_cpu_s(sim.pid) - cpu
+    env_steps = config.steps * config.num_envs
+    return env_steps / elapsed, statistics.median(trips) * 1000, used / env_steps * 1e6
 
 
 @dataclass
@@ -151,6 +168,8 @@ class Row:
     served: float
     ratio: float
     trip_ms: float
+    cpu_in_process_us: float
+    cpu_served_us: float
 
 
 def measure(config: Config, repeats: int) -> Row:
@@ -162,17 +181,23 @@ def measure(config: Config, repeats: int) -> Row:
         served: list[float] = []
         ratios: list[float] = []
         trips: list[float] = []
+        cpu_local: list[float] = []
+        cpu_served: list[float] = []
         for _ in range(repeats):
-            local.append(time_in_process(env, config, policy))
-            rate, trip = time_served(sim, config, policy)
+            rate, cpu = time_in_process(env, config, policy)
+            local.append(rate)
+            cpu_local.append(cpu)
+            rate, trip, cpu = time_served(sim, config, policy)
             served.append(rate)
             trips.append(trip)
+            cpu_served.append(cpu)
             ratios.append(served[-1] / local[-1])
     finally:
         sim.close()
         env.close()
+    median = statistics.median
     return Row(
-        config, statistics.median(local), statistics.median(served), statistics.median(ratios), statistics.median(trips)
+        config, median(local), median(served), median(ratios), median(trips), median(cpu_local), median(cpu_served)
     )
 
 
@@ -207,7 +232,10 @@ def main() -> int:
     args = parser.parse_args()
     print(f"machine: {machine()}")
     rows: list[Row] = []
-    header = f"{'sim':<10}{'N':>4}{'camera':>8}{'in-process/s':>15}{'served/s':>12}{'ratio':>8}{'round trip ms':>15}"
+    header = (
+        f"{'sim':<10}{'N':>4}{'camera':>8}{'in-process/s':>15}{'served/s':>12}{'ratio':>8}{'round trip ms':>15}"
+        f"{'CPU us/step':>13}{'served CPU':>12}"
+    )
     print(header)
     print("-" * len(header))
     for config in configs(args.quick):
@@ -218,7 +246,7 @@ def main() -> int:
         camera = "96x96x3" if config.camera else "-"
         print(
             f"{config.name:<10}{config.num_envs:>4}{camera:>8}{row.in_process:>15,.0f}{row.served:>12,.0f}"
-            f"{row.ratio:>8.2f}{row.trip_ms:>15.2f}",
+            f"{row.ratio:>8.2f}{row.trip_ms:>15.2f}{row.cpu_in_process_us:>13.1f}{row.cpu_served_us:>12.1f}",
             flush=True,
         )
     spawn_times = [] if args.only else spawn_to_first_observation(args.repeats)

@@ -557,3 +557,16 @@ def test_teardown_escalates_to_sigkill_when_sigterm_is_not_enough(spawn: Spawn) 
         assert time.monotonic() - started < 5
     assert "killed by SIGKILL" in sim.diagnose()
     wait_group_gone(sim_pid)
+
+
+def test_one_slot_raising_is_listed_in_the_frame_and_the_others_go_on(spawn: Spawn) -> None:
+    sim = spawn(FAULTY, num_envs=3, build_args={"fault": "raise_step", "at_step": 2, "fault_seed": 21})
+    with sim.connect() as client:
+        client.reset([{"seed": 20}, {"seed": 21}, {"seed": 22}])
+        client.step(np.zeros((3, 1)))
+        reply = client.step(np.zeros((3, 1)))
+        assert reply.status == ["running", "errored", "running"]
+        assert [(e.slot, "ZeroDivisionError" in e.message) for e in reply.errors] == [(1, True)]
+        assert reply.errors[0].traceback is not None and "Traceback" in reply.errors[0].traceback
+        assert client.step(np.zeros((3, 1))).status == ["running", "errored", "running"]
+        assert [s["steps"] for s in client.result().slots] == [3, 1, 3]
