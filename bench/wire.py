@@ -11,8 +11,10 @@ Each repeat times the in-process loop and then the served loop back to back and 
 (served throughput / in-process throughput), so both see the same machine load; the table reports
 medians over repeats, the median round trip of one served frame, and the CPU time per env-step of
 the in-process loop and of both served processes together (the served overhead in CPU, which is
-what counts on a machine whose cores are busy with other work). CartPole is driven by a balancing rule computed from the observation on both
-sides (so episodes do not end at once); Pendulum and the camera sim get the same random torques.
+what counts on a machine whose cores are busy with other work).
+
+CartPole is driven by a balancing rule computed from the observation on both sides (so episodes do
+not end at once); Pendulum and the camera sim get the same random torques.
 
 Usage: ``python bench/wire.py [--repeats 5] [--quick]``. The last line printed is one JSON object.
 """
