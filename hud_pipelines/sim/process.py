@@ -196,6 +196,7 @@ class SimProcess:
         if self._popen is not None:
             _signal_group(self._popen.pid, signal.SIGKILL)
             self._popen.wait()
+            self._release_pipes()
 
     def close(self, grace_s: float = DEFAULT_GRACE_S) -> None:
         """Stop a spawned child: SIGTERM to its group, then SIGKILL after ``grace_s``; no-op when attached."""
@@ -210,9 +211,14 @@ class SimProcess:
                 log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, grace_s)
         _signal_group(popen.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
         popen.wait()
-        for stream in (popen.stdin, popen.stdout):
-            if stream is not None:
-                stream.close()
+        self._release_pipes()
+
+    def _release_pipes(self) -> None:
+        """Close our ends of the child's stdin (the parent-watch pipe) and stdout (the ready line)."""
+        if self._popen is not None:
+            for stream in (self._popen.stdin, self._popen.stdout):
+                if stream is not None:
+                    stream.close()
 
     def __enter__(self) -> SimProcess:
         return self
