@@ -7,10 +7,15 @@ lerobot is imported before the clock starts in every mode. Modes:
 - ``plain``: ``LeRobotDataset.create`` with lerobot's defaults, ``add_frame`` per frame,
   ``save_episode`` per episode, ``finalize`` (one thread, the loop a user would write);
 - ``plain-h264``: the same loop with the asset's codec, to separate the codec from the pipeline;
-- ``asset``: what the dataset asset does with default options: ``DatasetBuild`` -> one shard sink fed
-  through the ``EpisodeSink`` calls the agent loop makes (two slots interleaved), then ``publish()``
-  (close, merge, swap in);
-- ``asset-1w``: the same with one writer thread (``writers=1``), to separate parallel writers.
+- ``asset``: what the dataset asset does with default options (one writer thread, h264):
+  ``DatasetBuild`` -> one shard sink fed through the ``EpisodeSink`` calls the agent loop makes (two
+  slots interleaved), then ``publish()`` (close, merge, swap in);
+- ``asset-2proc``: the same with ``writer: process, writers: 2`` (two parts written by two child
+  processes, then merged).
+
+Start-up is timed apart: the plain loop's clock starts after ``import lerobot``, the asset's after
+``sink.wait_ready()`` (writer threads import lerobot; child processes spawn and import it); the
+table shows that start-up in its own column.
 
 Besides wall-clock frames/s it reports the process's CPU time per frame (all threads), which does not
 depend on how busy the machine is, and the load average while it ran.
@@ -40,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-MODES = ("plain", "plain-h264", "asset-1w", "asset")
+MODES = ("plain", "plain-h264", "asset", "asset-2proc")
 TASK = "push the T into the target"
 
 
@@ -124,21 +129,23 @@ def run_plain(frames: Any, episodes: int, root: Path, codec: str | None) -> dict
         dataset.save_episode()
         calls.append(time.perf_counter() - t)
     dataset.finalize()
-    return {"seconds": time.perf_counter() - start, "calls": calls}
+    return {"seconds": time.perf_counter() - start, "calls": calls, "startup": 0.0}
 
 
-def run_asset(frames: Any, episodes: int, root: Path, writers: int | None) -> dict[str, Any]:
-    from hud_pipelines.dataset.options import DatasetOptions
+def run_asset(frames: Any, episodes: int, root: Path, processes: int | None) -> dict[str, Any]:
+    from hud_pipelines.dataset.options import DatasetOptions, WriterKind
     from hud_pipelines.dataset.publish import DatasetBuild
     from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame
 
     steps = len(frames["action"])
     slots = 2
     calls: list[float] = []
-    start = time.perf_counter()
-    options = DatasetOptions() if writers is None else DatasetOptions(writers=writers)
+    options = DatasetOptions() if processes is None else DatasetOptions(writer=WriterKind.PROCESS, writers=processes)
+    started = time.perf_counter()
     with DatasetBuild(root, contract(), repo_id="local/asset", options=options) as build:
         sink = build.sink("instance-0")
+        sink.wait_ready()  # like lerobot's import in the plain loop, writer start-up is timed apart
+        start = time.perf_counter()
         for first in range(0, episodes, slots):
             keys = [EpisodeKey("bench", 0, 0, s, first + s, first + s) for s in range(min(slots, episodes - first))]
             for k in keys:
@@ -164,7 +171,7 @@ def run_asset(frames: Any, episodes: int, root: Path, writers: int | None) -> di
                 calls.append(time.perf_counter() - t)
         published = build.publish()
     assert published.episodes == episodes, published
-    return {"seconds": time.perf_counter() - start, "calls": calls}
+    return {"seconds": time.perf_counter() - start, "calls": calls, "startup": start - started}
 
 
 def child(mode: str, episodes: int, frames_path: Path, out: Path) -> None:
@@ -176,7 +183,7 @@ def child(mode: str, episodes: int, frames_path: Path, out: Path) -> None:
     root = out / "dataset"
     cpu = time.process_time()
     if mode.startswith("asset"):
-        result = run_asset(frames, episodes, root, 1 if mode == "asset-1w" else None)
+        result = run_asset(frames, episodes, root, 2 if mode == "asset-2proc" else None)
     else:
         result = run_plain(frames, episodes, root, "h264" if mode == "plain-h264" else None)
     cpu = time.process_time() - cpu
@@ -191,6 +198,7 @@ def child(mode: str, episodes: int, frames_path: Path, out: Path) -> None:
         "seconds": result["seconds"],
         "fps": written.num_frames / result["seconds"],
         "cpu_ms_per_frame": 1e3 * cpu / written.num_frames,
+        "startup_s": result["startup"],
         "load": os.getloadavg()[0],
         "call_p99_ms": float(np.percentile(calls, 99)),
         "call_max_ms": float(calls.max()),
@@ -247,20 +255,20 @@ def main() -> None:
 
     header = f"{'mode':11s} {'scale':>5s} {'episodes':>8s} {'frames':>7s} {'seconds':>8s} {'frames/s':>9s} "
     header += f"{'CPU ms/frame':>12s} {'call p99 ms':>11s} {'call max ms':>11s} {'peak RSS MB':>11s} {'size MB':>8s} "
-    header += f"{'load':>5s}"
+    header += f"{'start s':>7s} {'load':>5s}"
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
             f"{r['mode']:11s} {r['scale']:>4d}x {r['episodes']:8d} {r['frames']:7d} {r['seconds']:8.2f} "
             f"{r['fps']:9.0f} {r['cpu_ms_per_frame']:12.2f} {r['call_p99_ms']:11.3f} {r['call_max_ms']:11.1f} "
-            f"{r['peak_rss_mb']:11.0f} {r['size_mb']:8.2f} {r['load']:5.1f}"
+            f"{r['peak_rss_mb']:11.0f} {r['size_mb']:8.2f} {r['startup_s']:7.1f} {r['load']:5.1f}"
         )
 
     def by(mode: str) -> dict[int, dict[str, Any]]:
         return {r["scale"]: r for r in rows if r["mode"] == mode}
 
-    plain, plain_h264, asset, asset_1w = by("plain"), by("plain-h264"), by("asset"), by("asset-1w")
+    plain, plain_h264, asset, asset_2proc = by("plain"), by("plain-h264"), by("asset"), by("asset-2proc")
     frames_total = {m: sum(r["frames"] for r in by(m).values()) for m in MODES}
     seconds_total = {m: sum(r["seconds"] for r in by(m).values()) for m in MODES}
     overall = {m: frames_total[m] / seconds_total[m] for m in MODES}
@@ -271,9 +279,11 @@ def main() -> None:
     print()
     print(f"asset vs plain loop (lerobot defaults): {ratio:.2f}x frames/s over all sizes")
     print(f"asset vs plain loop with the same codec: {ratio_h264:.2f}x")
+    ratio_2proc = overall["asset-2proc"] / overall["plain"]
+    print(f"asset-2proc vs plain loop (lerobot defaults): {ratio_2proc:.2f}x")
     for scale in scales:
         print(
-            f"  x{scale}: asset {asset[scale]['fps']:.0f} fps, asset-1w {asset_1w[scale]['fps']:.0f}, "
+            f"  x{scale}: asset {asset[scale]['fps']:.0f} fps, asset-2proc {asset_2proc[scale]['fps']:.0f}, "
             f"plain {plain[scale]['fps']:.0f}, plain-h264 {plain_h264[scale]['fps']:.0f}"
         )
     cpu = {m: sum(r["cpu_ms_per_frame"] * r["frames"] for r in by(m).values()) / frames_total[m] for m in MODES}
@@ -289,6 +299,7 @@ def main() -> None:
                 "fps": {m: round(v, 1) for m, v in overall.items()},
                 "asset_vs_plain": round(ratio, 3),
                 "asset_vs_plain_same_codec": round(ratio_h264, 3),
+                "asset_2proc_vs_plain": round(ratio_2proc, 3),
                 "cpu_ms_per_frame": {m: round(v, 3) for m, v in cpu.items()},
                 "load_avg": round(float(np.mean([r["load"] for r in rows])), 2),
                 "peak_rss_mb": {m: {str(s): round(r["peak_rss_mb"], 1) for s, r in by(m).items()} for m in MODES},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,8 +48,11 @@ class Part(Protocol):
 
     path: Path
 
-    def start(self) -> None:
-        """Prepare (import lerobot, spawn a child) before the first episode arrives."""
+    def start(self, cancel: threading.Event) -> bool:
+        """Prepare (import lerobot, spawn a child) before the first episode arrives.
+
+        Returns ``False`` when ``cancel`` was set before the part could take episodes.
+        """
         ...
 
     def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
@@ -69,9 +73,11 @@ class PartWriter:
         self.repo_id = repo_id
         self._dataset: LeRobotDataset | None = None
 
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> bool:
         # lerobot's import takes ~11 s: pay it while the sims start, not when the first episode ends.
         import lerobot.datasets.lerobot_dataset  # noqa: F401  # pyright: ignore[reportUnusedImport]
+
+        return True
 
     def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
         dataset = self._dataset or self._create(layout)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import signal
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -26,6 +28,7 @@ from hud_pipelines.dataset.part import FinishedEpisode, PartWriter
 from hud_pipelines.errors import HudPipelinesError
 
 _START_TIMEOUT_S = 300.0
+_POLL_S = 0.25
 """Spawning a child and importing lerobot takes ~11 s on an idle machine, far longer on a busy one."""
 
 
@@ -74,9 +77,8 @@ class ProcessPart:
         self._repo_id = repo_id
         self._connection: Connection | None = None
         self._process: Any = None
-        self._ready = False
 
-    def start(self) -> None:
+    def start(self, cancel: threading.Event) -> bool:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         self._process = context.Process(
@@ -88,17 +90,22 @@ class ProcessPart:
         self._process.start()
         child.close()
         self._connection = parent
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not parent.poll(_POLL_S):
+            if cancel.is_set():
+                return False
+            if time.monotonic() > deadline:
+                raise ChildPartError(f"{self.path}: the writer process did not start within {_START_TIMEOUT_S:.0f}s")
+        self._expect("ready")
+        return True
 
     def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
         connection = self._require()
-        if not self._ready:
-            self._expect("ready", timeout=_START_TIMEOUT_S)
-            self._ready = True
         try:
             connection.send(("episode", episode, layout))
         except (OSError, ValueError) as exc:
             raise ChildPartError(f"{self.path}: the writer process is gone ({self._exit()})") from exc
-        return int(self._expect("written", timeout=None)[1])
+        return int(self._expect("written")[1])
 
     def finalize(self) -> None:
         connection, self._connection = self._connection, None
@@ -107,7 +114,7 @@ class ProcessPart:
         try:
             with contextlib.suppress(OSError, ValueError):
                 connection.send(("finalize",))
-            while True:  # skip a late "ready"; stop at "finalized", an error or a broken pipe
+            while True:  # skip a "ready" not waited for; stop at "finalized", an error or a broken pipe
                 try:
                     message = connection.recv()
                 except EOFError:
@@ -128,10 +135,8 @@ class ProcessPart:
             raise ChildPartError(f"{self.path}: the writer process was not started or is finalized")
         return self._connection
 
-    def _expect(self, kind: str, *, timeout: float | None) -> tuple[Any, ...]:
+    def _expect(self, kind: str) -> tuple[Any, ...]:
         connection = self._require()
-        if timeout is not None and not connection.poll(timeout):
-            raise ChildPartError(f"{self.path}: the writer process did not start within {timeout:.0f}s")
         try:
             message = connection.recv()
         except EOFError as exc:

@@ -238,12 +238,12 @@ class DatasetBuild:
         self._sinks[key] = sink
         return sink
 
-    def close_sinks(self) -> dict[str, SinkReport]:
+    def close_sinks(self, *, abort: bool = False) -> dict[str, SinkReport]:
         """Close every sink (each finalizes its parts); the first failure is raised after all closed."""
         failure: BaseException | None = None
         for sink in self._sinks.values():
             try:
-                sink.close()
+                sink.close(abort=abort)
             except BaseException as exc:
                 failure = failure or exc
         if failure is not None:
@@ -278,7 +278,7 @@ class DatasetBuild:
     ) -> None:
         try:
             try:
-                self.close_sinks()
+                self.close_sinks(abort=exc is not None)
             except BaseException:
                 if exc is None:
                     raise

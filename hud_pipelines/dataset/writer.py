@@ -107,6 +107,7 @@ class LeRobotDatasetSink:
         self._report = SinkReport()
         self._failure: BaseException | None = None
         self._closed = False
+        self._abort = threading.Event()
         self._writers = [_WriterThread(self, index) for index in range(self.options.writers)]
         for writer in self._writers:
             writer.start()
@@ -148,8 +149,14 @@ class LeRobotDatasetSink:
                 self._report.errored_kept += 1
         self._put(FinishedEpisode(key=key, task=episode.prompt, frames=episode.frames, outcome=outcome))
 
-    def close(self) -> None:
-        """Drop episodes never ended, let the writers drain the queue, finalize every part."""
+    def close(self, *, abort: bool = False) -> None:
+        """Drop episodes never ended, let the writers drain the queue, finalize every part.
+
+        ``abort`` (after an error or a cancellation) also stops writers that are still starting:
+        episodes that only they could have taken are not written.
+        """
+        if abort:
+            self._abort.set()
         if self._closed:
             return
         self._closed = True
@@ -180,11 +187,26 @@ class LeRobotDatasetSink:
             self.close()
             return
         try:
-            self.close()
+            self.close(abort=True)
         except DatasetWriteError:
             logger.exception("closing %s after %r", self.root, exc)
 
     # -- state -------------------------------------------------------------------------------
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Wait until every writer has started (lerobot imported, child processes up).
+
+        Optional: episodes may end before that and simply wait in the queue. Callers that want
+        the start-up off their clock (or off the sims' start-up) wait here first. Returns whether
+        all writers were ready in time; a writer that failed to start is raised as an error.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for writer in self._writers:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not writer.ready.wait(remaining):
+                return False
+        self._check_usable()
+        return True
 
     @property
     def report(self) -> SinkReport:
@@ -248,10 +270,18 @@ class _WriterThread(threading.Thread):
             if options.writer is WriterKind.PROCESS
             else PartWriter(path, options, sink.repo_id)
         )
+        self.ready = threading.Event()
+        """Set once the part can take episodes (lerobot imported, child process up) or failed to."""
 
     def run(self) -> None:
         try:
-            self.part.start()
+            try:
+                started = self.part.start(self.sink._abort)  # pyright: ignore[reportPrivateUsage]
+            finally:
+                self.ready.set()
+            if not started:
+                self._drain()
+                return
             while True:
                 ok, item = self.sink._next()  # pyright: ignore[reportPrivateUsage]
                 if not ok or item is None:

@@ -44,6 +44,7 @@ def test_cartpole_eval_writes_a_dataset_lerobot_loads(tmp_path: Path) -> None:
 def test_interleaved_slots_commit_whole_episodes_and_leave_errored_out(tmp_path: Path) -> None:
     sink = LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=DatasetOptions(writers=1))
     with sink:
+        assert sink.wait_ready(timeout_s=120)
         for slot in range(3):
             sink.begin(key(slot), f"slot {slot}")
         for step in range(5):
