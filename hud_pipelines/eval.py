@@ -193,10 +193,10 @@ class EvalRunner:
                     results[futures[future]] = result
                     if self.on_result is not None:
                         self.on_result(result)
-            except BaseException:  # cancellation: stop the sims so the workers return promptly
+            except BaseException:  # cancellation: kill the sims so the workers return at once
                 for future in futures:
                     future.cancel()
-                self.pool.close()
+                self.pool.close(grace_s=0)
                 raise
         return [results[p] for p in partitions]
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.errors import SimError
 from hud_pipelines.sim.client import SimClient
-from hud_pipelines.sim.process import SimProcess
+from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.wire.messages import Framing
 
 log = logging.getLogger(__name__)
@@ -106,12 +107,17 @@ class SimPool:
         try:
             with self._lock:
                 if self._closed:
-                    raise RuntimeError("the sim pool is closed")
+                    raise SimError("the run is shutting down: the sim pool is closed")
                 live = self._idle.pop() if self._idle else None
             if live is None:
                 live = self._open()
                 with self._lock:
-                    self._live.append(live)
+                    closed = self._closed
+                    if not closed:
+                        self._live.append(live)
+                if closed:  # the pool closed while this sim was starting: nobody else will stop it
+                    _shutdown(live, 0.0)
+                    raise SimError("the run is shutting down: the sim pool is closed")
             try:
                 yield live
             except BaseException:
@@ -131,13 +137,30 @@ class SimPool:
             self._live.remove(live)
         _shutdown(live)
 
-    def close(self) -> None:
-        """Close every sim this pool opened (idle or in use); safe to call twice."""
+    def close(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+        """Close every sim this pool opened (idle or in use); safe to call twice.
+
+        ``grace_s=0`` kills every sim first and at once: a cancelled run has no reason to wait. An
+        interrupt that arrives while closing does not leave the remaining sims running: every sim
+        is closed, then the first exception is raised.
+        """
         with self._lock:
             self._closed = True
             live, self._live, self._idle = self._live, [], []
+        first: BaseException | None = None
+        if grace_s <= 0:
+            for sim in live:
+                try:
+                    sim.kill()
+                except BaseException as exc:
+                    first = first or exc
         for sim in live:
-            _shutdown(sim)
+            try:
+                _shutdown(sim, grace_s)
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def __enter__(self) -> SimPool:
         return self
@@ -146,7 +169,7 @@ class SimPool:
         self.close()
 
 
-def _shutdown(live: LiveSim) -> None:
+def _shutdown(live: LiveSim, grace_s: float = DEFAULT_GRACE_S) -> None:
     with contextlib.suppress(Exception):
         live.client.close()
-    live.process.close()
+    live.process.close(grace_s=grace_s)

@@ -20,10 +20,16 @@ def pipelines_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def write_pipeline(pipelines_dir: Path) -> WritePipeline:
+def label(tmp_path: Path) -> str:
+    """Marks this test's sim processes (see ``sim_processes``)."""
+    return f"hud-test-{tmp_path.name}"
+
+
+@pytest.fixture
+def write_pipeline(pipelines_dir: Path, label: str) -> WritePipeline:
     def write(name: str, **overrides: Any) -> Path:
         path = pipelines_dir / f"{name}.yaml"
-        path.write_text(pipeline_text(name, **overrides))
+        path.write_text(pipeline_text(name, label, **overrides))
         return path
 
     return write

@@ -54,9 +54,12 @@ def cartpole(
     crash_file: str | None = None,
     stall_seeds: list[int] | None = None,
     at_step: int = 5,
+    label: str = "",
 ) -> gym.Env[Any, Any]:
     """CartPole-v1 that appends its process id to ``pid_log`` and kills (or stalls) its own process
-    at ``at_step`` of an episode whose seed is listed (crashes only while ``crash_file`` exists, if given)."""
+    at ``at_step`` of an episode whose seed is listed (crashes only while ``crash_file`` exists, if given).
+
+    ``label`` does nothing: it lands on the sim's command line, where a test finds its processes."""
     if pid_log is not None:
         with open(pid_log, "a") as log:
             log.write(f"{os.getpid()}\n")

@@ -14,11 +14,11 @@ REPO = Path(__file__).resolve().parents[2]
 WritePipeline = Callable[..., Path]
 
 
-def pipeline_text(name: str, **overrides: Any) -> str:
+def pipeline_text(name: str, label: str, **overrides: Any) -> str:
     """A small CartPole pipeline (constant policy, short episodes) with ``overrides`` merged in."""
     spec: dict[str, Any] = {
         "name": name,
-        "sim": {"factory": f"{SIMS}:cartpole", "num_envs": 2},
+        "sim": {"factory": f"{SIMS}:cartpole", "num_envs": 2, "args": {"label": label}},
         "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
         "group": 2,
         "max_steps": 30,
@@ -26,15 +26,19 @@ def pipeline_text(name: str, **overrides: Any) -> str:
         "graders": [{"kind": "return", "threshold": 25}],
     }
     for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+        if key == "sim":
+            args = {**spec["sim"]["args"], **value.get("args", {})}
+            spec["sim"] = {**spec["sim"], **value, "args": args}
+        elif isinstance(value, dict) and isinstance(spec.get(key), dict):
             spec[key] = {**spec[key], **value}
         else:
             spec[key] = value
     return json.dumps(spec, indent=2)  # JSON is YAML
 
 
-def sim_processes(marker: str) -> list[int]:
-    """Live processes whose command line mentions ``marker`` (to prove no sim outlived its run)."""
+def sim_processes(label: str) -> list[int]:
+    """Live sim processes started with ``label`` (the tests' pipelines pass it as a build argument)."""
+    marker = f"label={json.dumps(label)}"
     found: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.cli import main
-from tests.dagster.support import REPO, WritePipeline
+from tests.dagster.support import REPO, WritePipeline, sim_processes
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -161,3 +161,41 @@ def test_the_webserver_serves_every_pipelines_assets(
             server.wait()
         assert server.stderr is not None
         server.stderr.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cancelling_a_run_leaves_no_sim_behind(
+    write_pipeline: WritePipeline,
+    pipelines_dir: Path,
+    outputs_dir: Path,
+    tmp_path: Path,
+    label: str,
+    signum: signal.Signals,
+) -> None:
+    write_pipeline("cancelled", group=2, sim={"args": {"stall_seeds": [0, 2]}}, rollout_timeout_s=600)
+    log = tmp_path / "run.log"
+    with log.open("w") as output:
+        run = subprocess.Popen(
+            [str(BIN / "hud-pipelines"), "run", "cancelled", "--quiet"],
+            env=_env(pipelines_dir, outputs_dir, tmp_path / "home"),
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while len(sim_processes(label)) < 2 and time.monotonic() < deadline:  # both instances are stalled
+            time.sleep(0.2)
+        assert len(sim_processes(label)) == 2, log.read_text()[-3000:]
+        time.sleep(1.0)
+        run.send_signal(signum)
+        assert run.wait(timeout=60) != 0
+        deadline = time.monotonic() + 15  # a sim whose parent is gone stops within its grace period
+        while sim_processes(label) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not sim_processes(label)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()

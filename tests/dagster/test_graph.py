@@ -42,7 +42,7 @@ def test_every_bundled_pipeline_loads_into_definitions() -> None:
 
 
 def test_group_times_num_envs_gives_one_graded_row_per_slot(
-    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path, label: str
 ) -> None:
     pid_log = tmp_path / "pids.txt"
     path = write_pipeline(
@@ -68,11 +68,11 @@ def test_group_times_num_envs_gives_one_graded_row_per_slot(
     assert len(observations) == 6
     # max_concurrent sims at most, reused across the six instances (the contract's sim included)
     assert len(set(pid_log.read_text().split())) <= 2
-    assert not sim_processes(str(path.parent.parent))
+    assert not sim_processes(label)
 
 
 def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_results(
-    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path, label: str
 ) -> None:
     marker = tmp_path / "crash-armed"
     marker.touch()
@@ -89,7 +89,7 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
     kept = InstanceResult.read(EvalOutputs(outputs_dir, "crashy").result("task0-i0"))
     assert not kept.failed
     assert {r.status for r in kept.rows} == {EpisodeStatus.SUCCEEDED}
-    assert not sim_processes(str(path.parent.parent))
+    assert not sim_processes(label)
 
     marker.unlink()  # the fault is gone: re-run the failed instance alone
     defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
@@ -106,7 +106,7 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
 
 
 def test_a_rollout_past_its_deadline_ends_errored_and_its_sim_is_killed(
-    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
 ) -> None:
     path = write_pipeline("stall", sim={"args": {"stall_seeds": [0]}, "num_envs": 1}, group=2, rollout_timeout_s=3)
     result = _run(path, outputs_dir, instance)
@@ -117,7 +117,7 @@ def test_a_rollout_past_its_deadline_ends_errored_and_its_sim_is_killed(
     assert stalled.wall_s < 30
     healthy = InstanceResult.read(EvalOutputs(outputs_dir, "stall").result("task0-i1"))
     assert not healthy.failed
-    assert not sim_processes(str(path.parent.parent))
+    assert not sim_processes(label)
 
 
 @pytest.mark.parametrize(("threshold", "passes"), [(0.5, True), (1.01, False)])
