@@ -567,6 +567,7 @@ def test_one_slot_raising_is_listed_in_the_frame_and_the_others_go_on(spawn: Spa
         reply = client.step(np.zeros((3, 1)))
         assert reply.status == ["running", "errored", "running"]
         assert [(e.slot, "ZeroDivisionError" in e.message) for e in reply.errors] == [(1, True)]
-        assert reply.errors[0].traceback is not None and "Traceback" in reply.errors[0].traceback
+        assert reply.errors[0].traceback is not None
+        assert "Traceback" in reply.errors[0].traceback
         assert client.step(np.zeros((3, 1))).status == ["running", "errored", "running"]
         assert [s["steps"] for s in client.result().slots] == [3, 1, 3]
