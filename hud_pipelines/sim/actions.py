@@ -89,32 +89,36 @@ class ActionAdapter:
         if frame.dtype.kind not in self._kinds:
             raise ActionError(f"action has dtype {frame.dtype}, {self.spec()}")
         rows = frame.astype(np.float64)
-        live = rows[running]
-        bad = ~np.isfinite(live).all(axis=1)
-        if bad.any():
-            slots = np.flatnonzero(running)[bad].tolist()
-            raise ActionError(f"non-finite action (NaN or inf) for slot(s) {slots}; {self.spec()}, finite")
+        every_slot = bool(running.all())
+        live = rows if every_slot else rows[running]
+        if not np.isfinite(live).all():  # the checks below name the slots only when something is wrong
+            bad = np.flatnonzero(running)[~np.isfinite(live).all(axis=1)].tolist()
+            raise ActionError(f"non-finite action (NaN or inf) for slot(s) {bad}; {self.spec()}, finite")
         if self.discrete:
-            rounded = np.rint(rows)
-            outside = running & ((rounded < self.low) | (rounded > self.high)).any(axis=1)
-            if outside.any():
+            np.rint(rows, out=rows)
+            live = rows if every_slot else rows[running]
+            if (live < self.low).any() or (live > self.high).any():
                 raise ActionError(
                     f"action out of the discrete range [{self.low.tolist()}, {self.high.tolist()}] for slot(s) "
-                    f"{np.flatnonzero(outside).tolist()}"
+                    f"{self._outside(rows, running)}"
                 )
-            rows = rounded
         else:
-            outside = running & ((rows < self.low) | (rows > self.high)).any(axis=1)
-            if outside.any() and self.bounds is BoundsMode.ERROR:
+            if self.bounds is BoundsMode.ERROR and ((live < self.low).any() or (live > self.high).any()):
                 raise ActionError(
-                    f"action out of bounds for slot(s) {np.flatnonzero(outside).tolist()}: low {self.low.tolist()}, "
+                    f"action out of bounds for slot(s) {self._outside(rows, running)}: low {self.low.tolist()}, "
                     f"high {self.high.tolist()}"
                 )
-            rows = np.clip(rows, self.low, self.high)
-        held = self.last if self.hold is HoldMode.LAST else np.broadcast_to(self._zero, rows.shape)
-        rows = np.where(running[:, None], rows, held)
+            np.clip(rows, self.low, self.high, out=rows)
+        if not every_slot:
+            held = self.last if self.hold is HoldMode.LAST else np.broadcast_to(self._zero, rows.shape)
+            rows = np.where(running[:, None], rows, held)
         self.last = rows
         return rows
+
+    def _outside(self, rows: npt.NDArray[np.float64], running: npt.NDArray[np.bool_]) -> list[int]:
+        """The running slots with a value outside ``[low, high]``."""
+        outside = running & ((rows < self.low) | (rows > self.high)).any(axis=1)
+        return np.flatnonzero(outside).tolist()
 
     def to_env(self, rows: npt.NDArray[np.float64], *, batched: bool) -> Any:
         """Reshape and cast rows for the env: one array for a vector env, a list of per-slot actions otherwise."""

@@ -323,7 +323,7 @@ class GymBridge:
             terminated=slots.terminated,
             truncated=slots.truncated,
             success=slots.success,
-            status=[state.value for state in slots.states],
+            status=slots.status,
             prompt=prompts,
             errors=errors or [],
             nonfinite=nonfinite or [],

@@ -39,6 +39,7 @@ class SlotState(StrEnum):
 
 
 _STATES: tuple[SlotState, ...] = tuple(SlotState)
+_VALUES: tuple[str, ...] = tuple(state.value for state in _STATES)
 _CODE = {state: code for code, state in enumerate(_STATES)}
 _RUNNING = _CODE[SlotState.RUNNING]
 
@@ -111,6 +112,11 @@ class SlotBatch:
     @property
     def states(self) -> list[SlotState]:
         return [_STATES[code] for code in self._state.tolist()]
+
+    @property
+    def status(self) -> list[str]:
+        """Each slot's state as its wire string (``running``, ``done``, ...)."""
+        return [_VALUES[code] for code in self._state.tolist()]
 
     def state(self, slot: int) -> SlotState:
         return _STATES[int(self._state[slot])]
@@ -185,15 +191,17 @@ class SlotBatch:
         narrows the tick to the slots whose env actually produced data (default: all running).
         """
         counted = self.running() if stepped is None else self.running() & stepped
-        self._total_reward[counted] += reward[counted]
-        self._steps[counted] += 1
+        self._total_reward += np.where(counted, reward, 0.0)
+        self._steps += counted
         reported = counted & (success >= 0)
-        self._success_reported |= reported
-        self._success |= reported & (success > 0)
+        if reported.any():
+            self._success_reported |= reported
+            self._success |= reported & (success > 0)
         done = counted & (terminated | truncated)
-        self._terminated[done] = terminated[done]
-        self._truncated[done] = truncated[done]
-        self._state[done] = _CODE[SlotState.DONE]
+        if done.any():
+            self._terminated[done] = terminated[done]
+            self._truncated[done] = truncated[done]
+            self._state[done] = _CODE[SlotState.DONE]
         return counted
 
     def flag_nonfinite(self, slots: npt.NDArray[np.bool_]) -> None:
