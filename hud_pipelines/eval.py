@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +78,16 @@ class InstanceResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InstanceResult:
-        return cls(**{**data, "rows": [GradeRow.from_dict(r) for r in data["rows"]]})
+        return cls(
+            pipeline=data["pipeline"],
+            key=data["key"],
+            task_index=data["task_index"],
+            instance=data["instance"],
+            rows=[GradeRow.from_dict(r) for r in data["rows"]],
+            wall_s=data["wall_s"],
+            env_steps=data["env_steps"],
+            error=data["error"],
+        )
 
     def write(self, path: Path) -> None:
         """Write as JSON, atomically (a reader never sees half a result)."""
@@ -285,7 +294,7 @@ class EvalRunner:
 
 
 @contextlib.contextmanager
-def _deadline(live: LiveSim, seconds: float) -> Iterator[threading.Event]:
+def _deadline(live: LiveSim, seconds: float) -> Generator[threading.Event]:
     """Stop ``live`` when the block runs longer than ``seconds``; the event tells whether it fired."""
     expired = threading.Event()
 

@@ -47,7 +47,8 @@ class GradeRow:
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> GradeRow:
-        return cls(**{**row, "status": EpisodeStatus(row["status"])})
+        fields: dict[str, Any] = {**row, "status": EpisodeStatus(row["status"])}
+        return cls(**fields)
 
 
 def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:

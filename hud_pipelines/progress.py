@@ -4,7 +4,7 @@ run that Dagster executes in this process without knowing about Dagster's event 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ def notify(result: InstanceResult) -> None:
 
 
 @contextlib.contextmanager
-def listening(listener: Listener) -> Iterator[None]:
+def listening(listener: Listener) -> Generator[None]:
     _listeners.append(listener)
     try:
         yield

@@ -87,7 +87,7 @@ class EpisodeOutcome:
     terminated: bool = False
     truncated: bool = False
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=lambda: dict[str, Any]())
+    extra: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 class EpisodeSink(Protocol):

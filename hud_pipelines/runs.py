@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,7 +144,7 @@ def _problems(result: ExecuteInProcessResult) -> list[str]:
 
 
 @contextlib.contextmanager
-def _progress(console: Console, name: str, total: int, quiet: bool) -> Iterator[Callable[[InstanceResult], None]]:
+def _progress(console: Console, name: str, total: int, quiet: bool) -> Generator[Callable[[InstanceResult], None]]:
     """A rich progress bar over instances (nothing with ``quiet``); yields the per-result callback."""
     if quiet:
         yield lambda result: None

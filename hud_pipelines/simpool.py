@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,7 +99,7 @@ class SimPool:
         return LiveSim(process, client)
 
     @contextlib.contextmanager
-    def sim(self) -> Iterator[LiveSim]:
+    def sim(self) -> Generator[LiveSim]:
         """A connected sim for one instance; returned to the pool if it stayed healthy."""
         attached = self.settings.url is not None
         if attached:

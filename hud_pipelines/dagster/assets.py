@@ -156,7 +156,7 @@ def _build(
         required_resource_keys={key},
         backfill_policy=single_run,
     )
-    def contract(context: AssetExecutionContext) -> dg.MaterializeResult:
+    def contract(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         resource = _resource(context, spec)
         with resource.pool.sim() as live:
             derived = live.client.contract
@@ -182,7 +182,7 @@ def _build(
         f"{spec.sim.num_envs} slot(s).",
         required_resource_keys={key},
     )
-    def rollouts(context: AssetExecutionContext) -> dg.MaterializeResult:
+    def rollouts(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         resource = _resource(context, spec)
         outputs = resource.outputs
         selected = [spec.partition_for_key(k) for k in context.partition_keys]
@@ -243,7 +243,7 @@ def _build(
         description=f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, status.",
         required_resource_keys={key},
     )
-    def grades(context: AssetExecutionContext) -> dg.MaterializeResult:
+    def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
         rows = collect_rows(spec, outputs)
         write_grades(rows, outputs)
@@ -273,7 +273,7 @@ def _build(
         description=f"Success rate with its 95% interval and denominators, per task, with a plot, for {name}.",
         required_resource_keys={key},
     )
-    def report(context: AssetExecutionContext) -> dg.MaterializeResult:
+    def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
         rows = collect_rows(spec, outputs)
         plot = render_plot(name, rows)
@@ -299,7 +299,7 @@ def _build(
             "published atomically).",
             required_resource_keys={key},
         )
-        def dataset(context: AssetExecutionContext) -> dg.MaterializeResult:
+        def dataset(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
             resource = _resource(context, spec)
             published = ShardStore(resource.outputs, spec, run_id=context.run.run_id).publish(
                 spec.dataset_root(Path(resource.project_dir))
