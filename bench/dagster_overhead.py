@@ -3,7 +3,8 @@
 Runs one pipeline (default: the bundled CartPole eval) four ways, side by side, ``--repeats`` times
 each, and reports medians and ratios to the direct Python API:
 
-- ``python-api``: :class:`hud_pipelines.eval.EvalRunner` in this process (no Dagster at all);
+- ``python-api``: :func:`hud_pipelines.steps.evaluate` in this process: the same steps (contract,
+  rollouts, grades, report, dataset) with no Dagster at all;
 - ``execute_in_process``: the pipeline's Dagster job in this process on an ephemeral instance;
 - ``hud-pipelines run``: the project's CLI in a fresh process (local instance, progress, summary);
 - ``dagster job execute``: Dagster's CLI in a fresh process.
@@ -32,14 +33,11 @@ BIN = Path(sys.executable).parent
 
 
 def _python_api(pipeline: Path, outputs: Path) -> None:
-    from hud_pipelines.eval import EvalRunner, sim_settings
-    from hud_pipelines.simpool import SimPool
     from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.steps import evaluate
 
-    spec = load_pipeline(pipeline)
-    with SimPool(sim_settings(spec, cwd=REPO)) as pool:
-        results = EvalRunner(spec, pool, job="bench").run(spec.partitions())
-    assert all(not r.failed for r in results)
+    evaluation = evaluate(load_pipeline(pipeline), outputs_dir=outputs, project_dir=outputs)
+    assert not evaluation.failed_instances
 
 
 def _in_process(pipeline: Path, outputs: Path) -> None:
@@ -49,7 +47,7 @@ def _in_process(pipeline: Path, outputs: Path) -> None:
     from hud_pipelines.spec.loader import load_pipeline
 
     name = load_pipeline(pipeline).name
-    defs = definitions_for_file(pipeline, outputs_dir=outputs, project_dir=REPO)
+    defs = definitions_for_file(pipeline, outputs_dir=outputs, project_dir=outputs)
     with dg.DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def(name).execute_in_process(instance=instance)
     assert result.success

@@ -86,10 +86,11 @@ def run_pipeline(
     import dagster as dg
 
     from hud_pipelines import progress
-    from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG, collect_rows
+    from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
     from hud_pipelines.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.steps import collect_rows
 
     spec = load_pipeline(path)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)

@@ -20,9 +20,6 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 <name>`` run the whole eval; ``--partition-range k...k`` re-runs one instance.
 """
 
-import csv
-import io
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,65 +32,33 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from hud_pipelines import progress
 from hud_pipelines.contract import Contract
 from hud_pipelines.dagster.resources import PipelineResource, resource_key
-from hud_pipelines.dagster.shards import ShardStore
-from hud_pipelines.eval import EvalRunner, InstanceResult, unreached_rows
+from hud_pipelines.eval import InstanceResult
 from hud_pipelines.grading import GradeRow, summarize
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.recording import EpisodeSink, EpisodeStatus
-from hud_pipelines.report import render_markdown, render_plot
-from hud_pipelines.spec.models import (
-    CheckSpec,
-    MaxErrorRateCheck,
-    MinMeanScoreCheck,
-    MinSuccessRateCheck,
-    Partition,
-    PipelineSpec,
+from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.spec.models import CheckSpec, MaxErrorRateCheck, MinMeanScoreCheck, MinSuccessRateCheck, PipelineSpec
+from hud_pipelines.steps import (
+    GRADE_COLUMNS,
+    cell,
+    contract_step,
+    dataset_step,
+    grades_step,
+    read_grades,
+    report_step,
+    rollouts_step,
 )
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
-GRADE_COLUMNS: list[tuple[str, str]] = [
-    ("task", "string"),
-    ("instance", "int"),
-    ("slot", "int"),
-    ("seed", "int"),
-    ("status", "string"),
-    ("score", "float"),
-    ("success", "bool"),
-    ("total_reward", "float"),
-    ("steps", "int"),
-    ("error", "string"),
-]
 
 
 def _resource(context: AssetExecutionContext | dg.AssetCheckExecutionContext, spec: PipelineSpec) -> PipelineResource:
     return getattr(context.resources, resource_key(spec.name))
 
 
-def collect_rows(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
-    """One row per scheduled slot, from the latest result of every partition (errored where none)."""
-    rows: list[GradeRow] = []
-    for partition in spec.partitions():
-        path = outputs.result(spec.partition_key(*partition))
-        if path.exists():
-            rows.extend(InstanceResult.read(path).rows)
-        else:
-            rows.extend(unreached_rows(spec, partition, "this instance has not been materialized"))
-    return rows
-
-
 def _grades_table(rows: Sequence[GradeRow]) -> dg.TableMetadataValue:
     schema = dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in GRADE_COLUMNS])
-    records = [dg.TableRecord({name: _cell(getattr(row, name)) for name, _ in GRADE_COLUMNS}) for row in rows[:500]]
+    records = [dg.TableRecord({name: cell(getattr(row, name)) for name, _ in GRADE_COLUMNS}) for row in rows[:500]]
     return dg.MetadataValue.table(records, schema=schema)
-
-
-def _cell(value: object) -> str | int | float | bool | None:
-    if isinstance(value, EpisodeStatus):
-        return value.value
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
 
 
 def _features_table(contract: Contract) -> dg.TableMetadataValue:
@@ -158,17 +123,13 @@ def _build(
     )
     def contract(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         resource = _resource(context, spec)
-        with resource.pool.sim() as live:
-            derived = live.client.contract
-        path = resource.outputs.contract
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(derived.to_json())
+        derived = contract_step(resource.pool, resource.outputs)
         return dg.MaterializeResult(
             metadata={
                 "features": _features_table(derived),
                 "control_rate_hz": derived.control_rate,
                 "robot_type": derived.robot_type,
-                "path": dg.MetadataValue.path(str(spec.contract_path or path)),
+                "path": dg.MetadataValue.path(str(spec.contract_path or resource.outputs.contract)),
             }
         )
 
@@ -184,23 +145,9 @@ def _build(
     )
     def rollouts(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         resource = _resource(context, spec)
-        outputs = resource.outputs
-        selected = [spec.partition_for_key(k) for k in context.partition_keys]
-        traces_dir = outputs.traces(context.run.run_id)
-        shards = ShardStore(outputs, spec, run_id=context.run.run_id)
-
-        def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
-            from hud_pipelines.telemetry.traces import TraceRecorder
-
-            recorders: list[EpisodeSink] = [TraceRecorder(traces_dir)]
-            if spec.dataset_enabled:
-                recorders.append(shards.sink(spec.partition_key(*partition), contract))
-            return recorders
+        run_id = context.run.run_id
 
         def on_result(result: InstanceResult) -> None:
-            result.write(outputs.result(result.key))
-            if spec.dataset_enabled:
-                shards.commit(result.key)
             context.log_event(
                 dg.AssetObservation(
                     asset_key=context.asset_key, partition=result.key, metadata=_instance_metadata(result)
@@ -208,8 +155,11 @@ def _build(
             )
             progress.notify(result)
 
-        runner = EvalRunner(spec, resource.pool, job=f"{name}/{context.run.run_id}", sinks=sinks, on_result=on_result)
-        results = runner.run(selected)
+        selected = [spec.partition_for_key(k) for k in context.partition_keys]
+        results = rollouts_step(
+            spec, resource.pool, resource.outputs, run_id=run_id, partitions=selected, on_result=on_result
+        )
+        traces_dir = resource.outputs.traces(run_id)
         failed = [r for r in results if r.failed]
         totals = summarize([row for r in results for row in r.rows])
         metadata: dict[str, Any] = {
@@ -245,8 +195,7 @@ def _build(
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
-        rows = collect_rows(spec, outputs)
-        write_grades(rows, outputs)
+        rows = grades_step(spec, outputs)
         summary = summarize(rows)
         low, high = summary.success_interval
         return dg.MaterializeResult(
@@ -275,12 +224,7 @@ def _build(
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
-        rows = collect_rows(spec, outputs)
-        plot = render_plot(name, rows)
-        outputs.report_png.parent.mkdir(parents=True, exist_ok=True)
-        outputs.report_png.write_bytes(plot)
-        markdown = render_markdown(name, rows, plot_png=plot)
-        outputs.report_md.write_text(markdown)
+        markdown = report_step(spec, outputs)
         return dg.MaterializeResult(
             metadata={"report": dg.MetadataValue.md(markdown), "path": dg.MetadataValue.path(str(outputs.report_md))}
         )
@@ -301,8 +245,8 @@ def _build(
         )
         def dataset(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
             resource = _resource(context, spec)
-            published = ShardStore(resource.outputs, spec, run_id=context.run.run_id).publish(
-                spec.dataset_root(Path(resource.project_dir))
+            published = dataset_step(
+                spec, resource.outputs, project_dir=Path(resource.project_dir), run_id=context.run.run_id
             )
             return dg.MaterializeResult(metadata=published.dagster_metadata())
 
@@ -315,26 +259,6 @@ def _build(
         tags={RANGE_START_TAG: spec.partition_keys()[0], RANGE_END_TAG: spec.partition_keys()[-1]},
     )
     return assets, checks, job
-
-
-def write_grades(rows: Sequence[GradeRow], outputs: EvalOutputs) -> None:
-    """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
-    outputs.base.mkdir(parents=True, exist_ok=True)
-    partial = outputs.grades_json.with_suffix(".partial")
-    partial.write_text(json.dumps([row.as_dict() for row in rows], indent=1))
-    partial.replace(outputs.grades_json)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow([name for name, _ in GRADE_COLUMNS])
-    for row in rows:
-        writer.writerow([_cell(getattr(row, name)) for name, _ in GRADE_COLUMNS])
-    partial = outputs.grades_csv.with_suffix(".partial")
-    partial.write_text(buffer.getvalue())
-    partial.replace(outputs.grades_csv)
-
-
-def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
-    return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
 
 
 def _check(spec: PipelineSpec, check: CheckSpec, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:

@@ -198,3 +198,23 @@ def test_every_bundled_pipeline_runs_end_to_end(
     assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     if spec.dataset_enabled:
         assert spec.dataset_root(tmp_path).joinpath("meta", "info.json").is_file()
+
+
+def test_the_python_api_and_the_dagster_job_grade_the_same_seeds_identically(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.steps import evaluate
+
+    path = write_pipeline("twice", group=2, max_steps=60, tasks=[{"seed": 11}])
+    assert _run(path, outputs_dir, instance).success
+    through_dagster = _grades(outputs_dir, "twice")
+    evaluation = evaluate(load_pipeline(path), outputs_dir=tmp_path / "plain", project_dir=REPO)
+    assert not evaluation.failed_instances
+    assert evaluation.summary.scheduled == 4
+
+    def fields(rows: list[GradeRow]) -> list[tuple[object, ...]]:
+        return [(r.task, r.instance, r.slot, r.seed, r.status, r.score, r.total_reward, r.steps) for r in rows]
+
+    assert fields(evaluation.rows) == fields(through_dagster)
+    assert (tmp_path / "plain" / "twice" / "report.md").is_file()

@@ -1,0 +1,205 @@
+"""The steps of an eval, without Dagster: contract, rollouts, grades, report, dataset.
+
+Each Dagster asset is a thin wrapper around one of these functions (it adds metadata and events);
+:func:`evaluate` runs them in order in plain Python, for scripts, notebooks and the benchmark that
+measures what Dagster adds. Everything a step produces is a file under ``outputs/<pipeline>/``
+(see :mod:`hud_pipelines.outputs`), so the steps only share the disk, never memory.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hud_pipelines.contract import Contract
+from hud_pipelines.eval import EvalRunner, InstanceResult, sim_settings, unreached_rows
+from hud_pipelines.grading import GradeRow, Summary, summarize
+from hud_pipelines.outputs import EvalOutputs, default_outputs_root
+from hud_pipelines.recording import EpisodeSink, EpisodeStatus
+from hud_pipelines.report import render_markdown, render_plot
+from hud_pipelines.simpool import SimPool
+from hud_pipelines.spec.models import Partition, PipelineSpec
+
+if TYPE_CHECKING:
+    from hud_pipelines.dataset.summary import DatasetSummary
+
+GRADE_COLUMNS: list[tuple[str, str]] = [
+    ("task", "string"),
+    ("instance", "int"),
+    ("slot", "int"),
+    ("seed", "int"),
+    ("status", "string"),
+    ("score", "float"),
+    ("success", "bool"),
+    ("total_reward", "float"),
+    ("steps", "int"),
+    ("error", "string"),
+]
+"""Columns of ``grades.csv`` and of the grades table shown in Dagster."""
+
+
+def cell(value: object) -> str | int | float | bool | None:
+    """A grade field as a plain CSV/table cell."""
+    if isinstance(value, EpisodeStatus):
+        return value.value
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+# -- contract ------------------------------------------------------------------------------------------
+
+
+def contract_step(pool: SimPool, outputs: EvalOutputs) -> Contract:
+    """The sim's contract, written to ``outputs/<name>/contract.json`` (the sim stays in the pool)."""
+    with pool.sim() as live:
+        contract = live.client.contract
+    outputs.contract.parent.mkdir(parents=True, exist_ok=True)
+    outputs.contract.write_text(contract.to_json())
+    return contract
+
+
+# -- rollouts --------------------------------------------------------------------------------------------
+
+
+def rollouts_step(
+    spec: PipelineSpec,
+    pool: SimPool,
+    outputs: EvalOutputs,
+    *,
+    run_id: str,
+    partitions: Sequence[Partition],
+    on_result: Callable[[InstanceResult], None] | None = None,
+) -> list[InstanceResult]:
+    """Run ``partitions``; each instance's result, traces and dataset shard land as it ends."""
+    from hud_pipelines.dataset_shards import ShardStore
+
+    traces = outputs.traces(run_id)
+    shards = ShardStore(outputs, spec, run_id=run_id) if spec.dataset_enabled else None
+
+    def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
+        from hud_pipelines.telemetry.traces import TraceRecorder
+
+        recorders: list[EpisodeSink] = [TraceRecorder(traces)]
+        if shards is not None:
+            recorders.append(shards.sink(spec.partition_key(*partition), contract))
+        return recorders
+
+    def ended(result: InstanceResult) -> None:
+        result.write(outputs.result(result.key))
+        if shards is not None:
+            shards.commit(result.key)
+        if on_result is not None:
+            on_result(result)
+
+    runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", sinks=sinks, on_result=ended)
+    return runner.run(partitions)
+
+
+# -- grades and report -------------------------------------------------------------------------------
+
+
+def collect_rows(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
+    """One row per scheduled slot, from the latest result of every partition (errored where none)."""
+    rows: list[GradeRow] = []
+    for partition in spec.partitions():
+        path = outputs.result(spec.partition_key(*partition))
+        if path.exists():
+            rows.extend(InstanceResult.read(path).rows)
+        else:
+            rows.extend(unreached_rows(spec, partition, "this instance has not been materialized"))
+    return rows
+
+
+def grades_step(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
+    """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
+    rows = collect_rows(spec, outputs)
+    outputs.base.mkdir(parents=True, exist_ok=True)
+    _write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow([name for name, _ in GRADE_COLUMNS])
+    for row in rows:
+        writer.writerow([cell(getattr(row, name)) for name, _ in GRADE_COLUMNS])
+    _write_atomically(outputs.grades_csv, buffer.getvalue())
+    return rows
+
+
+def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
+    return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
+
+
+def report_step(spec: PipelineSpec, outputs: EvalOutputs) -> str:
+    """``report.md`` with the plot inline, and ``report.png``; returns the markdown."""
+    rows = collect_rows(spec, outputs)
+    plot = render_plot(spec.name, rows)
+    outputs.base.mkdir(parents=True, exist_ok=True)
+    outputs.report_png.write_bytes(plot)
+    markdown = render_markdown(spec.name, rows, plot_png=plot)
+    _write_atomically(outputs.report_md, markdown)
+    return markdown
+
+
+# -- dataset ---------------------------------------------------------------------------------------------
+
+
+def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path, run_id: str) -> DatasetSummary:
+    """Merge every instance's latest shard and publish the dataset atomically."""
+    from hud_pipelines.dataset_shards import ShardStore
+
+    return ShardStore(outputs, spec, run_id=run_id).publish(spec.dataset_root(project_dir))
+
+
+# -- everything --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluate` produced."""
+
+    rows: list[GradeRow]
+    summary: Summary
+    results: list[InstanceResult]
+    outputs: EvalOutputs
+    dataset: DatasetSummary | None
+
+    @property
+    def failed_instances(self) -> list[InstanceResult]:
+        return [r for r in self.results if r.failed]
+
+
+def evaluate(
+    spec: PipelineSpec,
+    *,
+    outputs_dir: Path | None = None,
+    project_dir: Path | None = None,
+    partitions: Sequence[Partition] | None = None,
+) -> Evaluation:
+    """Run a whole eval in this process without Dagster (no run history, no checks).
+
+    The dataset is published only when every instance ran; grades and the report are always written.
+    """
+    project = (project_dir or Path.cwd()).resolve()
+    outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
+    run_id = f"local-{uuid.uuid4().hex[:12]}"
+    with SimPool(sim_settings(spec, cwd=project)) as pool:
+        contract_step(pool, outputs)
+        results = rollouts_step(spec, pool, outputs, run_id=run_id, partitions=partitions or spec.partitions())
+    rows = grades_step(spec, outputs)
+    report_step(spec, outputs)
+    published = None
+    if spec.dataset_enabled and not any(r.failed for r in results):
+        published = dataset_step(spec, outputs, project_dir=project, run_id=run_id)
+    return Evaluation(rows=rows, summary=summarize(rows), results=results, outputs=outputs, dataset=published)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
