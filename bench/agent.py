@@ -6,11 +6,12 @@ the same episode count, the same seeds (``seed + batch * N + i``, lerobot-eval's
 number of envs stepped together (N) and no video on either side. Each side runs as its own
 subprocess so that both pay their own start-up (imports, policy load, env build):
 
-- ``ours``: one sim child process (``SimProcess``) serving N slots in lockstep, one ``RobotAgent``
-  over it, the ACT folder loaded with ``LeRobotPolicy.from_pretrained``, a trace per episode
-  (``--no-traces`` to skip). ``--sims K`` adds a row ``ours/K`` where the N slots are split over K
-  children, one agent thread each, sharing one ``BatchedModel`` (the shape of an eval with
-  ``group = K``): env stepping then runs on K cores while the agent waits.
+- ``ours``: the N slots served by K sim child processes (``SimProcess``, K = ``--sims``, default
+  one per core, at most N), one ``RobotAgent`` thread per child, all sharing one ``BatchedModel``
+  (the shape of an eval with ``group = K``), so env stepping runs on every core while the agent
+  waits and every refill tick is still one forward over all N rows; the ACT folder is loaded with
+  ``LeRobotPolicy.from_pretrained``; one trace per episode (``--no-traces`` to skip).
+  ``--single-sim`` adds a row ``ours/1`` with all N slots in one child.
 - ``lerobot-eval``: ``.venv/bin/lerobot-eval`` with ``--eval.batch_size=N``. lerobot 0.6.1 renders
   preview videos unless it records datasets, and no flag turns that off, so a ``sitecustomize``
   on its ``PYTHONPATH`` passes ``max_episodes_rendered=0`` to its ``eval_policy_all``; the same
@@ -22,7 +23,7 @@ time on a shared machine). Prints a table and, last, one JSON line.
 
     .venv/bin/python bench/agent.py                      # N = 1, 8, 32
     .venv/bin/python bench/agent.py --n 8 --repeat 2     # the target comparison, best of two runs
-    .venv/bin/python bench/agent.py --n 32 --sims 2      # also split N over two sim children
+    .venv/bin/python bench/agent.py --n 8 --single-sim   # also all N slots in one sim child
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def worker(args: argparse.Namespace) -> None:
         contract = clients[0].contract
         policy = LeRobotPolicy.from_pretrained(Path(args.policy), contract, device=args.device)
         loaded = time.perf_counter()
-        model = BatchedModel(policy, max_wait_s=0.1, expected_callers=len(clients))
+        model = BatchedModel(policy, max_wait_s=2.0, expected_callers=len(clients))
         agents = [RobotAgent(model, contract) for _ in clients]
         recorder = TraceRecorder(Path(args.traces), contract) if args.traces else None
         sinks = [recorder] if recorder is not None else []
@@ -346,8 +347,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def default_episodes(n: int) -> int:
-    """Two batches of N (at least 4 episodes) up to N = 16, one batch above: rollouts, not start-up, dominate."""
-    return max(4, 2 * n) if n <= 16 else n
+    """About 32 episodes (lerobot-eval's default is 50), at most 4 batches, at least 4 episodes.
+
+    Enough that rollouts rather than the ~15 s of imports both sides pay decide episodes/s.
+    """
+    return max(4, min(4 * n, 32)) if n <= 32 else n
 
 
 def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -362,10 +366,13 @@ def main() -> None:
         "--episodes",
         type=int,
         default=None,
-        help="episodes per N (default: 2 batches, at least 4, up to N=16; 1 above)",
+        help="episodes per N (default: about 32, at most 4 batches, at least 4)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs per side and N; the fastest counts (default 1)")
-    parser.add_argument("--sims", type=int, default=1, help="also run ours with N split over this many sim children")
+    parser.add_argument(
+        "--sims", type=int, default=os.cpu_count() or 1, help="sim children ours splits N over (default: one per core)"
+    )
+    parser.add_argument("--single-sim", action="store_true", help="also run ours with all N slots in one child")
     parser.add_argument("--seed", type=int, default=1000, help="first seed (lerobot-eval's default)")
     parser.add_argument("--no-traces", action="store_true", help="run ours without writing traces")
     parser.add_argument("--device", default="cpu", help="policy device on both sides (cpu, cuda)")
@@ -396,12 +403,12 @@ def main() -> None:
         episodes = args.episodes or default_episodes(n)
         common = {"seed": args.seed, "device": args.device}
         traces = not args.no_traces
-        ours = best([run_ours(n, episodes, folder, work, sims=1, traces=traces, **common) for _ in repeats])
-        rows.append(row(n, "ours", 1, ours))
         sims = max(1, min(args.sims, n))
-        if sims > 1:
-            split_run = best([run_ours(n, episodes, folder, work, sims=sims, traces=traces, **common) for _ in repeats])
-            rows.append(row(n, f"ours/{sims}", sims, split_run))
+        ours = best([run_ours(n, episodes, folder, work, sims=sims, traces=traces, **common) for _ in repeats])
+        rows.append(row(n, "ours", sims, ours))
+        if args.single_sim and sims > 1:
+            single = best([run_ours(n, episodes, folder, work, sims=1, traces=traces, **common) for _ in repeats])
+            rows.append(row(n, "ours/1", 1, single))
         if not args.skip_lerobot:
             peer = best([run_lerobot(n, episodes, folder, work, stock=False, **common) for _ in repeats])
             rows.append(row(n, "lerobot-eval", 1, peer))

@@ -134,3 +134,20 @@ def test_reset_before_the_end_cuts_the_episode_short() -> None:
     assert [o.steps for o in outcomes] == [1, 1]
     assert all(o.truncated and not o.terminated for o in outcomes)
     assert set(sink.begun.values()) == {"balance"}
+
+
+def test_wrapped_camera_env_traces_state_by_name_and_the_camera_as_video(tmp_path: Path) -> None:
+    import gym_pusht  # noqa: F401  (registers the gym_pusht namespace)
+
+    env = wrap(gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos"), job="cam", trace_dir=tmp_path, video=True)
+    env.reset(seed=0)
+    for _ in range(10):
+        env.step(np.array([256.0, 256.0]))
+    env.close()
+    (trace,) = read_traces(tmp_path / "cam")
+    assert trace.header["state_names"] == {"agent_pos": ["agent_pos_0", "agent_pos_1"]}
+    observation = trace.of_type(StepType.OBSERVATION)[0]
+    assert set(observation["state"]) == {"agent_pos"}
+    assert [v.name for v in trace.videos] == [f"{trace.trace_id}.pixels.mp4"]
+    assert trace.grade is not None
+    assert trace.grade["steps"] == 10
