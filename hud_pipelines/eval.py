@@ -34,6 +34,7 @@ from hud_pipelines.errors import HudPipelinesError, SimError
 from hud_pipelines.graders import Grader, build_graders
 from hud_pipelines.grading import GradeRow
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
+from hud_pipelines.sim.factory import VECTORIZATION_MODE
 from hud_pipelines.simpool import LiveSim, SimPool, SimSettings
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -102,11 +103,21 @@ class InstanceResult:
 
 
 def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
-    """How the pipeline's sims are started (or attached to)."""
+    """How the pipeline's sims are started (or attached to).
+
+    A registry id with several slots is vectorized with gymnasium's ``sync`` mode unless the
+    pipeline picks a ``vectorization_mode``: only then does every slot get its own seed (a native
+    ``vector_entry_point`` env such as CartPole's takes one seed for the whole batch), so a slot's
+    episode does not depend on ``num_envs``.
+    """
     sim = spec.sim
+    build_args = dict(sim.args)
+    registry_id = spec.factory is not None and ":" not in spec.factory
+    if registry_id and sim.num_envs > 1:
+        build_args.setdefault(VECTORIZATION_MODE, "sync")
     return SimSettings(
         factory=spec.factory,
-        build_args=dict(sim.args),
+        build_args=build_args,
         num_envs=sim.num_envs,
         contract_path=spec.contract_path,
         startup_timeout_s=sim.startup_timeout_s,

@@ -120,8 +120,9 @@ class SimSpec(_Model):
     num_envs: Int = Field(
         default=1,
         ge=1,
-        description="slots per sim instance, stepped in lockstep (a vectorized factory batches them natively); "
-        "with `url`: the slots the served sim has",
+        description="slots per sim instance, stepped in lockstep (a vectorized factory batches them natively; a "
+        "registry id uses gymnasium's `sync` vector env, so every slot keeps its own seed, unless `args` sets "
+        "`vectorization_mode`); with `url`: the slots the served sim has",
     )
     contract: str | None = Field(
         default=None,

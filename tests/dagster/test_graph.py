@@ -218,3 +218,28 @@ def test_the_python_api_and_the_dagster_job_grade_the_same_seeds_identically(
 
     assert fields(evaluation.rows) == fields(through_dagster)
     assert (tmp_path / "plain" / "twice" / "report.md").is_file()
+
+
+def test_a_slot_episode_depends_on_its_seed_not_on_num_envs(tmp_path: Path) -> None:
+    from hud_pipelines.spec.loader import load_pipeline_text
+    from hud_pipelines.steps import evaluate
+
+    def returns(num_envs: int, group: int) -> dict[int | None, float]:
+        text = json.dumps(
+            {
+                "name": f"seeded{num_envs}",
+                "sim": {"factory": "CartPole-v1", "num_envs": num_envs},
+                "agent": {"policy": {"kind": "constant", "value": [1]}},
+                "tasks": [{"seed": 5}],
+                "group": group,
+                "max_steps": 100,
+            }
+        )
+        spec = load_pipeline_text(text, source=tmp_path / f"seeded{num_envs}.yaml")
+        evaluation = evaluate(spec, outputs_dir=tmp_path / "out", project_dir=tmp_path)
+        return {row.seed: row.total_reward for row in evaluation.rows}
+
+    batched = returns(num_envs=3, group=1)
+    assert set(batched) == {5, 6, 7}
+    assert batched == returns(num_envs=1, group=3)
+    assert len(set(batched.values())) > 1  # the seeds really differ
