@@ -176,7 +176,7 @@ def test_the_loop_traces_and_wrap_do_not_import_torch_or_lerobot() -> None:
         "import sys\n"
         "import hud_pipelines.agent, hud_pipelines.agent.runner, hud_pipelines.agent.batching\n"
         "import hud_pipelines.agent.builtin, hud_pipelines.agent.remote, hud_pipelines.telemetry.traces\n"
-        "import hud_pipelines.wrap, envs.controllers\n"
+        "import hud_pipelines.recorder, envs.controllers\n"
         "from hud_pipelines.agent import RobotAgent, BatchedModel, build_policy\n"
         "heavy = sorted(m for m in ('torch', 'lerobot', 'av') if m in sys.modules)\n"
         "assert not heavy, heavy\n"

@@ -13,10 +13,10 @@ from envs.controllers import pendulum_swing_up
 from hud_pipelines.agent.builtin import FunctionPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import load_contract
+from hud_pipelines.recorder import RecordVectorEpisodes, wrap
 from hud_pipelines.recording import EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.telemetry.traces import StepType, TraceRecorder, read_traces
-from hud_pipelines.wrap import RecordVectorEpisodes, wrap
 
 SEEDS = [5, 6]
 
