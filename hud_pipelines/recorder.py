@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -41,6 +41,9 @@ from hud_pipelines.contract import (
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
 from hud_pipelines.sim.envs import prompt_of, success_of, vector_success
 
+if TYPE_CHECKING:
+    from hud_pipelines.dataset.publish import DatasetBuild
+
 CUT_SHORT = "the episode was cut short by reset() or close()"
 
 
@@ -55,12 +58,18 @@ def wrap(
     task: int = 0,
     instance: int = 0,
     video: bool = False,
+    dataset: Path | None = None,
+    dataset_repo_id: str | None = None,
 ) -> Any:
     """Wrap a gymnasium env or vector env so every episode is reported to ``sinks`` (and traced).
 
+    With ``dataset``, the episodes are also written as a LeRobot v3 dataset, exactly as an eval's
+    dataset asset writes them, and published there (atomically) when the wrapper is closed.
     The wrapper owns the sinks: closing it ends open episodes and closes them.
     """
     options = _Options(job, list(sinks or ()), trace_dir, prompt, contract_path, task, instance, video)
+    options.dataset = dataset
+    options.dataset_repo_id = dataset_repo_id
     if isinstance(env, gym.vector.VectorEnv):
         return RecordVectorEpisodes(cast(gym.vector.VectorEnv[Any, Any, Any], env), options)
     return RecordEpisodes(env, options)
@@ -86,6 +95,8 @@ class _Options:
         self.task = task
         self.instance = instance
         self.video = video
+        self.dataset: Path | None = None
+        self.dataset_repo_id: str | None = None
 
 
 class _Episodes:
@@ -106,6 +117,7 @@ class _Episodes:
         self.success = [False] * num_slots
         self.reported = [False] * num_slots
         self.last: list[dict[str, npt.NDArray[Any]]] = [{} for _ in range(num_slots)]
+        self.dataset: DatasetBuild | None = None
 
     def ensure_contract(self, env: Any, observation_space: Any, action_space: Any, sample: object) -> None:
         if self.contract is not None:
@@ -122,6 +134,11 @@ class _Episodes:
             from hud_pipelines.telemetry.traces import TraceRecorder
 
             self.sinks.append(TraceRecorder(self.options.trace_dir, self.contract, video=self.options.video))
+        if self.options.dataset is not None:
+            from hud_pipelines.dataset.publish import DatasetBuild
+
+            self.dataset = DatasetBuild(self.options.dataset, self.contract, repo_id=self.options.dataset_repo_id)
+            self.sinks.append(self.dataset.sink(self.options.job.replace("/", "_") or "wrap"))
         default_prompt = prompt_of(env) or (spec.id if spec is not None else type(env.unwrapped).__name__)
         self.prompt = self.options.prompt if self.options.prompt is not None else default_prompt
 
@@ -212,6 +229,9 @@ class _Episodes:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+        if self.dataset is not None:
+            build, self.dataset = self.dataset, None
+            build.publish()
 
 
 class RecordEpisodes(gym.Wrapper[Any, Any, Any, Any]):

@@ -151,3 +151,24 @@ def test_wrapped_camera_env_traces_state_by_name_and_the_camera_as_video(tmp_pat
     assert [v.name for v in trace.videos] == [f"{trace.trace_id}.pixels.mp4"]
     assert trace.grade is not None
     assert trace.grade["steps"] == 10
+
+
+def test_wrap_writes_the_same_lerobot_dataset_an_eval_writes(tmp_path: Path) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    target = tmp_path / "wrapped"
+    env = wrap(
+        gym.make("Pendulum-v1", max_episode_steps=20), job="mine", dataset=target, dataset_repo_id="local/wrapped"
+    )
+    for seed in SEEDS:
+        observation, _ = env.reset(seed=seed)
+        done = False
+        while not done:
+            action = pendulum_swing_up({"state": observation[None]})[0]
+            observation, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+    env.close()
+    dataset = LeRobotDataset("local/wrapped", root=target)
+    assert dataset.num_episodes == len(SEEDS)
+    assert dataset.num_frames == 20 * len(SEEDS)
+    assert set(dataset.meta.features) >= {"observation.state", "action", "next.reward", "next.done"}
