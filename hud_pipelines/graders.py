@@ -76,7 +76,7 @@ class _Callable:
 
 def build_graders(specs: Sequence[GraderSpec], *, base_dir: Path) -> list[Grader]:
     """Graders from their specs; callable targets are imported now so a typo fails before any rollout."""
-    from hud_pipelines.agent.targets import load_target
+    from hud_pipelines.targets import load_target
 
     graders: list[Grader] = []
     for spec in specs:
@@ -86,7 +86,7 @@ def build_graders(specs: Sequence[GraderSpec], *, base_dir: Path) -> list[Grader
             case ReturnGrader():
                 graders.append(_Return(spec.name, spec.threshold))
             case CallableGrader():
-                fn = load_target(spec.target, base_dir=base_dir)
+                fn = load_target(spec.target, base_dir=base_dir, error=GraderError, what=f"grader {spec.name!r}")
                 if not callable(fn):
                     raise GraderError(f"grader {spec.name!r}: {spec.target} is not callable")
                 graders.append(_Callable(spec.name, spec.target, fn))

@@ -11,8 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, as_chunks
-from hud_pipelines.agent.targets import load_target
 from hud_pipelines.contract import Contract
+from hud_pipelines.targets import load_target
 
 ObservationFn = Callable[[dict[str, npt.NDArray[Any]]], Any]
 """``fn(observation_batch) -> [B, A] or [B, T, A]``: the simplest scripted controller."""
@@ -108,7 +108,7 @@ def scripted_policy(
     - any other callable is an observation function ``fn(observation_batch)``.
     """
     name = target if isinstance(target, str) else getattr(target, "__qualname__", repr(target))
-    resolved: object = load_target(target, base_dir=base_dir) if isinstance(target, str) else target
+    resolved: object = load_target(target, base_dir=base_dir, error=PolicyError) if isinstance(target, str) else target
     if inspect.isclass(resolved) or args:
         if not callable(resolved):
             raise PolicyError(f"scripted target {name!r} is not callable, so it cannot take args {dict(args or {})}")

@@ -18,9 +18,9 @@ import torch
 
 from hud_pipelines.agent.config import TorchPolicyConfig
 from hud_pipelines.agent.policy import Actions, PolicyBatch, PolicyError, as_chunks
-from hud_pipelines.agent.targets import load_target
 from hud_pipelines.agent.torch_runtime import configure_threads, resolve_device, to_tensor
 from hud_pipelines.contract import Contract
+from hud_pipelines.targets import load_target
 
 
 class TorchModulePolicy:
@@ -40,7 +40,7 @@ class TorchModulePolicy:
     ) -> TorchModulePolicy:
         configure_threads(torch_threads)
         device = resolve_device(config.device)
-        target = load_target(config.target, base_dir=base_dir)
+        target = load_target(config.target, base_dir=base_dir, error=PolicyError)
         if not (inspect.isclass(target) and issubclass(target, torch.nn.Module)):
             raise PolicyError(f"torch policy target {config.target!r} is not a torch.nn.Module class")
         try:

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
 import inspect
 import logging
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
 from hud_pipelines.errors import FactoryError, TaskArgumentError
+from hud_pipelines.targets import load_target
 
 log = logging.getLogger(__name__)
 
@@ -113,41 +111,12 @@ class Factory:
 def resolve_factory(spec: str) -> Factory:
     """Resolve ``spec``; an unknown module, attribute or id is an error with the closest matches."""
     if ":" in spec:
-        module_part, _, attribute = spec.rpartition(":")
-        module = _load_file(module_part, spec) if module_part.endswith(".py") else _import(module_part, spec)
-        target = getattr(module, attribute, None)
-        if target is None:
-            names = [n for n in dir(module) if not n.startswith("_")]
-            hint = difflib.get_close_matches(attribute, names, n=3)
-            suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
-            raise FactoryError(f"factory {spec!r}: {module_part} has no attribute {attribute!r}{suggestion}")
+        attribute = spec.rpartition(":")[2]
+        target = load_target(spec, error=FactoryError, what="factory")
         if not callable(target):
             raise FactoryError(f"factory {spec!r}: {attribute!r} is not callable")
         return _callable_factory(spec, target)
     return _registry_factory(spec)
-
-
-def _import(module_name: str, spec: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise FactoryError(f"factory {spec!r}: cannot import module {module_name!r} ({exc})") from exc
-
-
-def _load_file(path_text: str, spec: str) -> Any:
-    path = Path(path_text).resolve()
-    if not path.is_file():
-        raise FactoryError(f"factory {spec!r}: file {path} does not exist")
-    module_name = f"hud_pipelines_factory_{path.stem}_{abs(hash(path)) & 0xFFFFFF:x}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise FactoryError(f"factory {spec!r}: cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module
-    loader_spec.loader.exec_module(module)
-    return module
 
 
 def _parameters(target: Callable[..., Any]) -> tuple[frozenset[str], bool, str]:

@@ -1,0 +1,77 @@
+"""Load what a ``module:attribute`` or ``path/to/file.py:attribute`` target names.
+
+Pipelines name sim factories, scripted controllers, torch modules and graders this way. A relative
+file path is read from ``base_dir`` (the YAML's directory). A module that is not importable from
+``sys.path`` is looked up in ``base_dir``, its parents and the working directory, because a pipeline
+usually sits in a project whose own packages (``envs/`` for example) are not installed. Every
+failure is raised as the caller's error type, naming the target and, for a missing attribute, the
+closest names the module has. This module is light: the sim child imports it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from hud_pipelines.errors import HudPipelinesError
+
+
+def load_target(
+    spec: str, *, base_dir: Path | None = None, error: type[HudPipelinesError] = HudPipelinesError, what: str = "target"
+) -> Any:
+    """The object ``spec`` names; every failure is an ``error`` naming ``what`` and ``spec``."""
+    base = (base_dir or Path.cwd()).resolve()
+    module_part, sep, attribute = spec.rpartition(":")
+    if not sep or not module_part or not attribute:
+        raise error(f"{what} {spec!r} must look like 'package.module:name' or 'path/to/file.py:name'")
+    if module_part.endswith(".py"):
+        module = _load_file(module_part, spec, base, error, what)
+    else:
+        module = _import(module_part, spec, base, error, what)
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        names = [n for n in dir(module) if not n.startswith("_")]
+        hint = difflib.get_close_matches(attribute, names, n=3)
+        suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
+        raise error(f"{what} {spec!r}: {module_part} has no attribute {attribute!r}{suggestion}") from None
+
+
+def _import(module_name: str, spec: str, base: Path, error: type[HudPipelinesError], what: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.split(".", 1)[0]
+        if exc.name is None or exc.name.split(".", 1)[0] != top:
+            raise error(f"{what} {spec!r}: importing {module_name!r} failed: {exc}") from exc
+        for root in (base, *base.parents, Path.cwd()):
+            if (root / top).is_dir() or (root / f"{top}.py").is_file():
+                if str(root) not in sys.path:
+                    sys.path.insert(0, str(root))
+                return importlib.import_module(module_name)
+        raise error(f"{what} {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+
+
+def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesError], what: str) -> Any:
+    path = Path(path_text)
+    path = (path if path.is_absolute() else base / path).resolve()
+    if not path.is_file():
+        raise error(f"{what} {spec!r}: file {path} does not exist")
+    module_name = f"hud_pipelines_target_{path.stem}_{abs(hash(path)) & 0xFFFFFF:x}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise error(f"{what} {spec!r}: cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
