@@ -243,3 +243,32 @@ def test_a_slot_episode_depends_on_its_seed_not_on_num_envs(tmp_path: Path) -> N
     assert set(batched) == {5, 6, 7}
     assert batched == returns(num_envs=1, group=3)
     assert len(set(batched.values())) > 1  # the seeds really differ
+
+
+def test_a_pipeline_attaches_to_a_sim_served_elsewhere(
+    tmp_path: Path, outputs_dir: Path, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.sim.process import SimProcess
+
+    with SimProcess.spawn("CartPole-v1", num_envs=2, build_args={"vectorization_mode": "sync"}) as served:
+        monkeypatch.setenv("HUD_TEST_SIM_TOKEN", served.token)
+        path = tmp_path / "attached.yaml"
+        path.write_text(
+            json.dumps(
+                {
+                    "name": "attached",
+                    "sim": {"url": served.url, "token": "${HUD_TEST_SIM_TOKEN}", "num_envs": 2},
+                    "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+                    "group": 2,
+                    "max_concurrent": 2,  # one served sim takes one connection: the instances queue for it
+                    "max_steps": 40,
+                    "graders": [{"kind": "return", "threshold": 40}],
+                }
+            )
+        )
+        assert _run(path, outputs_dir, instance).success
+        assert served.alive()  # attaching never stops a sim somebody else serves
+    rows = _grades(outputs_dir, "attached")
+    assert [(r.instance, r.slot, r.status) for r in rows] == [
+        (i, s, EpisodeStatus.SUCCEEDED) for i in range(2) for s in range(2)
+    ]
