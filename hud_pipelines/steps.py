@@ -78,7 +78,7 @@ def rollouts_step(
     on_result: Callable[[InstanceResult], None] | None = None,
 ) -> list[InstanceResult]:
     """Run ``partitions``; each instance's result, traces and dataset shard land as it ends."""
-    from hud_pipelines.dataset_shards import ShardStore
+    from hud_pipelines.dataset.shards import ShardStore
 
     traces = outputs.traces(run_id)
     shards = ShardStore(outputs, spec, run_id=run_id) if spec.dataset_enabled else None
@@ -151,7 +151,7 @@ def report_step(spec: PipelineSpec, outputs: EvalOutputs) -> str:
 
 def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path, run_id: str) -> DatasetSummary:
     """Merge every instance's latest shard and publish the dataset atomically."""
-    from hud_pipelines.dataset_shards import ShardStore
+    from hud_pipelines.dataset.shards import ShardStore
 
     return ShardStore(outputs, spec, run_id=run_id).publish(spec.dataset_root(project_dir))
 

@@ -42,6 +42,7 @@ from hud_pipelines.agent.config import (
     ScriptedPolicyConfig,
     TorchPolicyConfig,
 )
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec, WriterKind
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
@@ -316,8 +317,35 @@ class DatasetSpec(_Model):
         description="LeRobot `repo_id` (`owner/name`); default `local/<name>`",
     )
     keep_errored: bool = Field(
-        default=False, description="also write episodes of errored slots (their frames up to the fault)"
+        default=False,
+        description="also write episodes of errored slots (their frames up to the fault), flagged by an "
+        "`episode.errored` column",
     )
+    codec: VideoCodec = Field(
+        default=VideoCodec.H264, description="video codec: `h264` (fast, the default) or `libsvtav1` (smaller)"
+    )
+    state_features: list[str] | None = Field(
+        default=None,
+        description="observation features concatenated, in this order, into `observation.state`; default: every "
+        "non-camera observation feature in contract order (the others become `observation.<name>`)",
+    )
+    writer: WriterKind = Field(
+        default=WriterKind.THREAD,
+        description="`thread` writes in the eval's process; `process` writes each part in a child process of its "
+        "own (about 11 s to start, then it never competes with the agent loop for the GIL)",
+    )
+    writers: Int = Field(default=1, ge=1, le=32, description="writers per instance shard, each writing one part")
+
+    def writer_options(self) -> DatasetOptions:
+        """The writer settings this section asks for."""
+        return DatasetOptions(
+            cameras=CameraStorage.VIDEO if self.video else CameraStorage.IMAGE,
+            codec=self.codec,
+            state_features=self.state_features,
+            keep_errored=self.keep_errored,
+            writer=self.writer,
+            writers=self.writers,
+        )
 
 
 # -- the pipeline ---------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ import uuid
 from pathlib import Path
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.dataset.merge import find_parts, merge_parts
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
-from hud_pipelines.dataset.publish import recover, staging_prefix, swap_in
+from hud_pipelines.dataset.merge import find_parts
+from hud_pipelines.dataset.options import DatasetOptions
+from hud_pipelines.dataset.publish import publish_shards
 from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import HudPipelinesError
@@ -32,11 +32,7 @@ class ShardStore:
         self.outputs = outputs
         self.spec = spec
         self.run_id = run_id
-        dataset = spec.dataset
-        self.options = DatasetOptions(
-            cameras=CameraStorage.VIDEO if dataset is None or dataset.video else CameraStorage.IMAGE,
-            keep_errored=dataset is not None and dataset.keep_errored,
-        )
+        self.options = spec.dataset.writer_options() if spec.dataset is not None else DatasetOptions()
 
     def _pending(self, partition_key: str) -> Path:
         return self.outputs.shard(partition_key).with_name(f".{partition_key}.run-{self.run_id}")
@@ -63,18 +59,10 @@ class ShardStore:
 
     def publish(self, target: Path) -> DatasetSummary:
         """Merge the current shard of every instance and swap the result in at ``target``."""
-        keys = self.spec.partition_keys()
-        parts = find_parts([self.outputs.shard(k) for k in keys if self.outputs.shard(k).is_dir()])
-        if not parts:
+        shards = [self.outputs.shard(k) for k in self.spec.partition_keys() if self.outputs.shard(k).is_dir()]
+        if not find_parts(shards):
             raise HudPipelinesError(
                 f"{self.spec.name}: no instance has recorded an episode yet; run the rollouts first"
             )
-        recover(target)
-        staging = target.parent / f"{staging_prefix(target)}{uuid.uuid4().hex[:12]}"
-        staging.mkdir(parents=True)
-        try:
-            merged = merge_parts(parts, staging / "dataset", repo_id=self.spec.dataset_repo_id)
-            swap_in(merged.root, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        publish_shards(shards, target, repo_id=self.spec.dataset_repo_id)
         return summarize_dataset(target, repo_id=self.spec.dataset_repo_id)
