@@ -4,7 +4,9 @@ Runs one pipeline (default: the bundled CartPole eval) four ways, side by side, 
 each, and reports medians and ratios to the direct Python API:
 
 - ``python-api``: :func:`hud_pipelines.steps.evaluate` in this process: the same steps (contract,
-  rollouts, grades, report, dataset) with no Dagster at all;
+  rollouts, grades, report, dataset) with no Dagster at all, imports already paid;
+- ``python-api, fresh process``: the same call in a new interpreter (imports included), the fair
+  baseline for the two CLIs;
 - ``execute_in_process``: the pipeline's Dagster job in this process on an ephemeral instance;
 - ``hud-pipelines run``: the project's CLI in a fresh process (local instance, progress, summary);
 - ``dagster job execute``: Dagster's CLI in a fresh process.
@@ -36,7 +38,7 @@ def _python_api(pipeline: Path, outputs: Path) -> None:
     from hud_pipelines.spec.loader import load_pipeline
     from hud_pipelines.steps import evaluate
 
-    evaluation = evaluate(load_pipeline(pipeline), outputs_dir=outputs, project_dir=outputs)
+    evaluation = evaluate(load_pipeline(pipeline), outputs_dir=outputs, project_dir=REPO)
     assert not evaluation.failed_instances
 
 
@@ -47,7 +49,7 @@ def _in_process(pipeline: Path, outputs: Path) -> None:
     from hud_pipelines.spec.loader import load_pipeline
 
     name = load_pipeline(pipeline).name
-    defs = definitions_for_file(pipeline, outputs_dir=outputs, project_dir=outputs)
+    defs = definitions_for_file(pipeline, outputs_dir=outputs, project_dir=REPO)
     with dg.DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def(name).execute_in_process(instance=instance)
     assert result.success
@@ -69,6 +71,22 @@ def _subprocess(command: list[str], env: dict[str, str]) -> Callable[[Path, Path
     return run
 
 
+def _fresh(code: str, env: dict[str, str]) -> Callable[[Path, Path], None]:
+    def run(pipeline: Path, outputs: Path) -> None:
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", code, str(outputs)],
+            check=False,
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"evaluate() in a fresh process failed:\n{done.stderr[-2000:]}")
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", type=Path, default=REPO / "pipelines" / "cartpole.yaml")
@@ -83,8 +101,15 @@ def main() -> None:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {**os.environ, "DAGSTER_HOME": str(home), "HF_HUB_OFFLINE": "1", "HUD_PIPELINES_DIR": str(pipeline.parent)}
+    fresh = (
+        "import sys; from pathlib import Path; from hud_pipelines.spec.loader import load_pipeline; "
+        "from hud_pipelines.steps import evaluate; "
+        f"e = evaluate(load_pipeline(Path({str(pipeline)!r})), outputs_dir=Path(sys.argv[1]), project_dir=Path.cwd()); "
+        "sys.exit(1 if e.failed_instances else 0)"
+    )
     ways: dict[str, Callable[[Path, Path], None]] = {
         "python-api": _python_api,
+        "python-api, fresh process": _fresh(fresh, env),
         "execute_in_process": _in_process,
         "hud-pipelines run": _subprocess([str(BIN / "hud-pipelines"), "run", str(pipeline), "--quiet"], env),
         "dagster job execute": _subprocess(
@@ -99,17 +124,24 @@ def main() -> None:
             run(pipeline, scratch / f"out-{repeat}-{way.replace(' ', '_')}")
             times[way].append(time.perf_counter() - started)
     base = statistics.median(times["python-api"])
+    fresh_base = statistics.median(times["python-api, fresh process"])
     print(f"{name}: median wall time over {args.repeats} repeats")
-    print(f"{'way':<22} {'median s':>9} {'min s':>7} {'x python-api':>13} {'overhead s':>11}")
+    print(f"{'way':<27} {'median s':>9} {'min s':>7} {'x python-api':>13} {'x fresh api':>12} {'overhead s':>11}")
     summary: dict[str, dict[str, float]] = {}
     for way, samples in times.items():
         median = statistics.median(samples)
+        fresh_process = way in ("python-api, fresh process", "hud-pipelines run", "dagster job execute")
+        reference = fresh_base if fresh_process else base
         summary[way] = {
             "median_s": round(median, 3),
             "ratio": round(median / base, 2),
-            "overhead_s": round(median - base, 3),
+            "ratio_to_fresh_api": round(median / fresh_base, 2),
+            "overhead_s": round(median - reference, 3),
         }
-        print(f"{way:<22} {median:>9.2f} {min(samples):>7.2f} {median / base:>13.2f} {median - base:>11.2f}")
+        print(
+            f"{way:<27} {median:>9.2f} {min(samples):>7.2f} {median / base:>13.2f} {median / fresh_base:>12.2f} "
+            f"{median - reference:>11.2f}"
+        )
     print(json.dumps({"bench": "dagster_overhead", "pipeline": name, "repeats": args.repeats, "results": summary}))
 
 
