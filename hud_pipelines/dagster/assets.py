@@ -21,9 +21,9 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 """
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import dagster as dg
 from dagster import AssetCheckExecutionContext, AssetExecutionContext
@@ -112,14 +112,27 @@ def _build(
     key = resource_key(name)
     partitions = dg.StaticPartitionsDefinition(spec.partition_keys())
     single_run = dg.BackfillPolicy.single_run()
-    group = name
 
-    @dg.asset(
-        key=[name, "contract"],
-        group_name=group,
-        description=f"The sim's contract (observation and action features) for {name}.",
-        required_resource_keys={key},
-        backfill_policy=single_run,
+    def eval_asset(
+        step: str, description: str, deps: Sequence[Any] = (), **extra: Any
+    ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+        """``@dg.asset`` for one step of this pipeline: its key prefix, group, resource and single-run backfill."""
+        return cast(
+            Callable[[Callable[..., Any]], dg.AssetsDefinition],
+            dg.asset(
+                key=[name, step],
+                group_name=name,
+                deps=list(deps),
+                backfill_policy=single_run,
+                description=description,
+                required_resource_keys={key},
+                **extra,
+            ),
+        )
+
+    @eval_asset(
+        "contract",
+        f"The sim's contract (observation and action features) for {name}.",
     )
     def contract(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         resource = _resource(context, spec)
@@ -133,15 +146,11 @@ def _build(
             }
         )
 
-    @dg.asset(
-        key=[name, "rollouts"],
-        group_name=group,
+    @eval_asset(
+        "rollouts",
+        f"Rollouts of {name}: one partition per task instance, each one sim of {spec.sim.num_envs} slot(s).",
         deps=[contract],
         partitions_def=partitions,
-        backfill_policy=single_run,
-        description=f"Rollouts of {name}: one partition per task instance, each one sim of "
-        f"{spec.sim.num_envs} slot(s).",
-        required_resource_keys={key},
     )
     def rollouts(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         resource = _resource(context, spec)
@@ -185,13 +194,10 @@ def _build(
             )
         return dg.MaterializeResult(metadata=metadata)
 
-    @dg.asset(
-        key=[name, "grades"],
-        group_name=group,
+    @eval_asset(
+        "grades",
+        f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, status.",
         deps=[rollouts],
-        backfill_policy=single_run,
-        description=f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, status.",
-        required_resource_keys={key},
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
@@ -214,13 +220,10 @@ def _build(
             }
         )
 
-    @dg.asset(
-        key=[name, "report"],
-        group_name=group,
+    @eval_asset(
+        "report",
+        f"Success rate with its 95% interval and denominators, per task, with a plot, for {name}.",
         deps=[rollouts],
-        backfill_policy=single_run,
-        description=f"Success rate with its 95% interval and denominators, per task, with a plot, for {name}.",
-        required_resource_keys={key},
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
@@ -234,14 +237,11 @@ def _build(
 
     if spec.dataset_enabled:
 
-        @dg.asset(
-            key=[name, "dataset"],
-            group_name=group,
-            deps=[grades],
-            backfill_policy=single_run,
-            description=f"The rollouts of {name} as a LeRobot v3 dataset (every instance's shard, merged and "
+        @eval_asset(
+            "dataset",
+            f"The rollouts of {name} as a LeRobot v3 dataset (every instance's shard, merged and "
             "published atomically).",
-            required_resource_keys={key},
+            deps=[grades],
         )
         def dataset(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
             resource = _resource(context, spec)
