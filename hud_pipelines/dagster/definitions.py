@@ -42,7 +42,11 @@ def definitions_for(
         resources[resource_key(spec.name)] = PipelineResource(
             pipeline_file=str(spec.source), outputs_dir=str(outputs), project_dir=str(project)
         )
-    return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, resources=resources)
+    # Every launch, also an asset selection from the UI, runs its steps in one process: the
+    # multiprocess default would start a process, and a sim, per step.
+    return dg.Definitions(
+        assets=assets, asset_checks=checks, jobs=jobs, resources=resources, executor=dg.in_process_executor
+    )
 
 
 def build_definitions(directory: Path | None = None, *, outputs_dir: Path | None = None) -> dg.Definitions:

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,26 +115,55 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert "no pipeline named 'no_such_pipeline'" in capsys.readouterr().err
 
 
+LAUNCH = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on InvalidSubsetError { message }
+  }
+}
+"""
+RUN_STATUS = "query Status($runId: ID!) { runOrError(runId: $runId) { ... on Run { status } } }"
+
+
+def _graphql(port: int, query: str, variables: dict[str, object]) -> dict[str, Any]:
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = json.loads(response.read())
+    assert "errors" not in answer, answer
+    return answer["data"]
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
-def test_the_webserver_serves_every_pipelines_assets(
+def test_the_webserver_serves_every_pipelines_assets_and_launches_a_run(
     write_pipeline: WritePipeline, pipelines_dir: Path, outputs_dir: Path, tmp_path: Path
 ) -> None:
     write_pipeline("shown_a")
     write_pipeline("shown_b")
     port = _free_port()
-    server = subprocess.Popen(
-        [str(BIN / "dagster-webserver"), "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
-        env=_env(pipelines_dir, outputs_dir, tmp_path / "home"),
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    env = _env(pipelines_dir, outputs_dir, tmp_path / "home")
+    # no daemon here to dequeue runs: launch them directly, like `dagster dev` does through its daemon
+    with (tmp_path / "home" / "dagster.yaml").open("a") as settings:
+        settings.write("run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n")
+    with (tmp_path / "webserver.log").open("w") as log:  # a file, so a chatty server never fills a pipe
+        server = subprocess.Popen(
+            [str(BIN / "dagster-webserver"), "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         query = json.dumps({"query": "{ assetNodes { assetKey { path } } }"}).encode()
         deadline = time.monotonic() + 90
@@ -152,6 +182,30 @@ def test_the_webserver_serves_every_pipelines_assets(
                 time.sleep(0.5)
         for name in ("shown_a", "shown_b"):
             assert {f"{name}/{asset}" for asset in ("contract", "rollouts", "grades", "report")} <= keys
+        # launch a run the way the UI does, and wait for it
+        launched = _graphql(
+            port,
+            LAUNCH,
+            {
+                "params": {
+                    "selector": {
+                        "repositoryLocationName": "hud_pipelines.definitions",
+                        "repositoryName": "__repository__",
+                        "jobName": "shown_a",
+                    },
+                    "mode": "default",
+                }
+            },
+        )["launchRun"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        run_id = launched["run"]["runId"]
+        status = ""
+        deadline = time.monotonic() + 180
+        while status not in ("SUCCESS", "FAILURE", "CANCELED") and time.monotonic() < deadline:
+            time.sleep(1.0)
+            status = _graphql(port, RUN_STATUS, {"runId": run_id})["runOrError"]["status"]
+        assert status == "SUCCESS"
+        assert len(json.loads((outputs_dir / "shown_a" / "grades.json").read_text())) == 4
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -159,8 +213,6 @@ def test_the_webserver_serves_every_pipelines_assets(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-        assert server.stderr is not None
-        server.stderr.close()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
