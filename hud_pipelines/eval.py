@@ -57,6 +57,8 @@ class InstanceResult:
     wall_s: float
     env_steps: int
     error: str | None = None
+    rollout_hash: str = ""
+    """The pipeline's :attr:`~PipelineSpec.rollout_hash` when the instance ran."""
 
     @property
     def failed(self) -> bool:
@@ -75,6 +77,7 @@ class InstanceResult:
             "wall_s": self.wall_s,
             "env_steps": self.env_steps,
             "error": self.error,
+            "rollout_hash": self.rollout_hash,
         }
 
     @classmethod
@@ -88,6 +91,7 @@ class InstanceResult:
             wall_s=data["wall_s"],
             env_steps=data["env_steps"],
             error=data["error"],
+            rollout_hash=data.get("rollout_hash", ""),
         )
 
     def write(self, path: Path) -> None:
@@ -271,7 +275,9 @@ class EvalRunner:
             rows = [self._row(partition, slot, keys[slot], outcome) for slot, outcome in enumerate(outcomes)]
         if error is not None:
             log.error("instance %s of %s failed: %s", key, spec.name, error)
-        return InstanceResult(spec.name, key, partition.task_index, partition.instance, rows, wall, env_steps, error)
+        return InstanceResult(
+            spec.name, key, partition.task_index, partition.instance, rows, wall, env_steps, error, spec.rollout_hash
+        )
 
     def _row(self, partition: Partition, slot: int, key: EpisodeKey, outcome: EpisodeOutcome) -> GradeRow:
         spec = self.spec

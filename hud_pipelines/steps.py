@@ -106,14 +106,22 @@ def rollouts_step(
 
 
 def collect_rows(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
-    """One row per scheduled slot, from the latest result of every partition (errored where none)."""
+    """One row per scheduled slot, from the latest result of every partition.
+
+    A partition that never ran, or ran under another configuration (its rollout hash differs), gives
+    errored rows saying so: results of different configurations are never mixed in one table.
+    """
     rows: list[GradeRow] = []
     for partition in spec.partitions():
         path = outputs.result(spec.partition_key(*partition))
-        if path.exists():
-            rows.extend(InstanceResult.read(path).rows)
-        else:
+        result = InstanceResult.read(path) if path.exists() else None
+        if result is None:
             rows.extend(unreached_rows(spec, partition, "this instance has not been materialized"))
+        elif result.rollout_hash != spec.rollout_hash:
+            reason = "the pipeline's sim, agent, tasks or graders changed since this instance ran; re-run it"
+            rows.extend(unreached_rows(spec, partition, reason))
+        else:
+            rows.extend(result.rows)
     return rows
 
 

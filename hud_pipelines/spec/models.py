@@ -577,8 +577,22 @@ class PipelineSpec(_Model):
         changed by any edit to a value, the description included; a different token leaves it alone
         (the token is a credential, not an input). Use it as a code or data version.
         """
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return _hash(self.model_dump(mode="json"))
+
+    @property
+    def rollout_hash(self) -> str:
+        """SHA-256 of what decides an instance's graded rows: sim, agent, tasks, steps and graders.
+
+        Results of an instance that ran under another rollout hash are stale: editing a check, the
+        description or the dataset section keeps them, editing the policy or a seed does not.
+        """
+        dumped = self.model_dump(mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"})
+        return _hash(dumped)
+
+
+def _hash(value: object) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _require_unique(names: list[str], field: str, noun: str) -> None:

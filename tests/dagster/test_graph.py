@@ -272,3 +272,22 @@ def test_a_pipeline_attaches_to_a_sim_served_elsewhere(
     assert [(r.instance, r.slot, r.status) for r in rows] == [
         (i, s, EpisodeStatus.SUCCEEDED) for i in range(2) for s in range(2)
     ]
+
+
+def test_results_of_another_configuration_are_never_mixed_into_the_grades(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
+) -> None:
+    from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.steps import collect_rows
+
+    path = write_pipeline("edited", group=2)
+    assert _run(path, outputs_dir, instance).success
+    write_pipeline("edited", group=2, checks=[{"kind": "max_error_rate", "value": 0.0}])  # a check: results stay
+    assert {r.status for r in collect_rows(load_pipeline(path), EvalOutputs(outputs_dir, "edited"))} == {
+        EpisodeStatus.SUCCEEDED
+    }
+    write_pipeline("edited", group=2, tasks=[{"seed": 40}])  # new seeds: the old results are stale
+    rows = collect_rows(load_pipeline(path), EvalOutputs(outputs_dir, "edited"))
+    assert {r.status for r in rows} == {EpisodeStatus.ERRORED}
+    assert all("changed since this instance ran" in (r.error or "") for r in rows)
+    assert [r.seed for r in rows] == [40, 41, 42, 43]
