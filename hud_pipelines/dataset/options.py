@@ -29,9 +29,11 @@ class VideoCodec(StrEnum):
 class WriterKind(StrEnum):
     """Where lerobot writes a shard's parts.
 
-    ``thread``: in this process (cheap to start, shares the GIL with the agent loop); ``process``: one
-    child process per part (~11 s to start while the sims start, then writes on its own core and
-    never holds this interpreter's GIL).
+    ``thread`` (the default): in this process; cheap to start, shares the GIL with the agent loop,
+    and the fastest on runs of up to a few dozen episodes. ``process``: one child process per part
+    (~11 s to start while the sims start, then writes on its own core and never holds this
+    interpreter's GIL); with ``writers: 2`` it outruns one thread only on long runs, once the
+    per-part costs (the pipe, the merge) are amortized (``bench/dataset.md``).
     """
 
     THREAD = "thread"

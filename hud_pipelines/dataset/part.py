@@ -2,13 +2,17 @@
 
 A part is created on its first episode (the layout is complete by then: missing shapes were filled
 from the first frame), written only through ``LeRobotDataset`` (``create``, ``add_frame`` with the
-task string, ``save_episode``) and always finalized. Beside lerobot's files it keeps
+task string, ``save_episode``) and always finalized. RGB video cameras are encoded from memory
+rather than through lerobot's temporary PNGs, and each episode's rows are embedded in one call
+(:mod:`.lerobot_hooks`): the files are the ones lerobot's default path writes, at about a third of
+its CPU time per frame (``bench/dataset.md``). Beside lerobot's files it keeps
 ``meta/hud_episodes.jsonl``: one line per episode with its ``EpisodeKey``, trace id and outcome, so
 dataset episodes can be joined with grades and traces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -18,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from hud_pipelines.contract import FeatureType
 from hud_pipelines.dataset.features import ERRORED, DatasetLayout, FrameDict
-from hud_pipelines.dataset.options import DatasetOptions, VideoCodec
+from hud_pipelines.dataset.lerobot_hooks import check_in_memory_video, in_memory_video_dataset, whole_episode_embedding
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus
 
 if TYPE_CHECKING:
@@ -90,10 +96,14 @@ class PartWriter:
                     row[ERRORED] = flag
                 dataset.add_frame(row)
             index = int(dataset.meta.total_episodes)
-            dataset.save_episode()
+            with whole_episode_embedding():
+                dataset.save_episode()
         except BaseException:
-            if dataset.has_pending_frames():
-                dataset.clear_episode_buffer()
+            # a save_episode that failed half-way leaves a buffer lerobot cannot inspect: the
+            # original error is the one to report
+            with contextlib.suppress(Exception):
+                if dataset.has_pending_frames():
+                    dataset.clear_episode_buffer()
             raise
         self._record(index, episode)
         return index
@@ -113,7 +123,9 @@ class PartWriter:
         quiet_libraries()
         codec = self.options.codec
         encoder = RGBEncoderConfig(vcodec=codec.value, preset="ultrafast" if codec is VideoCodec.H264 else None)
-        self._dataset = LeRobotDataset.create(
+        in_memory = encodes_video_in_memory(layout)
+        dataset_class = in_memory_video_dataset() if in_memory else LeRobotDataset
+        dataset = dataset_class.create(
             repo_id=self.repo_id,
             fps=layout.fps,
             features=layout.lerobot_features(),
@@ -121,8 +133,12 @@ class PartWriter:
             robot_type=layout.robot_type,
             use_videos=layout.uses_video,
             rgb_encoder=encoder,
+            streaming_encoding=in_memory,
         )
-        return self._dataset
+        if in_memory:
+            check_in_memory_video(dataset)
+        self._dataset = dataset
+        return dataset
 
     def _record(self, index: int, episode: FinishedEpisode) -> None:
         outcome = episode.outcome
@@ -140,6 +156,13 @@ class PartWriter:
         }
         with (self.path / EPISODES_SIDECAR).open("a") as sidecar:
             sidecar.write(json.dumps(line) + "\n")
+
+
+def encodes_video_in_memory(layout: DatasetLayout) -> bool:
+    """Video cameras skip lerobot's temporary PNGs (:mod:`.lerobot_hooks`) unless one is a depth map,
+    which lerobot quantizes and encodes its own way."""
+    videos = [c for c in layout.cameras if c.storage is CameraStorage.VIDEO]
+    return bool(videos) and all(c.kind is not FeatureType.DEPTH for c in videos)
 
 
 def quiet_libraries() -> None:
