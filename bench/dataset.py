@@ -7,7 +7,8 @@ lerobot is imported before the clock starts in every mode. Modes:
 - ``plain``: ``LeRobotDataset.create`` with lerobot's defaults, ``add_frame`` per frame,
   ``save_episode`` per episode, ``finalize`` (one thread, the loop a user would write);
 - ``plain-h264``: the same loop with the asset's codec, to separate the codec from the pipeline;
-- ``asset``: what the dataset asset does with default options (one writer thread, h264):
+- ``asset``: what the dataset asset does with default options (one writer thread, h264, camera
+  frames encoded from memory by the part's hooks into lerobot):
   ``DatasetBuild`` -> one shard sink fed through the ``EpisodeSink`` calls the agent loop makes (two
   slots interleaved), then ``publish()`` (close, merge, swap in);
 - ``asset-2proc``: the same with ``writer: process, writers: 2`` (two parts written by two child
