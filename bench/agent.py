@@ -136,7 +136,7 @@ def worker(args: argparse.Namespace) -> None:
     from hud_pipelines.agent.torch_runtime import configure_threads
     from hud_pipelines.telemetry.traces import TraceRecorder
 
-    configure_threads(1)
+    configure_threads(args.torch_threads)
     imported = time.perf_counter()
     for thread in spawners:
         thread.join()
@@ -212,7 +212,16 @@ def split(n: int, sims: int) -> list[int]:
 
 
 def run_ours(
-    n: int, episodes: int, folder: Path, work: Path, *, sims: int, seed: int, device: str, traces: bool
+    n: int,
+    episodes: int,
+    folder: Path,
+    work: Path,
+    *,
+    sims: int,
+    seed: int,
+    device: str,
+    traces: bool,
+    torch_threads: int = 1,
 ) -> dict[str, Any]:
     out = work / f"ours_{n}_{sims}.json"
     command = [
@@ -233,6 +242,8 @@ def run_ours(
         str(out),
         "--device",
         device,
+        "--torch-threads",
+        str(torch_threads),
     ]
     if traces:
         command += ["--traces", str(work / f"traces_{n}_{sims}")]
@@ -376,6 +387,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1000, help="first seed (lerobot-eval's default)")
     parser.add_argument("--no-traces", action="store_true", help="run ours without writing traces")
     parser.add_argument("--device", default="cpu", help="policy device on both sides (cpu, cuda)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads of ours (default 1, the agent's default while sims share the cores; lerobot-eval "
+        "keeps torch's default, 2 here)",
+    )
     parser.add_argument("--stock", action="store_true", help="also run the untouched lerobot-eval (preview videos on)")
     parser.add_argument("--skip-lerobot", action="store_true", help="only run ours")
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
@@ -404,7 +422,13 @@ def main() -> None:
         common = {"seed": args.seed, "device": args.device}
         traces = not args.no_traces
         sims = max(1, min(args.sims, n))
-        ours = best([run_ours(n, episodes, folder, work, sims=sims, traces=traces, **common) for _ in repeats])
+        threads = args.torch_threads
+        ours = best(
+            [
+                run_ours(n, episodes, folder, work, sims=sims, traces=traces, torch_threads=threads, **common)
+                for _ in repeats
+            ]
+        )
         rows.append(row(n, "ours", sims, ours))
         if args.single_sim and sims > 1:
             single = best([run_ours(n, episodes, folder, work, sims=1, traces=traces, **common) for _ in repeats])
