@@ -71,22 +71,6 @@ def _subprocess(command: list[str], env: dict[str, str]) -> Callable[[Path, Path
     return run
 
 
-def _fresh(code: str, env: dict[str, str]) -> Callable[[Path, Path], None]:
-    def run(pipeline: Path, outputs: Path) -> None:
-        done = subprocess.run(
-            [sys.executable, "-W", "ignore", "-c", code, str(outputs)],
-            check=False,
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"evaluate() in a fresh process failed:\n{done.stderr[-2000:]}")
-
-    return run
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", type=Path, default=REPO / "pipelines" / "cartpole.yaml")
@@ -104,12 +88,12 @@ def main() -> None:
     fresh = (
         "import sys; from pathlib import Path; from hud_pipelines.spec.loader import load_pipeline; "
         "from hud_pipelines.steps import evaluate; "
-        f"e = evaluate(load_pipeline(Path({str(pipeline)!r})), outputs_dir=Path(sys.argv[1]), project_dir=Path.cwd()); "
+        f"e = evaluate(load_pipeline(Path({str(pipeline)!r})), project_dir=Path.cwd()); "
         "sys.exit(1 if e.failed_instances else 0)"
     )
     ways: dict[str, Callable[[Path, Path], None]] = {
         "python-api": _python_api,
-        "python-api, fresh process": _fresh(fresh, env),
+        "python-api, fresh process": _subprocess([sys.executable, "-W", "ignore", "-c", fresh], env),
         "execute_in_process": _in_process,
         "hud-pipelines run": _subprocess([str(BIN / "hud-pipelines"), "run", str(pipeline), "--quiet"], env),
         "dagster job execute": _subprocess(
