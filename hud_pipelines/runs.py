@@ -10,6 +10,7 @@ when the run succeeded (every instance ran and every blocking check passed), 1 o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -211,27 +212,17 @@ def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Pat
     from rich.console import Console
     from rich.table import Table
 
-    from hud_pipelines.sim.process import SimProcess
+    from hud_pipelines.eval import sim_settings
+    from hud_pipelines.simpool import SimPool
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
     target = out.resolve() if out is not None else spec.contract_path
-    if spec.factory is None:
-        if spec.sim.url is None or spec.sim.token is None:
-            raise HudPipelinesError(f"{spec.name}: the sim has neither a factory nor a url")
-        sim = SimProcess.attach(spec.sim.url, spec.sim.token.get_secret_value())
-    else:
-        sim = SimProcess.spawn(
-            spec.factory,
-            num_envs=spec.sim.num_envs,
-            build_args=spec.sim.args,
-            contract_path=target,
-            options=spec.sim.serve_options(),
-            startup_timeout_s=spec.sim.startup_timeout_s,
-        )
-    with sim, sim.connect() as client:
-        contract = client.contract
-    if target is not None and spec.factory is None:
+    # the sim starts exactly as the eval starts it; a spawned child writes and merges `target` itself
+    settings = dataclasses.replace(sim_settings(spec, cwd=Path.cwd()), contract_path=target)
+    with SimPool(settings) as pool, pool.sim() as live:
+        contract = live.client.contract
+    if target is not None and not spec.sim.spawned:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(contract.to_json())
     table = Table(title=f"{spec.name}: contract ({contract.control_rate:g} Hz, robot {contract.robot_type})")

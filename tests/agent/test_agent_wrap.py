@@ -37,10 +37,8 @@ def managed(root: Path, num_envs: int, seeds_per_run: list[list[int]]) -> None:
                 agent.run(bridge, [{"seed": s} for s in seeds], max_steps=1000, key=("same", 0, 0), sinks=[recorder])
 
 
-def test_wrapped_single_env_traces_equal_the_managed_loop(tmp_path: Path) -> None:
-    managed(tmp_path / "managed", 1, [[s] for s in SEEDS])
-
-    env = wrap(gym.make("Pendulum-v1"), job="same", trace_dir=tmp_path / "wrapped")
+def swing_up_episodes(env: Any) -> None:
+    """A user-owned loop: one swing-up episode per seed, then close."""
     for seed in SEEDS:
         observation, _ = env.reset(seed=seed)
         done = False
@@ -49,6 +47,13 @@ def test_wrapped_single_env_traces_equal_the_managed_loop(tmp_path: Path) -> Non
             observation, _, terminated, truncated, _ = env.step(action)
             done = terminated or truncated
     env.close()
+
+
+def test_wrapped_single_env_traces_equal_the_managed_loop(tmp_path: Path) -> None:
+    managed(tmp_path / "managed", 1, [[s] for s in SEEDS])
+
+    env = wrap(gym.make("Pendulum-v1"), job="same", trace_dir=tmp_path / "wrapped")
+    swing_up_episodes(env)
 
     wrapped, reference = comparable(tmp_path / "wrapped", "same"), comparable(tmp_path / "managed", "same")
     assert len(reference) == len(SEEDS)
@@ -160,14 +165,7 @@ def test_wrap_writes_the_same_lerobot_dataset_an_eval_writes(tmp_path: Path) -> 
     env = wrap(
         gym.make("Pendulum-v1", max_episode_steps=20), job="mine", dataset=target, dataset_repo_id="local/wrapped"
     )
-    for seed in SEEDS:
-        observation, _ = env.reset(seed=seed)
-        done = False
-        while not done:
-            action = pendulum_swing_up({"state": observation[None]})[0]
-            observation, _, terminated, truncated, _ = env.step(action)
-            done = terminated or truncated
-    env.close()
+    swing_up_episodes(env)
     dataset = LeRobotDataset("local/wrapped", root=target)
     assert dataset.num_episodes == len(SEEDS)
     assert dataset.num_frames == 20 * len(SEEDS)

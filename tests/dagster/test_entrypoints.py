@@ -251,3 +251,20 @@ def test_cancelling_a_run_leaves_no_sim_behind(
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
+
+
+def test_hud_pipelines_contract_writes_the_file_and_keeps_edits(
+    write_pipeline: WritePipeline, pipelines_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_pipeline("contracted", sim={"contract": "contracts/contracted.json"})
+    written = pipelines_dir / "contracts" / "contracted.json"
+    assert main(["contract", str(path)]) == 0
+    assert "state" in capsys.readouterr().out
+    edited = json.loads(written.read_text())
+    edited["features"]["state"]["description"] = "cart position, velocity, pole angle, angular velocity"
+    written.write_text(json.dumps(edited))
+    assert main(["contract", str(path)]) == 0  # derived again: the edit survives
+    assert json.loads(written.read_text())["features"]["state"]["description"].startswith("cart position")
+    other = pipelines_dir / "elsewhere.json"
+    assert main(["contract", str(path), "--out", str(other)]) == 0
+    assert json.loads(other.read_text())["features"]["action"]["shape"] == [1]
