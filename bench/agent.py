@@ -201,6 +201,7 @@ def worker(args: argparse.Namespace) -> None:
         "pc_success": 100.0 * sum(o.success for o in outcomes) / len(outcomes),
         "errored": sum(o.status == "errored" for o in outcomes),
         "timer_flushes": model.stats.timer_flushes,
+        "forward_s": model.stats.forward_s,
     }
     Path(args.out).write_text(json.dumps(result))
 

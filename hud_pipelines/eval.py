@@ -188,7 +188,13 @@ class EvalRunner:
             return []
         contract = self.contract()
         agent = self.spec.resolved_agent()
-        policy = build_policy(agent.policy, contract, base_dir=self.spec.base_dir, torch_threads=agent.torch_threads)
+        policy = build_policy(
+            agent.policy,
+            contract,
+            base_dir=self.spec.base_dir,
+            torch_threads=agent.torch_threads,
+            lockstep_threads=agent.lockstep_threads,
+        )
         workers = min(self.spec.max_concurrent, len(partitions))
         model = BatchedModel(
             policy,

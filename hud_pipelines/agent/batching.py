@@ -15,10 +15,16 @@ fails exactly the callers of that batch.
 
 ``expected_callers`` is the number of loops that share the model. A loop that finishes must
 :meth:`leave` so the others stop waiting for it.
+
+While every expected caller waits, no sim they drive is stepping: a forward started then runs
+inside the inner policy's ``lockstep(idle_sims)`` (torch-backed policies use the idle sims' cores,
+see :mod:`hud_pipelines.agent.torch_runtime`). A forward started by the window or by
+``batch_size`` while a caller is away keeps the policy's usual threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hud_pipelines.agent.config import BatchingConfig
-from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, policy_horizon
+from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, lockstep, policy_horizon
 
 
 @dataclass
@@ -49,6 +55,10 @@ class BatchingStats:
     """Rows of every forward, in order."""
     timer_flushes: int = 0
     """Forwards started because the window ran out (not because every caller was waiting)."""
+    lockstep_forwards: int = 0
+    """Forwards started while every expected caller was waiting (run inside ``policy.lockstep``)."""
+    forward_s: float = 0.0
+    """Wall seconds spent inside the policy's forwards (stacking included), summed."""
 
 
 class BatchedModel:
@@ -128,9 +138,12 @@ class BatchedModel:
         while not call.done:
             with self._cond:
                 taken: list[_Call] | None = None
+                idle_sims = 0
                 while not call.claimed and taken is None:
                     ready, timed_out = self._ready()
                     if ready:
+                        waiting = len(self._pending)
+                        idle_sims = waiting if waiting >= self._expected else 0
                         taken = self._take()
                         self.stats.timer_flushes += int(timed_out)
                     else:
@@ -139,7 +152,7 @@ class BatchedModel:
                     while not call.done:
                         self._cond.wait()
                     break
-            self._forward(taken)  # this call may not be among them when batch_size capped the batch
+            self._forward(taken, idle_sims)  # this call may not be among them when batch_size capped the batch
         self._local.rows = call.forward_rows
         if call.error is not None:
             raise call.error
@@ -179,13 +192,19 @@ class BatchedModel:
             rows += size
         return taken
 
-    def _forward(self, calls: list[_Call]) -> None:
-        """Run one forward for ``calls`` (outside the condition) and hand every caller its rows."""
+    def _forward(self, calls: list[_Call], idle_sims: int) -> None:
+        """Run one forward for ``calls`` (outside the condition) and hand every caller its rows.
+
+        ``idle_sims`` > 0 says every expected caller is waiting, so that many sims are idle.
+        """
         rows = sum(c.batch.size for c in calls)
+        started = time.perf_counter()
         try:
             with self._forward_lock:
+                started = time.perf_counter()
                 stacked = PolicyBatch.concat([c.batch for c in calls])
-                actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
+                with lockstep(self.policy, idle_sims) if idle_sims else contextlib.nullcontext():
+                    actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
             if actions.ndim not in (2, 3) or actions.shape[0] != rows:
                 raise PolicyError(
                     f"the batched policy returned {list(actions.shape)} for {rows} stacked rows; "
@@ -199,7 +218,9 @@ class BatchedModel:
             for call in calls:
                 call.error = exc
         with self._cond:
+            self.stats.forward_s += time.perf_counter() - started
             self.stats.forwards += 1
+            self.stats.lockstep_forwards += int(idle_sims > 0)
             self.stats.calls += len(calls)
             self.stats.rows += rows
             self.stats.batch_rows.append(rows)

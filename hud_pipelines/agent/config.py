@@ -135,3 +135,9 @@ class AgentConfig(_Model):
         ge=1,
         description="torch intra-op threads (1 keeps latency stable while sims share the cores; null = torch default)",
     )
+    lockstep_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        default="auto",
+        description="torch intra-op threads for a forward that every sim of the eval waits on (a lockstep "
+        "refill: the sims' cores are idle then); auto = one per waiting sim plus one, at most the CPUs this "
+        "process may use; null = torch_threads for every forward",
+    )

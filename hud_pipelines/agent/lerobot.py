@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,7 +41,14 @@ from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
 from hud_pipelines.agent.config import LeRobotPolicyConfig
 from hud_pipelines.agent.policy import Actions, PolicyBatch, PolicyError, as_chunks
-from hud_pipelines.agent.torch_runtime import configure_threads, resolve_device, to_tensor
+from hud_pipelines.agent.torch_runtime import (
+    AUTO,
+    LockstepThreads,
+    configure_threads,
+    lockstep_forward,
+    resolve_device,
+    to_tensor,
+)
 from hud_pipelines.contract import Contract, Feature
 from hud_pipelines.contract import FeatureType as ContractFeatureType
 
@@ -188,22 +196,34 @@ class LeRobotPolicy:
         self.horizon: int | None = steps if isinstance(steps, int) and steps >= 1 else None
         history = getattr(config, "n_obs_steps", 1)
         self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
+        self.lockstep_threads: LockstepThreads = AUTO
 
     # -- construction ----------------------------------------------------------------------------------
 
     @classmethod
     def from_config(
-        cls, config: LeRobotPolicyConfig, contract: Contract, *, base_dir: Path, torch_threads: int | None = 1
+        cls,
+        config: LeRobotPolicyConfig,
+        contract: Contract,
+        *,
+        base_dir: Path,
+        torch_threads: int | None = 1,
+        lockstep_threads: LockstepThreads = AUTO,
     ) -> LeRobotPolicy:
         configure_threads(torch_threads)
         device = resolve_device(config.device)
         if config.path is not None:
             path = Path(config.path)
             path = path if path.is_absolute() else base_dir / path
-            return cls.from_pretrained(path, contract, device=device, overrides=config.overrides, rename=config.rename)
-        if config.type is not None:
-            return cls.random(config.type, contract, device=device, overrides=config.overrides, rename=config.rename)
-        raise PolicyError("a lerobot policy needs 'path' (a pretrained folder) or 'type' (random weights)")
+            policy = cls.from_pretrained(
+                path, contract, device=device, overrides=config.overrides, rename=config.rename
+            )
+        elif config.type is not None:
+            policy = cls.random(config.type, contract, device=device, overrides=config.overrides, rename=config.rename)
+        else:
+            raise PolicyError("a lerobot policy needs 'path' (a pretrained folder) or 'type' (random weights)")
+        policy.lockstep_threads = lockstep_threads
+        return policy
 
     @classmethod
     def from_pretrained(
@@ -274,6 +294,10 @@ class LeRobotPolicy:
     def reset(self) -> None:
         """Clear lerobot's own queues (unused here: chunks are queued by the agent, per slot)."""
         self.policy.reset()
+
+    def lockstep(self, idle_sims: int) -> AbstractContextManager[None]:
+        """Run the forward inside on the cores of ``idle_sims`` waiting sims (``lockstep_threads``)."""
+        return lockstep_forward(self.lockstep_threads, idle_sims)
 
     def infer(self, batch: PolicyBatch) -> Actions:
         inputs = self.adapter.inputs(batch.observation, batch.prompts)

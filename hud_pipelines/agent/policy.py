@@ -12,6 +12,9 @@ Two optional members refine the contract without widening it:
   (LeRobot's ``n_action_steps``); the agent's own ``horizon`` setting wins over it;
 - ``observation_steps``: how many past observations the policy reads (LeRobot's ``n_obs_steps``);
   above one, the agent keeps each slot's last frames and passes ``[B, n, ...]`` arrays.
+- ``lockstep(idle_sims)``: a context manager :class:`~hud_pipelines.agent.batching.BatchedModel`
+  enters around a forward that every sim waits on; torch-backed policies run that forward on the
+  idle sims' cores (``lockstep_threads``).
 
 :func:`build_policy` turns a ``kind``-discriminated :mod:`hud_pipelines.agent.config` model into a
 policy; torch and lerobot are imported only for the kinds that need them.
@@ -19,10 +22,12 @@ policy; torch and lerobot are imported only for the kinds that need them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +37,7 @@ from hud_pipelines.errors import HudPipelinesError
 
 if TYPE_CHECKING:
     from hud_pipelines.agent.config import PolicyConfig
+    from hud_pipelines.agent.torch_runtime import LockstepThreads
 
 Actions = npt.NDArray[np.float32]
 """``[B, T, A]`` action chunks in contract order."""
@@ -127,19 +133,28 @@ def reset_policy(policy: object) -> None:
         reset()
 
 
+def lockstep(policy: object, idle_sims: int) -> AbstractContextManager[object]:
+    """``policy.lockstep(idle_sims)`` when the policy has one, else a context that does nothing."""
+    enter = getattr(policy, "lockstep", None)
+    if callable(enter):
+        return cast(AbstractContextManager[object], enter(idle_sims))
+    return contextlib.nullcontext()
+
+
 def build_policy(
     config: PolicyConfig,
     contract: Contract,
     *,
     base_dir: Path,
     torch_threads: int | None = 1,
+    lockstep_threads: LockstepThreads = "auto",
 ) -> Policy:
     """Build the policy a ``kind``-discriminated config names.
 
     ``base_dir`` resolves relative paths (checkpoints, pretrained folders, ``file.py:callable``
     targets) against the directory of the YAML that declared them. ``torch_threads`` applies to the
     torch-backed kinds (1 keeps latency stable while sims share the cores; ``None`` keeps torch's
-    default).
+    default); ``lockstep_threads`` to their forwards that every sim waits on.
     """
     from hud_pipelines.agent import config as cfg
 
@@ -159,11 +174,15 @@ def build_policy(
         case cfg.TorchPolicyConfig():
             from hud_pipelines.agent.torch_policy import TorchModulePolicy
 
-            return TorchModulePolicy.from_config(config, contract, base_dir=base_dir, torch_threads=torch_threads)
+            return TorchModulePolicy.from_config(
+                config, contract, base_dir=base_dir, torch_threads=torch_threads, lockstep_threads=lockstep_threads
+            )
         case cfg.LeRobotPolicyConfig():
             from hud_pipelines.agent.lerobot import LeRobotPolicy
 
-            return LeRobotPolicy.from_config(config, contract, base_dir=base_dir, torch_threads=torch_threads)
+            return LeRobotPolicy.from_config(
+                config, contract, base_dir=base_dir, torch_threads=torch_threads, lockstep_threads=lockstep_threads
+            )
         case cfg.RemotePolicyConfig():
             from hud_pipelines.agent.remote import RemotePolicy
 

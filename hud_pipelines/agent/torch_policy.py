@@ -9,6 +9,7 @@ observation feature to a float32 tensor ``[B, ...]`` on the policy's device (cam
 from __future__ import annotations
 
 import inspect
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,7 +19,14 @@ import torch
 
 from hud_pipelines.agent.config import TorchPolicyConfig
 from hud_pipelines.agent.policy import Actions, PolicyBatch, PolicyError, as_chunks
-from hud_pipelines.agent.torch_runtime import configure_threads, resolve_device, to_tensor
+from hud_pipelines.agent.torch_runtime import (
+    AUTO,
+    LockstepThreads,
+    configure_threads,
+    lockstep_forward,
+    resolve_device,
+    to_tensor,
+)
 from hud_pipelines.contract import Contract
 from hud_pipelines.targets import load_target
 
@@ -33,10 +41,17 @@ class TorchModulePolicy:
         self.name = name or type(module).__qualname__
         declared = getattr(module, "horizon", None)
         self.horizon: int | None = declared if isinstance(declared, int) and declared >= 1 else None
+        self.lockstep_threads: LockstepThreads = AUTO
 
     @classmethod
     def from_config(
-        cls, config: TorchPolicyConfig, contract: Contract, *, base_dir: Path, torch_threads: int | None = 1
+        cls,
+        config: TorchPolicyConfig,
+        contract: Contract,
+        *,
+        base_dir: Path,
+        torch_threads: int | None = 1,
+        lockstep_threads: LockstepThreads = AUTO,
     ) -> TorchModulePolicy:
         configure_threads(torch_threads)
         device = resolve_device(config.device)
@@ -49,7 +64,13 @@ class TorchModulePolicy:
             raise PolicyError(f"torch policy {config.target!r} cannot be built with args {config.args}: {exc}") from exc
         if config.checkpoint is not None:
             load_checkpoint(module, _resolve(config.checkpoint, base_dir), device)
-        return cls(module, contract, device=device, name=config.target)
+        policy = cls(module, contract, device=device, name=config.target)
+        policy.lockstep_threads = lockstep_threads
+        return policy
+
+    def lockstep(self, idle_sims: int) -> AbstractContextManager[None]:
+        """Run the forward inside on the cores of ``idle_sims`` waiting sims (``lockstep_threads``)."""
+        return lockstep_forward(self.lockstep_threads, idle_sims)
 
     def infer(self, batch: PolicyBatch) -> Actions:
         inputs = {k: to_tensor(v, self.device, dtype=torch.float32) for k, v in batch.observation.items()}

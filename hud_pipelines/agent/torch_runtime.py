@@ -2,13 +2,24 @@
 
 Sims step on the same cores as inference. With two intra-op threads on a loaded two-core machine a
 small ACT forward swung between 119 ms and 1.3 s; one thread held it near 58 ms. So torch runs
-single-threaded by default and a setting (``torch_threads``) overrides it. CUDA is used when
-present unless a device is named.
+single-threaded by default and a setting (``torch_threads``) overrides it.
+
+A forward that every sim waits on (a lockstep refill, see :class:`~hud_pipelines.agent.batching.BatchedModel`)
+is different: no sim steps while it runs, so it may use the cores the waiting sims would step on
+(``lockstep_threads``; ``auto`` takes one per waiting sim plus the agent's own, at most the CPUs
+this process may use). On two cores a random-weight ACT forward of 8 PushT rows takes ~210 ms on
+one thread and ~130 ms on two; changing the thread count around a forward costs nothing measurable.
+
+CUDA is used when present unless a device is named.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from collections.abc import Generator
+from typing import Literal
 
 import torch
 
@@ -27,6 +38,44 @@ def configure_threads(threads: int | None) -> None:
     if torch.get_num_threads() != threads:
         log.debug("torch intra-op threads: %d -> %d", torch.get_num_threads(), threads)
         torch.set_num_threads(threads)
+
+
+LockstepThreads = int | Literal["auto"] | None
+"""Torch threads for a forward every sim waits on: a count, ``auto``, or ``None`` (no change)."""
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def lockstep_thread_count(setting: LockstepThreads, idle_sims: int) -> int | None:
+    """Threads for a forward that ``idle_sims`` sims wait on (``None``: keep the current count)."""
+    if setting is None or idle_sims < 1:
+        return None
+    if setting == AUTO:
+        return min(available_cpus(), idle_sims + 1)
+    if setting < 1:
+        raise PolicyError(f"lockstep_threads must be >= 1, 'auto' or null, got {setting}")
+    return setting
+
+
+@contextlib.contextmanager
+def lockstep_forward(setting: LockstepThreads, idle_sims: int) -> Generator[None]:
+    """Raise torch's thread count for the body while ``idle_sims`` sims wait on it; never lowers it."""
+    wanted = lockstep_thread_count(setting, idle_sims)
+    current = torch.get_num_threads()
+    if wanted is None or wanted <= current:
+        yield
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(current)
 
 
 def resolve_device(spec: str) -> torch.device:

@@ -6,7 +6,9 @@ is far below what even one wasted window would cost.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +217,38 @@ def test_batching_settings_come_from_the_agent_config() -> None:
 
     model = BatchedModel.from_config(Doubler(), BatchingConfig(max_wait_ms=20.0, batch_size=6), expected_callers=3)
     assert (model.max_wait_s, model.batch_size, model.expected_callers) == (0.02, 6, 3)
+
+
+class LockstepDoubler(Doubler):
+    """A ``Doubler`` that logs, per forward, how many idle sims ``lockstep`` announced (0: not entered)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle: list[int] = []
+        self.current = 0
+
+    @contextlib.contextmanager
+    def lockstep(self, idle_sims: int) -> Generator[None]:
+        self.current = idle_sims
+        try:
+            yield
+        finally:
+            self.current = 0
+
+    def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+        self.idle.append(self.current)
+        return super().infer(batch)
+
+
+@pytest.mark.timeout(5)
+def test_only_a_forward_every_caller_waits_on_is_a_lockstep_forward() -> None:
+    inner = LockstepDoubler()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, expected_callers=3)
+    call_concurrently(model, [rows([1.0]), rows([2.0]), rows([3.0])])
+    capped = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, batch_size=2, expected_callers=10)
+    call_concurrently(capped, [rows([1.0, 2.0])])  # flushed by batch_size while callers are away
+    windowed = BatchedModel(inner, max_wait_s=0.01, expected_callers=2)
+    windowed.infer(rows([1.0]))  # flushed by the window
+    assert inner.forwards == [3, 2, 1]
+    assert inner.idle == [3, 0, 0]
+    assert [m.stats.lockstep_forwards for m in (model, capped, windowed)] == [1, 0, 0]

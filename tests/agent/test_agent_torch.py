@@ -10,11 +10,19 @@ import torch
 
 from envs.controllers import CARTPOLE_SUCCESS_STEPS
 from envs.policies import CartPoleTorchPD, LinearChunkPolicy
-from hud_pipelines.agent.config import TorchPolicyConfig
+from hud_pipelines.agent.batching import BatchedModel
+from hud_pipelines.agent.config import AgentConfig, TorchPolicyConfig
 from hud_pipelines.agent.policy import PolicyBatch, PolicyError, build_policy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.agent.torch_policy import TorchModulePolicy
-from hud_pipelines.agent.torch_runtime import configure_threads, resolve_device, to_tensor
+from hud_pipelines.agent.torch_runtime import (
+    LockstepThreads,
+    available_cpus,
+    configure_threads,
+    lockstep_thread_count,
+    resolve_device,
+    to_tensor,
+)
 from hud_pipelines.sim.bridge import GymBridge
 
 
@@ -87,3 +95,77 @@ def test_to_tensor_copies_read_only_and_strided_arrays() -> None:
     assert frozen.tolist() == [[0, 1, 2], [3, 4, 5]]
     strided = np.arange(12, dtype=np.uint8).reshape(3, 4)[:, ::2]
     assert to_tensor(strided, torch.device("cpu"), dtype=torch.float32).tolist() == [[0, 2], [4, 6], [8, 10]]
+
+
+class ThreadProbe(torch.nn.Module):
+    """Returns zeros and remembers torch's intra-op thread count during each forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def forward(self, observation: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        return torch.zeros(observation["state"].shape[0], 1)
+
+
+def probe_policy(lockstep_threads: LockstepThreads) -> tuple[TorchModulePolicy, ThreadProbe]:
+    probe = ThreadProbe()
+    with GymBridge("Pendulum-v1") as bridge:
+        policy = TorchModulePolicy(probe, bridge.contract, device=torch.device("cpu"))
+    policy.lockstep_threads = lockstep_threads
+    return policy, probe
+
+
+def state_rows(count: int) -> PolicyBatch:
+    return PolicyBatch(observation={"state": np.zeros((count, 3), dtype=np.float32)}, prompts=[""] * count)
+
+
+def test_a_forward_every_sim_waits_on_runs_on_the_idle_sims_cores() -> None:
+    configure_threads(1)
+    policy, probe = probe_policy("auto")
+    model = BatchedModel(policy, max_wait_s=10.0, expected_callers=1)
+    model.infer(state_rows(2))  # the only caller waits: its sim is idle
+    policy.infer(state_rows(2))  # a direct call is not a lockstep forward
+    assert probe.seen == [min(available_cpus(), 2), 1]
+    assert model.stats.lockstep_forwards == 1
+    assert torch.get_num_threads() == 1, "the steady thread count is restored after the forward"
+
+
+def test_a_window_flush_keeps_the_steady_thread_count() -> None:
+    configure_threads(1)
+    policy, probe = probe_policy(4)
+    model = BatchedModel(policy, max_wait_s=0.01, expected_callers=2)  # the second caller never comes
+    model.infer(state_rows(1))
+    assert probe.seen == [1]
+    assert (model.stats.timer_flushes, model.stats.lockstep_forwards) == (1, 0)
+
+
+def test_lockstep_thread_counts() -> None:
+    configure_threads(1)
+    assert lockstep_thread_count("auto", 3) == min(available_cpus(), 4)
+    assert lockstep_thread_count(3, 1) == 3
+    assert lockstep_thread_count(None, 3) is None
+    assert lockstep_thread_count("auto", 0) is None
+    with pytest.raises(PolicyError, match="lockstep_threads"):
+        lockstep_thread_count(0, 1)
+    policy, probe = probe_policy(None)
+    with policy.lockstep(3):
+        policy.infer(state_rows(1))
+    policy.lockstep_threads = 3
+    with policy.lockstep(1):
+        policy.infer(state_rows(1))
+    assert probe.seen == [1, 3]
+    assert torch.get_num_threads() == 1
+
+
+def test_lockstep_threads_come_from_the_agent_config(tmp_path: Path) -> None:
+    with GymBridge("Pendulum-v1") as bridge:
+        contract = bridge.contract
+    config = TorchPolicyConfig(target="envs.policies:LinearChunkPolicy", args={"state_dim": 3, "action_dim": 1})
+    assert AgentConfig(policy=config).lockstep_threads == "auto"
+    policy = build_policy(config, contract, base_dir=tmp_path, lockstep_threads=2)
+    assert isinstance(policy, TorchModulePolicy)
+    assert policy.lockstep_threads == 2
+    with pytest.raises(ValueError, match="lockstep_threads"):
+        AgentConfig(policy=config, lockstep_threads=0)
