@@ -147,7 +147,7 @@ def worker(args: argparse.Namespace) -> None:
         policy = LeRobotPolicy.from_pretrained(Path(args.policy), contract, device=args.device)
         loaded = time.perf_counter()
         model = BatchedModel(policy, max_wait_s=2.0, expected_callers=len(clients))
-        agents = [RobotAgent(model, contract) for _ in clients]
+        agents = [RobotAgent(model, contract, send_ahead=not args.no_send_ahead) for _ in clients]
         recorder = TraceRecorder(Path(args.traces), contract) if args.traces else None
         sinks = [recorder] if recorder is not None else []
         batches = math.ceil(args.episodes / args.n)
@@ -202,6 +202,7 @@ def worker(args: argparse.Namespace) -> None:
         "errored": sum(o.status == "errored" for o in outcomes),
         "timer_flushes": model.stats.timer_flushes,
         "forward_s": model.stats.forward_s,
+        "sent_ahead": sum(a.last_run.sent_ahead for a in agents),
     }
     Path(args.out).write_text(json.dumps(result))
 
@@ -223,6 +224,7 @@ def run_ours(
     device: str,
     traces: bool,
     torch_threads: int = 1,
+    send_ahead: bool = True,
 ) -> dict[str, Any]:
     out = work / f"ours_{n}_{sims}.json"
     command = [
@@ -248,6 +250,8 @@ def run_ours(
     ]
     if traces:
         command += ["--traces", str(work / f"traces_{n}_{sims}")]
+    if not send_ahead:
+        command.append("--no-send-ahead")
     wall, cpu = timed(command, env=os.environ.copy())
     result = json.loads(out.read_text())
     result["wall_s"] = wall
@@ -387,6 +391,9 @@ def main() -> None:
     parser.add_argument("--single-sim", action="store_true", help="also run ours with all N slots in one child")
     parser.add_argument("--seed", type=int, default=1000, help="first seed (lerobot-eval's default)")
     parser.add_argument("--no-traces", action="store_true", help="run ours without writing traces")
+    parser.add_argument(
+        "--no-send-ahead", action="store_true", help="ours without pipelined steps (each step waits for the last reply)"
+    )
     parser.add_argument("--device", default="cpu", help="policy device on both sides (cpu, cuda)")
     parser.add_argument(
         "--torch-threads",
@@ -426,7 +433,17 @@ def main() -> None:
         threads = args.torch_threads
         ours = best(
             [
-                run_ours(n, episodes, folder, work, sims=sims, traces=traces, torch_threads=threads, **common)
+                run_ours(
+                    n,
+                    episodes,
+                    folder,
+                    work,
+                    sims=sims,
+                    traces=traces,
+                    torch_threads=threads,
+                    send_ahead=not args.no_send_ahead,
+                    **common,
+                )
                 for _ in repeats
             ]
         )

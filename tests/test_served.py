@@ -26,7 +26,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from hud_pipelines.contract import Feature
-from hud_pipelines.errors import RemoteError, SimRefusedError, SimStartError
+from hud_pipelines.errors import RemoteError, SimError, SimRefusedError, SimStartError
 from hud_pipelines.sim.process import SimProcess
 from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import PROTOCOL_VERSION, Framing
@@ -156,6 +156,25 @@ def test_success_and_result_over_the_wire(probe_sim: SimProcess) -> None:
     slot = result.slots[0]
     assert {"score", "success", "total_reward", "steps", "terminated", "truncated", "status"} <= set(slot)
     assert (slot["steps"], slot["total_reward"], slot["status"]) == (4, 4.0, "running")
+
+
+def test_pipelined_steps_are_answered_in_order_and_kept_for_their_callers(probe_sim: SimProcess) -> None:
+    with probe_sim.connect() as client:
+        client.reset({"seed": 1})
+        first = client.send_step(np.array([[1]]))
+        second = client.send_step(np.array([[1]]))
+        result = client.result()  # answered after both steps; their replies wait for their callers
+        assert client.in_flight == 2
+        later = client.receive_step(second)
+        earlier = client.receive_step(first)
+        with pytest.raises(SimError, match=f"no request numbered {first} is waiting"):
+            client.receive_step(first)
+        assert client.usable
+        assert client.step(np.array([[1]])).seq > result.seq
+    assert (earlier.seq, later.seq) == (first, second)
+    assert result.seq > second
+    assert result.slots[0]["steps"] == 2
+    assert [bool(earlier.success[0]), bool(later.success[0])] == [False, False]
 
 
 def test_one_connection_drives_the_sim_a_second_is_refused_until_it_leaves(probe_sim: SimProcess) -> None:

@@ -11,6 +11,12 @@ Every slot has an open-loop queue of actions. On each tick:
 4. one ``[N, A]`` step; running slots report a frame to every sink, and a slot whose episode ended
    clears its queue and records nothing more.
 
+With a served sim the steps are pipelined: when every running slot still has a queued action
+after this tick (and no ``adapt_action`` needs the observation), the next tick's step is sent
+before this tick's observation is read, so the sim never idles while the agent records frames or
+crosses the wire. The actions, episodes and records are exactly those of the unpipelined loop. A
+step sent ahead after every slot ended is refused by the sim ("no slot is running") and dropped.
+
 The loop ends when no slot is running or after ``max_steps`` ticks; slots still running then end as
 failed with ``truncated=True``. An error from the sim (a :class:`~hud_pipelines.errors.SimError`
 from a served sim, or any :class:`~hud_pipelines.errors.HudPipelinesError` an in-process bridge
@@ -28,14 +34,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.agent.policy import Policy, PolicyBatch, as_chunks, policy_horizon, reset_policy
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import HudPipelinesError, RemoteError
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
 from hud_pipelines.wire.messages import Observation
 
@@ -64,6 +70,15 @@ class Sim(Protocol):
     def step(self, action: npt.NDArray[Any]) -> Observation: ...
 
 
+@runtime_checkable
+class PipelinedSim(Sim, Protocol):
+    """A sim whose steps can be sent before the previous reply is read (``SimClient``)."""
+
+    def send_step(self, action: npt.NDArray[Any]) -> int: ...
+
+    def receive_step(self, seq: int) -> Observation: ...
+
+
 @dataclass(frozen=True)
 class EpisodeKeys:
     """Keys of one run's episodes: ``(job, task, instance, slot, episode, seed)``."""
@@ -89,8 +104,11 @@ class RunStats:
     rows_inferred: int = 0
     refill_rows: list[int] = field(default_factory=list[int])
     """Rows of every ``infer`` call, in order."""
+    sent_ahead: int = 0
+    """Ticks whose step was sent before the previous tick's observation was read."""
     infer_s: float = 0.0
     step_s: float = 0.0
+    """Seconds spent waiting for the sim's replies."""
     wall_s: float = 0.0
 
 
@@ -135,6 +153,7 @@ class RobotAgent:
         horizon: int | None = None,
         adapt_chunk: ChunkAdapter | None = None,
         adapt_action: ActionAdapter | None = None,
+        send_ahead: bool = True,
     ) -> None:
         if horizon is not None and horizon < 1:
             raise ValueError(f"horizon must be >= 1, got {horizon}")
@@ -143,6 +162,8 @@ class RobotAgent:
         self.horizon = horizon if horizon is not None else policy_horizon(policy)
         self.adapt_chunk = adapt_chunk
         self.adapt_action = adapt_action
+        self.send_ahead = send_ahead
+        """Pipeline the steps of a served sim (see the module docstring); off only to compare."""
         self.width = contract.action.size
         history = getattr(policy, "observation_steps", 1)
         self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
@@ -222,6 +243,11 @@ class _Run:
         self.unreported: list[int] = []
         """Slots that ended and whose outcome the sinks have not heard yet."""
         self.sim_healthy = True
+        self.pipelined: PipelinedSim | None = (
+            sim if agent.send_ahead and agent.adapt_action is None and isinstance(sim, PipelinedSim) else None
+        )
+        self.ahead: tuple[int, npt.NDArray[np.float32]] | None = None
+        """The step already sent for the next tick: its ``seq`` and action frame."""
 
     def execute(self, tasks: list[dict[str, Any]], max_steps: int, prompts: list[str] | None) -> list[EpisodeOutcome]:
         slots = self.slots
@@ -249,9 +275,10 @@ class _Run:
         self._report_ends()
         try:
             while slots.running.any() and self.stats.ticks < max_steps:
-                observation = self._tick(observation)
+                observation = self._tick(observation, max_steps)
                 if self.unreported:
                     self._report_ends()
+            self._drop_ahead()
         except _SimFailed as failure:
             self.sim_healthy = False
             self._fail_running(failure.reason)
@@ -269,31 +296,87 @@ class _Run:
 
     # -- one tick --------------------------------------------------------------------------------------
 
-    def _tick(self, observation: Observation) -> Observation:
+    def _tick(self, observation: Observation, max_steps: int) -> Observation:
         slots = self.slots
-        need = np.flatnonzero(slots.running & (slots.cursor >= slots.length))
-        if need.size:
-            self._refill(need, observation)
         running = np.flatnonzero(slots.running)
-        slots.action[running] = slots.queue[running, slots.cursor[running]]
-        slots.cursor[running] += 1
-        if self.agent.adapt_action is not None:
-            for slot in running.tolist():
-                row = self.agent.adapt_action(slots.action[slot].copy(), _row(observation, slot))
-                slots.action[slot] = np.asarray(row, dtype=np.float32).reshape(self.agent.width)
-        action = slots.action.copy()
-        started = time.perf_counter()
-        try:
-            reply = self.sim.step(action)
-        except HudPipelinesError as exc:  # a SimError, or a fault an in-process bridge raises directly
-            raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
-        self.stats.step_s += time.perf_counter() - started
+        if self.ahead is not None:  # sent last tick; slots that ended since ignore their row
+            seq, action = self.ahead
+            self.ahead = None
+        else:
+            need = np.flatnonzero(slots.running & (slots.cursor >= slots.length))
+            if need.size:
+                self._refill(need, observation)
+            action = self._pop(running, observation)
+            seq = self._send(action)
+        if self._can_send_ahead(running, max_steps):
+            assert self.pipelined is not None
+            following = self._pop(running, observation)
+            self.ahead = (self._post(self.pipelined, following), following)
+            self.stats.sent_ahead += 1
+        reply = self._receive(seq, action)
         self.stats.ticks += 1
         self.stats.env_steps += running.size
         self._record(observation, reply, running, action)
         if self.history:
             self._push_history(reply, running)
         return reply
+
+    def _pop(self, running: npt.NDArray[np.intp], observation: Observation) -> npt.NDArray[np.float32]:
+        """The next action frame: each running slot's next queued action; finished slots repeat theirs."""
+        slots = self.slots
+        slots.action[running] = slots.queue[running, slots.cursor[running]]
+        slots.cursor[running] += 1
+        if self.agent.adapt_action is not None:
+            for slot in running.tolist():
+                row = self.agent.adapt_action(slots.action[slot].copy(), _row(observation, slot))
+                slots.action[slot] = np.asarray(row, dtype=np.float32).reshape(self.agent.width)
+        return slots.action.copy()
+
+    def _can_send_ahead(self, running: npt.NDArray[np.intp], max_steps: int) -> bool:
+        """Whether the next tick's action is already known: every running slot has one queued."""
+        slots = self.slots
+        return (
+            self.pipelined is not None
+            and self.stats.ticks + 1 < max_steps
+            and running.size > 0
+            and bool((slots.cursor[running] < slots.length[running]).all())
+        )
+
+    def _send(self, action: npt.NDArray[np.float32]) -> int | None:
+        """Send the step now when the sim pipelines (its ``seq``); else it is sent by :meth:`_receive`."""
+        return None if self.pipelined is None else self._post(self.pipelined, action)
+
+    @staticmethod
+    def _post(sim: PipelinedSim, action: npt.NDArray[np.float32]) -> int:
+        try:
+            return sim.send_step(action)
+        except HudPipelinesError as exc:
+            raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    def _receive(self, seq: int | None, action: npt.NDArray[np.float32]) -> Observation:
+        started = time.perf_counter()
+        try:
+            if self.pipelined is not None and seq is not None:
+                reply = self.pipelined.receive_step(seq)
+            else:
+                reply = self.sim.step(action)
+        except HudPipelinesError as exc:  # a SimError, or a fault an in-process bridge raises directly
+            raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
+        self.stats.step_s += time.perf_counter() - started
+        return reply
+
+    def _drop_ahead(self) -> None:
+        """Read and drop the reply to a step sent ahead for a tick that never came (every slot ended)."""
+        if self.ahead is None or self.pipelined is None:
+            return
+        seq, _ = self.ahead
+        self.ahead = None
+        try:
+            self.pipelined.receive_step(seq)
+        except RemoteError:
+            pass  # refused: no slot was running when it arrived
+        except HudPipelinesError as exc:
+            raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
         agent = self.agent

@@ -12,10 +12,16 @@ arrays (writable, native byte order). Failures are typed:
 
 After a crash, a timeout or a reply with the wrong sequence number the client is *broken*: a late
 reply could otherwise be taken for the answer to the next request, so every later call fails fast.
+
+Steps can be pipelined: :meth:`send_step` sends without waiting and :meth:`receive_step` reads
+that step's reply later, so a caller that already knows its next action (an open-loop chunk) keeps
+the sim busy while it handles the previous observation. The server answers requests in order; a
+reply read while waiting for a later request is kept until its caller asks for it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 from collections.abc import Callable
@@ -84,6 +90,10 @@ class SimClient:
         self._on_timeout = on_timeout or (lambda: None)
         self._seq = itertools.count(1)
         self._broken: str | None = None
+        self._pending: collections.deque[int] = collections.deque()
+        """Sequence numbers sent whose replies have not been read, oldest first."""
+        self._arrived: dict[int, Reply] = {}
+        """Replies read while waiting for a later request, until their caller asks."""
         try:
             self._link = WebSocketLink(
                 url,
@@ -116,6 +126,11 @@ class SimClient:
         return self.hello.num_envs
 
     @property
+    def in_flight(self) -> int:
+        """Requests sent whose replies nobody has read yet (pipelined steps)."""
+        return len(self._pending) + len(self._arrived)
+
+    @property
     def usable(self) -> bool:
         """False after a crash, a timeout, a protocol violation or :meth:`close`."""
         return self._broken is None
@@ -135,11 +150,18 @@ class SimClient:
 
     def step(self, action: Any) -> Observation:
         """Send one ``[N, A]`` action frame (an ``[A]`` row is accepted for a single slot)."""
+        return self.receive_step(self.send_step(action))
+
+    def send_step(self, action: Any) -> int:
+        """Send a step without waiting for its reply; returns its ``seq`` for :meth:`receive_step`."""
         array = np.asarray(action)
         if self.num_envs == 1 and array.ndim <= 1:
             array = array.reshape(1, -1)
-        reply = self._request(Step(seq=next(self._seq), action=array), "step", self.step_timeout_s)
-        return self._expect(reply, Observation)
+        return self._post(Step(seq=next(self._seq), action=array), "step", self.step_timeout_s)
+
+    def receive_step(self, seq: int) -> Observation:
+        """The observation that answers the step numbered ``seq`` (waits at most ``step_timeout_s``)."""
+        return self._expect(self._await(seq, "step", self.step_timeout_s), Observation)
 
     def result(self) -> Result:
         reply = self._request(ResultRequest(seq=next(self._seq)), "result", self.step_timeout_s)
@@ -161,20 +183,39 @@ class SimClient:
 
     # -- plumbing ----------------------------------------------------------------------------------
 
-    def _request(self, request: Request, phase: str, timeout_s: float) -> Reply:
+    def _request(self, request: Reset | Step | ResultRequest, phase: str, timeout_s: float) -> Reply:
+        return self._await(self._post(request, phase, timeout_s), phase, timeout_s)
+
+    def _post(self, request: Reset | Step | ResultRequest, phase: str, timeout_s: float) -> int:
+        """Send a numbered request; its reply is read by :meth:`_await`."""
+        self._require_usable()
+        self._send(request, phase, timeout_s)
+        self._pending.append(request.seq)
+        return request.seq
+
+    def _await(self, seq: int, phase: str, timeout_s: float) -> Reply:
+        """The reply to request ``seq``: replies arrive in request order, earlier ones are kept."""
+        while seq not in self._arrived:
+            self._require_usable()
+            if seq not in self._pending:
+                raise SimError(f"no request numbered {seq} is waiting for a reply from {self.url}")
+            expected = self._pending[0]
+            reply = self._receive(phase, timeout_s, self.framing, self.num_envs)
+            reply_seq = getattr(reply, "seq", None)
+            if isinstance(reply, ErrorFrame) and reply_seq not in (None, expected):
+                raise self._violation(f"error frame for request {reply_seq} while waiting for {expected}")
+            if not isinstance(reply, ErrorFrame) and reply_seq != expected:
+                raise self._violation(f"reply numbered {reply_seq} to request {expected}: late or out-of-order reply")
+            self._pending.popleft()
+            self._arrived[expected] = reply
+        reply = self._arrived.pop(seq)
+        if isinstance(reply, ErrorFrame):
+            raise RemoteError(reply.message, phase=reply.phase, slot=reply.slot, remote_traceback=reply.traceback)
+        return reply
+
+    def _require_usable(self) -> None:
         if self._broken is not None:
             raise SimError(f"the connection to {self.url} is unusable: {self._broken}")
-        seq = getattr(request, "seq", None)
-        self._send(request, phase, timeout_s)
-        reply = self._receive(phase, timeout_s, self.framing, self.num_envs)
-        reply_seq = getattr(reply, "seq", None)
-        if isinstance(reply, ErrorFrame):
-            if reply_seq not in (None, seq):
-                raise self._violation(f"error frame for request {reply_seq} while waiting for {seq}")
-            raise RemoteError(reply.message, phase=reply.phase, slot=reply.slot, remote_traceback=reply.traceback)
-        if reply_seq != seq:
-            raise self._violation(f"reply numbered {reply_seq} to request {seq}: late or out-of-order reply")
-        return reply
 
     def _violation(self, message: str) -> WireError:
         """The sim broke the protocol: this connection can no longer be trusted."""

@@ -1,0 +1,92 @@
+"""Pipelined steps: a served sim gets the next tick's step before the agent reads this tick's reply.
+
+The proof is equality: the pipelined loop on a served sim must produce exactly the frames,
+inferences and outcomes of the unpipelined loop, on the same served sim and on the same env in
+process, while the run's counters show how many steps actually went ahead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from agent_helpers import RecordingSink
+
+from hud_pipelines.agent.builtin import RandomPolicy
+from hud_pipelines.agent.runner import RobotAgent
+from hud_pipelines.recording import EpisodeOutcome
+from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.process import SimProcess
+
+
+def rollout(
+    sim: Any, *, chunk: int, send_ahead: bool, seeds: list[int], max_steps: int
+) -> tuple[list[EpisodeOutcome], RecordingSink, RobotAgent]:
+    sink = RecordingSink()
+    agent = RobotAgent(RandomPolicy(sim.contract, seed=7, chunk_size=chunk), sim.contract, send_ahead=send_ahead)
+    outcomes = agent.run(sim, [{"seed": s} for s in seeds], max_steps=max_steps, key=("pipe", 0, 0), sinks=[sink])
+    return outcomes, sink, agent
+
+
+def records(sink: RecordingSink) -> list[tuple[Any, ...]]:
+    """Every frame and inference per slot, in order, without timing."""
+    by_slot = sink.by_slot()
+    out: list[tuple[Any, ...]] = []
+    for slot in sorted(by_slot):
+        trace = by_slot[slot]
+        for frame in sink.frames[trace]:
+            observation = {k: np.asarray(v).tolist() for k, v in frame.observation.items()}
+            out.append((slot, frame.index, observation, frame.action.tolist(), frame.reward, frame.terminated))
+        out.extend((slot, "chunk", i.step, i.chunk.tolist()) for i in sink.inferences[trace])
+        out.append((slot, "end", sink.ended[trace]))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_pipelined_cartpole_equals_the_unpipelined_loop_and_the_in_process_sim() -> None:
+    """Slots end on different ticks, so grades are read and hold rows sent while a step is ahead."""
+    seeds = [3, 4, 5, 6]
+    with GymBridge("CartPole-v1", len(seeds)) as bridge:
+        expected, expected_sink, _ = rollout(bridge, chunk=5, send_ahead=True, seeds=seeds, max_steps=500)
+    with SimProcess.spawn("CartPole-v1", num_envs=len(seeds)) as process, process.connect() as client:
+        pipelined, pipelined_sink, ahead = rollout(client, chunk=5, send_ahead=True, seeds=seeds, max_steps=500)
+        plain, plain_sink, lockstep = rollout(client, chunk=5, send_ahead=False, seeds=seeds, max_steps=500)
+        assert client.usable
+        assert client.in_flight == 0
+    assert len({o.steps for o in expected}) > 1, "the slots should end on different ticks"
+    assert pipelined == plain == expected
+    assert records(pipelined_sink) == records(plain_sink) == records(expected_sink)
+    assert ahead.last_run.sent_ahead > 0
+    assert lockstep.last_run.sent_ahead == 0
+    assert ahead.last_run.ticks == lockstep.last_run.ticks == max(o.steps for o in expected)
+
+
+@pytest.mark.timeout(120)
+def test_every_tick_with_a_queued_action_sends_ahead_and_the_last_one_is_dropped() -> None:
+    """Pendulum ends every slot at tick 200; chunks of 3 leave a queued action on 2 ticks of 3."""
+    chunk, length = 3, 200
+    with SimProcess.spawn("Pendulum-v1", num_envs=2) as process, process.connect() as client:
+        first, _, agent = rollout(client, chunk=chunk, send_ahead=True, seeds=[0, 1], max_steps=1000)
+        stats = agent.last_run
+        # tick 199 sends a step for a tick that never comes: the sim refuses it, the agent drops it
+        assert (length - 1) % chunk != chunk - 1
+        assert client.in_flight == 0
+        second, _, _ = rollout(client, chunk=chunk, send_ahead=True, seeds=[0, 1], max_steps=1000)
+        assert client.usable
+    assert stats.ticks == length
+    assert stats.sent_ahead == sum(1 for tick in range(length) if tick % chunk != chunk - 1)
+    assert stats.forwards == -(-length // chunk)
+    assert [o.steps for o in first] == [length, length]
+    assert first == second, "the dropped step left nothing behind for the next run"
+
+
+@pytest.mark.timeout(60)
+def test_max_steps_is_never_exceeded_by_a_step_sent_ahead() -> None:
+    with SimProcess.spawn("Pendulum-v1", num_envs=1) as process, process.connect() as client:
+        outcomes, sink, agent = rollout(client, chunk=10, send_ahead=True, seeds=[0], max_steps=25)
+        result = client.result()
+    assert agent.last_run.ticks == 25
+    assert result.slots[0]["steps"] == 25, "the sim stepped exactly max_steps times"
+    assert [o.steps for o in outcomes] == [25]
+    assert len(next(iter(sink.frames.values()))) == 25
