@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.agent.config import DEFAULT_SEND_AHEAD
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".venv" / "bin" / "python"
 LEROBOT_EVAL = ROOT / ".venv" / "bin" / "lerobot-eval"
@@ -147,7 +149,7 @@ def worker(args: argparse.Namespace) -> None:
         policy = LeRobotPolicy.from_pretrained(Path(args.policy), contract, device=args.device)
         loaded = time.perf_counter()
         model = BatchedModel(policy, max_wait_s=2.0, expected_callers=len(clients))
-        agents = [RobotAgent(model, contract, send_ahead=not args.no_send_ahead) for _ in clients]
+        agents = [RobotAgent(model, contract, send_ahead=args.send_ahead) for _ in clients]
         recorder = TraceRecorder(Path(args.traces), contract) if args.traces else None
         sinks = [recorder] if recorder is not None else []
         batches = math.ceil(args.episodes / args.n)
@@ -224,7 +226,7 @@ def run_ours(
     device: str,
     traces: bool,
     torch_threads: int = 1,
-    send_ahead: bool = True,
+    send_ahead: int = DEFAULT_SEND_AHEAD,
 ) -> dict[str, Any]:
     out = work / f"ours_{n}_{sims}.json"
     command = [
@@ -250,8 +252,7 @@ def run_ours(
     ]
     if traces:
         command += ["--traces", str(work / f"traces_{n}_{sims}")]
-    if not send_ahead:
-        command.append("--no-send-ahead")
+    command += ["--send-ahead", str(send_ahead)]
     wall, cpu = timed(command, env=os.environ.copy())
     result = json.loads(out.read_text())
     result["wall_s"] = wall
@@ -392,7 +393,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1000, help="first seed (lerobot-eval's default)")
     parser.add_argument("--no-traces", action="store_true", help="run ours without writing traces")
     parser.add_argument(
-        "--no-send-ahead", action="store_true", help="ours without pipelined steps (each step waits for the last reply)"
+        "--send-ahead",
+        type=int,
+        default=DEFAULT_SEND_AHEAD,
+        help=f"steps ours sends ahead of the observation (default {DEFAULT_SEND_AHEAD}; 0 waits for every reply)",
     )
     parser.add_argument("--device", default="cpu", help="policy device on both sides (cpu, cuda)")
     parser.add_argument(
@@ -441,7 +445,7 @@ def main() -> None:
                     sims=sims,
                     traces=traces,
                     torch_threads=threads,
-                    send_ahead=not args.no_send_ahead,
+                    send_ahead=args.send_ahead,
                     **common,
                 )
                 for _ in repeats

@@ -246,7 +246,7 @@ class EvalRunner:
         env_steps = 0
         try:
             with self.pool.sim() as live, _deadline(live, spec.rollout_timeout_s) as expired:
-                agent = RobotAgent(model, contract, horizon=spec.agent.horizon)
+                agent = RobotAgent(model, contract, horizon=spec.agent.horizon, send_ahead=spec.agent.send_ahead)
                 tasks = spec.slot_tasks(*partition)
                 keys = [
                     EpisodeKey(self.job, partition.task_index, partition.instance, s, 0, t.get("seed"))

@@ -11,6 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+DEFAULT_SEND_AHEAD = 8
+"""Steps in flight beyond the one being read: enough to hide a few milliseconds of network round trip
+behind a fast sim (see ``bench/remote.md``); a local sim needs one."""
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -126,6 +130,13 @@ class AgentConfig(_Model):
         default=None,
         ge=1,
         description="execute the first k actions of each chunk before asking again (default: whole chunk)",
+    )
+    send_ahead: int = Field(
+        default=DEFAULT_SEND_AHEAD,
+        ge=0,
+        description="steps sent to a served sim before the observation they follow arrives, when their actions "
+        "are already queued (open-loop chunks): the sim steps while replies cross the wire; same episodes; "
+        "0 waits for every reply",
     )
     batching: BatchingConfig = Field(
         default=BatchingConfig(), description="how calls from concurrent sims share one forward"

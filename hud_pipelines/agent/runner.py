@@ -11,11 +11,13 @@ Every slot has an open-loop queue of actions. On each tick:
 4. one ``[N, A]`` step; running slots report a frame to every sink, and a slot whose episode ended
    clears its queue and records nothing more.
 
-With a served sim the steps are pipelined: when every running slot still has a queued action
-after this tick (and no ``adapt_action`` needs the observation), the next tick's step is sent
-before this tick's observation is read, so the sim never idles while the agent records frames or
-crosses the wire. The actions, episodes and records are exactly those of the unpipelined loop. A
-step sent ahead after every slot ended is refused by the sim ("no slot is running") and dropped.
+With a served sim the steps are pipelined: while every running slot still has queued actions (and
+no ``adapt_action`` needs the observation), up to ``send_ahead`` later ticks' steps are sent before
+this tick's observation is read, so the sim steps while replies cross the wire and the agent
+records frames. The actions, episodes and records are exactly those of the unpipelined loop: a
+slot that ends ignores the rows already sent for it (the sim holds finished slots), and steps sent
+for ticks that never come (every slot ended) are refused by the sim ("no slot is running") and
+dropped. ``send_ahead=0`` waits for every reply.
 
 The loop ends when no slot is running or after ``max_steps`` ticks; slots still running then end as
 failed with ``truncated=True``. An error from the sim (a :class:`~hud_pipelines.errors.SimError`
@@ -30,6 +32,7 @@ success or the return. Sinks hear ``end`` on the tick the episode ended, with th
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +42,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from hud_pipelines.agent.config import DEFAULT_SEND_AHEAD
 from hud_pipelines.agent.policy import Policy, PolicyBatch, as_chunks, policy_horizon, reset_policy
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError, RemoteError
@@ -153,17 +157,19 @@ class RobotAgent:
         horizon: int | None = None,
         adapt_chunk: ChunkAdapter | None = None,
         adapt_action: ActionAdapter | None = None,
-        send_ahead: bool = True,
+        send_ahead: int = DEFAULT_SEND_AHEAD,
     ) -> None:
         if horizon is not None and horizon < 1:
             raise ValueError(f"horizon must be >= 1, got {horizon}")
+        if send_ahead < 0:
+            raise ValueError(f"send_ahead must be >= 0, got {send_ahead}")
         self.policy = policy
         self.contract = contract
         self.horizon = horizon if horizon is not None else policy_horizon(policy)
         self.adapt_chunk = adapt_chunk
         self.adapt_action = adapt_action
         self.send_ahead = send_ahead
-        """Pipeline the steps of a served sim (see the module docstring); off only to compare."""
+        """Steps a served sim may be sent ahead of the observation (see the module docstring)."""
         self.width = contract.action.size
         history = getattr(policy, "observation_steps", 1)
         self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
@@ -244,10 +250,10 @@ class _Run:
         """Slots that ended and whose outcome the sinks have not heard yet."""
         self.sim_healthy = True
         self.pipelined: PipelinedSim | None = (
-            sim if agent.send_ahead and agent.adapt_action is None and isinstance(sim, PipelinedSim) else None
+            sim if agent.send_ahead > 0 and agent.adapt_action is None and isinstance(sim, PipelinedSim) else None
         )
-        self.ahead: tuple[int, npt.NDArray[np.float32]] | None = None
-        """The step already sent for the next tick: its ``seq`` and action frame."""
+        self.ahead: collections.deque[tuple[int, npt.NDArray[np.float32]]] = collections.deque()
+        """Steps already sent for the next ticks, oldest first: ``seq`` and action frame."""
 
     def execute(self, tasks: list[dict[str, Any]], max_steps: int, prompts: list[str] | None) -> list[EpisodeOutcome]:
         slots = self.slots
@@ -299,19 +305,18 @@ class _Run:
     def _tick(self, observation: Observation, max_steps: int) -> Observation:
         slots = self.slots
         running = np.flatnonzero(slots.running)
-        if self.ahead is not None:  # sent last tick; slots that ended since ignore their row
-            seq, action = self.ahead
-            self.ahead = None
+        if self.ahead:  # sent on an earlier tick; slots that ended since ignore their row
+            seq, action = self.ahead.popleft()
         else:
             need = np.flatnonzero(slots.running & (slots.cursor >= slots.length))
             if need.size:
                 self._refill(need, observation)
             action = self._pop(running, observation)
             seq = self._send(action)
-        if self._can_send_ahead(running, max_steps):
+        while self._can_send_ahead(running, max_steps):
             assert self.pipelined is not None
             following = self._pop(running, observation)
-            self.ahead = (self._post(self.pipelined, following), following)
+            self.ahead.append((self._post(self.pipelined, following), following))
             self.stats.sent_ahead += 1
         reply = self._receive(seq, action)
         self.stats.ticks += 1
@@ -333,11 +338,12 @@ class _Run:
         return slots.action.copy()
 
     def _can_send_ahead(self, running: npt.NDArray[np.intp], max_steps: int) -> bool:
-        """Whether the next tick's action is already known: every running slot has one queued."""
+        """Whether one more tick's action is already known (every running slot has one queued) and may go."""
         slots = self.slots
         return (
             self.pipelined is not None
-            and self.stats.ticks + 1 < max_steps
+            and len(self.ahead) < self.agent.send_ahead
+            and self.stats.ticks + 1 + len(self.ahead) < max_steps
             and running.size > 0
             and bool((slots.cursor[running] < slots.length[running]).all())
         )
@@ -366,17 +372,15 @@ class _Run:
         return reply
 
     def _drop_ahead(self) -> None:
-        """Read and drop the reply to a step sent ahead for a tick that never came (every slot ended)."""
-        if self.ahead is None or self.pipelined is None:
-            return
-        seq, _ = self.ahead
-        self.ahead = None
-        try:
-            self.pipelined.receive_step(seq)
-        except RemoteError:
-            pass  # refused: no slot was running when it arrived
-        except HudPipelinesError as exc:
-            raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
+        """Read and drop the replies to steps sent ahead for ticks that never came (every slot ended)."""
+        while self.ahead and self.pipelined is not None:
+            seq, _ = self.ahead.popleft()
+            try:
+                self.pipelined.receive_step(seq)
+            except RemoteError:
+                pass  # refused: no slot was running when it arrived
+            except HudPipelinesError as exc:
+                raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
         agent = self.agent

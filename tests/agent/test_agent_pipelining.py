@@ -21,7 +21,7 @@ from hud_pipelines.sim.process import SimProcess
 
 
 def rollout(
-    sim: Any, *, chunk: int, send_ahead: bool, seeds: list[int], max_steps: int
+    sim: Any, *, chunk: int, send_ahead: int, seeds: list[int], max_steps: int
 ) -> tuple[list[EpisodeOutcome], RecordingSink, RobotAgent]:
     sink = RecordingSink()
     agent = RobotAgent(RandomPolicy(sim.contract, seed=7, chunk_size=chunk), sim.contract, send_ahead=send_ahead)
@@ -44,14 +44,15 @@ def records(sink: RecordingSink) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.timeout(120)
-def test_pipelined_cartpole_equals_the_unpipelined_loop_and_the_in_process_sim() -> None:
-    """Slots end on different ticks, so grades are read and hold rows sent while a step is ahead."""
+@pytest.mark.parametrize("depth", [1, 4])
+def test_pipelined_cartpole_equals_the_unpipelined_loop_and_the_in_process_sim(depth: int) -> None:
+    """Slots end on different ticks, so grades are read and hold rows sent while steps are ahead."""
     seeds = [3, 4, 5, 6]
     with GymBridge("CartPole-v1", len(seeds)) as bridge:
-        expected, expected_sink, _ = rollout(bridge, chunk=5, send_ahead=True, seeds=seeds, max_steps=500)
+        expected, expected_sink, _ = rollout(bridge, chunk=5, send_ahead=depth, seeds=seeds, max_steps=500)
     with SimProcess.spawn("CartPole-v1", num_envs=len(seeds)) as process, process.connect() as client:
-        pipelined, pipelined_sink, ahead = rollout(client, chunk=5, send_ahead=True, seeds=seeds, max_steps=500)
-        plain, plain_sink, lockstep = rollout(client, chunk=5, send_ahead=False, seeds=seeds, max_steps=500)
+        pipelined, pipelined_sink, ahead = rollout(client, chunk=5, send_ahead=depth, seeds=seeds, max_steps=500)
+        plain, plain_sink, lockstep = rollout(client, chunk=5, send_ahead=0, seeds=seeds, max_steps=500)
         assert client.usable
         assert client.in_flight == 0
     assert len({o.steps for o in expected}) > 1, "the slots should end on different ticks"
@@ -63,16 +64,17 @@ def test_pipelined_cartpole_equals_the_unpipelined_loop_and_the_in_process_sim()
 
 
 @pytest.mark.timeout(120)
-def test_every_tick_with_a_queued_action_sends_ahead_and_the_last_one_is_dropped() -> None:
-    """Pendulum ends every slot at tick 200; chunks of 3 leave a queued action on 2 ticks of 3."""
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_every_queued_action_is_sent_ahead_and_steps_past_the_end_are_dropped(depth: int) -> None:
+    """Pendulum ends every slot at tick 200; of each chunk of 3, two steps can go before their tick."""
     chunk, length = 3, 200
     with SimProcess.spawn("Pendulum-v1", num_envs=2) as process, process.connect() as client:
-        first, _, agent = rollout(client, chunk=chunk, send_ahead=True, seeds=[0, 1], max_steps=1000)
+        first, _, agent = rollout(client, chunk=chunk, send_ahead=depth, seeds=[0, 1], max_steps=1000)
         stats = agent.last_run
-        # tick 199 sends a step for a tick that never comes: the sim refuses it, the agent drops it
+        # the last chunk (ticks 198-200) sends tick 200's step, which never comes: refused, then dropped
         assert (length - 1) % chunk != chunk - 1
         assert client.in_flight == 0
-        second, _, _ = rollout(client, chunk=chunk, send_ahead=True, seeds=[0, 1], max_steps=1000)
+        second, _, _ = rollout(client, chunk=chunk, send_ahead=depth, seeds=[0, 1], max_steps=1000)
         assert client.usable
     assert stats.ticks == length
     assert stats.sent_ahead == sum(1 for tick in range(length) if tick % chunk != chunk - 1)
@@ -82,9 +84,10 @@ def test_every_tick_with_a_queued_action_sends_ahead_and_the_last_one_is_dropped
 
 
 @pytest.mark.timeout(60)
-def test_max_steps_is_never_exceeded_by_a_step_sent_ahead() -> None:
+@pytest.mark.parametrize("depth", [2, 9])
+def test_max_steps_is_never_exceeded_by_a_step_sent_ahead(depth: int) -> None:
     with SimProcess.spawn("Pendulum-v1", num_envs=1) as process, process.connect() as client:
-        outcomes, sink, agent = rollout(client, chunk=10, send_ahead=True, seeds=[0], max_steps=25)
+        outcomes, sink, agent = rollout(client, chunk=10, send_ahead=depth, seeds=[0], max_steps=25)
         result = client.result()
     assert agent.last_run.ticks == 25
     assert result.slots[0]["steps"] == 25, "the sim stepped exactly max_steps times"
