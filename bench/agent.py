@@ -186,6 +186,8 @@ def worker(args: argparse.Namespace) -> None:
         for client in clients:
             client.close()
         for process in processes:
+            process.terminate()  # all children wind down together, as an eval's pool does
+        for process in processes:
             process.close()
     result = {
         "episodes": len(outcomes),

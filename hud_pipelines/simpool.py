@@ -134,26 +134,30 @@ class SimPool:
             if live.healthy and live.process.alive() and not self._closed:
                 self._idle.append(live)
                 return
-            self._live.remove(live)
+            if live in self._live:  # not when close() already took it
+                self._live.remove(live)
         _shutdown(live)
 
     def close(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         """Close every sim this pool opened (idle or in use); safe to call twice.
 
-        ``grace_s=0`` kills every sim first and at once: a cancelled run has no reason to wait. An
-        interrupt that arrives while closing does not leave the remaining sims running: every sim
-        is closed, then the first exception is raised.
+        Every sim is told to stop first, then each is waited for (at most ``grace_s``, then killed),
+        so closing k sims takes one grace period, not k. ``grace_s=0`` kills every sim at once: a
+        cancelled run has no reason to wait. An interrupt that arrives while closing does not leave
+        the remaining sims running: every sim is closed, then the first exception is raised.
         """
         with self._lock:
             self._closed = True
             live, self._live, self._idle = self._live, [], []
         first: BaseException | None = None
-        if grace_s <= 0:
-            for sim in live:
-                try:
+        for sim in live:
+            try:
+                if grace_s <= 0:
                     sim.kill()
-                except BaseException as exc:
-                    first = first or exc
+                else:
+                    _terminate(sim)
+            except BaseException as exc:
+                first = first or exc
         for sim in live:
             try:
                 _shutdown(sim, grace_s)
@@ -167,6 +171,12 @@ class SimPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _terminate(live: LiveSim) -> None:
+    with contextlib.suppress(Exception):
+        live.client.close()
+    live.process.terminate()
 
 
 def _shutdown(live: LiveSim, grace_s: float = DEFAULT_GRACE_S) -> None:

@@ -57,6 +57,7 @@ class SimProcess:
         self.url = url
         self.token = token
         self._popen = popen
+        self._terminated = False
         self._stderr_tail = stderr_tail if stderr_tail is not None else collections.deque[str](maxlen=STDERR_TAIL_LINES)
 
     # -- construction ------------------------------------------------------------------------------
@@ -198,13 +199,28 @@ class SimProcess:
             self._popen.wait()
             self._release_pipes()
 
+    @property
+    def returncode(self) -> int | None:
+        """A spawned child's exit status once it has exited (negative: the signal that ended it)."""
+        return None if self._popen is None else self._popen.poll()
+
+    def terminate(self) -> None:
+        """Ask a spawned child to stop (SIGTERM to its group) without waiting; :meth:`close` waits.
+
+        Closing several sims is then one grace period, not one per sim: terminate them all, then
+        close each.
+        """
+        if self._popen is not None and self._popen.poll() is None and not self._terminated:
+            self._terminated = True  # once: a second SIGTERM interrupts the child's orderly exit
+            _signal_group(self._popen.pid, signal.SIGTERM)
+
     def close(self, grace_s: float = DEFAULT_GRACE_S) -> None:
         """Stop a spawned child: SIGTERM to its group, then SIGKILL after ``grace_s``; no-op when attached."""
         popen = self._popen
         if popen is None:
             return
         if popen.poll() is None:
-            _signal_group(popen.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 popen.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:

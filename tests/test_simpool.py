@@ -1,0 +1,33 @@
+"""SimPool: sims are reused between instances and closed together, gracefully, at the end."""
+
+from __future__ import annotations
+
+import contextlib
+
+from hud_pipelines.simpool import SimPool, SimSettings
+from tests.conftest import wait_group_gone
+
+
+def test_closing_the_pool_stops_every_sim_gracefully_and_leaves_no_process() -> None:
+    pool = SimPool(SimSettings(factory="CartPole-v1", num_envs=2))
+    with contextlib.ExitStack() as held:
+        lives = [held.enter_context(pool.sim()) for _ in range(3)]  # held at once: three children
+    with pool.sim() as reused:
+        assert reused in lives, "an idle sim is reused, not a fourth one spawned"
+    assert pool.spawned == 3
+    processes = [live.process for live in lives]
+    pool.close(grace_s=10.0)
+    assert [p.returncode for p in processes] == [0, 0, 0], "each child ended on its own after SIGTERM"
+    for process in processes:
+        assert process.pgid is not None
+        wait_group_gone(process.pgid)
+
+
+def test_a_sim_in_use_when_the_pool_closes_is_stopped_and_released_cleanly() -> None:
+    pool = SimPool(SimSettings(factory="CartPole-v1"))
+    with pool.sim() as live:
+        live.client.reset({"seed": 0})
+        pool.close(grace_s=10.0)
+        assert not live.process.alive()
+    assert live.process.returncode == 0
+    pool.close()  # safe twice
