@@ -28,5 +28,6 @@ lint: setup
 bench: setup
 	.venv/bin/python bench/wire.py
 	.venv/bin/python bench/agent.py
+	.venv/bin/python bench/remote.py
 	.venv/bin/python bench/dataset.py
 	.venv/bin/python bench/dagster_overhead.py
