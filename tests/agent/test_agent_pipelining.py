@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 from agent_helpers import RecordingSink
 
+from envs.faulty import EPISODE_STEPS
 from hud_pipelines.agent.builtin import RandomPolicy
 from hud_pipelines.agent.runner import RobotAgent
-from hud_pipelines.recording import EpisodeOutcome
+from hud_pipelines.recording import EpisodeOutcome, EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.process import SimProcess
+from tests.conftest import FAULTY, wait_group_gone
 
 
 def rollout(
@@ -93,3 +95,37 @@ def test_max_steps_is_never_exceeded_by_a_step_sent_ahead(depth: int) -> None:
     assert result.slots[0]["steps"] == 25, "the sim stepped exactly max_steps times"
     assert [o.steps for o in outcomes] == [25]
     assert len(next(iter(sink.frames.values()))) == 25
+
+
+@pytest.mark.timeout(60)
+def test_a_slot_that_raises_mid_pipeline_errors_alone_as_it_would_without_pipelining() -> None:
+    """Steps already sent behind the failing one still run for the other slots; the failed slot holds."""
+    build = {"fault": "raise_step", "at_step": 4, "fault_seed": 21}
+    seeds = [20, 21, 22]
+    with SimProcess.spawn(FAULTY, num_envs=3, build_args=build) as process, process.connect() as client:
+        pipelined, pipelined_sink, agent = rollout(client, chunk=10, send_ahead=8, seeds=seeds, max_steps=50)
+        waiting, waiting_sink, _ = rollout(client, chunk=10, send_ahead=0, seeds=seeds, max_steps=50)
+        assert client.usable
+        assert client.in_flight == 0
+    assert agent.last_run.sent_ahead > 0
+    assert [o.status for o in pipelined] == [EpisodeStatus.FAILED, EpisodeStatus.ERRORED, EpisodeStatus.FAILED]
+    assert pipelined[1].error is not None
+    assert "ZeroDivisionError" in pipelined[1].error
+    assert [o.steps for o in pipelined] == [EPISODE_STEPS, 4, EPISODE_STEPS], "the step that raised counts"
+    assert pipelined == waiting
+    assert records(pipelined_sink) == records(waiting_sink)
+
+
+@pytest.mark.timeout(60)
+def test_a_sim_killed_with_steps_in_flight_errors_every_running_slot() -> None:
+    build = {"fault": "crash_step", "at_step": 4}
+    with SimProcess.spawn(FAULTY, num_envs=2, build_args=build) as process, process.connect() as client:
+        outcomes, sink, agent = rollout(client, chunk=10, send_ahead=8, seeds=[0, 1], max_steps=50)
+        assert not client.usable
+        assert process.pgid is not None
+        pgid = process.pgid
+    wait_group_gone(pgid)
+    assert agent.last_run.sent_ahead > 0
+    assert [o.status for o in outcomes] == [EpisodeStatus.ERRORED, EpisodeStatus.ERRORED]
+    assert all(o.error is not None and "SimCrashedError" in o.error for o in outcomes)
+    assert [len(frames) for frames in sink.frames.values()] == [3, 3], "the steps before the crash are kept"
