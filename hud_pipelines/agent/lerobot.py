@@ -19,10 +19,14 @@ axis after the batch axis, for policies with ``n_obs_steps > 1``) is carried thr
 
 Chunks come from ``predict_action_chunk`` (one forward per refill); the policy's ``n_action_steps``
 becomes the agent's default horizon, which is what lerobot's own ``select_action`` queue executes.
+ACT with ``temporal_ensemble_coeff`` asks for one action per step, each the weighted average of every
+chunk predicted for that step, as lerobot's ``select_action`` computes it; the ensemble is kept per
+episode (``PolicyBatch.episodes``) because the rows of a refill are only the slots that need actions.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
@@ -35,6 +39,7 @@ import numpy.typing as npt
 import torch
 from lerobot.configs.policies import PreTrainedConfig
 from lerobot.configs.types import FeatureType, PolicyFeature
+from lerobot.policies.act.modeling_act import ACTTemporalEnsembler
 from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.factory import make_policy_config as _make_policy_config  # pyright: ignore[reportUnknownVariableType]
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
@@ -57,6 +62,8 @@ TASK = "task"
 """lerobot's batch key for the language instruction."""
 OFFLINE_DEFAULTS: dict[str, Any] = {"pretrained_backbone_weights": None}
 """Config fields that would download weights when a policy is built from scratch."""
+ENSEMBLES_KEPT = 4096
+"""Episodes whose temporal ensembles are kept at once (the least recently used go first)."""
 
 
 class LeRobotAdapter:
@@ -197,6 +204,11 @@ class LeRobotPolicy:
         history = getattr(config, "n_obs_steps", 1)
         self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
         self.lockstep_threads: LockstepThreads = AUTO
+        coeff = getattr(config, "temporal_ensemble_coeff", None)
+        self.ensemble_coeff: float | None = float(coeff) if isinstance(coeff, int | float) else None
+        if self.ensemble_coeff is not None:
+            self.horizon = 1  # one action per step, averaged over every chunk that covers it
+        self._ensembles: collections.OrderedDict[str, ACTTemporalEnsembler] = collections.OrderedDict()
 
     # -- construction ----------------------------------------------------------------------------------
 
@@ -294,6 +306,7 @@ class LeRobotPolicy:
     def reset(self) -> None:
         """Clear lerobot's own queues (unused here: chunks are queued by the agent, per slot)."""
         self.policy.reset()
+        self._ensembles.clear()
 
     def lockstep(self, idle_sims: int) -> AbstractContextManager[None]:
         """Run the forward inside on the cores of ``idle_sims`` waiting sims (``lockstep_threads``)."""
@@ -304,8 +317,33 @@ class LeRobotPolicy:
         with torch.inference_mode():
             processed = self.preprocessor(inputs)
             chunk = self.policy.predict_action_chunk(processed)
+            if self.ensemble_coeff is not None:
+                chunk = self._ensembled(chunk, batch.episodes)
             chunk = self.postprocessor(chunk)
         return self.adapter.actions(chunk)
+
+    def _ensembled(self, chunks: torch.Tensor, episodes: list[str] | None) -> torch.Tensor:
+        """ACT's temporal ensembling, one lerobot ``ACTTemporalEnsembler`` per episode: ``[B, A]``.
+
+        lerobot keeps one ensembler per batch, which assumes the same envs in the same rows on
+        every call; here rows are the slots that need actions, so the state is kept per episode.
+        """
+        if episodes is None:
+            raise PolicyError(
+                "ACT's temporal ensembling keeps state per episode: every row of the batch must name its "
+                "episode (PolicyBatch.episodes; RobotAgent sets it)"
+            )
+        assert self.ensemble_coeff is not None
+        rows: list[torch.Tensor] = []
+        for row, episode in enumerate(episodes):
+            ensembler = self._ensembles.pop(episode, None)
+            if ensembler is None:
+                ensembler = ACTTemporalEnsembler(self.ensemble_coeff, int(chunks.shape[1]))
+            self._ensembles[episode] = ensembler  # most recently used last
+            rows.append(ensembler.update(chunks[row : row + 1]))
+        while len(self._ensembles) > ENSEMBLES_KEPT:
+            self._ensembles.popitem(last=False)
+        return torch.cat(rows)
 
 
 def make_policy_config(policy_type: str, **fields: Any) -> Any:

@@ -52,11 +52,15 @@ class PolicyBatch:
     """Observations of ``B`` slots: ``observation[name]`` is ``[B, ...]``; one prompt per row.
 
     Arrays are writable (the agent copies read-only wire buffers before they get here), so a
-    policy may hand them to ``torch.from_numpy`` or modify them in place.
+    policy may hand them to ``torch.from_numpy`` or modify them in place. ``episodes`` names the
+    episode each row belongs to (the agent passes trace ids); a policy that keeps state across
+    calls (ACT's temporal ensembling) keys it on them, since rows are only the slots that need
+    actions and their order changes as slots finish.
     """
 
     observation: dict[str, npt.NDArray[Any]]
     prompts: list[str]
+    episodes: list[str] | None = None
 
     def __post_init__(self) -> None:
         for name, array in self.observation.items():
@@ -65,6 +69,8 @@ class PolicyBatch:
                     f"observation {name!r} has {array.shape[0] if array.ndim else 0} rows "
                     f"for {len(self.prompts)} prompts"
                 )
+        if self.episodes is not None and len(self.episodes) != len(self.prompts):
+            raise PolicyError(f"{len(self.episodes)} episode ids for {len(self.prompts)} rows")
 
     @property
     def size(self) -> int:
@@ -73,9 +79,11 @@ class PolicyBatch:
     def rows(self, index: Sequence[int] | npt.NDArray[np.intp]) -> PolicyBatch:
         """The batch of the given rows (fancy indexing copies, so the result is writable)."""
         picked = np.asarray(index, dtype=np.intp)
+        rows: list[int] = picked.tolist()
         return PolicyBatch(
             observation={k: v[picked] for k, v in self.observation.items()},
-            prompts=[self.prompts[i] for i in picked.tolist()],
+            prompts=[self.prompts[i] for i in rows],
+            episodes=None if self.episodes is None else [self.episodes[i] for i in rows],
         )
 
     @staticmethod
@@ -89,9 +97,11 @@ class PolicyBatch:
                 raise PolicyError(
                     f"cannot stack batches with different features: {sorted(keys)} vs {sorted(other.observation)}"
                 )
+        episodes = [b.episodes for b in batches]
         return PolicyBatch(
             observation={k: np.concatenate([b.observation[k] for b in batches]) for k in keys},
             prompts=[p for b in batches for p in b.prompts],
+            episodes=None if any(e is None for e in episodes) else [i for e in episodes for i in e or []],
         )
 
 

@@ -33,6 +33,7 @@ success or the return. Sinks hear ``end`` on the tick the episode ended, with th
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, Epi
 from hud_pipelines.wire.messages import Observation
 
 log = logging.getLogger(__name__)
+_RUN_NUMBERS = itertools.count(1)
 
 ObservationRow = dict[str, npt.NDArray[Any]]
 ChunkAdapter = Callable[[npt.NDArray[np.float32], ObservationRow], npt.NDArray[Any]]
@@ -245,6 +247,9 @@ class _Run:
         self.sinks = sinks
         self.stats = stats
         self.slots = _Slots(len(keys), agent.width)
+        run = next(_RUN_NUMBERS)
+        self.episode_ids = [f"{key.trace_id}/{run}" for key in keys]
+        """What the policy sees of each row's episode: unique even when a job's trace ids repeat."""
         self.history: dict[str, npt.NDArray[Any]] = {}
         self.unreported: list[int] = []
         """Slots that ended and whose outcome the sinks have not heard yet."""
@@ -384,7 +389,11 @@ class _Run:
 
     def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
         agent = self.agent
-        batch = PolicyBatch(observation=self._policy_rows(observation, need), prompts=[self.prompts[s] for s in need])
+        batch = PolicyBatch(
+            observation=self._policy_rows(observation, need),
+            prompts=[self.prompts[s] for s in need],
+            episodes=[self.episode_ids[s] for s in need],
+        )
         started = time.perf_counter()
         try:
             raw = agent.policy.infer(batch)

@@ -252,3 +252,30 @@ def test_only_a_forward_every_caller_waits_on_is_a_lockstep_forward() -> None:
     assert inner.forwards == [3, 2, 1]
     assert inner.idle == [3, 0, 0]
     assert [m.stats.lockstep_forwards for m in (model, capped, windowed)] == [1, 0, 0]
+
+
+@pytest.mark.timeout(5)
+def test_episode_ids_travel_with_their_rows_through_stacking() -> None:
+    class Echo:
+        def __init__(self) -> None:
+            self.seen: list[list[str] | None] = []
+
+        def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+            self.seen.append(batch.episodes)
+            return np.zeros((batch.size, 1, 1), dtype=np.float32)
+
+    inner = Echo()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, expected_callers=2)
+    named = [
+        PolicyBatch(observation={"x": np.zeros((2, 1))}, prompts=["", ""], episodes=["a/1", "b/1"]),
+        PolicyBatch(observation={"x": np.zeros((1, 1))}, prompts=[""], episodes=["c/2"]),
+    ]
+    call_concurrently(model, named)
+    assert inner.seen[0] is not None
+    assert sorted(inner.seen[0]) == ["a/1", "b/1", "c/2"]
+    stacked = PolicyBatch.concat(named)
+    assert stacked.episodes == ["a/1", "b/1", "c/2"]
+    assert stacked.rows([2, 0]).episodes == ["c/2", "a/1"]
+    assert PolicyBatch.concat([named[0], rows([1.0])]).episodes is None, "ids only when every part has them"
+    with pytest.raises(PolicyError, match="1 episode ids for 2 rows"):
+        PolicyBatch(observation={"x": np.zeros((2, 1))}, prompts=["", ""], episodes=["a/1"])

@@ -21,6 +21,7 @@ from hud_pipelines.agent.policy import PolicyBatch, PolicyError, build_policy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.process import SimProcess
 
 pytestmark = pytest.mark.slow
@@ -188,3 +189,46 @@ def test_adapter_carries_an_observation_history_axis_through() -> None:
     assert isinstance(state, torch.Tensor)
     assert top.shape == (3, 2, 3, 4, 6)
     assert state.shape == (3, 2, 4)
+
+
+def lerobots_own_loop(policy: LeRobotPolicy, seed: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """lerobot's inference loop in one env: ``select_action`` per step; also each step's raw chunk head."""
+    policy.policy.reset()
+    ensembled: list[np.ndarray] = []
+    heads: list[np.ndarray] = []
+    with GymBridge(PUSHT, 1, build_args={"obs_type": "pixels_agent_pos"}) as bridge:
+        observation = bridge.reset([{"seed": seed}]).observation
+        for _ in range(steps):
+            batch = policy.preprocessor(policy.adapter.inputs(observation, [""]))
+            with torch.inference_mode():
+                heads.append(policy.postprocessor(policy.policy.predict_action_chunk(batch)[:, 0]).numpy()[0])
+                action = policy.postprocessor(policy.policy.select_action(batch)).numpy()
+            ensembled.append(action[0])
+            observation = bridge.step(action).observation
+    return np.stack(ensembled), np.stack(heads)
+
+
+def test_act_temporal_ensembling_matches_lerobots_own_loop_in_every_slot() -> None:
+    overrides = {**ACT_SMALL, "n_action_steps": 1, "temporal_ensemble_coeff": 0.01}
+    steps, seeds = 12, [4, 5]
+    with GymBridge(PUSHT, len(seeds), build_args={"obs_type": "pixels_agent_pos"}) as bridge:
+        policy = LeRobotPolicy.random("act", bridge.contract, device="cpu", overrides=overrides)
+        assert policy.horizon == 1
+        sink = RecordingSink()
+        agent = RobotAgent(policy, bridge.contract)
+        agent.run(bridge, [{"seed": s} for s in seeds], max_steps=steps, key=("ens", 0, 0), sinks=[sink])
+    assert agent.last_run.refill_rows == [2] * steps, "one forward per step over both slots"
+    by_slot = sink.by_slot()
+    for slot, seed in enumerate(seeds):
+        ours = np.stack([frame.action for frame in sink.frames[by_slot[slot]]])
+        theirs, heads = lerobots_own_loop(policy, seed, steps)
+        assert np.allclose(ours, theirs, atol=1e-4), f"slot {slot} (seed {seed})"
+        assert not np.allclose(ours[1:], heads[1:], atol=1e-3), "ensembling changes the actions after step 0"
+    with pytest.raises(PolicyError, match="must name its episode"):
+        policy.infer(PolicyBatch(observation=bridge_observation(), prompts=[""]))
+
+
+def bridge_observation() -> dict[str, np.ndarray]:
+    """One reset observation of a one-slot PushT."""
+    with GymBridge(PUSHT, 1, build_args={"obs_type": "pixels_agent_pos"}) as bridge:
+        return bridge.reset([{"seed": 0}]).observation
