@@ -134,6 +134,7 @@ class AgentConfig(_Model):
     send_ahead: int = Field(
         default=DEFAULT_SEND_AHEAD,
         ge=0,
+        le=64,
         description="steps sent to a served sim before the observation they follow arrives, when their actions "
         "are already queued (open-loop chunks): the sim steps while replies cross the wire; same episodes; "
         "0 waits for every reply",

@@ -1,7 +1,9 @@
 """A blocking WebSocket client driven in the caller's thread by websockets' sans-I/O protocol.
 
-The sim client is strictly request/reply, so it needs no reader thread: :meth:`WebSocketLink.recv`
-reads the socket itself until a whole message arrived or the deadline passed. That saves a thread
+The sim client reads replies in the order it sent its requests (one at a time, or a few pipelined
+steps ahead), so it needs no reader thread: :meth:`WebSocketLink.recv` reads the socket itself until
+a whole message arrived or the deadline passed; replies to pipelined requests wait in the kernel's
+socket buffer and the server's send queue meanwhile. That saves a thread
 hand-off per reply (the round trip is the cost of a served step) and makes every wait explicit:
 there is no read that can block without a deadline.
 

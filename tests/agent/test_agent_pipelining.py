@@ -19,7 +19,9 @@ from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.recording import EpisodeOutcome, EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.process import SimProcess
-from tests.conftest import FAULTY, wait_group_gone
+from tests.conftest import FAULTY, REPO, wait_group_gone
+
+CAMERA = f"{REPO / 'envs' / 'camera_pendulum.py'}:camera_pendulum"
 
 
 def rollout(
@@ -38,7 +40,7 @@ def records(sink: RecordingSink) -> list[tuple[Any, ...]]:
     for slot in sorted(by_slot):
         trace = by_slot[slot]
         for frame in sink.frames[trace]:
-            observation = {k: np.asarray(v).tolist() for k, v in frame.observation.items()}
+            observation = {k: (np.shape(v), np.asarray(v).tobytes()) for k, v in frame.observation.items()}
             out.append((slot, frame.index, observation, frame.action.tolist(), frame.reward, frame.terminated))
         out.extend((slot, "chunk", i.step, i.chunk.tolist()) for i in sink.inferences[trace])
         out.append((slot, "end", sink.ended[trace]))
@@ -129,3 +131,18 @@ def test_a_sim_killed_with_steps_in_flight_errors_every_running_slot() -> None:
     assert [o.status for o in outcomes] == [EpisodeStatus.ERRORED, EpisodeStatus.ERRORED]
     assert all(o.error is not None and "SimCrashedError" in o.error for o in outcomes)
     assert [len(frames) for frames in sink.frames.values()] == [3, 3], "the steps before the crash are kept"
+
+
+@pytest.mark.timeout(120)
+def test_a_deep_pipeline_of_camera_frames_neither_stalls_nor_reorders() -> None:
+    """16 steps in flight whose replies carry 16 x 96x96x3 frames each (~440 KB): buffers, not deadlock."""
+    seeds = list(range(16))
+    with SimProcess.spawn(CAMERA, num_envs=16) as process, process.connect() as client:
+        outcomes, sink, agent = rollout(client, chunk=20, send_ahead=16, seeds=seeds, max_steps=60)
+        assert client.in_flight == 0
+        waiting, waiting_sink, _ = rollout(client, chunk=20, send_ahead=0, seeds=seeds, max_steps=60)
+    assert agent.last_run.sent_ahead > 0
+    assert agent.last_run.ticks == 60
+    assert all(o.steps == 60 for o in outcomes)
+    assert outcomes == waiting
+    assert records(sink) == records(waiting_sink), "the same frames, camera included, in the same ticks"
