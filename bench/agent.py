@@ -147,6 +147,7 @@ def worker(args: argparse.Namespace) -> None:
     try:
         contract = clients[0].contract
         policy = LeRobotPolicy.from_pretrained(Path(args.policy), contract, device=args.device)
+        policy.lockstep_threads = lockstep_setting(args.lockstep_threads)
         loaded = time.perf_counter()
         model = BatchedModel(policy, max_wait_s=2.0, expected_callers=len(clients))
         agents = [RobotAgent(model, contract, send_ahead=args.send_ahead) for _ in clients]
@@ -211,6 +212,11 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(result))
 
 
+def lockstep_setting(text: str) -> int | str | None:
+    """``--lockstep-threads`` as the policy setting: ``auto``, a count, or ``none``."""
+    return None if text == "none" else text if text == "auto" else int(text)
+
+
 def split(n: int, sims: int) -> list[int]:
     """Split ``n`` slots over ``sims`` children as evenly as possible."""
     sims = max(1, min(sims, n))
@@ -229,6 +235,7 @@ def run_ours(
     traces: bool,
     torch_threads: int = 1,
     send_ahead: int = DEFAULT_SEND_AHEAD,
+    lockstep_threads: str = "auto",
 ) -> dict[str, Any]:
     out = work / f"ours_{n}_{sims}.json"
     command = [
@@ -254,7 +261,7 @@ def run_ours(
     ]
     if traces:
         command += ["--traces", str(work / f"traces_{n}_{sims}")]
-    command += ["--send-ahead", str(send_ahead)]
+    command += ["--send-ahead", str(send_ahead), "--lockstep-threads", lockstep_threads]
     wall, cpu = timed(command, env=os.environ.copy())
     result = json.loads(out.read_text())
     result["wall_s"] = wall
@@ -408,6 +415,11 @@ def main() -> None:
         help="torch threads of ours (default 1, the agent's default while sims share the cores; lerobot-eval "
         "keeps torch's default, 2 here)",
     )
+    parser.add_argument(
+        "--lockstep-threads",
+        default="auto",
+        help="torch threads of ours for a forward every sim waits on: auto (default), a count, or none",
+    )
     parser.add_argument("--stock", action="store_true", help="also run the untouched lerobot-eval (preview videos on)")
     parser.add_argument("--skip-lerobot", action="store_true", help="only run ours")
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
@@ -448,6 +460,7 @@ def main() -> None:
                     traces=traces,
                     torch_threads=threads,
                     send_ahead=args.send_ahead,
+                    lockstep_threads=args.lockstep_threads,
                     **common,
                 )
                 for _ in repeats

@@ -9,6 +9,8 @@ is different: no sim steps while it runs, so it may use the cores the waiting si
 (``lockstep_threads``; ``auto`` takes one per waiting sim plus the agent's own, at most the CPUs
 this process may use). On two cores a random-weight ACT forward of 8 PushT rows takes ~210 ms on
 one thread and ~130 ms on two; changing the thread count around a forward costs nothing measurable.
+When other jobs already fill every core, the extra thread makes those forwards ~15% slower instead
+(``bench/agent.md``); ``lockstep_threads: null`` keeps one thread throughout.
 
 CUDA is used when present unless a device is named.
 """
