@@ -198,27 +198,27 @@ class BatchedModel:
         ``idle_sims`` > 0 says every expected caller is waiting, so that many sims are idle.
         """
         rows = sum(c.batch.size for c in calls)
-        started = time.perf_counter()
-        try:
-            with self._forward_lock:
-                started = time.perf_counter()
+        with self._forward_lock:
+            started = time.perf_counter()
+            try:
                 stacked = PolicyBatch.concat([c.batch for c in calls])
                 with lockstep(self.policy, idle_sims) if idle_sims else contextlib.nullcontext():
                     actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
-            if actions.ndim not in (2, 3) or actions.shape[0] != rows:
-                raise PolicyError(
-                    f"the batched policy returned {list(actions.shape)} for {rows} stacked rows; "
-                    f"expected [{rows}, T, A]"
-                )
-            offset = 0
-            for call in calls:
-                call.result = actions[offset : offset + call.batch.size]
-                offset += call.batch.size
-        except BaseException as exc:
-            for call in calls:
-                call.error = exc
+                if actions.ndim not in (2, 3) or actions.shape[0] != rows:
+                    raise PolicyError(
+                        f"the batched policy returned {list(actions.shape)} for {rows} stacked rows; "
+                        f"expected [{rows}, T, A]"
+                    )
+                offset = 0
+                for call in calls:
+                    call.result = actions[offset : offset + call.batch.size]
+                    offset += call.batch.size
+            except BaseException as exc:
+                for call in calls:
+                    call.error = exc
+            forward_s = time.perf_counter() - started
         with self._cond:
-            self.stats.forward_s += time.perf_counter() - started
+            self.stats.forward_s += forward_s
             self.stats.forwards += 1
             self.stats.lockstep_forwards += int(idle_sims > 0)
             self.stats.calls += len(calls)

@@ -30,7 +30,6 @@ import collections
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
@@ -48,9 +47,9 @@ from hud_pipelines.agent.config import LeRobotPolicyConfig
 from hud_pipelines.agent.policy import Actions, PolicyBatch, PolicyError, as_chunks
 from hud_pipelines.agent.torch_runtime import (
     AUTO,
+    LockstepForwards,
     LockstepThreads,
     configure_threads,
-    lockstep_forward,
     resolve_device,
     to_tensor,
 )
@@ -189,7 +188,7 @@ def _is_visual(feature: object) -> bool:
     return getattr(feature, "type", None) is FeatureType.VISUAL
 
 
-class LeRobotPolicy:
+class LeRobotPolicy(LockstepForwards):
     """A LeRobot ``PreTrainedPolicy`` with its pre/post processors and the contract adapter."""
 
     def __init__(self, policy: Any, preprocessor: Any, postprocessor: Any, adapter: LeRobotAdapter) -> None:
@@ -203,7 +202,6 @@ class LeRobotPolicy:
         self.horizon: int | None = steps if isinstance(steps, int) and steps >= 1 else None
         history = getattr(config, "n_obs_steps", 1)
         self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
-        self.lockstep_threads: LockstepThreads = AUTO
         coeff = getattr(config, "temporal_ensemble_coeff", None)
         self.ensemble_coeff: float | None = float(coeff) if isinstance(coeff, int | float) else None
         if self.ensemble_coeff is not None:
@@ -307,10 +305,6 @@ class LeRobotPolicy:
         """Clear lerobot's own queues (unused here: chunks are queued by the agent, per slot)."""
         self.policy.reset()
         self._ensembles.clear()
-
-    def lockstep(self, idle_sims: int) -> AbstractContextManager[None]:
-        """Run the forward inside on the cores of ``idle_sims`` waiting sims (``lockstep_threads``)."""
-        return lockstep_forward(self.lockstep_threads, idle_sims)
 
     def infer(self, batch: PolicyBatch) -> Actions:
         inputs = self.adapter.inputs(batch.observation, batch.prompts)

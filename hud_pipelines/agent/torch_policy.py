@@ -9,7 +9,6 @@ observation feature to a float32 tensor ``[B, ...]`` on the policy's device (cam
 from __future__ import annotations
 
 import inspect
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,9 +20,9 @@ from hud_pipelines.agent.config import TorchPolicyConfig
 from hud_pipelines.agent.policy import Actions, PolicyBatch, PolicyError, as_chunks
 from hud_pipelines.agent.torch_runtime import (
     AUTO,
+    LockstepForwards,
     LockstepThreads,
     configure_threads,
-    lockstep_forward,
     resolve_device,
     to_tensor,
 )
@@ -31,7 +30,7 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.targets import load_target
 
 
-class TorchModulePolicy:
+class TorchModulePolicy(LockstepForwards):
     """Runs a module in inference mode and returns its actions as numpy chunks."""
 
     def __init__(self, module: torch.nn.Module, contract: Contract, *, device: torch.device, name: str = "") -> None:
@@ -41,7 +40,6 @@ class TorchModulePolicy:
         self.name = name or type(module).__qualname__
         declared = getattr(module, "horizon", None)
         self.horizon: int | None = declared if isinstance(declared, int) and declared >= 1 else None
-        self.lockstep_threads: LockstepThreads = AUTO
 
     @classmethod
     def from_config(
@@ -67,10 +65,6 @@ class TorchModulePolicy:
         policy = cls(module, contract, device=device, name=config.target)
         policy.lockstep_threads = lockstep_threads
         return policy
-
-    def lockstep(self, idle_sims: int) -> AbstractContextManager[None]:
-        """Run the forward inside on the cores of ``idle_sims`` waiting sims (``lockstep_threads``)."""
-        return lockstep_forward(self.lockstep_threads, idle_sims)
 
     def infer(self, batch: PolicyBatch) -> Actions:
         inputs = {k: to_tensor(v, self.device, dtype=torch.float32) for k, v in batch.observation.items()}

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Generator
+from contextlib import AbstractContextManager
 from typing import Literal
 
 import torch
@@ -78,6 +79,16 @@ def lockstep_forward(setting: LockstepThreads, idle_sims: int) -> Generator[None
         yield
     finally:
         torch.set_num_threads(current)
+
+
+class LockstepForwards:
+    """The ``lockstep`` member the torch-backed policies share (see the module docstring)."""
+
+    lockstep_threads: LockstepThreads = AUTO
+
+    def lockstep(self, idle_sims: int) -> AbstractContextManager[None]:
+        """Run the forward inside on the cores of ``idle_sims`` waiting sims (``lockstep_threads``)."""
+        return lockstep_forward(self.lockstep_threads, idle_sims)
 
 
 def resolve_device(spec: str) -> torch.device:
