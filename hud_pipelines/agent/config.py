@@ -16,6 +16,11 @@ DEFAULT_SEND_AHEAD = 8
 behind a fast sim (see ``bench/remote.md``); a local sim needs one."""
 
 
+DEFAULT_FORWARD_TIMEOUT_S = 300.0
+"""Long enough for a first forward that compiles kernels or loads weights lazily on a loaded CPU; a
+forward that never returns still cannot hang a run."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -138,6 +143,12 @@ class AgentConfig(_Model):
         description="steps sent to a served sim before the observation they follow arrives, when their actions "
         "are already queued (open-loop chunks): the sim steps while replies cross the wire; same episodes; "
         "0 waits for every reply",
+    )
+    forward_timeout_s: float = Field(
+        default=DEFAULT_FORWARD_TIMEOUT_S,
+        gt=0,
+        description="deadline of one policy forward: the slots waiting on a later one end as errored (policy "
+        "timeout) and the instance fails; rollout_timeout_s still bounds the whole instance",
     )
     batching: BatchingConfig = Field(
         default=BatchingConfig(), description="how calls from concurrent sims share one forward"
