@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -18,11 +19,17 @@ ObservationFn = Callable[[dict[str, npt.NDArray[Any]]], Any]
 """``fn(observation_batch) -> [B, A] or [B, T, A]``: the simplest scripted controller."""
 
 
+_UNNAMED = 2**32 - 1
+"""Stream prefix of rows that name no episode (never a task index)."""
+
+
 class RandomPolicy:
-    """Uniform actions within the contract's action bounds, from a seeded generator.
+    """Uniform actions within the contract's action bounds, one seeded stream per episode.
 
     Integer actions (discrete spaces) are drawn as integers in ``[low, high]``; a float dimension
-    without bounds is drawn from a standard normal.
+    without bounds is drawn from a standard normal. Each row draws from its own generator, seeded from
+    ``seed`` and the row's :data:`~hud_pipelines.agent.policy.RandomStream`, so an episode's actions
+    do not depend on which other slots or instances shared the forward.
     """
 
     def __init__(self, contract: Contract, *, seed: int = 0, chunk_size: int = 1) -> None:
@@ -35,20 +42,23 @@ class RandomPolicy:
         self.low = np.asarray(feature.low if feature.low is not None else [np.nan] * self.width, dtype=np.float64)
         self.high = np.asarray(feature.high if feature.high is not None else [np.nan] * self.width, dtype=np.float64)
         self.seed = seed
-        self._rng = np.random.default_rng(seed)
-
-    def reset(self) -> None:
-        """Nothing to clear: the generator keeps running so repeated episodes differ."""
+        self._calls = 0
 
     def infer(self, batch: PolicyBatch) -> Actions:
-        shape = (batch.size, self.chunk_size, self.width)
+        if batch.streams is None:  # no episode identity: a stream per call and row, in call order
+            batch = dataclasses.replace(batch, streams=[(_UNNAMED, self._calls, row) for row in range(batch.size)])
+            self._calls += 1
+        return np.stack([self._chunk(rng) for rng in batch.generators(self.seed)])
+
+    def _chunk(self, rng: np.random.Generator) -> Actions:
+        shape = (self.chunk_size, self.width)
         bounded = np.isfinite(self.low) & np.isfinite(self.high)
         if self.integer:
             low = np.where(bounded, self.low, 0).astype(np.int64)
             high = np.where(bounded, self.high, 1).astype(np.int64)
-            return self._rng.integers(low, high + 1, size=shape).astype(np.float32)
-        uniform = self._rng.uniform(np.where(bounded, self.low, 0.0), np.where(bounded, self.high, 1.0), size=shape)
-        normal = self._rng.standard_normal(size=shape)
+            return rng.integers(low, high + 1, size=shape).astype(np.float32)
+        uniform = rng.uniform(np.where(bounded, self.low, 0.0), np.where(bounded, self.high, 1.0), size=shape)
+        normal = rng.standard_normal(size=shape)
         return np.where(bounded, uniform, normal).astype(np.float32)
 
 

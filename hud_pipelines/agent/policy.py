@@ -42,6 +42,16 @@ if TYPE_CHECKING:
 Actions = npt.NDArray[np.float32]
 """``[B, T, A]`` action chunks in contract order."""
 
+RandomStream = tuple[int, ...]
+"""Which random stream a row draws from: ``(task, instance, slot, episode, forward)``, where ``forward``
+counts the policy calls made for that episode so far.
+
+A stochastic policy seeds one generator per row from its own seed and the row's stream
+(:meth:`PolicyBatch.generators`), so what a row draws depends only on which episode it belongs to and
+how far that episode has come: never on which other rows share the forward, how many instances run at
+once or how the threads were timed. That is what makes an eval with a sampling policy bit-identical
+under any ``max_concurrent``, ``send_ahead`` or batch composition."""
+
 
 class PolicyError(HudPipelinesError):
     """A policy cannot be built, or its output does not fit the contract."""
@@ -61,6 +71,8 @@ class PolicyBatch:
     observation: dict[str, npt.NDArray[Any]]
     prompts: list[str]
     episodes: list[str] | None = None
+    streams: list[RandomStream] | None = None
+    """Per row, the identity of the random stream this row's draws come from (see :data:`RandomStream`)."""
 
     def __post_init__(self) -> None:
         for name, array in self.observation.items():
@@ -71,6 +83,8 @@ class PolicyBatch:
                 )
         if self.episodes is not None and len(self.episodes) != len(self.prompts):
             raise PolicyError(f"{len(self.episodes)} episode ids for {len(self.prompts)} rows")
+        if self.streams is not None and len(self.streams) != len(self.prompts):
+            raise PolicyError(f"{len(self.streams)} random streams for {len(self.prompts)} rows")
 
     @property
     def size(self) -> int:
@@ -84,6 +98,7 @@ class PolicyBatch:
             observation={k: v[picked] for k, v in self.observation.items()},
             prompts=[self.prompts[i] for i in rows],
             episodes=None if self.episodes is None else [self.episodes[i] for i in rows],
+            streams=None if self.streams is None else [self.streams[i] for i in rows],
         )
 
     @staticmethod
@@ -98,11 +113,22 @@ class PolicyBatch:
                     f"cannot stack batches with different features: {sorted(keys)} vs {sorted(other.observation)}"
                 )
         episodes = [b.episodes for b in batches]
+        streams = [b.streams for b in batches]
         return PolicyBatch(
             observation={k: np.concatenate([b.observation[k] for b in batches]) for k in keys},
             prompts=[p for b in batches for p in b.prompts],
             episodes=None if any(e is None for e in episodes) else [i for e in episodes for i in e or []],
+            streams=None if any(r is None for r in streams) else [i for r in streams for i in r or []],
         )
+
+    def generators(self, seed: int) -> list[np.random.Generator]:
+        """One numpy generator per row, from ``seed`` and the row's stream (see :data:`RandomStream`).
+
+        A batch without streams (a caller that names no episodes) gets generators from ``seed`` and
+        the row index: reproducible for the same calls in the same order.
+        """
+        streams = self.streams or [(row,) for row in range(self.size)]
+        return [np.random.default_rng([seed, *stream]) for stream in streams]
 
 
 @runtime_checkable

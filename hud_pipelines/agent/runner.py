@@ -250,6 +250,8 @@ class _Run:
         run = next(_RUN_NUMBERS)
         self.episode_ids = [f"{key.trace_id}/{run}" for key in keys]
         """What the policy sees of each row's episode: unique even when a job's trace ids repeat."""
+        self.forwards = np.zeros(len(keys), dtype=np.int64)
+        """Policy calls made for each slot's episode so far (the last part of its random stream)."""
         self.history: dict[str, npt.NDArray[Any]] = {}
         self.unreported: list[int] = []
         """Slots that ended and whose outcome the sinks have not heard yet."""
@@ -393,6 +395,7 @@ class _Run:
             observation=self._policy_rows(observation, need),
             prompts=[self.prompts[s] for s in need],
             episodes=[self.episode_ids[s] for s in need],
+            streams=[self._stream(int(s)) for s in need],
         )
         started = time.perf_counter()
         try:
@@ -420,6 +423,13 @@ class _Run:
             record = Inference(step=int(self.slots.steps[slot]), chunk=chunk, latency_s=latency, batch_size=rows)
             for sink in self.sinks:
                 sink.inference(self.keys[slot], record)
+
+    def _stream(self, slot: int) -> tuple[int, ...]:
+        """The random stream of ``slot``'s next forward: its episode's key and how many forwards it had."""
+        key = self.keys[slot]
+        forward = int(self.forwards[slot])
+        self.forwards[slot] += 1
+        return (key.task, key.instance, key.slot, key.episode, forward)
 
     def _policy_rows(self, observation: Observation, need: npt.NDArray[np.intp]) -> dict[str, npt.NDArray[Any]]:
         source = self.history or observation.observation
