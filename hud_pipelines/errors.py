@@ -8,6 +8,8 @@ as *errored*, never as failed.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 
 class HudPipelinesError(Exception):
     """Base class of every error raised on purpose by hud-pipelines."""
@@ -86,3 +88,89 @@ class RemoteError(SimError):
         self.phase = phase
         self.slot = slot
         self.remote_traceback = remote_traceback
+
+
+class PolicyTimeoutError(HudPipelinesError):
+    """A policy forward did not return within ``agent.forward_timeout_s``."""
+
+    def __init__(self, message: str, *, deadline_s: float) -> None:
+        super().__init__(message)
+        self.deadline_s = deadline_s
+
+
+class RolloutTimeoutError(HudPipelinesError):
+    """An instance ran past ``rollout_timeout_s`` (its sim is stopped, a forward it waits on abandoned)."""
+
+    def __init__(self, message: str, *, deadline_s: float) -> None:
+        super().__init__(message)
+        self.deadline_s = deadline_s
+
+
+class Fault(StrEnum):
+    """Why an episode errored, set where the exception is caught (never read back from a message).
+
+    The first group ends one slot and its siblings go on; the second ends the whole instance (every
+    slot still running errors, and the instance is reported as failed).
+    """
+
+    ENV = "env"
+    """The slot's own env raised during reset or step."""
+    NONFINITE = "nonfinite"
+    """The slot's observation or reward held NaN or infinity."""
+    POLICY = "policy"
+    """The policy raised, or returned an action that cannot be sent (not finite, wrong shape)."""
+    ACTION = "action"
+    """The sim refused the slot's action (shape, dtype, bounds)."""
+    GRADER = "grader"
+    """A callable grader raised or returned something that is not a grade."""
+    POLICY_TIMEOUT = "policy_timeout"
+    """A policy forward ran past ``agent.forward_timeout_s``."""
+    ROLLOUT_TIMEOUT = "rollout_timeout"
+    """The instance ran past ``rollout_timeout_s``; its sim was stopped."""
+    SIM_START = "sim_start"
+    """The sim did not start (its own error line is the reason)."""
+    SIM_CRASHED = "sim_crashed"
+    """The sim process died or its connection dropped."""
+    SIM_HUNG = "sim_hung"
+    """The sim missed a step or reset deadline (``step_timeout_s``)."""
+    SIM_LINK = "sim_link"
+    """The sim broke the protocol or answered the whole batch with an error."""
+    CONTRACT = "contract"
+    """The sim's observations or actions do not fit the pipeline's contract."""
+    INTERRUPTED = "interrupted"
+    """The run was cancelled (SIGINT, SIGTERM, a Dagster termination) before the episode ended."""
+    NOT_RUN = "not_run"
+    """The instance has no result of the configuration being graded (never ran, or ran under another)."""
+
+    @property
+    def ends_instance(self) -> bool:
+        """Whether this fault stops every slot of the instance (rather than one slot)."""
+        return self not in _SLOT_FAULTS
+
+
+_SLOT_FAULTS = frozenset({Fault.ENV, Fault.NONFINITE, Fault.POLICY, Fault.ACTION, Fault.GRADER})
+
+
+def fault_of(exc: BaseException) -> Fault:
+    """The fault an exception stands for, by its type (the one place where types map to faults)."""
+    match exc:
+        case PolicyTimeoutError():
+            return Fault.POLICY_TIMEOUT
+        case RolloutTimeoutError():
+            return Fault.ROLLOUT_TIMEOUT
+        case SimStartError():
+            return Fault.SIM_START
+        case SimCrashedError():
+            return Fault.SIM_CRASHED
+        case SimTimeoutError():
+            return Fault.SIM_HUNG
+        case ContractError():
+            return Fault.CONTRACT
+        case ActionError():
+            return Fault.ACTION
+        case SimError() | WireError():
+            return Fault.SIM_LINK
+        case KeyboardInterrupt() | SystemExit():
+            return Fault.INTERRUPTED
+        case _:
+            return Fault.ENV

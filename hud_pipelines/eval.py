@@ -6,12 +6,17 @@ slot. Instances run on worker threads, at most ``max_concurrent`` at once, and s
 through :class:`~hud_pipelines.agent.batching.BatchedModel`, so k concurrent sims cost one forward
 per lockstep tick rather than k.
 
-Faults stay where they happen:
+Faults stay where they happen, each with its :class:`~hud_pipelines.errors.Fault` kind:
 
-- a slot whose env raised ends errored; its instance goes on;
-- an instance whose sim could not start, died, hung past ``step_timeout_s`` or ran past
-  ``rollout_timeout_s`` (its sim is killed) *fails*: its running slots end errored, its result says
-  why, and the other instances finish and keep their results.
+- a slot whose env raised, whose observation or reward was not finite, or whose action the policy
+  could not give ends errored; its instance goes on;
+- an instance whose sim could not start, died, hung past ``step_timeout_s``, whose policy forward
+  ran past ``agent.forward_timeout_s``, or that ran past ``rollout_timeout_s`` (its sim is killed and
+  the forward it waits on abandoned) *fails*: its running slots end errored with that reason, its
+  result says why, and the other instances finish and keep their results.
+
+Episodes are graded as they end, before any sink hears of them, so traces, the dataset and the
+grades carry one verdict per episode.
 
 Nothing here knows Dagster; the Dagster assets and the plain Python API call :class:`EvalRunner`.
 """
@@ -19,6 +24,7 @@ Nothing here knows Dagster; the Dagster assets and the plain Python API call :cl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -30,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import HudPipelinesError, SimError
+from hud_pipelines.errors import Fault, HudPipelinesError, SimError, fault_of
 from hud_pipelines.graders import Grader, build_graders
 from hud_pipelines.grading import GradeRow
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
@@ -39,6 +45,8 @@ from hud_pipelines.simpool import LiveSim, SimPool, SimSettings
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 log = logging.getLogger(__name__)
+METRICS = "metrics"
+"""Key in :attr:`EpisodeOutcome.extra` of the grader metrics after the first."""
 
 SinkFactory = Callable[[Partition, Contract], Sequence[EpisodeSink]]
 """Builds the sinks of one instance (traces, a dataset shard); the runner closes them."""
@@ -59,6 +67,10 @@ class InstanceResult:
     error: str | None = None
     rollout_hash: str = ""
     """The pipeline's :attr:`~PipelineSpec.rollout_hash` when the instance ran."""
+    fault: Fault | None = None
+    """Why the instance failed (``None`` when it ran to the end, whatever its episodes scored)."""
+    run_id: str = ""
+    """The run that produced this result."""
 
     @property
     def failed(self) -> bool:
@@ -78,6 +90,8 @@ class InstanceResult:
             "env_steps": self.env_steps,
             "error": self.error,
             "rollout_hash": self.rollout_hash,
+            "fault": None if self.fault is None else self.fault.value,
+            "run_id": self.run_id,
         }
 
     @classmethod
@@ -92,6 +106,8 @@ class InstanceResult:
             env_steps=data["env_steps"],
             error=data["error"],
             rollout_hash=data.get("rollout_hash", ""),
+            fault=Fault(data["fault"]) if data.get("fault") else None,
+            run_id=data.get("run_id", ""),
         )
 
     def write(self, path: Path) -> None:
@@ -133,7 +149,9 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
     )
 
 
-def unreached_rows(spec: PipelineSpec, partition: Partition, reason: str) -> list[GradeRow]:
+def unreached_rows(
+    spec: PipelineSpec, partition: Partition, reason: str, fault: Fault, *, run_id: str = ""
+) -> list[GradeRow]:
     """Errored rows for every slot of an instance that produced no result of its own."""
     task = spec.tasks[partition.task_index]
     key = spec.partition_key(*partition)
@@ -152,6 +170,8 @@ def unreached_rows(spec: PipelineSpec, partition: Partition, reason: str) -> lis
             total_reward=0.0,
             steps=0,
             error=reason,
+            fault=fault,
+            run_id=run_id,
         )
         for slot, seed in enumerate(spec.seeds_for(*partition))
     ]
@@ -164,6 +184,7 @@ class EvalRunner:
     spec: PipelineSpec
     pool: SimPool
     job: str
+    run_id: str = ""
     sinks: SinkFactory | None = None
     on_result: ResultCallback | None = None
     _graders: list[Grader] = field(init=False)
@@ -186,7 +207,10 @@ class EvalRunner:
 
         if not partitions:
             return []
-        contract = self.contract()
+        try:
+            contract = self.contract()
+        except HudPipelinesError as exc:  # no sim: every instance errors with the sim's own reason
+            return [self._unstarted(partition, exc) for partition in partitions]
         agent = self.spec.resolved_agent()
         policy = build_policy(
             agent.policy,
@@ -196,11 +220,8 @@ class EvalRunner:
             lockstep_threads=agent.lockstep_threads,
         )
         workers = min(self.spec.max_concurrent, len(partitions))
-        model = BatchedModel(
-            policy,
-            max_wait_s=agent.batching.max_wait_ms / 1000,
-            batch_size=agent.batching.batch_size,
-            expected_callers=workers,
+        model = BatchedModel.from_config(
+            policy, agent.batching, expected_callers=workers, forward_timeout_s=agent.forward_timeout_s
         )
         remaining = [len(partitions)]
         lock = threading.Lock()
@@ -223,9 +244,10 @@ class EvalRunner:
                     results[futures[future]] = result
                     if self.on_result is not None:
                         self.on_result(result)
-            except BaseException:  # cancellation: kill the sims so the workers return at once
+            except BaseException:  # cancellation: kill the sims and wake the policy's callers so workers return
                 for future in futures:
                     future.cancel()
+                model.abort("the run was interrupted")
                 self.pool.close(grace_s=0)
                 raise
         return [results[p] for p in partitions]
@@ -242,10 +264,14 @@ class EvalRunner:
         sinks = list(self.sinks(partition, contract)) if self.sinks is not None else []
         outcomes: list[EpisodeOutcome] | None = None
         keys: list[EpisodeKey] = []
-        error: str | None = None
+        failure: tuple[str, Fault] | None = None
         env_steps = 0
         try:
-            with self.pool.sim() as live, _deadline(live, spec.rollout_timeout_s) as expired:
+            with (
+                self.pool.sim() as live,
+                _deadline(live, spec.rollout_timeout_s) as expired,
+                model.caller_deadline(spec.rollout_timeout_s),
+            ):
                 agent = RobotAgent(model, contract, horizon=spec.agent.horizon, send_ahead=spec.agent.send_ahead)
                 tasks = spec.slot_tasks(*partition)
                 keys = [
@@ -253,6 +279,14 @@ class EvalRunner:
                     for s, t in enumerate(tasks)
                 ]
                 prompts = [task.prompt] * len(tasks) if task.prompt is not None else None
+
+                def stop_cause() -> tuple[str, Fault] | None:
+                    if not expired.is_set():
+                        return None
+                    return f"rollout_timeout_s={spec.rollout_timeout_s:g} exceeded: the instance's sim was stopped", (
+                        Fault.ROLLOUT_TIMEOUT
+                    )
+
                 outcomes = agent.run(
                     live.client,
                     tasks,
@@ -260,43 +294,89 @@ class EvalRunner:
                     key=lambda slot, seed: keys[slot],
                     sinks=sinks,
                     prompts=prompts,
+                    grade=self._grade,
+                    stop_cause=stop_cause,
                 )
                 env_steps = agent.last_run.env_steps
-                if expired.is_set():
-                    error = f"rollout_timeout_s={spec.rollout_timeout_s:g} exceeded: the instance's sim was stopped"
-                elif not live.process.alive() or _sim_fault(outcomes):
-                    error = _sim_fault(outcomes) or "the sim process died"
-                if error is not None:
-                    live.healthy = False
+                failure = stop_cause() or _instance_failure(outcomes)
+                if failure is None and not live.process.alive():
+                    failure = ("the sim process died", Fault.SIM_CRASHED)
+                if failure is not None and failure[1] is not Fault.POLICY_TIMEOUT:
+                    live.healthy = False  # a late forward leaves the sim sound; any other fault does not
         except (SimError, HudPipelinesError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            failure = (_first_line(exc), fault_of(exc))
         finally:
             for sink in sinks:
                 with contextlib.suppress(Exception):
                     sink.close()
         wall = time.monotonic() - started
         if outcomes is None:
-            rows = unreached_rows(spec, partition, error or "the instance did not run")
+            reason, fault = failure or ("the instance did not run", Fault.NOT_RUN)
+            rows = unreached_rows(spec, partition, reason, fault, run_id=self.run_id)
         else:
             rows = [self._row(partition, slot, keys[slot], outcome) for slot, outcome in enumerate(outcomes)]
-        if error is not None:
-            log.error("instance %s of %s failed: %s", key, spec.name, error)
+        if failure is not None:
+            log.error("instance %s of %s failed (%s): %s", key, spec.name, failure[1].value, failure[0])
         return InstanceResult(
-            spec.name, key, partition.task_index, partition.instance, rows, wall, env_steps, error, spec.rollout_hash
+            spec.name,
+            key,
+            partition.task_index,
+            partition.instance,
+            rows,
+            wall,
+            env_steps,
+            None if failure is None else failure[0],
+            spec.rollout_hash,
+            fault=None if failure is None else failure[1],
+            run_id=self.run_id,
         )
 
-    def _row(self, partition: Partition, slot: int, key: EpisodeKey, outcome: EpisodeOutcome) -> GradeRow:
+    def _unstarted(self, partition: Partition, exc: HudPipelinesError) -> InstanceResult:
+        """The result of an instance whose sim could not be had (reported like any other result)."""
         spec = self.spec
+        reason, fault = _first_line(exc), fault_of(exc)
+        key = spec.partition_key(*partition)
+        rows = unreached_rows(spec, partition, reason, fault, run_id=self.run_id)
+        result = InstanceResult(
+            spec.name,
+            key,
+            partition.task_index,
+            partition.instance,
+            rows,
+            0.0,
+            0,
+            reason,
+            spec.rollout_hash,
+            fault=fault,
+            run_id=self.run_id,
+        )
+        log.error("instance %s of %s failed (%s): %s", key, spec.name, fault.value, reason)
+        if self.on_result is not None:
+            self.on_result(result)
+        return result
+
+    def _grade(self, key: EpisodeKey, outcome: EpisodeOutcome) -> EpisodeOutcome:
+        """The pipeline's verdict on an answered episode: the first grader decides, the others add metrics."""
         primary, *others = self._graders
         score, success = primary.grade(outcome, key)
-        status = outcome.status
-        if status is not EpisodeStatus.ERRORED:
-            status = EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED
         metrics: dict[str, float | bool] = {}
         for grader in others:
             extra_score, extra_success = grader.grade(outcome, key)
             metrics[f"{grader.name}_score"] = extra_score
             metrics[f"{grader.name}_success"] = extra_success
+        return dataclasses.replace(
+            outcome,
+            status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
+            score=score,
+            success=success,
+            extra={**outcome.extra, METRICS: metrics},
+        )
+
+    def _row(self, partition: Partition, slot: int, key: EpisodeKey, outcome: EpisodeOutcome) -> GradeRow:
+        """The grade row of a slot whose outcome :meth:`_grade` (or the fault that ended it) decided."""
+        spec = self.spec
+        errored = outcome.status is EpisodeStatus.ERRORED
+        metrics: dict[str, float | bool] = outcome.extra.get(METRICS, {})
         return GradeRow(
             pipeline=spec.name,
             task=spec.tasks[partition.task_index].name,
@@ -305,14 +385,16 @@ class EvalRunner:
             group_id=spec.partition_key(*partition),
             slot=slot,
             seed=key.seed,
-            status=status,
-            score=score if status is not EpisodeStatus.ERRORED else 0.0,
-            success=success and status is EpisodeStatus.SUCCEEDED,
+            status=outcome.status,
+            score=0.0 if errored else outcome.score,
+            success=outcome.success and not errored,
             total_reward=outcome.total_reward,
             steps=outcome.steps,
             error=outcome.error,
             trace_id=key.trace_id,
-            metrics=metrics,
+            metrics=dict(metrics),
+            fault=outcome.fault if errored else None,
+            run_id=self.run_id,
         )
 
 
@@ -335,12 +417,15 @@ def _deadline(live: LiveSim, seconds: float) -> Generator[threading.Event]:
         timer.cancel()
 
 
-_SIM_FAULTS = ("SimCrashedError", "SimTimeoutError", "SimError", "RemoteError", "WireError")
-
-
-def _sim_fault(outcomes: Sequence[EpisodeOutcome]) -> str | None:
-    """The reason of an errored slot that the sim link (not the slot's own env) caused, if any."""
+def _instance_failure(outcomes: Sequence[EpisodeOutcome]) -> tuple[str, Fault] | None:
+    """The reason and fault of an errored slot whose fault ended the whole instance, if any."""
     for outcome in outcomes:
-        if outcome.status is EpisodeStatus.ERRORED and outcome.error and outcome.error.startswith(_SIM_FAULTS):
-            return outcome.error
+        if outcome.fault is not None and outcome.fault.ends_instance:
+            return outcome.error or outcome.fault.value, outcome.fault
     return None
+
+
+def _first_line(exc: BaseException) -> str:
+    """The headline of an error (a start-up failure's message is followed by the child's stderr)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

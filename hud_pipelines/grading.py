@@ -14,7 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hud_pipelines.errors import Fault
 from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.spec.models import CheckSpec, MaxErrorRateCheck, MinMeanScoreCheck, MinSuccessRateCheck
 
 Z_95 = 1.959963984540054
 
@@ -39,15 +41,25 @@ class GradeRow:
     trace_id: str | None = None
     metrics: dict[str, float | bool] = field(default_factory=dict[str, float | bool])
     """Columns added by the graders after the first (``<name>_score``, ``<name>_success``)."""
+    fault: Fault | None = None
+    """Why an errored row errored; ``None`` for rows that produced an answer."""
+    run_id: str = ""
+    """The run that produced this row (a grade table may hold rows of earlier runs of other instances)."""
 
     def as_dict(self) -> dict[str, Any]:
         row = asdict(self)
         row["status"] = self.status.value
+        row["fault"] = None if self.fault is None else self.fault.value
         return row
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> GradeRow:
-        fields: dict[str, Any] = {**row, "status": EpisodeStatus(row["status"])}
+        fault = row.get("fault")
+        fields: dict[str, Any] = {
+            **row,
+            "status": EpisodeStatus(row["status"]),
+            "fault": Fault(fault) if fault else None,
+        }
         return cls(**fields)
 
 
@@ -127,3 +139,86 @@ def summarize_by_task(rows: Sequence[GradeRow]) -> dict[str, Summary]:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+# -- checks --------------------------------------------------------------------------------------------
+
+INSTANCES_CHECK = "instances_completed"
+"""The built-in blocking check of every eval: no instance failed (sim, policy deadline, interruption)."""
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    """The result of one check on a grade table: what it looked at and whether it passed."""
+
+    name: str
+    passed: bool
+    blocking: bool
+    description: str
+    observed: float | None = None
+    threshold: float | None = None
+    failed_instances: tuple[str, ...] = ()
+    """Partition keys of the instances that failed (for ``instances_completed``)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "failed_instances": list(self.failed_instances)}
+
+
+def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
+    """``instances_completed``: passes when no row errored with a fault that ended its instance.
+
+    Instances that have not run yet (``not_run``) do not fail it: a run of a few partitions is
+    complete when those ran; the grades still show the others as errored.
+    """
+    failed: dict[str, tuple[str, str]] = {}
+    not_run = 0
+    for row in rows:
+        if row.fault is Fault.NOT_RUN:
+            not_run += 1
+        elif row.fault is not None and row.fault.ends_instance:
+            failed.setdefault(row.group_id, (row.fault.value, row.error or ""))
+    if failed:
+        listed = "; ".join(f"{key}: {fault} ({reason})" for key, (fault, reason) in sorted(failed.items()))
+        description = f"{len(failed)} instance(s) failed: {listed}"
+    else:
+        description = "every instance ran to its end"
+    if not_run:
+        description += f"; {not_run} episode(s) of instances that have not run"
+    return CheckVerdict(
+        name=INSTANCES_CHECK,
+        passed=not failed,
+        blocking=True,
+        description=description,
+        observed=float(len(failed)),
+        threshold=0.0,
+        failed_instances=tuple(sorted(failed)),
+    )
+
+
+def check_verdict(check: CheckSpec, summary: Summary) -> CheckVerdict:
+    """Whether a pipeline's check passes on ``summary`` (no graded episode fails a rate check)."""
+    observed: float | None
+    match check:
+        case MinSuccessRateCheck():
+            observed = summary.success_rate
+            passed = observed is not None and observed >= check.value
+        case MaxErrorRateCheck():
+            observed = summary.error_rate
+            passed = observed <= check.value
+        case MinMeanScoreCheck():
+            observed = summary.mean_score
+            passed = observed is not None and observed >= check.value
+    return CheckVerdict(
+        name=check.name,
+        passed=passed,
+        blocking=check.blocking,
+        description=f"{check.kind}: observed {observed}, threshold {check.value}",
+        observed=observed,
+        threshold=check.value,
+    )
+
+
+def verdicts(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]) -> list[CheckVerdict]:
+    """Every check of a pipeline on its grade table: the built-in one first, then the YAML's."""
+    summary = summarize(rows)
+    return [instances_verdict(rows), *(check_verdict(check, summary) for check in checks)]

@@ -53,6 +53,15 @@ class EvalOutputs:
         return self.base / "grades.csv"
 
     @property
+    def checks_json(self) -> Path:
+        return self.base / "checks.json"
+
+    @property
+    def dataset(self) -> Path:
+        """Where the published LeRobot dataset goes unless ``dataset.root`` says otherwise."""
+        return self.root / "datasets" / self.pipeline
+
+    @property
     def report_md(self) -> Path:
         return self.base / "report.md"
 

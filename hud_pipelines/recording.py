@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from hud_pipelines.errors import Fault
+
 
 class EpisodeStatus(StrEnum):
     """How an episode ended; ``errored`` is never counted as a failure."""
@@ -87,6 +89,8 @@ class EpisodeOutcome:
     terminated: bool = False
     truncated: bool = False
     error: str | None = None
+    fault: Fault | None = None
+    """Why an errored episode errored (``None`` for episodes that produced an answer)."""
     extra: dict[str, Any] = field(default_factory=dict[str, Any])
 
 

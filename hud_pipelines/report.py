@@ -10,7 +10,7 @@ import base64
 import io
 from collections.abc import Sequence
 
-from hud_pipelines.grading import GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
 from hud_pipelines.recording import EpisodeStatus
 
 STATUS_COLOURS = {
@@ -32,12 +32,24 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def render_markdown(pipeline: str, rows: Sequence[GradeRow], plot_png: bytes | None = None) -> str:
-    """The report as markdown; ``plot_png`` is embedded inline when given."""
+def render_markdown(
+    pipeline: str,
+    rows: Sequence[GradeRow],
+    plot_png: bytes | None = None,
+    *,
+    checks: Sequence[CheckVerdict] = (),
+    run_id: str | None = None,
+) -> str:
+    """The report as markdown; ``plot_png`` is embedded inline when given.
+
+    ``checks`` are listed with their verdicts; with ``run_id`` (the run writing the report) the rows
+    that earlier runs produced are counted apart, so nobody reads them as this run's.
+    """
     total = summarize(rows)
     lines = [
         f"# {pipeline}",
         "",
+        *_provenance(rows, run_id),
         f"**Success rate:** {_rate(total)}",
         "",
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
@@ -53,16 +65,40 @@ def render_markdown(pipeline: str, rows: Sequence[GradeRow], plot_png: bytes | N
             f"| {task} | {summary.scheduled} | {summary.succeeded} | {summary.failed} | {summary.errored} | "
             f"{_rate(summary)} | {_number(summary.mean_return)} |"
         )
+    if checks:
+        lines += ["", "## Checks", "", "| check | verdict | blocking | details |", "|---|---|---|---|"]
+        for verdict in checks:
+            passed = "passed" if verdict.passed else "**FAILED**"
+            details = verdict.description.replace("|", "\\|")
+            lines.append(f"| {verdict.name} | {passed} | {'yes' if verdict.blocking else 'no'} | {details} |")
     errors = [r for r in rows if r.status is EpisodeStatus.ERRORED]
     if errors:
         lines += ["", "## Errored episodes", ""]
-        lines += [f"- {r.task} instance {r.instance} slot {r.slot}: {r.error or 'unknown error'}" for r in errors[:20]]
+        lines += [
+            f"- {r.task} instance {r.instance} slot {r.slot}"
+            f"{f' ({r.fault.value})' if r.fault is not None else ''}: {r.error or 'unknown error'}"
+            for r in errors[:20]
+        ]
         if len(errors) > 20:
             lines.append(f"- ... and {len(errors) - 20} more (see the grades table)")
     if plot_png is not None:
         encoded = base64.b64encode(plot_png).decode()
         lines += ["", f"![per-slot outcomes](data:image/png;base64,{encoded})"]
     return "\n".join(lines) + "\n"
+
+
+def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:
+    """Which runs the rows come from: this run's count first, then each earlier run's."""
+    runs: dict[str, int] = {}
+    for row in rows:
+        runs[row.run_id or "unknown"] = runs.get(row.run_id or "unknown", 0) + 1
+    if run_id is None:
+        return [f"Rows from run(s): {', '.join(f'{r} ({n})' for r, n in runs.items())}.", ""]
+    mine = runs.pop(run_id, 0)
+    line = f"Run `{run_id}` produced {mine} of the {len(rows)} rows"
+    if runs:
+        line += "; the others come from earlier runs: " + ", ".join(f"`{r}` ({n})" for r, n in runs.items())
+    return [line + ".", ""]
 
 
 def render_plot(pipeline: str, rows: Sequence[GradeRow]) -> bytes:

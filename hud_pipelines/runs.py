@@ -3,8 +3,11 @@
 ``run`` executes a pipeline's Dagster job on the *local* Dagster instance (``$DAGSTER_HOME``, or
 ``.dagster_home/`` in the project, created with telemetry off), so every CLI run shows up in
 ``dagster dev`` with its history. It draws a progress bar over the pipeline's instances and ends
-with a per-slot table and the success rate with its interval and denominators. The exit code is 0
-when the run succeeded (every instance ran and every blocking check passed), 1 otherwise.
+with a per-slot table and the success rate with its interval and denominators, telling this run's
+rows from those that earlier runs of other instances left. The exit code is 0 when the run
+succeeded (every instance ran and every blocking check passed), 1 otherwise, and 130 / 143 when
+SIGINT / SIGTERM interrupted it: then the grades, checks and report are still written, and the
+summary says the run was interrupted and how far it got.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
+import uuid
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,7 +96,7 @@ def run_pipeline(
     from hud_pipelines.dagster.definitions import definitions_for_file
     from hud_pipelines.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.spec.loader import load_pipeline
-    from hud_pipelines.steps import collect_rows
+    from hud_pipelines.steps import checks_step, collect_rows, grades_step, report_step
 
     spec = load_pipeline(path)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
@@ -114,15 +119,98 @@ def run_pipeline(
     # Dagster's console logger would print every failure with a stack trace; the summary below says
     # what failed in a line each, and the full event log stays in the instance (`dagster dev`).
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-    with (
-        dg.DagsterInstance.get() as instance,
-        _progress(console, spec.name, len(ordered), quiet) as on_result,
-        progress.listening(on_result),
-    ):
-        result = job.execute_in_process(instance=instance, tags=tags, run_config=run_config, raise_on_error=False)
+    run_id = str(uuid.uuid4())
+    finished: list[str] = []
+    result: ExecuteInProcessResult | None = None
+    with _interrupts() as received:
+        try:
+            with (
+                dg.DagsterInstance.get() as instance,
+                _progress(console, spec.name, len(ordered), quiet) as on_result,
+                progress.listening(_counting(finished, on_result)),
+            ):
+                result = job.execute_in_process(
+                    instance=instance, tags=tags, run_config=run_config, raise_on_error=False, run_id=run_id
+                )
+        except KeyboardInterrupt:
+            pass  # which signal it was is read when the block ends
+    problems = _problems(result) if result is not None else []
+    if result is not None and _was_interrupted(result):
+        received.setdefault("signal", signal.SIGINT)
+    interrupted = received.get("signal")
+    if interrupted is not None:  # the job stopped before its grades, checks and report: write them now
+        grades_step(spec, outputs)
+        checks_step(spec, outputs)
+        report_step(spec, outputs, run_id=run_id)
+        problems.insert(
+            0,
+            f"run interrupted by {interrupted.name} after {len(finished)} of {len(ordered)} instance(s); "
+            "the instances it did not finish keep their earlier results, if any",
+        )
     rows = collect_rows(spec, outputs)
-    _print_summary(spec.name, rows, result.success, result.run_id, outputs.base, _problems(result))
-    return 0 if result.success else 1
+    succeeded = result is not None and result.success and interrupted is None
+    _print_summary(spec.name, rows, succeeded, run_id, outputs.base, problems)
+    if interrupted is not None:
+        return 128 + int(interrupted)
+    return 0 if succeeded else 1
+
+
+def _counting(finished: list[str], then: Callable[[InstanceResult], None]) -> Callable[[InstanceResult], None]:
+    """A progress listener that also notes each finished instance's key."""
+
+    def listener(result: InstanceResult) -> None:
+        finished.append(result.key)
+        then(result)
+
+    return listener
+
+
+@contextlib.contextmanager
+def _interrupts() -> Generator[dict[str, signal.Signals]]:
+    """Note SIGINT / SIGTERM for the exit code; SIGTERM stops the run the way SIGINT does.
+
+    Dagster cancels a step on SIGINT and, whenever it swaps its own SIGINT handler in, maps SIGTERM
+    to that handler too, so no Python handler of ours sees every signal. The interpreter's wakeup
+    file descriptor does: every signal that arrives writes its number there, whoever handles it.
+    """
+    received: dict[str, signal.Signals] = {}
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    os.set_blocking(read_end, False)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm), signal.signal(signal.SIGINT, on_sigint)
+    previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    try:
+        yield received
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+        arrived = b""
+        with contextlib.suppress(BlockingIOError):
+            arrived = os.read(read_end, 1024)
+        os.close(read_end)
+        os.close(write_end)
+        for candidate in (signal.SIGTERM, signal.SIGINT):  # SIGTERM first: it is re-raised as SIGINT
+            if candidate in arrived:
+                received["signal"] = candidate
+                break
+
+
+def _was_interrupted(result: ExecuteInProcessResult) -> bool:
+    """Whether a step of the run stopped on an interrupt (Dagster reports it as a step failure)."""
+    for event in result.all_events:
+        if event.event_type_value == "STEP_FAILURE":
+            error = event.step_failure_data.error
+            if error is not None and error.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
+                return True
+    return result.dagster_run.status.value == "CANCELED"
 
 
 def _problems(result: ExecuteInProcessResult) -> list[str]:
@@ -172,39 +260,48 @@ def _print_summary(
 ) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title=f"{name}: per-slot grades")
-    for column in ("task", "instance", "slot", "seed", "status", "score", "return", "steps", "error"):
+    for column in ("task", "instance", "slot", "seed", "status", "score", "return", "steps", "run", "error"):
         table.add_column(
             column, justify="right" if column in ("instance", "slot", "seed", "score", "return", "steps") else "left"
         )
     for row in rows:
         style = STATUS_STYLE[row.status]
         table.add_row(
-            row.task,
+            Text(row.task),
             str(row.instance),
             str(row.slot),
             str(row.seed),
-            f"[{style}]{row.status.value}[/{style}]",
+            Text(row.status.value, style=style),
             f"{row.score:.3g}",
             f"{row.total_reward:.3g}",
             str(row.steps),
-            (row.error or "")[:60],
+            Text("this" if row.run_id == run_id else (row.run_id[:8] or "-")),
+            Text((row.error or "")[:60]),  # plain text: brackets in a reason are not markup
         )
     console.print(table)
+    mine = [row for row in rows if row.run_id == run_id]
+    console.print(Text(f"this run: {_figures(mine)}" if mine else "this run produced no graded rows"))
+    if len(mine) != len(rows):
+        console.print(Text(f"all {len(rows)} rows, with {len(rows) - len(mine)} from earlier runs: {_figures(rows)}"))
+    for problem in problems:
+        console.print(Text(problem, style="red"))
+    verdict = "[green]run succeeded[/green]" if succeeded else "[red]run FAILED[/red]"
+    console.print(f"{verdict} (run {run_id}); outputs in {base}")
+
+
+def _figures(rows: list[GradeRow]) -> str:
     summary = summarize(rows)
     rate = summary.success_rate
     low, high = summary.success_interval
     rate_text = "n/a" if rate is None else f"{rate:.1%} (95% CI {low:.1%}-{high:.1%})"
-    console.print(
+    return (
         f"success rate {rate_text}; scheduled {summary.scheduled} = succeeded {summary.succeeded} + failed "
         f"{summary.failed} + errored {summary.errored}"
     )
-    for problem in problems:
-        console.print(f"[red]{problem}[/red]", markup=True, highlight=False)
-    verdict = "[green]run succeeded[/green]" if succeeded else "[red]run FAILED[/red]"
-    console.print(f"{verdict} (run {run_id}); outputs in {base}")
 
 
 def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Path | None = None) -> int:

@@ -8,6 +8,7 @@ measures what Dagster adds. Everything a step produces is a file under ``outputs
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -18,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hud_pipelines.contract import Contract
+from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import EvalRunner, InstanceResult, sim_settings, unreached_rows
-from hud_pipelines.grading import GradeRow, Summary, summarize
+from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, verdicts
 from hud_pipelines.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.recording import EpisodeSink, EpisodeStatus
 from hud_pipelines.report import render_markdown, render_plot
@@ -98,7 +100,7 @@ def rollouts_step(
         if on_result is not None:
             on_result(result)
 
-    runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", sinks=sinks, on_result=ended)
+    runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", run_id=run_id, sinks=sinks, on_result=ended)
     return runner.run(partitions)
 
 
@@ -108,18 +110,24 @@ def rollouts_step(
 def collect_rows(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
     """One row per scheduled slot, from the latest result of every partition.
 
-    A partition that never ran, or ran under another configuration (its rollout hash differs), gives
-    errored rows saying so: results of different configurations are never mixed in one table.
+    Every row carries the run that produced it. A partition that never ran, or ran under another
+    configuration (its rollout hash differs), gives errored ``not_run`` rows saying so and how to run
+    it: results of different configurations are never mixed in one table.
     """
     rows: list[GradeRow] = []
     for partition in spec.partitions():
-        path = outputs.result(spec.partition_key(*partition))
+        key = spec.partition_key(*partition)
+        path = outputs.result(key)
         result = InstanceResult.read(path) if path.exists() else None
+        rerun = f"run it with: hud-pipelines run {spec.name} --partition {key}"
         if result is None:
-            rows.extend(unreached_rows(spec, partition, "this instance has not been materialized"))
+            rows.extend(unreached_rows(spec, partition, f"instance {key} has not run yet; {rerun}", Fault.NOT_RUN))
         elif result.rollout_hash != spec.rollout_hash:
-            reason = "the pipeline's sim, agent, tasks or graders changed since this instance ran; re-run it"
-            rows.extend(unreached_rows(spec, partition, reason))
+            reason = (
+                f"instance {key} last ran (run {result.run_id or 'unknown'}) before the pipeline's sim, agent, tasks "
+                f"or graders changed; {rerun}"
+            )
+            rows.extend(unreached_rows(spec, partition, reason, Fault.NOT_RUN, run_id=result.run_id))
         else:
             rows.extend(result.rows)
     return rows
@@ -143,13 +151,25 @@ def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
     return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
 
 
-def report_step(spec: PipelineSpec, outputs: EvalOutputs) -> str:
-    """``report.md`` with the plot inline, and ``report.png``; returns the markdown."""
+def checks_step(spec: PipelineSpec, outputs: EvalOutputs) -> list[CheckVerdict]:
+    """Every check on the current grades (the built-in ``instances_completed`` first), to ``checks.json``."""
+    results = verdicts(spec.checks, collect_rows(spec, outputs))
+    outputs.base.mkdir(parents=True, exist_ok=True)
+    _write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
+    return results
+
+
+def report_step(spec: PipelineSpec, outputs: EvalOutputs, *, run_id: str | None = None) -> str:
+    """``report.md`` with the plot inline, and ``report.png``; returns the markdown.
+
+    Written for every run that started, failed instances included: the checks' verdicts are part of
+    it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
+    """
     rows = collect_rows(spec, outputs)
     plot = render_plot(spec.name, rows)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
-    markdown = render_markdown(spec.name, rows, plot_png=plot)
+    markdown = render_markdown(spec.name, rows, plot_png=plot, checks=verdicts(spec.checks, rows), run_id=run_id)
     _write_atomically(outputs.report_md, markdown)
     return markdown
 
@@ -161,7 +181,13 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
     """Merge every instance's latest shard and publish the dataset atomically."""
     from hud_pipelines.dataset.shards import ShardStore
 
-    return ShardStore(outputs, spec, run_id=run_id).publish(spec.dataset_root(project_dir))
+    return ShardStore(outputs, spec, run_id=run_id).publish(dataset_root(spec, outputs, project_dir))
+
+
+def dataset_root(spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path) -> Path:
+    """``dataset.root`` (relative to the project) when the YAML sets it, else ``<outputs>/datasets/<name>``."""
+    configured = spec.dataset.root if spec.dataset is not None else None
+    return spec.dataset_root(project_dir) if configured else outputs.dataset
 
 
 # -- everything --------------------------------------------------------------------------------------------
@@ -176,10 +202,17 @@ class Evaluation:
     results: list[InstanceResult]
     outputs: EvalOutputs
     dataset: DatasetSummary | None
+    checks: list[CheckVerdict]
+    run_id: str
 
     @property
     def failed_instances(self) -> list[InstanceResult]:
         return [r for r in self.results if r.failed]
+
+    @property
+    def passed(self) -> bool:
+        """Every instance ran and every blocking check passed (what a CI gate asks)."""
+        return not self.failed_instances and all(v.passed for v in self.checks if v.blocking)
 
 
 def evaluate(
@@ -189,22 +222,34 @@ def evaluate(
     project_dir: Path | None = None,
     partitions: Sequence[Partition] | None = None,
 ) -> Evaluation:
-    """Run a whole eval in this process without Dagster (no run history, no checks).
+    """Run a whole eval in this process without Dagster (no run history).
 
-    The dataset is published only when every instance ran; grades and the report are always written.
+    Grades, checks and the report are always written; the dataset is published only when every
+    blocking check passed (the built-in ``instances_completed`` among them), exactly as the Dagster
+    job publishes it.
     """
     project = (project_dir or Path.cwd()).resolve()
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     run_id = f"local-{uuid.uuid4().hex[:12]}"
     with SimPool(sim_settings(spec, cwd=project)) as pool:
-        contract_step(pool, outputs)
+        with contextlib.suppress(HudPipelinesError):  # a sim that cannot start errors every instance below
+            contract_step(pool, outputs)
         results = rollouts_step(spec, pool, outputs, run_id=run_id, partitions=partitions or spec.partitions())
     rows = grades_step(spec, outputs)
-    report_step(spec, outputs)
+    checks = checks_step(spec, outputs)
+    report_step(spec, outputs, run_id=run_id)
     published = None
-    if spec.dataset_enabled and not any(r.failed for r in results):
+    if spec.dataset_enabled and all(v.passed for v in checks if v.blocking):
         published = dataset_step(spec, outputs, project_dir=project, run_id=run_id)
-    return Evaluation(rows=rows, summary=summarize(rows), results=results, outputs=outputs, dataset=published)
+    return Evaluation(
+        rows=rows,
+        summary=summarize(rows),
+        results=results,
+        outputs=outputs,
+        dataset=published,
+        checks=checks,
+        run_id=run_id,
+    )
 
 
 def _write_atomically(path: Path, text: str) -> None:

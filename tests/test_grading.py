@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 
-from hud_pipelines.dagster.assets import evaluate_check
+from hud_pipelines.errors import Fault
 from hud_pipelines.graders import GraderError, build_graders
-from hud_pipelines.grading import GradeRow, summarize, summarize_by_task, wilson_interval
+from hud_pipelines.grading import (
+    GradeRow,
+    Summary,
+    check_verdict,
+    instances_verdict,
+    summarize,
+    summarize_by_task,
+    wilson_interval,
+)
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus
 from hud_pipelines.spec.models import (
     CallableGrader,
+    CheckSpec,
     MaxErrorRateCheck,
     MinMeanScoreCheck,
     MinSuccessRateCheck,
@@ -76,12 +86,31 @@ def test_errors_are_reported_beside_the_rate_never_as_failures() -> None:
     assert summarize([_row(EpisodeStatus.ERRORED)]).success_rate is None
 
 
+def _summary(succeeded: int, failed: int, errored: int = 0, mean_score: float | None = None) -> Summary:
+    return Summary(succeeded + failed + errored, succeeded, failed, errored, mean_score, None)
+
+
 def test_checks_pass_and_fail_on_their_figure() -> None:
-    assert evaluate_check(MinSuccessRateCheck(value=0.75), 0.75, 0.0, None) == (True, 0.75)
-    assert evaluate_check(MinSuccessRateCheck(value=0.75), 0.74, 0.0, None)[0] is False
-    assert evaluate_check(MinSuccessRateCheck(value=0.0), None, 1.0, None)[0] is False  # nothing graded
-    assert evaluate_check(MaxErrorRateCheck(value=0.1), 1.0, 0.2, None) == (False, 0.2)
-    assert evaluate_check(MinMeanScoreCheck(value=100.0), 1.0, 0.0, 150.0) == (True, 150.0)
+    def verdict(check: CheckSpec, summary: Summary) -> tuple[bool, float | None]:
+        result = check_verdict(check, summary)
+        return result.passed, result.observed
+
+    assert verdict(MinSuccessRateCheck(value=0.75), _summary(3, 1)) == (True, 0.75)
+    assert verdict(MinSuccessRateCheck(value=0.75), _summary(74, 26))[0] is False
+    assert verdict(MinSuccessRateCheck(value=0.0), _summary(0, 0, 1)) == (False, None)  # nothing graded
+    assert verdict(MaxErrorRateCheck(value=0.1), _summary(4, 0, 1)) == (False, 0.2)
+    assert verdict(MinMeanScoreCheck(value=100.0), _summary(1, 0, mean_score=150.0)) == (True, 150.0)
+
+
+def test_the_instances_check_fails_on_instance_faults_only() -> None:
+    slot_fault = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.ENV, group_id="t-i0")
+    not_run = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.NOT_RUN, group_id="t-i1")
+    crashed = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.SIM_CRASHED, group_id="t-i2", error="x")
+    assert instances_verdict([slot_fault, not_run, _row(EpisodeStatus.SUCCEEDED)]).passed
+    failing = instances_verdict([slot_fault, crashed, crashed])
+    assert not failing.passed
+    assert failing.failed_instances == ("t-i2",)
+    assert "sim_crashed" in failing.description
 
 
 def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:

@@ -16,6 +16,13 @@ fails exactly the callers of that batch.
 ``expected_callers`` is the number of loops that share the model. A loop that finishes must
 :meth:`leave` so the others stop waiting for it.
 
+Every wait has a deadline. Forwards run on one daemon thread of the model, and a caller waits for
+its rows at most ``forward_timeout_s`` past the batching window: a forward that is late (or never
+returns) fails exactly the callers waiting on it with :class:`~hud_pipelines.errors.PolicyTimeoutError`
+while the forward itself is abandoned. A caller may also bring its own deadline
+(:meth:`caller_deadline`, an instance's ``rollout_timeout_s``), and :meth:`abort` wakes every caller
+at once (a cancelled run): nobody stays blocked on a policy.
+
 While every expected caller waits, no sim they drive is stepping: a forward started then runs
 inside the inner policy's ``lockstep(idle_sims)`` (torch-backed policies use the idle sims' cores,
 see :mod:`hud_pipelines.agent.torch_runtime`). A forward started by the window or by
@@ -25,14 +32,21 @@ see :mod:`hud_pipelines.agent.torch_runtime`). A forward started by the window o
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from hud_pipelines.agent.config import BatchingConfig
+from hud_pipelines.agent.config import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
 from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, lockstep, policy_horizon
+from hud_pipelines.errors import HudPipelinesError, PolicyTimeoutError, RolloutTimeoutError
+
+
+class BatchingAborted(HudPipelinesError):
+    """The model was aborted (the run is shutting down) while this call waited for its rows."""
 
 
 @dataclass
@@ -44,6 +58,8 @@ class _Call:
     forward_rows: int = 0
     done: bool = False
     claimed: bool = False
+    abandoned: bool = False
+    """The caller gave up (a deadline or an abort); the forward's rows for it are dropped."""
 
 
 @dataclass
@@ -71,6 +87,7 @@ class BatchedModel:
         max_wait_s: float = 0.005,
         batch_size: int | None = None,
         expected_callers: int = 1,
+        forward_timeout_s: float = DEFAULT_FORWARD_TIMEOUT_S,
     ) -> None:
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
@@ -78,6 +95,9 @@ class BatchedModel:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         if expected_callers < 0:
             raise ValueError(f"expected_callers must be >= 0, got {expected_callers}")
+        if forward_timeout_s <= 0:
+            raise ValueError(f"forward_timeout_s must be > 0, got {forward_timeout_s}")
+        self.forward_timeout_s = forward_timeout_s
         self.policy = policy
         self.max_wait_s = max_wait_s
         self.batch_size = batch_size
@@ -86,19 +106,30 @@ class BatchedModel:
         self._cond = threading.Condition()
         self._forward_lock = threading.Lock()
         self._local = threading.local()
+        self._work: queue.SimpleQueue[tuple[list[_Call], int]] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._aborted: str | None = None
         self.stats = BatchingStats()
         self.horizon = policy_horizon(policy)
         history = getattr(policy, "observation_steps", 1)
         self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
 
     @classmethod
-    def from_config(cls, policy: Policy, batching: BatchingConfig, *, expected_callers: int = 1) -> BatchedModel:
+    def from_config(
+        cls,
+        policy: Policy,
+        batching: BatchingConfig,
+        *,
+        expected_callers: int = 1,
+        forward_timeout_s: float = DEFAULT_FORWARD_TIMEOUT_S,
+    ) -> BatchedModel:
         """The model an eval shares between its ``expected_callers`` instances, as ``agent.batching`` says."""
         return cls(
             policy,
             max_wait_s=batching.max_wait_ms / 1000.0,
             batch_size=batching.batch_size,
             expected_callers=expected_callers,
+            forward_timeout_s=forward_timeout_s,
         )
 
     # -- callers ---------------------------------------------------------------------------------------
@@ -121,6 +152,23 @@ class BatchedModel:
             self._expected = max(0, self._expected - 1)
             self._cond.notify_all()
 
+    def abort(self, reason: str) -> None:
+        """Fail every waiting and later call with ``reason`` at once (the run is being cancelled)."""
+        with self._cond:
+            self._aborted = reason
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def caller_deadline(self, seconds: float) -> Generator[None]:
+        """Calls from this thread inside the block fail with :class:`RolloutTimeoutError` after ``seconds``."""
+        previous: float | None = getattr(self._local, "deadline", None)
+        self._local.deadline = time.monotonic() + seconds
+        self._local.deadline_s = seconds
+        try:
+            yield
+        finally:
+            self._local.deadline = previous
+
     def last_forward_rows(self) -> int | None:
         """Rows of the forward that served this thread's last call."""
         return getattr(self._local, "rows", None)
@@ -132,32 +180,70 @@ class BatchedModel:
 
     def infer(self, batch: PolicyBatch) -> Actions:
         call = _Call(batch=batch, arrived=time.monotonic())
+        forward_deadline = call.arrived + self.max_wait_s + self.forward_timeout_s
+        caller_deadline: float | None = getattr(self._local, "deadline", None)
         with self._cond:
             self._pending.append(call)
             self._cond.notify_all()
-        while not call.done:
-            with self._cond:
-                taken: list[_Call] | None = None
-                idle_sims = 0
-                while not call.claimed and taken is None:
+            while not call.done:
+                self._raise_if_late(call, forward_deadline, caller_deadline)
+                if not call.claimed:
                     ready, timed_out = self._ready()
-                    if ready:
+                    if ready:  # this thread flushes; the forward runs on the model's worker thread
                         waiting = len(self._pending)
                         idle_sims = waiting if waiting >= self._expected else 0
-                        taken = self._take()
                         self.stats.timer_flushes += int(timed_out)
-                    else:
-                        self._cond.wait(timeout=self._time_left())
-                if taken is None:  # another caller's forward serves this call
-                    while not call.done:
-                        self._cond.wait()
-                    break
-            self._forward(taken, idle_sims)  # this call may not be among them when batch_size capped the batch
+                        self._submit(self._take(), idle_sims)
+                        continue
+                    wait = self._time_left()
+                else:
+                    wait = None
+                limits = [d - time.monotonic() for d in (forward_deadline, caller_deadline) if d is not None]
+                self._cond.wait(timeout=max(0.0, min([*limits, *([wait] if wait is not None else [])])))
         self._local.rows = call.forward_rows
         if call.error is not None:
             raise call.error
         assert call.result is not None
         return call.result
+
+    def _raise_if_late(self, call: _Call, forward_deadline: float, caller_deadline: float | None) -> None:
+        """Give up on ``call`` (condition held) when the run aborted or one of its deadlines passed."""
+        now = time.monotonic()
+        error: BaseException | None = None
+        if self._aborted is not None:
+            error = BatchingAborted(self._aborted)
+        elif caller_deadline is not None and now >= caller_deadline:
+            seconds: float = getattr(self._local, "deadline_s", 0.0)
+            error = RolloutTimeoutError(
+                f"rollout_timeout_s={seconds:g} reached while waiting for the policy", deadline_s=seconds
+            )
+        elif now >= forward_deadline:
+            error = PolicyTimeoutError(
+                f"the policy forward did not return within forward_timeout_s={self.forward_timeout_s:g}",
+                deadline_s=self.forward_timeout_s,
+            )
+        if error is None:
+            return
+        if call in self._pending:
+            self._pending.remove(call)
+        call.abandoned = True
+        raise error
+
+    def _submit(self, calls: list[_Call], idle_sims: int) -> None:
+        """Queue one forward for the worker thread (condition held); the worker starts on first use."""
+        self._work.put((calls, idle_sims))
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work_loop, name="hud-policy-forward", daemon=True)
+            self._worker.start()
+
+    def _work_loop(self) -> None:
+        """Run queued forwards one at a time, forever (a daemon: an abandoned forward never blocks exit)."""
+        while True:
+            calls, idle_sims = self._work.get()
+            with self._cond:
+                wanted = [c for c in calls if not c.abandoned]
+            if wanted:
+                self._forward(wanted, idle_sims)
 
     # -- internals (called with the condition held) --------------------------------------------------
 

@@ -46,7 +46,14 @@ import numpy.typing as npt
 from hud_pipelines.agent.config import DEFAULT_SEND_AHEAD
 from hud_pipelines.agent.policy import Policy, PolicyBatch, as_chunks, policy_horizon, reset_policy
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import HudPipelinesError, RemoteError
+from hud_pipelines.errors import (
+    Fault,
+    HudPipelinesError,
+    PolicyTimeoutError,
+    RemoteError,
+    RolloutTimeoutError,
+    fault_of,
+)
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
 from hud_pipelines.wire.messages import Observation
 
@@ -60,6 +67,10 @@ ActionAdapter = Callable[[npt.NDArray[np.float32], ObservationRow], npt.NDArray[
 """``adapt_action(action [A], slot_observation) -> action [A]``"""
 EpisodeKeyFactory = Callable[[int, int | None], EpisodeKey]
 """``key(slot, seed) -> EpisodeKey``"""
+OutcomeGrader = Callable[[EpisodeKey, EpisodeOutcome], EpisodeOutcome]
+"""``grade(key, outcome) -> outcome``: the pipeline's verdict on an episode that produced an answer."""
+StopCause = Callable[[], "tuple[str, Fault] | None"]
+"""``cause() -> (reason, fault)`` when the caller itself stopped the sim or the policy (a deadline)."""
 
 
 class Sim(Protocol):
@@ -189,12 +200,18 @@ class RobotAgent:
         key: EpisodeKeyFactory | tuple[str, int, int],
         sinks: Sequence[EpisodeSink] = (),
         prompts: list[str] | None = None,
+        grade: OutcomeGrader | None = None,
+        stop_cause: StopCause | None = None,
     ) -> list[EpisodeOutcome]:
         """Run one episode in every slot of ``sim``; returns one outcome per slot.
 
         ``key`` is an :data:`EpisodeKeyFactory` or ``(job, task, instance)``; with the tuple, the
         episode number counts the runs this agent made under that triple. ``prompts`` (one per
-        slot) override the prompts the sim offers at reset.
+        slot) override the prompts the sim offers at reset. ``grade`` turns each answered episode's
+        outcome into the pipeline's verdict *before* the sinks hear of it, so traces, datasets and
+        grades carry one success. ``stop_cause`` explains a sim or policy failure that the caller
+        caused on purpose (an instance deadline that killed the sim): the slots then end with that
+        reason and fault instead of the crash it provoked.
         """
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
@@ -207,7 +224,8 @@ class RobotAgent:
         stats = self.last_run = RunStats()
         started = time.perf_counter()
         try:
-            return _Run(self, sim, keys, list(sinks), stats).execute(tasks, max_steps, prompts)
+            run = _Run(self, sim, keys, list(sinks), stats, grade=grade, stop_cause=stop_cause)
+            return run.execute(tasks, max_steps, prompts)
         finally:
             stats.wall_s = time.perf_counter() - started
 
@@ -239,9 +257,19 @@ class _Run:
     """One ``RobotAgent.run``: the state that lives only for its duration."""
 
     def __init__(
-        self, agent: RobotAgent, sim: Sim, keys: list[EpisodeKey], sinks: list[EpisodeSink], stats: RunStats
+        self,
+        agent: RobotAgent,
+        sim: Sim,
+        keys: list[EpisodeKey],
+        sinks: list[EpisodeSink],
+        stats: RunStats,
+        *,
+        grade: OutcomeGrader | None = None,
+        stop_cause: StopCause | None = None,
     ) -> None:
         self.agent = agent
+        self.grade = grade
+        self.stop_cause = stop_cause
         self.sim = sim
         self.keys = keys
         self.sinks = sinks
@@ -267,9 +295,10 @@ class _Run:
         try:
             observation = self.sim.reset(tasks)
         except HudPipelinesError as exc:
+            reason, fault = self._cause(f"reset failed: {exc}", fault_of(exc))
             for slot, key in enumerate(self.keys):
                 self._begin(key, prompts[slot] if prompts else "")
-                self._end(slot, _errored(f"reset failed: {exc}", 0, 0.0))
+                self._end(slot, _errored(reason, 0, 0.0, fault))
             self.sim_healthy = False
             self._report_ends()
             return self._outcomes()
@@ -278,10 +307,11 @@ class _Run:
         for slot, key in enumerate(self.keys):
             self._begin(key, self.prompts[slot])
         slots.running[:] = [status == "running" for status in observation.status]
+        self._end_nonfinite(observation, np.flatnonzero(slots.running), at="reset")
         self._apply_errors(observation)
         for slot in np.flatnonzero(~slots.running):
             if slots.outcomes[slot] is None:
-                self._end(int(slot), _errored(f"slot is {observation.status[slot]} after reset", 0, 0.0))
+                self._end(int(slot), _errored(f"slot is {observation.status[slot]} after reset", 0, 0.0, Fault.ENV))
         reset_policy(self.agent.policy)
         if self.agent.observation_steps > 1:
             self._start_history(observation)
@@ -294,12 +324,12 @@ class _Run:
             self._drop_ahead()
         except _SimFailed as failure:
             self.sim_healthy = False
-            self._fail_running(failure.reason)
+            self._fail_running(*self._cause(failure.reason, failure.fault))
         except _PolicyFailed as failure:
-            self._fail_running(failure.reason)
+            self._fail_running(*self._cause(failure.reason, failure.fault))
         except BaseException:
             self.sim_healthy = False
-            self._fail_running("the agent loop was interrupted")
+            self._fail_running("the agent loop was interrupted", Fault.INTERRUPTED)
             self._report_ends()
             raise
         for slot in np.flatnonzero(slots.running):
@@ -311,13 +341,16 @@ class _Run:
 
     def _tick(self, observation: Observation, max_steps: int) -> Observation:
         slots = self.slots
-        running = np.flatnonzero(slots.running)
         if self.ahead:  # sent on an earlier tick; slots that ended since ignore their row
+            running = np.flatnonzero(slots.running)
             seq, action = self.ahead.popleft()
         else:
             need = np.flatnonzero(slots.running & (slots.cursor >= slots.length))
             if need.size:
                 self._refill(need, observation)
+            running = np.flatnonzero(slots.running)  # a refill may have ended slots (a non-finite action)
+            if not running.size:
+                return observation
             action = self._pop(running, observation)
             seq = self._send(action)
         while self._can_send_ahead(running, max_steps):
@@ -364,7 +397,7 @@ class _Run:
         try:
             return sim.send_step(action)
         except HudPipelinesError as exc:
-            raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
+            raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
 
     def _receive(self, seq: int | None, action: npt.NDArray[np.float32]) -> Observation:
         started = time.perf_counter()
@@ -374,7 +407,7 @@ class _Run:
             else:
                 reply = self.sim.step(action)
         except HudPipelinesError as exc:  # a SimError, or a fault an in-process bridge raises directly
-            raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
+            raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
         self.stats.step_s += time.perf_counter() - started
         return reply
 
@@ -387,7 +420,7 @@ class _Run:
             except RemoteError:
                 pass  # refused: no slot was running when it arrived
             except HudPipelinesError as exc:
-                raise _SimFailed(f"{type(exc).__name__}: {exc}") from exc
+                raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
 
     def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
         agent = self.agent
@@ -401,9 +434,11 @@ class _Run:
         try:
             raw = agent.policy.infer(batch)
             chunks = as_chunks(raw, need.size, agent.width, source=f"policy {type(agent.policy).__name__}")
+        except (PolicyTimeoutError, RolloutTimeoutError) as exc:
+            raise _PolicyFailed(str(exc), fault_of(exc)) from exc
         except Exception as exc:
             log.exception("policy inference failed for slots %s", need.tolist())
-            raise _PolicyFailed(f"policy failed: {type(exc).__name__}: {exc}") from exc
+            raise _PolicyFailed(f"policy failed: {type(exc).__name__}: {exc}", Fault.POLICY) from exc
         latency = time.perf_counter() - started
         rows = forward_rows(agent.policy, need.size)
         self.stats.infer_s += latency
@@ -418,7 +453,21 @@ class _Run:
                     adapted = agent.adapt_chunk(chunk.copy(), _row(observation, slot))
                     chunk = as_chunks(np.asarray(adapted)[None], 1, agent.width, source="adapt_chunk")[0]
                 except Exception as exc:
-                    raise _PolicyFailed(f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}") from exc
+                    raise _PolicyFailed(
+                        f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}", Fault.POLICY
+                    ) from exc
+            if not np.isfinite(chunk).all():  # never sent: this slot errors, its siblings go on
+                step = int(self.slots.steps[slot])
+                self._end(
+                    slot,
+                    _errored(
+                        f"the policy returned a non-finite action at step {step}",
+                        step,
+                        float(self.slots.total_reward[slot]),
+                        Fault.POLICY,
+                    ),
+                )
+                continue
             self.slots.load(slot, chunk)
             record = Inference(step=int(self.slots.steps[slot]), chunk=chunk, latency_s=latency, batch_size=rows)
             for sink in self.sinks:
@@ -442,9 +491,11 @@ class _Run:
     ) -> None:
         slots = self.slots
         slots.steps[running] += 1
-        slots.total_reward[running] += reply.reward[running]
-        slots.success[running] |= reply.success[running]
-        errored = self._apply_errors(reply)
+        errored = self._end_nonfinite(reply, running, at="step")
+        errored |= self._apply_errors(reply)
+        counted = running[slots.running[running]]
+        slots.total_reward[counted] += reply.reward[counted]
+        slots.success[counted] |= reply.success[counted]
         stepped: list[int] = running.tolist()
         for slot in stepped:
             if slot in errored:
@@ -466,6 +517,31 @@ class _Run:
                 terminated, truncated = bool(reply.terminated[slot]), bool(reply.truncated[slot])
                 self._end(slot, self._graded(slot, terminated=terminated, truncated=truncated))
 
+    def _end_nonfinite(self, reply: Observation, running: npt.NDArray[np.intp], *, at: str) -> set[int]:
+        """End the running slots whose observation or reward holds NaN or infinity; returns those slots.
+
+        Such a value is never graded, recorded or summed: the slot errors with the feature and the
+        step that carried it, and its siblings go on.
+        """
+        slots = self.slots
+        bad: dict[int, str] = {}
+        if at == "step":
+            for slot in running[~np.isfinite(reply.reward[running])].tolist():
+                bad[slot] = "reward"
+        for name, values in reply.observation.items():
+            if values.dtype.kind not in "fc":
+                continue
+            rows = values[running].reshape(running.size, -1)
+            for slot in running[~np.isfinite(rows).all(axis=1)].tolist():
+                bad.setdefault(slot, f"observation {name!r}")
+        for slot, what in sorted(bad.items()):
+            step = int(slots.steps[slot])
+            where = "at reset" if at == "reset" else f"at step {step}"
+            self._end(
+                slot, _errored(f"{what} is not finite {where}", step, float(slots.total_reward[slot]), Fault.NONFINITE)
+            )
+        return set(bad)
+
     def _apply_errors(self, reply: Observation) -> set[int]:
         """End the running slots the sim reports as errored; returns those slots."""
         slots = self.slots
@@ -476,7 +552,7 @@ class _Run:
         ended: set[int] = set()
         for slot, reason in reasons.items():
             if 0 <= slot < len(self.keys) and slots.running[slot]:
-                self._end(slot, _errored(reason, int(slots.steps[slot]), float(slots.total_reward[slot])))
+                self._end(slot, _errored(reason, int(slots.steps[slot]), float(slots.total_reward[slot]), Fault.ENV))
                 ended.add(slot)
         return ended
 
@@ -507,10 +583,15 @@ class _Run:
             truncated=truncated,
         )
 
-    def _fail_running(self, reason: str) -> None:
+    def _cause(self, reason: str, fault: Fault) -> tuple[str, Fault]:
+        """The caller's own reason when it stopped the run on purpose, else the failure as seen."""
+        cause = self.stop_cause() if self.stop_cause is not None else None
+        return cause if cause is not None else (reason, fault)
+
+    def _fail_running(self, reason: str, fault: Fault) -> None:
         slots = self.slots
         for slot in np.flatnonzero(slots.running).tolist():
-            self._end(slot, _errored(reason, int(slots.steps[slot]), float(slots.total_reward[slot])))
+            self._end(slot, _errored(reason, int(slots.steps[slot]), float(slots.total_reward[slot]), fault))
 
     def _grade_from_sim(self, slots: list[int]) -> None:
         """Take the score of each of ``slots`` from the sim's own grade (success, or the return).
@@ -551,6 +632,15 @@ class _Run:
         ]
         if graded:
             self._grade_from_sim(graded)
+            if self.grade is not None:
+                for slot in graded:
+                    outcome = self.slots.outcomes[slot]
+                    assert outcome is not None
+                    try:
+                        self.slots.outcomes[slot] = self.grade(self.keys[slot], outcome)
+                    except Exception as exc:  # a callable grader's bug errors its episode, not the run
+                        reason = f"grading failed: {type(exc).__name__}: {exc}"
+                        self.slots.outcomes[slot] = _errored(reason, outcome.steps, outcome.total_reward, Fault.GRADER)
         for slot in ended:
             outcome = self.slots.outcomes[slot]
             assert outcome is not None
@@ -565,22 +655,24 @@ class _Run:
 
 
 class _PolicyFailed(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, fault: Fault) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.fault = fault
 
 
 class _SimFailed(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, fault: Fault) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.fault = fault
 
 
 def _row(observation: Observation, slot: int) -> ObservationRow:
     return {k: v[slot] for k, v in observation.observation.items()}
 
 
-def _errored(reason: str, steps: int, total_reward: float) -> EpisodeOutcome:
+def _errored(reason: str, steps: int, total_reward: float, fault: Fault) -> EpisodeOutcome:
     return EpisodeOutcome(
         status=EpisodeStatus.ERRORED,
         score=0.0,
@@ -588,6 +680,7 @@ def _errored(reason: str, steps: int, total_reward: float) -> EpisodeOutcome:
         total_reward=total_reward,
         steps=steps,
         error=reason,
+        fault=fault,
     )
 
 

@@ -21,7 +21,7 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 """
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,10 +32,11 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from hud_pipelines import progress
 from hud_pipelines.contract import Contract
 from hud_pipelines.dagster.resources import PipelineResource, resource_key
+from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import InstanceResult
-from hud_pipelines.grading import GradeRow, summarize
+from hud_pipelines.grading import INSTANCES_CHECK, CheckVerdict, GradeRow, check_verdict, instances_verdict, summarize
 from hud_pipelines.recording import EpisodeStatus
-from hud_pipelines.spec.models import CheckSpec, MaxErrorRateCheck, MinMeanScoreCheck, MinSuccessRateCheck, PipelineSpec
+from hud_pipelines.spec.models import CheckSpec, PipelineSpec
 from hud_pipelines.steps import (
     GRADE_COLUMNS,
     cell,
@@ -130,74 +131,75 @@ def _build(
             ),
         )
 
-    @eval_asset(
-        "contract",
-        f"The sim's contract (observation and action features) for {name}.",
-    )
-    def contract(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        resource = _resource(context, spec)
-        derived = contract_step(resource.pool, resource.outputs)
-        return dg.MaterializeResult(
-            metadata={
-                "features": _features_table(derived),
-                "control_rate_hz": derived.control_rate,
-                "robot_type": derived.robot_type,
-                "path": dg.MetadataValue.path(str(spec.contract_path or resource.outputs.contract)),
-            }
-        )
+    contract_key = dg.AssetKey([name, "contract"])
+    rollouts_key = dg.AssetKey([name, "rollouts"])
+    instances_key = dg.AssetKey([name, "instances"])
 
-    @eval_asset(
-        "rollouts",
-        f"Rollouts of {name}: one partition per task instance, each one sim of {spec.sim.num_envs} slot(s).",
-        deps=[contract],
-        partitions_def=partitions,
+    @dg.multi_asset(
+        name=f"{name}__eval",
+        specs=[
+            dg.AssetSpec(
+                contract_key,
+                group_name=name,
+                skippable=True,
+                description=f"The sim's contract (observation and action features) for {name}.",
+            ),
+            dg.AssetSpec(
+                rollouts_key,
+                group_name=name,
+                deps=[contract_key],
+                partitions_def=partitions,
+                skippable=True,
+                description=f"Rollouts of {name}: one partition per task instance, each one sim of "
+                f"{spec.sim.num_envs} slot(s). An instance that failed is not materialized (its partition "
+                "shows as failed); its slots are errored rows in the grades.",
+            ),
+            dg.AssetSpec(
+                instances_key,
+                group_name=name,
+                deps=[rollouts_key],
+                description=f"What each instance of {name} selected in the run did: ran to its end, or failed "
+                "and why. Always materialized, so grades, checks and the report follow every run.",
+            ),
+        ],
+        can_subset=True,
+        backfill_policy=single_run,
+        required_resource_keys={key},
     )
-    def rollouts(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
+    def run_eval(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
         resource = _resource(context, spec)
+        selected = context.selected_asset_keys
+        if contract_key in selected:
+            try:
+                derived = contract_step(resource.pool, resource.outputs)
+            except HudPipelinesError as exc:  # every selected instance then errors with the reason
+                context.log.error(f"the sim of {name} did not start: {exc}")
+            else:
+                yield dg.MaterializeResult(asset_key=contract_key, metadata=_contract_metadata(spec, resource, derived))
+        if rollouts_key not in selected:
+            return
         run_id = context.run.run_id
 
         def on_result(result: InstanceResult) -> None:
-            context.log_event(
-                dg.AssetObservation(
-                    asset_key=context.asset_key, partition=result.key, metadata=_instance_metadata(result)
+            metadata = _instance_metadata(result)
+            context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=result.key, metadata=metadata))
+            if not result.failed:
+                context.log_event(
+                    dg.AssetMaterialization(asset_key=rollouts_key, partition=result.key, metadata=metadata)
                 )
-            )
             progress.notify(result)
 
-        selected = [spec.partition_for_key(k) for k in context.partition_keys]
+        selected_partitions = [spec.partition_for_key(k) for k in context.partition_keys]
         results = rollouts_step(
-            spec, resource.pool, resource.outputs, run_id=run_id, partitions=selected, on_result=on_result
+            spec, resource.pool, resource.outputs, run_id=run_id, partitions=selected_partitions, on_result=on_result
         )
-        traces_dir = resource.outputs.traces(run_id)
-        failed = [r for r in results if r.failed]
-        totals = summarize([row for r in results for row in r.rows])
-        metadata: dict[str, Any] = {
-            "instances": len(results),
-            "episodes": totals.scheduled,
-            "errored": totals.errored,
-            "env_steps": sum(r.env_steps for r in results),
-            "wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
-            "traces": dg.MetadataValue.path(str(traces_dir)),
-        }
-        if failed:
-            for result in results:
-                if not result.failed:
-                    context.log_event(
-                        dg.AssetMaterialization(
-                            asset_key=context.asset_key, partition=result.key, metadata=_instance_metadata(result)
-                        )
-                    )
-            reasons = "\n".join(f"- {r.key}: {r.error}" for r in failed)
-            raise dg.Failure(
-                description=f"{len(failed)} of {len(results)} instance(s) of {name} failed:\n{reasons}",
-                metadata=metadata,
-            )
-        return dg.MaterializeResult(metadata=metadata)
+        if instances_key in selected:
+            yield dg.MaterializeResult(asset_key=instances_key, metadata=_instances_metadata(resource, run_id, results))
 
     @eval_asset(
         "grades",
-        f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, status.",
-        deps=[rollouts],
+        f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, status, fault, run.",
+        deps=[instances_key],
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
@@ -222,18 +224,18 @@ def _build(
 
     @eval_asset(
         "report",
-        f"Success rate with its 95% interval and denominators, per task, with a plot, for {name}.",
-        deps=[rollouts],
+        f"Success rate with its 95% interval and denominators, per task, the checks' verdicts and a plot, for {name}.",
+        deps=[instances_key],
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
-        markdown = report_step(spec, outputs)
+        markdown = report_step(spec, outputs, run_id=context.run.run_id)
         return dg.MaterializeResult(
             metadata={"report": dg.MetadataValue.md(markdown), "path": dg.MetadataValue.path(str(outputs.report_md))}
         )
 
-    checks = [_check(spec, check, grades.key) for check in spec.checks]
-    assets: list[dg.AssetsDefinition] = [contract, rollouts, grades, report]
+    checks = [_instances_check(spec, grades.key), *(_check(spec, check, grades.key) for check in spec.checks)]
+    assets: list[dg.AssetsDefinition] = [run_eval, grades, report]
 
     if spec.dataset_enabled:
 
@@ -272,31 +274,102 @@ def _check(spec: PipelineSpec, check: CheckSpec, grades_key: dg.AssetKey) -> dg.
         required_resource_keys={key},
     )
     def run_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        summary = summarize(read_grades(_resource(context, spec).outputs))
-        passed, observed = evaluate_check(check, summary.success_rate, summary.error_rate, summary.mean_score)
-        return dg.AssetCheckResult(
-            passed=passed,
-            severity=dg.AssetCheckSeverity.ERROR if check.blocking else dg.AssetCheckSeverity.WARN,
-            description=f"{check.kind}: observed {observed}, threshold {check.value}",
-            metadata={
-                "observed": observed if observed is not None else float("nan"),
-                "threshold": check.value,
-                "scheduled": summary.scheduled,
-                "errored": summary.errored,
-            },
-        )
+        rows = read_grades(_resource(context, spec).outputs)
+        return _check_result(check_verdict(check, summarize(rows)), rows)
 
     return run_check
 
 
-def evaluate_check(
-    check: CheckSpec, success_rate: float | None, error_rate: float, mean_score: float | None
-) -> tuple[bool, float | None]:
-    """Whether ``check`` passes and the figure it looked at (no graded episode fails a rate check)."""
-    match check:
-        case MinSuccessRateCheck():
-            return success_rate is not None and success_rate >= check.value, success_rate
-        case MaxErrorRateCheck():
-            return error_rate <= check.value, error_rate
-        case MinMeanScoreCheck():
-            return mean_score is not None and mean_score >= check.value, mean_score
+def _instances_check(spec: PipelineSpec, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+    """The built-in blocking check: a failed instance fails the run (and holds the dataset back)."""
+    key = resource_key(spec.name)
+
+    @dg.asset_check(
+        asset=grades_key,
+        name=INSTANCES_CHECK,
+        blocking=True,
+        description="Every instance ran to its end: none failed on a sim fault, a policy or rollout deadline, or "
+        "an interruption. Failed instances are listed with the command that re-runs them.",
+        required_resource_keys={key},
+    )
+    def instances_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        rows = read_grades(_resource(context, spec).outputs)
+        verdict = instances_verdict(rows)
+        result = _check_result(verdict, rows)
+        if verdict.failed_instances:
+            keys = verdict.failed_instances
+            rerun = f"hud-pipelines run {spec.name} " + " ".join(f"--partition {k}" for k in keys)
+            metadata = {**result.metadata, "failed_instances": ", ".join(keys), "rerun": rerun}
+            result = dg.AssetCheckResult(
+                passed=False, severity=result.severity, description=result.description, metadata=metadata
+            )
+        return result
+
+    return instances_check
+
+
+def _check_result(verdict: CheckVerdict, rows: Sequence[GradeRow]) -> dg.AssetCheckResult:
+    summary = summarize(rows)
+    return dg.AssetCheckResult(
+        passed=verdict.passed,
+        severity=dg.AssetCheckSeverity.ERROR if verdict.blocking else dg.AssetCheckSeverity.WARN,
+        description=verdict.description,
+        metadata={
+            "observed": verdict.observed if verdict.observed is not None else float("nan"),
+            "threshold": verdict.threshold if verdict.threshold is not None else float("nan"),
+            "scheduled": summary.scheduled,
+            "errored": summary.errored,
+        },
+    )
+
+
+def _contract_metadata(spec: PipelineSpec, resource: PipelineResource, derived: Contract) -> dict[str, Any]:
+    return {
+        "features": _features_table(derived),
+        "control_rate_hz": derived.control_rate,
+        "robot_type": derived.robot_type,
+        "path": dg.MetadataValue.path(str(spec.contract_path or resource.outputs.contract)),
+    }
+
+
+def _instances_metadata(resource: PipelineResource, run_id: str, results: Sequence[InstanceResult]) -> dict[str, Any]:
+    """The run's instances as a table (status, fault, reason), with totals."""
+    schema = dg.TableSchema(
+        columns=[
+            dg.TableColumn(n, k)
+            for n, k in (
+                ("instance", "string"),
+                ("status", "string"),
+                ("fault", "string"),
+                ("reason", "string"),
+                ("episodes", "int"),
+                ("errored", "int"),
+                ("wall_s", "float"),
+            )
+        ]
+    )
+    records = [
+        dg.TableRecord(
+            {
+                "instance": r.key,
+                "status": "failed" if r.failed else "completed",
+                "fault": r.fault.value if r.fault is not None else "",
+                "reason": (r.error or "")[:300],
+                "episodes": len(r.rows),
+                "errored": r.counts()[EpisodeStatus.ERRORED.value],
+                "wall_s": round(r.wall_s, 3),
+            }
+        )
+        for r in results
+    ]
+    totals = summarize([row for r in results for row in r.rows])
+    return {
+        "instances": dg.MetadataValue.table(records, schema=schema),
+        "ran": len(results),
+        "failed": sum(r.failed for r in results),
+        "episodes": totals.scheduled,
+        "errored": totals.errored,
+        "env_steps": sum(r.env_steps for r in results),
+        "wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
+        "traces": dg.MetadataValue.path(str(resource.outputs.traces(run_id))),
+    }

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from hud_pipelines.cli import main
+from hud_pipelines.outputs import EvalOutputs
 from tests.dagster.support import REPO, WritePipeline, sim_processes
 
 pytestmark = pytest.mark.slow
@@ -241,12 +242,22 @@ def test_cancelling_a_run_leaves_no_sim_behind(
             time.sleep(0.2)
         assert len(sim_processes(label)) == 2, log.read_text()[-3000:]
         time.sleep(1.0)
+        signalled = time.monotonic()
         run.send_signal(signum)
-        assert run.wait(timeout=60) != 0
+        assert run.wait(timeout=60) == 128 + signum  # 130 for SIGINT, 143 for SIGTERM
+        assert time.monotonic() - signalled < 20
         deadline = time.monotonic() + 15  # a sim whose parent is gone stops within its grace period
         while sim_processes(label) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not sim_processes(label)
+        printed = log.read_text()
+        assert f"run interrupted by {signum.name} after 0 of 2 instance(s)" in printed, printed[-3000:]
+        assert "this run produced no graded rows" in printed
+        outputs = EvalOutputs(outputs_dir, "cancelled")
+        assert outputs.report_md.is_file()  # written although interrupted
+        assert outputs.checks_json.is_file()
+        staging = [p for p in outputs.base.rglob(".*") if p.is_dir()]
+        assert not staging, staging
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)

@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 
 from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
+from hud_pipelines.errors import Fault
 from hud_pipelines.eval import InstanceResult
 from hud_pipelines.grading import GradeRow
 from hud_pipelines.outputs import EvalOutputs
@@ -133,7 +134,7 @@ def test_blocking_checks_gate_the_run(
     result = _run(path, outputs_dir, instance)
     assert result.success is passes
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert evaluations == {"min_success_rate": passes, "max_error_rate": True}
+    assert evaluations == {"instances_completed": True, "min_success_rate": passes, "max_error_rate": True}
     report = EvalOutputs(outputs_dir, "gated").report_md.read_text()
     assert "Scheduled 2 = succeeded" in report  # the report is written whether or not the checks pass
 
@@ -289,5 +290,8 @@ def test_results_of_another_configuration_are_never_mixed_into_the_grades(
     write_pipeline("edited", group=2, tasks=[{"seed": 40}])  # new seeds: the old results are stale
     rows = collect_rows(load_pipeline(path), EvalOutputs(outputs_dir, "edited"))
     assert {r.status for r in rows} == {EpisodeStatus.ERRORED}
-    assert all("changed since this instance ran" in (r.error or "") for r in rows)
+    assert {r.fault for r in rows} == {Fault.NOT_RUN}
+    assert all("before the pipeline's sim, agent, tasks or graders changed" in (r.error or "") for r in rows)
+    assert "hud-pipelines run edited --partition task0-i1" in (rows[-1].error or "")
+    assert {r.run_id for r in rows} != {""}  # the rows name the run whose results went stale
     assert [r.seed for r in rows] == [40, 41, 42, 43]
