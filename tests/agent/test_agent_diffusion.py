@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -197,6 +198,14 @@ def test_different_streams_and_seeds_draw_different_noise_and_the_same_stream_th
     policy.seed = 1
     reseeded = policy.infer(rows_batch(same, [0], [stream(0)]))
     assert np.abs(actions[0] - reseeded[0]).max() > 1.0, "another policy seed, other noise"
+
+
+def test_a_diffusion_policy_loaded_from_its_folder_draws_the_same_noise_per_stream(tmp_path: Path) -> None:
+    built = tiny_diffusion()
+    loaded = LeRobotPolicy.from_pretrained(built.save_pretrained(tmp_path / "dp"), tiny_contract(), device="cpu")
+    assert loaded.sampling is not None
+    batch = rows_batch(histories(2), [0, 1], [stream(0), stream(1)])
+    assert np.array_equal(built.infer(batch), loaded.infer(batch))
 
 
 @pytest.mark.parametrize("scheduler", ["DDPM", "DDIM"])
