@@ -16,7 +16,7 @@ CUDA is used when present unless a device is named.
 
 A torch-backed policy that samples takes each row's draws from a CPU generator of its own
 (:func:`row_generators`), seeded from the policy's seed and the row's random stream, so what a row
-draws is the same alone or in any batch, and the same on CPU and CUDA.
+draws is the same alone or in any batch, on CPU or CUDA.
 """
 
 from __future__ import annotations
