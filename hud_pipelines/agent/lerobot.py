@@ -22,14 +22,26 @@ becomes the agent's default horizon, which is what lerobot's own ``select_action
 ACT with ``temporal_ensemble_coeff`` asks for one action per step, each the weighted average of every
 chunk predicted for that step, as lerobot's ``select_action`` computes it; the ensemble is kept per
 episode (``PolicyBatch.episodes``) because the rows of a refill are only the slots that need actions.
+
+Diffusion Policy samples at inference: the initial noise of ``conditional_sample`` and, with the DDPM
+scheduler, fresh noise in every denoising step. Given ``PolicyBatch.streams`` each row takes all of it
+from its own generator (:class:`DiffusionSampling`), seeded from the policy's seed and the row's
+stream, so a row's noise is bit-identical alone, in any batch, in any order or split across calls. The
+actions of a row are then the same up to float rounding: the network's matrix products are not
+batch-invariant (MKL rounds a row differently at another batch size, ~1e-7 in a linear layer,
+~5e-7 in normalised actions), which holds for ACT as much as for Diffusion. A batch without streams
+keeps lerobot's behaviour: torch's global generator. Other lerobot policies that sample (pi0,
+smolvla, vqbet, ...) still draw from torch's global generator.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -51,6 +63,7 @@ from hud_pipelines.agent.torch_runtime import (
     LockstepThreads,
     configure_threads,
     resolve_device,
+    row_generators,
     to_tensor,
 )
 from hud_pipelines.contract import Contract, Feature
@@ -188,14 +201,74 @@ def _is_visual(feature: object) -> bool:
     return getattr(feature, "type", None) is FeatureType.VISUAL
 
 
-class LeRobotPolicy(LockstepForwards):
-    """A LeRobot ``PreTrainedPolicy`` with its pre/post processors and the contract adapter."""
+class DiffusionSampling:
+    """Every draw of a lerobot Diffusion Policy's inference taken row by row from the rows' generators.
 
-    def __init__(self, policy: Any, preprocessor: Any, postprocessor: Any, adapter: LeRobotAdapter) -> None:
+    The initial noise ``[B, horizon, A]`` is built row by row and handed to ``predict_action_chunk``
+    as ``noise``; the scheduler's own draws (DDPM's variance noise in each step; DDIM with ``eta = 0``
+    draws none) get the list of generators, one per row, which diffusers' ``randn_tensor`` consumes
+    row by row. lerobot calls ``noise_scheduler.step(..., generator=None)``, so the scheduler's
+    ``step`` is wrapped once, on this policy's instance: inside :meth:`rows` it passes the rows'
+    generators, outside it passes the call through unchanged. The generators are kept per thread, so
+    forwards in two threads never trade noise.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        config = model.config
+        self.shape: tuple[int, int, int] = (1, int(config.horizon), int(config.action_feature.shape[0]))
+        """One row of the initial noise."""
+        self._local = threading.local()
+        self._wrap_step(model.noise_scheduler)
+
+    @classmethod
+    def of(cls, policy: Any) -> DiffusionSampling | None:
+        """The sampling of ``policy`` when it is a lerobot Diffusion Policy, else ``None``."""
+        model = getattr(policy, "diffusion", None)
+        if getattr(policy.config, "type", None) != "diffusion" or model is None:
+            return None
+        return cls(model)
+
+    def _wrap_step(self, scheduler: Any) -> None:
+        original = scheduler.step
+        local = self._local
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            generators = getattr(local, "generators", None)
+            if generators is not None:
+                kwargs["generator"] = generators
+            return original(*args, **kwargs)
+
+        scheduler.step = step
+
+    @contextlib.contextmanager
+    def rows(self, generators: list[torch.Generator]) -> Generator[torch.Tensor]:
+        """The initial noise of one row per generator; every scheduler step inside draws from them too."""
+        noise = torch.cat([torch.randn(self.shape, generator=g) for g in generators])
+        parameter = next(iter(self.model.parameters()))
+        self._local.generators = generators
+        try:
+            yield noise.to(parameter.device, parameter.dtype)
+        finally:
+            self._local.generators = None
+
+
+class LeRobotPolicy(LockstepForwards):
+    """A LeRobot ``PreTrainedPolicy`` with its pre/post processors and the contract adapter.
+
+    ``seed`` is the policy's own part of every row's random stream (see :class:`DiffusionSampling`).
+    """
+
+    def __init__(
+        self, policy: Any, preprocessor: Any, postprocessor: Any, adapter: LeRobotAdapter, *, seed: int = 0
+    ) -> None:
         self.policy = policy
         self.preprocessor = preprocessor
         self.postprocessor = postprocessor
         self.adapter = adapter
+        self.seed = seed
+        self.sampling = DiffusionSampling.of(policy)
+        """How each row's noise is drawn; ``None`` for a policy that does not sample (ACT)."""
         config = policy.config
         self.config: PreTrainedConfig = config
         steps = getattr(config, "n_action_steps", None)
@@ -222,14 +295,17 @@ class LeRobotPolicy(LockstepForwards):
     ) -> LeRobotPolicy:
         configure_threads(torch_threads)
         device = resolve_device(config.device)
+        seed = policy_seed(config)
         if config.path is not None:
             path = Path(config.path)
             path = path if path.is_absolute() else base_dir / path
             policy = cls.from_pretrained(
-                path, contract, device=device, overrides=config.overrides, rename=config.rename
+                path, contract, device=device, overrides=config.overrides, rename=config.rename, seed=seed
             )
         elif config.type is not None:
-            policy = cls.random(config.type, contract, device=device, overrides=config.overrides, rename=config.rename)
+            policy = cls.random(
+                config.type, contract, device=device, overrides=config.overrides, rename=config.rename, seed=seed
+            )
         else:
             raise PolicyError("a lerobot policy needs 'path' (a pretrained folder) or 'type' (random weights)")
         policy.lockstep_threads = lockstep_threads
@@ -244,6 +320,7 @@ class LeRobotPolicy(LockstepForwards):
         device: torch.device | str = "cpu",
         overrides: Mapping[str, Any] | None = None,
         rename: Mapping[str, str] | None = None,
+        seed: int = 0,
     ) -> LeRobotPolicy:
         """Load a ``save_pretrained`` folder (config, weights, pre/post processors); never downloads."""
         if not (path / "config.json").is_file():
@@ -259,7 +336,7 @@ class LeRobotPolicy(LockstepForwards):
             preprocessor_overrides={"device_processor": {"device": str(device)}},
         )
         adapter = LeRobotAdapter(contract, device=device, expected_inputs=config.input_features, rename=rename)
-        return cls(policy.to(device).eval(), preprocessor, postprocessor, adapter)
+        return cls(policy.to(device).eval(), preprocessor, postprocessor, adapter, seed=seed)
 
     @classmethod
     def random(
@@ -275,7 +352,7 @@ class LeRobotPolicy(LockstepForwards):
         """A policy of ``policy_type`` with random weights, shaped by the contract (smoke runs, benchmarks).
 
         Normalisation statistics come from the contract's bounds where it has them (so random actions
-        span the action range), identity elsewhere.
+        span the action range), identity elsewhere. ``seed`` draws the weights and seeds the sampling.
         """
         device = torch.device(device)
         adapter = LeRobotAdapter(contract, device=device, rename=rename)
@@ -289,7 +366,7 @@ class LeRobotPolicy(LockstepForwards):
         torch.manual_seed(seed)
         policy: Any = get_policy_class(policy_type)(config=config)
         preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=contract_stats(adapter))
-        return cls(policy.to(device).eval(), preprocessor, postprocessor, adapter)
+        return cls(policy.to(device).eval(), preprocessor, postprocessor, adapter, seed=seed)
 
     def save_pretrained(self, path: Path) -> Path:
         """Write the policy and its processors in lerobot's layout (loadable by ``lerobot-eval`` too)."""
@@ -310,11 +387,18 @@ class LeRobotPolicy(LockstepForwards):
         inputs = self.adapter.inputs(batch.observation, batch.prompts)
         with torch.inference_mode():
             processed = self.preprocessor(inputs)
-            chunk = self.policy.predict_action_chunk(processed)
+            chunk = self._predict(processed, batch)
             if self.ensemble_coeff is not None:
                 chunk = self._ensembled(chunk, batch.episodes)
             chunk = self.postprocessor(chunk)
         return self.adapter.actions(chunk)
+
+    def _predict(self, processed: Any, batch: PolicyBatch) -> torch.Tensor:
+        """``predict_action_chunk``; a sampling policy given streams draws each row's noise from its stream."""
+        if self.sampling is None or batch.streams is None:
+            return self.policy.predict_action_chunk(processed)
+        with self.sampling.rows(row_generators(batch, self.seed)) as noise:
+            return self.policy.predict_action_chunk(processed, noise=noise)
 
     def _ensembled(self, chunks: torch.Tensor, episodes: list[str] | None) -> torch.Tensor:
         """ACT's temporal ensembling, one lerobot ``ACTTemporalEnsembler`` per episode: ``[B, A]``.
@@ -338,6 +422,14 @@ class LeRobotPolicy(LockstepForwards):
         while len(self._ensembles) > ENSEMBLES_KEPT:
             self._ensembles.popitem(last=False)
         return torch.cat(rows)
+
+
+def policy_seed(config: LeRobotPolicyConfig) -> int:
+    """The config's ``seed`` when it has one, else 0 (the seed every row's random stream starts from)."""
+    seed: object = getattr(config, "seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise PolicyError(f"the lerobot policy's seed must be an integer, got {seed!r}")
+    return seed
 
 
 def make_policy_config(policy_type: str, **fields: Any) -> Any:

@@ -13,6 +13,10 @@ When other jobs already fill every core, the extra thread makes those forwards ~
 (``bench/agent.md``); ``lockstep_threads: null`` keeps one thread throughout.
 
 CUDA is used when present unless a device is named.
+
+A torch-backed policy that samples takes each row's draws from a CPU generator of its own
+(:func:`row_generators`), seeded from the policy's seed and the row's random stream, so what a row
+draws is the same alone or in any batch, on CPU or CUDA.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Literal
 
 import torch
 
-from hud_pipelines.agent.policy import PolicyError
+from hud_pipelines.agent.policy import PolicyBatch, PolicyError
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -89,6 +93,20 @@ class LockstepForwards:
     def lockstep(self, idle_sims: int) -> AbstractContextManager[None]:
         """Run the forward inside on the cores of ``idle_sims`` waiting sims (``lockstep_threads``)."""
         return lockstep_forward(self.lockstep_threads, idle_sims)
+
+
+SEED_BOUND = 2**63
+"""Torch seeds are drawn below this (``manual_seed`` takes any 64-bit value; 63 bits leave no sign doubt)."""
+
+
+def row_generators(batch: PolicyBatch, seed: int) -> list[torch.Generator]:
+    """One CPU torch generator per row, seeded from the row's numpy generator (:meth:`PolicyBatch.generators`).
+
+    CPU generators, because the same seed gives other numbers on a CUDA generator: drawing on the CPU
+    and moving the noise keeps an eval's samples the same on every device, for the price of copying a
+    few kilobytes per forward.
+    """
+    return [torch.Generator().manual_seed(int(rng.integers(SEED_BOUND))) for rng in batch.generators(seed)]
 
 
 def resolve_device(spec: str) -> torch.device:

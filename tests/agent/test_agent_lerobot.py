@@ -5,6 +5,7 @@ Importing lerobot costs ~15 s, paid once for this file.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,17 @@ def test_pretrained_folder_round_trip_gives_the_same_actions(tmp_path: Path, pus
         LeRobotPolicy.random("actt", pusht.contract)
     with pytest.raises(PolicyError, match="needs 'path'"):
         build_policy(LeRobotPolicyConfig(), pusht.contract, base_dir=tmp_path)
+
+
+def test_act_samples_nothing_so_random_streams_change_nothing(pusht: Any) -> None:
+    policy = LeRobotPolicy.random("act", pusht.contract, device="cpu", overrides=ACT_SMALL)
+    assert policy.sampling is None
+    unnamed = PolicyBatch(observation=pusht.reset([{"seed": s} for s in range(4)]).observation, prompts=[""] * 4)
+    named = dataclasses.replace(unnamed, streams=[(0, 0, slot, 0, 0) for slot in range(4)])
+    torch.manual_seed(2)
+    before = torch.get_rng_state()
+    assert np.array_equal(policy.infer(unnamed), policy.infer(named))
+    assert torch.equal(torch.get_rng_state(), before), "ACT's inference draws nothing"
 
 
 def test_adapter_carries_an_observation_history_axis_through() -> None:
