@@ -7,22 +7,38 @@ merged dataset follow shard name, then part, then the order episodes ended withi
 
 Parts that hold no episode are skipped; a part that cannot be read (its writer was killed before
 finalizing) is skipped with a warning and reported, never merged half-written.
+
+``stats.json`` of a merged dataset describes its data: lerobot aggregates the parts' stats, which
+is right for every feature whose values merging leaves alone, but it keeps each part's own stats of
+the columns merging renumbers (``index``, ``episode_index``, ``task_index``), so their ranges
+described one part. Those are recomputed from the merged rows, per episode and folded together as
+lerobot's ``save_episode`` folds them, leaving out episodes kept flagged as non-finite (as the
+parts' stats do). lerobot's progress bars are silenced while it merges.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
 
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
 from hud_pipelines.dataset.writer import DatasetWriteError
 
 logger = logging.getLogger(__name__)
+
+RENUMBERED_COLUMNS = ("index", "episode_index", "task_index")
+"""Columns whose values merging changes (offset or relabelled); all others keep their values."""
+_QUIET_LOCK = threading.Lock()
 
 
 class EmptyDatasetError(DatasetWriteError):
@@ -108,8 +124,12 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
         else:
             shutil.copytree(usable[0], dest)
     else:
-        aggregate_datasets(repo_ids=[repo_id] * len(usable), aggr_repo_id=repo_id, roots=list(usable), aggr_root=dest)
+        with quiet_aggregation():
+            aggregate_datasets(
+                repo_ids=[repo_id] * len(usable), aggr_repo_id=repo_id, roots=list(usable), aggr_root=dest
+            )
         _merge_sidecars(usable, [m.total_episodes for m in metas], dest)
+        _write_merged_stats(dest, [m.stats for m in metas])
     info = json.loads((dest / INFO_FILE).read_text())
     if (info.get("total_episodes"), info.get("total_frames")) != (expected_episodes, expected_frames):
         raise DatasetWriteError(
@@ -135,6 +155,73 @@ def _merge_sidecars(parts: Sequence[Path], episode_counts: Sequence[int], dest: 
         offset += count
     if lines:
         (dest / EPISODES_SIDECAR).write_text("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def quiet_aggregation() -> Generator[None]:
+    """lerobot's aggregation without its tqdm bars (they would print through a quiet run's stderr).
+
+    ``lerobot.datasets.aggregate`` calls ``tqdm.tqdm`` through its own module reference; only that
+    reference is swapped, for the block, so no other tqdm user in the process is affected.
+    """
+    from lerobot.datasets import aggregate
+
+    with _QUIET_LOCK:
+        original = aggregate.tqdm
+        aggregate.tqdm = _SilentTqdm  # pyright: ignore[reportAttributeAccessIssue]
+        try:
+            yield
+        finally:
+            aggregate.tqdm = original
+
+
+class _SilentTqdm:
+    """Stands in for the ``tqdm`` module: ``tqdm.tqdm(iterable, ...)`` is the iterable itself."""
+
+    @staticmethod
+    def tqdm[T](iterable: Iterable[T], *args: object, **kwargs: object) -> Iterable[T]:
+        return iterable
+
+
+def _write_merged_stats(dest: Path, part_stats: Sequence[dict[str, Any] | None]) -> None:
+    """``stats.json`` of the merged data: lerobot's aggregate of the parts, renumbered columns recomputed."""
+    from lerobot.datasets import compute_stats, io_utils
+
+    aggregate = cast(Callable[[list[dict[str, Any]]], dict[str, Any]], compute_stats.aggregate_stats)
+    write_stats = cast(Callable[[dict[str, Any], Path], None], io_utils.write_stats)
+    stats = aggregate([s for s in part_stats if s])
+    for column in RENUMBERED_COLUMNS:
+        stats.pop(column, None)
+    stats.update(_renumbered_column_stats(dest))
+    write_stats(stats, dest)
+
+
+def _renumbered_column_stats(root: Path) -> dict[str, Any]:
+    """Stats of the renumbered columns over the episodes that count (not kept flagged as non-finite).
+
+    Per episode with lerobot's ``compute_episode_stats``, folded in episode order with
+    ``aggregate_stats`` as ``save_episode`` does: the stats lerobot writes for one dataset of these
+    episodes.
+    """
+    import pyarrow.parquet as pq
+    from lerobot.datasets import compute_stats
+
+    aggregate = cast(Callable[[list[dict[str, Any]]], dict[str, Any]], compute_stats.aggregate_stats)
+    episode_stats_of = cast(Callable[..., dict[str, Any]], compute_stats.compute_episode_stats)
+    files = [str(f) for f in sorted((root / "data").glob("*/*.parquet"))]
+    table = cast(Any, pq.ParquetDataset(files).read(columns=list(RENUMBERED_COLUMNS)))
+    columns: dict[str, npt.NDArray[Any]] = {name: table.column(name).to_numpy() for name in RENUMBERED_COLUMNS}
+    left_out = {int(str(r["episode_index"])) for r in read_episode_records(root) if r.get("in_stats") is False}
+    features = {name: {"dtype": "int64", "shape": (1,), "names": None} for name in RENUMBERED_COLUMNS}
+    episodes = columns["episode_index"]
+    stats: dict[str, Any] | None = None
+    for episode in (int(e) for e in np.unique(episodes)):
+        if episode in left_out:
+            continue
+        rows = episodes == episode
+        episode_stats = episode_stats_of({name: values[rows] for name, values in columns.items()}, features)
+        stats = episode_stats if stats is None else aggregate([stats, episode_stats])
+    return stats or {}
 
 
 def read_episode_records(root: Path) -> list[dict[str, object]]:
