@@ -73,17 +73,41 @@ def _episodes_in(part: Path) -> int:
     return int(info.get("total_episodes", 0))
 
 
-def _open_part(part: Path, repo_id: str) -> tuple[Any, str | None]:
-    """The part's lerobot metadata, or why the part cannot be merged."""
-    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+@dataclass(frozen=True)
+class _PartCounts:
+    episodes: int
+    frames: int
+    stats: dict[str, Any] | None
 
+
+def _open_part(part: Path) -> _PartCounts | str:
+    """The part's counts and stats, or why the part cannot be merged.
+
+    Checked from the files (``info.json`` against the parquet footers, which a killed writer never
+    wrote), not by loading lerobot's metadata: that starts threads, which Python refuses at
+    interpreter exit, where an unclosed ``wrap()`` still publishes its dataset.
+    """
+    from lerobot.datasets import io_utils
+
+    info = json.loads((part / INFO_FILE).read_text())
+    episodes, frames = int(info.get("total_episodes", 0)), int(info.get("total_frames", 0))
     try:
-        meta = LeRobotDatasetMetadata(repo_id, root=part)
-        if meta.total_episodes == 0 or meta.episodes is None or len(meta.episodes) != meta.total_episodes:
-            return None, "its episode metadata is incomplete (not finalized)"
+        episode_rows = _parquet_rows(part / "meta" / "episodes")
+        data_rows = _parquet_rows(part / "data")
+        stats = cast(Callable[[Path], dict[str, Any] | None], io_utils.load_stats)(part)
     except Exception as exc:  # a killed writer leaves parquet files without footers
-        return None, f"unreadable: {exc!r}"
-    return meta, None
+        return f"unreadable: {exc!r}"
+    if (episode_rows, data_rows) != (episodes, frames):
+        return f"its files hold {episode_rows} episodes / {data_rows} frames of {episodes} / {frames} (not finalized)"
+    return _PartCounts(episodes, frames, stats)
+
+
+def _parquet_rows(directory: Path) -> int:
+    """Rows of the ``chunk-*/file-*.parquet`` files under ``directory``, read from their footers."""
+    import pyarrow.parquet as pq
+
+    read_metadata = cast(Callable[[Path], Any], pq.read_metadata)
+    return sum(int(read_metadata(f).num_rows) for f in sorted(directory.glob("*/*.parquet")))
 
 
 def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single: bool = False) -> MergeResult:
@@ -97,26 +121,24 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     if dest.exists():
         raise DatasetWriteError(f"{dest}: the merge target already exists")
     usable: list[Path] = []
-    metas: list[Any] = []
+    metas: list[_PartCounts] = []
     skipped: list[tuple[Path, str]] = []
     for part in sorted(Path(p) for p in parts):
         if _episodes_in(part) == 0:
             skipped.append((part, "no episodes"))
             continue
-        meta, reason = _open_part(part, repo_id)
-        if reason is not None:
-            logger.warning("leaving %s out of the merge: %s", part, reason)
-            skipped.append((part, reason))
+        meta = _open_part(part)
+        if isinstance(meta, str):
+            logger.warning("leaving %s out of the merge: %s", part, meta)
+            skipped.append((part, meta))
             continue
         usable.append(part)
         metas.append(meta)
     if not usable:
         raise EmptyDatasetError(f"no episodes to merge into {dest} (parts: {[str(p) for p in parts]})")
 
-    from lerobot.datasets.aggregate import aggregate_datasets
-
-    expected_episodes = sum(int(m.total_episodes) for m in metas)
-    expected_frames = sum(int(m.total_frames) for m in metas)
+    expected_episodes = sum(m.episodes for m in metas)
+    expected_frames = sum(m.frames for m in metas)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if len(usable) == 1:
         if move_single:
@@ -124,11 +146,13 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
         else:
             shutil.copytree(usable[0], dest)
     else:
+        from lerobot.datasets.aggregate import aggregate_datasets
+
         with quiet_aggregation():
             aggregate_datasets(
                 repo_ids=[repo_id] * len(usable), aggr_repo_id=repo_id, roots=list(usable), aggr_root=dest
             )
-        _merge_sidecars(usable, [m.total_episodes for m in metas], dest)
+        _merge_sidecars(usable, [m.episodes for m in metas], dest)
         _write_merged_stats(dest, [m.stats for m in metas])
     info = json.loads((dest / INFO_FILE).read_text())
     if (info.get("total_episodes"), info.get("total_frames")) != (expected_episodes, expected_frames):
