@@ -23,8 +23,10 @@ A wrapper writing a dataset is finalized at interpreter exit if it was never clo
 is registered when the wrapper is created, and runs on the normal way out of the program (the end
 of the script, ``sys.exit``, an uncaught exception) like ``close()`` does: open episodes end cut
 short, the sinks close, the dataset is published. It runs before Python joins the remaining
-threads (``threading``'s own exit hooks), while the dataset writers still take work. Nothing runs
-on ``os._exit``, SIGKILL or an unhandled SIGTERM: then the finalized parts of the episodes already
+threads (``threading``'s own exit hooks), while the dataset writers still take work; publishing
+then starts no thread (Python refuses new threads at exit): a ``wrap()`` dataset is one part, which
+is checked from its files and renamed into place. The env itself is not closed. Nothing runs on
+``os._exit``, SIGKILL or an unhandled SIGTERM: then the finalized parts of the episodes already
 written stay in the dataset's staging directory (``.<name>.staging-*``), unpublished.
 """
 
