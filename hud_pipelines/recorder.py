@@ -18,10 +18,23 @@ with ``SAME_STEP`` the next episode starts from the observation that step return
 Grades follow the bridge: success is sticky once the env reports it, the score is success when the
 env reports a success signal, else the episode return. An episode cut short by ``reset`` or
 ``close`` ends as failed with ``truncated=True``.
+
+A wrapper writing a dataset is finalized at interpreter exit if it was never closed: the finalizer
+is registered when the wrapper is created, and runs on the normal way out of the program (the end
+of the script, ``sys.exit``, an uncaught exception) like ``close()`` does: open episodes end cut
+short, the sinks close, the dataset is published. It runs before Python joins the remaining
+threads (``threading``'s own exit hooks), while the dataset writers still take work; publishing
+then starts no thread (Python refuses new threads at exit): a ``wrap()`` dataset is one part, which
+is checked from its files and renamed into place. The env itself is not closed. Nothing runs on
+``os._exit``, SIGKILL or an unhandled SIGTERM: then the finalized parts of the episodes already
+written stay in the dataset's staging directory (``.<name>.staging-*``), unpublished.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -44,7 +57,10 @@ from hud_pipelines.sim.envs import prompt_of, success_of, vector_success
 if TYPE_CHECKING:
     from hud_pipelines.dataset.publish import DatasetBuild
 
+logger = logging.getLogger(__name__)
+
 CUT_SHORT = "the episode was cut short by reset() or close()"
+_REGISTER_EXIT_HOOKS_ON_IMPORT = ("concurrent.futures.thread", "concurrent.futures.process")
 
 
 def wrap(
@@ -64,15 +80,22 @@ def wrap(
     """Wrap a gymnasium env or vector env so every episode is reported to ``sinks`` (and traced).
 
     With ``dataset``, the episodes are also written as a LeRobot v3 dataset, exactly as an eval's
-    dataset asset writes them, and published there (atomically) when the wrapper is closed.
+    dataset asset writes them, and published there (atomically) when the wrapper is closed, or
+    when the program exits without closing it (see the module docstring for what that covers).
     The wrapper owns the sinks: closing it ends open episodes and closes them.
     """
     options = _Options(job, list(sinks or ()), trace_dir, prompt, contract_path, task, instance, video)
     options.dataset = dataset
     options.dataset_repo_id = dataset_repo_id
     if isinstance(env, gym.vector.VectorEnv):
-        return RecordVectorEpisodes(cast(gym.vector.VectorEnv[Any, Any, Any], env), options)
-    return RecordEpisodes(env, options)
+        wrapper: RecordEpisodes | RecordVectorEpisodes = RecordVectorEpisodes(
+            cast(gym.vector.VectorEnv[Any, Any, Any], env), options
+        )
+    else:
+        wrapper = RecordEpisodes(env, options)
+    if dataset is not None:
+        wrapper.episodes.close_at_exit()
+    return wrapper
 
 
 class _Options:
@@ -118,6 +141,20 @@ class _Episodes:
         self.reported = [False] * num_slots
         self.last: list[dict[str, npt.NDArray[Any]]] = [{} for _ in range(num_slots)]
         self.dataset: DatasetBuild | None = None
+        self._at_exit: _CloseAtExit | None = None
+
+    def close_at_exit(self) -> None:
+        """Close (and publish) at interpreter exit unless :meth:`close` ran first.
+
+        Registered now, not at exit: by then Python refuses new exit hooks, and a module that
+        registers one on import (``concurrent.futures``, which lerobot imports in the writer
+        thread) fails to import. So those modules are imported here too.
+        """
+        for module in _REGISTER_EXIT_HOOKS_ON_IMPORT:
+            importlib.import_module(module)
+        if self._at_exit is None:
+            self._at_exit = _CloseAtExit(self)
+            threading._register_atexit(self._at_exit)  # pyright: ignore[reportAttributeAccessIssue, reportPrivateUsage, reportUnknownMemberType]
 
     def ensure_contract(self, env: Any, observation_space: Any, action_space: Any, sample: object) -> None:
         if self.contract is not None:
@@ -224,6 +261,9 @@ class _Episodes:
             sink.end(key, outcome)
 
     def close(self) -> None:
+        if self._at_exit is not None:
+            self._at_exit.episodes = None
+            self._at_exit = None
         for slot in range(self.num_slots):
             self.end(slot, terminated=False, truncated=True, reason=CUT_SHORT)
         for sink in self.sinks:
@@ -232,6 +272,22 @@ class _Episodes:
         if self.dataset is not None:
             build, self.dataset = self.dataset, None
             build.publish()
+
+
+class _CloseAtExit:
+    """An exit hook that closes the episodes of a wrapper nobody closed (and then forgets them)."""
+
+    def __init__(self, episodes: _Episodes) -> None:
+        self.episodes: _Episodes | None = episodes
+
+    def __call__(self) -> None:
+        episodes, self.episodes = self.episodes, None
+        if episodes is None:
+            return
+        try:
+            episodes.close()
+        except Exception:
+            logger.exception("closing an unclosed wrap() at exit failed; its dataset was not published")
 
 
 class RecordEpisodes(gym.Wrapper[Any, Any, Any, Any]):

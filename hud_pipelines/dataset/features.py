@@ -9,8 +9,13 @@ The mapping, in lerobot's own vocabulary (its key constants are used, not retype
   order the options give) as float32, one name per dimension. By default every non-camera
   observation feature is state, because that is what lerobot policies read;
 - any other vector -> ``observation.<name>`` with its own dtype and shape;
-- the action -> ``action`` (float32), plus ``next.reward``, ``next.done``, ``next.success``, and
+- the action -> ``action`` with the contract's dtype (a discrete action stays an integer, rounded to
+  the value the env was given), plus ``next.reward``, ``next.done``, ``next.success``, and
   ``episode.errored`` when errored episodes are kept.
+
+A frame holding NaN or infinity anywhere in its numbers is named by :meth:`DatasetLayout.non_finite`,
+so the sink can keep such an episode out of the dataset (or flagged, and out of the stats): one
+non-finite value turns lerobot's stats of its feature into NaN for the whole dataset.
 
 Flattened dict observations are named ``a/b`` in the contract; lerobot forbids ``/`` in keys, so it
 becomes ``_`` (a collision between two sanitized names is an error naming both).
@@ -27,6 +32,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import PurePath
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -184,6 +190,30 @@ def _shape(name: str, shape: object) -> tuple[int, ...] | None:
     return tuple(cast(Sequence[int], shape))
 
 
+UNKNOWN_ROBOT = "unknown"
+
+
+def dataset_robot_type(robot_type: str, factory: str | None) -> str:
+    """The ``robot_type`` a dataset of this sim stores: the contract's, unless it says nothing.
+
+    A sim's contract names its robot from the env's ``metadata["robot_type"]`` or, failing that,
+    from its factory; for a callable factory (``module:function`` or ``file.py:function``) that is
+    the bare function name (``make``), which says nothing about the robot. Then the dataset names
+    the factory's module with it (``camera_pendulum.make``); an empty or unknown robot type becomes
+    the factory (a registry id such as ``CartPole-v1`` as it is). ``factory`` is ``None`` for a sim
+    attached by URL, whose contract is taken as it is.
+    """
+    if factory is None:
+        return robot_type or UNKNOWN_ROBOT
+    module, colon, function = factory.rpartition(":")
+    if robot_type and robot_type != UNKNOWN_ROBOT and not (colon and robot_type == function):
+        return robot_type
+    if not colon:
+        return factory
+    stem = PurePath(module).stem if module.endswith(".py") else module.rpartition(".")[2]
+    return f"{stem}.{function}" if stem else function
+
+
 def sanitize_key(name: str) -> str:
     """A contract name as a lerobot key part: ``/`` (flattened dicts) is not allowed there."""
     return name.replace("/", "_")
@@ -307,7 +337,7 @@ class DatasetLayout:
             robot_type = source.robot_type if robot_type is None else robot_type
         else:
             fps = fps if fps is not None else source.get("control_rate", source.get("fps"))
-            robot_type = robot_type or source.get("robot_type") or "unknown"
+            robot_type = robot_type or source.get("robot_type") or UNKNOWN_ROBOT
         if not isinstance(fps, int | float) or fps <= 0:
             raise ContractError("a dataset needs a positive fps (the contract's control_rate)")
         actions = [f for f in features if f.role == "action"]
@@ -341,7 +371,7 @@ class DatasetLayout:
             for n, f in vectors.items()
             if n not in state_names
         )
-        action = _vector(actions[0], keys.action, np.dtype(np.float32))
+        action = _vector(actions[0], keys.action, actions[0].dtype)
         layout = cls(
             fps=_integer_fps(float(fps)),
             robot_type=str(robot_type),
@@ -422,7 +452,7 @@ class DatasetLayout:
         for v in self.vectors:
             features[v.key] = {"dtype": str(v.dtype), "shape": v.stored_shape, "names": v.dimension_names()}
         features[keys.action] = {
-            "dtype": "float32",
+            "dtype": str(self.action.dtype),
             "shape": (self.action.size,),
             "names": self.action.dimension_names(),
         }
@@ -459,14 +489,36 @@ class DatasetLayout:
         for v in self.vectors:
             value = self._get(observation, v.source, v.source_shape)
             out[v.key] = np.array(value, dtype=v.dtype).reshape(v.stored_shape)
-        action = np.asarray(frame.action, dtype=np.float32)
-        if action.size != self.action.size:
-            raise ContractError(f"action has {action.size} values, the contract says {self.action.size}")
-        out[keys.action] = action.reshape(self.action.size).copy()
+        out[keys.action] = self._action(frame.action)
         out[keys.reward] = np.array([frame.reward], dtype=np.float32)
         out[keys.done] = np.array([frame.done], dtype=np.bool_)
         out[keys.success] = np.array([frame.success], dtype=np.bool_)
         return out
+
+    def _action(self, value: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """The action in the contract's dtype; integer and bool actions rounded to the nearest integer,
+        as the sim rounds them before the env sees them."""
+        action = np.asarray(value)
+        if action.size != self.action.size:
+            raise ContractError(f"action has {action.size} values, the contract says {self.action.size}")
+        action = action.reshape(self.action.size)
+        if self.action.dtype.kind in "biu" and action.dtype.kind == "f":
+            action = np.rint(action)
+        return action.astype(self.action.dtype, copy=True)
+
+    def non_finite(self, frame: Frame, converted: FrameDict) -> list[str]:
+        """The lerobot keys of this frame holding NaN or infinity (``converted`` is its LeRobot frame).
+
+        Float RGB cameras are checked on the recorded pixels: converting to uint8 would hide the NaN.
+        """
+        keys = [key for key, value in converted.items() if value.dtype.kind == "f" and not np.isfinite(value).all()]
+        for camera in self.cameras:
+            if camera.kind is FeatureType.DEPTH or camera.key in keys:
+                continue
+            pixels = np.asarray(frame.observation[camera.source])
+            if pixels.dtype.kind == "f" and not np.isfinite(pixels).all():
+                keys.append(camera.key)
+        return keys
 
     @staticmethod
     def _get(observation: Mapping[str, npt.NDArray[Any]], name: str, shape: tuple[int, ...] | None) -> npt.NDArray[Any]:

@@ -7,22 +7,38 @@ merged dataset follow shard name, then part, then the order episodes ended withi
 
 Parts that hold no episode are skipped; a part that cannot be read (its writer was killed before
 finalizing) is skipped with a warning and reported, never merged half-written.
+
+``stats.json`` of a merged dataset describes its data: lerobot aggregates the parts' stats, which
+is right for every feature whose values merging leaves alone, but it keeps each part's own stats of
+the columns merging renumbers (``index``, ``episode_index``, ``task_index``), so their ranges
+described one part. Those are recomputed from the merged rows, per episode and folded together as
+lerobot's ``save_episode`` folds them, leaving out episodes kept flagged as non-finite (as the
+parts' stats do). lerobot's progress bars are silenced while it merges.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
 
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
 from hud_pipelines.dataset.writer import DatasetWriteError
 
 logger = logging.getLogger(__name__)
+
+RENUMBERED_COLUMNS = ("index", "episode_index", "task_index")
+"""Columns whose values merging changes (offset or relabelled); all others keep their values."""
+_QUIET_LOCK = threading.Lock()
 
 
 class EmptyDatasetError(DatasetWriteError):
@@ -57,17 +73,41 @@ def _episodes_in(part: Path) -> int:
     return int(info.get("total_episodes", 0))
 
 
-def _open_part(part: Path, repo_id: str) -> tuple[Any, str | None]:
-    """The part's lerobot metadata, or why the part cannot be merged."""
-    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+@dataclass(frozen=True)
+class _PartCounts:
+    episodes: int
+    frames: int
+    stats: dict[str, Any] | None
 
+
+def _open_part(part: Path) -> _PartCounts | str:
+    """The part's counts and stats, or why the part cannot be merged.
+
+    Checked from the files (``info.json`` against the parquet footers, which a killed writer never
+    wrote), not by loading lerobot's metadata: that starts threads, which Python refuses at
+    interpreter exit, where an unclosed ``wrap()`` still publishes its dataset.
+    """
+    from lerobot.datasets import io_utils
+
+    info = json.loads((part / INFO_FILE).read_text())
+    episodes, frames = int(info.get("total_episodes", 0)), int(info.get("total_frames", 0))
     try:
-        meta = LeRobotDatasetMetadata(repo_id, root=part)
-        if meta.total_episodes == 0 or meta.episodes is None or len(meta.episodes) != meta.total_episodes:
-            return None, "its episode metadata is incomplete (not finalized)"
+        episode_rows = _parquet_rows(part / "meta" / "episodes")
+        data_rows = _parquet_rows(part / "data")
+        stats = cast(Callable[[Path], dict[str, Any] | None], io_utils.load_stats)(part)
     except Exception as exc:  # a killed writer leaves parquet files without footers
-        return None, f"unreadable: {exc!r}"
-    return meta, None
+        return f"unreadable: {exc!r}"
+    if (episode_rows, data_rows) != (episodes, frames):
+        return f"its files hold {episode_rows} episodes / {data_rows} frames of {episodes} / {frames} (not finalized)"
+    return _PartCounts(episodes, frames, stats)
+
+
+def _parquet_rows(directory: Path) -> int:
+    """Rows of the ``chunk-*/file-*.parquet`` files under ``directory``, read from their footers."""
+    import pyarrow.parquet as pq
+
+    read_metadata = cast(Callable[[Path], Any], pq.read_metadata)
+    return sum(int(read_metadata(f).num_rows) for f in sorted(directory.glob("*/*.parquet")))
 
 
 def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single: bool = False) -> MergeResult:
@@ -81,26 +121,24 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     if dest.exists():
         raise DatasetWriteError(f"{dest}: the merge target already exists")
     usable: list[Path] = []
-    metas: list[Any] = []
+    metas: list[_PartCounts] = []
     skipped: list[tuple[Path, str]] = []
     for part in sorted(Path(p) for p in parts):
         if _episodes_in(part) == 0:
             skipped.append((part, "no episodes"))
             continue
-        meta, reason = _open_part(part, repo_id)
-        if reason is not None:
-            logger.warning("leaving %s out of the merge: %s", part, reason)
-            skipped.append((part, reason))
+        meta = _open_part(part)
+        if isinstance(meta, str):
+            logger.warning("leaving %s out of the merge: %s", part, meta)
+            skipped.append((part, meta))
             continue
         usable.append(part)
         metas.append(meta)
     if not usable:
         raise EmptyDatasetError(f"no episodes to merge into {dest} (parts: {[str(p) for p in parts]})")
 
-    from lerobot.datasets.aggregate import aggregate_datasets
-
-    expected_episodes = sum(int(m.total_episodes) for m in metas)
-    expected_frames = sum(int(m.total_frames) for m in metas)
+    expected_episodes = sum(m.episodes for m in metas)
+    expected_frames = sum(m.frames for m in metas)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if len(usable) == 1:
         if move_single:
@@ -108,8 +146,14 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
         else:
             shutil.copytree(usable[0], dest)
     else:
-        aggregate_datasets(repo_ids=[repo_id] * len(usable), aggr_repo_id=repo_id, roots=list(usable), aggr_root=dest)
-        _merge_sidecars(usable, [m.total_episodes for m in metas], dest)
+        from lerobot.datasets.aggregate import aggregate_datasets
+
+        with quiet_aggregation():
+            aggregate_datasets(
+                repo_ids=[repo_id] * len(usable), aggr_repo_id=repo_id, roots=list(usable), aggr_root=dest
+            )
+        _merge_sidecars(usable, [m.episodes for m in metas], dest)
+        _write_merged_stats(dest, [m.stats for m in metas])
     info = json.loads((dest / INFO_FILE).read_text())
     if (info.get("total_episodes"), info.get("total_frames")) != (expected_episodes, expected_frames):
         raise DatasetWriteError(
@@ -135,6 +179,73 @@ def _merge_sidecars(parts: Sequence[Path], episode_counts: Sequence[int], dest: 
         offset += count
     if lines:
         (dest / EPISODES_SIDECAR).write_text("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def quiet_aggregation() -> Generator[None]:
+    """lerobot's aggregation without its tqdm bars (they would print through a quiet run's stderr).
+
+    ``lerobot.datasets.aggregate`` calls ``tqdm.tqdm`` through its own module reference; only that
+    reference is swapped, for the block, so no other tqdm user in the process is affected.
+    """
+    from lerobot.datasets import aggregate
+
+    with _QUIET_LOCK:
+        original = aggregate.tqdm
+        aggregate.tqdm = _SilentTqdm  # pyright: ignore[reportAttributeAccessIssue]
+        try:
+            yield
+        finally:
+            aggregate.tqdm = original
+
+
+class _SilentTqdm:
+    """Stands in for the ``tqdm`` module: ``tqdm.tqdm(iterable, ...)`` is the iterable itself."""
+
+    @staticmethod
+    def tqdm[T](iterable: Iterable[T], *args: object, **kwargs: object) -> Iterable[T]:
+        return iterable
+
+
+def _write_merged_stats(dest: Path, part_stats: Sequence[dict[str, Any] | None]) -> None:
+    """``stats.json`` of the merged data: lerobot's aggregate of the parts, renumbered columns recomputed."""
+    from lerobot.datasets import compute_stats, io_utils
+
+    aggregate = cast(Callable[[list[dict[str, Any]]], dict[str, Any]], compute_stats.aggregate_stats)
+    write_stats = cast(Callable[[dict[str, Any], Path], None], io_utils.write_stats)
+    stats = aggregate([s for s in part_stats if s])
+    for column in RENUMBERED_COLUMNS:
+        stats.pop(column, None)
+    stats.update(_renumbered_column_stats(dest))
+    write_stats(stats, dest)
+
+
+def _renumbered_column_stats(root: Path) -> dict[str, Any]:
+    """Stats of the renumbered columns over the episodes that count (not kept flagged as non-finite).
+
+    Per episode with lerobot's ``compute_episode_stats``, folded in episode order with
+    ``aggregate_stats`` as ``save_episode`` does: the stats lerobot writes for one dataset of these
+    episodes.
+    """
+    import pyarrow.parquet as pq
+    from lerobot.datasets import compute_stats
+
+    aggregate = cast(Callable[[list[dict[str, Any]]], dict[str, Any]], compute_stats.aggregate_stats)
+    episode_stats_of = cast(Callable[..., dict[str, Any]], compute_stats.compute_episode_stats)
+    files = [str(f) for f in sorted((root / "data").glob("*/*.parquet"))]
+    table = cast(Any, pq.ParquetDataset(files).read(columns=list(RENUMBERED_COLUMNS)))
+    columns: dict[str, npt.NDArray[Any]] = {name: table.column(name).to_numpy() for name in RENUMBERED_COLUMNS}
+    left_out = {int(str(r["episode_index"])) for r in read_episode_records(root) if r.get("in_stats") is False}
+    features = {name: {"dtype": "int64", "shape": (1,), "names": None} for name in RENUMBERED_COLUMNS}
+    episodes = columns["episode_index"]
+    stats: dict[str, Any] | None = None
+    for episode in (int(e) for e in np.unique(episodes)):
+        if episode in left_out:
+            continue
+        rows = episodes == episode
+        episode_stats = episode_stats_of({name: values[rows] for name, values in columns.items()}, features)
+        stats = episode_stats if stats is None else aggregate([stats, episode_stats])
+    return stats or {}
 
 
 def read_episode_records(root: Path) -> list[dict[str, object]]:

@@ -7,7 +7,9 @@ rather than through lerobot's temporary PNGs, and each episode's rows are embedd
 (:mod:`.lerobot_hooks`): the files are the ones lerobot's default path writes, at about a third of
 its CPU time per frame (``bench/dataset.md``). Beside lerobot's files it keeps
 ``meta/hud_episodes.jsonl``: one line per episode with its ``EpisodeKey``, trace id and outcome, so
-dataset episodes can be joined with grades and traces.
+dataset episodes can be joined with grades and traces. An episode holding NaN or infinity (kept
+only with ``keep_errored``) is listed there with its non-finite keys and ``in_stats: false``, and
+its stats are taken back out of ``stats.json`` once lerobot has folded them in.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import contextlib
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -47,6 +50,8 @@ class FinishedEpisode:
     task: str
     frames: list[FrameDict]
     outcome: EpisodeOutcome
+    non_finite: tuple[str, ...] = ()
+    """lerobot keys holding NaN or infinity: such an episode is written flagged, never into the stats."""
 
 
 class Part(Protocol):
@@ -88,6 +93,7 @@ class PartWriter:
     def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
         dataset = self._dataset or self._create(layout)
         flag = np.array([episode.outcome.status is EpisodeStatus.ERRORED], dtype=np.bool_)
+        stats_before = cast(dict[str, Any] | None, dataset.meta.stats)
         try:
             for frame in episode.frames:
                 row: dict[str, Any] = dict(frame)
@@ -98,6 +104,8 @@ class PartWriter:
             index = int(dataset.meta.total_episodes)
             with whole_episode_embedding():
                 dataset.save_episode()
+            if episode.non_finite:
+                _restore_stats(dataset, stats_before)
         except BaseException:
             # a save_episode that failed half-way leaves a buffer lerobot cannot inspect: the
             # original error is the one to report
@@ -151,11 +159,28 @@ class PartWriter:
             "score": outcome.score,
             "total_reward": outcome.total_reward,
             "steps": outcome.steps,
+            "error": outcome.error,
             "frames": len(episode.frames),
             "task_prompt": episode.task,
+            "non_finite": list(episode.non_finite),
+            "in_stats": not episode.non_finite,
         }
         with (self.path / EPISODES_SIDECAR).open("a") as sidecar:
             sidecar.write(json.dumps(line) + "\n")
+
+
+def _restore_stats(dataset: LeRobotDataset, stats: dict[str, Any] | None) -> None:
+    """Undo what ``save_episode`` aggregated into ``stats.json`` from a non-finite episode.
+
+    lerobot folds each episode's stats into the dataset's (``aggregate_stats([stats, episode])``), so
+    putting back the stats from before the episode leaves exactly the stats lerobot computes over the
+    finite episodes. With no finite episode yet the file holds ``{}``: loadable, and merged as nothing.
+    """
+    from lerobot.datasets import io_utils
+
+    write_stats = cast(Callable[[dict[str, Any], Path], None], io_utils.write_stats)
+    dataset.meta.stats = stats
+    write_stats(stats or {}, dataset.meta.root)
 
 
 def encodes_video_in_memory(layout: DatasetLayout) -> bool:

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 from hud_pipelines.contract import Contract
+from hud_pipelines.dataset.features import dataset_robot_type
 from hud_pipelines.dataset.merge import find_parts
 from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import publish_shards
@@ -41,7 +42,13 @@ class ShardStore:
         """A fresh shard sink for one instance of this run."""
         pending = self._pending(partition_key)
         shutil.rmtree(pending, ignore_errors=True)
-        return LeRobotDatasetSink(contract, pending, options=self.options, repo_id=self.spec.dataset_repo_id)
+        return LeRobotDatasetSink(
+            contract,
+            pending,
+            options=self.options,
+            repo_id=self.spec.dataset_repo_id,
+            robot_type=dataset_robot_type(contract.robot_type, self.spec.sim.factory),
+        )
 
     def commit(self, partition_key: str) -> None:
         """Make this run's shard of ``partition_key`` the current one (call after its sink closed)."""

@@ -7,6 +7,13 @@ Why it looks like this:
   only then is the episode handed to a writer, which calls ``add_frame`` for each frame and
   ``save_episode`` once. An errored episode is left out unless ``keep_errored`` (then every frame
   carries ``episode.errored``); an episode never ended (cancellation) is never written.
+- **Every row is finite or flagged.** An episode holding NaN or infinity in any number (a sim that
+  diverged) is errored whatever its outcome says: left out, or with ``keep_errored`` kept flagged,
+  listed with its non-finite keys in ``hud_episodes.jsonl`` and kept out of ``stats.json``
+  (:mod:`.part`), so one broken episode never turns the dataset's normalisation stats into NaN.
+- **One success.** ``end`` carries the graded outcome, and the episode's ``next.success`` column
+  follows it: all false when the outcome failed; when it succeeded, the last frame is true (earlier
+  frames keep what the env reported). So ``any(next.success)`` is the grade of every episode.
 - **Writing never stalls stepping.** ``add`` converts and buffers (microseconds); ``end`` puts the
   finished episode on a bounded queue. Writer threads (``options.writers``) take episodes from it,
   each into its own *part* (a complete lerobot dataset under ``<root>/part-<i>``), written by
@@ -34,7 +41,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.dataset.features import DatasetLayout, FrameDict
+from hud_pipelines.dataset.features import DatasetLayout, FrameDict, lerobot_keys
 from hud_pipelines.dataset.options import DatasetOptions, WriterKind
 from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, Part, PartWriter
 from hud_pipelines.dataset.process import ProcessPart
@@ -60,6 +67,8 @@ class SinkReport:
     errored_dropped: int = 0
     empty_dropped: int = 0
     """Episodes that ended without a single frame (e.g. errored at reset)."""
+    non_finite: int = 0
+    """Episodes holding NaN or infinity; they count as errored (dropped, or kept flagged)."""
     aborted: int = 0
     """Episodes begun but never ended before ``close`` (cancellation); never written."""
     parts: list[Path] = field(default_factory=list[Path])
@@ -69,6 +78,22 @@ class SinkReport:
 class _OpenEpisode:
     prompt: str
     frames: list[FrameDict] = field(default_factory=list[FrameDict])
+    non_finite: dict[str, int] = field(default_factory=dict[str, int])
+    """lerobot key -> index of the first frame where it held NaN or infinity."""
+
+
+def follow_graded_success(frames: list[FrameDict], success: bool) -> None:
+    """Make the episode's ``next.success`` column agree with its graded outcome (in place).
+
+    A grader may judge an episode successful that the env never called a success (a return
+    threshold), or failed that the env did; the dataset must not tell two stories.
+    """
+    key = lerobot_keys().success
+    if success:
+        frames[-1][key][...] = True
+        return
+    for frame in frames:
+        frame[key][...] = False
 
 
 def default_repo_id(name: str) -> str:
@@ -127,7 +152,10 @@ class LeRobotDatasetSink:
             raise SlotStateError(f"add() for episode {key}, which is not open (begin() it first)")
         if not self.layout.complete:
             self.layout = self.layout.with_shapes_from(frame.observation, frame.action)
-        episode.frames.append(self.layout.lerobot_frame(frame))
+        converted = self.layout.lerobot_frame(frame)
+        for bad in self.layout.non_finite(frame, converted):
+            episode.non_finite.setdefault(bad, frame.index)
+        episode.frames.append(converted)
 
     def inference(self, key: EpisodeKey, record: Inference) -> None:
         """Inference records belong to traces, not to the dataset."""
@@ -141,13 +169,30 @@ class LeRobotDatasetSink:
             with self._lock:
                 self._report.empty_dropped += 1
             return
+        outcome = self._screen(key, episode, outcome)
         if outcome.status is EpisodeStatus.ERRORED:
             with self._lock:
                 if not self.layout.keep_errored:
                     self._report.errored_dropped += 1
                     return
                 self._report.errored_kept += 1
-        self._put(FinishedEpisode(key=key, task=episode.prompt, frames=episode.frames, outcome=outcome))
+        follow_graded_success(episode.frames, outcome.success)
+        finished = FinishedEpisode(
+            key=key, task=episode.prompt, frames=episode.frames, outcome=outcome, non_finite=tuple(episode.non_finite)
+        )
+        self._put(finished)
+
+    def _screen(self, key: EpisodeKey, episode: _OpenEpisode, outcome: EpisodeOutcome) -> EpisodeOutcome:
+        """The outcome the dataset records: errored when the episode holds a non-finite number."""
+        if not episode.non_finite:
+            return outcome
+        where = ", ".join(f"{name} (from step {step})" for name, step in episode.non_finite.items())
+        with self._lock:
+            self._report.non_finite += 1
+        if outcome.status is EpisodeStatus.ERRORED:
+            return outcome
+        logger.warning("%s: episode %s holds NaN or infinity in %s; it is recorded as errored", self.root, key, where)
+        return replace(outcome, status=EpisodeStatus.ERRORED, success=False, error=f"non-finite values in {where}")
 
     def close(self, *, abort: bool = False) -> None:
         """Drop episodes never ended, let the writers drain the queue, finalize every part.

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +14,18 @@ import numpy as np
 from agent_helpers import RecordingSink
 
 from envs.controllers import pendulum_swing_up
+from envs.faulty import probe
 from hud_pipelines.agent.builtin import FunctionPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import load_contract
+from hud_pipelines.dataset.merge import read_episode_records
 from hud_pipelines.recorder import RecordVectorEpisodes, wrap
 from hud_pipelines.recording import EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.telemetry.traces import StepType, TraceRecorder, read_traces
 
 SEEDS = [5, 6]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def comparable(root: Path, job: str) -> list[list[dict[str, Any]]]:
@@ -170,3 +177,78 @@ def test_wrap_writes_the_same_lerobot_dataset_an_eval_writes(tmp_path: Path) -> 
     assert dataset.num_episodes == len(SEEDS)
     assert dataset.num_frames == 20 * len(SEEDS)
     assert set(dataset.meta.features) >= {"observation.state", "action", "next.reward", "next.done"}
+    assert dataset.meta.robot_type == "Pendulum-v1"  # the env id
+
+
+def test_a_wrap_dataset_stores_discrete_actions_and_one_success_per_episode(tmp_path: Path) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    target = tmp_path / "probe"
+    env = wrap(probe(success_key="is_success", success_at=3, episode_steps=6), job="probe", dataset=target)
+    for seed, actions in ((0, [2, 1, 0, 2, 1, 0]), (1, [1, 1])):  # the second episode is cut short by close()
+        env.reset(seed=seed)
+        for action in actions:
+            env.step(np.int64(action))
+    env.close()
+
+    dataset = LeRobotDataset("local/probe", root=target)
+    assert dataset.meta.robot_type == "ProbeEnv"  # no env id: the env class
+    assert dataset.meta.features["action"]["dtype"] == "int64"
+    table = dataset.hf_dataset.with_format("numpy")[:]
+    assert np.asarray(table["action"]).reshape(-1).tolist() == [2, 1, 0, 2, 1, 0, 1, 1]
+    records = read_episode_records(target)
+    assert [r["success"] for r in records] == [True, False]
+    success = np.asarray(table["next.success"]).reshape(-1)
+    episodes = np.asarray(table["episode_index"])
+    assert success[episodes == 0].tolist() == [False, False, True, True, True, True]  # sticky once reported
+    for record in records:
+        assert bool(success[episodes == record["episode_index"]].any()) == record["success"]
+
+
+EXITS_WITHOUT_CLOSE = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    import gymnasium as gym
+
+    from hud_pipelines.recorder import wrap
+
+    env = wrap(gym.make("CartPole-v1"), job="unclosed", dataset=Path(sys.argv[1]))
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(seed)
+            done = terminated or truncated
+    env.reset(seed=2)
+    for _ in range(3):
+        env.step(0)
+    print("EXITING", flush=True)  # without env.close()
+    """
+)
+
+
+def test_an_unclosed_wrap_dataset_is_published_at_exit(tmp_path: Path) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    target = tmp_path / "unclosed"
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS_WITHOUT_CLOSE, str(target)],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "EXITING" in done.stdout
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    dataset = LeRobotDataset("local/unclosed", root=target)
+    records = read_episode_records(target)
+    assert dataset.num_episodes == len(records) == 3  # two finished, one cut short at exit
+    assert [r["steps"] for r in records][-1] == 3
+    assert dataset.num_frames == sum(int(str(r["frames"])) for r in records)
+    assert not list(tmp_path.glob(".unclosed.staging-*"))

@@ -188,3 +188,23 @@ def test_shards_written_elsewhere_are_published_untouched(tmp_path: Path) -> Non
     assert [load(part).num_episodes for part in find_parts(shards)] == [2, 3]  # read, never moved
     assert sorted(r["instance"] for r in read_episode_records(target)) == [0, 0, 1, 1, 1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["published", "runs"]
+
+
+def test_a_part_a_killed_writer_left_is_merged_out(tmp_path: Path) -> None:
+    shards = [tmp_path / "runs" / name for name in ("partition-a", "partition-b", "partition-c")]
+    for instance, shard in enumerate(shards):
+        with LeRobotDatasetSink(SPEC, shard, fps=10) as sink:
+            write_episodes(sink, 2, instance=instance)
+    (data,) = (shards[1] / "part-000" / "data").glob("*/*.parquet")
+    data.write_bytes(data.read_bytes()[:-64])  # no parquet footer: its writer never finalized
+    (episodes,) = (shards[2] / "part-000" / "meta" / "episodes").glob("*/*.parquet")
+    episodes.unlink()  # the episode metadata never reached the disk
+
+    result = publish_shards(shards, tmp_path / "published")
+    assert [(part.parent.name, reason.split(":")[0]) for part, reason in result.skipped_parts] == [
+        ("partition-b", "unreadable"),
+        ("partition-c", "its files hold 0 episodes / 8 frames of 2 / 8 (not finalized)"),
+    ]
+    dataset = load(tmp_path / "published")
+    assert dataset.num_episodes == result.episodes == 2
+    check_episodes(dataset)
