@@ -16,6 +16,12 @@ fails exactly the callers of that batch.
 ``expected_callers`` is the number of loops that share the model. A loop that finishes must
 :meth:`leave` so the others stop waiting for it.
 
+``across_callers=False`` is the reproducible mode an eval runs in by default: each call is its own
+forward (forwards still never overlap) at the policy's usual thread count. A torch forward rounds a
+row differently depending on the batch it sits in and the threads it runs on, so stacking rows of
+several instances, whose composition depends on thread timing, would make an eval's actions differ
+at the last bit from run to run; one instance's own rows are a deterministic batch.
+
 Every wait has a deadline. Forwards run on one daemon thread of the model, and a caller waits for
 its rows at most ``forward_timeout_s`` past the batching window: a forward that is late (or never
 returns) fails exactly the callers waiting on it with :class:`~hud_pipelines.errors.PolicyTimeoutError`
@@ -88,6 +94,7 @@ class BatchedModel:
         batch_size: int | None = None,
         expected_callers: int = 1,
         forward_timeout_s: float = DEFAULT_FORWARD_TIMEOUT_S,
+        across_callers: bool = True,
     ) -> None:
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
@@ -98,6 +105,8 @@ class BatchedModel:
         if forward_timeout_s <= 0:
             raise ValueError(f"forward_timeout_s must be > 0, got {forward_timeout_s}")
         self.forward_timeout_s = forward_timeout_s
+        self.across_callers = across_callers
+        """Stack concurrent callers into one forward (see the module docstring for the reproducible mode)."""
         self.policy = policy
         self.max_wait_s = max_wait_s
         self.batch_size = batch_size
@@ -130,6 +139,7 @@ class BatchedModel:
             batch_size=batching.batch_size,
             expected_callers=expected_callers,
             forward_timeout_s=forward_timeout_s,
+            across_callers=batching.across_instances,
         )
 
     # -- callers ---------------------------------------------------------------------------------------
@@ -191,7 +201,7 @@ class BatchedModel:
                     ready, timed_out = self._ready()
                     if ready:  # this thread flushes; the forward runs on the model's worker thread
                         waiting = len(self._pending)
-                        idle_sims = waiting if waiting >= self._expected else 0
+                        idle_sims = waiting if waiting >= self._expected and self.across_callers else 0
                         self.stats.timer_flushes += int(timed_out)
                         self._submit(self._take(), idle_sims)
                         continue
@@ -251,7 +261,7 @@ class BatchedModel:
         """Whether the pending calls should be flushed now, and whether the timer decided it."""
         if not self._pending:
             return False, False
-        if len(self._pending) >= self._expected:
+        if not self.across_callers or len(self._pending) >= self._expected:
             return True, False
         if self.batch_size is not None and sum(c.batch.size for c in self._pending) >= self.batch_size:
             return True, False
@@ -276,6 +286,8 @@ class BatchedModel:
             call.claimed = True
             taken.append(call)
             rows += size
+            if not self.across_callers:
+                break
         return taken
 
     def _forward(self, calls: list[_Call], idle_sims: int) -> None:
