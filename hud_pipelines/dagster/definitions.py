@@ -12,7 +12,6 @@ and does not show that metadata. ``hud-pipelines validate`` keeps failing for th
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,20 +22,14 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from hud_pipelines.dagster.assets import build_pipeline_assets
 from hud_pipelines.dagster.resources import PipelineResource, resource_key
 from hud_pipelines.outputs import default_outputs_root
-from hud_pipelines.spec.loader import collect_pipelines, load_pipeline, pipeline_files
+from hud_pipelines.spec.loader import collect_pipelines, default_pipelines_dir, load_pipeline, pipeline_files
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError
 
-PIPELINES_ENV = "HUD_PIPELINES_DIR"
 BROKEN_GROUP = "broken_pipelines"
 """Asset group (and key prefix) of the markers of pipeline files that did not load."""
 
 log = logging.getLogger(__name__)
-
-
-def default_pipelines_dir() -> Path:
-    configured = os.environ.get(PIPELINES_ENV)
-    return Path(configured).expanduser().resolve() if configured else (Path.cwd() / "pipelines").resolve()
 
 
 def definitions_for(

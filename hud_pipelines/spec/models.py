@@ -114,7 +114,9 @@ class SimSpec(StrictModel):
         default=None,
         min_length=1,
         description="contract.json relative to the YAML file: written from the derived contract on first use, "
-        "edited by hand afterwards; omitted: derived in memory each run",
+        "edited by hand afterwards (names, descriptions, types, bounds); an eval refuses a file whose shapes no "
+        "longer match the env, and `hud-pipelines contract <pipeline>` refreshes it, keeping the edits that "
+        "still fit; omitted: derived in memory each run",
     )
     startup_timeout_s: Float = Field(
         default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"
