@@ -43,7 +43,7 @@ class ConstantPolicyConfig(StrictModel):
 
 
 class ScriptedPolicyConfig(StrictModel):
-    """Any Python callable by import path, e.g. a PD controller in ``envs/``."""
+    """Any Python callable by import path, e.g. a PD controller in ``envs/``; what it receives and returns is below."""
 
     kind: Literal["scripted"] = "scripted"
     target: str = Field(
