@@ -405,7 +405,7 @@ def refresh_hint(path: Path) -> str:
     commands = [f"`hud-pipelines contract {target}`" for target in contract_refresh_targets(path)]
     command = " or ".join(commands) or "`hud-pipelines contract <pipeline>`"
     return (
-        f"the env changed since the file was written: refresh it with {command} "
+        f"to take the env's shapes, refresh it with {command} "
         "(it keeps the names and descriptions that still fit and lists what changed)"
     )
 
