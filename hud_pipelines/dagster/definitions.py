@@ -4,8 +4,8 @@ One broken file must not take the whole code location down (every pipeline would
 and from ``dagster job list``): each file is loaded on its own, the valid ones become assets, checks
 and jobs, and each broken one is logged as an error and shown in the UI as a marker asset of the
 group :data:`BROKEN_GROUP`, whose description lists the file's problems (``file:line:column: key:
-message``). A marker belongs to no job and its materialization fails with the same problems; an
-asset rather than definitions-level metadata because the UI shows assets and their descriptions
+message``). A marker is in no pipeline's job and its materialization fails with the same problems;
+an asset rather than definitions-level metadata because the UI shows assets and their descriptions
 and does not show that metadata. ``hud-pipelines validate`` keeps failing for the file.
 """
 
