@@ -305,23 +305,40 @@ def _figures(rows: list[GradeRow]) -> str:
 
 
 def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Path | None = None) -> int:
-    """Start the pipeline's sim once, derive (and merge) its contract, write it, print its features."""
+    """Start the pipeline's sim once, derive its contract, refresh the file with it, print the features.
+
+    The sim starts exactly as the eval starts it, except that it derives its contract in memory: the
+    file is refreshed here (:func:`~hud_pipelines.contract.refresh_contract`), so a file written for
+    an env whose shapes have changed since is brought up to date, keeping the edits that still fit,
+    where the eval refuses it. Each changed feature is printed (old -> new shape, names dropped).
+    """
     from rich.console import Console
     from rich.table import Table
 
+    from hud_pipelines.contract import load_contract, refresh_contract
     from hud_pipelines.eval import sim_settings
     from hud_pipelines.simpool import SimPool
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
     target = out.resolve() if out is not None else spec.contract_path
-    # the sim starts exactly as the eval starts it; a spawned child writes and merges `target` itself
-    settings = dataclasses.replace(sim_settings(spec, cwd=Path.cwd()), contract_path=target)
+    settings = dataclasses.replace(sim_settings(spec, cwd=Path.cwd()), contract_path=None)
     with SimPool(settings) as pool, pool.sim() as live:
         contract = live.client.contract
-    if target is not None and not spec.sim.spawned:
+    if target is None:
+        outcome = "not written (the pipeline sets no sim.contract; use --out)"
+    elif target.exists():
+        edited = load_contract(target)
+        contract, changes = refresh_contract(edited, contract)
+        if changes:  # an unchanged file keeps its user's formatting
+            target.write_text(contract.to_json())
+        noun = "feature" if len(changes) == 1 else "features"
+        summary = f"refreshed {target}: {len(changes)} {noun} changed" if changes else f"{target} is up to date"
+        outcome = "\n".join([*changes, summary])
+    else:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(contract.to_json())
+        outcome = f"written to {target}"
     table = Table(title=f"{spec.name}: contract ({contract.control_rate:g} Hz, robot {contract.robot_type})")
     for column in ("feature", "role", "type", "dtype", "shape", "names"):
         table.add_column(column)
@@ -336,7 +353,5 @@ def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Pat
             names if len(names) < 60 else names[:57] + "...",
         )
     Console().print(table)
-    print(
-        f"written to {target}" if target is not None else "not written (the pipeline sets no sim.contract; use --out)"
-    )
+    print(outcome)
     return 0

@@ -88,7 +88,7 @@ def rollouts_step(
     def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
         from hud_pipelines.telemetry.traces import TraceRecorder
 
-        recorders: list[EpisodeSink] = [TraceRecorder(traces)]
+        recorders: list[EpisodeSink] = [TraceRecorder(traces, contract)]
         if shards is not None:
             recorders.append(shards.sink(spec.partition_key(*partition), contract))
         return recorders

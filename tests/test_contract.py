@@ -22,6 +22,7 @@ from hud_pipelines.contract import (
     derive_contract,
     load_contract,
     merge_contract,
+    refresh_contract,
     resolve_contract,
 )
 from hud_pipelines.errors import ContractError
@@ -236,3 +237,100 @@ def test_merge_keeps_edits_but_not_a_role_swap() -> None:
     )
     with pytest.raises(ContractError, match="'state' is action float32"):
         merge_contract(swapped, derived, source="edited.json")
+
+
+# -- refreshing a file after the env changed ------------------------------------------------------
+
+
+def edited_contract(contract: Contract, **features: dict[str, Any]) -> Contract:
+    """``contract`` with the given per-feature edits, and a control rate and robot type set by hand."""
+    raw = json.loads(contract.to_json())
+    for name, edits in features.items():
+        raw["features"][name].update(edits)
+    raw["control_rate"] = 12.5
+    raw["robot_type"] = "arm"
+    return Contract.model_validate(raw)
+
+
+def test_refresh_takes_the_new_shapes_and_keeps_the_edits_that_still_fit() -> None:
+    before = derive(gym.spaces.Dict({"joints": Box(-1, 1, (3,), np.float32), "grip": Box(0, 1, (2,), np.float32)}))
+    edited = edited_contract(
+        before,
+        joints={"names": ["shoulder", "elbow", "wrist"], "description": "joint angles"},
+        grip={"names": ["left", "right"], "description": "finger gaps"},
+        action={"names": ["vx", "vy"]},
+    )
+    after = derive(gym.spaces.Dict({"joints": Box(-1, 1, (7,), np.float32), "grip": Box(0, 1, (2,), np.float32)}))
+    refreshed, changes = refresh_contract(edited, after)
+    joints = refreshed.features["joints"]
+    assert joints.shape == (7,)
+    assert joints.names == after.features["joints"].names  # three names cannot name seven values
+    assert joints.description == "joint angles"
+    assert (joints.low, joints.high) == (after.features["joints"].low, after.features["joints"].high)
+    assert refreshed.features["grip"] == edited.features["grip"]
+    assert refreshed.action == edited.action
+    assert (refreshed.control_rate, refreshed.robot_type) == (12.5, "arm")
+    assert changes == ["joints: float32[3] -> float32[7] (names dropped: shoulder, elbow, wrist)"]
+    merge_contract(refreshed, after, source="refreshed")  # what the eval accepts again
+
+
+def test_refresh_reports_added_removed_and_dtype_changes_and_keeps_names_that_fit() -> None:
+    before = derive(gym.spaces.Dict({"a": Box(-1, 1, (3,), np.float32), "gone": Discrete(2)}))
+    edited = edited_contract(before, a={"names": ["x", "y", "z"]})
+    after = derive(gym.spaces.Dict({"a": Box(-1, 1, (3,), np.float64), "new": Box(-1, 1, (2,), np.float32)}))
+    refreshed, changes = refresh_contract(edited, after)
+    assert refreshed.features["a"].names == ["x", "y", "z"]
+    assert refreshed.features["a"].dtype == "float64"
+    assert list(refreshed.features) == list(after.features)
+    assert changes == [
+        "a: float32[3] -> float64[3]",
+        "new: added, observation float32[2]",
+        "gone: removed, observation int64[1] (the env no longer has it)",
+    ]
+
+
+def test_refresh_of_a_resized_camera_keeps_its_edited_type_and_default_names_are_not_reported() -> None:
+    before = derive(gym.spaces.Dict({"camera": Box(0, 255, (8, 8, 3), np.uint8), "pos": Box(-1, 1, (2,), np.float32)}))
+    edited = edited_contract(before, camera={"type": "bgr"})
+    after = derive(gym.spaces.Dict({"camera": Box(0, 255, (16, 16, 3), np.uint8), "pos": Box(-1, 1, (4,), np.float32)}))
+    refreshed, changes = refresh_contract(edited, after)
+    camera = refreshed.features["camera"]
+    assert (camera.type, camera.shape, camera.names) == (FeatureType.BGR, (16, 16, 3), CAMERA_NAMES)
+    assert refreshed.features["pos"].names == ["pos_0", "pos_1", "pos_2", "pos_3"]
+    assert changes == ["camera: uint8[8, 8, 3] -> uint8[16, 16, 3]", "pos: float32[2] -> float32[4]"]
+
+
+def test_refresh_of_a_contract_that_still_fits_changes_nothing() -> None:
+    edited = edited_contract(cartpole_contract(), state={"names": ["x", "v", "theta", "omega"]})
+    assert refresh_contract(edited, cartpole_contract()) == (edited, [])
+
+
+def test_a_stale_file_names_the_command_of_each_pipeline_that_uses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HUD_PIPELINES_DIR", raising=False)
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    body = {
+        "sim": {"factory": "CartPole-v1", "contract": "contracts/arm.json"},
+        "agent": {"policy": {"kind": "random"}},
+    }
+    (pipelines / "arm.yaml").write_text(json.dumps({"name": "arm", **body}))
+    (pipelines / "arm_v2.yaml").write_text(json.dumps({"name": "arm_again", **body}))  # name and file differ
+    (pipelines / "other.yaml").write_text(json.dumps({**body, "name": "other", "sim": {"factory": "CartPole-v1"}}))
+    (pipelines / "broken.yaml").write_text("name: [")
+    path = pipelines / "contracts" / "arm.json"
+    resolve_contract(derive(gym.spaces.Dict({"joints": Box(-1, 1, (3,), np.float32)})), path)
+    with pytest.raises(ContractError) as caught:
+        resolve_contract(derive(gym.spaces.Dict({"joints": Box(-1, 1, (7,), np.float32)})), path)
+    message = str(caught.value)
+    assert "feature 'joints' is observation float32[3] in the contract file but observation float32[7] in the env" in (
+        message
+    )
+    assert "refresh it with `hud-pipelines contract arm` or `hud-pipelines contract pipelines/arm_v2.yaml`" in message
+
+    unused = tmp_path / "loose.json"
+    resolve_contract(derive(gym.spaces.Dict({"a": Box(-1, 1, (3,), np.float32)})), unused)
+    with pytest.raises(ContractError, match=r"refresh it with `hud-pipelines contract <pipeline>`"):
+        resolve_contract(derive(gym.spaces.Dict({"b": Box(-1, 1, (3,), np.float32)})), unused)

@@ -1,15 +1,19 @@
 """Typed agent settings, as written under ``agent:`` in a pipeline YAML.
 
 Policies are chosen by their ``kind``; each kind has its own strict model so a typo in a key fails
-at load time and the JSON Schema documents every option. These models hold settings only; building
-a policy from them (and importing torch or lerobot) happens in :mod:`hud_pipelines.agent.policies`.
+at load time and the JSON Schema documents every option. As everywhere in a pipeline file
+(:mod:`hud_pipelines.strict`), numbers refuse booleans and credentials are secrets. These models
+hold settings only; building a policy from them (and importing torch or lerobot) happens in
+:mod:`hud_pipelines.agent.policy`.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, SecretStr
+
+from hud_pipelines.strict import Count, Float, Int, StrictModel
 
 DEFAULT_SEND_AHEAD = 8
 """Steps in flight beyond the one being read: enough to hide a few milliseconds of network round trip
@@ -21,29 +25,25 @@ DEFAULT_FORWARD_TIMEOUT_S = 300.0
 forward that never returns still cannot hang a run."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RandomPolicyConfig(_Model):
+class RandomPolicyConfig(StrictModel):
     """Uniform random actions from the contract's action bounds (seeded)."""
 
     kind: Literal["random"] = "random"
-    seed: int = Field(default=0, description="seed of the policy's random generator")
-    chunk_size: int = Field(default=1, ge=1, description="actions per inference call")
+    seed: Int = Field(default=0, description="seed of the policy's random generator")
+    chunk_size: Int = Field(default=1, ge=1, description="actions per inference call")
 
 
-class ConstantPolicyConfig(_Model):
+class ConstantPolicyConfig(StrictModel):
     """The same action every step (zeros by default); useful as a hold or smoke-test policy."""
 
     kind: Literal["constant"] = "constant"
-    value: list[float] | None = Field(
+    value: list[Float] | None = Field(
         default=None, description="the action, flat in contract order; zeros when omitted"
     )
 
 
-class ScriptedPolicyConfig(_Model):
-    """Any Python callable by import path, e.g. a PD controller in ``envs/``."""
+class ScriptedPolicyConfig(StrictModel):
+    """Any Python callable by import path, e.g. a PD controller in ``envs/``; what it receives and returns is below."""
 
     kind: Literal["scripted"] = "scripted"
     target: str = Field(
@@ -53,7 +53,7 @@ class ScriptedPolicyConfig(_Model):
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for target when it is a factory")
 
 
-class TorchPolicyConfig(_Model):
+class TorchPolicyConfig(StrictModel):
     """A ``torch.nn.Module`` class by import path, with an optional checkpoint."""
 
     kind: Literal["torch"] = "torch"
@@ -65,7 +65,7 @@ class TorchPolicyConfig(_Model):
     device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...")
 
 
-class LeRobotPolicyConfig(_Model):
+class LeRobotPolicyConfig(StrictModel):
     """Any LeRobot policy type through lerobot's own factory; never downloads anything."""
 
     kind: Literal["lerobot"] = "lerobot"
@@ -87,13 +87,17 @@ class LeRobotPolicyConfig(_Model):
     )
 
 
-class RemotePolicyConfig(_Model):
+class RemotePolicyConfig(StrictModel):
     """A policy served elsewhere over an openpi-style websocket (metadata frame, msgpack infer)."""
 
     kind: Literal["remote"] = "remote"
     url: str = Field(description="ws://host:port of the policy server")
-    api_key: str | None = Field(default=None, description="sent as the Authorization header when set")
-    timeout_s: float = Field(default=60.0, gt=0, description="deadline of one inference call")
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="sent as the Authorization header when set (write `${VAR}` to keep it out of git); a "
+        "credential, not an input: never printed, and changing it keeps earlier results",
+    )
+    timeout_s: Float = Field(default=60.0, gt=0, description="deadline of one inference call")
     batched: bool = Field(
         default=False,
         description="send one request per batch with a leading batch axis; by default one request per slot "
@@ -116,27 +120,26 @@ PolicyConfig = Annotated[
 ]
 
 
-class BatchingConfig(_Model):
+class BatchingConfig(StrictModel):
     """How calls from concurrent sims are stacked into one policy forward (``BatchedModel``)."""
 
-    max_wait_ms: float = Field(
+    max_wait_ms: Float = Field(
         default=5.0,
         ge=0,
         description="longest wait for more callers before a forward; never waited when all are present",
     )
-    batch_size: int | None = Field(default=None, ge=1, description="flush as soon as this many rows are queued")
+    batch_size: Count | None = Field(default=None, description="flush as soon as this many rows are queued")
 
 
-class AgentConfig(_Model):
+class AgentConfig(StrictModel):
     """The agent that drives every slot of a sim."""
 
     policy: PolicyConfig
-    horizon: int | None = Field(
+    horizon: Count | None = Field(
         default=None,
-        ge=1,
         description="execute the first k actions of each chunk before asking again (default: whole chunk)",
     )
-    send_ahead: int = Field(
+    send_ahead: Int = Field(
         default=DEFAULT_SEND_AHEAD,
         ge=0,
         le=64,
@@ -144,7 +147,7 @@ class AgentConfig(_Model):
         "are already queued (open-loop chunks): the sim steps while replies cross the wire; same episodes; "
         "0 waits for every reply",
     )
-    forward_timeout_s: float = Field(
+    forward_timeout_s: Float = Field(
         default=DEFAULT_FORWARD_TIMEOUT_S,
         gt=0,
         description="deadline of one policy forward: the slots waiting on a later one end as errored (policy "
@@ -153,12 +156,11 @@ class AgentConfig(_Model):
     batching: BatchingConfig = Field(
         default=BatchingConfig(), description="how calls from concurrent sims share one forward"
     )
-    torch_threads: int | None = Field(
+    torch_threads: Count | None = Field(
         default=1,
-        ge=1,
         description="torch intra-op threads (1 keeps latency stable while sims share the cores; null = torch default)",
     )
-    lockstep_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+    lockstep_threads: Count | Literal["auto"] | None = Field(
         default="auto",
         description="torch intra-op threads for a forward that every sim of the eval waits on (a lockstep "
         "refill: the sims' cores are idle then); auto = one per waiting sim plus one, at most the CPUs this "

@@ -83,7 +83,7 @@ class RemotePolicy:
         return cls(
             config.url,
             contract,
-            api_key=config.api_key,
+            api_key=None if config.api_key is None else config.api_key.get_secret_value(),
             timeout_s=config.timeout_s,
             batched=config.batched,
             rename=config.rename,

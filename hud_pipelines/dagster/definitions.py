@@ -1,8 +1,19 @@
-"""Definitions from every pipeline file of a directory (``$HUD_PIPELINES_DIR`` or ``./pipelines``)."""
+"""Definitions from every pipeline file of a directory (``$HUD_PIPELINES_DIR`` or ``./pipelines``).
+
+One broken file must not take the whole code location down (every pipeline would vanish from the UI
+and from ``dagster job list``): each file is loaded on its own, the valid ones become assets, checks
+and jobs, and each broken one is logged as an error and shown in the UI as a marker asset of the
+group :data:`BROKEN_GROUP`, whose description lists the file's problems (``file:line:column: key:
+message``). A marker is in no pipeline's job and its materialization fails with the same problems;
+an asset rather than definitions-level metadata because the UI shows assets and their descriptions
+and does not show that metadata. ``hud-pipelines validate`` keeps failing for the file.
+"""
 
 from __future__ import annotations
 
-import os
+import logging
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -11,24 +22,28 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from hud_pipelines.dagster.assets import build_pipeline_assets
 from hud_pipelines.dagster.resources import PipelineResource, resource_key
 from hud_pipelines.outputs import default_outputs_root
-from hud_pipelines.spec.loader import load_pipeline, load_pipelines
+from hud_pipelines.spec.loader import collect_pipelines, default_pipelines_dir, load_pipeline, pipeline_files
 from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.problems import Problem, SpecError
 
-PIPELINES_ENV = "HUD_PIPELINES_DIR"
+BROKEN_GROUP = "broken_pipelines"
+"""Asset group (and key prefix) of the markers of pipeline files that did not load."""
 
-
-def default_pipelines_dir() -> Path:
-    configured = os.environ.get(PIPELINES_ENV)
-    return Path(configured).expanduser().resolve() if configured else (Path.cwd() / "pipelines").resolve()
+log = logging.getLogger(__name__)
 
 
 def definitions_for(
-    specs: list[PipelineSpec], *, outputs_dir: Path | None = None, project_dir: Path | None = None
+    specs: list[PipelineSpec],
+    *,
+    outputs_dir: Path | None = None,
+    project_dir: Path | None = None,
+    broken: Sequence[Problem] = (),
 ) -> dg.Definitions:
-    """Assets, checks, jobs and resources of ``specs`` (each loaded from a file)."""
+    """Assets, checks, jobs and resources of ``specs`` (each loaded from a file), plus a marker asset
+    for each file that ``broken`` (the problems of files that did not load) names."""
     outputs = (outputs_dir or default_outputs_root()).resolve()
     project = (project_dir or Path.cwd()).resolve()
-    assets: list[dg.AssetsDefinition] = []
+    assets: list[dg.AssetsDefinition] = broken_file_assets(broken)
     checks: list[dg.AssetChecksDefinition] = []
     jobs: list[UnresolvedAssetJobDefinition] = []
     resources: dict[str, PipelineResource] = {}
@@ -50,10 +65,65 @@ def definitions_for(
 
 
 def build_definitions(directory: Path | None = None, *, outputs_dir: Path | None = None) -> dg.Definitions:
-    """Definitions of every pipeline file in ``directory`` (all problems reported at once)."""
+    """Definitions of every valid pipeline file in ``directory``; each broken one is logged and marked."""
     directory = directory or default_pipelines_dir()
-    specs = load_pipelines(directory) if directory.is_dir() else []
-    return definitions_for(specs, outputs_dir=outputs_dir, project_dir=directory.parent)
+    files = pipeline_files(directory) if directory.is_dir() else []
+    specs, problems = collect_pipelines(files)
+    for file, found in _by_file(problems).items():
+        log.error(
+            "pipeline file %s is left out of the code location (the other pipelines load); fix it and reload:\n%s",
+            file,
+            SpecError(found).render(),
+        )
+    return definitions_for(specs, outputs_dir=outputs_dir, project_dir=directory.parent, broken=problems)
+
+
+def broken_file_assets(problems: Sequence[Problem]) -> list[dg.AssetsDefinition]:
+    """One marker asset per file among ``problems``: the file's problems, visible in the UI."""
+    markers: list[dg.AssetsDefinition] = []
+    taken: set[str] = set()
+    for file, found in _by_file(problems).items():
+        name = _marker_name(file, taken)
+        taken.add(name)
+        markers.append(_marker(file, name, SpecError(found)))
+    return markers
+
+
+def _marker(file: str, name: str, error: SpecError) -> dg.AssetsDefinition:
+    rendered = error.render()
+    description = (
+        f"**{file} is not a valid pipeline**: it is left out of this code location until it is fixed "
+        f"(check it with `hud-pipelines validate {file}`, then reload).\n\n```\n{rendered}\n```"
+    )
+
+    @dg.asset(
+        key=dg.AssetKey([BROKEN_GROUP, name]),
+        group_name=BROKEN_GROUP,
+        description=description,
+        kinds={"yaml"},
+        metadata={"file": dg.MetadataValue.path(file), "problems": len(error.problems)},
+    )
+    def marker() -> None:
+        raise dg.Failure(description=f"{rendered}\nfix {file} and reload the code location")
+
+    return marker
+
+
+def _by_file(problems: Sequence[Problem]) -> dict[str, list[Problem]]:
+    grouped: dict[str, list[Problem]] = {}
+    for problem in problems:
+        grouped.setdefault(problem.file, []).append(problem)
+    return grouped
+
+
+def _marker_name(file: str, taken: set[str]) -> str:
+    """An asset-key part for ``file`` (``bad.yaml`` -> ``bad_yaml``) that no other marker uses."""
+    base = re.sub(r"[^A-Za-z0-9_]", "_", Path(file).name)
+    name, count = base, 1
+    while name in taken:
+        count += 1
+        name = f"{base}_{count}"
+    return name
 
 
 def definitions_for_file(

@@ -27,6 +27,7 @@ from hud_pipelines.spec.problems import Problem, SpecError, display_path
 from hud_pipelines.spec.validation import validation_problems
 
 PIPELINE_SUFFIXES = (".yaml", ".yml")
+PIPELINES_ENV = "HUD_PIPELINES_DIR"
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,33 @@ def collect_pipelines(
     return specs, problems + found_problems
 
 
+def default_pipelines_dir() -> Path:
+    """``$HUD_PIPELINES_DIR``, else ``./pipelines``: where names given on the command line are looked up."""
+    configured = os.environ.get(PIPELINES_ENV)
+    return Path(configured).expanduser().resolve() if configured else (Path.cwd() / "pipelines").resolve()
+
+
+def contract_refresh_targets(contract: Path) -> list[str]:
+    """How each pipeline whose ``sim.contract`` is the file ``contract`` is named to ``hud-pipelines contract``.
+
+    Pipeline files are looked for in the pipelines directory and in the contract's own directory and
+    the one above it (``contracts/x.json`` next to its pipelines); a pipeline is named by its
+    ``name`` where that finds its file (``<pipelines dir>/<name>.yaml``), else by its path. Files
+    that do not load are skipped: this only words an error message.
+    """
+    target = contract.resolve()
+    folders = dict.fromkeys(d for d in (default_pipelines_dir(), target.parent, target.parent.parent) if d.is_dir())
+    files = dict.fromkeys(f.resolve() for folder in folders for f in pipeline_files(folder))
+    named: list[str] = []
+    for file in files:
+        spec = load_file(file).spec
+        if spec is None or spec.contract_path != target:
+            continue
+        by_name = any(default_pipelines_dir() / f"{spec.name}{s}" == file for s in PIPELINE_SUFFIXES)
+        named.append(spec.name if by_name else display_path(file))
+    return named
+
+
 def pipeline_files(directory: Path) -> list[Path]:
     """The pipeline files directly in ``directory``, sorted by name."""
     return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in PIPELINE_SUFFIXES)
@@ -171,8 +199,11 @@ def _covered(path: str, reported: list[str]) -> bool:
 
 
 __all__ = [
+    "PIPELINES_ENV",
     "Loaded",
     "collect_pipelines",
+    "contract_refresh_targets",
+    "default_pipelines_dir",
     "load_file",
     "load_pipeline",
     "load_pipeline_text",

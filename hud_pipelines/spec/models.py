@@ -24,9 +24,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, Self, cast
 
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
@@ -44,6 +41,7 @@ from hud_pipelines.agent.config import (
 )
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec, WriterKind
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
+from hud_pipelines.strict import Float, Int, StrictModel
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 """Pipeline names become Dagster key prefixes and job names."""
@@ -54,18 +52,13 @@ CHECK_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 SOURCE_CONTEXT = "source"
 """Validation-context key under which the loader passes the YAML file's path."""
 DEFAULT_DATASET_DIR = Path("outputs") / "datasets"
+CREDENTIALS: dict[str, Any] = {"sim": {"token"}, "agent": {"policy": {"api_key"}}}
+"""The secret fields of a pipeline, as a pydantic ``exclude`` (they never decide a rollout)."""
 
 
 def spec_rule(at: str, message: str) -> PydanticCustomError:
     """A cross-field rule violation located at ``at`` (a dotted key path relative to the model)."""
     return PydanticCustomError("spec_rule", "{message}", {"message": message, "at": at})
-
-
-def _refuse_bool(value: object) -> object:
-    # pydantic's lax mode reads `true` as 1; a boolean where a number belongs is always a mistake.
-    if isinstance(value, bool):
-        raise PydanticCustomError("bool_not_number", "expected a number, got a boolean")
-    return value
 
 
 def _omit_default(schema: dict[str, Any]) -> None:
@@ -83,14 +76,6 @@ def _schema_default(value: Any) -> Any:
     return extra
 
 
-Int = Annotated[int, BeforeValidator(_refuse_bool)]
-Float = Annotated[float, BeforeValidator(_refuse_bool)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def is_file_target(target: str) -> bool:
     """``path/to/file.py:callable`` rather than ``package.module:callable`` or a registry id."""
     module, sep, _ = target.rpartition(":")
@@ -104,7 +89,7 @@ SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
 
 
-class SimSpec(_Model):
+class SimSpec(StrictModel):
     """The simulator: spawned from a factory in a child process, or attached to by URL."""
 
     factory: str | None = Field(
@@ -129,7 +114,9 @@ class SimSpec(_Model):
         default=None,
         min_length=1,
         description="contract.json relative to the YAML file: written from the derived contract on first use, "
-        "edited by hand afterwards; omitted: derived in memory each run",
+        "edited by hand afterwards (names, descriptions, types, bounds); an eval refuses a file whose shapes no "
+        "longer match the env, and `hud-pipelines contract <pipeline>` refreshes it, keeping the edits that "
+        "still fit; omitted: derived in memory each run",
     )
     startup_timeout_s: Float = Field(
         default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"
@@ -184,7 +171,7 @@ class SimSpec(_Model):
 # -- tasks ----------------------------------------------------------------------------------------
 
 
-class TaskSpec(_Model):
+class TaskSpec(StrictModel):
     """One set of task arguments; every instance of the task runs it in all of its slots."""
 
     name: str = Field(
@@ -216,7 +203,7 @@ class TaskSpec(_Model):
 # -- graders --------------------------------------------------------------------------------------
 
 
-class _Named(_Model):
+class _Named(StrictModel):
     name: str = Field(
         default="",
         pattern=CHECK_NAME_PATTERN,
@@ -301,7 +288,7 @@ CheckSpec = Annotated[MinSuccessRateCheck | MaxErrorRateCheck | MinMeanScoreChec
 # -- dataset --------------------------------------------------------------------------------------
 
 
-class DatasetSpec(_Model):
+class DatasetSpec(StrictModel):
     """Where and how the rollouts are written as a LeRobot v3 dataset."""
 
     enabled: bool = Field(default=True, description="write the dataset; `false` keeps the section but skips the asset")
@@ -366,7 +353,7 @@ def _default_graders() -> list[GraderSpec]:
     return [SuccessGrader(name="success")]
 
 
-class PipelineSpec(_Model):
+class PipelineSpec(StrictModel):
     """One eval: a sim, an agent, the tasks it runs, how results are graded and checked, and the dataset."""
 
     name: str = Field(
@@ -585,8 +572,12 @@ class PipelineSpec(_Model):
 
         Results of an instance that ran under another rollout hash are stale: editing a check, the
         description or the dataset section keeps them, editing the policy or a seed does not.
+        Credentials (:data:`CREDENTIALS`) are left out altogether: rotating a key, or starting to
+        pass one, changes who may connect, not what a rollout does.
         """
-        dumped = self.model_dump(mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"})
+        dumped = self.model_dump(
+            mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=CREDENTIALS
+        )
         return _hash(dumped)
 
 

@@ -136,14 +136,92 @@ dataset:
 """
 
 
+SCRIPTED_POLICY_EXAMPLE = """\
+import numpy as np
+
+
+class Balance:
+    \"\"\"Push the cart right when the pole falls right (CartPole-v1: discrete action 0 or 1).\"\"\"
+
+    def __init__(self, gain: float = 10.0) -> None:
+        self.gain = gain
+
+    def __call__(self, observation: dict[str, np.ndarray]) -> np.ndarray:
+        state = observation["state"]  # float32 [B, 4]: cart position, velocity, pole angle, angular velocity
+        push = 0.1 * state[:, 0] + 0.5 * state[:, 1] + self.gain * state[:, 2] + 2.0 * state[:, 3] > 0
+        return push.astype(np.float32)[:, None]  # [B, A] with A = 1: one action per slot
+"""
+"""A scripted policy as the reference shows it (a test runs it through an eval)."""
+
+SCRIPTED_POLICY_PIPELINE = """\
+name: balance
+sim: {factory: CartPole-v1, num_envs: 4}
+agent:
+  policy: {kind: scripted, target: controllers/balance.py:Balance, args: {gain: 10.0}}
+max_steps: 200
+graders: [{kind: return, threshold: 200}]
+"""
+"""The pipeline of :data:`SCRIPTED_POLICY_EXAMPLE`, saved next to ``controllers/balance.py``."""
+
+SCRIPTED_POLICY_GUIDE = """\
+### What a scripted policy receives and returns
+
+`target` names a function `fn(observation) -> actions`, or a class (or, given `args`, a factory)
+that is called with `args` and returns such a callable (any object with `__call__`) or a policy
+object with `infer(batch)`.
+
+- **Input.** `observation` is a dict of numpy arrays, one per observation feature of the sim's
+  contract, keyed by the feature's name: a bare observation is `state` (`image` when it is a
+  camera); a `Dict` or `Tuple` observation is flattened, nested keys joined with `/`
+  (`robot/joints`, `pixels`). Every array is `[B, ...]`, one row per slot that needs actions in
+  this call: at most `sim.num_envs`, or `max_concurrent * num_envs` when the calls of concurrent
+  sims are stacked into one forward (`agent.batching`); slots that still have actions queued, or
+  have finished, are not in the batch, so `B` changes from call to call. Arrays have the
+  contract's dtypes: vectors as the env produces them (`float32` for most envs, integers for
+  discrete observations, `bool`), cameras `uint8` `[B, H, W, C]`. They are the policy's to keep or
+  modify.
+- **Output.** An array (or nested list) of shape `[B, A]`, one action per slot, or `[B, T, A]`, a
+  chunk of `T` actions per slot executed one per step before that slot asks again; `A` is the size
+  of the contract's `action` feature, values in its order (`[B]` is accepted when `A` is 1).
+  Values are read as floats: a discrete action is rounded to the nearest integer, an out-of-bounds
+  continuous one is clipped (`sim.bounds`). Any other shape fails the call, naming the shape
+  expected.
+- **Optional members** of the callable or policy object: `reset()` runs before every run of
+  episodes (clear state there); an integer attribute `horizon` executes only the first `horizon`
+  actions of each chunk before asking again (`agent.horizon` wins over it).
+- A policy object's `infer(batch)` gets the same dict as `batch.observation`, plus `batch.prompts`
+  (the task string of each row) and `batch.episodes` (an id per row, stable through an episode, to
+  key per-episode state on), and returns the same shapes.
+
+For example `pipelines/controllers/balance.py`:
+
+```python
+{code}```
+
+used by `pipelines/balance.yaml`:
+
+```yaml
+{pipeline}```
+"""
+
+SECTION_GUIDES = {
+    "ScriptedPolicyConfig": SCRIPTED_POLICY_GUIDE.replace("{code}", SCRIPTED_POLICY_EXAMPLE).replace(
+        "{pipeline}", SCRIPTED_POLICY_PIPELINE
+    )
+}
+"""Prose appended to a model's section, for what a field description cannot say in one line."""
+
+
 def render_markdown() -> str:
-    """The YAML reference as markdown: conventions, an example, then one table per model."""
+    """The YAML reference as markdown: conventions, an example, then one table per model (and its guide)."""
     schema = pipeline_json_schema()
     defs: JsonObject = schema["$defs"]
     sections = [INTRODUCTION.replace("{example}", EXAMPLE)]
     for name, used_at in _definition_order(schema, defs):
         definition: JsonObject = schema if name == "" else defs[name]
         sections.append(_section(name or "Pipeline", definition, used_at, defs))
+        if name in SECTION_GUIDES:
+            sections.append(SECTION_GUIDES[name])
     return "\n".join(sections).rstrip("\n") + "\n"
 
 

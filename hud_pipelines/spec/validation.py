@@ -50,8 +50,35 @@ _BOUND_KEYS = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "l
 
 
 def validation_problems(error: ValidationError, document: YamlDocument) -> list[Problem]:
-    """One problem per pydantic error, located in ``document``."""
-    return [_problem(details, document) for details in error.errors()]
+    """One problem per pydantic error, located in ``document``.
+
+    A value that fits none of the options of a plain union (``lockstep_threads``: an integer,
+    ``auto`` or null) makes pydantic report one error per option, each under an internal tag; those
+    become a single problem at the key that lists what each option expected.
+    """
+    problems: list[Problem] = []
+    alternatives: dict[KeyPath, list[ErrorDetails]] = {}
+    for details in error.errors():
+        path, _, in_union = _locate(tuple(details["loc"]))
+        if in_union:
+            alternatives.setdefault(path, []).append(details)
+        else:
+            problems.append(_problem(details, document))
+    problems += [_union_problem(path, options, document) for path, options in alternatives.items()]
+    return problems
+
+
+def _union_problem(path: KeyPath, options: list[ErrorDetails], document: YamlDocument) -> Problem:
+    """One problem for a value that every option of a plain union refused."""
+    found = options[0].get("input")
+    got = f", got {describe(found)}"
+    expectations: list[str] = []
+    for details in options:
+        message = _message(details["type"], dict(details.get("ctx") or {}), found, details["msg"])
+        expected = message.removesuffix(got).removeprefix("expected ")
+        if expected not in expectations:
+            expectations.append(expected)
+    return document.problem(path, f"expected {' or '.join(expectations)}{got}")
 
 
 def _problem(details: ErrorDetails, document: YamlDocument) -> Problem:
@@ -141,17 +168,28 @@ def describe(value: Any) -> str:
 
 def _walk(loc: KeyPath) -> tuple[KeyPath, Any]:
     """The YAML key path of a pydantic location (union tags dropped) and the type found at its end."""
+    path, end_type, _ = _locate(loc)
+    return path, end_type
+
+
+def _locate(loc: KeyPath) -> tuple[KeyPath, Any, bool]:
+    """:func:`_walk`, and whether the location went through an option of a plain (not ``kind``) union."""
     current: Any = PipelineSpec
     path: list[str | int] = []
+    in_union = False
     for part in loc:
         current = _unwrap(current)
         members = _union_members(current)
         if members is not None and isinstance(part, str) and part in members:
             current = members[part]
             continue
+        if members is None and _is_union(current) and isinstance(part, str):
+            in_union = True  # pydantic's tag of the option that failed, e.g. "literal['auto']"
+            current = None
+            continue
         path.append(part)
         current = _child_type(current, part)
-    return tuple(path), _unwrap(current)
+    return tuple(path), _unwrap(current), in_union
 
 
 def _child_type(parent: Any, part: str | int) -> Any:
