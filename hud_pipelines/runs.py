@@ -62,13 +62,14 @@ def resolve_pipeline_file(pipeline: str, pipelines_dir: Path | None) -> Path:
             raise HudPipelinesError(f"pipeline file {candidate} does not exist")
         return candidate.resolve()
     from hud_pipelines.dagster.definitions import default_pipelines_dir
-    from hud_pipelines.spec.loader import load_pipelines
+    from hud_pipelines.spec.loader import collect_pipelines
 
     directory = (pipelines_dir or default_pipelines_dir()).resolve()
     for suffix in (".yaml", ".yml"):
         if (directory / f"{pipeline}{suffix}").is_file():
             return directory / f"{pipeline}{suffix}"
-    specs = load_pipelines(directory) if directory.is_dir() else []
+    # by its `name`: a broken file beside it must not stop the others from being found
+    specs = collect_pipelines([directory])[0] if directory.is_dir() else []
     for spec in specs:
         if spec.name == pipeline and spec.source is not None:
             return spec.source

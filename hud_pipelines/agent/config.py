@@ -69,6 +69,11 @@ class LeRobotPolicyConfig(StrictModel):
     """Any LeRobot policy type through lerobot's own factory; never downloads anything."""
 
     kind: Literal["lerobot"] = "lerobot"
+    seed: Int = Field(
+        default=0,
+        description="seed of the policy's random streams (Diffusion Policy's noise: one stream per episode) and "
+        "of the random weights built for 'type'",
+    )
     path: str | None = Field(
         default=None, description="a local pretrained folder (save_pretrained layout with its pre/post processors)"
     )
@@ -129,6 +134,12 @@ class BatchingConfig(StrictModel):
         description="longest wait for more callers before a forward; never waited when all are present",
     )
     batch_size: Count | None = Field(default=None, description="flush as soon as this many rows are queued")
+    across_instances: bool = Field(
+        default=False,
+        description="stack the rows of concurrent instances into one forward (faster with max_concurrent > 1); "
+        "off by default because a torch forward rounds a row differently in another batch, so actions would "
+        "differ in the last bits between runs; random and scripted row-wise policies are exact either way",
+    )
 
 
 class AgentConfig(StrictModel):

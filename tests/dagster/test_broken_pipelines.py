@@ -90,3 +90,15 @@ def test_the_dagster_and_dg_clis_list_the_good_pipeline_beside_a_broken_one(mixe
     assert "good" in {job["name"] for job in defs["jobs"]}
     (marker,) = [a for a in defs["assets"] if a["asset_key"] == MARKER.to_user_string()]
     assert BROKEN_AT in marker["description"]
+
+
+def test_a_pipeline_is_found_by_its_name_beside_a_broken_file(
+    write_pipeline: WritePipeline, pipelines_dir: Path
+) -> None:
+    from hud_pipelines.runs import resolve_pipeline_file
+
+    good = write_pipeline("named")
+    renamed = pipelines_dir / "file_of_another_name.yaml"
+    good.rename(renamed)  # looked up by its `name`, not its file name
+    (pipelines_dir / "broken.yaml").write_text(BROKEN)
+    assert resolve_pipeline_file("named", pipelines_dir) == renamed.resolve()
