@@ -119,6 +119,7 @@ class Session:
             )
         self.framing = framing
         self.state = SessionState.SERVING
+        self.bridge.begin_connection()
         reply = ServerHello(
             protocol=PROTOCOL_VERSION,
             framing=framing,
@@ -172,7 +173,7 @@ class Session:
                 case Reset(tasks=tasks):
                     return self.bridge.reset(tasks, seq, copy=False)
                 case Step(action=action):
-                    return self.bridge.step(action, seq, copy=False)
+                    return self.bridge.step(action, seq, copy=False, scalar=self.framing is Framing.SCALAR)
                 case ResultRequest():
                     graded: dict[str, Any] = self.bridge.result()
                     return Result(seq=seq, score=graded["score"], success=graded["success"], slots=graded["slots"])
