@@ -156,6 +156,12 @@ class GymBridge:
         """The env's ``idle_hook`` method, if it has one (the server runs it between requests)."""
         return None if self._envs is None else self._envs.idle_hook()
 
+    def run_idle_hook(self) -> None:
+        """Run the idle hook of the envs built *now* (a rebuild replaces the env that offered it)."""
+        hook = self.idle_hook()
+        if hook is not None:
+            hook()
+
     def _build(self, build_args: dict[str, Any]) -> None:
         """(Re)build the envs; on any failure no envs are left half-built."""
         self.close()
