@@ -168,6 +168,24 @@ def test_scalar_framing_on_the_wire(probe_sim: SimProcess) -> None:
         assert unpackb(ws.recv(timeout=10)) == {"type": "close"}
 
 
+def test_scalar_actions_and_their_errors_speak_scalar_framing(probe_sim: SimProcess) -> None:
+    with raw_connect(probe_sim) as ws:
+        ws.send(packb({"type": "hello", "protocol": PROTOCOL_VERSION}))
+        assert unpackb(ws.recv(timeout=10))["framing"] == "scalar"
+        ws.send(packb({"type": "reset", "seq": 1, "task": {"seed": 4}}))
+        assert unpackb(ws.recv(timeout=10))["type"] == "observation"
+        ws.send(packb({"type": "step", "seq": 2, "action": np.array(2, dtype=np.int64)}))  # shape [] for A = 1
+        step = unpackb(ws.recv(timeout=10))
+        assert (step["type"], step["reward"], step["status"]) == ("observation", 2.0, "running")
+        ws.send(packb({"type": "step", "seq": 3, "action": np.array([0, 1, 0], dtype=np.int64)}))
+        error = unpackb(ws.recv(timeout=10))
+        assert (error["type"], error["phase"], error["seq"]) == ("error", "step", 3)
+        assert error["message"] == "action has shape [3], expected int64[A=1] (names ['action_0'])"
+        ws.send(packb({"type": "step", "seq": 4, "action": np.array([[1]], dtype=np.int64)}))
+        error = unpackb(ws.recv(timeout=10))
+        assert error["message"] == "action has shape [1, 1], expected int64[A=1] (names ['action_0'])"
+
+
 def test_the_token_may_travel_as_a_query_parameter_and_is_required(probe_sim: SimProcess) -> None:
     with connect(f"{probe_sim.url}/?token={probe_sim.token}", compression=None) as ws:
         ws.send(packb({"type": "hello", "protocol": PROTOCOL_VERSION}))
