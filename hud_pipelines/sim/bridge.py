@@ -382,12 +382,18 @@ class GymBridge:
     ) -> tuple[list[int], list[SlotError]]:
         """End the slots among ``rows`` whose float observation or reward is NaN or infinite, as errored.
 
+        ``reward`` is ``None`` for a reset (whose observations are checked alone).
+
         Returns the slots whose observation was not finite (flagged on the wire and counted in their
         records) and one error per ended slot, naming the feature (or the reward) and the step.
         """
         reasons: dict[int, str] = {}
         flagged = np.zeros(self.num_envs, dtype=np.bool_)
         steps = self.slots.steps
+
+        def when(slot: int) -> str:  # steps count from 1 within the episode; this one is not counted yet
+            return "at reset" if reward is None else f"at step {int(steps[slot]) + 1}"
+
         for key in self._float_features:
             values = self._obs[key].reshape(self.num_envs, -1)
             if np.isfinite(values).all():
@@ -395,14 +401,10 @@ class GymBridge:
             bad = rows & ~np.isfinite(values).all(axis=1)
             flagged |= bad
             for slot in np.flatnonzero(bad).tolist():
-                reasons.setdefault(
-                    slot, f"observation {key!r} is not finite {_when(int(steps[slot]), reward)} (slot {slot})"
-                )
+                reasons.setdefault(slot, f"observation {key!r} is not finite {when(slot)} (slot {slot})")
         if reward is not None and not np.isfinite(reward[rows]).all():
             for slot in np.flatnonzero(rows & ~np.isfinite(reward)).tolist():
-                reasons.setdefault(
-                    slot, f"reward {reward[slot]} is not finite {_when(int(steps[slot]), reward)} (slot {slot})"
-                )
+                reasons.setdefault(slot, f"reward {reward[slot]} is not finite {when(slot)} (slot {slot})")
         if flagged.any():
             self.slots.flag_nonfinite(flagged)
         for slot, reason in reasons.items():
@@ -441,11 +443,6 @@ class GymBridge:
 def _last_line(formatted: str) -> str:
     lines = formatted.strip().splitlines()
     return lines[-1] if lines else formatted
-
-
-def _when(steps_done: int, reward: object) -> str:
-    """``at reset`` or ``at step K`` (K counts the episode's steps from 1) for an error message."""
-    return "at reset" if reward is None else f"at step {steps_done + 1}"
 
 
 def _close_quietly(env: Any) -> None:
