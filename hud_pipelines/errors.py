@@ -8,6 +8,7 @@ as *errored*, never as failed.
 
 from __future__ import annotations
 
+import signal
 from enum import StrEnum
 
 
@@ -44,7 +45,15 @@ class SimError(HudPipelinesError):
 
 
 class SimStartError(SimError):
-    """The sim child did not come up within its start-up deadline (its stderr is attached)."""
+    """The sim child did not come up within its start-up deadline (its stderr is attached).
+
+    ``child_error`` is the child's own last error line (``ContractError: feature 'x' ...``) when it
+    wrote one; the message starts with it, before the stderr tail.
+    """
+
+    def __init__(self, message: str, *, child_error: str | None = None) -> None:
+        super().__init__(message)
+        self.child_error = child_error
 
 
 class SimRefusedError(SimError):
@@ -56,11 +65,33 @@ class SimRefusedError(SimError):
 
 
 class SimCrashedError(SimError):
-    """The sim child died, or the connection to it dropped, while a request was in flight."""
+    """The sim child died, or the connection to it dropped, while a request was in flight.
+
+    ``returncode`` is the child's exit status when it is known to have exited (negative: killed by
+    that signal; ``None``: alive, or not ours to know, e.g. an attached sim).
+    """
+
+    def __init__(self, message: str, *, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that killed the child (``"SIGKILL"`` for returncode -9), if a signal did."""
+        if self.returncode is None or self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
 
 
 class SimTimeoutError(SimError):
-    """A request to the sim missed its deadline; a spawned child's process group is killed."""
+    """A request to the sim missed its deadline (``deadline_s``); a spawned child's process group is killed."""
+
+    def __init__(self, message: str, *, deadline_s: float | None = None) -> None:
+        super().__init__(message)
+        self.deadline_s = deadline_s
 
 
 class RemoteError(SimError):

@@ -51,14 +51,15 @@ class Case:
     steps: int = 40
     reference: str = "single"
     """``single``: N envs from ``gym.make``; ``vector``: ``gym.make_vec`` (same mode); ``native``: the factory."""
-    seeds_per_slot: bool = True
+    shared_seed: bool = False
+    """Every slot asks for the same seed (a vector env that takes one seed for the batch)."""
 
     @property
     def id(self) -> str:
         return f"{self.factory.rsplit('/', 1)[-1]}-N{self.num_envs}"
 
     def seeds(self) -> list[int]:
-        return [100 + slot for slot in range(self.num_envs)]
+        return [100 if self.shared_seed else 100 + slot for slot in range(self.num_envs)]
 
     def expected(self, frames: list[Array]) -> Any:
         seeds = self.seeds()
@@ -70,14 +71,15 @@ class Case:
             case "vector":
                 mode = args.pop("vectorization_mode", None)
                 env = gym.make_vec(self.factory, num_envs=self.num_envs, vectorization_mode=mode, **args)
-                return plain_vector_env(env, seeds if self.seeds_per_slot else seeds[0], frames)
+                return plain_vector_env(env, seeds[0] if self.shared_seed else seeds, frames)
             case _:
                 return plain_vector_env(point_mass(num_envs=self.num_envs, **args), seeds, frames)
 
 
 CASES = [
     Case("CartPole-v1", 1),
-    Case("CartPole-v1", 4, reference="vector", seeds_per_slot=False),  # gymnasium's vector_entry_point
+    Case("CartPole-v1", 4),  # sync by default: each slot its own env and seed
+    Case("CartPole-v1", 4, {"vectorization_mode": "vector_entry_point"}, reference="vector", shared_seed=True),
     Case("Pendulum-v1", 1, {"max_episode_steps": 25}),
     Case("Pendulum-v1", 3, {"max_episode_steps": 25}, reference="vector"),
     Case("InvertedPendulum-v5", 1),
@@ -142,6 +144,122 @@ def test_observation_frames_are_batched_and_typed() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# seeds: a slot is credited with the seed it got
+
+
+def test_a_registry_id_gives_every_slot_its_own_seed_by_default() -> None:
+    seeds = [100, 999, 5, 7]
+    with GymBridge("CartPole-v1", 4) as bridge:
+        first = bridge.reset([{"seed": s} for s in (100, 101, 102, 103)]).observation["state"]
+        second = bridge.reset([{"seed": s} for s in seeds]).observation["state"]
+        credited = [slot["seed"] for slot in bridge.result()["slots"]]
+    assert credited == seeds
+    np.testing.assert_array_equal(first[0], second[0])
+    for slot in (1, 2, 3):
+        assert not np.array_equal(first[slot], second[slot]), f"slot {slot} ignored its seed"
+    for slot, seed in enumerate(seeds):
+        alone, _ = gym.make("CartPole-v1").reset(seed=seed)
+        np.testing.assert_array_equal(second[slot], alone)
+
+
+def test_a_one_seed_vector_env_refuses_distinct_seeds_and_takes_a_shared_one() -> None:
+    args = {"vectorization_mode": "vector_entry_point"}
+    with GymBridge("CartPole-v1", 3, build_args=args) as bridge:
+        with pytest.raises(TaskArgumentError) as caught:
+            bridge.reset([{"seed": 100}, {"seed": 999}, {"seed": 100}])
+        assert bridge.slots.states == [SlotState.IDLE] * 3  # refused before anything started
+        reply = bridge.reset([{"seed": 7}] * 3)
+        credited = [slot["seed"] for slot in bridge.result()["slots"]]
+        assert bridge.reset([{}] * 3).status == ["running"] * 3  # unseeded: nothing is credited
+    message = str(caught.value)
+    assert "CartPole-v1 (CartPoleVectorEnv) takes one seed for all 3 slots" in message
+    assert "seeds [100, 999, 100]: slot(s) [1] would not get the seed they are credited with" in message
+    assert "serve it with vectorization_mode=sync" in message
+    expected, _ = gym.make_vec("CartPole-v1", 3, vectorization_mode="vector_entry_point").reset(seed=7)
+    np.testing.assert_array_equal(reply.observation["state"], expected)
+    assert credited == [7, 7, 7]
+
+
+SEEDED_VECTOR_ENVS = """
+import gymnasium as gym, numpy as np
+from gymnasium.vector.utils import batch_space
+
+class _Vector(gym.vector.VectorEnv):
+    def __init__(self, num_envs):
+        self.num_envs = num_envs
+        self.single_observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+        self.single_action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.seeds_received = []
+    def reset(self, *, seed=None, options=None):
+        self.seeds_received.append(seed)
+        return np.zeros((self.num_envs, 1), np.float32), {}
+    def step(self, actions):
+        n = self.num_envs
+        return np.zeros((n, 1), np.float32), np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), {}
+
+class _OneSeed(_Vector):
+    per_slot_seeds = False
+
+def lists(num_envs: int = 1):
+    return _Vector(num_envs)
+
+def one_seed(num_envs: int = 1):
+    return _OneSeed(num_envs)
+"""
+
+
+def test_a_project_vector_factory_gets_the_per_slot_seed_list_unless_it_says_it_takes_one(tmp_path: Any) -> None:
+    module = tmp_path / "seeded.py"
+    module.write_text(SEEDED_VECTOR_ENVS)
+    with GymBridge(f"{module}:lists", 3) as bridge:
+        bridge.reset([{"seed": 4}, {"seed": 9}, {"seed": None}])
+        assert cast(Any, bridge.envs).env.seeds_received[-1] == [4, 9, None]
+    with GymBridge(f"{module}:one_seed", 2) as bridge:
+        with pytest.raises(TaskArgumentError, match=r"one_seed \(_OneSeed\) takes one seed for all 2 slots"):
+            bridge.reset([{"seed": 4}, {"seed": 9}])
+        bridge.reset([{"seed": 4}, {"seed": 4}])
+        assert cast(Any, bridge.envs).env.seeds_received[-1] == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# connections: build arguments and records belong to one client
+
+
+def test_build_arguments_of_one_connection_never_reach_the_next() -> None:
+    with GymBridge("CartPole-v1", 1, build_args={"max_episode_steps": 50}) as bridge:
+        bridge.begin_connection()
+        bridge.reset([{"seed": 0, "max_episode_steps": 2}])
+        bridge.reset([{"seed": 0}])  # within one connection the argument stays
+        assert [bool(bridge.step(np.array([[k % 2]])).truncated[0]) for k in range(2)] == [False, True]
+        bridge.begin_connection()
+        fresh = bridge.result()["slots"][0]
+        bridge.reset([{"seed": 0}])
+        assert bridge.build_args == {"max_episode_steps": 50}  # rebuilt back to the operator's
+        assert not any(bridge.step(np.array([[k % 2]])).truncated[0] for k in range(3))
+        assert bridge.result()["slots"][0]["episode"] == 0
+    assert (fresh["status"], fresh["episode"], fresh["seed"], fresh["steps"]) == ("idle", -1, None, 0)
+
+
+def test_a_client_may_repeat_but_never_change_the_vectorization_mode() -> None:
+    with GymBridge("CartPole-v1", 2) as bridge:
+        with pytest.raises(TaskArgumentError) as caught:
+            bridge.reset([{"vectorization_mode": "async"}] * 2)
+        assert bridge.reset([{"vectorization_mode": "sync", "seed": 1}] * 2).status == ["running"] * 2
+        assert isinstance(cast(VectorEnvs, bridge.envs).env, gym.vector.SyncVectorEnv)
+    assert str(caught.value) == (
+        "vectorization_mode='async' is refused: it is fixed when the sim starts (this sim serves CartPole-v1 with "
+        "vectorization_mode='sync'); start the sim with --arg vectorization_mode=async to use it"
+    )
+    with (
+        GymBridge("CartPole-v1", 1) as bridge,
+        pytest.raises(TaskArgumentError, match="serves CartPole-v1 with vectorization_mode=None"),
+    ):
+        bridge.reset([{"vectorization_mode": "sync"}])
+
+
+# ---------------------------------------------------------------------------------------------
 # finished slots: hold actions, frozen data, no autoreset leak
 
 
@@ -202,12 +320,52 @@ def test_wrong_action_shape_or_dtype_names_the_expected_spec() -> None:
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_non_finite_actions_are_refused_naming_the_slot(bad: float) -> None:
-    with GymBridge("Pendulum-v1", 3) as bridge:
-        bridge.reset([{"seed": s} for s in range(3)])
-        with pytest.raises(ActionError, match=r"non-finite action \(NaN or inf\) for slot\(s\) \[2\]"):
-            bridge.step(np.array([[0.0], [0.0], [bad]]))
-        assert [r.steps for r in bridge.slots.records] == [0, 0, 0]
+def test_a_non_finite_action_row_errors_its_slot_only(bad: float) -> None:
+    frames = action_frames(gym.spaces.Box(-1, 1, (2,), np.float32), 3, 4, seed=3)
+    with GymBridge(POINT_MASS, 3) as bridge:
+        clean = [bridge.reset([{"seed": s} for s in range(3)])] + [bridge.step(f) for f in frames]
+    with GymBridge(POINT_MASS, 3) as bridge:
+        replies = [bridge.reset([{"seed": s} for s in range(3)]), bridge.step(frames[0])]
+        poisoned = frames[1].copy()
+        poisoned[2, 1] = bad
+        replies.append(bridge.step(poisoned))
+        replies += [bridge.step(f) for f in frames[2:]]
+        received = np.stack(point_mass_env(bridge).received)
+        records = bridge.slots.records
+    refused = replies[2]
+    assert refused.status == ["running", "running", "errored"]
+    assert [e.slot for e in refused.errors] == [2]
+    message = refused.errors[0].message
+    assert message.startswith(f"slot 2: non-finite action [{frames[1][2, 0]}, {bad}] (NaN or inf)")
+    assert (
+        "expected a finite float32[A=2] (names ['action_0', 'action_1']) within low [-1.0, -1.0], high [1.0, 1.0]"
+        in (message)
+    )
+    assert refused.reward[2] == 0.0
+    for later, unpoisoned in zip(replies[2:], clean[2:], strict=True):
+        # the siblings step exactly as without the bad row; the refused slot's row stays frozen
+        np.testing.assert_array_equal(later.observation["state"][:2], unpoisoned.observation["state"][:2])
+        np.testing.assert_array_equal(later.observation["state"][2], replies[1].observation["state"][2])
+    for step in range(1, 4):  # the refused slot is held on its last applied action, never given the bad row
+        np.testing.assert_array_equal(received[step, 2], received[0, 2])
+    assert [r.state for r in records] == [SlotState.RUNNING, SlotState.RUNNING, SlotState.ERRORED]
+    assert [r.steps for r in records] == [4, 4, 1]
+    assert records[2].error == message
+
+
+def test_a_refused_row_of_a_replicated_slot_is_never_stepped_and_all_rows_refused_steps_nothing() -> None:
+    with GymBridge(FAULTY, 2) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        envs = [cast(FaultyEnv, env) for env in cast(ReplicatedEnvs, bridge.envs).envs]
+        reply = bridge.step(np.array([[0.5], [np.nan]]))
+        assert reply.status == ["running", "errored"]
+        bridge.step(np.zeros((2, 1)))
+        assert [env.t for env in envs] == [2, 0]
+        reply = bridge.step(np.array([[np.inf], [0.0]]))
+        assert reply.status == ["errored", "errored"]
+        assert [e.slot for e in reply.errors] == [0]
+        assert [env.t for env in envs] == [2, 0]
+        assert [r.steps for r in bridge.slots.records] == [2, 0]
 
 
 def test_a_finished_slot_may_send_anything() -> None:
@@ -218,34 +376,45 @@ def test_a_finished_slot_may_send_anything() -> None:
         assert reply.status == ["done", "running"]
 
 
-def test_continuous_bounds_clip_by_default_or_error_when_asked() -> None:
+def test_continuous_bounds_clip_by_default_or_error_the_slot_when_asked() -> None:
     with GymBridge(POINT_MASS, 2) as bridge:
         bridge.reset([{"seed": 0}, {"seed": 1}])
         bridge.step(np.array([[3.0, -7.0], [0.5, 0.25]]))
         np.testing.assert_array_equal(point_mass_env(bridge).received[-1], [[1.0, -1.0], [0.5, 0.25]])
     with GymBridge(POINT_MASS, 2, bounds=BoundsMode.ERROR) as bridge:
         bridge.reset([{"seed": 0}, {"seed": 1}])
-        with pytest.raises(
-            ActionError, match=r"out of bounds for slot\(s\) \[1\]: low \[-1.0, -1.0\], high \[1.0, 1.0\]"
-        ):
-            bridge.step(np.array([[0.5, 0.5], [0.0, 1.5]]))
+        reply = bridge.step(np.array([[0.5, 0.5], [0.0, 1.5]]))
+        np.testing.assert_array_equal(point_mass_env(bridge).received[-1], [[0.5, 0.5], [0.0, 0.0]])
+    assert reply.status == ["running", "errored"]
+    assert [e.slot for e in reply.errors] == [1]
+    assert reply.errors[0].message.startswith(
+        "slot 1: action [0.0, 1.5] is out of bounds; expected a finite float32[A=2]"
+    )
+    assert "within low [-1.0, -1.0], high [1.0, 1.0]" in reply.errors[0].message
 
 
-def test_discrete_actions_are_cast_to_int_and_range_checked() -> None:
+def test_discrete_actions_are_cast_to_int_and_range_checked_per_slot() -> None:
     with GymBridge(PROBE, 2) as bridge:
         bridge.reset([{"seed": 0}, {"seed": 1}])
         reply = bridge.step(np.array([[2.0], [0.9]]))  # ProbeEnv refuses anything its space does not contain
         assert reply.reward.tolist() == [2.0, 1.0]
         reply = bridge.step(np.array([1, 0], dtype=np.int32))  # [N] is accepted for A == 1
         assert reply.reward.tolist() == [1.0, 0.0]
-        with pytest.raises(ActionError, match=r"out of the discrete range \[\[0.0\], \[2.0\]\] for slot\(s\) \[0\]"):
-            bridge.step(np.array([[3], [0]]))
+        reply = bridge.step(np.array([[3], [0]]))
+        assert reply.status == ["errored", "running"]
+        assert reply.reward.tolist() == [0.0, 0.0]
+        assert [e.message for e in reply.errors] == [
+            "slot 0: action [3] is outside the discrete range; expected a finite int64[A=1] (names ['action_0']) "
+            "within low [0.0], high [2.0]"
+        ]
+        assert [r.steps for r in bridge.slots.records] == [2, 3]
 
 
 def test_action_adapter_reshapes_to_the_space() -> None:
     space = gym.spaces.Box(-1, 1, (2, 2), np.float32)
     adapter = ActionAdapter(action_feature(space), space, 2)
-    rows = adapter.validate(np.arange(8, dtype=np.float64).reshape(2, 4) / 10, np.array([True, True]))
+    rows, refused = adapter.validate(np.arange(8, dtype=np.float64).reshape(2, 4) / 10, np.array([True, True]))
+    assert refused == {}
     batch = adapter.to_env(rows, batched=True)
     assert batch.shape == (2, 2, 2)
     assert batch.dtype == np.float32
@@ -253,7 +422,8 @@ def test_action_adapter_reshapes_to_the_space() -> None:
     assert [a.shape for a in per_slot] == [(2, 2), (2, 2)]
     multi = gym.spaces.MultiDiscrete([3, 3])
     adapter = ActionAdapter(action_feature(multi), multi, 1)
-    assert adapter.to_env(adapter.validate(np.array([[2.2, 0.1]]), np.array([True])), batched=True).tolist() == [[2, 0]]
+    rows, _ = adapter.validate(np.array([[2.2, 0.1]]), np.array([True]))
+    assert adapter.to_env(rows, batched=True).tolist() == [[2, 0]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,15 +600,68 @@ def test_an_observation_that_breaks_the_contract_fails_the_slot() -> None:
     assert "observation 'state' is float32[5], the contract says float32[3]" in reply.errors[0].message
 
 
-def test_non_finite_observations_are_flagged_and_counted() -> None:
-    with GymBridge(FAULTY, 2, build_args={"fault": "nan_step", "at_step": 2, "fault_seed": 1}) as bridge:
-        bridge.reset([{"seed": 0}, {"seed": 1}])
-        assert bridge.step(np.zeros((2, 1))).nonfinite == []
-        reply = bridge.step(np.zeros((2, 1)))
+def test_a_non_finite_observation_ends_its_slot_as_errored_naming_the_feature_and_step() -> None:
+    with GymBridge(FAULTY, 3, build_args={"fault": "nan_step", "at_step": 2, "fault_seed": 1}) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}, {"seed": 2}])
+        envs = [cast(FaultyEnv, env) for env in cast(ReplicatedEnvs, bridge.envs).envs]
+        assert bridge.step(np.zeros((3, 1))).errors == []
+        reply = bridge.step(np.zeros((3, 1)))
+        assert reply.status == ["running", "errored", "running"]
         assert reply.nonfinite == [1]
-        assert np.isnan(reply.observation["state"][1]).all()
-        bridge.step(np.zeros((2, 1)))
-        assert [s["nonfinite_steps"] for s in bridge.result()["slots"]] == [0, 2]
+        assert [(e.slot, e.message) for e in reply.errors] == [
+            (1, "observation 'state' is not finite at step 2 (slot 1)")
+        ]
+        assert reply.reward.tolist() == [1.0, 0.0, 1.0]
+        later = bridge.step(np.zeros((3, 1)))
+        assert later.status == ["running", "errored", "running"]
+        assert later.errors == []
+        assert [env.t for env in envs] == [3, 2, 3]  # never stepped again
+        slots = bridge.result()["slots"]
+    assert [s["status"] for s in slots] == ["running", "errored", "running"]
+    assert [s["steps"] for s in slots] == [3, 1, 3]
+    assert [s["total_reward"] for s in slots] == [3.0, 1.0, 3.0]
+    assert [s["nonfinite_steps"] for s in slots] == [0, 1, 0]
+    assert slots[1]["error"] == "observation 'state' is not finite at step 2 (slot 1)"
+
+
+NAN_ENVS = """
+import gymnasium as gym, numpy as np
+
+class _Env(gym.Env):
+    def __init__(self, bad_reward_at, bad_reset):
+        self.bad_reward_at, self.bad_reset = bad_reward_at, bad_reset
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    def reset(self, *, seed=None, options=None):
+        self.t, self.seed_value = 0, seed
+        value = np.inf if seed is not None and seed == self.bad_reset else 0.0
+        return np.array([0.0, value], np.float32), {}
+    def step(self, action):
+        self.t += 1
+        reward = float("nan") if self.seed_value == 1 and self.t == self.bad_reward_at else 1.0
+        return np.array([self.t, 0.0], np.float32), reward, False, False, {}
+
+def make(bad_reward_at: int = 3, bad_reset: int = -1):
+    return _Env(bad_reward_at, bad_reset)
+"""
+
+
+def test_a_non_finite_reward_or_reset_observation_ends_the_slot_as_errored(tmp_path: Any) -> None:
+    module = tmp_path / "nan_envs.py"
+    module.write_text(NAN_ENVS)
+    with GymBridge(f"{module}:make", 2) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        replies = [bridge.step(np.zeros((2, 1))) for _ in range(4)]
+        slots = bridge.result()["slots"]
+        assert [r.status[1] for r in replies] == ["running", "running", "errored", "errored"]
+        assert [e.message for e in replies[2].errors] == ["reward nan is not finite at step 3 (slot 1)"]
+        assert replies[2].nonfinite == []
+        assert [s["total_reward"] for s in slots] == [4.0, 2.0]  # the NaN never reaches the return
+        assert [s["steps"] for s in slots] == [4, 2]
+        reply = bridge.reset([{"seed": 0, "bad_reset": 0}, {"seed": 1, "bad_reset": 0}])
+    assert reply.status == ["errored", "running"]
+    assert [e.message for e in reply.errors] == ["observation 'state' is not finite at reset (slot 0)"]
+    assert reply.nonfinite == [0]
 
 
 def test_a_bridge_must_start_before_use() -> None:

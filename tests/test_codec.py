@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import tracemalloc
 from typing import Any, cast
 
 import msgpack
@@ -11,7 +13,17 @@ import numpy.typing as npt
 import pytest
 
 from hud_pipelines.errors import WireError
-from hud_pipelines.wire.codec import MAX_NDIM, NDARRAY_KEY, check_dtype, decode_array, packb, unpackb
+from hud_pipelines.wire import codec
+from hud_pipelines.wire.codec import (
+    MAX_NDIM,
+    NDARRAY_KEY,
+    SCAN_ABOVE_BYTES,
+    check_dtype,
+    decode_array,
+    packb,
+    peek_seq,
+    unpackb,
+)
 
 ALLOWED = [
     "bool",
@@ -169,3 +181,76 @@ def test_objects_without_a_wire_form_are_refused() -> None:
 def test_decode_array_rebuilds_from_fields() -> None:
     array = decode_array({"data": np.arange(3, dtype="<i2").tobytes(), "dtype": "<i2", "shape": [3]})
     np.testing.assert_array_equal(array, [0, 1, 2])
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: decoding a frame costs about the frame's size, whatever it declares
+
+
+def refusal_peak(frame: bytes) -> tuple[str, int]:
+    """The error decoding ``frame`` raises, and the peak bytes traced meanwhile."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError) as caught:
+            unpackb(frame)
+        return str(caught.value), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def array32(count: int, element: bytes) -> bytes:
+    """A msgpack array32 declaring ``count`` elements, followed by ``count`` copies of ``element``."""
+    return b"\xdd" + count.to_bytes(4, "big") + element * count
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        array32(1 << 17, b"\xc0"),  # nils: msgpack would build a list of all their slots
+        array32(1 << 17, b"\x80"),  # empty maps: ~70 bytes of memory per byte of frame
+        b"\xdd" + (1 << 20).to_bytes(4, "big") + b"\x91" * 100_000,  # declares more elements than it has bytes
+        b"\x81\xa1a" + array32(1 << 17, b"\x90"),  # nested
+    ],
+    ids=["nils", "empty-maps", "over-declared", "nested"],
+)
+def test_a_frame_of_small_objects_costs_about_its_own_size_to_refuse(
+    frame: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(codec, "MAX_FRAME_OBJECTS", 4096)  # the real limit, scaled down with the frame
+    message, peak = refusal_peak(frame)
+    assert re.search("more than 4096 msgpack objects; refused before decoding|declares .* elements", message)
+    assert peak < 2 * len(frame)
+
+
+def test_the_object_limit_is_what_the_codec_announces() -> None:
+    with pytest.raises(WireError, match=f"frame holds more than {codec.MAX_FRAME_OBJECTS} msgpack objects"):
+        unpackb(array32(codec.MAX_FRAME_OBJECTS, b"\xc0"))  # the array itself is one object more
+    assert len(unpackb(array32(codec.MAX_FRAME_OBJECTS - 1, b"\xc0"))) == codec.MAX_FRAME_OBJECTS - 1
+
+
+def test_large_frames_of_few_objects_decode_as_before() -> None:
+    images = np.arange(8 * 96 * 96 * 3, dtype=np.uint32).astype(np.uint8).reshape(8, 96, 96, 3)
+    frame = packb({"seq": 3, "pixels": images, "status": ["running"] * 8})
+    assert len(frame) > SCAN_ABOVE_BYTES
+    decoded = unpackb(frame)
+    np.testing.assert_array_equal(decoded["pixels"], images)
+    many = packb({"slots": [{"slot": i, "seed": i, "status": "done"} for i in range(20_000)]})  # 140k objects
+    assert len(unpackb(many)["slots"]) == 20_000
+
+
+@pytest.mark.parametrize(
+    ("frame", "seq"),
+    [
+        (packb({"type": "step", "seq": 7, "action": np.zeros((1, 3))})[:-3], 7),  # truncated after seq
+        (pack({"type": "step", "action": {NDARRAY_KEY: True, "data": b"", "dtype": "|O", "shape": [1]}, "seq": 9}), 9),
+        (pack({"type": "step", "seq": 4, "action": [1, 2]}), 4),
+        (pack({"type": "step", "seq": "4"}), None),
+        (pack({"type": "step", "seq": True}), None),
+        (pack([1, 2, 3]), None),
+        (b"\xc1\xc1", None),
+        (b"", None),
+        ("text", None),
+    ],
+)
+def test_the_seq_of_an_undecodable_frame_is_read_when_it_is_there(frame: bytes | str, seq: int | None) -> None:
+    assert peek_seq(frame) == seq

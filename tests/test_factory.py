@@ -45,8 +45,12 @@ def test_registry_ids_and_their_build_arguments() -> None:
     single = factory.build({"max_episode_steps": 7}, 1)
     assert single.spec is not None
     assert single.spec.max_episode_steps == 7
-    native = factory.build({}, 3)
-    assert type(native).__name__ == "CartPoleVectorEnv"  # gymnasium's vector_entry_point
+    default = factory.build({}, 3)
+    assert isinstance(default, gym.vector.SyncVectorEnv)  # several slots: each its own env and seed
+    assert factory.vectorization_mode({}, 3) == "sync"
+    assert factory.vectorization_mode({}, 1) is None
+    native = factory.build({"vectorization_mode": "vector_entry_point"}, 3)
+    assert type(native).__name__ == "CartPoleVectorEnv"  # gymnasium's vector_entry_point, when asked for
     sync = factory.build({"vectorization_mode": "sync"}, 1)
     assert isinstance(sync, gym.vector.SyncVectorEnv)
     assert sync.num_envs == 1

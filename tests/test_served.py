@@ -78,6 +78,49 @@ def test_a_replicated_callable_served_equals_in_process(spawn: Spawn, tmp_path: 
     assert_same_trajectory(served, in_process)
 
 
+def test_served_registry_slots_get_the_seeds_they_are_credited_with(spawn: Spawn) -> None:
+    seeds = [100, 999, 5, 7]
+    with spawn("CartPole-v1", num_envs=4).connect() as client:  # as `hud-pipelines serve CartPole-v1 --num-envs 4`
+        first = client.reset([{"seed": s} for s in (100, 101, 102, 103)]).observation["state"]
+        second = client.reset([{"seed": s} for s in seeds]).observation["state"]
+        credited = [slot["seed"] for slot in client.result().slots]
+    assert credited == seeds
+    np.testing.assert_array_equal(first[0], second[0])
+    for slot in (1, 2, 3):
+        assert not np.array_equal(first[slot], second[slot]), f"slot {slot} ignored its seed"
+    for slot, seed in enumerate(seeds):
+        alone, _ = gym.make("CartPole-v1").reset(seed=seed)
+        np.testing.assert_array_equal(second[slot], alone)
+    native = spawn("CartPole-v1", num_envs=2, build_args={"vectorization_mode": "vector_entry_point"})
+    with native.connect() as client:
+        with pytest.raises(RemoteError, match=r"takes one seed for all 2 slots.*slot\(s\) \[1\]") as caught:
+            client.reset([{"seed": 1}, {"seed": 2}])
+        assert caught.value.phase == "reset"
+        assert [slot["seed"] for slot in client.result().slots] == [None, None]  # nothing was credited
+        client.reset([{"seed": 1}, {"seed": 1}])
+        assert [slot["seed"] for slot in client.result().slots] == [1, 1]
+
+
+def test_served_bad_action_rows_and_non_finite_observations_error_their_slot_only(spawn: Spawn) -> None:
+    sim = spawn(FAULTY, num_envs=3, build_args={"fault": "nan_step", "at_step": 2, "fault_seed": 12})
+    with sim.connect() as client:
+        client.reset([{"seed": 10}, {"seed": 11}, {"seed": 12}])
+        reply = client.step(np.array([[0.5], [np.nan], [0.25]], np.float32))
+        assert reply.status == ["running", "errored", "running"]
+        assert [e.slot for e in reply.errors] == [1]
+        assert reply.errors[0].message.startswith("slot 1: non-finite action [nan] (NaN or inf); expected a finite")
+        assert reply.observation["state"][[0, 2]].tolist() == [[1.0, 0.5, 10.0], [1.0, 0.25, 12.0]]
+        reply = client.step(np.zeros((3, 1), np.float32))
+        assert reply.status == ["running", "errored", "errored"]
+        assert [(e.slot, e.message) for e in reply.errors] == [
+            (2, "observation 'state' is not finite at step 2 (slot 2)")
+        ]
+        assert client.step(np.zeros((3, 1), np.float32)).observation["state"][0, 0] == 3.0
+        slots = client.result().slots
+    assert [s["status"] for s in slots] == ["running", "errored", "errored"]
+    assert [s["steps"] for s in slots] == [3, 0, 1]
+
+
 # ---------------------------------------------------------------------------------------------
 # the wire as another language would see it
 
@@ -123,6 +166,24 @@ def test_scalar_framing_on_the_wire(probe_sim: SimProcess) -> None:
         assert result["slots"][0]["steps"] == 1
         ws.send(packb({"type": "close"}))
         assert unpackb(ws.recv(timeout=10)) == {"type": "close"}
+
+
+def test_scalar_actions_and_their_errors_speak_scalar_framing(probe_sim: SimProcess) -> None:
+    with raw_connect(probe_sim) as ws:
+        ws.send(packb({"type": "hello", "protocol": PROTOCOL_VERSION}))
+        assert unpackb(ws.recv(timeout=10))["framing"] == "scalar"
+        ws.send(packb({"type": "reset", "seq": 1, "task": {"seed": 4}}))
+        assert unpackb(ws.recv(timeout=10))["type"] == "observation"
+        ws.send(packb({"type": "step", "seq": 2, "action": np.array(2, dtype=np.int64)}))  # shape [] for A = 1
+        step = unpackb(ws.recv(timeout=10))
+        assert (step["type"], step["reward"], step["status"]) == ("observation", 2.0, "running")
+        ws.send(packb({"type": "step", "seq": 3, "action": np.array([0, 1, 0], dtype=np.int64)}))
+        error = unpackb(ws.recv(timeout=10))
+        assert (error["type"], error["phase"], error["seq"]) == ("error", "step", 3)
+        assert error["message"] == "action has shape [3], expected int64[A=1] (names ['action_0'])"
+        ws.send(packb({"type": "step", "seq": 4, "action": np.array([[1]], dtype=np.int64)}))
+        error = unpackb(ws.recv(timeout=10))
+        assert error["message"] == "action has shape [1, 1], expected int64[A=1] (names ['action_0'])"
 
 
 def test_the_token_may_travel_as_a_query_parameter_and_is_required(probe_sim: SimProcess) -> None:

@@ -49,7 +49,7 @@ EXPECTED = {
         ErrorFrame(
             phase=Phase.STEP,
             seq=4,
-            message="action has shape [1, 3], expected float32[N=1, A=1] (names ['action_0'])",
+            message="action has shape [3], expected int64[A=1] (names ['action_0'])",
         ),
         Framing.BATCHED,
     ),

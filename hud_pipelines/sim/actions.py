@@ -1,13 +1,15 @@
 """Action frames: validation against the contract, hold actions, conversion to the env's space.
 
-An action frame is ``[N, A]`` (one flat row of ``A`` values per slot). For every *running* slot the
-row must be finite; rows of finished slots are ignored and replaced by the hold action, so a client
+An action frame is ``[N, A]`` (one flat row of ``A`` values per slot). A frame of the wrong shape or
+dtype is refused whole. For every *running* slot the row must be finite and, where the space says
+so, in range; a row that is not is refused alone: that slot's episode ends as errored and the
+other slots step. Rows of finished slots are ignored and replaced by the hold action, so a client
 may send anything there (zeros, its last action, even NaN).
 
 Bounds:
 
 - ``Box`` spaces: out-of-bounds values are clipped into ``[low, high]`` by default
-  (:attr:`BoundsMode.CLIP`); :attr:`BoundsMode.ERROR` refuses them instead.
+  (:attr:`BoundsMode.CLIP`); :attr:`BoundsMode.ERROR` refuses the row instead.
 - ``Discrete``, ``MultiDiscrete`` and ``MultiBinary`` spaces: values are rounded to the nearest
   integer; a value outside the space is always an error (clipping an index would hide a bug).
 
@@ -73,51 +75,78 @@ class ActionAdapter:
         """Forget the last actions at a new episode (a slot that never acted holds zeros)."""
         self.last = np.tile(self._zero, (self.num_slots, 1))
 
-    def spec(self) -> str:
-        """What a valid frame looks like, for error messages."""
+    def spec(self, *, scalar: bool = False) -> str:
+        """What a valid frame looks like, in the client's framing, for error messages."""
+        if scalar:
+            return f"expected {self.feature.dtype}[A={self.width}] (names {self.feature.names})"
         return f"expected {self.feature.dtype}[N={self.num_slots}, A={self.width}] (names {self.feature.names})"
 
-    def validate(self, action: object, running: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
-        """Check a frame and return the ``[N, A]`` rows to apply (hold rows for finished slots)."""
+    def row_spec(self) -> str:
+        """What one slot's row must be: dtype, width, names and, where bounded, the bounds."""
+        spec = f"{self.feature.dtype}[A={self.width}] (names {self.feature.names})"
+        if np.isfinite(self.low).any() or np.isfinite(self.high).any():
+            spec += f" within low {self.low.tolist()}, high {self.high.tolist()}"
+        return spec
+
+    def validate(
+        self, action: object, running: npt.NDArray[np.bool_], *, scalar: bool = False
+    ) -> tuple[npt.NDArray[np.float64], dict[int, str]]:
+        """Check a frame; returns the ``[N, A]`` rows to apply and the running slots whose row is refused.
+
+        A frame of the wrong type, shape or dtype is refused whole (:class:`ActionError`); a running
+        slot's row that is not finite or out of range is refused alone, with the reason: that slot
+        gets the hold action like a finished one, and the caller ends its episode. ``scalar`` words
+        the errors in scalar framing (no slot axis), as the client sent the frame.
+        """
+        frame = self._frame(action, scalar)
+        rows = frame.astype(np.float64)
+        refused: dict[int, str] = {}
+        finite = cast("npt.NDArray[np.bool_]", np.isfinite(rows).all(axis=1))
+        if not finite[running].all():
+            for slot in np.flatnonzero(running & ~finite).tolist():
+                refused[slot] = (
+                    f"slot {slot}: non-finite action {frame[slot].tolist()} (NaN or inf); {self._expected()}"
+                )
+        checked = running & finite
+        if self.discrete:
+            np.rint(rows, out=rows)
+            for slot in self._outside(rows, checked):
+                refused[slot] = (
+                    f"slot {slot}: action {frame[slot].tolist()} is outside the discrete range; {self._expected()}"
+                )
+        else:
+            if self.bounds is BoundsMode.ERROR:
+                for slot in self._outside(rows, checked):
+                    refused[slot] = f"slot {slot}: action {frame[slot].tolist()} is out of bounds; {self._expected()}"
+            np.clip(rows, self.low, self.high, out=rows)
+        applied = running.copy()
+        applied[list(refused)] = False
+        if not applied.all():
+            held = self.last if self.hold is HoldMode.LAST else np.broadcast_to(self._zero, rows.shape)
+            rows = np.where(applied[:, None], rows, held)
+        self.last = rows
+        return rows, refused
+
+    def _frame(self, action: object, scalar: bool) -> npt.NDArray[Any]:
+        """The frame as ``[N, A]``, or an :class:`ActionError` naming what the client sent and what is expected."""
         if not isinstance(action, np.ndarray):
-            raise ActionError(f"the action must be an array, got {type(action).__name__}; {self.spec()}")
+            raise ActionError(f"the action must be an array, got {type(action).__name__}; {self.spec(scalar=scalar)}")
         frame = cast("npt.NDArray[Any]", action)
         if frame.ndim == 1 and self.width == 1 and frame.shape[0] == self.num_slots:
             frame = frame.reshape(self.num_slots, 1)
         if frame.shape != (self.num_slots, self.width):
-            raise ActionError(f"action has shape {list(frame.shape)}, {self.spec()}")
+            sent = list(frame.shape[1:]) if scalar and frame.ndim >= 1 else list(frame.shape)
+            raise ActionError(f"action has shape {sent}, {self.spec(scalar=scalar)}")
         if frame.dtype.kind not in self._kinds:
-            raise ActionError(f"action has dtype {frame.dtype}, {self.spec()}")
-        rows = frame.astype(np.float64)
-        every_slot = bool(running.all())
-        live = rows if every_slot else rows[running]
-        if not np.isfinite(live).all():  # the checks below name the slots only when something is wrong
-            bad = np.flatnonzero(running)[~np.isfinite(live).all(axis=1)].tolist()
-            raise ActionError(f"non-finite action (NaN or inf) for slot(s) {bad}; {self.spec()}, finite")
-        if self.discrete:
-            np.rint(rows, out=rows)
-            live = rows if every_slot else rows[running]
-            if (live < self.low).any() or (live > self.high).any():
-                raise ActionError(
-                    f"action out of the discrete range [{self.low.tolist()}, {self.high.tolist()}] for slot(s) "
-                    f"{self._outside(rows, running)}"
-                )
-        else:
-            if self.bounds is BoundsMode.ERROR and ((live < self.low).any() or (live > self.high).any()):
-                raise ActionError(
-                    f"action out of bounds for slot(s) {self._outside(rows, running)}: low {self.low.tolist()}, "
-                    f"high {self.high.tolist()}"
-                )
-            np.clip(rows, self.low, self.high, out=rows)
-        if not every_slot:
-            held = self.last if self.hold is HoldMode.LAST else np.broadcast_to(self._zero, rows.shape)
-            rows = np.where(running[:, None], rows, held)
-        self.last = rows
-        return rows
+            raise ActionError(f"action has dtype {frame.dtype}, {self.spec(scalar=scalar)}")
+        return frame
 
-    def _outside(self, rows: npt.NDArray[np.float64], running: npt.NDArray[np.bool_]) -> list[int]:
-        """The running slots with a value outside ``[low, high]``."""
-        outside = running & ((rows < self.low) | (rows > self.high)).any(axis=1)
+    def _expected(self) -> str:
+        return f"expected a finite {self.row_spec()}"
+
+    def _outside(self, rows: npt.NDArray[np.float64], checked: npt.NDArray[np.bool_]) -> list[int]:
+        """The ``checked`` slots with a value outside ``[low, high]``."""
+        outside = checked & ((rows < self.low) | (rows > self.high)).any(axis=1)
         return np.flatnonzero(outside).tolist()
 
     def to_env(self, rows: npt.NDArray[np.float64], *, batched: bool) -> Any:

@@ -9,6 +9,16 @@ contract, and turns batched requests into batched replies:
   happens to them afterwards reaches their episode;
 - ``result()`` grades every slot.
 
+What a slot is credited with is what it got: its seed is the one its env was reset with (a vector
+env that takes one seed for the batch refuses distinct per-slot seeds), and a slot whose action row
+is refused, or whose observation or reward is NaN or infinite, ends as *errored* at once, with the
+reason, while the other slots go on.
+
+Build arguments belong to one connection: the operator's (``build_args``) are the base, a
+connection's resets add their own on top, and :meth:`begin_connection` drops them again, so what one
+client asked for never reaches the next. A registry id's ``vectorization_mode`` is the operator's
+alone.
+
 It does no I/O and no threading: the server calls it on the sim's main thread, and tests and the
 in-process baseline call it directly.
 """
@@ -36,7 +46,7 @@ from hud_pipelines.contract import (
 from hud_pipelines.errors import HudPipelinesError, TaskArgumentError
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
-from hud_pipelines.sim.factory import Factory, resolve_factory
+from hud_pipelines.sim.factory import VECTORIZATION_MODE, Factory, FactoryKind, resolve_factory
 from hud_pipelines.sim.slots import SlotBatch
 from hud_pipelines.wire.messages import Observation, Phase, SlotError
 
@@ -78,7 +88,11 @@ class GymBridge:
         self.hold = hold
         self.bounds = bounds
         self.slots = SlotBatch(num_envs)
-        self._build_args: dict[str, Any] = dict(build_args or {})
+        self._operator_args: dict[str, Any] = dict(build_args or {})
+        """The build arguments the sim was started with: every connection starts from these."""
+        self._client_args: dict[str, Any] = {}
+        """What this connection's resets asked for on top of the operator's arguments."""
+        self._build_args: dict[str, Any] = dict(self._operator_args)
         self.factory.split_task(self._build_args)  # refuse unknown build arguments before building
         self._envs: SlotEnvs | None = None
         self._contract: Contract | None = None
@@ -111,6 +125,16 @@ class GymBridge:
         """The build arguments of the envs built now."""
         return dict(self._build_args)
 
+    def begin_connection(self) -> None:
+        """A new client: forget the previous one's build arguments and episodes.
+
+        Its slot records (and episode counters) start afresh, so its ``result`` shows only its own
+        episodes; its first reset rebuilds the env back to the operator's arguments if an earlier
+        connection changed them.
+        """
+        self._client_args = {}
+        self.slots = SlotBatch(self.num_envs)
+
     def start(self) -> Contract:
         """Build the envs and derive the contract (resolved against ``contract_path``)."""
         self._build(self._build_args)
@@ -132,6 +156,12 @@ class GymBridge:
         """The env's ``idle_hook`` method, if it has one (the server runs it between requests)."""
         return None if self._envs is None else self._envs.idle_hook()
 
+    def run_idle_hook(self) -> None:
+        """Run the idle hook of the envs built *now* (a rebuild replaces the env that offered it)."""
+        hook = self.idle_hook()
+        if hook is not None:
+            hook()
+
     def _build(self, build_args: dict[str, Any]) -> None:
         """(Re)build the envs; on any failure no envs are left half-built."""
         self.close()
@@ -139,7 +169,9 @@ class GymBridge:
         try:
             if self.factory.builds_vector(build_args, self.num_envs):
                 built.append(self.factory.build(build_args, self.num_envs))
-                envs: SlotEnvs = VectorEnvs(built[0])
+                # a project's vector env gets the per-slot seed list (the gymnasium vector API allows
+                # one); a registry id's native vector_entry_point env takes one int
+                envs: SlotEnvs = VectorEnvs(built[0], per_slot_seeds=self.factory.kind is FactoryKind.CALLABLE)
                 if envs.num_slots != self.num_envs:
                     raise TaskArgumentError(
                         f"factory {self.factory.name} was asked for num_envs={self.num_envs} but built "
@@ -193,28 +225,11 @@ class GymBridge:
         With ``copy=False`` the observation arrays are the bridge's own buffers, valid only until
         the next request (the server encodes them at once).
         """
-        if len(tasks) != self.num_envs:
-            raise TaskArgumentError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
-        split = [self.factory.split_task(task) for task in tasks]
-        build_args = split[0][0]
-        for slot, (slot_build, _) in enumerate(split):
-            if slot_build != build_args:
-                raise TaskArgumentError(
-                    f"slot {slot} asks for build arguments {slot_build}, slot 0 for {build_args}: the slots of one "
-                    "sim share one build"
-                )
-        seeds = [_seed(episodic.get("seed"), slot) for slot, (_, episodic) in enumerate(split)]
-        options = [_options(episodic.get("options"), slot) for slot, (_, episodic) in enumerate(split)]
-        wanted = {**self._build_args, **build_args}
-        if self._envs is None or self._rebuild or wanted != self._build_args:
-            if wanted != self._build_args:
-                log.info("rebuilding %s with %s", self.factory.name, wanted)
-            try:
-                self._build(wanted)
-            except BaseException:
-                self.slots.fail_running(f"building the env with {wanted} failed")
-                raise
+        build_args, seeds, options = self._read_tasks(tasks)
+        self._ensure_build({**self._operator_args, **self._client_args, **build_args})
+        self._client_args.update(build_args)
         envs = self._require_envs()
+        self._refuse_shared_seed(envs, seeds)
         self.slots.begin(seeds)
         try:
             offered = envs.reset(seeds, options, self._obs)
@@ -233,16 +248,27 @@ class GymBridge:
         assert self._actions is not None
         self._actions.restart()
         prompts = [own or self._prompt(task) for own, task in zip(offered, tasks, strict=True)]
-        nonfinite = self._nonfinite(np.ones(self.num_envs, dtype=np.bool_))
-        return self._observation(seq, np.zeros(self.num_envs), copy=copy, prompts=prompts, nonfinite=nonfinite)
+        nonfinite, errors = self._end_nonfinite(self.slots.running(), None)
+        return self._observation(
+            seq, np.zeros(self.num_envs), copy=copy, prompts=prompts, errors=errors, nonfinite=nonfinite
+        )
 
-    def step(self, action: object, seq: int = 0, *, copy: bool = True) -> Observation:
-        """Apply one ``[N, A]`` action frame to every running slot (see :meth:`reset` for ``copy``)."""
+    def step(self, action: object, seq: int = 0, *, copy: bool = True, scalar: bool = False) -> Observation:
+        """Apply one ``[N, A]`` action frame to every running slot (see :meth:`reset` for ``copy``).
+
+        A running slot whose row is refused (not finite, out of range) ends as errored and is not
+        stepped; the others are. ``scalar`` words whole-frame errors in scalar framing.
+        """
         self.slots.require_running()
         envs = self._require_envs()
         assert self._actions is not None
+        rows, refused = self._actions.validate(action, self.slots.running(), scalar=scalar)
+        errors = [SlotError(slot=slot, message=reason) for slot, reason in refused.items()]
+        for slot, reason in refused.items():
+            self.slots.fail(slot, reason)
         running = self.slots.running()
-        rows = self._actions.validate(action, running)
+        if not running.any():  # every running row was refused: the env is not stepped at all
+            return self._observation(seq, np.zeros(self.num_envs), copy=copy, errors=errors)
         try:
             tick = envs.step(self._actions.to_env(rows, batched=self.vectorized), running, self._obs)
         except HudPipelinesError:
@@ -258,8 +284,7 @@ class GymBridge:
         for slot, formatted in tick.errors.items():
             self.slots.fail(slot, _last_line(formatted))
             stepped[slot] = False
-        self.slots.record_step(tick.reward, tick.terminated, tick.truncated, tick.success, stepped)
-        if tick.errors and not stepped.any():
+        if tick.errors and not stepped.any() and not refused:
             slot, formatted = next(iter(tick.errors.items()))
             raise EnvFault(
                 Phase.STEP,
@@ -267,9 +292,12 @@ class GymBridge:
                 slot=slot if len(tick.errors) == 1 else None,
                 formatted=formatted,
             )
-        nonfinite = self._nonfinite(stepped)
+        errors += [SlotError(slot=s, message=_last_line(f), traceback=f) for s, f in tick.errors.items()]
+        nonfinite, invalid = self._end_nonfinite(stepped, tick.reward)
+        errors += invalid
+        stepped &= self.slots.running()
+        self.slots.record_step(tick.reward, tick.terminated, tick.truncated, tick.success, stepped)
         reward = np.where(stepped, tick.reward, 0.0)
-        errors = [SlotError(slot=s, message=_last_line(f), traceback=f) for s, f in tick.errors.items()]
         return self._observation(seq, reward, copy=copy, errors=errors, nonfinite=nonfinite)
 
     def result(self) -> dict[str, Any]:
@@ -287,19 +315,101 @@ class GymBridge:
             raise RuntimeError("the bridge has not started; call start() first")
         return self._envs
 
-    def _nonfinite(self, rows: npt.NDArray[np.bool_]) -> list[int]:
-        """Slots among ``rows`` whose float observations hold NaN or infinity; counted in their records."""
-        if not self._float_features:
-            return []
-        bad = np.zeros(self.num_envs, dtype=np.bool_)
+    def _read_tasks(
+        self, tasks: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], list[int | None], list[dict[str, Any] | None]]:
+        """Split one task per slot into the shared build arguments, the seeds and the reset options."""
+        if len(tasks) != self.num_envs:
+            raise TaskArgumentError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
+        split = [self.factory.split_task(task) for task in tasks]
+        build_args = split[0][0]
+        for slot, (slot_build, _) in enumerate(split):
+            if slot_build != build_args:
+                raise TaskArgumentError(
+                    f"slot {slot} asks for build arguments {slot_build}, slot 0 for {build_args}: the slots of one "
+                    "sim share one build"
+                )
+        self._refuse_fixed(build_args)
+        seeds = [_seed(episodic.get("seed"), slot) for slot, (_, episodic) in enumerate(split)]
+        options = [_options(episodic.get("options"), slot) for slot, (_, episodic) in enumerate(split)]
+        return build_args, seeds, options
+
+    def _refuse_fixed(self, build_args: Mapping[str, Any]) -> None:
+        """A client may repeat, never change, a registry id's ``vectorization_mode``: only the operator sets it.
+
+        The mode decides whether worker processes start and whether every slot gets its own seed.
+        """
+        if self.factory.kind is not FactoryKind.REGISTRY or VECTORIZATION_MODE not in build_args:
+            return
+        served = self.factory.vectorization_mode(self._operator_args, self.num_envs)
+        asked = build_args[VECTORIZATION_MODE]
+        if asked != served:
+            raise TaskArgumentError(
+                f"{VECTORIZATION_MODE}={asked!r} is refused: it is fixed when the sim starts (this sim serves "
+                f"{self.factory.name} with {VECTORIZATION_MODE}={served!r}); start the sim with "
+                f"--arg {VECTORIZATION_MODE}={asked} to use it"
+            )
+
+    def _ensure_build(self, wanted: dict[str, Any]) -> None:
+        """Rebuild the envs when ``wanted`` differs from the current build (or after an env fault)."""
+        if self._envs is not None and not self._rebuild and wanted == self._build_args:
+            return
+        if wanted != self._build_args:
+            log.info("rebuilding %s with %s", self.factory.name, wanted)
+        try:
+            self._build(wanted)
+        except BaseException:
+            self.slots.fail_running(f"building the env with {wanted} failed")
+            raise
+
+    def _refuse_shared_seed(self, envs: SlotEnvs, seeds: list[int | None]) -> None:
+        """A vector env that takes one seed for the batch cannot give slots distinct seeds: refuse them."""
+        if not isinstance(envs, VectorEnvs) or envs.per_slot_seeds or len(set(seeds)) <= 1:
+            return
+        differ = [slot for slot, seed in enumerate(seeds) if seed != seeds[0]]
+        fix = (
+            f"serve it with vectorization_mode=sync (each slot its own env and seed) or give every slot seed {seeds[0]}"
+            if self.factory.kind is FactoryKind.REGISTRY
+            else f"give every slot seed {seeds[0]}, or have its reset take a list of seeds (per_slot_seeds = True)"
+        )
+        raise TaskArgumentError(
+            f"{self.factory.name} ({type(envs.env).__name__}) takes one seed for all {self.num_envs} slots, but the "
+            f"tasks ask for seeds {seeds}: slot(s) {differ} would not get the seed they are credited with; {fix}"
+        )
+
+    def _end_nonfinite(
+        self, rows: npt.NDArray[np.bool_], reward: npt.NDArray[np.float64] | None
+    ) -> tuple[list[int], list[SlotError]]:
+        """End the slots among ``rows`` whose float observation or reward is NaN or infinite, as errored.
+
+        ``reward`` is ``None`` for a reset (whose observations are checked alone).
+
+        Returns the slots whose observation was not finite (flagged on the wire and counted in their
+        records) and one error per ended slot, naming the feature (or the reward) and the step.
+        """
+        reasons: dict[int, str] = {}
+        flagged = np.zeros(self.num_envs, dtype=np.bool_)
+        steps = self.slots.steps
+
+        def when(slot: int) -> str:  # steps count from 1 within the episode; this one is not counted yet
+            return "at reset" if reward is None else f"at step {int(steps[slot]) + 1}"
+
         for key in self._float_features:
             values = self._obs[key].reshape(self.num_envs, -1)
-            bad |= ~np.isfinite(values).all(axis=1)
-        bad &= rows
-        if not bad.any():
-            return []
-        self.slots.flag_nonfinite(bad)
-        return np.flatnonzero(bad).tolist()
+            if np.isfinite(values).all():
+                continue
+            bad = rows & ~np.isfinite(values).all(axis=1)
+            flagged |= bad
+            for slot in np.flatnonzero(bad).tolist():
+                reasons.setdefault(slot, f"observation {key!r} is not finite {when(slot)} (slot {slot})")
+        if reward is not None and not np.isfinite(reward[rows]).all():
+            for slot in np.flatnonzero(rows & ~np.isfinite(reward)).tolist():
+                reasons.setdefault(slot, f"reward {reward[slot]} is not finite {when(slot)} (slot {slot})")
+        if flagged.any():
+            self.slots.flag_nonfinite(flagged)
+        for slot, reason in reasons.items():
+            self.slots.fail(slot, reason)
+        return np.flatnonzero(flagged).tolist(), [SlotError(slot=s, message=m) for s, m in reasons.items()]
 
     def _prompt(self, task: Mapping[str, Any]) -> str:
         described = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in sorted(task.items()) if k != "seed")

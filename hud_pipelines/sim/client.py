@@ -7,8 +7,10 @@ arrays (writable, native byte order). Failures are typed:
 - an error frame from the sim -> :class:`RemoteError` (the connection stays usable);
 - the connection refused (wrong token, sim busy) -> :class:`SimRefusedError` with the HTTP status;
 - the connection dropped (the child died) -> :class:`SimCrashedError` with the owner's diagnosis
-  (exit status and stderr tail when the sim was spawned by us);
-- no reply within the deadline -> :class:`SimTimeoutError`; the owner kills a spawned child.
+  (exit status and stderr tail when the sim was spawned by us) and, once the child exited, its
+  ``returncode``;
+- no reply within the deadline -> :class:`SimTimeoutError` with its ``deadline_s``; the owner kills
+  a spawned child.
 
 After a crash, a timeout or a reply with the wrong sequence number the client is *broken*: a late
 reply could otherwise be taken for the answer to the next request, so every later call fails fast.
@@ -82,12 +84,15 @@ class SimClient:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         diagnose: Callable[[], str] | None = None,
         on_timeout: Callable[[], None] | None = None,
+        exit_status: Callable[[], int | None] | None = None,
     ) -> None:
         self.url = url
         self.step_timeout_s = step_timeout_s
         self.reset_timeout_s = reset_timeout_s if reset_timeout_s is not None else step_timeout_s
         self._diagnose = diagnose or (lambda: "")
         self._on_timeout = on_timeout or (lambda: None)
+        self._exit_status = exit_status or (lambda: None)
+        """The spawned child's exit status once it exited (read after the diagnosis, which waits for it)."""
         self._seq = itertools.count(1)
         self._broken: str | None = None
         self._pending: collections.deque[int] = collections.deque()
@@ -104,7 +109,10 @@ class SimClient:
         except LinkRefused as exc:
             raise SimRefusedError(f"the sim at {url} refused the connection: {exc}", status=exc.status) from exc
         except (OSError, LinkError) as exc:
-            raise SimCrashedError(f"cannot connect to the sim at {url}: {exc}{self._diagnosis()}") from exc
+            diagnosis = self._diagnosis()
+            raise SimCrashedError(
+                f"cannot connect to the sim at {url}: {exc}{diagnosis}", returncode=self._exit_status()
+            ) from exc
         try:
             self._send(Hello(protocol=PROTOCOL_VERSION, framing=framing), "handshake", connect_timeout_s)
             hello = self._receive("handshake", connect_timeout_s, Framing.BATCHED, None)
@@ -252,14 +260,18 @@ class SimClient:
         self._on_timeout()
         return SimTimeoutError(
             f"the sim at {self.url} did not answer {phase} within {timeout_s:g} s; it is presumed hung"
-            f"{self._diagnosis()}"
+            f"{self._diagnosis()}",
+            deadline_s=timeout_s,
         )
 
     def _crashed(self, phase: str, exc: BaseException) -> SimCrashedError:
         self._broken = f"connection lost during {phase}"
         self._link.abort()
         code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
-        return SimCrashedError(f"the sim at {self.url} went away during {phase}{code}: {exc}{self._diagnosis()}")
+        diagnosis = self._diagnosis()
+        return SimCrashedError(
+            f"the sim at {self.url} went away during {phase}{code}: {exc}{diagnosis}", returncode=self._exit_status()
+        )
 
     def _diagnosis(self) -> str:
         text = self._diagnose()

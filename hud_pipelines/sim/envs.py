@@ -293,18 +293,15 @@ class ReplicatedEnvs(SlotEnvs):
 class VectorEnvs(SlotEnvs):
     """One gymnasium-style vector env serving every slot."""
 
-    def __init__(self, vector_env: Any) -> None:
+    def __init__(self, vector_env: Any, *, per_slot_seeds: bool = False) -> None:
         super().__init__()
         self.env = vector_env
         self.num_slots = int(vector_env.num_envs)
         self.single_observation_space = getattr(vector_env, "single_observation_space", None)
         self.single_action_space = vector_env.single_action_space
-        self.per_slot_seeds = isinstance(vector_env, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv) or bool(
-            getattr(vector_env, "per_slot_seeds", False)
-        )
-        """Whether ``reset`` takes a list of seeds; otherwise slot 0's seed seeds the whole batch."""
+        self.per_slot_seeds = takes_seed_list(vector_env, default=per_slot_seeds)
+        """Whether ``reset`` takes a list of seeds; otherwise one seed seeds the whole batch."""
         self._scratch: ObservationBuffer = {}
-        self._warned_seeds = False
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -323,17 +320,12 @@ class VectorEnvs(SlotEnvs):
         return _row(observation, 0)
 
     def _seed_argument(self, seeds: list[int | None]) -> int | list[int | None] | None:
+        """What ``reset(seed=...)`` gets; the bridge refuses distinct seeds for a one-seed env beforehand."""
+        if all(seed is None for seed in seeds):
+            return None
         if self.per_slot_seeds:
             return seeds
-        if len(set(seeds)) > 1 and not self._warned_seeds:
-            self._warned_seeds = True
-            log.warning(
-                "%s takes one seed for all its slots: slot 0's seed %s seeds the batch (per-slot seeds %s are not "
-                "passed on)",
-                type(self.env).__name__,
-                seeds[0],
-                seeds,
-            )
+        assert len(set(seeds)) == 1, "the bridge refuses distinct per-slot seeds for a one-seed vector env"
         return seeds[0]
 
     def reset(
@@ -367,6 +359,23 @@ class VectorEnvs(SlotEnvs):
 
     def close(self) -> None:
         self.env.close()
+
+
+def takes_seed_list(vector_env: Any, *, default: bool) -> bool:
+    """Whether a vector env's ``reset`` seeds each slot from its own entry of a list of seeds.
+
+    An env says so itself with a ``per_slot_seeds`` attribute; gymnasium's ``SyncVectorEnv`` and
+    ``AsyncVectorEnv`` do; for any other env ``default`` decides (the bridge passes true for a
+    project factory, which the gymnasium vector API allows a list, and false for a registry id's
+    ``vector_entry_point``, whose envs take one int).
+    """
+    for holder in (vector_env, getattr(vector_env, "unwrapped", None)):
+        declared = getattr(holder, "per_slot_seeds", None)
+        if isinstance(declared, bool):
+            return declared
+        if isinstance(holder, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv):
+            return True
+    return default
 
 
 def _row(observation: object, row: int) -> object:

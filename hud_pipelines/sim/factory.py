@@ -11,6 +11,12 @@ A spec is one of:
 Task arguments are partitioned by the factory's signature: its parameters are *build* arguments (a
 changed value rebuilds the env), ``seed`` and ``options`` are *episodic* (they go to ``reset``).
 Anything else is an error that shows the signature.
+
+A registry id with several slots is built with gymnasium's ``sync`` vector env unless
+``vectorization_mode`` says otherwise: every slot is then its own env with its own seed, so a slot's
+episode does not depend on ``num_envs`` (a native ``vector_entry_point`` env such as CartPole's takes
+one seed for the whole batch). The default lives here so that ``hud-pipelines serve`` and a pipeline
+build a registry id the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ MAKE_ARGS = frozenset({"render_mode", "max_episode_steps", "disable_env_checker"
 NUM_ENVS = "num_envs"
 VECTORIZATION_MODE = "vectorization_mode"
 """A build argument of every registry id: ``gym.make_vec``'s mode (``sync``, ``async``, ``vector_entry_point``)."""
+DEFAULT_VECTORIZATION_MODE = "sync"
+"""The mode of a registry id with ``num_envs > 1`` when none is given: one env, and one seed, per slot."""
 
 
 class FactoryKind(StrEnum):
@@ -92,15 +100,29 @@ class Factory:
         batch of one can use the same vectorization as a larger batch).
         """
         if self.kind is FactoryKind.REGISTRY:
-            return num_envs > 1 or build_args.get(VECTORIZATION_MODE) is not None
+            return self.vectorization_mode(build_args, num_envs) is not None
         return self.vectorizes
+
+    def vectorization_mode(self, build_args: Mapping[str, Any], num_envs: int) -> str | None:
+        """The ``gym.make_vec`` mode a registry id is built with (``None``: one ``gym.make`` env per slot).
+
+        A given ``vectorization_mode`` wins; otherwise several slots get :data:`DEFAULT_VECTORIZATION_MODE`.
+        Always ``None`` for a callable factory.
+        """
+        if self.kind is not FactoryKind.REGISTRY:
+            return None
+        given = build_args.get(VECTORIZATION_MODE)
+        if given is not None:
+            return str(given)
+        return DEFAULT_VECTORIZATION_MODE if num_envs > 1 else None
 
     def build(self, build_args: Mapping[str, Any], num_envs: int) -> Any:
         """Build a vector env of ``num_envs`` slots when :meth:`builds_vector`, else a single env."""
         args = dict(build_args)
         if isinstance(self.target, str):
-            mode = args.pop(VECTORIZATION_MODE, None)
-            if not self.builds_vector(build_args, num_envs):
+            args.pop(VECTORIZATION_MODE, None)
+            mode = self.vectorization_mode(build_args, num_envs)
+            if mode is None:
                 return gym.make(self.target, **args)
             return gym.make_vec(self.target, num_envs=num_envs, vectorization_mode=mode, **args)
         if self.vectorizes:

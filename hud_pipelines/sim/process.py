@@ -5,7 +5,8 @@ A spawned child:
 - runs ``python -m hud_pipelines.sim`` in a new session, so it leads its own process group and
   teardown can kill everything it started (SIGTERM, a grace period, then SIGKILL of the group);
 - must print its ready line within ``startup_timeout_s``, else it is killed and the error carries the
-  tail of its stderr (which is also forwarded to the ``hud_pipelines.sim.child`` logger);
+  tail of its stderr (which is also forwarded to the ``hud_pipelines.sim.child`` logger), led by
+  the child's own error line (:attr:`SimStartError.child_error`);
 - holds the read end of a pipe on stdin whose write end only this process has: when this process
   dies for any reason the child sees EOF and kills its own group, so no sim outlives its parent.
 
@@ -20,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import selectors
 import signal
@@ -33,7 +35,7 @@ from typing import IO, Any
 
 from hud_pipelines.errors import SimStartError
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, SimClient
-from hud_pipelines.sim.serve import TOKEN_ENV
+from hud_pipelines.sim.serve import CHILD_ERROR_PREFIX, TOKEN_ENV
 from hud_pipelines.wire.messages import Framing
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ child_log = logging.getLogger("hud_pipelines.sim.child")
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 DEFAULT_GRACE_S = 5.0
 STDERR_TAIL_LINES = 60
+STDERR_DRAIN_S = 1.0
+"""How long to wait for the last stderr lines of a child that exited."""
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
+"""The last line of a Python traceback (``ModuleNotFoundError: No module named 'x'``)."""
 
 
 class SimProcess:
@@ -53,12 +59,14 @@ class SimProcess:
         *,
         popen: subprocess.Popen[bytes] | None = None,
         stderr_tail: collections.deque[str] | None = None,
+        stderr_pump: threading.Thread | None = None,
     ) -> None:
         self.url = url
         self.token = token
         self._popen = popen
         self._terminated = False
         self._stderr_tail = stderr_tail if stderr_tail is not None else collections.deque[str](maxlen=STDERR_TAIL_LINES)
+        self._stderr_pump = stderr_pump
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -78,12 +86,18 @@ class SimProcess:
         host: str = "127.0.0.1",
         port: int = 0,
         options: Sequence[str] = (),
+        idle_timeout_s: float = 0.0,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         python: str = sys.executable,
     ) -> SimProcess:
-        """Start a child serving ``factory``; returns once it printed its ready line."""
+        """Start a child serving ``factory``; returns once it printed its ready line.
+
+        ``idle_timeout_s`` is the child's ``--idle-timeout-s``: 0 (never) by default, since a
+        spawned child serves only its parent, which may keep a pooled connection idle between
+        instances (and the child dies with its parent anyway). ``options`` come after it and win.
+        """
         token = secrets.token_urlsafe(24)
         command = [
             python,
@@ -97,6 +111,8 @@ class SimProcess:
             "--port",
             str(port),
             "--parent-watch",
+            "--idle-timeout-s",
+            f"{idle_timeout_s:g}",
             *options,
         ]
         if contract_path is not None:
@@ -116,15 +132,19 @@ class SimProcess:
         tail = collections.deque[str](maxlen=STDERR_TAIL_LINES)
         assert popen.stderr is not None
         assert popen.stdout is not None
-        threading.Thread(
+        pump = threading.Thread(
             target=_pump_stderr, args=(popen.stderr, tail, popen.pid), name=f"hud-sim-{popen.pid}-stderr", daemon=True
-        ).start()
-        handle = cls("", token, popen=popen, stderr_tail=tail)
+        )
+        pump.start()
+        handle = cls("", token, popen=popen, stderr_tail=tail, stderr_pump=pump)
         try:
             ready = _read_ready_line(popen, startup_timeout_s)
         except SimStartError as exc:
             handle.close(grace_s=1.0)
-            raise SimStartError(f"{exc} (sim {factory!r})\n{handle.diagnose()}") from None
+            diagnosis = handle.diagnose()
+            child_error = handle.child_error()
+            lead = f"{child_error} ({exc}; sim {factory!r})" if child_error else f"{exc} (sim {factory!r})"
+            raise SimStartError(f"{lead}\n{diagnosis}", child_error=child_error) from None
         except BaseException:
             handle.close(grace_s=1.0)
             raise
@@ -156,6 +176,7 @@ class SimProcess:
             connect_timeout_s=connect_timeout_s,
             diagnose=self.diagnose,
             on_timeout=self.kill if self._popen is not None else None,
+            exit_status=lambda: self.returncode,
         )
 
     @property
@@ -188,9 +209,27 @@ class SimProcess:
             status = f"sim process {self._popen.pid} was killed by {signal.Signals(-code).name}"
         else:
             status = f"sim process {self._popen.pid} exited with code {code}"
-        time.sleep(0.05)  # let the stderr pump catch the last lines
+        self._drain_stderr(exited=code is not None)
         lines = "\n".join(f"  | {line}" for line in self._stderr_tail)
         return f"{status}; stderr tail:\n{lines}" if lines else status
+
+    def child_error(self) -> str | None:
+        """The child's own last error line: what it reported as fatal, else the last exception line of its stderr."""
+        lines = list(self._stderr_tail)
+        for line in reversed(lines):
+            if CHILD_ERROR_PREFIX in line:
+                return line.split(CHILD_ERROR_PREFIX, 1)[1].strip() or None
+        for line in reversed(lines):
+            if EXCEPTION_LINE.match(line.strip()):
+                return line.strip()
+        return None
+
+    def _drain_stderr(self, *, exited: bool) -> None:
+        """Let the stderr pump catch the last lines (all of them, up to a bound, once the child exited)."""
+        if exited and self._stderr_pump is not None:
+            self._stderr_pump.join(timeout=STDERR_DRAIN_S)
+        else:
+            time.sleep(0.05)
 
     def kill(self) -> None:
         """SIGKILL the child's whole process group now (a hung sim gets no grace)."""

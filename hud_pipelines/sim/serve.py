@@ -36,12 +36,15 @@ from typing import Any
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.sim.bridge import GymBridge
-from hud_pipelines.sim.server import MainThreadExecutor, SimServer
+from hud_pipelines.sim.server import DEFAULT_IDLE_TIMEOUT_S, MainThreadExecutor, SimServer
 from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
 
 log = logging.getLogger("hud_pipelines.sim")
 TOKEN_ENV = "HUD_PIPELINES_TOKEN"
+CHILD_ERROR_PREFIX = "hud-pipelines sim error: "
+"""Leads the one stderr line a failed start ends with (``<prefix>ContractError: ...``), which a parent reads."""
 EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
 PARENT_GONE_GRACE_S = 3.0
 
 
@@ -97,6 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="out-of-bounds continuous actions: clip (default) or error",
     )
     parser.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
+    parser.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help=f"close a client that sends nothing for this long after its hello (default {DEFAULT_IDLE_TIMEOUT_S:g}; "
+        "0: never), so a silent client cannot hold the sim",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--parent-watch", action="store_true", help=argparse.SUPPRESS)
 
@@ -126,9 +136,15 @@ def run(args: argparse.Namespace) -> int:
             bounds=BoundsMode(args.bounds),
         )
         bridge.start()
-        executor.idle_hook = bridge.idle_hook()
+        executor.idle_hook = bridge.run_idle_hook if bridge.idle_hook() is not None else None
         server = SimServer(
-            bridge, executor, token=token, host=args.host, port=args.port, max_frame_bytes=args.max_frame_bytes
+            bridge,
+            executor,
+            token=token,
+            host=args.host,
+            port=args.port,
+            max_frame_bytes=args.max_frame_bytes,
+            idle_timeout_s=args.idle_timeout_s,
         )
         port = server.start()
         host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
@@ -151,9 +167,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except HudPipelinesError as exc:
         log.error("%s", exc)
+        _report_fatal(exc)
         return EXIT_BAD_INPUT
+    except Exception as exc:
+        log.exception("the sim failed")
+        _report_fatal(exc)
+        return EXIT_FAILED
     finally:
         _shut_down(executor, server, bridge)
+
+
+def _report_fatal(exc: BaseException) -> None:
+    """End stderr with one line naming the error, for whoever reads the tail (the spawning parent)."""
+    text = " ".join(str(exc).split("\n")[0].split()) or "(no message)"
+    sys.stderr.write(f"{CHILD_ERROR_PREFIX}{type(exc).__name__}: {text}\n")
+    sys.stderr.flush()
 
 
 def _shut_down(executor: MainThreadExecutor, server: SimServer | None, bridge: GymBridge | None) -> None:

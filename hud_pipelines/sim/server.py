@@ -9,9 +9,13 @@ to the main thread as one job (decode, sim touch, encode: see :mod:`hud_pipeline
 so a reply can never be read while its step is still running.
 
 One connection drives the sim at a time; a second one is refused with HTTP 409 until the first
-closes. Every connection must present the capability token (``Authorization: Bearer <token>`` or
+closes (one that arrives while the first is closing waits up to :data:`CLOSING_WAIT_S` instead).
+Every connection must present the capability token (``Authorization: Bearer <token>`` or
 ``?token=``), checked before the WebSocket handshake completes: a connection without it never
-reaches the sim. WebSocket keepalive pings are off (a long reset or a slow policy must not get a
+reaches the sim. The upgrade must complete within :data:`UPGRADE_TIMEOUT_S`, the ``hello`` must
+follow within :data:`HANDSHAKE_TIMEOUT_S`, and a client that then sends nothing for
+``idle_timeout_s`` is closed with :attr:`CloseCode.IDLE_TIMEOUT`, so a silent client cannot hold
+the sim forever. WebSocket keepalive pings are off (a long reset or a slow policy must not get a
 healthy connection dropped); TCP keepalive notices a peer that vanished.
 """
 
@@ -46,8 +50,12 @@ from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, ErrorFrame, Pha
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+UPGRADE_TIMEOUT_S = 10.0
+"""How long the opening HTTP upgrade may take, the wait for a closing connection included."""
 HANDSHAKE_TIMEOUT_S = 30.0
 """How long a connection may take to send its ``hello`` frame."""
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+"""How long a client may stay silent after its hello (longer than a slow policy's forward)."""
 CLOSING_WAIT_S = 5.0
 """How long a new connection waits for a closing one to let go of the sim before it gets a 409."""
 TCP_KEEPALIVE_S = (10, 5, 3)
@@ -147,6 +155,7 @@ class SimServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
         self.bridge = bridge
         self.executor = executor
@@ -154,6 +163,8 @@ class SimServer:
         self.host = host
         self.port = port
         self.max_frame_bytes = max_frame_bytes
+        self.idle_timeout_s = idle_timeout_s or None
+        """Seconds a client may send nothing after its hello before it is closed (``None``: forever)."""
         self.connections_served = 0
         self._busy = False
         self._closing = False
@@ -208,6 +219,7 @@ class SimServer:
             compression=None,
             max_size=self.max_frame_bytes,
             ping_interval=None,
+            open_timeout=UPGRADE_TIMEOUT_S,
             close_timeout=1,
             server_header=SERVER_NAME,
         ) as server:
@@ -221,8 +233,10 @@ class SimServer:
     async def _admit(self, connection: ServerConnection, request: HttpRequest) -> HttpResponse | None:
         """Refuse a connection before the WebSocket handshake: 401 without the token, 409 when busy.
 
-        A connection that arrives while the previous one is closing waits (briefly) for it to finish,
-        so a client may close and reconnect at once.
+        A connection that arrives while the previous one is closing (its close frame, its ``close``
+        request or its EOF has been read) waits up to :data:`CLOSING_WAIT_S` for it to let go, so a
+        client may close and reconnect at once; only a sim still busy after that (a request of the
+        old connection still running in the env) is a 409.
         """
         offered = _bearer(request.headers.get("Authorization"))
         if offered is None:
@@ -230,14 +244,17 @@ class SimServer:
         if not hmac.compare_digest(offered.encode(), self.token.encode()):
             log.warning("refused a connection from %s: missing or wrong token", connection.remote_address)
             return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong capability token\n")
-        current = self._current
-        leaving = self._closing or (current is not None and current.state is not State.OPEN)
-        if self._busy and leaving and self._idle is not None:
+        if self._busy and self._leaving() and self._idle is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), CLOSING_WAIT_S)
         if self._busy:
             return connection.respond(HTTPStatus.CONFLICT, "the sim is driven by another connection\n")
         return None
+
+    def _leaving(self) -> bool:
+        """Whether the connection that drives the sim is on its way out."""
+        current = self._current
+        return self._closing or (current is not None and current.state is not State.OPEN)
 
     # -- one connection ----------------------------------------------------------------------------
 
@@ -253,6 +270,7 @@ class SimServer:
         self.connections_served += 1
         _enable_tcp_keepalive(ws)
         session = Session(self.bridge, max_frame_bytes=self.max_frame_bytes)
+        left = "client disconnected mid-episode"
         try:
             try:
                 first = await asyncio.wait_for(ws.recv(), HANDSHAKE_TIMEOUT_S)
@@ -268,8 +286,14 @@ class SimServer:
                     self._closing = True
                     await ws.close(outcome.close, outcome.reason)
                     return
-                frame = await _next_frame(ws)
+                frame = await _next_frame(ws, self.idle_timeout_s)
             self._closing = True
+        except _ClientIdle:
+            self._closing = True
+            reason = f"idle for {self.idle_timeout_s:g} s: no request since the last reply (--idle-timeout-s)"
+            left = f"client dropped: {reason}"
+            log.warning("closing a client that stayed silent: %s", reason)
+            await ws.close(CloseCode.IDLE_TIMEOUT, reason)
         except ConnectionClosed:
             self._closing = True
         except SimShuttingDown:
@@ -281,7 +305,7 @@ class SimServer:
                 pass
         finally:
             try:
-                aborted = await self.executor.run(functools.partial(session.abort, "client disconnected mid-episode"))
+                aborted = await self.executor.run(functools.partial(session.abort, left))
                 if aborted:
                     log.warning("client left with slots %s running: their episodes are marked errored", aborted)
             except SimShuttingDown:
@@ -291,11 +315,18 @@ class SimServer:
             self._idle.set()
 
 
-async def _next_frame(ws: ServerConnection) -> bytes | str | None:
+class _ClientIdle(Exception):
+    """The client sent nothing within the idle timeout."""
+
+
+async def _next_frame(ws: ServerConnection, idle_timeout_s: float | None) -> bytes | str | None:
+    """The client's next frame, ``None`` once it closed; :class:`_ClientIdle` after ``idle_timeout_s`` of silence."""
     try:
-        return await ws.recv()
+        return await asyncio.wait_for(ws.recv(), idle_timeout_s)
     except ConnectionClosed:
         return None
+    except TimeoutError:
+        raise _ClientIdle from None
 
 
 def _enable_tcp_keepalive(ws: ServerConnection) -> None:

@@ -7,11 +7,14 @@ says about a connection:
 - the handshake: the first frame must be ``hello`` with this server's protocol version; the reply
   carries the framing, ``num_envs``, the contract, the hold mode and the frame size limit;
 - decoding: a frame that is not valid msgpack, not a known request or not well-formed is answered
-  with an ``error`` frame of phase ``decode`` and never reaches the sim;
+  with an ``error`` frame of phase ``decode`` (carrying the request's ``seq`` whenever the frame's
+  top level still shows one) and never reaches the sim;
 - sequence numbers: every request's ``seq`` must be above the previous one, else it is refused
   with phase ``sequence`` (a duplicate or replayed step is never applied twice);
 - dispatch to the bridge, where every failure becomes an ``error`` frame (an env exception carries
-  its traceback and, when one slot caused it, the slot).
+  its traceback and, when one slot caused it, the slot);
+- the connection's own state: a successful hello starts the bridge's records and build arguments
+  afresh (:meth:`GymBridge.begin_connection`), so nothing of an earlier client reaches this one.
 
 Decoding, the sim touch and encoding all run in one main-thread job, so the asyncio thread only
 moves bytes, and an observation is encoded straight from the bridge's buffers before the next
@@ -28,7 +31,7 @@ from typing import Any
 
 from hud_pipelines.errors import HudPipelinesError, WireError
 from hud_pipelines.sim.bridge import EnvFault, GymBridge
-from hud_pipelines.wire.codec import packb, unpackb
+from hud_pipelines.wire.codec import packb, peek_seq, unpackb
 from hud_pipelines.wire.messages import (
     PROTOCOL_VERSION,
     Close,
@@ -63,6 +66,8 @@ class CloseCode(IntEnum):
     """A frame exceeded ``max_frame_bytes`` (sent by the WebSocket layer itself)."""
     TRY_AGAIN_LATER = 1013
     """Another connection drives the sim (normally refused earlier with HTTP 409)."""
+    IDLE_TIMEOUT = 4408
+    """The client sent nothing for ``--idle-timeout-s`` after its hello (private-use code, like HTTP 408)."""
 
 
 class SessionState(StrEnum):
@@ -119,6 +124,7 @@ class Session:
             )
         self.framing = framing
         self.state = SessionState.SERVING
+        self.bridge.begin_connection()
         reply = ServerHello(
             protocol=PROTOCOL_VERSION,
             framing=framing,
@@ -142,7 +148,7 @@ class Session:
         try:
             request = parse_request(unpackb(frame), self.framing, self.bridge.num_envs)
         except WireError as exc:
-            return self._error(ErrorFrame(phase=Phase.DECODE, message=str(exc)))
+            return self._error(ErrorFrame(phase=Phase.DECODE, seq=peek_seq(frame), message=str(exc)))
         if isinstance(request, Close):
             self.state = SessionState.CLOSED
             return Outcome(packb(to_wire(Close())), CloseCode.NORMAL)
@@ -172,7 +178,7 @@ class Session:
                 case Reset(tasks=tasks):
                     return self.bridge.reset(tasks, seq, copy=False)
                 case Step(action=action):
-                    return self.bridge.step(action, seq, copy=False)
+                    return self.bridge.step(action, seq, copy=False, scalar=self.framing is Framing.SCALAR)
                 case ResultRequest():
                     graded: dict[str, Any] = self.bridge.result()
                     return Result(seq=seq, score=graded["score"], success=graded["success"], slots=graded["slots"])

@@ -60,7 +60,7 @@ class SlotRecord:
     success_reported: bool = False
     """Whether the env ever reported a success signal; decides what the score means."""
     nonfinite_steps: int = 0
-    """Steps whose observation held NaN or infinity (the data was passed on, flagged)."""
+    """Steps whose observation held NaN or infinity (0 or 1: such a step ends the episode as errored)."""
     error: str | None = None
 
     @property
@@ -136,6 +136,11 @@ class SlotBatch:
     @property
     def success(self) -> npt.NDArray[np.bool_]:
         return self._success.copy()
+
+    @property
+    def steps(self) -> npt.NDArray[np.int64]:
+        """Steps each slot's current episode has run (a copy)."""
+        return self._steps.copy()
 
     def record(self, slot: int) -> SlotRecord:
         return SlotRecord(

@@ -8,9 +8,15 @@ policy servers::
 Decoding is defensive because frames come from the network: only boolean, integer and floating
 dtypes are accepted (object, void, complex, string, datetime and structured dtypes are refused), the
 byte length must equal ``prod(shape) * itemsize`` (so a frame that claims a huge shape allocates
-nothing) and the number of dimensions is capped. Decoded arrays are writable copies in native byte
-order: a read-only view of the frame buffer must never reach a caller that mutates it or hands it to
-``torch.from_numpy`` (which also refuses non-native byte orders).
+nothing) and the number of dimensions is capped. A frame larger than :data:`SCAN_ABOVE_BYTES` is
+walked header by header before msgpack builds anything: a container may not declare more elements
+than the bytes left in the frame, and a frame may hold at most :data:`MAX_FRAME_OBJECTS` objects, so
+decoding costs about the frame's own size (an empty map costs ~70 bytes of memory for one byte of
+frame: a frame of nothing else would otherwise cost 70 times its size).
+
+Decoded arrays are writable copies in native byte order: a read-only view of the frame buffer must
+never reach a caller that mutates it or hands it to ``torch.from_numpy`` (which also refuses
+non-native byte orders).
 """
 
 from __future__ import annotations
@@ -29,6 +35,22 @@ NPGENERIC_KEY = "__npgeneric__"
 ALLOWED_KINDS = frozenset("biuf")
 """numpy dtype kinds that may travel: bool, signed int, unsigned int, float."""
 MAX_NDIM = 8
+MAX_FRAME_OBJECTS = 1 << 18
+"""msgpack objects (maps, arrays, strings, numbers...) one frame may hold; a reset or result of
+thousands of slots holds about 30 per slot."""
+SCAN_ABOVE_BYTES = 1 << 16
+"""Frames up to this size are not walked first: they cannot hold enough objects to matter."""
+_CONTAINER_LENGTHS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
+"""array16/32 and map16/32: bytes of the length field, child objects per declared element."""
+_PAYLOAD_LENGTHS = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}
+"""bin8/16/32 and str8/16/32: bytes of the length field before the payload."""
+_EXT_LENGTHS = {0xC7: 1, 0xC8: 2, 0xC9: 4}
+"""ext8/16/32: bytes of the length field (one type byte follows it)."""
+_FIXED_PAYLOADS = {
+    **{0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8},
+    **{0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17},
+}
+"""floats, ints and fixext types: payload bytes after the type byte."""
 
 
 def check_dtype(dtype: object) -> np.dtype[Any]:
@@ -118,9 +140,88 @@ def unpackb(frame: bytes | bytearray | memoryview | str) -> Any:
     """Decode one frame; any malformation is a :class:`WireError`, never another exception."""
     if isinstance(frame, str):
         raise WireError("expected a binary msgpack frame, got a text frame")
+    if len(frame) > SCAN_ABOVE_BYTES:
+        _skip(frame, 0, MAX_FRAME_OBJECTS)
     try:
         return cast(Any, msgpack.unpackb(frame, object_hook=_decode_hook, raw=False, strict_map_key=False))
     except WireError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for malformed input
         raise WireError(f"malformed msgpack frame ({type(exc).__name__}: {exc})") from exc
+
+
+def peek_seq(frame: bytes | bytearray | memoryview | str) -> int | None:
+    """The ``seq`` of a frame that failed to decode, when its top-level map still shows one.
+
+    Only the top level is walked, key by key, without building the values (a bad array or a
+    truncation after ``seq`` does not hide it); anything unreadable gives ``None``.
+    """
+    if isinstance(frame, str) or not frame:
+        return None
+    try:
+        pos, children, _ = _header(frame, 0)
+        if not (0x80 <= frame[0] <= 0x8F or frame[0] in (0xDE, 0xDF)):
+            return None
+        for _ in range(children // 2):
+            key_end = _skip(frame, pos, MAX_FRAME_OBJECTS)
+            value_end = _skip(frame, key_end, MAX_FRAME_OBJECTS)
+            if key_end - pos <= 8 and msgpack.unpackb(frame[pos:key_end]) == "seq":
+                value: object = (
+                    cast(object, msgpack.unpackb(frame[key_end:value_end])) if value_end - key_end <= 9 else None
+                )
+                return value if isinstance(value, int) and not isinstance(value, bool) else None
+            pos = value_end
+    except Exception:  # unreadable: the error frame goes out without a seq
+        return None
+    return None
+
+
+def _header(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int, int]:
+    """``(position after the header, child objects, payload bytes)`` of the msgpack object at ``pos``."""
+    if pos >= len(data):
+        raise WireError("malformed msgpack frame (truncated)")
+    kind = data[pos]
+    pos += 1
+    if kind <= 0x7F or kind >= 0xE0 or kind in (0xC0, 0xC2, 0xC3):  # fixints, nil, booleans
+        return pos, 0, 0
+    if kind <= 0x8F:
+        return pos, 2 * (kind & 0x0F), 0
+    if kind <= 0x9F:
+        return pos, kind & 0x0F, 0
+    if kind <= 0xBF:
+        return pos, 0, kind & 0x1F
+    if kind in _FIXED_PAYLOADS:
+        return pos, 0, _FIXED_PAYLOADS[kind]
+    width = _PAYLOAD_LENGTHS.get(kind) or _EXT_LENGTHS.get(kind) or _CONTAINER_LENGTHS.get(kind, (0, 0))[0]
+    if not width:
+        raise WireError(f"malformed msgpack frame (byte 0x{kind:02x} at offset {pos - 1} is no msgpack type)")
+    length = int.from_bytes(data[pos : pos + width], "big")
+    pos += width
+    if kind in _CONTAINER_LENGTHS:
+        return pos, length * _CONTAINER_LENGTHS[kind][1], 0
+    return pos, 0, length + 1 if kind in _EXT_LENGTHS else length
+
+
+def _skip(data: bytes | bytearray | memoryview, pos: int, budget: int) -> int:
+    """The position after the msgpack object at ``pos``, walking at most ``budget`` objects.
+
+    Refuses a container that declares more elements than the bytes left (each takes one at least)
+    and a walk past ``budget`` objects, before msgpack would allocate for them.
+    """
+    end = len(data)
+    pending = 1
+    walked = 0
+    while pending:
+        pos, children, payload = _header(data, pos)
+        pos += payload
+        walked += 1
+        if children > end - pos:
+            raise WireError(
+                f"malformed msgpack frame (a container declares {children} elements, {max(end - pos, 0)} bytes remain)"
+            )
+        if walked > budget:
+            raise WireError(f"frame holds more than {budget} msgpack objects; refused before decoding")
+        pending += children - 1
+    if pos > end:
+        raise WireError("malformed msgpack frame (truncated)")
+    return pos

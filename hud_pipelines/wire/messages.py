@@ -153,8 +153,11 @@ class Observation:
     status: list[str]
     prompt: list[str] | None = None
     errors: list[SlotError] = field(default_factory=list[SlotError])
+    """Slots that became errored in this request: their env raised, their action row was refused, or
+    their observation or reward was not finite."""
     nonfinite: list[int] = field(default_factory=list[int])
-    """Slots whose observation holds NaN or infinity in this frame (their data is passed on, flagged)."""
+    """Slots whose observation holds NaN or infinity in this frame (passed on as it came, flagged, and
+    ended as errored: each is in ``errors`` too)."""
 
     @property
     def num_slots(self) -> int:

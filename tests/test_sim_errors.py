@@ -1,0 +1,82 @@
+"""Sim faults are typed: a crash, a hung sim and a start-up failure carry what caused them.
+
+The eval layer reads ``returncode`` / ``signal_name``, ``deadline_s`` and ``child_error`` instead of
+matching message strings; the messages stay readable and the constructors stay compatible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from hud_pipelines.errors import SimCrashedError, SimError, SimStartError, SimTimeoutError
+from hud_pipelines.sim.process import SimProcess
+from tests.conftest import FAULTY, REPO
+
+Spawn = Callable[..., SimProcess]
+
+
+def test_the_errors_keep_their_plain_constructors() -> None:
+    for error in (SimCrashedError("gone"), SimTimeoutError("slow"), SimStartError("no")):
+        assert isinstance(error, SimError)
+        assert str(error) in ("gone", "slow", "no")
+    assert SimCrashedError("gone").returncode is None
+    assert SimCrashedError("gone").signal_name is None
+    assert SimTimeoutError("slow").deadline_s is None
+    assert SimStartError("no").child_error is None
+
+
+@pytest.mark.parametrize(
+    ("returncode", "name"),
+    [(-9, "SIGKILL"), (-15, "SIGTERM"), (-11, "SIGSEGV"), (1, None), (0, None), (-200, "signal 200")],
+)
+def test_a_crash_names_the_signal_that_ended_the_child(returncode: int, name: str | None) -> None:
+    assert SimCrashedError("gone", returncode=returncode).signal_name == name
+
+
+def test_a_child_killed_mid_step_is_a_crash_with_its_returncode(spawn: Spawn) -> None:
+    sim = spawn(FAULTY, build_args={"fault": "crash_step", "at_step": 1})
+    with sim.connect() as client:
+        client.reset({"seed": 0})
+        with pytest.raises(SimCrashedError) as caught:
+            client.step([[0.0]])
+    assert (caught.value.returncode, caught.value.signal_name) == (-9, "SIGKILL")
+    assert "went away during step" in str(caught.value)
+
+
+def test_a_hung_child_is_a_timeout_with_its_deadline(spawn: Spawn) -> None:
+    sim = spawn(FAULTY, build_args={"fault": "hang_step", "at_step": 1})
+    with sim.connect(step_timeout_s=0.5) as client:
+        client.reset({"seed": 0})
+        with pytest.raises(SimTimeoutError) as caught:
+            client.step([[0.0]])
+    assert caught.value.deadline_s == 0.5
+    assert "did not answer step within 0.5 s" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("factory", "build_args", "child_error"),
+    [
+        (FAULTY, {"speed": 3}, "TaskArgumentError: task argument 'speed' is accepted neither by the factory faulty("),
+        (FAULTY, {"fault": "raise_build"}, "RuntimeError: FaultyEnv refused to build (fault=raise_build)"),
+        (
+            f"{REPO / 'envs' / 'faulty.py'}:broken_import",
+            {},
+            "ModuleNotFoundError: No module named 'hud_pipelines_missing_simulator'",
+        ),
+    ],
+    ids=["bad-argument", "env-raises", "missing-module"],
+)
+def test_a_start_up_failure_leads_with_the_childs_own_error_line(
+    spawn: Spawn, factory: str, build_args: dict[str, object], child_error: str
+) -> None:
+    with pytest.raises(SimStartError) as caught:
+        spawn(factory, build_args=build_args)
+    error = caught.value
+    assert error.child_error is not None
+    assert error.child_error.startswith(child_error)
+    message = str(error)
+    assert message.startswith(error.child_error)
+    assert message.index(error.child_error) < message.index("stderr tail")
+    assert "before it was ready" in message.splitlines()[0]
