@@ -41,6 +41,8 @@ class Fault(StrEnum):
     """SIGKILL its own process, as an out-of-memory kill or a segfault would."""
     NAN_STEP = "nan_step"
     """Return NaN observations."""
+    NAN_REWARD_STEP = "nan_reward_step"
+    """Return a NaN reward (the observation stays finite)."""
     PRINT = "print"
     """Print to stdout on build, reset and step (must never corrupt the ready line)."""
     WRONG_SHAPE_STEP = "wrong_shape_step"
@@ -99,6 +101,7 @@ class FaultyEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
         self._chatter("stepping")
         value = float(np.asarray(action).reshape(-1)[0])
         observation = self._observation(value)
+        reward = 1.0
         if self._armed() and self.t >= self.at_step:
             match self.fault:
                 case Fault.RAISE_STEP:
@@ -111,11 +114,13 @@ class FaultyEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
                     os.kill(os.getpid(), signal.SIGKILL)
                 case Fault.NAN_STEP:
                     observation[:] = np.nan
+                case Fault.NAN_REWARD_STEP:
+                    reward = float("nan")
                 case Fault.WRONG_SHAPE_STEP:
                     observation = np.zeros(5, dtype=np.float32)
                 case _:
                     pass
-        return observation, 1.0, self.t >= EPISODE_STEPS, False, {}
+        return observation, reward, self.t >= EPISODE_STEPS, False, {}
 
 
 def faulty(fault: str = "none", at_step: int = 2, fault_seed: int | None = None, delay_s: float = 0.0) -> FaultyEnv:

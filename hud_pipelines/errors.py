@@ -55,6 +55,14 @@ class SimStartError(SimError):
         super().__init__(message)
         self.child_error = child_error
 
+    @property
+    def child_error_type(self) -> str | None:
+        """The exception class the child reported (``ContractError``): its error line is ``<Type>: <message>``."""
+        if not self.child_error or ":" not in self.child_error:
+            return None
+        name = self.child_error.split(":", 1)[0].strip()
+        return name if name.isidentifier() else None
+
 
 class SimRefusedError(SimError):
     """The sim refused the connection before the WebSocket handshake (HTTP 401: token, 409: busy)."""
@@ -189,6 +197,8 @@ def fault_of(exc: BaseException) -> Fault:
             return Fault.POLICY_TIMEOUT
         case RolloutTimeoutError():
             return Fault.ROLLOUT_TIMEOUT
+        case SimStartError(child_error_type="ContractError"):
+            return Fault.CONTRACT
         case SimStartError():
             return Fault.SIM_START
         case SimCrashedError():

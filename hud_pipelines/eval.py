@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import Fault, HudPipelinesError, SimError, fault_of
+from hud_pipelines.errors import Fault, HudPipelinesError, SimError, SimStartError, fault_of
 from hud_pipelines.graders import Grader, build_graders
 from hud_pipelines.grading import GradeRow
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
-from hud_pipelines.sim.factory import VECTORIZATION_MODE
 from hud_pipelines.simpool import LiveSim, SimPool, SimSettings
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -125,16 +124,11 @@ class InstanceResult:
 def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
     """How the pipeline's sims are started (or attached to).
 
-    A registry id with several slots is vectorized with gymnasium's ``sync`` mode unless the
-    pipeline picks a ``vectorization_mode``: only then does every slot get its own seed (a native
-    ``vector_entry_point`` env such as CartPole's takes one seed for the whole batch), so a slot's
-    episode does not depend on ``num_envs``.
+    How a registry id is vectorized (gymnasium's ``sync`` mode by default, so each slot keeps its
+    own seed) is the sim's business: ``hud-pipelines serve`` and a pipeline build it the same way.
     """
     sim = spec.sim
     build_args = dict(sim.args)
-    registry_id = spec.factory is not None and ":" not in spec.factory
-    if registry_id and sim.num_envs > 1:
-        build_args.setdefault(VECTORIZATION_MODE, "sync")
     return SimSettings(
         factory=spec.factory,
         build_args=build_args,
@@ -426,6 +420,8 @@ def _instance_failure(outcomes: Sequence[EpisodeOutcome]) -> tuple[str, Fault] |
 
 
 def _first_line(exc: BaseException) -> str:
-    """The headline of an error (a start-up failure's message is followed by the child's stderr)."""
+    """The headline of an error: a sim that did not start says its own error line first."""
+    if isinstance(exc, SimStartError) and exc.child_error:
+        return f"the sim did not start: {exc.child_error}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

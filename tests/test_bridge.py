@@ -581,15 +581,23 @@ def test_an_exception_with_no_usable_data_left_is_an_env_fault_with_the_tracebac
         assert bridge.slots.states == [SlotState.ERRORED]
 
 
-def test_a_reset_exception_errors_the_batch_and_the_next_reset_recovers() -> None:
+def test_a_reset_exception_errors_its_slot_only_and_the_next_reset_recovers() -> None:
     with GymBridge(FAULTY, 2, build_args={"fault": "raise_reset", "fault_seed": 1}) as bridge:
+        reply = bridge.reset([{"seed": 0}, {"seed": 1}])
+        assert reply.status == ["running", "errored"]
+        assert [(e.slot, e.cause) for e in reply.errors] == [(1, "env")]
+        assert "env.reset raised ValueError: FaultyEnv reset failed on purpose (seed 1)" in reply.errors[0].message
+        assert bridge.reset([{"seed": 0}, {"seed": 2}]).status == ["running", "running"]
+
+
+def test_a_reset_that_fails_in_every_slot_errors_the_batch() -> None:
+    with GymBridge(FAULTY, 2, build_args={"fault": "raise_reset"}) as bridge:
         with pytest.raises(
             EnvFault, match=r"env\.reset raised ValueError: FaultyEnv reset failed on purpose"
         ) as caught:
             bridge.reset([{"seed": 0}, {"seed": 1}])
         assert caught.value.phase is Phase.RESET
         assert bridge.slots.states == [SlotState.ERRORED, SlotState.ERRORED]
-        assert bridge.reset([{"seed": 0}, {"seed": 2}]).status == ["running", "running"]
 
 
 def test_an_observation_that_breaks_the_contract_fails_the_slot() -> None:
@@ -670,3 +678,12 @@ def test_a_bridge_must_start_before_use() -> None:
         _ = bridge.contract
     with pytest.raises(ValueError, match="num_envs must be >= 1"):
         GymBridge("CartPole-v1", 0)
+
+
+@pytest.mark.parametrize(
+    ("factory", "robot"),
+    [("CartPole-v1", "CartPole-v1"), ("envs.faulty:faulty", "FaultyEnv"), ("envs.vectorized:point_mass", "PointMass")],
+)
+def test_a_contract_names_its_robot_by_the_env_never_by_the_factory_function(factory: str, robot: str) -> None:
+    with GymBridge(factory, num_envs=2) as bridge:
+        assert bridge.start().robot_type.startswith(robot)

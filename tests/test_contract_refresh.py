@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.cli import main
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import Fault
 from hud_pipelines.spec.loader import load_pipeline
 from hud_pipelines.steps import evaluate
 
@@ -52,9 +52,10 @@ def test_a_shape_change_is_refused_by_the_eval_and_refreshed_by_the_contract_com
     path = write_pipeline(project, dim=5)  # the edit that changes the observation's shape
     capsys.readouterr()
 
-    with pytest.raises(HudPipelinesError) as refused:
-        evaluate(load_pipeline(path), outputs_dir=project / "outputs", project_dir=project)
-    message = " ".join(str(refused.value).split())
+    refused = evaluate(load_pipeline(path), outputs_dir=project / "outputs", project_dir=project)
+    assert not refused.passed
+    assert {row.fault for row in refused.rows} == {Fault.CONTRACT}
+    message = " ".join((refused.rows[0].error or "").split())
     assert "feature 'state' is observation float32[3] in the contract file but observation float32[5] in the env" in (
         message
     )

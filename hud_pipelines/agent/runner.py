@@ -306,9 +306,12 @@ class _Run:
         self.prompts = list(prompts) if prompts is not None else [str(p) for p in offered]
         for slot, key in enumerate(self.keys):
             self._begin(key, self.prompts[slot])
-        slots.running[:] = [status == "running" for status in observation.status]
-        self._end_nonfinite(observation, np.flatnonzero(slots.running), at="reset")
+        slots.running[:] = True  # until the reply says otherwise: a slot the sim errored keeps its reason
         self._apply_errors(observation)
+        self._end_nonfinite(observation, np.flatnonzero(slots.running), at="reset")
+        for slot, status in enumerate(observation.status):
+            if slots.running[slot] and status != "running":
+                slots.running[slot] = False
         for slot in np.flatnonzero(~slots.running):
             if slots.outcomes[slot] is None:
                 self._end(int(slot), _errored(f"slot is {observation.status[slot]} after reset", 0, 0.0, Fault.ENV))
@@ -545,14 +548,14 @@ class _Run:
     def _apply_errors(self, reply: Observation) -> set[int]:
         """End the running slots the sim reports as errored; returns those slots."""
         slots = self.slots
-        reasons = {e.slot: e.message for e in reply.errors}
+        reasons = {e.slot: (e.message, _SLOT_CAUSES.get(e.cause, Fault.ENV)) for e in reply.errors}
         for slot, status in enumerate(reply.status):
             if status == "errored":
-                reasons.setdefault(slot, "the sim reports the slot as errored")
+                reasons.setdefault(slot, ("the sim reports the slot as errored", Fault.ENV))
         ended: set[int] = set()
-        for slot, reason in reasons.items():
+        for slot, (reason, fault) in reasons.items():
             if 0 <= slot < len(self.keys) and slots.running[slot]:
-                self._end(slot, _errored(reason, int(slots.steps[slot]), float(slots.total_reward[slot]), Fault.ENV))
+                self._end(slot, _errored(reason, int(slots.steps[slot]), float(slots.total_reward[slot]), fault))
                 ended.add(slot)
         return ended
 
@@ -652,6 +655,10 @@ class _Run:
         if missing:
             raise AssertionError(f"slots {missing} ended without an outcome")
         return [outcome for outcome in self.slots.outcomes if outcome is not None]
+
+
+_SLOT_CAUSES = {"env": Fault.ENV, "action": Fault.ACTION, "nonfinite": Fault.NONFINITE}
+"""The wire's ``errors[].cause`` as a fault."""
 
 
 class _PolicyFailed(Exception):

@@ -40,6 +40,7 @@ from hud_pipelines.spec.models import CheckSpec, PipelineSpec
 from hud_pipelines.steps import (
     GRADE_COLUMNS,
     cell,
+    checks_step,
     contract_step,
     dataset_step,
     grades_step,
@@ -204,6 +205,7 @@ def _build(
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         outputs = _resource(context, spec).outputs
         rows = grades_step(spec, outputs)
+        checks_step(spec, outputs)  # the verdicts as a file too, beside the grades they judge
         summary = summarize(rows)
         low, high = summary.success_interval
         return dg.MaterializeResult(

@@ -193,7 +193,7 @@ class GymBridge:
     def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any]) -> None:
         """Derive the contract of freshly built envs and size every buffer from it."""
         sample = envs.sample_observation()
-        robot_type = str(envs.metadata.get("robot_type") or self.factory.name)
+        robot_type = str(envs.metadata.get("robot_type") or _robot_name(envs.rate_sources()) or self.factory.name)
         derived = derive_contract(
             envs.single_observation_space,
             envs.single_action_space,
@@ -232,7 +232,16 @@ class GymBridge:
         self._refuse_shared_seed(envs, seeds)
         self.slots.begin(seeds)
         try:
-            offered = envs.reset(seeds, options, self._obs)
+            started = envs.reset(seeds, options, self._obs)
+            if started.errors and len(started.errors) == self.num_envs:  # nothing started: the reset failed
+                slot, formatted = next(iter(started.errors.items()))
+                raise _ResetRaised(formatted)
+        except _ResetRaised as failed:
+            self.slots.fail_running(f"env.reset raised {_last_line(failed.formatted)}")
+            self._rebuild = True
+            raise EnvFault(
+                Phase.RESET, f"env.reset raised {_last_line(failed.formatted)}", slot=None, formatted=failed.formatted
+            ) from None
         except HudPipelinesError:
             self.slots.fail_running("reset refused")
             raise
@@ -247,8 +256,15 @@ class GymBridge:
             ) from exc
         assert self._actions is not None
         self._actions.restart()
-        prompts = [own or self._prompt(task) for own, task in zip(offered, tasks, strict=True)]
-        nonfinite, errors = self._end_nonfinite(self.slots.running(), None)
+        prompts = [own or self._prompt(task) for own, task in zip(started.prompts, tasks, strict=True)]
+        errors: list[SlotError] = []
+        for slot, formatted in started.errors.items():
+            self.slots.fail(slot, f"env.reset raised {_last_line(formatted)}")
+            errors.append(
+                SlotError(slot=slot, message=f"env.reset raised {_last_line(formatted)}", traceback=formatted)
+            )
+        nonfinite, invalid = self._end_nonfinite(self.slots.running(), None)
+        errors += invalid
         return self._observation(
             seq, np.zeros(self.num_envs), copy=copy, prompts=prompts, errors=errors, nonfinite=nonfinite
         )
@@ -263,7 +279,7 @@ class GymBridge:
         envs = self._require_envs()
         assert self._actions is not None
         rows, refused = self._actions.validate(action, self.slots.running(), scalar=scalar)
-        errors = [SlotError(slot=slot, message=reason) for slot, reason in refused.items()]
+        errors = [SlotError(slot=slot, message=reason, cause="action") for slot, reason in refused.items()]
         for slot, reason in refused.items():
             self.slots.fail(slot, reason)
         running = self.slots.running()
@@ -409,7 +425,9 @@ class GymBridge:
             self.slots.flag_nonfinite(flagged)
         for slot, reason in reasons.items():
             self.slots.fail(slot, reason)
-        return np.flatnonzero(flagged).tolist(), [SlotError(slot=s, message=m) for s, m in reasons.items()]
+        return np.flatnonzero(flagged).tolist(), [
+            SlotError(slot=s, message=m, cause="nonfinite") for s, m in reasons.items()
+        ]
 
     def _prompt(self, task: Mapping[str, Any]) -> str:
         described = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in sorted(task.items()) if k != "seed")
@@ -438,6 +456,32 @@ class GymBridge:
             errors=errors or [],
             nonfinite=nonfinite or [],
         )
+
+
+def _robot_name(sources: list[Any]) -> str | None:
+    """What a sim that states no ``robot_type`` is called: its registry id, else its env class.
+
+    Never the factory's function name (``make``), which says nothing about the robot.
+    """
+    for source in sources:
+        spec = getattr(source, "spec", None)
+        env_id = getattr(spec, "id", None)
+        if isinstance(env_id, str) and env_id:
+            return env_id
+    for source in sources:
+        unwrapped = getattr(source, "unwrapped", None)
+        name = type(unwrapped).__name__ if unwrapped is not None else ""
+        if name and name not in ("SyncVectorEnv", "AsyncVectorEnv"):  # gymnasium's generic batchers say nothing
+            return name.removesuffix("VectorEnv") or name
+    return None
+
+
+class _ResetRaised(Exception):
+    """Every slot's env raised in reset (internal: becomes an :class:`EnvFault`)."""
+
+    def __init__(self, formatted: str) -> None:
+        super().__init__(formatted)
+        self.formatted = formatted
 
 
 def _last_line(formatted: str) -> str:

@@ -39,6 +39,15 @@ ObservationBuffer = dict[str, npt.NDArray[Any]]
 
 
 @dataclass
+class Started:
+    """What one reset produced: each slot's offered prompt, and the slots whose env raised."""
+
+    prompts: list[str | None]
+    errors: dict[int, str] = field(default_factory=dict[int, str])
+    """Per-slot tracebacks of exceptions raised by that slot's env (replicated envs only)."""
+
+
+@dataclass
 class Tick:
     """What one lockstep step produced; rows of slots that were not stepped are meaningless."""
 
@@ -89,10 +98,8 @@ class SlotEnvs(ABC):
         """One unbatched observation (after an unseeded reset), for contract derivation."""
 
     @abstractmethod
-    def reset(
-        self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer
-    ) -> list[str | None]:
-        """Reset every slot, fill ``out``; returns the prompt each env offers (``None`` if none)."""
+    def reset(self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer) -> Started:
+        """Reset every slot, fill ``out``; the prompt each env offers (``None`` if none) and per-slot faults."""
 
     @abstractmethod
     def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
@@ -261,13 +268,17 @@ class ReplicatedEnvs(SlotEnvs):
         self.device = torch_device_of(self.envs[0], observation)
         return observation
 
-    def reset(
-        self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer
-    ) -> list[str | None]:
+    def reset(self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer) -> Started:
+        started = Started(prompts=[None] * self.num_slots)
         for slot, env in enumerate(self.envs):
-            observation, _ = env.reset(seed=seeds[slot], options=options[slot])
+            try:
+                observation, _ = env.reset(seed=seeds[slot], options=options[slot])
+            except Exception:  # this slot's env failed: it errors alone, its siblings start
+                started.errors[slot] = traceback.format_exc()
+                continue
             self.write(out, flatten_observation(observation), slot, f"slot {slot} reset")
-        return [prompt_of(env) for env in self.envs]
+            started.prompts[slot] = prompt_of(env)
+        return started
 
     def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
         tick = Tick.empty(self.num_slots)
@@ -328,16 +339,14 @@ class VectorEnvs(SlotEnvs):
         assert len(set(seeds)) == 1, "the bridge refuses distinct per-slot seeds for a one-seed vector env"
         return seeds[0]
 
-    def reset(
-        self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer
-    ) -> list[str | None]:
+    def reset(self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer) -> Started:
         if len({repr(o) for o in options}) > 1:
             raise TaskArgumentError(
                 "a vector env takes one options dict for all slots; the tasks of this reset differ in 'options'"
             )
         observation, _ = self.env.reset(seed=self._seed_argument(seeds), options=options[0])
         self.write(out, flatten_observation(observation), slice(None), "reset")
-        return [prompt_of(self.env)] * self.num_slots
+        return Started(prompts=[prompt_of(self.env)] * self.num_slots)
 
     def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
         observation, reward, terminated, truncated, info = self.env.step(to_env_action(actions, self.device))

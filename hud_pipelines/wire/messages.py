@@ -138,6 +138,8 @@ class SlotError:
     slot: int
     message: str
     traceback: str | None = None
+    cause: str = "env"
+    """What ended the slot: ``env`` (its env raised), ``action`` (its row was refused) or ``nonfinite``."""
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,10 @@ def to_wire(message: Request | Reply | Hello, framing: Framing = Framing.BATCHED
                 "truncated": framing.out(message.truncated),
                 "success": framing.out(message.success),
                 "status": framing.out(message.status),
-                "errors": [{"slot": e.slot, "message": e.message, "traceback": e.traceback} for e in message.errors],
+                "errors": [
+                    {"slot": e.slot, "message": e.message, "traceback": e.traceback, "cause": e.cause}
+                    for e in message.errors
+                ],
                 "nonfinite": list(message.nonfinite),
             }
             if message.prompt is not None:
@@ -459,13 +464,14 @@ def parse_reply(frame: object, framing: Framing, num_slots: int | None = None) -
 def _slot_errors(items: list[object]) -> list[SlotError]:
     errors: list[SlotError] = []
     for item in items:
-        fields = _Fields(item, {"slot", "message", "traceback"})
+        fields = _Fields(item, {"slot", "message", "traceback", "cause"})
         fields.kind = "errors[]"
         errors.append(
             SlotError(
                 slot=fields.get("slot", int),
                 message=fields.get("message", str),
                 traceback=fields.get("traceback", str, optional=True),
+                cause=fields.get("cause", str, optional=True) or "env",
             )
         )
     return errors

@@ -67,3 +67,10 @@ def cartpole(
     return _Scripted(
         env, crash_seeds=crash_seeds or [], crash_file=crash_file, stall_seeds=stall_seeds or [], at_step=at_step
     )
+
+
+def faulty(label: str = "", **fault: Any) -> gym.Env[Any, Any]:
+    """``envs.faulty:faulty`` with the test's ``label`` (so leftover sim processes can be found)."""
+    from envs.faulty import faulty as make
+
+    return make(**fault)

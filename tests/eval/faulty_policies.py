@@ -1,0 +1,37 @@
+"""Policies that misbehave on purpose, for the fault matrix (scripted targets ``tests.eval.faulty_policies:*``).
+
+Each targets the rows of one seed: the third entry of ``FaultyEnv``'s observation is its slot's seed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+class Faulty:
+    """Zero actions, except for rows of ``seed``: ``raise``, ``nan`` (a non-finite row) or ``sleep``."""
+
+    def __init__(self, mode: str, seed: int, seconds: float = 0.0) -> None:
+        self.mode = mode
+        self.seed = seed
+        self.seconds = seconds
+
+    def __call__(self, observation: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
+        state = observation["state"]
+        actions = np.zeros((state.shape[0], 1), dtype=np.float32)
+        hit = state[:, 2] == self.seed
+        if hit.any():
+            match self.mode:
+                case "raise":
+                    raise RuntimeError(f"the policy failed on purpose for seed {self.seed}")
+                case "nan":
+                    actions[hit] = np.nan
+                case "sleep":
+                    time.sleep(self.seconds)
+                case _:
+                    raise ValueError(self.mode)
+        return actions

@@ -1,0 +1,76 @@
+"""Where an eval's outputs go and what gates them: the outputs root, the dataset behind the checks, the CLI text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hud_pipelines.grading import GradeRow
+from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.spec.loader import load_pipeline_text
+from hud_pipelines.steps import evaluate
+from tests.dagster.support import REPO
+
+
+def _spec(tmp_path: Path, **fields: Any) -> Any:
+    spec: dict[str, Any] = {
+        "name": "placed",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+        "group": 1,
+        "max_steps": 20,
+        "graders": [{"kind": "return", "threshold": 10}],
+        "dataset": {"repo_id": "local/placed"},
+        **fields,
+    }
+    return load_pipeline_text(json.dumps(spec), source=tmp_path / "placed.yaml")
+
+
+def test_the_dataset_goes_under_the_outputs_root_unless_the_yaml_places_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    outputs = tmp_path / "elsewhere"
+    evaluation = evaluate(_spec(tmp_path), outputs_dir=outputs, project_dir=tmp_path)
+    assert evaluation.dataset is not None
+    assert evaluation.dataset.path == outputs / "datasets" / "placed"
+    assert not (tmp_path / "outputs").exists(), "nothing is written under the project's own outputs/"
+    placed = evaluate(
+        _spec(tmp_path, dataset={"repo_id": "local/placed", "root": "data/placed"}),
+        outputs_dir=outputs,
+        project_dir=tmp_path,
+    )
+    assert placed.dataset is not None
+    assert placed.dataset.path == tmp_path / "data" / "placed"
+
+
+def test_evaluate_runs_the_blocking_checks_before_it_publishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    failing = _spec(tmp_path, checks=[{"kind": "min_success_rate", "value": 1.0}], max_steps=5)
+    evaluation = evaluate(failing, outputs_dir=tmp_path / "out", project_dir=tmp_path)
+    assert {row.status for row in evaluation.rows} == {EpisodeStatus.FAILED}  # 5 steps never reach 10
+    assert [(c.name, c.passed) for c in evaluation.checks] == [
+        ("instances_completed", True),
+        ("min_success_rate", False),
+    ]
+    assert not evaluation.passed
+    assert evaluation.dataset is None
+    assert not (tmp_path / "out" / "datasets" / "placed").exists()
+    checks = json.loads((tmp_path / "out" / "placed" / "checks.json").read_text())
+    assert [c["passed"] for c in checks] == [True, False]
+    assert "| min_success_rate | **FAILED** |" in (tmp_path / "out" / "placed" / "report.md").read_text()
+
+
+def test_the_cli_summary_prints_reasons_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
+    from hud_pipelines.runs import _print_summary  # pyright: ignore[reportPrivateUsage]
+
+    row = GradeRow(
+        "p", "t", 0, 0, "t-i0", 0, 1, EpisodeStatus.ERRORED, 0.0, False, 0.0, 0, error="self.envs[slot].step([x])"
+    )
+    _print_summary("p", [row], False, "run-1", Path("out"), ["step p__eval failed: a[0] [red]not markup[/red]"])
+    printed = capsys.readouterr().out
+    assert "self.envs[slot].step([x])" in printed
+    assert "[red]not markup[/red]" in printed

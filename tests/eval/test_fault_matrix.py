@@ -1,0 +1,211 @@
+"""Faults x stages x where, each run as a real Dagster job, each checked against the same invariants.
+
+Whatever breaks (the sim at start-up, reset or step; the policy's forward; one slot, one instance
+or every instance), a run that starts ends with: one grade row per scheduled episode, each naming
+its run; ``scheduled == succeeded + failed + errored``; errored rows carrying the fault and a reason
+that names the cause; grades, checks and the report written; a dataset published exactly when the
+blocking checks pass, loadable by lerobot with as many frames and actions as rows and finite stats;
+and no sim process left behind. The run fails (exit non-zero) exactly when an instance failed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from hud_pipelines.dagster.definitions import definitions_for_file
+from hud_pipelines.errors import Fault
+from hud_pipelines.grading import GradeRow, summarize
+from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.recording import EpisodeStatus
+from tests.dagster.support import REPO, SIMS, sim_processes
+
+NUM_ENVS = 2
+GROUP = 2
+# seeds are instance * NUM_ENVS + slot: seed 3 is instance 1, slot 1
+ONE_SLOT = 3
+ONE_INSTANCE = 2  # instance 1, slot 0: an instance-wide fault there fails instance 1 only
+
+
+@dataclass(frozen=True)
+class Case:
+    """A fault, where it is planted, and what the grades must say."""
+
+    sim: dict[str, Any]
+    policy: dict[str, Any] = field(default_factory=lambda: {"kind": "constant"})
+    errored: dict[int, Fault] = field(default_factory=dict[int, Fault])
+    """Seed -> the fault its row must carry; every other row must be graded."""
+    reason: str = ""
+    """Text the errored rows' reason must contain (it names the cause)."""
+    fields: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+EVERY_SEED = range(NUM_ENVS * GROUP)
+CASES = {
+    "start-up/raise/every": Case(
+        {"fault": "raise_build"},
+        errored=dict.fromkeys(EVERY_SEED, Fault.SIM_START),
+        reason="FaultyEnv refused to build",
+    ),
+    "start-up/hang/every": Case(
+        {"fault": "hang_build"},
+        errored=dict.fromkeys(EVERY_SEED, Fault.SIM_START),
+        reason="3",
+        fields={"sim": {"startup_timeout_s": 3}},
+    ),
+    "reset/raise/slot": Case(
+        {"fault": "raise_reset", "fault_seed": ONE_SLOT},
+        errored={ONE_SLOT: Fault.ENV},
+        reason="reset failed on purpose",
+    ),
+    "reset/hang/instance": Case(
+        {"fault": "hang_reset", "fault_seed": ONE_INSTANCE},
+        errored={ONE_INSTANCE: Fault.SIM_HUNG, ONE_INSTANCE + 1: Fault.SIM_HUNG},
+        reason="3",
+        fields={"sim": {"step_timeout_s": 3}},
+    ),
+    "step/raise/slot": Case(
+        {"fault": "raise_step", "fault_seed": ONE_SLOT}, errored={ONE_SLOT: Fault.ENV}, reason="failed on purpose"
+    ),
+    "step/hang/instance": Case(
+        {"fault": "hang_step", "fault_seed": ONE_INSTANCE},
+        errored={ONE_INSTANCE: Fault.SIM_HUNG, ONE_INSTANCE + 1: Fault.SIM_HUNG},
+        reason="3",
+        fields={"sim": {"step_timeout_s": 3}},
+    ),
+    "step/crash/instance": Case(
+        {"fault": "crash_step", "fault_seed": ONE_INSTANCE},
+        errored={ONE_INSTANCE: Fault.SIM_CRASHED, ONE_INSTANCE + 1: Fault.SIM_CRASHED},
+        reason="SIGKILL",
+    ),
+    "step/nan-observation/slot": Case(
+        {"fault": "nan_step", "fault_seed": ONE_SLOT},
+        errored={ONE_SLOT: Fault.NONFINITE},
+        reason="not finite at step 2",
+    ),
+    "step/nan-reward/slot": Case(
+        {"fault": "nan_reward_step", "fault_seed": ONE_SLOT},
+        errored={ONE_SLOT: Fault.NONFINITE},
+        reason="reward",
+    ),
+    "step/slow/instance": Case(
+        {"fault": "slow_step", "fault_seed": ONE_INSTANCE, "delay_s": 1.0},
+        errored={ONE_INSTANCE: Fault.ROLLOUT_TIMEOUT, ONE_INSTANCE + 1: Fault.ROLLOUT_TIMEOUT},
+        reason="rollout_timeout_s=3",
+        fields={"rollout_timeout_s": 3},
+    ),
+    "forward/raise/instance-slots": Case(
+        {},
+        policy={
+            "kind": "scripted",
+            "target": "tests.eval.faulty_policies:Faulty",
+            "args": {"mode": "raise", "seed": 2},
+        },
+        errored={ONE_INSTANCE: Fault.POLICY, ONE_INSTANCE + 1: Fault.POLICY},
+        reason="failed on purpose for seed 2",
+    ),
+    "forward/nan-action/slot": Case(
+        {},
+        policy={"kind": "scripted", "target": "tests.eval.faulty_policies:Faulty", "args": {"mode": "nan", "seed": 3}},
+        errored={ONE_SLOT: Fault.POLICY},
+        reason="non-finite action",
+    ),
+    "forward/hang/instance": Case(
+        {},
+        policy={
+            "kind": "scripted",
+            "target": "tests.eval.faulty_policies:Faulty",
+            "args": {"mode": "sleep", "seed": 2, "seconds": 60},
+        },
+        errored={ONE_INSTANCE: Fault.POLICY_TIMEOUT, ONE_INSTANCE + 1: Fault.POLICY_TIMEOUT},
+        reason="forward_timeout_s=2",
+        # one instance at a time: a forward past its deadline is abandoned, and every call queued
+        # behind it on the shared policy would time out too
+        fields={"agent": {"forward_timeout_s": 2}, "max_concurrent": 1},
+    ),
+}
+
+
+def _pipeline(tmp_path: Path, name: str, case: Case, label: str) -> Path:
+    spec: dict[str, Any] = {
+        "name": name,
+        "sim": {"factory": f"{SIMS}:faulty", "num_envs": NUM_ENVS, "args": {"label": label, **case.sim}},
+        "agent": {"policy": case.policy},
+        "group": GROUP,
+        "max_concurrent": 2,
+        "max_steps": 20,
+        "graders": [{"kind": "return", "threshold": 5}],
+        "dataset": {"root": str(tmp_path / "dataset"), "repo_id": f"local/{name}"},
+    }
+    for key, value in case.fields.items():
+        spec[key] = {**spec[key], **value} if isinstance(value, dict) else value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_fault_ends_as_data_with_a_report_and_nothing_left_behind(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    case = CASES[name]
+    label = f"hud-test-{tmp_path.name}"
+    pipeline = name.replace("/", "_").replace("-", "_")
+    path = _pipeline(tmp_path, pipeline, case, label)
+    outputs = EvalOutputs(tmp_path / "outputs", pipeline)
+    defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=REPO)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def(pipeline).execute_in_process(instance=instance, raise_on_error=False)
+        failed_partitions = {p for p in (f"task0-i{i}" for i in range(GROUP))} - instance.get_materialized_partitions(
+            dg.AssetKey([pipeline, "rollouts"])
+        )
+
+    rows = [GradeRow.from_dict(r) for r in json.loads(outputs.grades_json.read_text())]
+    summary = summarize(rows)
+    assert summary.scheduled == NUM_ENVS * GROUP == len(rows)
+    assert summary.scheduled == summary.succeeded + summary.failed + summary.errored
+    assert {r.run_id for r in rows} == {result.run_id}, "every row names the run that produced it"
+    by_seed = {r.seed: r for r in rows}
+    for seed, row in by_seed.items():
+        if seed in case.errored:
+            assert row.status is EpisodeStatus.ERRORED, (seed, row)
+            assert row.fault is case.errored[seed], (seed, row.fault, row.error)
+            assert case.reason in (row.error or ""), (seed, row.error)
+        else:
+            assert row.status is EpisodeStatus.SUCCEEDED, (seed, row.error)
+    assert outputs.report_md.is_file()
+    assert f"Scheduled {summary.scheduled} = succeeded" in outputs.report_md.read_text()
+    checks = {c["name"]: c["passed"] for c in json.loads(outputs.checks_json.read_text())}
+    instance_failed = any(fault.ends_instance for fault in case.errored.values())
+    assert checks["instances_completed"] is not instance_failed
+    assert result.success is not instance_failed
+    expected_failed = {r.group_id for r in rows if r.fault is not None and r.fault.ends_instance}
+    assert failed_partitions == expected_failed, "exactly the failed instances stay unmaterialized"
+
+    published = tmp_path / "dataset"
+    if instance_failed:
+        assert not (published / "meta" / "info.json").exists(), "a failed eval publishes no dataset"
+    else:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        dataset = LeRobotDataset(f"local/{pipeline}", root=published)
+        graded = [r for r in rows if r.status is not EpisodeStatus.ERRORED]
+        assert dataset.num_episodes == len(graded)
+        assert dataset.num_frames == sum(r.steps for r in graded)
+        assert len(dataset.hf_dataset["action"]) == dataset.num_frames
+        stats = json.loads((published / "meta" / "stats.json").read_text())
+        assert all(math.isfinite(v) for s in stats.values() for vs in s.values() for v in _flat(vs))
+    assert not sim_processes(label)
+
+
+def _flat(value: Any) -> list[float]:
+    if isinstance(value, list):
+        return [x for item in value for x in _flat(item)]
+    return [float(value)]
