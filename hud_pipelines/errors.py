@@ -166,6 +166,8 @@ class Fault(StrEnum):
     """A policy forward ran past ``agent.forward_timeout_s``."""
     ROLLOUT_TIMEOUT = "rollout_timeout"
     """The instance ran past ``rollout_timeout_s``; its sim was stopped."""
+    POLICY_START = "policy_start"
+    """The policy could not be built or loaded (its error is the reason)."""
     SIM_START = "sim_start"
     """The sim did not start (its own error line is the reason)."""
     SIM_CRASHED = "sim_crashed"

@@ -204,15 +204,20 @@ class EvalRunner:
         try:
             contract = self.contract()
         except HudPipelinesError as exc:  # no sim: every instance errors with the sim's own reason
-            return [self._unstarted(partition, exc) for partition in partitions]
+            return [self._unstarted(partition, _first_line(exc), fault_of(exc)) for partition in partitions]
         agent = self.spec.resolved_agent()
-        policy = build_policy(
-            agent.policy,
-            contract,
-            base_dir=self.spec.base_dir,
-            torch_threads=agent.torch_threads,
-            lockstep_threads=agent.lockstep_threads,
-        )
+        try:
+            policy = build_policy(
+                agent.policy,
+                contract,
+                base_dir=self.spec.base_dir,
+                torch_threads=agent.torch_threads,
+                lockstep_threads=agent.lockstep_threads,
+            )
+        except Exception as exc:  # no policy: every instance errors with the reason
+            reason = f"the policy could not be built: {type(exc).__name__}: {exc}"
+            log.exception("the policy of %s could not be built", self.spec.name)
+            return [self._unstarted(partition, reason, Fault.POLICY_START) for partition in partitions]
         workers = min(self.spec.max_concurrent, len(partitions))
         model = BatchedModel.from_config(
             policy, agent.batching, expected_callers=workers, forward_timeout_s=agent.forward_timeout_s
@@ -325,10 +330,9 @@ class EvalRunner:
             run_id=self.run_id,
         )
 
-    def _unstarted(self, partition: Partition, exc: HudPipelinesError) -> InstanceResult:
-        """The result of an instance whose sim could not be had (reported like any other result)."""
+    def _unstarted(self, partition: Partition, reason: str, fault: Fault) -> InstanceResult:
+        """The result of an instance whose sim or policy could not be had (reported like any other result)."""
         spec = self.spec
-        reason, fault = _first_line(exc), fault_of(exc)
         key = spec.partition_key(*partition)
         rows = unreached_rows(spec, partition, reason, fault, run_id=self.run_id)
         result = InstanceResult(

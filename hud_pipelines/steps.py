@@ -101,7 +101,11 @@ def rollouts_step(
             on_result(result)
 
     runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", run_id=run_id, sinks=sinks, on_result=ended)
-    return runner.run(partitions)
+    try:
+        return runner.run(partitions)
+    finally:
+        if shards is not None:
+            shards.discard_pending()
 
 
 # -- grades and report -------------------------------------------------------------------------------

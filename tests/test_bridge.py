@@ -36,6 +36,7 @@ from tests.conftest import (
     plain_single_envs,
     plain_vector_env,
 )
+from tests.seeding import FIRST, SEEDS, assert_honest_seeds
 
 PUSHT = "gym_pusht/PushT-v0"
 PUSHT_ARGS = {"obs_type": "pixels_agent_pos", "max_episode_steps": 12}
@@ -148,18 +149,11 @@ def test_observation_frames_are_batched_and_typed() -> None:
 
 
 def test_a_registry_id_gives_every_slot_its_own_seed_by_default() -> None:
-    seeds = [100, 999, 5, 7]
     with GymBridge("CartPole-v1", 4) as bridge:
-        first = bridge.reset([{"seed": s} for s in (100, 101, 102, 103)]).observation["state"]
-        second = bridge.reset([{"seed": s} for s in seeds]).observation["state"]
+        first = bridge.reset([{"seed": s} for s in FIRST]).observation["state"]
+        second = bridge.reset([{"seed": s} for s in SEEDS]).observation["state"]
         credited = [slot["seed"] for slot in bridge.result()["slots"]]
-    assert credited == seeds
-    np.testing.assert_array_equal(first[0], second[0])
-    for slot in (1, 2, 3):
-        assert not np.array_equal(first[slot], second[slot]), f"slot {slot} ignored its seed"
-    for slot, seed in enumerate(seeds):
-        alone, _ = gym.make("CartPole-v1").reset(seed=seed)
-        np.testing.assert_array_equal(second[slot], alone)
+    assert_honest_seeds(first, second, credited)
 
 
 def test_a_one_seed_vector_env_refuses_distinct_seeds_and_takes_a_shared_one() -> None:

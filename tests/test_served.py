@@ -31,6 +31,7 @@ from hud_pipelines.sim.process import SimProcess
 from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import PROTOCOL_VERSION, Framing
 from tests.conftest import FAULTY, PROBE, REPO, action_frames, assert_same_trajectory, driven, wait_group_gone
+from tests.seeding import FIRST, SEEDS, assert_honest_seeds
 from tests.test_bridge import CASES, Case
 
 Spawn = Callable[..., SimProcess]
@@ -79,18 +80,11 @@ def test_a_replicated_callable_served_equals_in_process(spawn: Spawn, tmp_path: 
 
 
 def test_served_registry_slots_get_the_seeds_they_are_credited_with(spawn: Spawn) -> None:
-    seeds = [100, 999, 5, 7]
     with spawn("CartPole-v1", num_envs=4).connect() as client:  # as `hud-pipelines serve CartPole-v1 --num-envs 4`
-        first = client.reset([{"seed": s} for s in (100, 101, 102, 103)]).observation["state"]
-        second = client.reset([{"seed": s} for s in seeds]).observation["state"]
+        first = client.reset([{"seed": s} for s in FIRST]).observation["state"]
+        second = client.reset([{"seed": s} for s in SEEDS]).observation["state"]
         credited = [slot["seed"] for slot in client.result().slots]
-    assert credited == seeds
-    np.testing.assert_array_equal(first[0], second[0])
-    for slot in (1, 2, 3):
-        assert not np.array_equal(first[slot], second[slot]), f"slot {slot} ignored its seed"
-    for slot, seed in enumerate(seeds):
-        alone, _ = gym.make("CartPole-v1").reset(seed=seed)
-        np.testing.assert_array_equal(second[slot], alone)
+    assert_honest_seeds(first, second, credited)
     native = spawn("CartPole-v1", num_envs=2, build_args={"vectorization_mode": "vector_entry_point"})
     with native.connect() as client:
         with pytest.raises(RemoteError, match=r"takes one seed for all 2 slots.*slot\(s\) \[1\]") as caught:

@@ -160,6 +160,7 @@ class PartWriter:
             "total_reward": outcome.total_reward,
             "steps": outcome.steps,
             "error": outcome.error,
+            "fault": None if outcome.fault is None else outcome.fault.value,
             "frames": len(episode.frames),
             "task_prompt": episode.task,
             "non_finite": list(episode.non_finite),

@@ -64,6 +64,11 @@ class ShardStore:
         else:
             pending.rename(current)
 
+    def discard_pending(self) -> None:
+        """Remove this run's shards that were never committed (an interrupted run leaves no staging dirs)."""
+        for key in self.spec.partition_keys():
+            shutil.rmtree(self._pending(key), ignore_errors=True)
+
     def publish(self, target: Path) -> DatasetSummary:
         """Merge the current shard of every instance and swap the result in at ``target``."""
         shards = [self.outputs.shard(k) for k in self.spec.partition_keys() if self.outputs.shard(k).is_dir()]

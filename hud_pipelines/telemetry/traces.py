@@ -15,8 +15,8 @@ Every line is one typed step (``type`` is a :class:`StepType`):
 - ``error``: why an errored episode ended;
 - ``grade``: the outcome, always the last line.
 
-Only ``trace.started_at`` and ``inference.latency_s`` depend on timing; everything else is a pure
-function of the rollout.
+Only ``trace.started_at``, ``inference.latency_s`` and ``inference.batch_size`` depend on timing
+or scheduling; everything else is a pure function of the rollout.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ from hud_pipelines.contract import Contract, FeatureType, looks_like_camera
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, Frame, Inference
 
 TRACE_SUFFIX = ".jsonl"
-TIMING_FIELDS = frozenset({"started_at", "latency_s"})
-"""Fields whose values depend on timing (ignore them when comparing traces)."""
+TIMING_FIELDS = frozenset({"started_at", "latency_s", "batch_size"})
+"""Fields whose values depend on timing or scheduling (ignore them when comparing traces): ``batch_size``
+counts the rows that shared a forward, which with ``across_instances`` depends on which instances
+were waiting at that moment."""
 
 
 class StepType(StrEnum):

@@ -216,6 +216,10 @@ def test_the_webserver_serves_every_pipelines_assets_and_launches_a_run(
             server.wait()
 
 
+SLEEPY = {"kind": "scripted", "target": f"{REPO}/tests/eval/faulty_policies.py:Sleepy", "args": {"seconds": 600}}
+
+
+@pytest.mark.parametrize("stalled", ["sim", "policy"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_cancelling_a_run_leaves_no_sim_behind(
     write_pipeline: WritePipeline,
@@ -224,8 +228,12 @@ def test_cancelling_a_run_leaves_no_sim_behind(
     tmp_path: Path,
     label: str,
     signum: signal.Signals,
+    stalled: str,
 ) -> None:
-    write_pipeline("cancelled", group=2, sim={"args": {"stall_seeds": [0, 2]}}, rollout_timeout_s=600)
+    stall: dict[str, Any] = (
+        {"sim": {"args": {"stall_seeds": [0, 2]}}} if stalled == "sim" else {"agent": {"policy": SLEEPY}}
+    )
+    write_pipeline("cancelled", group=2, rollout_timeout_s=600, dataset={"repo_id": "local/cancelled"}, **stall)
     log = tmp_path / "run.log"
     with log.open("w") as output:
         run = subprocess.Popen(

@@ -279,7 +279,7 @@ def test_dataset_robot_type_never_is_a_bare_function_name(robot_type: str, facto
 def test_a_pipeline_shard_names_the_factory_not_its_function(tmp_path: Path) -> None:
     factory = "envs.faulty:probe"
     contract = contract_of(factory)
-    assert contract.robot_type == "probe"  # what the sim reports: the factory's function name
+    assert contract.robot_type == "ProbeEnv"  # the sim names the env, not the factory's function
     policy = '{kind: scripted, target: "envs.controllers:CartPolePD"}'
     text = f"name: probe\nsim:\n  factory: {factory}\nagent:\n  policy: {policy}\n"
     spec = load_pipeline_text(text, source=tmp_path / "probe.yaml")
@@ -287,7 +287,7 @@ def test_a_pipeline_shard_names_the_factory_not_its_function(tmp_path: Path) -> 
     sink = store.sink("task0-i0", contract)
     with sink:
         rollout(sink, factory, num_envs=1, rounds=1, max_steps=3)
-    assert load(sink.report.parts[0]).meta.robot_type == "faulty.probe"
+    assert load(sink.report.parts[0]).meta.robot_type == "ProbeEnv"
 
 
 # -- 7. no progress bars --------------------------------------------------------------------------------

@@ -35,3 +35,15 @@ class Faulty:
                 case _:
                     raise ValueError(self.mode)
         return actions
+
+
+class Sleepy:
+    """Zero actions after sleeping ``seconds`` in every forward (a policy that hangs)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, observation: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
+        time.sleep(self.seconds)
+        rows = next(iter(observation.values())).shape[0]
+        return np.zeros((rows, 1), dtype=np.float32)

@@ -19,6 +19,7 @@ import pytest
 
 from hud_pipelines.spec.loader import load_pipeline
 from hud_pipelines.steps import Evaluation, evaluate
+from hud_pipelines.telemetry.traces import read_trace
 from tests.dagster.support import REPO
 
 NOISY_POLICY = '''
@@ -76,12 +77,27 @@ def _frames(evaluation: Evaluation) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in files]).sort_by("index")
 
 
-def _assert_identical(first: Evaluation, other: Evaluation) -> None:
+def _traces(evaluation: Evaluation) -> list[list[dict[str, Any]]]:
+    """Every trace of the run, each line without its timing and without the ids that name the run."""
+    root = evaluation.outputs.traces(evaluation.run_id)
+    traces = sorted(
+        (read_trace(p) for p in root.rglob("*.jsonl")),
+        key=lambda t: tuple(t.header[k] for k in ("task", "instance", "slot", "episode")),
+    )
+    return [
+        [{k: v for k, v in line.items() if k not in ("job", "trace_id")} for line in trace.without_timing()]
+        for trace in traces
+    ]
+
+
+def _assert_identical(first: Evaluation, other: Evaluation, *, traces: bool = True) -> None:
     assert _grades(first) == _grades(other)
     mine, theirs = _frames(first), _frames(other)
     assert mine.column_names == theirs.column_names
     for column in mine.column_names:
         assert mine.column(column).equals(theirs.column(column)), f"column {column} differs"
+    if traces:
+        assert _traces(first) == _traces(other)
 
 
 @pytest.mark.parametrize(
@@ -103,6 +119,12 @@ def test_a_stochastic_policy_gives_the_same_episodes_under_any_schedule(
     ]
     for other in runs[1:]:
         _assert_identical(runs[0], other)
+    assert len(_traces(runs[0])) == 12
+    # one instance per run, as separate runs (or machines) would: the same episodes again
+    split = tmp_path / "split"
+    for partition in load_pipeline(path).partitions():
+        alone = evaluate(load_pipeline(path), outputs_dir=split, project_dir=REPO, partitions=[partition])
+    _assert_identical(runs[0], alone, traces=False)
     steps = [row["steps"] for row in _grades(runs[0])]
     assert len(set(steps)) > 1, "the episodes differ from one another (the streams are not all the same)"
 

@@ -74,3 +74,40 @@ def test_the_cli_summary_prints_reasons_as_they_are(capsys: pytest.CaptureFixtur
     printed = capsys.readouterr().out
     assert "self.envs[slot].step([x])" in printed
     assert "[red]not markup[/red]" in printed
+
+
+def test_grades_traces_dataset_and_report_agree_on_every_episode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+
+    from hud_pipelines.telemetry.traces import read_trace
+
+    monkeypatch.chdir(REPO)
+    # CartPole reports no success: the return grader decides, and some episodes miss its threshold
+    spec = _spec(
+        tmp_path,
+        group=2,
+        max_steps=40,
+        agent={"policy": {"kind": "random", "seed": 1}},
+        graders=[{"kind": "return", "threshold": 20}],
+    )
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out", project_dir=tmp_path)
+    graded = {row.trace_id: row.success for row in evaluation.rows}
+    assert set(graded.values()) == {True, False}, "both verdicts occur, so agreement is not trivial"
+
+    traces = {t.trace_id: t for t in map(read_trace, evaluation.outputs.traces(evaluation.run_id).rglob("*.jsonl"))}
+    assert {tid: bool(t.grade and t.grade["success"]) for tid, t in traces.items()} == graded
+
+    assert evaluation.dataset is not None
+    root = evaluation.dataset.path
+    sidecar = [json.loads(line) for line in (root / "meta" / "hud_episodes.jsonl").read_text().splitlines()]
+    assert {line["trace_id"]: line["success"] for line in sidecar} == graded
+    frames = pq.read_table(sorted((root / "data").rglob("*.parquet"))).to_pydict()
+    by_episode: dict[int, bool] = {}
+    for episode, success in zip(frames["episode_index"], frames["next.success"], strict=True):
+        by_episode[episode] = by_episode.get(episode, False) or bool(success)
+    assert {line["trace_id"]: by_episode[line["episode_index"]] for line in sidecar} == graded
+
+    succeeded = sum(graded.values())
+    assert f"succeeded {succeeded} + failed {len(graded) - succeeded}" in evaluation.outputs.report_md.read_text()

@@ -59,6 +59,12 @@ CASES = {
         reason="3",
         fields={"sim": {"startup_timeout_s": 3}},
     ),
+    "start-up/policy/every": Case(
+        {},
+        policy={"kind": "scripted", "target": "tests.eval.no_such_module:Policy"},
+        errored=dict.fromkeys(EVERY_SEED, Fault.POLICY_START),
+        reason="the policy could not be built",
+    ),
     "reset/raise/slot": Case(
         {"fault": "raise_reset", "fault_seed": ONE_SLOT},
         errored={ONE_SLOT: Fault.ENV},
