@@ -53,6 +53,11 @@ class EvalOutputs:
         return self.base / "grades.csv"
 
     @property
+    def configuration_json(self) -> Path:
+        """The configuration of the latest run: its rollout hash and what it overrode of the YAML."""
+        return self.base / "configuration.json"
+
+    @property
     def checks_json(self) -> Path:
         return self.base / "checks.json"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
 from hud_pipelines.recording import EpisodeStatus
@@ -39,6 +39,7 @@ def render_markdown(
     *,
     checks: Sequence[CheckVerdict] = (),
     run_id: str | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> str:
     """The report as markdown; ``plot_png`` is embedded inline when given.
 
@@ -50,6 +51,7 @@ def render_markdown(
         f"# {pipeline}",
         "",
         *_provenance(rows, run_id),
+        *([f"Run configuration overrides the YAML: {_overridden(overrides)}.", ""] if overrides else []),
         f"**Success rate:** {_rate(total)}",
         "",
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
@@ -85,6 +87,10 @@ def render_markdown(
         encoded = base64.b64encode(plot_png).decode()
         lines += ["", f"![per-slot outcomes](data:image/png;base64,{encoded})"]
     return "\n".join(lines) + "\n"
+
+
+def _overridden(overrides: Mapping[str, object]) -> str:
+    return ", ".join(f"`{key}` = `{value}`" for key, value in sorted(overrides.items()))
 
 
 def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:

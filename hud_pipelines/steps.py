@@ -16,11 +16,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval import EvalRunner, InstanceResult, sim_settings, unreached_rows
+from hud_pipelines.eval import EvalRunner, InstanceResult, unreached_rows
 from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, verdicts
 from hud_pipelines.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.recording import EpisodeSink, EpisodeStatus
@@ -111,13 +111,45 @@ def rollouts_step(
 # -- grades and report -------------------------------------------------------------------------------
 
 
-def collect_rows(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
+def record_configuration(
+    effective: PipelineSpec, base: PipelineSpec, outputs: EvalOutputs, *, run_id: str
+) -> dict[str, Any]:
+    """Note the configuration a run rolls out (its rollout hash and overrides of the YAML); returns the overrides.
+
+    The grades-side steps read it back (:func:`current_rollout_hash`), so the results of a run with
+    overrides are graded as current and those of any other configuration as stale.
+    """
+    overrides = effective.overrides(base)
+    record = {
+        "run_id": run_id,
+        "rollout_hash": effective.rollout_hash,
+        "yaml_rollout_hash": base.rollout_hash,
+        "overrides": overrides,
+    }
+    outputs.base.mkdir(parents=True, exist_ok=True)
+    _write_atomically(outputs.configuration_json, json.dumps(record, indent=1))
+    return overrides
+
+
+def current_rollout_hash(spec: PipelineSpec, outputs: EvalOutputs) -> str:
+    """The rollout hash results must carry to be current: the latest run's, unless the YAML changed since."""
+    path = outputs.configuration_json
+    if path.is_file():
+        record = json.loads(path.read_text())
+        if record.get("yaml_rollout_hash") == spec.rollout_hash:
+            return str(record["rollout_hash"])
+    return spec.rollout_hash
+
+
+def collect_rows(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[GradeRow]:
     """One row per scheduled slot, from the latest result of every partition.
 
     Every row carries the run that produced it. A partition that never ran, or ran under another
-    configuration (its rollout hash differs), gives errored ``not_run`` rows saying so and how to run
-    it: results of different configurations are never mixed in one table.
+    configuration (its rollout hash differs from ``rollout_hash``, by default the latest run's), gives
+    errored ``not_run`` rows saying so and how to run it: results of different configurations are
+    never mixed in one table.
     """
+    expected = rollout_hash or current_rollout_hash(spec, outputs)
     rows: list[GradeRow] = []
     for partition in spec.partitions():
         key = spec.partition_key(*partition)
@@ -126,7 +158,7 @@ def collect_rows(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
         rerun = f"run it with: hud-pipelines run {spec.name} --partition {key}"
         if result is None:
             rows.extend(unreached_rows(spec, partition, f"instance {key} has not run yet; {rerun}", Fault.NOT_RUN))
-        elif result.rollout_hash != spec.rollout_hash:
+        elif result.rollout_hash != expected:
             reason = (
                 f"instance {key} last ran (run {result.run_id or 'unknown'}) before the pipeline's sim, agent, tasks "
                 f"or graders changed; {rerun}"
@@ -137,9 +169,9 @@ def collect_rows(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
     return rows
 
 
-def grades_step(spec: PipelineSpec, outputs: EvalOutputs) -> list[GradeRow]:
+def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[GradeRow]:
     """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
-    rows = collect_rows(spec, outputs)
+    rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
     outputs.base.mkdir(parents=True, exist_ok=True)
     _write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
     buffer = io.StringIO()
@@ -155,25 +187,30 @@ def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
     return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
 
 
-def checks_step(spec: PipelineSpec, outputs: EvalOutputs) -> list[CheckVerdict]:
+def checks_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[CheckVerdict]:
     """Every check on the current grades (the built-in ``instances_completed`` first), to ``checks.json``."""
-    results = verdicts(spec.checks, collect_rows(spec, outputs))
+    results = verdicts(spec.checks, collect_rows(spec, outputs, rollout_hash=rollout_hash))
     outputs.base.mkdir(parents=True, exist_ok=True)
     _write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
     return results
 
 
-def report_step(spec: PipelineSpec, outputs: EvalOutputs, *, run_id: str | None = None) -> str:
+def report_step(
+    spec: PipelineSpec, outputs: EvalOutputs, *, run_id: str | None = None, rollout_hash: str | None = None
+) -> str:
     """``report.md`` with the plot inline, and ``report.png``; returns the markdown.
 
     Written for every run that started, failed instances included: the checks' verdicts are part of
     it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
     """
-    rows = collect_rows(spec, outputs)
+    rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
     plot = render_plot(spec.name, rows)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
-    markdown = render_markdown(spec.name, rows, plot_png=plot, checks=verdicts(spec.checks, rows), run_id=run_id)
+    overrides = _recorded_overrides(outputs)
+    markdown = render_markdown(
+        spec.name, rows, plot_png=plot, checks=verdicts(spec.checks, rows), run_id=run_id, overrides=overrides
+    )
     _write_atomically(outputs.report_md, markdown)
     return markdown
 
@@ -225,26 +262,39 @@ def evaluate(
     outputs_dir: Path | None = None,
     project_dir: Path | None = None,
     partitions: Sequence[Partition] | None = None,
+    deployment: dict[str, dict[str, Any]] | None = None,
 ) -> Evaluation:
     """Run a whole eval in this process without Dagster (no run history).
 
     Grades, checks and the report are always written; the dataset is published only when every
     blocking check passed (the built-in ``instances_completed`` among them), exactly as the Dagster
-    job publishes it.
+    job publishes it. The sim, contract, agent and graders are the Dagster job's own resources
+    (``deployment`` replaces their fields as a deployment file does).
     """
+    from hud_pipelines.dagster.resources import effective_spec, pipeline_resources
+
     project = (project_dir or Path.cwd()).resolve()
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     run_id = f"local-{uuid.uuid4().hex[:12]}"
-    with SimPool(sim_settings(spec, cwd=project)) as pool:
+    parts = pipeline_resources(spec, project_dir=project, deployment=deployment)  # the Dagster job's resources
+    effective = effective_spec(spec, parts.sim, parts.contract, parts.agent, parts.graders)
+    try:
+        pool = parts.sim.pool(effective)
         with contextlib.suppress(HudPipelinesError):  # a sim that cannot start errors every instance below
             contract_step(pool, outputs)
-        results = rollouts_step(spec, pool, outputs, run_id=run_id, partitions=partitions or spec.partitions())
-    rows = grades_step(spec, outputs)
-    checks = checks_step(spec, outputs)
-    report_step(spec, outputs, run_id=run_id)
+        record_configuration(effective, spec, outputs, run_id=run_id)
+        results = rollouts_step(
+            effective, pool, outputs, run_id=run_id, partitions=partitions or effective.partitions()
+        )
+    finally:
+        parts.sim.close()
+    current = effective.rollout_hash
+    rows = grades_step(effective, outputs, rollout_hash=current)
+    checks = checks_step(effective, outputs, rollout_hash=current)
+    report_step(effective, outputs, run_id=run_id, rollout_hash=current)
     published = None
-    if spec.dataset_enabled and all(v.passed for v in checks if v.blocking):
-        published = dataset_step(spec, outputs, project_dir=project, run_id=run_id)
+    if effective.dataset_enabled and all(v.passed for v in checks if v.blocking):
+        published = dataset_step(effective, outputs, project_dir=project, run_id=run_id)
     return Evaluation(
         rows=rows,
         summary=summarize(rows),
@@ -254,6 +304,11 @@ def evaluate(
         checks=checks,
         run_id=run_id,
     )
+
+
+def _recorded_overrides(outputs: EvalOutputs) -> dict[str, Any]:
+    path = outputs.configuration_json
+    return dict(json.loads(path.read_text()).get("overrides", {})) if path.is_file() else {}
 
 
 def _write_atomically(path: Path, text: str) -> None:

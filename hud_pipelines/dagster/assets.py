@@ -31,10 +31,22 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 
 from hud_pipelines import progress
 from hud_pipelines.contract import Contract
-from hud_pipelines.dagster.resources import PipelineResource, resource_key
+from hud_pipelines.dagster.resources import (
+    AGENT,
+    CONTRACT,
+    GRADERS,
+    SIM,
+    AgentResource,
+    ContractResource,
+    GradersResource,
+    SimResource,
+    effective_spec,
+    resource_key,
+)
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import InstanceResult
 from hud_pipelines.grading import INSTANCES_CHECK, CheckVerdict, GradeRow, check_verdict, instances_verdict, summarize
+from hud_pipelines.outputs import EvalOutputs
 from hud_pipelines.recording import EpisodeStatus
 from hud_pipelines.spec.models import CheckSpec, PipelineSpec
 from hud_pipelines.steps import (
@@ -42,9 +54,11 @@ from hud_pipelines.steps import (
     cell,
     checks_step,
     contract_step,
+    current_rollout_hash,
     dataset_step,
     grades_step,
     read_grades,
+    record_configuration,
     report_step,
     rollouts_step,
 )
@@ -53,8 +67,28 @@ RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
-def _resource(context: AssetExecutionContext | dg.AssetCheckExecutionContext, spec: PipelineSpec) -> PipelineResource:
-    return getattr(context.resources, resource_key(spec.name))
+Context = AssetExecutionContext | AssetCheckExecutionContext
+
+
+def _sim(context: Context, spec: PipelineSpec) -> SimResource:
+    return getattr(context.resources, resource_key(spec.name, SIM))
+
+
+def _graders(context: Context, spec: PipelineSpec) -> GradersResource:
+    return getattr(context.resources, resource_key(spec.name, GRADERS))
+
+
+def _effective(context: Context, spec: PipelineSpec) -> PipelineSpec:
+    """The spec as this run's four resources configure it (run-config overrides applied and validated)."""
+    contract: ContractResource = getattr(context.resources, resource_key(spec.name, CONTRACT))
+    agent: AgentResource = getattr(context.resources, resource_key(spec.name, AGENT))
+    return effective_spec(spec, _sim(context, spec), contract, agent, _graders(context, spec))
+
+
+def _judged(context: Context, spec: PipelineSpec) -> PipelineSpec:
+    """The spec with this run's graders and checks (what the grades-side assets need)."""
+    graders = _graders(context, spec)
+    return spec.with_sections(graders=graders.graders, checks=graders.checks)
 
 
 def _grades_table(rows: Sequence[GradeRow]) -> dg.TableMetadataValue:
@@ -97,28 +131,28 @@ def _instance_metadata(result: InstanceResult) -> dict[str, Any]:
 
 
 def build_pipeline_assets(
-    spec: PipelineSpec,
+    spec: PipelineSpec, *, outputs: EvalOutputs, project_dir: Path
 ) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
-    """The assets, checks and job of one pipeline (the resource is bound by the caller)."""
+    """The assets, checks and job of one pipeline (its four resources are bound by the caller)."""
     with warnings.catch_warnings():
         # BackfillPolicy is marked beta in Dagster 1.13; the single-run policy is what makes one
         # local run drive every partition, so it is used on purpose.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _build(spec)
+        return _build(spec, outputs, project_dir)
 
 
 def _build(
-    spec: PipelineSpec,
+    spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path
 ) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
     name = spec.name
-    key = resource_key(name)
+    graders_key = resource_key(name, GRADERS)
     partitions = dg.StaticPartitionsDefinition(spec.partition_keys())
     single_run = dg.BackfillPolicy.single_run()
 
     def eval_asset(
-        step: str, description: str, deps: Sequence[Any] = (), **extra: Any
+        step: str, description: str, deps: Sequence[Any] = (), resources: set[str] | None = None, **extra: Any
     ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
-        """``@dg.asset`` for one step of this pipeline: its key prefix, group, resource and single-run backfill."""
+        """``@dg.asset`` for one step of this pipeline: its key prefix, group, resources and single-run backfill."""
         return cast(
             Callable[[Callable[..., Any]], dg.AssetsDefinition],
             dg.asset(
@@ -127,7 +161,7 @@ def _build(
                 deps=list(deps),
                 backfill_policy=single_run,
                 description=description,
-                required_resource_keys={key},
+                required_resource_keys=resources or set(),
                 **extra,
             ),
         )
@@ -165,18 +199,21 @@ def _build(
         ],
         can_subset=True,
         backfill_policy=single_run,
-        required_resource_keys={key},
+        required_resource_keys={resource_key(name, part) for part in (SIM, CONTRACT, AGENT, GRADERS)},
     )
     def run_eval(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
-        resource = _resource(context, spec)
+        effective = _effective(context, spec)
+        pool = _sim(context, spec).pool(effective)
         selected = context.selected_asset_keys
         if contract_key in selected:
             try:
-                derived = contract_step(resource.pool, resource.outputs)
+                derived = contract_step(pool, outputs)
             except HudPipelinesError as exc:  # every selected instance then errors with the reason
                 context.log.error(f"the sim of {name} did not start: {exc}")
             else:
-                yield dg.MaterializeResult(asset_key=contract_key, metadata=_contract_metadata(spec, resource, derived))
+                yield dg.MaterializeResult(
+                    asset_key=contract_key, metadata=_contract_metadata(effective, outputs, derived)
+                )
         if rollouts_key not in selected:
             return
         run_id = context.run.run_id
@@ -191,21 +228,28 @@ def _build(
             progress.notify(result)
 
         selected_partitions = [spec.partition_for_key(k) for k in context.partition_keys]
+        overrides = record_configuration(effective, spec, outputs, run_id=run_id)
+        if overrides:
+            context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
         results = rollouts_step(
-            spec, resource.pool, resource.outputs, run_id=run_id, partitions=selected_partitions, on_result=on_result
+            effective, pool, outputs, run_id=run_id, partitions=selected_partitions, on_result=on_result
         )
         if instances_key in selected:
-            yield dg.MaterializeResult(asset_key=instances_key, metadata=_instances_metadata(resource, run_id, results))
+            yield dg.MaterializeResult(
+                asset_key=instances_key, metadata=_instances_metadata(outputs, run_id, results, overrides)
+            )
 
     @eval_asset(
         "grades",
         f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, status, fault, run.",
         deps=[instances_key],
+        resources={graders_key},
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        outputs = _resource(context, spec).outputs
-        rows = grades_step(spec, outputs)
-        checks_step(spec, outputs)  # the verdicts as a file too, beside the grades they judge
+        judged = _judged(context, spec)
+        current = current_rollout_hash(spec, outputs)
+        rows = grades_step(judged, outputs, rollout_hash=current)
+        checks_step(judged, outputs, rollout_hash=current)  # the verdicts as a file too, beside the grades
         summary = summarize(rows)
         low, high = summary.success_interval
         return dg.MaterializeResult(
@@ -228,15 +272,20 @@ def _build(
         "report",
         f"Success rate with its 95% interval and denominators, per task, the checks' verdicts and a plot, for {name}.",
         deps=[instances_key],
+        resources={graders_key},
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        outputs = _resource(context, spec).outputs
-        markdown = report_step(spec, outputs, run_id=context.run.run_id)
+        markdown = report_step(
+            _judged(context, spec), outputs, run_id=context.run.run_id, rollout_hash=current_rollout_hash(spec, outputs)
+        )
         return dg.MaterializeResult(
             metadata={"report": dg.MetadataValue.md(markdown), "path": dg.MetadataValue.path(str(outputs.report_md))}
         )
 
-    checks = [_instances_check(spec, grades.key), *(_check(spec, check, grades.key) for check in spec.checks)]
+    checks = [
+        _instances_check(spec, outputs, grades.key),
+        *(_check(spec, outputs, check, grades.key) for check in spec.checks),
+    ]
     assets: list[dg.AssetsDefinition] = [run_eval, grades, report]
 
     if spec.dataset_enabled:
@@ -248,10 +297,7 @@ def _build(
             deps=[grades],
         )
         def dataset(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-            resource = _resource(context, spec)
-            published = dataset_step(
-                spec, resource.outputs, project_dir=Path(resource.project_dir), run_id=context.run.run_id
-            )
+            published = dataset_step(spec, outputs, project_dir=project_dir, run_id=context.run.run_id)
             return dg.MaterializeResult(metadata=published.dagster_metadata())
 
         assets.append(dataset)
@@ -265,8 +311,10 @@ def _build(
     return assets, checks, job
 
 
-def _check(spec: PipelineSpec, check: CheckSpec, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
-    key = resource_key(spec.name)
+def _check(
+    spec: PipelineSpec, outputs: EvalOutputs, check: CheckSpec, grades_key: dg.AssetKey
+) -> dg.AssetChecksDefinition:
+    key = resource_key(spec.name, GRADERS)
 
     @dg.asset_check(
         asset=grades_key,
@@ -276,15 +324,15 @@ def _check(spec: PipelineSpec, check: CheckSpec, grades_key: dg.AssetKey) -> dg.
         required_resource_keys={key},
     )
     def run_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        rows = read_grades(_resource(context, spec).outputs)
-        return _check_result(check_verdict(check, summarize(rows)), rows)
+        rows = read_grades(outputs)
+        configured = {c.name: c for c in _judged(context, spec).checks}  # this run's threshold
+        return _check_result(check_verdict(configured.get(check.name, check), summarize(rows)), rows)
 
     return run_check
 
 
-def _instances_check(spec: PipelineSpec, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+def _instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
     """The built-in blocking check: a failed instance fails the run (and holds the dataset back)."""
-    key = resource_key(spec.name)
 
     @dg.asset_check(
         asset=grades_key,
@@ -292,10 +340,9 @@ def _instances_check(spec: PipelineSpec, grades_key: dg.AssetKey) -> dg.AssetChe
         blocking=True,
         description="Every instance ran to its end: none failed on a sim fault, a policy or rollout deadline, or "
         "an interruption. Failed instances are listed with the command that re-runs them.",
-        required_resource_keys={key},
     )
     def instances_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        rows = read_grades(_resource(context, spec).outputs)
+        rows = read_grades(outputs)
         verdict = instances_verdict(rows)
         result = _check_result(verdict, rows)
         if verdict.failed_instances:
@@ -325,16 +372,18 @@ def _check_result(verdict: CheckVerdict, rows: Sequence[GradeRow]) -> dg.AssetCh
     )
 
 
-def _contract_metadata(spec: PipelineSpec, resource: PipelineResource, derived: Contract) -> dict[str, Any]:
+def _contract_metadata(spec: PipelineSpec, outputs: EvalOutputs, derived: Contract) -> dict[str, Any]:
     return {
         "features": _features_table(derived),
         "control_rate_hz": derived.control_rate,
         "robot_type": derived.robot_type,
-        "path": dg.MetadataValue.path(str(spec.contract_path or resource.outputs.contract)),
+        "path": dg.MetadataValue.path(str(spec.contract_path or outputs.contract)),
     }
 
 
-def _instances_metadata(resource: PipelineResource, run_id: str, results: Sequence[InstanceResult]) -> dict[str, Any]:
+def _instances_metadata(
+    outputs: EvalOutputs, run_id: str, results: Sequence[InstanceResult], overrides: dict[str, Any]
+) -> dict[str, Any]:
     """The run's instances as a table (status, fault, reason), with totals."""
     schema = dg.TableSchema(
         columns=[
@@ -373,5 +422,6 @@ def _instances_metadata(resource: PipelineResource, run_id: str, results: Sequen
         "errored": totals.errored,
         "env_steps": sum(r.env_steps for r in results),
         "wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
-        "traces": dg.MetadataValue.path(str(resource.outputs.traces(run_id))),
+        "traces": dg.MetadataValue.path(str(outputs.traces(run_id))),
+        "overrides": dg.MetadataValue.json(overrides),
     }

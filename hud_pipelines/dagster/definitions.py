@@ -20,8 +20,9 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster.assets import build_pipeline_assets
-from hud_pipelines.dagster.resources import PipelineResource, resource_key
-from hud_pipelines.outputs import default_outputs_root
+from hud_pipelines.dagster.deployment import Deployment, for_pipeline, load_deployment
+from hud_pipelines.dagster.resources import pipeline_resources
+from hud_pipelines.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.spec.loader import collect_pipelines, default_pipelines_dir, load_pipeline, pipeline_files
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError
@@ -38,25 +39,32 @@ def definitions_for(
     outputs_dir: Path | None = None,
     project_dir: Path | None = None,
     broken: Sequence[Problem] = (),
+    deployment: Deployment | None = None,
 ) -> dg.Definitions:
     """Assets, checks, jobs and resources of ``specs`` (each loaded from a file), plus a marker asset
-    for each file that ``broken`` (the problems of files that did not load) names."""
+    for each file that ``broken`` (the problems of files that did not load) names.
+
+    Each pipeline gets its four resources (sim, contract, agent, graders) from its YAML, with the
+    fields that ``deployment`` (default: the ``$HUD_PIPELINES_DEPLOYMENT`` file) replaces.
+    """
     outputs = (outputs_dir or default_outputs_root()).resolve()
     project = (project_dir or Path.cwd()).resolve()
     assets: list[dg.AssetsDefinition] = broken_file_assets(broken)
     checks: list[dg.AssetChecksDefinition] = []
     jobs: list[UnresolvedAssetJobDefinition] = []
-    resources: dict[str, PipelineResource] = {}
+    resources: dict[str, object] = {}
+    swaps = load_deployment() if deployment is None else deployment
     for spec in specs:
         if spec.source is None:
             raise ValueError(f"pipeline {spec.name!r} was not loaded from a file")
-        spec_assets, spec_checks, job = build_pipeline_assets(spec)
+        spec_assets, spec_checks, job = build_pipeline_assets(
+            spec, outputs=EvalOutputs(outputs, spec.name), project_dir=project
+        )
         assets += spec_assets
         checks += spec_checks
         jobs.append(job)
-        resources[resource_key(spec.name)] = PipelineResource(
-            pipeline_file=str(spec.source), outputs_dir=str(outputs), project_dir=str(project)
-        )
+        parts = pipeline_resources(spec, project_dir=project, deployment=for_pipeline(swaps, spec.name))
+        resources.update(parts.by_key(spec.name))
     # Every launch, also an asset selection from the UI, runs its steps in one process: the
     # multiprocess default would start a process, and a sim, per step.
     return dg.Definitions(

@@ -1,62 +1,249 @@
-"""The Dagster resource of one pipeline: its spec, its sims, its output directory.
+"""The Dagster resources of one pipeline: its sim, its contract, its agent and its graders.
 
-Keyed ``sim_<pipeline>`` (resource keys must be unique across a code location, so two pipelines
-cannot share ``sim``). Set-up loads the spec and prepares a lazy :class:`~hud_pipelines.simpool.SimPool`:
-no sim starts until an asset asks for one, because ``dagster job execute`` / ``dg launch``
-initialise a job's resources once more after the run and an eager spawn would start a sim for
-nothing. Tear-down closes every sim the run started (their process groups are killed); it runs on
-success, failure and cancellation. Should set-up itself fail, it has started nothing, so there is
-nothing for the missing tear-down to leak.
+Each is a typed ``ConfigurableResource`` whose defaults are the pipeline YAML's section, keyed
+``<pipeline>__sim``, ``<pipeline>__contract``, ``<pipeline>__agent`` and ``<pipeline>__graders``
+(resource keys must be unique across a code location). So a Dagster user sees each part of an eval
+in the UI, can change one for a run from the launchpad or run config (``resources:
+{cartpole_pd__sim: {config: {num_envs: 2}}}``), and a deployment can swap one (a served sim fleet
+for spawned sims, see :mod:`hud_pipelines.dagster.deployment`) without touching the eval's YAML.
+
+A run's sections are validated as the YAML is (the same models, errors naming the key) when the
+resources are set up, before any sim starts; what differs from the YAML is an *override*, part of
+the rollout hash and recorded with every result, so results of different configurations are never
+mixed.
+
+The sim resource owns the subprocesses: a lazy :class:`~hud_pipelines.simpool.SimPool` (no sim
+starts until an asset asks for one, because ``dagster job execute`` / ``dg launch`` initialise a
+job's resources once more after the run), closed in tear-down, which runs on success, failure and
+cancellation. A set-up that fails has started nothing, so the missing tear-down leaks nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
+from typing import Any, cast
 
 import dagster as dg
-from pydantic import Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, create_model
 
+from hud_pipelines.agent.config import AgentConfig
 from hud_pipelines.eval import sim_settings
-from hud_pipelines.outputs import EvalOutputs
 from hud_pipelines.simpool import SimPool
-from hud_pipelines.spec.loader import load_pipeline
-from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.models import PipelineSpec, SimSpec
 
 
-def resource_key(pipeline: str) -> str:
-    return f"sim_{pipeline}"
+def resource_key(pipeline: str, part: str) -> str:
+    """``<pipeline>__<part>``: the key of one of a pipeline's resources."""
+    return f"{pipeline}__{part}"
 
 
-class PipelineResource(dg.ConfigurableResource):  # type: ignore[misc]
-    """A pipeline's spec and the sims it runs on."""
+SIM, CONTRACT, AGENT, GRADERS = "sim", "contract", "agent", "graders"
 
-    pipeline_file: str = Field(description="the pipeline YAML")
-    outputs_dir: str = Field(description="root of results, traces, shards, grades and reports")
-    project_dir: str = Field(description="directory the sim children start in (imports resolve from it)")
+Mapping = dict  # pyright: ignore[reportMissingTypeArgument]
+"""A YAML mapping as resource config: Dagster reads a bare ``dict`` as a permissive mapping, the only
+kind whose members may be ``null`` (``dict[str, Any]`` refuses ``path: null``)."""
 
-    _spec: PipelineSpec | None = PrivateAttr(default=None)
+
+class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
+    """The sims of a pipeline: spawned from ``factory`` in child processes (or attached at ``url``), lazily,
+    each owning its main thread; every one of them is stopped (its process group killed) when the run ends."""
+
+    factory: str | None = Field(default=None, description="registry id, module:callable or file.py:callable")
+    args: Mapping = Field(default_factory=Mapping, description="build arguments of the factory")
+    num_envs: int = Field(default=1, description="slots per sim instance, stepped in lockstep")
+    startup_timeout_s: float = Field(default=120.0, description="deadline for a sim to build its envs and listen")
+    step_timeout_s: float = Field(default=60.0, description="deadline of one reset or step request")
+    hold: str = Field(default="last", description="action of a finished slot: last or zero")
+    bounds: str = Field(default="clip", description="out-of-bounds continuous actions: clip or error")
+    url: str | None = Field(default=None, description="ws://host:port of a sim served elsewhere")
+    token: str | None = Field(default=None, description="capability token of the sim at url (an EnvVar)")
+    project_dir: str = Field(default=".", description="directory the sim children start in (imports resolve there)")
+
     _pool: SimPool | None = PrivateAttr(default=None)
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._spec = load_pipeline(self.pipeline_file)
-        self._pool = SimPool(sim_settings(self._spec, cwd=Path(self.project_dir)))
+    def section(self) -> dict[str, Any]:
+        """The ``sim`` section this resource stands for (without ``contract``: the contract resource's)."""
+        return {
+            "factory": self.factory,
+            "args": _section(self.args),  # pyright: ignore[reportUnknownArgumentType]
+            "num_envs": self.num_envs,
+            "startup_timeout_s": self.startup_timeout_s,
+            "step_timeout_s": self.step_timeout_s,
+            "hold": self.hold,
+            "bounds": self.bounds,
+            "url": self.url,
+            "token": self.token,
+        }
 
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        if self._pool is not None:
-            self._pool.close()
-
-    @property
-    def spec(self) -> PipelineSpec:
-        if self._spec is None:
-            self._spec = load_pipeline(self.pipeline_file)
-        return self._spec
-
-    @property
-    def pool(self) -> SimPool:
+    def pool(self, spec: PipelineSpec) -> SimPool:
+        """The run's sim pool for ``spec`` (the effective spec of this run); created on first use."""
         if self._pool is None:
-            raise RuntimeError("the pipeline resource is used outside of a run (no set-up happened)")
+            self._pool = SimPool(sim_settings(spec, cwd=Path(self.project_dir)))
         return self._pool
 
-    @property
-    def outputs(self) -> EvalOutputs:
-        return EvalOutputs(Path(self.outputs_dir), self.spec.name)
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+class ContractResource(dg.ConfigurableResource):  # type: ignore[misc]
+    """The contract both sides share: derived from the sim, merged with the edited file, validated on every frame."""
+
+    file: str | None = Field(
+        default=None, description="contract.json relative to the pipeline YAML; none: derived in memory each run"
+    )
+
+
+class AgentResource(dg.ConfigurableResource):  # type: ignore[misc]
+    """The agent that drives every slot: its policy (kind and settings, e.g. a checkpoint), batching and threads.
+    The policy is built once per run and shared by the instances."""
+
+    policy: Mapping = Field(description="the policy section: kind and its settings (path, checkpoint, seed)")
+    horizon: int | None = Field(default=None, description="actions of each chunk executed before asking again")
+    send_ahead: int = Field(default=8, description="steps sent to a served sim ahead of their observation")
+    forward_timeout_s: float = Field(default=300.0, description="deadline of one policy forward")
+    batching: Mapping = Field(default_factory=Mapping, description="max_wait_ms, batch_size, across_instances")
+    torch_threads: int | None = Field(default=1, description="torch intra-op threads")
+    lockstep_threads: str | None = Field(default="auto", description="threads of a forward every sim waits on")
+
+    def section(self) -> dict[str, Any]:
+        threads = self.lockstep_threads
+        return {
+            "policy": _section(self.policy),  # pyright: ignore[reportUnknownArgumentType]
+            "horizon": self.horizon,
+            "send_ahead": self.send_ahead,
+            "forward_timeout_s": self.forward_timeout_s,
+            "batching": _section(self.batching),  # pyright: ignore[reportUnknownArgumentType]
+            "torch_threads": self.torch_threads,
+            "lockstep_threads": int(threads) if threads is not None and threads.isdigit() else threads,
+        }
+
+
+class GradersResource(dg.ConfigurableResource):  # type: ignore[misc]
+    """How episodes are graded (the first grader decides) and the pass/fail checks on the grades."""
+
+    graders: list[Mapping] = Field(description="graders, as under graders: in the YAML")
+    checks: list[Mapping] = Field(  # pyright: ignore[reportUnknownVariableType]
+        default_factory=list, description="checks, as under checks: in the YAML"
+    )
+
+
+@dataclass(frozen=True)
+class PipelineResources:
+    """The four resources of one pipeline, as the YAML (and the deployment) configure them."""
+
+    sim: SimResource
+    contract: ContractResource
+    agent: AgentResource
+    graders: GradersResource
+
+    def by_key(self, pipeline: str) -> dict[str, object]:
+        return {
+            resource_key(pipeline, SIM): self.sim,
+            resource_key(pipeline, CONTRACT): self.contract,
+            resource_key(pipeline, AGENT): self.agent,
+            resource_key(pipeline, GRADERS): self.graders,
+        }
+
+
+def pipeline_resources(
+    spec: PipelineSpec, *, project_dir: Path, deployment: dict[str, dict[str, Any]] | None = None
+) -> PipelineResources:
+    """The resources of ``spec`` with the YAML's values as their configuration.
+
+    ``deployment`` replaces fields per resource (``{"sim": {"url": ..., "token": EnvVar(...)}}``): the
+    one construction path of the Dagster definitions, the CLI and :func:`~hud_pipelines.steps.evaluate`.
+    """
+    swap = deployment or {}
+    sim: dict[str, Any] = _plain(spec.sim.model_dump(exclude={"contract"}))
+    agent: dict[str, Any] = _plain(spec.agent.model_dump())
+    threads = agent.get("lockstep_threads")
+    agent["lockstep_threads"] = str(threads) if isinstance(threads, int) else threads
+    graders = [_plain(g.model_dump()) for g in spec.graders]
+    checks = [_plain(c.model_dump()) for c in spec.checks]
+    return PipelineResources(
+        sim=_configured(SimResource, _fields(sim, {"project_dir": str(project_dir)}, swap.get(SIM, {}))),
+        contract=_configured(ContractResource, _fields({"file": spec.sim.contract}, swap.get(CONTRACT, {}))),
+        agent=_configured(AgentResource, _fields(agent, swap.get(AGENT, {}))),
+        graders=_configured(GradersResource, _fields({"graders": graders, "checks": checks}, swap.get(GRADERS, {}))),
+    )
+
+
+def _configured[R: SimResource | ContractResource | AgentResource | GradersResource](
+    kind: type[R], values: dict[str, Any]
+) -> R:
+    """An instance of a subclass of ``kind`` whose field *defaults* are ``values``.
+
+    Dagster replaces a resource's whole configuration when a run configures it, filling the fields
+    the run leaves out from the class defaults, not from the instance. With the YAML's values as the
+    defaults, a run that sets only ``num_envs`` keeps the rest of the YAML, and the launchpad shows
+    the YAML's values to start from.
+    """
+    fields: dict[str, Any] = {}
+    declared: dict[str, Any] = dict(kind.model_fields)
+    for name, value in values.items():
+        field = declared[name]
+        fields[name] = (field.annotation, Field(default=value, description=field.description))
+    base: type[BaseModel] = kind
+    model: type[BaseModel] = create_model(base.__name__, __base__=base, __doc__=base.__doc__, **fields)  # pyright: ignore[reportUnknownArgumentType]
+    return cast(Callable[[], R], model)()
+
+
+def _section(mapping: object) -> dict[str, Any]:
+    """A permissive config mapping as a typed section dict."""
+    return dict(cast(dict[str, Any], mapping))
+
+
+def _fields(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Resource fields: the YAML's, then what the deployment replaces (later layers win)."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+    return merged
+
+
+def _as_written(model: type[BaseModel], section: dict[str, Any]) -> dict[str, Any]:
+    """``section`` without the entries that only repeat the model's defaults, as a YAML would leave them out
+    (some rules depend on what is set: a sim attached by ``url`` must not set ``args``)."""
+    kept: dict[str, Any] = {}
+    for name, value in section.items():
+        field = model.model_fields.get(name)
+        if field is None or value != _plain(field.get_default(call_default_factory=True)):
+            kept[name] = value
+    return kept
+
+
+def _plain(value: Any) -> Any:
+    """A model dump as plain config values: secrets revealed (resources hold them), enums as their values."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, BaseModel):
+        return _plain(value.model_dump())
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in cast(dict[Any, Any], value).items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in cast(list[Any], value)]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def effective_spec(
+    spec: PipelineSpec, sim: SimResource, contract: ContractResource, agent: AgentResource, graders: GradersResource
+) -> PipelineSpec:
+    """``spec`` as this run's resources configure it, validated like the YAML (errors name the key)."""
+    return spec.with_sections(
+        sim=_as_written(SimSpec, {**sim.section(), "contract": contract.file}),
+        agent=_as_written(AgentConfig, agent.section()),
+        graders=graders.graders,
+        checks=graders.checks,
+    )

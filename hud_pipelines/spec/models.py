@@ -27,6 +27,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     SecretStr,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -40,6 +41,7 @@ from hud_pipelines.agent.config import (
     TorchPolicyConfig,
 )
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec, WriterKind
+from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.strict import Float, Int, StrictModel
 
@@ -566,6 +568,31 @@ class PipelineSpec(StrictModel):
         """
         return _hash(self.model_dump(mode="json"))
 
+    def with_sections(self, **sections: Any) -> PipelineSpec:
+        """This spec with whole top-level sections replaced (a run's resource configuration).
+
+        The sections are validated exactly as the YAML is; a problem raises :class:`ConfigurationError`
+        naming the key (``sim.num_envs``), before anything runs.
+        """
+        kept = {name: getattr(self, name) for name in type(self).model_fields if name not in sections}
+        try:
+            spec = PipelineSpec.model_validate({**kept, **sections}, context={SOURCE_CONTEXT: self._source})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
+            )
+            raise ConfigurationError(
+                f"pipeline {self.name!r}: the run's configuration is invalid: {problems}"
+            ) from None
+        spec._source = self._source
+        return spec
+
+    def overrides(self, base: PipelineSpec) -> dict[str, Any]:
+        """What this spec sets differently from ``base``: ``{"sim.num_envs": 2, ...}`` (credentials left out)."""
+        mine = _flat(self.model_dump(mode="json", exclude=CREDENTIALS))
+        theirs = _flat(base.model_dump(mode="json", exclude=CREDENTIALS))
+        return {key: value for key, value in mine.items() if theirs.get(key, _MISSING) != value}
+
     @property
     def rollout_hash(self) -> str:
         """SHA-256 of what decides an instance's graded rows: sim, agent, tasks, steps and graders.
@@ -579,6 +606,23 @@ class PipelineSpec(StrictModel):
             mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=CREDENTIALS
         )
         return _hash(dumped)
+
+
+class ConfigurationError(HudPipelinesError):
+    """A run's resource configuration (a launchpad or run-config override) is not a valid pipeline section."""
+
+
+_MISSING = object()
+
+
+def _flat(value: object, prefix: str = "") -> dict[str, Any]:
+    """``{"sim": {"num_envs": 2}}`` -> ``{"sim.num_envs": 2}`` (lists stay whole: they are one setting)."""
+    if isinstance(value, dict) and value:
+        flat: dict[str, Any] = {}
+        for key, item in cast(dict[str, Any], value).items():
+            flat |= _flat(item, f"{prefix}{key}.")
+        return flat
+    return {prefix.rstrip("."): value}
 
 
 def _hash(value: object) -> str:

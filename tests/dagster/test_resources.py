@@ -1,0 +1,148 @@
+"""Each pipeline's sim, contract, agent and graders are Dagster resources: listed, overridden per run,
+swapped per deployment, and never mixed into results of another configuration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
+from hud_pipelines.grading import GradeRow
+from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.recording import EpisodeStatus
+from tests.dagster.support import REPO, WritePipeline, sim_processes
+
+PARTS = ("sim", "contract", "agent", "graders")
+
+
+def _grades(outputs: Path, name: str) -> list[GradeRow]:
+    return [GradeRow.from_dict(r) for r in json.loads(EvalOutputs(outputs, name).grades_json.read_text())]
+
+
+def _run(path: Path, outputs: Path, instance: dg.DagsterInstance, **kwargs: Any) -> dg.ExecuteInProcessResult:
+    defs = definitions_for_file(path, outputs_dir=outputs, project_dir=REPO, **kwargs.pop("defs", {}))
+    name = json.loads(path.read_text())["name"]
+    return defs.resolve_job_def(name).execute_in_process(instance=instance, raise_on_error=False, **kwargs)
+
+
+def test_every_bundled_pipeline_has_its_four_resources_with_their_config() -> None:
+    defs = build_definitions(REPO / "pipelines")
+    resources = defs.resources or {}
+    from hud_pipelines.spec.loader import load_pipelines
+
+    for spec in load_pipelines(REPO / "pipelines"):
+        for part in PARTS:
+            resource = resources[f"{spec.name}__{part}"]
+            assert isinstance(resource, dg.ConfigurableResource)
+            assert type(resource).__doc__, "described for the UI"
+        sim = resources[f"{spec.name}__sim"]
+        assert getattr(sim, "num_envs") == spec.sim.num_envs  # noqa: B009 - the YAML's value is the default
+        agent = resources[f"{spec.name}__agent"]
+        assert getattr(agent, "policy")["kind"] == spec.agent.policy.kind  # noqa: B009
+        fields = type(sim).model_fields
+        assert {"factory", "num_envs", "url", "token", "step_timeout_s"} <= set(fields)
+    job = defs.resolve_job_def("cartpole_pd")
+    assert {f"cartpole_pd__{part}" for part in PARTS} <= set(job.resource_defs)
+
+
+def test_a_run_config_override_is_used_recorded_and_keeps_results_apart(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    import torch
+
+    from envs.policies import CartPoleTorchPD
+
+    module = CartPoleTorchPD()
+    with torch.no_grad():
+        module.gains.copy_(torch.tensor([0.1, 0.5, 10.0, 2.0]))
+    torch.save(module.state_dict(), tmp_path / "balanced.pt")
+    torch.save(CartPoleTorchPD().state_dict(), tmp_path / "untrained.pt")
+    policy = {"kind": "torch", "target": "envs.policies:CartPoleTorchPD", "checkpoint": str(tmp_path / "balanced.pt")}
+    path = write_pipeline("overridden", agent={"policy": policy}, group=1, max_steps=60)
+    assert _run(path, outputs_dir, instance).success
+    assert [r.status for r in _grades(outputs_dir, "overridden")] == [EpisodeStatus.SUCCEEDED] * 2
+
+    untrained = {**policy, "checkpoint": str(tmp_path / "untrained.pt")}
+    run_config = {
+        "resources": {
+            "overridden__sim": {"config": {"num_envs": 3}},
+            "overridden__agent": {"config": {"policy": untrained}},
+        }
+    }
+    result = _run(path, outputs_dir, instance, run_config=run_config)
+    assert result.success
+    rows = _grades(outputs_dir, "overridden")
+    assert len(rows) == 3, "three slots: the override of num_envs was used"
+    assert {r.status for r in rows} == {EpisodeStatus.FAILED}, "zero gains cannot balance: the checkpoint was used"
+    assert {r.run_id for r in rows} == {result.run_id}
+    recorded = json.loads(EvalOutputs(outputs_dir, "overridden").configuration_json.read_text())
+    assert recorded["overrides"] == {"sim.num_envs": 3, "agent.policy.checkpoint": str(tmp_path / "untrained.pt")}
+    report = EvalOutputs(outputs_dir, "overridden").report_md.read_text()
+    assert "`sim.num_envs` = `3`" in report
+
+    # the YAML's configuration again: the override's results are stale until it runs again
+    from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.steps import collect_rows
+
+    spec = load_pipeline(path)
+    stale = collect_rows(spec, EvalOutputs(outputs_dir, "overridden"), rollout_hash=spec.rollout_hash)
+    assert {r.fault.value if r.fault else None for r in stale} == {"not_run"}
+
+
+def test_an_invalid_override_is_refused_naming_the_key_before_any_sim_starts(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
+) -> None:
+    path = write_pipeline("refused")
+    result = _run(path, outputs_dir, instance, run_config={"resources": {"refused__sim": {"config": {"num_envs": 0}}}})
+    assert not result.success
+    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = " ".join(
+        (e.step_failure_data.error.cause or e.step_failure_data.error).message
+        for e in failures
+        if e.step_failure_data.error
+    )
+    assert "the run's configuration is invalid: sim.num_envs" in message
+    assert not sim_processes(label)
+    assert not EvalOutputs(outputs_dir, "refused").result("task0-i0").exists()
+
+
+def test_a_deployment_swaps_the_sim_for_a_served_one_without_touching_the_yaml(
+    write_pipeline: WritePipeline,
+    outputs_dir: Path,
+    instance: dg.DagsterInstance,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    label: str,
+) -> None:
+    from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV
+    from hud_pipelines.sim.process import SimProcess
+
+    path = write_pipeline("swapped", group=2, max_concurrent=1)
+    yaml_before = path.read_text()
+    with SimProcess.spawn("CartPole-v1", num_envs=2, build_args={"vectorization_mode": "sync"}) as served:
+        monkeypatch.setenv("SWAPPED_SIM_TOKEN", served.token)
+        deployment = tmp_path / "deployment.yaml"
+        deployment.write_text(
+            "pipelines:\n"
+            "  swapped:\n"
+            "    sim:\n"
+            "      factory: null\n"
+            "      args: {}\n"
+            f"      url: {served.url}\n"
+            "      token: {env: SWAPPED_SIM_TOKEN}\n"
+        )
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
+        result = _run(path, outputs_dir, instance)
+        assert result.success
+        assert not sim_processes(label), "no sim was spawned: the served one ran every instance"
+        assert served.alive()
+    rows = _grades(outputs_dir, "swapped")
+    assert [(r.instance, r.status) for r in rows] == [(i, EpisodeStatus.SUCCEEDED) for i in (0, 0, 1, 1)]
+    assert path.read_text() == yaml_before
+    overrides = json.loads(EvalOutputs(outputs_dir, "swapped").configuration_json.read_text())["overrides"]
+    assert "sim.token" not in overrides, "a credential is never recorded"
+    assert overrides["sim.url"] == served.url
