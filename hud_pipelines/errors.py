@@ -145,6 +145,10 @@ class RolloutTimeoutError(HudPipelinesError):
         self.deadline_s = deadline_s
 
 
+class RunAborted(HudPipelinesError):
+    """The run is shutting down (SIGINT, SIGTERM, a Dagster termination) while this call waited."""
+
+
 class Fault(StrEnum):
     """Why an episode errored, set where the exception is caught (never read back from a message).
 
@@ -166,8 +170,8 @@ class Fault(StrEnum):
     """A policy forward ran past ``agent.forward_timeout_s``."""
     ROLLOUT_TIMEOUT = "rollout_timeout"
     """The instance ran past ``rollout_timeout_s``; its sim was stopped."""
-    POLICY_START = "policy_start"
-    """The policy could not be built or loaded (its error is the reason)."""
+    SETUP = "setup"
+    """The policy or a grader could not be built or loaded (its error is the reason)."""
     SIM_START = "sim_start"
     """The sim did not start (its own error line is the reason)."""
     SIM_CRASHED = "sim_crashed"
@@ -213,7 +217,7 @@ def fault_of(exc: BaseException) -> Fault:
             return Fault.ACTION
         case SimError() | WireError():
             return Fault.SIM_LINK
-        case KeyboardInterrupt() | SystemExit():
+        case KeyboardInterrupt() | SystemExit() | RunAborted():
             return Fault.INTERRUPTED
         case _:
             return Fault.ENV

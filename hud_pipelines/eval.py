@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -37,7 +38,7 @@ from typing import Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError, SimError, SimStartError, fault_of
-from hud_pipelines.graders import Grader, build_graders
+from hud_pipelines.graders import Grader, GraderError, build_graders
 from hud_pipelines.grading import GradeRow
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
 from hud_pipelines.simpool import LiveSim, SimPool, SimSettings
@@ -181,11 +182,8 @@ class EvalRunner:
     run_id: str = ""
     sinks: SinkFactory | None = None
     on_result: ResultCallback | None = None
-    _graders: list[Grader] = field(init=False)
+    _graders: list[Grader] = field(default_factory=list[Grader], init=False)
     _contract: Contract | None = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        self._graders = build_graders(self.spec.resolved_graders(), base_dir=self.spec.base_dir)
 
     def contract(self) -> Contract:
         """The sim's contract (starts a sim that the first instance then reuses)."""
@@ -207,6 +205,10 @@ class EvalRunner:
             return [self._unstarted(partition, _first_line(exc), fault_of(exc)) for partition in partitions]
         agent = self.spec.resolved_agent()
         try:
+            self._graders = build_graders(self.spec.resolved_graders(), base_dir=self.spec.base_dir)
+        except HudPipelinesError as exc:  # no graders: every instance errors with the reason
+            return [self._unstarted(partition, str(exc), Fault.SETUP) for partition in partitions]
+        try:
             policy = build_policy(
                 agent.policy,
                 contract,
@@ -217,7 +219,7 @@ class EvalRunner:
         except Exception as exc:  # no policy: every instance errors with the reason
             reason = f"the policy could not be built: {type(exc).__name__}: {exc}"
             log.exception("the policy of %s could not be built", self.spec.name)
-            return [self._unstarted(partition, reason, Fault.POLICY_START) for partition in partitions]
+            return [self._unstarted(partition, reason, Fault.SETUP) for partition in partitions]
         workers = min(self.spec.max_concurrent, len(partitions))
         model = BatchedModel.from_config(
             policy, agent.batching, expected_callers=workers, forward_timeout_s=agent.forward_timeout_s
@@ -357,6 +359,8 @@ class EvalRunner:
         """The pipeline's verdict on an answered episode: the first grader decides, the others add metrics."""
         primary, *others = self._graders
         score, success = primary.grade(outcome, key)
+        if not math.isfinite(score):  # never a number in the grades: the episode errors (fault grader)
+            raise GraderError(f"grader {primary.name!r} gave a score that is not finite: {score}")
         metrics: dict[str, float | bool] = {}
         for grader in others:
             extra_score, extra_success = grader.grade(outcome, key)

@@ -179,7 +179,9 @@ def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
             failed.setdefault(row.group_id, (row.fault.value, row.error or ""))
     if failed:
         listed = "; ".join(f"{key}: {fault} ({reason})" for key, (fault, reason) in sorted(failed.items()))
-        description = f"{len(failed)} instance(s) failed: {listed}"
+        rerun = " ".join(f"--partition {key}" for key in sorted(failed))
+        command = f"hud-pipelines run {rows[0].pipeline} {rerun}"
+        description = f"{len(failed)} instance(s) failed: {listed}; re-run them with: {command}"
     else:
         description = "every instance ran to its end"
     if not_run:

@@ -93,7 +93,10 @@ def rollouts_step(
             recorders.append(shards.sink(spec.partition_key(*partition), contract))
         return recorders
 
+    finished: set[str] = set()
+
     def ended(result: InstanceResult) -> None:
+        finished.add(result.key)
         result.write(outputs.result(result.key))
         if shards is not None:
             shards.commit(result.key)
@@ -103,9 +106,40 @@ def rollouts_step(
     runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", run_id=run_id, sinks=sinks, on_result=ended)
     try:
         return runner.run(partitions)
+    except BaseException:  # interrupted: say so for every instance it cut short
+        _record_interrupted(spec, outputs, run_id, [p for p in partitions if spec.partition_key(*p) not in finished])
+        raise
     finally:
         if shards is not None:
             shards.discard_pending()
+
+
+def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, cut: Sequence[Partition]) -> None:
+    """Write ``interrupted`` results for the instances a cancelled run did not finish.
+
+    An instance that already has a result of this configuration from an earlier run keeps it: that
+    work was finished, and the run that was cut short changed nothing about it.
+    """
+    for partition in cut:
+        key = spec.partition_key(*partition)
+        path = outputs.result(key)
+        if path.is_file() and InstanceResult.read(path).rollout_hash == spec.rollout_hash:
+            continue
+        reason = f"the run was interrupted before instance {key} finished"
+        rows = unreached_rows(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id)
+        InstanceResult(
+            spec.name,
+            key,
+            partition.task_index,
+            partition.instance,
+            rows,
+            0.0,
+            0,
+            reason,
+            spec.rollout_hash,
+            fault=Fault.INTERRUPTED,
+            run_id=run_id,
+        ).write(path)
 
 
 # -- grades and report -------------------------------------------------------------------------------

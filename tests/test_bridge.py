@@ -225,8 +225,10 @@ def test_build_arguments_of_one_connection_never_reach_the_next() -> None:
     with GymBridge("CartPole-v1", 1, build_args={"max_episode_steps": 50}) as bridge:
         bridge.begin_connection()
         bridge.reset([{"seed": 0, "max_episode_steps": 2}])
-        bridge.reset([{"seed": 0}])  # within one connection the argument stays
         assert [bool(bridge.step(np.array([[k % 2]])).truncated[0]) for k in range(2)] == [False, True]
+        bridge.reset([{"seed": 0}])  # a reset that leaves it out gets the operator's value back
+        assert bridge.build_args == {"max_episode_steps": 50}
+        bridge.reset([{"seed": 0, "max_episode_steps": 2}])
         bridge.begin_connection()
         fresh = bridge.result()["slots"][0]
         bridge.reset([{"seed": 0}])
@@ -486,11 +488,11 @@ def test_a_changed_build_argument_rebuilds_the_env() -> None:
         assert bridge.build_args == {"max_episode_steps": 3}
         replies = [bridge.step(np.array([[step % 2]])) for step in range(3)]
         assert [r.truncated[0] for r in replies] == [False, False, True]
-        bridge.reset([{"seed": 1}])  # no build argument: the current build stays
         bridge.reset([{"seed": 1, "max_episode_steps": 3}])  # the same value: no rebuild
         assert bridge.envs is rebuilt
-        bridge.reset([{"seed": 1, "max_episode_steps": 50}])
+        bridge.reset([{"seed": 1}])  # no build argument: back to the operator's build
         assert bridge.envs is not rebuilt
+        assert bridge.build_args == {}
 
 
 def test_unknown_or_inconsistent_task_arguments_are_refused() -> None:

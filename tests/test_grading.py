@@ -111,6 +111,7 @@ def test_the_instances_check_fails_on_instance_faults_only() -> None:
     assert not failing.passed
     assert failing.failed_instances == ("t-i2",)
     assert "sim_crashed" in failing.description
+    assert failing.description.endswith("re-run them with: hud-pipelines run p --partition t-i2")
 
 
 def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:

@@ -22,10 +22,11 @@ row differently depending on the batch it sits in and the threads it runs on, so
 several instances, whose composition depends on thread timing, would make an eval's actions differ
 at the last bit from run to run; one instance's own rows are a deterministic batch.
 
-Every wait has a deadline. Forwards run on one daemon thread of the model, and a caller waits for
-its rows at most ``forward_timeout_s`` past the batching window: a forward that is late (or never
-returns) fails exactly the callers waiting on it with :class:`~hud_pipelines.errors.PolicyTimeoutError`
-while the forward itself is abandoned. A caller may also bring its own deadline
+Every wait has a deadline. Forwards run on a daemon thread of the model, and a caller waits for
+its rows at most ``forward_timeout_s`` from the moment its forward starts: a forward that is late
+(or never returns) fails exactly the callers in it with :class:`~hud_pipelines.errors.PolicyTimeoutError`;
+the forward is abandoned to its thread and a fresh thread serves the calls queued behind it, so
+one stuck forward costs only its own callers. A caller may also bring its own deadline
 (:meth:`caller_deadline`, an instance's ``rollout_timeout_s``), and :meth:`abort` wakes every caller
 at once (a cancelled run): nobody stays blocked on a policy.
 
@@ -48,11 +49,7 @@ import numpy as np
 
 from hud_pipelines.agent.config import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
 from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, lockstep, policy_horizon
-from hud_pipelines.errors import HudPipelinesError, PolicyTimeoutError, RolloutTimeoutError
-
-
-class BatchingAborted(HudPipelinesError):
-    """The model was aborted (the run is shutting down) while this call waited for its rows."""
+from hud_pipelines.errors import PolicyTimeoutError, RolloutTimeoutError, RunAborted
 
 
 @dataclass
@@ -64,6 +61,8 @@ class _Call:
     forward_rows: int = 0
     done: bool = False
     claimed: bool = False
+    started: float | None = None
+    """When the forward serving this call began (its ``forward_timeout_s`` counts from there)."""
     abandoned: bool = False
     """The caller gave up (a deadline or an abort); the forward's rows for it are dropped."""
 
@@ -113,10 +112,13 @@ class BatchedModel:
         self._expected = expected_callers
         self._pending: list[_Call] = []
         self._cond = threading.Condition()
-        self._forward_lock = threading.Lock()
         self._local = threading.local()
         self._work: queue.SimpleQueue[tuple[list[_Call], int]] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
+        self._generation = 0
+        """Bumped when a forward is abandoned: the stuck worker exits once (if ever) it returns."""
+        self._running: list[_Call] = []
+        """The calls of the forward the worker is running now."""
         self._aborted: str | None = None
         self.stats = BatchingStats()
         self.horizon = policy_horizon(policy)
@@ -190,12 +192,12 @@ class BatchedModel:
 
     def infer(self, batch: PolicyBatch) -> Actions:
         call = _Call(batch=batch, arrived=time.monotonic())
-        forward_deadline = call.arrived + self.max_wait_s + self.forward_timeout_s
         caller_deadline: float | None = getattr(self._local, "deadline", None)
         with self._cond:
             self._pending.append(call)
             self._cond.notify_all()
             while not call.done:
+                forward_deadline = None if call.started is None else call.started + self.forward_timeout_s
                 self._raise_if_late(call, forward_deadline, caller_deadline)
                 if not call.claimed:
                     ready, timed_out = self._ready()
@@ -209,25 +211,27 @@ class BatchedModel:
                 else:
                     wait = None
                 limits = [d - time.monotonic() for d in (forward_deadline, caller_deadline) if d is not None]
-                self._cond.wait(timeout=max(0.0, min([*limits, *([wait] if wait is not None else [])])))
+                if wait is not None:
+                    limits.append(wait)
+                self._cond.wait(timeout=max(0.0, min(limits)) if limits else None)  # woken when a forward starts
         self._local.rows = call.forward_rows
         if call.error is not None:
             raise call.error
         assert call.result is not None
         return call.result
 
-    def _raise_if_late(self, call: _Call, forward_deadline: float, caller_deadline: float | None) -> None:
+    def _raise_if_late(self, call: _Call, forward_deadline: float | None, caller_deadline: float | None) -> None:
         """Give up on ``call`` (condition held) when the run aborted or one of its deadlines passed."""
         now = time.monotonic()
         error: BaseException | None = None
         if self._aborted is not None:
-            error = BatchingAborted(self._aborted)
+            error = RunAborted(self._aborted)
         elif caller_deadline is not None and now >= caller_deadline:
             seconds: float = getattr(self._local, "deadline_s", 0.0)
             error = RolloutTimeoutError(
                 f"rollout_timeout_s={seconds:g} reached while waiting for the policy", deadline_s=seconds
             )
-        elif now >= forward_deadline:
+        elif forward_deadline is not None and now >= forward_deadline:
             error = PolicyTimeoutError(
                 f"the policy forward did not return within forward_timeout_s={self.forward_timeout_s:g}",
                 deadline_s=self.forward_timeout_s,
@@ -237,23 +241,53 @@ class BatchedModel:
         if call in self._pending:
             self._pending.remove(call)
         call.abandoned = True
+        if call in self._running and isinstance(error, PolicyTimeoutError):
+            self._replace_worker()  # the next forwards must not queue behind the one that is stuck
         raise error
+
+    def _replace_worker(self) -> None:
+        """Leave the stuck forward to its thread and serve the queue from a fresh one (condition held)."""
+        self._generation += 1
+        self._running = []
+        self._start_worker()
 
     def _submit(self, calls: list[_Call], idle_sims: int) -> None:
         """Queue one forward for the worker thread (condition held); the worker starts on first use."""
         self._work.put((calls, idle_sims))
         if self._worker is None:
-            self._worker = threading.Thread(target=self._work_loop, name="hud-policy-forward", daemon=True)
-            self._worker.start()
+            self._start_worker()
 
-    def _work_loop(self) -> None:
-        """Run queued forwards one at a time, forever (a daemon: an abandoned forward never blocks exit)."""
+    def _start_worker(self) -> None:
+        generation = self._generation
+        self._worker = threading.Thread(
+            target=self._work_loop, args=(generation,), name=f"hud-policy-forward-{generation}", daemon=True
+        )
+        self._worker.start()
+
+    def _work_loop(self, generation: int) -> None:
+        """Run queued forwards one at a time (a daemon: an abandoned forward never blocks exit).
+
+        A worker whose forward was abandoned stops when that forward returns, without touching the
+        queue again: forwards of the current worker never overlap with another of its own.
+        """
         while True:
             calls, idle_sims = self._work.get()
             with self._cond:
+                if generation != self._generation:  # replaced while it waited: hand the work back
+                    self._work.put((calls, idle_sims))
+                    return
                 wanted = [c for c in calls if not c.abandoned]
+                self._running = wanted
+                started = time.monotonic()
+                for call in wanted:  # each caller's deadline runs from its own forward's start
+                    call.started = started
+                self._cond.notify_all()
             if wanted:
                 self._forward(wanted, idle_sims)
+            with self._cond:
+                if generation != self._generation:
+                    return
+                self._running = []
 
     # -- internals (called with the condition held) --------------------------------------------------
 
@@ -296,25 +330,24 @@ class BatchedModel:
         ``idle_sims`` > 0 says every expected caller is waiting, so that many sims are idle.
         """
         rows = sum(c.batch.size for c in calls)
-        with self._forward_lock:
-            started = time.perf_counter()
-            try:
-                stacked = PolicyBatch.concat([c.batch for c in calls])
-                with lockstep(self.policy, idle_sims) if idle_sims else contextlib.nullcontext():
-                    actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
-                if actions.ndim not in (2, 3) or actions.shape[0] != rows:
-                    raise PolicyError(
-                        f"the batched policy returned {list(actions.shape)} for {rows} stacked rows; "
-                        f"expected [{rows}, T, A]"
-                    )
-                offset = 0
-                for call in calls:
-                    call.result = actions[offset : offset + call.batch.size]
-                    offset += call.batch.size
-            except BaseException as exc:
-                for call in calls:
-                    call.error = exc
-            forward_s = time.perf_counter() - started
+        started = time.perf_counter()
+        try:
+            stacked = PolicyBatch.concat([c.batch for c in calls])
+            with lockstep(self.policy, idle_sims) if idle_sims else contextlib.nullcontext():
+                actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
+            if actions.ndim not in (2, 3) or actions.shape[0] != rows:
+                raise PolicyError(
+                    f"the batched policy returned {list(actions.shape)} for {rows} stacked rows; "
+                    f"expected [{rows}, T, A]"
+                )
+            offset = 0
+            for call in calls:
+                call.result = actions[offset : offset + call.batch.size]
+                offset += call.batch.size
+        except BaseException as exc:
+            for call in calls:
+                call.error = exc
+        forward_s = time.perf_counter() - started
         with self._cond:
             self.stats.forward_s += forward_s
             self.stats.forwards += 1

@@ -52,6 +52,7 @@ from hud_pipelines.errors import (
     PolicyTimeoutError,
     RemoteError,
     RolloutTimeoutError,
+    RunAborted,
     fault_of,
 )
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
@@ -437,7 +438,7 @@ class _Run:
         try:
             raw = agent.policy.infer(batch)
             chunks = as_chunks(raw, need.size, agent.width, source=f"policy {type(agent.policy).__name__}")
-        except (PolicyTimeoutError, RolloutTimeoutError) as exc:
+        except (PolicyTimeoutError, RolloutTimeoutError, RunAborted) as exc:
             raise _PolicyFailed(str(exc), fault_of(exc)) from exc
         except Exception as exc:
             log.exception("policy inference failed for slots %s", need.tolist())

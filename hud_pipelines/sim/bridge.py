@@ -90,8 +90,6 @@ class GymBridge:
         self.slots = SlotBatch(num_envs)
         self._operator_args: dict[str, Any] = dict(build_args or {})
         """The build arguments the sim was started with: every connection starts from these."""
-        self._client_args: dict[str, Any] = {}
-        """What this connection's resets asked for on top of the operator's arguments."""
         self._build_args: dict[str, Any] = dict(self._operator_args)
         self.factory.split_task(self._build_args)  # refuse unknown build arguments before building
         self._envs: SlotEnvs | None = None
@@ -132,7 +130,6 @@ class GymBridge:
         episodes; its first reset rebuilds the env back to the operator's arguments if an earlier
         connection changed them.
         """
-        self._client_args = {}
         self.slots = SlotBatch(self.num_envs)
 
     def start(self) -> Contract:
@@ -226,8 +223,8 @@ class GymBridge:
         the next request (the server encodes them at once).
         """
         build_args, seeds, options = self._read_tasks(tasks)
-        self._ensure_build({**self._operator_args, **self._client_args, **build_args})
-        self._client_args.update(build_args)
+        # this reset's own arguments over the operator's: nothing an earlier reset asked for lingers
+        self._ensure_build({**self._operator_args, **build_args})
         envs = self._require_envs()
         self._refuse_shared_seed(envs, seeds)
         self.slots.begin(seeds)

@@ -279,3 +279,27 @@ def test_episode_ids_travel_with_their_rows_through_stacking() -> None:
     assert PolicyBatch.concat([named[0], rows([1.0])]).episodes is None, "ids only when every part has them"
     with pytest.raises(PolicyError, match="1 episode ids for 2 rows"):
         PolicyBatch(observation={"x": np.zeros((2, 1))}, prompts=["", ""], episodes=["a/1"])
+
+
+def test_a_forward_past_its_deadline_fails_its_callers_only_and_later_forwards_still_run() -> None:
+    import threading
+
+    from hud_pipelines.errors import PolicyTimeoutError
+
+    release = threading.Event()
+
+    class Stuck:
+        def infer(self, batch: PolicyBatch) -> np.ndarray:
+            if batch.prompts == ["stuck"]:
+                release.wait(60)
+            return np.zeros((batch.size, 1, 1), dtype=np.float32)
+
+    model = BatchedModel(Stuck(), expected_callers=2, forward_timeout_s=0.5, across_callers=False)
+    observation = {"state": np.zeros((1, 1), dtype=np.float32)}
+    try:
+        with pytest.raises(PolicyTimeoutError, match=r"forward_timeout_s=0\.5"):
+            model.infer(PolicyBatch(observation=observation, prompts=["stuck"]))
+        answered = model.infer(PolicyBatch(observation=observation, prompts=["fine"]))  # not queued behind it
+        assert answered.shape == (1, 1, 1)
+    finally:
+        release.set()

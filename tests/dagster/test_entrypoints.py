@@ -260,10 +260,13 @@ def test_cancelling_a_run_leaves_no_sim_behind(
         assert not sim_processes(label)
         printed = log.read_text()
         assert f"run interrupted by {signum.name} after 0 of 2 instance(s)" in printed, printed[-3000:]
-        assert "this run produced no graded rows" in printed
+        assert "this run: success rate n/a; scheduled 4 = succeeded 0 + failed 0 + errored 4" in printed
         outputs = EvalOutputs(outputs_dir, "cancelled")
-        assert outputs.report_md.is_file()  # written although interrupted
-        assert outputs.checks_json.is_file()
+        rows = json.loads(outputs.grades_json.read_text())
+        assert {(r["fault"], r["run_id"] != "") for r in rows} == {("interrupted", True)}
+        assert "(interrupted): the run was interrupted before instance" in outputs.report_md.read_text()
+        checks = {c["name"]: c["passed"] for c in json.loads(outputs.checks_json.read_text())}
+        assert checks["instances_completed"] is False
         staging = [p for p in outputs.base.rglob(".*") if p.is_dir()]
         assert not staging, staging
     finally:

@@ -47,3 +47,9 @@ class Sleepy:
         time.sleep(self.seconds)
         rows = next(iter(observation.values())).shape[0]
         return np.zeros((rows, 1), dtype=np.float32)
+
+
+def nan_for_seed_3(episode: dict[str, Any]) -> dict[str, Any]:
+    """A callable grader whose score is NaN for the episode of seed 3 (the return, success from 5, otherwise)."""
+    score = float("nan") if episode["seed"] == 3 else float(episode["total_reward"])
+    return {"score": score, "success": episode["total_reward"] >= 5}

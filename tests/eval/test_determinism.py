@@ -160,3 +160,15 @@ def test_diffusion_policy_gives_the_same_episodes_under_any_schedule(tmp_path: P
         _assert_identical(runs[0], other)
     actions = _frames(runs[0]).column("action").to_pylist()
     assert len({tuple(a) for a in actions}) > len(actions) // 2, "the noise differs from step to step and slot to slot"
+
+
+def test_a_task_never_inherits_build_arguments_from_the_task_before_it_on_a_reused_sim(tmp_path: Path) -> None:
+    policy = {"kind": "scripted", "target": "envs.controllers:CartPolePD"}
+    tasks = [{"name": "short", "seed": 0, "args": {"max_episode_steps": 5}}, {"name": "plain", "seed": 0}]
+    path = _pipeline(tmp_path, "tasked", policy, tasks=tasks, group=1)
+    steps = {}
+    for concurrent in (1, 2):  # one sim serves both tasks in turn, or each task its own sim
+        evaluation = _run(path, tmp_path / f"out{concurrent}", max_concurrent=concurrent, send_ahead=0)
+        steps[concurrent] = [(row.task, row.steps) for row in evaluation.rows]
+    assert steps[1] == steps[2]
+    assert {task: n for task, n in steps[1]} == {"short": 5, "plain": 40}

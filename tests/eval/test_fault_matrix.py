@@ -62,8 +62,24 @@ CASES = {
     "start-up/policy/every": Case(
         {},
         policy={"kind": "scripted", "target": "tests.eval.no_such_module:Policy"},
-        errored=dict.fromkeys(EVERY_SEED, Fault.POLICY_START),
+        errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
         reason="the policy could not be built",
+    ),
+    "start-up/grader/every": Case(
+        {},
+        errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
+        reason="nofile.py",
+        fields={"graders": [{"kind": "callable", "target": "nofile.py:grade"}]},
+    ),
+    "grade/nan-score/slot": Case(
+        {},
+        errored={ONE_SLOT: Fault.GRADER},
+        reason="not finite",
+        fields={
+            "graders": [
+                {"kind": "callable", "target": f"{Path(__file__).with_name('faulty_policies.py')}:nan_for_seed_3"}
+            ]
+        },
     ),
     "reset/raise/slot": Case(
         {"fault": "raise_reset", "fault_seed": ONE_SLOT},
@@ -131,9 +147,8 @@ CASES = {
         },
         errored={ONE_INSTANCE: Fault.POLICY_TIMEOUT, ONE_INSTANCE + 1: Fault.POLICY_TIMEOUT},
         reason="forward_timeout_s=2",
-        # one instance at a time: a forward past its deadline is abandoned, and every call queued
-        # behind it on the shared policy would time out too
-        fields={"agent": {"forward_timeout_s": 2}, "max_concurrent": 1},
+        # the other instance shares the policy: it must not wait behind the stuck forward
+        fields={"agent": {"forward_timeout_s": 2}},
     ),
 }
 
