@@ -62,17 +62,22 @@ def resolve_pipeline_file(pipeline: str, pipelines_dir: Path | None) -> Path:
             raise HudPipelinesError(f"pipeline file {candidate} does not exist")
         return candidate.resolve()
     from hud_pipelines.dagster.definitions import default_pipelines_dir
-    from hud_pipelines.spec.loader import collect_pipelines
+    from hud_pipelines.spec.loader import load_file, pipeline_files
 
     directory = (pipelines_dir or default_pipelines_dir()).resolve()
+    # by file name or by `name`: a broken file beside it must not stop the others from being found,
+    # and a name two files declare is refused (the Dagster code location keeps only the first)
+    loaded = [load_file(file) for file in pipeline_files(directory)] if directory.is_dir() else []
+    specs = [file.spec for file in loaded if file.spec is not None and not file.problems]
+    named = sorted(spec.source for spec in specs if spec.name == pipeline and spec.source is not None)
+    if len(named) > 1:
+        files = ", ".join(str(path.relative_to(directory)) for path in named)
+        raise HudPipelinesError(f"pipeline name {pipeline!r} is declared by {len(named)} files ({files}); rename one")
     for suffix in (".yaml", ".yml"):
         if (directory / f"{pipeline}{suffix}").is_file():
             return directory / f"{pipeline}{suffix}"
-    # by its `name`: a broken file beside it must not stop the others from being found
-    specs = collect_pipelines([directory])[0] if directory.is_dir() else []
-    for spec in specs:
-        if spec.name == pipeline and spec.source is not None:
-            return spec.source
+    if named:
+        return named[0]
     known = ", ".join(sorted(s.name for s in specs)) or "none"
     raise HudPipelinesError(f"no pipeline named {pipeline!r} in {directory} (known: {known})")
 

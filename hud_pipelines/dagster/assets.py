@@ -1,17 +1,19 @@
-"""One pipeline spec -> its Dagster assets, checks, job and resource.
+"""One pipeline spec -> its Dagster assets, checks and job (its four resources are bound by the caller).
 
 The graph, under the key prefix ``<name>``::
 
-    contract -> rollouts (one partition per task x instance) -> grades (+ blocking checks) -> dataset
-                                                             -> report
+    contract -> rollouts (one partition per task x instance) -> instances -> grades (+ checks) -> dataset
+                                                                          -> report
 
-- ``rollouts`` is partitioned with ``BackfillPolicy.single_run()``: one local run drives every
-  selected instance (``max_concurrent`` at a time) in one process and one step. As each instance
-  ends, an observation with its figures is logged for its partition. If some instances failed, the
-  others are materialized one by one and the step fails, so exactly the failed partitions show as
-  failed and can be re-run alone.
+- ``contract``, ``rollouts`` and ``instances`` come from one step (``<name>__eval``), with
+  ``BackfillPolicy.single_run()``: one local run drives every selected instance
+  (``max_concurrent`` at a time) in one process. As each instance ends, an observation with its
+  figures is logged for its partition, and the partition is materialized if the instance ran to its
+  end. A failed instance is data, not a failed step: its slots are errored rows, ``instances`` is
+  always materialized, and the built-in blocking check ``instances_completed`` fails the run, so
+  exactly the failed partitions show as failed and can be re-run alone.
 - ``grades`` and ``report`` read the latest result of every partition: a partition that never ran
-  shows its slots as errored, never as failed.
+  shows its slots as errored (``not_run``), never as failed.
 - the ``dataset`` sits behind ``grades`` so a failing blocking check stops it from being published;
   the ``report`` does not, so a failing eval still gets its report.
 

@@ -102,3 +102,13 @@ def test_a_pipeline_is_found_by_its_name_beside_a_broken_file(
     good.rename(renamed)  # looked up by its `name`, not its file name
     (pipelines_dir / "broken.yaml").write_text(BROKEN)
     assert resolve_pipeline_file("named", pipelines_dir) == renamed.resolve()
+
+
+def test_a_name_two_files_declare_is_refused_by_the_cli(write_pipeline: WritePipeline, pipelines_dir: Path) -> None:
+    from hud_pipelines.errors import HudPipelinesError
+    from hud_pipelines.runs import resolve_pipeline_file
+
+    first = write_pipeline("twice")
+    (pipelines_dir / "again.yaml").write_text(first.read_text())
+    with pytest.raises(HudPipelinesError, match=r"'twice' is declared by 2 files \(again.yaml, twice.yaml\)"):
+        resolve_pipeline_file("twice", pipelines_dir)

@@ -127,6 +127,14 @@ mutation Launch($params: ExecutionParams!) {
 }
 """
 RUN_STATUS = "query Status($runId: ID!) { runOrError(runId: $runId) { ... on Run { status } } }"
+RESOURCES = """
+query Resources($selector: RepositorySelector!) {
+  allTopLevelResourceDetailsOrError(repositorySelector: $selector) {
+    __typename
+    ... on ResourceDetailsList { results { name description configuredValues { key value } } }
+  }
+}
+"""
 
 
 def _graphql(port: int, query: str, variables: dict[str, object]) -> dict[str, Any]:
@@ -183,6 +191,17 @@ def test_the_webserver_serves_every_pipelines_assets_and_launches_a_run(
                 time.sleep(0.5)
         for name in ("shown_a", "shown_b"):
             assert {f"{name}/{asset}" for asset in ("contract", "rollouts", "grades", "report")} <= keys
+        # the UI's resources page: four resources per pipeline, described, configured from the YAML
+        listed = _graphql(
+            port,
+            RESOURCES,
+            {"selector": {"repositoryLocationName": "hud_pipelines.definitions", "repositoryName": "__repository__"}},
+        )["allTopLevelResourceDetailsOrError"]
+        resources = {r["name"]: r for r in listed["results"]}
+        for part in ("sim", "contract", "agent", "graders"):
+            assert resources[f"shown_a__{part}"]["description"]
+        configured = {v["key"]: v["value"] for v in resources["shown_a__sim"]["configuredValues"]}
+        assert configured["num_envs"] == "2"
         # launch a run the way the UI does, and wait for it
         launched = _graphql(
             port,
