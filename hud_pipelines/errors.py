@@ -1,4 +1,4 @@
-"""The exceptions hud-pipelines raises.
+"""The exceptions hud-pipelines raises, all of them here, and the faults an errored episode carries.
 
 One hierarchy so callers can catch ``HudPipelinesError`` at a boundary (the CLI, a Dagster asset) and
 still tell the cases apart where it matters: a bad input (contract, factory, task argument, action)
@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import signal
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hud_pipelines.wire.messages import Phase
 
 
 class HudPipelinesError(Exception):
@@ -221,3 +225,71 @@ def fault_of(exc: BaseException) -> Fault:
             return Fault.INTERRUPTED
         case _:
             return Fault.ENV
+
+
+class PolicyError(HudPipelinesError):
+    """A policy cannot be built, or its output does not fit the contract."""
+
+
+class GraderError(HudPipelinesError):
+    """A callable grader failed or returned something that is not a grade."""
+
+
+class EnvFault(HudPipelinesError):
+    """The env's own code raised; the affected episodes are already marked errored."""
+
+    def __init__(self, phase: Phase, message: str, *, slot: int | None, formatted: str) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.slot = slot
+        self.formatted = formatted
+
+
+class SimShuttingDown(HudPipelinesError):
+    """A sim touch was requested after the main thread stopped serving."""
+
+
+class DatasetWriteError(HudPipelinesError):
+    """A dataset writer failed; the episodes it had committed stay in its finalized part."""
+
+
+class EmptyDatasetError(DatasetWriteError):
+    """There is no episode to merge: nothing was recorded, or every episode was left out."""
+
+
+class EpisodeVideoError(HudPipelinesError):
+    """An episode's video could not be written whole."""
+
+
+class ChildPartError(HudPipelinesError):
+    """The child process writing a part failed or died; its traceback is in the message."""
+
+
+class ConfigurationError(HudPipelinesError):
+    """A run's resource configuration (a launchpad or run-config override) is not a valid pipeline section."""
+
+
+class DeploymentError(HudPipelinesError):
+    """The deployment file cannot be read or names something that is not a resource field."""
+
+
+class LinkError(HudPipelinesError):
+    """Base class of the link's own failures."""
+
+
+class LinkRefused(LinkError):
+    """The server answered the opening handshake with an HTTP status other than 101."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status} {body}".strip())
+        self.status = status
+        self.body = body
+
+
+class LinkClosed(LinkError):
+    """The connection is closed or broken; ``code`` is the peer's close code when it sent one."""
+
+    def __init__(self, message: str, code: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason

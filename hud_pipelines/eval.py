@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import Fault, HudPipelinesError, SimError, SimStartError, fault_of
-from hud_pipelines.graders import Grader, GraderError, build_graders
+from hud_pipelines.errors import Fault, GraderError, HudPipelinesError, SimError, SimStartError, fault_of
+from hud_pipelines.graders import Grader, build_graders
 from hud_pipelines.grading import GradeRow
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
 from hud_pipelines.simpool import LiveSim, SimPool, SimSettings
@@ -195,7 +195,7 @@ class EvalRunner:
     def run(self, partitions: Sequence[Partition]) -> list[InstanceResult]:
         """Run ``partitions`` (at most ``max_concurrent`` at once); one result per partition, in order."""
         from hud_pipelines.agent.batching import BatchedModel
-        from hud_pipelines.agent.policy import build_policy
+        from hud_pipelines.agent.factory import build_policy
 
         if not partitions:
             return []

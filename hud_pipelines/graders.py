@@ -16,13 +16,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import GraderError
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome
 from hud_pipelines.spec.models import CallableGrader, GraderSpec, ReturnGrader, SuccessGrader
-
-
-class GraderError(HudPipelinesError):
-    """A callable grader failed or returned something that is not a grade."""
 
 
 class Grader(Protocol):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hud_pipelines.errors import Fault
-from hud_pipelines.graders import GraderError, build_graders
+from hud_pipelines.errors import Fault, GraderError
+from hud_pipelines.graders import build_graders
 from hud_pipelines.grading import (
     GradeRow,
     Summary,

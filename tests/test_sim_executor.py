@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from hud_pipelines.sim.server import MainThreadExecutor, SimShuttingDown
+from hud_pipelines.errors import SimShuttingDown
+from hud_pipelines.sim.server import MainThreadExecutor
 
 
 def test_jobs_run_in_order_on_the_serving_thread_and_stop_returns() -> None:

@@ -13,15 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hud_pipelines.agent.batching import BatchedModel
-    from hud_pipelines.agent.policy import Policy, PolicyBatch, PolicyError, build_policy
+    from hud_pipelines.agent.factory import build_policy
+    from hud_pipelines.agent.policy import Policy, PolicyBatch
     from hud_pipelines.agent.runner import EpisodeKeys, RobotAgent, Sim
+    from hud_pipelines.errors import PolicyError
 
 _EXPORTS = {
     "BatchedModel": "hud_pipelines.agent.batching",
     "Policy": "hud_pipelines.agent.policy",
     "PolicyBatch": "hud_pipelines.agent.policy",
-    "PolicyError": "hud_pipelines.agent.policy",
-    "build_policy": "hud_pipelines.agent.policy",
+    "PolicyError": "hud_pipelines.errors",
+    "build_policy": "hud_pipelines.agent.factory",
     "EpisodeKeys": "hud_pipelines.agent.runner",
     "RobotAgent": "hud_pipelines.agent.runner",
     "Sim": "hud_pipelines.agent.runner",

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hud_pipelines.agent.config import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
-from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, lockstep, policy_horizon
-from hud_pipelines.errors import PolicyTimeoutError, RolloutTimeoutError, RunAborted
+from hud_pipelines.agent.policy import Actions, BasePolicy, Policy, PolicyBatch, as_base_policy
+from hud_pipelines.errors import PolicyError, PolicyTimeoutError, RolloutTimeoutError, RunAborted
 
 
 @dataclass
@@ -82,12 +82,12 @@ class BatchingStats:
     """Wall seconds spent inside the policy's forwards (stacking included), summed."""
 
 
-class BatchedModel:
+class BatchedModel(BasePolicy):
     """A thread-safe policy that coalesces concurrent ``infer`` calls into one forward."""
 
     def __init__(
         self,
-        policy: Policy,
+        policy: Policy | BasePolicy,
         *,
         max_wait_s: float = 0.005,
         batch_size: int | None = None,
@@ -106,7 +106,7 @@ class BatchedModel:
         self.forward_timeout_s = forward_timeout_s
         self.across_callers = across_callers
         """Stack concurrent callers into one forward (see the module docstring for the reproducible mode)."""
-        self.policy = policy
+        self.policy = as_base_policy(policy)
         self.max_wait_s = max_wait_s
         self.batch_size = batch_size
         self._expected = expected_callers
@@ -121,14 +121,13 @@ class BatchedModel:
         """The calls of the forward the worker is running now."""
         self._aborted: str | None = None
         self.stats = BatchingStats()
-        self.horizon = policy_horizon(policy)
-        history = getattr(policy, "observation_steps", 1)
-        self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
+        self.horizon = self.policy.horizon
+        self.observation_steps = self.policy.observation_steps
 
     @classmethod
     def from_config(
         cls,
-        policy: Policy,
+        policy: Policy | BasePolicy,
         batching: BatchingConfig,
         *,
         expected_callers: int = 1,
@@ -333,7 +332,7 @@ class BatchedModel:
         started = time.perf_counter()
         try:
             stacked = PolicyBatch.concat([c.batch for c in calls])
-            with lockstep(self.policy, idle_sims) if idle_sims else contextlib.nullcontext():
+            with self.policy.lockstep(idle_sims) if idle_sims else contextlib.nullcontext():
                 actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
             if actions.ndim not in (2, 3) or actions.shape[0] != rows:
                 raise PolicyError(

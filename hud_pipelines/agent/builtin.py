@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.agent.policy import Actions, Policy, PolicyBatch, PolicyError, as_chunks
+from hud_pipelines.agent.policy import Actions, BasePolicy, Policy, PolicyBatch, as_chunks
 from hud_pipelines.contract import Contract
+from hud_pipelines.errors import PolicyError
 from hud_pipelines.targets import load_target
 
 ObservationFn = Callable[[dict[str, npt.NDArray[Any]]], Any]
@@ -23,7 +24,7 @@ _UNNAMED = 2**32 - 1
 """Stream prefix of rows that name no episode (never a task index)."""
 
 
-class RandomPolicy:
+class RandomPolicy(BasePolicy):
     """Uniform actions within the contract's action bounds, one seeded stream per episode.
 
     Integer actions (discrete spaces) are drawn as integers in ``[low, high]``; a float dimension
@@ -62,7 +63,7 @@ class RandomPolicy:
         return np.where(bounded, uniform, normal).astype(np.float32)
 
 
-class ConstantPolicy:
+class ConstantPolicy(BasePolicy):
     """The same action for every slot and step (zeros when no value is given)."""
 
     def __init__(self, contract: Contract, value: list[float] | None = None) -> None:
@@ -80,7 +81,7 @@ class ConstantPolicy:
         return np.broadcast_to(self.row, (batch.size, 1, self.row.size)).copy()
 
 
-class FunctionPolicy:
+class FunctionPolicy(BasePolicy):
     """Adapts ``fn(observation_batch) -> [B, A] | [B, T, A]`` to the policy seam."""
 
     def __init__(self, fn: ObservationFn, contract: Contract, *, name: str | None = None) -> None:

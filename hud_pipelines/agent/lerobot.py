@@ -56,7 +56,7 @@ from lerobot.policies.factory import make_policy_config as _make_policy_config  
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
 from hud_pipelines.agent.config import LeRobotPolicyConfig
-from hud_pipelines.agent.policy import Actions, PolicyBatch, PolicyError, as_chunks
+from hud_pipelines.agent.policy import Actions, PolicyBatch, as_chunks
 from hud_pipelines.agent.torch_runtime import (
     AUTO,
     LockstepForwards,
@@ -68,6 +68,7 @@ from hud_pipelines.agent.torch_runtime import (
 )
 from hud_pipelines.contract import Contract, Feature
 from hud_pipelines.contract import FeatureType as ContractFeatureType
+from hud_pipelines.errors import PolicyError
 
 log = logging.getLogger(__name__)
 TASK = "task"

@@ -5,39 +5,39 @@ feature names) plus one prompt per row to a chunk of actions per row, ``[B, T, A
 contract order. Everything else (LeRobot's tensors, a torch module's inputs, a remote server's
 frames) is the business of the policy behind the seam.
 
-Two optional members refine the contract without widening it:
+:class:`BasePolicy` is that seam with its optional members spelled out, each with its default
+(openpi's ``BasePolicy`` idea): every built-in kind derives from it, and the agent reads the members
+directly, never by probing:
 
 - ``reset()``: called at the start of every run of episodes (stateful policies clear their state);
 - ``horizon``: how many actions of a chunk the policy wants executed before it is asked again
   (LeRobot's ``n_action_steps``); the agent's own ``horizon`` setting wins over it;
 - ``observation_steps``: how many past observations the policy reads (LeRobot's ``n_obs_steps``);
-  above one, the agent keeps each slot's last frames and passes ``[B, n, ...]`` arrays.
+  above one, the agent keeps each slot's last frames and passes ``[B, n, ...]`` arrays;
 - ``lockstep(idle_sims)``: a context manager :class:`~hud_pipelines.agent.batching.BatchedModel`
   enters around a forward that every sim waits on; torch-backed policies run that forward on the
-  idle sims' cores (``lockstep_threads``).
+  idle sims' cores (``lockstep_threads``);
+- ``last_forward_rows()``: the rows of the forward that served this thread's last call (larger
+  than the call under ``BatchedModel``, which stacks callers).
 
-:func:`build_policy` turns a ``kind``-discriminated :mod:`hud_pipelines.agent.config` model into a
-policy; torch and lerobot are imported only for the kinds that need them.
+A user's object with an ``infer`` (a scripted target) is any :class:`Policy`; :func:`as_base_policy`
+adapts it once, at that boundary, reading whichever optional members it has.
+:func:`hud_pipelines.agent.factory.build_policy` turns a ``kind``-discriminated config into a policy.
 """
 
 from __future__ import annotations
 
 import contextlib
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.contract import Contract
-from hud_pipelines.errors import HudPipelinesError
-
-if TYPE_CHECKING:
-    from hud_pipelines.agent.config import PolicyConfig
-    from hud_pipelines.agent.torch_runtime import LockstepThreads
+from hud_pipelines.errors import PolicyError
 
 Actions = npt.NDArray[np.float32]
 """``[B, T, A]`` action chunks in contract order."""
@@ -51,10 +51,6 @@ A stochastic policy seeds one generator per row from its own seed and the row's 
 how far that episode has come: never on which other rows share the forward, how many instances run at
 once or how the threads were timed. That is what makes an eval with a sampling policy bit-identical
 under any ``max_concurrent``, ``send_ahead`` or batch composition."""
-
-
-class PolicyError(HudPipelinesError):
-    """A policy cannot be built, or its output does not fit the contract."""
 
 
 @dataclass(frozen=True)
@@ -133,9 +129,64 @@ class PolicyBatch:
 
 @runtime_checkable
 class Policy(Protocol):
-    """Maps a batch of observations to ``[B, T, A]`` float32 action chunks."""
+    """Maps a batch of observations to ``[B, T, A]`` float32 action chunks (the least a user's policy has)."""
 
     def infer(self, batch: PolicyBatch) -> Actions: ...
+
+
+class BasePolicy(ABC):
+    """A policy with every optional member explicit (see the module docstring); override what differs."""
+
+    horizon: int | None = None
+    observation_steps: int = 1
+
+    @abstractmethod
+    def infer(self, batch: PolicyBatch) -> Actions:
+        """``[B, T, A]`` float32 action chunks for the ``B`` rows of ``batch``."""
+
+    def reset(self) -> None:  # noqa: B027 - optional, with a default that does nothing
+        """Clear per-episode state at the start of a run of episodes (nothing by default)."""
+
+    def lockstep(self, idle_sims: int) -> AbstractContextManager[object]:
+        """A context around a forward every sim waits on (nothing by default)."""
+        return contextlib.nullcontext()
+
+    def last_forward_rows(self) -> int | None:
+        """Rows of the forward that served this thread's last call, when that differs from the call's."""
+        return None
+
+
+class _UserPolicy(BasePolicy):
+    """A user's policy object seen through :class:`BasePolicy`: its optional members, read once."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.horizon = _positive_int(getattr(policy, "horizon", None))
+        self.observation_steps = _positive_int(getattr(policy, "observation_steps", None)) or 1
+        reset, lockstep = getattr(policy, "reset", None), getattr(policy, "lockstep", None)
+        self._reset = reset if callable(reset) else None
+        self._lockstep = lockstep if callable(lockstep) else None
+
+    def infer(self, batch: PolicyBatch) -> Actions:
+        return self.policy.infer(batch)
+
+    def reset(self) -> None:
+        if self._reset is not None:
+            self._reset()
+
+    def lockstep(self, idle_sims: int) -> AbstractContextManager[object]:
+        if self._lockstep is None:
+            return contextlib.nullcontext()
+        return cast(AbstractContextManager[object], self._lockstep(idle_sims))
+
+
+def as_base_policy(policy: Policy | BasePolicy) -> BasePolicy:
+    """``policy`` itself when it is a :class:`BasePolicy`, else the adapter for a user's object."""
+    return policy if isinstance(policy, BasePolicy) else _UserPolicy(policy)
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions:
@@ -154,75 +205,6 @@ def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions
         f"{source} returned actions of shape {list(array.shape)}; "
         f"expected [B={rows}, T, A={width}] or [B={rows}, A={width}]"
     )
-
-
-def policy_horizon(policy: object) -> int | None:
-    """The ``horizon`` a policy asks for, if it declares one."""
-    value = getattr(policy, "horizon", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
-
-
-def reset_policy(policy: object) -> None:
-    """Call ``policy.reset()`` when the policy has one."""
-    reset = getattr(policy, "reset", None)
-    if callable(reset):
-        reset()
-
-
-def lockstep(policy: object, idle_sims: int) -> AbstractContextManager[object]:
-    """``policy.lockstep(idle_sims)`` when the policy has one, else a context that does nothing."""
-    enter = getattr(policy, "lockstep", None)
-    if callable(enter):
-        return cast(AbstractContextManager[object], enter(idle_sims))
-    return contextlib.nullcontext()
-
-
-def build_policy(
-    config: PolicyConfig,
-    contract: Contract,
-    *,
-    base_dir: Path,
-    torch_threads: int | None = 1,
-    lockstep_threads: LockstepThreads = "auto",
-) -> Policy:
-    """Build the policy a ``kind``-discriminated config names.
-
-    ``base_dir`` resolves relative paths (checkpoints, pretrained folders, ``file.py:callable``
-    targets) against the directory of the YAML that declared them. ``torch_threads`` applies to the
-    torch-backed kinds (1 keeps latency stable while sims share the cores; ``None`` keeps torch's
-    default); ``lockstep_threads`` to their forwards that every sim waits on.
-    """
-    from hud_pipelines.agent import config as cfg
-
-    match config:
-        case cfg.RandomPolicyConfig():
-            from hud_pipelines.agent.builtin import RandomPolicy
-
-            return RandomPolicy(contract, seed=config.seed, chunk_size=config.chunk_size)
-        case cfg.ConstantPolicyConfig():
-            from hud_pipelines.agent.builtin import ConstantPolicy
-
-            return ConstantPolicy(contract, config.value)
-        case cfg.ScriptedPolicyConfig():
-            from hud_pipelines.agent.builtin import scripted_policy
-
-            return scripted_policy(config.target, contract, args=config.args, base_dir=base_dir)
-        case cfg.TorchPolicyConfig():
-            from hud_pipelines.agent.torch_policy import TorchModulePolicy
-
-            return TorchModulePolicy.from_config(
-                config, contract, base_dir=base_dir, torch_threads=torch_threads, lockstep_threads=lockstep_threads
-            )
-        case cfg.LeRobotPolicyConfig():
-            from hud_pipelines.agent.lerobot import LeRobotPolicy
-
-            return LeRobotPolicy.from_config(
-                config, contract, base_dir=base_dir, torch_threads=torch_threads, lockstep_threads=lockstep_threads
-            )
-        case cfg.RemotePolicyConfig():
-            from hud_pipelines.agent.remote import RemotePolicy
-
-            return RemotePolicy.from_config(config, contract)
 
 
 def observation_row(observation: Mapping[str, npt.NDArray[Any]], row: int) -> dict[str, npt.NDArray[Any]]:

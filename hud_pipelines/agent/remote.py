@@ -28,16 +28,16 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from websockets.sync.client import ClientConnection, connect
 
 from hud_pipelines.agent.config import RemotePolicyConfig
-from hud_pipelines.agent.policy import Actions, PolicyBatch, PolicyError, as_chunks
+from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chunks
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import WireError
+from hud_pipelines.errors import PolicyError, WireError
 from hud_pipelines.wire.codec import check_dtype, decode_array
 
 NDARRAY = b"__ndarray__"
 NPGENERIC = b"__npgeneric__"
 
 
-class RemotePolicy:
+class RemotePolicy(BasePolicy):
     """Sends observations to a policy server and returns its action chunks."""
 
     def __init__(

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.agent.config import DEFAULT_SEND_AHEAD
-from hud_pipelines.agent.policy import Policy, PolicyBatch, as_chunks, policy_horizon, reset_policy
+from hud_pipelines.agent.policy import BasePolicy, Policy, PolicyBatch, as_base_policy, as_chunks
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
     Fault,
@@ -165,7 +165,7 @@ class RobotAgent:
 
     def __init__(
         self,
-        policy: Policy,
+        policy: Policy | BasePolicy,
         contract: Contract,
         *,
         horizon: int | None = None,
@@ -177,16 +177,15 @@ class RobotAgent:
             raise ValueError(f"horizon must be >= 1, got {horizon}")
         if send_ahead < 0:
             raise ValueError(f"send_ahead must be >= 0, got {send_ahead}")
-        self.policy = policy
+        self.policy = as_base_policy(policy)
         self.contract = contract
-        self.horizon = horizon if horizon is not None else policy_horizon(policy)
+        self.horizon = horizon if horizon is not None else self.policy.horizon
         self.adapt_chunk = adapt_chunk
         self.adapt_action = adapt_action
         self.send_ahead = send_ahead
         """Steps a served sim may be sent ahead of the observation (see the module docstring)."""
         self.width = contract.action.size
-        history = getattr(policy, "observation_steps", 1)
-        self.observation_steps: int = history if isinstance(history, int) and history > 1 else 1
+        self.observation_steps = self.policy.observation_steps
         self.last_run = RunStats()
         self._episodes: dict[tuple[str, int, int], int] = {}
 
@@ -247,11 +246,10 @@ def _seed(task: dict[str, Any]) -> int | None:
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
-def forward_rows(policy: object, rows: int) -> int:
+def forward_rows(policy: BasePolicy, rows: int) -> int:
     """Rows of the forward that served the last call from this thread (larger under ``BatchedModel``)."""
-    probe = getattr(policy, "last_forward_rows", None)
-    value = probe() if callable(probe) else None
-    return value if isinstance(value, int) and value >= rows else rows
+    value = policy.last_forward_rows()
+    return value if value is not None and value >= rows else rows
 
 
 class _Run:
@@ -316,7 +314,7 @@ class _Run:
         for slot in np.flatnonzero(~slots.running):
             if slots.outcomes[slot] is None:
                 self._end(int(slot), _errored(f"slot is {observation.status[slot]} after reset", 0, 0.0, Fault.ENV))
-        reset_policy(self.agent.policy)
+        self.agent.policy.reset()
         if self.agent.observation_steps > 1:
             self._start_history(observation)
         self._report_ends()

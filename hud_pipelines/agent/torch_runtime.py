@@ -30,7 +30,8 @@ from typing import Literal
 
 import torch
 
-from hud_pipelines.agent.policy import PolicyBatch, PolicyError
+from hud_pipelines.agent.policy import BasePolicy, PolicyBatch
+from hud_pipelines.errors import PolicyError
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -85,7 +86,7 @@ def lockstep_forward(setting: LockstepThreads, idle_sims: int) -> Generator[None
         torch.set_num_threads(current)
 
 
-class LockstepForwards:
+class LockstepForwards(BasePolicy):
     """The ``lockstep`` member the torch-backed policies share (see the module docstring)."""
 
     lockstep_threads: LockstepThreads = AUTO

@@ -27,7 +27,7 @@ import dagster as dg
 from ruamel.yaml import YAML
 
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import DeploymentError
 
 DEPLOYMENT_ENV = "HUD_PIPELINES_DEPLOYMENT"
 EVERY_PIPELINE = "*"
@@ -35,10 +35,6 @@ PARTS = (SIM, CONTRACT, AGENT, GRADERS)
 
 Deployment = dict[str, dict[str, dict[str, Any]]]
 """pipeline (or ``*``) -> resource part -> fields."""
-
-
-class DeploymentError(HudPipelinesError):
-    """The deployment file cannot be read or names something that is not a resource field."""
 
 
 def load_deployment(path: Path | None = None) -> Deployment:

@@ -28,14 +28,10 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.dataset.image_stats import Stats, episode_image_stats
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import EpisodeVideoError
 
 if TYPE_CHECKING:
     from lerobot.configs import RGBEncoderConfig
-
-
-class EpisodeVideoError(HudPipelinesError):
-    """An episode's video could not be written whole."""
 
 
 class EpisodeVideoEncoder:

@@ -32,17 +32,13 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
-from hud_pipelines.dataset.writer import DatasetWriteError
+from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
 
 logger = logging.getLogger(__name__)
 
 RENUMBERED_COLUMNS = ("index", "episode_index", "task_index")
 """Columns whose values merging changes (offset or relabelled); all others keep their values."""
 _QUIET_LOCK = threading.Lock()
-
-
-class EmptyDatasetError(DatasetWriteError):
-    """There is no episode to merge: nothing was recorded, or every episode was left out."""
 
 
 @dataclass(frozen=True)

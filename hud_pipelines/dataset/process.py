@@ -25,15 +25,11 @@ from typing import Any
 from hud_pipelines.dataset.features import DatasetLayout
 from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.part import FinishedEpisode, PartWriter
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import ChildPartError
 
 _START_TIMEOUT_S = 300.0
 _POLL_S = 0.25
 """Spawning a child and importing lerobot takes ~11 s on an idle machine, far longer on a busy one."""
-
-
-class ChildPartError(HudPipelinesError):
-    """The child process writing a part failed or died; its traceback is in the message."""
 
 
 def _child_main(connection: Connection, path: Path, options: DatasetOptions, repo_id: str) -> None:

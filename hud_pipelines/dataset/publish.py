@@ -47,7 +47,8 @@ from hud_pipelines.dataset.cancel import sigterm_interrupts
 from hud_pipelines.dataset.merge import MergeResult, find_parts, merge_parts
 from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.part import INFO_FILE
-from hud_pipelines.dataset.writer import DatasetWriteError, LeRobotDatasetSink, SinkReport, default_repo_id
+from hud_pipelines.dataset.writer import LeRobotDatasetSink, SinkReport, default_repo_id
+from hud_pipelines.errors import DatasetWriteError
 
 logger = logging.getLogger(__name__)
 

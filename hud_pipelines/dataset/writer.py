@@ -45,16 +45,12 @@ from hud_pipelines.dataset.features import DatasetLayout, FrameDict, lerobot_key
 from hud_pipelines.dataset.options import DatasetOptions, WriterKind
 from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, Part, PartWriter
 from hud_pipelines.dataset.process import ProcessPart
-from hud_pipelines.errors import HudPipelinesError, SlotStateError
+from hud_pipelines.errors import DatasetWriteError, SlotStateError
 from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.5
-
-
-class DatasetWriteError(HudPipelinesError):
-    """A dataset writer failed; the episodes it had committed stay in its finalized part."""
 
 
 @dataclass

@@ -43,7 +43,7 @@ from hud_pipelines.contract import (
     merge_contract,
     resolve_contract,
 )
-from hud_pipelines.errors import HudPipelinesError, TaskArgumentError
+from hud_pipelines.errors import EnvFault, HudPipelinesError, TaskArgumentError
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
 from hud_pipelines.sim.factory import VECTORIZATION_MODE, Factory, FactoryKind, resolve_factory
@@ -51,16 +51,6 @@ from hud_pipelines.sim.slots import SlotBatch
 from hud_pipelines.wire.messages import Observation, Phase, SlotError
 
 log = logging.getLogger(__name__)
-
-
-class EnvFault(HudPipelinesError):
-    """The env's own code raised; the affected episodes are already marked errored."""
-
-    def __init__(self, phase: Phase, message: str, *, slot: int | None, formatted: str) -> None:
-        super().__init__(message)
-        self.phase = phase
-        self.slot = slot
-        self.formatted = formatted
 
 
 class GymBridge:

@@ -33,6 +33,9 @@ import numpy as np
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
+    LinkClosed,
+    LinkError,
+    LinkRefused,
     RemoteError,
     SimCrashedError,
     SimError,
@@ -40,7 +43,7 @@ from hud_pipelines.errors import (
     SimTimeoutError,
     WireError,
 )
-from hud_pipelines.sim.link import LinkClosed, LinkError, LinkRefused, WebSocketLink
+from hud_pipelines.sim.link import WebSocketLink
 from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import (
     DEFAULT_MAX_FRAME_BYTES,

@@ -27,29 +27,9 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+from hud_pipelines.errors import LinkClosed, LinkError, LinkRefused
+
 RECV_CHUNK_BYTES = 1 << 20
-
-
-class LinkError(Exception):
-    """Base class of the link's own failures."""
-
-
-class LinkRefused(LinkError):
-    """The server answered the opening handshake with an HTTP status other than 101."""
-
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status} {body}".strip())
-        self.status = status
-        self.body = body
-
-
-class LinkClosed(LinkError):
-    """The connection is closed or broken; ``code`` is the peer's close code when it sent one."""
-
-    def __init__(self, message: str, code: int | None = None, reason: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
 
 
 class WebSocketLink:

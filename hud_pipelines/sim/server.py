@@ -42,7 +42,7 @@ from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 from websockets.protocol import State
 
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import SimShuttingDown
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.session import SERVER_NAME, CloseCode, Session
 from hud_pipelines.wire.codec import packb
@@ -62,10 +62,6 @@ TCP_KEEPALIVE_S = (10, 5, 3)
 """Idle seconds before the first probe, seconds between probes, probes before the peer is declared gone."""
 
 __all__ = ["SERVER_NAME", "MainThreadExecutor", "SimServer", "SimShuttingDown"]
-
-
-class SimShuttingDown(HudPipelinesError):
-    """A sim touch was requested after the main thread stopped serving."""
 
 
 class MainThreadExecutor:

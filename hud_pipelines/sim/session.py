@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from hud_pipelines.errors import HudPipelinesError, WireError
-from hud_pipelines.sim.bridge import EnvFault, GymBridge
+from hud_pipelines.errors import EnvFault, HudPipelinesError, WireError
+from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.wire.codec import packb, peek_seq, unpackb
 from hud_pipelines.wire.messages import (
     PROTOCOL_VERSION,

@@ -41,7 +41,7 @@ from hud_pipelines.agent.config import (
     TorchPolicyConfig,
 )
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec, WriterKind
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import ConfigurationError
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.strict import Float, Int, StrictModel
 
@@ -606,10 +606,6 @@ class PipelineSpec(StrictModel):
             mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=CREDENTIALS
         )
         return _hash(dumped)
-
-
-class ConfigurationError(HudPipelinesError):
-    """A run's resource configuration (a launchpad or run-config override) is not a valid pipeline section."""
 
 
 _MISSING = object()

@@ -18,8 +18,9 @@ import pytest
 
 from hud_pipelines.agent.batching import BatchedModel
 from hud_pipelines.agent.builtin import scripted_policy
-from hud_pipelines.agent.policy import PolicyBatch, PolicyError
+from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.runner import RobotAgent
+from hud_pipelines.errors import PolicyError
 from hud_pipelines.recording import EpisodeOutcome, EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 

@@ -17,8 +17,10 @@ from hud_pipelines.agent.config import (
     RandomPolicyConfig,
     ScriptedPolicyConfig,
 )
-from hud_pipelines.agent.policy import PolicyBatch, PolicyError, as_chunks, build_policy, policy_horizon
+from hud_pipelines.agent.factory import build_policy
+from hud_pipelines.agent.policy import PolicyBatch, as_chunks
 from hud_pipelines.contract import Contract, Feature
+from hud_pipelines.errors import PolicyError
 from hud_pipelines.sim.bridge import GymBridge
 
 
@@ -165,7 +167,7 @@ def test_build_policy_dispatches_on_kind() -> None:
     agent = AgentConfig.model_validate({"policy": {"kind": "random", "chunk_size": 4}, "horizon": 2})
     assert isinstance(agent.policy, RandomPolicyConfig)
     assert agent.batching.max_wait_ms == 5.0
-    assert policy_horizon(FunctionPolicy(lambda obs: obs, contract)) is None
+    assert FunctionPolicy(lambda obs: obs, contract).horizon is None
 
 
 def test_the_loop_traces_and_wrap_do_not_import_torch_or_lerobot() -> None:

@@ -12,7 +12,8 @@ from envs.controllers import CARTPOLE_SUCCESS_STEPS
 from envs.policies import CartPoleTorchPD, LinearChunkPolicy
 from hud_pipelines.agent.batching import BatchedModel
 from hud_pipelines.agent.config import AgentConfig, TorchPolicyConfig
-from hud_pipelines.agent.policy import PolicyBatch, PolicyError, build_policy
+from hud_pipelines.agent.factory import build_policy
+from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.agent.torch_policy import TorchModulePolicy
 from hud_pipelines.agent.torch_runtime import (
@@ -23,6 +24,7 @@ from hud_pipelines.agent.torch_runtime import (
     resolve_device,
     to_tensor,
 )
+from hud_pipelines.errors import PolicyError
 from hud_pipelines.sim.bridge import GymBridge
 
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hud_pipelines.contract import Contract, Feature, FeatureType
-from hud_pipelines.dataset.episode_video import EpisodeVideoEncoder, EpisodeVideoError
+from hud_pipelines.dataset.episode_video import EpisodeVideoEncoder
 from hud_pipelines.dataset.features import DatasetLayout
 from hud_pipelines.dataset.image_stats import episode_image_stats
 from hud_pipelines.dataset.lerobot_hooks import (
@@ -29,7 +29,8 @@ from hud_pipelines.dataset.lerobot_hooks import (
 )
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.dataset.part import PART_PREFIX
-from hud_pipelines.dataset.writer import DatasetWriteError, LeRobotDatasetSink
+from hud_pipelines.dataset.writer import LeRobotDatasetSink
+from hud_pipelines.errors import DatasetWriteError, EpisodeVideoError
 from hud_pipelines.recording import EpisodeStatus, Frame
 from tests.dataset.support import key, load, outcome
 

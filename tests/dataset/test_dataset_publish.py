@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from hud_pipelines.dataset.merge import EmptyDatasetError, find_parts, read_episode_records
+from hud_pipelines.dataset.merge import find_parts, read_episode_records
 from hud_pipelines.dataset.options import DatasetOptions, WriterKind
 from hud_pipelines.dataset.publish import OWNER_FILE, DatasetBuild, publish_shards, swap_in
-from hud_pipelines.dataset.writer import DatasetWriteError, LeRobotDatasetSink
+from hud_pipelines.dataset.writer import LeRobotDatasetSink
+from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import SPEC, check_episodes, load, write_episodes
 
