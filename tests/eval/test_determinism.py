@@ -172,3 +172,30 @@ def test_a_task_never_inherits_build_arguments_from_the_task_before_it_on_a_reus
         steps[concurrent] = [(row.task, row.steps) for row in evaluation.rows]
     assert steps[1] == steps[2]
     assert {task: n for task, n in steps[1]} == {"short": 5, "plain": 40}
+
+
+@pytest.mark.slow
+def test_camera_frames_decode_the_same_under_any_schedule(tmp_path: Path) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    camera = f"{REPO / 'envs' / 'camera_pendulum.py'}:camera_pendulum"
+    path = _pipeline(
+        tmp_path,
+        "filmed",
+        {"kind": "random", "seed": 9},
+        sim={"factory": camera, "num_envs": 2, "args": {"max_episode_steps": 15}},
+        group=2,
+        max_steps=15,
+        graders=[{"kind": "return"}],
+        dataset={"repo_id": "local/filmed", "video": True},
+    )
+    decoded = []
+    for i, (concurrent, ahead) in enumerate([(1, 0), (2, 8)]):
+        run = _run(path, tmp_path / f"out{i}", max_concurrent=concurrent, send_ahead=ahead)
+        assert run.dataset is not None
+        dataset = LeRobotDataset("local/filmed", root=run.dataset.path)
+        key = next(k for k in dataset.meta.video_keys)
+        decoded.append([dataset[index][key] for index in range(dataset.num_frames)])
+    assert len(decoded[0]) == len(decoded[1]) == 4 * 15
+    for first, other in zip(*decoded, strict=True):
+        assert first.equal(other)
