@@ -43,6 +43,12 @@ def _run(args: argparse.Namespace) -> int:
     )
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from hud_pipelines.comparison import run_compare
+
+    return run_compare(args)
+
+
 def _contract(args: argparse.Namespace) -> int:
     from hud_pipelines.runs import write_contract
 
@@ -83,6 +89,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="where to write it (default: the pipeline's sim.contract)"
     )
     contract.set_defaults(handler=_contract)
+
+    paired = commands.add_parser(
+        "compare", help="compare two result sets on their paired episodes (McNemar, bootstrap, a verdict)"
+    )
+    paired.add_argument("candidate", help="a grades.json, an outputs/<name> directory, or a pipeline name")
+    paired.add_argument("baseline", help="the same for the baseline")
+    paired.add_argument(
+        "--outputs",
+        type=Path,
+        default=None,
+        help="outputs root for names (default $HUD_PIPELINES_OUTPUTS or ./outputs)",
+    )
+    paired.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    paired.add_argument(
+        "--min-effect", type=float, default=0.1, help="success difference to size the sample for (default 0.1)"
+    )
+    paired.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    paired.add_argument(
+        "--fail-if-worse", action="store_true", help="exit 1 when the candidate is significantly worse (a CI gate)"
+    )
+    paired.set_defaults(handler=_compare)
 
     serve = commands.add_parser("serve", help="serve a sim over the wire (prints one JSON ready line)")
     add_serve_arguments(serve)

@@ -1,0 +1,270 @@
+"""Paired comparison of two result sets on the same episodes: is the candidate better, worse, or can't we tell?
+
+Two evals of the same pipeline (two checkpoints, a change and its baseline) run exactly the same
+(task, instance, slot, seed) episodes, so their outcomes pair up episode by episode. Pairing is what
+makes small evals informative: an episode both solve or both miss says nothing about the difference;
+only the *discordant* pairs do. The statistics here are the standard ones for that design:
+
+- success: McNemar's exact test (a two-sided binomial test on the discordant pairs), the paired
+  difference in success rate with a percentile interval from a paired bootstrap, and the number of
+  paired episodes a difference of ``min_effect`` would need to be detected at 80% power (Connor's
+  formula for McNemar's test, with the discordance observed here);
+- score: the mean paired difference with a paired-bootstrap interval, and its two-sided p-value
+  from the same bootstrap (the share of resampled means on the other side of zero, doubled).
+
+Errored episodes carry no answer, so a pair where either side errored is left out (and counted).
+The bootstrap draws from a fixed seed: the same inputs always give the same interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, cast
+
+import numpy as np
+
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.grading import GradeRow
+from hud_pipelines.recording import EpisodeStatus
+
+BOOTSTRAP_SAMPLES = 4000
+BOOTSTRAP_SEED = 20261201
+Z_80_POWER = NormalDist().inv_cdf(0.8)
+"""The standard normal quantile for 80% power."""
+
+EpisodeId = tuple[str, int, int, int | None]
+"""How two result sets pair up: ``(task, instance, slot, seed)``."""
+
+
+class Verdict(StrEnum):
+    BETTER = "better"
+    WORSE = "worse"
+    NO_DIFFERENCE = "no detectable difference"
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """The candidate against the baseline on their paired episodes."""
+
+    pairs: int
+    """Episodes both sides answered (neither errored)."""
+    unpaired: int
+    """Episodes only one side has, or that errored on either side (left out)."""
+    both_succeeded: int
+    only_candidate: int
+    """Pairs the candidate solved and the baseline did not."""
+    only_baseline: int
+    neither: int
+    success_difference: float | None
+    """Candidate success rate minus the baseline's, over the pairs."""
+    success_interval: tuple[float, float] | None
+    mcnemar_p: float | None
+    score_difference: float | None
+    score_interval: tuple[float, float] | None
+    score_p: float | None
+    verdict: Verdict
+    episodes_needed: int | None
+    """Paired episodes that a success difference of ``min_effect`` would need for 80% power."""
+    min_effect: float
+    alpha: float
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = self.verdict.value
+        return data
+
+
+def pair_rows(
+    candidate: Sequence[GradeRow], baseline: Sequence[GradeRow]
+) -> tuple[list[tuple[GradeRow, GradeRow]], int]:
+    """The answered episodes both sides share, in a stable order, and how many were left out."""
+    theirs = {_episode(row): row for row in baseline}
+    mine = {_episode(row): row for row in candidate}
+    shared = sorted(set(mine) & set(theirs), key=_sort_key)
+    pairs = [
+        (mine[key], theirs[key])
+        for key in shared
+        if mine[key].status is not EpisodeStatus.ERRORED and theirs[key].status is not EpisodeStatus.ERRORED
+    ]
+    left_out = len(set(mine) | set(theirs)) - len(pairs)
+    return pairs, left_out
+
+
+def compare(
+    candidate: Sequence[GradeRow],
+    baseline: Sequence[GradeRow],
+    *,
+    alpha: float = 0.05,
+    min_effect: float = 0.1,
+) -> PairedComparison:
+    """Compare ``candidate`` with ``baseline`` on the episodes they share (see the module docstring)."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not 0 < min_effect <= 1:
+        raise ValueError(f"min_effect must be in (0, 1], got {min_effect}")
+    pairs, left_out = pair_rows(candidate, baseline)
+    mine = np.array([a.success for a, _ in pairs], dtype=np.bool_)
+    theirs = np.array([b.success for _, b in pairs], dtype=np.bool_)
+    only_candidate = int((mine & ~theirs).sum())
+    only_baseline = int((~mine & theirs).sum())
+    both = int((mine & theirs).sum())
+    n = len(pairs)
+    if n == 0:
+        return PairedComparison(
+            0, left_out, 0, 0, 0, 0, None, None, None, None, None, None, Verdict.NO_DIFFERENCE, None, min_effect, alpha
+        )
+    scores = np.array([a.score - b.score for a, b in pairs], dtype=np.float64)
+    success_diff = (only_candidate - only_baseline) / n
+    p_success = mcnemar_exact(only_candidate, only_baseline)
+    success_ci, (score_ci, score_p) = _bootstrap(mine.astype(np.float64) - theirs.astype(np.float64), scores, alpha)
+    verdict = Verdict.NO_DIFFERENCE
+    if p_success < alpha:
+        verdict = Verdict.BETTER if success_diff > 0 else Verdict.WORSE
+    return PairedComparison(
+        pairs=n,
+        unpaired=left_out,
+        both_succeeded=both,
+        only_candidate=only_candidate,
+        only_baseline=only_baseline,
+        neither=n - both - only_candidate - only_baseline,
+        success_difference=success_diff,
+        success_interval=success_ci,
+        mcnemar_p=p_success,
+        score_difference=float(scores.mean()),
+        score_interval=score_ci,
+        score_p=score_p,
+        verdict=verdict,
+        episodes_needed=mcnemar_sample_size((only_candidate + only_baseline) / n, min_effect, alpha),
+        min_effect=min_effect,
+        alpha=alpha,
+    )
+
+
+def mcnemar_exact(only_candidate: int, only_baseline: int) -> float:
+    """Two-sided exact McNemar p-value: a binomial test of the discordant pairs against one half."""
+    discordant = only_candidate + only_baseline
+    if discordant == 0:
+        return 1.0
+    fewer = min(only_candidate, only_baseline)
+    tail = sum(math.comb(discordant, k) for k in range(fewer + 1)) / 2**discordant
+    return min(1.0, 2 * tail)
+
+
+def mcnemar_sample_size(discordance: float, effect: float, alpha: float, *, power_z: float = Z_80_POWER) -> int:
+    """Paired episodes needed to detect a success difference ``effect`` (Connor, 1987).
+
+    ``discordance`` is the expected share of discordant pairs; it is at least ``effect`` (a difference
+    needs that many discordant pairs) and is taken as such when the data show less.
+    """
+    psi = max(discordance, effect)
+    z_alpha = NormalDist().inv_cdf(1 - alpha / 2)
+    needed = (z_alpha * math.sqrt(psi) + power_z * math.sqrt(psi - effect**2)) ** 2 / effect**2
+    return math.ceil(needed)
+
+
+def _bootstrap(
+    success: np.ndarray[Any, np.dtype[np.float64]], scores: np.ndarray[Any, np.dtype[np.float64]], alpha: float
+) -> tuple[tuple[float, float], tuple[tuple[float, float], float]]:
+    """Percentile intervals of the paired mean differences, resampling pairs, and the score's p-value."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    picks = rng.integers(0, success.size, size=(BOOTSTRAP_SAMPLES, success.size))
+    success_means = success[picks].mean(axis=1)
+    score_means = scores[picks].mean(axis=1)
+    low, high = _percentiles(success_means, alpha)
+    score_low, score_high = _percentiles(score_means, alpha)
+    if np.all(scores == scores[0]):
+        score_p = 1.0 if scores[0] == 0 else 0.0
+    else:
+        other_side = (score_means <= 0).mean() if scores.mean() > 0 else (score_means >= 0).mean()
+        score_p = float(min(1.0, 2 * other_side))
+    return (low, high), ((score_low, score_high), score_p)
+
+
+def _percentiles(values: np.ndarray[Any, np.dtype[np.float64]], alpha: float) -> tuple[float, float]:
+    ordered = np.sort(values)
+    low = float(ordered[math.floor(alpha / 2 * (ordered.size - 1))])
+    high = float(ordered[math.ceil((1 - alpha / 2) * (ordered.size - 1))])
+    return low, high
+
+
+def _episode(row: GradeRow) -> EpisodeId:
+    return (row.task, row.instance, row.slot, row.seed)
+
+
+def _sort_key(key: EpisodeId) -> tuple[str, int, int, int]:
+    task, instance, slot, seed = key
+    return (task, instance, slot, -1 if seed is None else seed)
+
+
+# -- the command ----------------------------------------------------------------------------------------
+
+
+def read_result_set(where: str, *, outputs_root: Path | None = None) -> list[GradeRow]:
+    """Grade rows from a ``grades.json``, a directory holding one, or a pipeline name under the outputs root."""
+    from hud_pipelines.outputs import EvalOutputs, default_outputs_root
+
+    path = Path(where)
+    if path.is_dir():
+        path = path / "grades.json"
+    elif not path.exists():
+        path = EvalOutputs((outputs_root or default_outputs_root()).resolve(), where).grades_json
+    if not path.is_file():
+        raise HudPipelinesError(
+            f"no grades at {path} (give a grades.json, an outputs/<name> folder or a pipeline name)"
+        )
+    try:
+        loaded: object = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HudPipelinesError(f"{path}: not a grades file ({exc})") from exc
+    if not isinstance(loaded, list):
+        raise HudPipelinesError(f"{path}: expected a list of grade rows")
+    return [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """``hud-pipelines compare CANDIDATE BASELINE``: the comparison, and exit 1 with ``--fail-if-worse``."""
+    outputs: Path | None = args.outputs
+    result = compare(
+        read_result_set(args.candidate, outputs_root=outputs),
+        read_result_set(args.baseline, outputs_root=outputs),
+        alpha=args.alpha,
+        min_effect=args.min_effect,
+    )
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1))
+    else:
+        print(describe(result, args.candidate, args.baseline))
+    return 1 if args.fail_if_worse and result.verdict is Verdict.WORSE else 0
+
+
+def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
+    """The comparison in a few lines for a terminal."""
+    if result.pairs == 0:
+        return f"{candidate} vs {baseline}: no paired episodes ({result.unpaired} left out)"
+    low, high = result.success_interval or (math.nan, math.nan)
+    lines = [
+        f"{candidate} vs {baseline}: {result.verdict.value} (McNemar exact p = {result.mcnemar_p:.3g})",
+        f"  {result.pairs} paired episodes ({result.unpaired} left out): both succeeded {result.both_succeeded}, "
+        f"only the candidate {result.only_candidate}, only the baseline {result.only_baseline}, "
+        f"neither {result.neither}",
+        f"  success difference {result.success_difference:+.1%} (95% CI {low:+.1%} to {high:+.1%})",
+    ]
+    if result.score_difference is not None and result.score_interval is not None:
+        score_low, score_high = result.score_interval
+        lines.append(
+            f"  mean score difference {result.score_difference:+.3g} (CI {score_low:+.3g} to {score_high:+.3g}, "
+            f"p = {result.score_p:.3g})"
+        )
+    if result.verdict is Verdict.NO_DIFFERENCE and result.episodes_needed is not None:
+        lines.append(
+            f"  inconclusive: about {result.episodes_needed} paired episodes would detect a "
+            f"{result.min_effect:.0%} difference at 80% power"
+        )
+    return "\n".join(lines)

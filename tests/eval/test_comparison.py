@@ -1,0 +1,99 @@
+"""Paired comparison statistics, checked against scipy on constructed data, and the ``compare`` command."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from hud_pipelines.comparison import Verdict, compare, mcnemar_exact, mcnemar_sample_size, pair_rows
+from hud_pipelines.grading import GradeRow
+from hud_pipelines.recording import EpisodeStatus
+
+
+def _row(slot: int, success: bool, *, score: float | None = None, errored: bool = False, task: str = "t") -> GradeRow:
+    status = EpisodeStatus.ERRORED if errored else EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED
+    value = float(success) if score is None else score
+    return GradeRow("p", task, 0, 0, "t-i0", slot, slot, status, value, success and not errored, value, 10)
+
+
+def _sets(outcomes: list[tuple[bool, bool]]) -> tuple[list[GradeRow], list[GradeRow]]:
+    candidate = [_row(i, a) for i, (a, _) in enumerate(outcomes)]
+    baseline = [_row(i, b) for i, (_, b) in enumerate(outcomes)]
+    return candidate, baseline
+
+
+@pytest.mark.parametrize(("only_candidate", "only_baseline"), [(0, 0), (1, 0), (7, 2), (2, 9), (15, 3), (40, 41)])
+def test_mcnemar_exact_is_scipys_two_sided_binomial_test(only_candidate: int, only_baseline: int) -> None:
+    expected = (
+        1.0
+        if only_candidate + only_baseline == 0
+        else stats.binomtest(only_candidate, only_candidate + only_baseline, 0.5).pvalue
+    )
+    assert mcnemar_exact(only_candidate, only_baseline) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_clear_gain_is_better_a_clear_loss_worse_and_a_small_sample_undecided() -> None:
+    gain = [(True, True)] * 10 + [(True, False)] * 12 + [(False, False)] * 8
+    better = compare(*_sets(gain))
+    assert better.verdict is Verdict.BETTER
+    assert (better.pairs, better.only_candidate, better.only_baseline) == (30, 12, 0)
+    assert better.success_difference == pytest.approx(12 / 30)
+    assert better.mcnemar_p == pytest.approx(stats.binomtest(12, 12, 0.5).pvalue)
+    assert better.success_interval is not None
+    low, high = better.success_interval
+    assert 0 < low < 12 / 30 < high <= 1
+
+    loss = [(b, a) for a, b in gain]
+    assert compare(*_sets(loss)).verdict is Verdict.WORSE
+
+    small = compare(*_sets([(True, False), (True, False), (False, True), (True, True)]))
+    assert small.verdict is Verdict.NO_DIFFERENCE
+    assert small.episodes_needed is not None
+    assert small.episodes_needed > small.pairs, "it says how many episodes an answer would take"
+
+
+def test_the_sample_size_follows_connors_formula() -> None:
+    z_alpha, z_power = stats.norm.ppf(0.975), stats.norm.ppf(0.8)
+    for psi, effect in [(0.3, 0.1), (0.2, 0.15), (0.05, 0.1)]:
+        used = max(psi, effect)
+        expected = (z_alpha * math.sqrt(used) + z_power * math.sqrt(used - effect**2)) ** 2 / effect**2
+        assert mcnemar_sample_size(psi, effect, 0.05) == math.ceil(expected)
+
+
+def test_scores_are_compared_pair_by_pair_with_a_bootstrap_that_repeats_itself() -> None:
+    candidate = [_row(i, True, score=10.0 + i + (i % 3)) for i in range(20)]
+    baseline = [_row(i, True, score=10.0 + i) for i in range(20)]
+    first, again = compare(candidate, baseline), compare(candidate, baseline)
+    assert first == again
+    assert first.score_difference == pytest.approx(sum(i % 3 for i in range(20)) / 20)
+    assert first.score_interval is not None
+    assert first.score_interval[0] > 0, "every pair improves or ties: the interval excludes zero"
+    assert first.score_p is not None
+    assert first.score_p < 0.05
+
+
+def test_errored_and_unshared_episodes_are_left_out_and_counted() -> None:
+    candidate = [_row(0, True), _row(1, True, errored=True), _row(2, False), _row(3, True)]
+    baseline = [_row(0, False), _row(1, True), _row(2, False, errored=True)]
+    pairs, left_out = pair_rows(candidate, baseline)
+    assert [(a.slot, b.slot) for a, b in pairs] == [(0, 0)]
+    assert left_out == 3  # slot 1 and 2 errored on one side, slot 3 only in the candidate
+    assert compare(candidate, baseline).unpaired == 3
+
+
+def test_hud_pipelines_compare_reads_two_grade_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hud_pipelines.cli import main
+
+    candidate, baseline = _sets([(True, True)] * 10 + [(True, False)] * 12 + [(False, False)] * 8)
+    (tmp_path / "a.json").write_text(json.dumps([r.as_dict() for r in candidate]))
+    (tmp_path / "b.json").write_text(json.dumps([r.as_dict() for r in baseline]))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "better"
+    assert report["pairs"] == 30
+    assert main(["compare", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "--fail-if-worse"]) == 1
+    assert "worse" in capsys.readouterr().out
