@@ -85,6 +85,7 @@ def render_page(
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="{ASSETS_DIR}/report.css">
 </head>
 <body>

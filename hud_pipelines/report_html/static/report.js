@@ -55,6 +55,16 @@
     return parts.join(" ");
   }
 
+  // Samples with no neighbour to join (a one-step episode, a value between gaps): drawn as dots.
+  function isolated(values) {
+    var found = [];
+    values.forEach(function (value, i) {
+      var joined = typeof values[i - 1] === "number" || typeof values[i + 1] === "number";
+      if (typeof value === "number" && !joined) found.push(i);
+    });
+    return found;
+  }
+
   function plot(steps, series, x) {
     var known = finite(series.values);
     var low = known.length ? Math.min.apply(null, known) : 0;
@@ -84,16 +94,18 @@
       svg.appendChild(label);
     });
     if (steps.length) {
-      [
-        [steps[0], "start"],
-        [steps[steps.length - 1], "end"],
-      ].forEach(function (tick) {
+      var ends = [[steps[0], "start"]];
+      if (steps.length > 1) ends.push([steps[steps.length - 1], "end"]);
+      ends.forEach(function (tick) {
         var label = svgElement("text", { class: "tick", x: x(tick[0]), y: HEIGHT - 3, "text-anchor": tick[1] });
         label.textContent = "step " + tick[0];
         svg.appendChild(label);
       });
     }
     svg.appendChild(svgElement("path", { class: "line", d: pathData(steps, series.values, x, y) }));
+    isolated(series.values).forEach(function (i) {
+      svg.appendChild(svgElement("circle", { class: "point", cx: x(steps[i]).toFixed(1), cy: y(series.values[i]).toFixed(1), r: 2 }));
+    });
     svg.appendChild(svgElement("line", { class: "cursor", x1: MARGIN.left, x2: MARGIN.left, y1: MARGIN.top, y2: bottom }));
     figure.appendChild(caption);
     figure.appendChild(svg);
