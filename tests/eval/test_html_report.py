@@ -414,3 +414,58 @@ def test_the_plot_title_fits_inside_the_figure() -> None:
     assert title.x1 <= figure.bbox.x1, (title, figure.bbox)
     assert title.y1 <= figure.bbox.y1
     plt.close(figure)
+
+
+# -- the page's parts on literal data --------------------------------------------------------------------
+
+
+def test_the_page_names_every_run_and_override_and_escapes_what_runs_wrote(tmp_path: Path) -> None:
+    from hud_pipelines.report_html import write_html_report
+
+    hostile = "<script>alert(1)</script>"
+    rows = [
+        _row(0, EpisodeStatus.SUCCEEDED),
+        _row(1, EpisodeStatus.ERRORED, f"reset failed: {hostile}"),
+        _row(2, EpisodeStatus.FAILED),
+    ]
+    rows = [
+        GradeRow.from_dict({**row.as_dict(), "run_id": run})
+        for row, run in zip(rows, ["run-new", "run-new", "run-old"], strict=True)
+    ]
+    outputs = EvalOutputs(tmp_path, "literal")
+    page = write_html_report(
+        "literal", rows, outputs, run_id="run-new", overrides={"max_steps": 7, "agent.policy.seed": hostile}
+    )
+    text = page.read_text()
+    assert "<code>run-new</code> (this run): 2 of 3 rows" in text
+    assert "<code>run-old</code>: 1 of 3 rows" in text
+    assert "<code>max_steps</code> = <code>7</code>" in text
+    assert hostile not in text, "text from a run is escaped"
+    assert "reset failed: &lt;script&gt;" in text
+    assert (page.parent / "report_files" / "report.js").is_file()
+    assert (page.parent / "report_files" / "report.css").is_file()
+
+
+def test_long_episodes_are_sampled_down_and_non_finite_values_become_gaps(tmp_path: Path) -> None:
+    from hud_pipelines.report_html.episodes import MAX_POINTS, sampled_series
+
+    steps_count = 1000
+    lines: list[dict[str, Any]] = [
+        {"type": "trace", "trace_id": "t", "action_names": ["torque"], "state_names": {"state": ["angle"]}}
+    ]
+    for step in range(steps_count):
+        angle = float("nan") if step == 0 else step / 10
+        lines += [
+            {"type": "observation", "step": step, "state": {"state": {"angle": angle}}},
+            {"type": "action", "step": step, "action": {"torque": 1.0}},
+            {"type": "reward", "step": step, "reward": -1.0, "terminated": False, "truncated": False},
+        ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    steps_kept, series = sampled_series(traces.read_trace(path))
+    assert len(steps_kept) <= MAX_POINTS
+    assert (steps_kept[0], steps_kept[-1]) == (0, steps_count - 1), "the first and last steps stay"
+    assert [(s.group, s.name) for s in series] == [("state", "angle"), ("action", "torque"), ("reward", "reward")]
+    angle = series[0].values
+    assert angle[0] is None, "NaN in the trace is a gap, not invalid JSON"
+    assert angle[-1] == (steps_count - 1) / 10
