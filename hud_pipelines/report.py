@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import base64
 import io
+import textwrap
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
 from hud_pipelines.recording import EpisodeStatus
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 STATUS_COLOURS = {
     EpisodeStatus.SUCCEEDED: "#2e7d32",
@@ -20,11 +25,33 @@ STATUS_COLOURS = {
 }
 
 
-def _rate(summary: Summary) -> str:
+INTERVAL_DIGITS = 12
+"""Decimals kept of the interval's bounds: floating-point residue (``2.8e-17`` for 0 of 6) is not a bound."""
+TITLE_POINTS = 8
+TITLE_CHARACTER_WIDTH = 0.6
+"""A title character's width in ems (an upper bound for the default sans-serif), to wrap titles that fit."""
+
+
+def success_interval(summary: Summary) -> tuple[float, float]:
+    """The 95% Wilson interval as people read it: ``0`` and ``1`` where the arithmetic lands a hair off them."""
+    low, high = summary.success_interval
+    return round(low, INTERVAL_DIGITS), round(high, INTERVAL_DIGITS)
+
+
+def one_line(error: str | None) -> str:
+    """An error's headline for a list item: a multi-line reason (a sim's traceback) would break the list."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    return lines[0] if len(lines) == 1 else f"{lines[0]} (full reason in grades.json)"
+
+
+def rate_text(summary: Summary) -> str:
+    """``50.0% (95% CI 15.0%-85.0%, 2/4)``: the rate, its interval and its denominator in one phrase."""
     rate = summary.success_rate
     if rate is None:
         return "n/a (no graded episodes)"
-    low, high = summary.success_interval
+    low, high = success_interval(summary)
     return f"{rate:.1%} (95% CI {low:.1%}-{high:.1%}, {summary.succeeded}/{summary.graded})"
 
 
@@ -52,7 +79,7 @@ def render_markdown(
         "",
         *_provenance(rows, run_id),
         *([f"Run configuration overrides the YAML: {_overridden(overrides)}.", ""] if overrides else []),
-        f"**Success rate:** {_rate(total)}",
+        f"**Success rate:** {rate_text(total)}",
         "",
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
         f"errored {total.errored} (error rate {total.error_rate:.1%}; errors are not failures).",
@@ -65,7 +92,7 @@ def render_markdown(
     for task, summary in summarize_by_task(rows).items():
         lines.append(
             f"| {task} | {summary.scheduled} | {summary.succeeded} | {summary.failed} | {summary.errored} | "
-            f"{_rate(summary)} | {_number(summary.mean_return)} |"
+            f"{rate_text(summary)} | {_number(summary.mean_return)} |"
         )
     if checks:
         lines += ["", "## Checks", "", "| check | verdict | blocking | details |", "|---|---|---|---|"]
@@ -78,7 +105,7 @@ def render_markdown(
         lines += ["", "## Errored episodes", ""]
         lines += [
             f"- {r.task} instance {r.instance} slot {r.slot}"
-            f"{f' ({r.fault.value})' if r.fault is not None else ''}: {r.error or 'unknown error'}"
+            f"{f' ({r.fault.value})' if r.fault is not None else ''}: {one_line(r.error)}"
             for r in errors[:20]
         ]
         if len(errors) > 20:
@@ -109,13 +136,26 @@ def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:
 
 def render_plot(pipeline: str, rows: Sequence[GradeRow]) -> bytes:
     """A PNG of per-slot returns, coloured by outcome, grouped by task and instance."""
+    import matplotlib.pyplot as plt
+
+    figure = plot_figure(pipeline, rows)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def plot_figure(pipeline: str, rows: Sequence[GradeRow]) -> Figure:
+    """The per-slot returns figure; its title is wrapped to the figure's width and its colours are a legend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     ordered = sorted(rows, key=lambda r: (r.task_index, r.instance, r.slot))
-    figure, axis = plt.subplots(figsize=(max(4.0, 0.25 * len(ordered) + 2), 3.0), dpi=100)
+    width = max(4.0, 0.25 * len(ordered) + 2)
+    figure, axis = plt.subplots(figsize=(width, 3.0), dpi=100)
     positions = list(range(len(ordered)))
     axis.bar(
         positions,
@@ -124,9 +164,10 @@ def render_plot(pipeline: str, rows: Sequence[GradeRow]) -> bytes:
     )
     axis.set_xticks(positions, [f"{r.task}/{r.instance}/{r.slot}" for r in ordered], rotation=90, fontsize=6)
     axis.set_ylabel("episode return")
-    axis.set_title(f"{pipeline}: per-slot returns (green succeeded, red failed, grey errored)", fontsize=8)
+    characters = int(width * 72 / (TITLE_POINTS * TITLE_CHARACTER_WIDTH)) - 2
+    title = textwrap.fill(f"{pipeline}: per-slot returns", width=max(characters, 10), break_long_words=True)
+    axis.set_title(title, fontsize=TITLE_POINTS)
+    handles = [Patch(color=colour, label=status.value) for status, colour in STATUS_COLOURS.items()]
+    axis.legend(handles=handles, fontsize=6, loc="best", framealpha=0.8)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    plt.close(figure)
-    return buffer.getvalue()
+    return figure

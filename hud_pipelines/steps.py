@@ -229,24 +229,35 @@ def checks_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str |
     return results
 
 
+@dataclass(frozen=True)
+class ReportFiles:
+    """What :func:`report_step` wrote: the markdown (also returned for the Dagster UI) and the HTML page."""
+
+    markdown: str
+    html: Path
+    summary: Summary
+
+
 def report_step(
     spec: PipelineSpec, outputs: EvalOutputs, *, run_id: str | None = None, rollout_hash: str | None = None
-) -> str:
-    """``report.md`` with the plot inline, and ``report.png``; returns the markdown.
+) -> ReportFiles:
+    """``report.md`` with the plot inline, ``report.png``, and ``report.html`` (episodes, videos, plots).
 
     Written for every run that started, failed instances included: the checks' verdicts are part of
     it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
     """
+    from hud_pipelines.report_html import write_html_report
+
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
     plot = render_plot(spec.name, rows)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
     overrides = _recorded_overrides(outputs)
-    markdown = render_markdown(
-        spec.name, rows, plot_png=plot, checks=verdicts(spec.checks, rows), run_id=run_id, overrides=overrides
-    )
+    checks = verdicts(spec.checks, rows)
+    markdown = render_markdown(spec.name, rows, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
     _write_atomically(outputs.report_md, markdown)
-    return markdown
+    html = write_html_report(spec.name, rows, outputs, checks=checks, run_id=run_id, overrides=overrides)
+    return ReportFiles(markdown, html, summarize(rows))
 
 
 # -- dataset ---------------------------------------------------------------------------------------------

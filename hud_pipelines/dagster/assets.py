@@ -47,9 +47,18 @@ from hud_pipelines.dagster.resources import (
 )
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import InstanceResult
-from hud_pipelines.grading import INSTANCES_CHECK, CheckVerdict, GradeRow, check_verdict, instances_verdict, summarize
+from hud_pipelines.grading import (
+    INSTANCES_CHECK,
+    CheckVerdict,
+    GradeRow,
+    Summary,
+    check_verdict,
+    instances_verdict,
+    summarize,
+)
 from hud_pipelines.outputs import EvalOutputs
 from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.report import rate_text, success_interval
 from hud_pipelines.spec.models import CheckSpec, PipelineSpec
 from hud_pipelines.steps import (
     GRADE_COLUMNS,
@@ -91,6 +100,19 @@ def _judged(context: Context, spec: PipelineSpec) -> PipelineSpec:
     """The spec with this run's graders and checks (what the grades-side assets need)."""
     graders = _graders(context, spec)
     return spec.with_sections(graders=graders.graders, checks=graders.checks)
+
+
+def _key_figures(summary: Summary) -> dict[str, Any]:
+    """The figures a reader looks for first, beside the link to the HTML report."""
+    return {
+        "success_rate": summary.success_rate if summary.success_rate is not None else float("nan"),
+        "success": rate_text(summary),
+        "scheduled": summary.scheduled,
+        "succeeded": summary.succeeded,
+        "failed": summary.failed,
+        "errored": summary.errored,
+        "error_rate": summary.error_rate,
+    }
 
 
 def _grades_table(rows: Sequence[GradeRow]) -> dg.TableMetadataValue:
@@ -253,7 +275,7 @@ def _build(
         rows = grades_step(judged, outputs, rollout_hash=current)
         checks_step(judged, outputs, rollout_hash=current)  # the verdicts as a file too, beside the grades
         summary = summarize(rows)
-        low, high = summary.success_interval
+        low, high = success_interval(summary)
         return dg.MaterializeResult(
             metadata={
                 "grades": _grades_table(rows),
@@ -277,11 +299,17 @@ def _build(
         resources={graders_key},
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        markdown = report_step(
+        written = report_step(
             _judged(context, spec), outputs, run_id=context.run.run_id, rollout_hash=current_rollout_hash(spec, outputs)
         )
         return dg.MaterializeResult(
-            metadata={"report": dg.MetadataValue.md(markdown), "path": dg.MetadataValue.path(str(outputs.report_md))}
+            metadata={
+                "report": dg.MetadataValue.md(written.markdown),
+                "path": dg.MetadataValue.path(str(outputs.report_md)),
+                "report_html": dg.MetadataValue.path(str(written.html)),
+                "report_url": dg.MetadataValue.url(written.html.as_uri()),
+                **_key_figures(written.summary),
+            }
         )
 
     checks = [

@@ -1,0 +1,271 @@
+"""Building ``report.html``: the summary, the checks, provenance, the per-task table and the episode cards.
+
+Everything a reader needs is server-rendered HTML here; the script only adds the plots (drawn from
+the JSON in ``<script id="episode-data">``), the video cursor, filters and sorting. Every text that
+comes from a run (task names, reasons, overrides) is escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from html import escape
+from importlib import resources
+from pathlib import Path
+
+from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.report import rate_text, success_interval
+from hud_pipelines.report_html.episodes import EpisodeView, episode_views
+
+HTML_NAME = "report.html"
+ASSETS_DIR = "report_files"
+"""Beside the page: its script and style sheet (copied from the package on every write)."""
+ASSETS = ("report.js", "report.css")
+DATA_ID = "episode-data"
+
+
+def html_path(outputs: EvalOutputs) -> Path:
+    return outputs.base / HTML_NAME
+
+
+def write_html_report(
+    pipeline: str,
+    rows: Sequence[GradeRow],
+    outputs: EvalOutputs,
+    *,
+    checks: Sequence[CheckVerdict] = (),
+    run_id: str | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Path:
+    """Write ``report.html`` and its assets under ``outputs/<name>/``; returns the page's path."""
+    page = html_path(outputs)
+    page.parent.mkdir(parents=True, exist_ok=True)
+    _copy_assets(page.parent / ASSETS_DIR)
+    views = episode_views(rows, outputs, page.parent)
+    text = render_page(pipeline, rows, views, checks=checks, run_id=run_id, overrides=overrides or {})
+    partial = page.with_suffix(".html.partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(page)
+    return page
+
+
+def _copy_assets(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    static = resources.files("hud_pipelines.report_html") / "static"
+    for name in ASSETS:
+        (folder / name).write_bytes((static / name).read_bytes())
+
+
+def render_page(
+    pipeline: str,
+    rows: Sequence[GradeRow],
+    views: Sequence[EpisodeView],
+    *,
+    checks: Sequence[CheckVerdict],
+    run_id: str | None,
+    overrides: Mapping[str, object],
+) -> str:
+    title = escape(f"{pipeline}: eval report")
+    body = "\n".join(
+        [
+            f"<header><h1>{escape(pipeline)}</h1></header>",
+            _summary(summarize(rows)),
+            _checks(checks),
+            _provenance(rows, run_id, overrides),
+            _task_table(rows),
+            _episodes(views),
+        ]
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="{ASSETS_DIR}/report.css">
+</head>
+<body>
+{body}
+<script type="application/json" id="{DATA_ID}">{_episode_json(views)}</script>
+<script src="{ASSETS_DIR}/report.js"></script>
+</body>
+</html>
+"""
+
+
+# -- summary ---------------------------------------------------------------------------------------------
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def _summary(summary: Summary) -> str:
+    low, high = success_interval(summary)
+    interval = "" if summary.success_rate is None else f"95% CI {_percent(low)} to {_percent(high)}"
+    return f"""<section id="summary">
+<div class="headline"><span class="rate">{_percent(summary.success_rate)}</span>
+<span class="interval">{interval}</span>
+<span class="denominator">success rate: {summary.succeeded} succeeded of {summary.graded} graded</span></div>
+<p class="counts">Scheduled <b>{summary.scheduled}</b> = succeeded <b>{summary.succeeded}</b> + failed
+<b>{summary.failed}</b> + errored <b>{summary.errored}</b> (error rate {_percent(summary.error_rate)};
+errors are not failures).</p>
+<p>Mean score {_number(summary.mean_score)}, mean return {_number(summary.mean_return)} (graded episodes).</p>
+</section>"""
+
+
+def _checks(checks: Sequence[CheckVerdict]) -> str:
+    if not checks:
+        return ""
+    rows = "\n".join(
+        f'<tr class="{"passed" if c.passed else "failed"}"><td>{escape(c.name)}</td>'
+        f"<td>{'passed' if c.passed else 'FAILED'}</td><td>{'yes' if c.blocking else 'no'}</td>"
+        f"<td>{escape(c.description)}</td></tr>"
+        for c in checks
+    )
+    return f"""<section id="checks"><h2>Checks</h2>
+<table><thead><tr><th>check</th><th>verdict</th><th>blocking</th><th>details</th></tr></thead>
+<tbody>
+{rows}
+</tbody></table></section>"""
+
+
+def _provenance(rows: Sequence[GradeRow], run_id: str | None, overrides: Mapping[str, object]) -> str:
+    """Which run produced how many rows (this run first), and what the run configuration overrode."""
+    runs: dict[str, int] = {}
+    for row in rows:
+        runs[row.run_id or "unknown"] = runs.get(row.run_id or "unknown", 0) + 1
+    ordered = sorted(runs.items(), key=lambda item: (item[0] != run_id, item[0]))
+    items = "\n".join(
+        f"<li><code>{escape(run)}</code>{' (this run)' if run == run_id else ''}: {count} of {len(rows)} rows</li>"
+        for run, count in ordered
+    )
+    overridden = (
+        '<p>Run configuration overrides the YAML:</p><ul class="overrides">'
+        + "".join(
+            f"<li><code>{escape(str(key))}</code> = <code>{escape(json.dumps(value, default=str))}</code></li>"
+            for key, value in sorted(overrides.items())
+        )
+        + "</ul>"
+        if overrides
+        else "<p>No run configuration overrides: the YAML as written.</p>"
+    )
+    return f"""<section id="provenance"><h2>Provenance</h2>
+<ul class="runs">
+{items}
+</ul>
+{overridden}
+</section>"""
+
+
+def _task_table(rows: Sequence[GradeRow]) -> str:
+    lines = "\n".join(
+        f"<tr><td>{escape(task)}</td><td>{s.scheduled}</td><td>{s.succeeded}</td><td>{s.failed}</td>"
+        f"<td>{s.errored}</td><td>{escape(rate_text(s))}</td><td>{_number(s.mean_score)}</td>"
+        f"<td>{_number(s.mean_return)}</td></tr>"
+        for task, s in summarize_by_task(rows).items()
+    )
+    return f"""<section id="tasks"><h2>Per task</h2>
+<table><thead><tr><th>task</th><th>scheduled</th><th>succeeded</th><th>failed</th><th>errored</th>
+<th>success rate (95% CI)</th><th>mean score</th><th>mean return</th></tr></thead>
+<tbody>
+{lines}
+</tbody></table></section>"""
+
+
+# -- episodes --------------------------------------------------------------------------------------------
+
+
+def _episodes(views: Sequence[EpisodeView]) -> str:
+    tasks = sorted({v.row.task for v in views})
+    statuses = "".join(
+        f'<label><input type="checkbox" name="status" value="{s.value}" checked> {s.value}</label>'
+        for s in EpisodeStatus
+    )
+    options = "".join(f'<option value="{escape(t)}">{escape(t)}</option>' for t in tasks)
+    cards = "\n".join(_card(v) for v in views)
+    return f"""<section id="episodes"><h2>Episodes</h2>
+<form id="controls" onsubmit="return false">
+<fieldset class="statuses"><legend>status</legend>{statuses}</fieldset>
+<label>task <select name="task"><option value="">all tasks</option>{options}</select></label>
+<label>sort <select name="sort">
+<option value="">schedule order</option>
+<option value="score-desc">score, highest first</option><option value="score-asc">score, lowest first</option>
+<option value="return-desc">return, highest first</option><option value="return-asc">return, lowest first</option>
+</select></label>
+<output id="shown">{len(views)} of {len(views)} episodes</output>
+</form>
+<div id="cards">
+{cards}
+</div></section>"""
+
+
+def _card(view: EpisodeView) -> str:
+    row = view.row
+    status = row.status.value
+    fault = f'<span class="fault">{escape(row.fault.value)}</span>' if row.fault is not None else ""
+    graded = row.status is not EpisodeStatus.ERRORED
+    facts = [
+        ("status", status + (f" ({row.fault.value})" if row.fault is not None else "")),
+        ("score", _number(row.score) if graded else "n/a"),
+        ("return", _number(row.total_reward)),
+        ("steps", str(row.steps)),
+        ("seed", "n/a" if row.seed is None else str(row.seed)),
+        ("run", row.run_id or "unknown"),
+    ]
+    listed = "".join(f"<dt>{name}</dt><dd>{escape(value)}</dd>" for name, value in facts)
+    return f"""<article class="episode {status}" id="episode-{view.index}" data-index="{view.index}"
+ data-status="{status}" data-task="{escape(row.task)}" data-score="{_sortable(row.score if graded else None)}"
+ data-return="{_sortable(row.total_reward)}">
+<h3><span class="badge {status}">{status}</span>{fault} {_where(row)}</h3>
+<dl>{listed}</dl>
+{_error(row)}{_videos(view)}<div class="plots" data-episode="{view.index}"></div>
+{_trace_link(view)}
+</article>"""
+
+
+def _where(row: GradeRow) -> str:
+    return f"{escape(row.task)} · instance {row.instance} · slot {row.slot}"
+
+
+def _error(row: GradeRow) -> str:
+    if row.error is None:
+        return ""
+    headline, _, rest = row.error.strip().partition("\n")
+    details = f"<details><summary>full reason</summary><pre>{escape(rest)}</pre></details>" if rest.strip() else ""
+    return f'<div class="error"><p>{escape(headline)}</p>{details}</div>\n'
+
+
+def _videos(view: EpisodeView) -> str:
+    if not view.videos:
+        return ""
+    figures = "".join(
+        f'<figure><video src="{escape(v.href)}" controls muted playsinline preload="metadata"></video>'
+        f"<figcaption>{escape(v.camera)}</figcaption></figure>"
+        for v in view.videos
+    )
+    return f'<div class="videos">{figures}</div>\n'
+
+
+def _trace_link(view: EpisodeView) -> str:
+    if view.trace_href is None:
+        return '<p class="trace">no trace (the episode never started)</p>'
+    return f'<p class="trace"><a href="{escape(view.trace_href)}">trace</a></p>'
+
+
+def _sortable(value: float | None) -> str:
+    return "" if value is None or not math.isfinite(value) else repr(float(value))
+
+
+def _episode_json(views: Sequence[EpisodeView]) -> str:
+    """The plots' data; ``</`` is escaped so no value can end the script element."""
+    data = {str(v.index): v.plot_data() for v in views if v.series}
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")

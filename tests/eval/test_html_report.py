@@ -1,0 +1,471 @@
+"""The HTML report, seen as its reader sees it: in a real headless Chromium, videos playing, plots drawn.
+
+Also the report's written form (every episode marked, errored and interrupted ones included), the
+report asset's link to it, and the defects of ``report.md`` it came with.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from hud_pipelines import steps
+from hud_pipelines.grading import GradeRow, summarize
+from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.report import plot_figure, render_markdown, success_interval
+from hud_pipelines.report_html import html_path
+from hud_pipelines.spec.loader import load_pipeline_text
+from hud_pipelines.telemetry import traces
+from tests.dagster.support import REPO, SIMS, pipeline_text
+
+CHROMIUM = shutil.which("chromium")
+CAMERA = f"{REPO / 'envs' / 'camera_pendulum.py'}:camera_pendulum"
+DEADLINE_MS = 15_000
+
+
+def _spec(tmp_path: Path, spec: dict[str, Any]) -> Any:
+    return load_pipeline_text(json.dumps(spec), source=tmp_path / f"{spec['name']}.yaml")
+
+
+def _grades(outputs: EvalOutputs) -> list[GradeRow]:
+    return [GradeRow.from_dict(r) for r in json.loads(outputs.grades_json.read_text())]
+
+
+# -- a camera eval with video, in the browser -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CameraEval:
+    outputs: EvalOutputs
+    rows: list[GradeRow]
+    names: dict[str, list[str]]
+    """Trace id -> the plot captions its header's per-dimension names call for."""
+    rate: float
+    """The control rate the traces' videos are encoded at (frame k is step k)."""
+
+
+def _captions(header: dict[str, Any]) -> list[str]:
+    states = [f"{feature} · {name}" for feature, names in header["state_names"].items() for name in names]
+    return [*states, *header["action_names"], "reward"]
+
+
+@pytest.fixture(scope="module")
+def camera_eval(tmp_path_factory: pytest.TempPathFactory) -> CameraEval:
+    """Two tasks x 2 slots of the camera pendulum, 30 steps each, every camera recorded as video."""
+    tmp_path = tmp_path_factory.mktemp("camera")
+    spec = _spec(
+        tmp_path,
+        {
+            "name": "pendulum",
+            "sim": {"factory": CAMERA, "num_envs": 2},
+            "agent": {"policy": {"kind": "random", "seed": 1}},
+            "tasks": [{"name": "near", "seed": 0}, {"name": "far", "seed": 100}],
+            "group": 1,
+            "max_steps": 30,
+            "graders": [{"kind": "return", "threshold": -150}],
+        },
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)  # the traces record video when the recorder is asked to
+        patch.setattr(
+            traces.TraceRecorder, "__init__", functools.partialmethod(traces.TraceRecorder.__init__, video=True)
+        )
+        evaluation = steps.evaluate(spec, outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    written = [traces.read_trace(path) for path in tmp_path.rglob("*.jsonl")]
+    names = {t.trace_id: _captions(t.header) for t in written}
+    (rate,) = {t.header["control_rate"] for t in written}
+    return CameraEval(evaluation.outputs, evaluation.rows, names, rate)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium, for one test only: Playwright's sync API holds the thread's event loop while it runs."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup installs Debian's chromium for the browser tests)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+class Page:
+    """A browser tab on one report, collecting every console error and uncaught exception."""
+
+    def __init__(self, browser: Any, url: str) -> None:
+        self.errors: list[str] = []
+        self.tab = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.tab.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
+        self.tab.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.tab.goto(url)
+        self.tab.wait_for_load_state("load")
+
+    def visible(self) -> list[str]:
+        return self.tab.eval_on_selector_all("article.episode:not([hidden])", "cs => cs.map(c => c.id)")
+
+    def close(self) -> None:
+        self.tab.close()
+
+
+def _card_id(rows: list[GradeRow], row: GradeRow) -> str:
+    return f"episode-{rows.index(row)}"
+
+
+def test_the_report_plays_every_video_draws_every_plot_and_filters_and_sorts_its_cards(
+    camera_eval: CameraEval, browser: Any, tmp_path: Path, record_property: Any
+) -> None:
+    rows = camera_eval.rows
+    assert {r.status for r in rows} == {EpisodeStatus.SUCCEEDED, EpisodeStatus.FAILED}, "both outcomes to filter"
+    page = Page(browser, html_path(camera_eval.outputs).as_uri())
+    tab = page.tab
+
+    # every video has a duration and plays
+    tab.wait_for_function("[...document.querySelectorAll('video')].every(v => v.readyState >= 1)", timeout=DEADLINE_MS)
+    durations = tab.eval_on_selector_all("video", "vs => vs.map(v => v.duration)")
+    assert len(durations) == len(rows), "one camera, one video per episode"
+    assert all(d > 0 for d in durations), durations
+    played = tab.evaluate(
+        """async () => Promise.all([...document.querySelectorAll('video')].map(v => new Promise((done, fail) => {
+               v.addEventListener('timeupdate', function moved() {
+                   if (v.currentTime === 0) return;
+                   v.removeEventListener('timeupdate', moved);
+                   v.pause();
+                   done(v.currentTime);
+               });
+               v.play().catch(fail);
+           })))"""
+    )
+    assert all(t > 0 for t in played), played
+
+    # plots: one per state and action dimension plus the reward, captioned with the header's names
+    for row in rows:
+        card = tab.locator(f"#{_card_id(rows, row)}")
+        expected = camera_eval.names[row.trace_id or ""]
+        assert card.locator(".plot figcaption").all_inner_texts() == expected
+        paths = card.locator("svg path.line").evaluate_all("ps => ps.map(p => p.getAttribute('d'))")
+        assert len(paths) == len(expected)
+        assert all(d.startswith("M") and d.count("L") >= row.steps - 1 for d in paths), paths
+
+    # the cursor follows the video's time: frame k is step k
+    first = tab.locator(f"#{_card_id(rows, rows[0])}")
+    positions: list[float] = []
+    for seconds in (0.2, 0.7):
+        first.locator("video").evaluate(
+            "(v, t) => new Promise(done => { v.addEventListener('seeked', done, {once: true}); v.currentTime = t; })",
+            seconds,
+        )
+        assert first.locator(".plots").get_attribute("data-step") == str(int(seconds * camera_eval.rate))
+        cursors = first.locator("line.cursor").evaluate_all("ls => ls.map(l => Number(l.getAttribute('x1')))")
+        assert len(set(cursors)) == 1, "every plot of the card shows the same step"
+        positions.append(cursors[0])
+    assert positions[0] < positions[1], positions
+
+    # filters: status and task
+    everyone = [_card_id(rows, r) for r in rows]
+    assert page.visible() == everyone
+    tab.locator('input[name="status"][value="failed"]').uncheck()
+    assert page.visible() == [_card_id(rows, r) for r in rows if r.status is not EpisodeStatus.FAILED]
+    tab.locator('input[name="status"][value="failed"]').check()
+    tab.select_option('select[name="task"]', "far")
+    assert page.visible() == [_card_id(rows, r) for r in rows if r.task == "far"]
+    tab.select_option('select[name="task"]', "")
+    assert tab.locator("#shown").inner_text() == f"{len(rows)} of {len(rows)} episodes"
+
+    # sorting by score and by return
+    tab.select_option('select[name="sort"]', "score-desc")
+    assert page.visible() == [_card_id(rows, r) for r in sorted(rows, key=lambda r: -r.score)]
+    tab.select_option('select[name="sort"]', "return-asc")
+    assert page.visible() == [_card_id(rows, r) for r in sorted(rows, key=lambda r: r.total_reward)]
+
+    # each card links to its trace
+    for row in rows:
+        href = tab.locator(f"#{_card_id(rows, row)} .trace a").get_attribute("href")
+        assert href is not None
+        assert (camera_eval.outputs.base / href).name == f"{row.trace_id}.jsonl"
+        assert (camera_eval.outputs.base / href).is_file()
+
+    tab.select_option('select[name="sort"]', "")
+    screenshot = tmp_path / "report.png"
+    tab.screenshot(path=str(screenshot), full_page=True)
+    record_property("screenshot", str(screenshot))
+    print(f"screenshot of the report: {screenshot}")
+    assert page.errors == []
+    page.close()
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_the_report_works_from_a_plain_static_file_server(camera_eval: CameraEval, browser: Any) -> None:
+    root = camera_eval.outputs.root
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        page = Page(browser, f"http://127.0.0.1:{server.server_port}/{camera_eval.outputs.pipeline}/report.html")
+        page.tab.wait_for_function(
+            "[...document.querySelectorAll('video')].every(v => v.readyState >= 1 && v.duration > 0)",
+            timeout=DEADLINE_MS,
+        )
+        assert page.tab.locator("svg path.line").count() == sum(len(n) for n in camera_eval.names.values())
+        assert page.errors == []
+        page.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+# -- errored and interrupted episodes --------------------------------------------------------------------
+
+
+class Interrupt(BaseException):
+    """A cancellation arriving after the first instance ended (as Ctrl-C or a Dagster termination would)."""
+
+
+class _Cards(HTMLParser):
+    """The episode cards of a page: each card's attributes and the text of its badges."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cards: list[dict[str, str]] = []
+        self._badge: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = {k: v or "" for k, v in attrs}
+        if tag == "article" and "episode" in found.get("class", ""):
+            self.cards.append({**found, "badges": ""})
+        elif tag == "span" and self.cards and found.get("class", "").split()[0] in {"badge", "fault"}:
+            self._badge = found["class"].split()[0]
+
+    def handle_data(self, data: str) -> None:
+        if self._badge is not None:
+            self.cards[-1]["badges"] += f"{self._badge}:{data} "
+            self._badge = None
+        elif self.cards:
+            self.cards[-1]["text"] = self.cards[-1].get("text", "") + data
+
+
+@pytest.fixture(scope="module")
+def faulty_eval(tmp_path_factory: pytest.TempPathFactory) -> tuple[EvalOutputs, list[GradeRow], str]:
+    """Three instances of 2 slots: one slot's step raises in the first, then the run is cut short."""
+    tmp_path = tmp_path_factory.mktemp("faulty")
+    spec = _spec(
+        tmp_path,
+        {
+            "name": "cut",
+            "sim": {"factory": f"{SIMS}:faulty", "num_envs": 2, "args": {"fault": "raise_step", "fault_seed": 1}},
+            "agent": {"policy": {"kind": "constant"}},
+            "group": 3,
+            "max_concurrent": 1,
+            "max_steps": 20,
+            "graders": [{"kind": "return", "threshold": 5}],
+        },
+    )
+    seen: dict[str, Any] = {}
+    original = steps.rollouts_step
+
+    def cut_after_the_first(spec: Any, pool: Any, outputs: EvalOutputs, **kwargs: Any) -> Any:
+        def interrupt(_: Any) -> None:
+            raise Interrupt
+
+        seen.update(spec=spec, outputs=outputs, run_id=kwargs["run_id"])
+        return original(spec, pool, outputs, **kwargs, on_result=interrupt)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)
+        patch.setattr(steps, "rollouts_step", cut_after_the_first)
+        with pytest.raises(Interrupt):
+            steps.evaluate(spec, outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    outputs: EvalOutputs = seen["outputs"]
+    steps.grades_step(seen["spec"], outputs)
+    steps.report_step(seen["spec"], outputs, run_id=seen["run_id"])  # the report asset runs after a failed run
+    return outputs, _grades(outputs), seen["run_id"]
+
+
+def test_errored_and_interrupted_episodes_are_marked_with_their_fault_and_reason(
+    faulty_eval: tuple[EvalOutputs, list[GradeRow], str],
+) -> None:
+    outputs, rows, run_id = faulty_eval
+    faults = {r.fault.value for r in rows if r.fault is not None}
+    assert faults == {"env", "interrupted"}, [(r.seed, r.fault, r.error) for r in rows]
+    assert any(r.status is EpisodeStatus.SUCCEEDED for r in rows)
+    parser = _Cards()
+    parser.feed(html_path(outputs).read_text())
+    assert len(parser.cards) == len(rows)
+    for row, card in zip(rows, parser.cards, strict=True):
+        assert card["data-status"] == row.status.value
+        assert f"badge:{row.status.value}" in card["badges"]
+        if row.fault is not None:
+            assert f"fault:{row.fault.value}" in card["badges"], card
+            headline = (row.error or "").strip().splitlines()[0]
+            assert headline in card["text"], (headline, card["text"])
+        else:
+            assert "fault:" not in card["badges"]
+    interrupted = [
+        c for c, r in zip(parser.cards, rows, strict=True) if r.fault is not None and r.fault.value == "interrupted"
+    ]
+    assert interrupted, "the cut instances are in the page"
+    assert all("no trace" in c["text"] for c in interrupted), "an instance that never started has no trace to link"
+    assert f"<code>{run_id}</code> (this run)" in html_path(outputs).read_text()
+
+
+def test_a_report_with_errored_episodes_renders_and_filters_to_them(
+    faulty_eval: tuple[EvalOutputs, list[GradeRow], str], browser: Any
+) -> None:
+    outputs, rows, _ = faulty_eval
+    page = Page(browser, html_path(outputs).as_uri())
+    for status in ("succeeded", "failed"):
+        page.tab.locator(f'input[name="status"][value="{status}"]').uncheck()
+    errored = [f"episode-{i}" for i, r in enumerate(rows) if r.status is EpisodeStatus.ERRORED]
+    assert page.visible() == errored
+    assert page.tab.locator("article.episode:not([hidden]) .fault").count() == len(errored)
+    assert page.errors == []
+    page.close()
+
+
+# -- the report asset and report.md ----------------------------------------------------------------------
+
+
+def test_the_report_asset_links_to_the_page_and_shows_the_key_figures(tmp_path: Path) -> None:
+    from hud_pipelines.dagster.definitions import definitions_for_file
+
+    # 5 steps never reach the threshold: 0 of 6, where the interval's low end used to print as 2.8e-17
+    path = tmp_path / "nought.yaml"
+    path.write_text(pipeline_text("nought", f"hud-test-{tmp_path.name}", group=3, max_steps=5))
+    defs = definitions_for_file(path, outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("nought").execute_in_process(instance=instance, raise_on_error=False)
+        assert result.success
+        metadata = {
+            name: instance.get_latest_materialization_event(
+                dg.AssetKey(["nought", name])
+            ).asset_materialization.metadata  # type: ignore[union-attr]
+            for name in ("grades", "report")
+        }
+    outputs = EvalOutputs(tmp_path / "outputs", "nought")
+    report = metadata["report"]
+    assert report["report_html"] == dg.MetadataValue.path(str(html_path(outputs)))
+    assert html_path(outputs).is_file()
+    assert report["report_url"] == dg.MetadataValue.url(html_path(outputs).as_uri())
+    summary = summarize(_grades(outputs))
+    assert (summary.scheduled, summary.succeeded, summary.failed) == (6, 0, 6)
+    assert report["scheduled"].value == 6
+    assert report["failed"].value == 6
+    assert report["success_rate"].value == 0.0
+    assert report["success"].value.startswith("0.0% (95% CI 0.0%-")
+    assert summary.success_interval[0] != 0.0, "the arithmetic leaves a residue, which the figures must not show"
+    assert metadata["grades"]["success_rate_ci95_low"].value == 0.0
+
+
+def _row(seed: int, status: EpisodeStatus, error: str | None = None) -> GradeRow:
+    return GradeRow("p", "t", 0, seed // 2, f"t-i{seed // 2}", seed % 2, seed, status, 0.0, False, 1.0, 3, error=error)
+
+
+def test_an_interval_at_zero_or_one_reads_zero_or_one() -> None:
+    nought = summarize([_row(seed, EpisodeStatus.FAILED) for seed in range(6)])
+    everything = summarize([_row(seed, EpisodeStatus.SUCCEEDED) for seed in range(10)])
+    assert nought.success_interval[0] != 0.0, "residue to round off"
+    assert everything.success_interval[1] != 1.0, "residue to round off"
+    assert success_interval(nought)[0] == 0.0
+    assert success_interval(everything)[1] == 1.0
+
+
+def test_report_md_lists_each_errored_episode_on_one_line() -> None:
+    traceback = (
+        "step failed on purpose\n--- sim traceback ---\nTraceback (most recent call last):\n  File x\nValueError"
+    )
+    rows = [
+        _row(0, EpisodeStatus.ERRORED, traceback),
+        _row(1, EpisodeStatus.ERRORED, "plain reason"),
+        _row(2, EpisodeStatus.FAILED),
+    ]
+    markdown = render_markdown("p", rows)
+    listed = markdown.split("## Errored episodes\n\n", 1)[1].strip().splitlines()
+    assert len(listed) == 2, listed
+    assert all(line.startswith("- ") for line in listed)
+    assert "step failed on purpose" in listed[0]
+    assert "plain reason" in listed[1]
+
+
+def test_the_plot_title_fits_inside_the_figure() -> None:
+    import matplotlib.pyplot as plt
+
+    rows = [_row(seed, EpisodeStatus.FAILED) for seed in range(2)]
+    figure = plot_figure("a_pipeline_with_a_rather_long_descriptive_name", rows)
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    title = figure.axes[0].title.get_window_extent(renderer)
+    assert title.x0 >= 0, (title, figure.bbox)
+    assert title.x1 <= figure.bbox.x1, (title, figure.bbox)
+    assert title.y1 <= figure.bbox.y1
+    plt.close(figure)
+
+
+# -- the page's parts on literal data --------------------------------------------------------------------
+
+
+def test_the_page_names_every_run_and_override_and_escapes_what_runs_wrote(tmp_path: Path) -> None:
+    from hud_pipelines.report_html import write_html_report
+
+    hostile = "<script>alert(1)</script>"
+    rows = [
+        _row(0, EpisodeStatus.SUCCEEDED),
+        _row(1, EpisodeStatus.ERRORED, f"reset failed: {hostile}"),
+        _row(2, EpisodeStatus.FAILED),
+    ]
+    rows = [
+        GradeRow.from_dict({**row.as_dict(), "run_id": run})
+        for row, run in zip(rows, ["run-new", "run-new", "run-old"], strict=True)
+    ]
+    outputs = EvalOutputs(tmp_path, "literal")
+    page = write_html_report(
+        "literal", rows, outputs, run_id="run-new", overrides={"max_steps": 7, "agent.policy.seed": hostile}
+    )
+    text = page.read_text()
+    assert "<code>run-new</code> (this run): 2 of 3 rows" in text
+    assert "<code>run-old</code>: 1 of 3 rows" in text
+    assert "<code>max_steps</code> = <code>7</code>" in text
+    assert hostile not in text, "text from a run is escaped"
+    assert "reset failed: &lt;script&gt;" in text
+    assert (page.parent / "report_files" / "report.js").is_file()
+    assert (page.parent / "report_files" / "report.css").is_file()
+
+
+def test_long_episodes_are_sampled_down_and_non_finite_values_become_gaps(tmp_path: Path) -> None:
+    from hud_pipelines.report_html.episodes import MAX_POINTS, sampled_series
+
+    steps_count = 1000
+    lines: list[dict[str, Any]] = [
+        {"type": "trace", "trace_id": "t", "action_names": ["torque"], "state_names": {"state": ["angle"]}}
+    ]
+    for step in range(steps_count):
+        angle = float("nan") if step == 0 else step / 10
+        lines += [
+            {"type": "observation", "step": step, "state": {"state": {"angle": angle}}},
+            {"type": "action", "step": step, "action": {"torque": 1.0}},
+            {"type": "reward", "step": step, "reward": -1.0, "terminated": False, "truncated": False},
+        ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    steps_kept, series = sampled_series(traces.read_trace(path))
+    assert len(steps_kept) <= MAX_POINTS
+    assert (steps_kept[0], steps_kept[-1]) == (0, steps_count - 1), "the first and last steps stay"
+    assert [(s.group, s.name) for s in series] == [("state", "angle"), ("action", "torque"), ("reward", "reward")]
+    angle = series[0].values
+    assert angle[0] is None, "NaN in the trace is a gap, not invalid JSON"
+    assert angle[-1] == (steps_count - 1) / 10
