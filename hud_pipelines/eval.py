@@ -172,6 +172,27 @@ def unreached_rows(
     ]
 
 
+def unreached_result(
+    spec: PipelineSpec, partition: Partition, reason: str, fault: Fault, *, run_id: str
+) -> InstanceResult:
+    """The result of an instance that ended before any episode ran (errored rows, the instance failed)."""
+    rows = unreached_rows(spec, partition, reason, fault, run_id=run_id)
+    key = spec.partition_key(*partition)
+    return InstanceResult(
+        spec.name,
+        key,
+        partition.task_index,
+        partition.instance,
+        rows,
+        0.0,
+        0,
+        reason,
+        spec.rollout_hash,
+        fault=fault,
+        run_id=run_id,
+    )
+
+
 @dataclass
 class EvalRunner:
     """Runs instances of ``spec`` with sims from ``pool``; see the module docstring."""
@@ -336,20 +357,7 @@ class EvalRunner:
         """The result of an instance whose sim or policy could not be had (reported like any other result)."""
         spec = self.spec
         key = spec.partition_key(*partition)
-        rows = unreached_rows(spec, partition, reason, fault, run_id=self.run_id)
-        result = InstanceResult(
-            spec.name,
-            key,
-            partition.task_index,
-            partition.instance,
-            rows,
-            0.0,
-            0,
-            reason,
-            spec.rollout_hash,
-            fault=fault,
-            run_id=self.run_id,
-        )
+        result = unreached_result(spec, partition, reason, fault, run_id=self.run_id)
         log.error("instance %s of %s failed (%s): %s", key, spec.name, fault.value, reason)
         if self.on_result is not None:
             self.on_result(result)

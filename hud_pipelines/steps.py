@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval import EvalRunner, InstanceResult, unreached_rows
+from hud_pipelines.eval import EvalRunner, InstanceResult, unreached_result, unreached_rows
 from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, verdicts
 from hud_pipelines.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.recording import EpisodeSink, EpisodeStatus
@@ -126,20 +126,7 @@ def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, c
         if path.is_file() and InstanceResult.read(path).rollout_hash == spec.rollout_hash:
             continue
         reason = f"the run was interrupted before instance {key} finished"
-        rows = unreached_rows(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id)
-        InstanceResult(
-            spec.name,
-            key,
-            partition.task_index,
-            partition.instance,
-            rows,
-            0.0,
-            0,
-            reason,
-            spec.rollout_hash,
-            fault=Fault.INTERRUPTED,
-            run_id=run_id,
-        ).write(path)
+        unreached_result(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id).write(path)
 
 
 # -- grades and report -------------------------------------------------------------------------------
