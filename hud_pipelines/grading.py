@@ -16,7 +16,13 @@ from typing import Any
 
 from hud_pipelines.errors import Fault
 from hud_pipelines.recording import EpisodeStatus
-from hud_pipelines.spec.models import CheckSpec, MaxErrorRateCheck, MinMeanScoreCheck, MinSuccessRateCheck
+from hud_pipelines.spec.models import (
+    CheckSpec,
+    MaxErrorRateCheck,
+    MinMeanScoreCheck,
+    MinSuccessRateCheck,
+    NoRegressionCheck,
+)
 
 Z_95 = 1.959963984540054
 
@@ -197,8 +203,11 @@ def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
     )
 
 
-def check_verdict(check: CheckSpec, summary: Summary) -> CheckVerdict:
-    """Whether a pipeline's check passes on ``summary`` (no graded episode fails a rate check)."""
+def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
+    """Whether a pipeline's check passes on the grade ``rows`` (no graded episode fails a rate check)."""
+    if isinstance(check, NoRegressionCheck):
+        return _regression_verdict(check, rows)
+    summary = summarize(rows)
     observed: float | None
     match check:
         case MinSuccessRateCheck():
@@ -220,7 +229,43 @@ def check_verdict(check: CheckSpec, summary: Summary) -> CheckVerdict:
     )
 
 
+def _regression_verdict(check: NoRegressionCheck, rows: Sequence[GradeRow]) -> CheckVerdict:
+    """``no_regression``: the paired comparison with the baseline decides (see :mod:`hud_pipelines.comparison`)."""
+    from hud_pipelines.comparison import Verdict, compare, read_result_set
+    from hud_pipelines.errors import HudPipelinesError
+
+    def verdict(passed: bool, description: str, observed: float | None = None) -> CheckVerdict:
+        return CheckVerdict(
+            check.name, passed, check.blocking, f"no_regression: {description}", observed, -check.max_drop
+        )
+
+    try:
+        baseline = read_result_set(check.baseline)
+    except HudPipelinesError as exc:
+        return verdict(False, f"the baseline cannot be read: {exc}")
+    result = compare(rows, baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
+    if result.pairs == 0:
+        return verdict(False, f"no episode pairs up with the baseline {check.baseline} (same tasks and seeds?)")
+    drop = -(result.success_difference or 0.0)
+    against = f"{result.pairs} paired episodes against {check.baseline}"
+    if result.verdict is Verdict.WORSE and drop > check.max_drop:
+        return verdict(
+            False,
+            f"worse than the baseline: success {-drop:+.1%} (McNemar p = {result.mcnemar_p:.3g}) over {against}",
+            -drop,
+        )
+    if result.verdict is Verdict.NO_DIFFERENCE:
+        needed = result.episodes_needed or 0
+        more = max(0, needed - result.pairs)
+        return verdict(
+            True,
+            f"inconclusive: success {-drop:+.1%} (p = {result.mcnemar_p:.3g}) over {against}; "
+            f"{more} more episodes needed to detect a {result.min_effect:.0%} drop",
+            -drop,
+        )
+    return verdict(True, f"{result.verdict.value} than the baseline: success {-drop:+.1%} over {against}", -drop)
+
+
 def verdicts(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]) -> list[CheckVerdict]:
     """Every check of a pipeline on its grade table: the built-in one first, then the YAML's."""
-    summary = summarize(rows)
-    return [instances_verdict(rows), *(check_verdict(check, summary) for check in checks)]
+    return [instances_verdict(rows), *(check_verdict(check, rows) for check in checks)]

@@ -210,7 +210,7 @@ def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
 
 def checks_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[CheckVerdict]:
     """Every check on the current grades (the built-in ``instances_completed`` first), to ``checks.json``."""
-    results = verdicts(spec.checks, collect_rows(spec, outputs, rollout_hash=rollout_hash))
+    results = verdicts(spec.resolved_checks(), collect_rows(spec, outputs, rollout_hash=rollout_hash))
     outputs.base.mkdir(parents=True, exist_ok=True)
     _write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
     return results
@@ -240,7 +240,7 @@ def report_step(
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
     overrides = _recorded_overrides(outputs)
-    checks = verdicts(spec.checks, rows)
+    checks = verdicts(spec.resolved_checks(), rows)
     markdown = render_markdown(spec.name, rows, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
     _write_atomically(outputs.report_md, markdown)
     html = write_html_report(spec.name, rows, outputs, checks=checks, run_id=run_id, overrides=overrides)

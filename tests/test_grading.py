@@ -12,7 +12,6 @@ from hud_pipelines.errors import Fault, GraderError
 from hud_pipelines.graders import build_graders
 from hud_pipelines.grading import (
     GradeRow,
-    Summary,
     check_verdict,
     instances_verdict,
     summarize,
@@ -86,20 +85,22 @@ def test_errors_are_reported_beside_the_rate_never_as_failures() -> None:
     assert summarize([_row(EpisodeStatus.ERRORED)]).success_rate is None
 
 
-def _summary(succeeded: int, failed: int, errored: int = 0, mean_score: float | None = None) -> Summary:
-    return Summary(succeeded + failed + errored, succeeded, failed, errored, mean_score, None)
+def _rows(succeeded: int, failed: int, errored: int = 0, score: float | None = None) -> list[GradeRow]:
+    rows = [_row(EpisodeStatus.SUCCEEDED)] * succeeded + [_row(EpisodeStatus.FAILED)] * failed
+    rows += [_row(EpisodeStatus.ERRORED)] * errored
+    return [dataclasses.replace(r, score=score) for r in rows] if score is not None else rows
 
 
 def test_checks_pass_and_fail_on_their_figure() -> None:
-    def verdict(check: CheckSpec, summary: Summary) -> tuple[bool, float | None]:
-        result = check_verdict(check, summary)
+    def verdict(check: CheckSpec, rows: list[GradeRow]) -> tuple[bool, float | None]:
+        result = check_verdict(check, rows)
         return result.passed, result.observed
 
-    assert verdict(MinSuccessRateCheck(value=0.75), _summary(3, 1)) == (True, 0.75)
-    assert verdict(MinSuccessRateCheck(value=0.75), _summary(74, 26))[0] is False
-    assert verdict(MinSuccessRateCheck(value=0.0), _summary(0, 0, 1)) == (False, None)  # nothing graded
-    assert verdict(MaxErrorRateCheck(value=0.1), _summary(4, 0, 1)) == (False, 0.2)
-    assert verdict(MinMeanScoreCheck(value=100.0), _summary(1, 0, mean_score=150.0)) == (True, 150.0)
+    assert verdict(MinSuccessRateCheck(value=0.75), _rows(3, 1)) == (True, 0.75)
+    assert verdict(MinSuccessRateCheck(value=0.75), _rows(74, 26))[0] is False
+    assert verdict(MinSuccessRateCheck(value=0.0), _rows(0, 0, 1)) == (False, None)  # nothing graded
+    assert verdict(MaxErrorRateCheck(value=0.1), _rows(4, 0, 1)) == (False, 0.2)
+    assert verdict(MinMeanScoreCheck(value=100.0), _rows(1, 0, score=150.0)) == (True, 150.0)
 
 
 def test_the_instances_check_fails_on_instance_faults_only() -> None:

@@ -355,8 +355,8 @@ def _check(
     )
     def run_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
         rows = read_grades(outputs)
-        configured = {c.name: c for c in _judged(context, spec).checks}  # this run's threshold
-        return _check_result(check_verdict(configured.get(check.name, check), summarize(rows)), rows)
+        configured = {c.name: c for c in _judged(context, spec).resolved_checks()}  # this run's threshold
+        return _check_result(check_verdict(configured.get(check.name, check), rows), rows)
 
     return run_check
 

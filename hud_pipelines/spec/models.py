@@ -284,7 +284,26 @@ class MinMeanScoreCheck(_Check):
     value: Float = Field(description="lowest acceptable mean score (in the first grader's units)")
 
 
-CheckSpec = Annotated[MinSuccessRateCheck | MaxErrorRateCheck | MinMeanScoreCheck, Field(discriminator="kind")]
+class NoRegressionCheck(_Check):
+    """Fails when this eval is significantly worse than a baseline run on the same episodes.
+
+    The rows pair up by (task, instance, slot, seed) with the baseline's `grades.json`; McNemar's exact
+    test on the paired successes decides. The check fails when the candidate is worse at `confidence`
+    and its success rate dropped by more than `max_drop`; when the data cannot tell, it passes and says
+    how many paired episodes an answer would take.
+    """
+
+    kind: Literal["no_regression"] = Field(default="no_regression", description="selects this check")
+    baseline: str = Field(
+        min_length=1, description="the baseline's grades.json (or its outputs folder), relative to the YAML file"
+    )
+    max_drop: Float = Field(default=0.05, ge=0.0, le=1.0, description="largest tolerated drop in success rate, 0..1")
+    confidence: Float = Field(default=0.95, gt=0.5, lt=1.0, description="confidence of the verdict (1 - alpha)")
+
+
+CheckSpec = Annotated[
+    MinSuccessRateCheck | MaxErrorRateCheck | MinMeanScoreCheck | NoRegressionCheck, Field(discriminator="kind")
+]
 
 
 # -- dataset --------------------------------------------------------------------------------------
@@ -477,6 +496,15 @@ class PipelineSpec(StrictModel):
         return [
             g.model_copy(update={"target": self.resolve_target(g.target)}) if isinstance(g, CallableGrader) else g
             for g in self.graders
+        ]
+
+    def resolved_checks(self) -> list[CheckSpec]:
+        """The checks with file-relative ``baseline`` paths made absolute."""
+        return [
+            c.model_copy(update={"baseline": str(self.resolve_path(c.baseline))})
+            if isinstance(c, NoRegressionCheck)
+            else c
+            for c in self.checks
         ]
 
     # -- partitions, slots and seeds --------------------------------------------------------------

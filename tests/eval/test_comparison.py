@@ -97,3 +97,60 @@ def test_hud_pipelines_compare_reads_two_grade_files(tmp_path: Path, capsys: pyt
     assert report["pairs"] == 30
     assert main(["compare", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "--fail-if-worse"]) == 1
     assert "worse" in capsys.readouterr().out
+
+
+def test_the_no_regression_check_fails_a_worse_candidate_and_passes_an_inconclusive_one(tmp_path: Path) -> None:
+    from hud_pipelines.grading import check_verdict
+    from hud_pipelines.spec.models import NoRegressionCheck
+
+    strong, weak = _sets([(True, False)] * 14 + [(True, True)] * 6)
+    (tmp_path / "strong.json").write_text(json.dumps([r.as_dict() for r in strong]))
+    gate = NoRegressionCheck(baseline=str(tmp_path / "strong.json"), max_drop=0.05)
+    worse = check_verdict(gate, weak)
+    assert not worse.passed
+    assert "worse than the baseline: success -70.0%" in worse.description
+    assert check_verdict(gate, strong).passed
+
+    few_strong, few_weak = _sets([(True, False), (True, True), (False, True), (True, False)])
+    (tmp_path / "few.json").write_text(json.dumps([r.as_dict() for r in few_strong]))
+    undecided = check_verdict(NoRegressionCheck(baseline=str(tmp_path / "few.json")), few_weak)
+    assert undecided.passed
+    assert "inconclusive" in undecided.description
+    assert "more episodes needed" in undecided.description
+    missing = check_verdict(NoRegressionCheck(baseline=str(tmp_path / "nothing.json")), weak)
+    assert not missing.passed
+    assert "the baseline cannot be read" in missing.description
+
+
+def test_a_pipeline_gated_on_its_baseline_fails_the_run_when_it_regresses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.spec.loader import load_pipeline_text
+    from hud_pipelines.spec.models import PipelineSpec
+    from hud_pipelines.steps import evaluate
+    from tests.dagster.support import REPO
+
+    monkeypatch.chdir(REPO)
+
+    def spec(policy: dict[str, object], checks: list[dict[str, object]]) -> PipelineSpec:
+        text = {
+            "name": "gated",
+            "sim": {"factory": "CartPole-v1", "num_envs": 4},
+            "agent": {"policy": policy},
+            "group": 4,
+            "max_concurrent": 2,
+            "max_steps": 60,
+            "graders": [{"kind": "return", "threshold": 50}],
+            "checks": checks,
+        }
+        return load_pipeline_text(json.dumps(text), source=tmp_path / "gated.yaml")
+
+    pd = {"kind": "scripted", "target": "envs.controllers:CartPolePD"}
+    baseline = evaluate(spec(pd, []), outputs_dir=tmp_path / "baseline", project_dir=REPO)
+    assert baseline.summary.succeeded == 16
+    gate = [{"kind": "no_regression", "baseline": "baseline/gated/grades.json"}]
+    regressed = evaluate(spec({"kind": "constant"}, gate), outputs_dir=tmp_path / "candidate", project_dir=REPO)
+    verdict = {c.name: c for c in regressed.checks}["no_regression"]
+    assert not verdict.passed
+    assert not regressed.passed
+    assert "worse than the baseline" in verdict.description
