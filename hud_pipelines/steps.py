@@ -88,7 +88,9 @@ def rollouts_step(
     def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
         from hud_pipelines.telemetry.traces import TraceRecorder
 
-        recorders: list[EpisodeSink] = [TraceRecorder(traces, contract)]
+        recorders: list[EpisodeSink] = [
+            TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos)
+        ]
         if shards is not None:
             recorders.append(shards.sink(spec.partition_key(*partition), contract))
         return recorders

@@ -44,6 +44,7 @@ from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCo
 from hud_pipelines.errors import ConfigurationError
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.strict import Float, Int, StrictModel
+from hud_pipelines.telemetry.traces import DEFAULT_MAX_VIDEOS, TraceVideo
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 """Pipeline names become Dagster key prefixes and job names."""
@@ -309,6 +310,19 @@ CheckSpec = Annotated[
 # -- dataset --------------------------------------------------------------------------------------
 
 
+class TracesSpec(StrictModel):
+    """What the per-episode traces keep besides their JSON lines."""
+
+    video: TraceVideo = Field(
+        default=TraceVideo.FAILED,
+        description="camera video per episode, encoded off the stepping path: `failed` (episodes that failed or "
+        "errored, the ones worth watching), `all`, or `none`",
+    )
+    max_videos: Int = Field(
+        default=DEFAULT_MAX_VIDEOS, ge=0, description="episodes per instance that keep a video, at most"
+    )
+
+
 class DatasetSpec(StrictModel):
     """Where and how the rollouts are written as a LeRobot v3 dataset."""
 
@@ -410,6 +424,11 @@ class PipelineSpec(StrictModel):
         default_factory=list[CheckSpec],
         json_schema_extra=_schema_default([]),
         description="pass/fail thresholds evaluated on the grades (Dagster asset checks)",
+    )
+    traces: TracesSpec = Field(
+        default_factory=TracesSpec,
+        json_schema_extra=_schema_default({}),
+        description="what the per-episode traces keep (camera video)",
     )
     dataset: DatasetSpec | None = Field(default=None, description="the LeRobot dataset output; omitted: no dataset")
 

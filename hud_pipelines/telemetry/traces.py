@@ -44,6 +44,19 @@ counts the rows that shared a forward, which with ``across_instances`` depends o
 were waiting at that moment."""
 
 
+class TraceVideo(StrEnum):
+    """Which episodes keep their camera video: every one, only those that did not succeed, or none."""
+
+    ALL = "all"
+    FAILED = "failed"
+    """Failed and errored episodes (the ones worth watching); a succeeded episode's video is dropped."""
+    NONE = "none"
+
+
+DEFAULT_MAX_VIDEOS = 16
+"""Episodes of an eval instance that keep video, at most (the pipeline default of ``traces.max_videos``)."""
+
+
 class StepType(StrEnum):
     TRACE = "trace"
     OBSERVATION = "observation"
@@ -59,6 +72,7 @@ class _Open:
     key: EpisodeKey
     file: IO[str]
     videos: dict[str, Any] = field(default_factory=dict[str, Any])
+    filmed: bool = False
 
 
 class TraceRecorder:
@@ -66,17 +80,29 @@ class TraceRecorder:
 
     ``contract`` supplies per-dimension names and tells cameras from state; without it names are
     ``<feature>_<i>`` and cameras are recognised by shape. With ``video=True`` each camera of each
-    trace is encoded to its own mp4 at the contract's control rate. One recorder may serve several
+    trace is encoded to its own mp4 at the contract's control rate, on a background encoder thread;
+    ``video`` may also be a :class:`TraceVideo` (``failed`` keeps only the videos of episodes that did
+    not succeed), and at most ``max_videos`` episodes keep one. One recorder may serve several
     threads (the agent loops of concurrent sims).
     """
 
     def __init__(
-        self, root: Path, contract: Contract | None = None, *, video: bool = False, video_codec: str | None = None
+        self,
+        root: Path,
+        contract: Contract | None = None,
+        *,
+        video: bool | TraceVideo = False,
+        video_codec: str | None = None,
+        max_videos: int | None = None,
     ) -> None:
         self.root = Path(root)
         self.contract = contract
-        self.video = video
+        self.video_mode = TraceVideo(video) if isinstance(video, str) else TraceVideo.ALL if video else TraceVideo.NONE
+        self.video = self.video_mode is not TraceVideo.NONE
         self.video_codec = video_codec
+        self.max_videos = max_videos
+        self._kept_videos = 0
+        self._encoder: Any = None
         self.fps = contract.control_rate if contract is not None else 30.0
         self._open: dict[str, _Open] = {}
         self._lock = threading.Lock()
@@ -112,6 +138,9 @@ class TraceRecorder:
             if previous is not None:
                 self._close(previous)
             handle = _Open(key=key, file=path.open("w", encoding="utf-8"))
+            if self.video and (self.max_videos is None or self._kept_videos < self.max_videos):  # kept ones count
+                handle.filmed = True
+                self._kept_videos += 1
             self._open[key.trace_id] = handle
             self.written.append(path)
             _write(handle.file, header)
@@ -146,7 +175,7 @@ class TraceRecorder:
             handle = self._require(key)
             for line in lines:
                 _write(handle.file, line)
-            if self.video:
+            if handle.filmed:
                 self._add_video(handle, cameras)
 
     def inference(self, key: EpisodeKey, record: Inference) -> None:
@@ -186,6 +215,10 @@ class TraceRecorder:
                 },
             )
             self._close(handle)
+            if handle.filmed and self.video_mode is TraceVideo.FAILED and outcome.success:
+                for video in handle.videos.values():  # nothing to watch: it succeeded
+                    video.path.unlink(missing_ok=True)
+                self._kept_videos -= 1
 
     def close(self) -> None:
         """Close traces that never ended (their files lack a grade, which readers report)."""
@@ -213,6 +246,13 @@ class TraceRecorder:
         for video in handle.videos.values():
             video.close()
 
+    def _video_encoder(self) -> Any:
+        from hud_pipelines.telemetry.video import VideoEncoder
+
+        if self._encoder is None:
+            self._encoder = VideoEncoder()
+        return self._encoder
+
     def _is_camera(self, name: str, value: npt.NDArray[Any]) -> bool:
         if self.contract is not None and name in self.contract.features:
             return self.contract.features[name].is_camera
@@ -238,7 +278,9 @@ class TraceRecorder:
             video = handle.videos.get(name)
             if video is None:
                 path = self.path(handle.key).with_suffix(f".{_safe(name)}.mp4")
-                video = handle.videos[name] = CameraVideo(path, self.fps, codec=self.video_codec)
+                video = handle.videos[name] = CameraVideo(
+                    path, self.fps, codec=self.video_codec, encoder=self._video_encoder()
+                )
             feature = self.contract.features.get(name) if self.contract is not None else None
             video.add(image[..., ::-1] if feature is not None and feature.type is FeatureType.BGR else image)
 

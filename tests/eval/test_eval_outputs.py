@@ -111,3 +111,33 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
 
     succeeded = sum(graded.values())
     assert f"succeeded {succeeded} + failed {len(graded) - succeeded}" in evaluation.outputs.report_md.read_text()
+
+
+@pytest.mark.parametrize(
+    ("video", "cap", "kept"),
+    [("failed", 16, {1, 3}), ("all", 16, {0, 1, 2, 3}), ("all", 1, 2), ("none", 16, set[int]())],
+)
+def test_traces_keep_the_videos_the_yaml_asks_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, video: str, cap: int, kept: set[int] | int
+) -> None:
+    from hud_pipelines.telemetry.traces import read_trace
+
+    monkeypatch.chdir(REPO)
+    grader = f"{REPO / 'tests' / 'eval' / 'faulty_policies.py'}:even_seed"
+    spec = _spec(
+        tmp_path,
+        sim={"factory": f"{REPO / 'envs' / 'camera_pendulum.py'}:camera_pendulum", "num_envs": 2},
+        agent={"policy": {"kind": "random", "seed": 2}},
+        group=2,
+        max_steps=8,
+        graders=[{"kind": "callable", "target": grader}],
+        traces={"video": video, "max_videos": cap},
+        dataset={"enabled": False},
+    )
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out", project_dir=tmp_path)
+    traces = [read_trace(p) for p in evaluation.outputs.traces(evaluation.run_id).rglob("*.jsonl")]
+    filmed = {t.header["seed"] for t in traces if t.videos}
+    if isinstance(kept, int):  # a cap per instance: that many of each instance's episodes
+        assert len(filmed) == kept
+    else:
+        assert filmed == kept

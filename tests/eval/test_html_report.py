@@ -75,13 +75,11 @@ def camera_eval(tmp_path_factory: pytest.TempPathFactory) -> CameraEval:
             "group": 1,
             "max_steps": 30,
             "graders": [{"kind": "return", "threshold": -150}],
+            "traces": {"video": "all"},
         },
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(REPO)  # the traces record video when the recorder is asked to
-        patch.setattr(
-            traces.TraceRecorder, "__init__", functools.partialmethod(traces.TraceRecorder.__init__, video=True)
-        )
+        patch.chdir(REPO)
         evaluation = steps.evaluate(spec, outputs_dir=tmp_path / "outputs", project_dir=REPO)
     written = [traces.read_trace(path) for path in tmp_path.rglob("*.jsonl")]
     names = {t.trace_id: _captions(t.header) for t in written}
