@@ -43,6 +43,18 @@ def _run(args: argparse.Namespace) -> int:
     )
 
 
+def _report(args: argparse.Namespace) -> int:
+    from hud_pipelines.runs import write_report
+
+    return write_report(
+        args.pipeline,
+        pipelines_dir=args.pipelines_dir,
+        outputs_dir=args.outputs,
+        open_page=args.open,
+        serve_port=args.serve,
+    )
+
+
 def _compare(args: argparse.Namespace) -> int:
     from hud_pipelines.comparison import run_compare
 
@@ -89,6 +101,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="where to write it (default: the pipeline's sim.contract)"
     )
     contract.set_defaults(handler=_contract)
+
+    report = commands.add_parser(
+        "report", help="write a pipeline's report (report.html, report.md) from its results; open or serve it"
+    )
+    report.add_argument("pipeline", help="a pipeline file, or the name of a pipeline in --pipelines-dir")
+    _add_pipelines_dir(report)
+    report.add_argument(
+        "--outputs", type=Path, default=None, help="outputs root (default $HUD_PIPELINES_OUTPUTS or ./outputs)"
+    )
+    report.add_argument("--open", action="store_true", help="open report.html in a browser")
+    report.add_argument(
+        "--serve",
+        type=int,
+        nargs="?",
+        const=0,
+        default=None,
+        metavar="PORT",
+        help="serve the outputs folder over HTTP on 127.0.0.1 (any free port without PORT)",
+    )
+    report.set_defaults(handler=_report)
 
     paired = commands.add_parser(
         "compare", help="compare two result sets on their paired episodes (McNemar, bootstrap, a verdict)"

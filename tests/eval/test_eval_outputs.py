@@ -141,3 +141,42 @@ def test_traces_keep_the_videos_the_yaml_asks_for(
         assert len(filmed) == kept
     else:
         assert filmed == kept
+
+
+def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import subprocess
+    import sys
+    import urllib.request
+
+    from hud_pipelines.cli import main
+
+    monkeypatch.chdir(REPO)
+    spec = _spec(tmp_path, dataset={"enabled": False})
+    (tmp_path / "placed.yaml").write_text(json.dumps(spec.model_dump(mode="json")))
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out", project_dir=tmp_path)
+    page = evaluation.outputs.base / "report.html"
+    page.unlink()
+    assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]) == 0
+    assert page.is_file()
+
+    command = [sys.executable, "-m", "hud_pipelines.cli", "report", str(tmp_path / "placed.yaml")]
+    served = subprocess.Popen(
+        [*command, "--outputs", str(tmp_path / "out"), "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert served.stdout is not None
+        line = ""
+        while "serving" not in line:
+            line = served.stdout.readline()
+            assert line, "the server printed no address"
+        found = re.search(r"(http://127\.0\.0\.1:\d+/report\.html)", line)
+        assert found is not None, line
+        with urllib.request.urlopen(found.group(1), timeout=10) as response:
+            assert response.status == 200
+            assert "placed" in response.read().decode()
+    finally:
+        served.terminate()
+        served.wait(timeout=10)
+        if served.stdout is not None:
+            served.stdout.close()
