@@ -213,7 +213,8 @@ def _write_merged_stats(dest: Path, part_stats: Sequence[dict[str, Any] | None])
     for column in RENUMBERED_COLUMNS:
         stats.pop(column, None)
     stats.update(_renumbered_column_stats(dest))
-    write_stats(stats, dest)
+    # sorted: lerobot's aggregate orders features by set iteration, which differs from process to process
+    write_stats({name: stats[name] for name in sorted(stats)}, dest)
 
 
 def _renumbered_column_stats(root: Path) -> dict[str, Any]:

@@ -98,6 +98,11 @@ def _assert_identical(first: Evaluation, other: Evaluation, *, traces: bool = Tr
         assert mine.column(column).equals(theirs.column(column)), f"column {column} differs"
     if traces:
         assert _traces(first) == _traces(other)
+    assert first.dataset is not None
+    assert other.dataset is not None
+    stats = (first.dataset.path / "meta" / "stats.json").read_text()
+    assert stats == (other.dataset.path / "meta" / "stats.json").read_text()
+    assert list(json.loads(stats)) == sorted(json.loads(stats)), "features in a stable order, whatever the process"
 
 
 @pytest.mark.parametrize(
