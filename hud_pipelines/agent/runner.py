@@ -307,7 +307,6 @@ class _Run:
             self._begin(key, self.prompts[slot])
         slots.running[:] = True  # until the reply says otherwise: a slot the sim errored keeps its reason
         self._apply_errors(observation)
-        self._end_nonfinite(observation, np.flatnonzero(slots.running), at="reset")
         for slot, status in enumerate(observation.status):
             if slots.running[slot] and status != "running":
                 slots.running[slot] = False
@@ -493,8 +492,7 @@ class _Run:
     ) -> None:
         slots = self.slots
         slots.steps[running] += 1
-        errored = self._end_nonfinite(reply, running, at="step")
-        errored |= self._apply_errors(reply)
+        errored = self._apply_errors(reply)  # the sim ends a slot whose observation or reward is not finite
         counted = running[slots.running[running]]
         slots.total_reward[counted] += reply.reward[counted]
         slots.success[counted] |= reply.success[counted]
@@ -518,31 +516,6 @@ class _Run:
             if reply.terminated[slot] or reply.truncated[slot] or status == "done":
                 terminated, truncated = bool(reply.terminated[slot]), bool(reply.truncated[slot])
                 self._end(slot, self._graded(slot, terminated=terminated, truncated=truncated))
-
-    def _end_nonfinite(self, reply: Observation, running: npt.NDArray[np.intp], *, at: str) -> set[int]:
-        """End the running slots whose observation or reward holds NaN or infinity; returns those slots.
-
-        Such a value is never graded, recorded or summed: the slot errors with the feature and the
-        step that carried it, and its siblings go on.
-        """
-        slots = self.slots
-        bad: dict[int, str] = {}
-        if at == "step":
-            for slot in running[~np.isfinite(reply.reward[running])].tolist():
-                bad[slot] = "reward"
-        for name, values in reply.observation.items():
-            if values.dtype.kind not in "fc":
-                continue
-            rows = values[running].reshape(running.size, -1)
-            for slot in running[~np.isfinite(rows).all(axis=1)].tolist():
-                bad.setdefault(slot, f"observation {name!r}")
-        for slot, what in sorted(bad.items()):
-            step = int(slots.steps[slot])
-            where = "at reset" if at == "reset" else f"at step {step}"
-            self._end(
-                slot, _errored(f"{what} is not finite {where}", step, float(slots.total_reward[slot]), Fault.NONFINITE)
-            )
-        return set(bad)
 
     def _apply_errors(self, reply: Observation) -> set[int]:
         """End the running slots the sim reports as errored; returns those slots."""

@@ -42,7 +42,7 @@ def resource_key(pipeline: str, part: str) -> str:
 
 SIM, CONTRACT, AGENT, GRADERS = "sim", "contract", "agent", "graders"
 
-Mapping = dict  # pyright: ignore[reportMissingTypeArgument]
+YamlMapping = dict  # pyright: ignore[reportMissingTypeArgument]
 """A YAML mapping as resource config: Dagster reads a bare ``dict`` as a permissive mapping, the only
 kind whose members may be ``null`` (``dict[str, Any]`` refuses ``path: null``)."""
 
@@ -52,7 +52,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     each owning its main thread; every one of them is stopped (its process group killed) when the run ends."""
 
     factory: str | None = Field(default=None, description="registry id, module:callable or file.py:callable")
-    args: Mapping = Field(default_factory=Mapping, description="build arguments of the factory")
+    args: YamlMapping = Field(default_factory=YamlMapping, description="build arguments of the factory")
     num_envs: int = Field(default=1, description="slots per sim instance, stepped in lockstep")
     startup_timeout_s: float = Field(default=120.0, description="deadline for a sim to build its envs and listen")
     step_timeout_s: float = Field(default=60.0, description="deadline of one reset or step request")
@@ -105,11 +105,11 @@ class AgentResource(dg.ConfigurableResource):  # type: ignore[misc]
     """The agent that drives every slot: its policy (kind and settings, e.g. a checkpoint), batching and threads.
     The policy is built once per run and shared by the instances."""
 
-    policy: Mapping = Field(description="the policy section: kind and its settings (path, checkpoint, seed)")
+    policy: YamlMapping = Field(description="the policy section: kind and its settings (path, checkpoint, seed)")
     horizon: int | None = Field(default=None, description="actions of each chunk executed before asking again")
     send_ahead: int = Field(default=8, description="steps sent to a served sim ahead of their observation")
     forward_timeout_s: float = Field(default=300.0, description="deadline of one policy forward")
-    batching: Mapping = Field(default_factory=Mapping, description="max_wait_ms, batch_size, across_instances")
+    batching: YamlMapping = Field(default_factory=YamlMapping, description="max_wait_ms, batch_size, across_instances")
     torch_threads: int | None = Field(default=1, description="torch intra-op threads")
     lockstep_threads: str | None = Field(default="auto", description="threads of a forward every sim waits on")
 
@@ -129,8 +129,8 @@ class AgentResource(dg.ConfigurableResource):  # type: ignore[misc]
 class GradersResource(dg.ConfigurableResource):  # type: ignore[misc]
     """How episodes are graded (the first grader decides) and the pass/fail checks on the grades."""
 
-    graders: list[Mapping] = Field(description="graders, as under graders: in the YAML")
-    checks: list[Mapping] = Field(  # pyright: ignore[reportUnknownVariableType]
+    graders: list[YamlMapping] = Field(description="graders, as under graders: in the YAML")
+    checks: list[YamlMapping] = Field(  # pyright: ignore[reportUnknownVariableType]
         default_factory=list, description="checks, as under checks: in the YAML"
     )
 

@@ -146,3 +146,20 @@ def test_a_deployment_swaps_the_sim_for_a_served_one_without_touching_the_yaml(
     overrides = json.loads(EvalOutputs(outputs_dir, "swapped").configuration_json.read_text())["overrides"]
     assert "sim.token" not in overrides, "a credential is never recorded"
     assert overrides["sim.url"] == served.url
+
+
+def test_a_bad_deployment_file_is_refused_naming_the_file_and_key(tmp_path: Path) -> None:
+    from hud_pipelines.dagster.deployment import DeploymentError, for_pipeline, load_deployment
+
+    with pytest.raises(DeploymentError, match=r"missing.yaml"):
+        load_deployment(tmp_path / "missing.yaml")
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("pipelines:\n  cartpole_pd:\n    simulator: {url: ws://x:1}\n")
+    with pytest.raises(DeploymentError, match=r"pipelines\.cartpole_pd\.simulator: not a resource"):
+        load_deployment(wrong)
+    shared = tmp_path / "shared.yaml"
+    shared.write_text('pipelines:\n  "*": {agent: {torch_threads: 2}}\n  a: {sim: {token: {env: TOKEN}}}\n')
+    fields = for_pipeline(load_deployment(shared), "a")
+    assert fields["agent"] == {"torch_threads": 2}
+    assert isinstance(fields["sim"]["token"], dg.EnvVar)
+    assert for_pipeline(load_deployment(shared), "b") == {"agent": {"torch_threads": 2}}
