@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hud_pipelines.agent.config import DEFAULT_SEND_AHEAD
+from hud_pipelines.spec.agent import DEFAULT_SEND_AHEAD
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -136,7 +136,7 @@ def worker(args: argparse.Namespace) -> None:
     from hud_pipelines.agent.lerobot import LeRobotPolicy
     from hud_pipelines.agent.runner import RobotAgent
     from hud_pipelines.agent.torch_runtime import configure_threads
-    from hud_pipelines.telemetry.traces import TraceRecorder
+    from hud_pipelines.recording.traces import TraceRecorder
 
     configure_threads(args.torch_threads)
     imported = time.perf_counter()

@@ -3,7 +3,7 @@
 Runs one pipeline (default: the bundled CartPole eval) four ways, side by side, ``--repeats`` times
 each, and reports medians and ratios to the direct Python API:
 
-- ``python-api``: :func:`hud_pipelines.steps.evaluate` in this process: the same steps (contract,
+- ``python-api``: :func:`hud_pipelines.eval.steps.evaluate` in this process: the same steps (contract,
   rollouts, grades, report, dataset) with no Dagster at all, imports already paid;
 - ``python-api, fresh process``: the same call in a new interpreter (imports included), the fair
   baseline for the two CLIs;
@@ -35,8 +35,8 @@ BIN = Path(sys.executable).parent
 
 
 def _python_api(pipeline: Path, outputs: Path) -> None:
+    from hud_pipelines.eval.steps import evaluate
     from hud_pipelines.spec.loader import load_pipeline
-    from hud_pipelines.steps import evaluate
 
     evaluation = evaluate(load_pipeline(pipeline), outputs_dir=outputs, project_dir=REPO)
     assert not evaluation.failed_instances
@@ -87,7 +87,7 @@ def main() -> None:
     env = {**os.environ, "DAGSTER_HOME": str(home), "HF_HUB_OFFLINE": "1", "HUD_PIPELINES_DIR": str(pipeline.parent)}
     fresh = (
         "import sys; from pathlib import Path; from hud_pipelines.spec.loader import load_pipeline; "
-        "from hud_pipelines.steps import evaluate; "
+        "from hud_pipelines.eval.steps import evaluate; "
         f"e = evaluate(load_pipeline(Path({str(pipeline)!r})), project_dir=Path.cwd()); "
         "sys.exit(1 if e.failed_instances else 0)"
     )

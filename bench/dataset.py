@@ -139,7 +139,7 @@ def run_plain(frames: Any, episodes: int, root: Path, codec: str | None) -> dict
 def run_asset(frames: Any, episodes: int, root: Path, processes: int | None) -> dict[str, Any]:
     from hud_pipelines.dataset.options import DatasetOptions, WriterKind
     from hud_pipelines.dataset.publish import DatasetBuild
-    from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame
+    from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame
 
     steps = len(frames["action"])
     slots = 2

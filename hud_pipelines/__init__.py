@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hud_pipelines.agent.runner import RobotAgent
     from hud_pipelines.contract import Contract
-    from hud_pipelines.recorder import wrap
+    from hud_pipelines.recording.wrap import wrap
     from hud_pipelines.sim.bridge import GymBridge
     from hud_pipelines.sim.client import SimClient
     from hud_pipelines.sim.process import SimProcess
 
 _EXPORTS = {
-    "wrap": "hud_pipelines.recorder",
+    "wrap": "hud_pipelines.recording.wrap",
     "SimProcess": "hud_pipelines.sim.process",
     "SimClient": "hud_pipelines.sim.client",
     "GymBridge": "hud_pipelines.sim.bridge",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hud_pipelines.cli import main
+from hud_pipelines.cli.main import main
 from hud_pipelines.errors import Fault
+from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.spec.loader import load_pipeline
-from hud_pipelines.steps import evaluate
 
 SIZED = f"{Path(__file__).with_name('contract_sims.py').resolve()}:sized"
 

@@ -1,6 +1,6 @@
 """The agent side: policies behind one batched seam, the lockstep agent loop, cross-sim batching.
 
-The names below are imported on first use, so ``hud_pipelines.agent.config`` (read by the spec
+The names below are imported on first use, so ``hud_pipelines.spec.agent`` (read by the spec
 loader) stays cheap. Nothing here pulls in torch or lerobot: the torch-backed kinds live in
 :mod:`hud_pipelines.agent.torch_policy` and :mod:`hud_pipelines.agent.lerobot`, imported by
 :func:`build_policy` only when a config asks for them.

@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hud_pipelines.agent.config import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
 from hud_pipelines.agent.policy import Actions, BasePolicy, Policy, PolicyBatch, as_base_policy
 from hud_pipelines.errors import PolicyError, PolicyTimeoutError, RolloutTimeoutError, RunAborted
+from hud_pipelines.spec.agent import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
 
 
 @dataclass

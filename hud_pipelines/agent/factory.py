@@ -1,6 +1,6 @@
 """``build_policy``: a ``kind``-discriminated policy config -> the policy it names.
 
-A closed match over :mod:`hud_pipelines.agent.config`'s kinds, not a registry: each implementation
+A closed match over :mod:`hud_pipelines.spec.agent`'s kinds, not a registry: each implementation
 is imported only when its kind is asked for, so torch and lerobot stay out of processes that never
 use them, and the implementations import :mod:`hud_pipelines.agent.policy` without a cycle.
 """
@@ -14,8 +14,8 @@ from hud_pipelines.agent.policy import BasePolicy, as_base_policy
 from hud_pipelines.contract import Contract
 
 if TYPE_CHECKING:
-    from hud_pipelines.agent.config import PolicyConfig
     from hud_pipelines.agent.torch_runtime import LockstepThreads
+    from hud_pipelines.spec.agent import PolicyConfig
 
 
 def build_policy(
@@ -33,7 +33,7 @@ def build_policy(
     torch-backed kinds (1 keeps latency stable while sims share the cores; ``None`` keeps torch's
     default); ``lockstep_threads`` to their forwards that every sim waits on.
     """
-    from hud_pipelines.agent import config as cfg
+    from hud_pipelines.spec import agent as cfg
 
     match config:
         case cfg.RandomPolicyConfig():

@@ -55,7 +55,6 @@ from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.factory import make_policy_config as _make_policy_config  # pyright: ignore[reportUnknownVariableType]
 from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
 
-from hud_pipelines.agent.config import LeRobotPolicyConfig
 from hud_pipelines.agent.policy import Actions, PolicyBatch, as_chunks
 from hud_pipelines.agent.torch_runtime import (
     AUTO,
@@ -69,6 +68,7 @@ from hud_pipelines.agent.torch_runtime import (
 from hud_pipelines.contract import Contract, Feature
 from hud_pipelines.contract import FeatureType as ContractFeatureType
 from hud_pipelines.errors import PolicyError
+from hud_pipelines.spec.agent import LeRobotPolicyConfig
 
 log = logging.getLogger(__name__)
 TASK = "task"

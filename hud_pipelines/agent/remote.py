@@ -27,10 +27,10 @@ import numpy.typing as npt
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from hud_pipelines.agent.config import RemotePolicyConfig
 from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chunks
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import PolicyError, WireError
+from hud_pipelines.spec.agent import RemotePolicyConfig
 from hud_pipelines.wire.codec import check_dtype, decode_array
 
 NDARRAY = b"__ndarray__"

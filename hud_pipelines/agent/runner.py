@@ -43,7 +43,6 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.agent.config import DEFAULT_SEND_AHEAD
 from hud_pipelines.agent.policy import BasePolicy, Policy, PolicyBatch, as_base_policy, as_chunks
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
@@ -55,7 +54,8 @@ from hud_pipelines.errors import (
     RunAborted,
     fault_of,
 )
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
+from hud_pipelines.spec.agent import DEFAULT_SEND_AHEAD
 from hud_pipelines.wire.messages import Observation
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from hud_pipelines.agent.config import TorchPolicyConfig
 from hud_pipelines.agent.policy import Actions, PolicyBatch, as_chunks
 from hud_pipelines.agent.torch_runtime import (
     AUTO,
@@ -28,6 +27,7 @@ from hud_pipelines.agent.torch_runtime import (
 )
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import PolicyError
+from hud_pipelines.spec.agent import TorchPolicyConfig
 from hud_pipelines.targets import load_target
 
 

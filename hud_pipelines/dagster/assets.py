@@ -31,7 +31,6 @@ import dagster as dg
 from dagster import AssetCheckExecutionContext, AssetExecutionContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from hud_pipelines import progress
 from hud_pipelines.contract import Contract
 from hud_pipelines.dagster.resources import (
     AGENT,
@@ -46,8 +45,8 @@ from hud_pipelines.dagster.resources import (
     resource_key,
 )
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.eval import InstanceResult
-from hud_pipelines.grading import (
+from hud_pipelines.eval import progress
+from hud_pipelines.eval.grades import (
     INSTANCES_CHECK,
     CheckVerdict,
     GradeRow,
@@ -56,11 +55,10 @@ from hud_pipelines.grading import (
     instances_verdict,
     summarize,
 )
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.recording import EpisodeStatus
-from hud_pipelines.report import rate_text, success_interval
-from hud_pipelines.spec.models import CheckSpec, PipelineSpec
-from hud_pipelines.steps import (
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.report import rate_text, success_interval
+from hud_pipelines.eval.runner import InstanceResult
+from hud_pipelines.eval.steps import (
     GRADE_COLUMNS,
     cell,
     checks_step,
@@ -73,6 +71,8 @@ from hud_pipelines.steps import (
     report_step,
     rollouts_step,
 )
+from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.spec.models import CheckSpec, PipelineSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"

@@ -22,7 +22,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from hud_pipelines.dagster.assets import build_pipeline_assets
 from hud_pipelines.dagster.deployment import Deployment, for_pipeline, load_deployment
 from hud_pipelines.dagster.resources import pipeline_resources
-from hud_pipelines.outputs import EvalOutputs, default_outputs_root
+from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.spec.loader import collect_pipelines, default_pipelines_dir, load_pipeline, pipeline_files
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError

@@ -12,7 +12,7 @@ resources are set up, before any sim starts; what differs from the YAML is an *o
 the rollout hash and recorded with every result, so results of different configurations are never
 mixed.
 
-The sim resource owns the subprocesses: a lazy :class:`~hud_pipelines.simpool.SimPool` (no sim
+The sim resource owns the subprocesses: a lazy :class:`~hud_pipelines.sim.pool.SimPool` (no sim
 starts until an asset asks for one, because ``dagster job execute`` / ``dg launch`` initialise a
 job's resources once more after the run), closed in tear-down, which runs on success, failure and
 cancellation. A set-up that fails has started nothing, so the missing tear-down leaks nothing.
@@ -29,9 +29,9 @@ from typing import Any, cast
 import dagster as dg
 from pydantic import BaseModel, Field, PrivateAttr, SecretStr, create_model
 
-from hud_pipelines.agent.config import AgentConfig
-from hud_pipelines.eval import sim_settings
-from hud_pipelines.simpool import SimPool
+from hud_pipelines.eval.runner import sim_settings
+from hud_pipelines.sim.pool import SimPool
+from hud_pipelines.spec.agent import AgentConfig
 from hud_pipelines.spec.models import PipelineSpec, SimSpec
 
 
@@ -159,7 +159,7 @@ def pipeline_resources(
     """The resources of ``spec`` with the YAML's values as their configuration.
 
     ``deployment`` replaces fields per resource (``{"sim": {"url": ..., "token": EnvVar(...)}}``): the
-    one construction path of the Dagster definitions, the CLI and :func:`~hud_pipelines.steps.evaluate`.
+    one construction path of the Dagster definitions, the CLI and :func:`~hud_pipelines.eval.steps.evaluate`.
     """
     swap = deployment or {}
     sim: dict[str, Any] = _plain(spec.sim.model_dump(exclude={"contract"}))

@@ -1,4 +1,4 @@
-"""Contract -> LeRobot features, and one recorded :class:`~hud_pipelines.recording.Frame` -> one LeRobot frame.
+"""Contract -> LeRobot features, and one recorded :class:`~hud_pipelines.recording.events.Frame` -> one LeRobot frame.
 
 The mapping, in lerobot's own vocabulary (its key constants are used, not retyped):
 
@@ -42,7 +42,7 @@ from hud_pipelines.contract import ACTION as ACTION_FEATURE
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.errors import ContractError
-from hud_pipelines.recording import Frame
+from hud_pipelines.recording.events import Frame
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from hud_pipelines.dataset.publish import publish_shards
 from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.models import PipelineSpec
 
 

@@ -46,7 +46,7 @@ from hud_pipelines.dataset.options import DatasetOptions, WriterKind
 from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, Part, PartWriter
 from hud_pipelines.dataset.process import ProcessPart
 from hud_pipelines.errors import DatasetWriteError, SlotStateError
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ factory (an unknown registry id or attribute gets the factory resolver's closest
 every build argument against the factory's signature, checks that policy and grader targets are
 importable, and that files a spec points at exist or parse. Each finding is located at the YAML
 line that names the culprit. This imports the factory's module (and gymnasium), but policy and
-grader modules are only read, not run, where possible (see :mod:`hud_pipelines.spec.targets`).
+grader modules are only read, not run, where possible (see :mod:`hud_pipelines.spec.target_check`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hud_pipelines.agent.config import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.document import KeyPath, YamlDocument
 from hud_pipelines.spec.models import CallableGrader, PipelineSpec
 from hud_pipelines.spec.problems import Problem
-from hud_pipelines.spec.targets import target_problem
+from hud_pipelines.spec.target_check import target_problem
 
 EPISODIC_KEYS = ("seed", "options")
 

@@ -34,17 +34,17 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from hud_pipelines.agent.config import (
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec, WriterKind
+from hud_pipelines.errors import ConfigurationError
+from hud_pipelines.recording.traces import DEFAULT_MAX_VIDEOS, TraceVideo
+from hud_pipelines.sim.actions import BoundsMode, HoldMode
+from hud_pipelines.spec.agent import (
     AgentConfig,
     LeRobotPolicyConfig,
     ScriptedPolicyConfig,
     TorchPolicyConfig,
 )
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec, WriterKind
-from hud_pipelines.errors import ConfigurationError
-from hud_pipelines.sim.actions import BoundsMode, HoldMode
-from hud_pipelines.strict import Float, Int, StrictModel
-from hud_pipelines.telemetry.traces import DEFAULT_MAX_VIDEOS, TraceVideo
+from hud_pipelines.spec.base import Float, Int, StrictModel
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 """Pipeline names become Dagster key prefixes and job names."""

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, Feature
 from hud_pipelines.errors import SimCrashedError
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, Frame, Inference
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, Frame, Inference
 from hud_pipelines.wire.messages import Observation, SlotError
 
 

@@ -21,7 +21,7 @@ from hud_pipelines.agent.builtin import scripted_policy
 from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.errors import PolicyError
-from hud_pipelines.recording import EpisodeOutcome, EpisodeStatus
+from hud_pipelines.recording.events import EpisodeOutcome, EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 
 LONG_WINDOW_S = 10.0
@@ -214,7 +214,7 @@ def test_k_sims_share_one_forward_per_tick_through_robot_agents() -> None:
 
 
 def test_batching_settings_come_from_the_agent_config() -> None:
-    from hud_pipelines.agent.config import BatchingConfig
+    from hud_pipelines.spec.agent import BatchingConfig
 
     model = BatchedModel.from_config(Doubler(), BatchingConfig(max_wait_ms=20.0, batch_size=6), expected_callers=3)
     assert (model.max_wait_s, model.batch_size, model.expected_callers) == (0.02, 6, 3)

@@ -16,16 +16,16 @@ import torch
 from agent_helpers import RecordingSink
 from lerobot.utils.constants import OBS_IMAGE, OBS_IMAGES, OBS_STATE
 
-from hud_pipelines.agent.config import LeRobotPolicyConfig
 from hud_pipelines.agent.factory import build_policy
 from hud_pipelines.agent.lerobot import LeRobotAdapter, LeRobotPolicy
 from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.errors import PolicyError
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.process import SimProcess
+from hud_pipelines.spec.agent import LeRobotPolicyConfig
 
 pytestmark = pytest.mark.slow
 PUSHT = "gym_pusht/PushT-v0"

@@ -16,7 +16,7 @@ from agent_helpers import RecordingSink
 from envs.faulty import EPISODE_STEPS
 from hud_pipelines.agent.builtin import RandomPolicy
 from hud_pipelines.agent.runner import RobotAgent
-from hud_pipelines.recording import EpisodeOutcome, EpisodeStatus
+from hud_pipelines.recording.events import EpisodeOutcome, EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.process import SimProcess
 from tests.conftest import FAULTY, REPO, wait_group_gone

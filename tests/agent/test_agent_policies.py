@@ -11,17 +11,17 @@ import pytest
 from agent_helpers import countdown_contract
 
 from hud_pipelines.agent.builtin import ConstantPolicy, FunctionPolicy, RandomPolicy, scripted_policy
-from hud_pipelines.agent.config import (
-    AgentConfig,
-    ConstantPolicyConfig,
-    RandomPolicyConfig,
-    ScriptedPolicyConfig,
-)
 from hud_pipelines.agent.factory import build_policy
 from hud_pipelines.agent.policy import PolicyBatch, as_chunks
 from hud_pipelines.contract import Contract, Feature
 from hud_pipelines.errors import PolicyError
 from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.spec.agent import (
+    AgentConfig,
+    ConstantPolicyConfig,
+    RandomPolicyConfig,
+    ScriptedPolicyConfig,
+)
 
 
 def pusht_like() -> Contract:
@@ -177,8 +177,8 @@ def test_the_loop_traces_and_wrap_do_not_import_torch_or_lerobot() -> None:
     code = (
         "import sys\n"
         "import hud_pipelines.agent, hud_pipelines.agent.runner, hud_pipelines.agent.batching\n"
-        "import hud_pipelines.agent.builtin, hud_pipelines.agent.remote, hud_pipelines.telemetry.traces\n"
-        "import hud_pipelines.recorder, envs.controllers\n"
+        "import hud_pipelines.agent.builtin, hud_pipelines.agent.remote, hud_pipelines.recording.traces\n"
+        "import hud_pipelines.recording.wrap, envs.controllers\n"
         "from hud_pipelines.agent import RobotAgent, BatchedModel, build_policy\n"
         "heavy = sorted(m for m in ('torch', 'lerobot', 'av') if m in sys.modules)\n"
         "assert not heavy, heavy\n"

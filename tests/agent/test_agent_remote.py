@@ -17,13 +17,13 @@ import pytest
 from agent_helpers import countdown_contract
 from websockets.sync.server import Server, ServerConnection, serve
 
-from hud_pipelines.agent.config import RemotePolicyConfig
 from hud_pipelines.agent.factory import build_policy
 from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.remote import RemotePolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.errors import PolicyError
 from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.spec.agent import RemotePolicyConfig
 
 
 def openpi_pack(obj: Any) -> bytes:

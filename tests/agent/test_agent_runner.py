@@ -18,7 +18,7 @@ from envs.controllers import (
 from hud_pipelines.agent.builtin import FunctionPolicy, scripted_policy
 from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.runner import EpisodeKeys, RobotAgent
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.process import SimProcess
 

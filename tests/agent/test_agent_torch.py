@@ -11,7 +11,6 @@ import torch
 from envs.controllers import CARTPOLE_SUCCESS_STEPS
 from envs.policies import CartPoleTorchPD, LinearChunkPolicy
 from hud_pipelines.agent.batching import BatchedModel
-from hud_pipelines.agent.config import AgentConfig, TorchPolicyConfig
 from hud_pipelines.agent.factory import build_policy
 from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.runner import RobotAgent
@@ -26,6 +25,7 @@ from hud_pipelines.agent.torch_runtime import (
 )
 from hud_pipelines.errors import PolicyError
 from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.spec.agent import AgentConfig, TorchPolicyConfig
 
 
 def test_a_checkpointed_module_balances_cartpole(tmp_path: Path) -> None:

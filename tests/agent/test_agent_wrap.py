@@ -19,10 +19,10 @@ from hud_pipelines.agent.builtin import FunctionPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import load_contract
 from hud_pipelines.dataset.merge import read_episode_records
-from hud_pipelines.recorder import RecordVectorEpisodes, wrap
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.recording.traces import StepType, TraceRecorder, read_traces
+from hud_pipelines.recording.wrap import RecordVectorEpisodes, wrap
 from hud_pipelines.sim.bridge import GymBridge
-from hud_pipelines.telemetry.traces import StepType, TraceRecorder, read_traces
 
 SEEDS = [5, 6]
 REPO = Path(__file__).resolve().parents[2]
@@ -212,7 +212,7 @@ EXITS_WITHOUT_CLOSE = textwrap.dedent(
 
     import gymnasium as gym
 
-    from hud_pipelines.recorder import wrap
+    from hud_pipelines.recording.wrap import wrap
 
     env = wrap(gym.make("CartPole-v1"), job="unclosed", dataset=Path(sys.argv[1]))
     for seed in (0, 1):

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from hud_pipelines.cli import main
-from hud_pipelines.outputs import EvalOutputs
+from hud_pipelines.cli.main import main
+from hud_pipelines.eval.outputs import EvalOutputs
 from tests.dagster.support import REPO, WritePipeline, sim_processes
 
 pytestmark = pytest.mark.slow

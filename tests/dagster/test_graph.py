@@ -10,10 +10,10 @@ import pytest
 
 from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
 from hud_pipelines.errors import Fault
-from hud_pipelines.eval import InstanceResult
-from hud_pipelines.grading import GradeRow
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.runner import InstanceResult
+from hud_pipelines.recording.events import EpisodeStatus
 from tests.dagster.support import REPO, WritePipeline, sim_processes
 
 
@@ -204,8 +204,8 @@ def test_every_bundled_pipeline_runs_end_to_end(
 def test_the_python_api_and_the_dagster_job_grade_the_same_seeds_identically(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
 ) -> None:
+    from hud_pipelines.eval.steps import evaluate
     from hud_pipelines.spec.loader import load_pipeline
-    from hud_pipelines.steps import evaluate
 
     path = write_pipeline("twice", group=2, max_steps=60, tasks=[{"seed": 11}])
     assert _run(path, outputs_dir, instance).success
@@ -222,8 +222,8 @@ def test_the_python_api_and_the_dagster_job_grade_the_same_seeds_identically(
 
 
 def test_a_slot_episode_depends_on_its_seed_not_on_num_envs(tmp_path: Path) -> None:
+    from hud_pipelines.eval.steps import evaluate
     from hud_pipelines.spec.loader import load_pipeline_text
-    from hud_pipelines.steps import evaluate
 
     def returns(num_envs: int, group: int) -> dict[int | None, float]:
         text = json.dumps(
@@ -278,8 +278,8 @@ def test_a_pipeline_attaches_to_a_sim_served_elsewhere(
 def test_results_of_another_configuration_are_never_mixed_into_the_grades(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
 ) -> None:
+    from hud_pipelines.eval.steps import collect_rows
     from hud_pipelines.spec.loader import load_pipeline
-    from hud_pipelines.steps import collect_rows
 
     path = write_pipeline("edited", group=2)
     assert _run(path, outputs_dir, instance).success

@@ -11,9 +11,9 @@ import dagster as dg
 import pytest
 
 from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
-from hud_pipelines.grading import GradeRow
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.recording.events import EpisodeStatus
 from tests.dagster.support import REPO, WritePipeline, sim_processes
 
 PARTS = ("sim", "contract", "agent", "graders")
@@ -85,8 +85,8 @@ def test_a_run_config_override_is_used_recorded_and_keeps_results_apart(
     assert "`sim.num_envs` = `3`" in report
 
     # the YAML's configuration again: the override's results are stale until it runs again
+    from hud_pipelines.eval.steps import collect_rows
     from hud_pipelines.spec.loader import load_pipeline
-    from hud_pipelines.steps import collect_rows
 
     spec = load_pipeline(path)
     stale = collect_rows(spec, EvalOutputs(outputs_dir, "overridden"), rollout_hash=spec.rollout_hash)

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
 from hud_pipelines.sim.bridge import GymBridge
 
 Policy = Callable[[Mapping[str, npt.NDArray[Any]], int], npt.NDArray[np.float32]]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 

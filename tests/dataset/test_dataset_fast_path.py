@@ -31,7 +31,7 @@ from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.dataset.part import PART_PREFIX
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, EpisodeVideoError
-from hud_pipelines.recording import EpisodeStatus, Frame
+from hud_pipelines.recording.events import EpisodeStatus, Frame
 from tests.dataset.support import key, load, outcome
 
 TASK = "stack the frames"

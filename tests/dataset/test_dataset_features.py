@@ -12,7 +12,7 @@ from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.features import ERRORED, DatasetLayout
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.errors import ContractError
-from hud_pipelines.recording import Frame
+from hud_pipelines.recording.events import Frame
 
 
 def _contract(**extra: Feature) -> Contract:

@@ -10,7 +10,7 @@ import pytest
 
 from hud_pipelines.dataset.publish import DatasetBuild, PublishResult
 from hud_pipelines.dataset.summary import summarize_dataset
-from hud_pipelines.recording import EpisodeOutcome
+from hud_pipelines.recording.events import EpisodeOutcome
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import check_episodes, load
 

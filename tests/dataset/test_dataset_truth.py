@@ -19,8 +19,8 @@ from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import DatasetBuild, publish_shards
 from hud_pipelines.dataset.shards import ShardStore
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
 from hud_pipelines.spec.loader import load_pipeline_text
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import SPEC, check_episodes, frame, key, load, outcome, write_episodes

@@ -13,7 +13,7 @@ from hud_pipelines.dataset.options import DatasetOptions, WriterKind
 from hud_pipelines.dataset.publish import DatasetBuild
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, SlotStateError
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.recording.events import EpisodeStatus
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import SPEC, check_episodes, frame, key, load, outcome, write_episodes
 

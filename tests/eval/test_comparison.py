@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from hud_pipelines.comparison import Verdict, compare, mcnemar_exact, mcnemar_sample_size, pair_rows
-from hud_pipelines.grading import GradeRow
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.eval.comparison import Verdict, compare, mcnemar_exact, mcnemar_sample_size, pair_rows
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.recording.events import EpisodeStatus
 
 
 def _row(slot: int, success: bool, *, score: float | None = None, errored: bool = False, task: str = "t") -> GradeRow:
@@ -86,7 +86,7 @@ def test_errored_and_unshared_episodes_are_left_out_and_counted() -> None:
 
 
 def test_hud_pipelines_compare_reads_two_grade_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from hud_pipelines.cli import main
+    from hud_pipelines.cli.main import main
 
     candidate, baseline = _sets([(True, True)] * 10 + [(True, False)] * 12 + [(False, False)] * 8)
     (tmp_path / "a.json").write_text(json.dumps([r.as_dict() for r in candidate]))
@@ -100,7 +100,7 @@ def test_hud_pipelines_compare_reads_two_grade_files(tmp_path: Path, capsys: pyt
 
 
 def test_the_no_regression_check_fails_a_worse_candidate_and_passes_an_inconclusive_one(tmp_path: Path) -> None:
-    from hud_pipelines.grading import check_verdict
+    from hud_pipelines.eval.grades import check_verdict
     from hud_pipelines.spec.models import NoRegressionCheck
 
     strong, weak = _sets([(True, False)] * 14 + [(True, True)] * 6)
@@ -125,9 +125,9 @@ def test_the_no_regression_check_fails_a_worse_candidate_and_passes_an_inconclus
 def test_a_pipeline_gated_on_its_baseline_fails_the_run_when_it_regresses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from hud_pipelines.eval.steps import evaluate
     from hud_pipelines.spec.loader import load_pipeline_text
     from hud_pipelines.spec.models import PipelineSpec
-    from hud_pipelines.steps import evaluate
     from tests.dagster.support import REPO
 
     monkeypatch.chdir(REPO)

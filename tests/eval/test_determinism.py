@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hud_pipelines.eval.steps import Evaluation, evaluate
+from hud_pipelines.recording.traces import read_trace
 from hud_pipelines.spec.loader import load_pipeline
-from hud_pipelines.steps import Evaluation, evaluate
-from hud_pipelines.telemetry.traces import read_trace
 from tests.dagster.support import REPO
 
 NOISY_POLICY = '''

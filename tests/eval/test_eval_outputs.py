@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from hud_pipelines.grading import GradeRow
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.steps import evaluate
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline_text
-from hud_pipelines.steps import evaluate
 from tests.dagster.support import REPO
 
 
@@ -65,7 +65,7 @@ def test_evaluate_runs_the_blocking_checks_before_it_publishes(tmp_path: Path, m
 
 
 def test_the_cli_summary_prints_reasons_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
-    from hud_pipelines.runs import _print_summary  # pyright: ignore[reportPrivateUsage]
+    from hud_pipelines.cli.run import _print_summary  # pyright: ignore[reportPrivateUsage]
 
     row = GradeRow(
         "p", "t", 0, 0, "t-i0", 0, 1, EpisodeStatus.ERRORED, 0.0, False, 0.0, 0, error="self.envs[slot].step([x])"
@@ -81,7 +81,7 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
 ) -> None:
     import pyarrow.parquet as pq
 
-    from hud_pipelines.telemetry.traces import read_trace
+    from hud_pipelines.recording.traces import read_trace
 
     monkeypatch.chdir(REPO)
     # CartPole reports no success: the return grader decides, and some episodes miss its threshold
@@ -120,7 +120,7 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
 def test_traces_keep_the_videos_the_yaml_asks_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, video: str, cap: int, kept: set[int] | int
 ) -> None:
-    from hud_pipelines.telemetry.traces import read_trace
+    from hud_pipelines.recording.traces import read_trace
 
     monkeypatch.chdir(REPO)
     grader = f"{REPO / 'tests' / 'eval' / 'faulty_policies.py'}:even_seed"
@@ -149,7 +149,7 @@ def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeyp
     import sys
     import urllib.request
 
-    from hud_pipelines.cli import main
+    from hud_pipelines.cli.main import main
 
     monkeypatch.chdir(REPO)
     spec = _spec(tmp_path, dataset={"enabled": False})

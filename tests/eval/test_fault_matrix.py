@@ -21,9 +21,9 @@ import pytest
 
 from hud_pipelines.dagster.definitions import definitions_for_file
 from hud_pipelines.errors import Fault
-from hud_pipelines.grading import GradeRow, summarize
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.recording.events import EpisodeStatus
 from tests.dagster.support import REPO, SIMS, sim_processes
 
 NUM_ENVS = 2

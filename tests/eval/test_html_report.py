@@ -20,14 +20,14 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from hud_pipelines import steps
-from hud_pipelines.grading import GradeRow, summarize
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.recording import EpisodeStatus
-from hud_pipelines.report import plot_figure, render_markdown, success_interval
-from hud_pipelines.report_html import html_path
+from hud_pipelines.eval import steps
+from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.report import plot_figure, render_markdown, success_interval
+from hud_pipelines.eval.report_html import html_path
+from hud_pipelines.recording import traces
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline_text
-from hud_pipelines.telemetry import traces
 from tests.dagster.support import REPO, SIMS, pipeline_text
 
 CHROMIUM = shutil.which("chromium")
@@ -418,7 +418,7 @@ def test_the_plot_title_fits_inside_the_figure() -> None:
 
 
 def test_the_page_names_every_run_and_override_and_escapes_what_runs_wrote(tmp_path: Path) -> None:
-    from hud_pipelines.report_html import write_html_report
+    from hud_pipelines.eval.report_html import write_html_report
 
     hostile = "<script>alert(1)</script>"
     rows = [
@@ -445,7 +445,7 @@ def test_the_page_names_every_run_and_override_and_escapes_what_runs_wrote(tmp_p
 
 
 def test_long_episodes_are_sampled_down_and_non_finite_values_become_gaps(tmp_path: Path) -> None:
-    from hud_pipelines.report_html.episodes import MAX_POINTS, sampled_series
+    from hud_pipelines.eval.report_html.episodes import MAX_POINTS, sampled_series
 
     steps_count = 1000
     lines: list[dict[str, Any]] = [

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from hud_pipelines.agent.config import DEFAULT_FORWARD_TIMEOUT_S, AgentConfig, RandomPolicyConfig, RemotePolicyConfig
 from hud_pipelines.spec import PipelineSpec, SpecError, load_pipeline_text
+from hud_pipelines.spec.agent import DEFAULT_FORWARD_TIMEOUT_S, AgentConfig, RandomPolicyConfig, RemotePolicyConfig
 
 REMOTE = {"kind": "remote", "url": "ws://policy:8000"}
 

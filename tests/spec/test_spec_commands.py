@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hud_pipelines.spec.commands import add_schema_arguments, add_validate_arguments, run_schema, run_validate
+from hud_pipelines.cli.validate import add_schema_arguments, add_validate_arguments, run_schema, run_validate
 from hud_pipelines.spec.schema import render_json_schema, render_markdown
 
 WriteYaml = Callable[..., Path]
@@ -110,7 +110,7 @@ def test_validate_as_a_process_reports_file_line_and_exit_code() -> None:
     broken = SPEC_TESTS / "broken" / "unknown_policy_kind.yaml"
     script = (
         "import argparse, sys\n"
-        "from hud_pipelines.spec.commands import add_validate_arguments, run_validate\n"
+        "from hud_pipelines.cli.validate import add_validate_arguments, run_validate\n"
         "parser = argparse.ArgumentParser()\n"
         "add_validate_arguments(parser)\n"
         "sys.exit(run_validate(parser.parse_args(sys.argv[1:])))\n"

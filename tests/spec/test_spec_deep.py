@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.spec import SpecError, load_pipeline
-from hud_pipelines.spec.targets import target_problem
+from hud_pipelines.spec.target_check import target_problem
 
 WriteYaml = Callable[..., Path]
 

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from hud_pipelines.agent.config import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.spec import (
     CallableGrader,
@@ -19,6 +18,7 @@ from hud_pipelines.spec import (
     ReturnGrader,
     SuccessGrader,
 )
+from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.models import SOURCE_CONTEXT
 
 

@@ -11,9 +11,9 @@ import numpy.typing as npt
 import pytest
 
 from hud_pipelines.contract import load_contract
+from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.spec import load_pipeline, load_pipeline_text
 from hud_pipelines.spec.schema import REFERENCE_FILE
-from hud_pipelines.steps import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE_HEADING = "### What a scripted policy receives and returns"

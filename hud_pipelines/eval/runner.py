@@ -38,10 +38,10 @@ from typing import Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, GraderError, HudPipelinesError, SimError, SimStartError, fault_of
-from hud_pipelines.graders import Grader, build_graders
-from hud_pipelines.grading import GradeRow
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
-from hud_pipelines.simpool import LiveSim, SimPool, SimSettings
+from hud_pipelines.eval.graders import Grader, build_graders
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
+from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import PROTOCOL_VERSION, Framing
 from tests.conftest import FAULTY, PROBE, REPO, action_frames, assert_same_trajectory, driven, wait_group_gone
 from tests.seeding import FIRST, SEEDS, assert_honest_seeds
-from tests.test_bridge import CASES, Case
+from tests.sim.test_bridge import CASES, Case
 
 Spawn = Callable[..., SimProcess]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hud_pipelines.errors import GraderError
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome
 from hud_pipelines.spec.models import CallableGrader, GraderSpec, ReturnGrader, SuccessGrader
 
 

@@ -8,6 +8,6 @@ as inline SVG from the JSON embedded in the page, moves their cursor with the vi
 sorts the cards. No external library, no network.
 """
 
-from hud_pipelines.report_html.page import ASSETS_DIR, HTML_NAME, html_path, write_html_report
+from hud_pipelines.eval.report_html.page import ASSETS_DIR, HTML_NAME, html_path, write_html_report
 
 __all__ = ["ASSETS_DIR", "HTML_NAME", "html_path", "write_html_report"]

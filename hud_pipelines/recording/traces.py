@@ -1,7 +1,7 @@
 """Traces: one JSON-lines file per slot per episode, grouped by job, plus a reader.
 
 Layout: ``<root>/<job>/<trace_id>.jsonl`` (and ``<trace_id>.<camera>.mp4`` with video on), where
-``trace_id`` is :attr:`hud_pipelines.recording.EpisodeKey.trace_id`, deterministic from (job,
+``trace_id`` is :attr:`hud_pipelines.recording.events.EpisodeKey.trace_id`, deterministic from (job,
 task, instance, slot, episode, seed): the same eval run twice writes the same file names.
 
 Every line is one typed step (``type`` is a :class:`StepType`):
@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, FeatureType, looks_like_camera
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, Frame, Inference
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, Frame, Inference
 
 TRACE_SUFFIX = ".jsonl"
 TIMING_FIELDS = frozenset({"started_at", "latency_s", "batch_size"})
@@ -76,7 +76,7 @@ class _Open:
 
 
 class TraceRecorder:
-    """An :class:`~hud_pipelines.recording.EpisodeSink` that writes traces under ``root/<job>/``.
+    """An :class:`~hud_pipelines.recording.events.EpisodeSink` that writes traces under ``root/<job>/``.
 
     ``contract`` supplies per-dimension names and tells cameras from state; without it names are
     ``<feature>_<i>`` and cameras are recognised by shape. With ``video=True`` each camera of each
@@ -247,7 +247,7 @@ class TraceRecorder:
             video.close()
 
     def _video_encoder(self) -> Any:
-        from hud_pipelines.telemetry.video import VideoEncoder
+        from hud_pipelines.recording.video import VideoEncoder
 
         if self._encoder is None:
             self._encoder = VideoEncoder()
@@ -272,7 +272,7 @@ class TraceRecorder:
         return self._feature_names("action", size)
 
     def _add_video(self, handle: _Open, cameras: dict[str, npt.NDArray[Any]]) -> None:
-        from hud_pipelines.telemetry.video import CameraVideo
+        from hud_pipelines.recording.video import CameraVideo
 
         for name, image in cameras.items():
             video = handle.videos.get(name)

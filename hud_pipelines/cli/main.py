@@ -20,19 +20,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from hud_pipelines.spec.commands import run_validate
+    from hud_pipelines.cli.validate import run_validate
 
     return run_validate(args)
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from hud_pipelines.spec.commands import run_schema
+    from hud_pipelines.cli.validate import run_schema
 
     return run_schema(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hud_pipelines.runs import run_pipeline
+    from hud_pipelines.cli.run import run_pipeline
 
     return run_pipeline(
         args.pipeline,
@@ -44,7 +44,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from hud_pipelines.runs import write_report
+    from hud_pipelines.cli.run import write_report
 
     return write_report(
         args.pipeline,
@@ -56,13 +56,13 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from hud_pipelines.comparison import run_compare
+    from hud_pipelines.eval.comparison import run_compare
 
     return run_compare(args)
 
 
 def _contract(args: argparse.Namespace) -> int:
-    from hud_pipelines.runs import write_contract
+    from hud_pipelines.cli.run import write_contract
 
     return write_contract(args.pipeline, pipelines_dir=args.pipelines_dir, out=args.out)
 
@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from hud_pipelines.cli.validate import add_schema_arguments, add_validate_arguments
     from hud_pipelines.sim.serve import add_arguments as add_serve_arguments
-    from hud_pipelines.spec.commands import add_schema_arguments, add_validate_arguments
 
     validate = commands.add_parser("validate", help="check pipeline files; every problem with file:line")
     add_validate_arguments(validate)

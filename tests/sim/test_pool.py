@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from hud_pipelines.simpool import SimPool, SimSettings
+from hud_pipelines.sim.pool import SimPool, SimSettings
 from tests.conftest import wait_group_gone
 
 

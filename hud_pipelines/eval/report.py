@@ -12,8 +12,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.eval.grades import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

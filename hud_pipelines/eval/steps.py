@@ -3,7 +3,7 @@
 Each Dagster asset is a thin wrapper around one of these functions (it adds metadata and events);
 :func:`evaluate` runs them in order in plain Python, for scripts, notebooks and the benchmark that
 measures what Dagster adds. Everything a step produces is a file under ``outputs/<pipeline>/``
-(see :mod:`hud_pipelines.outputs`), so the steps only share the disk, never memory.
+(see :mod:`hud_pipelines.eval.outputs`), so the steps only share the disk, never memory.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval import EvalRunner, InstanceResult, unreached_result, unreached_rows
-from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, verdicts
-from hud_pipelines.outputs import EvalOutputs, default_outputs_root
-from hud_pipelines.recording import EpisodeSink, EpisodeStatus
-from hud_pipelines.report import render_markdown, render_plot
-from hud_pipelines.simpool import SimPool
+from hud_pipelines.eval.grades import CheckVerdict, GradeRow, Summary, summarize, verdicts
+from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+from hud_pipelines.eval.report import render_markdown, render_plot
+from hud_pipelines.eval.runner import EvalRunner, InstanceResult, unreached_result, unreached_rows
+from hud_pipelines.recording.events import EpisodeSink, EpisodeStatus
+from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def rollouts_step(
     shards = ShardStore(outputs, spec, run_id=run_id) if spec.dataset_enabled else None
 
     def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
-        from hud_pipelines.telemetry.traces import TraceRecorder
+        from hud_pipelines.recording.traces import TraceRecorder
 
         recorders: list[EpisodeSink] = [
             TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos)
@@ -235,7 +235,7 @@ def report_step(
     Written for every run that started, failed instances included: the checks' verdicts are part of
     it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
     """
-    from hud_pipelines.report_html import write_html_report
+    from hud_pipelines.eval.report_html import write_html_report
 
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
     plot = render_plot(spec.name, rows)

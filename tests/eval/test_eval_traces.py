@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hud_pipelines.eval.steps import evaluate
+from hud_pipelines.recording.traces import StepType, iter_jobs, read_traces
 from hud_pipelines.spec.loader import load_pipeline_text
-from hud_pipelines.steps import evaluate
-from hud_pipelines.telemetry.traces import StepType, iter_jobs, read_traces
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STATE_NAMES = ["cart_x", "cart_v", "pole_angle", "pole_omega"]
 ACTION_NAMES = ["push_right"]
 

@@ -2,7 +2,7 @@
 
 The wrapper derives the contract the way the sim bridge does (from the env's spaces and the first
 observation, resolved against ``contract_path`` when given) and reports every episode to the sinks
-(a :class:`~hud_pipelines.telemetry.traces.TraceRecorder` under ``trace_dir``, plus any sinks
+(a :class:`~hud_pipelines.recording.traces.TraceRecorder` under ``trace_dir``, plus any sinks
 passed in): the same keys, frames and grades the agent loop produces for the same seeds and
 actions. Nothing else in the user's code changes::
 
@@ -51,7 +51,7 @@ from hud_pipelines.contract import (
     resolve_contract,
     to_numpy,
 )
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
 from hud_pipelines.sim.envs import prompt_of, success_of, vector_success
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ class _Episodes:
         self.contract = resolve_contract(derived, self.options.contract_path)
         self.names = {name: name or next(iter(derived.observation_features)) for name in flatten_observation(sample)}
         if self.options.trace_dir is not None:
-            from hud_pipelines.telemetry.traces import TraceRecorder
+            from hud_pipelines.recording.traces import TraceRecorder
 
             self.sinks.append(TraceRecorder(self.options.trace_dir, self.contract, video=self.options.video))
         if self.options.dataset is not None:

@@ -14,11 +14,11 @@ from html import escape
 from importlib import resources
 from pathlib import Path
 
-from hud_pipelines.grading import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.recording import EpisodeStatus
-from hud_pipelines.report import rate_text, success_interval
-from hud_pipelines.report_html.episodes import EpisodeView, episode_views
+from hud_pipelines.eval.grades import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.report import rate_text, success_interval
+from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
+from hud_pipelines.recording.events import EpisodeStatus
 
 HTML_NAME = "report.html"
 ASSETS_DIR = "report_files"
@@ -54,7 +54,7 @@ def write_html_report(
 
 def _copy_assets(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    static = resources.files("hud_pipelines.report_html") / "static"
+    static = resources.files("hud_pipelines.eval.report_html") / "static"
     for name in ASSETS:
         (folder / name).write_bytes((static / name).read_bytes())
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.errors import Fault, GraderError
-from hud_pipelines.graders import build_graders
-from hud_pipelines.grading import (
+from hud_pipelines.eval.graders import build_graders
+from hud_pipelines.eval.grades import (
     GradeRow,
     check_verdict,
     instances_verdict,
@@ -18,7 +18,7 @@ from hud_pipelines.grading import (
     summarize_by_task,
     wilson_interval,
 )
-from hud_pipelines.recording import EpisodeKey, EpisodeOutcome, EpisodeStatus
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
 from hud_pipelines.spec.models import (
     CallableGrader,
     CheckSpec,

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hud_pipelines.errors import Fault
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.models import (
     CheckSpec,
     MaxErrorRateCheck,
@@ -230,9 +230,9 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
 
 
 def _regression_verdict(check: NoRegressionCheck, rows: Sequence[GradeRow]) -> CheckVerdict:
-    """``no_regression``: the paired comparison with the baseline decides (see :mod:`hud_pipelines.comparison`)."""
-    from hud_pipelines.comparison import Verdict, compare, read_result_set
+    """``no_regression``: the paired comparison with the baseline decides (see :mod:`hud_pipelines.eval.comparison`)."""
     from hud_pipelines.errors import HudPipelinesError
+    from hud_pipelines.eval.comparison import Verdict, compare, read_result_set
 
     def verdict(passed: bool, description: str, observed: float | None = None) -> CheckVerdict:
         return CheckVerdict(

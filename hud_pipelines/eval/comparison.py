@@ -31,8 +31,8 @@ from typing import Any, cast
 import numpy as np
 
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.grading import GradeRow
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.recording.events import EpisodeStatus
 
 BOOTSTRAP_SAMPLES = 4000
 BOOTSTRAP_SEED = 20261201
@@ -208,7 +208,7 @@ def _sort_key(key: EpisodeId) -> tuple[str, int, int, int]:
 
 def read_result_set(where: str, *, outputs_root: Path | None = None) -> list[GradeRow]:
     """Grade rows from a ``grades.json``, a directory holding one, or a pipeline name under the outputs root."""
-    from hud_pipelines.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
 
     path = Path(where)
     if path.is_dir():

@@ -2,7 +2,7 @@
 
 Policies are chosen by their ``kind``; each kind has its own strict model so a typo in a key fails
 at load time and the JSON Schema documents every option. As everywhere in a pipeline file
-(:mod:`hud_pipelines.strict`), numbers refuse booleans and credentials are secrets. These models
+(:mod:`hud_pipelines.spec.base`), numbers refuse booleans and credentials are secrets. These models
 hold settings only; building a policy from them (and importing torch or lerobot) happens in
 :mod:`hud_pipelines.agent.policy`.
 """
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr
 
-from hud_pipelines.strict import Count, Float, Int, StrictModel
+from hud_pipelines.spec.base import Count, Float, Int, StrictModel
 
 DEFAULT_SEND_AHEAD = 8
 """Steps in flight beyond the one being read: enough to hide a few milliseconds of network round trip

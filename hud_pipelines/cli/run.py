@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.grading import GradeRow, summarize
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
     from dagster import ExecuteInProcessResult
     from rich.console import Console
 
-    from hud_pipelines.eval import InstanceResult
+    from hud_pipelines.eval.runner import InstanceResult
 
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
 LOCAL_DAGSTER_HOME = ".dagster_home"
@@ -97,12 +97,12 @@ def run_pipeline(
 
     import dagster as dg
 
-    from hud_pipelines import progress
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
-    from hud_pipelines.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval import progress
+    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.steps import checks_step, collect_rows, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline
-    from hud_pipelines.steps import checks_step, collect_rows, grades_step, report_step
 
     spec = load_pipeline(path)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
@@ -322,8 +322,8 @@ def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Pat
     from rich.table import Table
 
     from hud_pipelines.contract import load_contract, refresh_contract
-    from hud_pipelines.eval import sim_settings
-    from hud_pipelines.simpool import SimPool
+    from hud_pipelines.eval.runner import sim_settings
+    from hud_pipelines.sim.pool import SimPool
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
@@ -374,9 +374,9 @@ def write_report(
     """Write the pipeline's report from the results on disk (no sim starts); open or serve ``report.html``."""
     import webbrowser
 
-    from hud_pipelines.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.steps import report_step
     from hud_pipelines.spec.loader import load_pipeline
-    from hud_pipelines.steps import report_step
 
     spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)

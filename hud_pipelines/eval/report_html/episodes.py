@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from hud_pipelines.grading import GradeRow
-from hud_pipelines.outputs import EvalOutputs
-from hud_pipelines.telemetry.traces import TRACE_SUFFIX, StepType, Trace, read_trace
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.recording.traces import TRACE_SUFFIX, StepType, Trace, read_trace
 
 MAX_POINTS = 240
 """Samples kept per series: enough for a plot a few hundred pixels wide."""

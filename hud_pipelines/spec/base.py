@@ -3,7 +3,7 @@
 Every model that a pipeline file fills in refuses unknown keys and is frozen, and every number
 refuses a boolean: pydantic's lax mode would read ``horizon: true`` as 1 and ``send_ahead: false`` as
 0, a silent mistake in a file a person wrote. The spec (:mod:`hud_pipelines.spec.models`) and the
-agent settings (:mod:`hud_pipelines.agent.config`) both build on these, so one YAML file follows one
+agent settings (:mod:`hud_pipelines.spec.agent`) both build on these, so one YAML file follows one
 set of rules whichever section a key lives in. This module imports nothing from the package, so
 either side may import it first.
 """

@@ -1,1 +1,0 @@
-"""Telemetry: one trace per slot per episode (JSON lines of typed steps), optional camera video."""
