@@ -51,6 +51,8 @@ class GradeRow:
     """Why an errored row errored; ``None`` for rows that produced an answer."""
     run_id: str = ""
     """The run that produced this row (a grade table may hold rows of earlier runs of other instances)."""
+    checkpoint: str | None = None
+    """The checkpoint of a sweep this row evaluated (its label); ``None`` outside sweeps."""
 
     def as_dict(self) -> dict[str, Any]:
         row = asdict(self)
@@ -230,26 +232,33 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
 
 
 def _regression_verdict(check: NoRegressionCheck, rows: Sequence[GradeRow]) -> CheckVerdict:
-    """``no_regression``: the paired comparison with the baseline decides (see :mod:`hud_pipelines.eval.comparison`)."""
+    """``no_regression`` against the baseline file the check names."""
     from hud_pipelines.errors import HudPipelinesError
-    from hud_pipelines.eval.comparison import Verdict, compare, read_result_set
-
-    def verdict(passed: bool, description: str, observed: float | None = None) -> CheckVerdict:
-        return CheckVerdict(
-            check.name, passed, check.blocking, f"no_regression: {description}", observed, -check.max_drop
-        )
+    from hud_pipelines.eval.comparison import read_result_set
 
     try:
         baseline = read_result_set(check.baseline)
     except HudPipelinesError as exc:
-        return verdict(False, f"the baseline cannot be read: {exc}")
+        return _regression(check, False, f"the baseline cannot be read: {exc}")
+    return regression_verdict(check, rows, baseline, baseline_name=check.baseline)
+
+
+def regression_verdict(
+    check: NoRegressionCheck, rows: Sequence[GradeRow], baseline: Sequence[GradeRow], *, baseline_name: str
+) -> CheckVerdict:
+    """``no_regression``: the paired comparison with the baseline decides (see :mod:`hud_pipelines.eval.comparison`)."""
+    from hud_pipelines.eval.comparison import Verdict, compare
+
     result = compare(rows, baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
     if result.pairs == 0:
-        return verdict(False, f"no episode pairs up with the baseline {check.baseline} (same tasks and seeds?)")
+        return _regression(
+            check, False, f"no episode pairs up with the baseline {baseline_name} (same tasks and seeds?)"
+        )
     drop = -(result.success_difference or 0.0)
-    against = f"{result.pairs} paired episodes against {check.baseline}"
+    against = f"{result.pairs} paired episodes against {baseline_name}"
     if result.verdict is Verdict.WORSE and drop > check.max_drop:
-        return verdict(
+        return _regression(
+            check,
             False,
             f"worse than the baseline: success {-drop:+.1%} (McNemar p = {result.mcnemar_p:.3g}) over {against}",
             -drop,
@@ -257,13 +266,22 @@ def _regression_verdict(check: NoRegressionCheck, rows: Sequence[GradeRow]) -> C
     if result.verdict is Verdict.NO_DIFFERENCE:
         needed = result.episodes_needed or 0
         more = max(0, needed - result.pairs)
-        return verdict(
+        return _regression(
+            check,
             True,
             f"inconclusive: success {-drop:+.1%} (p = {result.mcnemar_p:.3g}) over {against}; "
             f"{more} more episodes needed to detect a {result.min_effect:.0%} drop",
             -drop,
         )
-    return verdict(True, f"{result.verdict.value} than the baseline: success {-drop:+.1%} over {against}", -drop)
+    return _regression(
+        check, True, f"{result.verdict.value} than the baseline: success {-drop:+.1%} over {against}", -drop
+    )
+
+
+def _regression(
+    check: NoRegressionCheck, passed: bool, description: str, observed: float | None = None
+) -> CheckVerdict:
+    return CheckVerdict(check.name, passed, check.blocking, f"no_regression: {description}", observed, -check.max_drop)
 
 
 def verdicts(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]) -> list[CheckVerdict]:

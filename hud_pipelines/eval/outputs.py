@@ -1,5 +1,9 @@
 """Where an eval's files live: results per instance, traces per run, dataset shards, grades, report.
 
+A sweep keeps each checkpoint's files as a whole eval of their own under
+``<name>/checkpoints/<label>/`` (:meth:`EvalOutputs.member`), and the comparison across them beside
+the sweep's grades and report.
+
 Everything of pipeline ``<name>`` sits under ``<root>/<name>/``; the root is ``$HUD_PIPELINES_OUTPUTS``
 or ``outputs/`` in the working directory (the project root when run through ``make``, the CLI or
 ``dagster dev``). Per-instance results are replaced atomically, so re-running one instance replaces
@@ -73,3 +77,29 @@ class EvalOutputs:
     @property
     def report_png(self) -> Path:
         return self.base / "report.png"
+
+    @property
+    def checkpoints(self) -> Path:
+        """A sweep's folder of per-checkpoint outputs."""
+        return self.base / "checkpoints"
+
+    def member(self, label: str) -> EvalOutputs:
+        """The outputs of one checkpoint of a sweep: the same layout, under ``checkpoints/<label>/``."""
+        return EvalOutputs(self.root, f"{self.pipeline}/checkpoints/{label}")
+
+    @property
+    def checkpoint_json(self) -> Path:
+        """What a sweep member evaluated: its label, step, folder and content hash."""
+        return self.base / "checkpoint.json"
+
+    @property
+    def comparison_csv(self) -> Path:
+        return self.base / "comparison.csv"
+
+    @property
+    def comparison_json(self) -> Path:
+        return self.base / "comparison.json"
+
+    @property
+    def comparison_png(self) -> Path:
+        return self.base / "comparison.png"

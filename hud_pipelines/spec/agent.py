@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from hud_pipelines.spec.base import Count, Float, Int, StrictModel
 
@@ -23,6 +23,24 @@ behind a fast sim (see ``bench/remote.md``); a local sim needs one."""
 DEFAULT_FORWARD_TIMEOUT_S = 300.0
 """Long enough for a first forward that compiles kernels or loads weights lazily on a loaded CPU; a
 forward that never returns still cannot hang a run."""
+
+
+class CheckpointEntry(StrictModel):
+    """One checkpoint of a sweep named by hand: its label in tables and plots, and its folder or file."""
+
+    label: str = Field(min_length=1, description="the checkpoint's name in the comparison (unique in the sweep)")
+    path: str = Field(description="the checkpoint's folder (lerobot) or module file (torch), relative to the YAML")
+    step: Int | None = Field(default=None, ge=0, description="its training step, for the success-vs-step plot")
+
+
+CheckpointSources = str | list[str | CheckpointEntry]
+"""Where a sweep finds its checkpoints: a training run's directory, several of them, or entries by hand."""
+
+CHECKPOINTS_DESCRIPTION = (
+    "evaluate every checkpoint of a training run on the same episodes (a sweep): the run's directory as "
+    "lerobot-train writes it (<dir>/checkpoints/<step>/pretrained_model/), a folder of save_pretrained folders, "
+    "several run directories, or a list of {label, path}; checkpoints are picked up as they appear, once complete"
+)
 
 
 class RandomPolicyConfig(StrictModel):
@@ -62,7 +80,18 @@ class TorchPolicyConfig(StrictModel):
     checkpoint: str | None = Field(
         default=None, description="a state_dict file (torch.save) to load, relative to the YAML"
     )
+    checkpoints: CheckpointSources | None = Field(
+        default=None,
+        description="a sweep over state_dict files instead of one checkpoint: a directory of *.pt / *.pth files "
+        "(one checkpoint each, named by file), several directories, or a list of {label, path}",
+    )
     device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...")
+
+    @model_validator(mode="after")
+    def _one_checkpoint_source(self) -> TorchPolicyConfig:
+        if self.checkpoint is not None and self.checkpoints is not None:
+            raise ValueError("give 'checkpoint' (one state_dict) or 'checkpoints' (a sweep), not both")
+        return self
 
 
 class LeRobotPolicyConfig(StrictModel):
@@ -81,6 +110,7 @@ class LeRobotPolicyConfig(StrictModel):
         default=None,
         description="a policy type (act, diffusion, ...) built with random weights for smoke runs when no path",
     )
+    checkpoints: CheckpointSources | None = Field(default=None, description=CHECKPOINTS_DESCRIPTION)
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="config fields to override (e.g. n_action_steps)"
     )
@@ -90,6 +120,12 @@ class LeRobotPolicyConfig(StrictModel):
         description="contract feature -> LeRobot input key, for inputs not named observation.images.<camera> / "
         "observation.state (a renamed state feature is passed on its own, not concatenated)",
     )
+
+    @model_validator(mode="after")
+    def _one_weights_source(self) -> LeRobotPolicyConfig:
+        if self.checkpoints is not None and (self.path is not None or self.type is not None):
+            raise ValueError("give 'checkpoints' (a sweep) or 'path' / 'type' (one policy), not both")
+        return self
 
 
 class RemotePolicyConfig(StrictModel):

@@ -433,6 +433,8 @@ class PipelineSpec(StrictModel):
     dataset: DatasetSpec | None = Field(default=None, description="the LeRobot dataset output; omitted: no dataset")
 
     _source: Path | None = PrivateAttr(None)
+    _weights: tuple[str, str] | None = PrivateAttr(None)
+    """For one checkpoint of a sweep: (the sweep's rollout hash, the checkpoint's content hash)."""
 
     # -- validation -------------------------------------------------------------------------------
 
@@ -509,6 +511,32 @@ class PipelineSpec(StrictModel):
         elif isinstance(policy, LeRobotPolicyConfig) and policy.path is not None:
             policy = policy.model_copy(update={"path": str(self.resolve_path(policy.path))})
         return self.agent.model_copy(update={"policy": policy})
+
+    # -- sweeps -----------------------------------------------------------------------------------
+
+    @property
+    def is_sweep(self) -> bool:
+        """Whether the agent names ``checkpoints`` (every checkpoint of a training run) instead of one policy."""
+        policy = self.agent.policy
+        return isinstance(policy, LeRobotPolicyConfig | TorchPolicyConfig) and policy.checkpoints is not None
+
+    def for_checkpoint(self, path: Path, content_hash: str) -> PipelineSpec:
+        """This sweep with one checkpoint's weights: the same sim, tasks, instances and seeds.
+
+        Its rollout hash is the sweep's and the checkpoint's content together (not the folder's path),
+        so a result stays current when the run directory moves and goes stale when the weights change.
+        """
+        policy = self.agent.policy
+        if not self.is_sweep:
+            raise ValueError(f"pipeline {self.name!r} is not a sweep (its policy names no checkpoints)")
+        if isinstance(policy, TorchPolicyConfig):
+            policy = policy.model_copy(update={"checkpoints": None, "checkpoint": str(path)})
+        else:
+            policy = policy.model_copy(update={"checkpoints": None, "path": str(path)})
+        member = self.model_copy(update={"agent": self.agent.model_copy(update={"policy": policy})})
+        member._source = self._source
+        member._weights = (self.rollout_hash, content_hash)
+        return member
 
     def resolved_graders(self) -> list[GraderSpec]:
         """The graders with file-relative ``callable`` targets made absolute."""
@@ -649,6 +677,8 @@ class PipelineSpec(StrictModel):
         Credentials (:data:`CREDENTIALS`) are left out altogether: rotating a key, or starting to
         pass one, changes who may connect, not what a rollout does.
         """
+        if self._weights is not None:
+            return checkpoint_rollout_hash(*self._weights)
         dumped = self.model_dump(
             mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=CREDENTIALS
         )
@@ -666,6 +696,11 @@ def _flat(value: object, prefix: str = "") -> dict[str, Any]:
             flat |= _flat(item, f"{prefix}{key}.")
         return flat
     return {prefix.rstrip("."): value}
+
+
+def checkpoint_rollout_hash(sweep_rollout_hash: str, content_hash: str) -> str:
+    """The rollout hash of one checkpoint of a sweep: the sweep's and the weights' content, nothing else."""
+    return _hash({"sweep": sweep_rollout_hash, "checkpoint": content_hash})
 
 
 def _hash(value: object) -> str:

@@ -1,0 +1,228 @@
+"""Sweeps: every checkpoint of a training run, evaluated on exactly the same episodes.
+
+A sweep pipeline names ``agent.policy.checkpoints`` instead of one policy. Each checkpoint is a
+*member*: the pipeline with that checkpoint's weights and the same sim, tasks, instances, slots and
+seeds, so any two checkpoints compare on paired episodes. A member is an eval of its own on disk
+(``<name>/checkpoints/<label>/``: results per instance, traces, shards, grades, report), which is what
+makes a sweep resumable: a (checkpoint, instance) pair with a current result is not run again, and a
+checkpoint that appears later is evaluated alone.
+
+A member's results are current while the sweep's rollout hash and the checkpoint's *content* are
+unchanged (:func:`~hud_pipelines.spec.models.checkpoint_rollout_hash`): a moved run directory keeps its
+results, retrained weights under the same label do not. The content hash is kept in the member's
+``checkpoint.json`` with the size and modification time of every file, so a sweep hashes each
+checkpoint once, not on every run.
+
+Checks of a sweep judge its *candidate*, the latest checkpoint evaluated; a ``no_regression``
+baseline may name another checkpoint of the sweep by its label.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hud_pipelines.agent.checkpoints import (
+    DEFAULT_SETTLE_S,
+    Checkpoint,
+    CheckpointSource,
+    Discovery,
+    ExplicitCheckpoint,
+    WatchedDirectory,
+    discover_checkpoints,
+)
+from hud_pipelines.eval.grades import CheckVerdict, GradeRow, check_verdict, instances_verdict
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.spec.agent import CheckpointEntry, LeRobotPolicyConfig, TorchPolicyConfig
+from hud_pipelines.spec.models import CheckSpec, NoRegressionCheck, PipelineSpec
+
+PARTITION_SEPARATOR = "|"
+"""Between the checkpoint and the instance in a sweep's partition keys (Dagster's multi-partition keys)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One checkpoint of a sweep as an eval: its label and weights, its spec and where its files go."""
+
+    label: str
+    step: int | None
+    run: str | None
+    path: Path
+    content_hash: str
+    spec: PipelineSpec
+    outputs: EvalOutputs
+
+    def partition_key(self, instance_key: str) -> str:
+        """The Dagster partition of one of this checkpoint's instances: ``<label>|<task>-i<instance>``."""
+        return f"{self.label}{PARTITION_SEPARATOR}{instance_key}"
+
+
+def sources(spec: PipelineSpec) -> list[CheckpointSource]:
+    """The sweep's checkpoint sources, paths resolved against the pipeline file."""
+    policy = spec.agent.policy
+    if not isinstance(policy, LeRobotPolicyConfig | TorchPolicyConfig) or policy.checkpoints is None:
+        raise ValueError(f"pipeline {spec.name!r} is not a sweep (its policy names no checkpoints)")
+    kind = "torch" if isinstance(policy, TorchPolicyConfig) else "lerobot"
+    listed = [policy.checkpoints] if isinstance(policy.checkpoints, str) else policy.checkpoints
+    return [
+        ExplicitCheckpoint(item.label, spec.resolve_path(item.path))
+        if isinstance(item, CheckpointEntry)
+        else WatchedDirectory(spec.resolve_path(item), kind)
+        for item in listed
+    ]
+
+
+def discover(spec: PipelineSpec, *, settle_s: float = DEFAULT_SETTLE_S) -> Discovery:
+    """The sweep's complete and pending checkpoints now (steps given by hand applied)."""
+    found = discover_checkpoints(sources(spec), settle_s=settle_s)
+    policy = spec.agent.policy
+    listed = getattr(policy, "checkpoints", None)
+    steps = {e.label: e.step for e in listed if isinstance(e, CheckpointEntry)} if isinstance(listed, list) else {}
+    if not any(step is not None for step in steps.values()):
+        return found
+
+    def stepped(checkpoint: Checkpoint) -> Checkpoint:
+        step = steps.get(checkpoint.label)
+        return checkpoint if step is None else dataclasses.replace(checkpoint, step=step)
+
+    return Discovery(
+        tuple(stepped(c) for c in found.complete),
+        tuple(dataclasses.replace(p, checkpoint=stepped(p.checkpoint)) for p in found.pending),
+    )
+
+
+def member(spec: PipelineSpec, outputs: EvalOutputs, checkpoint: Checkpoint) -> Member:
+    """The member for ``checkpoint`` (its content hashed unless ``checkpoint.json`` already knows it)."""
+    member_outputs = outputs.member(checkpoint.label)
+    signature = _signature(checkpoint.path)
+    recorded = _read_record(member_outputs)
+    if recorded is not None and recorded.get("signature") == signature and recorded.get("content_hash"):
+        content_hash = str(recorded["content_hash"])
+    else:
+        content_hash = checkpoint.content_hash()
+    return Member(
+        label=checkpoint.label,
+        step=checkpoint.step,
+        run=checkpoint.run,
+        path=checkpoint.path,
+        content_hash=content_hash,
+        spec=spec.for_checkpoint(checkpoint.path, content_hash),
+        outputs=member_outputs,
+    )
+
+
+def record(member: Member) -> None:
+    """Write the member's ``checkpoint.json`` (what it evaluated), before its first result lands."""
+    member.outputs.base.mkdir(parents=True, exist_ok=True)
+    data = {
+        "label": member.label,
+        "step": member.step,
+        "run": member.run,
+        "path": str(member.path),
+        "content_hash": member.content_hash,
+        "signature": _signature(member.path),
+    }
+    partial = member.outputs.checkpoint_json.with_suffix(".json.partial")
+    partial.write_text(json.dumps(data, indent=1))
+    partial.replace(member.outputs.checkpoint_json)
+
+
+def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
+    """The members with results on disk, in sweep order (by run, step, label), whether or not their folder remains."""
+    found: list[Member] = []
+    for path in sorted(outputs.checkpoints.glob("**/checkpoint.json")):
+        data = json.loads(path.read_text())
+        label = str(data["label"])
+        folder = Path(str(data["path"]))
+        found.append(
+            Member(
+                label=label,
+                step=data.get("step"),
+                run=data.get("run"),
+                path=folder,
+                content_hash=str(data["content_hash"]),
+                spec=spec.for_checkpoint(folder, str(data["content_hash"])),
+                outputs=outputs.member(label),
+            )
+        )
+    return sorted(found, key=_order)
+
+
+def split_partition_key(key: str) -> tuple[str, str]:
+    """``<label>|<instance key>`` -> (label, instance key); a ``KeyError`` for a key without a checkpoint."""
+    label, separator, instance = key.rpartition(PARTITION_SEPARATOR)
+    if not separator or not label:
+        raise KeyError(f"{key!r} is not a sweep partition (expected <checkpoint>{PARTITION_SEPARATOR}<instance>)")
+    return label, instance
+
+
+# -- checks ------------------------------------------------------------------------------------------
+
+
+def candidate_label(rows: Sequence[GradeRow]) -> str | None:
+    """The checkpoint a sweep's checks judge: the last one of the table (rows come in sweep order)."""
+    labels = [row.checkpoint for row in rows if row.checkpoint is not None]
+    return labels[-1] if labels else None
+
+
+def verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
+    """Every check of a sweep: ``instances_completed`` on all its rows, the YAML's on its candidate."""
+    return [instances_verdict(rows), *(verdict(spec, check, rows) for check in spec.resolved_checks())]
+
+
+def verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
+    """One YAML check on the candidate's rows; a ``no_regression`` baseline naming a label is that checkpoint."""
+    candidate = candidate_label(rows)
+    mine = [row for row in rows if row.checkpoint == candidate]
+    if isinstance(check, NoRegressionCheck):
+        label = _baseline_label(spec, check, rows)
+        if label is not None:
+            return _against_label(check, mine, [row for row in rows if row.checkpoint == label], candidate, label)
+    judged = check_verdict(check, mine)
+    return dataclasses.replace(judged, description=f"{candidate}: {judged.description}")
+
+
+def _baseline_label(spec: PipelineSpec, check: NoRegressionCheck, rows: Sequence[GradeRow]) -> str | None:
+    written = {c.name: c for c in spec.checks}.get(check.name)
+    raw = written.baseline if isinstance(written, NoRegressionCheck) else check.baseline
+    return raw if raw in {row.checkpoint for row in rows} else None
+
+
+def _against_label(
+    check: NoRegressionCheck, mine: list[GradeRow], theirs: list[GradeRow], candidate: str | None, label: str
+) -> CheckVerdict:
+    from hud_pipelines.eval.grades import regression_verdict
+
+    if candidate == label:
+        return CheckVerdict(
+            check.name, True, check.blocking, f"no_regression: {label} is the baseline and the latest checkpoint"
+        )
+    judged = regression_verdict(check, mine, theirs, baseline_name=f"checkpoint {label}")
+    return dataclasses.replace(judged, description=f"{candidate}: {judged.description}")
+
+
+# -- internals ---------------------------------------------------------------------------------------
+
+
+def _order(member: Member) -> tuple[str, bool, int, str]:
+    return (member.run or "", member.step is None, member.step or 0, member.label)
+
+
+def _read_record(outputs: EvalOutputs) -> dict[str, Any] | None:
+    path = outputs.checkpoint_json
+    return dict(json.loads(path.read_text())) if path.is_file() else None
+
+
+def _signature(path: Path) -> list[list[Any]]:
+    """Name, size and modification time of every file of a checkpoint: unchanged means the same content."""
+    if path.is_file():
+        stat = path.stat()
+        return [[path.name, stat.st_size, stat.st_mtime_ns]]
+    if not path.is_dir():
+        return []
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return [[str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
