@@ -8,17 +8,25 @@ checkpoints differ in content. ACT reads state only (no image backbone to build 
 lerobot import (a few seconds, once per process) a run of three checkpoints takes milliseconds.
 
 torch and lerobot are imported inside the functions: tests that only need module files pay for torch alone.
+A test module gets the session's run ``lerobot_run`` by importing its fixture function
+(``from checkpoint_runs import lerobot_run_fixture``); a conftest that imports it shares one run among
+all its modules.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+RUN_STEPS = (500, 1000, 1500)
+"""The steps of the ``lerobot_run`` fixture."""
 ENV_STATE_SIZE = 3
 STATE_SIZE = 2
 ACTION_SIZE = 2
@@ -51,6 +59,20 @@ class LeRobotRun:
     def pretrained(self, step: int) -> Path:
         """The folder a policy of ``step`` loads from."""
         return self.step_dirs[step] / "pretrained_model"
+
+
+@pytest.fixture(scope="session", name="lerobot_run")
+def lerobot_run_fixture(tmp_path_factory: pytest.TempPathFactory) -> LeRobotRun:
+    """One lerobot-train run at :data:`RUN_STEPS`, written once per session; copy it (:func:`copy_run`) to change it."""
+    return write_lerobot_run(tmp_path_factory.mktemp("train") / "act_pusht", RUN_STEPS)
+
+
+def copy_run(run: LeRobotRun, destination: Path) -> LeRobotRun:
+    """``run`` copied under ``destination`` (links as links, mtimes kept)."""
+    output_dir = destination / run.output_dir.name
+    shutil.copytree(run.output_dir, output_dir, symlinks=True)
+    steps = {step: output_dir / folder.relative_to(run.output_dir) for step, folder in run.step_dirs.items()}
+    return LeRobotRun(output_dir, steps)
 
 
 def tiny_act(seed: int) -> tuple[Any, Any, Any]:

@@ -1,7 +1,7 @@
 """Checkpoint discovery on real lerobot-train folders: layouts, completeness, order, content hashes, errors.
 
 The lerobot runs are written by lerobot's own ``save_checkpoint`` (``checkpoint_runs.py``); tests that
-change a run work on a copy of the module's run.
+change a run work on a copy of the session's run.
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from checkpoint_runs import LeRobotRun, age, tiny_act, write_lerobot_run, write_torch_checkpoints
+from checkpoint_runs import (
+    RUN_STEPS,
+    LeRobotRun,
+    age,
+    copy_run,
+    lerobot_run_fixture,  # noqa: F401  # pyright: ignore[reportUnusedImport]  (the fixture lerobot_run)
+    tiny_act,
+    write_lerobot_run,
+    write_torch_checkpoints,
+)
 
 from hud_pipelines.agent.checkpoints import (
     Checkpoint,
@@ -24,21 +33,18 @@ from hud_pipelines.agent.checkpoints import (
 )
 from hud_pipelines.errors import HudPipelinesError
 
-STEPS = (500, 1000, 1500)
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> LeRobotRun:
-    return write_lerobot_run(tmp_path_factory.mktemp("train") / "act_pusht", STEPS)
+STEPS = RUN_STEPS
 
 
 @pytest.fixture
-def run_copy(run: LeRobotRun, tmp_path: Path) -> LeRobotRun:
-    """The module's run copied (links as links), to change without touching the other tests' run."""
-    output_dir = tmp_path / run.output_dir.name
-    shutil.copytree(run.output_dir, output_dir, symlinks=True)
-    steps = {step: output_dir / folder.relative_to(run.output_dir) for step, folder in run.step_dirs.items()}
-    return LeRobotRun(output_dir, steps)
+def run(lerobot_run: LeRobotRun) -> LeRobotRun:
+    return lerobot_run
+
+
+@pytest.fixture
+def run_copy(lerobot_run: LeRobotRun, tmp_path: Path) -> LeRobotRun:
+    """The session's run copied, to change without touching the other tests' run."""
+    return copy_run(lerobot_run, tmp_path)
 
 
 def discover(*sources: WatchedDirectory | ExplicitCheckpoint, settle_s: float = 0.0) -> Discovery:
