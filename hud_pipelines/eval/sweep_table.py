@@ -1,0 +1,490 @@
+"""The sweep table: every checkpoint of a training run, side by side on the same episodes.
+
+A sweep evaluates each checkpoint on exactly the same (task, instance, slot, seed) episodes, so two
+checkpoints compare episode by episode (see :mod:`hud_pipelines.eval.comparison`) rather than as two
+independent samples. This module is the pure layer over their grade rows that answers "did training
+help, and which checkpoint do we keep?":
+
+- one :class:`SweepRow` per (checkpoint, task), then one all-tasks row (task ``"all"``) per checkpoint,
+  *always*, even for a single task, so that every consumer finds a checkpoint's overall figures in
+  the same place (the markdown and the plot leave the duplicate out when there is one task);
+- each row's denominators (scheduled = succeeded + failed + errored), its success rate over the
+  answered episodes with the 95% Wilson interval, and its mean score with a 95% bootstrap interval;
+- the paired comparison with the previous checkpoint (in the order given, which is the training
+  order) and with a baseline checkpoint, at the ``alpha`` and ``min_effect`` given: McNemar's exact
+  test, the paired success difference with its bootstrap interval, and the episodes a
+  ``min_effect`` difference would need. Errored episodes are never failures: :func:`compare` pairs
+  only episodes answered on both sides.
+
+Every bootstrap draws from a fixed seed over rows in episode order, so the same rows (in any order)
+give the same table, CSV and JSON byte for byte. A rate with no answered episode is ``None`` (null in
+JSON, empty in CSV), never a made-up 0 or NaN.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+import numpy as np
+
+from hud_pipelines.eval.comparison import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, PairedComparison, Verdict, compare
+from hud_pipelines.eval.grades import GradeRow, Summary, summarize
+from hud_pipelines.eval.report import success_interval
+from hud_pipelines.recording.events import EpisodeStatus
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+ALL_TASKS = "all"
+"""The task name of a checkpoint's all-tasks row."""
+SCORE_CONFIDENCE = 0.95
+"""The level of the mean score's bootstrap interval (the success interval is Wilson's 95% one)."""
+
+
+class CheckpointRows(NamedTuple):
+    """One checkpoint of a sweep: its label, its training step (``None`` when unknown) and its grade rows.
+
+    A plain ``(label, step, rows)`` tuple is accepted wherever this is.
+    """
+
+    label: str
+    step: int | None
+    rows: Sequence[GradeRow]
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A row's paired comparison with another checkpoint; every field ``None`` when there is none to make."""
+
+    verdict: Verdict | None = None
+    pairs: int | None = None
+    """Episodes answered by both checkpoints (the comparison's sample)."""
+    diff: float | None = None
+    """This checkpoint's success rate minus the other's, over the pairs."""
+    diff_low: float | None = None
+    diff_high: float | None = None
+    p: float | None = None
+    """McNemar's exact two-sided p-value."""
+    episodes_needed: int | None = None
+    """Paired episodes that a ``min_effect`` difference would need for 80% power."""
+
+    @classmethod
+    def of(cls, comparison: PairedComparison) -> Versus:
+        low, high = comparison.success_interval or (None, None)
+        return cls(
+            verdict=comparison.verdict,
+            pairs=comparison.pairs,
+            diff=comparison.success_difference,
+            diff_low=low,
+            diff_high=high,
+            p=comparison.mcnemar_p,
+            episodes_needed=comparison.episodes_needed,
+        )
+
+    def columns(self, prefix: str) -> dict[str, Any]:
+        """The flat columns: ``vs_<prefix>`` for the verdict, ``<prefix>_<field>`` for the rest."""
+        return {
+            f"vs_{prefix}": None if self.verdict is None else self.verdict.value,
+            **{f"{prefix}_{f.name}": getattr(self, f.name) for f in fields(self) if f.name != "verdict"},
+        }
+
+    @classmethod
+    def from_columns(cls, prefix: str, row: dict[str, Any]) -> Versus:
+        verdict = row[f"vs_{prefix}"]
+        return cls(
+            verdict=None if verdict is None else Verdict(verdict),
+            **{f.name: row[f"{prefix}_{f.name}"] for f in fields(cls) if f.name != "verdict"},
+        )
+
+
+NO_COMPARISON = Versus()
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One checkpoint on one task (or on all of them): its figures and its comparisons."""
+
+    checkpoint: str
+    step: int | None
+    task: str
+    episodes: int
+    """Scheduled episodes: ``succeeded + failed + errored``."""
+    succeeded: int
+    failed: int
+    errored: int
+    success_rate: float | None
+    """Over the answered episodes (errors excluded); ``None`` when none answered."""
+    ci_low: float | None
+    ci_high: float | None
+    mean_score: float | None
+    score_ci_low: float | None
+    score_ci_high: float | None
+    versus_previous: Versus = field(default=NO_COMPARISON)
+    versus_baseline: Versus = field(default=NO_COMPARISON)
+
+    @property
+    def answered(self) -> int:
+        return self.succeeded + self.failed
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row's flat columns, in table order (the comparisons as ``vs_previous``, ``previous_diff``...)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("versus_")}
+        return {**own, **self.versus_previous.columns("previous"), **self.versus_baseline.columns("baseline")}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> SweepRow:
+        own = {f.name: row[f.name] for f in fields(cls) if not f.name.startswith("versus_")}
+        return cls(
+            **own,
+            versus_previous=Versus.from_columns("previous", row),
+            versus_baseline=Versus.from_columns("baseline", row),
+        )
+
+
+COLUMNS: tuple[str, ...] = (
+    *(f.name for f in fields(SweepRow) if not f.name.startswith("versus_")),
+    *NO_COMPARISON.columns("previous"),
+    *NO_COMPARISON.columns("baseline"),
+)
+"""The table's columns, in order (the CSV header)."""
+
+
+@dataclass(frozen=True)
+class SweepComparison:
+    """The sweep table: each checkpoint's task rows then its all-tasks row, checkpoints in training order."""
+
+    rows: list[SweepRow]
+    baseline: str | None = None
+    """The label the ``vs_baseline`` columns compare with; ``None`` for none."""
+    alpha: float = 0.05
+    min_effect: float = 0.1
+
+    @property
+    def overall(self) -> list[SweepRow]:
+        """Each checkpoint's all-tasks row, in order."""
+        return [row for row in self.rows if row.task == ALL_TASKS]
+
+    @property
+    def tasks(self) -> list[str]:
+        """The tasks any checkpoint ran, in the order they first appear (``"all"`` not included)."""
+        return list(dict.fromkeys(row.task for row in self.rows if row.task != ALL_TASKS))
+
+    @property
+    def best(self) -> str | None:
+        """The checkpoint with the highest all-tasks success rate; ``None`` when none has an answered episode.
+
+        Ties go to the later step (training went further for the same result); when a tied checkpoint
+        has no step, to the one listed later.
+        """
+        rated = [(index, row) for index, row in enumerate(self.overall) if row.success_rate is not None]
+        if not rated:
+            return None
+        top = max(row.success_rate or 0.0 for _, row in rated)
+        tied = [(index, row) for index, row in rated if row.success_rate == top]
+        if all(row.step is not None for _, row in tied):
+            return max(tied, key=lambda pair: (pair[1].step or 0, pair[0]))[1].checkpoint
+        return tied[-1][1].checkpoint
+
+    def to_csv(self) -> str:
+        """One line per row, ``COLUMNS`` as the header; ``None`` is an empty cell, floats round-trip exactly."""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        for row in self.rows:
+            writer.writerow(_csv_cell(value) for value in row.as_dict().values())
+        return buffer.getvalue()
+
+    def to_json(self) -> str:
+        """The table as JSON with a fixed key order; non-finite numbers and ``None`` are ``null``."""
+        document = {
+            "baseline": self.baseline,
+            "alpha": self.alpha,
+            "min_effect": self.min_effect,
+            "best": self.best,
+            "rows": [{key: _finite(value) for key, value in row.as_dict().items()} for row in self.rows],
+        }
+        return json.dumps(document, indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> SweepComparison:
+        """The table :meth:`to_json` wrote (``best`` is derived again from the rows)."""
+        document = cast(dict[str, Any], json.loads(text))
+        missing = [key for key in ("baseline", "alpha", "min_effect", "rows") if key not in document]
+        if missing:
+            raise ValueError(f"not a sweep table: the JSON lacks {', '.join(missing)}")
+        rows = cast(list[dict[str, Any]], document["rows"])
+        for index, row in enumerate(rows):
+            absent = [column for column in COLUMNS if column not in row]
+            if absent:
+                raise ValueError(f"sweep table row {index}: missing column(s) {', '.join(absent)}")
+        return cls(
+            rows=[SweepRow.from_dict(row) for row in rows],
+            baseline=document["baseline"],
+            alpha=document["alpha"],
+            min_effect=document["min_effect"],
+        )
+
+    def plot(self, path: Path | None = None) -> bytes:
+        """The success-rate-vs-step figure as PNG bytes, also written to ``path`` when given."""
+        import matplotlib.pyplot as plt
+
+        figure = self.figure()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        plt.close(figure)
+        png = buffer.getvalue()
+        if path is not None:
+            path.write_bytes(png)
+        return png
+
+    def figure(self) -> Figure:
+        """Success rate against training step with its 95% band: one line per task and a bold all-tasks one.
+
+        Each point also carries its interval as a bar, which stays visible where a checkpoint with no
+        answered episode cuts the line and its band.
+
+        When any checkpoint lacks a step, every checkpoint is placed by its position in the order
+        instead: a mixed axis of steps and positions would misplace them.
+        """
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        overall = self.overall
+        by_step = bool(overall) and all(row.step is not None for row in overall)
+        position = {
+            row.checkpoint: float(row.step if by_step and row.step is not None else index)
+            for index, row in enumerate(overall)
+        }
+        figure, axis = plt.subplots(figsize=(max(5.0, 0.6 * len(overall) + 3), 3.5), dpi=100)
+        lines = [*(self.tasks if len(self.tasks) > 1 else []), ALL_TASKS]
+        for task in lines:
+            task_rows = [row for row in self.rows if row.task == task]
+            xs = np.array([position[row.checkpoint] for row in task_rows], dtype=np.float64)
+            rates, lows, highs = (
+                np.array([_or_nan(getattr(row, name)) for row in task_rows], dtype=np.float64)
+                for name in ("success_rate", "ci_low", "ci_high")
+            )
+            overall_line = task == ALL_TASKS
+            (drawn,) = axis.plot(
+                xs,
+                rates,
+                marker="o",
+                linewidth=2.4 if overall_line else 1.2,
+                color="black" if overall_line else None,
+                label="all tasks" if overall_line else task,
+            )
+            axis.fill_between(xs, lows, highs, where=~np.isnan(rates), color=drawn.get_color(), alpha=0.15)
+            axis.vlines(xs, lows, highs, color=drawn.get_color(), alpha=0.5, linewidth=1.0)
+        axis.set_xticks([position[row.checkpoint] for row in overall], [row.checkpoint for row in overall])
+        axis.tick_params(axis="x", labelrotation=45, labelsize=7)
+        axis.set_xlabel("training step" if by_step else "checkpoint (in training order)")
+        axis.set_ylabel("success rate (95% CI)")
+        axis.set_ylim(-0.02, 1.02)
+        axis.set_title("success rate per checkpoint", fontsize=9)
+        axis.legend(fontsize=7, loc="best", framealpha=0.8)
+        figure.tight_layout()
+        return figure
+
+    def markdown(self) -> str:
+        """A compact table for the report, then a one-line conclusion: the best checkpoint and its verdict."""
+        many_tasks = len(self.tasks) > 1
+        baseline = f" ({_cell(self.baseline)})" if self.baseline is not None else ""
+        header = ["checkpoint", "step", *(["task"] if many_tasks else []), "success (95% CI, n)", "vs previous"]
+        header.append(f"vs baseline{baseline}")
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in self.rows if many_tasks else self.overall:
+            cells = [_cell(row.checkpoint), "" if row.step is None else str(row.step)]
+            cells += [_cell(row.task)] if many_tasks else []
+            cells += [_rate_cell(row), _versus_cell(row.versus_previous), _versus_cell(row.versus_baseline)]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join([*lines, "", self.conclusion()]) + "\n"
+
+    def conclusion(self) -> str:
+        """``000300 is the best (62.0%, 95% CI 45.0%-77.0%, n=29); vs baseline 000100: better (+20.0%, p=0.012).``"""
+        best = self.best
+        if best is None:
+            return "No checkpoint has an answered episode: there is no best one."
+        row = next(row for row in self.overall if row.checkpoint == best)
+        sentence = (
+            f"{best} is the best ({row.success_rate:.1%}, 95% CI {row.ci_low:.1%}-{row.ci_high:.1%}, n={row.answered})"
+        )
+        if self.baseline is None:
+            return sentence + "."
+        if best == self.baseline:
+            return sentence + "; it is the baseline."
+        versus = row.versus_baseline
+        if not versus.pairs:
+            return sentence + f"; vs baseline {self.baseline}: no paired episodes."
+        return sentence + f"; vs baseline {self.baseline}: {versus.verdict} ({versus.diff:+.1%}, p={versus.p:.3g})."
+
+
+def compare_checkpoints(
+    checkpoints: Sequence[CheckpointRows | tuple[str, int | None, Sequence[GradeRow]]],
+    *,
+    baseline: str | None = None,
+    alpha: float = 0.05,
+    min_effect: float = 0.1,
+) -> SweepComparison:
+    """The sweep table of ``checkpoints`` (in training order), compared with the previous one and ``baseline``.
+
+    ``baseline`` is one of the labels (its own ``vs_baseline`` columns stay empty), or ``None`` for no
+    baseline columns.
+    """
+    sweep = [CheckpointRows(*checkpoint) for checkpoint in checkpoints]
+    _check_inputs(sweep, baseline, alpha, min_effect)
+    baseline_rows = next((c.rows for c in sweep if c.label == baseline), None)
+    rows: list[SweepRow] = []
+    for index, checkpoint in enumerate(sweep):
+        previous = sweep[index - 1].rows if index > 0 else None
+        against = None if checkpoint.label == baseline else baseline_rows
+        for task in [*_tasks(checkpoint.rows), ALL_TASKS]:
+            mine = _of_task(checkpoint.rows, task)
+            rows.append(
+                _figures(
+                    checkpoint,
+                    task,
+                    mine,
+                    previous=_versus(mine, previous, task, alpha=alpha, min_effect=min_effect),
+                    baseline=_versus(mine, against, task, alpha=alpha, min_effect=min_effect),
+                )
+            )
+    return SweepComparison(rows=rows, baseline=baseline, alpha=alpha, min_effect=min_effect)
+
+
+def _check_inputs(sweep: list[CheckpointRows], baseline: str | None, alpha: float, min_effect: float) -> None:
+    """Refuse what would make a wrong table: a repeated label, an unknown baseline, a task called ``all``."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not 0 < min_effect <= 1:
+        raise ValueError(f"min_effect must be in (0, 1], got {min_effect}")
+    labels = [checkpoint.label for checkpoint in sweep]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"checkpoint label(s) listed twice: {', '.join(repeated)}")
+    if baseline is not None and baseline not in labels:
+        raise ValueError(f"the baseline {baseline!r} is not one of the checkpoints ({', '.join(labels) or 'none'})")
+    for checkpoint in sweep:
+        if any(row.task == ALL_TASKS for row in checkpoint.rows):
+            raise ValueError(
+                f"checkpoint {checkpoint.label}: a task is named {ALL_TASKS!r}, the name of the all-tasks row"
+            )
+
+
+def _tasks(rows: Sequence[GradeRow]) -> list[str]:
+    """The checkpoint's tasks in the pipeline's order (``task_index``, then name)."""
+    first: dict[str, int] = {}
+    for row in rows:
+        first[row.task] = min(first.get(row.task, row.task_index), row.task_index)
+    return sorted(first, key=lambda task: (first[task], task))
+
+
+def _of_task(rows: Sequence[GradeRow], task: str) -> list[GradeRow]:
+    return list(rows) if task == ALL_TASKS else [row for row in rows if row.task == task]
+
+
+def _versus(
+    mine: list[GradeRow], other: Sequence[GradeRow] | None, task: str, *, alpha: float, min_effect: float
+) -> Versus:
+    """The paired comparison of ``mine`` with the same task of ``other`` (none without another checkpoint)."""
+    if other is None:
+        return NO_COMPARISON
+    return Versus.of(compare(mine, _of_task(other, task), alpha=alpha, min_effect=min_effect))
+
+
+def _figures(
+    checkpoint: CheckpointRows, task: str, rows: list[GradeRow], *, previous: Versus, baseline: Versus
+) -> SweepRow:
+    summary = summarize(rows)
+    low, high = _rate_interval(summary)
+    score_low, score_high = _score_interval(rows) or (None, None)
+    return SweepRow(
+        checkpoint=checkpoint.label,
+        step=checkpoint.step,
+        task=task,
+        episodes=summary.scheduled,
+        succeeded=summary.succeeded,
+        failed=summary.failed,
+        errored=summary.errored,
+        success_rate=summary.success_rate,
+        ci_low=low,
+        ci_high=high,
+        mean_score=summary.mean_score,
+        score_ci_low=score_low,
+        score_ci_high=score_high,
+        versus_previous=previous,
+        versus_baseline=baseline,
+    )
+
+
+def _rate_interval(summary: Summary) -> tuple[float | None, float | None]:
+    """The Wilson interval, or none at all without an answered episode (Wilson's ``(0, 1)`` would read as data)."""
+    if summary.graded == 0:
+        return None, None
+    return success_interval(summary)
+
+
+def _score_interval(rows: list[GradeRow]) -> tuple[float, float] | None:
+    """The 95% percentile-bootstrap interval of the mean score of the answered episodes, in episode order.
+
+    Drawn like :mod:`hud_pipelines.eval.comparison`'s (same seed, samples and percentile rule), over
+    the rows sorted by episode so that their order does not change the interval.
+    """
+    answered = sorted(
+        (row for row in rows if row.status is not EpisodeStatus.ERRORED),
+        key=lambda row: (row.task, row.instance, row.slot, -1 if row.seed is None else row.seed),
+    )
+    if not answered:
+        return None
+    scores = np.array([row.score for row in answered], dtype=np.float64)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    picks = rng.integers(0, scores.size, size=(BOOTSTRAP_SAMPLES, scores.size))
+    means = np.sort(scores[picks].mean(axis=1))
+    tail = (1 - SCORE_CONFIDENCE) / 2
+    low = float(means[math.floor(tail * (means.size - 1))])
+    high = float(means[math.ceil((1 - tail) * (means.size - 1))])
+    return low, high
+
+
+def _finite(value: object) -> object:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _csv_cell(value: object) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _rate_cell(row: SweepRow) -> str:
+    errored = f", {row.errored} errored" if row.errored else ""
+    if row.success_rate is None or row.ci_low is None or row.ci_high is None:
+        return f"n/a (no answered episode{errored})"
+    return f"{row.success_rate:.1%} ({row.ci_low:.1%}-{row.ci_high:.1%}, {row.succeeded}/{row.answered}{errored})"
+
+
+def _versus_cell(versus: Versus) -> str:
+    if versus.verdict is None:
+        return ""
+    if not versus.pairs or versus.diff is None or versus.p is None:
+        return "no paired episodes"
+    text = f"{versus.verdict} {versus.diff:+.1%} (p={versus.p:.3g}, {versus.pairs} pairs"
+    if versus.verdict is Verdict.NO_DIFFERENCE and versus.episodes_needed is not None:
+        text += f"; ~{versus.episodes_needed} needed"
+    return text + ")"

@@ -1,0 +1,319 @@
+"""The sweep table, checked against scipy on constructed checkpoints that share their episodes.
+
+Three checkpoints of one training run, two tasks, the same (task, instance, slot, seed) episodes for
+each: each episode has a difficulty and a checkpoint solves the episodes easier than its skill, so
+later checkpoints mostly solve a superset (the paired design a sweep has). A few episodes error.
+The reference figures are computed here from the outcome strings with scipy.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy import stats
+
+from hud_pipelines.eval.comparison import Verdict
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.sweep_table import (
+    ALL_TASKS,
+    COLUMNS,
+    CheckpointRows,
+    SweepComparison,
+    SweepRow,
+    compare_checkpoints,
+)
+from hud_pipelines.recording.events import EpisodeStatus
+
+TASKS = ("push", "lift")
+INSTANCES, SLOTS = 4, 6
+EPISODES = INSTANCES * SLOTS
+_DIFFICULTY = np.random.default_rng(11).uniform(size=(len(TASKS), EPISODES))
+SKILL = {"000100": 0.25, "000200": 0.5, "000300": 0.85}
+ERRORED = {("000200", "push"): {3, 7}, ("000300", "lift"): {7, 12, 20}}
+STATUS = {"S": EpisodeStatus.SUCCEEDED, "F": EpisodeStatus.FAILED, "E": EpisodeStatus.ERRORED}
+
+
+def _outcomes(label: str, task: str) -> str:
+    """``S``/``F``/``E`` per episode of ``task`` for checkpoint ``label``."""
+    task_index = TASKS.index(task)
+    errored = ERRORED.get((label, task), set())
+    return "".join(
+        "E" if episode in errored else "S" if _DIFFICULTY[task_index, episode] < SKILL[label] else "F"
+        for episode in range(EPISODES)
+    )
+
+
+def _row(task: str, episode: int, outcome: str) -> GradeRow:
+    task_index = TASKS.index(task) if task in TASKS else 0
+    instance, slot = divmod(episode, SLOTS)
+    status = STATUS[outcome]
+    score = (1.0 if outcome == "S" else 0.0) + 0.1 * (episode % 5)
+    return GradeRow(
+        "sweep", task, task_index, instance, f"{task}-i{instance}", slot, 1000 * task_index + episode,
+        status, score, outcome == "S", score, 10,
+    )  # fmt: skip
+
+
+def _rows_of(outcomes: dict[str, str]) -> list[GradeRow]:
+    return [_row(task, episode, outcome) for task, text in outcomes.items() for episode, outcome in enumerate(text)]
+
+
+def _checkpoint(label: str, *, numbered: bool = True) -> CheckpointRows:
+    """Checkpoint ``label`` at step ``int(label)`` (no step unless ``numbered``) with its rows of every task."""
+    rows = _rows_of({task: _outcomes(label, task) for task in TASKS})
+    return CheckpointRows(label, int(label) if numbered else None, rows)
+
+
+def _sweep(baseline: str | None = "000100") -> SweepComparison:
+    return compare_checkpoints([_checkpoint(label) for label in SKILL], baseline=baseline)
+
+
+def _find(table: SweepComparison, checkpoint: str, task: str) -> SweepRow:
+    (row,) = [r for r in table.rows if r.checkpoint == checkpoint and r.task == task]
+    return row
+
+
+def _all_outcomes(label: str) -> str:
+    return "".join(_outcomes(label, task) for task in TASKS)
+
+
+def _outcomes_of(label: str, task: str) -> str:
+    """One task's outcomes, or every task's one after the other for the all-tasks row."""
+    return _all_outcomes(label) if task == ALL_TASKS else _outcomes(label, task)
+
+
+def _paired_reference(mine: str, theirs: str) -> tuple[int, float, float]:
+    """Pairs, success difference and McNemar p from two outcome strings, by scipy's binomial test."""
+    pairs = [(a, b) for a, b in zip(mine, theirs, strict=True) if "E" not in (a, b)]
+    only_mine = sum(a == "S" and b == "F" for a, b in pairs)
+    only_theirs = sum(a == "F" and b == "S" for a, b in pairs)
+    discordant = only_mine + only_theirs
+    p = 1.0 if discordant == 0 else stats.binomtest(only_mine, discordant, 0.5).pvalue
+    return len(pairs), (only_mine - only_theirs) / len(pairs), p
+
+
+def test_every_checkpoint_has_its_task_rows_then_an_all_tasks_row_with_scipys_wilson_interval() -> None:
+    table = _sweep()
+    assert [(r.checkpoint, r.task) for r in table.rows] == [
+        (label, task) for label in SKILL for task in (*TASKS, ALL_TASKS)
+    ]
+    for label in SKILL:
+        for task in (*TASKS, ALL_TASKS):
+            outcomes = _outcomes_of(label, task)
+            row = _find(table, label, task)
+            succeeded, failed, errored = (outcomes.count(c) for c in "SFE")
+            assert (row.episodes, row.succeeded, row.failed, row.errored) == (len(outcomes), succeeded, failed, errored)
+            assert row.step == int(label)
+            assert row.success_rate == pytest.approx(succeeded / (succeeded + failed))
+            wilson = stats.binomtest(succeeded, succeeded + failed).proportion_ci(0.95, method="wilson")
+            assert (row.ci_low, row.ci_high) == (pytest.approx(float(wilson.low)), pytest.approx(float(wilson.high)))
+            rows = [r for r in _checkpoint(label).rows if task in (ALL_TASKS, r.task)]
+            answered = [r.score for r in rows if r.status is not EpisodeStatus.ERRORED]
+            assert row.mean_score == pytest.approx(sum(answered) / len(answered))
+
+
+def test_errored_episodes_are_counted_as_errored_never_failed_and_left_out_of_the_pairs() -> None:
+    table = _sweep()
+    push = _find(table, "000200", "push")
+    assert push.errored == 2
+    assert push.failed == _outcomes("000200", "push").count("F")
+    assert push.success_rate == pytest.approx(push.succeeded / (EPISODES - 2)), "errors leave the denominator"
+    assert push.versus_previous.pairs == EPISODES - 2
+    lift = _find(table, "000300", "lift")
+    assert lift.versus_previous.pairs == EPISODES - 3
+    assert _find(table, "000300", ALL_TASKS).versus_previous.pairs == 2 * EPISODES - 5, "errors on either side"
+    assert _find(table, "000300", "push").versus_previous.pairs == EPISODES - 2, "errored on the previous side"
+
+
+@pytest.mark.parametrize("task", [*TASKS, ALL_TASKS])
+def test_each_checkpoint_is_compared_with_the_previous_one_by_mcnemars_exact_test(task: str) -> None:
+    table = _sweep(baseline=None)
+    labels = list(SKILL)
+    first = _find(table, labels[0], task)
+    assert first.versus_previous.verdict is None
+    assert first.as_dict()["previous_p"] is None
+    for previous, label in itertools.pairwise(labels):
+        versus = _find(table, label, task).versus_previous
+        pairs, diff, p = _paired_reference(_outcomes_of(label, task), _outcomes_of(previous, task))
+        assert versus.pairs == pairs
+        assert versus.diff == pytest.approx(diff)
+        assert versus.p == pytest.approx(p, rel=1e-12)
+        assert versus.verdict is (Verdict.NO_DIFFERENCE if p >= 0.05 else Verdict.BETTER if diff > 0 else Verdict.WORSE)
+        assert versus.diff_low is not None
+        assert versus.diff_high is not None
+        assert versus.diff_low <= diff <= versus.diff_high
+        assert versus.episodes_needed is not None
+        assert versus.episodes_needed > 0
+
+
+def test_the_baseline_columns_compare_with_the_baseline_and_stay_empty_on_the_baseline_itself() -> None:
+    table = _sweep(baseline="000100")
+    assert all(row.versus_baseline.verdict is None for row in table.rows if row.checkpoint == "000100")
+    for task in (*TASKS, ALL_TASKS):
+        for label in ("000200", "000300"):
+            versus = _find(table, label, task).versus_baseline
+            pairs, diff, p = _paired_reference(_outcomes_of(label, task), _outcomes_of("000100", task))
+            assert (versus.pairs, versus.diff, versus.p) == (pairs, pytest.approx(diff), pytest.approx(p, rel=1e-12))
+        second = _find(table, "000200", task)
+        assert second.versus_baseline == second.versus_previous, "the previous checkpoint is the baseline"
+    assert _find(table, "000300", ALL_TASKS).versus_baseline.verdict is Verdict.BETTER
+    assert all(row.versus_baseline.verdict is None for row in _sweep(baseline=None).rows)
+
+
+def test_the_best_checkpoint_has_the_highest_all_tasks_rate_and_ties_go_to_the_later_step() -> None:
+    rates = {
+        label: _all_outcomes(label).count("S") / (2 * EPISODES - _all_outcomes(label).count("E")) for label in SKILL
+    }
+    assert _sweep().best == max(rates, key=lambda label: rates[label])
+    same = _rows_of({"push": "SSFF"})
+    tied = compare_checkpoints([("early", 100, same), ("late", 300, same), ("middle", 200, same)])
+    assert tied.best == "late"
+    unnumbered = compare_checkpoints([("a", None, same), ("b", 100, same), ("c", None, same)])
+    assert unnumbered.best == "c", "without steps, the one listed later"
+    assert compare_checkpoints([("x", 1, _rows_of({"push": "EE"}))]).best is None
+
+
+def test_the_same_rows_in_any_order_give_the_same_csv_and_json_bytes_and_json_round_trips() -> None:
+    table = _sweep()
+    shuffled: list[tuple[str, int | None, list[GradeRow]]] = []
+    for label in SKILL:
+        checkpoint = _checkpoint(label)
+        rows = list(checkpoint.rows)
+        random.Random(label).shuffle(rows)
+        shuffled.append((checkpoint.label, checkpoint.step, rows))
+    again = compare_checkpoints(shuffled, baseline="000100")
+    assert again == table
+    assert (again.to_json(), again.to_csv()) == (table.to_json(), table.to_csv())
+    assert table.to_json() == table.to_json()
+
+    restored = SweepComparison.from_json(table.to_json())
+    assert restored == table
+    assert restored.to_json() == table.to_json()
+    document = json.loads(table.to_json())
+    assert document["best"] == table.best
+    assert list(document["rows"][0]) == list(COLUMNS)
+
+    parsed = list(csv.DictReader(io.StringIO(table.to_csv())))
+    assert len(parsed) == len(table.rows)
+    for line, row in zip(parsed, table.rows, strict=True):
+        for column, value in row.as_dict().items():
+            assert line[column] == ("" if value is None else str(value)), column
+        assert float(line["ci_low"]) == row.ci_low, "floats are written to round-trip exactly"
+
+
+def test_the_mean_score_interval_is_a_percentile_bootstrap_like_scipys() -> None:
+    row = _find(_sweep(), "000200", ALL_TASKS)
+    scores = np.array([r.score for r in _checkpoint("000200").rows if r.status is not EpisodeStatus.ERRORED])
+    reference = stats.bootstrap(
+        (scores,), np.mean, confidence_level=0.95, n_resamples=20_000, method="percentile", rng=np.random.default_rng(0)
+    ).confidence_interval
+    low, high = float(reference.low), float(reference.high)
+    width = high - low
+    assert row.score_ci_low == pytest.approx(low, abs=0.1 * width)
+    assert row.score_ci_high == pytest.approx(high, abs=0.1 * width)
+    assert row.score_ci_low is not None
+    assert row.score_ci_high is not None
+    assert row.score_ci_low < scores.mean() < row.score_ci_high
+
+
+def test_a_checkpoint_without_an_answered_episode_has_no_rates_and_breaks_nothing(tmp_path: Path) -> None:
+    broken = ("broken", 200, _rows_of({"push": "E" * EPISODES, "lift": "E" * EPISODES}))
+    table = compare_checkpoints([_checkpoint("000100"), broken, _checkpoint("000300")], baseline="broken")
+    for task in (*TASKS, ALL_TASKS):
+        row = _find(table, "broken", task)
+        assert (row.episodes, row.errored, row.succeeded, row.failed) == (row.errored, row.episodes, 0, 0)
+        assert (row.success_rate, row.ci_low, row.ci_high, row.mean_score, row.score_ci_low) == (None,) * 5
+        assert row.versus_previous.pairs == 0
+        assert _find(table, "000300", task).versus_previous.pairs == 0
+    assert table.best == "000300"
+    document = json.loads(table.to_json())
+    broken_all = next(r for r in document["rows"] if r["checkpoint"] == "broken" and r["task"] == ALL_TASKS)
+    assert broken_all["success_rate"] is None
+    assert SweepComparison.from_json(table.to_json()) == table
+    assert "n/a (no answered episode, 48 errored)" in table.markdown()
+    assert "vs baseline broken: no paired episodes" in table.conclusion()
+    assert _is_png(table.plot(tmp_path / "broken.png"))
+
+
+def test_the_plot_is_a_png_of_success_against_step_and_places_unnumbered_checkpoints_by_order(tmp_path: Path) -> None:
+    table = _sweep()
+    path = tmp_path / "sweep.png"
+    png = table.plot(path)
+    assert path.read_bytes() == png
+    assert _is_png(png)
+    assert table.plot() == png, "the same table draws the same bytes"
+    figure = table.figure()
+    (axis,) = figure.axes
+    assert axis.get_xlabel() == "training step"
+    assert [float(tick) for tick in axis.get_xticks()] == [100, 200, 300]
+    legend = axis.get_legend()
+    assert legend is not None
+    assert [text.get_text() for text in legend.get_texts()] == [*TASKS, "all tasks"]
+
+    unnumbered = compare_checkpoints([_checkpoint("000100"), _checkpoint("000200", numbered=False)])
+    assert [row.step for row in unnumbered.overall] == [100, None]
+    axis = unnumbered.figure().axes[0]
+    assert axis.get_xlabel() == "checkpoint (in training order)"
+    assert [float(tick) for tick in axis.get_xticks()] == [0, 1]
+    assert [text.get_text() for text in axis.get_xticklabels()] == ["000100", "000200"]
+    assert _is_png(unnumbered.plot())
+
+
+def test_the_markdown_table_and_its_conclusion() -> None:
+    table = _sweep()
+    text = table.markdown()
+    lines = text.splitlines()
+    assert lines[0] == "| checkpoint | step | task | success (95% CI, n) | vs previous | vs baseline (000100) |"
+    assert len([line for line in lines if line.startswith("| 000")]) == len(table.rows)
+    best = _find(table, "000300", ALL_TASKS)
+    versus = best.versus_baseline
+    assert lines[-1] == (
+        f"000300 is the best ({best.success_rate:.1%}, 95% CI {best.ci_low:.1%}-{best.ci_high:.1%}, "
+        f"n={best.answered}); vs baseline 000100: better ({versus.diff:+.1%}, p={versus.p:.3g})."
+    )
+    assert f"{best.succeeded}/{best.answered}, 3 errored" in text
+
+    two = [CheckpointRows("a", 1, _rows_of({"push": "SFFF"})), ("b", 2, _rows_of({"push": "SSSF"}))]
+    single = compare_checkpoints(two)
+    lines = single.markdown().splitlines()
+    assert lines[0] == "| checkpoint | step | success (95% CI, n) | vs previous | vs baseline |"
+    assert lines[3].startswith("| b | 2 | 75.0% (")
+    assert "no detectable difference +50.0% (p=0.5, 4 pairs; ~" in lines[3]
+    assert lines[-1].startswith("b is the best (75.0%, 95% CI ")
+    assert lines[-1].endswith(", n=4).")
+    assert [(r.checkpoint, r.task) for r in single.rows] == [
+        ("a", "push"),
+        ("a", ALL_TASKS),
+        ("b", "push"),
+        ("b", ALL_TASKS),
+    ]
+    assert len(lines) == 2 + 2 + 2, "one line per checkpoint: the all-tasks row repeats the only task's"
+    assert compare_checkpoints(two, baseline="b").conclusion().endswith("; it is the baseline.")
+
+
+def test_what_would_make_a_wrong_table_is_refused_by_name() -> None:
+    rows = _rows_of({"push": "SF"})
+    with pytest.raises(ValueError, match=r"listed twice: a"):
+        compare_checkpoints([("a", 1, rows), ("a", 2, rows)])
+    with pytest.raises(ValueError, match=r"the baseline 'z' is not one of the checkpoints \(a, b\)"):
+        compare_checkpoints([("a", 1, rows), ("b", 2, rows)], baseline="z")
+    with pytest.raises(ValueError, match=r"checkpoint a: a task is named 'all'"):
+        compare_checkpoints([("a", 1, _rows_of({"all": "SF"}))])
+    with pytest.raises(ValueError, match="alpha"):
+        compare_checkpoints([("a", 1, rows)], alpha=0)
+    with pytest.raises(ValueError, match="missing column"):
+        SweepComparison.from_json(json.dumps({"baseline": None, "alpha": 0.05, "min_effect": 0.1, "rows": [{}]}))
+
+
+def _is_png(data: bytes) -> bool:
+    image = Image.open(io.BytesIO(data))
+    image.verify()
+    return image.format == "PNG" and image.size[0] > 100 and image.size[1] > 100
