@@ -265,6 +265,10 @@ class ChildPartError(HudPipelinesError):
     """The child process writing a part failed or died; its traceback is in the message."""
 
 
+class CheckpointError(HudPipelinesError):
+    """A sweep's checkpoints cannot be used: a path that does not exist, a folder without any, a label twice."""
+
+
 class ConfigurationError(HudPipelinesError):
     """A run's resource configuration (a launchpad or run-config override) is not a valid pipeline section."""
 

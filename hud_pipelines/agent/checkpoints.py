@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import CheckpointError
 
 CHECKPOINTS_DIR = "checkpoints"
 """lerobot's ``CHECKPOINTS_DIR``: the folder of step folders under a run's output dir."""
@@ -57,10 +57,6 @@ _TRAILING_DIGITS = re.compile(r"([0-9]+)$")
 
 CheckpointKind = Literal["lerobot", "torch"]
 """``lerobot``: ``save_pretrained`` folders; ``torch``: one module file (``torch.save``) per checkpoint."""
-
-
-class CheckpointError(HudPipelinesError):
-    """A checkpoint source cannot be used: a path that does not exist, a folder without checkpoints, a label twice."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dagster import AssetCheckExecutionContext, AssetExecutionContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.contract import Contract
+from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.resources import (
     AGENT,
     CONTRACT,
@@ -45,7 +46,7 @@ from hud_pipelines.dagster.resources import (
     resource_key,
 )
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.eval import progress
+from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.grades import (
     INSTANCES_CHECK,
     CheckVerdict,
@@ -57,22 +58,25 @@ from hud_pipelines.eval.grades import (
 )
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
+from hud_pipelines.eval.rollouts import sweep_rollouts_step
 from hud_pipelines.eval.runner import InstanceResult
 from hud_pipelines.eval.steps import (
-    GRADE_COLUMNS,
     cell,
     checks_step,
+    comparison_step,
     contract_step,
     current_rollout_hash,
     dataset_step,
+    grade_columns,
     grades_step,
     read_grades,
     record_configuration,
     report_step,
     rollouts_step,
 )
+from hud_pipelines.eval.sweep_table import COLUMNS, SweepComparison
 from hud_pipelines.recording.events import EpisodeStatus
-from hud_pipelines.spec.models import CheckSpec, PipelineSpec
+from hud_pipelines.spec.models import CheckSpec, Partition, PipelineSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -115,9 +119,10 @@ def _key_figures(summary: Summary) -> dict[str, Any]:
     }
 
 
-def _grades_table(rows: Sequence[GradeRow]) -> dg.TableMetadataValue:
-    schema = dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in GRADE_COLUMNS])
-    records = [dg.TableRecord({name: cell(getattr(row, name)) for name, _ in GRADE_COLUMNS}) for row in rows[:500]]
+def _grades_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> dg.TableMetadataValue:
+    columns = grade_columns(spec)
+    schema = dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in columns])
+    records = [dg.TableRecord({name: cell(getattr(row, name)) for name, _ in columns}) for row in rows[:500]]
     return dg.MetadataValue.table(records, schema=schema)
 
 
@@ -170,7 +175,9 @@ def _build(
 ) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
     name = spec.name
     graders_key = resource_key(name, GRADERS)
-    partitions = dg.StaticPartitionsDefinition(spec.partition_keys())
+    partitions: dg.PartitionsDefinition[Any] = (
+        sweeps.partitions(spec) if spec.is_sweep else dg.StaticPartitionsDefinition(spec.partition_keys())
+    )
     single_run = dg.BackfillPolicy.single_run()
 
     def eval_asset(
@@ -251,13 +258,16 @@ def _build(
                 )
             progress.notify(result)
 
-        selected_partitions = [spec.partition_for_key(k) for k in context.partition_keys]
         overrides = record_configuration(effective, spec, outputs, run_id=run_id)
         if overrides:
             context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
-        results = rollouts_step(
-            effective, pool, outputs, run_id=run_id, partitions=selected_partitions, on_result=on_result
-        )
+        if effective.is_sweep:
+            results = _run_sweep(context, effective, pool, outputs, rollouts_key)
+        else:
+            selected_partitions = [spec.partition_for_key(k) for k in context.partition_keys]
+            results = rollouts_step(
+                effective, pool, outputs, run_id=run_id, partitions=selected_partitions, on_result=on_result
+            )
         if instances_key in selected:
             yield dg.MaterializeResult(
                 asset_key=instances_key, metadata=_instances_metadata(outputs, run_id, results, overrides)
@@ -278,7 +288,7 @@ def _build(
         low, high = success_interval(summary)
         return dg.MaterializeResult(
             metadata={
-                "grades": _grades_table(rows),
+                "grades": _grades_table(spec, rows),
                 "scheduled": summary.scheduled,
                 "succeeded": summary.succeeded,
                 "failed": summary.failed,
@@ -318,6 +328,9 @@ def _build(
     ]
     assets: list[dg.AssetsDefinition] = [run_eval, grades, report]
 
+    if spec.is_sweep:
+        assets.append(_comparison_asset(spec, outputs, instances_key, eval_asset))
+
     if spec.dataset_enabled:
 
         @eval_asset(
@@ -336,9 +349,92 @@ def _build(
         selection=dg.AssetSelection.key_prefixes([name]),
         executor_def=dg.in_process_executor,
         description=spec.description or f"Evaluate {name}",
-        tags={RANGE_START_TAG: spec.partition_keys()[0], RANGE_END_TAG: spec.partition_keys()[-1]},
+        tags=sweeps.default_tags(spec)
+        if spec.is_sweep
+        else {RANGE_START_TAG: spec.partition_keys()[0], RANGE_END_TAG: spec.partition_keys()[-1]},
     )
     return assets, checks, job
+
+
+def _run_sweep(
+    context: AssetExecutionContext, spec: PipelineSpec, pool: Any, outputs: EvalOutputs, rollouts_key: dg.AssetKey
+) -> list[InstanceResult]:
+    """The selected (checkpoint, instance) pairs, checkpoint after checkpoint on one sim pool; current ones kept."""
+    selected: dict[str, list[Partition]] = {}
+    for key in context.partition_keys:
+        label, instance = sweep.split_partition_key(key)
+        selected.setdefault(label, []).append(spec.partition_for_key(instance))
+    members = sweep.members(spec, outputs, settle_s=0.0, labels=list(selected))
+    gone = sorted(set(selected) - {m.label for m in members})
+    if gone:
+        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(gone)} are not (or no longer) complete; not run")
+
+    def on_result(member: sweep.Member, result: InstanceResult) -> None:
+        metadata = {**_instance_metadata(result), "checkpoint": member.label}
+        partition = member.partition_key(result.key)
+        context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=partition, metadata=metadata))
+        if not result.failed:
+            context.log_event(dg.AssetMaterialization(asset_key=rollouts_key, partition=partition, metadata=metadata))
+        progress.notify(result)
+
+    rerun = context.run.tags.get(sweeps.RERUN_TAG) == "true"
+    ran = sweep_rollouts_step(
+        spec,
+        pool,
+        outputs,
+        run_id=context.run.run_id,
+        members=members,
+        selection=selected,
+        rerun=rerun,
+        on_result=on_result,
+    )
+    kept = sum(len(parts) for parts in selected.values()) - len(ran)
+    if kept:
+        context.log.info(f"{spec.name}: {kept} (checkpoint, instance) pair(s) kept their current result")
+    return [result for _, result in ran]
+
+
+def _comparison_asset(
+    spec: PipelineSpec, outputs: EvalOutputs, instances_key: dg.AssetKey, eval_asset: Callable[..., Any]
+) -> dg.AssetsDefinition:
+    graders_key = resource_key(spec.name, GRADERS)
+
+    @eval_asset(
+        "comparison",
+        f"Every checkpoint of {spec.name} per task: success with its 95% interval, mean score, and the paired "
+        "comparison (McNemar's exact test) with the previous checkpoint and the baseline.",
+        deps=[instances_key],
+        resources={graders_key},
+    )
+    def comparison(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
+        judged = _judged(context, spec)
+        table = comparison_step(judged, outputs, rollout_hash=current_rollout_hash(spec, outputs))
+        return dg.MaterializeResult(metadata=_comparison_metadata(table, outputs))
+
+    return comparison
+
+
+def _comparison_metadata(table: SweepComparison, outputs: EvalOutputs) -> dict[str, Any]:
+    rows = [row.as_dict() for row in table.rows]
+    columns = [dg.TableColumn(name, _column_kind(rows, name)) for name in COLUMNS]
+    records = [dg.TableRecord({name: cell(row.get(name)) for name in COLUMNS}) for row in rows[:500]]
+    return {
+        "comparison": dg.MetadataValue.table(records, schema=dg.TableSchema(columns=columns)),
+        "summary": dg.MetadataValue.md(table.markdown()),
+        "best": table.best or "",
+        "checkpoints": len(table.overall),
+        "path": dg.MetadataValue.path(str(outputs.comparison_csv)),
+        "plot": dg.MetadataValue.path(str(outputs.comparison_png)),
+    }
+
+
+def _column_kind(rows: Sequence[dict[str, Any]], name: str) -> str:
+    values = [row.get(name) for row in rows if row.get(name) is not None]
+    if values and all(isinstance(v, bool) for v in values):
+        return "bool"
+    if values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return "float"
+    return "string"
 
 
 def _check(
@@ -355,8 +451,10 @@ def _check(
     )
     def run_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
         rows = read_grades(outputs)
-        configured = {c.name: c for c in _judged(context, spec).resolved_checks()}  # this run's threshold
-        return _check_result(check_verdict(configured.get(check.name, check), rows), rows)
+        judged = _judged(context, spec)
+        configured = {c.name: c for c in judged.resolved_checks()}.get(check.name, check)  # this run's threshold
+        verdict = sweep.verdict(judged, configured, rows) if spec.is_sweep else check_verdict(configured, rows)
+        return _check_result(verdict, rows)
 
     return run_check
 

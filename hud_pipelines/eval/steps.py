@@ -10,26 +10,30 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.eval import sweep
 from hud_pipelines.eval.grades import CheckVerdict, GradeRow, Summary, summarize, verdicts
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.eval.report import render_markdown, render_plot
-from hud_pipelines.eval.runner import EvalRunner, InstanceResult, unreached_result, unreached_rows
-from hud_pipelines.recording.events import EpisodeSink, EpisodeStatus
+from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
+from hud_pipelines.eval.runner import InstanceResult, unreached_rows
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 if TYPE_CHECKING:
     from hud_pipelines.dataset.summary import DatasetSummary
+    from hud_pipelines.eval.sweep_table import SweepComparison
 
 GRADE_COLUMNS: list[tuple[str, str]] = [
     ("task", "string"),
@@ -44,6 +48,12 @@ GRADE_COLUMNS: list[tuple[str, str]] = [
     ("error", "string"),
 ]
 """Columns of ``grades.csv`` and of the grades table shown in Dagster."""
+SWEEP_GRADE_COLUMNS: list[tuple[str, str]] = [("checkpoint", "string"), *GRADE_COLUMNS]
+"""A sweep's grade columns: the checkpoint first."""
+
+
+def grade_columns(spec: PipelineSpec) -> list[tuple[str, str]]:
+    return SWEEP_GRADE_COLUMNS if spec.is_sweep else GRADE_COLUMNS
 
 
 def cell(value: object) -> str | int | float | bool | None:
@@ -65,70 +75,6 @@ def contract_step(pool: SimPool, outputs: EvalOutputs) -> Contract:
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
     return contract
-
-
-# -- rollouts --------------------------------------------------------------------------------------------
-
-
-def rollouts_step(
-    spec: PipelineSpec,
-    pool: SimPool,
-    outputs: EvalOutputs,
-    *,
-    run_id: str,
-    partitions: Sequence[Partition],
-    on_result: Callable[[InstanceResult], None] | None = None,
-) -> list[InstanceResult]:
-    """Run ``partitions``; each instance's result, traces and dataset shard land as it ends."""
-    from hud_pipelines.dataset.shards import ShardStore
-
-    traces = outputs.traces(run_id)
-    shards = ShardStore(outputs, spec, run_id=run_id) if spec.dataset_enabled else None
-
-    def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
-        from hud_pipelines.recording.traces import TraceRecorder
-
-        recorders: list[EpisodeSink] = [
-            TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos)
-        ]
-        if shards is not None:
-            recorders.append(shards.sink(spec.partition_key(*partition), contract))
-        return recorders
-
-    finished: set[str] = set()
-
-    def ended(result: InstanceResult) -> None:
-        finished.add(result.key)
-        result.write(outputs.result(result.key))
-        if shards is not None:
-            shards.commit(result.key)
-        if on_result is not None:
-            on_result(result)
-
-    runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", run_id=run_id, sinks=sinks, on_result=ended)
-    try:
-        return runner.run(partitions)
-    except BaseException:  # interrupted: say so for every instance it cut short
-        _record_interrupted(spec, outputs, run_id, [p for p in partitions if spec.partition_key(*p) not in finished])
-        raise
-    finally:
-        if shards is not None:
-            shards.discard_pending()
-
-
-def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, cut: Sequence[Partition]) -> None:
-    """Write ``interrupted`` results for the instances a cancelled run did not finish.
-
-    An instance that already has a result of this configuration from an earlier run keeps it: that
-    work was finished, and the run that was cut short changed nothing about it.
-    """
-    for partition in cut:
-        key = spec.partition_key(*partition)
-        path = outputs.result(key)
-        if path.is_file() and InstanceResult.read(path).rollout_hash == spec.rollout_hash:
-            continue
-        reason = f"the run was interrupted before instance {key} finished"
-        unreached_result(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id).write(path)
 
 
 # -- grades and report -------------------------------------------------------------------------------
@@ -173,6 +119,8 @@ def collect_rows(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str 
     never mixed in one table.
     """
     expected = rollout_hash or current_rollout_hash(spec, outputs)
+    if spec.is_sweep:
+        return _sweep_rows(spec, outputs, expected)
     rows: list[GradeRow] = []
     for partition in spec.partitions():
         key = spec.partition_key(*partition)
@@ -192,6 +140,25 @@ def collect_rows(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str 
     return rows
 
 
+def _sweep_rows(spec: PipelineSpec, outputs: EvalOutputs, sweep_hash: str) -> list[GradeRow]:
+    """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``."""
+    from hud_pipelines.spec.models import checkpoint_rollout_hash
+
+    rows: list[GradeRow] = []
+    for member in sweep.evaluated(spec, outputs):
+        expected = checkpoint_rollout_hash(sweep_hash, member.content_hash)
+        rows += [
+            dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))
+            for row in collect_rows(member.spec, member.outputs, rollout_hash=expected)
+        ]
+    return rows
+
+
+def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
+    """The built-in check and the YAML's on a grade table (a sweep's on its candidate checkpoint)."""
+    return sweep.verdicts(spec, rows) if spec.is_sweep else verdicts(spec.resolved_checks(), rows)
+
+
 def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[GradeRow]:
     """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
@@ -199,9 +166,10 @@ def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str |
     _write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow([name for name, _ in GRADE_COLUMNS])
+    columns = grade_columns(spec)
+    writer.writerow([name for name, _ in columns])
     for row in rows:
-        writer.writerow([cell(getattr(row, name)) for name, _ in GRADE_COLUMNS])
+        writer.writerow([cell(getattr(row, name)) for name, _ in columns])
     _write_atomically(outputs.grades_csv, buffer.getvalue())
     return rows
 
@@ -212,7 +180,7 @@ def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
 
 def checks_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[CheckVerdict]:
     """Every check on the current grades (the built-in ``instances_completed`` first), to ``checks.json``."""
-    results = verdicts(spec.resolved_checks(), collect_rows(spec, outputs, rollout_hash=rollout_hash))
+    results = all_verdicts(spec, collect_rows(spec, outputs, rollout_hash=rollout_hash))
     outputs.base.mkdir(parents=True, exist_ok=True)
     _write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
     return results
@@ -242,11 +210,46 @@ def report_step(
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
     overrides = _recorded_overrides(outputs)
-    checks = verdicts(spec.resolved_checks(), rows)
+    checks = all_verdicts(spec, rows)
+    if spec.is_sweep:  # every checkpoint's own report (its episodes, videos and plots) beside the sweep's
+        for member in sweep.evaluated(spec, outputs):
+            report_step(member.spec, member.outputs, run_id=run_id)
     markdown = render_markdown(spec.name, rows, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
+    if spec.is_sweep and rows:
+        markdown += _sweep_section(comparison_step(spec, outputs, rollout_hash=rollout_hash))
     _write_atomically(outputs.report_md, markdown)
     html = write_html_report(spec.name, rows, outputs, checks=checks, run_id=run_id, overrides=overrides)
     return ReportFiles(markdown, html, summarize(rows))
+
+
+def comparison_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> SweepComparison:
+    """A sweep's ``comparison.{csv,json,png}``: every checkpoint per task, paired with the previous and the baseline."""
+    rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
+    table = _comparison(spec, outputs, rows)
+    outputs.base.mkdir(parents=True, exist_ok=True)
+    _write_atomically(outputs.comparison_csv, table.to_csv())
+    _write_atomically(outputs.comparison_json, table.to_json())
+    outputs.comparison_png.write_bytes(table.plot())
+    return table
+
+
+def _comparison(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> SweepComparison:
+    from hud_pipelines.eval.sweep_table import compare_checkpoints
+
+    members = sweep.evaluated(spec, outputs)
+    labels = {m.label for m in members}
+    checkpoints = [(m.label, m.step, [row for row in rows if row.checkpoint == m.label]) for m in members]
+    baseline = sweep.baseline_label(spec, labels)
+    return compare_checkpoints(checkpoints, baseline=baseline)
+
+
+def _sweep_section(table: SweepComparison) -> str:
+    return (
+        "\n## Checkpoints\n\n"
+        "Every checkpoint on the same episodes; each is compared with the previous one and the baseline "
+        "by McNemar's exact test on the paired successes.\n\n"
+        f"{table.markdown()}\n\n![success rate by training step](comparison.png)\n"
+    )
 
 
 # -- dataset ---------------------------------------------------------------------------------------------
@@ -256,7 +259,16 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
     """Merge every instance's latest shard and publish the dataset atomically."""
     from hud_pipelines.dataset.shards import ShardStore
 
-    return ShardStore(outputs, spec, run_id=run_id).publish(dataset_root(spec, outputs, project_dir))
+    root = dataset_root(spec, outputs, project_dir)
+    if not spec.is_sweep:
+        return ShardStore(outputs, spec, run_id=run_id).publish(root)
+    published = [  # a dataset per checkpoint: the episodes of different weights are different data
+        ShardStore(member.outputs, member.spec, run_id=run_id).publish(root / member.label)
+        for member in sweep.evaluated(spec, outputs)
+    ]
+    if not published:
+        raise HudPipelinesError(f"sweep {spec.name!r} has no evaluated checkpoint to publish")
+    return published[-1]
 
 
 def dataset_root(spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path) -> Path:
@@ -297,6 +309,9 @@ def evaluate(
     project_dir: Path | None = None,
     partitions: Sequence[Partition] | None = None,
     deployment: dict[str, dict[str, Any]] | None = None,
+    checkpoints: Sequence[str] | None = None,
+    rerun: bool = False,
+    settle_s: float = sweep.DEFAULT_SETTLE_S,
 ) -> Evaluation:
     """Run a whole eval in this process without Dagster (no run history).
 
@@ -317,9 +332,23 @@ def evaluate(
         with contextlib.suppress(HudPipelinesError):  # a sim that cannot start errors every instance below
             contract_step(pool, outputs)
         record_configuration(effective, spec, outputs, run_id=run_id)
-        results = rollouts_step(
-            effective, pool, outputs, run_id=run_id, partitions=partitions or effective.partitions()
-        )
+        if effective.is_sweep:
+            members = sweep.select(sweep.members(effective, outputs, settle_s=settle_s), checkpoints)
+            wanted = list(partitions or effective.partitions())
+            ran = sweep_rollouts_step(
+                effective,
+                pool,
+                outputs,
+                run_id=run_id,
+                members=members,
+                selection={m.label: wanted for m in members},
+                rerun=rerun,
+            )
+            results = [result for _, result in ran]
+        else:
+            results = rollouts_step(
+                effective, pool, outputs, run_id=run_id, partitions=partitions or effective.partitions()
+            )
     finally:
         parts.sim.close()
     current = effective.rollout_hash

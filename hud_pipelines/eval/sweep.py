@@ -35,7 +35,8 @@ from hud_pipelines.agent.checkpoints import (
     WatchedDirectory,
     discover_checkpoints,
 )
-from hud_pipelines.eval.grades import CheckVerdict, GradeRow, check_verdict, instances_verdict
+from hud_pipelines.errors import CheckpointError
+from hud_pipelines.eval.grades import CheckVerdict, GradeRow, check_verdict, instances_verdict, regression_verdict
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.agent import CheckpointEntry, LeRobotPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.models import CheckSpec, NoRegressionCheck, PipelineSpec
@@ -80,8 +81,9 @@ def discover(spec: PipelineSpec, *, settle_s: float = DEFAULT_SETTLE_S) -> Disco
     """The sweep's complete and pending checkpoints now (steps given by hand applied)."""
     found = discover_checkpoints(sources(spec), settle_s=settle_s)
     policy = spec.agent.policy
-    listed = getattr(policy, "checkpoints", None)
-    steps = {e.label: e.step for e in listed if isinstance(e, CheckpointEntry)} if isinstance(listed, list) else {}
+    listed = policy.checkpoints if isinstance(policy, LeRobotPolicyConfig | TorchPolicyConfig) else None
+    entries = listed if isinstance(listed, list) else []
+    steps = {e.label: e.step for e in entries if isinstance(e, CheckpointEntry)}
     if not any(step is not None for step in steps.values()):
         return found
 
@@ -113,6 +115,30 @@ def member(spec: PipelineSpec, outputs: EvalOutputs, checkpoint: Checkpoint) -> 
         spec=spec.for_checkpoint(checkpoint.path, content_hash),
         outputs=member_outputs,
     )
+
+
+def members(
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    *,
+    settle_s: float = DEFAULT_SETTLE_S,
+    labels: Sequence[str] | None = None,
+) -> list[Member]:
+    """A member for every complete checkpoint found now (of ``labels`` only, when given), in sweep order."""
+    found = discover(spec, settle_s=settle_s).complete
+    return [member(spec, outputs, c) for c in found if labels is None or c.label in labels]
+
+
+def select(found: Sequence[Member], labels: Sequence[str] | None) -> list[Member]:
+    """The members ``labels`` name (all when None); an unknown label is an error listing the known ones."""
+    if labels is None:
+        return list(found)
+    known = {m.label: m for m in found}
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        listed = ", ".join(known) or "none complete yet"
+        raise CheckpointError(f"no checkpoint labelled {', '.join(map(repr, unknown))}; known: {listed}")
+    return [m for m in found if m.label in labels]
 
 
 def record(member: Member) -> None:
@@ -186,6 +212,14 @@ def verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow]) -> C
     return dataclasses.replace(judged, description=f"{candidate}: {judged.description}")
 
 
+def baseline_label(spec: PipelineSpec, labels: set[str]) -> str | None:
+    """The checkpoint a ``no_regression`` check names as its baseline (the comparison's baseline column)."""
+    for check in spec.checks:
+        if isinstance(check, NoRegressionCheck) and check.baseline in labels:
+            return check.baseline
+    return None
+
+
 def _baseline_label(spec: PipelineSpec, check: NoRegressionCheck, rows: Sequence[GradeRow]) -> str | None:
     written = {c.name: c for c in spec.checks}.get(check.name)
     raw = written.baseline if isinstance(written, NoRegressionCheck) else check.baseline
@@ -195,7 +229,6 @@ def _baseline_label(spec: PipelineSpec, check: NoRegressionCheck, rows: Sequence
 def _against_label(
     check: NoRegressionCheck, mine: list[GradeRow], theirs: list[GradeRow], candidate: str | None, label: str
 ) -> CheckVerdict:
-    from hud_pipelines.eval.grades import regression_verdict
 
     if candidate == label:
         return CheckVerdict(

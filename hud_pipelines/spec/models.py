@@ -57,6 +57,8 @@ SOURCE_CONTEXT = "source"
 DEFAULT_DATASET_DIR = Path("outputs") / "datasets"
 CREDENTIALS: dict[str, Any] = {"sim": {"token"}, "agent": {"policy": {"api_key"}}}
 """The secret fields of a pipeline, as a pydantic ``exclude`` (they never decide a rollout)."""
+SWEEP_SOURCES: dict[str, Any] = {"sim": {"token"}, "agent": {"policy": {"api_key", "checkpoints"}}}
+"""What a sweep's rollout hash leaves out: the credentials and where its checkpoints are listed."""
 
 
 def spec_rule(at: str, message: str) -> PydanticCustomError:
@@ -679,8 +681,10 @@ class PipelineSpec(StrictModel):
         """
         if self._weights is not None:
             return checkpoint_rollout_hash(*self._weights)
+        # a sweep's checkpoints are identified by their content, per member, not by where they are listed
+        exclude = SWEEP_SOURCES if self.is_sweep else CREDENTIALS
         dumped = self.model_dump(
-            mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=CREDENTIALS
+            mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=exclude
         )
         return _hash(dumped)
 

@@ -1,0 +1,128 @@
+"""The rollouts step: run the selected instances, each one's result, traces and shard landing as it ends.
+
+For a sweep (:mod:`hud_pipelines.eval.sweep`) the same step runs once per checkpoint with one sim pool:
+the sims are started once and reset for every instance of every checkpoint, and each checkpoint's policy
+is loaded once. A (checkpoint, instance) pair whose result is current is skipped unless ``rerun``:
+a sweep resumes where it stopped and evaluates a new checkpoint alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from hud_pipelines.contract import Contract
+from hud_pipelines.errors import Fault
+from hud_pipelines.eval import sweep
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.runner import EvalRunner, InstanceResult, unreached_result
+from hud_pipelines.recording.events import EpisodeSink
+from hud_pipelines.sim.pool import SimPool
+from hud_pipelines.spec.models import Partition, PipelineSpec
+
+# -- rollouts --------------------------------------------------------------------------------------------
+
+
+def rollouts_step(
+    spec: PipelineSpec,
+    pool: SimPool,
+    outputs: EvalOutputs,
+    *,
+    run_id: str,
+    partitions: Sequence[Partition],
+    on_result: Callable[[InstanceResult], None] | None = None,
+) -> list[InstanceResult]:
+    """Run ``partitions``; each instance's result, traces and dataset shard land as it ends."""
+    from hud_pipelines.dataset.shards import ShardStore
+
+    traces = outputs.traces(run_id)
+    shards = ShardStore(outputs, spec, run_id=run_id) if spec.dataset_enabled else None
+
+    def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
+        from hud_pipelines.recording.traces import TraceRecorder
+
+        recorders: list[EpisodeSink] = [
+            TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos)
+        ]
+        if shards is not None:
+            recorders.append(shards.sink(spec.partition_key(*partition), contract))
+        return recorders
+
+    finished: set[str] = set()
+
+    def ended(result: InstanceResult) -> None:
+        finished.add(result.key)
+        result.write(outputs.result(result.key))
+        if shards is not None:
+            shards.commit(result.key)
+        if on_result is not None:
+            on_result(result)
+
+    runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", run_id=run_id, sinks=sinks, on_result=ended)
+    try:
+        return runner.run(partitions)
+    except BaseException:  # interrupted: say so for every instance it cut short
+        _record_interrupted(spec, outputs, run_id, [p for p in partitions if spec.partition_key(*p) not in finished])
+        raise
+    finally:
+        if shards is not None:
+            shards.discard_pending()
+
+
+def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, cut: Sequence[Partition]) -> None:
+    """Write ``interrupted`` results for the instances a cancelled run did not finish.
+
+    An instance that already has a result of this configuration from an earlier run keeps it: that
+    work was finished, and the run that was cut short changed nothing about it.
+    """
+    for partition in cut:
+        key = spec.partition_key(*partition)
+        path = outputs.result(key)
+        if path.is_file() and InstanceResult.read(path).rollout_hash == spec.rollout_hash:
+            continue
+        reason = f"the run was interrupted before instance {key} finished"
+        unreached_result(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id).write(path)
+
+
+SweepSelection = Mapping[str, Sequence[Partition]]
+"""Checkpoint label -> the instances of it to run."""
+
+
+def sweep_rollouts_step(
+    spec: PipelineSpec,
+    pool: SimPool,
+    outputs: EvalOutputs,
+    *,
+    run_id: str,
+    members: Sequence[sweep.Member],
+    selection: SweepSelection | None = None,
+    rerun: bool = False,
+    on_result: Callable[[sweep.Member, InstanceResult], None] | None = None,
+) -> list[tuple[sweep.Member, InstanceResult]]:
+    """Run a sweep's checkpoints one after the other on one sim pool; ``selection`` None is every instance of each.
+
+    Pairs with a current result that did not fail are skipped unless ``rerun``, so a resumed or repeated
+    sweep evaluates only what is missing, on the same seeds.
+    """
+    ran: list[tuple[sweep.Member, InstanceResult]] = []
+    for member in members:
+        wanted = list(selection.get(member.label, ())) if selection is not None else member.spec.partitions()
+        todo = wanted if rerun else [p for p in wanted if not _current(member, p)]
+        if not todo:
+            continue
+        sweep.record(member)
+
+        def ended(result: InstanceResult, member: sweep.Member = member) -> None:
+            if on_result is not None:
+                on_result(member, result)
+
+        results = rollouts_step(member.spec, pool, member.outputs, run_id=run_id, partitions=todo, on_result=ended)
+        ran += [(member, result) for result in results]
+    return ran
+
+
+def _current(member: sweep.Member, partition: Partition) -> bool:
+    path = member.outputs.result(member.spec.partition_key(*partition))
+    if not path.is_file():
+        return False
+    result = InstanceResult.read(path)
+    return result.rollout_hash == member.spec.rollout_hash and not result.failed

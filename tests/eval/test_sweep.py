@@ -1,0 +1,129 @@
+"""Sweeps: every checkpoint of a real lerobot-train run, evaluated on the same episodes, resumably."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hud_pipelines.errors import CheckpointError
+from hud_pipelines.eval.steps import evaluate
+from hud_pipelines.spec.loader import load_pipeline_text
+from hud_pipelines.spec.models import PipelineSpec
+from tests.agent.checkpoint_runs import (
+    LeRobotRun,
+    age,
+    copy_run,
+    lerobot_run_fixture,  # noqa: F401 - the session's run, shared with the checkpoint tests
+    write_lerobot_run,
+)
+from tests.dagster.support import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def sweep_spec(tmp_path: Path, checkpoints: Any, **fields: Any) -> PipelineSpec:
+    spec: dict[str, Any] = {
+        "name": "reach_sweep",
+        "sim": {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 2},
+        "agent": {
+            "policy": {
+                "kind": "lerobot",
+                "checkpoints": checkpoints,
+                "device": "cpu",
+                "rename": {"goal": "observation.environment_state"},
+            }
+        },
+        "tasks": [{"name": "near", "seed": 10}, {"name": "far", "seed": 500}],
+        "group": 2,
+        "max_steps": 6,
+        **fields,
+    }
+    return load_pipeline_text(json.dumps(spec), source=tmp_path / "reach_sweep.yaml")
+
+
+@pytest.fixture(name="run")
+def run_fixture(lerobot_run: LeRobotRun, tmp_path: Path) -> LeRobotRun:
+    """A private, settled copy of the session's three-checkpoint run."""
+    run = copy_run(lerobot_run, tmp_path / "train")
+    age(run.output_dir, 60)
+    return run
+
+
+def _episode(row: Any) -> tuple[str, int, int, int | None]:
+    return (row.task, row.instance, row.slot, row.seed)
+
+
+def test_a_sweep_evaluates_every_checkpoint_on_the_same_episodes(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    evaluation = evaluate(sweep_spec(tmp_path, str(run.output_dir)), outputs_dir=tmp_path / "out")
+    labels = ["000500", "001000", "001500"]
+    assert [row.checkpoint for row in evaluation.rows] == [label for label in labels for _ in range(8)]
+    by_label = {label: [row for row in evaluation.rows if row.checkpoint == label] for label in labels}
+    episodes = {label: [_episode(row) for row in rows] for label, rows in by_label.items()}
+    assert episodes["000500"] == episodes["001000"] == episodes["001500"], "paired episodes"
+    assert len(set(episodes["000500"])) == 8
+    returns = {label: tuple(round(row.total_reward, 6) for row in rows) for label, rows in by_label.items()}
+    assert len(set(returns.values())) == 3, "different weights act differently on the same episodes"
+    assert {row.status.value for row in evaluation.rows} <= {"succeeded", "failed"}
+    assert evaluation.passed
+    grades = list(csv.DictReader((tmp_path / "out" / "reach_sweep" / "grades.csv").read_text().splitlines()))
+    assert [g["checkpoint"] for g in grades] == [row.checkpoint for row in evaluation.rows]
+    member = tmp_path / "out" / "reach_sweep" / "checkpoints" / "001000"
+    recorded = json.loads((member / "checkpoint.json").read_text())
+    assert recorded["step"] == 1000
+    assert Path(recorded["path"]) == run.pretrained(1000)
+    assert (member / "report.md").is_file(), "each checkpoint gets its own report"
+
+
+def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    out = tmp_path / "out"
+    first = evaluate(spec, outputs_dir=out, checkpoints=["000500", "001000"])
+    assert {row.checkpoint for row in first.rows} == {"000500", "001000"}
+    assert {row.run_id for row in first.rows} == {first.run_id}
+
+    again = evaluate(spec, outputs_dir=out)  # only 001500 is missing
+    ran = {row.checkpoint for row in again.rows if row.run_id == again.run_id}
+    assert ran == {"001500"}
+    kept = [row for row in again.rows if row.checkpoint != "001500"]
+    assert kept == [row for row in first.rows], "earlier results are kept as they were"
+
+    write_lerobot_run(tmp_path / "retrained" / run.output_dir.name, [1000])  # other weights under one label
+    shutil.rmtree(run.step_dirs[1000])
+    shutil.copytree(tmp_path / "retrained" / run.output_dir.name / "checkpoints" / "001000", run.step_dirs[1000])
+    (tmp_path / "extra").mkdir()
+    write_lerobot_run(tmp_path / "extra" / run.output_dir.name, [2000])
+    shutil.copytree(tmp_path / "extra" / run.output_dir.name / "checkpoints" / "002000", run.checkpoints_dir / "002000")
+    age(run.output_dir, 60)
+    third = evaluate(spec, outputs_dir=out)
+    ran = {row.checkpoint for row in third.rows if row.run_id == third.run_id}
+    assert ran == {"001000", "002000"}, "a new checkpoint runs, and so does one whose files changed"
+
+    moved = copy_run(run, tmp_path / "moved")  # the same bytes elsewhere: the same checkpoints
+    fourth = evaluate(
+        sweep_spec(tmp_path, str(moved.output_dir), tasks=[{"name": "near", "seed": 10}], group=1), outputs_dir=out
+    )
+    assert not [row for row in fourth.rows if row.run_id == fourth.run_id], "a moved run keeps its results"
+    assert len(fourth.rows) == 4 * 2, "four checkpoints of one instance of two slots"
+
+
+def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    (run.pretrained(1500) / "model.safetensors").unlink()
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {row.checkpoint for row in evaluation.rows} == {"000500", "001000"}
+    with pytest.raises(CheckpointError, match=r"'001500'.*known: 000500, 001000"):
+        evaluate(spec, outputs_dir=tmp_path / "out", checkpoints=["001500"])
