@@ -90,6 +90,7 @@ def test_the_factory_module_loads_where_metaworld_is_not_installed() -> None:
     assert {"task", "camera", "size", "max_episode_steps"} <= factory.build_params
 
 
+@needs_metaworld
 def test_the_bundled_metaworld_pipelines_pass_the_deep_check() -> None:
     parser = argparse.ArgumentParser()
     add_validate_arguments(parser)

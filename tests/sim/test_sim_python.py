@@ -173,3 +173,21 @@ def test_a_pipeline_runs_its_sim_under_sim_python(project: Path, tmp_path: Path)
     assert not evaluation.failed_instances
     assert evaluation.summary.scheduled == 1
     assert served_by(report)["executable"] == str(project / ".venv" / "bin" / "python")
+
+
+def test_validate_finds_a_sim_python_that_is_not_set_up(tmp_path: Path) -> None:
+    import argparse
+    import io
+
+    from hud_pipelines.spec.commands import add_validate_arguments, run_validate
+
+    path = write_yaml(
+        tmp_path / "pipelines" / "p.yaml",
+        "name: p\nsim:\n  factory: CartPole-v1\n  python: ../sims/none\nagent: {policy: {kind: random}}\n",
+    )
+    parser = argparse.ArgumentParser()
+    add_validate_arguments(parser)
+    out = io.StringIO()
+    assert run_validate(parser.parse_args([str(path)]), out) == 1
+    output = out.getvalue()
+    assert f"p.yaml:4:11: sim.python: sim interpreter {tmp_path / 'sims' / 'none'} does not exist" in output
