@@ -128,6 +128,7 @@ class SimSpec(StrictModel):
     python: str | None = Field(
         default=None,
         min_length=1,
+        exclude_if=lambda value: value is None,  # unset, it leaves the rollout hash as it was before it existed
         description="the Python the sim child runs under, relative to the YAML file: an interpreter "
         "(`/opt/isaac/python.sh`), or a uv project directory whose `.venv/bin/python` is used (`../sims/metaworld`, "
         "set up by `uv sync --project sims/metaworld`); it needs numpy, gymnasium, pydantic, msgpack and websockets "

@@ -191,3 +191,11 @@ def test_validate_finds_a_sim_python_that_is_not_set_up(tmp_path: Path) -> None:
     assert run_validate(parser.parse_args([str(path)]), out) == 1
     output = out.getvalue()
     assert f"p.yaml:4:11: sim.python: sim interpreter {tmp_path / 'sims' / 'none'} does not exist" in output
+
+
+def test_another_interpreter_is_another_configuration(tmp_path: Path) -> None:
+    text = "name: p\nsim: {factory: CartPole-v1%s}\nagent: {policy: {kind: random}}\n"
+    agents = load_pipeline(write_yaml(tmp_path / "a.yaml", text % ""))
+    own = load_pipeline(write_yaml(tmp_path / "b.yaml", text % ", python: ../sims/cartpole"))
+    other = load_pipeline(write_yaml(tmp_path / "c.yaml", text % ", python: ../sims/other"))
+    assert len({agents.rollout_hash, own.rollout_hash, other.rollout_hash}) == 3
