@@ -56,6 +56,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     num_envs: int = Field(default=1, description="slots per sim instance, stepped in lockstep")
     startup_timeout_s: float = Field(default=120.0, description="deadline for a sim to build its envs and listen")
     step_timeout_s: float = Field(default=60.0, description="deadline of one reset or step request")
+    python: str | None = Field(default=None, description="the sim's interpreter, or a uv project directory")
     hold: str = Field(default="last", description="action of a finished slot: last or zero")
     bounds: str = Field(default="clip", description="out-of-bounds continuous actions: clip or error")
     url: str | None = Field(default=None, description="ws://host:port of a sim served elsewhere")
@@ -72,6 +73,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "num_envs": self.num_envs,
             "startup_timeout_s": self.startup_timeout_s,
             "step_timeout_s": self.step_timeout_s,
+            "python": self.python,
             "hold": self.hold,
             "bounds": self.bounds,
             "url": self.url,

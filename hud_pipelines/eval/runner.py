@@ -141,6 +141,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         url=sim.url,
         token=None if sim.token is None else sim.token.get_secret_value(),
         cwd=cwd,
+        python=None if sim.python is None else spec.resolve_path(sim.python),
     )
 
 

@@ -44,6 +44,8 @@ class SimSettings:
     url: str | None = None
     token: str | None = None
     cwd: Path | None = None
+    python: Path | None = None
+    """The spawned children's interpreter (a file, or a uv project directory); ``None``: the agent's."""
 
 
 @dataclass
@@ -89,6 +91,7 @@ class SimPool:
                 options=settings.options,
                 startup_timeout_s=settings.startup_timeout_s,
                 cwd=settings.cwd,
+                python=settings.python,
             )
             self.spawned += 1
         try:

@@ -8,7 +8,12 @@ A spawned child:
   tail of its stderr (which is also forwarded to the ``hud_pipelines.sim.child`` logger), led by
   the child's own error line (:attr:`SimStartError.child_error`);
 - holds the read end of a pipe on stdin whose write end only this process has: when this process
-  dies for any reason the child sees EOF and kills its own group, so no sim outlives its parent.
+  dies for any reason the child sees EOF and kills its own group, so no sim outlives its parent;
+- runs under this process's interpreter, or under another one (``python``: a sim whose simulator
+  needs its own environment, e.g. MetaWorld on MuJoCo 3.3 while the agent has MuJoCo 4). That
+  interpreter needs only the sim side of this package (numpy, gymnasium, pydantic, msgpack,
+  websockets, never torch); this checkout goes first on its ``PYTHONPATH``. A missing interpreter,
+  or one that lacks a module, is a :class:`SimStartError` naming it and how to install what is missing.
 
 Attaching takes a URL and a token; :meth:`SimProcess.connect` returns the same :class:`SimClient`
 either way.
@@ -47,6 +52,11 @@ STDERR_DRAIN_S = 1.0
 """How long to wait for the last stderr lines of a child that exited."""
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
 """The last line of a Python traceback (``ModuleNotFoundError: No module named 'x'``)."""
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+PROJECT_INTERPRETER = Path(".venv/bin/python")
+"""The interpreter of a uv project directory given as ``python`` (what ``uv sync --project DIR`` creates)."""
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The directory holding this ``hud_pipelines`` package: what another interpreter's ``PYTHONPATH`` starts with."""
 
 
 class SimProcess:
@@ -90,17 +100,19 @@ class SimProcess:
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
-        python: str = sys.executable,
+        python: str | Path | None = None,
     ) -> SimProcess:
         """Start a child serving ``factory``; returns once it printed its ready line.
 
         ``idle_timeout_s`` is the child's ``--idle-timeout-s``: 0 (never) by default, since a
         spawned child serves only its parent, which may keep a pooled connection idle between
         instances (and the child dies with its parent anyway). ``options`` come after it and win.
+        ``python`` is the child's interpreter (see :func:`sim_interpreter`); ``None``: this one.
         """
+        interpreter = sim_interpreter(python)
         token = secrets.token_urlsafe(24)
         command = [
-            python,
+            interpreter,
             "-m",
             "hud_pipelines.sim",
             factory,
@@ -120,15 +132,20 @@ class SimProcess:
         for key, value in (build_args or {}).items():
             command += ["--arg", f"{key}={json.dumps(value)}"]
         child_env = {**os.environ, **(env or {}), TOKEN_ENV: token}
-        popen = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=child_env,
-            cwd=cwd,
-        )
+        if python is not None:
+            child_env["PYTHONPATH"] = _with_package_root(child_env.get("PYTHONPATH", ""))
+        try:
+            popen = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env=child_env,
+                cwd=cwd,
+            )
+        except OSError as exc:  # checked just before, so a race or an unusual file (a broken ELF)
+            raise SimStartError(f"cannot run the sim interpreter {interpreter}: {exc} (sim {factory!r})") from exc
         tail = collections.deque[str](maxlen=STDERR_TAIL_LINES)
         assert popen.stderr is not None
         assert popen.stdout is not None
@@ -144,6 +161,8 @@ class SimProcess:
             diagnosis = handle.diagnose()
             child_error = handle.child_error()
             lead = f"{child_error} ({exc}; sim {factory!r})" if child_error else f"{exc} (sim {factory!r})"
+            hint = _missing_module_hint(child_error, interpreter, python) if python is not None else None
+            lead = f"{lead}\n{hint}" if hint else lead
             raise SimStartError(f"{lead}\n{diagnosis}", child_error=child_error) from None
         except BaseException:
             handle.close(grace_s=1.0)
@@ -280,6 +299,61 @@ class SimProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def sim_interpreter(python: str | Path | None) -> str:
+    """The interpreter a sim child runs under: ``python`` itself when it is a file, ``DIR/.venv/bin/python``
+    when it is a (uv project) directory, this process's interpreter when ``None``.
+
+    Checked here so that a wrong path fails at once with what to do, not as a child that never starts.
+    """
+    if python is None:
+        return sys.executable
+    path = Path(python).expanduser()
+    if path.is_dir():
+        project = path
+        path = project / PROJECT_INTERPRETER
+        if not path.exists():
+            raise SimStartError(
+                f"sim interpreter {path} does not exist: {project} is a directory, which is taken as a uv project "
+                f"whose environment is not set up; create it with `uv sync --project {project}`"
+            )
+    if not path.exists():
+        raise SimStartError(
+            f"sim interpreter {path} does not exist (sim.python names a Python executable, or a uv project "
+            "directory whose .venv/bin/python is used)"
+        )
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise SimStartError(f"sim interpreter {path} is not an executable file")
+    return str(path.absolute())
+
+
+def _with_package_root(pythonpath: str) -> str:
+    """``PYTHONPATH`` for another interpreter: this checkout's ``hud_pipelines`` first, then what was there.
+
+    When this package was installed into site-packages rather than run from a checkout, that directory
+    is not added (it would hand the child every package of this environment, torch included): the
+    sim's environment then needs hud-pipelines installed itself.
+    """
+    if PACKAGE_ROOT.name in ("site-packages", "dist-packages"):
+        return pythonpath
+    return os.pathsep.join(p for p in (str(PACKAGE_ROOT), pythonpath) if p)
+
+
+def _missing_module_hint(child_error: str | None, interpreter: str, python: str | Path) -> str | None:
+    """What to install where, when a child under another interpreter could not import a module."""
+    match = MISSING_MODULE.search(child_error or "")
+    if match is None:
+        return None
+    module = match.group(1).split(".")[0]
+    hint = (
+        f"the sim interpreter {interpreter} has no module {module!r}: install the package that provides it into "
+        f"that environment (`uv pip install --python {interpreter} {module}`)"
+    )
+    project = Path(python).expanduser()
+    if project.is_dir():
+        hint += f", or add it to {project / 'pyproject.toml'} and run `uv sync --project {project}`"
+    return hint
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

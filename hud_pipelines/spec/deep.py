@@ -1,9 +1,10 @@
 """Deep validation: do the names in a valid spec resolve to things that exist?
 
 Plain loading checks shape only; ``hud-pipelines validate`` (deep by default) also resolves the sim
-factory (an unknown registry id or attribute gets the factory resolver's closest matches), sorts
-every build argument against the factory's signature, checks that policy and grader targets are
-importable, and that files a spec points at exist or parse. Each finding is located at the YAML
+factory (an unknown registry id or attribute gets the factory resolver's closest matches), checks
+that ``sim.python`` names an interpreter, sorts every build argument against the factory's
+signature, checks that policy and grader targets are importable, and that files a spec points at
+exist or parse. Each finding is located at the YAML
 line that names the culprit. This imports the factory's module (and gymnasium), but policy and
 grader modules are only read, not run, where possible (see :mod:`hud_pipelines.spec.target_check`).
 """
@@ -30,11 +31,25 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     """Everything that shape validation cannot see; imports print to stderr so stdout stays the caller's."""
     with contextlib.redirect_stdout(sys.stderr):
         return [
+            *_python_problems(spec, document),
             *_factory_problems(spec, document),
             *_contract_problems(spec, document),
             *_policy_problems(spec, document),
             *_grader_problems(spec, document),
         ]
+
+
+def _python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """A ``sim.python`` that names no interpreter (a uv project not set up yet) is found before a run."""
+    if spec.sim.python is None:
+        return []
+    from hud_pipelines.sim.process import sim_interpreter
+
+    try:
+        sim_interpreter(spec.resolve_path(spec.sim.python))
+    except HudPipelinesError as exc:
+        return [document.problem(("sim", "python"), str(exc))]
+    return []
 
 
 def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:

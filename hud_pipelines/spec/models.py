@@ -90,7 +90,7 @@ def is_file_target(target: str) -> bool:
 # -- sim ------------------------------------------------------------------------------------------
 
 
-SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds")
+SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
 
 
@@ -127,6 +127,15 @@ class SimSpec(StrictModel):
         default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"
     )
     step_timeout_s: Float = Field(default=60.0, gt=0, description="deadline of one reset or step request")
+    python: str | None = Field(
+        default=None,
+        min_length=1,
+        exclude_if=lambda value: value is None,  # unset, it leaves the rollout hash as it was before it existed
+        description="the Python the sim child runs under, relative to the YAML file: an interpreter "
+        "(`/opt/isaac/python.sh`), or a uv project directory whose `.venv/bin/python` is used (`../sims/metaworld`, "
+        "set up by `uv sync --project sims/metaworld`); it needs numpy, gymnasium, pydantic, msgpack and websockets "
+        "(the sim side of hud-pipelines, which is put on its `PYTHONPATH`), never torch; omitted: the agent's own",
+    )
     hold: HoldMode = Field(
         default=HoldMode.LAST,
         description="action a finished slot receives while the others keep stepping: `last` or `zero`",
