@@ -40,6 +40,8 @@ def _run(args: argparse.Namespace) -> int:
         outputs_dir=args.outputs,
         partitions=args.partition or None,
         quiet=args.quiet,
+        checkpoints=args.checkpoint or None,
+        rerun=args.rerun,
     )
 
 
@@ -88,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--partition", action="append", metavar="KEY", help="run only these instances (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--checkpoint", action="append", metavar="LABEL", help="a sweep: evaluate only this checkpoint (repeatable)"
+    )
+    run.add_argument("--rerun", action="store_true", help="a sweep: run pairs again that already have a current result")
     run.set_defaults(handler=_run)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (or the YAML reference)")

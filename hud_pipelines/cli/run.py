@@ -89,6 +89,8 @@ def run_pipeline(
     outputs_dir: Path | None = None,
     partitions: list[str] | None = None,
     quiet: bool = False,
+    checkpoints: list[str] | None = None,
+    rerun: bool = False,
 ) -> int:
     """Run one pipeline's job in this process on the local Dagster instance; returns the exit code."""
     path = resolve_pipeline_file(pipeline, pipelines_dir)
@@ -109,6 +111,12 @@ def run_pipeline(
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)
     job = defs.resolve_job_def(spec.name)
     keys = spec.partition_keys()
+    if spec.is_sweep and partitions and any("|" in p for p in partitions):  # <checkpoint>|<instance>, as checks print
+        from hud_pipelines.eval.sweep import split_partition_key
+
+        pairs = [split_partition_key(p) for p in partitions]
+        checkpoints = list(dict.fromkeys([*(checkpoints or []), *(label for label, _ in pairs)]))
+        partitions = list(dict.fromkeys(instance for _, instance in pairs))
     selected = partitions or keys
     unknown = sorted(set(selected) - set(keys))
     if unknown:
@@ -118,6 +126,15 @@ def run_pipeline(
     if ordered != keys[first : first + len(ordered)]:
         raise HudPipelinesError(f"--partition values must form a contiguous range of {', '.join(keys)}")
     tags = {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
+    units = len(ordered)
+    if spec.is_sweep:
+        from hud_pipelines.dagster import sweeps
+
+        with dg.DagsterInstance.get() as instance:
+            tags, labels = sweeps.run_tags(instance, spec, ordered, checkpoints=checkpoints, rerun=rerun)
+        units *= len(labels)
+    elif checkpoints or rerun:
+        raise HudPipelinesError(f"{spec.name} is not a sweep: --checkpoint and --rerun need agent.policy.checkpoints")
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -132,7 +149,7 @@ def run_pipeline(
         try:
             with (
                 dg.DagsterInstance.get() as instance,
-                _progress(console, spec.name, len(ordered), quiet) as on_result,
+                _progress(console, spec.name, units, quiet) as on_result,
                 progress.listening(_counting(finished, on_result)),
             ):
                 result = job.execute_in_process(

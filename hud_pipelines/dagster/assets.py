@@ -360,10 +360,13 @@ def _run_sweep(
     context: AssetExecutionContext, spec: PipelineSpec, pool: Any, outputs: EvalOutputs, rollouts_key: dg.AssetKey
 ) -> list[InstanceResult]:
     """The selected (checkpoint, instance) pairs, checkpoint after checkpoint on one sim pool; current ones kept."""
+    only = context.run.tags.get(sweeps.CHECKPOINTS_TAG)
+    wanted = set(only.split(",")) if only else None
     selected: dict[str, list[Partition]] = {}
     for key in context.partition_keys:
         label, instance = sweep.split_partition_key(key)
-        selected.setdefault(label, []).append(spec.partition_for_key(instance))
+        if wanted is None or label in wanted:
+            selected.setdefault(label, []).append(spec.partition_for_key(instance))
     members = sweep.members(spec, outputs, settle_s=0.0, labels=list(selected))
     gone = sorted(set(selected) - {m.label for m in members})
     if gone:

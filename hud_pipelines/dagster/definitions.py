@@ -20,6 +20,7 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster.assets import build_pipeline_assets
+from hud_pipelines.dagster.sweeps import checkpoint_sensor
 from hud_pipelines.dagster.deployment import Deployment, for_pipeline, load_deployment
 from hud_pipelines.dagster.resources import pipeline_resources
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
@@ -52,6 +53,7 @@ def definitions_for(
     assets: list[dg.AssetsDefinition] = broken_file_assets(broken)
     checks: list[dg.AssetChecksDefinition] = []
     jobs: list[UnresolvedAssetJobDefinition] = []
+    sensors: list[dg.SensorDefinition] = []
     resources: dict[str, object] = {}
     swaps = load_deployment() if deployment is None else deployment
     for spec in specs:
@@ -63,12 +65,19 @@ def definitions_for(
         assets += spec_assets
         checks += spec_checks
         jobs.append(job)
+        if spec.is_sweep:
+            sensors.append(checkpoint_sensor(spec))
         parts = pipeline_resources(spec, project_dir=project, deployment=for_pipeline(swaps, spec.name))
         resources.update(parts.by_key(spec.name))
     # Every launch, also an asset selection from the UI, runs its steps in one process: the
     # multiprocess default would start a process, and a sim, per step.
     return dg.Definitions(
-        assets=assets, asset_checks=checks, jobs=jobs, resources=resources, executor=dg.in_process_executor
+        assets=assets,
+        asset_checks=checks,
+        jobs=jobs,
+        sensors=sensors,
+        resources=resources,
+        executor=dg.in_process_executor,
     )
 
 

@@ -29,6 +29,8 @@ RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 RERUN_TAG = "hud_pipelines/rerun"
 """A run tagged ``true`` re-runs pairs that already have a current result (by default they are kept)."""
+CHECKPOINTS_TAG = "hud_pipelines/checkpoints"
+"""Comma-separated labels: a run evaluates only these checkpoints of its partition range."""
 SENSOR_INTERVAL_S = 30
 
 
@@ -69,6 +71,44 @@ def register(instance: dg.DagsterInstance, spec: PipelineSpec, labels: Sequence[
     if new:
         instance.add_dynamic_partitions(name, new)
     return new
+
+
+def run_tags(
+    instance: dg.DagsterInstance,
+    spec: PipelineSpec,
+    instances: Sequence[str],
+    *,
+    checkpoints: Sequence[str] | None = None,
+    rerun: bool = False,
+) -> tuple[dict[str, str], list[str]]:
+    """Tags of a run of the checkpoints ``checkpoints`` (default: every complete one) x ``instances``; and those labels.
+
+    Every complete checkpoint is registered first (a run may only name registered partitions). A label
+    that is not a complete checkpoint is an error naming the known ones and why the others wait.
+    """
+    found = sweep.discover(spec)
+    complete = [c.label for c in found.complete]
+    waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
+    chosen = list(checkpoints) if checkpoints else complete
+    unknown = [label for label in chosen if label not in complete]
+    if not complete or unknown:
+        what = f"no checkpoint labelled {', '.join(unknown)}" if unknown else "no complete checkpoint"
+        raise CheckpointError(
+            f"{spec.name}: {what}; complete: {', '.join(complete) or 'none'}"
+            + (f"; waiting: {waiting}" if waiting else "")
+        )
+    register(instance, spec, complete)
+    registered = instance.get_dynamic_partitions(checkpoints_partitions_name(spec.name))
+    positions = sorted(registered.index(label) for label in chosen)
+    tags = {
+        RANGE_START_TAG: f"{registered[positions[0]]}|{instances[0]}",
+        RANGE_END_TAG: f"{registered[positions[-1]]}|{instances[-1]}",
+    }
+    if checkpoints:
+        tags[CHECKPOINTS_TAG] = ",".join(chosen)
+    if rerun:
+        tags[RERUN_TAG] = "true"
+    return tags, chosen
 
 
 def checkpoint_sensor(spec: PipelineSpec) -> dg.SensorDefinition:

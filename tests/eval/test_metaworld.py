@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hud_pipelines.spec.commands import add_validate_arguments, run_validate
 
 from envs.metaworld_experts import EXPERTS, MetaWorldExpert
 from hud_pipelines.contract import load_contract
@@ -25,7 +26,6 @@ from hud_pipelines.errors import SimStartError
 from hud_pipelines.recording import EpisodeStatus
 from hud_pipelines.sim.factory import resolve_factory
 from hud_pipelines.sim.process import SimProcess
-from hud_pipelines.spec.commands import add_validate_arguments, run_validate
 from hud_pipelines.spec.loader import load_pipeline
 from tests.conftest import REPO
 

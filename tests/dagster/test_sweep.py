@@ -1,0 +1,144 @@
+"""A sweep through Dagster: the CLI, the checkpoint dimension, resumption and the sensor, on a real lerobot-train run."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from hud_pipelines.cli.main import main
+from hud_pipelines.dagster import sweeps
+from hud_pipelines.dagster.definitions import definitions_for_file
+from hud_pipelines.spec.loader import load_pipeline
+from tests.agent.checkpoint_runs import (
+    LeRobotRun,
+    age,
+    copy_run,
+    lerobot_run_fixture,  # noqa: F401 - the session's run, shared with the checkpoint tests
+    write_lerobot_run,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _write_sweep(directory: Path, checkpoints: str, **fields: Any) -> Path:
+    spec: dict[str, Any] = {
+        "name": "reach_sweep",
+        "sim": {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 2},
+        "agent": {
+            "policy": {
+                "kind": "lerobot",
+                "checkpoints": checkpoints,
+                "device": "cpu",
+                "rename": {"goal": "observation.environment_state"},
+            }
+        },
+        "tasks": [{"name": "near", "seed": 10}],
+        "group": 2,
+        "max_steps": 6,
+        **fields,
+    }
+    path = directory / "reach_sweep.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.fixture(name="run")
+def run_fixture(lerobot_run: LeRobotRun, tmp_path: Path) -> LeRobotRun:
+    run = copy_run(lerobot_run, tmp_path / "train")
+    age(run.output_dir, 60)
+    return run
+
+
+@pytest.fixture(name="local")
+def local_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A local Dagster home and outputs folder for ``hud-pipelines run``; returns the outputs folder."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("HUD_PIPELINES_OUTPUTS", str(tmp_path / "outputs"))
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    return tmp_path / "outputs"
+
+
+def _run_ids(outputs: Path) -> dict[str, set[str]]:
+    grades = json.loads((outputs / "reach_sweep" / "grades.json").read_text())
+    ids: dict[str, set[str]] = {}
+    for row in grades:
+        ids.setdefault(row["checkpoint"], set()).add(row["run_id"])
+    return ids
+
+
+def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
+    run: LeRobotRun, tmp_path: Path, local: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    assert main(["run", str(path), "--quiet", "--checkpoint", "001000"]) == 0
+    assert set(_run_ids(local)) == {"001000"}
+
+    assert main(["run", str(path), "--quiet"]) == 0  # the two missing checkpoints, not 001000 again
+    ids = _run_ids(local)
+    assert set(ids) == {"000500", "001000", "001500"}
+    assert ids["000500"] == ids["001500"] != ids["001000"]
+
+    table = list(csv.DictReader((local / "reach_sweep" / "comparison.csv").read_text().splitlines()))
+    assert [(r["checkpoint"], r["step"], r["task"]) for r in table] == [
+        ("000500", "500", "near"),
+        ("000500", "500", "all"),
+        ("001000", "1000", "near"),
+        ("001000", "1000", "all"),
+        ("001500", "1500", "near"),
+        ("001500", "1500", "all"),
+    ]
+    assert {r["episodes"] for r in table} == {"4"}
+    assert (local / "reach_sweep" / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## Checkpoints" in (local / "reach_sweep" / "report.md").read_text()
+
+    assert main(["run", str(path), "--quiet", "--checkpoint", "000500", "--rerun"]) == 0
+    again = _run_ids(local)
+    assert again["001000"] == ids["001000"] and again["001500"] == ids["001500"]
+    assert again["000500"] != ids["000500"], "--rerun runs the chosen checkpoint again"
+
+    capsys.readouterr()
+    assert main(["run", str(path), "--quiet", "--checkpoint", "009999"]) == 2
+    assert "no checkpoint labelled 009999; complete: 000500, 001000, 001500" in capsys.readouterr().err
+
+
+def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
+    run: LeRobotRun, tmp_path: Path, local: Path
+) -> None:
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    spec = load_pipeline(path)
+    defs = definitions_for_file(path, outputs_dir=local, project_dir=tmp_path)
+    sensor = defs.resolve_sensor_def("reach_sweep__checkpoints")
+    name = sweeps.checkpoints_partitions_name("reach_sweep")
+    with dg.instance_for_test() as instance:
+        first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert sorted(r.run_key or "" for r in first.run_requests or []) == ["000500", "001000", "001500"]
+        request = next(r for r in first.run_requests or [] if r.run_key == "001000")
+        assert request.tags[sweeps.RANGE_START_TAG] == "001000|near-i0"
+        assert request.tags[sweeps.RANGE_END_TAG] == "001000|near-i1"
+        added = [k for r in first.dynamic_partitions_requests or [] for k in getattr(r, "partition_keys", [])]
+        instance.add_dynamic_partitions(name, added)
+
+        quiet = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert not quiet.run_requests and "no new complete checkpoint" in (quiet.skip_message or "")
+
+        extra = write_lerobot_run(tmp_path / "extra" / run.output_dir.name, [2000])
+        (extra.pretrained(2000) / "model.safetensors").rename(tmp_path / "held_back.safetensors")
+        target = run.checkpoints_dir / "002000"
+        extra.step_dirs[2000].rename(target)
+        waiting = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert not waiting.run_requests
+        assert "002000: missing model.safetensors" in (waiting.skip_message or "")
+
+        (tmp_path / "held_back.safetensors").rename(target / "pretrained_model" / "model.safetensors")
+        age(target, 60)
+        new = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert [r.run_key for r in new.run_requests or []] == ["002000"]
+        assert spec.is_sweep
