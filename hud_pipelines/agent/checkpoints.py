@@ -29,10 +29,10 @@ import re
 import time
 import zipfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from hud_pipelines.errors import CheckpointError
 
@@ -127,6 +127,28 @@ CheckpointSource = WatchedDirectory | ExplicitCheckpoint
 class _Found:
     checkpoint: Checkpoint
     via_symlink: bool
+
+
+class NamedCheckpoint(Protocol):
+    """A checkpoint named by hand in a pipeline file (``{label, path}``)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+
+
+def sources_of(
+    listed: str | Sequence[str | NamedCheckpoint], kind: CheckpointKind, resolve: Callable[[str], Path]
+) -> list[CheckpointSource]:
+    """The sources a pipeline's ``checkpoints:`` value names, paths made absolute by ``resolve``."""
+    items = [listed] if isinstance(listed, str) else list(listed)
+    return [
+        WatchedDirectory(resolve(item), kind)
+        if isinstance(item, str)
+        else ExplicitCheckpoint(item.label, resolve(item.path))
+        for item in items
+    ]
 
 
 def discover_checkpoints(sources: Sequence[CheckpointSource], *, settle_s: float = DEFAULT_SETTLE_S) -> Discovery:

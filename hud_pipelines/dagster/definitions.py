@@ -20,9 +20,9 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster.assets import build_pipeline_assets
-from hud_pipelines.dagster.sweeps import checkpoint_sensor
 from hud_pipelines.dagster.deployment import Deployment, for_pipeline, load_deployment
 from hud_pipelines.dagster.resources import pipeline_resources
+from hud_pipelines.dagster.sweeps import checkpoint_sensor
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.spec.loader import collect_pipelines, default_pipelines_dir, load_pipeline, pipeline_files
 from hud_pipelines.spec.models import PipelineSpec

@@ -31,9 +31,8 @@ from hud_pipelines.agent.checkpoints import (
     Checkpoint,
     CheckpointSource,
     Discovery,
-    ExplicitCheckpoint,
-    WatchedDirectory,
     discover_checkpoints,
+    sources_of,
 )
 from hud_pipelines.errors import CheckpointError
 from hud_pipelines.eval.grades import CheckVerdict, GradeRow, check_verdict, instances_verdict, regression_verdict
@@ -68,13 +67,7 @@ def sources(spec: PipelineSpec) -> list[CheckpointSource]:
     if not isinstance(policy, LeRobotPolicyConfig | TorchPolicyConfig) or policy.checkpoints is None:
         raise ValueError(f"pipeline {spec.name!r} is not a sweep (its policy names no checkpoints)")
     kind = "torch" if isinstance(policy, TorchPolicyConfig) else "lerobot"
-    listed = [policy.checkpoints] if isinstance(policy.checkpoints, str) else policy.checkpoints
-    return [
-        ExplicitCheckpoint(item.label, spec.resolve_path(item.path))
-        if isinstance(item, CheckpointEntry)
-        else WatchedDirectory(spec.resolve_path(item), kind)
-        for item in listed
-    ]
+    return sources_of(policy.checkpoints, kind, spec.resolve_path)
 
 
 def discover(spec: PipelineSpec, *, settle_s: float = DEFAULT_SETTLE_S) -> Discovery:

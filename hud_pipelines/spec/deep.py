@@ -35,6 +35,7 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
             *_factory_problems(spec, document),
             *_contract_problems(spec, document),
             *_policy_problems(spec, document),
+            *_checkpoint_problems(spec, document),
             *_grader_problems(spec, document),
         ]
 
@@ -49,6 +50,21 @@ def _python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem
         sim_interpreter(spec.resolve_path(spec.sim.python))
     except HudPipelinesError as exc:
         return [document.problem(("sim", "python"), str(exc))]
+    return []
+
+
+def _checkpoint_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """A sweep whose checkpoints directory is missing, empty or names a label twice is found before a run."""
+    policy = spec.agent.policy
+    if not isinstance(policy, LeRobotPolicyConfig | TorchPolicyConfig) or policy.checkpoints is None:
+        return []
+    from hud_pipelines.agent.checkpoints import discover_checkpoints, sources_of
+
+    kind = "torch" if isinstance(policy, TorchPolicyConfig) else "lerobot"
+    try:
+        discover_checkpoints(sources_of(policy.checkpoints, kind, spec.resolve_path), settle_s=0)
+    except HudPipelinesError as exc:
+        return [document.problem(("agent", "policy", "checkpoints"), str(exc))]
     return []
 
 

@@ -1,4 +1,4 @@
-"""A sweep through Dagster: the CLI, the checkpoint dimension, resumption and the sensor, on a real lerobot-train run."""
+"""A sweep through Dagster: the CLI, the checkpoint dimension, resumption and the sensor, on a lerobot-train run."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
 
     assert main(["run", str(path), "--quiet", "--checkpoint", "000500", "--rerun"]) == 0
     again = _run_ids(local)
-    assert again["001000"] == ids["001000"] and again["001500"] == ids["001500"]
+    assert again["001000"] == ids["001000"]
+    assert again["001500"] == ids["001500"]
     assert again["000500"] != ids["000500"], "--rerun runs the chosen checkpoint again"
 
     capsys.readouterr()
@@ -127,7 +128,8 @@ def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
         instance.add_dynamic_partitions(name, added)
 
         quiet = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
-        assert not quiet.run_requests and "no new complete checkpoint" in (quiet.skip_message or "")
+        assert not quiet.run_requests
+        assert "no new complete checkpoint" in (quiet.skip_message or "")
 
         extra = write_lerobot_run(tmp_path / "extra" / run.output_dir.name, [2000])
         (extra.pretrained(2000) / "model.safetensors").rename(tmp_path / "held_back.safetensors")

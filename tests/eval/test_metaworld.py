@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hud_pipelines.spec.commands import add_validate_arguments, run_validate
 
 from envs.metaworld_experts import EXPERTS, MetaWorldExpert
+from hud_pipelines.cli.validate import add_validate_arguments, run_validate
 from hud_pipelines.contract import load_contract
 from hud_pipelines.errors import SimStartError
-from hud_pipelines.recording import EpisodeStatus
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.factory import resolve_factory
 from hud_pipelines.sim.process import SimProcess
 from hud_pipelines.spec.loader import load_pipeline
@@ -154,7 +154,7 @@ def write_pipeline(path: Path, **sim: Any) -> Path:
 
 @needs_metaworld
 def test_the_expert_pushes_the_puck_in_a_real_run_with_a_camera(tmp_path: Path) -> None:
-    from hud_pipelines.steps import evaluate
+    from hud_pipelines.eval.steps import evaluate
 
     path = write_pipeline(
         tmp_path / "pipelines" / "metaworld_smoke.yaml", args={"task": "push-v3", "camera": "corner2", "size": 32}

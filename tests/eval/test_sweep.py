@@ -127,3 +127,42 @@ def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
     assert {row.checkpoint for row in evaluation.rows} == {"000500", "001000"}
     with pytest.raises(CheckpointError, match=r"'001500'.*known: 000500, 001000"):
         evaluate(spec, outputs_dir=tmp_path / "out", checkpoints=["001500"])
+
+
+def test_validate_finds_a_missing_or_empty_checkpoints_directory_at_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    (tmp_path / "empty").mkdir()
+    path = tmp_path / "reach_sweep.yaml"
+    for target, expected in ((tmp_path / "nowhere", "does not exist"), (tmp_path / "empty", "no checkpoint")):
+        written = sweep_spec(tmp_path, str(target)).model_dump(mode="json", exclude_unset=True)
+        path.write_text(json.dumps(written, indent=1))
+        line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if '"checkpoints"' in text)
+        capsys.readouterr()
+        assert main(["validate", str(path)]) == 1
+        out = capsys.readouterr().out
+        assert f"reach_sweep.yaml:{line}:" in out
+        assert "agent.policy.checkpoints" in out
+        assert expected in out.lower()
+
+
+def test_checkpoints_exclude_a_single_policy_and_labels_must_differ(tmp_path: Path) -> None:
+    from hud_pipelines.errors import HudPipelinesError
+
+    with pytest.raises(HudPipelinesError, match=r"give 'checkpoints' .* or 'path' / 'type'"):
+        load_pipeline_text(
+            json.dumps(
+                {
+                    "name": "both",
+                    "sim": {"factory": "CartPole-v1"},
+                    "agent": {"policy": {"kind": "lerobot", "path": "a", "checkpoints": "b"}},
+                }
+            ),
+            source=tmp_path / "both.yaml",
+        )
+    twice = [{"label": "x", "path": str(tmp_path)}, {"label": "x", "path": str(tmp_path)}]
+    spec = sweep_spec(tmp_path, twice)
+    with pytest.raises(CheckpointError, match="'x'"):
+        evaluate(spec, outputs_dir=tmp_path / "out")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from hud_pipelines.errors import SimStartError
-from hud_pipelines.eval import sim_settings
+from hud_pipelines.eval.runner import sim_settings
 from hud_pipelines.sim.process import SimProcess
 from hud_pipelines.spec.loader import load_pipeline
 from tests.conftest import REPO
@@ -156,7 +156,7 @@ def test_sim_python_belongs_to_a_spawned_sim(tmp_path: Path) -> None:
 
 
 def test_a_pipeline_runs_its_sim_under_sim_python(project: Path, tmp_path: Path) -> None:
-    from hud_pipelines.steps import evaluate
+    from hud_pipelines.eval.steps import evaluate
 
     report = tmp_path / "served.json"
     text = json.dumps(
@@ -179,7 +179,7 @@ def test_validate_finds_a_sim_python_that_is_not_set_up(tmp_path: Path) -> None:
     import argparse
     import io
 
-    from hud_pipelines.spec.commands import add_validate_arguments, run_validate
+    from hud_pipelines.cli.validate import add_validate_arguments, run_validate
 
     path = write_yaml(
         tmp_path / "pipelines" / "p.yaml",
