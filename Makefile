@@ -31,3 +31,4 @@ bench: setup
 	.venv/bin/python bench/remote.py
 	.venv/bin/python bench/dataset.py
 	.venv/bin/python bench/dagster_overhead.py
+	.venv/bin/python bench/sweep.py
