@@ -32,7 +32,8 @@ from pydantic import BaseModel, Field, PrivateAttr, SecretStr, create_model
 from hud_pipelines.eval.runner import sim_settings
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.agent import AgentConfig
-from hud_pipelines.spec.models import PipelineSpec, SimSpec
+from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.sections import SimSpec
 
 
 def resource_key(pipeline: str, part: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from hud_pipelines.errors import Fault
 from hud_pipelines.recording.events import EpisodeStatus
-from hud_pipelines.spec.models import (
+from hud_pipelines.spec.sections import (
     CheckSpec,
     MaxErrorRateCheck,
     MinMeanScoreCheck,

@@ -142,7 +142,7 @@ def collect_rows(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str 
 
 def _sweep_rows(spec: PipelineSpec, outputs: EvalOutputs, sweep_hash: str) -> list[GradeRow]:
     """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``."""
-    from hud_pipelines.spec.models import checkpoint_rollout_hash
+    from hud_pipelines.spec.hashing import checkpoint_rollout_hash
 
     rows: list[GradeRow] = []
     for member in sweep.evaluated(spec, outputs):

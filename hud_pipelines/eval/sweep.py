@@ -38,7 +38,8 @@ from hud_pipelines.errors import CheckpointError
 from hud_pipelines.eval.grades import CheckVerdict, GradeRow, check_verdict, instances_verdict, regression_verdict
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.agent import CheckpointEntry, LeRobotPolicyConfig, TorchPolicyConfig
-from hud_pipelines.spec.models import CheckSpec, NoRegressionCheck, PipelineSpec
+from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.sections import CheckSpec, NoRegressionCheck
 
 PARTITION_SEPARATOR = "|"
 """Between the checkpoint and the instance in a sweep's partition keys (Dagster's multi-partition keys)."""

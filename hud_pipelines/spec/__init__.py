@@ -6,7 +6,9 @@ seeds, per-slot task dicts, resolved paths, a content hash).
 """
 
 from hud_pipelines.spec.loader import collect_pipelines, load_pipeline, load_pipeline_text, load_pipelines
-from hud_pipelines.spec.models import (
+from hud_pipelines.spec.models import Partition, PipelineSpec
+from hud_pipelines.spec.problems import Problem, SpecError
+from hud_pipelines.spec.sections import (
     CallableGrader,
     CheckSpec,
     DatasetSpec,
@@ -14,14 +16,11 @@ from hud_pipelines.spec.models import (
     MaxErrorRateCheck,
     MinMeanScoreCheck,
     MinSuccessRateCheck,
-    Partition,
-    PipelineSpec,
     ReturnGrader,
     SimSpec,
     SuccessGrader,
     TaskSpec,
 )
-from hud_pipelines.spec.problems import Problem, SpecError
 
 __all__ = [
     "CallableGrader",

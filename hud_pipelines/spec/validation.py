@@ -19,8 +19,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from hud_pipelines.spec.document import KeyPath, YamlDocument
-from hud_pipelines.spec.models import NAME_PATTERN, TASK_NAME_PATTERN, PipelineSpec
+from hud_pipelines.spec.models import NAME_PATTERN, PipelineSpec
 from hud_pipelines.spec.problems import Problem, did_you_mean
+from hud_pipelines.spec.sections import TASK_NAME_PATTERN
 
 KIND = "kind"
 PATTERN_HINTS = {

@@ -19,7 +19,7 @@ from hud_pipelines.eval.grades import (
     wilson_interval,
 )
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
-from hud_pipelines.spec.models import (
+from hud_pipelines.spec.sections import (
     CallableGrader,
     CheckSpec,
     MaxErrorRateCheck,

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from hud_pipelines.dataset.options import CameraStorage, VideoCodec, WriterKind
-from hud_pipelines.spec.models import DatasetSpec
+from hud_pipelines.spec.sections import DatasetSpec
 
 
 def test_the_dataset_section_becomes_the_writer_options() -> None:

@@ -1,0 +1,41 @@
+"""What identifies a pipeline's content and its results: canonical hashes, and what they leave out.
+
+A rollout hash decides whether a stored result is current. Credentials never enter it (rotating a key
+changes who may connect, not what a rollout does), and neither does where a sweep's checkpoints are
+listed: a sweep member is identified by its weights' content (:func:`checkpoint_rollout_hash`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, cast
+
+CREDENTIALS: dict[str, Any] = {"sim": {"token"}, "agent": {"policy": {"api_key"}}}
+"""The secret fields of a pipeline, as a pydantic ``exclude`` (they never decide a rollout)."""
+
+SWEEP_SOURCES: dict[str, Any] = {"sim": {"token"}, "agent": {"policy": {"api_key", "checkpoints"}}}
+"""What a sweep's rollout hash leaves out: the credentials and where its checkpoints are listed."""
+
+MISSING = object()
+
+
+def flat(value: object, prefix: str = "") -> dict[str, Any]:
+    """``{"sim": {"num_envs": 2}}`` -> ``{"sim.num_envs": 2}`` (lists stay whole: they are one setting)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in cast(dict[str, Any], value).items():
+            out |= flat(item, f"{prefix}{key}.")
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def checkpoint_rollout_hash(sweep_rollout_hash: str, content_hash: str) -> str:
+    """The rollout hash of one checkpoint of a sweep: the sweep's and the weights' content, nothing else."""
+    return canonical_hash({"sweep": sweep_rollout_hash, "checkpoint": content_hash})
+
+
+def canonical_hash(value: object) -> str:
+    """SHA-256 (hex) of a JSON-able value in canonical form: the same content, the same hash, in any process."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

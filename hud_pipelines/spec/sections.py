@@ -1,0 +1,347 @@
+"""The sections of a pipeline file: the sim, its tasks, graders, checks, traces and the dataset.
+
+Each is a strict, frozen model (:mod:`hud_pipelines.spec.base`) whose field descriptions become the
+JSON Schema and the YAML reference; :class:`~hud_pipelines.spec.models.PipelineSpec` puts them
+together and answers the questions that span sections (partitions, seeds, paths).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_core import PydanticCustomError
+
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec, WriterKind
+from hud_pipelines.recording.traces import DEFAULT_MAX_VIDEOS, TraceVideo
+from hud_pipelines.sim.actions import BoundsMode, HoldMode
+from hud_pipelines.spec.base import Float, Int, StrictModel
+
+TASK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+"""Task names appear in partition keys (``<task>-i<instance>``)."""
+
+CHECK_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
+"""Grader and check names become Dagster check names and grade-table columns."""
+
+DEFAULT_DATASET_DIR = Path("outputs") / "datasets"
+
+
+def spec_rule(at: str, message: str) -> PydanticCustomError:
+    """A cross-field rule violation located at ``at`` (a dotted key path relative to the model)."""
+    return PydanticCustomError("spec_rule", "{message}", {"message": message, "at": at})
+
+
+def _omit_default(schema: dict[str, Any]) -> None:
+    # For fields whose default is derived from elsewhere (a position, a kind): documented in prose
+    # instead of an editor offering a meaningless placeholder.
+    schema.pop("default", None)
+
+
+def schema_default(value: Any) -> Any:
+    """Show a ``default_factory`` default in the JSON Schema (pydantic leaves it out)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["default"] = value
+
+    return extra
+
+
+def is_file_target(target: str) -> bool:
+    """``path/to/file.py:callable`` rather than ``package.module:callable`` or a registry id."""
+    module, sep, _ = target.rpartition(":")
+    return bool(sep) and module.endswith(".py")
+
+
+# -- sim ------------------------------------------------------------------------------------------
+
+
+SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
+"""Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
+
+
+class SimSpec(StrictModel):
+    """The simulator: spawned from a factory in a child process, or attached to by URL."""
+
+    factory: str | None = Field(
+        default=None,
+        min_length=1,
+        description="gymnasium registry id (`CartPole-v1`, `gym_pusht/PushT-v0`), `module:callable`, or "
+        "`path/to/file.py:callable` relative to the YAML file; exactly one of `factory` and `url`",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict[str, Any],
+        json_schema_extra=schema_default({}),
+        description="build arguments of the factory (its keyword parameters; `gym.make` keywords for a registry id)",
+    )
+    num_envs: Int = Field(
+        default=1,
+        ge=1,
+        description="slots per sim instance, stepped in lockstep (a vectorized factory batches them natively; a "
+        "registry id uses gymnasium's `sync` vector env, so every slot keeps its own seed, unless `args` sets "
+        "`vectorization_mode`); with `url`: the slots the served sim has",
+    )
+    contract: str | None = Field(
+        default=None,
+        min_length=1,
+        description="contract.json relative to the YAML file: written from the derived contract on first use, "
+        "edited by hand afterwards (names, descriptions, types, bounds); an eval refuses a file whose shapes no "
+        "longer match the env, and `hud-pipelines contract <pipeline>` refreshes it, keeping the edits that "
+        "still fit; omitted: derived in memory each run",
+    )
+    startup_timeout_s: Float = Field(
+        default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"
+    )
+    step_timeout_s: Float = Field(default=60.0, gt=0, description="deadline of one reset or step request")
+    python: str | None = Field(
+        default=None,
+        min_length=1,
+        exclude_if=lambda value: value is None,  # unset, it leaves the rollout hash as it was before it existed
+        description="the Python the sim child runs under, relative to the YAML file: an interpreter "
+        "(`/opt/isaac/python.sh`), or a uv project directory whose `.venv/bin/python` is used (`../sims/metaworld`, "
+        "set up by `uv sync --project sims/metaworld`); it needs numpy, gymnasium, pydantic, msgpack and websockets "
+        "(the sim side of hud-pipelines, which is put on its `PYTHONPATH`), never torch; omitted: the agent's own",
+    )
+    hold: HoldMode = Field(
+        default=HoldMode.LAST,
+        description="action a finished slot receives while the others keep stepping: `last` or `zero`",
+    )
+    bounds: BoundsMode = Field(
+        default=BoundsMode.CLIP, description="out-of-bounds continuous actions: `clip` into the bounds, or `error`"
+    )
+    url: str | None = Field(
+        default=None,
+        pattern=r"^wss?://",
+        description="`ws://host:port` of a sim served elsewhere (`hud-pipelines serve`); exactly one of "
+        "`factory` and `url`",
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        description="capability token of the sim at `url` (required with `url`; write `${VAR}` to keep it out of git)",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if self.factory is None and self.url is None:
+            raise spec_rule("factory", "the sim needs exactly one of 'factory' (spawn it) and 'url' (attach to it)")
+        if self.factory is not None and self.url is not None:
+            raise spec_rule("url", "'factory' and 'url' exclude each other: spawn a sim or attach to one, not both")
+        if self.url is not None:
+            if self.token is None:
+                raise spec_rule("url", "a sim attached by 'url' needs its 'token' (e.g. token: ${HUD_SIM_TOKEN})")
+            for key in SPAWN_ONLY_FIELDS:
+                if key in self.model_fields_set:
+                    raise spec_rule(
+                        key, f"{key!r} configures a spawned sim; a sim attached by 'url' is set up by its server"
+                    )
+        elif self.token is not None:
+            raise spec_rule("token", "'token' belongs to a sim attached by 'url'; a spawned sim gets a fresh one")
+        return self
+
+    @property
+    def spawned(self) -> bool:
+        """The pipeline starts (and owns) the sim, rather than attaching to one served elsewhere."""
+        return self.factory is not None
+
+    def serve_options(self) -> list[str]:
+        """Command-line options of ``hud-pipelines serve`` that carry this spec's sim-side settings."""
+        return ["--hold", self.hold.value, "--bounds", self.bounds.value]
+
+
+# -- tasks ----------------------------------------------------------------------------------------
+
+
+class TaskSpec(StrictModel):
+    """One set of task arguments; every instance of the task runs it in all of its slots."""
+
+    name: str = Field(
+        default="",
+        pattern=TASK_NAME_PATTERN,
+        description="unique name used in partition keys and reports; default `task<i>` (its position in the list)",
+        json_schema_extra=_omit_default,
+    )
+    seed: Int = Field(
+        default=0,
+        ge=0,
+        description="base seed: slot j of instance i gets `seed + i * num_envs + j`, so every slot differs",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict[str, Any],
+        json_schema_extra=schema_default({}),
+        description="`reset(options=...)` of every slot",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict[str, Any],
+        json_schema_extra=schema_default({}),
+        description="build arguments for this task (override `sim.args` key by key)",
+    )
+    prompt: str | None = Field(
+        default=None, description="task string for the policy and the dataset; default: the one the sim offers"
+    )
+
+
+# -- graders --------------------------------------------------------------------------------------
+
+
+class _Named(StrictModel):
+    name: str = Field(
+        default="",
+        pattern=CHECK_NAME_PATTERN,
+        description="unique name among its siblings (a column or check name); default: the `kind`",
+        json_schema_extra=_omit_default,
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "name" not in data and isinstance(data.get("kind"), str):
+            return {**data, "name": data["kind"]}  # pyright: ignore[reportUnknownVariableType]
+        return data  # pyright: ignore[reportUnknownVariableType]
+
+
+class SuccessGrader(_Named):
+    """Success from the env's own signal (`info["is_success"]`, `success`, `task_success`); score 1 or 0."""
+
+    kind: Literal["success"] = Field(default="success", description="selects this grader")
+
+
+class ReturnGrader(_Named):
+    """Score is the episode return; success when the return reaches `threshold` (when given)."""
+
+    kind: Literal["return"] = Field(default="return", description="selects this grader")
+    threshold: Float | None = Field(
+        default=None,
+        description="return at or above which an episode succeeded; omitted: the env's success signal decides",
+    )
+
+
+class CallableGrader(_Named):
+    """A Python function by import path grades each episode."""
+
+    kind: Literal["callable"] = Field(default="callable", description="selects this grader")
+    target: str = Field(
+        min_length=1,
+        description="`module:function` or `path/to/file.py:function` (relative to the YAML file) called as "
+        "`target(episode: dict)` and returning a float score, a bool success, or a dict with `score` and `success`",
+    )
+
+
+GraderSpec = Annotated[SuccessGrader | ReturnGrader | CallableGrader, Field(discriminator="kind")]
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+
+class _Check(_Named):
+    blocking: bool = Field(
+        default=True, description="a failing blocking check fails the run and stops downstream assets"
+    )
+
+
+class MinSuccessRateCheck(_Check):
+    """Passes when succeeded / (succeeded + failed) is at least `value`.
+
+    Errored slots are not failures (bound them with `max_error_rate`); no graded slot at all fails the check.
+    """
+
+    kind: Literal["min_success_rate"] = Field(default="min_success_rate", description="selects this check")
+    value: Float = Field(ge=0.0, le=1.0, description="lowest acceptable success rate, 0..1")
+
+
+class MaxErrorRateCheck(_Check):
+    """Passes when the share of errored slots (sim or policy faults) is at most `value`."""
+
+    kind: Literal["max_error_rate"] = Field(default="max_error_rate", description="selects this check")
+    value: Float = Field(ge=0.0, le=1.0, description="highest acceptable error rate, 0..1")
+
+
+class MinMeanScoreCheck(_Check):
+    """Passes when the mean score of the graded (non-errored) slots is at least `value`."""
+
+    kind: Literal["min_mean_score"] = Field(default="min_mean_score", description="selects this check")
+    value: Float = Field(description="lowest acceptable mean score (in the first grader's units)")
+
+
+class NoRegressionCheck(_Check):
+    """Fails when this eval is significantly worse than a baseline run on the same episodes.
+
+    The rows pair up by (task, instance, slot, seed) with the baseline's `grades.json`; McNemar's exact
+    test on the paired successes decides. The check fails when the candidate is worse at `confidence`
+    and its success rate dropped by more than `max_drop`; when the data cannot tell, it passes and says
+    how many paired episodes an answer would take.
+    """
+
+    kind: Literal["no_regression"] = Field(default="no_regression", description="selects this check")
+    baseline: str = Field(
+        min_length=1, description="the baseline's grades.json (or its outputs folder), relative to the YAML file"
+    )
+    max_drop: Float = Field(default=0.05, ge=0.0, le=1.0, description="largest tolerated drop in success rate, 0..1")
+    confidence: Float = Field(default=0.95, gt=0.5, lt=1.0, description="confidence of the verdict (1 - alpha)")
+
+
+CheckSpec = Annotated[
+    MinSuccessRateCheck | MaxErrorRateCheck | MinMeanScoreCheck | NoRegressionCheck, Field(discriminator="kind")
+]
+
+
+# -- dataset --------------------------------------------------------------------------------------
+
+
+class TracesSpec(StrictModel):
+    """What the per-episode traces keep besides their JSON lines."""
+
+    video: TraceVideo = Field(
+        default=TraceVideo.FAILED,
+        description="camera video per episode, encoded off the stepping path: `failed` (episodes that failed or "
+        "errored, the ones worth watching), `all`, or `none`",
+    )
+    max_videos: Int = Field(
+        default=DEFAULT_MAX_VIDEOS, ge=0, description="episodes per instance that keep a video, at most"
+    )
+
+
+class DatasetSpec(StrictModel):
+    """Where and how the rollouts are written as a LeRobot v3 dataset."""
+
+    enabled: bool = Field(default=True, description="write the dataset; `false` keeps the section but skips the asset")
+    video: bool = Field(default=True, description="store cameras as video (`true`) or as PNG images (`false`)")
+    root: str | None = Field(
+        default=None,
+        min_length=1,
+        description="dataset directory relative to the project root; default `outputs/datasets/<name>`",
+    )
+    repo_id: str | None = Field(
+        default=None,
+        pattern=r"^[^/\s]+/[^/\s]+$",
+        description="LeRobot `repo_id` (`owner/name`); default `local/<name>`",
+    )
+    keep_errored: bool = Field(
+        default=False,
+        description="also write episodes of errored slots (their frames up to the fault), flagged by an "
+        "`episode.errored` column",
+    )
+    codec: VideoCodec = Field(
+        default=VideoCodec.H264, description="video codec: `h264` (fast, the default) or `libsvtav1` (smaller)"
+    )
+    state_features: list[str] | None = Field(
+        default=None,
+        description="observation features concatenated, in this order, into `observation.state`; default: every "
+        "non-camera observation feature in contract order (the others become `observation.<name>`)",
+    )
+    writer: WriterKind = Field(
+        default=WriterKind.THREAD,
+        description="`thread` writes in the eval's process; `process` writes each part in a child process of its "
+        "own (about 11 s to start, then it never competes with the agent loop for the GIL)",
+    )
+    writers: Int = Field(default=1, ge=1, le=32, description="writers per instance shard, each writing one part")
+
+    def writer_options(self) -> DatasetOptions:
+        """The writer settings this section asks for."""
+        return DatasetOptions(
+            cameras=CameraStorage.VIDEO if self.video else CameraStorage.IMAGE,
+            codec=self.codec,
+            state_features=self.state_features,
+            keep_errored=self.keep_errored,
+            writer=self.writer,
+            writers=self.writers,
+        )
