@@ -1,0 +1,243 @@
+"""The episodes of one run's slots: their counters, how each ends, and what the sinks hear.
+
+The loop (:mod:`hud_pipelines.agent.loop`) decides *when* a slot's episode ends; this module keeps
+*what* it was (steps, return, success) vectorised over the N slots, turns an end into an
+:class:`~hud_pipelines.recording.events.EpisodeOutcome`, and tells the sinks. Ends are collected
+and graded together (:meth:`SlotEpisodes.report_ends`, once per tick where slots ended): one
+``result()`` of the sim for all of them, then the pipeline's grader, then ``end`` to every sink, so
+traces, datasets and grades carry one verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
+from hud_pipelines.wire.messages import Observation
+
+log = logging.getLogger(__name__)
+
+ObservationRow = dict[str, npt.NDArray[Any]]
+OutcomeGrader = Callable[[EpisodeKey, EpisodeOutcome], EpisodeOutcome]
+"""``grade(key, outcome) -> outcome``: the pipeline's verdict on an episode that produced an answer."""
+SLOT_CAUSES = {"env": Fault.ENV, "action": Fault.ACTION, "nonfinite": Fault.NONFINITE}
+"""The wire's ``errors[].cause`` as a fault."""
+
+
+class SlotEpisodes:
+    """One run's episodes, one per slot: counters, action queues, outcomes and the sinks that hear of them."""
+
+    def __init__(
+        self,
+        keys: Sequence[EpisodeKey],
+        width: int,
+        sinks: Sequence[EpisodeSink],
+        *,
+        sim: object,
+        grade: OutcomeGrader | None = None,
+    ) -> None:
+        num_slots = len(keys)
+        self.keys = list(keys)
+        self.sinks = list(sinks)
+        self.sim = sim
+        """Asked for its own grades (``result()``) while ``sim_healthy``."""
+        self.sim_healthy = True
+        self.grade = grade
+        self.running = np.zeros(num_slots, dtype=np.bool_)
+        self.queue = np.zeros((num_slots, 1, width), dtype=np.float32)
+        self.cursor = np.zeros(num_slots, dtype=np.intp)
+        self.length = np.zeros(num_slots, dtype=np.intp)
+        self.steps = np.zeros(num_slots, dtype=np.int64)
+        self.total_reward = np.zeros(num_slots, dtype=np.float64)
+        self.success = np.zeros(num_slots, dtype=np.bool_)
+        self.action = np.zeros((num_slots, width), dtype=np.float32)
+        self.outcomes: list[EpisodeOutcome | None] = [None] * num_slots
+        self.unreported: list[int] = []
+        """Slots that ended and whose outcome the sinks have not heard yet."""
+
+    # -- action queues ----------------------------------------------------------------------------
+
+    def load(self, slot: int, chunk: npt.NDArray[np.float32]) -> None:
+        """Queue ``chunk`` as the slot's next actions (the queue grows to the longest chunk)."""
+        if chunk.shape[0] > self.queue.shape[1]:
+            grown = np.zeros((self.queue.shape[0], chunk.shape[0], self.queue.shape[2]), dtype=np.float32)
+            grown[:, : self.queue.shape[1]] = self.queue
+            self.queue = grown
+        self.queue[slot, : chunk.shape[0]] = chunk
+        self.cursor[slot] = 0
+        self.length[slot] = chunk.shape[0]
+
+    # -- what the sinks hear ----------------------------------------------------------------------
+
+    def begin(self, prompts: Sequence[str]) -> None:
+        for key, prompt in zip(self.keys, prompts, strict=True):
+            for sink in self.sinks:
+                sink.begin(key, prompt)
+
+    def inference(self, slot: int, record: Inference) -> None:
+        for sink in self.sinks:
+            sink.inference(self.keys[slot], record)
+
+    def record(
+        self, before: Observation, reply: Observation, running: npt.NDArray[np.intp], action: npt.NDArray[np.float32]
+    ) -> None:
+        """Count one step of the ``running`` slots, tell the sinks its frame, and end the episodes it ended."""
+        self.steps[running] += 1
+        errored = self.apply_errors(reply)  # the sim ends a slot whose observation or reward is not finite
+        counted = running[self.running[running]]
+        self.total_reward[counted] += reply.reward[counted]
+        self.success[counted] |= reply.success[counted]
+        stepped: list[int] = running.tolist()
+        for slot in stepped:
+            if slot in errored:
+                continue
+            if self.sinks:
+                frame = Frame(
+                    index=int(self.steps[slot]) - 1,
+                    observation=row(before, slot),
+                    action=action[slot],
+                    reward=float(reply.reward[slot]),
+                    terminated=bool(reply.terminated[slot]),
+                    truncated=bool(reply.truncated[slot]),
+                    success=bool(reply.success[slot]),
+                )
+                for sink in self.sinks:
+                    sink.add(self.keys[slot], frame)
+            if reply.terminated[slot] or reply.truncated[slot] or reply.status[slot] == "done":
+                terminated, truncated = bool(reply.terminated[slot]), bool(reply.truncated[slot])
+                self.end(slot, self.answered(slot, terminated=terminated, truncated=truncated))
+
+    def apply_errors(self, reply: Observation) -> set[int]:
+        """End the running slots the sim reports as errored; returns those slots."""
+        reasons = {e.slot: (e.message, SLOT_CAUSES.get(e.cause, Fault.ENV)) for e in reply.errors}
+        for slot, status in enumerate(reply.status):
+            if status == "errored":
+                reasons.setdefault(slot, ("the sim reports the slot as errored", Fault.ENV))
+        ended: set[int] = set()
+        for slot, (reason, fault) in reasons.items():
+            if 0 <= slot < len(self.keys) and self.running[slot]:
+                self.error(slot, reason, fault)
+                ended.add(slot)
+        return ended
+
+    # -- episode ends -----------------------------------------------------------------------------
+
+    def answered(self, slot: int, *, terminated: bool, truncated: bool) -> EpisodeOutcome:
+        """The outcome of a slot whose episode produced an answer (succeeded or failed), as counted so far."""
+        success = bool(self.success[slot])
+        total = float(self.total_reward[slot])
+        return EpisodeOutcome(
+            status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
+            score=float(success) if success else total,
+            success=success,
+            total_reward=total,
+            steps=int(self.steps[slot]),
+            terminated=terminated,
+            truncated=truncated,
+        )
+
+    def error(self, slot: int, reason: str, fault: Fault) -> None:
+        """End the slot as errored with ``reason``, keeping the steps and return it got to."""
+        self.end(slot, errored(reason, int(self.steps[slot]), float(self.total_reward[slot]), fault))
+
+    def error_running(self, reason: str, fault: Fault) -> None:
+        for slot in np.flatnonzero(self.running).tolist():
+            self.error(slot, reason, fault)
+
+    def end(self, slot: int, outcome: EpisodeOutcome) -> None:
+        """Stop the slot now; the sinks hear of it in :meth:`report_ends`, once graded."""
+        self.running[slot] = False
+        self.length[slot] = 0
+        self.cursor[slot] = 0
+        self.outcomes[slot] = outcome
+        self.unreported.append(slot)
+
+    def report_ends(self) -> None:
+        """Grade the slots that ended since the last call (one ``result()`` for all) and tell the sinks."""
+        if not self.unreported:
+            return
+        ended, self.unreported = self.unreported, []
+        graded = [s for s in ended if (o := self.outcomes[s]) is not None and o.status is not EpisodeStatus.ERRORED]
+        if graded:
+            self._grade_from_sim(graded)
+            if self.grade is not None:
+                for slot in graded:
+                    outcome = self.outcomes[slot]
+                    assert outcome is not None
+                    try:
+                        self.outcomes[slot] = self.grade(self.keys[slot], outcome)
+                    except Exception as exc:  # a callable grader's bug errors its episode, not the run
+                        reason = f"grading failed: {type(exc).__name__}: {exc}"
+                        self.outcomes[slot] = errored(reason, outcome.steps, outcome.total_reward, Fault.GRADER)
+        for slot in ended:
+            outcome = self.outcomes[slot]
+            assert outcome is not None
+            for sink in self.sinks:
+                sink.end(self.keys[slot], outcome)
+
+    def final(self) -> list[EpisodeOutcome]:
+        """Every slot's outcome (each slot ends exactly once)."""
+        missing = [slot for slot, outcome in enumerate(self.outcomes) if outcome is None]
+        if missing:
+            raise AssertionError(f"slots {missing} ended without an outcome")
+        return [outcome for outcome in self.outcomes if outcome is not None]
+
+    def _grade_from_sim(self, slots: list[int]) -> None:
+        """Take the score of each of ``slots`` from the sim's own grade (success, or the return).
+
+        Only the sim knows whether the env reports a success signal at all, which decides what the
+        score means; when the sim cannot answer, the agent's own reading stays.
+        """
+        if not self.sim_healthy:
+            return
+        grades = _sim_grades(self.sim)
+        if grades is None:
+            return
+        for slot in slots:
+            outcome = self.outcomes[slot]
+            grade = grades[slot] if slot < len(grades) else None
+            if outcome is None or grade is None or outcome.status is EpisodeStatus.ERRORED:
+                continue
+            score = grade.get("score")
+            if isinstance(score, int | float):
+                self.outcomes[slot] = dataclasses.replace(outcome, score=float(score))
+
+
+def row(observation: Observation, slot: int) -> ObservationRow:
+    """One slot's row of a batched observation."""
+    return {k: v[slot] for k, v in observation.observation.items()}
+
+
+def errored(reason: str, steps: int, total_reward: float, fault: Fault) -> EpisodeOutcome:
+    return EpisodeOutcome(
+        status=EpisodeStatus.ERRORED,
+        score=0.0,
+        success=False,
+        total_reward=total_reward,
+        steps=steps,
+        error=reason,
+        fault=fault,
+    )
+
+
+def _sim_grades(sim: object) -> list[dict[str, Any]] | None:
+    """Per-slot grade dicts from ``sim.result()`` when the sim offers one and it answers."""
+    result = getattr(sim, "result", None)
+    if not callable(result):
+        return None
+    try:
+        graded: Any = result()
+    except HudPipelinesError as exc:
+        log.warning("could not read the sim's grades, keeping the agent's own: %s", exc)
+        return None
+    slots: Any = (
+        cast(dict[str, Any], graded).get("slots") if isinstance(graded, dict) else getattr(graded, "slots", None)
+    )
+    return cast(list[dict[str, Any]], slots) if isinstance(slots, list) else None

@@ -1,0 +1,361 @@
+"""The lockstep loop of one ``RobotAgent.run``: ticks, refills, steps sent ahead, observation history.
+
+See :mod:`hud_pipelines.agent.runner` for what a tick does. This module is the state that lives only
+for one run; the episodes themselves (counters, ends, sinks) are :class:`~hud_pipelines.agent.episodes.SlotEpisodes`.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.agent.episodes import ObservationRow, OutcomeGrader, SlotEpisodes, errored, row
+from hud_pipelines.agent.policy import BasePolicy, PolicyBatch, as_chunks
+from hud_pipelines.contract import Contract
+from hud_pipelines.errors import (
+    Fault,
+    HudPipelinesError,
+    PolicyTimeoutError,
+    RemoteError,
+    RolloutTimeoutError,
+    RunAborted,
+    fault_of,
+)
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, Inference
+from hud_pipelines.wire.messages import Observation
+
+log = logging.getLogger(__name__)
+_RUN_NUMBERS = itertools.count(1)
+
+ChunkAdapter = Callable[[npt.NDArray[np.float32], ObservationRow], npt.NDArray[Any]]
+"""``adapt_chunk(chunk [T, A], slot_observation) -> chunk [T', A]``"""
+ActionAdapter = Callable[[npt.NDArray[np.float32], ObservationRow], npt.NDArray[Any]]
+"""``adapt_action(action [A], slot_observation) -> action [A]``"""
+StopCause = Callable[[], "tuple[str, Fault] | None"]
+"""``cause() -> (reason, fault)`` when the caller itself stopped the sim or the policy (a deadline)."""
+
+
+@runtime_checkable
+class Sim(Protocol):
+    """What the agent needs of a sim: a ``SimClient``, or an in-process ``GymBridge``."""
+
+    @property
+    def contract(self) -> Contract: ...
+    @property
+    def num_envs(self) -> int: ...
+
+    def reset(self, tasks: list[dict[str, Any]]) -> Observation: ...
+
+    def step(self, action: npt.NDArray[Any]) -> Observation: ...
+
+
+@runtime_checkable
+class PipelinedSim(Sim, Protocol):
+    """A sim that takes a step before the reply to the previous one is read (``SimClient``)."""
+
+    def send_step(self, action: npt.NDArray[Any]) -> int: ...
+
+    def receive_step(self, seq: int) -> Observation: ...
+
+
+@dataclass
+class RunStats:
+    """Counters of the last ``run`` (for benchmarks and tests)."""
+
+    ticks: int = 0
+    env_steps: int = 0
+    """Slot-steps of running slots (hold steps of finished slots are not counted)."""
+    forwards: int = 0
+    """``infer`` calls made by this loop (one per refill tick)."""
+    rows_inferred: int = 0
+    refill_rows: list[int] = field(default_factory=list[int])
+    """Rows of every ``infer`` call, in order."""
+    sent_ahead: int = 0
+    """Ticks whose step was sent before the previous tick's observation was read."""
+    infer_s: float = 0.0
+    step_s: float = 0.0
+    """Seconds spent waiting for the sim's replies."""
+    wall_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the agent drives its slots (the ``RobotAgent``'s settings, fixed for a run)."""
+
+    policy: BasePolicy
+    width: int
+    horizon: int | None
+    send_ahead: int
+    observation_steps: int
+    adapt_chunk: ChunkAdapter | None = None
+    adapt_action: ActionAdapter | None = None
+
+
+def forward_rows(policy: BasePolicy, rows: int) -> int:
+    """Rows of the forward that served the last call from this thread (larger under ``BatchedModel``)."""
+    value = policy.last_forward_rows()
+    return value if value is not None and value >= rows else rows
+
+
+class LockstepRun:
+    """One ``RobotAgent.run``: the state that lives only for its duration."""
+
+    def __init__(
+        self,
+        settings: LoopSettings,
+        sim: Sim,
+        keys: list[EpisodeKey],
+        sinks: list[EpisodeSink],
+        stats: RunStats,
+        *,
+        grade: OutcomeGrader | None = None,
+        stop_cause: StopCause | None = None,
+    ) -> None:
+        self.settings = settings
+        self.stop_cause = stop_cause
+        self.sim = sim
+        self.keys = keys
+        self.stats = stats
+        self.slots = SlotEpisodes(keys, settings.width, sinks, sim=sim, grade=grade)
+        run = next(_RUN_NUMBERS)
+        self.episode_ids = [f"{key.trace_id}/{run}" for key in keys]
+        """What the policy sees of each row's episode: unique even when a job's trace ids repeat."""
+        self.forwards = np.zeros(len(keys), dtype=np.int64)
+        """Policy calls made for each slot's episode so far (the last part of its random stream)."""
+        self.history: dict[str, npt.NDArray[Any]] = {}
+        self.prompts: list[str] = [""] * len(keys)
+        self.pipelined: PipelinedSim | None = (
+            sim if settings.send_ahead > 0 and settings.adapt_action is None and isinstance(sim, PipelinedSim) else None
+        )
+        self.ahead: collections.deque[tuple[int, npt.NDArray[np.float32]]] = collections.deque()
+        """Steps already sent for the next ticks, oldest first: ``seq`` and action frame."""
+
+    def execute(self, tasks: list[dict[str, Any]], max_steps: int, prompts: list[str] | None) -> list[EpisodeOutcome]:
+        slots = self.slots
+        try:
+            observation = self.sim.reset(tasks)
+        except HudPipelinesError as exc:
+            reason, fault = self._cause(f"reset failed: {exc}", fault_of(exc))
+            slots.begin(prompts or [""] * len(self.keys))
+            for slot in range(len(self.keys)):
+                slots.end(slot, errored(reason, 0, 0.0, fault))
+            slots.sim_healthy = False
+            slots.report_ends()
+            return slots.final()
+        offered = observation.prompt or [""] * len(self.keys)
+        self.prompts = list(prompts) if prompts is not None else [str(p) for p in offered]
+        slots.begin(self.prompts)
+        slots.running[:] = True  # until the reply says otherwise: a slot the sim errored keeps its reason
+        slots.apply_errors(observation)
+        for slot, status in enumerate(observation.status):
+            if slots.running[slot] and status != "running":
+                slots.running[slot] = False
+        for slot in np.flatnonzero(~slots.running):
+            if slots.outcomes[slot] is None:
+                slots.end(int(slot), errored(f"slot is {observation.status[slot]} after reset", 0, 0.0, Fault.ENV))
+        self.settings.policy.reset()
+        if self.settings.observation_steps > 1:
+            self._start_history(observation)
+        slots.report_ends()
+        try:
+            while slots.running.any() and self.stats.ticks < max_steps:
+                observation = self._tick(observation, max_steps)
+                slots.report_ends()
+            self._drop_ahead()
+        except _SimFailed as failure:
+            slots.sim_healthy = False
+            slots.error_running(*self._cause(failure.reason, failure.fault))
+        except _PolicyFailed as failure:
+            slots.error_running(*self._cause(failure.reason, failure.fault))
+        except BaseException:
+            slots.sim_healthy = False
+            slots.error_running("the agent loop was interrupted", Fault.INTERRUPTED)
+            slots.report_ends()
+            raise
+        for slot in np.flatnonzero(slots.running):
+            slots.end(int(slot), slots.answered(int(slot), truncated=True, terminated=False))
+        slots.report_ends()
+        return slots.final()
+
+    # -- one tick --------------------------------------------------------------------------------------
+
+    def _tick(self, observation: Observation, max_steps: int) -> Observation:
+        slots = self.slots
+        if self.ahead:  # sent on an earlier tick; slots that ended since ignore their row
+            running = np.flatnonzero(slots.running)
+            seq, action = self.ahead.popleft()
+        else:
+            need = np.flatnonzero(slots.running & (slots.cursor >= slots.length))
+            if need.size:
+                self._refill(need, observation)
+            running = np.flatnonzero(slots.running)  # a refill may have ended slots (a non-finite action)
+            if not running.size:
+                return observation
+            action = self._pop(running, observation)
+            seq = self._send(action)
+        while self._can_send_ahead(running, max_steps):
+            assert self.pipelined is not None
+            following = self._pop(running, observation)
+            self.ahead.append((self._post(self.pipelined, following), following))
+            self.stats.sent_ahead += 1
+        reply = self._receive(seq, action)
+        self.stats.ticks += 1
+        self.stats.env_steps += running.size
+        slots.record(observation, reply, running, action)
+        if self.history:
+            self._push_history(reply, running)
+        return reply
+
+    def _pop(self, running: npt.NDArray[np.intp], observation: Observation) -> npt.NDArray[np.float32]:
+        """The next action frame: each running slot's next queued action; finished slots repeat theirs."""
+        slots = self.slots
+        slots.action[running] = slots.queue[running, slots.cursor[running]]
+        slots.cursor[running] += 1
+        adapt = self.settings.adapt_action
+        if adapt is not None:
+            for slot in running.tolist():
+                adapted = adapt(slots.action[slot].copy(), row(observation, slot))
+                slots.action[slot] = np.asarray(adapted, dtype=np.float32).reshape(self.settings.width)
+        return slots.action.copy()
+
+    # -- steps sent ahead ------------------------------------------------------------------------------
+
+    def _can_send_ahead(self, running: npt.NDArray[np.intp], max_steps: int) -> bool:
+        """Whether one more tick's action is already known (every running slot has one queued) and may go."""
+        slots = self.slots
+        return (
+            self.pipelined is not None
+            and len(self.ahead) < self.settings.send_ahead
+            and self.stats.ticks + 1 + len(self.ahead) < max_steps
+            and running.size > 0
+            and bool((slots.cursor[running] < slots.length[running]).all())
+        )
+
+    def _send(self, action: npt.NDArray[np.float32]) -> int | None:
+        """Send the step now when the sim pipelines (its ``seq``); else it is sent by :meth:`_receive`."""
+        return None if self.pipelined is None else self._post(self.pipelined, action)
+
+    @staticmethod
+    def _post(sim: PipelinedSim, action: npt.NDArray[np.float32]) -> int:
+        try:
+            return sim.send_step(action)
+        except HudPipelinesError as exc:
+            raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
+
+    def _receive(self, seq: int | None, action: npt.NDArray[np.float32]) -> Observation:
+        started = time.perf_counter()
+        try:
+            if self.pipelined is not None and seq is not None:
+                reply = self.pipelined.receive_step(seq)
+            else:
+                reply = self.sim.step(action)
+        except HudPipelinesError as exc:  # a SimError, or a fault an in-process bridge raises directly
+            raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
+        self.stats.step_s += time.perf_counter() - started
+        return reply
+
+    def _drop_ahead(self) -> None:
+        """Read and drop the replies to steps sent ahead for ticks that never came (every slot ended)."""
+        while self.ahead and self.pipelined is not None:
+            seq, _ = self.ahead.popleft()
+            try:
+                self.pipelined.receive_step(seq)
+            except RemoteError:
+                pass  # refused: no slot was running when it arrived
+            except HudPipelinesError as exc:
+                raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
+
+    # -- refills ---------------------------------------------------------------------------------------
+
+    def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
+        settings = self.settings
+        batch = PolicyBatch(
+            observation=self._policy_rows(observation, need),
+            prompts=[self.prompts[s] for s in need],
+            episodes=[self.episode_ids[s] for s in need],
+            streams=[self._stream(int(s)) for s in need],
+        )
+        started = time.perf_counter()
+        try:
+            raw = settings.policy.infer(batch)
+            chunks = as_chunks(raw, need.size, settings.width, source=f"policy {type(settings.policy).__name__}")
+        except (PolicyTimeoutError, RolloutTimeoutError, RunAborted) as exc:
+            raise _PolicyFailed(str(exc), fault_of(exc)) from exc
+        except Exception as exc:
+            log.exception("policy inference failed for slots %s", need.tolist())
+            raise _PolicyFailed(f"policy failed: {type(exc).__name__}: {exc}", Fault.POLICY) from exc
+        latency = time.perf_counter() - started
+        rows = forward_rows(settings.policy, need.size)
+        self.stats.infer_s += latency
+        self.stats.forwards += 1
+        self.stats.rows_inferred += need.size
+        self.stats.refill_rows.append(int(need.size))
+        refilled: list[int] = need.tolist()
+        for index, slot in enumerate(refilled):
+            chunk = chunks[index] if settings.horizon is None else chunks[index, : settings.horizon]
+            if settings.adapt_chunk is not None:
+                try:
+                    adapted = settings.adapt_chunk(chunk.copy(), row(observation, slot))
+                    chunk = as_chunks(np.asarray(adapted)[None], 1, settings.width, source="adapt_chunk")[0]
+                except Exception as exc:
+                    raise _PolicyFailed(
+                        f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}", Fault.POLICY
+                    ) from exc
+            if not np.isfinite(chunk).all():  # never sent: this slot errors, its siblings go on
+                step = int(self.slots.steps[slot])
+                self.slots.error(slot, f"the policy returned a non-finite action at step {step}", Fault.POLICY)
+                continue
+            self.slots.load(slot, chunk)
+            step = int(self.slots.steps[slot])
+            self.slots.inference(slot, Inference(step=step, chunk=chunk, latency_s=latency, batch_size=rows))
+
+    def _stream(self, slot: int) -> tuple[int, ...]:
+        """The random stream of ``slot``'s next forward: its episode's key and how many forwards it had."""
+        key = self.keys[slot]
+        forward = int(self.forwards[slot])
+        self.forwards[slot] += 1
+        return (key.task, key.instance, key.slot, key.episode, forward)
+
+    def _policy_rows(self, observation: Observation, need: npt.NDArray[np.intp]) -> dict[str, npt.NDArray[Any]]:
+        source = self.history or observation.observation
+        if need.size == len(self.keys):
+            return {k: v if v.flags.writeable else v.copy() for k, v in source.items()}
+        return {k: v[need] for k, v in source.items()}  # fancy indexing copies
+
+    # -- observation history (policies with n_obs_steps > 1) ----------------------------------------
+
+    def _start_history(self, observation: Observation) -> None:
+        steps = self.settings.observation_steps
+        self.history = {k: np.repeat(v[:, None], steps, axis=1) for k, v in observation.observation.items()}
+
+    def _push_history(self, reply: Observation, running: npt.NDArray[np.intp]) -> None:
+        for name, buffer in self.history.items():
+            buffer[running, :-1] = buffer[running, 1:]
+            buffer[running, -1] = reply.observation[name][running]
+
+    def _cause(self, reason: str, fault: Fault) -> tuple[str, Fault]:
+        """The caller's own reason when it stopped the run on purpose, else the failure as seen."""
+        cause = self.stop_cause() if self.stop_cause is not None else None
+        return cause if cause is not None else (reason, fault)
+
+
+class _PolicyFailed(Exception):
+    def __init__(self, reason: str, fault: Fault) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fault = fault
+
+
+class _SimFailed(Exception):
+    def __init__(self, reason: str, fault: Fault) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fault = fault
