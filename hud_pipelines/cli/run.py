@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from dagster import ExecuteInProcessResult
     from rich.console import Console
 
-    from hud_pipelines.eval.runner import InstanceResult
+    from hud_pipelines.eval.results import InstanceResult
 
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
 LOCAL_DAGSTER_HOME = ".dagster_home"

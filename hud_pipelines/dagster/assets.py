@@ -58,8 +58,8 @@ from hud_pipelines.eval.grades import (
 )
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
+from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import sweep_rollouts_step
-from hud_pipelines.eval.runner import InstanceResult
 from hud_pipelines.eval.steps import (
     cell,
     checks_step,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hud_pipelines.eval.runner import InstanceResult
+    from hud_pipelines.eval.results import InstanceResult
 
 Listener = Callable[["InstanceResult"], None]
 _listeners: list[Listener] = []

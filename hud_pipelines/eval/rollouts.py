@@ -14,7 +14,8 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.runner import EvalRunner, InstanceResult, unreached_result
+from hud_pipelines.eval.results import InstanceResult, unreached_result
+from hud_pipelines.eval.runner import EvalRunner
 from hud_pipelines.recording.events import EpisodeSink
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import threading
@@ -40,6 +39,7 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, GraderError, HudPipelinesError, SimError, SimStartError, fault_of
 from hud_pipelines.eval.graders import Grader, build_graders
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.results import InstanceResult, unreached_result, unreached_rows
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
 from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
 from hud_pipelines.spec.models import Partition, PipelineSpec
@@ -50,76 +50,7 @@ METRICS = "metrics"
 
 SinkFactory = Callable[[Partition, Contract], Sequence[EpisodeSink]]
 """Builds the sinks of one instance (traces, a dataset shard); the runner closes them."""
-ResultCallback = Callable[["InstanceResult"], None]
-
-
-@dataclass(frozen=True)
-class InstanceResult:
-    """What one instance produced: a graded row per slot, and why it failed if it did."""
-
-    pipeline: str
-    key: str
-    task_index: int
-    instance: int
-    rows: list[GradeRow]
-    wall_s: float
-    env_steps: int
-    error: str | None = None
-    rollout_hash: str = ""
-    """The pipeline's :attr:`~PipelineSpec.rollout_hash` when the instance ran."""
-    fault: Fault | None = None
-    """Why the instance failed (``None`` when it ran to the end, whatever its episodes scored)."""
-    run_id: str = ""
-    """The run that produced this result."""
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-    def counts(self) -> dict[str, int]:
-        return {status.value: sum(r.status is status for r in self.rows) for status in EpisodeStatus}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "pipeline": self.pipeline,
-            "key": self.key,
-            "task_index": self.task_index,
-            "instance": self.instance,
-            "rows": [r.as_dict() for r in self.rows],
-            "wall_s": self.wall_s,
-            "env_steps": self.env_steps,
-            "error": self.error,
-            "rollout_hash": self.rollout_hash,
-            "fault": None if self.fault is None else self.fault.value,
-            "run_id": self.run_id,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> InstanceResult:
-        return cls(
-            pipeline=data["pipeline"],
-            key=data["key"],
-            task_index=data["task_index"],
-            instance=data["instance"],
-            rows=[GradeRow.from_dict(r) for r in data["rows"]],
-            wall_s=data["wall_s"],
-            env_steps=data["env_steps"],
-            error=data["error"],
-            rollout_hash=data.get("rollout_hash", ""),
-            fault=Fault(data["fault"]) if data.get("fault") else None,
-            run_id=data.get("run_id", ""),
-        )
-
-    def write(self, path: Path) -> None:
-        """Write as JSON, atomically (a reader never sees half a result)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(self.as_dict(), indent=1))
-        partial.replace(path)
-
-    @classmethod
-    def read(cls, path: Path) -> InstanceResult:
-        return cls.from_dict(json.loads(path.read_text()))
+ResultCallback = Callable[[InstanceResult], None]
 
 
 def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
@@ -142,55 +73,6 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         token=None if sim.token is None else sim.token.get_secret_value(),
         cwd=cwd,
         python=None if sim.python is None else spec.resolve_path(sim.python),
-    )
-
-
-def unreached_rows(
-    spec: PipelineSpec, partition: Partition, reason: str, fault: Fault, *, run_id: str = ""
-) -> list[GradeRow]:
-    """Errored rows for every slot of an instance that produced no result of its own."""
-    task = spec.tasks[partition.task_index]
-    key = spec.partition_key(*partition)
-    return [
-        GradeRow(
-            pipeline=spec.name,
-            task=task.name,
-            task_index=partition.task_index,
-            instance=partition.instance,
-            group_id=key,
-            slot=slot,
-            seed=seed,
-            status=EpisodeStatus.ERRORED,
-            score=0.0,
-            success=False,
-            total_reward=0.0,
-            steps=0,
-            error=reason,
-            fault=fault,
-            run_id=run_id,
-        )
-        for slot, seed in enumerate(spec.seeds_for(*partition))
-    ]
-
-
-def unreached_result(
-    spec: PipelineSpec, partition: Partition, reason: str, fault: Fault, *, run_id: str
-) -> InstanceResult:
-    """The result of an instance that ended before any episode ran (errored rows, the instance failed)."""
-    rows = unreached_rows(spec, partition, reason, fault, run_id=run_id)
-    key = spec.partition_key(*partition)
-    return InstanceResult(
-        spec.name,
-        key,
-        partition.task_index,
-        partition.instance,
-        rows,
-        0.0,
-        0,
-        reason,
-        spec.rollout_hash,
-        fault=fault,
-        run_id=run_id,
     )
 
 
@@ -442,3 +324,6 @@ def _first_line(exc: BaseException) -> str:
         return f"the sim did not start: {exc.child_error}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["EvalRunner", "sim_settings"]

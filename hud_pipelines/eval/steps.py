@@ -25,8 +25,8 @@ from hud_pipelines.eval import sweep
 from hud_pipelines.eval.grades import CheckVerdict, GradeRow, Summary, summarize, verdicts
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.eval.report import render_markdown, render_plot
+from hud_pipelines.eval.results import InstanceResult, unreached_rows
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
-from hud_pipelines.eval.runner import InstanceResult, unreached_rows
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
@@ -234,7 +234,7 @@ def comparison_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: s
 
 
 def _comparison(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> SweepComparison:
-    from hud_pipelines.eval.sweep_table import compare_checkpoints
+    from hud_pipelines.eval.sweep_stats import compare_checkpoints
 
     members = sweep.evaluated(spec, outputs)
     labels = {m.label for m in members}

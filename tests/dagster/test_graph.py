@@ -12,7 +12,7 @@ from hud_pipelines.dagster.definitions import build_definitions, definitions_for
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.runner import InstanceResult
+from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.recording.events import EpisodeStatus
 from tests.dagster.support import REPO, WritePipeline, sim_processes
 

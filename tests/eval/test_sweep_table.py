@@ -22,14 +22,8 @@ from scipy import stats
 
 from hud_pipelines.eval.comparison import Verdict
 from hud_pipelines.eval.grades import GradeRow
-from hud_pipelines.eval.sweep_table import (
-    ALL_TASKS,
-    COLUMNS,
-    CheckpointRows,
-    SweepComparison,
-    SweepRow,
-    compare_checkpoints,
-)
+from hud_pipelines.eval.sweep_stats import compare_checkpoints
+from hud_pipelines.eval.sweep_table import ALL_TASKS, COLUMNS, CheckpointRows, SweepComparison, SweepRow
 from hud_pipelines.recording.events import EpisodeStatus
 
 TASKS = ("push", "lift")

@@ -1,0 +1,153 @@
+"""The figures of the sweep table: per (checkpoint, task) counts and intervals, and the paired comparisons.
+
+:func:`compare_checkpoints` builds the :class:`~hud_pipelines.eval.sweep_table.SweepComparison` of a
+sweep's grade rows; the table module holds what it is and how it is shown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from hud_pipelines.eval.comparison import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, compare
+from hud_pipelines.eval.grades import GradeRow, Summary, summarize
+from hud_pipelines.eval.report import success_interval
+from hud_pipelines.eval.sweep_table import (
+    ALL_TASKS,
+    NO_COMPARISON,
+    SCORE_CONFIDENCE,
+    CheckpointRows,
+    SweepComparison,
+    SweepRow,
+    Versus,
+)
+from hud_pipelines.recording.events import EpisodeStatus
+
+
+def compare_checkpoints(
+    checkpoints: Sequence[CheckpointRows | tuple[str, int | None, Sequence[GradeRow]]],
+    *,
+    baseline: str | None = None,
+    alpha: float = 0.05,
+    min_effect: float = 0.1,
+) -> SweepComparison:
+    """The sweep table of ``checkpoints`` (in training order), compared with the previous one and ``baseline``.
+
+    ``baseline`` is one of the labels (its own ``vs_baseline`` columns stay empty), or ``None`` for no
+    baseline columns.
+    """
+    sweep = [CheckpointRows(*checkpoint) for checkpoint in checkpoints]
+    _check_inputs(sweep, baseline, alpha, min_effect)
+    baseline_rows = next((c.rows for c in sweep if c.label == baseline), None)
+    rows: list[SweepRow] = []
+    for index, checkpoint in enumerate(sweep):
+        previous = sweep[index - 1].rows if index > 0 else None
+        against = None if checkpoint.label == baseline else baseline_rows
+        for task in [*_tasks(checkpoint.rows), ALL_TASKS]:
+            mine = _of_task(checkpoint.rows, task)
+            rows.append(
+                _figures(
+                    checkpoint,
+                    task,
+                    mine,
+                    previous=_versus(mine, previous, task, alpha=alpha, min_effect=min_effect),
+                    baseline=_versus(mine, against, task, alpha=alpha, min_effect=min_effect),
+                )
+            )
+    return SweepComparison(rows=rows, baseline=baseline, alpha=alpha, min_effect=min_effect)
+
+
+def _check_inputs(sweep: list[CheckpointRows], baseline: str | None, alpha: float, min_effect: float) -> None:
+    """Refuse what would make a wrong table: a repeated label, an unknown baseline, a task called ``all``."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not 0 < min_effect <= 1:
+        raise ValueError(f"min_effect must be in (0, 1], got {min_effect}")
+    labels = [checkpoint.label for checkpoint in sweep]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"checkpoint label(s) listed twice: {', '.join(repeated)}")
+    if baseline is not None and baseline not in labels:
+        raise ValueError(f"the baseline {baseline!r} is not one of the checkpoints ({', '.join(labels) or 'none'})")
+    for checkpoint in sweep:
+        if any(row.task == ALL_TASKS for row in checkpoint.rows):
+            raise ValueError(
+                f"checkpoint {checkpoint.label}: a task is named {ALL_TASKS!r}, the name of the all-tasks row"
+            )
+
+
+def _tasks(rows: Sequence[GradeRow]) -> list[str]:
+    """The checkpoint's tasks in the pipeline's order (``task_index``, then name)."""
+    first: dict[str, int] = {}
+    for row in rows:
+        first[row.task] = min(first.get(row.task, row.task_index), row.task_index)
+    return sorted(first, key=lambda task: (first[task], task))
+
+
+def _of_task(rows: Sequence[GradeRow], task: str) -> list[GradeRow]:
+    return list(rows) if task == ALL_TASKS else [row for row in rows if row.task == task]
+
+
+def _versus(
+    mine: list[GradeRow], other: Sequence[GradeRow] | None, task: str, *, alpha: float, min_effect: float
+) -> Versus:
+    """The paired comparison of ``mine`` with the same task of ``other`` (none without another checkpoint)."""
+    if other is None:
+        return NO_COMPARISON
+    return Versus.of(compare(mine, _of_task(other, task), alpha=alpha, min_effect=min_effect))
+
+
+def _figures(
+    checkpoint: CheckpointRows, task: str, rows: list[GradeRow], *, previous: Versus, baseline: Versus
+) -> SweepRow:
+    summary = summarize(rows)
+    low, high = _rate_interval(summary)
+    score_low, score_high = _score_interval(rows) or (None, None)
+    return SweepRow(
+        checkpoint=checkpoint.label,
+        step=checkpoint.step,
+        task=task,
+        episodes=summary.scheduled,
+        succeeded=summary.succeeded,
+        failed=summary.failed,
+        errored=summary.errored,
+        success_rate=summary.success_rate,
+        ci_low=low,
+        ci_high=high,
+        mean_score=summary.mean_score,
+        score_ci_low=score_low,
+        score_ci_high=score_high,
+        versus_previous=previous,
+        versus_baseline=baseline,
+    )
+
+
+def _rate_interval(summary: Summary) -> tuple[float | None, float | None]:
+    """The Wilson interval, or none at all without an answered episode (Wilson's ``(0, 1)`` would read as data)."""
+    if summary.graded == 0:
+        return None, None
+    return success_interval(summary)
+
+
+def _score_interval(rows: list[GradeRow]) -> tuple[float, float] | None:
+    """The 95% percentile-bootstrap interval of the mean score of the answered episodes, in episode order.
+
+    Drawn like :mod:`hud_pipelines.eval.comparison`'s (same seed, samples and percentile rule), over
+    the rows sorted by episode so that their order does not change the interval.
+    """
+    answered = sorted(
+        (row for row in rows if row.status is not EpisodeStatus.ERRORED),
+        key=lambda row: (row.task, row.instance, row.slot, -1 if row.seed is None else row.seed),
+    )
+    if not answered:
+        return None
+    scores = np.array([row.score for row in answered], dtype=np.float64)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    picks = rng.integers(0, scores.size, size=(BOOTSTRAP_SAMPLES, scores.size))
+    means = np.sort(scores[picks].mean(axis=1))
+    tail = (1 - SCORE_CONFIDENCE) / 2
+    low = float(means[math.floor(tail * (means.size - 1))])
+    high = float(means[math.ceil((1 - tail) * (means.size - 1))])
+    return low, high
