@@ -24,16 +24,20 @@ relative ones against the pipeline file.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import time
-import zipfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
+from hud_pipelines.agent.checkpoint_files import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    file_digest,
+    files_by_name,
+    pending_reason,
+)
 from hud_pipelines.errors import CheckpointError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -42,16 +46,9 @@ LAST_CHECKPOINT_LINK = "last"
 """lerobot's ``LAST_CHECKPOINT_LINK``: the symlink to the newest step folder."""
 PRETRAINED_MODEL_DIR = "pretrained_model"
 """lerobot's ``PRETRAINED_MODEL_DIR``: the folder of a step that a policy loads from."""
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-PROCESSOR_FILES = ("policy_preprocessor.json", "policy_postprocessor.json")
-"""lerobot's ``POLICY_PREPROCESSOR_DEFAULT_NAME`` / ``POLICY_POSTPROCESSOR_DEFAULT_NAME`` as saved."""
-REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, *PROCESSOR_FILES)
-"""What a lerobot checkpoint needs to load, besides the state files its processors name."""
 TORCH_SUFFIXES = (".pt", ".pth")
 DEFAULT_SETTLE_S = 5.0
 """How long a checkpoint's files must be unchanged before it counts as written (a sensor's default)."""
-HASH_CHUNK_BYTES = 1 << 20
 _DIGITS = re.compile(r"[0-9]+")
 _TRAILING_DIGITS = re.compile(r"([0-9]+)$")
 
@@ -81,8 +78,8 @@ class Checkpoint:
         """
         digest = hashlib.sha256()
         try:
-            for name, file in _files_by_name(self.path):
-                digest.update(f"{name}\0{_file_digest(file)}\n".encode())
+            for name, file in files_by_name(self.path):
+                digest.update(f"{name}\0{file_digest(file)}\n".encode())
         except OSError as exc:
             raise CheckpointError(f"cannot hash checkpoint {self.label!r} at {self.path}: {exc}") from exc
         return digest.hexdigest()
@@ -174,48 +171,12 @@ def discover_checkpoints(sources: Sequence[CheckpointSource], *, settle_s: float
     complete: list[Checkpoint] = []
     pending: list[PendingCheckpoint] = []
     for checkpoint in checkpoints:
-        reason = _pending_reason(checkpoint.path, settle_s)
+        reason = pending_reason(checkpoint.path, settle_s)
         if reason is None:
             complete.append(checkpoint)
         else:
             pending.append(PendingCheckpoint(checkpoint, reason))
     return Discovery(tuple(complete), tuple(pending))
-
-
-def _pending_reason(path: Path, settle_s: float) -> str | None:
-    """Why the checkpoint at ``path`` cannot be evaluated yet, or ``None`` when it is complete."""
-    try:
-        if path.is_file():
-            return _torch_file_reason(path, settle_s)
-        return _folder_reason(path, settle_s)
-    except OSError as exc:  # a file removed or rewritten while we looked: look again next time
-        return f"cannot be read ({exc})"
-
-
-def _folder_reason(path: Path, settle_s: float) -> str | None:
-    """Missing files first, then recent changes (a writer at work), then files shorter than their headers say."""
-    if not path.is_dir():
-        return f"missing {path.name}/"
-    missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    settling = _settling(path, settle_s)
-    if settling is not None:
-        return settling
-    state_files: list[str] = []
-    for name in PROCESSOR_FILES:
-        named = _processor_state_files(path / name)
-        if isinstance(named, str):
-            return named
-        state_files += named
-    missing = [name for name in state_files if not (path / name).is_file()]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    for name in (WEIGHTS_FILE, *state_files):
-        truncated = _safetensors_problem(path / name)
-        if truncated is not None:
-            return truncated
-    return None
 
 
 # -- listing -------------------------------------------------------------------------------------------
@@ -376,80 +337,3 @@ def _order(checkpoint: Checkpoint) -> tuple[str, bool, int, str]:
 
 
 # -- completeness ----------------------------------------------------------------------------------------
-
-
-def _settling(path: Path, settle_s: float) -> str | None:
-    """``still being written`` while the newest change under ``path`` (files and folders) is recent.
-
-    Folders count too: a copy that keeps its source's mtimes (``cp -p``, ``shutil.copy2``) still touches
-    the folder it adds files to.
-    """
-    if settle_s <= 0:
-        return None
-    entries = [path, *path.rglob("*")] if path.is_dir() else [path]
-    newest = max(entry.stat().st_mtime for entry in entries)
-    age = time.time() - newest
-    if age >= settle_s:
-        return None
-    return f"still being written (changed {max(age, 0.0):.1f} s ago; complete after {settle_s:g} s without change)"
-
-
-def _torch_file_reason(path: Path, settle_s: float) -> str | None:
-    if path.stat().st_size == 0:
-        return f"{path.name} is empty"
-    settling = _settling(path, settle_s)
-    if settling is not None:
-        return settling
-    with path.open("rb") as stream:
-        zipped = stream.read(4) == b"PK\x03\x04"
-    if zipped and not zipfile.is_zipfile(path):
-        return f"{path.name} is truncated (its zip archive has no end record)"
-    return None
-
-
-def _processor_state_files(processor: Path) -> list[str] | str:
-    """The state files a processor's JSON names, or why the JSON cannot be read."""
-    try:
-        steps: Any = json.loads(processor.read_text(encoding="utf-8"))["steps"]
-        return [str(step["state_file"]) for step in steps if "state_file" in step]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"{processor.name} is not a processor pipeline ({type(exc).__name__}: {exc})"
-
-
-def _safetensors_problem(file: Path) -> str | None:
-    """Whether a safetensors file is shorter than its own header says (a writer that died mid-file)."""
-    size = file.stat().st_size
-    try:
-        with file.open("rb") as stream:
-            header_size = int.from_bytes(stream.read(8), "little")
-            if 8 + header_size > size:
-                return f"{file.name} is truncated ({size} bytes, its header alone takes {8 + header_size})"
-            header: Any = json.loads(stream.read(header_size))
-        tensors = [entry for key, entry in header.items() if key != "__metadata__"]
-        expected = 8 + header_size + max((int(entry["data_offsets"][1]) for entry in tensors), default=0)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-        return f"{file.name} is not a safetensors file ({type(exc).__name__}: {exc})"
-    if size < expected:
-        return f"{file.name} is truncated ({size} of {expected} bytes)"
-    return None
-
-
-# -- hashing -----------------------------------------------------------------------------------------------
-
-
-def _files_by_name(path: Path) -> Iterator[tuple[str, Path]]:
-    if path.is_file():
-        yield "", path
-        return
-    if not path.is_dir():
-        raise FileNotFoundError(f"no such folder or file: {path}")
-    named = sorted((p.relative_to(path).as_posix(), p) for p in path.rglob("*") if p.is_file())
-    yield from named
-
-
-def _file_digest(file: Path) -> str:
-    digest = hashlib.sha256()
-    with file.open("rb") as stream:
-        while chunk := stream.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()

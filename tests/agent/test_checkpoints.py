@@ -393,13 +393,13 @@ def test_no_source_or_a_negative_settle_time_is_refused() -> None:
 def test_the_layout_names_are_lerobots_own() -> None:
     from lerobot.utils import constants
 
-    from hud_pipelines.agent import checkpoints
+    from hud_pipelines.agent import checkpoint_files, checkpoints
 
     assert checkpoints.CHECKPOINTS_DIR == constants.CHECKPOINTS_DIR
     assert checkpoints.LAST_CHECKPOINT_LINK == constants.LAST_CHECKPOINT_LINK
     assert checkpoints.PRETRAINED_MODEL_DIR == constants.PRETRAINED_MODEL_DIR
     names = (constants.POLICY_PREPROCESSOR_DEFAULT_NAME, constants.POLICY_POSTPROCESSOR_DEFAULT_NAME)
-    assert tuple(f"{name}.json" for name in names) == checkpoints.PROCESSOR_FILES
+    assert tuple(f"{name}.json" for name in names) == checkpoint_files.PROCESSOR_FILES
 
 
 @pytest.mark.slow
