@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from hud_pipelines.cli.run import write_report
+    from hud_pipelines.cli.report import write_report
 
     return write_report(
         args.pipeline,
@@ -64,7 +64,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _contract(args: argparse.Namespace) -> int:
-    from hud_pipelines.cli.run import write_contract
+    from hud_pipelines.cli.contract import write_contract
 
     return write_contract(args.pipeline, pipelines_dir=args.pipelines_dir, out=args.out)
 

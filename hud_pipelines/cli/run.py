@@ -13,7 +13,6 @@ summary says the run was interrupted and how far it got.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -287,13 +286,16 @@ def _print_summary(
 
     console = Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title=f"{name}: per-slot grades")
-    for column in ("task", "instance", "slot", "seed", "status", "score", "return", "steps", "run", "error"):
+    sweep = any(row.checkpoint is not None for row in rows)
+    columns = ("task", "instance", "slot", "seed", "status", "score", "return", "steps", "run", "error")
+    for column in ("checkpoint", *columns) if sweep else columns:
         table.add_column(
             column, justify="right" if column in ("instance", "slot", "seed", "score", "return", "steps") else "left"
         )
     for row in rows:
         style = STATUS_STYLE[row.status]
         table.add_row(
+            *([Text(row.checkpoint or "")] if sweep else []),
             Text(row.task),
             str(row.instance),
             str(row.slot),
@@ -325,93 +327,3 @@ def _figures(rows: list[GradeRow]) -> str:
         f"success rate {rate_text}; scheduled {summary.scheduled} = succeeded {summary.succeeded} + failed "
         f"{summary.failed} + errored {summary.errored}"
     )
-
-
-def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Path | None = None) -> int:
-    """Start the pipeline's sim once, derive its contract, refresh the file with it, print the features.
-
-    The sim starts exactly as the eval starts it, except that it derives its contract in memory: the
-    file is refreshed here (:func:`~hud_pipelines.contract.refresh_contract`), so a file written for
-    an env whose shapes have changed since is brought up to date, keeping the edits that still fit,
-    where the eval refuses it. Each changed feature is printed (old -> new shape, names dropped).
-    """
-    from rich.console import Console
-    from rich.table import Table
-
-    from hud_pipelines.contract import load_contract, refresh_contract
-    from hud_pipelines.eval.runner import sim_settings
-    from hud_pipelines.sim.pool import SimPool
-    from hud_pipelines.spec.loader import load_pipeline
-
-    spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
-    target = out.resolve() if out is not None else spec.contract_path
-    settings = dataclasses.replace(sim_settings(spec, cwd=Path.cwd()), contract_path=None)
-    with SimPool(settings) as pool, pool.sim() as live:
-        contract = live.client.contract
-    if target is None:
-        outcome = "not written (the pipeline sets no sim.contract; use --out)"
-    elif target.exists():
-        edited = load_contract(target)
-        contract, changes = refresh_contract(edited, contract)
-        if changes:  # an unchanged file keeps its user's formatting
-            target.write_text(contract.to_json())
-        noun = "feature" if len(changes) == 1 else "features"
-        summary = f"refreshed {target}: {len(changes)} {noun} changed" if changes else f"{target} is up to date"
-        outcome = "\n".join([*changes, summary])
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(contract.to_json())
-        outcome = f"written to {target}"
-    table = Table(title=f"{spec.name}: contract ({contract.control_rate:g} Hz, robot {contract.robot_type})")
-    for column in ("feature", "role", "type", "dtype", "shape", "names"):
-        table.add_column(column)
-    for name, feature in contract.features.items():
-        names = ", ".join(feature.names or [])
-        table.add_row(
-            name,
-            feature.role,
-            feature.type.value,
-            feature.dtype,
-            str(list(feature.shape)),
-            names if len(names) < 60 else names[:57] + "...",
-        )
-    Console().print(table)
-    print(outcome)
-    return 0
-
-
-def write_report(
-    pipeline: str,
-    *,
-    pipelines_dir: Path | None = None,
-    outputs_dir: Path | None = None,
-    open_page: bool = False,
-    serve_port: int | None = None,
-) -> int:
-    """Write the pipeline's report from the results on disk (no sim starts); open or serve ``report.html``."""
-    import webbrowser
-
-    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
-    from hud_pipelines.eval.steps import report_step
-    from hud_pipelines.spec.loader import load_pipeline
-
-    spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
-    outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
-    written = report_step(spec, outputs)
-    print(f"wrote {written.html} and {outputs.report_md}")
-    if serve_port is None:
-        if open_page:
-            webbrowser.open(written.html.as_uri())
-        return 0
-    import functools
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(outputs.base))
-    with ThreadingHTTPServer(("127.0.0.1", serve_port), handler) as server:
-        url = f"http://127.0.0.1:{server.server_address[1]}/{written.html.name}"
-        print(f"serving {outputs.base} at {url} (Ctrl-C to stop)", flush=True)
-        if open_page:
-            webbrowser.open(url)
-        with contextlib.suppress(KeyboardInterrupt):
-            server.serve_forever()
-    return 0

@@ -1,0 +1,45 @@
+"""``hud-pipelines report``: the report rewritten from the results on disk, opened in a browser or served."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from hud_pipelines.cli.run import resolve_pipeline_file
+
+
+def write_report(
+    pipeline: str,
+    *,
+    pipelines_dir: Path | None = None,
+    outputs_dir: Path | None = None,
+    open_page: bool = False,
+    serve_port: int | None = None,
+) -> int:
+    """Write the pipeline's report from the results on disk (no sim starts); open or serve ``report.html``."""
+    import webbrowser
+
+    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.steps import report_step
+    from hud_pipelines.spec.loader import load_pipeline
+
+    spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
+    outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
+    written = report_step(spec, outputs)
+    print(f"wrote {written.html} and {outputs.report_md}")
+    if serve_port is None:
+        if open_page:
+            webbrowser.open(written.html.as_uri())
+        return 0
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(outputs.base))
+    with ThreadingHTTPServer(("127.0.0.1", serve_port), handler) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{written.html.name}"
+        print(f"serving {outputs.base} at {url} (Ctrl-C to stop)", flush=True)
+        if open_page:
+            webbrowser.open(url)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.serve_forever()
+    return 0
