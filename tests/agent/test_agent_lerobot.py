@@ -17,7 +17,8 @@ from agent_helpers import RecordingSink
 from lerobot.utils.constants import OBS_IMAGE, OBS_IMAGES, OBS_STATE
 
 from hud_pipelines.agent.factory import build_policy
-from hud_pipelines.agent.lerobot import LeRobotAdapter, LeRobotPolicy
+from hud_pipelines.agent.lerobot import LeRobotPolicy
+from hud_pipelines.agent.lerobot_features import LeRobotAdapter
 from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import Contract, Feature, FeatureType
