@@ -47,15 +47,8 @@ from hud_pipelines.dagster.resources import (
 )
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
-from hud_pipelines.eval.grades import (
-    INSTANCES_CHECK,
-    CheckVerdict,
-    GradeRow,
-    Summary,
-    check_verdict,
-    instances_verdict,
-    summarize,
-)
+from hud_pipelines.eval.checks import INSTANCES_CHECK, CheckVerdict, check_verdict, instances_verdict
+from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.results import InstanceResult

@@ -12,7 +12,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from hud_pipelines.eval.grades import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.eval.checks import CheckVerdict
+from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by_task
 from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:

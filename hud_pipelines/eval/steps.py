@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import sweep
-from hud_pipelines.eval.grades import CheckVerdict, GradeRow, Summary, summarize, verdicts
+from hud_pipelines.eval.checks import CheckVerdict, verdicts
+from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
 from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult, unreached_rows

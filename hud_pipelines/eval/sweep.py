@@ -35,7 +35,8 @@ from hud_pipelines.agent.checkpoints import (
     sources_of,
 )
 from hud_pipelines.errors import CheckpointError
-from hud_pipelines.eval.grades import CheckVerdict, GradeRow, check_verdict, instances_verdict, regression_verdict
+from hud_pipelines.eval.checks import CheckVerdict, check_verdict, instances_verdict, regression_verdict
+from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.agent import CheckpointEntry, LeRobotPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.models import PipelineSpec

@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.errors import Fault, GraderError
+from hud_pipelines.eval.checks import check_verdict, instances_verdict
 from hud_pipelines.eval.graders import build_graders
-from hud_pipelines.eval.grades import (
-    GradeRow,
-    check_verdict,
-    instances_verdict,
-    summarize,
-    summarize_by_task,
-    wilson_interval,
-)
+from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task, wilson_interval
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
 from hud_pipelines.spec.sections import (
     CallableGrader,

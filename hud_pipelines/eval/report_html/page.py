@@ -14,7 +14,8 @@ from html import escape
 from importlib import resources
 from pathlib import Path
 
-from hud_pipelines.eval.grades import CheckVerdict, GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.eval.checks import CheckVerdict
+from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views

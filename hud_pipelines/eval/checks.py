@@ -1,0 +1,158 @@
+"""Checks: the verdicts a grade table gets, the built-in ``instances_completed`` first, then the YAML's.
+
+A rate check (``min_success_rate``, ``max_error_rate``, ``min_mean_score``) reads the table's own
+figures; ``no_regression`` compares it with a baseline on paired episodes
+(:mod:`hud_pipelines.eval.comparison`) and says "inconclusive" with the episodes an answer needs
+rather than pass or fail on noise. Errored episodes never count as failed ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.eval.comparison import Verdict, compare, read_result_set
+from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.spec.sections import (
+    CheckSpec,
+    MaxErrorRateCheck,
+    MinMeanScoreCheck,
+    MinSuccessRateCheck,
+    NoRegressionCheck,
+)
+
+INSTANCES_CHECK = "instances_completed"
+"""The built-in blocking check of every eval: no instance failed (sim, policy deadline, interruption)."""
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    """The result of one check on a grade table: what it looked at and whether it passed."""
+
+    name: str
+    passed: bool
+    blocking: bool
+    description: str
+    observed: float | None = None
+    threshold: float | None = None
+    failed_instances: tuple[str, ...] = ()
+    """Partition keys of the instances that failed (for ``instances_completed``)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "failed_instances": list(self.failed_instances)}
+
+
+def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
+    """``instances_completed``: passes when no row errored with a fault that ended its instance.
+
+    Instances that have not run yet (``not_run``) do not fail it: a run of a few partitions is
+    complete when those ran; the grades still show the others as errored.
+    """
+    failed: dict[str, tuple[str, str]] = {}
+    not_run = 0
+    for row in rows:
+        if row.fault is Fault.NOT_RUN:
+            not_run += 1
+        elif row.fault is not None and row.fault.ends_instance:
+            failed.setdefault(row.group_id, (row.fault.value, row.error or ""))
+    if failed:
+        listed = "; ".join(f"{key}: {fault} ({reason})" for key, (fault, reason) in sorted(failed.items()))
+        rerun = " ".join(f"--partition {key}" for key in sorted(failed))
+        command = f"hud-pipelines run {rows[0].pipeline} {rerun}"
+        description = f"{len(failed)} instance(s) failed: {listed}; re-run them with: {command}"
+    else:
+        description = "every instance ran to its end"
+    if not_run:
+        description += f"; {not_run} episode(s) of instances that have not run"
+    return CheckVerdict(
+        name=INSTANCES_CHECK,
+        passed=not failed,
+        blocking=True,
+        description=description,
+        observed=float(len(failed)),
+        threshold=0.0,
+        failed_instances=tuple(sorted(failed)),
+    )
+
+
+def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
+    """Whether a pipeline's check passes on the grade ``rows`` (no graded episode fails a rate check)."""
+    if isinstance(check, NoRegressionCheck):
+        return _regression_verdict(check, rows)
+    summary = summarize(rows)
+    observed: float | None
+    match check:
+        case MinSuccessRateCheck():
+            observed = summary.success_rate
+            passed = observed is not None and observed >= check.value
+        case MaxErrorRateCheck():
+            observed = summary.error_rate
+            passed = observed <= check.value
+        case MinMeanScoreCheck():
+            observed = summary.mean_score
+            passed = observed is not None and observed >= check.value
+    return CheckVerdict(
+        name=check.name,
+        passed=passed,
+        blocking=check.blocking,
+        description=f"{check.kind}: observed {observed}, threshold {check.value}",
+        observed=observed,
+        threshold=check.value,
+    )
+
+
+def _regression_verdict(check: NoRegressionCheck, rows: Sequence[GradeRow]) -> CheckVerdict:
+    """``no_regression`` against the baseline file the check names."""
+
+    try:
+        baseline = read_result_set(check.baseline)
+    except HudPipelinesError as exc:
+        return _regression(check, False, f"the baseline cannot be read: {exc}")
+    return regression_verdict(check, rows, baseline, baseline_name=check.baseline)
+
+
+def regression_verdict(
+    check: NoRegressionCheck, rows: Sequence[GradeRow], baseline: Sequence[GradeRow], *, baseline_name: str
+) -> CheckVerdict:
+    """``no_regression``: the paired comparison with the baseline decides (see :mod:`hud_pipelines.eval.comparison`)."""
+
+    result = compare(rows, baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
+    if result.pairs == 0:
+        return _regression(
+            check, False, f"no episode pairs up with the baseline {baseline_name} (same tasks and seeds?)"
+        )
+    drop = -(result.success_difference or 0.0)
+    against = f"{result.pairs} paired episodes against {baseline_name}"
+    if result.verdict is Verdict.WORSE and drop > check.max_drop:
+        return _regression(
+            check,
+            False,
+            f"worse than the baseline: success {-drop:+.1%} (McNemar p = {result.mcnemar_p:.3g}) over {against}",
+            -drop,
+        )
+    if result.verdict is Verdict.NO_DIFFERENCE:
+        needed = result.episodes_needed or 0
+        more = max(0, needed - result.pairs)
+        return _regression(
+            check,
+            True,
+            f"inconclusive: success {-drop:+.1%} (p = {result.mcnemar_p:.3g}) over {against}; "
+            f"{more} more episodes needed to detect a {result.min_effect:.0%} drop",
+            -drop,
+        )
+    return _regression(
+        check, True, f"{result.verdict.value} than the baseline: success {-drop:+.1%} over {against}", -drop
+    )
+
+
+def _regression(
+    check: NoRegressionCheck, passed: bool, description: str, observed: float | None = None
+) -> CheckVerdict:
+    return CheckVerdict(check.name, passed, check.blocking, f"no_regression: {description}", observed, -check.max_drop)
+
+
+def verdicts(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]) -> list[CheckVerdict]:
+    """Every check of a pipeline on its grade table: the built-in one first, then the YAML's."""
+    return [instances_verdict(rows), *(check_verdict(check, rows) for check in checks)]
