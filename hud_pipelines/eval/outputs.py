@@ -103,3 +103,11 @@ class EvalOutputs:
     @property
     def comparison_png(self) -> Path:
         return self.base / "comparison.png"
+
+    @property
+    def perturbations_csv(self) -> Path:
+        return self.base / "perturbations.csv"
+
+    @property
+    def perturbations_json(self) -> Path:
+        return self.base / "perturbations.json"

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval import sweep
+from hud_pipelines.eval import perturbations, sweep
 from hud_pipelines.eval.checks import CheckVerdict, verdicts
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+from hud_pipelines.eval.perturbations import has_matrix, perturbation_table
 from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult, unreached_rows
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
@@ -218,6 +219,8 @@ def report_step(
     markdown = render_markdown(spec.name, rows, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
     if spec.is_sweep and rows:
         markdown += _sweep_section(comparison_step(spec, outputs, rollout_hash=rollout_hash))
+    if has_matrix(spec):
+        markdown += _perturbation_section(spec, outputs, rows)
     _write_atomically(outputs.report_md, markdown)
     html = write_html_report(spec.name, rows, outputs, checks=checks, run_id=run_id, overrides=overrides)
     return ReportFiles(markdown, html, summarize(rows))
@@ -242,6 +245,22 @@ def _comparison(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRo
     checkpoints = [(m.label, m.step, [row for row in rows if row.checkpoint == m.label]) for m in members]
     baseline = sweep.baseline_label(spec, labels)
     return compare_checkpoints(checkpoints, baseline=baseline)
+
+
+def _perturbation_section(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> str:
+    """``perturbations.{csv,json}`` and their table: each matrix value against its control (a sweep's candidate)."""
+    candidate = sweep.candidate_label(rows) if spec.is_sweep else None
+    judged = [row for row in rows if row.checkpoint == candidate] if candidate is not None else list(rows)
+    table = perturbation_table(spec, judged)
+    _write_atomically(outputs.perturbations_csv, perturbations.to_csv(table))
+    _write_atomically(outputs.perturbations_json, perturbations.to_json(table))
+    whose = f" of checkpoint {candidate}" if candidate is not None else ""
+    return (
+        f"\n## Perturbations{whose}\n\n"
+        "Each value of a task's matrix on the same seeds as the unperturbed task (the control); McNemar's "
+        "exact test on the paired episodes.\n\n"
+        f"{perturbations.markdown(table)}\n"
+    )
 
 
 def _sweep_section(table: SweepComparison) -> str:

@@ -141,8 +141,13 @@ class PipelineSpec(StrictModel):
     @classmethod
     def _name_tasks(cls, tasks: list[TaskSpec]) -> list[TaskSpec]:
         named = [t if t.name else t.model_copy(update={"name": f"task{i}"}) for i, t in enumerate(tasks)]
-        _require_unique([t.name for t in named], "tasks", "task")
-        return named
+        written = {t.name for t in named}
+        expanded: list[TaskSpec] = []
+        for task in named:  # a matrix adds its tasks right after its control (once: a re-validation keeps them)
+            expanded.append(task)
+            expanded += [variant for variant in task.variants() if variant.name not in written]
+        _require_unique([t.name for t in expanded], "tasks", "task")
+        return expanded
 
     @field_validator("graders")
     @classmethod

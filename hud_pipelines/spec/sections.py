@@ -18,7 +18,7 @@ from hud_pipelines.recording.traces import DEFAULT_MAX_VIDEOS, TraceVideo
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.spec.base import Float, Int, StrictModel
 
-TASK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+TASK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 """Task names appear in partition keys (``<task>-i<instance>``)."""
 
 CHECK_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
@@ -151,6 +151,24 @@ class SimSpec(StrictModel):
 # -- tasks ----------------------------------------------------------------------------------------
 
 
+MatrixValue = str | int | float | bool
+"""A value of one matrix axis: written into the task's build arguments."""
+
+
+class Variant(StrictModel):
+    """What a matrix task changes: one build argument of its control task."""
+
+    control: str = Field(description="the task this one is paired with")
+    axis: str = Field(description="the build argument it changes")
+    value: MatrixValue = Field(description="the value it gives that argument")
+
+
+def _value_name(value: MatrixValue) -> str:
+    """A matrix value as part of a task name (lowercase, digits, `_`, `.`, `-`)."""
+    text = str(value).lower()
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text).strip("_") or "value"
+
+
 class TaskSpec(StrictModel):
     """One set of task arguments; every instance of the task runs it in all of its slots."""
 
@@ -178,6 +196,31 @@ class TaskSpec(StrictModel):
     prompt: str | None = Field(
         default=None, description="task string for the policy and the dataset; default: the one the sim offers"
     )
+    matrix: dict[str, list[MatrixValue]] = Field(
+        default_factory=dict[str, list[MatrixValue]],
+        json_schema_extra=schema_default({}),
+        description="a perturbation study: build argument -> values; adds one task per value, named "
+        "`<task>-<argument>-<value>`, each with that one argument changed and the same seeds, so this task is "
+        "the control arm every value is paired with",
+    )
+    variant_of: Variant | None = Field(
+        default=None, description="set on the tasks a `matrix` adds: the control task and the value they change"
+    )
+
+    def variants(self) -> list[TaskSpec]:
+        """The tasks ``matrix`` adds: one per (argument, value), one argument changed at a time."""
+        return [
+            TaskSpec(
+                name=f"{self.name}-{axis}-{_value_name(value)}",
+                seed=self.seed,
+                options=self.options,
+                args={**self.args, axis: value},
+                prompt=self.prompt,
+                variant_of=Variant(control=self.name, axis=axis, value=value),
+            )
+            for axis, values in self.matrix.items()
+            for value in values
+        ]
 
 
 # -- graders --------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ REACH = 0.6
 
 
 class Reach2D(gym.Env[dict[str, np.ndarray], np.ndarray]):
-    def __init__(self) -> None:
+    def __init__(self, reach: float = REACH) -> None:
+        self.reach = reach
         self.observation_space = gym.spaces.Dict(
             {
                 "pos": gym.spaces.Box(-5.0, 5.0, (2,), np.float32),
@@ -41,5 +42,5 @@ class Reach2D(gym.Env[dict[str, np.ndarray], np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self._pos = np.clip(self._pos + 0.1 * np.asarray(action, np.float32), -5.0, 5.0).astype(np.float32)
         distance = float(np.linalg.norm(self._pos - self._goal[:2]))
-        success = distance < REACH
+        success = distance < self.reach
         return self._observation(), -distance, success, False, {"is_success": success}

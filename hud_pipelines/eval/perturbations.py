@@ -1,0 +1,160 @@
+"""A perturbation study: each value of a task's ``matrix``, against the unperturbed task on the same seeds.
+
+A task with ``matrix: {difficulty: [0.2, 0.5, 0.8]}`` is the control arm; the spec adds one task per
+value (:meth:`~hud_pipelines.spec.sections.TaskSpec.variants`) that changes that one build argument
+and keeps the seeds, so every perturbed episode has an unperturbed twin. The table says, per axis and
+value, the success rate with its 95% Wilson interval and denominators, and the paired comparison with
+the control (McNemar's exact test on the twins, the difference with its interval, a verdict).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hud_pipelines.eval.comparison import compare
+from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.report import success_interval
+from hud_pipelines.spec.models import PipelineSpec
+
+CONTROL = "control"
+"""The ``value`` column of a control task's own row."""
+COLUMNS = (
+    "control",
+    "axis",
+    "value",
+    "task",
+    "episodes",
+    "succeeded",
+    "failed",
+    "errored",
+    "success_rate",
+    "ci_low",
+    "ci_high",
+    "vs_control",
+    "diff",
+    "diff_low",
+    "diff_high",
+    "p",
+    "pairs",
+)
+
+
+@dataclass(frozen=True)
+class AxisRow:
+    """One value of one axis of a control task (or the control itself), with its figures."""
+
+    control: str
+    axis: str
+    value: str
+    task: str
+    episodes: int
+    succeeded: int
+    failed: int
+    errored: int
+    success_rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    vs_control: str = ""
+    diff: float | None = None
+    diff_low: float | None = None
+    diff_high: float | None = None
+    p: float | None = None
+    pairs: int | None = None
+
+
+def has_matrix(spec: PipelineSpec) -> bool:
+    return any(task.variant_of is not None for task in spec.tasks)
+
+
+def perturbation_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[AxisRow]:
+    """A row per control task, then one per value of each of its axes (in the YAML's order)."""
+    by_task: dict[str, list[GradeRow]] = {}
+    for row in rows:
+        by_task.setdefault(row.task, []).append(row)
+    table: list[AxisRow] = []
+    for task in spec.tasks:
+        variants = [v for v in spec.tasks if v.variant_of is not None and v.variant_of.control == task.name]
+        if not variants:
+            continue
+        control = by_task.get(task.name, [])
+        table.append(_figures(task.name, "", CONTROL, task.name, control))
+        for variant in variants:
+            assert variant.variant_of is not None
+            mine = by_task.get(variant.name, [])
+            twins = [dataclasses.replace(row, task=task.name) for row in mine]  # paired on (instance, slot, seed)
+            result = compare(twins, control)
+            low, high = result.success_interval or (None, None)
+            table.append(
+                dataclasses.replace(
+                    _figures(task.name, variant.variant_of.axis, str(variant.variant_of.value), variant.name, mine),
+                    vs_control=result.verdict.value if result.pairs else "no paired episodes",
+                    diff=result.success_difference,
+                    diff_low=low,
+                    diff_high=high,
+                    p=result.mcnemar_p,
+                    pairs=result.pairs,
+                )
+            )
+    return table
+
+
+def to_csv(table: Sequence[AxisRow]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(COLUMNS)
+    for row in table:
+        writer.writerow(["" if (v := getattr(row, name)) is None else v for name in COLUMNS])
+    return buffer.getvalue()
+
+
+def to_json(table: Sequence[AxisRow]) -> str:
+    return json.dumps([{name: getattr(row, name) for name in COLUMNS} for row in table], indent=1)
+
+
+def markdown(table: Sequence[AxisRow]) -> str:
+    """The table for ``report.md``: success per value with its interval, and the verdict against the control."""
+    lines = ["| task | axis | value | success (95% CI, n) | vs control |", "|---|---|---|---|---|"]
+    for row in table:
+        rate = (
+            "n/a"
+            if row.success_rate is None
+            else f"{row.success_rate:.1%} ({row.ci_low:.1%}-{row.ci_high:.1%}, {row.succeeded}/"
+            f"{row.succeeded + row.failed})"
+        )
+        versus = "" if row.value == CONTROL else _versus(row)
+        lines.append(f"| {row.control} | {row.axis or '-'} | {row.value} | {rate} | {versus} |")
+    return "\n".join(lines)
+
+
+def _versus(row: AxisRow) -> str:
+    if not row.pairs or row.diff is None or row.p is None:
+        return row.vs_control
+    return f"{row.vs_control} {row.diff:+.1%} (p={row.p:.3g}, {row.pairs} pairs)"
+
+
+def _figures(control: str, axis: str, value: str, task: str, rows: list[GradeRow]) -> AxisRow:
+    summary = summarize(rows)
+    low, high = success_interval(summary) if summary.graded else (None, None)
+    return AxisRow(
+        control=control,
+        axis=axis,
+        value=value,
+        task=task,
+        episodes=summary.scheduled,
+        succeeded=summary.succeeded,
+        failed=summary.failed,
+        errored=summary.errored,
+        success_rate=summary.success_rate,
+        ci_low=low,
+        ci_high=high,
+    )
+
+
+def as_dicts(table: Sequence[AxisRow]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(row) for row in table]

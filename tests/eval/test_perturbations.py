@@ -1,0 +1,67 @@
+"""Matrix tasks: each value against the unperturbed task on the same seeds, in a per-axis table."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import scipy.stats
+
+from hud_pipelines.eval.steps import evaluate
+from hud_pipelines.spec.loader import load_pipeline_text
+from hud_pipelines.spec.models import PipelineSpec
+from tests.dagster.support import REPO
+
+
+def _spec(tmp_path: Path, **fields: Any) -> PipelineSpec:
+    spec: dict[str, Any] = {
+        "name": "reach_matrix",
+        "sim": {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 4},
+        "agent": {"policy": {"kind": "constant", "value": [0.0, 0.0]}},
+        "tasks": [{"name": "reach", "seed": 7, "matrix": {"reach": [0.05, 1.5]}}],
+        "group": 4,
+        "max_steps": 3,
+        **fields,
+    }
+    return load_pipeline_text(json.dumps(spec), source=tmp_path / "reach_matrix.yaml")
+
+
+def test_a_matrix_adds_one_task_per_value_with_the_controls_seeds(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, tasks=[{"name": "reach", "seed": 7, "args": {"x": 1}, "matrix": {"reach": [0.05, 1.5]}}])
+    assert [t.name for t in spec.tasks] == ["reach", "reach-reach-0.05", "reach-reach-1.5"]
+    control, small, large = spec.tasks
+    assert small.args == {"x": 1, "reach": 0.05}
+    assert large.variant_of is not None
+    assert (large.variant_of.control, large.variant_of.axis, large.variant_of.value) == ("reach", "reach", 1.5)
+    assert spec.seeds_for(1, 2) == spec.seeds_for(0, 2), "every value meets the control's seeds"
+    again = spec.with_sections(group=2)  # re-validated: the matrix is not expanded twice
+    assert [t.name for t in again.tasks] == [t.name for t in spec.tasks]
+    assert control.variant_of is None
+
+
+def test_the_per_axis_table_pairs_each_value_with_the_control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    evaluation = evaluate(_spec(tmp_path), outputs_dir=tmp_path / "out")
+    base = tmp_path / "out" / "reach_matrix"
+    table = list(csv.DictReader((base / "perturbations.csv").read_text().splitlines()))
+    assert [(r["task"], r["axis"], r["value"]) for r in table] == [
+        ("reach", "", "control"),
+        ("reach-reach-0.05", "reach", "0.05"),
+        ("reach-reach-1.5", "reach", "1.5"),
+    ]
+    by_task = {task: [r for r in evaluation.rows if r.task == task] for task in ("reach", "reach-reach-1.5")}
+    control = {(r.instance, r.slot, r.seed): r.success for r in by_task["reach"]}
+    large = {(r.instance, r.slot, r.seed): r.success for r in by_task["reach-reach-1.5"]}
+    assert control.keys() == large.keys()
+    only_large = sum(large[k] and not control[k] for k in control)
+    only_control = sum(control[k] and not large[k] for k in control)
+    expected_p = scipy.stats.binomtest(only_large, only_large + only_control, 0.5).pvalue
+    row = table[2]
+    assert int(row["pairs"]) == 16
+    assert float(row["p"]) == pytest.approx(expected_p)
+    assert row["vs_control"] == "better", "a reach of 1.5 from the origin succeeds where 0.6 mostly does not"
+    assert float(table[1]["diff"]) <= 0
+    assert "## Perturbations" in (base / "report.md").read_text()
