@@ -102,7 +102,8 @@ def run_pipeline(
     from hud_pipelines.dagster.definitions import definitions_for_file
     from hud_pipelines.eval import progress
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
-    from hud_pipelines.eval.steps import checks_step, collect_rows, grades_step, report_step
+    from hud_pipelines.eval.rows import collect_rows
+    from hud_pipelines.eval.steps import checks_step, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(path)

@@ -48,6 +48,7 @@ from hud_pipelines.dagster.resources import (
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.checks import INSTANCES_CHECK, CheckVerdict, check_verdict, instances_verdict
+from hud_pipelines.eval.configuration import current_rollout_hash, record_configuration, recorded_provenance
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
@@ -58,12 +59,10 @@ from hud_pipelines.eval.steps import (
     checks_step,
     comparison_step,
     contract_step,
-    current_rollout_hash,
     dataset_step,
     grade_columns,
     grades_step,
     read_grades,
-    record_configuration,
     report_step,
     rollouts_step,
 )
@@ -549,4 +548,5 @@ def _instances_metadata(
         "wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
         "traces": dg.MetadataValue.path(str(outputs.traces(run_id))),
         "overrides": dg.MetadataValue.json(overrides),
+        "provenance": dg.MetadataValue.json(recorded_provenance(outputs)),
     }

@@ -111,3 +111,10 @@ class EvalOutputs:
     @property
     def perturbations_json(self) -> Path:
         return self.base / "perturbations.json"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename: a reader sees the old file or the new one, never half."""
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(text)
+    partial.replace(path)

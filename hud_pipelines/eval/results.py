@@ -8,7 +8,7 @@ stale ones. An instance that never reached its episodes still has a result: erro
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class InstanceResult:
     """Why the instance failed (``None`` when it ran to the end, whatever its episodes scored)."""
     run_id: str = ""
     """The run that produced this result."""
+    provenance: dict[str, Any] = field(default_factory=dict[str, Any])
+    """Where it came from (:mod:`hud_pipelines.eval.provenance`): code, packages, sim, policy, seeds."""
 
     @property
     def failed(self) -> bool:
@@ -57,6 +59,7 @@ class InstanceResult:
             "rollout_hash": self.rollout_hash,
             "fault": None if self.fault is None else self.fault.value,
             "run_id": self.run_id,
+            "provenance": self.provenance,
         }
 
     @classmethod
@@ -73,6 +76,7 @@ class InstanceResult:
             rollout_hash=data.get("rollout_hash", ""),
             fault=Fault(data["fault"]) if data.get("fault") else None,
             run_id=data.get("run_id", ""),
+            provenance=dict(data.get("provenance") or {}),
         )
 
     def write(self, path: Path) -> None:

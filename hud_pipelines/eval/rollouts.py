@@ -8,11 +8,13 @@ a sweep resumes where it stopped and evaluates a new checkpoint alone.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import Fault
-from hud_pipelines.eval import sweep
+from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.eval import provenance, sweep
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_result
 from hud_pipelines.eval.runner import EvalRunner
@@ -50,7 +52,19 @@ def rollouts_step(
 
     finished: set[str] = set()
 
+    recorded: list[dict[str, Any]] = []
+
+    def provenance_of_run() -> dict[str, Any]:
+        if not recorded:  # once per run; the sim's contract is known by the time an instance ends
+            try:
+                contract_json: str | None = runner.contract().to_json()
+            except HudPipelinesError:
+                contract_json = None
+            recorded.append(provenance.for_run(spec, contract_json=contract_json))
+        return recorded[0]
+
     def ended(result: InstanceResult) -> None:
+        result = dataclasses.replace(result, provenance=provenance_of_run())
         finished.add(result.key)
         result.write(outputs.result(result.key))
         if shards is not None:

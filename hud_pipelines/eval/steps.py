@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import dataclasses
 import io
 import json
 import uuid
@@ -20,15 +19,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval import perturbations, sweep
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, verdicts
+from hud_pipelines.eval.configuration import record_configuration, recorded_overrides, recorded_provenance
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
-from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import has_matrix, perturbation_table
 from hud_pipelines.eval.report import render_markdown, render_plot
-from hud_pipelines.eval.results import InstanceResult, unreached_rows
+from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
+from hud_pipelines.eval.rows import collect_rows
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
@@ -82,80 +83,6 @@ def contract_step(pool: SimPool, outputs: EvalOutputs) -> Contract:
 # -- grades and report -------------------------------------------------------------------------------
 
 
-def record_configuration(
-    effective: PipelineSpec, base: PipelineSpec, outputs: EvalOutputs, *, run_id: str
-) -> dict[str, Any]:
-    """Note the configuration a run rolls out (its rollout hash and overrides of the YAML); returns the overrides.
-
-    The grades-side steps read it back (:func:`current_rollout_hash`), so the results of a run with
-    overrides are graded as current and those of any other configuration as stale.
-    """
-    overrides = effective.overrides(base)
-    record = {
-        "run_id": run_id,
-        "rollout_hash": effective.rollout_hash,
-        "yaml_rollout_hash": base.rollout_hash,
-        "overrides": overrides,
-    }
-    outputs.base.mkdir(parents=True, exist_ok=True)
-    _write_atomically(outputs.configuration_json, json.dumps(record, indent=1))
-    return overrides
-
-
-def current_rollout_hash(spec: PipelineSpec, outputs: EvalOutputs) -> str:
-    """The rollout hash results must carry to be current: the latest run's, unless the YAML changed since."""
-    path = outputs.configuration_json
-    if path.is_file():
-        record = json.loads(path.read_text())
-        if record.get("yaml_rollout_hash") == spec.rollout_hash:
-            return str(record["rollout_hash"])
-    return spec.rollout_hash
-
-
-def collect_rows(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[GradeRow]:
-    """One row per scheduled slot, from the latest result of every partition.
-
-    Every row carries the run that produced it. A partition that never ran, or ran under another
-    configuration (its rollout hash differs from ``rollout_hash``, by default the latest run's), gives
-    errored ``not_run`` rows saying so and how to run it: results of different configurations are
-    never mixed in one table.
-    """
-    expected = rollout_hash or current_rollout_hash(spec, outputs)
-    if spec.is_sweep:
-        return _sweep_rows(spec, outputs, expected)
-    rows: list[GradeRow] = []
-    for partition in spec.partitions():
-        key = spec.partition_key(*partition)
-        path = outputs.result(key)
-        result = InstanceResult.read(path) if path.exists() else None
-        rerun = f"run it with: hud-pipelines run {spec.name} --partition {key}"
-        if result is None:
-            rows.extend(unreached_rows(spec, partition, f"instance {key} has not run yet; {rerun}", Fault.NOT_RUN))
-        elif result.rollout_hash != expected:
-            reason = (
-                f"instance {key} last ran (run {result.run_id or 'unknown'}) before the pipeline's sim, agent, tasks "
-                f"or graders changed; {rerun}"
-            )
-            rows.extend(unreached_rows(spec, partition, reason, Fault.NOT_RUN, run_id=result.run_id))
-        else:
-            rows.extend(result.rows)
-    return rows
-
-
-def _sweep_rows(spec: PipelineSpec, outputs: EvalOutputs, sweep_hash: str) -> list[GradeRow]:
-    """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``."""
-    from hud_pipelines.spec.hashing import checkpoint_rollout_hash
-
-    rows: list[GradeRow] = []
-    for member in sweep.evaluated(spec, outputs):
-        expected = checkpoint_rollout_hash(sweep_hash, member.content_hash)
-        rows += [
-            dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))
-            for row in collect_rows(member.spec, member.outputs, rollout_hash=expected)
-        ]
-    return rows
-
-
 def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
     """The built-in check and the YAML's on a grade table (a sweep's on its candidate checkpoint)."""
     return sweep.verdicts(spec, rows) if spec.is_sweep else verdicts(spec.resolved_checks(), rows)
@@ -165,14 +92,14 @@ def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str |
     """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
     outputs.base.mkdir(parents=True, exist_ok=True)
-    _write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
+    write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     columns = grade_columns(spec)
     writer.writerow([name for name, _ in columns])
     for row in rows:
         writer.writerow([cell(getattr(row, name)) for name, _ in columns])
-    _write_atomically(outputs.grades_csv, buffer.getvalue())
+    write_atomically(outputs.grades_csv, buffer.getvalue())
     return rows
 
 
@@ -184,7 +111,7 @@ def checks_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str |
     """Every check on the current grades (the built-in ``instances_completed`` first), to ``checks.json``."""
     results = all_verdicts(spec, collect_rows(spec, outputs, rollout_hash=rollout_hash))
     outputs.base.mkdir(parents=True, exist_ok=True)
-    _write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
+    write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
     return results
 
 
@@ -211,7 +138,7 @@ def report_step(
     plot = render_plot(spec.name, rows)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
-    overrides = _recorded_overrides(outputs)
+    overrides = recorded_overrides(outputs)
     checks = all_verdicts(spec, rows)
     if spec.is_sweep:  # every checkpoint's own report (its episodes, videos and plots) beside the sweep's
         for member in sweep.evaluated(spec, outputs):
@@ -221,7 +148,8 @@ def report_step(
         markdown += _sweep_section(comparison_step(spec, outputs, rollout_hash=rollout_hash))
     if has_matrix(spec):
         markdown += _perturbation_section(spec, outputs, rows)
-    _write_atomically(outputs.report_md, markdown)
+    markdown += provenance.markdown(recorded_provenance(outputs))
+    write_atomically(outputs.report_md, markdown)
     html = write_html_report(spec.name, rows, outputs, checks=checks, run_id=run_id, overrides=overrides)
     return ReportFiles(markdown, html, summarize(rows))
 
@@ -231,8 +159,8 @@ def comparison_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: s
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
     table = _comparison(spec, outputs, rows)
     outputs.base.mkdir(parents=True, exist_ok=True)
-    _write_atomically(outputs.comparison_csv, table.to_csv())
-    _write_atomically(outputs.comparison_json, table.to_json())
+    write_atomically(outputs.comparison_csv, table.to_csv())
+    write_atomically(outputs.comparison_json, table.to_json())
     outputs.comparison_png.write_bytes(table.plot())
     return table
 
@@ -252,8 +180,8 @@ def _perturbation_section(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequen
     candidate = sweep.candidate_label(rows) if spec.is_sweep else None
     judged = [row for row in rows if row.checkpoint == candidate] if candidate is not None else list(rows)
     table = perturbation_table(spec, judged)
-    _write_atomically(outputs.perturbations_csv, perturbations.to_csv(table))
-    _write_atomically(outputs.perturbations_json, perturbations.to_json(table))
+    write_atomically(outputs.perturbations_csv, perturbations.to_csv(table))
+    write_atomically(outputs.perturbations_json, perturbations.to_json(table))
     whose = f" of checkpoint {candidate}" if candidate is not None else ""
     return (
         f"\n## Perturbations{whose}\n\n"
@@ -387,14 +315,3 @@ def evaluate(
         checks=checks,
         run_id=run_id,
     )
-
-
-def _recorded_overrides(outputs: EvalOutputs) -> dict[str, Any]:
-    path = outputs.configuration_json
-    return dict(json.loads(path.read_text()).get("overrides", {})) if path.is_file() else {}
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(text)
-    partial.replace(path)

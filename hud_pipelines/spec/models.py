@@ -224,6 +224,11 @@ class PipelineSpec(StrictModel):
         policy = self.agent.policy
         return isinstance(policy, LeRobotPolicyConfig | TorchPolicyConfig) and policy.checkpoints is not None
 
+    @property
+    def checkpoint_hash(self) -> str | None:
+        """The content hash of this sweep member's checkpoint (``None`` outside a sweep)."""
+        return None if self._weights is None else self._weights[1]
+
     def for_checkpoint(self, path: Path, content_hash: str) -> PipelineSpec:
         """This sweep with one checkpoint's weights: the same sim, tasks, instances and seeds.
 

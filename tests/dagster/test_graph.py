@@ -278,7 +278,7 @@ def test_a_pipeline_attaches_to_a_sim_served_elsewhere(
 def test_results_of_another_configuration_are_never_mixed_into_the_grades(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
 ) -> None:
-    from hud_pipelines.eval.steps import collect_rows
+    from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.spec.loader import load_pipeline
 
     path = write_pipeline("edited", group=2)

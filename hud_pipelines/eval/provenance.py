@@ -1,0 +1,139 @@
+"""Where a result came from: the code, the packages, the sim, the policy, the seeds and the machine.
+
+Every instance's result carries the provenance of the run that produced it, and the report and the
+Dagster metadata show it. Part of it decides the numbers as much as the YAML does without being in
+it: the versions of the simulator and learning packages, the sim's interpreter, the renderer. Those
+make the *environment fingerprint*; results of two fingerprints are never merged into one table
+(the older ones show as ``not_run`` until they run again, as after an edit of the YAML).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hud_pipelines.spec.hashing import CREDENTIALS
+from hud_pipelines.spec.models import PipelineSpec
+
+PACKAGES = ("hud-pipelines", "gymnasium", "mujoco", "numpy", "torch", "lerobot", "dagster")
+"""Packages of the agent's environment whose versions a result records."""
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+"""This package's folder: its git revision is the code that produced a result (``None`` when installed)."""
+RENDERER_VARIABLES = ("MUJOCO_GL", "PYOPENGL_PLATFORM")
+FINGERPRINT_FIELDS = ("packages", "sim_python", "renderer")
+"""What, besides the rollout hash, decides a result's numbers: never merged across a change of these."""
+
+
+def for_run(spec: PipelineSpec, *, contract_json: str | None = None) -> dict[str, Any]:
+    """The provenance of a run of ``spec`` (a sweep member's includes its checkpoint's content hash)."""
+    sim = spec.sim
+    record: dict[str, Any] = {
+        **environment(spec),
+        "hud_pipelines_revision": _git_revision(PACKAGE_DIR),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "sim_factory": spec.factory or sim.url,
+        "sim_args": dict(sim.args),
+        "num_envs": sim.num_envs,
+        "seeds": {task.name: task.seed for task in spec.tasks},
+        "group": spec.group,
+        "policy": spec.model_dump(mode="json", include={"agent"}, exclude=CREDENTIALS)["agent"]["policy"],
+        "device": getattr(spec.agent.policy, "device", None),
+        "checkpoint_hash": spec.checkpoint_hash,
+        "contract_hash": None if contract_json is None else hashlib.sha256(contract_json.encode()).hexdigest(),
+        "rollout_hash": spec.rollout_hash,
+    }
+    record["fingerprint"] = fingerprint(record)
+    return record
+
+
+def environment(spec: PipelineSpec) -> dict[str, Any]:
+    """The parts of the provenance that decide numbers besides the YAML (see :data:`FINGERPRINT_FIELDS`)."""
+    return {
+        "packages": _versions(),
+        "sim_python": str(spec.resolve_path(spec.sim.python)) if spec.sim.python is not None else sys.executable,
+        "renderer": {name: os.environ[name] for name in RENDERER_VARIABLES if name in os.environ},
+    }
+
+
+def fingerprint(record: dict[str, Any]) -> str:
+    """A short hash of the record's :data:`FINGERPRINT_FIELDS`."""
+    picked = {name: record.get(name) for name in FINGERPRINT_FIELDS}
+    return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What changed between two environments, in words (``mujoco 3.3.0 -> 4.0.0``)."""
+    changes: list[str] = []
+    for name in sorted(set(old.get("packages", {})) | set(new.get("packages", {}))):
+        before, after = old.get("packages", {}).get(name), new.get("packages", {}).get(name)
+        if before != after:
+            changes.append(f"{name} {before or 'absent'} -> {after or 'absent'}")
+    for name in ("sim_python", "renderer"):
+        if old.get(name) != new.get(name):
+            changes.append(f"{name} {old.get(name)} -> {new.get(name)}")
+    return ", ".join(changes) or "the environment changed"
+
+
+def markdown(record: dict[str, Any]) -> str:
+    """The provenance of the latest run, for ``report.md``."""
+    if not record:
+        return ""
+    packages = ", ".join(f"{name} {version}" for name, version in record.get("packages", {}).items() if version)
+    renderer = ", ".join(f"{k}={v}" for k, v in record.get("renderer", {}).items()) or "default"
+    lines = [
+        "",
+        "## Provenance",
+        "",
+        f"- code: hud-pipelines revision `{record.get('hud_pipelines_revision') or 'unknown'}`",
+        f"- packages: {packages}",
+        f"- sim: `{record.get('sim_factory')}` with {json.dumps(record.get('sim_args', {}))}, "
+        f"{record.get('num_envs')} slot(s), under `{record.get('sim_python')}`; renderer {renderer}",
+        f"- policy: `{json.dumps(record.get('policy', {}))}` on {record.get('device') or 'the default device'}",
+        f"- contract sha256 `{record.get('contract_hash') or 'unknown'}`; rollout hash `{record.get('rollout_hash')}`",
+        f"- seeds: {json.dumps(record.get('seeds', {}))} x group {record.get('group')}",
+        f"- python {record.get('python')} on {record.get('platform')}; environment fingerprint "
+        f"`{record.get('fingerprint')}`",
+    ]
+    if record.get("checkpoint_hash"):
+        lines.append(f"- checkpoint sha256 `{record['checkpoint_hash']}`")
+    return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+@functools.cache
+def _git_revision(directory: Path) -> str | None:
+    """The project's git revision (``+dirty`` with uncommitted changes), or ``None`` outside a checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}+dirty" if dirty else head

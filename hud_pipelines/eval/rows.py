@@ -1,0 +1,88 @@
+"""Which rows a grade table holds: the latest current result of every partition, errored rows for the rest.
+
+"Current" means the same configuration (rollout hash) and the same environment (provenance
+fingerprint) as the latest run; anything else gives ``not_run`` rows that say why and how to run it,
+so a table never mixes results that were produced differently. A sweep's table is every evaluated
+checkpoint's, labelled, in sweep order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hud_pipelines.errors import Fault
+from hud_pipelines.eval import provenance, sweep
+from hud_pipelines.eval.configuration import current_rollout_hash, recorded_provenance
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.results import InstanceResult, unreached_rows
+from hud_pipelines.spec.hashing import checkpoint_rollout_hash
+from hud_pipelines.spec.models import PipelineSpec
+
+
+def collect_rows(
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    *,
+    rollout_hash: str | None = None,
+    environment: dict[str, Any] | None = None,
+) -> list[GradeRow]:
+    """One row per scheduled slot, from the latest result of every partition.
+
+    Every row carries the run that produced it. A partition that never ran, or ran under another
+    configuration (its rollout hash differs from ``rollout_hash``, by default the latest run's), gives
+    errored ``not_run`` rows saying so and how to run it: results of different configurations are
+    never mixed in one table. Nor are results of another environment (``environment``, by default the
+    latest run's provenance: package versions, the sim's interpreter, the renderer).
+    """
+    expected = rollout_hash or current_rollout_hash(spec, outputs)
+    current = environment if environment is not None else recorded_provenance(outputs)
+    if spec.is_sweep:
+        return _sweep_rows(spec, outputs, expected, current)
+    rows: list[GradeRow] = []
+    for partition in spec.partitions():
+        key = spec.partition_key(*partition)
+        path = outputs.result(key)
+        result = InstanceResult.read(path) if path.exists() else None
+        rerun = f"run it with: hud-pipelines run {spec.name} --partition {key}"
+        if result is None:
+            rows.extend(unreached_rows(spec, partition, f"instance {key} has not run yet; {rerun}", Fault.NOT_RUN))
+        elif result.rollout_hash != expected:
+            reason = (
+                f"instance {key} last ran (run {result.run_id or 'unknown'}) before the pipeline's sim, agent, tasks "
+                f"or graders changed; {rerun}"
+            )
+            rows.extend(unreached_rows(spec, partition, reason, Fault.NOT_RUN, run_id=result.run_id))
+        elif _other_environment(result.provenance, current):
+            reason = (
+                f"instance {key} last ran (run {result.run_id or 'unknown'}) in another environment "
+                f"({provenance.difference(result.provenance, current)}); {rerun}"
+            )
+            rows.extend(unreached_rows(spec, partition, reason, Fault.NOT_RUN, run_id=result.run_id))
+        else:
+            rows.extend(result.rows)
+    return rows
+
+
+def _other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether a result ran in another environment than the current one (no provenance counts as the same)."""
+    return (
+        bool(ran.get("fingerprint"))
+        and bool(current.get("fingerprint"))
+        and ran["fingerprint"] != current["fingerprint"]
+    )
+
+
+def _sweep_rows(
+    spec: PipelineSpec, outputs: EvalOutputs, sweep_hash: str, environment: dict[str, Any]
+) -> list[GradeRow]:
+    """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``."""
+    rows: list[GradeRow] = []
+    for member in sweep.evaluated(spec, outputs):
+        expected = checkpoint_rollout_hash(sweep_hash, member.content_hash)
+        rows += [
+            dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))
+            for row in collect_rows(member.spec, member.outputs, rollout_hash=expected, environment=environment)
+        ]
+    return rows

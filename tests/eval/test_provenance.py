@@ -1,0 +1,60 @@
+"""Provenance: every result says where it came from, and results of another environment are never merged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hud_pipelines.errors import Fault
+from hud_pipelines.eval import provenance
+from hud_pipelines.eval.steps import evaluate
+from tests.dagster.support import REPO
+from tests.eval.test_eval_outputs import _spec
+
+
+def test_every_result_records_its_provenance_and_the_report_shows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    spec = _spec(tmp_path, group=2, dataset=None)
+    evaluate(spec, outputs_dir=tmp_path / "out")
+    base = tmp_path / "out" / "placed"
+    contract = (base / "contract.json").read_text()
+    for key in ("task0-i0", "task0-i1"):
+        record = json.loads((base / "rollouts" / f"{key}.json").read_text())["provenance"]
+        assert record["packages"]["gymnasium"] == __import__("gymnasium").__version__
+        assert record["renderer"] == {"MUJOCO_GL": "egl"}
+        assert record["sim_factory"] == "CartPole-v1"
+        assert record["seeds"] == {"task0": 0}
+        assert record["rollout_hash"] == spec.rollout_hash
+        assert record["contract_hash"] == __import__("hashlib").sha256(contract.encode()).hexdigest()
+        assert record["hud_pipelines_revision"], "the project's git revision"
+    report = (base / "report.md").read_text()
+    assert "## Provenance" in report
+    assert "MUJOCO_GL=egl" in report
+
+
+def test_results_of_another_environment_are_not_merged_into_one_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    spec = _spec(tmp_path, group=2, dataset=None)
+    first = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {row.fault for row in first.rows} == {None}
+    real = provenance.environment
+
+    def upgraded(spec: Any) -> dict[str, Any]:
+        found = real(spec)
+        return {**found, "packages": {**found["packages"], "mujoco": "9.9.9"}}
+
+    monkeypatch.setattr(provenance, "environment", upgraded)
+    second = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partitions()[0]])
+    ran = [row for row in second.rows if row.instance == 0]
+    stale = [row for row in second.rows if row.instance == 1]
+    assert {row.fault for row in ran} == {None}
+    assert {row.fault for row in stale} == {Fault.NOT_RUN}
+    assert all("another environment (mujoco" in (row.error or "") and "-> 9.9.9" in (row.error or "") for row in stale)
