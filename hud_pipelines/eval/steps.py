@@ -144,13 +144,14 @@ def report_step(
         for member in sweep.evaluated(spec, outputs):
             report_step(member.spec, member.outputs, run_id=run_id)
     markdown = render_markdown(spec.name, rows, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
-    if spec.is_sweep and rows:
-        markdown += _sweep_section(comparison_step(spec, outputs, rollout_hash=rollout_hash))
+    table = comparison_step(spec, outputs, rollout_hash=rollout_hash) if spec.is_sweep and rows else None
+    if table is not None:
+        markdown += _sweep_section(table)
     if has_matrix(spec):
         markdown += _perturbation_section(spec, outputs, rows)
     markdown += provenance.markdown(recorded_provenance(outputs))
     write_atomically(outputs.report_md, markdown)
-    html = write_html_report(spec.name, rows, outputs, checks=checks, run_id=run_id, overrides=overrides)
+    html = write_html_report(spec.name, rows, outputs, checks=checks, run_id=run_id, overrides=overrides, sweep=table)
     return ReportFiles(markdown, html, summarize(rows))
 
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -30,7 +28,6 @@ from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline_text
 from tests.dagster.support import REPO, SIMS, pipeline_text
 
-CHROMIUM = shutil.which("chromium")
 CAMERA = f"{REPO / 'envs' / 'camera_pendulum.py'}:camera_pendulum"
 DEADLINE_MS = 15_000
 
@@ -85,19 +82,6 @@ def camera_eval(tmp_path_factory: pytest.TempPathFactory) -> CameraEval:
     names = {t.trace_id: _captions(t.header) for t in written}
     (rate,) = {t.header["control_rate"] for t in written}
     return CameraEval(evaluation.outputs, evaluation.rows, names, rate)
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    """Headless Chromium, for one test only: Playwright's sync API holds the thread's event loop while it runs."""
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (scripts/setup installs Debian's chromium for the browser tests)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 class Page:

@@ -166,3 +166,26 @@ def test_checkpoints_exclude_a_single_policy_and_labels_must_differ(tmp_path: Pa
     spec = sweep_spec(tmp_path, twice)
     with pytest.raises(CheckpointError, match="'x'"):
         evaluate(spec, outputs_dir=tmp_path / "out")
+
+
+def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, browser: Any
+) -> None:
+    monkeypatch.chdir(REPO)
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    evaluate(spec, outputs_dir=tmp_path / "out")
+    page = browser.new_page()
+    try:
+        page.goto((tmp_path / "out" / "reach_sweep" / "report.html").as_uri())
+        rows = page.locator("#checkpoints tbody tr")
+        assert rows.count() == 3
+        assert [rows.nth(i).locator("td").first.inner_text() for i in range(3)] == ["000500", "001000", "001500"]
+        plot_width = page.eval_on_selector("#checkpoints img", "img => img.complete ? img.naturalWidth : 0")
+        assert plot_width > 0, "the success-by-step plot loads"
+        assert page.locator("#episodes").count() == 0, "the episodes are on each checkpoint's page"
+        rows.nth(1).locator("a").click()
+        page.wait_for_load_state()
+        assert page.url.endswith("/checkpoints/001000/report.html")
+        assert page.locator("#episodes article.episode").count() == 2
+    finally:
+        page.close()

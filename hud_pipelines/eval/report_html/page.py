@@ -19,6 +19,7 @@ from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
+from hud_pipelines.eval.sweep_table import SweepComparison, SweepRow
 from hud_pipelines.recording.events import EpisodeStatus
 
 HTML_NAME = "report.html"
@@ -40,13 +41,18 @@ def write_html_report(
     checks: Sequence[CheckVerdict] = (),
     run_id: str | None = None,
     overrides: Mapping[str, object] | None = None,
+    sweep: SweepComparison | None = None,
 ) -> Path:
-    """Write ``report.html`` and its assets under ``outputs/<name>/``; returns the page's path."""
+    """Write ``report.html`` and its assets under ``outputs/<name>/``; returns the page's path.
+
+    A sweep's page shows its checkpoints side by side (the comparison and its plot), each linked to
+    its own page, where its episodes are.
+    """
     page = html_path(outputs)
     page.parent.mkdir(parents=True, exist_ok=True)
     _copy_assets(page.parent / ASSETS_DIR)
-    views = episode_views(rows, outputs, page.parent)
-    text = render_page(pipeline, rows, views, checks=checks, run_id=run_id, overrides=overrides or {})
+    views = episode_views(rows, outputs, page.parent) if sweep is None else []
+    text = render_page(pipeline, rows, views, checks=checks, run_id=run_id, overrides=overrides or {}, sweep=sweep)
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
     partial.replace(page)
@@ -68,16 +74,17 @@ def render_page(
     checks: Sequence[CheckVerdict],
     run_id: str | None,
     overrides: Mapping[str, object],
+    sweep: SweepComparison | None = None,
 ) -> str:
     title = escape(f"{pipeline}: eval report")
     body = "\n".join(
         [
             f"<header><h1>{escape(pipeline)}</h1></header>",
-            _summary(summarize(rows)),
+            _summary(summarize(rows)) if sweep is None else _checkpoints(sweep),
             _checks(checks),
             _provenance(rows, run_id, overrides),
             _task_table(rows),
-            _episodes(views),
+            _episodes(views) if sweep is None else "",
         ]
     )
     return f"""<!DOCTYPE html>
@@ -180,6 +187,49 @@ def _task_table(rows: Sequence[GradeRow]) -> str:
 <tbody>
 {lines}
 </tbody></table></section>"""
+
+
+def _checkpoints(table: SweepComparison) -> str:
+    """A sweep: each checkpoint's overall figures and verdicts, linked to its own page, and the plot."""
+    baseline = f" and baseline {escape(table.baseline)}" if table.baseline else ""
+    lines = "\n".join(_checkpoint_row(row) for row in table.overall)
+    best = f'<p class="best">{escape(table.conclusion())}</p>' if table.best else ""
+    return f"""<section id="checkpoints"><h2>Checkpoints</h2>
+<p>Every checkpoint on the same episodes; each compared with the previous one{baseline} by McNemar's exact
+test on the paired successes. Each checkpoint's page shows its episodes.</p>
+{best}
+<table><thead><tr><th>checkpoint</th><th>step</th><th>episodes</th><th>succeeded</th><th>failed</th>
+<th>errored</th><th>success rate (95% CI)</th><th>vs previous</th><th>vs baseline</th></tr></thead>
+<tbody>
+{lines}
+</tbody></table>
+<figure><img src="comparison.png" alt="success rate by training step with its 95% interval"></figure>
+</section>"""
+
+
+def _checkpoint_row(row: SweepRow) -> str:
+    cells = [
+        f'<a href="checkpoints/{escape(row.checkpoint)}/{HTML_NAME}">{escape(row.checkpoint)}</a>',
+        "" if row.step is None else str(row.step),
+        str(row.episodes),
+        str(row.succeeded),
+        str(row.failed),
+        str(row.errored),
+        escape(_rate(row.success_rate, row.ci_low, row.ci_high)),
+        escape(_verdict(row.versus_previous.verdict, row.versus_previous.diff, row.versus_previous.p)),
+        escape(_verdict(row.versus_baseline.verdict, row.versus_baseline.diff, row.versus_baseline.p)),
+    ]
+    return "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
+
+
+def _rate(rate: float | None, low: float | None, high: float | None) -> str:
+    return "n/a" if rate is None or low is None or high is None else f"{rate:.1%} ({low:.1%}-{high:.1%})"
+
+
+def _verdict(verdict: object, diff: float | None, p: float | None) -> str:
+    if verdict is None:
+        return ""
+    return f"{verdict}" if diff is None or p is None else f"{verdict} {diff:+.1%} (p={p:.3g})"
 
 
 # -- episodes --------------------------------------------------------------------------------------------
