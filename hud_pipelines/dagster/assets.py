@@ -68,8 +68,8 @@ from hud_pipelines.eval.steps import (
 )
 from hud_pipelines.eval.sweep_table import COLUMNS, SweepComparison
 from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.spec.grading import CheckSpec
 from hud_pipelines.spec.models import Partition, PipelineSpec
-from hud_pipelines.spec.sections import CheckSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"

@@ -15,7 +15,7 @@ from typing import Any
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.comparison import Verdict, compare, read_result_set
 from hud_pipelines.eval.grades import GradeRow, summarize
-from hud_pipelines.spec.sections import (
+from hud_pipelines.spec.grading import (
     CheckSpec,
     MaxErrorRateCheck,
     MinMeanScoreCheck,

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from hud_pipelines.errors import GraderError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome
-from hud_pipelines.spec.sections import CallableGrader, GraderSpec, ReturnGrader, SuccessGrader
+from hud_pipelines.spec.grading import CallableGrader, GraderSpec, ReturnGrader, SuccessGrader
 
 
 class Grader(Protocol):

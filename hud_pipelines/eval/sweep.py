@@ -39,8 +39,8 @@ from hud_pipelines.eval.checks import CheckVerdict, check_verdict, instances_ver
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.agent import CheckpointEntry, LeRobotPolicyConfig, TorchPolicyConfig
+from hud_pipelines.spec.grading import CheckSpec, NoRegressionCheck
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.sections import CheckSpec, NoRegressionCheck
 
 PARTITION_SEPARATOR = "|"
 """Between the checkpoint and the instance in a sweep's partition keys (Dagster's multi-partition keys)."""

@@ -5,22 +5,20 @@
 seeds, per-slot task dicts, resolved paths, a content hash).
 """
 
-from hud_pipelines.spec.loader import collect_pipelines, load_pipeline, load_pipeline_text, load_pipelines
-from hud_pipelines.spec.models import Partition, PipelineSpec
-from hud_pipelines.spec.problems import Problem, SpecError
-from hud_pipelines.spec.sections import (
+from hud_pipelines.spec.grading import (
     CallableGrader,
     CheckSpec,
-    DatasetSpec,
     GraderSpec,
     MaxErrorRateCheck,
     MinMeanScoreCheck,
     MinSuccessRateCheck,
     ReturnGrader,
-    SimSpec,
     SuccessGrader,
-    TaskSpec,
 )
+from hud_pipelines.spec.loader import collect_pipelines, load_pipeline, load_pipeline_text, load_pipelines
+from hud_pipelines.spec.models import Partition, PipelineSpec
+from hud_pipelines.spec.problems import Problem, SpecError
+from hud_pipelines.spec.sections import DatasetSpec, SimSpec, TaskSpec
 
 __all__ = [
     "CallableGrader",

@@ -20,9 +20,9 @@ from typing import Any
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.document import KeyPath, YamlDocument
+from hud_pipelines.spec.grading import CallableGrader
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem
-from hud_pipelines.spec.sections import CallableGrader
 from hud_pipelines.spec.target_check import target_problem
 
 EPISODIC_KEYS = ("seed", "options")

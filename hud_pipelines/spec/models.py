@@ -38,6 +38,7 @@ from hud_pipelines.spec.agent import (
     TorchPolicyConfig,
 )
 from hud_pipelines.spec.base import Float, Int, StrictModel
+from hud_pipelines.spec.grading import CallableGrader, CheckSpec, GraderSpec, NoRegressionCheck, default_graders
 from hud_pipelines.spec.hashing import (
     CREDENTIALS,
     MISSING,
@@ -48,18 +49,14 @@ from hud_pipelines.spec.hashing import (
 )
 from hud_pipelines.spec.sections import (
     DEFAULT_DATASET_DIR,
-    CallableGrader,
-    CheckSpec,
     DatasetSpec,
-    GraderSpec,
-    NoRegressionCheck,
     SimSpec,
-    SuccessGrader,
     TaskSpec,
     TracesSpec,
+    default_tasks,
     is_file_target,
+    require_unique,
     schema_default,
-    spec_rule,
 )
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
@@ -79,14 +76,6 @@ class Partition(NamedTuple):
     instance: int
 
 
-def _default_tasks() -> list[TaskSpec]:
-    return [TaskSpec(name="task0")]
-
-
-def _default_graders() -> list[GraderSpec]:
-    return [SuccessGrader(name="success")]
-
-
 class PipelineSpec(StrictModel):
     """One eval: a sim, an agent, the tasks it runs, how results are graded and checked, and the dataset."""
 
@@ -98,7 +87,7 @@ class PipelineSpec(StrictModel):
     sim: SimSpec = Field(description="the simulator")
     agent: AgentConfig = Field(description="the agent (policy, chunk horizon, batching) that drives every slot")
     tasks: list[TaskSpec] = Field(
-        default_factory=_default_tasks,
+        default_factory=default_tasks,
         json_schema_extra=schema_default([{"name": "task0", "seed": 0}]),
         min_length=1,
         description="task argument sets; default one task `task0` with seed 0",
@@ -114,7 +103,7 @@ class PipelineSpec(StrictModel):
         default=600.0, gt=0, description="wall-clock bound of one instance; past it the instance's slots end as errored"
     )
     graders: list[GraderSpec] = Field(
-        default_factory=_default_graders,
+        default_factory=default_graders,
         json_schema_extra=schema_default([{"kind": "success"}]),
         min_length=1,
         description="how each episode is graded; the first grader decides score and success, the others add columns",
@@ -146,19 +135,19 @@ class PipelineSpec(StrictModel):
         for task in named:  # a matrix adds its tasks right after its control (once: a re-validation keeps them)
             expanded.append(task)
             expanded += [variant for variant in task.variants() if variant.name not in written]
-        _require_unique([t.name for t in expanded], "tasks", "task")
+        require_unique([t.name for t in expanded], "tasks", "task")
         return expanded
 
     @field_validator("graders")
     @classmethod
     def _unique_graders(cls, graders: list[GraderSpec]) -> list[GraderSpec]:
-        _require_unique([g.name for g in graders], "graders", "grader")
+        require_unique([g.name for g in graders], "graders", "grader")
         return graders
 
     @field_validator("checks")
     @classmethod
     def _unique_checks(cls, checks: list[CheckSpec]) -> list[CheckSpec]:
-        _require_unique([c.name for c in checks], "checks", "check")
+        require_unique([c.name for c in checks], "checks", "check")
         return checks
 
     @model_validator(mode="after")
@@ -394,14 +383,3 @@ class PipelineSpec(StrictModel):
             mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=exclude
         )
         return canonical_hash(dumped)
-
-
-def _require_unique(names: list[str], field: str, noun: str) -> None:
-    seen: dict[str, int] = {}
-    for index, name in enumerate(names):
-        if name in seen:
-            raise spec_rule(
-                f"{index}.name",
-                f"{noun} name {name!r} is already used by {field}[{seen[name]}]; give each {noun} a unique 'name'",
-            )
-        seen[name] = index

@@ -8,7 +8,7 @@ together and answers the questions that span sections (partitions, seeds, paths)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Any, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
@@ -32,7 +32,7 @@ def spec_rule(at: str, message: str) -> PydanticCustomError:
     return PydanticCustomError("spec_rule", "{message}", {"message": message, "at": at})
 
 
-def _omit_default(schema: dict[str, Any]) -> None:
+def omit_default(schema: dict[str, Any]) -> None:
     # For fields whose default is derived from elsewhere (a position, a kind): documented in prose
     # instead of an editor offering a meaningless placeholder.
     schema.pop("default", None)
@@ -176,7 +176,7 @@ class TaskSpec(StrictModel):
         default="",
         pattern=TASK_NAME_PATTERN,
         description="unique name used in partition keys and reports; default `task<i>` (its position in the list)",
-        json_schema_extra=_omit_default,
+        json_schema_extra=omit_default,
     )
     seed: Int = Field(
         default=0,
@@ -221,110 +221,6 @@ class TaskSpec(StrictModel):
             for axis, values in self.matrix.items()
             for value in values
         ]
-
-
-# -- graders --------------------------------------------------------------------------------------
-
-
-class _Named(StrictModel):
-    name: str = Field(
-        default="",
-        pattern=CHECK_NAME_PATTERN,
-        description="unique name among its siblings (a column or check name); default: the `kind`",
-        json_schema_extra=_omit_default,
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_name(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "name" not in data and isinstance(data.get("kind"), str):
-            return {**data, "name": data["kind"]}  # pyright: ignore[reportUnknownVariableType]
-        return data  # pyright: ignore[reportUnknownVariableType]
-
-
-class SuccessGrader(_Named):
-    """Success from the env's own signal (`info["is_success"]`, `success`, `task_success`); score 1 or 0."""
-
-    kind: Literal["success"] = Field(default="success", description="selects this grader")
-
-
-class ReturnGrader(_Named):
-    """Score is the episode return; success when the return reaches `threshold` (when given)."""
-
-    kind: Literal["return"] = Field(default="return", description="selects this grader")
-    threshold: Float | None = Field(
-        default=None,
-        description="return at or above which an episode succeeded; omitted: the env's success signal decides",
-    )
-
-
-class CallableGrader(_Named):
-    """A Python function by import path grades each episode."""
-
-    kind: Literal["callable"] = Field(default="callable", description="selects this grader")
-    target: str = Field(
-        min_length=1,
-        description="`module:function` or `path/to/file.py:function` (relative to the YAML file) called as "
-        "`target(episode: dict)` and returning a float score, a bool success, or a dict with `score` and `success`",
-    )
-
-
-GraderSpec = Annotated[SuccessGrader | ReturnGrader | CallableGrader, Field(discriminator="kind")]
-
-
-# -- checks ---------------------------------------------------------------------------------------
-
-
-class _Check(_Named):
-    blocking: bool = Field(
-        default=True, description="a failing blocking check fails the run and stops downstream assets"
-    )
-
-
-class MinSuccessRateCheck(_Check):
-    """Passes when succeeded / (succeeded + failed) is at least `value`.
-
-    Errored slots are not failures (bound them with `max_error_rate`); no graded slot at all fails the check.
-    """
-
-    kind: Literal["min_success_rate"] = Field(default="min_success_rate", description="selects this check")
-    value: Float = Field(ge=0.0, le=1.0, description="lowest acceptable success rate, 0..1")
-
-
-class MaxErrorRateCheck(_Check):
-    """Passes when the share of errored slots (sim or policy faults) is at most `value`."""
-
-    kind: Literal["max_error_rate"] = Field(default="max_error_rate", description="selects this check")
-    value: Float = Field(ge=0.0, le=1.0, description="highest acceptable error rate, 0..1")
-
-
-class MinMeanScoreCheck(_Check):
-    """Passes when the mean score of the graded (non-errored) slots is at least `value`."""
-
-    kind: Literal["min_mean_score"] = Field(default="min_mean_score", description="selects this check")
-    value: Float = Field(description="lowest acceptable mean score (in the first grader's units)")
-
-
-class NoRegressionCheck(_Check):
-    """Fails when this eval is significantly worse than a baseline run on the same episodes.
-
-    The rows pair up by (task, instance, slot, seed) with the baseline's `grades.json`; McNemar's exact
-    test on the paired successes decides. The check fails when the candidate is worse at `confidence`
-    and its success rate dropped by more than `max_drop`; when the data cannot tell, it passes and says
-    how many paired episodes an answer would take.
-    """
-
-    kind: Literal["no_regression"] = Field(default="no_regression", description="selects this check")
-    baseline: str = Field(
-        min_length=1, description="the baseline's grades.json (or its outputs folder), relative to the YAML file"
-    )
-    max_drop: Float = Field(default=0.05, ge=0.0, le=1.0, description="largest tolerated drop in success rate, 0..1")
-    confidence: Float = Field(default=0.95, gt=0.5, lt=1.0, description="confidence of the verdict (1 - alpha)")
-
-
-CheckSpec = Annotated[
-    MinSuccessRateCheck | MaxErrorRateCheck | MinMeanScoreCheck | NoRegressionCheck, Field(discriminator="kind")
-]
 
 
 # -- dataset --------------------------------------------------------------------------------------
@@ -388,3 +284,22 @@ class DatasetSpec(StrictModel):
             writer=self.writer,
             writers=self.writers,
         )
+
+
+# -- defaults and rules shared by the pipeline ------------------------------------------------------
+
+
+def default_tasks() -> list[TaskSpec]:
+    return [TaskSpec(name="task0")]
+
+
+def require_unique(names: list[str], field: str, noun: str) -> None:
+    """Refuse a name used twice in a list of ``field`` (tasks, graders, checks), located at the second."""
+    seen: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name in seen:
+            raise spec_rule(
+                f"{index}.name",
+                f"{noun} name {name!r} is already used by {field}[{seen[name]}]; give each {noun} a unique 'name'",
+            )
+        seen[name] = index

@@ -101,7 +101,7 @@ def test_hud_pipelines_compare_reads_two_grade_files(tmp_path: Path, capsys: pyt
 
 def test_the_no_regression_check_fails_a_worse_candidate_and_passes_an_inconclusive_one(tmp_path: Path) -> None:
     from hud_pipelines.eval.checks import check_verdict
-    from hud_pipelines.spec.sections import NoRegressionCheck
+    from hud_pipelines.spec.grading import NoRegressionCheck
 
     strong, weak = _sets([(True, False)] * 14 + [(True, True)] * 6)
     (tmp_path / "strong.json").write_text(json.dumps([r.as_dict() for r in strong]))

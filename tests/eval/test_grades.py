@@ -13,7 +13,7 @@ from hud_pipelines.eval.checks import check_verdict, instances_verdict
 from hud_pipelines.eval.graders import build_graders
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task, wilson_interval
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
-from hud_pipelines.spec.sections import (
+from hud_pipelines.spec.grading import (
     CallableGrader,
     CheckSpec,
     MaxErrorRateCheck,
