@@ -309,3 +309,36 @@ def test_hud_pipelines_contract_writes_the_file_and_keeps_edits(
     other = pipelines_dir / "elsewhere.json"
     assert main(["contract", str(path), "--out", str(other)]) == 0
     assert json.loads(other.read_text())["features"]["action"]["shape"] == [1]
+
+
+def test_the_regression_gate_fails_every_entry_point_when_the_candidate_is_worse(
+    write_pipeline: WritePipeline,
+    pipelines_dir: Path,
+    outputs_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``no_regression`` against a baseline on the same episodes: exit 1 through the CLI, dagster and dg."""
+    from hud_pipelines.eval.grades import GradeRow
+    from hud_pipelines.recording.events import EpisodeStatus
+
+    env = _env(pipelines_dir, outputs_dir, tmp_path / "home")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    write_pipeline("gated", group=4, graders=[{"kind": "return", "threshold": 10_000}])  # every episode fails
+    assert main(["run", "gated", "--quiet"]) == 0  # no gate yet: failed episodes fail no check
+    rows = [GradeRow.from_dict(r) for r in json.loads((outputs_dir / "gated" / "grades.json").read_text())]
+    assert {row.status for row in rows} == {EpisodeStatus.FAILED}
+    baseline = [{**row.as_dict(), "status": "succeeded", "success": True, "score": 1.0} for row in rows]
+    (tmp_path / "baseline.json").write_text(json.dumps(baseline))  # the same episodes, all succeeded
+    gate = [{"kind": "no_regression", "baseline": str(tmp_path / "baseline.json"), "max_drop": 0.05}]
+    write_pipeline("gated", group=4, graders=[{"kind": "return", "threshold": 10_000}], checks=gate)
+
+    assert main(["run", "gated", "--quiet"]) == 1
+    for command in (
+        [str(BIN / "dagster"), "job", "execute", "-m", "hud_pipelines.definitions", "-j", "gated"],
+        [str(BIN / "dg"), "launch", "--job", "gated"],
+    ):
+        done = subprocess.run(command, check=False, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert done.returncode != 0, f"{command[1]}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        assert "no_regression" in done.stdout + done.stderr

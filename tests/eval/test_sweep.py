@@ -189,3 +189,54 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
         assert page.locator("#episodes article.episode").count() == 2
     finally:
         page.close()
+
+
+def test_a_sweep_gate_judges_the_latest_checkpoint_against_a_baseline_label(tmp_path: Path) -> None:
+    from hud_pipelines.eval import sweep
+    from hud_pipelines.eval.grades import GradeRow
+    from hud_pipelines.recording.events import EpisodeStatus
+
+    def rows(label: str, succeeded: bool) -> list[GradeRow]:
+        status = EpisodeStatus.SUCCEEDED if succeeded else EpisodeStatus.FAILED
+        return [
+            GradeRow(
+                "s",
+                "near",
+                0,
+                i,
+                f"{label}|near-i{i}",
+                0,
+                10 + i,
+                status,
+                float(succeeded),
+                succeeded,
+                0.0,
+                5,
+                checkpoint=label,
+            )
+            for i in range(20)
+        ]
+
+    gate = [{"kind": "no_regression", "baseline": "000500", "max_drop": 0.05}]
+    spec = sweep_spec(tmp_path, str(tmp_path), checks=gate)
+    table = rows("000500", True) + rows("001000", False)
+    (check,) = spec.resolved_checks()
+    verdict = sweep.verdict(spec, check, table)
+    assert not verdict.passed
+    assert verdict.description.startswith("001000: no_regression: worse than the baseline")
+    assert "checkpoint 000500" in verdict.description
+    better = sweep.verdict(spec, check, rows("000500", False) + rows("001000", True))
+    assert better.passed
+
+
+def test_a_checkpoint_the_sim_cannot_feed_errors_its_rows_with_the_features_named(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    policy = spec.agent.policy.model_copy(update={"rename": {}})  # the goal no longer reaches environment_state
+    broken = spec.with_sections(agent=spec.agent.model_copy(update={"policy": policy}))
+    evaluation = evaluate(broken, outputs_dir=tmp_path / "out", checkpoints=["000500"])
+    assert {row.fault.value if row.fault else None for row in evaluation.rows} == {"setup"}
+    assert all("observation.environment_state" in (row.error or "") for row in evaluation.rows)
+    assert not evaluation.passed
