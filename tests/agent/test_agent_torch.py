@@ -171,3 +171,42 @@ def test_lockstep_threads_come_from_the_agent_config(tmp_path: Path) -> None:
     assert policy.lockstep_threads == 2
     with pytest.raises(ValueError, match="lockstep_threads"):
         AgentConfig(policy=config, lockstep_threads=0)
+
+
+@pytest.mark.slow
+def test_a_sweep_over_module_files_finds_the_checkpoint_that_balances_the_pole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline_text
+    from tests.dagster.support import REPO
+
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    for stem, gains in (("pd_step100", [0.0, 0.0, 0.0, 0.0]), ("pd_step200", [0.1, 0.5, 10.0, 2.0])):
+        module = CartPoleTorchPD()
+        with torch.no_grad():
+            module.gains.copy_(torch.tensor(gains))
+        torch.save(module.state_dict(), folder / f"{stem}.pt")
+    spec = {
+        "name": "pd_sweep",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "torch", "target": "envs.policies:CartPoleTorchPD", "checkpoints": "ckpts"}},
+        "max_steps": 200,
+        "graders": [{"kind": "return", "threshold": 150}],
+    }
+    monkeypatch.chdir(REPO)
+    sweep = load_pipeline_text(json.dumps(spec), source=tmp_path / "pd_sweep.yaml")
+    evaluation = evaluate(sweep, outputs_dir=tmp_path / "out", settle_s=0)
+    by_label = {
+        label: [r.success for r in evaluation.rows if r.checkpoint == label] for label in ("pd_step100", "pd_step200")
+    }
+    assert by_label == {"pd_step100": [False, False], "pd_step200": [True, True]}
+    table = json.loads((tmp_path / "out" / "pd_sweep" / "comparison.json").read_text())
+    overall = [row for row in table["rows"] if row["task"] == "all"]
+    assert [(row["checkpoint"], row["step"], row["success_rate"]) for row in overall] == [
+        ("pd_step100", 100, 0.0),
+        ("pd_step200", 200, 1.0),
+    ]
