@@ -41,7 +41,8 @@ from types import TracebackType
 from typing import Any, Self
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.dataset.features import DatasetLayout, FrameDict, lerobot_keys
+from hud_pipelines.dataset.features import DatasetLayout, FrameDict
+from hud_pipelines.dataset.fields import lerobot_keys
 from hud_pipelines.dataset.options import DatasetOptions, WriterKind
 from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, Part, PartWriter
 from hud_pipelines.dataset.process import ProcessPart

@@ -22,7 +22,7 @@ non-native byte orders).
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 import msgpack
 import numpy as np
@@ -51,6 +51,16 @@ _FIXED_PAYLOADS = {
     **{0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17},
 }
 """floats, ints and fixext types: payload bytes after the type byte."""
+
+
+def is_array(value: object) -> TypeGuard[npt.NDArray[Any]]:
+    """A decoded array (numpy leaves the element type of an ``isinstance`` check unknown)."""
+    return isinstance(value, np.ndarray)
+
+
+def is_map(value: object) -> TypeGuard[dict[Any, Any]]:
+    """A decoded msgpack map; its keys and values are whatever the frame held."""
+    return isinstance(value, dict)
 
 
 def check_dtype(dtype: object) -> np.dtype[Any]:
