@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ import numpy.typing as npt
 from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
 from hud_pipelines.sim.envs import prompt_of
+from hud_pipelines.sim.slots import SlotBatch
 
 if TYPE_CHECKING:
     from hud_pipelines.dataset.publish import DatasetBuild
@@ -61,13 +63,11 @@ class Episodes:
         self.contract: Contract | None = None
         self.names: dict[str, str] = {}
         self.prompt = ""
-        self.open = [False] * num_slots
-        self.episode = [-1] * num_slots
+        self.records = [SlotBatch(1) for _ in range(num_slots)]
+        """Each slot's episode record, kept by the sim's own bookkeeping: a sub-env starts its episodes on
+        its own (autoreset, ``reset_mask``), so each is a batch of one slot."""
         self.keys: list[EpisodeKey | None] = [None] * num_slots
-        self.steps = [0] * num_slots
-        self.total = [0.0] * num_slots
-        self.success = [False] * num_slots
-        self.reported = [False] * num_slots
+        """The key of each slot's open episode; ``None`` once it was reported ended (or before it began)."""
         self.last: list[dict[str, npt.NDArray[Any]]] = [{} for _ in range(num_slots)]
         self.dataset: DatasetBuild | None = None
         self._at_exit: _CloseAtExit | None = None
@@ -83,7 +83,7 @@ class Episodes:
             importlib.import_module(module)
         if self._at_exit is None:
             self._at_exit = _CloseAtExit(self)
-            threading._register_atexit(self._at_exit)  # pyright: ignore[reportAttributeAccessIssue, reportPrivateUsage, reportUnknownMemberType]
+            _register_before_threads_join(self._at_exit)
 
     def ensure_contract(self, env: Any, observation_space: Any, action_space: Any, sample: object) -> None:
         """Derive the contract from the first observation, as the sim bridge derives it, and open the sinks."""
@@ -116,18 +116,17 @@ class Episodes:
             out[key] = np.array(row, dtype=feature.dtype).reshape(feature.shape)
         return out
 
+    def is_open(self, slot: int) -> bool:
+        return self.keys[slot] is not None
+
     def begin(self, slot: int, seed: int | None, observation: dict[str, npt.NDArray[Any]]) -> None:
-        if self.open[slot]:
+        if self.is_open(slot):
             self.end(slot, terminated=False, truncated=True, reason=CUT_SHORT)
-        self.episode[slot] += 1
+        record = self.records[slot]
+        record.begin([seed])
         o = self.options
-        key = EpisodeKey(o.job, o.task, o.instance, slot, self.episode[slot], seed)
+        key = EpisodeKey(o.job, o.task, o.instance, slot, record.record(0).episode, seed)
         self.keys[slot] = key
-        self.open[slot] = True
-        self.steps[slot] = 0
-        self.total[slot] = 0.0
-        self.success[slot] = False
-        self.reported[slot] = False
         self.last[slot] = observation
         for sink in self.sinks:
             sink.begin(key, self.prompt)
@@ -146,39 +145,40 @@ class Episodes:
         key = self.keys[slot]
         assert key is not None
         assert self.contract is not None
-        if success >= 0:
-            self.reported[slot] = True
-            self.success[slot] = self.success[slot] or bool(success)
+        record = self.records[slot]
+        index = int(record.steps[0])
+        record.record_step(
+            np.array([reward], dtype=np.float64),
+            np.array([terminated]),
+            np.array([truncated]),
+            np.array([success], dtype=np.int8),
+        )
         frame = Frame(
-            index=self.steps[slot],
+            index=index,
             observation=self.last[slot],
             action=np.asarray(to_numpy(action), dtype=np.float32).reshape(self.contract.action.size),
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            success=self.success[slot],
+            success=bool(record.success[0]),
         )
         for sink in self.sinks:
             sink.add(key, frame)
-        self.steps[slot] += 1
-        self.total[slot] += reward
         self.last[slot] = observation
         if terminated or truncated:
             self.end(slot, terminated=terminated, truncated=truncated)
 
     def end(self, slot: int, *, terminated: bool, truncated: bool, reason: str | None = None) -> None:
-        key = self.keys[slot]
-        if not self.open[slot] or key is None:
+        key, self.keys[slot] = self.keys[slot], None
+        if key is None:
             return
-        self.open[slot] = False
-        success = self.success[slot]
-        score = float(success) if self.reported[slot] else self.total[slot]
+        record = self.records[slot].record(0)
         outcome = EpisodeOutcome(
-            status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
-            score=score,
-            success=success,
-            total_reward=self.total[slot],
-            steps=self.steps[slot],
+            status=EpisodeStatus.SUCCEEDED if record.success else EpisodeStatus.FAILED,
+            score=record.score,
+            success=record.success,
+            total_reward=record.total_reward,
+            steps=record.steps,
             terminated=terminated,
             truncated=truncated,
             extra={} if reason is None else {"reason": reason},
@@ -198,6 +198,17 @@ class Episodes:
         if self.dataset is not None:
             build, self.dataset = self.dataset, None
             build.publish()
+
+
+def _register_before_threads_join(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at interpreter exit *before* Python joins non-daemon threads.
+
+    ``atexit`` runs only after that join, when the dataset's writer threads are gone and no new
+    thread may start; ``threading``'s own exit registry (private, the one ``concurrent.futures``
+    uses) runs first, while the writers still take work.
+    """
+    register: Callable[[Callable[[], None]], None] = vars(threading)["_register_atexit"]
+    register(hook)
 
 
 class _CloseAtExit:

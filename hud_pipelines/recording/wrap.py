@@ -115,7 +115,7 @@ class RecordEpisodes(gym.Wrapper[Any, Any, Any, Any]):
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         observation, reward, terminated, truncated, info = self.env.step(action)
         episodes = self.episodes
-        if episodes.open[0]:
+        if episodes.is_open(0):
             episodes.step(
                 0,
                 action,
@@ -182,7 +182,7 @@ class RecordVectorEpisodes(gym.vector.VectorWrapper):
                 self._pending_reset[slot] = False
                 episodes.begin(slot, None, episodes.observation(flat, slot))
                 continue
-            if not episodes.open[slot]:
+            if not episodes.is_open(slot):
                 continue
             done = bool(terms[slot]) or bool(truncs[slot])
             next_observation = episodes.observation(flat, slot)
