@@ -15,13 +15,13 @@ its stats are taken back out of ``stats.json`` once lerobot has folded them in.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -54,29 +54,8 @@ class FinishedEpisode:
     """lerobot keys holding NaN or infinity: such an episode is written flagged, never into the stats."""
 
 
-class Part(Protocol):
-    """Where a writer thread puts episodes: lerobot in this process, or in a child process."""
-
-    path: Path
-
-    def start(self, cancel: threading.Event) -> bool:
-        """Prepare (import lerobot, spawn a child) before the first episode arrives.
-
-        Returns ``False`` when ``cancel`` was set before the part could take episodes.
-        """
-        ...
-
-    def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
-        """Write one episode whole; returns its episode index in the part."""
-        ...
-
-    def finalize(self) -> None:
-        """Flush and close; idempotent; the part is loadable afterwards (if it holds an episode)."""
-        ...
-
-
 class PartWriter:
-    """Writes a part with lerobot in the calling process."""
+    """Writes a part with lerobot in the calling process (one writer thread's part)."""
 
     def __init__(self, path: Path, options: DatasetOptions, repo_id: str) -> None:
         self.path = path
@@ -84,13 +63,15 @@ class PartWriter:
         self.repo_id = repo_id
         self._dataset: LeRobotDataset | None = None
 
-    def start(self, cancel: threading.Event | None = None) -> bool:
-        # lerobot's import takes ~11 s: pay it while the sims start, not when the first episode ends.
-        import lerobot.datasets.lerobot_dataset  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    def start(self) -> None:
+        """Import lerobot before the first episode arrives.
 
-        return True
+        lerobot's import takes ~11 s: pay it while the sims start, not when the first episode ends.
+        """
+        importlib.import_module("lerobot.datasets.lerobot_dataset")
 
     def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
+        """Write one episode whole; returns its episode index in the part."""
         dataset = self._dataset or self._create(layout)
         flag = np.array([episode.outcome.status is EpisodeStatus.ERRORED], dtype=np.bool_)
         stats_before = cast(dict[str, Any] | None, dataset.meta.stats)
@@ -117,6 +98,7 @@ class PartWriter:
         return index
 
     def finalize(self) -> None:
+        """Flush and close; idempotent; the part is loadable afterwards (if it holds an episode)."""
         dataset, self._dataset = self._dataset, None
         if dataset is None:
             return

@@ -17,10 +17,10 @@ Why it looks like this:
 - **Writing never stalls stepping.** ``add`` converts and buffers (microseconds); ``end`` puts the
   finished episode on a bounded queue. Writer threads (``options.writers``) take episodes from it,
   each into its own *part* (a complete lerobot dataset under ``<root>/part-<i>``), written by
-  lerobot in this process (``writer: thread``) or in a child process per part (``writer: process``,
-  which keeps lerobot's Python work off this interpreter's GIL and uses more cores). The queue
-  bound keeps memory flat whatever the number of episodes: at most slots x episode length frames
-  plus ``queued_episodes`` finished episodes are held; when writers fall behind, ``end`` waits.
+  lerobot in this process. (A child process per part was measured too and never paid for its
+  start-up, pipe and merge: ``bench/dataset.md``.) The queue bound keeps memory flat whatever the
+  number of episodes: at most slots x episode length frames plus ``queued_episodes`` finished
+  episodes are held; when writers fall behind, ``end`` waits.
 - **finalize always runs.** Each writer finalizes its part when the sink closes, when the writer
   fails, and when the program's main thread ends without closing it. Writers are not daemon
   threads, so an interrupt in the caller still lets them finish the part they hold.
@@ -43,9 +43,8 @@ from typing import Any, Self
 from hud_pipelines.contract import Contract
 from hud_pipelines.dataset.features import DatasetLayout, FrameDict
 from hud_pipelines.dataset.fields import lerobot_keys
-from hud_pipelines.dataset.options import DatasetOptions, WriterKind
-from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, Part, PartWriter
-from hud_pipelines.dataset.process import ProcessPart
+from hud_pipelines.dataset.options import DatasetOptions
+from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, PartWriter
 from hud_pipelines.errors import DatasetWriteError, SlotStateError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
 
@@ -129,7 +128,6 @@ class LeRobotDatasetSink:
         self._report = SinkReport()
         self._failure: BaseException | None = None
         self._closed = False
-        self._abort = threading.Event()
         self._writers = [_WriterThread(self, index) for index in range(self.options.writers)]
         for writer in self._writers:
             writer.start()
@@ -191,14 +189,8 @@ class LeRobotDatasetSink:
         logger.warning("%s: episode %s holds NaN or infinity in %s; it is recorded as errored", self.root, key, where)
         return replace(outcome, status=EpisodeStatus.ERRORED, success=False, error=f"non-finite values in {where}")
 
-    def close(self, *, abort: bool = False) -> None:
-        """Drop episodes never ended, let the writers drain the queue, finalize every part.
-
-        ``abort`` (after an error or a cancellation) also stops writers that are still starting:
-        episodes that only they could have taken are not written.
-        """
-        if abort:
-            self._abort.set()
+    def close(self) -> None:
+        """Drop episodes never ended, let the writers drain the queue, finalize every part."""
         if self._closed:
             return
         self._closed = True
@@ -229,14 +221,14 @@ class LeRobotDatasetSink:
             self.close()
             return
         try:
-            self.close(abort=True)
+            self.close()
         except DatasetWriteError:
             logger.exception("closing %s after %r", self.root, exc)
 
     # -- state -------------------------------------------------------------------------------
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
-        """Wait until every writer has started (lerobot imported, child processes up).
+        """Wait until every writer has started (lerobot imported).
 
         Optional: episodes may end before that and simply wait in the queue. Callers that want
         the start-up off their clock (or off the sims' start-up) wait here first. Returns whether
@@ -305,25 +297,16 @@ class _WriterThread(threading.Thread):
     def __init__(self, sink: LeRobotDatasetSink, index: int) -> None:
         super().__init__(name=f"dataset-writer-{sink.root.name}-{index}", daemon=False)
         self.sink = sink
-        path = sink.root / f"{PART_PREFIX}{index:03d}"
-        options = sink.options
-        self.part: Part = (
-            ProcessPart(path, options, sink.repo_id)
-            if options.writer is WriterKind.PROCESS
-            else PartWriter(path, options, sink.repo_id)
-        )
+        self.part = PartWriter(sink.root / f"{PART_PREFIX}{index:03d}", sink.options, sink.repo_id)
         self.ready = threading.Event()
-        """Set once the part can take episodes (lerobot imported, child process up) or failed to."""
+        """Set once the part can take episodes (lerobot imported) or failed to."""
 
     def run(self) -> None:
         try:
             try:
-                started = self.part.start(self.sink._abort)  # pyright: ignore[reportPrivateUsage]
+                self.part.start()
             finally:
                 self.ready.set()
-            if not started:
-                self._drain()
-                return
             while True:
                 ok, item = self.sink._next()  # pyright: ignore[reportPrivateUsage]
                 if not ok or item is None:
