@@ -18,15 +18,15 @@ import contextlib
 import importlib
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hud_pipelines.contract import FeatureType
 from hud_pipelines.dataset.features import ERRORED, DatasetLayout, FrameDict
+from hud_pipelines.dataset.lerobot_api import Stats, stats_of, write_stats
 from hud_pipelines.dataset.lerobot_hooks import check_in_memory_video, in_memory_video_dataset, whole_episode_embedding
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
@@ -74,7 +74,7 @@ class PartWriter:
         """Write one episode whole; returns its episode index in the part."""
         dataset = self._dataset or self._create(layout)
         flag = np.array([episode.outcome.status is EpisodeStatus.ERRORED], dtype=np.bool_)
-        stats_before = cast(dict[str, Any] | None, dataset.meta.stats)
+        stats_before = stats_of(dataset.meta)
         try:
             for frame in episode.frames:
                 row: dict[str, Any] = dict(frame)
@@ -152,16 +152,13 @@ class PartWriter:
             sidecar.write(json.dumps(line) + "\n")
 
 
-def _restore_stats(dataset: LeRobotDataset, stats: dict[str, Any] | None) -> None:
+def _restore_stats(dataset: LeRobotDataset, stats: Stats | None) -> None:
     """Undo what ``save_episode`` aggregated into ``stats.json`` from a non-finite episode.
 
     lerobot folds each episode's stats into the dataset's (``aggregate_stats([stats, episode])``), so
     putting back the stats from before the episode leaves exactly the stats lerobot computes over the
     finite episodes. With no finite episode yet the file holds ``{}``: loadable, and merged as nothing.
     """
-    from lerobot.datasets import io_utils
-
-    write_stats = cast(Callable[[dict[str, Any], Path], None], io_utils.write_stats)
     dataset.meta.stats = stats
     write_stats(stats or {}, dataset.meta.root)
 
