@@ -58,8 +58,10 @@ class SinkReport:
     """What a sink did with the episodes it saw."""
 
     episodes_written: int = 0
+    """Episodes committed to a part."""
     frames_written: int = 0
     errored_kept: int = 0
+    """Errored episodes written, flagged by ``episode.errored`` (``keep_errored``)."""
     errored_dropped: int = 0
     empty_dropped: int = 0
     """Episodes that ended without a single frame (e.g. errored at reset)."""

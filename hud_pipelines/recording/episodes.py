@@ -173,15 +173,10 @@ class Episodes:
         if key is None:
             return
         record = self.records[slot].record(0)
+        status = EpisodeStatus.SUCCEEDED if record.success else EpisodeStatus.FAILED
+        extra = {} if reason is None else {"reason": reason}
         outcome = EpisodeOutcome(
-            status=EpisodeStatus.SUCCEEDED if record.success else EpisodeStatus.FAILED,
-            score=record.score,
-            success=record.success,
-            total_reward=record.total_reward,
-            steps=record.steps,
-            terminated=terminated,
-            truncated=truncated,
-            extra={} if reason is None else {"reason": reason},
+            status, record.score, record.success, record.total_reward, record.steps, terminated, truncated, extra=extra
         )
         for sink in self.sinks:
             sink.end(key, outcome)

@@ -36,13 +36,20 @@ from hud_pipelines.wire.codec import is_array
 
 
 class HoldMode(StrEnum):
+    """What a finished slot receives while the others keep stepping."""
+
     LAST = "last"
+    """Its last action (the default: zero can be unsafe for absolute-pose control)."""
     ZERO = "zero"
 
 
 class BoundsMode(StrEnum):
+    """What happens to a continuous action outside the contract's bounds."""
+
     CLIP = "clip"
+    """It is clipped to the bounds."""
     ERROR = "error"
+    """Its slot ends as errored, naming the action and the bounds."""
 
 
 class ActionAdapter:

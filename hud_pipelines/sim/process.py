@@ -136,14 +136,9 @@ class SimProcess:
         if python is not None:
             child_env["PYTHONPATH"] = _with_package_root(child_env.get("PYTHONPATH", ""))
         try:
+            pipe = subprocess.PIPE  # stdin: EOF tells the child its parent died; stdout: the ready line
             popen = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                env=child_env,
-                cwd=cwd,
+                command, stdin=pipe, stdout=pipe, stderr=pipe, start_new_session=True, env=child_env, cwd=cwd
             )
         except OSError as exc:  # checked just before, so a race or an unusual file (a broken ELF)
             raise SimStartError(f"cannot run the sim interpreter {interpreter}: {exc} (sim {factory!r})") from exc

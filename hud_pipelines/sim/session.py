@@ -70,6 +70,8 @@ class CloseCode(IntEnum):
 
 
 class SessionState(StrEnum):
+    """Where one connection stands: its ``hello`` first, then requests until it closes."""
+
     AWAIT_HELLO = "await_hello"
     SERVING = "serving"
     CLOSED = "closed"

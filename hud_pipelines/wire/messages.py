@@ -122,12 +122,18 @@ Request = Reset | Step | ResultRequest | Close
 @dataclass(frozen=True)
 class ServerHello:
     protocol: int
+    """The protocol version the server speaks."""
     framing: Framing
+    """The connection's framing: the client's choice, else ``scalar`` for one slot and ``batched`` for more."""
     num_envs: int
+    """The slots every request addresses."""
     contract: dict[str, Any]
+    """The sim's contract as JSON (features, control rate, robot type)."""
     server: str
     hold: str
+    """What a finished slot receives while the others step: its ``last`` action or ``zero``."""
     max_frame_bytes: int
+    """The largest frame the server accepts."""
     bounds: str = "clip"
     """How out-of-bounds continuous actions are treated: ``clip`` or ``error``."""
 

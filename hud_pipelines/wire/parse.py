@@ -17,23 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.errors import WireError
+from hud_pipelines.wire import messages
 from hud_pipelines.wire.codec import is_array, is_map
-from hud_pipelines.wire.messages import (
-    Close,
-    ErrorFrame,
-    Framing,
-    Hello,
-    MessageType,
-    Observation,
-    Reply,
-    Request,
-    Reset,
-    Result,
-    ResultRequest,
-    ServerHello,
-    SlotError,
-    Step,
-)
+from hud_pipelines.wire.messages import Framing, MessageType
 
 _HELLO_KEYS = {"protocol", "framing", "num_envs", "contract", "server", "hold", "bounds", "max_frame_bytes"}
 _OBSERVATION_KEYS = {
@@ -168,7 +154,7 @@ def message_type(frame: object) -> MessageType:
         raise WireError(f"unknown message type {kind!r}; known types: {known}") from None
 
 
-def parse_hello(frame: object) -> Hello:
+def parse_hello(frame: object) -> messages.Hello:
     kind = message_type(frame)
     if kind is not MessageType.HELLO:
         raise WireError(f"the first frame must be 'hello', got {kind.value!r}")
@@ -176,12 +162,12 @@ def parse_hello(frame: object) -> Hello:
     framing = fields.optional("framing", STR)
     protocol = fields.get("protocol", INT)
     try:
-        return Hello(protocol=protocol, framing=None if framing is None else Framing(framing))
+        return messages.Hello(protocol=protocol, framing=None if framing is None else Framing(framing))
     except ValueError:
         raise WireError(f"unknown framing {framing!r}; use 'scalar' or 'batched'") from None
 
 
-def parse_request(frame: object, framing: Framing, num_slots: int | None = None) -> Request:
+def parse_request(frame: object, framing: Framing, num_slots: int | None = None) -> messages.Request:
     """Decode a client request into its internal (batched) form.
 
     ``num_slots`` lets a batched ``reset`` without ``task`` mean one empty task per slot.
@@ -193,18 +179,18 @@ def parse_request(frame: object, framing: Framing, num_slots: int | None = None)
         case MessageType.STEP:
             fields = _Fields(frame, {"seq", "action"})
             seq = fields.get("seq", INT)
-            return Step(seq=seq, action=framing.into(fields.get("action", ARRAY)))
+            return messages.Step(seq=seq, action=framing.into(fields.get("action", ARRAY)))
         case MessageType.RESULT:
             fields = _Fields(frame, {"seq"})
-            return ResultRequest(seq=fields.get("seq", INT))
+            return messages.ResultRequest(seq=fields.get("seq", INT))
         case MessageType.CLOSE:
             _Fields(frame, set())
-            return Close()
+            return messages.Close()
         case _:
             raise WireError(f"a client may not send {kind.value!r} frames here; send reset, step, result or close")
 
 
-def _reset(frame: object, framing: Framing, num_slots: int | None) -> Reset:
+def _reset(frame: object, framing: Framing, num_slots: int | None) -> messages.Reset:
     fields = _Fields(frame, {"seq", "task"})
     seq = fields.get("seq", INT)
     task: object = fields.optional("task", TASK)
@@ -218,10 +204,10 @@ def _reset(frame: object, framing: Framing, num_slots: int | None) -> Reset:
             if framing is Framing.SCALAR
             else "'reset' frame: 'task' must be a list of maps, one per slot (batched framing)"
         )
-    return Reset(seq=seq, tasks=tasks)
+    return messages.Reset(seq=seq, tasks=tasks)
 
 
-def parse_reply(frame: object, framing: Framing, num_slots: int | None = None) -> Reply:
+def parse_reply(frame: object, framing: Framing, num_slots: int | None = None) -> messages.Reply:
     """Decode a server frame into its internal (batched) form; ``num_slots`` checks the slot axis."""
     kind = message_type(frame)
     match kind:
@@ -234,12 +220,12 @@ def parse_reply(frame: object, framing: Framing, num_slots: int | None = None) -
             slots = f.get("slots", LIST)
             if not _all_maps(slots):
                 raise WireError("'result' frame: 'slots' must be a list of maps")
-            return Result(
+            return messages.Result(
                 seq=f.get("seq", INT), score=float(f.get("score", NUMBER)), success=f.get("success", BOOL), slots=slots
             )
         case MessageType.ERROR:
             f = _Fields(frame, {"seq", "phase", "slot", "message", "traceback"})
-            return ErrorFrame(
+            return messages.ErrorFrame(
                 phase=f.get("phase", STR),
                 message=f.get("message", STR),
                 seq=f.optional("seq", INT),
@@ -247,18 +233,18 @@ def parse_reply(frame: object, framing: Framing, num_slots: int | None = None) -
                 traceback=f.optional("traceback", STR),
             )
         case MessageType.CLOSE:
-            return Close()
+            return messages.Close()
         case _:
             raise WireError(f"a server may not send {kind.value!r} frames")
 
 
-def _server_hello(frame: object) -> ServerHello:
+def _server_hello(frame: object) -> messages.ServerHello:
     f = _Fields(frame, _HELLO_KEYS)
     try:
         chosen = Framing(f.get("framing", STR))
     except ValueError:
         raise WireError(f"'hello' frame: unknown framing {f.raw.get('framing')!r}") from None
-    return ServerHello(
+    return messages.ServerHello(
         protocol=f.get("protocol", INT),
         framing=chosen,
         num_envs=f.get("num_envs", INT),
@@ -270,7 +256,7 @@ def _server_hello(frame: object) -> ServerHello:
     )
 
 
-def _observation(frame: object, framing: Framing, num_slots: int | None) -> Observation:
+def _observation(frame: object, framing: Framing, num_slots: int | None) -> messages.Observation:
     f = _Fields(frame, _OBSERVATION_KEYS)
     arrays: dict[str, npt.NDArray[Any]] = {}
     for key, value in f.get("observation", MAP).items():
@@ -285,7 +271,7 @@ def _observation(frame: object, framing: Framing, num_slots: int | None) -> Obse
     status = f.strings("status", framing)
     if status is None:
         raise WireError("'observation' frame is missing 'status'")
-    return Observation(
+    return messages.Observation(
         seq=f.get("seq", INT),
         observation=arrays,
         reward=f.per_slot("reward", framing, np.float64, num_slots),
@@ -299,12 +285,12 @@ def _observation(frame: object, framing: Framing, num_slots: int | None) -> Obse
     )
 
 
-def _slot_errors(items: list[object]) -> list[SlotError]:
-    errors: list[SlotError] = []
+def _slot_errors(items: list[object]) -> list[messages.SlotError]:
+    errors: list[messages.SlotError] = []
     for item in items:
         fields = _Fields(item, {"slot", "message", "traceback", "cause"}, kind="errors[]")
         errors.append(
-            SlotError(
+            messages.SlotError(
                 slot=fields.get("slot", INT),
                 message=fields.get("message", STR),
                 traceback=fields.optional("traceback", STR),
