@@ -10,19 +10,15 @@ lerobot is imported before the clock starts in every mode. Modes:
 - ``asset``: what the dataset asset does with default options (one writer thread, h264, camera
   frames encoded from memory by the part's hooks into lerobot):
   ``DatasetBuild`` -> one shard sink fed through the ``EpisodeSink`` calls the agent loop makes (two
-  slots interleaved), then ``publish()`` (close, merge, swap in);
-- ``asset-2proc``: the same with ``writer: process, writers: 2`` (two parts written by two child
-  processes, then merged).
+  slots interleaved), then ``publish()`` (close, merge, swap in).
 
 Start-up is timed apart: the plain loop's clock starts after ``import lerobot``, the asset's after
-``sink.wait_ready()`` (writer threads import lerobot; child processes spawn and import it); the
-table shows that start-up in its own column.
+``sink.wait_ready()`` (the writer thread imports lerobot); the table shows that start-up in its own
+column.
 
-Besides wall-clock frames/s it reports CPU time per frame (all threads, plus the writer processes),
-which depends far less on how busy the machine is than wall-clock time, and the load average while
-it ran. A writer process's start-up CPU (spawn, imports) is measured once and left out of the
-per-frame CPU, as its start-up time is left out of the clock. Peak RSS is the measuring process's;
-``child RSS`` is the largest writer process's.
+Besides wall-clock frames/s it reports CPU time per frame (all threads), which depends far less on
+how busy the machine is than wall-clock time, and the load average while it ran. Peak RSS is the
+measuring process's.
 
 Sizes grow 1x, 4x, 16x in episodes. It prints a table, then ratios, and last one JSON line.
 
@@ -49,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-MODES = ("plain", "plain-h264", "asset", "asset-2proc")
+MODES = ("plain", "plain-h264", "asset")
 TASK = "push the T into the target"
 
 
@@ -136,17 +132,15 @@ def run_plain(frames: Any, episodes: int, root: Path, codec: str | None) -> dict
     return {"seconds": time.perf_counter() - start, "calls": calls, "startup": 0.0}
 
 
-def run_asset(frames: Any, episodes: int, root: Path, processes: int | None) -> dict[str, Any]:
-    from hud_pipelines.dataset.options import DatasetOptions, WriterKind
+def run_asset(frames: Any, episodes: int, root: Path) -> dict[str, Any]:
     from hud_pipelines.dataset.publish import DatasetBuild
     from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame
 
     steps = len(frames["action"])
     slots = 2
     calls: list[float] = []
-    options = DatasetOptions() if processes is None else DatasetOptions(writer=WriterKind.PROCESS, writers=processes)
     started = time.perf_counter()
-    with DatasetBuild(root, contract(), repo_id="local/asset", options=options) as build:
+    with DatasetBuild(root, contract(), repo_id="local/asset") as build:
         sink = build.sink("instance-0")
         sink.wait_ready()  # like lerobot's import in the plain loop, writer start-up is timed apart
         start = time.perf_counter()
@@ -183,24 +177,7 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def writer_startup_cpu(out: Path) -> float:
-    """CPU seconds one writer process spends starting (spawn, imports) and finalizing an empty part."""
-    import threading
-
-    from hud_pipelines.dataset.options import DatasetOptions
-    from hud_pipelines.dataset.process import ProcessPart
-
-    before = _children_cpu()
-    part = ProcessPart(out / "empty", DatasetOptions(), "local/empty")
-    part.start(threading.Event())
-    part.finalize()
-    return _children_cpu() - before
-
-
 def child(mode: str, episodes: int, frames_path: Path, out: Path) -> None:
-    if mode == "startup":
-        print(json.dumps({"startup_cpu_s": writer_startup_cpu(out)}), flush=True)
-        return
     import lerobot.datasets.aggregate  # pyright: ignore[reportUnusedImport]
     import lerobot.datasets.lerobot_dataset  # noqa: F401  # pyright: ignore[reportUnusedImport]
 
@@ -209,10 +186,10 @@ def child(mode: str, episodes: int, frames_path: Path, out: Path) -> None:
     root = out / "dataset"
     cpu = time.process_time() + _children_cpu()
     if mode.startswith("asset"):
-        result = run_asset(frames, episodes, root, 2 if mode == "asset-2proc" else None)
+        result = run_asset(frames, episodes, root)
     else:
         result = run_plain(frames, episodes, root, "h264" if mode == "plain-h264" else None)
-    cpu = time.process_time() + _children_cpu() - cpu  # writer processes are counted once they are joined
+    cpu = time.process_time() + _children_cpu() - cpu
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     written = LeRobotDataset(f"local/{mode}", root=root)
@@ -229,7 +206,6 @@ def child(mode: str, episodes: int, frames_path: Path, out: Path) -> None:
         "call_p99_ms": float(np.percentile(calls, 99)),
         "call_max_ms": float(calls.max()),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "child_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "size_mb": sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 2**20,
     }
     print(json.dumps(report), flush=True)
@@ -250,13 +226,8 @@ def measure(mode: str, episodes: int, frames_path: Path, repeat: int) -> dict[st
         if done.returncode != 0:
             raise SystemExit(f"{mode} x{episodes} failed:\n{done.stderr[-4000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    if mode == "startup":
-        return runs[0]
     best = min(runs, key=lambda r: r["seconds"])
-    return best | {
-        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-        "child_rss_mb": max(r["child_rss_mb"] for r in runs),
-    }
+    return best | {"peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
 
 
 def main() -> None:
@@ -266,7 +237,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="frames per episode (default 150, quick 60)")
     parser.add_argument("--scales", default="1,4,16")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the fastest counts")
-    parser.add_argument("--child", choices=[*MODES, "startup"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--frames", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -281,13 +252,10 @@ def main() -> None:
         frames_path = Path(tmp) / "frames.npz"
         render_frames(frames_path, steps)
         rows: list[dict[str, Any]] = []
-        startup_cpu = measure("startup", 0, frames_path, 1)["startup_cpu_s"]
         for scale in scales:
             for mode in MODES:  # interleaved, so every mode sees the same machine load at each size
                 row = measure(mode, base * scale, frames_path, args.repeat)
                 row["scale"] = scale
-                if mode == "asset-2proc":  # the writers' start-up is timed apart, so is its CPU
-                    row["cpu_ms_per_frame"] -= 1e3 * 2 * startup_cpu / row["frames"]
                 rows.append(row)
                 print(
                     f"  measured {mode:10s} x{scale:<3d} {row['frames']:6d} frames {row['fps']:7.0f} fps",
@@ -297,7 +265,7 @@ def main() -> None:
 
     header = f"{'mode':11s} {'scale':>5s} {'episodes':>8s} {'frames':>7s} {'seconds':>8s} {'frames/s':>9s} "
     header += f"{'CPU ms/frame':>12s} {'call p99 ms':>11s} {'call max ms':>11s} {'peak RSS MB':>11s} "
-    header += f"{'child RSS MB':>12s} {'size MB':>8s} "
+    header += f"{'size MB':>8s} "
     header += f"{'start s':>7s} {'load':>5s}"
     print(header)
     print("-" * len(header))
@@ -305,14 +273,14 @@ def main() -> None:
         print(
             f"{r['mode']:11s} {r['scale']:>4d}x {r['episodes']:8d} {r['frames']:7d} {r['seconds']:8.2f} "
             f"{r['fps']:9.0f} {r['cpu_ms_per_frame']:12.2f} {r['call_p99_ms']:11.3f} {r['call_max_ms']:11.1f} "
-            f"{r['peak_rss_mb']:11.0f} {r['child_rss_mb']:12.0f} {r['size_mb']:8.2f} {r['startup_s']:7.1f} "
+            f"{r['peak_rss_mb']:11.0f} {r['size_mb']:8.2f} {r['startup_s']:7.1f} "
             f"{r['load']:5.1f}"
         )
 
     def by(mode: str) -> dict[int, dict[str, Any]]:
         return {r["scale"]: r for r in rows if r["mode"] == mode}
 
-    plain, plain_h264, asset, asset_2proc = by("plain"), by("plain-h264"), by("asset"), by("asset-2proc")
+    plain, plain_h264, asset = by("plain"), by("plain-h264"), by("asset")
     frames_total = {m: sum(r["frames"] for r in by(m).values()) for m in MODES}
     seconds_total = {m: sum(r["seconds"] for r in by(m).values()) for m in MODES}
     overall = {m: frames_total[m] / seconds_total[m] for m in MODES}
@@ -320,22 +288,17 @@ def main() -> None:
     ratio_h264 = overall["asset"] / overall["plain-h264"]
     top = max(scales)
     rss_growth = {m: by(m)[top]["peak_rss_mb"] / by(m)[min(scales)]["peak_rss_mb"] for m in MODES}
-    child_growth = by("asset-2proc")[top]["child_rss_mb"] / by("asset-2proc")[min(scales)]["child_rss_mb"]
     print()
     print(f"asset vs plain loop (lerobot defaults): {ratio:.2f}x frames/s over all sizes")
     print(f"asset vs plain loop with the same codec: {ratio_h264:.2f}x")
-    ratio_2proc = overall["asset-2proc"] / overall["plain"]
-    print(f"asset-2proc vs plain loop (lerobot defaults): {ratio_2proc:.2f}x")
     for scale in scales:
         print(
-            f"  x{scale}: asset {asset[scale]['fps']:.0f} fps, asset-2proc {asset_2proc[scale]['fps']:.0f}, "
+            f"  x{scale}: asset {asset[scale]['fps']:.0f} fps, "
             f"plain {plain[scale]['fps']:.0f}, plain-h264 {plain_h264[scale]['fps']:.0f}"
         )
     cpu = {m: sum(r["cpu_ms_per_frame"] * r["frames"] for r in by(m).values()) / frames_total[m] for m in MODES}
     print("CPU ms/frame: " + ", ".join(f"{m} {v:.2f}" for m, v in cpu.items()))
-    print(f"one writer process costs {startup_cpu:.1f} CPU s to start (left out of asset-2proc's CPU ms/frame)")
     print(f"peak RSS {top}x / {min(scales)}x: " + ", ".join(f"{m} {g:.2f}" for m, g in rss_growth.items()))
-    print(f"writer process peak RSS {top}x / {min(scales)}x: {child_growth:.2f}")
     print(
         json.dumps(
             {
@@ -347,14 +310,10 @@ def main() -> None:
                 "fps": {m: round(v, 1) for m, v in overall.items()},
                 "asset_vs_plain": round(ratio, 3),
                 "asset_vs_plain_same_codec": round(ratio_h264, 3),
-                "asset_2proc_vs_plain": round(ratio_2proc, 3),
                 "cpu_ms_per_frame": {m: round(v, 3) for m, v in cpu.items()},
-                "writer_process_startup_cpu_s": round(startup_cpu, 2),
                 "load_avg": round(float(np.mean([r["load"] for r in rows])), 2),
                 "peak_rss_mb": {m: {str(s): round(r["peak_rss_mb"], 1) for s, r in by(m).items()} for m in MODES},
                 "peak_rss_growth": {m: round(g, 3) for m, g in rss_growth.items()},
-                "writer_process_rss_mb": {str(s): round(r["child_rss_mb"], 1) for s, r in by("asset-2proc").items()},
-                "writer_process_rss_growth": round(child_growth, 3),
                 "asset_call_p99_ms": {str(s): round(r["call_p99_ms"], 3) for s, r in asset.items()},
                 "plain_call_p99_ms": {str(s): round(r["call_p99_ms"], 3) for s, r in plain.items()},
             }

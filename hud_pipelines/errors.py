@@ -261,10 +261,6 @@ class EpisodeVideoError(HudPipelinesError):
     """An episode's video could not be written whole."""
 
 
-class ChildPartError(HudPipelinesError):
-    """The child process writing a part failed or died; its traceback is in the message."""
-
-
 class CheckpointError(HudPipelinesError):
     """A sweep's checkpoints cannot be used: a path that does not exist, a folder without any, a label twice."""
 

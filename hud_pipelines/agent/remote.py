@@ -5,10 +5,11 @@ when a key is set), read one metadata frame, then for each request send a msgpac
 and read ``{"actions": [T, A] | [B, T, A], ...}``. A text frame instead of a reply carries the
 server's error traceback.
 
-Arrays travel in openpi's layout, ``{b"__ndarray__": True, b"data", b"dtype", b"shape"}`` with
-*binary* keys, which is what openpi's ``msgpack_numpy`` writes and reads; replies are accepted with
-binary or text keys and decoded by :func:`hud_pipelines.wire.codec.decode_array`, which refuses
-unsafe dtypes and byte counts that do not match the shape.
+Frames are encoded by the sims' own codec (:mod:`hud_pipelines.wire.codec`) in its openpi layout:
+``{b"__ndarray__": True, b"data", b"dtype", b"shape"}`` with *binary* keys, which is what openpi's
+``msgpack_numpy`` writes and reads. Replies are decoded by the same codec (binary or text keys),
+which refuses unsafe dtypes, byte counts that do not match the shape and frames of more objects
+than their bytes can hold.
 
 openpi servers take one unbatched observation per request, so by default one request is sent per
 row (``batched=False``); a server that accepts a leading batch axis gets the whole batch at once.
@@ -19,9 +20,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
@@ -31,10 +31,7 @@ from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chun
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import PolicyError, WireError
 from hud_pipelines.spec.agent import RemotePolicyConfig
-from hud_pipelines.wire.codec import check_dtype, decode_array
-
-NDARRAY = b"__ndarray__"
-NPGENERIC = b"__npgeneric__"
+from hud_pipelines.wire.codec import Layout, is_map, packb, unpackb
 
 
 class RemotePolicy(BasePolicy):
@@ -76,7 +73,7 @@ class RemotePolicy(BasePolicy):
         except (OSError, TimeoutError, WebSocketException) as exc:
             raise PolicyError(f"cannot connect to the policy server at {url}: {exc}") from exc
         metadata = self._receive("the metadata frame")
-        self.metadata: dict[str, Any] = metadata if isinstance(metadata, dict) else {"metadata": metadata}  # pyright: ignore[reportUnknownVariableType]
+        self.metadata: dict[str, Any] = metadata if is_map(metadata) else {"metadata": metadata}
 
     @classmethod
     def from_config(cls, config: RemotePolicyConfig, contract: Contract) -> RemotePolicy:
@@ -127,12 +124,12 @@ class RemotePolicy(BasePolicy):
 
     def _call(self, request: dict[str, Any]) -> npt.NDArray[np.float32]:
         try:
-            self._ws.send(pack_openpi(request))
+            self._ws.send(packb(request, Layout.OPENPI))
         except (ConnectionClosed, OSError) as exc:
             raise PolicyError(f"the policy server at {self.url} went away: {exc}") from exc
         reply = self._receive("an inference reply")
-        if not isinstance(reply, dict) or "actions" not in reply:
-            keys = sorted(map(str, reply)) if isinstance(reply, dict) else type(reply).__name__  # pyright: ignore[reportUnknownArgumentType]
+        if not is_map(reply) or "actions" not in reply:
+            keys = sorted(map(str, reply)) if is_map(reply) else type(reply).__name__
             raise PolicyError(f"the policy server at {self.url} replied without 'actions' (got {keys})")
         return np.asarray(reply["actions"], dtype=np.float32)
 
@@ -146,7 +143,7 @@ class RemotePolicy(BasePolicy):
         if isinstance(frame, str):
             raise PolicyError(f"the policy server at {self.url} reported an error:\n{frame}")
         try:
-            return unpack_openpi(frame)
+            return unpackb(frame)
         except WireError as exc:
             raise PolicyError(f"the policy server at {self.url} sent a malformed frame: {exc}") from exc
 
@@ -157,56 +154,3 @@ def _stack_chunks(chunks: list[Actions]) -> Actions:
         shortest = min(lengths)
         chunks = [c[:shortest] for c in chunks]
     return np.stack(chunks).astype(np.float32, copy=False)
-
-
-# ---------------------------------------------------------------------------------------------
-# openpi's msgpack-numpy layout (binary keys)
-
-
-def _pack_default(obj: object) -> object:
-    if isinstance(obj, np.ndarray):
-        array = cast(npt.NDArray[Any], obj)
-        dtype = check_dtype(array.dtype)
-        return {
-            NDARRAY: True,
-            b"data": np.ascontiguousarray(array).tobytes(),
-            b"dtype": dtype.str,
-            b"shape": list(array.shape),
-        }
-    if isinstance(obj, np.generic):
-        scalar = cast(np.generic[Any], obj)
-        item: Any = scalar.item()
-        return {NPGENERIC: True, b"data": item, b"dtype": check_dtype(scalar.dtype).str}
-    if isinstance(obj, tuple):
-        return list(cast(tuple[Any, ...], obj))
-    raise WireError(f"cannot encode a value of type {type(obj).__name__}")
-
-
-def _unpack_hook(obj: dict[Any, Any]) -> object:
-    if NDARRAY in obj or "__ndarray__" in obj:
-        return decode_array({k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()})
-    if NPGENERIC in obj or "__npgeneric__" in obj:
-        fields = {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
-        return check_dtype(fields.get("dtype", "<missing>")).type(fields.get("data"))
-    return obj
-
-
-def pack_openpi(message: object) -> bytes:
-    """Encode ``message`` the way openpi's ``msgpack_numpy.Packer`` does."""
-    try:
-        packed: bytes = cast(bytes, msgpack.packb(message, default=_pack_default, use_bin_type=True))
-        return packed
-    except WireError:
-        raise
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise WireError(f"cannot encode a policy request: {exc}") from exc
-
-
-def unpack_openpi(frame: bytes | bytearray | memoryview) -> Any:
-    """Decode a frame in openpi's layout (binary or text keys); malformed input is a :class:`WireError`."""
-    try:
-        return cast(Any, msgpack.unpackb(frame, object_hook=_unpack_hook, raw=False, strict_map_key=False))
-    except WireError:
-        raise
-    except Exception as exc:  # msgpack raises several unrelated types for malformed input
-        raise WireError(f"malformed msgpack frame ({type(exc).__name__}: {exc})") from exc

@@ -11,7 +11,8 @@ every frame, which costs more than the sampled stats it replaces.
 lerobot's own ``add_frame`` / ``save_episode``; see :mod:`.lerobot_hooks`). ``feed_frame`` keeps a
 reference to the frame, which the part already holds for the whole episode, so it never waits and
 never drops; ``finish_episode`` encodes all of them with the dataset's codec settings (the same
-stream set-up as lerobot's streaming encoder, one ``pts`` per frame) and returns the stats of
+stream set-up as lerobot's streaming encoder, one ``pts`` per frame, through the project's one
+:class:`~hud_pipelines.recording.video.Mp4Writer`) and returns the stats of
 :func:`.image_stats.episode_image_stats`, equal to those lerobot's default path computes from its
 PNGs. It refuses to finish an episode whose video would not hold exactly one frame per row.
 """
@@ -20,11 +21,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.dataset.image_stats import Stats, episode_image_stats
@@ -91,27 +90,18 @@ class EpisodeVideoEncoder:
         Neither h264 nor AV1 as lerobot configures them drops or merges frames, so one packet per
         frame is what a whole video looks like.
         """
-        import av
+        from hud_pipelines.recording.video import Mp4Writer
 
         height, width = images[0].shape[:2]
         options = self.encoder.get_codec_options(self.encoder_threads, as_strings=True)
-        written = 0
-        with av.open(str(path), "w") as container:
-            stream = container.add_stream(self.encoder.vcodec, self.fps, options=options)
-            if not isinstance(stream, av.VideoStream):
-                raise EpisodeVideoError(f"codec {self.encoder.vcodec!r} is not a video codec")
-            stream.pix_fmt = self.encoder.pix_fmt
-            stream.width = width
-            stream.height = height
-            stream.time_base = Fraction(1, self.fps)
-            for index, image in enumerate(images):
-                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-                frame.pts = index
-                frame.time_base = Fraction(1, self.fps)
-                packets = stream.encode(frame)
-                written += len(packets)
-                container.mux(packets)
-            packets = stream.encode()
-            written += len(packets)
-            container.mux(packets)
-        return written
+        with Mp4Writer(
+            path,
+            width=width,
+            height=height,
+            fps=self.fps,
+            codecs=(self.encoder.vcodec,),
+            pix_fmt=self.encoder.pix_fmt,
+            options=options,
+        ) as video:
+            written = sum(video.write(image) for image in images)
+            return written + video.finish()

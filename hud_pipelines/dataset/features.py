@@ -1,10 +1,9 @@
 """Contract -> LeRobot features, and one recorded :class:`~hud_pipelines.recording.events.Frame` -> one LeRobot frame.
 
-The mapping, in lerobot's own vocabulary (its key constants are used, not retyped):
+The layout, in lerobot's own vocabulary (each field's storage is :mod:`.fields`, the input
+features :mod:`.sources`):
 
-- cameras -> ``observation.images.<name>``: ``rgb`` as is (an alpha channel is dropped), ``bgr``
-  flipped to RGB, ``gray`` replicated to three channels (lerobot reads one channel as depth),
-  ``depth`` as a one-channel depth map; float pixels in [0, 1] become uint8;
+- cameras -> ``observation.images.<name>`` (converted as :class:`~.fields.CameraField` says);
 - the state features -> ``observation.state``: flattened and concatenated in contract order (or the
   order the options give) as float32, one name per dimension. By default every non-camera
   observation feature is state, because that is what lerobot policies read;
@@ -27,20 +26,19 @@ from the first real frame (:meth:`DatasetLayout.with_shapes_from`) before any da
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import PurePath
-from typing import Any, Literal, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import ACTION as ACTION_FEATURE
-from hud_pipelines.contract import Contract, Feature, FeatureType
+from hud_pipelines.contract import Contract, FeatureType
+from hud_pipelines.dataset.fields import CameraField, VectorField, lerobot_keys, sanitize_key
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
+from hud_pipelines.dataset.sources import UNKNOWN_ROBOT, SourceFeature, source_features
 from hud_pipelines.errors import ContractError
 from hud_pipelines.recording.events import Frame
 
@@ -48,264 +46,8 @@ logger = logging.getLogger(__name__)
 
 ERRORED = "episode.errored"
 """Per-frame flag of an episode that ended errored; only declared when errored episodes are kept."""
-CAMERA_AXES = ["height", "width", "channels"]
-_SPEC_KEYS = {"role", "type", "dtype", "shape", "names", "description", "low", "high", "info"}
-_STORAGE_DTYPES = {storage.value for storage in CameraStorage}
-
-Role = Literal["observation", "action"]
-
-
-@dataclass(frozen=True)
-class LeRobotKeys:
-    """lerobot's own key constants (``lerobot.utils.constants``)."""
-
-    action: str
-    state: str
-    images: str
-    observation_prefix: str
-    reward: str
-    done: str
-    success: str
-
-
-@functools.cache
-def lerobot_keys() -> LeRobotKeys:
-    """Imported on first use: ``lerobot.utils.constants`` pulls in huggingface_hub (~5 s)."""
-    from lerobot.utils import constants
-
-    return LeRobotKeys(
-        action=constants.ACTION,
-        state=constants.OBS_STATE,
-        images=constants.OBS_IMAGES,
-        observation_prefix=constants.OBS_PREFIX,
-        reward=constants.REWARD,
-        done=constants.DONE,
-        success=constants.SUCCESS,
-    )
-
 
 FrameDict = dict[str, npt.NDArray[Any]]
-
-
-@dataclass(frozen=True)
-class SourceFeature:
-    """One feature as the sim delivers it, normalised from a :class:`Contract` or a plain dict spec."""
-
-    name: str
-    role: Role
-    camera: FeatureType | None
-    """The camera kind, ``None`` for a vector."""
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...] | None
-    names: list[str] | None = None
-    storage: CameraStorage | None = None
-    """A per-camera storage asked for by a dict spec (``dtype: image|video``); else the options decide."""
-
-
-def source_features(source: Contract | Mapping[str, Any]) -> list[SourceFeature]:
-    """Normalise a contract, a contract-shaped dict or a ``{name: spec}`` dict into source features."""
-    if isinstance(source, Contract):
-        return [_from_contract_feature(name, feature) for name, feature in source.features.items()]
-    specs = source.get("features", source)
-    if not isinstance(specs, Mapping) or not specs:
-        raise ContractError("a dataset needs a contract or a non-empty {name: feature spec} mapping")
-    out: list[SourceFeature] = []
-    for name, spec in cast(Mapping[Any, Any], specs).items():
-        if not isinstance(name, str) or not name:
-            raise ContractError(f"feature names must be non-empty strings, got {name!r}")
-        if isinstance(spec, Feature):
-            out.append(_from_contract_feature(name, spec))
-        elif isinstance(spec, Mapping):
-            out.append(_from_spec(name, cast(Mapping[str, Any], spec)))
-        else:
-            raise ContractError(f"feature {name!r}: expected a mapping spec, got {type(spec).__name__}")
-    return out
-
-
-def _from_contract_feature(name: str, feature: Feature) -> SourceFeature:
-    return SourceFeature(
-        name=name,
-        role=feature.role,
-        camera=feature.type if feature.is_camera else None,
-        dtype=_dtype(name, feature.dtype),
-        shape=feature.shape,
-        names=feature.names,
-    )
-
-
-def _from_spec(name: str, spec: Mapping[str, Any]) -> SourceFeature:
-    unknown = sorted(set(spec) - _SPEC_KEYS)
-    if unknown:
-        raise ContractError(f"feature {name!r}: unknown keys {unknown} (allowed: {sorted(_SPEC_KEYS)})")
-    role = spec.get("role", "action" if name == ACTION_FEATURE else "observation")
-    if role not in ("observation", "action"):
-        raise ContractError(f"feature {name!r}: role must be 'observation' or 'action', got {role!r}")
-    raw_type = spec.get("type")
-    raw_dtype = spec.get("dtype")
-    kind: FeatureType | None = None
-    if raw_type is not None:
-        try:
-            kind = FeatureType(raw_type)
-        except ValueError:
-            allowed = [t.value for t in FeatureType]
-            raise ContractError(f"feature {name!r}: type {raw_type!r} is not one of {allowed}") from None
-    storage = CameraStorage(raw_dtype) if raw_dtype in _STORAGE_DTYPES else None
-    info = spec.get("info")
-    is_depth = isinstance(info, Mapping) and bool(cast(Mapping[str, Any], info).get("is_depth_map"))
-    if kind is None or kind is FeatureType.STATE:
-        kind = (FeatureType.DEPTH if is_depth else FeatureType.RGB) if storage is not None else None
-    shape = spec.get("shape")
-    names = spec.get("names")
-    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in cast(list[Any], names))):
-        raise ContractError(f"feature {name!r}: names must be a list of strings")
-    if kind is not None and role == "action":
-        raise ContractError(f"feature {name!r}: an action cannot be a camera")
-    pixel_dtype = None if storage is not None else raw_dtype
-    return SourceFeature(
-        name=name,
-        role=role,
-        camera=kind,
-        dtype=_dtype(name, pixel_dtype or ("uint8" if kind is not None else "float32")),
-        shape=_shape(name, shape),
-        names=cast(list[str] | None, names),
-        storage=storage,
-    )
-
-
-def _dtype(name: str, dtype: object) -> np.dtype[Any]:
-    try:
-        resolved = cast(np.dtype[Any], np.dtype(cast(Any, dtype)))
-    except TypeError:
-        raise ContractError(f"feature {name!r}: {dtype!r} is not a numpy dtype") from None
-    if resolved.kind not in "biuf":
-        raise ContractError(f"feature {name!r}: dtype {resolved} is not bool, int or float")
-    return resolved
-
-
-def _shape(name: str, shape: object) -> tuple[int, ...] | None:
-    if shape is None:
-        return None
-    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d > 0 for d in cast(Sequence[Any], shape)):
-        raise ContractError(f"feature {name!r}: shape must be a list of positive ints, got {shape!r}")
-    return tuple(cast(Sequence[int], shape))
-
-
-UNKNOWN_ROBOT = "unknown"
-
-
-def dataset_robot_type(robot_type: str, factory: str | None) -> str:
-    """The ``robot_type`` a dataset of this sim stores: the contract's, unless it says nothing.
-
-    A sim's contract names its robot from the env's ``metadata["robot_type"]`` or, failing that,
-    from its factory; for a callable factory (``module:function`` or ``file.py:function``) that is
-    the bare function name (``make``), which says nothing about the robot. Then the dataset names
-    the factory's module with it (``camera_pendulum.make``); an empty or unknown robot type becomes
-    the factory (a registry id such as ``CartPole-v1`` as it is). ``factory`` is ``None`` for a sim
-    attached by URL, whose contract is taken as it is.
-    """
-    if factory is None:
-        return robot_type or UNKNOWN_ROBOT
-    module, colon, function = factory.rpartition(":")
-    if robot_type and robot_type != UNKNOWN_ROBOT and not (colon and robot_type == function):
-        return robot_type
-    if not colon:
-        return factory
-    stem = PurePath(module).stem if module.endswith(".py") else module.rpartition(".")[2]
-    return f"{stem}.{function}" if stem else function
-
-
-def sanitize_key(name: str) -> str:
-    """A contract name as a lerobot key part: ``/`` (flattened dicts) is not allowed there."""
-    return name.replace("/", "_")
-
-
-# ---------------------------------------------------------------------------------------------
-# fields of the layout
-
-
-@dataclass(frozen=True)
-class CameraField:
-    """One camera: where it comes from, its lerobot key and how its pixels are converted."""
-
-    source: str
-    key: str
-    kind: FeatureType
-    storage: CameraStorage
-    source_shape: tuple[int, ...] | None
-
-    @property
-    def stored_shape(self) -> tuple[int, int, int]:
-        if self.source_shape is None:
-            raise ContractError(f"camera {self.source!r} has no shape yet")
-        return _stored_camera_shape(self.source, self.kind, self.source_shape)
-
-    def convert(self, value: npt.NDArray[Any]) -> npt.NDArray[Any]:
-        """Pixels as lerobot stores them (always a copy, so the caller's buffers stay its own)."""
-        pixels = np.asarray(value)
-        if self.kind is FeatureType.DEPTH:
-            return np.array(pixels.reshape(self.stored_shape), copy=True)
-        if pixels.dtype != np.uint8:
-            pixels = (np.clip(pixels, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-        if pixels.ndim == 2:
-            pixels = pixels[..., None]
-        if self.kind is FeatureType.GRAY:
-            return np.ascontiguousarray(np.repeat(pixels[..., :1], 3, axis=-1))
-        if self.kind is FeatureType.BGR:
-            return np.ascontiguousarray(pixels[..., 2::-1])
-        return np.array(pixels[..., :3], copy=True)
-
-    def lerobot_feature(self) -> dict[str, Any]:
-        feature: dict[str, Any] = {
-            "dtype": self.storage.value,
-            "shape": self.stored_shape,
-            "names": list(CAMERA_AXES),
-        }
-        if self.kind is FeatureType.DEPTH:
-            feature["info"] = {"is_depth_map": True}
-        return feature
-
-
-def _stored_camera_shape(name: str, kind: FeatureType, shape: tuple[int, ...]) -> tuple[int, int, int]:
-    channels = shape[2] if len(shape) == 3 else 1
-    if len(shape) not in (2, 3) or (kind is FeatureType.DEPTH and channels != 1):
-        raise ContractError(f"camera {name!r} ({kind}) has shape {list(shape)}: expected [H, W] or [H, W, C]")
-    if kind is FeatureType.DEPTH:
-        return (shape[0], shape[1], 1)
-    if kind in (FeatureType.RGB, FeatureType.BGR) and channels not in (3, 4):
-        raise ContractError(f"camera {name!r} ({kind}) has {channels} channels: expected 3 or 4")
-    return (shape[0], shape[1], 3)
-
-
-@dataclass(frozen=True)
-class VectorField:
-    """One numeric feature stored as an array (state parts, other vectors, the action)."""
-
-    source: str
-    key: str
-    dtype: np.dtype[Any]
-    source_shape: tuple[int, ...] | None
-    names: list[str] | None
-
-    @property
-    def size(self) -> int:
-        if self.source_shape is None:
-            raise ContractError(f"feature {self.source!r} has no shape yet")
-        return math.prod(self.source_shape)
-
-    @property
-    def stored_shape(self) -> tuple[int, ...]:
-        if self.source_shape is None:
-            raise ContractError(f"feature {self.source!r} has no shape yet")
-        return self.source_shape or (1,)
-
-    def dimension_names(self) -> list[str]:
-        if self.names is not None and len(self.names) == self.size:
-            return list(self.names)
-        return [f"{sanitize_key(self.source)}_{i}" for i in range(self.size)]
-
-
-# ---------------------------------------------------------------------------------------------
-# the layout
 
 
 @dataclass(frozen=True)

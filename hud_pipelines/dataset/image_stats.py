@@ -18,11 +18,13 @@ Anything but 8-bit pixels goes to lerobot's ``get_feature_stats`` unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from hud_pipelines.dataset.lerobot_api import downsample, feature_stats, sample_indices
 
 _QUANTILE_BINS = 5000
 """``RunningQuantileStats``' default ``num_quantile_bins``."""
@@ -42,17 +44,12 @@ def episode_image_stats(frames: Sequence[npt.NDArray[Any]]) -> Stats:
     streaming encoder, which it then reshapes to ``(C, 1, 1)`` and divides by 255 exactly as its
     default path does.
     """
-    from lerobot.datasets import compute_stats
-
-    sample_indices = cast(Callable[[int], list[int]], compute_stats.sample_indices)
-    downsample = cast(Callable[[npt.NDArray[Any]], npt.NDArray[Any]], compute_stats.auto_downsample_height_width)
     # (N, C, H, W) in C order, as lerobot's ``sample_images`` fills it: the float32 sums below round
     # the same way only over the same memory layout (a one-frame episode would differ otherwise)
     sampled = np.ascontiguousarray(
         np.stack([downsample(np.asarray(frames[i]).transpose(2, 0, 1)) for i in sample_indices(len(frames))])
     )
     if sampled.dtype != np.uint8 or sampled.shape[2] * sampled.shape[3] < 2:
-        feature_stats = cast(Callable[..., Stats], compute_stats.get_feature_stats)
         stats = feature_stats(sampled, axis=(0, 2, 3), keepdims=True)
         return {k: v if k == "count" else v.reshape(-1) for k, v in stats.items()}
     return _uint8_stats(sampled)

@@ -29,15 +29,18 @@ import contextvars
 import functools
 import threading
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.dataset.episode_video import EpisodeVideoEncoder
+from hud_pipelines.dataset.lerobot_api import embed_table_storage, needs_embedding
 
 if TYPE_CHECKING:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
 _WHOLE_EPISODE = contextvars.ContextVar("hud_whole_episode_embedding", default=False)
 _INSTALL_LOCK = threading.Lock()
+_hook_installed = False
+"""Whether ``embed_images`` is wrapped already (once per process: a second wrap would nest)."""
 
 
 @functools.cache
@@ -46,15 +49,15 @@ def in_memory_video_dataset() -> type[LeRobotDataset]:
 
     Create it with ``streaming_encoding=True``; every other argument means what it means to lerobot.
     """
-    from lerobot.configs import RGBEncoderConfig, rgb_encoder_defaults
+    from lerobot.configs import DepthEncoderConfig, RGBEncoderConfig, rgb_encoder_defaults
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     class InMemoryVideoDataset(LeRobotDataset):
         @staticmethod
-        def _build_streaming_encoder(  # pyright: ignore[reportIncompatibleMethodOverride]
+        def _build_streaming_encoder(
             fps: int,
             rgb_encoder: RGBEncoderConfig | None,
-            depth_encoder: object,
+            depth_encoder: DepthEncoderConfig | None,
             encoder_queue_maxsize: int,
             encoder_threads: int | None,
         ) -> Any:
@@ -89,27 +92,23 @@ def whole_episode_embedding() -> Generator[None]:
 
 def embed_whole_episode(dataset: Any) -> Any:
     """``embed_images`` in one batch, or not at all when no column holds something to embed."""
-    from datasets import table
-    from datasets.features import features
-
-    needs_embedding = cast(Callable[[Any], bool], features.require_storage_embed)
     if not any(needs_embedding(feature) for feature in dataset.features.values()):
         return dataset
     format_ = dataset.format
-    embed = cast(Callable[[Any], Any], table.embed_table_storage)
-    return dataset.with_format("arrow").map(embed, batched=True).with_format(**format_)
+    return dataset.with_format("arrow").map(embed_table_storage, batched=True).with_format(**format_)
 
 
 def _install_embedding_hook() -> None:
     from lerobot.datasets import dataset_writer
 
+    global _hook_installed
     with _INSTALL_LOCK:
-        original: Callable[[Any], Any] = dataset_writer.embed_images
-        if getattr(original, "_hud_hook", False):
+        if _hook_installed:
             return
+        original: Callable[[Any], Any] = dataset_writer.embed_images
 
         def embed_images(dataset: Any) -> Any:
             return embed_whole_episode(dataset) if _WHOLE_EPISODE.get() else original(dataset)
 
-        embed_images._hud_hook = True  # pyright: ignore[reportFunctionMemberAccess]
         dataset_writer.embed_images = embed_images
+        _hook_installed = True

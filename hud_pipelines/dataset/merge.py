@@ -23,14 +23,23 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
+from unittest import mock
 
 import numpy as np
-import numpy.typing as npt
 
+from hud_pipelines.dataset.lerobot_api import (
+    Stats,
+    aggregate_stats,
+    episode_stats,
+    load_stats,
+    parquet_columns,
+    parquet_rows,
+    write_stats,
+)
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
 
@@ -83,14 +92,12 @@ def _open_part(part: Path) -> _PartCounts | str:
     wrote), not by loading lerobot's metadata: that starts threads, which Python refuses at
     interpreter exit, where an unclosed ``wrap()`` still publishes its dataset.
     """
-    from lerobot.datasets import io_utils
-
     info = json.loads((part / INFO_FILE).read_text())
     episodes, frames = int(info.get("total_episodes", 0)), int(info.get("total_frames", 0))
     try:
         episode_rows = _parquet_rows(part / "meta" / "episodes")
         data_rows = _parquet_rows(part / "data")
-        stats = cast(Callable[[Path], dict[str, Any] | None], io_utils.load_stats)(part)
+        stats = load_stats(part)
     except Exception as exc:  # a killed writer leaves parquet files without footers
         return f"unreadable: {exc!r}"
     if (episode_rows, data_rows) != (episodes, frames):
@@ -100,10 +107,7 @@ def _open_part(part: Path) -> _PartCounts | str:
 
 def _parquet_rows(directory: Path) -> int:
     """Rows of the ``chunk-*/file-*.parquet`` files under ``directory``, read from their footers."""
-    import pyarrow.parquet as pq
-
-    read_metadata = cast(Callable[[Path], Any], pq.read_metadata)
-    return sum(int(read_metadata(f).num_rows) for f in sorted(directory.glob("*/*.parquet")))
+    return sum(parquet_rows(f) for f in sorted(directory.glob("*/*.parquet")))
 
 
 def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single: bool = False) -> MergeResult:
@@ -186,13 +190,8 @@ def quiet_aggregation() -> Generator[None]:
     """
     from lerobot.datasets import aggregate
 
-    with _QUIET_LOCK:
-        original = aggregate.tqdm
-        aggregate.tqdm = _SilentTqdm  # pyright: ignore[reportAttributeAccessIssue]
-        try:
-            yield
-        finally:
-            aggregate.tqdm = original
+    with _QUIET_LOCK, mock.patch.object(aggregate, "tqdm", _SilentTqdm):
+        yield
 
 
 class _SilentTqdm:
@@ -205,11 +204,7 @@ class _SilentTqdm:
 
 def _write_merged_stats(dest: Path, part_stats: Sequence[dict[str, Any] | None]) -> None:
     """``stats.json`` of the merged data: lerobot's aggregate of the parts, renumbered columns recomputed."""
-    from lerobot.datasets import compute_stats, io_utils
-
-    aggregate = cast(Callable[[list[dict[str, Any]]], dict[str, Any]], compute_stats.aggregate_stats)
-    write_stats = cast(Callable[[dict[str, Any], Path], None], io_utils.write_stats)
-    stats = aggregate([s for s in part_stats if s])
+    stats = aggregate_stats([s for s in part_stats if s])
     for column in RENUMBERED_COLUMNS:
         stats.pop(column, None)
     stats.update(_renumbered_column_stats(dest))
@@ -224,24 +219,18 @@ def _renumbered_column_stats(root: Path) -> dict[str, Any]:
     ``aggregate_stats`` as ``save_episode`` does: the stats lerobot writes for one dataset of these
     episodes.
     """
-    import pyarrow.parquet as pq
-    from lerobot.datasets import compute_stats
-
-    aggregate = cast(Callable[[list[dict[str, Any]]], dict[str, Any]], compute_stats.aggregate_stats)
-    episode_stats_of = cast(Callable[..., dict[str, Any]], compute_stats.compute_episode_stats)
     files = [str(f) for f in sorted((root / "data").glob("*/*.parquet"))]
-    table = cast(Any, pq.ParquetDataset(files).read(columns=list(RENUMBERED_COLUMNS)))
-    columns: dict[str, npt.NDArray[Any]] = {name: table.column(name).to_numpy() for name in RENUMBERED_COLUMNS}
+    columns = parquet_columns(files, RENUMBERED_COLUMNS)
     left_out = {int(str(r["episode_index"])) for r in read_episode_records(root) if r.get("in_stats") is False}
     features = {name: {"dtype": "int64", "shape": (1,), "names": None} for name in RENUMBERED_COLUMNS}
     episodes = columns["episode_index"]
-    stats: dict[str, Any] | None = None
+    stats: Stats | None = None
     for episode in (int(e) for e in np.unique(episodes)):
         if episode in left_out:
             continue
         rows = episodes == episode
-        episode_stats = episode_stats_of({name: values[rows] for name, values in columns.items()}, features)
-        stats = episode_stats if stats is None else aggregate([stats, episode_stats])
+        one = episode_stats({name: values[rows] for name, values in columns.items()}, features)
+        stats = one if stats is None else aggregate_stats([stats, one])
     return stats or {}
 
 

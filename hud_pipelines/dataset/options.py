@@ -26,20 +26,6 @@ class VideoCodec(StrEnum):
     AV1 = "libsvtav1"
 
 
-class WriterKind(StrEnum):
-    """Where lerobot writes a shard's parts.
-
-    ``thread`` (the default): in this process; cheap to start, shares the GIL with the agent loop,
-    and the fastest on runs of up to a few dozen episodes. ``process``: one child process per part
-    (~11 s to start while the sims start, then writes on its own core and never holds this
-    interpreter's GIL); with ``writers: 2`` it outruns one thread only on long runs, once the
-    per-part costs (the pipe, the merge) are amortized (``bench/dataset.md``).
-    """
-
-    THREAD = "thread"
-    PROCESS = "process"
-
-
 class DatasetOptions(BaseModel):
     """Dataset settings, as written under ``dataset:`` in a pipeline YAML."""
 
@@ -56,12 +42,11 @@ class DatasetOptions(BaseModel):
         default=False,
         description="keep errored episodes, flagged by an 'episode.errored' column, instead of leaving them out",
     )
-    writer: WriterKind = Field(default=WriterKind.THREAD, description="'thread' or 'process' (see WriterKind)")
     writers: int = Field(
         default=1,
         ge=1,
         le=32,
-        description="writers per shard; each owns one part of the shard, so parts are written in parallel",
+        description="writer threads per shard; each owns one part of the shard, so parts are written in parallel",
     )
     queued_episodes: int = Field(
         default=4,

@@ -15,18 +15,18 @@ its stats are taken back out of ``stats.json`` once lerobot has folded them in.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hud_pipelines.contract import FeatureType
 from hud_pipelines.dataset.features import ERRORED, DatasetLayout, FrameDict
+from hud_pipelines.dataset.lerobot_api import Stats, stats_of, write_stats
 from hud_pipelines.dataset.lerobot_hooks import check_in_memory_video, in_memory_video_dataset, whole_episode_embedding
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
@@ -54,29 +54,8 @@ class FinishedEpisode:
     """lerobot keys holding NaN or infinity: such an episode is written flagged, never into the stats."""
 
 
-class Part(Protocol):
-    """Where a writer thread puts episodes: lerobot in this process, or in a child process."""
-
-    path: Path
-
-    def start(self, cancel: threading.Event) -> bool:
-        """Prepare (import lerobot, spawn a child) before the first episode arrives.
-
-        Returns ``False`` when ``cancel`` was set before the part could take episodes.
-        """
-        ...
-
-    def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
-        """Write one episode whole; returns its episode index in the part."""
-        ...
-
-    def finalize(self) -> None:
-        """Flush and close; idempotent; the part is loadable afterwards (if it holds an episode)."""
-        ...
-
-
 class PartWriter:
-    """Writes a part with lerobot in the calling process."""
+    """Writes a part with lerobot in the calling process (one writer thread's part)."""
 
     def __init__(self, path: Path, options: DatasetOptions, repo_id: str) -> None:
         self.path = path
@@ -84,16 +63,18 @@ class PartWriter:
         self.repo_id = repo_id
         self._dataset: LeRobotDataset | None = None
 
-    def start(self, cancel: threading.Event | None = None) -> bool:
-        # lerobot's import takes ~11 s: pay it while the sims start, not when the first episode ends.
-        import lerobot.datasets.lerobot_dataset  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    def start(self) -> None:
+        """Import lerobot before the first episode arrives.
 
-        return True
+        lerobot's import takes ~11 s: pay it while the sims start, not when the first episode ends.
+        """
+        importlib.import_module("lerobot.datasets.lerobot_dataset")
 
     def write(self, episode: FinishedEpisode, layout: DatasetLayout) -> int:
+        """Write one episode whole; returns its episode index in the part."""
         dataset = self._dataset or self._create(layout)
         flag = np.array([episode.outcome.status is EpisodeStatus.ERRORED], dtype=np.bool_)
-        stats_before = cast(dict[str, Any] | None, dataset.meta.stats)
+        stats_before = stats_of(dataset.meta)
         try:
             for frame in episode.frames:
                 row: dict[str, Any] = dict(frame)
@@ -117,6 +98,7 @@ class PartWriter:
         return index
 
     def finalize(self) -> None:
+        """Flush and close; idempotent; the part is loadable afterwards (if it holds an episode)."""
         dataset, self._dataset = self._dataset, None
         if dataset is None:
             return
@@ -170,16 +152,13 @@ class PartWriter:
             sidecar.write(json.dumps(line) + "\n")
 
 
-def _restore_stats(dataset: LeRobotDataset, stats: dict[str, Any] | None) -> None:
+def _restore_stats(dataset: LeRobotDataset, stats: Stats | None) -> None:
     """Undo what ``save_episode`` aggregated into ``stats.json`` from a non-finite episode.
 
     lerobot folds each episode's stats into the dataset's (``aggregate_stats([stats, episode])``), so
     putting back the stats from before the episode leaves exactly the stats lerobot computes over the
     finite episodes. With no finite episode yet the file holds ``{}``: loadable, and merged as nothing.
     """
-    from lerobot.datasets import io_utils
-
-    write_stats = cast(Callable[[dict[str, Any], Path], None], io_utils.write_stats)
     dataset.meta.stats = stats
     write_stats(stats or {}, dataset.meta.root)
 

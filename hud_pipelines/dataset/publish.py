@@ -239,12 +239,12 @@ class DatasetBuild:
         self._sinks[key] = sink
         return sink
 
-    def close_sinks(self, *, abort: bool = False) -> dict[str, SinkReport]:
+    def close_sinks(self) -> dict[str, SinkReport]:
         """Close every sink (each finalizes its parts); the first failure is raised after all closed."""
         failure: BaseException | None = None
         for sink in self._sinks.values():
             try:
-                sink.close(abort=abort)
+                sink.close()
             except BaseException as exc:
                 failure = failure or exc
         if failure is not None:
@@ -279,7 +279,7 @@ class DatasetBuild:
     ) -> None:
         try:
             try:
-                self.close_sinks(abort=exc is not None)
+                self.close_sinks()
             except BaseException:
                 if exc is None:
                     raise

@@ -15,10 +15,10 @@ import uuid
 from pathlib import Path
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.dataset.features import dataset_robot_type
 from hud_pipelines.dataset.merge import find_parts
 from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import publish_shards
+from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import HudPipelinesError

@@ -12,11 +12,12 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
 
+from hud_pipelines.dataset.lerobot_api import features_of, stats_of
 from hud_pipelines.dataset.merge import read_episode_records
 from hud_pipelines.dataset.writer import default_repo_id
 
@@ -97,17 +98,17 @@ def summarize_dataset(
     repo_id = repo_id or default_repo_id(root.name)
     dataset = LeRobotDataset(repo_id, root=root)
     meta = dataset.meta
-    specs = cast(dict[str, dict[str, Any]], meta.features)
+    specs = features_of(meta)
     features = [
         FeatureRow(
             key=key,
             dtype=str(spec["dtype"]),
-            shape=str(list(cast(Sequence[int], spec["shape"]))),
+            shape=str(list(spec["shape"])),
             names=_short(spec.get("names")),
         )
         for key, spec in specs.items()
     ]
-    all_stats = cast(dict[str, dict[str, Any]], meta.stats or {})
+    all_stats = stats_of(meta) or {}
     cameras = set(meta.camera_keys)
     stats = [
         StatRow(
@@ -139,10 +140,14 @@ def summarize_dataset(
 
 
 def _short(names: object) -> str:
-    if not isinstance(names, list | tuple):
+    if not _is_sequence(names):
         return "" if names is None else str(names)
-    items = [str(n) for n in cast(Sequence[object], names)]
+    items = [str(n) for n in names]
     return ", ".join(items[:_MAX_DIMS]) + (f", ... ({len(items)})" if len(items) > _MAX_DIMS else "")
+
+
+def _is_sequence(value: object) -> TypeGuard[list[object] | tuple[object, ...]]:
+    return isinstance(value, list | tuple)
 
 
 def _numbers(values: object) -> str:

@@ -17,10 +17,10 @@ Why it looks like this:
 - **Writing never stalls stepping.** ``add`` converts and buffers (microseconds); ``end`` puts the
   finished episode on a bounded queue. Writer threads (``options.writers``) take episodes from it,
   each into its own *part* (a complete lerobot dataset under ``<root>/part-<i>``), written by
-  lerobot in this process (``writer: thread``) or in a child process per part (``writer: process``,
-  which keeps lerobot's Python work off this interpreter's GIL and uses more cores). The queue
-  bound keeps memory flat whatever the number of episodes: at most slots x episode length frames
-  plus ``queued_episodes`` finished episodes are held; when writers fall behind, ``end`` waits.
+  lerobot in this process. (A child process per part was measured too and never paid for its
+  start-up, pipe and merge: ``bench/dataset.md``.) The queue bound keeps memory flat whatever the
+  number of episodes: at most slots x episode length frames plus ``queued_episodes`` finished
+  episodes are held; when writers fall behind, ``end`` waits.
 - **finalize always runs.** Each writer finalizes its part when the sink closes, when the writer
   fails, and when the program's main thread ends without closing it. Writers are not daemon
   threads, so an interrupt in the caller still lets them finish the part they hold.
@@ -41,10 +41,10 @@ from types import TracebackType
 from typing import Any, Self
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.dataset.features import DatasetLayout, FrameDict, lerobot_keys
-from hud_pipelines.dataset.options import DatasetOptions, WriterKind
-from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, Part, PartWriter
-from hud_pipelines.dataset.process import ProcessPart
+from hud_pipelines.dataset.features import DatasetLayout, FrameDict
+from hud_pipelines.dataset.fields import lerobot_keys
+from hud_pipelines.dataset.options import DatasetOptions
+from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, PartWriter
 from hud_pipelines.errors import DatasetWriteError, SlotStateError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
 
@@ -58,8 +58,10 @@ class SinkReport:
     """What a sink did with the episodes it saw."""
 
     episodes_written: int = 0
+    """Episodes committed to a part."""
     frames_written: int = 0
     errored_kept: int = 0
+    """Errored episodes written, flagged by ``episode.errored`` (``keep_errored``)."""
     errored_dropped: int = 0
     empty_dropped: int = 0
     """Episodes that ended without a single frame (e.g. errored at reset)."""
@@ -123,13 +125,9 @@ class LeRobotDatasetSink:
         self.repo_id = repo_id or default_repo_id(self.root.name)
         self.root.mkdir(parents=True, exist_ok=True)
         self._open: dict[EpisodeKey, _OpenEpisode] = {}
-        self._queue: queue.Queue[FinishedEpisode | None] = queue.Queue(maxsize=self.options.queued_episodes)
-        self._lock = threading.Lock()
-        self._report = SinkReport()
-        self._failure: BaseException | None = None
+        self._work = _Work(self.options.queued_episodes)
         self._closed = False
-        self._abort = threading.Event()
-        self._writers = [_WriterThread(self, index) for index in range(self.options.writers)]
+        self._writers = [_WriterThread(self, self._work, index) for index in range(self.options.writers)]
         for writer in self._writers:
             writer.start()
 
@@ -162,16 +160,16 @@ class LeRobotDatasetSink:
         if episode is None:
             raise SlotStateError(f"end() for episode {key}, which is not open")
         if not episode.frames:
-            with self._lock:
-                self._report.empty_dropped += 1
+            with self._work.lock:
+                self._work.report.empty_dropped += 1
             return
         outcome = self._screen(key, episode, outcome)
         if outcome.status is EpisodeStatus.ERRORED:
-            with self._lock:
+            with self._work.lock:
                 if not self.layout.keep_errored:
-                    self._report.errored_dropped += 1
+                    self._work.report.errored_dropped += 1
                     return
-                self._report.errored_kept += 1
+                self._work.report.errored_kept += 1
         follow_graded_success(episode.frames, outcome.success)
         finished = FinishedEpisode(
             key=key, task=episode.prompt, frames=episode.frames, outcome=outcome, non_finite=tuple(episode.non_finite)
@@ -183,26 +181,20 @@ class LeRobotDatasetSink:
         if not episode.non_finite:
             return outcome
         where = ", ".join(f"{name} (from step {step})" for name, step in episode.non_finite.items())
-        with self._lock:
-            self._report.non_finite += 1
+        with self._work.lock:
+            self._work.report.non_finite += 1
         if outcome.status is EpisodeStatus.ERRORED:
             return outcome
         logger.warning("%s: episode %s holds NaN or infinity in %s; it is recorded as errored", self.root, key, where)
         return replace(outcome, status=EpisodeStatus.ERRORED, success=False, error=f"non-finite values in {where}")
 
-    def close(self, *, abort: bool = False) -> None:
-        """Drop episodes never ended, let the writers drain the queue, finalize every part.
-
-        ``abort`` (after an error or a cancellation) also stops writers that are still starting:
-        episodes that only they could have taken are not written.
-        """
-        if abort:
-            self._abort.set()
+    def close(self) -> None:
+        """Drop episodes never ended, let the writers drain the queue, finalize every part."""
         if self._closed:
             return
         self._closed = True
-        with self._lock:
-            self._report.aborted += len(self._open)
+        with self._work.lock:
+            self._work.report.aborted += len(self._open)
         self._open.clear()
         for _ in self._writers:
             self._put(None, closing=True)
@@ -213,10 +205,9 @@ class LeRobotDatasetSink:
         if stuck:
             limit = self.options.close_timeout_s
             raise DatasetWriteError(f"{self.root}: writers {stuck} did not finish within {limit}s")
-        with self._lock:
-            self._report.parts = sorted(w.part.path for w in self._writers if (w.part.path / INFO_FILE).is_file())
-        if self._failure is not None:
-            raise DatasetWriteError(f"{self.root}: a dataset writer failed: {self._failure!r}") from self._failure
+        with self._work.lock:
+            self._work.report.parts = sorted(w.part.path for w in self._writers if (w.part.path / INFO_FILE).is_file())
+        self._raise_if_failed()
 
     def __enter__(self) -> Self:
         return self
@@ -228,14 +219,14 @@ class LeRobotDatasetSink:
             self.close()
             return
         try:
-            self.close(abort=True)
+            self.close()
         except DatasetWriteError:
             logger.exception("closing %s after %r", self.root, exc)
 
     # -- state -------------------------------------------------------------------------------
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
-        """Wait until every writer has started (lerobot imported, child processes up).
+        """Wait until every writer has started (lerobot imported).
 
         Optional: episodes may end before that and simply wait in the queue. Callers that want
         the start-up off their clock (or off the sims' start-up) wait here first. Returns whether
@@ -251,8 +242,8 @@ class LeRobotDatasetSink:
 
     @property
     def report(self) -> SinkReport:
-        with self._lock:
-            return replace(self._report, parts=list(self._report.parts))
+        with self._work.lock:
+            return replace(self._work.report, parts=list(self._work.report.parts))
 
     @property
     def closed(self) -> bool:
@@ -261,8 +252,12 @@ class LeRobotDatasetSink:
     def _check_usable(self) -> None:
         if self._closed:
             raise SlotStateError(f"{self.root}: the dataset sink is closed")
-        if self._failure is not None:
-            raise DatasetWriteError(f"{self.root}: a dataset writer failed: {self._failure!r}") from self._failure
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        failure = self._work.failure
+        if failure is not None:
+            raise DatasetWriteError(f"{self.root}: a dataset writer failed: {failure!r}") from failure
 
     def _put(self, item: FinishedEpisode | None, *, closing: bool = False) -> None:
         """Enqueue, waiting while writers are busy, but never on writers that are all gone."""
@@ -270,81 +265,83 @@ class LeRobotDatasetSink:
             if not any(w.is_alive() for w in self._writers):
                 if closing:
                     return
-                raise DatasetWriteError(f"{self.root}: no dataset writer is running") from self._failure
+                raise DatasetWriteError(f"{self.root}: no dataset writer is running") from self._work.failure
             try:
-                self._queue.put(item, timeout=_POLL_S)
+                self._work.queue.put(item, timeout=_POLL_S)
                 return
             except queue.Full:
-                if self._failure is not None and not closing:
+                if self._work.failure is not None and not closing:
                     self._check_usable()
 
-    def _next(self) -> tuple[bool, FinishedEpisode | None]:
+
+class _Work:
+    """What a sink shares with its writer threads: the bounded queue, the first failure, the report."""
+
+    def __init__(self, queued_episodes: int) -> None:
+        self.queue: queue.Queue[FinishedEpisode | None] = queue.Queue(maxsize=queued_episodes)
+        self.lock = threading.Lock()
+        self.report = SinkReport()
+        self.failure: BaseException | None = None
+
+    def next(self) -> tuple[bool, FinishedEpisode | None]:
         """A writer's next item; ``(False, None)`` when the program ends without closing the sink."""
         while True:
             try:
-                return True, self._queue.get(timeout=_POLL_S)
+                return True, self.queue.get(timeout=_POLL_S)
             except queue.Empty:
                 if not threading.main_thread().is_alive():
                     return False, None
 
-    def _failed(self, exc: BaseException) -> None:
-        with self._lock:
-            if self._failure is None:
-                self._failure = exc
+    def failed(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.failure is None:
+                self.failure = exc
 
-    def _written(self, frames: int) -> None:
-        with self._lock:
-            self._report.episodes_written += 1
-            self._report.frames_written += frames
+    def written(self, frames: int) -> None:
+        with self.lock:
+            self.report.episodes_written += 1
+            self.report.frames_written += frames
 
 
 class _WriterThread(threading.Thread):
     """Takes finished episodes from the sink's queue and writes them into its part, always finalizing."""
 
-    def __init__(self, sink: LeRobotDatasetSink, index: int) -> None:
+    def __init__(self, sink: LeRobotDatasetSink, work: _Work, index: int) -> None:
         super().__init__(name=f"dataset-writer-{sink.root.name}-{index}", daemon=False)
         self.sink = sink
-        path = sink.root / f"{PART_PREFIX}{index:03d}"
-        options = sink.options
-        self.part: Part = (
-            ProcessPart(path, options, sink.repo_id)
-            if options.writer is WriterKind.PROCESS
-            else PartWriter(path, options, sink.repo_id)
-        )
+        self.work = work
+        self.part = PartWriter(sink.root / f"{PART_PREFIX}{index:03d}", sink.options, sink.repo_id)
         self.ready = threading.Event()
-        """Set once the part can take episodes (lerobot imported, child process up) or failed to."""
+        """Set once the part can take episodes (lerobot imported) or failed to."""
 
     def run(self) -> None:
         try:
             try:
-                started = self.part.start(self.sink._abort)  # pyright: ignore[reportPrivateUsage]
+                self.part.start()
             finally:
                 self.ready.set()
-            if not started:
-                self._drain()
-                return
             while True:
-                ok, item = self.sink._next()  # pyright: ignore[reportPrivateUsage]
+                ok, item = self.work.next()
                 if not ok or item is None:
                     break
-                if self.sink._failure is not None:  # pyright: ignore[reportPrivateUsage]
+                if self.work.failure is not None:
                     continue
                 self.part.write(item, self.sink.layout)
-                self.sink._written(len(item.frames))  # pyright: ignore[reportPrivateUsage]
+                self.work.written(len(item.frames))
         except BaseException as exc:
             logger.exception("dataset writer %s failed", self.name)
-            self.sink._failed(exc)  # pyright: ignore[reportPrivateUsage]
+            self.work.failed(exc)
             self._drain()
         finally:
             try:
                 self.part.finalize()
             except BaseException as exc:
                 logger.exception("finalizing %s failed", self.part.path)
-                self.sink._failed(exc)  # pyright: ignore[reportPrivateUsage]
+                self.work.failed(exc)
 
     def _drain(self) -> None:
         """After a failure keep taking items so producers and close() never wait on this writer."""
         while True:
-            ok, item = self.sink._next()  # pyright: ignore[reportPrivateUsage]
+            ok, item = self.work.next()
             if not ok or item is None:
                 return

@@ -27,9 +27,11 @@ class EpisodeStatus(StrEnum):
     """How an episode ended; ``errored`` is never counted as a failure."""
 
     SUCCEEDED = "succeeded"
+    """Ended with success (sticky: once reported, it holds until the episode ends)."""
     FAILED = "failed"
     """Ended (terminated, truncated or ``max_steps``) without success."""
     ERRORED = "errored"
+    """Ended on a fault (the outcome's ``fault`` says which); it has no grade."""
 
 
 @dataclass(frozen=True)

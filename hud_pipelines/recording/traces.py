@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -341,9 +341,9 @@ def read_trace(path: Path) -> Trace:
                 line: Any = json.loads(text, parse_constant=_constant)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
-            if not isinstance(line, dict):
+            if not _is_json_object(line):
                 raise ValueError(f"{path}:{number}: a step must be a JSON object")
-            entry = cast(dict[str, Any], line)
+            entry = line
             kind = entry.get("type")
             if kind not in StepType.__members__.values():
                 raise ValueError(f"{path}:{number}: unknown step type {kind!r}")
@@ -371,3 +371,8 @@ def iter_jobs(root: Path) -> Iterator[Path]:
 
 def _constant(name: str) -> float:
     return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
+
+
+def _is_json_object(value: object) -> TypeGuard[dict[str, Any]]:
+    """A JSON object (its keys are strings; its values are read field by field)."""
+    return isinstance(value, dict)

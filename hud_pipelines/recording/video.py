@@ -1,6 +1,10 @@
-"""Per-camera video of one trace, encoded off the stepping path (PyAV's bundled FFmpeg).
+"""Camera video through PyAV's bundled FFmpeg: the one mp4 writer, and a trace's per-camera videos.
 
-H.264 (``libx264``) plays everywhere; ``mpeg4`` is the fallback when the FFmpeg build lacks it.
+:class:`Mp4Writer` is the project's only place that drives PyAV: one video stream, one ``pts`` per
+frame, the first usable codec of a list. Traces use it through :class:`CameraVideo`; the dataset's
+episode videos (:mod:`hud_pipelines.dataset.episode_video`) use it with lerobot's codec options.
+
+For traces, H.264 (``libx264``) plays everywhere; ``mpeg4`` is the fallback when the FFmpeg build lacks it.
 Frames are handed to one :class:`VideoEncoder` thread (FFmpeg encodes without the GIL), so the agent
 loop only copies a frame; the queue is bounded, so an encoder that falls behind slows the loop down
 instead of filling memory. Each stream encodes single-threaded so it does not compete with the sims
@@ -13,14 +17,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import av
 import numpy as np
 import numpy.typing as npt
+from av.container import OutputContainer
 
 log = logging.getLogger(__name__)
 CODECS = ("libx264", "mpeg4")
@@ -28,6 +34,86 @@ CODECS = ("libx264", "mpeg4")
 
 QUEUED_FRAMES = 256
 """Frames waiting for the encoder at most (a few MB of camera frames) before ``add`` waits."""
+
+
+class Mp4Writer:
+    """One mp4 file holding one video stream, written frame by frame (RGB ``HWC`` uint8 frames).
+
+    ``codecs`` are tried in order; the first that FFmpeg builds is used (:attr:`codec`). Frames get
+    consecutive ``pts`` in a time base of one frame. ``write`` and ``finish`` return the packets
+    they muxed, so a caller can tell that every frame reached the file.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        width: int,
+        height: int,
+        fps: Fraction | int,
+        codecs: Sequence[str],
+        pix_fmt: str = "yuv420p",
+        options: Mapping[str, str] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        self.path = path
+        self.frames = 0
+        self._time_base = 1 / Fraction(fps)
+        self._container: OutputContainer = av.open(str(path), mode="w")
+        try:
+            self.codec, self._stream = self._add_stream(codecs, fps, dict(options or {}))
+        except BaseException:
+            self._container.close()
+            raise
+        self._stream.width = width
+        self._stream.height = height
+        self._stream.pix_fmt = pix_fmt
+        self._stream.time_base = self._time_base
+        if threads is not None:
+            self._stream.codec_context.thread_count = threads
+
+    def _add_stream(
+        self, codecs: Sequence[str], fps: Fraction | int, options: dict[str, str]
+    ) -> tuple[str, av.VideoStream]:
+        last: Exception | None = None
+        for codec in codecs:
+            try:
+                stream = self._container.add_stream(codec, rate=fps, options=options)
+            except Exception as exc:  # PyAV raises its own error types for an encoder it lacks
+                last = exc
+                continue
+            if isinstance(stream, av.VideoStream):
+                return codec, stream
+            last = ValueError(f"{codec} is not a video codec")
+        raise RuntimeError(f"no usable video encoder among {tuple(codecs)}: {last}")
+
+    def write(self, rgb: npt.NDArray[np.uint8]) -> int:
+        """Encode one frame; returns the packets muxed (an encoder may hold some frames back)."""
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+        frame.pts = self.frames
+        frame.time_base = self._time_base
+        self.frames += 1
+        packets = self._stream.encode(frame)
+        self._container.mux(packets)
+        return len(packets)
+
+    def finish(self) -> int:
+        """Flush the encoder and close the file; returns the packets the flush muxed."""
+        try:
+            packets = self._stream.encode()
+            self._container.mux(packets)
+            return len(packets)
+        finally:
+            self._container.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None:
+            self._container.close()
 
 
 class VideoEncoder:
@@ -79,8 +165,7 @@ class CameraVideo:
         self.codec = codec
         self.frames = 0
         self._encoder = encoder
-        self._container: Any = None
-        self._stream: Any = None
+        self._writer: Mp4Writer | None = None
 
     def add(self, image: npt.NDArray[Any]) -> None:
         frame = _as_rgb(image)
@@ -93,12 +178,9 @@ class CameraVideo:
             self._encoder.submit(lambda: self._encode(owned))
 
     def _encode(self, frame: npt.NDArray[np.uint8]) -> None:
-        if self._stream is None:
-            self._open(frame.shape[1], frame.shape[0])
-        stream: Any = self._stream
-        video_frame = av.VideoFrame.from_ndarray(frame, format="rgb24")
-        for packet in stream.encode(video_frame):
-            self._container.mux(packet)
+        if self._writer is None:
+            self._writer = self._open(frame.shape[1], frame.shape[0])
+        self._writer.write(frame)
 
     def close(self) -> None:
         """Flush and close the file (after every frame added so far is encoded)."""
@@ -108,35 +190,22 @@ class CameraVideo:
             self._encoder.wait(self._finish)
 
     def _finish(self) -> None:
-        if self._stream is None:
-            return
-        try:
-            for packet in self._stream.encode():
-                self._container.mux(packet)
-        finally:
-            self._container.close()
-            self._stream = None
-            self._container = None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.finish()
 
-    def _open(self, width: int, height: int) -> None:
+    def _open(self, width: int, height: int) -> Mp4Writer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        container: Any = av.open(str(self.path), mode="w")
-        rate = Fraction(self.fps).limit_denominator(1000)
-        last: Exception | None = None
-        for codec in (self.codec,) if self.codec else CODECS:
-            try:
-                stream: Any = container.add_stream(codec, rate=rate)
-            except Exception as exc:  # PyAV raises its own error types for an encoder it lacks
-                last = exc
-                continue
-            stream.width = width
-            stream.height = height
-            stream.pix_fmt = "yuv420p"
-            stream.codec_context.thread_count = 1
-            self._container, self._stream, self.codec = container, stream, codec
-            return
-        container.close()
-        raise RuntimeError(f"no usable video encoder among {CODECS}: {last}")
+        writer = Mp4Writer(
+            self.path,
+            width=width,
+            height=height,
+            fps=Fraction(self.fps).limit_denominator(1000),
+            codecs=(self.codec,) if self.codec else CODECS,
+            threads=1,  # one thread per stream: the sims need the cores
+        )
+        self.codec = writer.codec
+        return writer
 
 
 def _as_rgb(image: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:

@@ -15,9 +15,9 @@ modes are followed: with ``NEXT_STEP`` the step that resets a finished sub-env r
 with ``SAME_STEP`` the next episode starts from the observation that step returns; with
 ``DISABLED`` a ``reset(options={"reset_mask": ...})`` restarts the masked sub-envs.
 
-Grades follow the bridge: success is sticky once the env reports it, the score is success when the
-env reports a success signal, else the episode return. An episode cut short by ``reset`` or
-``close`` ends as failed with ``truncated=True``.
+Grades follow the bridge (:mod:`.episodes` keeps each slot's record): success is sticky once the
+env reports it, the score is success when the env reports a success signal, else the episode
+return. An episode cut short by ``reset`` or ``close`` ends as failed with ``truncated=True``.
 
 A wrapper writing a dataset is finalized at interpreter exit if it was never closed: the finalizer
 is registered when the wrapper is created, and runs on the normal way out of the program (the end
@@ -32,35 +32,20 @@ written stay in the dataset's staging directory (``.<name>.staging-*``), unpubli
 
 from __future__ import annotations
 
-import importlib
-import logging
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numpy as np
-import numpy.typing as npt
 
-from hud_pipelines.contract import (
-    Contract,
-    control_rate_of,
-    derive_contract,
-    flatten_observation,
-    resolve_contract,
-    to_numpy,
-)
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
-from hud_pipelines.sim.envs import prompt_of, success_of, vector_success
+from hud_pipelines.contract import Contract, flatten_observation, to_numpy
+from hud_pipelines.contract.observations import observation_row
+from hud_pipelines.recording.episodes import CUT_SHORT, Episodes, WrapOptions
+from hud_pipelines.recording.events import EpisodeSink
+from hud_pipelines.sim.envs import success_of, vector_success
 
-if TYPE_CHECKING:
-    from hud_pipelines.dataset.publish import DatasetBuild
-
-logger = logging.getLogger(__name__)
-
-CUT_SHORT = "the episode was cut short by reset() or close()"
-_REGISTER_EXIT_HOOKS_ON_IMPORT = ("concurrent.futures.thread", "concurrent.futures.process")
+__all__ = ["CUT_SHORT", "RecordEpisodes", "RecordVectorEpisodes", "wrap"]
 
 
 def wrap(
@@ -84,13 +69,20 @@ def wrap(
     when the program exits without closing it (see the module docstring for what that covers).
     The wrapper owns the sinks: closing it ends open episodes and closes them.
     """
-    options = _Options(job, list(sinks or ()), trace_dir, prompt, contract_path, task, instance, video)
-    options.dataset = dataset
-    options.dataset_repo_id = dataset_repo_id
-    if isinstance(env, gym.vector.VectorEnv):
-        wrapper: RecordEpisodes | RecordVectorEpisodes = RecordVectorEpisodes(
-            cast(gym.vector.VectorEnv[Any, Any, Any], env), options
-        )
+    options = WrapOptions(
+        job=job,
+        sinks=list(sinks or ()),
+        trace_dir=trace_dir,
+        prompt=prompt,
+        contract_path=contract_path,
+        task=task,
+        instance=instance,
+        video=video,
+        dataset=dataset,
+        dataset_repo_id=dataset_repo_id,
+    )
+    if _is_vector_env(env):
+        wrapper: RecordEpisodes | RecordVectorEpisodes = RecordVectorEpisodes(env, options)
     else:
         wrapper = RecordEpisodes(env, options)
     if dataset is not None:
@@ -98,204 +90,17 @@ def wrap(
     return wrapper
 
 
-class _Options:
-    def __init__(
-        self,
-        job: str,
-        sinks: list[EpisodeSink],
-        trace_dir: Path | None,
-        prompt: str | None,
-        contract_path: Path | None,
-        task: int,
-        instance: int,
-        video: bool,
-    ) -> None:
-        self.job = job
-        self.sinks = sinks
-        self.trace_dir = trace_dir
-        self.prompt = prompt
-        self.contract_path = contract_path
-        self.task = task
-        self.instance = instance
-        self.video = video
-        self.dataset: Path | None = None
-        self.dataset_repo_id: str | None = None
-
-
-class _Episodes:
-    """Per-slot episode bookkeeping shared by the single-env and vector-env wrappers."""
-
-    def __init__(self, options: _Options, num_slots: int) -> None:
-        self.options = options
-        self.sinks: list[EpisodeSink] = list(options.sinks)
-        self.num_slots = num_slots
-        self.contract: Contract | None = None
-        self.names: dict[str, str] = {}
-        self.prompt = ""
-        self.open = [False] * num_slots
-        self.episode = [-1] * num_slots
-        self.keys: list[EpisodeKey | None] = [None] * num_slots
-        self.steps = [0] * num_slots
-        self.total = [0.0] * num_slots
-        self.success = [False] * num_slots
-        self.reported = [False] * num_slots
-        self.last: list[dict[str, npt.NDArray[Any]]] = [{} for _ in range(num_slots)]
-        self.dataset: DatasetBuild | None = None
-        self._at_exit: _CloseAtExit | None = None
-
-    def close_at_exit(self) -> None:
-        """Close (and publish) at interpreter exit unless :meth:`close` ran first.
-
-        Registered now, not at exit: by then Python refuses new exit hooks, and a module that
-        registers one on import (``concurrent.futures``, which lerobot imports in the writer
-        thread) fails to import. So those modules are imported here too.
-        """
-        for module in _REGISTER_EXIT_HOOKS_ON_IMPORT:
-            importlib.import_module(module)
-        if self._at_exit is None:
-            self._at_exit = _CloseAtExit(self)
-            threading._register_atexit(self._at_exit)  # pyright: ignore[reportAttributeAccessIssue, reportPrivateUsage, reportUnknownMemberType]
-
-    def ensure_contract(self, env: Any, observation_space: Any, action_space: Any, sample: object) -> None:
-        if self.contract is not None:
-            return
-        spec = getattr(env, "spec", None)
-        metadata: Mapping[str, Any] = getattr(env, "metadata", None) or {}
-        robot_type = str(metadata.get("robot_type") or (spec.id if spec is not None else type(env.unwrapped).__name__))
-        derived = derive_contract(
-            observation_space, action_space, sample, control_rate=control_rate_of(env), robot_type=robot_type
-        )
-        self.contract = resolve_contract(derived, self.options.contract_path)
-        self.names = {name: name or next(iter(derived.observation_features)) for name in flatten_observation(sample)}
-        if self.options.trace_dir is not None:
-            from hud_pipelines.recording.traces import TraceRecorder
-
-            self.sinks.append(TraceRecorder(self.options.trace_dir, self.contract, video=self.options.video))
-        if self.options.dataset is not None:
-            from hud_pipelines.dataset.publish import DatasetBuild
-
-            self.dataset = DatasetBuild(self.options.dataset, self.contract, repo_id=self.options.dataset_repo_id)
-            self.sinks.append(self.dataset.sink(self.options.job.replace("/", "_") or "wrap"))
-        default_prompt = prompt_of(env) or (spec.id if spec is not None else type(env.unwrapped).__name__)
-        self.prompt = self.options.prompt if self.options.prompt is not None else default_prompt
-
-    def observation(self, flat: dict[str, npt.NDArray[Any]], slot: int | None) -> dict[str, npt.NDArray[Any]]:
-        """One slot's observation in contract keys and dtypes (``slot=None``: an unbatched observation)."""
-        assert self.contract is not None
-        out: dict[str, npt.NDArray[Any]] = {}
-        for name, value in flat.items():
-            key = self.names.get(name, name)
-            feature = self.contract.features[key]
-            row = value if slot is None else value[slot]
-            out[key] = np.array(row, dtype=feature.dtype).reshape(feature.shape)
-        return out
-
-    def begin(self, slot: int, seed: int | None, observation: dict[str, npt.NDArray[Any]]) -> None:
-        if self.open[slot]:
-            self.end(slot, terminated=False, truncated=True, reason=CUT_SHORT)
-        self.episode[slot] += 1
-        o = self.options
-        key = EpisodeKey(o.job, o.task, o.instance, slot, self.episode[slot], seed)
-        self.keys[slot] = key
-        self.open[slot] = True
-        self.steps[slot] = 0
-        self.total[slot] = 0.0
-        self.success[slot] = False
-        self.reported[slot] = False
-        self.last[slot] = observation
-        for sink in self.sinks:
-            sink.begin(key, self.prompt)
-
-    def step(
-        self,
-        slot: int,
-        action: object,
-        observation: dict[str, npt.NDArray[Any]],
-        reward: float,
-        terminated: bool,
-        truncated: bool,
-        success: int,
-    ) -> None:
-        """Record one step of an open episode; ``success`` is -1 when the env reported none."""
-        key = self.keys[slot]
-        assert key is not None
-        assert self.contract is not None
-        if success >= 0:
-            self.reported[slot] = True
-            self.success[slot] = self.success[slot] or bool(success)
-        frame = Frame(
-            index=self.steps[slot],
-            observation=self.last[slot],
-            action=np.asarray(to_numpy(action), dtype=np.float32).reshape(self.contract.action.size),
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            success=self.success[slot],
-        )
-        for sink in self.sinks:
-            sink.add(key, frame)
-        self.steps[slot] += 1
-        self.total[slot] += reward
-        self.last[slot] = observation
-        if terminated or truncated:
-            self.end(slot, terminated=terminated, truncated=truncated)
-
-    def end(self, slot: int, *, terminated: bool, truncated: bool, reason: str | None = None) -> None:
-        key = self.keys[slot]
-        if not self.open[slot] or key is None:
-            return
-        self.open[slot] = False
-        success = self.success[slot]
-        score = float(success) if self.reported[slot] else self.total[slot]
-        outcome = EpisodeOutcome(
-            status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
-            score=score,
-            success=success,
-            total_reward=self.total[slot],
-            steps=self.steps[slot],
-            terminated=terminated,
-            truncated=truncated,
-            extra={} if reason is None else {"reason": reason},
-        )
-        for sink in self.sinks:
-            sink.end(key, outcome)
-
-    def close(self) -> None:
-        if self._at_exit is not None:
-            self._at_exit.episodes = None
-            self._at_exit = None
-        for slot in range(self.num_slots):
-            self.end(slot, terminated=False, truncated=True, reason=CUT_SHORT)
-        for sink in self.sinks:
-            sink.close()
-        self.sinks = []
-        if self.dataset is not None:
-            build, self.dataset = self.dataset, None
-            build.publish()
-
-
-class _CloseAtExit:
-    """An exit hook that closes the episodes of a wrapper nobody closed (and then forgets them)."""
-
-    def __init__(self, episodes: _Episodes) -> None:
-        self.episodes: _Episodes | None = episodes
-
-    def __call__(self) -> None:
-        episodes, self.episodes = self.episodes, None
-        if episodes is None:
-            return
-        try:
-            episodes.close()
-        except Exception:
-            logger.exception("closing an unclosed wrap() at exit failed; its dataset was not published")
+def _is_vector_env(env: object) -> TypeGuard[gym.vector.VectorEnv[Any, Any, Any]]:
+    """A gymnasium vector env: one episode stream per sub-env."""
+    return isinstance(env, gym.vector.VectorEnv)
 
 
 class RecordEpisodes(gym.Wrapper[Any, Any, Any, Any]):
     """Single-env wrapper (see :func:`wrap`)."""
 
-    def __init__(self, env: gym.Env[Any, Any], options: _Options) -> None:
+    def __init__(self, env: gym.Env[Any, Any], options: WrapOptions) -> None:
         super().__init__(env)
-        self.episodes = _Episodes(options, 1)
+        self.episodes = Episodes(options, 1)
 
     @property
     def contract(self) -> Contract | None:
@@ -310,7 +115,7 @@ class RecordEpisodes(gym.Wrapper[Any, Any, Any, Any]):
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         observation, reward, terminated, truncated, info = self.env.step(action)
         episodes = self.episodes
-        if episodes.open[0]:
+        if episodes.is_open(0):
             episodes.step(
                 0,
                 action,
@@ -330,9 +135,9 @@ class RecordEpisodes(gym.Wrapper[Any, Any, Any, Any]):
 class RecordVectorEpisodes(gym.vector.VectorWrapper):
     """Vector-env wrapper: one episode stream per sub-env (see :func:`wrap`)."""
 
-    def __init__(self, env: gym.vector.VectorEnv[Any, Any, Any], options: _Options) -> None:
+    def __init__(self, env: gym.vector.VectorEnv[Any, Any, Any], options: WrapOptions) -> None:
         super().__init__(env)
-        self.episodes = _Episodes(options, int(env.num_envs))
+        self.episodes = Episodes(options, int(env.num_envs))
         metadata: Mapping[str, Any] = getattr(env, "metadata", None) or {}
         mode: Any = metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         self.autoreset = gym.vector.AutoresetMode(mode)
@@ -345,11 +150,13 @@ class RecordVectorEpisodes(gym.vector.VectorWrapper):
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        observation, info = cast(Any, self.env).reset(seed=seed, options=options)
+        # gymnasium types a vector reset's seed as one int; its vector envs take a list of seeds too
+        reset: Callable[..., tuple[Any, dict[str, Any]]] = self.env.reset
+        observation, info = reset(seed=seed, options=options)
         episodes = self.episodes
         flat = flatten_observation(observation)
         episodes.ensure_contract(
-            self.env, self.env.single_observation_space, self.env.single_action_space, _row(observation, 0)
+            self.env, self.env.single_observation_space, self.env.single_action_space, observation_row(observation, 0)
         )
         mask = np.ones(episodes.num_slots, dtype=np.bool_)
         if options and "reset_mask" in options:
@@ -375,7 +182,7 @@ class RecordVectorEpisodes(gym.vector.VectorWrapper):
                 self._pending_reset[slot] = False
                 episodes.begin(slot, None, episodes.observation(flat, slot))
                 continue
-            if not episodes.open[slot]:
+            if not episodes.is_open(slot):
                 continue
             done = bool(terms[slot]) or bool(truncs[slot])
             next_observation = episodes.observation(flat, slot)
@@ -410,13 +217,3 @@ def _seeds(seed: int | list[int | None] | None, num_slots: int) -> list[int | No
     if isinstance(seed, int):
         return [seed + i for i in range(num_slots)]
     return list(seed)
-
-
-def _row(observation: object, row: int) -> object:
-    """Row ``row`` of a batched (possibly nested) observation."""
-    if isinstance(observation, Mapping):
-        mapping = cast(Mapping[str, Any], observation)
-        return {k: _row(v, row) for k, v in mapping.items()}
-    if isinstance(observation, tuple):
-        return tuple(_row(v, row) for v in cast(tuple[Any, ...], observation))
-    return to_numpy(observation)[row]

@@ -24,24 +24,32 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Feature
-from hud_pipelines.errors import ActionError
+from hud_pipelines.errors import ActionError, ContractError
+from hud_pipelines.wire.codec import is_array
 
 
 class HoldMode(StrEnum):
+    """What a finished slot receives while the others keep stepping."""
+
     LAST = "last"
+    """Its last action (the default: zero can be unsafe for absolute-pose control)."""
     ZERO = "zero"
 
 
 class BoundsMode(StrEnum):
+    """What happens to a continuous action outside the contract's bounds."""
+
     CLIP = "clip"
+    """It is clipped to the bounds."""
     ERROR = "error"
+    """Its slot ends as errored, naming the action and the bounds."""
 
 
 class ActionAdapter:
@@ -101,7 +109,7 @@ class ActionAdapter:
         frame = self._frame(action, scalar)
         rows = frame.astype(np.float64)
         refused: dict[int, str] = {}
-        finite = cast("npt.NDArray[np.bool_]", np.isfinite(rows).all(axis=1))
+        finite: npt.NDArray[np.bool_] = np.all(np.isfinite(rows), axis=1)
         if not finite[running].all():
             for slot in np.flatnonzero(running & ~finite).tolist():
                 refused[slot] = (
@@ -129,9 +137,9 @@ class ActionAdapter:
 
     def _frame(self, action: object, scalar: bool) -> npt.NDArray[Any]:
         """The frame as ``[N, A]``, or an :class:`ActionError` naming what the client sent and what is expected."""
-        if not isinstance(action, np.ndarray):
+        if not is_array(action):
             raise ActionError(f"the action must be an array, got {type(action).__name__}; {self.spec(scalar=scalar)}")
-        frame = cast("npt.NDArray[Any]", action)
+        frame = action
         if frame.ndim == 1 and self.width == 1 and frame.shape[0] == self.num_slots:
             frame = frame.reshape(self.num_slots, 1)
         if frame.shape != (self.num_slots, self.width):
@@ -158,9 +166,15 @@ class ActionAdapter:
             batch = rows.astype(np.int8).reshape((self.num_slots, *space.shape))
         elif isinstance(space, gym.spaces.MultiDiscrete):
             batch = rows.astype(np.int64).reshape((self.num_slots, *space.shape))
-        else:
-            dtype = cast("np.dtype[Any]", space.dtype)
-            batch = rows.astype(dtype).reshape((self.num_slots, *cast("tuple[int, ...]", space.shape)))
+        elif _is_box(space):
+            batch = rows.astype(space.dtype).reshape((self.num_slots, *space.shape))
+        else:  # the contract refused any other space already
+            raise ContractError(f"unsupported action space {space!r}: use Box, Discrete, MultiDiscrete or MultiBinary")
         if batched:
             return batch
         return list(batch)
+
+
+def _is_box(space: object) -> TypeGuard[gym.spaces.Box]:
+    """A ``Box`` space (gymnasium leaves the dtype and shape of a narrowed space partly untyped)."""
+    return isinstance(space, gym.spaces.Box)

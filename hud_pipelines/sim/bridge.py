@@ -16,8 +16,8 @@ reason, while the other slots go on.
 
 Build arguments belong to one connection: the operator's (``build_args``) are the base, a
 connection's resets add their own on top, and :meth:`begin_connection` drops them again, so what one
-client asked for never reaches the next. A registry id's ``vectorization_mode`` is the operator's
-alone.
+client asked for never reaches the next. How a reset's tasks are read (and refused) is
+:mod:`.tasks`; how NaN and infinity are caught, :mod:`.screen`.
 
 It does no I/O and no threading: the server calls it on the sim's main thread, and tests and the
 in-process baseline call it directly.
@@ -25,7 +25,6 @@ in-process baseline call it directly.
 
 from __future__ import annotations
 
-import json
 import logging
 import traceback
 from collections.abc import Callable, Mapping
@@ -35,19 +34,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.contract import (
-    Contract,
-    control_rate_of,
-    derive_contract,
-    flatten_observation,
-    merge_contract,
-    resolve_contract,
-)
+from hud_pipelines.contract import Contract, derive_env_contract, merge_contract, resolve_contract
 from hud_pipelines.errors import EnvFault, HudPipelinesError, TaskArgumentError
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
-from hud_pipelines.sim.factory import VECTORIZATION_MODE, Factory, FactoryKind, resolve_factory
+from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
+from hud_pipelines.sim.screen import screen_nonfinite
 from hud_pipelines.sim.slots import SlotBatch
+from hud_pipelines.sim.tasks import read_tasks, refuse_shared_seed, task_prompt
 from hud_pipelines.wire.messages import Observation, Phase, SlotError
 
 log = logging.getLogger(__name__)
@@ -180,22 +174,17 @@ class GymBridge:
     def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any]) -> None:
         """Derive the contract of freshly built envs and size every buffer from it."""
         sample = envs.sample_observation()
-        robot_type = str(envs.metadata.get("robot_type") or _robot_name(envs.rate_sources()) or self.factory.name)
-        derived = derive_contract(
-            envs.single_observation_space,
-            envs.single_action_space,
-            sample,
-            control_rate=control_rate_of(*envs.rate_sources()),
-            robot_type=robot_type,
+        name = self.factory.name
+        derived = derive_env_contract(
+            envs.source, envs.single_observation_space, envs.single_action_space, sample, fallback_name=name
         )
         if self._contract is None:
-            self._contract = resolve_contract(derived, self.contract_path)
+            self._contract = resolve_contract(derived.contract, self.contract_path)
         else:  # a rebuild with other build args must still honour the contract the clients saw
-            merge_contract(self._contract, derived, source=f"the env rebuilt with {build_args}")
+            merge_contract(self._contract, derived.contract, source=f"the env rebuilt with {build_args}")
         contract = self._contract
         envs.contract = contract
-        default_name = next(iter(derived.observation_features))
-        envs.names = {name: name or default_name for name in flatten_observation(sample)}
+        envs.names = derived.names
         self._obs = {
             k: np.zeros((self.num_envs, *f.shape), dtype=f.dtype) for k, f in contract.observation_features.items()
         }
@@ -212,14 +201,14 @@ class GymBridge:
         With ``copy=False`` the observation arrays are the bridge's own buffers, valid only until
         the next request (the server encodes them at once).
         """
-        build_args, seeds, options = self._read_tasks(tasks)
+        read = read_tasks(self.factory, self.num_envs, self._operator_args, tasks)
         # this reset's own arguments over the operator's: nothing an earlier reset asked for lingers
-        self._ensure_build({**self._operator_args, **build_args})
+        self._ensure_build({**self._operator_args, **read.build_args})
         envs = self._require_envs()
-        self._refuse_shared_seed(envs, seeds)
-        self.slots.begin(seeds)
+        refuse_shared_seed(self.factory, envs, read.seeds)
+        self.slots.begin(read.seeds)
         try:
-            started = envs.reset(seeds, options, self._obs)
+            started = envs.reset(read.seeds, read.options, self._obs)
             if started.errors and len(started.errors) == self.num_envs:  # nothing started: the reset failed
                 slot, formatted = next(iter(started.errors.items()))
                 raise _ResetRaised(formatted)
@@ -243,7 +232,7 @@ class GymBridge:
             ) from exc
         assert self._actions is not None
         self._actions.restart()
-        prompts = [own or self._prompt(task) for own, task in zip(started.prompts, tasks, strict=True)]
+        prompts = [own or task_prompt(self.factory, task) for own, task in zip(started.prompts, tasks, strict=True)]
         errors: list[SlotError] = []
         for slot, formatted in started.errors.items():
             self.slots.fail(slot, f"env.reset raised {_last_line(formatted)}")
@@ -318,41 +307,6 @@ class GymBridge:
             raise RuntimeError("the bridge has not started; call start() first")
         return self._envs
 
-    def _read_tasks(
-        self, tasks: list[dict[str, Any]]
-    ) -> tuple[dict[str, Any], list[int | None], list[dict[str, Any] | None]]:
-        """Split one task per slot into the shared build arguments, the seeds and the reset options."""
-        if len(tasks) != self.num_envs:
-            raise TaskArgumentError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
-        split = [self.factory.split_task(task) for task in tasks]
-        build_args = split[0][0]
-        for slot, (slot_build, _) in enumerate(split):
-            if slot_build != build_args:
-                raise TaskArgumentError(
-                    f"slot {slot} asks for build arguments {slot_build}, slot 0 for {build_args}: the slots of one "
-                    "sim share one build"
-                )
-        self._refuse_fixed(build_args)
-        seeds = [_seed(episodic.get("seed"), slot) for slot, (_, episodic) in enumerate(split)]
-        options = [_options(episodic.get("options"), slot) for slot, (_, episodic) in enumerate(split)]
-        return build_args, seeds, options
-
-    def _refuse_fixed(self, build_args: Mapping[str, Any]) -> None:
-        """A client may repeat, never change, a registry id's ``vectorization_mode``: only the operator sets it.
-
-        The mode decides whether worker processes start and whether every slot gets its own seed.
-        """
-        if self.factory.kind is not FactoryKind.REGISTRY or VECTORIZATION_MODE not in build_args:
-            return
-        served = self.factory.vectorization_mode(self._operator_args, self.num_envs)
-        asked = build_args[VECTORIZATION_MODE]
-        if asked != served:
-            raise TaskArgumentError(
-                f"{VECTORIZATION_MODE}={asked!r} is refused: it is fixed when the sim starts (this sim serves "
-                f"{self.factory.name} with {VECTORIZATION_MODE}={served!r}); start the sim with "
-                f"--arg {VECTORIZATION_MODE}={asked} to use it"
-            )
-
     def _ensure_build(self, wanted: dict[str, Any]) -> None:
         """Rebuild the envs when ``wanted`` differs from the current build (or after an env fault)."""
         if self._envs is not None and not self._rebuild and wanted == self._build_args:
@@ -365,60 +319,21 @@ class GymBridge:
             self.slots.fail_running(f"building the env with {wanted} failed")
             raise
 
-    def _refuse_shared_seed(self, envs: SlotEnvs, seeds: list[int | None]) -> None:
-        """A vector env that takes one seed for the batch cannot give slots distinct seeds: refuse them."""
-        if not isinstance(envs, VectorEnvs) or envs.per_slot_seeds or len(set(seeds)) <= 1:
-            return
-        differ = [slot for slot, seed in enumerate(seeds) if seed != seeds[0]]
-        fix = (
-            f"serve it with vectorization_mode=sync (each slot its own env and seed) or give every slot seed {seeds[0]}"
-            if self.factory.kind is FactoryKind.REGISTRY
-            else f"give every slot seed {seeds[0]}, or have its reset take a list of seeds (per_slot_seeds = True)"
-        )
-        raise TaskArgumentError(
-            f"{self.factory.name} ({type(envs.env).__name__}) takes one seed for all {self.num_envs} slots, but the "
-            f"tasks ask for seeds {seeds}: slot(s) {differ} would not get the seed they are credited with; {fix}"
-        )
-
     def _end_nonfinite(
         self, rows: npt.NDArray[np.bool_], reward: npt.NDArray[np.float64] | None
     ) -> tuple[list[int], list[SlotError]]:
         """End the slots among ``rows`` whose float observation or reward is NaN or infinite, as errored.
 
-        ``reward`` is ``None`` for a reset (whose observations are checked alone).
-
         Returns the slots whose observation was not finite (flagged on the wire and counted in their
         records) and one error per ended slot, naming the feature (or the reward) and the step.
         """
-        reasons: dict[int, str] = {}
-        flagged = np.zeros(self.num_envs, dtype=np.bool_)
-        steps = self.slots.steps
-
-        def when(slot: int) -> str:  # steps count from 1 within the episode; this one is not counted yet
-            return "at reset" if reward is None else f"at step {int(steps[slot]) + 1}"
-
-        for key in self._float_features:
-            values = self._obs[key].reshape(self.num_envs, -1)
-            if np.isfinite(values).all():
-                continue
-            bad = rows & ~np.isfinite(values).all(axis=1)
-            flagged |= bad
-            for slot in np.flatnonzero(bad).tolist():
-                reasons.setdefault(slot, f"observation {key!r} is not finite {when(slot)} (slot {slot})")
-        if reward is not None and not np.isfinite(reward[rows]).all():
-            for slot in np.flatnonzero(rows & ~np.isfinite(reward)).tolist():
-                reasons.setdefault(slot, f"reward {reward[slot]} is not finite {when(slot)} (slot {slot})")
-        if flagged.any():
-            self.slots.flag_nonfinite(flagged)
-        for slot, reason in reasons.items():
+        found = screen_nonfinite(self._obs, self._float_features, rows, reward, self.slots.steps)
+        if found.flagged.any():
+            self.slots.flag_nonfinite(found.flagged)
+        for slot, reason in found.reasons.items():
             self.slots.fail(slot, reason)
-        return np.flatnonzero(flagged).tolist(), [
-            SlotError(slot=s, message=m, cause="nonfinite") for s, m in reasons.items()
-        ]
-
-    def _prompt(self, task: Mapping[str, Any]) -> str:
-        described = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in sorted(task.items()) if k != "seed")
-        return f"{self.factory.name} {described}".strip()
+        errors = [SlotError(slot=s, message=m, cause="nonfinite") for s, m in found.reasons.items()]
+        return np.flatnonzero(found.flagged).tolist(), errors
 
     def _observation(
         self,
@@ -445,24 +360,6 @@ class GymBridge:
         )
 
 
-def _robot_name(sources: list[Any]) -> str | None:
-    """What a sim that states no ``robot_type`` is called: its registry id, else its env class.
-
-    Never the factory's function name (``make``), which says nothing about the robot.
-    """
-    for source in sources:
-        spec = getattr(source, "spec", None)
-        env_id = getattr(spec, "id", None)
-        if isinstance(env_id, str) and env_id:
-            return env_id
-    for source in sources:
-        unwrapped = getattr(source, "unwrapped", None)
-        name = type(unwrapped).__name__ if unwrapped is not None else ""
-        if name and name not in ("SyncVectorEnv", "AsyncVectorEnv"):  # gymnasium's generic batchers say nothing
-            return name.removesuffix("VectorEnv") or name
-    return None
-
-
 class _ResetRaised(Exception):
     """Every slot's env raised in reset (internal: becomes an :class:`EnvFault`)."""
 
@@ -481,15 +378,3 @@ def _close_quietly(env: Any) -> None:
         env.close()
     except Exception:  # the build already failed; that error is the one to report
         log.debug("closing a half-built env failed", exc_info=True)
-
-
-def _seed(value: object, slot: int) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    raise TaskArgumentError(f"slot {slot}: seed must be an integer or null, got {value!r}")
-
-
-def _options(value: object, slot: int) -> dict[str, Any] | None:
-    if value is None or isinstance(value, dict):
-        return value  # pyright: ignore[reportUnknownVariableType]
-    raise TaskArgumentError(f"slot {slot}: options must be a map or null, got {value!r}")

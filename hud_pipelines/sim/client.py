@@ -60,9 +60,9 @@ from hud_pipelines.wire.messages import (
     ResultRequest,
     ServerHello,
     Step,
-    parse_reply,
     to_wire,
 )
+from hud_pipelines.wire.parse import parse_reply
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 30.0

@@ -19,13 +19,14 @@ import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.contract import Contract, flatten_observation, to_numpy
+from hud_pipelines.contract import Contract
+from hud_pipelines.contract.observations import flatten_observation, is_mapping, leaves, observation_row, to_numpy
 from hud_pipelines.errors import ContractError, TaskArgumentError
 
 log = logging.getLogger(__name__)
@@ -78,20 +79,14 @@ class SlotEnvs(ABC):
     num_slots: int
     single_observation_space: gym.Space[Any] | None
     single_action_space: gym.Space[Any]
+    source: Any
+    """The env the contract is derived from (its metadata, registry id, rate): the first replica or the vector env."""
 
     def __init__(self) -> None:
         self.contract: Contract | None = None
         self.names: dict[str, str] = {}
         self.device: Any = None
         """The torch device of a torch-native env (its observations are tensors), else ``None``."""
-
-    @property
-    @abstractmethod
-    def metadata(self) -> Mapping[str, Any]: ...
-
-    @abstractmethod
-    def rate_sources(self) -> list[Any]:
-        """Objects that may state ``metadata["render_fps"]`` or ``dt``, most specific first."""
 
     @abstractmethod
     def sample_observation(self) -> object:
@@ -127,8 +122,8 @@ def success_of(info: Mapping[str, Any]) -> int:
         if key in info:
             return int(bool(np.asarray(info[key]).any()))
     final = info.get("final_info")
-    if isinstance(final, Mapping):
-        return success_of(cast("Mapping[str, Any]", final))
+    if is_mapping(final):
+        return success_of(final)
     return -1
 
 
@@ -137,19 +132,20 @@ def vector_success(info: Mapping[str, Any], num_slots: int) -> npt.NDArray[np.in
     result = np.full(num_slots, -1, dtype=np.int8)
     for key in reversed(SUCCESS_KEYS):  # first key in SUCCESS_KEYS wins
         if key in info:
-            values = cast("npt.NDArray[np.bool_]", np.asarray(info[key]).reshape(num_slots, -1).any(axis=1))
+            values = np.asarray(np.asarray(info[key]).reshape(num_slots, -1).any(axis=1), dtype=np.bool_)
             mask = np.asarray(info.get(f"_{key}", np.ones(num_slots, dtype=np.bool_)), dtype=np.bool_)
             result[mask] = values[mask]
     final: object = info.get("final_info")
-    if isinstance(final, Mapping):  # gymnasium 1.x, same-step autoreset
+    if is_mapping(final):  # gymnasium 1.x, same-step autoreset
         final_mask = np.asarray(info.get("_final_info", np.ones(num_slots, dtype=np.bool_)), dtype=np.bool_)
-        inner = vector_success(cast("Mapping[str, Any]", final), num_slots)
+        inner = vector_success(final, num_slots)
         use = final_mask & (inner >= 0)
         result[use] = inner[use]
     elif final is not None:  # gymnasium 0.29: an object array of per-slot dicts (None where not done)
-        for slot, slot_info in enumerate(cast("list[object]", list(cast(Any, final)))):
-            if isinstance(slot_info, Mapping):
-                signal = success_of(cast("Mapping[str, Any]", slot_info))
+        per_slot: list[object] = list(np.asarray(final, dtype=object).reshape(-1))
+        for slot, slot_info in enumerate(per_slot):
+            if is_mapping(slot_info):
+                signal = success_of(slot_info)
                 if signal >= 0:
                     result[slot] = signal
     return result
@@ -193,15 +189,6 @@ def write_rows(
                 f"{feature.dtype}{list(expected)}"
             )
         out[key][rows] = array
-
-
-def leaves(observation: object) -> list[object]:
-    """The leaves of a (nested) dict/tuple observation, without converting them."""
-    if isinstance(observation, Mapping):
-        return [x for v in cast("Mapping[Any, object]", observation).values() for x in leaves(v)]
-    if isinstance(observation, tuple):
-        return [x for v in cast("tuple[object, ...]", observation) for x in leaves(v)]
-    return [observation]
 
 
 def torch_device_of(env: Any, sample: object) -> Any:
@@ -249,15 +236,9 @@ class ReplicatedEnvs(SlotEnvs):
         self.envs = envs
         self.num_slots = len(envs)
         first = envs[0]
+        self.source = first
         self.single_observation_space = getattr(first, "observation_space", None)
         self.single_action_space = first.action_space
-
-    @property
-    def metadata(self) -> Mapping[str, Any]:
-        return cast("Mapping[str, Any]", getattr(self.envs[0], "metadata", None) or {})
-
-    def rate_sources(self) -> list[Any]:
-        return [self.envs[0], getattr(self.envs[0], "unwrapped", None)]
 
     def idle_hook(self) -> Any:
         first = self.envs[0]
@@ -307,6 +288,7 @@ class VectorEnvs(SlotEnvs):
     def __init__(self, vector_env: Any, *, per_slot_seeds: bool = False) -> None:
         super().__init__()
         self.env = vector_env
+        self.source = vector_env
         self.num_slots = int(vector_env.num_envs)
         self.single_observation_space = getattr(vector_env, "single_observation_space", None)
         self.single_action_space = vector_env.single_action_space
@@ -314,21 +296,13 @@ class VectorEnvs(SlotEnvs):
         """Whether ``reset`` takes a list of seeds; otherwise one seed seeds the whole batch."""
         self._scratch: ObservationBuffer = {}
 
-    @property
-    def metadata(self) -> Mapping[str, Any]:
-        return cast("Mapping[str, Any]", getattr(self.env, "metadata", None) or {})
-
-    def rate_sources(self) -> list[Any]:
-        sub_envs = cast("list[Any]", getattr(self.env, "envs", None) or [None])
-        return [self.env, getattr(self.env, "unwrapped", None), sub_envs[0]]
-
     def idle_hook(self) -> Any:
         return _idle_hook_of(self.env, getattr(self.env, "unwrapped", None))
 
     def sample_observation(self) -> object:
         observation, _ = self.env.reset()
         self.device = torch_device_of(self.env, observation)
-        return _row(observation, 0)
+        return observation_row(observation, 0)
 
     def _seed_argument(self, seeds: list[int | None]) -> int | list[int | None] | None:
         """What ``reset(seed=...)`` gets; the bridge refuses distinct seeds for a one-seed env beforehand."""
@@ -363,7 +337,7 @@ class VectorEnvs(SlotEnvs):
             reward=to_numpy(reward).astype(np.float64).reshape(self.num_slots),
             terminated=to_numpy(terminated).astype(np.bool_).reshape(self.num_slots),
             truncated=to_numpy(truncated).astype(np.bool_).reshape(self.num_slots),
-            success=vector_success(cast("Mapping[str, Any]", info), self.num_slots),
+            success=vector_success(info, self.num_slots),
         )
 
     def close(self) -> None:
@@ -385,12 +359,3 @@ def takes_seed_list(vector_env: Any, *, default: bool) -> bool:
         if isinstance(holder, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv):
             return True
     return default
-
-
-def _row(observation: object, row: int) -> object:
-    """Row ``row`` of a batched observation, keeping its dict nesting (for contract derivation)."""
-    if isinstance(observation, Mapping):
-        return {k: _row(v, row) for k, v in cast("Mapping[Any, object]", observation).items()}
-    if isinstance(observation, tuple):
-        return tuple(_row(v, row) for v in cast("tuple[object, ...]", observation))
-    return to_numpy(observation)[row]

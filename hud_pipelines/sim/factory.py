@@ -141,11 +141,23 @@ def resolve_factory(spec: str) -> Factory:
     return _registry_factory(spec)
 
 
-def _parameters(target: Callable[..., Any]) -> tuple[frozenset[str], bool, str]:
+@dataclass(frozen=True)
+class _Signature:
+    """What a factory's signature says: the keyword parameters, whether it takes ``**kwargs``, its text."""
+
+    names: frozenset[str]
+    accepts_any: bool
+    text: str
+
+
+_ANY_SIGNATURE = _Signature(frozenset(), True, "(**kwargs)")
+
+
+def _parameters(target: Callable[..., Any]) -> _Signature:
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):  # a builtin or extension callable without a signature
-        return frozenset(), True, "(**kwargs)"
+        return _ANY_SIGNATURE
     try:  # show `x: int`, not `x: 'int'`, for modules with postponed annotations
         signature = inspect.signature(target, eval_str=True)
     except Exception:  # an annotation that does not evaluate: the plain signature still names the parameters
@@ -154,20 +166,27 @@ def _parameters(target: Callable[..., Any]) -> tuple[frozenset[str], bool, str]:
         p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     )
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-    return names, accepts_any, str(signature)
+    return _Signature(names, accepts_any, str(signature))
+
+
+def _factory(
+    spec: str, kind: FactoryKind, target: Callable[..., Any] | str, signature: _Signature, names: frozenset[str]
+) -> Factory:
+    """A project callable batches natively when it takes ``num_envs``; a registry id never does itself."""
+    return Factory(
+        spec=spec,
+        kind=kind,
+        target=target,
+        build_params=names - {NUM_ENVS},
+        accepts_any=signature.accepts_any,
+        vectorizes=kind is FactoryKind.CALLABLE and NUM_ENVS in names,
+        signature=signature.text,
+    )
 
 
 def _callable_factory(spec: str, target: Callable[..., Any]) -> Factory:
-    names, accepts_any, signature = _parameters(target)
-    return Factory(
-        spec=spec,
-        kind=FactoryKind.CALLABLE,
-        target=target,
-        build_params=names - {NUM_ENVS},
-        accepts_any=accepts_any,
-        vectorizes=NUM_ENVS in names,
-        signature=signature,
-    )
+    signature = _parameters(target)
+    return _factory(spec, FactoryKind.CALLABLE, target, signature, signature.names)
 
 
 def _registry_factory(env_id: str) -> Factory:
@@ -192,14 +211,6 @@ def _registry_factory(env_id: str) -> Factory:
     elif isinstance(entry, str):
         module_name, _, attribute = entry.partition(":")
         creator = getattr(importlib.import_module(module_name), attribute)
-    names, accepts_any, signature = _parameters(creator) if creator else (frozenset[str](), True, "(**kwargs)")
-    names = names | frozenset(env_spec.kwargs) | MAKE_ARGS | {VECTORIZATION_MODE}
-    return Factory(
-        spec=env_id,
-        kind=FactoryKind.REGISTRY,
-        target=env_id,
-        build_params=names - {NUM_ENVS},
-        accepts_any=accepts_any,
-        vectorizes=False,
-        signature=signature,
-    )
+    signature = _parameters(creator) if creator else _ANY_SIGNATURE
+    names = signature.names | frozenset(env_spec.kwargs) | MAKE_ARGS | {VECTORIZATION_MODE}
+    return _factory(env_id, FactoryKind.REGISTRY, env_id, signature, names)

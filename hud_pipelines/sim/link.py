@@ -138,6 +138,7 @@ class WebSocketLink:
         if count == 0:
             self._protocol.receive_eof()
         else:
+            # websockets copies the chunk into its own buffer: a view of ours saves a copy per read
             self._protocol.receive_data(cast(bytes, memoryview(self._buffer)[:count]))
         self._frames.extend(e for e in self._protocol.events_received() if isinstance(e, Frame))
         self._flush(deadline)  # pongs, and our half of a closing handshake

@@ -41,6 +41,7 @@ from typing import IO, Any
 from hud_pipelines.errors import SimStartError
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, SimClient
 from hud_pipelines.sim.serve import CHILD_ERROR_PREFIX, TOKEN_ENV
+from hud_pipelines.wire.codec import is_map
 from hud_pipelines.wire.messages import Framing
 
 log = logging.getLogger(__name__)
@@ -135,14 +136,9 @@ class SimProcess:
         if python is not None:
             child_env["PYTHONPATH"] = _with_package_root(child_env.get("PYTHONPATH", ""))
         try:
+            pipe = subprocess.PIPE  # stdin: EOF tells the child its parent died; stdout: the ready line
             popen = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                env=child_env,
-                cwd=cwd,
+                command, stdin=pipe, stdout=pipe, stderr=pipe, start_new_session=True, env=child_env, cwd=cwd
             )
         except OSError as exc:  # checked just before, so a race or an unusual file (a broken ELF)
             raise SimStartError(f"cannot run the sim interpreter {interpreter}: {exc} (sim {factory!r})") from exc
@@ -393,6 +389,6 @@ def _read_ready_line(popen: subprocess.Popen[bytes], timeout_s: float) -> dict[s
         ready = json.loads(line)
     except json.JSONDecodeError as exc:
         raise SimStartError(f"the sim's ready line is not JSON: {line[:200]!r}") from exc
-    if not isinstance(ready, dict) or "url" not in ready:
+    if not is_map(ready) or "url" not in ready:
         raise SimStartError(f"the sim's ready line has no url: {line[:200]!r}")
-    return ready  # pyright: ignore[reportUnknownVariableType]
+    return ready

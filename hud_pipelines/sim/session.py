@@ -44,10 +44,9 @@ from hud_pipelines.wire.messages import (
     ResultRequest,
     ServerHello,
     Step,
-    parse_hello,
-    parse_request,
     to_wire,
 )
+from hud_pipelines.wire.parse import parse_hello, parse_request
 
 log = logging.getLogger(__name__)
 SERVER_NAME = f"hud-pipelines/{PROTOCOL_VERSION}"
@@ -71,6 +70,8 @@ class CloseCode(IntEnum):
 
 
 class SessionState(StrEnum):
+    """Where one connection stands: its ``hello`` first, then requests until it closes."""
+
     AWAIT_HELLO = "await_hello"
     SERVING = "serving"
     CLOSED = "closed"

@@ -13,7 +13,7 @@ from typing import Any, Self
 from pydantic import Field, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
 
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec, WriterKind
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec
 from hud_pipelines.recording.traces import DEFAULT_MAX_VIDEOS, TraceVideo
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.spec.base import Float, Int, StrictModel
@@ -267,11 +267,6 @@ class DatasetSpec(StrictModel):
         description="observation features concatenated, in this order, into `observation.state`; default: every "
         "non-camera observation feature in contract order (the others become `observation.<name>`)",
     )
-    writer: WriterKind = Field(
-        default=WriterKind.THREAD,
-        description="`thread` writes in the eval's process; `process` writes each part in a child process of its "
-        "own (about 11 s to start, then it never competes with the agent loop for the GIL)",
-    )
     writers: Int = Field(default=1, ge=1, le=32, description="writers per instance shard, each writing one part")
 
     def writer_options(self) -> DatasetOptions:
@@ -281,7 +276,6 @@ class DatasetSpec(StrictModel):
             codec=self.codec,
             state_features=self.state_features,
             keep_errored=self.keep_errored,
-            writer=self.writer,
             writers=self.writers,
         )
 

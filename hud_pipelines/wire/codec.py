@@ -1,9 +1,14 @@
 """msgpack encoding with numpy arrays as ``{dtype, shape, raw bytes}``; never pickle.
 
-The array layout is the one openpi's ``msgpack_numpy`` uses, so the same codec talks to openpi-style
-policy servers::
+The array layout is the one openpi's ``msgpack_numpy`` uses, so one codec talks to the sims and to
+openpi-style policy servers::
 
     {"__ndarray__": true, "data": <bin: C-order raw bytes>, "dtype": "<f4", "shape": [8, 4]}
+
+Two spellings go out (:class:`Layout`): the sim protocol's text keys, numpy scalars as plain
+msgpack numbers (``docs/protocol.md``), and openpi's binary keys (``b"__ndarray__"``: openpi's
+decoder looks for those alone), numpy scalars as ``{b"__npgeneric__", b"data", b"dtype"}``.
+Decoding reads both spellings.
 
 Decoding is defensive because frames come from the network: only boolean, integer and floating
 dtypes are accepted (object, void, complex, string, datetime and structured dtypes are refused), the
@@ -22,7 +27,8 @@ non-native byte orders).
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from enum import StrEnum
+from typing import Any, NamedTuple, TypeGuard, cast
 
 import msgpack
 import numpy as np
@@ -53,12 +59,51 @@ _FIXED_PAYLOADS = {
 """floats, ints and fixext types: payload bytes after the type byte."""
 
 
+class _Keys(NamedTuple):
+    ndarray: str | bytes
+    npgeneric: str | bytes
+    data: str | bytes
+    dtype: str | bytes
+    shape: str | bytes
+
+
+_TEXT_KEYS = _Keys(NDARRAY_KEY, NPGENERIC_KEY, "data", "dtype", "shape")
+_BINARY_KEYS = _Keys(b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape")
+
+
+class Layout(StrEnum):
+    """How arrays and numpy scalars are spelled on the way out (decoding reads both)."""
+
+    HUD = "hud"
+    """The sim protocol: text keys; numpy scalars become plain msgpack numbers."""
+    OPENPI = "openpi"
+    """openpi's ``msgpack_numpy``: binary keys; numpy scalars travel as ``__npgeneric__`` maps."""
+
+    @property
+    def keys(self) -> _Keys:
+        return _TEXT_KEYS if self is Layout.HUD else _BINARY_KEYS
+
+
+def is_array(value: object) -> TypeGuard[npt.NDArray[Any]]:
+    """A decoded array (numpy leaves the element type of an ``isinstance`` check unknown)."""
+    return isinstance(value, np.ndarray)
+
+
+def is_map(value: object) -> TypeGuard[dict[Any, Any]]:
+    """A decoded msgpack map; its keys and values are whatever the frame held."""
+    return isinstance(value, dict)
+
+
+def _is_dtype_name(value: object) -> TypeGuard[str | np.dtype[Any]]:
+    return isinstance(value, str | np.dtype)
+
+
 def check_dtype(dtype: object) -> np.dtype[Any]:
     """Parse ``dtype`` and refuse anything but plain bool/int/uint/float dtypes."""
-    if not isinstance(dtype, str | np.dtype):
+    if not _is_dtype_name(dtype):
         raise WireError(f"array dtype must be a string such as '<f4', got {type(dtype).__name__}")
     try:
-        parsed = cast("np.dtype[Any]", np.dtype(dtype))
+        parsed = np.dtype(dtype)
     except (TypeError, ValueError) as exc:
         raise WireError(f"unknown dtype {dtype!r}") from exc
     if parsed.kind not in ALLOWED_KINDS or parsed.subdtype is not None or parsed.fields is not None:
@@ -69,26 +114,51 @@ def check_dtype(dtype: object) -> np.dtype[Any]:
     return parsed
 
 
-def encode_array(array: npt.NDArray[Any]) -> dict[str, Any]:
+def encode_array(array: npt.NDArray[Any], layout: Layout = Layout.HUD) -> dict[str | bytes, object]:
     """The wire fields of ``array``; a C-contiguous array is packed from its own buffer, without a copy."""
     dtype = array.dtype
     if dtype.kind not in ALLOWED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         check_dtype(dtype)  # raises, naming the dtype
     contiguous = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-    return {NDARRAY_KEY: True, "data": contiguous.data, "dtype": dtype.str, "shape": list(array.shape)}
+    keys = layout.keys
+    return {keys.ndarray: True, keys.data: contiguous.data, keys.dtype: dtype.str, keys.shape: list(array.shape)}
 
 
-def _encode_default(obj: object) -> object:
-    if type(obj) is np.ndarray or isinstance(obj, np.ndarray):
-        return encode_array(cast("npt.NDArray[Any]", obj))
-    if isinstance(obj, np.bool_):
-        return bool(cast(Any, obj))
-    if isinstance(obj, np.integer):
-        return int(cast("np.integer[Any]", obj))
-    if isinstance(obj, np.floating):
-        return float(cast("np.floating[Any]", obj))
-    if isinstance(obj, tuple):
-        return list(cast("tuple[object, ...]", obj))
+def _is_scalar(value: object) -> TypeGuard[np.generic[Any]]:
+    return isinstance(value, np.generic)
+
+
+def _is_number(value: object) -> TypeGuard[np.bool_ | np.integer[Any] | np.floating[Any]]:
+    """A numpy bool, int or float scalar: what the sim protocol sends as a plain msgpack value."""
+    return isinstance(value, np.bool_ | np.integer | np.floating)
+
+
+def _is_tuple(value: object) -> TypeGuard[tuple[object, ...]]:
+    return isinstance(value, tuple)
+
+
+def _is_list(value: object) -> TypeGuard[list[object]]:
+    return isinstance(value, list)
+
+
+def _encode_hud(obj: object) -> object:
+    if is_array(obj):
+        return encode_array(obj)
+    if _is_number(obj):
+        return obj.item()
+    if _is_tuple(obj):
+        return list(obj)
+    raise WireError(f"cannot encode a value of type {type(obj).__name__} on the wire")
+
+
+def _encode_openpi(obj: object) -> object:
+    if is_array(obj):
+        return encode_array(obj, Layout.OPENPI)
+    if _is_scalar(obj):
+        keys = _BINARY_KEYS
+        return {keys.npgeneric: True, keys.data: obj.item(), keys.dtype: check_dtype(obj.dtype).str}
+    if _is_tuple(obj):
+        return list(obj)
     raise WireError(f"cannot encode a value of type {type(obj).__name__} on the wire")
 
 
@@ -97,9 +167,9 @@ def decode_array(fields: dict[str, Any]) -> npt.NDArray[Any]:
     dtype = check_dtype(fields.get("dtype", "<missing>"))
     shape_field: object = fields.get("shape")
     data: object = fields.get("data")
-    if not isinstance(shape_field, list):
+    if not _is_list(shape_field):
         raise WireError(f"array shape must be a list of at most {MAX_NDIM} ints, got {shape_field!r}")
-    dims = cast("list[object]", shape_field)
+    dims = shape_field
     if len(dims) > MAX_NDIM:
         raise WireError(f"array has {len(dims)} dimensions, at most {MAX_NDIM} are allowed")
     shape: list[int] = []
@@ -118,18 +188,38 @@ def decode_array(fields: dict[str, Any]) -> npt.NDArray[Any]:
     return np.array(view, dtype=dtype.newbyteorder("="), copy=True)
 
 
-def _decode_hook(obj: dict[str, Any]) -> object:
+def _decode_scalar(fields: dict[str, Any]) -> object:
+    """A numpy scalar: openpi's (its ``data`` a plain number) or raw bytes of one element."""
+    data: object = fields.get("data")
+    if isinstance(data, bytes | bytearray):
+        return decode_array({**fields, "shape": []})[()]
+    dtype = check_dtype(fields.get("dtype", "<missing>"))
+    if not isinstance(data, bool | int | float):
+        raise WireError(f"a numpy scalar's data must be a number or bytes, got {type(data).__name__}")
+    return dtype.type(data)
+
+
+def _text_keyed(obj: dict[Any, Any]) -> dict[str, Any]:
+    return {k.decode() if isinstance(k, bytes) else str(k): v for k, v in obj.items()}
+
+
+def _decode_hook(obj: dict[Any, Any]) -> object:
     if NDARRAY_KEY in obj:
         return decode_array(obj)
     if NPGENERIC_KEY in obj:
-        return decode_array({**obj, "shape": []})[()]
+        return _decode_scalar(obj)
+    if _BINARY_KEYS.ndarray in obj:
+        return decode_array(_text_keyed(obj))
+    if _BINARY_KEYS.npgeneric in obj:
+        return _decode_scalar(_text_keyed(obj))
     return obj
 
 
-def packb(message: object) -> bytes:
+def packb(message: object, layout: Layout = Layout.HUD) -> bytes:
     """Encode ``message`` (dicts, lists, scalars, numpy arrays) as one binary msgpack frame."""
+    default = _encode_hud if layout is Layout.HUD else _encode_openpi
     try:
-        return cast(bytes, msgpack.packb(message, default=_encode_default, use_bin_type=True))
+        return cast(bytes, msgpack.packb(message, default=default, use_bin_type=True))  # msgpack is untyped
     except WireError:
         raise
     except (TypeError, ValueError, OverflowError) as exc:
@@ -166,9 +256,7 @@ def peek_seq(frame: bytes | bytearray | memoryview | str) -> int | None:
             key_end = _skip(frame, pos, MAX_FRAME_OBJECTS)
             value_end = _skip(frame, key_end, MAX_FRAME_OBJECTS)
             if key_end - pos <= 8 and msgpack.unpackb(frame[pos:key_end]) == "seq":
-                value: object = (
-                    cast(object, msgpack.unpackb(frame[key_end:value_end])) if value_end - key_end <= 9 else None
-                )
+                value = cast(object, msgpack.unpackb(frame[key_end:value_end])) if value_end - key_end <= 9 else None
                 return value if isinstance(value, int) and not isinstance(value, bool) else None
             pos = value_end
     except Exception:  # unreadable: the error frame goes out without a seq

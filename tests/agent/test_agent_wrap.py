@@ -15,6 +15,7 @@ from agent_helpers import RecordingSink
 
 from envs.controllers import pendulum_swing_up
 from envs.faulty import probe
+from envs.vectorized import point_mass
 from hud_pipelines.agent.builtin import FunctionPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import load_contract
@@ -83,6 +84,20 @@ def test_wrapped_vector_env_traces_equal_the_managed_loop(tmp_path: Path) -> Non
     env.close()
 
     assert comparable(tmp_path / "w", "same") == comparable(tmp_path / "managed", "same")
+
+
+def test_a_wrapped_env_gets_the_contract_the_bridge_derives_for_it() -> None:
+    """One derivation: the robot type (a vector env's class, a registry id) and the rate agree with the sim's."""
+    for factory, make in [
+        ("envs.vectorized:point_mass", lambda: point_mass(3)),
+        ("Pendulum-v1", lambda: gym.make_vec("Pendulum-v1", num_envs=3, vectorization_mode="sync")),
+        ("Pendulum-v1", lambda: gym.make("Pendulum-v1")),
+    ]:
+        env = wrap(make())
+        env.reset(seed=[0, 1, 2] if isinstance(env, RecordVectorEpisodes) else 0)
+        with GymBridge(factory, 3) as bridge:
+            assert env.contract == bridge.contract, factory
+        env.close()
 
 
 def test_vector_autoreset_starts_new_episodes_without_recording_the_reset_step(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """A writing process for the cancellation test: publishes nothing, writes until it is terminated.
 
-Run as ``python -m tests.dataset.sigterm_writer <target> <thread|process>``; prints ``READY`` once
+Run as ``python -m tests.dataset.sigterm_writer <target>``; prints ``READY`` once
 episodes have been committed, then keeps writing until SIGTERM arrives.
 """
 
@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from hud_pipelines.dataset.options import DatasetOptions, WriterKind
+from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import DatasetBuild
 from tests.dataset.support import SPEC, write_episodes
 
 
-def main(target: Path, writer: WriterKind) -> None:
-    with DatasetBuild(target, SPEC, fps=10, options=DatasetOptions(writer=writer, writers=2)) as build:
+def main(target: Path) -> None:
+    with DatasetBuild(target, SPEC, fps=10, options=DatasetOptions(writers=2)) as build:
         sink = build.sink("instance-0")
         write_episodes(sink, 6)
         while sink.report.episodes_written < 6:
@@ -30,4 +30,4 @@ def main(target: Path, writer: WriterKind) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), WriterKind(sys.argv[2]))
+    main(Path(sys.argv[1]))

@@ -32,6 +32,7 @@ from hud_pipelines.dataset.part import PART_PREFIX
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, EpisodeVideoError
 from hud_pipelines.recording.events import EpisodeStatus, Frame
+from hud_pipelines.recording.video import Mp4Writer
 from tests.dataset.support import key, load, outcome
 
 TASK = "stack the frames"
@@ -215,6 +216,17 @@ def test_encoder_keeps_every_frame_fed_without_pause(tmp_path: Path) -> None:
         assert [t for t, _ in frames] == [float(Fraction(i, 30)) for i in range(length)]
         assert stats is not None
         assert int(stats["count"][0]) == min(length, 100)
+
+
+def test_the_mp4_writer_takes_the_first_codec_ffmpeg_builds_and_names_them_all_when_none(tmp_path: Path) -> None:
+    frames = [scene(step, (24, 32), 0) for step in range(6)]
+    with Mp4Writer(tmp_path / "a.mp4", width=32, height=24, fps=12, codecs=("no-such-codec", "mpeg4")) as video:
+        written = sum(video.write(frame) for frame in frames) + video.finish()
+    assert video.codec == "mpeg4"
+    assert written == len(frames)
+    assert [t for t, _ in decoded_frames(tmp_path / "a.mp4")] == [float(Fraction(i, 12)) for i in range(len(frames))]
+    with pytest.raises(RuntimeError, match=r"no usable video encoder among \('no-such-codec', 'nor-this-one'\)"):
+        Mp4Writer(tmp_path / "b.mp4", width=32, height=24, fps=12, codecs=("no-such-codec", "nor-this-one"))
 
 
 def test_encoder_refuses_unequal_cameras_and_unknown_keys(tmp_path: Path) -> None:

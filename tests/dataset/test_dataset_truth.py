@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from hud_pipelines.contract import Contract, Feature, FeatureType
-from hud_pipelines.dataset.features import DatasetLayout, dataset_robot_type
+from hud_pipelines.dataset.features import DatasetLayout
 from hud_pipelines.dataset.merge import read_episode_records
 from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import DatasetBuild, publish_shards
 from hud_pipelines.dataset.shards import ShardStore
+from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame

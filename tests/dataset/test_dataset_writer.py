@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hud_pipelines.dataset.merge import read_episode_records
-from hud_pipelines.dataset.options import DatasetOptions, WriterKind
+from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import DatasetBuild
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, SlotStateError
@@ -100,9 +100,8 @@ def test_sink_protocol_errors_name_the_episode(tmp_path: Path) -> None:
         LeRobotDatasetSink(SPEC, tmp_path / "used", fps=10)
 
 
-@pytest.mark.parametrize("writer", [WriterKind.THREAD, pytest.param(WriterKind.PROCESS, marks=pytest.mark.slow)])
-def test_a_failing_writer_surfaces_at_close(tmp_path: Path, writer: WriterKind) -> None:
-    sink = LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=DatasetOptions(writer=writer))
+def test_a_failing_writer_surfaces_at_close(tmp_path: Path) -> None:
+    sink = LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10)
     (tmp_path / "shard" / "part-000").write_text("in the way")  # lerobot refuses to create over it
     sink.begin(key(0), "task")
     sink.add(key(0), frame(0, 0, last=True))

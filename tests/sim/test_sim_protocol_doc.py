@@ -18,11 +18,9 @@ from hud_pipelines.wire.messages import (
     Phase,
     Reset,
     Step,
-    parse_hello,
-    parse_reply,
-    parse_request,
     to_wire,
 )
+from hud_pipelines.wire.parse import parse_hello, parse_reply, parse_request
 from tests.conftest import REPO
 
 DOC = REPO / "docs" / "protocol.md"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from hud_pipelines.dataset.options import CameraStorage, VideoCodec, WriterKind
+from hud_pipelines.dataset.options import CameraStorage, VideoCodec
 from hud_pipelines.spec.sections import DatasetSpec
 
 
@@ -16,7 +16,6 @@ def test_the_dataset_section_becomes_the_writer_options() -> None:
             "codec": "libsvtav1",
             "state_features": ["agent_pos"],
             "keep_errored": True,
-            "writer": "process",
             "writers": 2,
         }
     ).writer_options()
@@ -24,15 +23,9 @@ def test_the_dataset_section_becomes_the_writer_options() -> None:
     assert options.codec is VideoCodec.AV1
     assert options.state_features == ["agent_pos"]
     assert options.keep_errored
-    assert options.writer is WriterKind.PROCESS
     assert options.writers == 2
     defaults = DatasetSpec().writer_options()
-    assert (defaults.cameras, defaults.codec, defaults.writer, defaults.writers) == (
-        CameraStorage.VIDEO,
-        VideoCodec.H264,
-        WriterKind.THREAD,
-        1,
-    )
+    assert (defaults.cameras, defaults.codec, defaults.writers) == (CameraStorage.VIDEO, VideoCodec.H264, 1)
 
 
 def test_an_unknown_codec_is_refused() -> None:

@@ -18,6 +18,7 @@ from hud_pipelines.wire.codec import (
     MAX_NDIM,
     NDARRAY_KEY,
     SCAN_ABOVE_BYTES,
+    Layout,
     check_dtype,
     decode_array,
     packb,
@@ -254,3 +255,70 @@ def test_large_frames_of_few_objects_decode_as_before() -> None:
 )
 def test_the_seq_of_an_undecodable_frame_is_read_when_it_is_there(frame: bytes | str, seq: int | None) -> None:
     assert peek_seq(frame) == seq
+
+
+# ---------------------------------------------------------------------------------------------
+# openpi's layout: the same codec speaks to openpi-style policy servers
+
+
+def openpi_pack(obj: object) -> bytes:
+    """openpi's ``msgpack_numpy.Packer``, as openpi writes it (binary keys)."""
+
+    def default(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return {b"__ndarray__": True, b"data": value.tobytes(), b"dtype": value.dtype.str, b"shape": value.shape}
+        if isinstance(value, np.generic):
+            return {b"__npgeneric__": True, b"data": value.item(), b"dtype": value.dtype.str}
+        return value
+
+    return cast(bytes, msgpack.packb(obj, default=default, use_bin_type=True))
+
+
+def openpi_unpack(frame: bytes) -> Any:
+    """openpi's ``msgpack_numpy.unpackb``: it recognises binary keys only."""
+
+    def hook(obj: dict[Any, Any]) -> Any:
+        if b"__ndarray__" in obj:
+            return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]), shape=obj[b"shape"])
+        if b"__npgeneric__" in obj:
+            return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+        return obj
+
+    return msgpack.unpackb(frame, object_hook=hook)
+
+
+def test_the_openpi_layout_is_what_openpis_own_decoder_reads() -> None:
+    state = np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::2]  # not contiguous
+    decoded = openpi_unpack(
+        packb({"state": state, "step": np.int64(3), "ok": np.bool_(True), "t": (1, 2)}, Layout.OPENPI)
+    )
+    np.testing.assert_array_equal(decoded["state"], state)
+    assert decoded["state"].dtype == np.float32
+    assert (type(decoded["step"]), decoded["step"]) == (np.int64, 3)
+    assert (type(decoded["ok"]), decoded["ok"]) == (np.bool_, True)
+    assert decoded["t"] == [1, 2]
+    sim_layout = openpi_unpack(packb({"x": np.zeros(2)}))["x"]
+    assert isinstance(sim_layout, dict), "the sim layout's text keys are not openpi's"
+
+
+def test_frames_in_openpis_layout_decode_with_every_check() -> None:
+    decoded = unpackb(openpi_pack({"actions": np.ones((2, 3), np.float32), "t": np.float32(0.5), "n": np.uint8(7)}))
+    np.testing.assert_array_equal(decoded["actions"], np.ones((2, 3)))
+    assert decoded["actions"].flags.writeable
+    assert (type(decoded["t"]), decoded["t"]) == (np.float32, 0.5)
+    assert (type(decoded["n"]), decoded["n"]) == (np.uint8, 7)
+    unsafe = pack({"a": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O", b"shape": [1]}})
+    with pytest.raises(WireError, match="dtype"):
+        unpackb(unsafe)
+    short = pack({"a": {b"__ndarray__": True, b"data": b"\0" * 4, b"dtype": "<f4", b"shape": [10**6, 10**6]}})
+    with pytest.raises(WireError, match="needs 4000000000000 bytes"):
+        unpackb(short)
+    with pytest.raises(WireError, match="data must be a number"):
+        unpackb(pack({"s": {b"__npgeneric__": True, b"data": "text", b"dtype": "<f4"}}))
+
+
+def test_unsafe_dtypes_are_refused_in_the_openpi_layout_too() -> None:
+    with pytest.raises(WireError, match="kind 'O'"):
+        packb({"x": np.array([object()], dtype=object)}, Layout.OPENPI)
+    with pytest.raises(WireError, match="kind 'c'"):
+        packb({"x": np.complex128(1 + 2j)}, Layout.OPENPI)

@@ -22,12 +22,9 @@ from hud_pipelines.wire.messages import (
     ServerHello,
     SlotError,
     Step,
-    message_type,
-    parse_hello,
-    parse_reply,
-    parse_request,
     to_wire,
 )
+from hud_pipelines.wire.parse import message_type, parse_hello, parse_reply, parse_request
 
 
 def observation(num_slots: int) -> Observation:

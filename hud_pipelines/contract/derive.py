@@ -1,0 +1,234 @@
+"""A contract derived from an env: its spaces, one sample observation, its metadata.
+
+- features are named as :mod:`.model` says; a bare observation is ``image`` when it looks like a
+  camera, else ``state``;
+- cameras are detected as ``HWC`` ``uint8`` arrays with 1, 3 or 4 channels (``gray`` for one
+  channel, ``rgb`` otherwise; edit the type to ``bgr`` or ``depth`` when that is what the sim renders);
+- bounds come from ``Box`` (when finite), ``Discrete``, ``MultiDiscrete`` and ``MultiBinary`` spaces;
+- the control rate is ``metadata["render_fps"]``, else ``1/dt``, else :data:`DEFAULT_CONTROL_RATE`;
+- the robot type is ``metadata["robot_type"]``, else the env's registry id, else its class.
+
+:func:`derive_env_contract` is the one derivation from a live env: the sim bridge (the envs behind
+its slots) and ``wrap(env)`` (a user's env) both call it, so the same env gets the same contract.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.contract.model import ACTION, CAMERA_NAMES, Contract, Feature, FeatureType
+from hud_pipelines.contract.observations import flatten_observation
+from hud_pipelines.errors import ContractError
+
+DEFAULT_CONTROL_RATE = 30.0
+"""Hz, used when the env states neither ``metadata["render_fps"]`` nor a ``dt``."""
+CAMERA_CHANNELS = (1, 3, 4)
+_GENERIC_BATCHERS = ("SyncVectorEnv", "AsyncVectorEnv")
+"""gymnasium's own vector env classes: their name says nothing about the robot."""
+
+
+def looks_like_camera(array: npt.NDArray[Any]) -> bool:
+    """An ``HWC`` ``uint8`` array with 1, 3 or 4 channels."""
+    return array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in CAMERA_CHANNELS
+
+
+def _observation_feature(name: str, sample: npt.NDArray[Any], space: gym.Space[Any] | None) -> Feature:
+    if looks_like_camera(sample):
+        kind = FeatureType.GRAY if sample.shape[-1] == 1 else FeatureType.RGB
+        return Feature(
+            role="observation", type=kind, dtype=str(sample.dtype), shape=sample.shape, names=list(CAMERA_NAMES)
+        )
+    shape = sample.shape if sample.ndim > 0 else (1,)
+    size = math.prod(shape)
+    low, high = _bounds(space, size)
+    return Feature(
+        role="observation",
+        dtype=str(sample.dtype),
+        shape=shape,
+        names=[f"{name}_{i}" for i in range(size)],
+        low=low,
+        high=high,
+    )
+
+
+def _bounds(space: gym.Space[Any] | None, size: int) -> tuple[list[float] | None, list[float] | None]:
+    """Flat finite bounds of a space when it has them (infinite bounds are left out of the file)."""
+    if isinstance(space, gym.spaces.Box):
+        low = np.asarray(space.low, dtype=np.float64).reshape(-1)
+        high = np.asarray(space.high, dtype=np.float64).reshape(-1)
+        if low.size == size and np.isfinite(low).all() and np.isfinite(high).all():
+            return low.tolist(), high.tolist()
+        return None, None
+    if isinstance(space, gym.spaces.Discrete):
+        return [float(space.start)] * size, [float(space.start + space.n - 1)] * size
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        start = np.asarray(space.start, dtype=np.float64).reshape(-1)
+        nvec = np.asarray(space.nvec, dtype=np.float64).reshape(-1)
+        return start.tolist(), (start + nvec - 1).tolist()
+    if isinstance(space, gym.spaces.MultiBinary):
+        return [0.0] * size, [1.0] * size
+    return None, None
+
+
+def _subspace(space: gym.Space[Any] | None, name: str) -> gym.Space[Any] | None:
+    """Find the leaf space that ``flatten_observation`` called ``name``."""
+    node: gym.Space[Any] | None = space
+    for part in name.split("/") if name else []:
+        if _is_dict_space(node):
+            node = node.spaces.get(part)
+        elif _is_tuple_space(node):
+            if not part.isdigit() or int(part) >= len(node.spaces):
+                return None
+            node = node.spaces[int(part)]
+        else:
+            return None
+    return node
+
+
+def _is_dict_space(space: object) -> TypeGuard[gym.spaces.Dict]:
+    """A ``Dict`` space (gymnasium leaves the narrowed type's members partly untyped)."""
+    return isinstance(space, gym.spaces.Dict)
+
+
+def _is_tuple_space(space: object) -> TypeGuard[gym.spaces.Tuple[Any]]:
+    return isinstance(space, gym.spaces.Tuple)
+
+
+def _is_box(space: object) -> TypeGuard[gym.spaces.Box]:
+    return isinstance(space, gym.spaces.Box)
+
+
+def action_feature(space: gym.Space[Any]) -> Feature:
+    """The flat action feature of a (single-env) action space."""
+    whole = space  # the bounds read the space itself, not its narrowed kind
+    if _is_box(space):
+        size = math.prod(space.shape)
+        dtype = str(space.dtype)
+    elif isinstance(space, gym.spaces.Discrete):
+        size, dtype = 1, "int64"
+    elif isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        size, dtype = math.prod(space.shape), "int64"
+    else:
+        raise ContractError(f"unsupported action space {space!r}: use Box, Discrete, MultiDiscrete or MultiBinary")
+    low, high = _bounds(whole, size)
+    return Feature(
+        role="action", dtype=dtype, shape=(size,), names=[f"{ACTION}_{i}" for i in range(size)], low=low, high=high
+    )
+
+
+def control_rate_of(*envs: Any) -> float:
+    """``metadata["render_fps"]``, else ``1/dt``, else :data:`DEFAULT_CONTROL_RATE`.
+
+    Several objects may be given (a vector env, its first sub-env, ...): each is asked in turn,
+    ``render_fps`` first, and its ``unwrapped`` env too.
+    """
+    holders = [h for env in envs if env is not None for h in (env, getattr(env, "unwrapped", None)) if h is not None]
+    for holder in holders:
+        metadata: Mapping[str, Any] = getattr(holder, "metadata", None) or {}
+        fps = metadata.get("render_fps")
+        if isinstance(fps, int | float) and not isinstance(fps, bool) and fps > 0:
+            return float(fps)
+    for holder in holders:
+        dt = getattr(holder, "dt", None)
+        if isinstance(dt, int | float) and not isinstance(dt, bool) and dt > 0:
+            return 1.0 / float(dt)
+    return DEFAULT_CONTROL_RATE
+
+
+def derive_contract(
+    observation_space: gym.Space[Any] | None,
+    action_space: gym.Space[Any],
+    sample_observation: object,
+    *,
+    control_rate: float,
+    robot_type: str = "unknown",
+) -> Contract:
+    """Derive a contract from single-env spaces and one (unbatched) sample observation."""
+    features: dict[str, Feature] = {}
+    flat = flatten_observation(sample_observation)
+    for name, sample in flat.items():
+        key = name or ("image" if looks_like_camera(sample) else "state")
+        if key == ACTION:
+            raise ContractError(f"an observation feature may not be called {ACTION!r}")
+        check_dtype_name(sample.dtype, key)
+        features[key] = _observation_feature(key, sample, _subspace(observation_space, name))
+    features[ACTION] = action_feature(action_space)
+    return Contract(control_rate=control_rate, robot_type=robot_type, features=features)
+
+
+def check_dtype_name(dtype: np.dtype[Any], feature: str) -> None:
+    if dtype.kind not in "biuf":
+        raise ContractError(f"feature {feature!r} has dtype {dtype}: only bool, int and float features are supported")
+
+
+# ---------------------------------------------------------------------------------------------
+# from a live env
+
+
+@dataclass(frozen=True)
+class EnvContract:
+    """A contract derived from a live env, and which feature each flattened observation key fills."""
+
+    contract: Contract
+    names: dict[str, str]
+    """Flattened observation key -> contract feature (a bare observation's key ``""`` -> its feature)."""
+
+
+def derive_env_contract(
+    env: object,
+    observation_space: gym.Space[Any] | None,
+    action_space: gym.Space[Any],
+    sample_observation: object,
+    *,
+    fallback_name: str,
+) -> EnvContract:
+    """The contract of ``env`` (a single env or a vector env) from its single-env spaces and one sample.
+
+    ``fallback_name`` is the robot type when neither the env's metadata, nor a registry id, nor its
+    class says anything (the sim bridge passes its factory's name).
+    """
+    sources = env_sources(env)
+    metadata: Mapping[str, Any] = getattr(env, "metadata", None) or {}
+    robot_type = str(metadata.get("robot_type") or robot_name(sources) or fallback_name)
+    contract = derive_contract(
+        observation_space,
+        action_space,
+        sample_observation,
+        control_rate=control_rate_of(*sources),
+        robot_type=robot_type,
+    )
+    default_name = next(iter(contract.observation_features))
+    names = {name: name or default_name for name in flatten_observation(sample_observation)}
+    return EnvContract(contract, names)
+
+
+def env_sources(env: object) -> list[Any]:
+    """What may state an env's rate and name, most specific first: the env, its ``unwrapped`` env, and
+    a vector env's first sub-env (``None`` where there is none)."""
+    sub_envs: Any = getattr(env, "envs", None) or [None]
+    return [env, getattr(env, "unwrapped", None), sub_envs[0]]
+
+
+def robot_name(sources: Sequence[object]) -> str | None:
+    """What a sim that states no ``robot_type`` is called: its registry id, else its env class.
+
+    Never a factory's function name (``make``), which says nothing about the robot.
+    """
+    for source in sources:
+        spec = getattr(source, "spec", None)
+        env_id = getattr(spec, "id", None)
+        if isinstance(env_id, str) and env_id:
+            return env_id
+    for source in sources:
+        unwrapped = getattr(source, "unwrapped", None)
+        name = type(unwrapped).__name__ if unwrapped is not None else ""
+        if name and name not in _GENERIC_BATCHERS:
+            return name.removesuffix("VectorEnv") or name
+    return None

@@ -1,0 +1,94 @@
+"""The contract's model: named features (role, type, dtype, shape, names, bounds), the control rate, the robot type.
+
+A contract is what the sim, the agent and the dataset agree on. It is frozen: deriving
+(:mod:`.derive`) and the editable file (:mod:`.file`) build new ones.
+
+Feature naming:
+
+- a ``Dict`` (or ``Tuple``) observation is flattened, nested keys joined with ``/``;
+- a bare observation is called ``image`` when it looks like a camera, else ``state``;
+- the action is always the single feature ``action``, a flat vector of ``A`` values;
+- per-dimension names default to ``<feature>_<i>`` (``state_0``, ``robot/joints_2``, ``action_1``).
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONTRACT_VERSION = 1
+ACTION = "action"
+CAMERA_NAMES = ["height", "width", "channel"]
+
+
+class FeatureType(StrEnum):
+    """What a feature holds; the camera types tell consumers how to read the pixels."""
+
+    STATE = "state"
+    RGB = "rgb"
+    BGR = "bgr"
+    GRAY = "gray"
+    DEPTH = "depth"
+
+    @property
+    def is_camera(self) -> bool:
+        return self is not FeatureType.STATE
+
+
+class Feature(BaseModel):
+    """One named array of the contract, without the batch axis."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["observation", "action"]
+    type: FeatureType = FeatureType.STATE
+    dtype: str = Field(description="numpy dtype name, e.g. float32, uint8, int64, bool")
+    shape: tuple[int, ...]
+    names: list[str] | None = Field(
+        default=None,
+        description="one name per element for vectors; ['height', 'width', 'channel'] for cameras",
+    )
+    description: str | None = None
+    low: list[float] | None = Field(default=None, description="flat lower bounds, when known")
+    high: list[float] | None = Field(default=None, description="flat upper bounds, when known")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_camera(self) -> bool:
+        return self.type.is_camera
+
+
+class Contract(BaseModel):
+    """Observation and action features, control rate and robot type of one sim."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = CONTRACT_VERSION
+    control_rate: float = Field(gt=0, description="steps per second of simulated time (Hz)")
+    robot_type: str = "unknown"
+    features: dict[str, Feature]
+
+    @property
+    def action(self) -> Feature:
+        return self.features[ACTION]
+
+    @property
+    def observation_features(self) -> dict[str, Feature]:
+        return {k: f for k, f in self.features.items() if f.role == "observation"}
+
+    @property
+    def cameras(self) -> dict[str, Feature]:
+        return {k: f for k, f in self.observation_features.items() if f.is_camera}
+
+    @property
+    def state_features(self) -> dict[str, Feature]:
+        return {k: f for k, f in self.observation_features.items() if not f.is_camera}
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2, exclude_none=True) + "\n"

@@ -1,0 +1,222 @@
+"""The episodes of a loop the user owns (``wrap(env)``): one record per slot, reported to the sinks.
+
+A slot is the single env, or one sub-env of a vector env; unlike the sim's lockstep slots each
+starts its episodes on its own (a vector env's autoreset restarts one sub-env at a time). Grades
+follow the bridge: success is sticky once the env reports it, the score is success when the env
+reports a success signal, else the episode return. An episode cut short by ``reset`` or ``close``
+ends as failed with ``truncated=True``.
+
+A wrapper writing a dataset is finalized at interpreter exit if it was never closed
+(:meth:`Episodes.close_at_exit`; see :mod:`.wrap` for what that covers).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
+from hud_pipelines.sim.envs import prompt_of
+from hud_pipelines.sim.slots import SlotBatch
+
+if TYPE_CHECKING:
+    from hud_pipelines.dataset.publish import DatasetBuild
+
+logger = logging.getLogger(__name__)
+
+CUT_SHORT = "the episode was cut short by reset() or close()"
+_REGISTER_EXIT_HOOKS_ON_IMPORT = ("concurrent.futures.thread", "concurrent.futures.process")
+
+
+@dataclass(frozen=True)
+class WrapOptions:
+    """What ``wrap(env)`` was asked for (see :func:`hud_pipelines.recording.wrap.wrap`)."""
+
+    job: str = "wrap"
+    sinks: list[EpisodeSink] = field(default_factory=list[EpisodeSink])
+    trace_dir: Path | None = None
+    prompt: str | None = None
+    contract_path: Path | None = None
+    task: int = 0
+    instance: int = 0
+    video: bool = False
+    dataset: Path | None = None
+    dataset_repo_id: str | None = None
+
+
+class Episodes:
+    """Per-slot episode bookkeeping shared by the single-env and vector-env wrappers."""
+
+    def __init__(self, options: WrapOptions, num_slots: int) -> None:
+        self.options = options
+        self.sinks: list[EpisodeSink] = list(options.sinks)
+        self.num_slots = num_slots
+        self.contract: Contract | None = None
+        self.names: dict[str, str] = {}
+        self.prompt = ""
+        self.records = [SlotBatch(1) for _ in range(num_slots)]
+        """Each slot's episode record, kept by the sim's own bookkeeping: a sub-env starts its episodes on
+        its own (autoreset, ``reset_mask``), so each is a batch of one slot."""
+        self.keys: list[EpisodeKey | None] = [None] * num_slots
+        """The key of each slot's open episode; ``None`` once it was reported ended (or before it began)."""
+        self.last: list[dict[str, npt.NDArray[Any]]] = [{} for _ in range(num_slots)]
+        self.dataset: DatasetBuild | None = None
+        self._at_exit: _CloseAtExit | None = None
+
+    def close_at_exit(self) -> None:
+        """Close (and publish) at interpreter exit unless :meth:`close` ran first.
+
+        Registered now, not at exit: by then Python refuses new exit hooks, and a module that
+        registers one on import (``concurrent.futures``, which lerobot imports in the writer
+        thread) fails to import. So those modules are imported here too.
+        """
+        for module in _REGISTER_EXIT_HOOKS_ON_IMPORT:
+            importlib.import_module(module)
+        if self._at_exit is None:
+            self._at_exit = _CloseAtExit(self)
+            _register_before_threads_join(self._at_exit)
+
+    def ensure_contract(self, env: Any, observation_space: Any, action_space: Any, sample: object) -> None:
+        """Derive the contract from the first observation, as the sim bridge derives it, and open the sinks."""
+        if self.contract is not None:
+            return
+        derived = derive_env_contract(env, observation_space, action_space, sample, fallback_name=type(env).__name__)
+        self.contract = resolve_contract(derived.contract, self.options.contract_path)
+        self.names = derived.names
+        spec = getattr(env, "spec", None)
+        if self.options.trace_dir is not None:
+            from hud_pipelines.recording.traces import TraceRecorder
+
+            self.sinks.append(TraceRecorder(self.options.trace_dir, self.contract, video=self.options.video))
+        if self.options.dataset is not None:
+            from hud_pipelines.dataset.publish import DatasetBuild
+
+            self.dataset = DatasetBuild(self.options.dataset, self.contract, repo_id=self.options.dataset_repo_id)
+            self.sinks.append(self.dataset.sink(self.options.job.replace("/", "_") or "wrap"))
+        default_prompt = prompt_of(env) or (spec.id if spec is not None else type(env.unwrapped).__name__)
+        self.prompt = self.options.prompt if self.options.prompt is not None else default_prompt
+
+    def observation(self, flat: dict[str, npt.NDArray[Any]], slot: int | None) -> dict[str, npt.NDArray[Any]]:
+        """One slot's observation in contract keys and dtypes (``slot=None``: an unbatched observation)."""
+        assert self.contract is not None
+        out: dict[str, npt.NDArray[Any]] = {}
+        for name, value in flat.items():
+            key = self.names.get(name, name)
+            feature = self.contract.features[key]
+            row = value if slot is None else value[slot]
+            out[key] = np.array(row, dtype=feature.dtype).reshape(feature.shape)
+        return out
+
+    def is_open(self, slot: int) -> bool:
+        return self.keys[slot] is not None
+
+    def begin(self, slot: int, seed: int | None, observation: dict[str, npt.NDArray[Any]]) -> None:
+        if self.is_open(slot):
+            self.end(slot, terminated=False, truncated=True, reason=CUT_SHORT)
+        record = self.records[slot]
+        record.begin([seed])
+        o = self.options
+        key = EpisodeKey(o.job, o.task, o.instance, slot, record.record(0).episode, seed)
+        self.keys[slot] = key
+        self.last[slot] = observation
+        for sink in self.sinks:
+            sink.begin(key, self.prompt)
+
+    def step(
+        self,
+        slot: int,
+        action: object,
+        observation: dict[str, npt.NDArray[Any]],
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        success: int,
+    ) -> None:
+        """Record one step of an open episode; ``success`` is -1 when the env reported none."""
+        key = self.keys[slot]
+        assert key is not None
+        assert self.contract is not None
+        record = self.records[slot]
+        index = int(record.steps[0])
+        record.record_step(
+            np.array([reward], dtype=np.float64),
+            np.array([terminated]),
+            np.array([truncated]),
+            np.array([success], dtype=np.int8),
+        )
+        frame = Frame(
+            index=index,
+            observation=self.last[slot],
+            action=np.asarray(to_numpy(action), dtype=np.float32).reshape(self.contract.action.size),
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            success=bool(record.success[0]),
+        )
+        for sink in self.sinks:
+            sink.add(key, frame)
+        self.last[slot] = observation
+        if terminated or truncated:
+            self.end(slot, terminated=terminated, truncated=truncated)
+
+    def end(self, slot: int, *, terminated: bool, truncated: bool, reason: str | None = None) -> None:
+        key, self.keys[slot] = self.keys[slot], None
+        if key is None:
+            return
+        record = self.records[slot].record(0)
+        status = EpisodeStatus.SUCCEEDED if record.success else EpisodeStatus.FAILED
+        extra = {} if reason is None else {"reason": reason}
+        outcome = EpisodeOutcome(
+            status, record.score, record.success, record.total_reward, record.steps, terminated, truncated, extra=extra
+        )
+        for sink in self.sinks:
+            sink.end(key, outcome)
+
+    def close(self) -> None:
+        if self._at_exit is not None:
+            self._at_exit.episodes = None
+            self._at_exit = None
+        for slot in range(self.num_slots):
+            self.end(slot, terminated=False, truncated=True, reason=CUT_SHORT)
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+        if self.dataset is not None:
+            build, self.dataset = self.dataset, None
+            build.publish()
+
+
+def _register_before_threads_join(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at interpreter exit *before* Python joins non-daemon threads.
+
+    ``atexit`` runs only after that join, when the dataset's writer threads are gone and no new
+    thread may start; ``threading``'s own exit registry (private, the one ``concurrent.futures``
+    uses) runs first, while the writers still take work.
+    """
+    register: Callable[[Callable[[], None]], None] = vars(threading)["_register_atexit"]
+    register(hook)
+
+
+class _CloseAtExit:
+    """An exit hook that closes the episodes of a wrapper nobody closed (and then forgets them)."""
+
+    def __init__(self, episodes: Episodes) -> None:
+        self.episodes: Episodes | None = episodes
+
+    def __call__(self) -> None:
+        episodes, self.episodes = self.episodes, None
+        if episodes is None:
+            return
+        try:
+            episodes.close()
+        except Exception:
+            logger.exception("closing an unclosed wrap() at exit failed; its dataset was not published")
