@@ -53,6 +53,8 @@ TRAINING_MODULES = ("accelerate", "psutil")
 """What ``lerobot-train`` imports beyond lerobot itself (lerobot's ``training`` extra)."""
 CHECKPOINT_FIGURES = ("checkpoint", "step", "episodes", "succeeded", "errored", "success_rate", "ci_low", "ci_high")
 """What the summary keeps of each checkpoint's row of the sweep's comparison (its ``all`` row)."""
+TRAINING_FIGURES = ("steps", "save_freq", "batch_size", "num_workers", "torch_threads")
+"""The settings of the training the summary records beside the policy's."""
 SETTLE_TIMEOUT_S = 120.0
 """How long the sweep waits for the last checkpoint's files to settle after training."""
 
@@ -90,7 +92,10 @@ class Settings:
     steps: int = 5000
     save_freq: int = 500
     batch_size: int = 64
-    num_workers: int = 0
+    num_workers: int = 1
+    """lerobot-train's data loader processes: one prepares the next batch while the model updates."""
+    torch_threads: int = 1
+    """Threads of the update: on two shared cores a second one mostly spin-waits (steps of 2-3 s, not 0.1 s)."""
     seed: int = 1000
     retrain: bool = False
 
@@ -99,6 +104,8 @@ class Settings:
 class Stage:
     name: str
     wall_s: float
+    kept: bool = False
+    """Its outputs were there already (a complete training run), so nothing ran."""
 
 
 class TrainDemoError(Exception):
@@ -120,7 +127,7 @@ def train(settings: Settings, env: dict[str, str], dataset: Path, repo_id: str, 
             shutil.rmtree(run_dir)
         elif _finished_step(run_dir) == settings.steps:
             print(f"train-demo: keeping the complete training run in {run_dir} (--retrain trains again)", flush=True)
-            return Stage("training", 0.0)
+            return Stage("training", 0.0, kept=True)
         else:
             raise TrainDemoError(
                 f"{run_dir} holds another or an unfinished training run (not {settings.steps} steps); "
@@ -142,7 +149,7 @@ def train(settings: Settings, env: dict[str, str], dataset: Path, repo_id: str, 
         f"--output_dir={run_dir}",
         f"--job_name={run_dir.name}",
     ]
-    return _stage("training", command, env)
+    return _stage("training", command, {**env, "OMP_NUM_THREADS": str(settings.torch_threads)})
 
 
 def evaluate_checkpoints(env: dict[str, str]) -> Stage:
@@ -235,6 +242,7 @@ def summarize(settings: Settings, stages: Sequence[Stage], run_dir: Path) -> dic
     checkpoints = [{key: row[key] for key in CHECKPOINT_FIGURES} for row in comparison["rows"] if row["task"] == "all"]
     return {
         "stages": {stage.name: round(stage.wall_s, 1) for stage in stages},
+        "kept": [stage.name for stage in stages if stage.kept],
         "expert": {
             "episodes": expert.scheduled,
             "succeeded": expert.succeeded,
@@ -243,7 +251,11 @@ def summarize(settings: Settings, stages: Sequence[Stage], run_dir: Path) -> dic
             "ci_low": low,
             "ci_high": high,
         },
-        "training": {"run": str(run_dir), "steps": settings.steps, "save_freq": settings.save_freq, "policy": ACT},
+        "training": {
+            "run": str(run_dir),
+            **{key: getattr(settings, key) for key in TRAINING_FIGURES},
+            "policy": ACT,
+        },
         "checkpoints": checkpoints,
         "best": comparison.get("best"),
     }
@@ -252,7 +264,11 @@ def summarize(settings: Settings, stages: Sequence[Stage], run_dir: Path) -> dic
 def print_summary(summary: dict[str, Any], path: Path) -> None:
     expert = summary["expert"]
     lines = [
-        "train-demo: " + ", ".join(f"{name} {wall:.0f} s" for name, wall in summary["stages"].items()),
+        "train-demo: "
+        + ", ".join(
+            f"{name} kept" if name in summary["kept"] else f"{name} {wall:.0f} s"
+            for name, wall in summary["stages"].items()
+        ),
         f"  expert       {_rate(expert)} ({expert['episodes']} demonstrations)",
         *(f"  {c['checkpoint']:<12} {_rate(c)} (step {c['step']}, held-out)" for c in summary["checkpoints"]),
         f"summary in {path}",
@@ -306,6 +322,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument("--save-freq", type=int, default=defaults.save_freq, help="steps between checkpoints")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--num-workers", type=int, default=defaults.num_workers, help="lerobot-train data loaders")
+    parser.add_argument("--torch-threads", type=int, default=defaults.torch_threads, help="threads of the update")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="lerobot-train's seed")
     parser.add_argument("--retrain", action="store_true", help="replace a training run already in the run directory")
     args = parser.parse_args(argv)
@@ -319,6 +336,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         save_freq=args.save_freq,
         batch_size=args.batch_size,
         num_workers=args.num_workers,
+        torch_threads=args.torch_threads,
         seed=args.seed,
         retrain=args.retrain,
     )

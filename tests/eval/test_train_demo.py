@@ -78,7 +78,9 @@ def test_lerobot_train_without_its_extra_is_refused_before_any_stage(monkeypatch
     real = importlib.util.find_spec
     missing = {"accelerate", "psutil"}
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name in missing else real(name))
-    with pytest.raises(train_demo.TrainDemoError, match=r"lerobot-train needs accelerate, psutil \(lerobot's 'training'"):
+    with pytest.raises(
+        train_demo.TrainDemoError, match=r"lerobot-train needs accelerate, psutil \(lerobot's 'training'"
+    ):
         train_demo.check_training_dependencies()
 
 
@@ -99,7 +101,7 @@ def test_a_complete_training_run_is_kept_and_another_one_is_replaced_only_when_a
     def train(**settings: Any) -> train_demo.Stage:
         return train_demo.train(train_demo.Settings(outputs=tmp_path, **settings), {}, dataset, "local/demos", run_dir)
 
-    assert train(steps=20) == train_demo.Stage("training", 0.0)
+    assert train(steps=20) == train_demo.Stage("training", 0.0, kept=True)
     assert commands == [], "the complete run of 20 steps is kept"
     with pytest.raises(train_demo.TrainDemoError, match=r"not 30 steps\); pass --retrain"):
         train(steps=30)
@@ -167,6 +169,7 @@ def test_make_train_demo_shortened_records_trains_and_sweeps_every_checkpoint_on
     summary = json.loads((outputs / train_demo.SUMMARY_FILE).read_text())
     assert set(summary["stages"]) == {"demonstrations", "training", "sweep"}
     assert all(wall > 0 for wall in summary["stages"].values())
+    assert summary["kept"] == []
     assert summary["expert"]["episodes"] == 4
     assert summary["expert"]["errored"] == 0
     assert [c["checkpoint"] for c in summary["checkpoints"]] == ["000010", "000020"]
