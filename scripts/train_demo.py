@@ -95,7 +95,8 @@ class Settings:
     num_workers: int = 1
     """lerobot-train's data loader processes: one prepares the next batch while the model updates."""
     torch_threads: int = 1
-    """Threads of the update: on two shared cores a second one mostly spin-waits (steps of 2-3 s, not 0.1 s)."""
+    """Threads of the update. Beside other jobs on two cores, two threads wait on each other: steps of up to 2-3 s
+    were measured with two, 0.1-0.2 s with one."""
     seed: int = 1000
     retrain: bool = False
 
