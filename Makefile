@@ -2,7 +2,7 @@
 export HF_HUB_OFFLINE := 1
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup eval test lint bench dev
+.PHONY: setup eval test lint bench dev train-demo
 
 setup:
 	@scripts/setup
@@ -10,6 +10,11 @@ setup:
 ## The main job: the bundled CartPole eval as a Dagster run on the local instance (.dagster_home/).
 eval: setup
 	.venv/bin/hud-pipelines run cartpole_pd
+
+## A policy trained here, end to end: expert demonstrations of MetaWorld reach-v3 as a LeRobot dataset,
+## lerobot-train (ACT, CPU) and a sweep of every checkpoint on held-out seeds (README: "A trained policy").
+train-demo: setup
+	.venv/bin/python scripts/train_demo.py
 
 ## The Dagster UI with every pipeline in pipelines/ (http://127.0.0.1:3000).
 dev: setup

@@ -94,9 +94,10 @@ def test_the_factory_module_loads_where_metaworld_is_not_installed() -> None:
 def test_the_bundled_metaworld_pipelines_pass_the_deep_check() -> None:
     parser = argparse.ArgumentParser()
     add_validate_arguments(parser)
-    paths = sorted(str(p) for p in (REPO / "pipelines").glob("metaworld_*.yaml"))
+    # a sweep's checkpoints exist once trained: tests/eval/test_train_demo.py checks it on a run it trains
+    paths = sorted(str(p) for p in (REPO / "pipelines").glob("metaworld_*.yaml") if not p.stem.endswith("_sweep"))
     out = io.StringIO()
-    assert len(paths) == 3
+    assert len(paths) == 4
     assert run_validate(parser.parse_args(paths), out) == 0, out.getvalue()
 
 
