@@ -8,9 +8,9 @@ Nothing comes from a model hub: the project makes its own data and weights, on t
 2. **Training**: ``lerobot-train`` fits a small ACT on that dataset (state only, CPU), saving a
    checkpoint every ``--save-freq`` steps into the directory the sweep watches
    (``<outputs>/train/metaworld_reach_act``, the sweep's ``agent.policy.checkpoints``).
-3. **Sweep**: ``hud-pipelines run metaworld_reach_sweep`` evaluates every checkpoint on the same 100
-   held-out episodes (seeds from 100000), and writes the comparison (success rate per checkpoint
-   with its 95% Wilson interval, paired tests between checkpoints) into its report.
+3. **Sweep**: ``hud-pipelines run pipelines/train_demo/metaworld_reach_sweep.yaml`` evaluates every
+   checkpoint on the same 100 held-out episodes (seeds from 100000), and writes the comparison
+   (success rate per checkpoint with its 95% Wilson interval, paired tests between checkpoints) into its report.
 
 The summary (each stage's wall time, the expert's and every checkpoint's success with their
 intervals) is printed and written to ``<outputs>/train_demo.json``. ``<outputs>`` is
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 PROJECT = Path(__file__).resolve().parents[1]
 DEMOS = "metaworld_reach_demos"
 SWEEP = "metaworld_reach_sweep"
+SWEEP_FILE = Path("pipelines") / "train_demo" / f"{SWEEP}.yaml"
+"""Beside, not in, ``pipelines/``: its training run exists only once this script made it, so a fresh
+checkout's ``hud-pipelines validate pipelines/`` and code location do not list a sweep of nothing."""
 SUMMARY_FILE = "train_demo.json"
 DEMO_GROUP_ENV = "DEMO_GROUP"
 """Instances of the demonstrations pipeline (``group: ${DEMO_GROUP:-25}`` in its YAML)."""
@@ -155,7 +158,7 @@ def train(settings: Settings, env: dict[str, str], dataset: Path, repo_id: str, 
 
 def evaluate_checkpoints(env: dict[str, str]) -> Stage:
     """Every complete checkpoint of the run on the sweep's held-out episodes (pairs already evaluated are kept)."""
-    return _stage("sweep", [_tool("hud-pipelines"), "run", SWEEP], env)
+    return _stage("sweep", [_tool("hud-pipelines"), "run", str(PROJECT / SWEEP_FILE)], env)
 
 
 # -- orchestration ---------------------------------------------------------------------------------
@@ -168,7 +171,7 @@ def run(settings: Settings) -> dict[str, Any]:
     from hud_pipelines.spec.loader import load_pipeline
 
     demos = load_pipeline(PROJECT / "pipelines" / f"{DEMOS}.yaml", env=env)
-    sweep = load_pipeline(PROJECT / "pipelines" / f"{SWEEP}.yaml", env=env)
+    sweep = load_pipeline(PROJECT / SWEEP_FILE, env=env)
     run_dir = training_dir(sweep)
     check_training_dependencies()
     stages = [record_demonstrations(settings, env)]

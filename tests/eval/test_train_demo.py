@@ -188,5 +188,5 @@ def test_make_train_demo_shortened_records_trains_and_sweeps_every_checkpoint_on
     assert seeds(sweep_grades, "000010") == seeds(sweep_grades, "000020"), "every checkpoint on the same episodes"
     assert not demonstrated & set(seeds(sweep_grades)), "the sweep's episodes are held out"
     assert "000020" in (outputs / train_demo.SWEEP / "report.md").read_text()
-    swept = load_pipeline(REPO / "pipelines" / f"{train_demo.SWEEP}.yaml", deep=True, env=env)
+    swept = load_pipeline(REPO / train_demo.SWEEP_FILE, deep=True, env=env)
     assert train_demo.training_dir(swept) == run_dir
