@@ -22,6 +22,7 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 <name>`` run the whole eval; ``--partition-range k...k`` re-runs one instance.
 """
 
+import base64
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -421,6 +422,9 @@ def _comparison_metadata(table: SweepComparison, outputs: EvalOutputs) -> dict[s
         "checkpoints": len(table.overall),
         "path": dg.MetadataValue.path(str(outputs.comparison_csv)),
         "plot": dg.MetadataValue.path(str(outputs.comparison_png)),
+        "success_by_step": dg.MetadataValue.md(
+            f"![success rate by training step](data:image/png;base64,{base64.b64encode(table.plot()).decode()})"
+        ),
     }
 
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.spec.hashing import CREDENTIALS
 from hud_pipelines.spec.models import PipelineSpec
 
@@ -28,7 +29,7 @@ PACKAGES = ("hud-pipelines", "gymnasium", "mujoco", "numpy", "torch", "lerobot",
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 """This package's folder: its git revision is the code that produced a result (``None`` when installed)."""
 RENDERER_VARIABLES = ("MUJOCO_GL", "PYOPENGL_PLATFORM")
-FINGERPRINT_FIELDS = ("packages", "sim_python", "renderer")
+FINGERPRINT_FIELDS = ("packages", "sim_python", "sim_packages", "renderer")
 """What, besides the rollout hash, decides a result's numbers: never merged across a change of these."""
 
 
@@ -56,10 +57,16 @@ def for_run(spec: PipelineSpec, *, contract_json: str | None = None) -> dict[str
 
 
 def environment(spec: PipelineSpec) -> dict[str, Any]:
-    """The parts of the provenance that decide numbers besides the YAML (see :data:`FINGERPRINT_FIELDS`)."""
+    """The parts of the provenance that decide numbers besides the YAML (see :data:`FINGERPRINT_FIELDS`).
+
+    A sim under its own interpreter (``sim.python``) has its own packages: their versions, and the
+    version of the package its factory comes from, are read there, in one short child process.
+    """
+    interpreter = _interpreter(spec)
     return {
         "packages": _versions(),
-        "sim_python": str(spec.resolve_path(spec.sim.python)) if spec.sim.python is not None else sys.executable,
+        "sim_python": interpreter,
+        "sim_packages": _sim_versions(interpreter, _factory_package(spec)),
         "renderer": {name: os.environ[name] for name in RENDERER_VARIABLES if name in os.environ},
     }
 
@@ -77,7 +84,7 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
         before, after = old.get("packages", {}).get(name), new.get("packages", {}).get(name)
         if before != after:
             changes.append(f"{name} {before or 'absent'} -> {after or 'absent'}")
-    for name in ("sim_python", "renderer"):
+    for name in ("sim_python", "sim_packages", "renderer"):
         if old.get(name) != new.get(name):
             changes.append(f"{name} {old.get(name)} -> {new.get(name)}")
     return ", ".join(changes) or "the environment changed"
@@ -88,6 +95,7 @@ def markdown(record: dict[str, Any]) -> str:
     if not record:
         return ""
     packages = ", ".join(f"{name} {version}" for name, version in record.get("packages", {}).items() if version)
+    sim_packages = ", ".join(f"{n} {v}" for n, v in record.get("sim_packages", {}).items() if v) or "n/a"
     renderer = ", ".join(f"{k}={v}" for k, v in record.get("renderer", {}).items()) or "default"
     lines = [
         "",
@@ -96,7 +104,7 @@ def markdown(record: dict[str, Any]) -> str:
         f"- code: hud-pipelines revision `{record.get('hud_pipelines_revision') or 'unknown'}`",
         f"- packages: {packages}",
         f"- sim: `{record.get('sim_factory')}` with {json.dumps(record.get('sim_args', {}))}, "
-        f"{record.get('num_envs')} slot(s), under `{record.get('sim_python')}`; renderer {renderer}",
+        f"{record.get('num_envs')} slot(s), under `{record.get('sim_python')}` ({sim_packages}); renderer {renderer}",
         f"- policy: `{json.dumps(record.get('policy', {}))}` on {record.get('device') or 'the default device'}",
         f"- contract sha256 `{record.get('contract_hash') or 'unknown'}`; rollout hash `{record.get('rollout_hash')}`",
         f"- seeds: {json.dumps(record.get('seeds', {}))} x group {record.get('group')}",
@@ -108,15 +116,65 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SIM_PACKAGES = ("gymnasium", "mujoco", "numpy")
+"""Packages of the sim's environment whose versions a result records, beside its factory's own package."""
+_VERSIONS_SCRIPT = """
+import importlib.metadata, json, sys
+found = {}
+for name in sys.argv[1:]:
+    try:
+        found[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        found[name] = None
+print(json.dumps(found))
+"""
+
+
+def _interpreter(spec: PipelineSpec) -> str:
+    if spec.sim.python is None:
+        return sys.executable
+    from hud_pipelines.sim.process import sim_interpreter
+
+    try:
+        return sim_interpreter(spec.resolve_path(spec.sim.python))
+    except HudPipelinesError:
+        return str(spec.resolve_path(spec.sim.python))  # the sim will not start; its error says why
+
+
+def _factory_package(spec: PipelineSpec) -> str | None:
+    """The distribution a factory's module comes from (``metaworld`` for ``metaworld.envs:make``), if installed."""
+    factory = spec.sim.factory
+    if factory is None or ":" not in factory or factory.split(":")[0].endswith(".py"):
+        return None
+    top = factory.split(":")[0].split(".")[0]
+    names = importlib.metadata.packages_distributions().get(top)
+    return names[0] if names else top
+
+
+@functools.cache
+def _sim_versions(interpreter: str, factory_package: str | None) -> dict[str, str | None]:
+    names = [*SIM_PACKAGES, *([factory_package] if factory_package and factory_package not in SIM_PACKAGES else [])]
+    if interpreter == sys.executable:
+        return {name: _version(name) for name in names}
+    try:
+        done = subprocess.run(
+            [interpreter, "-c", _VERSIONS_SCRIPT, *names], capture_output=True, text=True, timeout=30, check=True
+        )
+        return {str(k): v for k, v in json.loads(done.stdout).items()}
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {name: None for name in names}
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 @functools.cache
 def _versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+    return {name: _version(name) for name in PACKAGES}
 
 
 @functools.cache

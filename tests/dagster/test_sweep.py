@@ -98,6 +98,14 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     assert {r["episodes"] for r in table} == {"4"}
     assert (local / "reach_sweep" / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## Checkpoints" in (local / "reach_sweep" / "report.md").read_text()
+    with dg.DagsterInstance.get() as instance:  # the comparison asset, as the UI shows it
+        event = instance.get_latest_materialization_event(dg.AssetKey(["reach_sweep", "comparison"]))
+    assert event is not None
+    assert event.asset_materialization is not None
+    metadata = event.asset_materialization.metadata
+    assert len(metadata["comparison"].value.records) == 6  # pyright: ignore[reportAttributeAccessIssue]
+    assert "data:image/png;base64," in str(metadata["success_by_step"].value)
+    assert metadata["best"].value in {"000500", "001000", "001500"}
 
     assert main(["run", str(path), "--quiet", "--checkpoint", "000500", "--rerun"]) == 0
     again = _run_ids(local)

@@ -58,3 +58,16 @@ def test_results_of_another_environment_are_not_merged_into_one_table(
     assert {row.fault for row in ran} == {None}
     assert {row.fault for row in stale} == {Fault.NOT_RUN}
     assert all("another environment (mujoco" in (row.error or "") and "-> 9.9.9" in (row.error or "") for row in stale)
+
+
+def test_a_sim_under_its_own_interpreter_records_that_environments_versions() -> None:
+    from hud_pipelines.spec.loader import load_pipeline
+
+    spec = load_pipeline(REPO / "pipelines" / "metaworld_reach.yaml")
+    if not (REPO / "sims" / "metaworld" / ".venv").is_dir():
+        pytest.skip("sims/metaworld/.venv is not set up (scripts/setup does it)")
+    found = provenance.environment(spec)
+    assert found["sim_python"].endswith("sims/metaworld/.venv/bin/python")
+    assert found["sim_packages"]["mujoco"] == "3.3.0", "the sim's own mujoco, not the agent's"
+    assert found["packages"]["mujoco"] != "3.3.0"
+    assert found["sim_packages"]["gymnasium"]
