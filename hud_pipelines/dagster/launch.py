@@ -21,9 +21,17 @@ from dagster._core.definitions.reconstruct import ReconstructableJob
 from dagster._core.execution.api import execute_run
 from dagster._core.execution.execution_result import ExecutionResult
 
-from hud_pipelines.dagster.deployment import Execution, deployment_path, load_deployment, load_execution
+from hud_pipelines.dagster.deployment import (
+    Execution,
+    ExecutionSettings,
+    deployment_path,
+    load_deployment,
+    load_execution,
+)
 from hud_pipelines.errors import DeploymentError
 from hud_pipelines.spec.loader import load_pipeline
+
+BROKER_TIMEOUT_S = 5.0
 
 
 def pipeline_job(
@@ -99,6 +107,8 @@ def execute_pipeline_job(
         return job.execute_in_process(
             instance=instance, tags=dict(tags), run_config=dict(run_config), raise_on_error=False, run_id=run_id
         )
+    assert deployment is not None
+    _check_broker(load_execution(deployment).for_pipeline(job.name), deployment)
     recon = reconstructable_pipeline_job(path, outputs_dir=outputs_dir, project_dir=project_dir, deployment=deployment)
     rebuilt = recon.get_definition()
     run = instance.create_run_for_job(
@@ -109,3 +119,20 @@ def execute_pipeline_job(
         job_code_origin=recon.get_python_origin(),
     )
     return execute_run(recon, run, instance, raise_on_error=False)
+
+
+def _check_broker(settings: ExecutionSettings, deployment: Path) -> None:
+    """Refuse to start a run whose broker does not answer (its steps would fail one by one, unexplained)."""
+    import redis
+
+    url = settings.broker or ""
+    client = redis.Redis.from_url(url, socket_connect_timeout=BROKER_TIMEOUT_S, socket_timeout=BROKER_TIMEOUT_S)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise DeploymentError(
+            f"deployment file {deployment}: execution.broker: {url} does not answer ({exc}); start it "
+            "(redis-server) or unset HUD_PIPELINES_DEPLOYMENT to run in process"
+        ) from exc
+    finally:
+        client.close()

@@ -118,9 +118,11 @@ class Worker:
 
 @contextlib.contextmanager
 def celery_workers(
-    deployment: Path, names: Sequence[str], logs: Path, *, queues: str = "cpu"
+    deployment: Path, names: Sequence[str], logs: Path, *, queues: Sequence[str] | None = None
 ) -> Iterator[list[Worker]]:
-    """Solo-pool workers of ``hud_pipelines.dagster.worker`` for ``deployment``, ready when yielded."""
+    """Solo-pool workers of ``hud_pipelines.dagster.worker`` for ``deployment``, ready when yielded.
+
+    ``queues`` gives each worker its comma-separated queues (default: every worker on ``cpu``)."""
     logs.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -130,10 +132,10 @@ def celery_workers(
     }
     workers: list[Worker] = []
     try:
-        for name in names:
+        for name, listens in zip(names, queues or ["cpu"] * len(names), strict=True):
             log = logs / f"{name}.log"
             command = [sys.executable, "-m", "celery", "-A", "hud_pipelines.dagster.worker", "worker"]
-            command += ["--pool", "solo", "--queues", queues, "--hostname", f"{name}@%h", "--loglevel", "INFO"]
+            command += ["--pool", "solo", "--queues", listens, "--hostname", f"{name}@%h", "--loglevel", "INFO"]
             command += ["--without-gossip", "--without-mingle", "--without-heartbeat", "--logfile", str(log)]
             process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             workers.append(Worker(name, process, log))

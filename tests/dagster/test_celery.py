@@ -168,6 +168,22 @@ def test_a_celery_deployment_gives_the_same_assets_with_one_unit_per_instance_on
     assert ops["plan"].tags["dagster-celery/queue"] == "cpu"
     assert ops["finish"].tags["dagster-celery/queue"] == "cpu"
 
+    with dg.DagsterInstance.ephemeral() as instance:
+        with pytest.raises(DeploymentError) as refused:
+            execute_pipeline_job(
+                job,
+                path,
+                instance=instance,
+                outputs_dir=outputs_dir,
+                project_dir=REPO,
+                tags={},
+                run_config={},
+                run_id="x",
+            )
+        assert not instance.get_runs(), "no run was started"
+    assert "execution.broker: redis://127.0.0.1:1/0 does not answer" in str(refused.value)
+    assert str(deployment) in str(refused.value)
+
 
 def test_a_unit_leaves_the_shards_other_units_of_its_run_are_writing(
     write_pipeline: WritePipeline, outputs_dir: Path
@@ -332,7 +348,7 @@ def test_celery_worker_killed_mid_instance_is_retried_once_and_counted_once(
 
 @needs_redis
 @pytest.mark.slow
-def test_celery_sweep_runs_each_checkpoint_instance_pair_as_a_unit_with_the_in_process_results(
+def test_celery_sweep_runs_each_pair_as_a_unit_on_its_queue_with_the_in_process_results(
     lerobot_run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hud_pipelines.cli.run import run_pipeline
@@ -372,13 +388,20 @@ def test_celery_sweep_runs_each_checkpoint_instance_pair_as_a_unit_with_the_in_p
 
     local = sweep("local")
     with redis_server(tmp_path / "redis") as (broker, _):
-        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))
-        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1", "w2"], tmp_path / "logs"):
+        deployment = _deployment(tmp_path, broker)
+        text = json.loads(deployment.read_text())
+        deployment.write_text(json.dumps({**text, "pipelines": {"reach_sweep": {"execution": {"queue": "gpu"}}}}))
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
+        names, queues = ["cpu_only", "with_gpu"], ["cpu", "cpu,gpu"]
+        with celery_workers(deployment, names, tmp_path / "logs", queues=queues) as (cpu_only, with_gpu):
             assert sweep("spread") == local
             with _instance(tmp_path / "spread" / "home") as instance:
                 [sweep_run] = instance.get_runs()
-                units = [
-                    k for k in _step_successes(instance, sweep_run.run_id) if k.startswith("reach_sweep__eval.unit[")
-                ]
+                successes = _step_successes(instance, sweep_run.run_id)
+                observed = _observations(instance, sweep_run.run_id)
+    units = [k for k in successes if k.startswith("reach_sweep__eval.unit[")]
     assert len(units) == 6, "one unit per (checkpoint, instance) pair"
+    pids = {e.asset_observation.metadata["worker_pid"].value for e in observed if e.asset_observation}  # type: ignore[union-attr]
+    assert pids == {with_gpu.pid}, "the sweep's units went to its gpu queue only"
+    assert cpu_only.pid not in pids
     assert not processes_mentioning(broker)
