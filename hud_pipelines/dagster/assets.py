@@ -32,8 +32,8 @@ from dagster import AssetCheckExecutionContext, AssetExecutionContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster import sweeps, units
-from hud_pipelines.dagster.celery_executor import executor_for
 from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
 from hud_pipelines.dagster.resources import (
     AGENT,

@@ -22,8 +22,7 @@ As units end, their results are handed to :mod:`hud_pipelines.eval.progress` in 
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,32 +43,18 @@ from dagster_celery.executor import CeleryExecutor
 from dagster_shared.error import SerializableErrorInfo
 
 from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.executors import RESULT_METADATA, UNIT_TAG
 from hud_pipelines.dagster.lease import lease_holder, lease_url
 from hud_pipelines.eval import progress
 from hud_pipelines.eval.runner import InstanceResult
-
-log = logging.getLogger(__name__)
-
-QUEUE_TAG = "dagster-celery/queue"
-"""dagster-celery's op tag: the queue a step is sent to."""
-UNIT_TAG = "hud_pipelines/unit"
-"""Op tag of the eval's units: a lost unit always gets another attempt (to run again or to record the loss)."""
-RESULT_METADATA = "result"
-"""Metadata key of a unit's observation: the path of the instance's result file."""
-
-EXECUTOR_CONFIG: dict[str, Any] = {
-    "broker": dg.Field(str, description="redis://host:port/db of the broker the workers listen to"),
-    "backend": dg.Field(str, is_required=False, description="Celery result backend (default: the broker)"),
-    "control_queue": dg.Field(str, default_value="cpu", description="queue of the steps that are not units"),
-    "retries": dg.Field(int, default_value=0, description="times a step whose worker was lost runs again"),
-    "lease_s": dg.Field(float, default_value=30.0, description="a worker silent for this long is taken as lost"),
-}
 
 
 def app_args(settings: ExecutionSettings) -> dict[str, Any]:
     """The Celery app's arguments, the same in the run and in every worker (broker, backend, queues)."""
     broker = settings.broker or ""
-    return _executor(broker, settings.result_backend or broker, settings.control_queue, 0, settings.lease_s).app_args()
+    return leased_executor(
+        broker, settings.result_backend or broker, settings.control_queue, 0, settings.lease_s
+    ).app_args()
 
 
 def celery_app(settings: ExecutionSettings) -> Any:
@@ -77,7 +62,10 @@ def celery_app(settings: ExecutionSettings) -> Any:
     return make_app.make_app(app_args(settings))
 
 
-def _executor(broker: str, backend: str, control_queue: str, retries: int, lease_s: float) -> LeasedCeleryExecutor:
+def leased_executor(
+    broker: str, backend: str, control_queue: str, retries: int, lease_s: float
+) -> LeasedCeleryExecutor:
+    """dagster-celery's executor for this broker, with the queues and worker settings both ends share."""
     config_source: dict[str, Any] = {
         **DEFAULT_CONFIG,
         "task_default_queue": control_queue,
@@ -90,38 +78,6 @@ def _executor(broker: str, backend: str, control_queue: str, retries: int, lease
     return LeasedCeleryExecutor(
         broker=broker, backend=backend, config_source=config_source, lost_retries=retries, lease_s=lease_s
     )
-
-
-@dg.executor(
-    name="hud_celery",
-    config_schema=EXECUTOR_CONFIG,
-    requirements=dg.multiple_process_executor_requirements(),
-)
-def hud_celery_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
-    """Each step on a Celery worker (dagster-celery), a step whose worker died retried or failed by the run."""
-    config = cast(Mapping[str, Any], init_context.executor_config)
-    broker = str(config["broker"])
-    return _executor(
-        broker,
-        str(config.get("backend") or broker),
-        str(config["control_queue"]),
-        int(config["retries"]),
-        float(config["lease_s"]),
-    )
-
-
-def executor_for(settings: ExecutionSettings) -> dg.ExecutorDefinition:
-    """The executor of a pipeline's job: in process (the default) or on the deployment's Celery workers."""
-    if not settings.distributed:
-        return dg.in_process_executor
-    config: dict[str, Any] = {
-        "broker": settings.broker,
-        "backend": settings.result_backend,
-        "control_queue": settings.control_queue,
-        "retries": settings.retries,
-        "lease_s": settings.lease_s,
-    }
-    return hud_celery_executor.configured(config, name="hud_celery")
 
 
 class LeasedCeleryExecutor(CeleryExecutor):
@@ -206,8 +162,10 @@ class LeasedResult:
         if holder is not None:
             self._holder = holder
             return False
-        if self._holder is None and self._result.state != "STARTED":
-            return False  # queued: no worker has taken it yet
+        if self._holder is None:
+            if self._result.state != "STARTED":
+                return False  # queued: no worker has taken it yet
+            self._holder = _started_by(self._result.info)  # it started and ended between two ticks
         if self._result.ready():  # it ended (and gave the lease up) between the two reads
             return True
         self._lost = True
@@ -228,12 +186,19 @@ class LeasedResult:
             f"the worker running step {self._step.key} ({worker}) was lost: its lease ended before the step "
             f"did (attempt {self._attempt + 1})"
         )
-        log.error(reason)
         error = SerializableErrorInfo(message=reason, stack=[], cls_name="WorkerLost")
         DagsterEvent.engine_event(step_context, reason, EngineEventData(error=error))
         if self._attempt < self._executor.allowed_attempts(self._step):
             return [DagsterEvent.step_retry_event(step_context, StepRetryData(error=error))]
         return [DagsterEvent.step_failure_event(step_context, StepFailureData(error=error, user_failure_data=None))]
+
+
+def _started_by(info: object) -> str | None:
+    """The worker and process a task's STARTED state names (Celery stores them with it)."""
+    if not isinstance(info, dict):
+        return None
+    started = cast(dict[str, Any], info)
+    return f"{started.get('hostname', 'a worker')} pid {started.get('pid', '?')}"
 
 
 def _send_step(

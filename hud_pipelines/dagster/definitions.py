@@ -20,8 +20,8 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster.assets import build_pipeline_assets
-from hud_pipelines.dagster.celery_executor import executor_for
 from hud_pipelines.dagster.deployment import Deployment, Execution, for_pipeline, load_deployment, load_execution
+from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.resources import pipeline_resources
 from hud_pipelines.dagster.sweeps import checkpoint_sensor
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root

@@ -37,8 +37,8 @@ from dagster import OpExecutionContext
 
 from hud_pipelines.contract import Contract, load_contract
 from hud_pipelines.dagster import sweeps
-from hud_pipelines.dagster.celery_executor import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
 from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.executors import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
 from hud_pipelines.dagster.resources import (
     AGENT,
