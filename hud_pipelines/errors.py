@@ -188,6 +188,8 @@ class Fault(StrEnum):
     """The sim's observations or actions do not fit the pipeline's contract."""
     INTERRUPTED = "interrupted"
     """The run was cancelled (SIGINT, SIGTERM, a Dagster termination) before the episode ended."""
+    WORKER_LOST = "worker_lost"
+    """The worker process running the instance (a unit on a Celery worker) died before the instance ended."""
     NOT_RUN = "not_run"
     """The instance has no result of the configuration being graded (never ran, or ran under another)."""
 

@@ -27,7 +27,7 @@ from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
-    from dagster import ExecuteInProcessResult
+    from dagster._core.execution.execution_result import ExecutionResult
     from rich.console import Console
 
     from hud_pipelines.eval.results import InstanceResult
@@ -100,6 +100,7 @@ def run_pipeline(
 
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
+    from hud_pipelines.dagster.launch import execute_pipeline_job
     from hud_pipelines.eval import progress
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.rows import collect_rows
@@ -144,7 +145,7 @@ def run_pipeline(
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     run_id = str(uuid.uuid4())
     finished: list[str] = []
-    result: ExecuteInProcessResult | None = None
+    result: ExecutionResult | None = None
     with _interrupts() as received:
         try:
             with (
@@ -152,8 +153,15 @@ def run_pipeline(
                 _progress(console, spec.name, units, quiet) as on_result,
                 progress.listening(_counting(finished, on_result)),
             ):
-                result = job.execute_in_process(
-                    instance=instance, tags=tags, run_config=run_config, raise_on_error=False, run_id=run_id
+                result = execute_pipeline_job(  # in process, or on the deployment's workers
+                    job,
+                    path,
+                    instance=instance,
+                    outputs_dir=outputs.root,
+                    project_dir=project_dir,
+                    tags=tags,
+                    run_config=run_config,
+                    run_id=run_id,
                 )
         except KeyboardInterrupt:
             pass  # which signal it was is read when the block ends
@@ -226,7 +234,7 @@ def _interrupts() -> Generator[dict[str, signal.Signals]]:
                 break
 
 
-def _was_interrupted(result: ExecuteInProcessResult) -> bool:
+def _was_interrupted(result: ExecutionResult) -> bool:
     """Whether a step of the run stopped on an interrupt (Dagster reports it as a step failure)."""
     for event in result.all_events:
         if event.event_type_value == "STEP_FAILURE":
@@ -236,7 +244,7 @@ def _was_interrupted(result: ExecuteInProcessResult) -> bool:
     return result.dagster_run.status.value == "CANCELED"
 
 
-def _problems(result: ExecuteInProcessResult) -> list[str]:
+def _problems(result: ExecutionResult) -> list[str]:
     """One line per failed step or failed check of a run."""
     problems: list[str] = []
     for evaluation in result.get_asset_check_evaluations():

@@ -32,8 +32,10 @@ import dagster as dg
 from dagster import AssetCheckExecutionContext, AssetExecutionContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from hud_pipelines.contract import Contract
-from hud_pipelines.dagster import sweeps
+from hud_pipelines.dagster import sweeps, units
+from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.executors import executor_for
+from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
 from hud_pipelines.dagster.resources import (
     AGENT,
     CONTRACT,
@@ -49,7 +51,7 @@ from hud_pipelines.dagster.resources import (
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.checks import INSTANCES_CHECK, CheckVerdict, check_verdict, instances_verdict
-from hud_pipelines.eval.configuration import current_rollout_hash, record_configuration, recorded_provenance
+from hud_pipelines.eval.configuration import current_rollout_hash, record_configuration
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
@@ -68,7 +70,6 @@ from hud_pipelines.eval.steps import (
     rollouts_step,
 )
 from hud_pipelines.eval.sweep_table import COLUMNS, SweepComparison
-from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.grading import CheckSpec
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -120,52 +121,23 @@ def _grades_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> dg.TableMetad
     return dg.MetadataValue.table(records, schema=schema)
 
 
-def _features_table(contract: Contract) -> dg.TableMetadataValue:
-    schema = dg.TableSchema(
-        columns=[dg.TableColumn(n, "string") for n in ("feature", "role", "type", "dtype", "shape", "names")]
-    )
-    records = [
-        dg.TableRecord(
-            {
-                "feature": name,
-                "role": feature.role,
-                "type": feature.type.value,
-                "dtype": feature.dtype,
-                "shape": str(list(feature.shape)),
-                "names": ", ".join(feature.names or [])[:200],
-            }
-        )
-        for name, feature in contract.features.items()
-    ]
-    return dg.MetadataValue.table(records, schema=schema)
-
-
-def _instance_metadata(result: InstanceResult) -> dict[str, Any]:
-    counts = result.counts()
-    return {
-        "episodes": len(result.rows),
-        "env_steps": result.env_steps,
-        "succeeded": counts[EpisodeStatus.SUCCEEDED.value],
-        "failed": counts[EpisodeStatus.FAILED.value],
-        "errored": counts[EpisodeStatus.ERRORED.value],
-        "wall_s": round(result.wall_s, 3),
-        "error": result.error or "",
-    }
-
-
 def build_pipeline_assets(
-    spec: PipelineSpec, *, outputs: EvalOutputs, project_dir: Path
+    spec: PipelineSpec, *, outputs: EvalOutputs, project_dir: Path, execution: ExecutionSettings | None = None
 ) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
-    """The assets, checks and job of one pipeline (its four resources are bound by the caller)."""
+    """The assets, checks and job of one pipeline (its four resources are bound by the caller).
+
+    ``execution`` (the deployment's, default in process) says where the steps run: on Celery
+    workers the eval step becomes one unit per instance (:mod:`hud_pipelines.dagster.units`).
+    """
     with warnings.catch_warnings():
         # BackfillPolicy is marked beta in Dagster 1.13; the single-run policy is what makes one
         # local run drive every partition, so it is used on purpose.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _build(spec, outputs, project_dir)
+        return _build(spec, outputs, project_dir, execution or ExecutionSettings())
 
 
 def _build(
-    spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path
+    spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path, execution: ExecutionSettings
 ) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
     name = spec.name
     graders_key = resource_key(name, GRADERS)
@@ -195,77 +167,86 @@ def _build(
     rollouts_key = dg.AssetKey([name, "rollouts"])
     instances_key = dg.AssetKey([name, "instances"])
 
-    @dg.multi_asset(
-        name=f"{name}__eval",
-        specs=[
-            dg.AssetSpec(
-                contract_key,
-                group_name=name,
-                skippable=True,
-                description=f"The sim's contract (observation and action features) for {name}.",
-            ),
-            dg.AssetSpec(
-                rollouts_key,
-                group_name=name,
-                deps=[contract_key],
-                partitions_def=partitions,
-                skippable=True,
-                description=f"Rollouts of {name}: one partition per task instance, each one sim of "
-                f"{spec.sim.num_envs} slot(s). An instance that failed is not materialized (its partition "
-                "shows as failed); its slots are errored rows in the grades.",
-            ),
-            dg.AssetSpec(
-                instances_key,
-                group_name=name,
-                deps=[rollouts_key],
-                description=f"What each instance of {name} selected in the run did: ran to its end, or failed "
-                "and why. Always materialized, so grades, checks and the report follow every run.",
-            ),
-        ],
-        can_subset=True,
-        backfill_policy=single_run,
-        required_resource_keys={resource_key(name, part) for part in (SIM, CONTRACT, AGENT, GRADERS)},
-    )
-    def run_eval(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
-        effective = _effective(context, spec)
-        pool = _sim(context, spec).pool(effective)
-        selected = context.selected_asset_keys
-        if contract_key in selected:
-            try:
-                derived = contract_step(pool, outputs)
-            except HudPipelinesError as exc:  # every selected instance then errors with the reason
-                context.log.error(f"the sim of {name} did not start: {exc}")
+    eval_specs = [
+        dg.AssetSpec(
+            contract_key,
+            group_name=name,
+            skippable=True,
+            description=f"The sim's contract (observation and action features) for {name}.",
+        ),
+        dg.AssetSpec(
+            rollouts_key,
+            group_name=name,
+            deps=[contract_key],
+            partitions_def=partitions,
+            skippable=True,
+            description=f"Rollouts of {name}: one partition per task instance, each one sim of "
+            f"{spec.sim.num_envs} slot(s). An instance that failed is not materialized (its partition "
+            "shows as failed); its slots are errored rows in the grades.",
+        ),
+        dg.AssetSpec(
+            instances_key,
+            group_name=name,
+            deps=[rollouts_key],
+            description=f"What each instance of {name} selected in the run did: ran to its end, or failed "
+            "and why. Always materialized, so grades, checks and the report follow every run.",
+        ),
+    ]
+
+    def local_eval() -> dg.AssetsDefinition:
+        """The eval step in the run's process: every instance of the run on threads, one sim pool."""
+
+        @dg.multi_asset(
+            name=f"{name}__eval",
+            specs=eval_specs,
+            can_subset=True,
+            backfill_policy=single_run,
+            required_resource_keys={resource_key(name, part) for part in (SIM, CONTRACT, AGENT, GRADERS)},
+        )
+        def run_eval(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
+            effective = _effective(context, spec)
+            pool = _sim(context, spec).pool(effective)
+            selected = context.selected_asset_keys
+            if contract_key in selected:
+                try:
+                    derived = contract_step(pool, outputs)
+                except HudPipelinesError as exc:  # every selected instance then errors with the reason
+                    context.log.error(f"the sim of {name} did not start: {exc}")
+                else:
+                    yield dg.MaterializeResult(
+                        asset_key=contract_key, metadata=contract_metadata(effective, outputs, derived)
+                    )
+            if rollouts_key not in selected:
+                return
+            run_id = context.run.run_id
+
+            def on_result(result: InstanceResult) -> None:
+                metadata = instance_metadata(result)
+                context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=result.key, metadata=metadata))
+                if not result.failed:
+                    context.log_event(
+                        dg.AssetMaterialization(asset_key=rollouts_key, partition=result.key, metadata=metadata)
+                    )
+                progress.notify(result)
+
+            overrides = record_configuration(effective, spec, outputs, run_id=run_id)
+            if overrides:
+                context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
+            if effective.is_sweep:
+                results = _run_sweep(context, effective, pool, outputs, rollouts_key)
             else:
+                selected_partitions = [spec.partition_for_key(k) for k in context.partition_keys]
+                results = rollouts_step(
+                    effective, pool, outputs, run_id=run_id, partitions=selected_partitions, on_result=on_result
+                )
+            if instances_key in selected:
                 yield dg.MaterializeResult(
-                    asset_key=contract_key, metadata=_contract_metadata(effective, outputs, derived)
+                    asset_key=instances_key, metadata=instances_metadata(outputs, run_id, results, overrides)
                 )
-        if rollouts_key not in selected:
-            return
-        run_id = context.run.run_id
 
-        def on_result(result: InstanceResult) -> None:
-            metadata = _instance_metadata(result)
-            context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=result.key, metadata=metadata))
-            if not result.failed:
-                context.log_event(
-                    dg.AssetMaterialization(asset_key=rollouts_key, partition=result.key, metadata=metadata)
-                )
-            progress.notify(result)
+        return run_eval
 
-        overrides = record_configuration(effective, spec, outputs, run_id=run_id)
-        if overrides:
-            context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
-        if effective.is_sweep:
-            results = _run_sweep(context, effective, pool, outputs, rollouts_key)
-        else:
-            selected_partitions = [spec.partition_for_key(k) for k in context.partition_keys]
-            results = rollouts_step(
-                effective, pool, outputs, run_id=run_id, partitions=selected_partitions, on_result=on_result
-            )
-        if instances_key in selected:
-            yield dg.MaterializeResult(
-                asset_key=instances_key, metadata=_instances_metadata(outputs, run_id, results, overrides)
-            )
+    run_eval = units.eval_units_asset(spec, outputs, eval_specs, execution) if execution.distributed else local_eval()
 
     @eval_asset(
         "grades",
@@ -341,7 +322,7 @@ def _build(
     job = dg.define_asset_job(
         name,
         selection=dg.AssetSelection.key_prefixes([name]),
-        executor_def=dg.in_process_executor,
+        executor_def=executor_for(execution),
         description=spec.description or f"Evaluate {name}",
         tags=sweeps.default_tags(spec)
         if spec.is_sweep
@@ -367,7 +348,7 @@ def _run_sweep(
         context.log.error(f"{spec.name}: checkpoint(s) {', '.join(gone)} are not (or no longer) complete; not run")
 
     def on_result(member: sweep.Member, result: InstanceResult) -> None:
-        metadata = {**_instance_metadata(result), "checkpoint": member.label}
+        metadata = {**instance_metadata(result), "checkpoint": member.label}
         partition = member.partition_key(result.key)
         context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=partition, metadata=metadata))
         if not result.failed:
@@ -498,59 +479,3 @@ def _check_result(verdict: CheckVerdict, rows: Sequence[GradeRow]) -> dg.AssetCh
             "errored": summary.errored,
         },
     )
-
-
-def _contract_metadata(spec: PipelineSpec, outputs: EvalOutputs, derived: Contract) -> dict[str, Any]:
-    return {
-        "features": _features_table(derived),
-        "control_rate_hz": derived.control_rate,
-        "robot_type": derived.robot_type,
-        "path": dg.MetadataValue.path(str(spec.contract_path or outputs.contract)),
-    }
-
-
-def _instances_metadata(
-    outputs: EvalOutputs, run_id: str, results: Sequence[InstanceResult], overrides: dict[str, Any]
-) -> dict[str, Any]:
-    """The run's instances as a table (status, fault, reason), with totals."""
-    schema = dg.TableSchema(
-        columns=[
-            dg.TableColumn(n, k)
-            for n, k in (
-                ("instance", "string"),
-                ("status", "string"),
-                ("fault", "string"),
-                ("reason", "string"),
-                ("episodes", "int"),
-                ("errored", "int"),
-                ("wall_s", "float"),
-            )
-        ]
-    )
-    records = [
-        dg.TableRecord(
-            {
-                "instance": r.key,
-                "status": "failed" if r.failed else "completed",
-                "fault": r.fault.value if r.fault is not None else "",
-                "reason": (r.error or "")[:300],
-                "episodes": len(r.rows),
-                "errored": r.counts()[EpisodeStatus.ERRORED.value],
-                "wall_s": round(r.wall_s, 3),
-            }
-        )
-        for r in results
-    ]
-    totals = summarize([row for r in results for row in r.rows])
-    return {
-        "instances": dg.MetadataValue.table(records, schema=schema),
-        "ran": len(results),
-        "failed": sum(r.failed for r in results),
-        "episodes": totals.scheduled,
-        "errored": totals.errored,
-        "env_steps": sum(r.env_steps for r in results),
-        "wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
-        "traces": dg.MetadataValue.path(str(outputs.traces(run_id))),
-        "overrides": dg.MetadataValue.json(overrides),
-        "provenance": dg.MetadataValue.json(recorded_provenance(outputs)),
-    }

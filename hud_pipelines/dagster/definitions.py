@@ -20,7 +20,8 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster.assets import build_pipeline_assets
-from hud_pipelines.dagster.deployment import Deployment, for_pipeline, load_deployment
+from hud_pipelines.dagster.deployment import Deployment, Execution, for_pipeline, load_deployment, load_execution
+from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.resources import pipeline_resources
 from hud_pipelines.dagster.sweeps import checkpoint_sensor
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
@@ -41,12 +42,14 @@ def definitions_for(
     project_dir: Path | None = None,
     broken: Sequence[Problem] = (),
     deployment: Deployment | None = None,
+    execution: Execution | None = None,
 ) -> dg.Definitions:
     """Assets, checks, jobs and resources of ``specs`` (each loaded from a file), plus a marker asset
     for each file that ``broken`` (the problems of files that did not load) names.
 
     Each pipeline gets its four resources (sim, contract, agent, graders) from its YAML, with the
-    fields that ``deployment`` (default: the ``$HUD_PIPELINES_DEPLOYMENT`` file) replaces.
+    fields that ``deployment`` (default: the ``$HUD_PIPELINES_DEPLOYMENT`` file) replaces, and runs
+    where ``execution`` (default: that file's ``execution:`` sections; else in process) says.
     """
     outputs = (outputs_dir or default_outputs_root()).resolve()
     project = (project_dir or Path.cwd()).resolve()
@@ -56,11 +59,12 @@ def definitions_for(
     sensors: list[dg.SensorDefinition] = []
     resources: dict[str, object] = {}
     swaps = load_deployment() if deployment is None else deployment
+    where = load_execution() if execution is None else execution
     for spec in specs:
         if spec.source is None:
             raise ValueError(f"pipeline {spec.name!r} was not loaded from a file")
         spec_assets, spec_checks, job = build_pipeline_assets(
-            spec, outputs=EvalOutputs(outputs, spec.name), project_dir=project
+            spec, outputs=EvalOutputs(outputs, spec.name), project_dir=project, execution=where.for_pipeline(spec.name)
         )
         assets += spec_assets
         checks += spec_checks
@@ -69,15 +73,16 @@ def definitions_for(
             sensors.append(checkpoint_sensor(spec))
         parts = pipeline_resources(spec, project_dir=project, deployment=for_pipeline(swaps, spec.name))
         resources.update(parts.by_key(spec.name))
-    # Every launch, also an asset selection from the UI, runs its steps in one process: the
-    # multiprocess default would start a process, and a sim, per step.
+    # Every launch, also an asset selection from the UI, runs its steps where the deployment says:
+    # in one process by default (the multiprocess default would start a process, and a sim, per
+    # step), or on its Celery workers.
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
         jobs=jobs,
         sensors=sensors,
         resources=resources,
-        executor=dg.in_process_executor,
+        executor=executor_for(where.default),
     )
 
 

@@ -15,6 +15,18 @@ pipeline under ``"*"``), the way Dagster projects pick resources by deployment n
 The eval's YAML stays the one file that says *what* is evaluated; the deployment file says *where*
 and *with what* it runs (a served sim fleet, a GPU agent). Fields are those of the resources in
 :mod:`hud_pipelines.dagster.resources`; a run's configuration is validated as the YAML is.
+
+An ``execution:`` section says where the steps run (:class:`ExecutionSettings`): in the process of the
+run (the default: no broker, no workers), or each instance as a unit of work on Celery workers. At the
+top level it holds for every pipeline; under a pipeline it replaces fields for that one::
+
+    execution:
+      executor: celery
+      broker: redis://queuehost:6379/0
+      retries: 1                  # an instance whose worker was lost runs once more
+    pipelines:
+      pusht_act:
+        execution: {queue: gpu}   # its instances go to the workers of the gpu queue
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import dagster as dg
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from ruamel.yaml import YAML
 
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM
@@ -33,22 +46,96 @@ DEPLOYMENT_ENV = "HUD_PIPELINES_DEPLOYMENT"
 EVERY_PIPELINE = "*"
 PARTS = (SIM, CONTRACT, AGENT, GRADERS)
 
+EXECUTION = "execution"
+IN_PROCESS, CELERY = "in_process", "celery"
+FLEET_SETTINGS = frozenset({"broker", "backend", "lease_s"})
+"""Execution settings of the whole deployment (the workers read them too), never set per pipeline."""
+
 Deployment = dict[str, dict[str, dict[str, Any]]]
 """pipeline (or ``*``) -> resource part -> fields."""
+
+
+class ExecutionSettings(BaseModel):
+    """Where a pipeline's steps run: the ``execution:`` section of a deployment file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    executor: str = Field(
+        default=IN_PROCESS,
+        description="in_process: every step in the run's process (one sim set for the run); celery: every "
+        "instance is a unit of work on a Celery worker, with its own sim set",
+    )
+    broker: str | None = Field(default=None, description="redis://host:port/db of the Celery broker (celery only)")
+    backend: str | None = Field(default=None, description="Celery result backend; default: the broker")
+    queue: str = Field(default="cpu", description="the Celery queue of the pipeline's units (e.g. cpu or gpu)")
+    control_queue: str = Field(
+        default="cpu", description="the queue of the other steps: planning, collecting, grades, report, dataset, checks"
+    )
+    retries: int = Field(default=0, ge=0, description="times a unit whose worker was lost runs again")
+    lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a running unit whose worker has not renewed its lease for this long is taken as lost",
+    )
+
+    @field_validator("executor")
+    @classmethod
+    def _known_executor(cls, value: str) -> str:
+        if value not in (IN_PROCESS, CELERY):
+            raise ValueError(f"unknown executor {value!r}; expected {IN_PROCESS} or {CELERY}")
+        return value
+
+    @property
+    def distributed(self) -> bool:
+        """Whether units run on workers (rather than in the run's process)."""
+        return self.executor == CELERY
+
+    @property
+    def result_backend(self) -> str | None:
+        return self.backend or self.broker
+
+
+class Execution(BaseModel):
+    """The execution settings of a deployment: for every pipeline, and replaced fields per pipeline."""
+
+    model_config = ConfigDict(frozen=True)
+
+    default: ExecutionSettings = ExecutionSettings()
+    pipelines: dict[str, dict[str, Any]] = Field(default_factory=dict[str, dict[str, Any]])
+
+    def for_pipeline(self, pipeline: str) -> ExecutionSettings:
+        """The settings of ``pipeline``: its own fields over those for every pipeline."""
+        every = self.pipelines.get(EVERY_PIPELINE, {})
+        own = self.pipelines.get(pipeline, {})
+        if not every and not own:
+            return self.default
+        return ExecutionSettings.model_validate({**self.default.model_dump(), **every, **own})
+
+
+def deployment_path() -> Path | None:
+    """The file ``$HUD_PIPELINES_DEPLOYMENT`` names, if it names one."""
+    configured = os.environ.get(DEPLOYMENT_ENV)
+    return Path(configured).expanduser().resolve() if configured else None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        loaded: object = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DeploymentError(f"deployment file {path}: {exc.strerror or exc}") from exc
+    if not isinstance(loaded, dict):
+        raise DeploymentError(f"deployment file {path}: expected a mapping with 'pipelines:' and/or 'execution:'")
+    return cast(dict[str, Any], loaded)
 
 
 def load_deployment(path: Path | None = None) -> Deployment:
     """The deployment file at ``path`` (default ``$HUD_PIPELINES_DEPLOYMENT``); ``{}`` when there is none."""
     if path is None:
-        configured = os.environ.get(DEPLOYMENT_ENV)
-        if not configured:
+        path = deployment_path()
+        if path is None:
             return {}
-        path = Path(configured).expanduser()
-    try:
-        loaded: object = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DeploymentError(f"deployment file {path}: {exc.strerror or exc}") from exc
-    pipelines = cast(dict[str, Any], loaded).get("pipelines") if isinstance(loaded, dict) else None
+    loaded = _read(path)
+    pipelines = loaded.get("pipelines", {} if EXECUTION in loaded else None)
     if not isinstance(pipelines, dict):
         raise DeploymentError(f"deployment file {path}: expected a 'pipelines:' mapping of pipeline -> resources")
     deployment: Deployment = {}
@@ -57,14 +144,80 @@ def load_deployment(path: Path | None = None) -> Deployment:
             raise DeploymentError(f"deployment file {path}: pipelines.{pipeline}: expected a mapping of resources")
         deployment[str(pipeline)] = {}
         for part, fields in cast(dict[str, Any], parts).items():
+            if part == EXECUTION:  # where it runs, not a resource: read by load_execution
+                continue
             if part not in PARTS:
                 raise DeploymentError(
-                    f"deployment file {path}: pipelines.{pipeline}.{part}: not a resource; expected one of {PARTS}"
+                    f"deployment file {path}: pipelines.{pipeline}.{part}: not a resource; expected one of "
+                    f"{(*PARTS, EXECUTION)}"
                 )
             if not isinstance(fields, dict):
                 raise DeploymentError(f"deployment file {path}: pipelines.{pipeline}.{part}: expected a mapping")
             deployment[str(pipeline)][part] = {k: _value(v) for k, v in cast(dict[str, Any], fields).items()}
     return deployment
+
+
+def load_execution(path: Path | None = None) -> Execution:
+    """The ``execution:`` sections of the deployment file at ``path`` (default ``$HUD_PIPELINES_DEPLOYMENT``).
+
+    Without a file, or without the section, everything runs in process as it always has. Each
+    section is validated here, so a bad value is refused naming the file and the key.
+    """
+    if path is None:
+        path = deployment_path()
+        if path is None:
+            return Execution()
+    loaded = _read(path)
+    default = _settings(path, EXECUTION, loaded.get(EXECUTION) or {}, {})
+    per_pipeline: dict[str, dict[str, Any]] = {}
+    pipelines = loaded.get("pipelines")
+    for pipeline, parts in cast(dict[str, Any], pipelines if isinstance(pipelines, dict) else {}).items():
+        own = cast(dict[str, Any], parts).get(EXECUTION) if isinstance(parts, dict) else None
+        if own is None:
+            continue
+        where = f"pipelines.{pipeline}.{EXECUTION}"
+        shared = sorted(set(cast(dict[str, Any], own) if isinstance(own, dict) else {}) & FLEET_SETTINGS)
+        if shared:
+            raise DeploymentError(
+                f"deployment file {path}: {where}.{shared[0]}: set under the top-level 'execution:' only "
+                "(every run and worker of a deployment share one broker and one lease)"
+            )
+        section = cast(dict[str, Any], own) if isinstance(own, dict) else own
+        settings = _settings(path, where, section, default.model_dump())
+        per_pipeline[str(pipeline)] = settings.model_dump(include=set(cast(dict[str, Any], own)))
+    return Execution(default=default, pipelines=per_pipeline)
+
+
+def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> ExecutionSettings:
+    """One ``execution:`` section over ``base``, validated; errors name the file and the key."""
+    if not isinstance(section, dict):
+        raise DeploymentError(f"deployment file {path}: {where}: expected a mapping of execution settings")
+    fields = {k: _resolved(path, f"{where}.{k}", v) for k, v in cast(dict[str, Any], section).items()}
+    try:
+        settings = ExecutionSettings.model_validate({**base, **fields})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{where}.{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
+        )
+        raise DeploymentError(f"deployment file {path}: {problems}") from exc
+    if settings.distributed and not (settings.broker or "").startswith(("redis://", "rediss://")):
+        whose = "" if where == EXECUTION else f" ({where} runs on celery)"
+        raise DeploymentError(
+            f"deployment file {path}: {EXECUTION}.broker: the celery executor needs a Redis broker "
+            f"(redis://host:port/db){whose}, got {settings.broker!r}"
+        )
+    return settings
+
+
+def _resolved(path: Path, where: str, value: object) -> object:
+    """``{env: NAME}`` read from the environment now (the broker's address must be the same on every side)."""
+    mapping = cast(dict[str, Any], value) if isinstance(value, dict) else None
+    if mapping is not None and set(mapping) == {"env"}:
+        name = str(mapping["env"])
+        if name not in os.environ:
+            raise DeploymentError(f"deployment file {path}: {where}: environment variable {name} is not set")
+        return os.environ[name]
+    return cast(object, value)
 
 
 def for_pipeline(deployment: Deployment, pipeline: str) -> dict[str, dict[str, Any]]:

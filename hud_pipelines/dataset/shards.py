@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from hud_pipelines.contract import Contract
@@ -64,9 +65,13 @@ class ShardStore:
         else:
             pending.rename(current)
 
-    def discard_pending(self) -> None:
-        """Remove this run's shards that were never committed (an interrupted run leaves no staging dirs)."""
-        for key in self.spec.partition_keys():
+    def discard_pending(self, keys: Iterable[str] | None = None) -> None:
+        """Remove this run's shards of ``keys`` (default: every instance) that were never committed.
+
+        An interrupted run leaves no staging dirs. A step that ran some instances of the run passes
+        their keys: other steps of the same run (on other workers) may still be writing theirs.
+        """
+        for key in self.spec.partition_keys() if keys is None else keys:
             shutil.rmtree(self._pending(key), ignore_errors=True)
 
     def publish(self, target: Path) -> DatasetSummary:

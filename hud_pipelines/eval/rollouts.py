@@ -79,8 +79,8 @@ def rollouts_step(
         _record_interrupted(spec, outputs, run_id, [p for p in partitions if spec.partition_key(*p) not in finished])
         raise
     finally:
-        if shards is not None:
-            shards.discard_pending()
+        if shards is not None:  # only this call's instances: other steps of the run may be writing theirs
+            shards.discard_pending([spec.partition_key(*p) for p in partitions])
 
 
 def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, cut: Sequence[Partition]) -> None:

@@ -1,0 +1,109 @@
+"""Dagster metadata of the eval's assets: the contract's features, one instance's figures, a run's instances.
+
+Shared by both ways an eval's instances run (in the run's process, or as units on workers), so the UI
+shows the same tables either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from hud_pipelines.contract import Contract
+from hud_pipelines.eval.configuration import recorded_provenance
+from hud_pipelines.eval.grades import summarize
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.runner import InstanceResult
+from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.spec.models import PipelineSpec
+
+
+def features_table(contract: Contract) -> dg.TableMetadataValue:
+    schema = dg.TableSchema(
+        columns=[dg.TableColumn(n, "string") for n in ("feature", "role", "type", "dtype", "shape", "names")]
+    )
+    records = [
+        dg.TableRecord(
+            {
+                "feature": name,
+                "role": feature.role,
+                "type": feature.type.value,
+                "dtype": feature.dtype,
+                "shape": str(list(feature.shape)),
+                "names": ", ".join(feature.names or [])[:200],
+            }
+        )
+        for name, feature in contract.features.items()
+    ]
+    return dg.MetadataValue.table(records, schema=schema)
+
+
+def instance_metadata(result: InstanceResult) -> dict[str, Any]:
+    counts = result.counts()
+    return {
+        "episodes": len(result.rows),
+        "env_steps": result.env_steps,
+        "succeeded": counts[EpisodeStatus.SUCCEEDED.value],
+        "failed": counts[EpisodeStatus.FAILED.value],
+        "errored": counts[EpisodeStatus.ERRORED.value],
+        "wall_s": round(result.wall_s, 3),
+        "error": result.error or "",
+    }
+
+
+def contract_metadata(spec: PipelineSpec, outputs: EvalOutputs, derived: Contract) -> dict[str, Any]:
+    return {
+        "features": features_table(derived),
+        "control_rate_hz": derived.control_rate,
+        "robot_type": derived.robot_type,
+        "path": dg.MetadataValue.path(str(spec.contract_path or outputs.contract)),
+    }
+
+
+def instances_metadata(
+    outputs: EvalOutputs, run_id: str, results: Sequence[InstanceResult], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """The run's instances as a table (status, fault, reason), with totals."""
+    schema = dg.TableSchema(
+        columns=[
+            dg.TableColumn(n, k)
+            for n, k in (
+                ("instance", "string"),
+                ("status", "string"),
+                ("fault", "string"),
+                ("reason", "string"),
+                ("episodes", "int"),
+                ("errored", "int"),
+                ("wall_s", "float"),
+            )
+        ]
+    )
+    records = [
+        dg.TableRecord(
+            {
+                "instance": r.key,
+                "status": "failed" if r.failed else "completed",
+                "fault": r.fault.value if r.fault is not None else "",
+                "reason": (r.error or "")[:300],
+                "episodes": len(r.rows),
+                "errored": r.counts()[EpisodeStatus.ERRORED.value],
+                "wall_s": round(r.wall_s, 3),
+            }
+        )
+        for r in results
+    ]
+    totals = summarize([row for r in results for row in r.rows])
+    return {
+        "instances": dg.MetadataValue.table(records, schema=schema),
+        "ran": len(results),
+        "failed": sum(r.failed for r in results),
+        "episodes": totals.scheduled,
+        "errored": totals.errored,
+        "env_steps": sum(r.env_steps for r in results),
+        "wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
+        "traces": dg.MetadataValue.path(str(outputs.traces(run_id))),
+        "overrides": dg.MetadataValue.json(overrides),
+        "provenance": dg.MetadataValue.json(recorded_provenance(outputs)),
+    }

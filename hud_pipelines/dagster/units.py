@@ -1,0 +1,329 @@
+"""The eval step as units of work: one Dagster step per instance (or sweep pair), for executors that spread steps.
+
+In process, one step drives every instance of a run on threads (:mod:`hud_pipelines.dagster.assets`).
+On Celery workers that one step would run every instance on one worker, so when the deployment's
+``execution:`` says ``celery`` the same three assets (``contract``, ``rollouts``, ``instances``) come
+from a graph instead::
+
+    plan ──▶ unit[u0_task0_i0], unit[u1_task0_i1], ... ──▶ finish
+    (control queue)     (the pipeline's queue)              (control queue)
+
+- ``plan`` records the run's configuration and yields one dynamic output per instance of the run's
+  partition range (for a sweep, per (checkpoint, instance) pair without a current result).
+- each ``unit`` runs one instance with its own sim set, on whichever worker takes it: its result,
+  traces and dataset shard land as in process, its partition of ``rollouts`` is observed and, if the
+  instance ran to its end, materialized. A unit never fails because its instance failed (that is
+  data, as in process); a unit whose worker died is retried by the run
+  (:mod:`hud_pipelines.dagster.celery_executor`): it runs the instance again ``execution.retries``
+  times, then records the instance as failed (``worker_lost``) so the rest of the eval goes on.
+- ``finish`` runs once every unit ended: it materializes ``contract`` (when a unit's sim started) and
+  ``instances`` (what every unit of the run did), so grades, report, checks and the dataset follow,
+  once.
+
+The results are those of the in-process run: the same seeds per slot, and each instance's policy
+rows are forwarded on their own in both (``across_instances: false``).
+"""
+
+import os
+import re
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster import OpExecutionContext
+
+from hud_pipelines.contract import Contract, load_contract
+from hud_pipelines.dagster import sweeps
+from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.executors import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
+from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
+from hud_pipelines.dagster.resources import (
+    AGENT,
+    CONTRACT,
+    GRADERS,
+    SIM,
+    AgentResource,
+    ContractResource,
+    GradersResource,
+    SimResource,
+    effective_spec,
+    resource_key,
+)
+from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.eval import sweep
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.rollouts import rollouts_step
+from hud_pipelines.eval.runner import InstanceResult, unreached_result
+from hud_pipelines.eval.steps import record_configuration
+from hud_pipelines.sim.pool import SimPool
+from hud_pipelines.spec.models import Partition, PipelineSpec
+
+PLANNED, UNITS = "planned", "units"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit of a run: which instance of which eval (a sweep member's, or the pipeline's) it runs."""
+
+    spec: PipelineSpec
+    outputs: EvalOutputs
+    partition: Partition
+    partition_key: str
+    """The unit's Dagster partition: ``<task>-i<k>``, or ``<label>|<task>-i<k>`` in a sweep."""
+    checkpoint: str | None = None
+    """The sweep member's label (None outside a sweep)."""
+
+    @property
+    def result_path(self) -> Path:
+        return self.outputs.result(self.spec.partition_key(*self.partition))
+
+
+def eval_units_asset(
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    specs: Sequence[dg.AssetSpec],
+    settings: ExecutionSettings,
+) -> dg.AssetsDefinition:
+    """``contract``, ``rollouts`` and ``instances`` of ``spec`` from the graph plan -> units -> finish."""
+    contract_key, rollouts_key, instances_key = (s.key for s in specs)
+    resources = {resource_key(spec.name, part) for part in (SIM, CONTRACT, AGENT, GRADERS)}
+    control = {QUEUE_TAG: settings.control_queue}
+
+    @dg.op(
+        name="plan",
+        out={UNITS: dg.DynamicOut(str), PLANNED: dg.Out(dg.Nothing)},
+        required_resource_keys=resources,
+        tags=control,
+    )
+    def plan(context: OpExecutionContext) -> Iterator[dg.Output[Any] | dg.DynamicOutput[str]]:
+        effective = _effective(context, spec)
+        overrides = record_configuration(effective, spec, outputs, run_id=context.run.run_id)
+        if overrides:
+            context.log.info(f"{spec.name} runs with overrides of its YAML: {overrides}")
+        keys = _sweep_plan(context, effective, outputs) if effective.is_sweep else list(context.partition_keys)
+        for index, key in enumerate(keys):
+            yield dg.DynamicOutput(key, output_name=UNITS, mapping_key=mapping_key(index, key))
+        yield dg.Output(None, output_name=PLANNED)
+
+    @dg.op(
+        name="unit",
+        required_resource_keys=resources,
+        tags={QUEUE_TAG: settings.queue, UNIT_TAG: "true"},
+        description=f"One instance of {spec.name} with its own sim set, on a worker of the {settings.queue} queue.",
+    )
+    def unit(context: OpExecutionContext, key: str) -> Any:
+        effective = _effective(context, spec)
+        planned = resolve_unit(effective, outputs, key)
+        lost = context.retry_number  # a unit only ever retries because its worker was lost
+        if lost > settings.retries:
+            result = _record_lost(context, planned, lost, rollouts_key)
+            derived = False
+        else:
+            if lost:
+                context.log.warning(f"{key}: attempt {lost + 1}, after its worker was lost")
+            pool = _sim(context, spec).pool(effective)
+            derived = _derive_contract(pool, outputs)
+            result = _run(context, planned, pool, rollouts_key, lost)
+        return {"key": key, "result": str(planned.result_path), "contract": derived, "failed": result.failed}
+
+    @dg.op(
+        name="finish",
+        ins={"units": dg.In(), PLANNED: dg.In(dg.Nothing)},
+        out={
+            "contract": dg.Out(dg.Nothing, is_required=False),
+            "rollouts": dg.Out(dg.Nothing, is_required=False),
+            "instances": dg.Out(dg.Nothing),
+        },
+        required_resource_keys=resources,
+        tags=control,
+    )
+    def finish(context: OpExecutionContext, units: list[Any]) -> Iterator[dg.Output[None]]:
+        effective = _effective(context, spec)
+        run_id = context.run.run_id
+        if any(u["contract"] for u in units) and outputs.contract.is_file():
+            derived = load_contract(outputs.contract)
+            yield dg.Output(None, output_name="contract", metadata=contract_metadata(effective, outputs, derived))
+        results = [InstanceResult.read(Path(u["result"])) for u in units]
+        # ``rollouts`` is never yielded here: each unit materialized its own partition, if it completed.
+        metadata = instances_metadata(outputs, run_id, results, effective.overrides(spec))
+        yield dg.Output(None, output_name="instances", metadata=metadata)
+
+    @dg.graph(
+        name=f"{spec.name}__eval",
+        out={"contract": dg.GraphOut(), "rollouts": dg.GraphOut(), "instances": dg.GraphOut()},
+    )
+    def eval_graph() -> dict[str, Any]:
+        keys, planned = plan()
+        contract, rollouts, instances = finish(units=keys.map(unit).collect(), planned=planned)
+        return {"contract": contract, "rollouts": rollouts, "instances": instances}
+
+    return dg.AssetsDefinition(
+        node_def=eval_graph,
+        keys_by_input_name={},
+        keys_by_output_name={"contract": contract_key, "rollouts": rollouts_key, "instances": instances_key},
+        specs=list(specs),
+        # the units are one graph: the three assets are materialized together
+        can_subset=False,
+        backfill_policy=dg.BackfillPolicy.single_run(),
+    )
+
+
+def mapping_key(index: int, partition_key: str) -> str:
+    """A dynamic mapping key for the ``index``-th unit (letters, digits and ``_`` only): ``u3_task0_i1``."""
+    return f"u{index}_{re.sub(r'[^A-Za-z0-9_]', '_', partition_key)}"
+
+
+def resolve_unit(spec: PipelineSpec, outputs: EvalOutputs, key: str) -> Unit:
+    """The unit of partition ``key`` of ``spec`` (the run's effective spec); a sweep's from its member."""
+    if not spec.is_sweep:
+        return Unit(spec, outputs, spec.partition_for_key(key), key)
+    label, instance = sweep.split_partition_key(key)
+    member = next((m for m in sweep.evaluated(spec, outputs) if m.label == label), None)
+    if member is None:  # plan records every member it hands out a unit of
+        raise HudPipelinesError(f"{spec.name}: checkpoint {label!r} was not recorded by the run's plan")
+    return Unit(member.spec, member.outputs, member.spec.partition_for_key(instance), key, checkpoint=label)
+
+
+# -- the ops' parts ------------------------------------------------------------------------------------
+
+
+def _effective(context: OpExecutionContext, spec: PipelineSpec) -> PipelineSpec:
+    """The spec as this run's four resources configure it (the same in every step of the run)."""
+    contract: ContractResource = getattr(context.resources, resource_key(spec.name, CONTRACT))
+    agent: AgentResource = getattr(context.resources, resource_key(spec.name, AGENT))
+    graders: GradersResource = getattr(context.resources, resource_key(spec.name, GRADERS))
+    return effective_spec(spec, _sim(context, spec), contract, agent, graders)
+
+
+def _sim(context: OpExecutionContext, spec: PipelineSpec) -> SimResource:
+    return getattr(context.resources, resource_key(spec.name, SIM))
+
+
+def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
+    """The (checkpoint, instance) pairs of the run's range to run; pairs with a current result are kept."""
+    only = context.run.tags.get(sweeps.CHECKPOINTS_TAG)
+    wanted = set(only.split(",")) if only else None
+    selected: dict[str, list[Partition]] = {}
+    for key in context.partition_keys:
+        label, instance = sweep.split_partition_key(key)
+        if wanted is None or label in wanted:
+            selected.setdefault(label, []).append(spec.partition_for_key(instance))
+    members = sweep.members(spec, outputs, settle_s=0.0, labels=list(selected))
+    gone = sorted(set(selected) - {m.label for m in members})
+    if gone:
+        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(gone)} are not (or no longer) complete; not run")
+    rerun = context.run.tags.get(sweeps.RERUN_TAG) == "true"
+    keys: list[str] = []
+    for member in members:
+        todo = [p for p in selected[member.label] if rerun or not _current(member, p)]
+        if todo:
+            sweep.record(member)
+            keys += [member.partition_key(member.spec.partition_key(*p)) for p in todo]
+    kept = sum(len(parts) for parts in selected.values()) - len(keys)
+    if kept:
+        context.log.info(f"{spec.name}: {kept} (checkpoint, instance) pair(s) kept their current result")
+    return keys
+
+
+def _current(member: sweep.Member, partition: Partition) -> bool:
+    """Whether the pair has a result of the member's configuration that did not fail (it is not run again)."""
+    path = member.outputs.result(member.spec.partition_key(*partition))
+    if not path.is_file():
+        return False
+    result = InstanceResult.read(path)
+    return result.rollout_hash == member.spec.rollout_hash and not result.failed
+
+
+def _derive_contract(pool: SimPool, outputs: EvalOutputs) -> bool:
+    """Start the unit's sim and write the contract it reports (units write the same file, atomically)."""
+    try:
+        with pool.sim() as live:
+            contract: Contract = live.client.contract
+    except HudPipelinesError:  # the unit's instance then fails with the sim's own reason
+        return False
+    outputs.contract.parent.mkdir(parents=True, exist_ok=True)
+    partial = outputs.contract.with_name(f".{outputs.contract.name}.{os.getpid()}.partial")
+    partial.write_text(contract.to_json())
+    partial.replace(outputs.contract)
+    return True
+
+
+def _run(
+    context: OpExecutionContext, unit: Unit, pool: SimPool, rollouts_key: dg.AssetKey, attempt: int
+) -> InstanceResult:
+    """Run the unit's instance; its partition is observed and, if it ran to its end, materialized."""
+    results = rollouts_step(
+        unit.spec,
+        pool,
+        unit.outputs,
+        run_id=context.run.run_id,
+        partitions=[unit.partition],
+        on_result=lambda result: _report(context, unit, result, rollouts_key, attempt),
+    )
+    return results[0]
+
+
+def _record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key: dg.AssetKey) -> InstanceResult:
+    """Record the unit's instance as failed: its worker was lost ``lost`` time(s) and no retry is left."""
+    from hud_pipelines.dataset.shards import ShardStore
+
+    reason = (
+        f"the worker running instance {unit.partition_key} was lost {lost} time(s) "
+        f"({_last_loss(context) or 'its lease expired'}); not retried again"
+    )
+    result = unreached_result(unit.spec, unit.partition, reason, Fault.WORKER_LOST, run_id=context.run.run_id)
+    result.write(unit.result_path)
+    if unit.spec.dataset_enabled:  # what the lost attempt had written of its shard is not the instance's
+        ShardStore(unit.outputs, unit.spec, run_id=context.run.run_id).discard_pending(
+            [unit.spec.partition_key(*unit.partition)]
+        )
+    context.log.error(reason)
+    _report(context, unit, result, rollouts_key, lost)
+    return result
+
+
+def _last_loss(context: OpExecutionContext) -> str | None:
+    """Why the previous attempt of this step ended, as the run recorded it (the worker and its lease)."""
+    mapping = context.get_mapping_key()
+    step_key = f"{context.op_handle}[{mapping}]" if mapping else str(context.op_handle)
+    records = context.instance.get_records_for_run(
+        context.run.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY
+    ).records
+    for record in reversed(records):
+        event = record.event_log_entry.dagster_event
+        if event is not None and event.step_key == step_key:
+            return event.step_retry_data.error.message
+    return None
+
+
+def _report(
+    context: OpExecutionContext, unit: Unit, result: InstanceResult, rollouts_key: dg.AssetKey, attempt: int
+) -> None:
+    """The unit's partition: observed with its figures and its worker, materialized if the instance completed."""
+    metadata: dict[str, Any] = {
+        **instance_metadata(result),
+        "worker": _worker(),
+        "worker_pid": os.getpid(),
+        "attempt": attempt + 1,
+        RESULT_METADATA: dg.MetadataValue.path(str(unit.result_path)),
+    }
+    if unit.checkpoint is not None:
+        metadata["checkpoint"] = unit.checkpoint
+    context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=unit.partition_key, metadata=metadata))
+    if not result.failed:
+        context.log_event(
+            dg.AssetMaterialization(asset_key=rollouts_key, partition=unit.partition_key, metadata=metadata)
+        )
+
+
+def _worker() -> str:
+    """The Celery worker running this step (its node name), else this host."""
+    try:
+        from celery import current_task
+    except ImportError:  # pragma: no cover - celery is a dependency; kept for a trimmed install
+        return socket.gethostname()
+    request = getattr(current_task, "request", None)
+    return str(getattr(request, "hostname", None) or socket.gethostname())

@@ -1,0 +1,67 @@
+"""The Celery app of a worker that runs the steps of hud-pipelines runs.
+
+Start one per core (or per GPU) with the deployment file the runs use::
+
+    HUD_PIPELINES_DEPLOYMENT=deploy/celery.yaml \\
+        celery -A hud_pipelines.dagster.worker worker --pool solo --queues cpu --hostname cpu1@%h
+
+``--pool solo`` runs each step in the worker's own process, which the eval's units need: a unit
+spawns its sims as child processes, which the default prefork pool's daemonic children may not do.
+A worker reads the broker, the result backend and the lease period from the top-level
+``execution:`` section of the deployment file, the same file the run reads, so both ends agree.
+
+While a step runs, its worker holds the step's lease (:mod:`hud_pipelines.dagster.lease`), kept by a
+small keeper process beside the worker: when the worker dies mid-step the keeper drops the lease,
+and the run then retries or fails that step alone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, cast
+
+from celery.signals import task_postrun, task_prerun, worker_shutdown
+from dagster_celery import tasks
+
+from hud_pipelines.dagster.celery_executor import celery_app
+from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, ExecutionSettings, deployment_path, load_execution
+from hud_pipelines.dagster.lease import LeaseKeeper, lease_url
+from hud_pipelines.errors import DeploymentError
+
+
+def _settings() -> ExecutionSettings:
+    path = deployment_path()
+    if path is None:
+        raise DeploymentError(
+            f"a hud-pipelines worker needs ${DEPLOYMENT_ENV}: the deployment file whose 'execution:' names the broker"
+        )
+    settings = load_execution(path).default
+    if not settings.broker:
+        raise DeploymentError(f"deployment file {path}: execution.broker: a worker needs the broker's address")
+    return settings
+
+
+settings = _settings()
+app = celery_app(settings)
+execute_plan = cast(Any, tasks.create_task(app))
+"""dagster-celery's task that runs one step of a run (the task every step is sent as)."""
+_keeper = LeaseKeeper(lease_url(settings.broker or "", settings.result_backend), ttl_s=settings.lease_s)
+
+
+@task_prerun.connect
+def _take_lease(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    if task_id is not None:
+        hostname = getattr(getattr(task, "request", None), "hostname", None) or socket.gethostname()
+        _keeper.hold(task_id, f"{hostname} pid {os.getpid()}")
+
+
+@task_postrun.connect
+def _give_lease_up(task_id: str | None = None, **_: Any) -> None:
+    if task_id is not None:
+        _keeper.release(task_id)
+
+
+@worker_shutdown.connect
+def _stop_keeper(**_: Any) -> None:
+    _keeper.close()

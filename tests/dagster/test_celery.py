@@ -1,0 +1,407 @@
+"""An eval's instances as units on Celery workers, through Dagster: the same YAML, the same results, lost workers.
+
+The tests that need a broker start a real ``redis-server`` (127.0.0.1, a free port, a temporary folder)
+and real workers (``celery -A hud_pipelines.dagster.worker worker --pool solo``) as subprocesses, and
+check that everything they started is gone at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_deployment, load_execution
+from hud_pipelines.dagster.launch import execute_pipeline_job
+from hud_pipelines.errors import Fault
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.runner import InstanceResult
+from hud_pipelines.recording.events import EpisodeStatus
+from tests.agent.checkpoint_runs import (
+    LeRobotRun,
+    age,
+    copy_run,
+    lerobot_run_fixture,  # noqa: F401 - the session's lerobot-train run
+)
+from tests.dagster.celery_support import Worker, alive, celery_workers, needs_redis, processes_mentioning, redis_server
+from tests.dagster.support import REPO, WritePipeline, sim_processes
+
+HELD_SIM = Path(__file__).with_name("celery_sims.py").resolve()
+ROLLOUTS = "rollouts"
+
+
+def _deployment(tmp_path: Path, broker: str, **execution: Any) -> Path:
+    path = tmp_path / "deployment.yaml"
+    settings = {"executor": "celery", "broker": broker, **execution}
+    path.write_text(json.dumps({"execution": settings}))
+    return path
+
+
+def _instance(home: Path) -> dg.DagsterInstance:
+    """A persistent instance in ``home``: the workers write the events of their steps into it."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return dg.DagsterInstance.from_config(str(home))
+
+
+def _execute(path: Path, outputs: Path, instance: dg.DagsterInstance) -> dg.DagsterRun:
+    """Run the pipeline's job where ``$HUD_PIPELINES_DEPLOYMENT`` says; the run it made."""
+    from hud_pipelines.dagster.definitions import definitions_for_file
+
+    name = json.loads(path.read_text())["name"]
+    job = definitions_for_file(path, outputs_dir=outputs, project_dir=REPO).resolve_job_def(name)
+    result = execute_pipeline_job(
+        job,
+        path,
+        instance=instance,
+        outputs_dir=outputs,
+        project_dir=REPO,
+        tags={},
+        run_config={},
+        run_id=str(uuid.uuid4()),
+    )
+    return result.dagster_run
+
+
+def _grades(outputs: Path, name: str) -> list[GradeRow]:
+    return [GradeRow.from_dict(r) for r in json.loads(EvalOutputs(outputs, name).grades_json.read_text())]
+
+
+def _comparable(rows: list[GradeRow]) -> list[dict[str, Any]]:
+    """Grade rows without what names the run that produced them."""
+    return [{k: v for k, v in row.as_dict().items() if k not in ("run_id", "trace_id")} for row in rows]
+
+
+def _frames(dataset: Path) -> pa.Table:
+    files = sorted((dataset / "data").rglob("*.parquet"))
+    assert files, f"no data files under {dataset}"
+    return pa.concat_tables([pq.read_table(f) for f in files]).sort_by("index")
+
+
+def _observations(instance: dg.DagsterInstance, run_id: str) -> list[dg.EventLogEntry]:
+    records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records
+    return [record.event_log_entry for record in records]
+
+
+def _step_successes(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_SUCCESS).records
+    return [str(r.event_log_entry.step_key) for r in records]
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
+    with _instance(tmp_path / "dagster_home") as instance:
+        yield instance
+
+
+# -- without a broker ------------------------------------------------------------------------------
+
+
+def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not load_execution(None).default.distributed, "no deployment file: everything runs in process"
+    path = tmp_path / "deployment.yaml"
+    monkeypatch.setenv("QUEUE_BROKER", "redis://queuehost:6379/0")
+    path.write_text(
+        "execution: {executor: celery, broker: {env: QUEUE_BROKER}, retries: 1}\n"
+        "pipelines:\n  gpu_eval: {execution: {queue: gpu}, agent: {torch_threads: 2}}\n"
+    )
+    execution = load_execution(path)
+    assert execution.default.broker == "redis://queuehost:6379/0"
+    assert execution.for_pipeline("gpu_eval").queue == "gpu"
+    assert execution.for_pipeline("gpu_eval").retries == 1, "the rest comes from the top-level section"
+    assert execution.for_pipeline("other").queue == "cpu"
+    assert load_deployment(path) == {"gpu_eval": {"agent": {"torch_threads": 2}}}, "execution is not a resource"
+
+    refused = {
+        "execution: {executor: dask}\n": r"execution\.executor: .*unknown executor 'dask'",
+        "execution: {executor: celery}\n": r"execution\.broker: the celery executor needs a Redis broker",
+        "execution: {executor: celery, broker: 'redis://h/0', retries: -1}\n": r"execution\.retries: .*greater than",
+        "execution: {queues: gpu}\n": r"execution\.queues: Extra inputs",
+        "pipelines:\n  a: {execution: {broker: 'redis://h/0'}}\n": r"pipelines\.a\.execution\.broker: set under",
+        "execution: {broker: {env: NOT_SET_ANYWHERE}}\n": r"execution\.broker: environment variable NOT_SET_ANYWHERE",
+    }
+    for text, message in refused.items():
+        path.write_text(text)
+        with pytest.raises(DeploymentError, match=message) as caught:
+            load_execution(path)
+        assert str(path) in str(caught.value)
+
+
+def test_a_celery_deployment_gives_the_same_assets_with_one_unit_per_instance_on_its_queue(
+    write_pipeline: WritePipeline, outputs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.dagster.definitions import definitions_for_file
+
+    path = write_pipeline("spread", group=3)
+    local = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text(
+        "execution: {executor: celery, broker: 'redis://127.0.0.1:1/0'}\n"
+        "pipelines:\n  spread: {execution: {queue: gpu}}\n"
+    )
+    monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
+    spread = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)  # loads with no broker running
+
+    def keys(defs: dg.Definitions) -> set[str]:
+        return {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
+
+    assert keys(spread) == keys(local), "the same YAML gives the same assets wherever it runs"
+    job = spread.resolve_job_def("spread")
+    assert job.executor_def.name == "hud_celery"
+    assert local.resolve_job_def("spread").executor_def.name == "in_process"
+    ops = {node.name: node.definition for node in job.graph.node_dict["spread__eval"].definition.nodes}  # type: ignore[attr-defined]
+    assert ops["unit"].tags["dagster-celery/queue"] == "gpu"
+    assert ops["plan"].tags["dagster-celery/queue"] == "cpu"
+    assert ops["finish"].tags["dagster-celery/queue"] == "cpu"
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        with pytest.raises(DeploymentError) as refused:
+            execute_pipeline_job(
+                job,
+                path,
+                instance=instance,
+                outputs_dir=outputs_dir,
+                project_dir=REPO,
+                tags={},
+                run_config={},
+                run_id="x",
+            )
+        assert not instance.get_runs(), "no run was started"
+    assert "execution.broker: redis://127.0.0.1:1/0 does not answer" in str(refused.value)
+    assert str(deployment) in str(refused.value)
+
+
+def test_a_unit_leaves_the_shards_other_units_of_its_run_are_writing(
+    write_pipeline: WritePipeline, outputs_dir: Path
+) -> None:
+    from hud_pipelines.dataset.shards import ShardStore
+    from hud_pipelines.eval.rollouts import rollouts_step
+    from hud_pipelines.eval.runner import sim_settings
+    from hud_pipelines.sim.pool import SimPool
+    from hud_pipelines.spec.loader import load_pipeline
+
+    spec = load_pipeline(write_pipeline("shared_run", group=2, dataset={"repo_id": "local/shared_run"}))
+    outputs = EvalOutputs(outputs_dir, spec.name)
+    run_id = "one-run"
+    writing = ShardStore(outputs, spec, run_id=run_id)._pending("task0-i1")  # another worker's unit, mid-write
+    writing.mkdir(parents=True)
+    (writing / "part").write_text("being written")
+    with SimPool(sim_settings(spec, cwd=REPO)) as pool:
+        [result] = rollouts_step(spec, pool, outputs, run_id=run_id, partitions=[spec.partition_for_key("task0-i0")])
+    assert not result.failed
+    assert outputs.shard("task0-i0").is_dir()
+    assert (writing / "part").read_text() == "being written"
+
+
+# -- with Redis and workers --------------------------------------------------------------------------
+
+
+@needs_redis
+def test_celery_eval_runs_units_on_both_workers_and_matches_the_in_process_run(
+    write_pipeline: WritePipeline, tmp_path: Path, home: dg.DagsterInstance, label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.cli.run import run_pipeline
+
+    path = write_pipeline("spread", group=4, max_concurrent=2, dataset={"repo_id": "local/spread"})
+    local_out, spread_out = tmp_path / "local", tmp_path / "spread"
+    with dg.DagsterInstance.ephemeral() as ephemeral:
+        assert _execute(path, local_out, ephemeral).status is dg.DagsterRunStatus.SUCCESS
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    with redis_server(tmp_path / "redis") as (broker, redis_process):
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1", "w2"], tmp_path / "logs") as workers:
+            code = run_pipeline(str(path), outputs_dir=spread_out, quiet=True)  # the CLI, as `hud-pipelines run`
+            assert code == 0
+    assert not alive(redis_process.pid)
+    assert not any(alive(w.pid) for w in workers), "every worker stopped"
+    assert not processes_mentioning(broker), "no lease keeper left"
+    assert not sim_processes(label), "no sim left on any worker"
+
+    [run] = home.get_runs()
+    observed = _observations(home, run.run_id)
+    assert sorted(str(e.dagster_event.partition) for e in observed if e.dagster_event) == [  # type: ignore[union-attr]
+        f"task0-i{k}" for k in range(4)
+    ]
+    pids = {e.asset_observation.metadata["worker_pid"].value for e in observed if e.asset_observation}  # type: ignore[union-attr]
+    assert pids == {w.pid for w in workers}, "units ran on both workers"
+    assert _comparable(_grades(spread_out, "spread")) == _comparable(_grades(local_out, "spread"))
+    mine, theirs = _frames(spread_out / "datasets" / "spread"), _frames(local_out / "datasets" / "spread")
+    assert mine.column_names == theirs.column_names
+    for column in mine.column_names:
+        assert mine.column(column).equals(theirs.column(column)), f"dataset column {column} differs"
+    successes = _step_successes(home, run.run_id)
+    assert successes.count("spread__dataset") == 1, "the dataset was merged once"
+    assert sum(key.startswith("spread__eval.unit[") for key in successes) == 4
+    assert home.get_materialized_partitions(dg.AssetKey(["spread", ROLLOUTS])) == {f"task0-i{k}" for k in range(4)}
+
+
+def _kill_the_held_worker(hold: Path, workers: list[Worker], killed: list[int]) -> None:
+    """Wait for the held sim to say which worker runs it, SIGKILL that worker, release the hold."""
+    held = hold.with_name(hold.name + ".held")
+    deadline = time.monotonic() + 120
+    while not held.is_file() or not held.read_text().strip():
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+    pid = int(held.read_text())
+    assert pid in {w.pid for w in workers}, "the held instance runs in a worker process"
+    os.kill(pid, signal.SIGKILL)
+    killed.append(pid)
+    hold.unlink()
+
+
+def _run_and_kill(
+    write_pipeline: WritePipeline,
+    tmp_path: Path,
+    home: dg.DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+    retries: int,
+) -> tuple[Path, dg.DagsterRun, list[Worker], list[int]]:
+    hold = tmp_path / "hold"
+    hold.touch()
+    # seeds are instance * 2 + slot: seed 4 is instance 2, slot 0
+    path = write_pipeline(
+        "lossy",
+        sim={"factory": f"{HELD_SIM}:held_cartpole", "args": {"hold_file": str(hold), "hold_seeds": [4]}},
+        group=4,
+        dataset={"repo_id": "local/lossy"},
+    )
+    outputs = tmp_path / "outputs"
+    with redis_server(tmp_path / "redis") as (broker, redis_process):
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker, retries=retries)))
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1", "w2"], tmp_path / "logs") as workers:
+            killed: list[int] = []
+            killer = threading.Thread(target=_kill_the_held_worker, args=(hold, workers, killed), daemon=True)
+            killer.start()
+            run = _execute(path, outputs, home)
+            killer.join(timeout=5)
+    assert killed, "the held instance was reached and its worker killed"
+    assert not alive(redis_process.pid)
+    assert not any(alive(w.pid) for w in workers)
+    assert not processes_mentioning(broker), "no lease keeper left"
+    return outputs, run, workers, killed
+
+
+@needs_redis
+def test_celery_worker_killed_mid_instance_fails_that_instance_only(
+    write_pipeline: WritePipeline, tmp_path: Path, home: dg.DagsterInstance, label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outputs, run, _, [killed] = _run_and_kill(write_pipeline, tmp_path, home, monkeypatch, retries=0)
+    assert not sim_processes(label), "the killed worker's sim went with it"
+    assert run.status is dg.DagsterRunStatus.FAILURE, "instances_completed fails the run"
+    rollouts = dg.AssetKey(["lossy", ROLLOUTS])
+    assert home.get_materialized_partitions(rollouts) == {"task0-i0", "task0-i1", "task0-i3"}
+    lost = InstanceResult.read(EvalOutputs(outputs, "lossy").result("task0-i2"))
+    assert lost.fault is Fault.WORKER_LOST
+    assert f"pid {killed}" in (lost.error or ""), "the reason names the worker that was lost"
+    rows = _grades(outputs, "lossy")
+    assert len(rows) == 8
+    assert {(r.instance, r.status, r.fault) for r in rows if r.instance == 2} == {
+        (2, EpisodeStatus.ERRORED, Fault.WORKER_LOST)
+    }
+    assert {r.status for r in rows if r.instance != 2} == {EpisodeStatus.SUCCEEDED}, "the rest finished"
+    checks = json.loads(EvalOutputs(outputs, "lossy").checks_json.read_text())
+    assert checks[0]["name"] == "instances_completed"
+    assert checks[0]["failed_instances"] == ["task0-i2"]
+    assert EvalOutputs(outputs, "lossy").report_md.is_file(), "the report follows a failed unit"
+    assert "lossy__dataset" not in _step_successes(home, run.run_id), "the blocking check holds the dataset back"
+
+
+@needs_redis
+def test_celery_worker_killed_mid_instance_is_retried_once_and_counted_once(
+    write_pipeline: WritePipeline, tmp_path: Path, home: dg.DagsterInstance, label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outputs, run, _, [killed] = _run_and_kill(write_pipeline, tmp_path, home, monkeypatch, retries=1)
+    assert not sim_processes(label)
+    assert run.status is dg.DagsterRunStatus.SUCCESS
+    rows = _grades(outputs, "lossy")
+    assert len(rows) == 8
+    assert {r.status for r in rows} == {EpisodeStatus.SUCCEEDED}
+    assert {r.run_id for r in rows} == {run.run_id}
+    observed = _observations(home, run.run_id)
+    partitions = [str(e.dagster_event.partition) for e in observed if e.dagster_event]  # type: ignore[union-attr]
+    assert sorted(partitions) == [f"task0-i{k}" for k in range(4)], "the lost attempt reported nothing"
+    retried = [e for e in observed if e.dagster_event and e.dagster_event.partition == "task0-i2"]  # type: ignore[union-attr]
+    metadata = retried[0].asset_observation.metadata  # type: ignore[union-attr]
+    assert metadata["attempt"].value == 2
+    assert metadata["worker_pid"].value != killed
+    dataset = outputs / "datasets" / "lossy"
+    frames = _frames(dataset)
+    assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(8)), "eight episodes, none twice"
+    assert len(frames) == 8 * 30
+
+
+@needs_redis
+@pytest.mark.slow
+def test_celery_sweep_runs_each_pair_as_a_unit_on_its_queue_with_the_in_process_results(
+    lerobot_run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.cli.run import run_pipeline
+
+    run = copy_run(lerobot_run, tmp_path / "train")
+    age(run.output_dir, 60)
+    path = tmp_path / "reach_sweep.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "name": "reach_sweep",
+                "sim": {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 2},
+                "agent": {
+                    "policy": {
+                        "kind": "lerobot",
+                        "checkpoints": str(run.output_dir),
+                        "device": "cpu",
+                        "rename": {"goal": "observation.environment_state"},
+                    }
+                },
+                "tasks": [{"name": "near", "seed": 10}],
+                "group": 2,
+                "max_steps": 6,
+            }
+        )
+    )
+
+    def sweep(where: str) -> list[dict[str, Any]]:
+        home = tmp_path / where / "home"
+        home.mkdir(parents=True)
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        monkeypatch.setenv("DAGSTER_HOME", str(home))
+        assert run_pipeline(str(path), outputs_dir=tmp_path / where / "outputs", quiet=True) == 0
+        rows = _grades(tmp_path / where / "outputs", "reach_sweep")
+        assert {r.checkpoint for r in rows} == {"000500", "001000", "001500"}
+        return _comparable(rows)
+
+    local = sweep("local")
+    with redis_server(tmp_path / "redis") as (broker, _):
+        deployment = _deployment(tmp_path, broker)
+        text = json.loads(deployment.read_text())
+        deployment.write_text(json.dumps({**text, "pipelines": {"reach_sweep": {"execution": {"queue": "gpu"}}}}))
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
+        names, queues = ["cpu_only", "with_gpu"], ["cpu", "cpu,gpu"]
+        with celery_workers(deployment, names, tmp_path / "logs", queues=queues) as (cpu_only, with_gpu):
+            assert sweep("spread") == local
+            with _instance(tmp_path / "spread" / "home") as instance:
+                [sweep_run] = instance.get_runs()
+                successes = _step_successes(instance, sweep_run.run_id)
+                observed = _observations(instance, sweep_run.run_id)
+    units = [k for k in successes if k.startswith("reach_sweep__eval.unit[")]
+    assert len(units) == 6, "one unit per (checkpoint, instance) pair"
+    pids = {e.asset_observation.metadata["worker_pid"].value for e in observed if e.asset_observation}  # type: ignore[union-attr]
+    assert pids == {with_gpu.pid}, "the sweep's units went to its gpu queue only"
+    assert cpu_only.pid not in pids
+    assert not processes_mentioning(broker)
