@@ -33,6 +33,8 @@ from dagster import AssetCheckExecutionContext, AssetExecutionContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster import sweeps, units
+from hud_pipelines.dagster.checks import instances_check, pipeline_check
+from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
@@ -41,16 +43,10 @@ from hud_pipelines.dagster.resources import (
     CONTRACT,
     GRADERS,
     SIM,
-    AgentResource,
-    ContractResource,
-    GradersResource,
-    SimResource,
-    effective_spec,
     resource_key,
 )
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
-from hud_pipelines.eval.checks import INSTANCES_CHECK, CheckVerdict, check_verdict, instances_verdict
 from hud_pipelines.eval.configuration import current_rollout_hash, record_configuration
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -65,40 +61,17 @@ from hud_pipelines.eval.steps import (
     dataset_step,
     grade_columns,
     grades_step,
-    read_grades,
     report_step,
     rollouts_step,
 )
 from hud_pipelines.eval.sweep_table import COLUMNS, SweepComparison
-from hud_pipelines.spec.grading import CheckSpec
-from hud_pipelines.spec.models import Partition, PipelineSpec
+from hud_pipelines.spec.models import PipelineSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
 Context = AssetExecutionContext | AssetCheckExecutionContext
-
-
-def _sim(context: Context, spec: PipelineSpec) -> SimResource:
-    return getattr(context.resources, resource_key(spec.name, SIM))
-
-
-def _graders(context: Context, spec: PipelineSpec) -> GradersResource:
-    return getattr(context.resources, resource_key(spec.name, GRADERS))
-
-
-def _effective(context: Context, spec: PipelineSpec) -> PipelineSpec:
-    """The spec as this run's four resources configure it (run-config overrides applied and validated)."""
-    contract: ContractResource = getattr(context.resources, resource_key(spec.name, CONTRACT))
-    agent: AgentResource = getattr(context.resources, resource_key(spec.name, AGENT))
-    return effective_spec(spec, _sim(context, spec), contract, agent, _graders(context, spec))
-
-
-def _judged(context: Context, spec: PipelineSpec) -> PipelineSpec:
-    """The spec with this run's graders and checks (what the grades-side assets need)."""
-    graders = _graders(context, spec)
-    return spec.with_sections(graders=graders.graders, checks=graders.checks)
 
 
 def _key_figures(summary: Summary) -> dict[str, Any]:
@@ -204,8 +177,8 @@ def _build(
             required_resource_keys={resource_key(name, part) for part in (SIM, CONTRACT, AGENT, GRADERS)},
         )
         def run_eval(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
-            effective = _effective(context, spec)
-            pool = _sim(context, spec).pool(effective)
+            effective = effective_of(context, spec)
+            pool = sim_of(context, spec).pool(effective)
             selected = context.selected_asset_keys
             if contract_key in selected:
                 try:
@@ -255,7 +228,7 @@ def _build(
         resources={graders_key},
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        judged = _judged(context, spec)
+        judged = judged_of(context, spec)
         current = current_rollout_hash(spec, outputs)
         rows = grades_step(judged, outputs, rollout_hash=current)
         checks_step(judged, outputs, rollout_hash=current)  # the verdicts as a file too, beside the grades
@@ -285,7 +258,10 @@ def _build(
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         written = report_step(
-            _judged(context, spec), outputs, run_id=context.run.run_id, rollout_hash=current_rollout_hash(spec, outputs)
+            judged_of(context, spec),
+            outputs,
+            run_id=context.run.run_id,
+            rollout_hash=current_rollout_hash(spec, outputs),
         )
         return dg.MaterializeResult(
             metadata={
@@ -298,8 +274,8 @@ def _build(
         )
 
     checks = [
-        _instances_check(spec, outputs, grades.key),
-        *(_check(spec, outputs, check, grades.key) for check in spec.checks),
+        instances_check(spec, outputs, grades.key),
+        *(pipeline_check(spec, outputs, check, grades.key) for check in spec.checks),
     ]
     assets: list[dg.AssetsDefinition] = [run_eval, grades, report]
 
@@ -335,17 +311,9 @@ def _run_sweep(
     context: AssetExecutionContext, spec: PipelineSpec, pool: Any, outputs: EvalOutputs, rollouts_key: dg.AssetKey
 ) -> list[InstanceResult]:
     """The selected (checkpoint, instance) pairs, checkpoint after checkpoint on one sim pool; current ones kept."""
-    only = context.run.tags.get(sweeps.CHECKPOINTS_TAG)
-    wanted = set(only.split(",")) if only else None
-    selected: dict[str, list[Partition]] = {}
-    for key in context.partition_keys:
-        label, instance = sweep.split_partition_key(key)
-        if wanted is None or label in wanted:
-            selected.setdefault(label, []).append(spec.partition_for_key(instance))
-    members = sweep.members(spec, outputs, settle_s=0.0, labels=list(selected))
-    gone = sorted(set(selected) - {m.label for m in members})
-    if gone:
-        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(gone)} are not (or no longer) complete; not run")
+    chosen = sweeps.selection(spec, outputs, context.partition_keys, context.run.tags)
+    if chosen.gone:
+        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(chosen.gone)} are not (or no longer) complete")
 
     def on_result(member: sweep.Member, result: InstanceResult) -> None:
         metadata = {**instance_metadata(result), "checkpoint": member.label}
@@ -355,18 +323,17 @@ def _run_sweep(
             context.log_event(dg.AssetMaterialization(asset_key=rollouts_key, partition=partition, metadata=metadata))
         progress.notify(result)
 
-    rerun = context.run.tags.get(sweeps.RERUN_TAG) == "true"
     ran = sweep_rollouts_step(
         spec,
         pool,
         outputs,
         run_id=context.run.run_id,
-        members=members,
-        selection=selected,
-        rerun=rerun,
+        members=chosen.members,
+        selection=chosen.pairs,
+        rerun=chosen.rerun,
         on_result=on_result,
     )
-    kept = sum(len(parts) for parts in selected.values()) - len(ran)
+    kept = chosen.asked - len(ran)
     if kept:
         context.log.info(f"{spec.name}: {kept} (checkpoint, instance) pair(s) kept their current result")
     return [result for _, result in ran]
@@ -385,7 +352,7 @@ def _comparison_asset(
         resources={graders_key},
     )
     def comparison(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        judged = _judged(context, spec)
+        judged = judged_of(context, spec)
         table = comparison_step(judged, outputs, rollout_hash=current_rollout_hash(spec, outputs))
         return dg.MaterializeResult(metadata=_comparison_metadata(table, outputs))
 
@@ -416,66 +383,3 @@ def _column_kind(rows: Sequence[dict[str, Any]], name: str) -> str:
     if values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         return "float"
     return "string"
-
-
-def _check(
-    spec: PipelineSpec, outputs: EvalOutputs, check: CheckSpec, grades_key: dg.AssetKey
-) -> dg.AssetChecksDefinition:
-    key = resource_key(spec.name, GRADERS)
-
-    @dg.asset_check(
-        asset=grades_key,
-        name=check.name,
-        blocking=check.blocking,
-        description=type(check).__doc__,
-        required_resource_keys={key},
-    )
-    def run_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        rows = read_grades(outputs)
-        judged = _judged(context, spec)
-        configured = {c.name: c for c in judged.resolved_checks()}.get(check.name, check)  # this run's threshold
-        verdict = sweep.verdict(judged, configured, rows) if spec.is_sweep else check_verdict(configured, rows)
-        return _check_result(verdict, rows)
-
-    return run_check
-
-
-def _instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
-    """The built-in blocking check: a failed instance fails the run (and holds the dataset back)."""
-
-    @dg.asset_check(
-        asset=grades_key,
-        name=INSTANCES_CHECK,
-        blocking=True,
-        description="Every instance ran to its end: none failed on a sim fault, a policy or rollout deadline, or "
-        "an interruption. Failed instances are listed with the command that re-runs them.",
-    )
-    def instances_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        rows = read_grades(outputs)
-        verdict = instances_verdict(rows)
-        result = _check_result(verdict, rows)
-        if verdict.failed_instances:
-            keys = verdict.failed_instances
-            rerun = f"hud-pipelines run {spec.name} " + " ".join(f"--partition {k}" for k in keys)
-            metadata = {**result.metadata, "failed_instances": ", ".join(keys), "rerun": rerun}
-            result = dg.AssetCheckResult(
-                passed=False, severity=result.severity, description=result.description, metadata=metadata
-            )
-        return result
-
-    return instances_check
-
-
-def _check_result(verdict: CheckVerdict, rows: Sequence[GradeRow]) -> dg.AssetCheckResult:
-    summary = summarize(rows)
-    return dg.AssetCheckResult(
-        passed=verdict.passed,
-        severity=dg.AssetCheckSeverity.ERROR if verdict.blocking else dg.AssetCheckSeverity.WARN,
-        description=verdict.description,
-        metadata={
-            "observed": verdict.observed if verdict.observed is not None else float("nan"),
-            "threshold": verdict.threshold if verdict.threshold is not None else float("nan"),
-            "scheduled": summary.scheduled,
-            "errored": summary.errored,
-        },
-    )

@@ -15,13 +15,15 @@ finds, and the job's default range is every checkpoint complete when the code lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import dagster as dg
 
 from hud_pipelines.errors import CheckpointError
 from hud_pipelines.eval import sweep
-from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.spec.models import Partition, PipelineSpec
 
 CHECKPOINT_DIMENSION = "checkpoint"
 INSTANCE_DIMENSION = "instance"
@@ -109,6 +111,37 @@ def run_tags(
     if rerun:
         tags[RERUN_TAG] = "true"
     return tags, chosen
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a run of a sweep asks for: the members of its checkpoints and, per label, the instances."""
+
+    members: list[sweep.Member]
+    pairs: dict[str, list[Partition]]
+    gone: list[str]
+    """Labels of the run's range that are not (or no longer) complete checkpoints: not run."""
+    rerun: bool
+
+    @property
+    def asked(self) -> int:
+        return sum(len(parts) for parts in self.pairs.values())
+
+
+def selection(
+    spec: PipelineSpec, outputs: EvalOutputs, partition_keys: Sequence[str], tags: Mapping[str, str]
+) -> Selection:
+    """The (checkpoint, instance) pairs of a run's partition range (only the labels its tag names, if it does)."""
+    only = tags.get(CHECKPOINTS_TAG)
+    wanted = set(only.split(",")) if only else None
+    pairs: dict[str, list[Partition]] = {}
+    for key in partition_keys:
+        label, instance = sweep.split_partition_key(key)
+        if wanted is None or label in wanted:
+            pairs.setdefault(label, []).append(spec.partition_for_key(instance))
+    members = sweep.members(spec, outputs, settle_s=0.0, labels=list(pairs))
+    gone = sorted(set(pairs) - {m.label for m in members})
+    return Selection(members, pairs, gone, rerun=tags.get(RERUN_TAG) == "true")
 
 
 def checkpoint_sensor(spec: PipelineSpec) -> dg.SensorDefinition:

@@ -37,6 +37,7 @@ from dagster import OpExecutionContext
 
 from hud_pipelines.contract import Contract, load_contract
 from hud_pipelines.dagster import sweeps
+from hud_pipelines.dagster.context import effective_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
@@ -45,17 +46,12 @@ from hud_pipelines.dagster.resources import (
     CONTRACT,
     GRADERS,
     SIM,
-    AgentResource,
-    ContractResource,
-    GradersResource,
-    SimResource,
-    effective_spec,
     resource_key,
 )
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.rollouts import rollouts_step
+from hud_pipelines.eval.rollouts import current, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
 from hud_pipelines.eval.steps import record_configuration
 from hud_pipelines.sim.pool import SimPool
@@ -99,7 +95,7 @@ def eval_units_asset(
         tags=control,
     )
     def plan(context: OpExecutionContext) -> Iterator[dg.Output[Any] | dg.DynamicOutput[str]]:
-        effective = _effective(context, spec)
+        effective = effective_of(context, spec)
         overrides = record_configuration(effective, spec, outputs, run_id=context.run.run_id)
         if overrides:
             context.log.info(f"{spec.name} runs with overrides of its YAML: {overrides}")
@@ -115,7 +111,7 @@ def eval_units_asset(
         description=f"One instance of {spec.name} with its own sim set, on a worker of the {settings.queue} queue.",
     )
     def unit(context: OpExecutionContext, key: str) -> Any:
-        effective = _effective(context, spec)
+        effective = effective_of(context, spec)
         planned = resolve_unit(effective, outputs, key)
         lost = context.retry_number  # a unit only ever retries because its worker was lost
         if lost > settings.retries:
@@ -124,7 +120,7 @@ def eval_units_asset(
         else:
             if lost:
                 context.log.warning(f"{key}: attempt {lost + 1}, after its worker was lost")
-            pool = _sim(context, spec).pool(effective)
+            pool = sim_of(context, spec).pool(effective)
             derived = _derive_contract(pool, outputs)
             result = _run(context, planned, pool, rollouts_key, lost)
         return {"key": key, "result": str(planned.result_path), "contract": derived, "failed": result.failed}
@@ -141,7 +137,7 @@ def eval_units_asset(
         tags=control,
     )
     def finish(context: OpExecutionContext, units: list[Any]) -> Iterator[dg.Output[None]]:
-        effective = _effective(context, spec)
+        effective = effective_of(context, spec)
         run_id = context.run.run_id
         if any(u["contract"] for u in units) and outputs.contract.is_file():
             derived = load_contract(outputs.contract)
@@ -190,51 +186,21 @@ def resolve_unit(spec: PipelineSpec, outputs: EvalOutputs, key: str) -> Unit:
 # -- the ops' parts ------------------------------------------------------------------------------------
 
 
-def _effective(context: OpExecutionContext, spec: PipelineSpec) -> PipelineSpec:
-    """The spec as this run's four resources configure it (the same in every step of the run)."""
-    contract: ContractResource = getattr(context.resources, resource_key(spec.name, CONTRACT))
-    agent: AgentResource = getattr(context.resources, resource_key(spec.name, AGENT))
-    graders: GradersResource = getattr(context.resources, resource_key(spec.name, GRADERS))
-    return effective_spec(spec, _sim(context, spec), contract, agent, graders)
-
-
-def _sim(context: OpExecutionContext, spec: PipelineSpec) -> SimResource:
-    return getattr(context.resources, resource_key(spec.name, SIM))
-
-
 def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
     """The (checkpoint, instance) pairs of the run's range to run; pairs with a current result are kept."""
-    only = context.run.tags.get(sweeps.CHECKPOINTS_TAG)
-    wanted = set(only.split(",")) if only else None
-    selected: dict[str, list[Partition]] = {}
-    for key in context.partition_keys:
-        label, instance = sweep.split_partition_key(key)
-        if wanted is None or label in wanted:
-            selected.setdefault(label, []).append(spec.partition_for_key(instance))
-    members = sweep.members(spec, outputs, settle_s=0.0, labels=list(selected))
-    gone = sorted(set(selected) - {m.label for m in members})
-    if gone:
-        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(gone)} are not (or no longer) complete; not run")
-    rerun = context.run.tags.get(sweeps.RERUN_TAG) == "true"
+    chosen = sweeps.selection(spec, outputs, context.partition_keys, context.run.tags)
+    if chosen.gone:
+        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(chosen.gone)} are not (or no longer) complete")
     keys: list[str] = []
-    for member in members:
-        todo = [p for p in selected[member.label] if rerun or not _current(member, p)]
+    for member in chosen.members:
+        todo = [p for p in chosen.pairs[member.label] if chosen.rerun or not current(member, p)]
         if todo:
             sweep.record(member)
             keys += [member.partition_key(member.spec.partition_key(*p)) for p in todo]
-    kept = sum(len(parts) for parts in selected.values()) - len(keys)
+    kept = chosen.asked - len(keys)
     if kept:
         context.log.info(f"{spec.name}: {kept} (checkpoint, instance) pair(s) kept their current result")
     return keys
-
-
-def _current(member: sweep.Member, partition: Partition) -> bool:
-    """Whether the pair has a result of the member's configuration that did not fail (it is not run again)."""
-    path = member.outputs.result(member.spec.partition_key(*partition))
-    if not path.is_file():
-        return False
-    result = InstanceResult.read(path)
-    return result.rollout_hash == member.spec.rollout_hash and not result.failed
 
 
 def _derive_contract(pool: SimPool, outputs: EvalOutputs) -> bool:

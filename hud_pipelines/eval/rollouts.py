@@ -121,7 +121,7 @@ def sweep_rollouts_step(
     ran: list[tuple[sweep.Member, InstanceResult]] = []
     for member in members:
         wanted = list(selection.get(member.label, ())) if selection is not None else member.spec.partitions()
-        todo = wanted if rerun else [p for p in wanted if not _current(member, p)]
+        todo = wanted if rerun else [p for p in wanted if not current(member, p)]
         if not todo:
             continue
         sweep.record(member)
@@ -135,7 +135,8 @@ def sweep_rollouts_step(
     return ran
 
 
-def _current(member: sweep.Member, partition: Partition) -> bool:
+def current(member: sweep.Member, partition: Partition) -> bool:
+    """Whether the pair has a result of the member's configuration that did not fail (it is not run again)."""
     path = member.outputs.result(member.spec.partition_key(*partition))
     if not path.is_file():
         return False

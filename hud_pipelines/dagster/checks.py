@@ -1,0 +1,83 @@
+"""A pipeline's asset checks on its grades: the built-in ``instances_completed`` and the YAML's checks.
+
+Each check reads the grade table the ``grades`` asset wrote and this run's thresholds (the graders
+resource); a sweep's checks judge its candidate (:func:`hud_pipelines.eval.sweep.verdict`).
+"""
+
+from collections.abc import Sequence
+
+import dagster as dg
+from dagster import AssetCheckExecutionContext
+
+from hud_pipelines.dagster.context import judged_of
+from hud_pipelines.dagster.resources import GRADERS, resource_key
+from hud_pipelines.eval import sweep
+from hud_pipelines.eval.checks import INSTANCES_CHECK, CheckVerdict, check_verdict, instances_verdict
+from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.steps import read_grades
+from hud_pipelines.spec.grading import CheckSpec
+from hud_pipelines.spec.models import PipelineSpec
+
+
+def pipeline_check(
+    spec: PipelineSpec, outputs: EvalOutputs, check: CheckSpec, grades_key: dg.AssetKey
+) -> dg.AssetChecksDefinition:
+    key = resource_key(spec.name, GRADERS)
+
+    @dg.asset_check(
+        asset=grades_key,
+        name=check.name,
+        blocking=check.blocking,
+        description=type(check).__doc__,
+        required_resource_keys={key},
+    )
+    def run_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        rows = read_grades(outputs)
+        judged = judged_of(context, spec)
+        configured = {c.name: c for c in judged.resolved_checks()}.get(check.name, check)  # this run's threshold
+        verdict = sweep.verdict(judged, configured, rows) if spec.is_sweep else check_verdict(configured, rows)
+        return _check_result(verdict, rows)
+
+    return run_check
+
+
+def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+    """The built-in blocking check: a failed instance fails the run (and holds the dataset back)."""
+
+    @dg.asset_check(
+        asset=grades_key,
+        name=INSTANCES_CHECK,
+        blocking=True,
+        description="Every instance ran to its end: none failed on a sim fault, a policy or rollout deadline, or "
+        "an interruption. Failed instances are listed with the command that re-runs them.",
+    )
+    def instances_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        rows = read_grades(outputs)
+        verdict = instances_verdict(rows)
+        result = _check_result(verdict, rows)
+        if verdict.failed_instances:
+            keys = verdict.failed_instances
+            rerun = f"hud-pipelines run {spec.name} " + " ".join(f"--partition {k}" for k in keys)
+            metadata = {**result.metadata, "failed_instances": ", ".join(keys), "rerun": rerun}
+            result = dg.AssetCheckResult(
+                passed=False, severity=result.severity, description=result.description, metadata=metadata
+            )
+        return result
+
+    return instances_check
+
+
+def _check_result(verdict: CheckVerdict, rows: Sequence[GradeRow]) -> dg.AssetCheckResult:
+    summary = summarize(rows)
+    return dg.AssetCheckResult(
+        passed=verdict.passed,
+        severity=dg.AssetCheckSeverity.ERROR if verdict.blocking else dg.AssetCheckSeverity.WARN,
+        description=verdict.description,
+        metadata={
+            "observed": verdict.observed if verdict.observed is not None else float("nan"),
+            "threshold": verdict.threshold if verdict.threshold is not None else float("nan"),
+            "scheduled": summary.scheduled,
+            "errored": summary.errored,
+        },
+    )
