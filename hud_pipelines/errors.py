@@ -10,10 +10,22 @@ from __future__ import annotations
 
 import signal
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from hud_pipelines.wire.messages import Phase
+
+class Phase(StrEnum):
+    """Where an error happened; carried by every error frame."""
+
+    HANDSHAKE = "handshake"
+    """The first frame was not an acceptable ``hello`` (the server closes with 1002 after it)."""
+    DECODE = "decode"
+    """A frame could not be decoded or is not a valid request; nothing reached the sim."""
+    SEQUENCE = "sequence"
+    """A request's ``seq`` was not above the previous one (duplicate or replayed); it was not run."""
+    RESET = "reset"
+    STEP = "step"
+    RESULT = "result"
+    SERVER = "server"
+    """The server itself failed (for example it is shutting down)."""
 
 
 class HudPipelinesError(Exception):

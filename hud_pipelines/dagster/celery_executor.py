@@ -43,8 +43,8 @@ from dagster_celery.executor import CeleryExecutor
 from dagster_shared.error import SerializableErrorInfo
 
 from hud_pipelines.dagster.deployment import ExecutionSettings
-from hud_pipelines.dagster.executors import RESULT_METADATA, UNIT_TAG
 from hud_pipelines.dagster.lease import lease_holder, lease_url
+from hud_pipelines.dagster.unit_tags import RESULT_METADATA, UNIT_TAG
 from hud_pipelines.eval import progress
 from hud_pipelines.eval.runner import InstanceResult
 

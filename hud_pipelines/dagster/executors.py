@@ -13,13 +13,6 @@ import dagster as dg
 
 from hud_pipelines.dagster.deployment import ExecutionSettings
 
-QUEUE_TAG = "dagster-celery/queue"
-"""dagster-celery's op tag: the queue a step is sent to."""
-UNIT_TAG = "hud_pipelines/unit"
-"""Op tag of the eval's units: a lost unit always gets another attempt (to run again or to record the loss)."""
-RESULT_METADATA = "result"
-"""Metadata key of a unit's observation: the path of the instance's result file."""
-
 EXECUTOR_CONFIG: dict[str, Any] = {
     "broker": dg.Field(str, description="redis://host:port/db of the broker the workers listen to"),
     "backend": dg.Field(str, is_required=False, description="Celery result backend (default: the broker)"),

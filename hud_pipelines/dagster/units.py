@@ -39,7 +39,6 @@ from hud_pipelines.contract import Contract, load_contract
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.context import effective_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
-from hud_pipelines.dagster.executors import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
 from hud_pipelines.dagster.resources import (
     AGENT,
@@ -48,6 +47,7 @@ from hud_pipelines.dagster.resources import (
     SIM,
     resource_key,
 )
+from hud_pipelines.dagster.unit_tags import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.outputs import EvalOutputs

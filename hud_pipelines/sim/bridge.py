@@ -35,14 +35,14 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, merge_contract, resolve_contract
-from hud_pipelines.errors import EnvFault, HudPipelinesError, TaskArgumentError
+from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, TaskArgumentError
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
 from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
 from hud_pipelines.sim.screen import screen_nonfinite
 from hud_pipelines.sim.slots import SlotBatch
 from hud_pipelines.sim.tasks import read_tasks, refuse_shared_seed, task_prompt
-from hud_pipelines.wire.messages import Observation, Phase, SlotError
+from hud_pipelines.wire.messages import Observation, SlotError
 
 log = logging.getLogger(__name__)
 

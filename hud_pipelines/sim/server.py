@@ -42,11 +42,11 @@ from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 from websockets.protocol import State
 
-from hud_pipelines.errors import SimShuttingDown
+from hud_pipelines.errors import Phase, SimShuttingDown
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.session import SERVER_NAME, CloseCode, Session
 from hud_pipelines.wire.codec import packb
-from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, ErrorFrame, Phase, to_wire
+from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, ErrorFrame, to_wire
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from hud_pipelines.errors import EnvFault, HudPipelinesError, WireError
+from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, WireError
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.wire.codec import packb, peek_seq, unpackb
 from hud_pipelines.wire.messages import (
@@ -37,7 +37,6 @@ from hud_pipelines.wire.messages import (
     Close,
     ErrorFrame,
     Framing,
-    Phase,
     Reply,
     Reset,
     Result,

@@ -61,22 +61,6 @@ class Framing(StrEnum):
         return [value]
 
 
-class Phase(StrEnum):
-    """Where an error happened; carried by every error frame."""
-
-    HANDSHAKE = "handshake"
-    """The first frame was not an acceptable ``hello`` (the server closes with 1002 after it)."""
-    DECODE = "decode"
-    """A frame could not be decoded or is not a valid request; nothing reached the sim."""
-    SEQUENCE = "sequence"
-    """A request's ``seq`` was not above the previous one (duplicate or replayed); it was not run."""
-    RESET = "reset"
-    STEP = "step"
-    RESULT = "result"
-    SERVER = "server"
-    """The server itself failed (for example it is shutting down)."""
-
-
 # ---------------------------------------------------------------------------------------------
 # client -> server
 

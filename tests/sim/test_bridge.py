@@ -18,13 +18,12 @@ import pytest
 from envs.faulty import FaultyEnv
 from envs.vectorized import PointMassVectorEnv, point_mass
 from hud_pipelines.contract import action_feature
-from hud_pipelines.errors import ActionError, ContractError, EnvFault, SlotStateError, TaskArgumentError
+from hud_pipelines.errors import ActionError, ContractError, EnvFault, Phase, SlotStateError, TaskArgumentError
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.envs import ReplicatedEnvs, VectorEnvs, success_of, vector_success
 from hud_pipelines.sim.factory import resolve_factory
 from hud_pipelines.sim.slots import SlotState
-from hud_pipelines.wire.messages import Phase
 from tests.conftest import (
     FAULTY,
     POINT_MASS,

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from hud_pipelines.errors import Phase
 from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import (
     PROTOCOL_VERSION,
@@ -15,7 +16,6 @@ from hud_pipelines.wire.messages import (
     Hello,
     MessageType,
     Observation,
-    Phase,
     Reset,
     Step,
     to_wire,
