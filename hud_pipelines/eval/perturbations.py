@@ -19,7 +19,7 @@ from typing import Any
 
 from hud_pipelines.eval.comparison import compare
 from hud_pipelines.eval.grades import GradeRow, summarize
-from hud_pipelines.eval.report import success_interval
+from hud_pipelines.eval.report import rate_columns
 from hud_pipelines.spec.models import PipelineSpec
 
 CONTROL = "control"
@@ -139,21 +139,7 @@ def _versus(row: AxisRow) -> str:
 
 
 def _figures(control: str, axis: str, value: str, task: str, rows: list[GradeRow]) -> AxisRow:
-    summary = summarize(rows)
-    low, high = success_interval(summary) if summary.graded else (None, None)
-    return AxisRow(
-        control=control,
-        axis=axis,
-        value=value,
-        task=task,
-        episodes=summary.scheduled,
-        succeeded=summary.succeeded,
-        failed=summary.failed,
-        errored=summary.errored,
-        success_rate=summary.success_rate,
-        ci_low=low,
-        ci_high=high,
-    )
+    return AxisRow(control=control, axis=axis, value=value, task=task, **rate_columns(summarize(rows)))
 
 
 def as_dicts(table: Sequence[AxisRow]) -> list[dict[str, Any]]:

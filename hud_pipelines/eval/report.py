@@ -10,7 +10,7 @@ import base64
 import io
 import textwrap
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by_task
@@ -37,6 +37,23 @@ def success_interval(summary: Summary) -> tuple[float, float]:
     """The 95% Wilson interval as people read it: ``0`` and ``1`` where the arithmetic lands a hair off them."""
     low, high = summary.success_interval
     return round(low, INTERVAL_DIGITS), round(high, INTERVAL_DIGITS)
+
+
+def rate_columns(summary: Summary) -> dict[str, Any]:
+    """A table row's denominators and success rate with its 95% Wilson interval.
+
+    Without an answered episode there is no rate and no interval (Wilson's ``(0, 1)`` would read as data).
+    """
+    low, high = success_interval(summary) if summary.graded else (None, None)
+    return {
+        "episodes": summary.scheduled,
+        "succeeded": summary.succeeded,
+        "failed": summary.failed,
+        "errored": summary.errored,
+        "success_rate": summary.success_rate,
+        "ci_low": low,
+        "ci_high": high,
+    }
 
 
 def one_line(error: str | None) -> str:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from hud_pipelines.eval.comparison import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, compare
-from hud_pipelines.eval.grades import GradeRow, Summary, summarize
-from hud_pipelines.eval.report import success_interval
+from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.report import rate_columns
 from hud_pipelines.eval.sweep_table import (
     ALL_TASKS,
     NO_COMPARISON,
@@ -103,32 +103,18 @@ def _figures(
     checkpoint: CheckpointRows, task: str, rows: list[GradeRow], *, previous: Versus, baseline: Versus
 ) -> SweepRow:
     summary = summarize(rows)
-    low, high = _rate_interval(summary)
     score_low, score_high = _score_interval(rows) or (None, None)
     return SweepRow(
         checkpoint=checkpoint.label,
         step=checkpoint.step,
         task=task,
-        episodes=summary.scheduled,
-        succeeded=summary.succeeded,
-        failed=summary.failed,
-        errored=summary.errored,
-        success_rate=summary.success_rate,
-        ci_low=low,
-        ci_high=high,
+        **rate_columns(summary),
         mean_score=summary.mean_score,
         score_ci_low=score_low,
         score_ci_high=score_high,
         versus_previous=previous,
         versus_baseline=baseline,
     )
-
-
-def _rate_interval(summary: Summary) -> tuple[float | None, float | None]:
-    """The Wilson interval, or none at all without an answered episode (Wilson's ``(0, 1)`` would read as data)."""
-    if summary.graded == 0:
-        return None, None
-    return success_interval(summary)
 
 
 def _score_interval(rows: list[GradeRow]) -> tuple[float, float] | None:

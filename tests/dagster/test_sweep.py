@@ -21,27 +21,13 @@ from tests.agent.checkpoint_runs import (
     lerobot_run_fixture,  # noqa: F401 - the session's run, shared with the checkpoint tests
     write_lerobot_run,
 )
+from tests.eval.sweep_sims import sweep_pipeline
 
 pytestmark = pytest.mark.slow
 
 
 def _write_sweep(directory: Path, checkpoints: str, **fields: Any) -> Path:
-    spec: dict[str, Any] = {
-        "name": "reach_sweep",
-        "sim": {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 2},
-        "agent": {
-            "policy": {
-                "kind": "lerobot",
-                "checkpoints": checkpoints,
-                "device": "cpu",
-                "rename": {"goal": "observation.environment_state"},
-            }
-        },
-        "tasks": [{"name": "near", "seed": 10}],
-        "group": 2,
-        "max_steps": 6,
-        **fields,
-    }
+    spec = sweep_pipeline(checkpoints, **{"tasks": [{"name": "near", "seed": 10}], **fields})
     path = directory / "reach_sweep.yaml"
     path.write_text(json.dumps(spec))
     return path

@@ -44,3 +44,23 @@ class Reach2D(gym.Env[dict[str, np.ndarray], np.ndarray]):
         distance = float(np.linalg.norm(self._pos - self._goal[:2]))
         success = distance < self.reach
         return self._observation(), -distance, success, False, {"is_success": success}
+
+
+def sweep_pipeline(checkpoints: Any, **fields: Any) -> dict[str, Any]:
+    """A sweep of the tiny ACT checkpoints of ``tests/agent/checkpoint_runs.py`` over :class:`Reach2D`."""
+    return {
+        "name": "reach_sweep",
+        "sim": {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 2},
+        "agent": {
+            "policy": {
+                "kind": "lerobot",
+                "checkpoints": checkpoints,
+                "device": "cpu",
+                "rename": {"goal": "observation.environment_state"},
+            }
+        },
+        "tasks": [{"name": "near", "seed": 10}, {"name": "far", "seed": 500}],
+        "group": 2,
+        "max_steps": 6,
+        **fields,
+    }

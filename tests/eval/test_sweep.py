@@ -22,27 +22,13 @@ from tests.agent.checkpoint_runs import (
     write_lerobot_run,
 )
 from tests.dagster.support import REPO
+from tests.eval.sweep_sims import sweep_pipeline
 
 pytestmark = pytest.mark.slow
 
 
 def sweep_spec(tmp_path: Path, checkpoints: Any, **fields: Any) -> PipelineSpec:
-    spec: dict[str, Any] = {
-        "name": "reach_sweep",
-        "sim": {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 2},
-        "agent": {
-            "policy": {
-                "kind": "lerobot",
-                "checkpoints": checkpoints,
-                "device": "cpu",
-                "rename": {"goal": "observation.environment_state"},
-            }
-        },
-        "tasks": [{"name": "near", "seed": 10}, {"name": "far", "seed": 500}],
-        "group": 2,
-        "max_steps": 6,
-        **fields,
-    }
+    spec = sweep_pipeline(checkpoints, **fields)
     return load_pipeline_text(json.dumps(spec), source=tmp_path / "reach_sweep.yaml")
 
 
