@@ -61,6 +61,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     hold: str = Field(default="last", description="action of a finished slot: last or zero")
     bounds: str = Field(default="clip", description="out-of-bounds continuous actions: clip or error")
     url: str | None = Field(default=None, description="ws://host:port of a sim served elsewhere")
+    urls: list[str] | None = Field(default=None, description="a fleet: ws://host:port of several served sims")
     token: str | None = Field(default=None, description="capability token of the sim at url (an EnvVar)")
     project_dir: str = Field(default=".", description="directory the sim children start in (imports resolve there)")
 
@@ -78,6 +79,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "hold": self.hold,
             "bounds": self.bounds,
             "url": self.url,
+            "urls": self.urls,
             "token": self.token,
         }
 

@@ -36,6 +36,8 @@ class InstanceResult:
     """Why the instance failed (``None`` when it ran to the end, whatever its episodes scored)."""
     run_id: str = ""
     """The run that produced this result."""
+    server: str | None = None
+    """The served sim it ran on (``None`` for a spawned sim)."""
     provenance: dict[str, Any] = field(default_factory=dict[str, Any])
     """Where it came from (:mod:`hud_pipelines.eval.provenance`): code, packages, sim, policy, seeds."""
 
@@ -59,6 +61,7 @@ class InstanceResult:
             "rollout_hash": self.rollout_hash,
             "fault": None if self.fault is None else self.fault.value,
             "run_id": self.run_id,
+            "server": self.server,
             "provenance": self.provenance,
         }
 
@@ -76,6 +79,7 @@ class InstanceResult:
             rollout_hash=data.get("rollout_hash", ""),
             fault=Fault(data["fault"]) if data.get("fault") else None,
             run_id=data.get("run_id", ""),
+            server=data.get("server"),
             provenance=dict(data.get("provenance") or {}),
         )
 

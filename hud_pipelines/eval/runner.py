@@ -70,6 +70,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         step_timeout_s=sim.step_timeout_s,
         options=tuple(sim.serve_options()) if sim.spawned else (),
         url=sim.url,
+        urls=tuple(sim.urls or ()),
         token=None if sim.token is None else sim.token.get_secret_value(),
         cwd=cwd,
         python=None if sim.python is None else spec.resolve_path(sim.python),
@@ -171,12 +172,14 @@ class EvalRunner:
         keys: list[EpisodeKey] = []
         failure: tuple[str, Fault] | None = None
         env_steps = 0
+        server: str | None = None
         try:
             with (
                 self.pool.sim() as live,
                 _deadline(live, spec.rollout_timeout_s) as expired,
                 model.caller_deadline(spec.rollout_timeout_s),
             ):
+                server = live.server
                 agent = RobotAgent(model, contract, horizon=spec.agent.horizon, send_ahead=spec.agent.send_ahead)
                 tasks = spec.slot_tasks(*partition)
                 keys = [
@@ -215,6 +218,8 @@ class EvalRunner:
                 with contextlib.suppress(Exception):
                     sink.close()
         wall = time.monotonic() - started
+        if failure is not None and server is not None:  # which machine of a fleet it was
+            failure = (f"served sim {server}: {failure[0]}", failure[1])
         if outcomes is None:
             reason, fault = failure or ("the instance did not run", Fault.NOT_RUN)
             rows = unreached_rows(spec, partition, reason, fault, run_id=self.run_id)
@@ -234,6 +239,7 @@ class EvalRunner:
             spec.rollout_hash,
             fault=None if failure is None else failure[1],
             run_id=self.run_id,
+            server=server,
         )
 
     def _unstarted(self, partition: Partition, reason: str, fault: Fault) -> InstanceResult:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
+import urllib.parse
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hud_pipelines.errors import SimError
+from hud_pipelines.errors import SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.wire.messages import Framing
@@ -42,6 +44,8 @@ class SimSettings:
     step_timeout_s: float = 60.0
     options: tuple[str, ...] = ()
     url: str | None = None
+    urls: tuple[str, ...] = ()
+    """A fleet of served sims (``url`` for one): each serves one instance at a time."""
     token: str | None = None
     cwd: Path | None = None
     python: Path | None = None
@@ -55,6 +59,8 @@ class LiveSim:
     process: SimProcess
     client: SimClient
     healthy: bool = True
+    server: str | None = None
+    """The URL of the served sim it is attached to (``None`` for a spawned one)."""
 
     def kill(self) -> None:
         """Stop the sim now (a rollout timeout): a spawned child's group is killed, an attached link closed."""
@@ -73,14 +79,15 @@ class SimPool:
         self._lock = threading.Lock()
         self._idle: list[LiveSim] = []
         self._live: list[LiveSim] = []
-        self._attached = threading.Semaphore(1)
+        servers = list(settings.urls) or ([settings.url] if settings.url is not None else [])
+        self._servers = _Fleet(servers)
         self._closed = False
         self.spawned = 0
 
-    def _open(self) -> LiveSim:
+    def _open(self, server: str | None) -> LiveSim:
         settings = self.settings
-        if settings.url is not None:
-            process = SimProcess.attach(settings.url, settings.token or "")
+        if server is not None:
+            process = SimProcess.attach(server, settings.token or "")
         else:
             assert settings.factory is not None
             process = SimProcess.spawn(
@@ -99,21 +106,26 @@ class SimPool:
         except BaseException:
             process.close(grace_s=1.0)
             raise
-        return LiveSim(process, client)
+        return LiveSim(process, client, server=server)
 
     @contextlib.contextmanager
     def sim(self) -> Generator[LiveSim]:
         """A connected sim for one instance; returned to the pool if it stayed healthy."""
-        attached = self.settings.url is not None
-        if attached:
-            self._attached.acquire()
+        attached = self._servers.attached
+        server = self._servers.take() if attached else None  # waits for a served sim no instance holds
         try:
             with self._lock:
                 if self._closed:
                     raise SimError("the run is shutting down: the sim pool is closed")
-                live = self._idle.pop() if self._idle else None
+                live = self._idle_on(server)
             if live is None:
-                live = self._open()
+                try:
+                    live = self._open(server)
+                except SimError as exc:
+                    if server is not None:
+                        self._servers.lose(server)
+                        raise type(exc)(f"served sim {server}: {exc}") from exc
+                    raise
                 with self._lock:
                     closed = self._closed
                     if not closed:
@@ -128,9 +140,18 @@ class SimPool:
                 raise
             finally:
                 self._release(live)
+                if server is not None and not live.healthy and not _reachable(server):
+                    self._servers.lose(server)  # its server died with it: no later instance goes there
         finally:
-            if attached:
-                self._attached.release()
+            if server is not None:
+                self._servers.give_back(server)
+
+    def _idle_on(self, server: str | None) -> LiveSim | None:
+        """An idle sim to reuse: the one attached to ``server``, or any spawned one (call with the lock held)."""
+        for index, live in enumerate(self._idle):
+            if live.server == server:
+                return self._idle.pop(index)
+        return None
 
     def _release(self, live: LiveSim) -> None:
         with self._lock:
@@ -186,3 +207,49 @@ def _shutdown(live: LiveSim, grace_s: float = DEFAULT_GRACE_S) -> None:
     with contextlib.suppress(Exception):
         live.client.close()
     live.process.close(grace_s=grace_s)
+
+
+class _Fleet:
+    """The served sims of a pool: each takes one connection at a time, so each serves one instance at a time.
+
+    An instance takes a server no other instance holds (waiting while all are busy) and gives it back
+    when it ends; a server that could not be reached is lost: the instance that tried it errors naming
+    it, and no later instance is sent there. When every server is lost, instances error at once.
+    """
+
+    def __init__(self, servers: list[str]) -> None:
+        self.attached = bool(servers)
+        self._free = list(servers)
+        self._lost: list[str] = []
+        self._all = list(servers)
+        self._changed = threading.Condition()
+
+    def take(self) -> str:
+        with self._changed:
+            while not self._free:
+                if len(self._lost) == len(self._all):
+                    raise SimStartError(f"no served sim of the fleet can be reached ({', '.join(self._lost)})")
+                self._changed.wait()
+            return self._free.pop(0)
+
+    def give_back(self, server: str) -> None:
+        with self._changed:
+            if server not in self._lost:
+                self._free.append(server)
+            self._changed.notify_all()
+
+    def lose(self, server: str) -> None:
+        with self._changed:
+            if server not in self._lost:
+                self._lost.append(server)
+            self._changed.notify_all()
+
+
+def _reachable(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a served sim still listens (a TCP connection to its host and port opens)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

@@ -8,7 +8,7 @@ together and answers the questions that span sections (partitions, seeds, paths)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
@@ -115,28 +115,47 @@ class SimSpec(StrictModel):
         description="`ws://host:port` of a sim served elsewhere (`hud-pipelines serve`); exactly one of "
         "`factory` and `url`",
     )
+    urls: list[Annotated[str, Field(pattern=r"^wss?://")]] | None = Field(
+        default=None,
+        min_length=1,
+        description="a fleet: `ws://host:port` of several sims served elsewhere, one instance on each at a time; a "
+        "server that cannot be reached errors the instance that tried it, naming it, and gets no more",
+    )
     token: SecretStr | None = Field(
         default=None,
-        description="capability token of the sim at `url` (required with `url`; write `${VAR}` to keep it out of git)",
+        description="capability token of the sim at `url` (required with `url` or `urls`, one for the whole fleet; "
+        "write `${VAR}` to keep it out of git)",
     )
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
-        if self.factory is None and self.url is None:
+        sources = [name for name in ("factory", "url", "urls") if getattr(self, name) is not None]
+        if not sources:
             raise spec_rule("factory", "the sim needs exactly one of 'factory' (spawn it) and 'url' (attach to it)")
-        if self.factory is not None and self.url is not None:
-            raise spec_rule("url", "'factory' and 'url' exclude each other: spawn a sim or attach to one, not both")
-        if self.url is not None:
+        if len(sources) > 1:
+            raise spec_rule(
+                sources[1],
+                f"{sources[0]!r} and {sources[1]!r} exclude each other: spawn a sim or attach to one, not both",
+            )
+        if self.factory is None:
+            attach = sources[0]
             if self.token is None:
-                raise spec_rule("url", "a sim attached by 'url' needs its 'token' (e.g. token: ${HUD_SIM_TOKEN})")
+                raise spec_rule(
+                    attach, f"a sim attached by {attach!r} needs its 'token' (e.g. token: ${{HUD_SIM_TOKEN}})"
+                )
             for key in SPAWN_ONLY_FIELDS:
                 if key in self.model_fields_set:
                     raise spec_rule(
-                        key, f"{key!r} configures a spawned sim; a sim attached by 'url' is set up by its server"
+                        key, f"{key!r} configures a spawned sim; a sim attached by {attach!r} is set up by its server"
                     )
         elif self.token is not None:
             raise spec_rule("token", "'token' belongs to a sim attached by 'url'; a spawned sim gets a fresh one")
         return self
+
+    @property
+    def servers(self) -> list[str]:
+        """The URLs of the served sims the pipeline attaches to (none for a spawned sim)."""
+        return list(self.urls) if self.urls is not None else [self.url] if self.url is not None else []
 
     @property
     def spawned(self) -> bool:

@@ -1,0 +1,108 @@
+"""A fleet of served sims (``sim.urls``): instances spread over the servers, a dead one is named and avoided."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hud_pipelines.errors import Fault
+from hud_pipelines.eval.results import InstanceResult
+from hud_pipelines.eval.steps import evaluate
+from hud_pipelines.spec.loader import load_pipeline_text
+from tests.dagster.support import REPO, SIMS
+
+pytestmark = pytest.mark.slow
+TOKEN = "fleet-test-token"
+
+
+def _serve(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    command = [
+        sys.executable,
+        "-m",
+        "hud_pipelines.sim",
+        f"{SIMS}:cartpole",
+        "--num-envs",
+        "2",
+        "--token",
+        TOKEN,
+        *args,
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO
+    )
+    assert process.stdout is not None
+    ready = json.loads(process.stdout.readline())
+    return process, str(ready["url"])
+
+
+@pytest.fixture(name="fleet")
+def fleet_fixture() -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
+    """Two served CartPole sims that kill their own process at step 5 of an episode of seed 4."""
+    servers = [_serve("--arg", "crash_seeds=[4]") for _ in range(2)]
+    yield servers
+    for process, _ in servers:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def _spec(tmp_path: Path, urls: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
+    text = {
+        "name": "fleet",
+        "sim": {"urls": urls, "token": "${HUD_TEST_FLEET_TOKEN}", "num_envs": 2, "step_timeout_s": 10},
+        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+        "group": 4,
+        "max_concurrent": 2,
+        "max_steps": 30,
+        "graders": [{"kind": "return", "threshold": 25}],
+    }
+    return load_pipeline_text(json.dumps(text), source=tmp_path / "fleet.yaml")
+
+
+def test_instances_spread_over_the_fleet_and_a_server_that_dies_is_named_and_avoided(
+    fleet: list[tuple[subprocess.Popen[bytes], str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    urls = [url for _, url in fleet]
+    evaluation = evaluate(_spec(tmp_path, urls, monkeypatch), outputs_dir=tmp_path / "out")
+    results = {r.instance: r for r in evaluation.results}
+    assert {results[0].server, results[1].server} == set(urls), "the first two instances run side by side"
+    crashed = results[2]  # seeds 4 and 5: its server kills itself at step 5
+    assert crashed.failed
+    assert crashed.server is not None
+    assert f"served sim {crashed.server}" in (crashed.error or "")
+    assert crashed.fault in {Fault.SIM_CRASHED, Fault.SIM_LINK}
+    survivor = next(url for url in urls if url != crashed.server)
+    assert not results[3].failed
+    assert results[3].server == survivor, "no instance is sent to the server that died"
+    assert [p.poll() is None for p, url in fleet] == [url == survivor for _, url in fleet]
+    assert {row.instance for row in evaluation.rows if row.fault is not None} == {2}
+    stored = InstanceResult.read(tmp_path / "out" / "fleet" / "rollouts" / "task0-i0.json")
+    assert stored.server == results[0].server
+
+
+def test_a_fleet_whose_servers_are_all_down_errors_every_instance_naming_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    process, url = _serve()
+    _stop(process)
+    evaluation = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
+    assert all(r.failed for r in evaluation.results)
+    assert all(url in (r.error or "") for r in evaluation.results)
+    assert {row.fault for row in evaluation.rows} <= {Fault.SIM_START, Fault.SIM_LINK}
