@@ -86,6 +86,11 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     assert "## Checkpoints" in (local / "reach_sweep" / "report.md").read_text()
     with dg.DagsterInstance.get() as instance:  # the comparison asset, as the UI shows it
         event = instance.get_latest_materialization_event(dg.AssetKey(["reach_sweep", "comparison"]))
+        instances = instance.get_latest_materialization_event(dg.AssetKey(["reach_sweep", "instances"]))
+    assert instances is not None
+    assert instances.asset_materialization is not None
+    shown = instances.asset_materialization.metadata["provenance"].value
+    assert isinstance(shown, dict) and shown["packages"]["lerobot"], "the UI shows where the results came from"
     assert event is not None
     assert event.asset_materialization is not None
     metadata = event.asset_materialization.metadata

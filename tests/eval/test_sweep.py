@@ -226,3 +226,48 @@ def test_a_checkpoint_the_sim_cannot_feed_errors_its_rows_with_the_features_name
     assert {row.fault.value if row.fault else None for row in evaluation.rows} == {"setup"}
     assert all("observation.environment_state" in (row.error or "") for row in evaluation.rows)
     assert not evaluation.passed
+
+
+def test_one_sim_serves_every_checkpoint_and_each_policy_is_loaded_once(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.agent.lerobot import LeRobotPolicy
+    from hud_pipelines.sim.process import SimProcess
+
+    monkeypatch.chdir(REPO)
+    loaded: list[Path] = []
+    spawned: list[str] = []
+    real_load, real_spawn = LeRobotPolicy.from_pretrained, SimProcess.spawn
+
+    def load(path: Path, *args: Any, **kwargs: Any) -> Any:
+        loaded.append(Path(path))
+        return real_load(path, *args, **kwargs)
+
+    def spawn(factory: str, *args: Any, **kwargs: Any) -> Any:
+        spawned.append(factory)
+        return real_spawn(factory, *args, **kwargs)
+
+    monkeypatch.setattr(LeRobotPolicy, "from_pretrained", staticmethod(load))
+    monkeypatch.setattr(SimProcess, "spawn", staticmethod(spawn))
+    evaluation = evaluate(sweep_spec(tmp_path, str(run.output_dir), max_concurrent=2), outputs_dir=tmp_path / "out")
+    assert len(evaluation.results) == 3 * 4, "3 checkpoints x 2 tasks x 2 instances"
+    assert sorted(loaded) == sorted(run.pretrained(step) for step in (500, 1000, 1500))
+    assert len(spawned) <= 2, "at most max_concurrent sims, reused by every checkpoint"
+
+
+def test_a_sweep_over_several_training_runs_labels_each_checkpoint_by_its_run(
+    lerobot_run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    first = copy_run(lerobot_run, tmp_path / "first")
+    second = write_lerobot_run(tmp_path / "second" / "act_other", [200])
+    age(tmp_path, 60)
+    spec = sweep_spec(
+        tmp_path, [str(first.output_dir), str(second.output_dir)], tasks=[{"name": "near", "seed": 10}], group=1
+    )
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    labels = list(dict.fromkeys(row.checkpoint for row in evaluation.rows))
+    assert labels == ["act_other/000200", "act_pusht/000500", "act_pusht/001000", "act_pusht/001500"]
+    assert evaluation.passed
+    table = json.loads((tmp_path / "out" / "reach_sweep" / "comparison.json").read_text())
+    assert [r["checkpoint"] for r in table["rows"] if r["task"] == "all"] == labels
