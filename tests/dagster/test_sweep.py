@@ -90,7 +90,8 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     assert instances is not None
     assert instances.asset_materialization is not None
     shown = instances.asset_materialization.metadata["provenance"].value
-    assert isinstance(shown, dict) and shown["packages"]["lerobot"], "the UI shows where the results came from"
+    assert isinstance(shown, dict)
+    assert shown["packages"]["lerobot"], "the UI shows where the results came from"
     assert event is not None
     assert event.asset_materialization is not None
     metadata = event.asset_materialization.metadata
