@@ -144,7 +144,7 @@ def report_step(
         for member in sweep.evaluated(spec, outputs):
             report_step(member.spec, member.outputs, run_id=run_id)
     markdown = render_markdown(spec.name, rows, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
-    table = comparison_step(spec, outputs, rollout_hash=rollout_hash) if spec.is_sweep and rows else None
+    table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     if table is not None:
         markdown += _sweep_section(table)
     if has_matrix(spec):
@@ -155,10 +155,19 @@ def report_step(
     return ReportFiles(markdown, html, summarize(rows))
 
 
-def comparison_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> SweepComparison:
-    """A sweep's ``comparison.{csv,json,png}``: every checkpoint per task, paired with the previous and the baseline."""
-    rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
-    table = _comparison(spec, outputs, rows)
+def comparison_step(
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    *,
+    rollout_hash: str | None = None,
+    rows: Sequence[GradeRow] | None = None,
+) -> SweepComparison:
+    """A sweep's ``comparison.{csv,json,png}``: every checkpoint per task, paired with the previous and the baseline.
+
+    ``rows`` are the sweep's current grade rows when the caller has them already (the report step).
+    """
+    current = rows if rows is not None else collect_rows(spec, outputs, rollout_hash=rollout_hash)
+    table = _comparison(spec, outputs, current)
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.comparison_csv, table.to_csv())
     write_atomically(outputs.comparison_json, table.to_json())
