@@ -42,6 +42,7 @@ def _run(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         checkpoints=args.checkpoint or None,
         rerun=args.rerun,
+        queue=args.queue,
     )
 
 
@@ -94,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint", action="append", metavar="LABEL", help="a sweep: evaluate only this checkpoint (repeatable)"
     )
     run.add_argument("--rerun", action="store_true", help="a sweep: run pairs again that already have a current result")
+    run.add_argument(
+        "--queue", default=None, help="on Celery workers: this run's units go to this queue (default: the deployment's)"
+    )
     run.set_defaults(handler=_run)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of pipeline files (or the YAML reference)")

@@ -90,8 +90,12 @@ def run_pipeline(
     quiet: bool = False,
     checkpoints: list[str] | None = None,
     rerun: bool = False,
+    queue: str | None = None,
 ) -> int:
-    """Run one pipeline's job in this process on the local Dagster instance; returns the exit code."""
+    """Run one pipeline's job in this process on the local Dagster instance; returns the exit code.
+
+    ``queue`` sends this run's units to that Celery queue instead of the deployment's (a run tag).
+    """
     path = resolve_pipeline_file(pipeline, pipelines_dir)
     project_dir = Path.cwd()
     ensure_dagster_home(project_dir)
@@ -101,6 +105,7 @@ def run_pipeline(
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
     from hud_pipelines.dagster.launch import execute_pipeline_job
+    from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.rows import collect_rows
@@ -136,6 +141,8 @@ def run_pipeline(
         units *= len(labels)
     elif checkpoints or rerun:
         raise HudPipelinesError(f"{spec.name} is not a sweep: --checkpoint and --rerun need agent.policy.checkpoints")
+    if queue is not None:
+        tags = {**tags, RUN_QUEUE_TAG: _queue_for(spec.name, queue)}
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -184,6 +191,22 @@ def run_pipeline(
     if interrupted is not None:
         return 128 + int(interrupted)
     return 0 if succeeded else 1
+
+
+def _queue_for(pipeline: str, queue: str) -> str:
+    """``queue``, once the deployment is known to run ``pipeline``'s units on Celery (where queues exist)."""
+    from hud_pipelines.dagster.deployment import CELERY, DEPLOYMENT_ENV, deployment_path, load_execution
+
+    where = deployment_path()
+    executor = load_execution(where).for_pipeline(pipeline).executor if where else "in_process"
+    if executor != CELERY:
+        raise HudPipelinesError(
+            f"--queue {queue}: {pipeline} runs its units {executor} here; queues route units to Celery "
+            f"workers (set execution.executor: celery in the deployment file, ${DEPLOYMENT_ENV})"
+        )
+    if not queue.strip():
+        raise HudPipelinesError("--queue: expected a queue name (e.g. gpu)")
+    return queue.strip()
 
 
 def _counting(finished: list[str], then: Callable[[InstanceResult], None]) -> Callable[[InstanceResult], None]:

@@ -1,11 +1,12 @@
 """Steps on Celery workers: dagster-celery's execution loop, with leases so that a lost worker costs one step.
 
 The run's process plans the steps and hands each ready one to the broker, on the queue its op's
-``dagster-celery/queue`` tag names (the eval's units on the pipeline's queue, every other step on
-the control queue); a worker (``celery -A hud_pipelines.dagster.worker worker``) runs it and writes
-its events to the run's Dagster instance. That loop is dagster-celery's own; this executor only
-wraps each submitted task's result in a :class:`LeasedResult`, which also answers *ready* when the
-worker running the step has lost its lease (:mod:`hud_pipelines.dagster.lease`): the worker died.
+``dagster-celery/queue`` tag names (the eval's units on the pipeline's queue, or the run's
+:data:`RUN_QUEUE_TAG` when it has one; every other step on the control queue); a worker (``celery -A
+hud_pipelines.dagster.worker worker``) runs it and writes its events to the run's Dagster instance.
+That loop is dagster-celery's own; this executor only wraps each submitted task's result in a
+:class:`LeasedResult`, which also answers *ready* when the worker running the step has lost its
+lease (:mod:`hud_pipelines.dagster.lease`): the worker died.
 
 What a lost step becomes is decided here, in the run, because the worker cannot say anything:
 
@@ -44,7 +45,7 @@ from dagster_shared.error import SerializableErrorInfo
 
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.lease import lease_holder, lease_url
-from hud_pipelines.dagster.unit_tags import RESULT_METADATA, UNIT_TAG
+from hud_pipelines.dagster.unit_tags import RESULT_METADATA, RUN_QUEUE_TAG, UNIT_TAG
 from hud_pipelines.eval import progress
 from hud_pipelines.eval.runner import InstanceResult
 
@@ -110,6 +111,8 @@ class LeasedCeleryExecutor(CeleryExecutor):
         ) -> LeasedResult:
             if id(app) not in registered:
                 registered[id(app)] = cast(Any, tasks).create_task(app)
+            if step.tags.get(UNIT_TAG) == "true":
+                queue = context.dagster_run.tags.get(RUN_QUEUE_TAG, queue)
             result = _send_step(registered[id(app)], context, step, queue, priority, known_state)
             attempt = known_state.previous_retry_attempts.get(step.key, 0)
             return LeasedResult(result, client, context, step, attempt=attempt, executor=self)

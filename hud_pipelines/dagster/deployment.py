@@ -27,6 +27,10 @@ top level it holds for every pipeline; under a pipeline it replaces fields for t
     pipelines:
       pusht_act:
         execution: {queue: gpu}   # its instances go to the workers of the gpu queue
+
+With ``executor: k8s`` each step is a Kubernetes Job of its own (dagster-k8s's ``k8s_job_executor``):
+the units get ``unit_resources`` (a GPU, say) through the ``dagster-k8s/config`` tag, and a unit whose
+pod died runs again through a retry policy instead of a lease (:mod:`hud_pipelines.dagster.k8s`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ EVERY_PIPELINE = "*"
 PARTS = (SIM, CONTRACT, AGENT, GRADERS)
 
 EXECUTION = "execution"
-IN_PROCESS, CELERY = "in_process", "celery"
+IN_PROCESS, CELERY, K8S = "in_process", "celery", "k8s"
+EXECUTORS = (IN_PROCESS, CELERY, K8S)
+RESOURCE_REQUIREMENTS = ("limits", "requests")
+"""The fields of a Kubernetes container's resources block (``unit_resources``)."""
 FLEET_SETTINGS = frozenset({"broker", "backend", "lease_s"})
 """Execution settings of the whole deployment (the workers read them too), never set per pipeline."""
 
@@ -63,7 +70,8 @@ class ExecutionSettings(BaseModel):
     executor: str = Field(
         default=IN_PROCESS,
         description="in_process: every step in the run's process (one sim set for the run); celery: every "
-        "instance is a unit of work on a Celery worker, with its own sim set",
+        "instance is a unit of work on a Celery worker, with its own sim set; k8s: every step is a Kubernetes "
+        "Job (a pod per unit)",
     )
     broker: str | None = Field(default=None, description="redis://host:port/db of the Celery broker (celery only)")
     backend: str | None = Field(default=None, description="Celery result backend; default: the broker")
@@ -78,17 +86,37 @@ class ExecutionSettings(BaseModel):
         description="a running unit whose worker has not renewed its lease for this long is taken as lost",
     )
 
+    image: str | None = Field(default=None, description="k8s: the image of the step pods (default: the run's)")
+    namespace: str | None = Field(default=None, description="k8s: the namespace of the step Jobs")
+    unit_resources: dict[str, dict[str, str | int]] = Field(
+        default_factory=dict[str, dict[str, str | int]],
+        description="k8s: the resources of each unit's container, e.g. {limits: {nvidia.com/gpu: 1}}",
+    )
+    env_secrets: list[str] = Field(
+        default_factory=list[str], description="k8s: Secrets whose keys become the step pods' environment"
+    )
+    max_concurrent: int | None = Field(default=None, ge=1, description="k8s: step pods running at once at most")
+
     @field_validator("executor")
     @classmethod
     def _known_executor(cls, value: str) -> str:
-        if value not in (IN_PROCESS, CELERY):
-            raise ValueError(f"unknown executor {value!r}; expected {IN_PROCESS} or {CELERY}")
+        if value not in EXECUTORS:
+            raise ValueError(f"unknown executor {value!r}; expected one of {', '.join(EXECUTORS)}")
+        return value
+
+    @field_validator("unit_resources")
+    @classmethod
+    def _resource_requirements(cls, value: dict[str, dict[str, str | int]]) -> dict[str, dict[str, str | int]]:
+        unknown = sorted(set(value) - set(RESOURCE_REQUIREMENTS))
+        if unknown:
+            expected = " or ".join(RESOURCE_REQUIREMENTS)
+            raise ValueError(f"{unknown[0]!r} is not a Kubernetes resource requirement; expected {expected}")
         return value
 
     @property
     def distributed(self) -> bool:
-        """Whether units run on workers (rather than in the run's process)."""
-        return self.executor == CELERY
+        """Whether units run on workers or pods of their own (rather than in the run's process)."""
+        return self.executor != IN_PROCESS
 
     @property
     def result_backend(self) -> str | None:
@@ -200,7 +228,7 @@ def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> 
             f"{where}.{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
         )
         raise DeploymentError(f"deployment file {path}: {problems}") from exc
-    if settings.distributed and not (settings.broker or "").startswith(("redis://", "rediss://")):
+    if settings.executor == CELERY and not (settings.broker or "").startswith(("redis://", "rediss://")):
         whose = "" if where == EXECUTION else f" ({where} runs on celery)"
         raise DeploymentError(
             f"deployment file {path}: {EXECUTION}.broker: the celery executor needs a Redis broker "

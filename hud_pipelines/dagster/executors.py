@@ -1,17 +1,20 @@
-"""The executor of a pipeline's job, in process or on Celery workers, and the tags its steps carry.
+"""The executor of a pipeline's job (in process, on Celery workers, as Kubernetes Jobs) and where units go.
 
 Import-light on purpose: every code location and CLI run builds its jobs through here, and only a
-job that runs on workers imports Celery (:mod:`hud_pipelines.dagster.celery_executor`).
+job that runs on workers imports Celery (:mod:`hud_pipelines.dagster.celery_executor`) or
+dagster-k8s (:mod:`hud_pipelines.dagster.k8s`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import dagster as dg
 
-from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster import k8s
+from hud_pipelines.dagster.deployment import K8S, ExecutionSettings
 
 EXECUTOR_CONFIG: dict[str, Any] = {
     "broker": dg.Field(str, description="redis://host:port/db of the broker the workers listen to"),
@@ -46,6 +49,8 @@ def executor_for(settings: ExecutionSettings) -> dg.ExecutorDefinition:
     """The executor of a pipeline's job: in process (the default) or on the deployment's Celery workers."""
     if not settings.distributed:
         return dg.in_process_executor
+    if settings.executor == K8S:
+        return k8s.executor(settings)
     config: dict[str, Any] = {
         "broker": settings.broker,
         "backend": settings.result_backend,
@@ -54,3 +59,19 @@ def executor_for(settings: ExecutionSettings) -> dg.ExecutorDefinition:
         "lease_s": settings.lease_s,
     }
     return hud_celery_executor.configured(config, name="hud_celery")
+
+
+@dataclass(frozen=True)
+class UnitPlacement:
+    """What a unit op carries so that its executor puts it where the deployment says."""
+
+    where: str
+    """Where each unit runs, in words (the op's description)."""
+    unit_tags: dict[str, str] = field(default_factory=dict[str, str])
+    unit_retry_policy: dg.RetryPolicy | None = None
+
+    @classmethod
+    def of(cls, settings: ExecutionSettings) -> UnitPlacement:
+        if settings.executor == K8S:
+            return cls("a Kubernetes pod of its own", k8s.unit_tags(settings), k8s.unit_retry_policy(settings))
+        return cls(f"a worker of the {settings.queue} queue")

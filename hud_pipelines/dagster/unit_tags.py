@@ -2,6 +2,8 @@
 
 QUEUE_TAG = "dagster-celery/queue"
 """dagster-celery's op tag: the queue a step is sent to."""
+RUN_QUEUE_TAG = "hud_pipelines/queue"
+"""Run tag: the Celery queue of this run's units, over the deployment's (e.g. one eval on the gpu workers)."""
 UNIT_TAG = "hud_pipelines/unit"
 """Op tag of the eval's units: a lost unit always gets another attempt (to run again or to record the loss)."""
 RESULT_METADATA = "result"

@@ -39,6 +39,7 @@ from hud_pipelines.contract import Contract, load_contract
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.context import effective_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.executors import UnitPlacement
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
 from hud_pipelines.dagster.resources import (
     AGENT,
@@ -87,6 +88,7 @@ def eval_units_asset(
     contract_key, rollouts_key, instances_key = (s.key for s in specs)
     resources = {resource_key(spec.name, part) for part in (SIM, CONTRACT, AGENT, GRADERS)}
     control = {QUEUE_TAG: settings.control_queue}
+    placement = UnitPlacement.of(settings)
 
     @dg.op(
         name="plan",
@@ -107,8 +109,9 @@ def eval_units_asset(
     @dg.op(
         name="unit",
         required_resource_keys=resources,
-        tags={QUEUE_TAG: settings.queue, UNIT_TAG: "true"},
-        description=f"One instance of {spec.name} with its own sim set, on a worker of the {settings.queue} queue.",
+        tags={QUEUE_TAG: settings.queue, UNIT_TAG: "true", **placement.unit_tags},
+        retry_policy=placement.unit_retry_policy,
+        description=f"One instance of {spec.name} with its own sim set, on {placement.where}.",
     )
     def unit(context: OpExecutionContext, key: str) -> Any:
         effective = effective_of(context, spec)

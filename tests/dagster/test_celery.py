@@ -405,3 +405,24 @@ def test_celery_sweep_runs_each_pair_as_a_unit_on_its_queue_with_the_in_process_
     assert pids == {with_gpu.pid}, "the sweep's units went to its gpu queue only"
     assert cpu_only.pid not in pids
     assert not processes_mentioning(broker)
+
+
+@needs_redis
+def test_a_run_queue_sends_only_that_runs_units_to_the_workers_of_that_queue(
+    write_pipeline: WritePipeline, tmp_path: Path, home: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.cli.run import run_pipeline
+
+    path = write_pipeline("rerouted", group=2)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    with redis_server(tmp_path / "redis") as (broker, _):
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))  # the pipeline's queue: cpu
+        names, queues = ["cpu_only", "with_gpu"], ["cpu", "cpu,gpu"]
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), names, tmp_path / "logs", queues=queues) as workers:
+            assert run_pipeline(str(path), outputs_dir=tmp_path / "out", quiet=True, queue="gpu") == 0
+    cpu_only, with_gpu = workers
+    [run] = home.get_runs()
+    assert run.tags["hud_pipelines/queue"] == "gpu"
+    pids = {e.asset_observation.metadata["worker_pid"].value for e in _observations(home, run.run_id) if e.asset_observation}  # type: ignore[union-attr]
+    assert pids == {with_gpu.pid}, "both units went to the run's queue"
+    assert cpu_only.pid not in pids
