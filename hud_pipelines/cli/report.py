@@ -20,12 +20,12 @@ def write_report(
     import webbrowser
 
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
-    from hud_pipelines.eval.steps import report_step
+    from hud_pipelines.eval.steps import dataset_root, report_step
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
-    written = report_step(spec, outputs)
+    written = report_step(spec, outputs, dataset=dataset_root(spec, outputs, Path.cwd()))
     print(f"wrote {written.html} and {outputs.report_md}")
     if serve_port is None:
         if open_page:
@@ -34,10 +34,12 @@ def write_report(
     import functools
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(outputs.base))
+    # Rooted at the outputs (not the pipeline's folder) so the links to its dataset resolve too.
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(outputs.root))
     with ThreadingHTTPServer(("127.0.0.1", serve_port), handler) as server:
-        url = f"http://127.0.0.1:{server.server_address[1]}/{written.html.name}"
-        print(f"serving {outputs.base} at {url} (Ctrl-C to stop)", flush=True)
+        page = written.html.relative_to(outputs.root).as_posix()
+        url = f"http://127.0.0.1:{server.server_address[1]}/{page}"
+        print(f"serving {outputs.root} at {url} (Ctrl-C to stop)", flush=True)
         if open_page:
             webbrowser.open(url)
         with contextlib.suppress(KeyboardInterrupt):

@@ -109,7 +109,7 @@ def run_pipeline(
     from hud_pipelines.eval import progress
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.rows import collect_rows
-    from hud_pipelines.eval.steps import checks_step, grades_step, report_step
+    from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(path)
@@ -179,7 +179,7 @@ def run_pipeline(
     if interrupted is not None:  # the job stopped before its grades, checks and report: write them now
         grades_step(spec, outputs)
         checks_step(spec, outputs)
-        report_step(spec, outputs, run_id=run_id)
+        report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir))
         problems.insert(
             0,
             f"run interrupted by {interrupted.name} after {len(finished)} of {len(ordered)} instance(s); "

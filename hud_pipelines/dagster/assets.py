@@ -58,6 +58,7 @@ from hud_pipelines.eval.steps import (
     checks_step,
     comparison_step,
     contract_step,
+    dataset_root,
     dataset_step,
     grade_columns,
     grades_step,
@@ -65,6 +66,7 @@ from hud_pipelines.eval.steps import (
     rollouts_step,
 )
 from hud_pipelines.eval.sweep_table import COLUMNS, SweepComparison
+from hud_pipelines.recording.thumbnails import markdown_image
 from hud_pipelines.spec.models import PipelineSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -262,14 +264,21 @@ def _build(
             outputs,
             run_id=context.run.run_id,
             rollout_hash=current_rollout_hash(spec, outputs),
+            dataset=dataset_root(spec, outputs, project_dir),
+        )
+        thumbnails = (
+            {"last_frames": dg.MetadataValue.md(markdown_image(written.thumbnails_png, "how episodes ended"))}
+            if written.thumbnails_png is not None
+            else {}
         )
         return dg.MaterializeResult(
             metadata={
+                **_key_figures(written.summary),
+                "report_url": dg.MetadataValue.url(written.html.as_uri()),
+                "report_html": dg.MetadataValue.path(str(written.html)),
+                **thumbnails,
                 "report": dg.MetadataValue.md(written.markdown),
                 "path": dg.MetadataValue.path(str(outputs.report_md)),
-                "report_html": dg.MetadataValue.path(str(written.html)),
-                "report_url": dg.MetadataValue.url(written.html.as_uri()),
-                **_key_figures(written.summary),
             }
         )
 

@@ -7,19 +7,16 @@ first episodes of every camera: one row per camera, one column per episode.
 
 from __future__ import annotations
 
-import base64
-import io
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import numpy as np
-import numpy.typing as npt
 
 from hud_pipelines.dataset.lerobot_api import features_of, stats_of
 from hud_pipelines.dataset.merge import read_episode_records
 from hud_pipelines.dataset.writer import default_repo_id
+from hud_pipelines.recording.thumbnails import as_uint8_rgb, markdown_image, strip_png
 
 _MAX_DIMS = 6
 """Stats of wider vectors are cut after this many dimensions (metadata lives in the event log)."""
@@ -83,8 +80,7 @@ class DatasetSummary:
         if self.success_rate is not None:
             metadata["success_rate"] = self.success_rate
         if self.thumbnail_png is not None:
-            encoded = base64.b64encode(self.thumbnail_png).decode()
-            metadata["first_frames"] = dg.MetadataValue.md(f"![first frames](data:image/png;base64,{encoded})")
+            metadata["first_frames"] = dg.MetadataValue.md(markdown_image(self.thumbnail_png, "first frames"))
         return metadata
 
 
@@ -161,43 +157,5 @@ def _thumbnails(dataset: Any, episodes: int, height: int) -> bytes | None:
     cameras: list[str] = list(dataset.meta.camera_keys)
     if not cameras or episodes < 1:
         return None
-    from PIL import Image
-
     starts = [int(i) for i in dataset.meta.episodes["dataset_from_index"][:episodes]]
-    rows: list[npt.NDArray[np.uint8]] = []
-    for camera in cameras:
-        tiles = [_to_uint8_hwc(dataset[start][camera]) for start in starts]
-        rows.append(_row([_resize(tile, height) for tile in tiles]))
-    width = max(row.shape[1] for row in rows)
-    strip = np.concatenate([np.pad(row, ((0, 0), (0, width - row.shape[1]), (0, 0))) for row in rows], axis=0)
-    buffer = io.BytesIO()
-    Image.fromarray(strip).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _to_uint8_hwc(image: Any) -> npt.NDArray[np.uint8]:
-    """A decoded frame (torch CHW, float in [0, 1] or depth units) as displayable RGB uint8."""
-    array = np.asarray(image.numpy() if hasattr(image, "numpy") else image, dtype=np.float32)
-    if array.ndim == 3 and array.shape[0] in (1, 3):
-        array = array.transpose(1, 2, 0)
-    if array.shape[-1] == 1:
-        low, high = float(array.min()), float(array.max())
-        array = np.repeat((array - low) / (high - low or 1.0), 3, axis=-1)
-    elif array.max() > 1.0:
-        array = array / 255.0
-    return (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-
-
-def _resize(tile: npt.NDArray[np.uint8], height: int) -> npt.NDArray[np.uint8]:
-    from PIL import Image
-
-    width = max(1, round(tile.shape[1] * height / tile.shape[0]))
-    return np.asarray(Image.fromarray(tile).resize((width, height)), dtype=np.uint8)
-
-
-def _row(tiles: Sequence[npt.NDArray[np.uint8]]) -> npt.NDArray[np.uint8]:
-    gap = np.zeros((tiles[0].shape[0], 2, 3), dtype=np.uint8)
-    parts: list[npt.NDArray[np.uint8]] = []
-    for tile in tiles:
-        parts += [tile, gap]
-    return np.concatenate(parts[:-1], axis=1)
+    return strip_png([[as_uint8_rgb(dataset[start][camera]) for start in starts] for camera in cameras], height)

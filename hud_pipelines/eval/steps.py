@@ -122,17 +122,27 @@ class ReportFiles:
     markdown: str
     html: Path
     summary: Summary
+    thumbnails_png: bytes | None = None
+    """The last frame of the first episodes' videos, failures first (none without videos)."""
 
 
 def report_step(
-    spec: PipelineSpec, outputs: EvalOutputs, *, run_id: str | None = None, rollout_hash: str | None = None
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    *,
+    run_id: str | None = None,
+    rollout_hash: str | None = None,
+    dataset: Path | None = None,
 ) -> ReportFiles:
     """``report.md`` with the plot inline, ``report.png``, and ``report.html`` (episodes, videos, plots).
 
     Written for every run that started, failed instances included: the checks' verdicts are part of
     it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
+    ``dataset`` is where the pipeline's dataset is published (:func:`dataset_root`): the page links
+    each episode to its dataset episode once it is there.
     """
     from hud_pipelines.eval.report_html import write_html_report
+    from hud_pipelines.eval.report_html.episodes import episode_thumbnails
 
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
     plot = render_plot(spec.name, rows)
@@ -142,7 +152,7 @@ def report_step(
     checks = all_verdicts(spec, rows)
     if spec.is_sweep:  # every checkpoint's own report (its episodes, videos and plots) beside the sweep's
         for member in sweep.evaluated(spec, outputs):
-            report_step(member.spec, member.outputs, run_id=run_id)
+            report_step(member.spec, member.outputs, run_id=run_id, dataset=_member_dataset(dataset, member.label))
     markdown = render_markdown(spec.name, rows, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     if table is not None:
@@ -151,8 +161,23 @@ def report_step(
         markdown += _perturbation_section(spec, outputs, rows)
     markdown += provenance.markdown(recorded_provenance(outputs))
     write_atomically(outputs.report_md, markdown)
-    html = write_html_report(spec.name, rows, outputs, checks=checks, run_id=run_id, overrides=overrides, sweep=table)
-    return ReportFiles(markdown, html, summarize(rows))
+    page = write_html_report(
+        spec.name,
+        rows,
+        outputs,
+        checks=checks,
+        run_id=run_id,
+        overrides=overrides,
+        sweep=table,
+        dataset=dataset if spec.dataset_enabled else None,
+        repo_id=spec.dataset_repo_id,
+    )
+    return ReportFiles(markdown, page.path, summarize(rows), episode_thumbnails(page.views))
+
+
+def _member_dataset(dataset: Path | None, label: str) -> Path | None:
+    """A sweep's checkpoint publishes its own dataset, in a folder named by its label (:func:`dataset_step`)."""
+    return None if dataset is None else dataset / label
 
 
 def comparison_step(
@@ -216,14 +241,19 @@ def _sweep_section(table: SweepComparison) -> str:
 def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path, run_id: str) -> DatasetSummary:
     """Merge every instance's latest shard and publish the dataset atomically."""
     from hud_pipelines.dataset.shards import ShardStore
+    from hud_pipelines.eval.report_html import ASSETS_DIR, write_dataset_links
 
     root = dataset_root(spec, outputs, project_dir)
     if not spec.is_sweep:
-        return ShardStore(outputs, spec, run_id=run_id).publish(root)
-    published = [  # a dataset per checkpoint: the episodes of different weights are different data
-        ShardStore(member.outputs, member.spec, run_id=run_id).publish(root / member.label)
-        for member in sweep.evaluated(spec, outputs)
-    ]
+        summary = ShardStore(outputs, spec, run_id=run_id).publish(root)
+        write_dataset_links(outputs.base / ASSETS_DIR, root, spec.dataset_repo_id)  # the report's cards link to it
+        return summary
+    published: list[DatasetSummary] = []
+    for member in sweep.evaluated(spec, outputs):  # a dataset per checkpoint: other weights, other data
+        member_root = _member_dataset(root, member.label)
+        assert member_root is not None
+        published.append(ShardStore(member.outputs, member.spec, run_id=run_id).publish(member_root))
+        write_dataset_links(member.outputs.base / ASSETS_DIR, member_root, member.spec.dataset_repo_id)
     if not published:
         raise HudPipelinesError(f"sweep {spec.name!r} has no evaluated checkpoint to publish")
     return published[-1]
@@ -312,7 +342,9 @@ def evaluate(
     current = effective.rollout_hash
     rows = grades_step(effective, outputs, rollout_hash=current)
     checks = checks_step(effective, outputs, rollout_hash=current)
-    report_step(effective, outputs, run_id=run_id, rollout_hash=current)
+    report_step(
+        effective, outputs, run_id=run_id, rollout_hash=current, dataset=dataset_root(effective, outputs, project)
+    )
     published = None
     if effective.dataset_enabled and all(v.passed for v in checks if v.blocking):
         published = dataset_step(effective, outputs, project_dir=project, run_id=run_id)

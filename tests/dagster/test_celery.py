@@ -423,6 +423,7 @@ def test_a_run_queue_sends_only_that_runs_units_to_the_workers_of_that_queue(
     cpu_only, with_gpu = workers
     [run] = home.get_runs()
     assert run.tags["hud_pipelines/queue"] == "gpu"
-    pids = {e.asset_observation.metadata["worker_pid"].value for e in _observations(home, run.run_id) if e.asset_observation}  # type: ignore[union-attr]
+    observed = _observations(home, run.run_id)
+    pids = {e.asset_observation.metadata["worker_pid"].value for e in observed if e.asset_observation}  # type: ignore[union-attr]
     assert pids == {with_gpu.pid}, "both units went to the run's queue"
     assert cpu_only.pid not in pids

@@ -170,11 +170,14 @@ def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeyp
         while "serving" not in line:
             line = served.stdout.readline()
             assert line, "the server printed no address"
-        found = re.search(r"(http://127\.0\.0\.1:\d+/report\.html)", line)
+        found = re.search(r"(http://127\.0\.0\.1:\d+/placed/report\.html)", line)  # rooted at the outputs
         assert found is not None, line
         with urllib.request.urlopen(found.group(1), timeout=10) as response:
             assert response.status == 200
             assert "placed" in response.read().decode()
+        assets = found.group(1).replace("report.html", "report_files/dataset.js")
+        with urllib.request.urlopen(assets, timeout=10) as response:
+            assert response.read().decode() == "window.HUD_DATASET = null;\n", "no dataset: no episode links"
     finally:
         served.terminate()
         served.wait(timeout=10)

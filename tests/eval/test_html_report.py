@@ -7,7 +7,9 @@ report asset's link to it, and the defects of ``report.md`` it came with.
 from __future__ import annotations
 
 import functools
+import io
 import json
+import shutil
 import threading
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -16,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import numpy as np
 import pytest
+from PIL import Image
 
+from hud_pipelines.dataset.merge import read_episode_records
 from hud_pipelines.eval import steps
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -25,6 +30,7 @@ from hud_pipelines.eval.report import plot_figure, render_markdown, success_inte
 from hud_pipelines.eval.report_html import html_path
 from hud_pipelines.recording import traces
 from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.recording.thumbnails import last_frame
 from hud_pipelines.spec.loader import load_pipeline_text
 from tests.dagster.support import REPO, SIMS, pipeline_text
 
@@ -51,6 +57,7 @@ class CameraEval:
     """Trace id -> the plot captions its header's per-dimension names call for."""
     rate: float
     """The control rate the traces' videos are encoded at (frame k is step k)."""
+    spec: Any
 
 
 def _captions(header: dict[str, Any]) -> list[str]:
@@ -73,15 +80,16 @@ def camera_eval(tmp_path_factory: pytest.TempPathFactory) -> CameraEval:
             "max_steps": 30,
             "graders": [{"kind": "return", "threshold": -150}],
             "traces": {"video": "all"},
+            "dataset": {"enabled": True, "repo_id": "local/pendulum_report", "video": False},
         },
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(REPO)
         evaluation = steps.evaluate(spec, outputs_dir=tmp_path / "outputs", project_dir=REPO)
-    written = [traces.read_trace(path) for path in tmp_path.rglob("*.jsonl")]
+    written = [traces.read_trace(path) for path in evaluation.outputs.base.rglob(f"traces/**/*{traces.TRACE_SUFFIX}")]
     names = {t.trace_id: _captions(t.header) for t in written}
     (rate,) = {t.header["control_rate"] for t in written}
-    return CameraEval(evaluation.outputs, evaluation.rows, names, rate)
+    return CameraEval(evaluation.outputs, evaluation.rows, names, rate, spec)
 
 
 class Page:
@@ -179,6 +187,18 @@ def test_the_report_plays_every_video_draws_every_plot_and_filters_and_sorts_its
         assert (camera_eval.outputs.base / href).name == f"{row.trace_id}.jsonl"
         assert (camera_eval.outputs.base / href).is_file()
 
+    # and to its episode in the published dataset
+    dataset = camera_eval.outputs.dataset
+    indices = {r["trace_id"]: r["episode_index"] for r in read_episode_records(dataset)}
+    assert set(indices) == {r.trace_id for r in rows}
+    for row in rows:
+        link = tab.locator(f"#{_card_id(rows, row)} .dataset a")
+        assert link.inner_text() == f"dataset episode {indices[row.trace_id]}"
+        assert (camera_eval.outputs.base / (link.get_attribute("href") or "")).resolve() == dataset.resolve()
+        assert f"--repo-id local/pendulum_report --root {dataset} --episode-index {indices[row.trace_id]}" in (
+            link.get_attribute("title") or ""
+        )
+
     tab.select_option('select[name="sort"]', "")
     screenshot = tmp_path / "report.png"
     tab.screenshot(path=str(screenshot), full_page=True)
@@ -186,6 +206,41 @@ def test_the_report_plays_every_video_draws_every_plot_and_filters_and_sorts_its
     print(f"screenshot of the report: {screenshot}")
     assert page.errors == []
     page.close()
+
+
+def test_the_report_before_its_dataset_is_published_links_no_dataset_episode(
+    camera_eval: CameraEval, browser: Any, tmp_path: Path
+) -> None:
+    outputs = EvalOutputs(tmp_path / "outputs", camera_eval.outputs.pipeline)
+    shutil.copytree(camera_eval.outputs.base, outputs.base)  # the results and traces, no dataset
+    steps.report_step(camera_eval.spec, outputs, dataset=outputs.dataset)
+    page = Page(browser, html_path(outputs).as_uri())
+    assert page.tab.locator("article.episode").count() == len(camera_eval.rows)
+    assert page.tab.locator(".dataset a").count() == 0
+    assert page.tab.locator(".dataset:not([hidden])").count() == 0
+    assert page.errors == [], "the links file is there, empty: no missing script"
+    page.close()
+
+
+def test_the_report_asset_thumbnails_show_how_episodes_ended_failures_first(camera_eval: CameraEval) -> None:
+    written = steps.report_step(camera_eval.spec, camera_eval.outputs)
+    assert written.thumbnails_png is not None
+    strip = np.asarray(Image.open(io.BytesIO(written.thumbnails_png)).convert("RGB"))
+    failed = [r for r in camera_eval.rows if r.status is not EpisodeStatus.SUCCEEDED]
+    succeeded = [r for r in camera_eval.rows if r.status is EpisodeStatus.SUCCEEDED]
+    assert failed
+    assert succeeded
+    tile = 96  # the camera is square: 96 px tiles, 2 px apart
+    assert strip.shape[0] == 2 * tile, "a row of failures, a row of successes"
+    assert strip.shape[1] == max(len(failed), len(succeeded)) * (tile + 2) - 2
+    files = camera_eval.outputs.base.rglob(f"traces/**/*{traces.TRACE_SUFFIX}")
+    videos = {t.trace_id: t.videos[0] for t in map(traces.read_trace, files)}
+    for row_index, group in enumerate((failed, succeeded)):
+        for column, row in enumerate(group):
+            frame = last_frame(videos[row.trace_id or ""])
+            assert frame is not None
+            shown = strip[row_index * tile : (row_index + 1) * tile, column * (tile + 2) : column * (tile + 2) + tile]
+            assert np.abs(shown.astype(int) - frame.astype(int)).mean() < 8, "the tile is that episode's last frame"
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -417,7 +472,7 @@ def test_the_page_names_every_run_and_override_and_escapes_what_runs_wrote(tmp_p
     outputs = EvalOutputs(tmp_path, "literal")
     page = write_html_report(
         "literal", rows, outputs, run_id="run-new", overrides={"max_steps": 7, "agent.policy.seed": hostile}
-    )
+    ).path
     text = page.read_text()
     assert "<code>run-new</code> (this run): 2 of 3 rows" in text
     assert "<code>run-old</code>: 1 of 3 rows" in text

@@ -8,6 +8,7 @@ as inline SVG from the JSON embedded in the page, moves their cursor with the vi
 sorts the cards. No external library, no network.
 """
 
-from hud_pipelines.eval.report_html.page import ASSETS_DIR, HTML_NAME, html_path, write_html_report
+from hud_pipelines.eval.report_html.dataset_links import write_dataset_links
+from hud_pipelines.eval.report_html.page import ASSETS_DIR, HTML_NAME, HtmlReport, html_path, write_html_report
 
-__all__ = ["ASSETS_DIR", "HTML_NAME", "html_path", "write_html_report"]
+__all__ = ["ASSETS_DIR", "HTML_NAME", "HtmlReport", "html_path", "write_dataset_links", "write_html_report"]

@@ -17,6 +17,8 @@ from typing import Any, cast
 
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.recording.thumbnails import last_frame, strip_png
 from hud_pipelines.recording.traces import TRACE_SUFFIX, StepType, Trace, read_trace
 
 MAX_POINTS = 240
@@ -46,6 +48,8 @@ class Video:
     camera: str
     href: str
     """Relative to the page."""
+    path: str = ""
+    """The file itself."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,24 @@ def episode_views(rows: Sequence[GradeRow], outputs: EvalOutputs, page_dir: Path
     return views
 
 
+def episode_thumbnails(views: Sequence[EpisodeView], per_row: int = 6, height: int = 96) -> bytes | None:
+    """How episodes ended: the last frame of each one's first camera; failures first.
+
+    A row of episodes that did not succeed, then a row of those that did, ``per_row`` at most each;
+    ``None`` when no episode has a video.
+    """
+    filmed = [v for v in views if v.videos]
+    groups = (
+        [v for v in filmed if v.row.status is not EpisodeStatus.SUCCEEDED],
+        [v for v in filmed if v.row.status is EpisodeStatus.SUCCEEDED],
+    )
+    rows: list[list[Any]] = []
+    for group in groups:
+        frames = (last_frame(Path(v.videos[0].path)) for v in group[:per_row])
+        rows.append([frame for frame in frames if frame is not None])
+    return strip_png(rows, height)
+
+
 def _trace_files(outputs: EvalOutputs, run_ids: Iterable[str]) -> dict[str, Path]:
     """Trace id -> trace file, over the trace folders of the runs the rows come from."""
     found: dict[str, Path] = {}
@@ -97,7 +119,7 @@ def _view(index: int, row: GradeRow, trace: Trace, page_dir: Path) -> EpisodeVie
         index=index,
         row=row,
         trace_href=_href(trace.path, page_dir),
-        videos=[Video(_camera(trace, path), _href(path, page_dir)) for path in trace.videos],
+        videos=[Video(_camera(trace, path), _href(path, page_dir), str(path)) for path in trace.videos],
         control_rate=float(rate) if isinstance(rate, int | float) and rate > 0 else DEFAULT_CONTROL_RATE,
         steps=steps,
         series=series,

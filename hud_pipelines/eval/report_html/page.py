@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 from importlib import resources
 from pathlib import Path
@@ -18,6 +19,7 @@ from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
+from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
 from hud_pipelines.eval.sweep_table import SweepComparison, SweepRow
 from hud_pipelines.recording.events import EpisodeStatus
@@ -33,6 +35,14 @@ def html_path(outputs: EvalOutputs) -> Path:
     return outputs.base / HTML_NAME
 
 
+@dataclass(frozen=True)
+class HtmlReport:
+    """A written page and the episodes it shows (their videos make the report asset's thumbnails)."""
+
+    path: Path
+    views: list[EpisodeView]
+
+
 def write_html_report(
     pipeline: str,
     rows: Sequence[GradeRow],
@@ -42,21 +52,25 @@ def write_html_report(
     run_id: str | None = None,
     overrides: Mapping[str, object] | None = None,
     sweep: SweepComparison | None = None,
-) -> Path:
-    """Write ``report.html`` and its assets under ``outputs/<name>/``; returns the page's path.
+    dataset: Path | None = None,
+    repo_id: str = "",
+) -> HtmlReport:
+    """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
     A sweep's page shows its checkpoints side by side (the comparison and its plot), each linked to
-    its own page, where its episodes are.
+    its own page, where its episodes are. ``dataset`` is where the dataset of these episodes is
+    published (the cards link to their dataset episodes once it is).
     """
     page = html_path(outputs)
     page.parent.mkdir(parents=True, exist_ok=True)
     _copy_assets(page.parent / ASSETS_DIR)
+    write_dataset_links(page.parent / ASSETS_DIR, dataset, repo_id)
     views = episode_views(rows, outputs, page.parent) if sweep is None else []
     text = render_page(pipeline, rows, views, checks=checks, run_id=run_id, overrides=overrides or {}, sweep=sweep)
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
     partial.replace(page)
-    return page
+    return HtmlReport(page, views)
 
 
 def _copy_assets(folder: Path) -> None:
@@ -99,6 +113,7 @@ def render_page(
 <body>
 {body}
 <script type="application/json" id="{DATA_ID}">{_episode_json(views)}</script>
+<script src="{ASSETS_DIR}/{DATASET_SCRIPT}"></script>
 <script src="{ASSETS_DIR}/report.js"></script>
 </body>
 </html>
@@ -279,7 +294,7 @@ def _card(view: EpisodeView) -> str:
 <h3><span class="badge {status}">{status}</span>{fault} {_where(row)}</h3>
 <dl>{listed}</dl>
 {_error(row)}{_videos(view)}<div class="plots" data-episode="{view.index}"></div>
-{_trace_link(view)}
+{_trace_link(view)}{_dataset_link(view)}
 </article>"""
 
 
@@ -310,6 +325,13 @@ def _trace_link(view: EpisodeView) -> str:
     if view.trace_href is None:
         return '<p class="trace">no trace (the episode never started)</p>'
     return f'<p class="trace"><a href="{escape(view.trace_href)}">trace</a></p>'
+
+
+def _dataset_link(view: EpisodeView) -> str:
+    """Filled by the script from ``dataset.js`` once the episode is in a published dataset."""
+    if not view.row.trace_id:
+        return ""
+    return f'<p class="dataset" data-trace="{escape(view.row.trace_id)}" hidden></p>'
 
 
 def _sortable(value: float | None) -> str:

@@ -202,7 +202,26 @@
     apply();
   }
 
+  // Each card's episode in the published dataset, from report_files/dataset.js (null until the
+  // dataset step published one): its index, a link to the dataset and the command that shows it.
+  function linkDataset(dataset) {
+    if (!dataset || !dataset.episodes) return;
+    document.querySelectorAll("p.dataset[data-trace]").forEach(function (slot) {
+      var index = dataset.episodes[slot.getAttribute("data-trace")];
+      if (typeof index !== "number") return;
+      var link = document.createElement("a");
+      link.href = dataset.href + "/";
+      link.textContent = "dataset episode " + index;
+      link.title =
+        "lerobot-dataset-viz --repo-id " + dataset.repo_id + " --root " + dataset.root + " --episode-index " + index;
+      slot.appendChild(link);
+      slot.appendChild(document.createTextNode(" of " + dataset.repo_id));
+      slot.hidden = false;
+    });
+  }
+
   var source = document.getElementById("episode-data");
   drawPlots(source ? JSON.parse(source.textContent) : {});
+  linkDataset(window.HUD_DATASET);
   wireControls();
 })();
