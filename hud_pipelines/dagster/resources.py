@@ -55,6 +55,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     factory: str | None = Field(default=None, description="registry id, module:callable or file.py:callable")
     args: YamlMapping = Field(default_factory=YamlMapping, description="build arguments of the factory")
     num_envs: int = Field(default=1, description="slots per sim instance, stepped in lockstep")
+    shards: int = Field(default=1, description="sim processes per instance, each serving a slice of the slots")
     startup_timeout_s: float = Field(default=120.0, description="deadline for a sim to build its envs and listen")
     step_timeout_s: float = Field(default=60.0, description="deadline of one reset or step request")
     python: str | None = Field(default=None, description="the sim's interpreter, or a uv project directory")
@@ -73,6 +74,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "factory": self.factory,
             "args": _section(self.args),  # pyright: ignore[reportUnknownArgumentType]
             "num_envs": self.num_envs,
+            "shards": self.shards,
             "startup_timeout_s": self.startup_timeout_s,
             "step_timeout_s": self.step_timeout_s,
             "python": self.python,

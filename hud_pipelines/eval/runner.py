@@ -74,6 +74,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         token=None if sim.token is None else sim.token.get_secret_value(),
         cwd=cwd,
         python=None if sim.python is None else spec.resolve_path(sim.python),
+        shards=sim.shards,
     )
 
 

@@ -5,7 +5,9 @@ one vectorized sim of ``num_envs`` slots. :class:`SimPool` hands out a connected
 an idle one when there is one (a sim is reset for every instance anyway, so reuse is safe and saves a
 start-up), otherwise it spawns a child. A sim whose instance failed is closed, never reused. For a
 sim served elsewhere (``url`` + ``token``) the pool attaches instead; a served sim takes one
-connection at a time, so attached instances queue for it.
+connection at a time, so attached instances queue for it. With ``shards > 1`` an instance's sim is
+K children, each serving a slice of its slots, behind one :class:`~hud_pipelines.sim.shards.ShardedSim`
+(see :mod:`hud_pipelines.sim.shards`); it is pooled, reused and stopped as one sim.
 
 The pool is lazy: nothing is spawned until an instance asks. That matters under Dagster, whose CLI
 initialises a job's resources once more after the run (to load outputs): an eager pool would start
@@ -27,6 +29,7 @@ from typing import Any
 from hud_pipelines.errors import SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
+from hud_pipelines.sim.shards import ShardedProcess, ShardedSim
 from hud_pipelines.wire.messages import Framing
 
 log = logging.getLogger(__name__)
@@ -50,14 +53,19 @@ class SimSettings:
     cwd: Path | None = None
     python: Path | None = None
     """The spawned children's interpreter (a file, or a uv project directory); ``None``: the agent's."""
+    shards: int = 1
+    """Children per spawned instance, each serving a slice of the ``num_envs`` slots (stepped in parallel)."""
 
 
 @dataclass
 class LiveSim:
-    """A sim and the client connected to it; ``healthy`` turns false on any fault."""
+    """A sim and the client connected to it; ``healthy`` turns false on any fault.
 
-    process: SimProcess
-    client: SimClient
+    A sharded instance's ``process`` is its K children and its ``client`` the one client over them.
+    """
+
+    process: SimProcess | ShardedProcess
+    client: SimClient | ShardedSim
     healthy: bool = True
     server: str | None = None
     """The URL of the served sim it is attached to (``None`` for a spawned one)."""
@@ -80,26 +88,33 @@ class SimPool:
         self._idle: list[LiveSim] = []
         self._live: list[LiveSim] = []
         servers = list(settings.urls) or ([settings.url] if settings.url is not None else [])
+        if settings.shards > 1 and servers:
+            raise ValueError(f"shards={settings.shards} splits a sim the pool spawns; a served sim's slots are its own")
         self._servers = _Fleet(servers)
         self._closed = False
         self.spawned = 0
 
     def _open(self, server: str | None) -> LiveSim:
         settings = self.settings
+        process: SimProcess | ShardedProcess
         if server is not None:
             process = SimProcess.attach(server, settings.token or "")
         else:
             assert settings.factory is not None
-            process = SimProcess.spawn(
-                settings.factory,
-                num_envs=settings.num_envs,
-                build_args=settings.build_args,
-                contract_path=settings.contract_path,
-                options=settings.options,
-                startup_timeout_s=settings.startup_timeout_s,
-                cwd=settings.cwd,
-                python=settings.python,
-            )
+            spawn: dict[str, Any] = {
+                "build_args": settings.build_args,
+                "contract_path": settings.contract_path,
+                "options": settings.options,
+                "startup_timeout_s": settings.startup_timeout_s,
+                "cwd": settings.cwd,
+                "python": settings.python,
+            }
+            if settings.shards > 1:
+                process = ShardedProcess.spawn(
+                    settings.factory, num_envs=settings.num_envs, shards=settings.shards, **spawn
+                )
+            else:
+                process = SimProcess.spawn(settings.factory, num_envs=settings.num_envs, **spawn)
             self.spawned += 1
         try:
             client = process.connect(framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s)

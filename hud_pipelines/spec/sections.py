@@ -81,6 +81,16 @@ class SimSpec(StrictModel):
         "registry id uses gymnasium's `sync` vector env, so every slot keeps its own seed, unless `args` sets "
         "`vectorization_mode`); with `url`: the slots the served sim has",
     )
+    shards: Int = Field(
+        default=1,
+        ge=1,
+        # unsharded, it leaves the rollout hash as it was; sharded, it enters it: a vectorized factory then
+        # builds batches of num_envs / shards, which only independent slots make the same episodes
+        exclude_if=lambda value: value == 1,
+        description="sim processes per instance, each serving a slice of the `num_envs` slots (as even as possible: "
+        "the first `num_envs % shards` take one more), stepped in parallel and joined into one batch, so slot `i` "
+        "runs the same episode as with one process; at most `num_envs`, only for a spawned sim (`factory`)",
+    )
     contract: str | None = Field(
         default=None,
         min_length=1,
@@ -150,6 +160,26 @@ class SimSpec(StrictModel):
                     )
         elif self.token is not None:
             raise spec_rule("token", "'token' belongs to a sim attached by 'url'; a spawned sim gets a fresh one")
+        return self
+
+    @model_validator(mode="after")
+    def _shards_fit(self) -> Self:
+        if self.shards == 1:
+            return self
+        if self.factory is None:
+            attach = "url" if self.url is not None else "urls"
+            raise spec_rule(
+                "shards",
+                f"shards={self.shards} splits a sim the pipeline spawns over several processes; a sim attached by "
+                f"{attach!r} serves its own slots (to use more cores, serve several sims and list them in 'urls': one "
+                "instance runs on each)",
+            )
+        if self.shards > self.num_envs:
+            raise spec_rule(
+                "shards",
+                f"shards={self.shards} needs at least one slot per shard, but num_envs is {self.num_envs}: "
+                f"use at most {self.num_envs} shards, or more slots",
+            )
         return self
 
     @property
