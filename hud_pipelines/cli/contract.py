@@ -26,9 +26,10 @@ def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Pat
 
     spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
     target = out.resolve() if out is not None else spec.contract_path
-    settings = dataclasses.replace(sim_settings(spec, cwd=Path.cwd()), contract_path=None)
-    with SimPool(settings) as pool, pool.sim() as live:
-        contract = live.client.contract
+    # one process answers for all the shards of a sim: they serve the same contract
+    settings = dataclasses.replace(sim_settings(spec, cwd=Path.cwd()), contract_path=None, shards=1)
+    with SimPool(settings) as pool:
+        contract = pool.contract()
     if target is None:
         outcome = "not written (the pipeline sets no sim.contract; use --out)"
     elif target.exists():

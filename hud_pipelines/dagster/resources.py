@@ -63,6 +63,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     bounds: str = Field(default="clip", description="out-of-bounds continuous actions: clip or error")
     url: str | None = Field(default=None, description="ws://host:port of a sim served elsewhere")
     urls: list[str] | None = Field(default=None, description="a fleet: ws://host:port of several served sims")
+    fleet: str | None = Field(default=None, description="a fleet file: served sims, each with its token")
     token: str | None = Field(default=None, description="capability token of the sim at url (an EnvVar)")
     project_dir: str = Field(default=".", description="directory the sim children start in (imports resolve there)")
 
@@ -82,6 +83,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "bounds": self.bounds,
             "url": self.url,
             "urls": self.urls,
+            "fleet": self.fleet,
             "token": self.token,
         }
 

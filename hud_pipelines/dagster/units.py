@@ -209,8 +209,7 @@ def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOu
 def _derive_contract(pool: SimPool, outputs: EvalOutputs) -> bool:
     """Start the unit's sim and write the contract it reports (units write the same file, atomically)."""
     try:
-        with pool.sim() as live:
-            contract: Contract = live.client.contract
+        contract: Contract = pool.contract()
     except HudPipelinesError:  # the unit's instance then fails with the sim's own reason
         return False
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ def for_run(spec: PipelineSpec, *, contract_json: str | None = None) -> dict[str
         "hud_pipelines_revision": _git_revision(PACKAGE_DIR),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "sim_factory": spec.factory or ", ".join(sim.servers),
+        "sim_factory": spec.factory or ", ".join(sim.servers) or f"fleet {sim.fleet}",
         "sim_args": dict(sim.args),
         "num_envs": sim.num_envs,
         "seeds": {task.name: task.seed for task in spec.tasks},

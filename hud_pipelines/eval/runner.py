@@ -69,9 +69,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         startup_timeout_s=sim.startup_timeout_s,
         step_timeout_s=sim.step_timeout_s,
         options=tuple(sim.serve_options()) if sim.spawned else (),
-        url=sim.url,
-        urls=tuple(sim.urls or ()),
-        token=None if sim.token is None else sim.token.get_secret_value(),
+        servers=tuple(spec.attached_servers()),
         cwd=cwd,
         python=None if sim.python is None else spec.resolve_path(sim.python),
         shards=sim.shards,
@@ -94,8 +92,7 @@ class EvalRunner:
     def contract(self) -> Contract:
         """The sim's contract (starts a sim that the first instance then reuses)."""
         if self._contract is None:
-            with self.pool.sim() as live:
-                self._contract = live.client.contract
+            self._contract = self.pool.contract()
         return self._contract
 
     def run(self, partitions: Sequence[Partition]) -> list[InstanceResult]:

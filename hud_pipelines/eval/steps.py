@@ -73,8 +73,7 @@ def cell(value: object) -> str | int | float | bool | None:
 
 def contract_step(pool: SimPool, outputs: EvalOutputs) -> Contract:
     """The sim's contract, written to ``outputs/<name>/contract.json`` (the sim stays in the pool)."""
-    with pool.sim() as live:
-        contract = live.client.contract
+    contract = pool.contract()
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
     return contract

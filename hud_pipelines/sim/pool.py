@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.contract import Contract
 from hud_pipelines.errors import SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
@@ -46,10 +47,8 @@ class SimSettings:
     startup_timeout_s: float = 120.0
     step_timeout_s: float = 60.0
     options: tuple[str, ...] = ()
-    url: str | None = None
-    urls: tuple[str, ...] = ()
-    """A fleet of served sims (``url`` for one): each serves one instance at a time."""
-    token: str | None = None
+    servers: tuple[tuple[str, str], ...] = ()
+    """``(url, token)`` of served sims to attach to instead of spawning: each serves one instance at a time."""
     cwd: Path | None = None
     python: Path | None = None
     """The spawned children's interpreter (a file, or a uv project directory); ``None``: the agent's."""
@@ -87,18 +86,19 @@ class SimPool:
         self._lock = threading.Lock()
         self._idle: list[LiveSim] = []
         self._live: list[LiveSim] = []
-        servers = list(settings.urls) or ([settings.url] if settings.url is not None else [])
-        if settings.shards > 1 and servers:
+        if settings.shards > 1 and settings.servers:
             raise ValueError(f"shards={settings.shards} splits a sim the pool spawns; a served sim's slots are its own")
-        self._servers = _Fleet(servers)
+        self._tokens = dict(settings.servers)
+        self._servers = _Fleet([url for url, _ in settings.servers])
         self._closed = False
+        self._contract: Contract | None = None
         self.spawned = 0
 
     def _open(self, server: str | None) -> LiveSim:
         settings = self.settings
         process: SimProcess | ShardedProcess
         if server is not None:
-            process = SimProcess.attach(server, settings.token or "")
+            process = SimProcess.attach(server, self._tokens[server])
         else:
             assert settings.factory is not None
             spawn: dict[str, Any] = {
@@ -123,6 +123,26 @@ class SimPool:
             raise
         return LiveSim(process, client, server=server)
 
+    def contract(self) -> Contract:
+        """The sim's contract, read once from the first sim that starts (the sim then stays in the pool).
+
+        In a fleet, a server that cannot be reached is skipped here (and lost, as an instance would
+        lose it): one bad machine must not leave the whole eval without its contract.
+        """
+        if self._contract is not None:
+            return self._contract
+        attempts = max(1, len(self.settings.servers))
+        for attempt in range(attempts):
+            try:
+                with self.sim() as live:
+                    self._contract = live.client.contract
+                return self._contract
+            except SimError as exc:
+                if attempt == attempts - 1:
+                    raise
+                log.warning("no contract from a served sim of the fleet, trying the next: %s", exc)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     @contextlib.contextmanager
     def sim(self) -> Generator[LiveSim]:
         """A connected sim for one instance; returned to the pool if it stayed healthy."""
@@ -139,7 +159,7 @@ class SimPool:
                 except SimError as exc:
                     if server is not None:
                         self._servers.lose(server)
-                        raise type(exc)(f"served sim {server}: {exc}") from exc
+                        raise _naming(exc, server) from exc
                     raise
                 with self._lock:
                     closed = self._closed
@@ -258,6 +278,14 @@ class _Fleet:
             if server not in self._lost:
                 self._lost.append(server)
             self._changed.notify_all()
+
+
+def _naming(exc: SimError, server: str) -> SimError:
+    """``exc`` with its message prefixed by the server it came from, its fields (status, deadline...) kept."""
+    named = type(exc).__new__(type(exc))  # not the constructor: each error type has keyword-only fields
+    named.__dict__.update(exc.__dict__)
+    named.args = (f"served sim {server}: {exc}", *exc.args[1:])
+    return named
 
 
 def _reachable(url: str, timeout_s: float = 2.0) -> bool:

@@ -33,6 +33,7 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     with contextlib.redirect_stdout(sys.stderr):
         return [
             *_python_problems(spec, document),
+            *_fleet_problems(spec),
             *_factory_problems(spec, document),
             *_contract_problems(spec, document),
             *_policy_problems(spec, document),
@@ -52,6 +53,15 @@ def _python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem
     except HudPipelinesError as exc:
         return [document.problem(("sim", "python"), str(exc))]
     return []
+
+
+def _fleet_problems(spec: PipelineSpec) -> list[Problem]:
+    """A ``sim.fleet`` file that does not load: its own problems, at their lines in that file."""
+    if spec.sim.fleet is None:
+        return []
+    from hud_pipelines.spec.fleet import fleet_problems
+
+    return fleet_problems(spec.resolve_path(spec.sim.fleet))
 
 
 def _checkpoint_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:

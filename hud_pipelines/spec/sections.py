@@ -58,6 +58,8 @@ def is_file_target(target: str) -> bool:
 
 SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
+ATTACH_SOURCES = ("factory", "url", "urls", "fleet")
+"""Where a sim comes from: spawned from a factory, or attached to one served sim, a list of them, or a fleet file."""
 
 
 class SimSpec(StrictModel):
@@ -131,15 +133,21 @@ class SimSpec(StrictModel):
         description="a fleet: `ws://host:port` of several sims served elsewhere, one instance on each at a time; a "
         "server that cannot be reached errors the instance that tried it, naming it, and gets no more",
     )
+    fleet: str | None = Field(
+        default=None,
+        description="a fleet file (relative to the YAML) listing served sims (`servers:` of `ws://host:port` or "
+        "`{url, token}` entries) and a default `token`, tokens written `${VAR}` to come from the environment; "
+        "like `urls` otherwise",
+    )
     token: SecretStr | None = Field(
         default=None,
         description="capability token of the sim at `url` (required with `url` or `urls`, one for the whole fleet; "
-        "write `${VAR}` to keep it out of git)",
+        "write `${VAR}` to keep it out of git; a `fleet` file holds its own tokens)",
     )
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
-        sources = [name for name in ("factory", "url", "urls") if getattr(self, name) is not None]
+        sources = [name for name in ATTACH_SOURCES if getattr(self, name) is not None]
         if not sources:
             raise spec_rule("factory", "the sim needs exactly one of 'factory' (spawn it) and 'url' (attach to it)")
         if len(sources) > 1:
@@ -149,7 +157,9 @@ class SimSpec(StrictModel):
             )
         if self.factory is None:
             attach = sources[0]
-            if self.token is None:
+            if attach == "fleet" and self.token is not None:
+                raise spec_rule("token", "a sim fleet's tokens are in its file ('token', or per server)")
+            if self.token is None and attach != "fleet":
                 raise spec_rule(
                     attach, f"a sim attached by {attach!r} needs its 'token' (e.g. token: ${{HUD_SIM_TOKEN}})"
                 )
@@ -167,7 +177,7 @@ class SimSpec(StrictModel):
         if self.shards == 1:
             return self
         if self.factory is None:
-            attach = "url" if self.url is not None else "urls"
+            attach = next(name for name in ATTACH_SOURCES[1:] if getattr(self, name) is not None)
             raise spec_rule(
                 "shards",
                 f"shards={self.shards} splits a sim the pipeline spawns over several processes; a sim attached by "
@@ -184,7 +194,7 @@ class SimSpec(StrictModel):
 
     @property
     def servers(self) -> list[str]:
-        """The URLs of the served sims the pipeline attaches to (none for a spawned sim)."""
+        """The URLs of the served sims listed in the YAML (none for a spawned sim or a fleet file)."""
         return list(self.urls) if self.urls is not None else [self.url] if self.url is not None else []
 
     @property

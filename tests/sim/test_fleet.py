@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 TOKEN = "fleet-test-token"
 
 
-def _serve(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(*args: str, token: str = TOKEN) -> tuple[subprocess.Popen[bytes], str]:
     command = [
         sys.executable,
         "-m",
@@ -32,7 +32,7 @@ def _serve(*args: str) -> tuple[subprocess.Popen[bytes], str]:
         "--num-envs",
         "2",
         "--token",
-        TOKEN,
+        token,
         *args,
     ]
     process = subprocess.Popen(
@@ -106,3 +106,49 @@ def test_a_fleet_whose_servers_are_all_down_errors_every_instance_naming_them(
     assert all(r.failed for r in evaluation.results)
     assert all(url in (r.error or "") for r in evaluation.results)
     assert {row.fault for row in evaluation.rows} <= {Fault.SIM_START, Fault.SIM_LINK}
+
+
+def test_a_fleet_file_reaches_each_server_with_its_own_token_and_a_wrong_one_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    (a, url_a), (b, url_b) = _serve(token="token-of-a"), _serve(token="token-of-b")
+    try:
+        monkeypatch.setenv("HUD_TEST_TOKEN_A", "token-of-a")
+        monkeypatch.setenv("HUD_TEST_TOKEN_B", "token-of-b")
+        fleet = tmp_path / "lab.yaml"
+        fleet.write_text(
+            f"token: ${{HUD_TEST_TOKEN_A}}\nservers:\n  - {url_a}\n  - url: {url_b}\n    token: ${{HUD_TEST_TOKEN_B}}\n"
+        )
+        text = {
+            "name": "lab",
+            "sim": {"fleet": "lab.yaml", "num_envs": 2, "step_timeout_s": 10},
+            "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+            "group": 2,
+            "max_concurrent": 2,
+            "max_steps": 20,
+        }
+        spec = load_pipeline_text(json.dumps(text), source=tmp_path / "lab_eval.yaml")
+        evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+        assert not any(r.failed for r in evaluation.results)
+        assert {r.server for r in evaluation.results} == {url_a, url_b}, "each server reached with its own token"
+
+        monkeypatch.setenv("HUD_TEST_TOKEN_B", "not-b-s-token")
+        spec = load_pipeline_text(json.dumps(text), source=tmp_path / "lab_eval.yaml")
+        evaluation = evaluate(spec, outputs_dir=tmp_path / "wrong")
+        [refused] = [r for r in evaluation.results if r.failed]  # only the instance sent to b
+        assert f"served sim {url_b}: " in (refused.error or "")
+        assert "HTTP 401" in (refused.error or "")
+        assert refused.fault is Fault.SIM_LINK
+        [served] = [r for r in evaluation.results if not r.failed]
+        assert served.server == url_a
+
+        fleet.write_text(  # b first: the contract comes from a, and b gets no instance
+            f"token: ${{HUD_TEST_TOKEN_A}}\nservers:\n  - url: {url_b}\n    token: ${{HUD_TEST_TOKEN_B}}\n  - {url_a}\n"
+        )
+        spec = load_pipeline_text(json.dumps(text), source=tmp_path / "lab_eval.yaml")
+        evaluation = evaluate(spec, outputs_dir=tmp_path / "first")
+        assert [(r.server, r.failed) for r in evaluation.results] == [(url_a, False), (url_a, False)]
+    finally:
+        _stop(a)
+        _stop(b)

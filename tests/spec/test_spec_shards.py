@@ -30,4 +30,4 @@ def test_one_shard_leaves_the_rollout_hash_as_it_was_and_more_change_it() -> Non
 
 def test_a_pool_refuses_to_shard_a_served_sim() -> None:
     with pytest.raises(ValueError, match="shards=2 splits a sim the pool spawns"):
-        SimPool(SimSettings(url="ws://127.0.0.1:1", token="t", num_envs=4, shards=2))
+        SimPool(SimSettings(servers=(("ws://127.0.0.1:1", "t"),), num_envs=4, shards=2))
