@@ -63,6 +63,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     url: str | None = Field(default=None, description="ws://host:port of a sim served elsewhere")
     urls: list[str] | None = Field(default=None, description="a fleet: ws://host:port of several served sims")
     token: str | None = Field(default=None, description="capability token of the sim at url (an EnvVar)")
+    lerobot_env: YamlMapping | None = Field(default=None, description="a lerobot env config: type and its fields")
     project_dir: str = Field(default=".", description="directory the sim children start in (imports resolve there)")
 
     _pool: SimPool | None = PrivateAttr(default=None)
@@ -81,6 +82,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "url": self.url,
             "urls": self.urls,
             "token": self.token,
+            "lerobot_env": None if self.lerobot_env is None else _section(self.lerobot_env),  # pyright: ignore[reportUnknownArgumentType]
         }
 
     def pool(self, spec: PipelineSpec) -> SimPool:
