@@ -37,3 +37,4 @@ bench: setup
 	.venv/bin/python bench/dataset.py
 	.venv/bin/python bench/dagster_overhead.py
 	.venv/bin/python bench/sweep.py
+	.venv/bin/python bench/lerobot_equality.py

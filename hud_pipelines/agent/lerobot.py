@@ -3,7 +3,9 @@
 Importing this module imports torch and lerobot (about 15 s the first time); nothing else in the
 package imports it at module level.
 
-The adapter from contract features to LeRobot inputs is :mod:`hud_pipelines.agent.lerobot_features`.
+The adapter from contract features to LeRobot inputs is :mod:`hud_pipelines.agent.lerobot_features`;
+a sim built from a lerobot env config (``sim.lerobot_env``) gets lerobot's own observation processing
+and the env's pre/post processors instead, so the policy is fed exactly as ``lerobot-eval`` feeds it.
 
 Chunks come from ``predict_action_chunk`` (one forward per refill); the policy's ``n_action_steps``
 becomes the agent's default horizon, which is what lerobot's own ``select_action`` queue executes.
@@ -39,7 +41,7 @@ from lerobot.policies.act.modeling_act import ACTTemporalEnsembler
 from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.factory import make_policy_config as _make_policy_config  # pyright: ignore[reportUnknownVariableType]
 
-from hud_pipelines.agent.lerobot_features import LeRobotAdapter, contract_stats
+from hud_pipelines.agent.lerobot_features import LeRobotAdapter, LeRobotEnvAdapter, contract_stats
 from hud_pipelines.agent.policy import Actions, PolicyBatch
 from hud_pipelines.agent.torch_runtime import (
     AUTO,
@@ -155,16 +157,18 @@ class LeRobotPolicy(LockstepForwards):
         configure_threads(torch_threads)
         device = resolve_device(config.device)
         seed = policy_seed(config)
+        options: dict[str, Any] = {
+            "device": device,
+            "overrides": config.overrides,
+            "rename": config.rename,
+            "seed": seed,
+            "lerobot_env": config.lerobot_env,
+        }
         if config.path is not None:
             path = Path(config.path)
-            path = path if path.is_absolute() else base_dir / path
-            policy = cls.from_pretrained(
-                path, contract, device=device, overrides=config.overrides, rename=config.rename, seed=seed
-            )
+            policy = cls.from_pretrained(path if path.is_absolute() else base_dir / path, contract, **options)
         elif config.type is not None:
-            policy = cls.random(
-                config.type, contract, device=device, overrides=config.overrides, rename=config.rename, seed=seed
-            )
+            policy = cls.random(config.type, contract, **options)
         else:
             raise PolicyError("a lerobot policy needs 'path' (a pretrained folder) or 'type' (random weights)")
         policy.lockstep_threads = lockstep_threads
@@ -180,8 +184,13 @@ class LeRobotPolicy(LockstepForwards):
         overrides: Mapping[str, Any] | None = None,
         rename: Mapping[str, str] | None = None,
         seed: int = 0,
+        lerobot_env: Mapping[str, Any] | None = None,
     ) -> LeRobotPolicy:
-        """Load a ``save_pretrained`` folder (config, weights, pre/post processors); never downloads."""
+        """Load a ``save_pretrained`` folder (config, weights, pre/post processors); never downloads.
+
+        ``lerobot_env``: the lerobot env config the sim was built from; observations then go through
+        lerobot's own processing (:class:`LeRobotEnvAdapter`), as in ``lerobot-eval``.
+        """
         if not (path / "config.json").is_file():
             raise PolicyError(f"{path} is not a pretrained LeRobot policy folder (no config.json)")
         device = torch.device(device)
@@ -194,7 +203,14 @@ class LeRobotPolicy(LockstepForwards):
             pretrained_path=str(path),
             preprocessor_overrides={"device_processor": {"device": str(device)}},
         )
-        adapter = LeRobotAdapter(contract, device=device, expected_inputs=config.input_features, rename=rename)
+        adapter = make_adapter(
+            contract,
+            device=device,
+            expected_inputs=config.input_features,
+            rename=rename,
+            lerobot_env=lerobot_env,
+            policy_config=config,
+        )
         return cls(policy.to(device).eval(), preprocessor, postprocessor, adapter, seed=seed)
 
     @classmethod
@@ -207,6 +223,7 @@ class LeRobotPolicy(LockstepForwards):
         overrides: Mapping[str, Any] | None = None,
         rename: Mapping[str, str] | None = None,
         seed: int = 0,
+        lerobot_env: Mapping[str, Any] | None = None,
     ) -> LeRobotPolicy:
         """A policy of ``policy_type`` with random weights, shaped by the contract (smoke runs, benchmarks).
 
@@ -214,12 +231,12 @@ class LeRobotPolicy(LockstepForwards):
         span the action range), identity elsewhere. ``seed`` draws the weights and seeds the sampling.
         """
         device = torch.device(device)
-        adapter = LeRobotAdapter(contract, device=device, rename=rename)
         try:
             fields = {**_offline_defaults(policy_type), "device": str(device), **dict(overrides or {})}
             config: Any = make_policy_config(policy_type, **fields)
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"cannot configure a lerobot {policy_type!r} policy: {exc}") from exc
+        adapter = make_adapter(contract, device=device, rename=rename, lerobot_env=lerobot_env, policy_config=config)
         config.input_features = adapter.input_features()
         config.output_features = adapter.output_features()
         torch.manual_seed(seed)
@@ -281,6 +298,33 @@ class LeRobotPolicy(LockstepForwards):
         while len(self._ensembles) > ENSEMBLES_KEPT:
             self._ensembles.popitem(last=False)
         return torch.cat(rows)
+
+
+def make_adapter(
+    contract: Contract,
+    *,
+    device: torch.device,
+    rename: Mapping[str, str] | None,
+    lerobot_env: Mapping[str, Any] | None,
+    policy_config: Any,
+    expected_inputs: Mapping[str, Any] | None = None,
+) -> LeRobotAdapter:
+    """The contract mapping, or lerobot's own processing with the env's processors for a ``lerobot_env`` sim."""
+    if lerobot_env is None:
+        return LeRobotAdapter(contract, device=device, expected_inputs=expected_inputs, rename=rename)
+    from lerobot.envs.factory import make_env_pre_post_processors
+
+    from hud_pipelines.spec.lerobot_env import lerobot_env_config
+
+    env_preprocessor, env_postprocessor = make_env_pre_post_processors(lerobot_env_config(lerobot_env), policy_config)
+    return LeRobotEnvAdapter(
+        contract,
+        env_preprocessor=env_preprocessor,
+        env_postprocessor=env_postprocessor,
+        device=device,
+        expected_inputs=expected_inputs,
+        rename=rename,
+    )
 
 
 def policy_seed(config: LeRobotPolicyConfig) -> int:

@@ -15,6 +15,14 @@ The adapter speaks lerobot's own vocabulary (``OBS_IMAGES``, ``OBS_STATE``, ``AC
 Batched (``[B, ...]``) and unbatched observations go through the same code: an unbatched one gets
 a batch axis of one on the way in and loses it on the way out. An observation history (a time
 axis after the batch axis, for policies with ``n_obs_steps > 1``) is carried through unchanged.
+
+A sim built from a lerobot env config (``sim.lerobot_env``) is read by :class:`LeRobotEnvAdapter`
+instead: the contract's features become the env's observation tree again (nested keys split at
+``/``) and go through lerobot's own ``preprocess_observation`` and the env's pre-processor, as in
+``lerobot-eval``, so the keys and values are lerobot's by construction (PushT with
+``environment_state_agent_pos`` gives ``observation.environment_state`` beside ``observation.state``,
+where the contract mapping above would concatenate them); actions go through the env's
+post-processor.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from lerobot.configs.types import FeatureType, PolicyFeature
-from lerobot.utils.constants import ACTION, OBS_IMAGES, OBS_STATE
+from lerobot.envs.utils import preprocess_observation as _preprocess_observation  # pyright: ignore[reportUnknownVariableType]
+from lerobot.utils.constants import ACTION, OBS_ENV_STATE, OBS_IMAGES, OBS_STATE
 
 from hud_pipelines.agent.policy import Actions, as_chunks
 from hud_pipelines.agent.torch_runtime import (
@@ -93,7 +102,8 @@ class LeRobotAdapter:
             height, width, channels = self.contract.features[name].shape
             features[key] = PolicyFeature(type=FeatureType.VISUAL, shape=(channels, height, width))
         for name, key in self.separate_states.items():
-            features[key] = PolicyFeature(type=FeatureType.STATE, shape=(self.contract.features[name].size,))
+            kind = FeatureType.ENV if key == OBS_ENV_STATE else FeatureType.STATE
+            features[key] = PolicyFeature(type=kind, shape=(self.contract.features[name].size,))
         if self.concatenated:
             size = sum(self.contract.features[n].size for n in self.concatenated)
             features[OBS_STATE] = PolicyFeature(type=FeatureType.STATE, shape=(size,))
@@ -157,6 +167,119 @@ class LeRobotAdapter:
         if not batched:
             array = array[None]
         return as_chunks(array, array.shape[0], self.width, source="the LeRobot policy")
+
+
+class LeRobotEnvAdapter(LeRobotAdapter):
+    """The adapter of a sim built from a lerobot env config: lerobot's own observation processing.
+
+    ``preprocess_observation`` decides each feature's key (found once, by passing it each feature
+    alone), so the policy's expected inputs are checked and a policy built from scratch is shaped as
+    lerobot-eval would feed it; every batch then goes through that function whole and the env's
+    pre-processor (``make_env_pre_post_processors``: identity for PushT), and its keys are renamed
+    where ``rename`` (lerobot-eval's ``rename_map``) or a policy's single camera key says so. An
+    observation history is processed one time step at a time.
+    """
+
+    def __init__(
+        self,
+        contract: Contract,
+        *,
+        env_preprocessor: Any,
+        env_postprocessor: Any,
+        device: torch.device | str = "cpu",
+        expected_inputs: Mapping[str, Any] | None = None,
+        rename: Mapping[str, str] | None = None,
+    ) -> None:
+        self.env_preprocessor = env_preprocessor
+        self.env_postprocessor = env_postprocessor
+        self.lerobot_keys = lerobot_keys(contract)
+        """Contract feature -> the key lerobot's ``preprocess_observation`` gives it."""
+        super().__init__(
+            contract,
+            device=device,
+            expected_inputs=expected_inputs,
+            rename={**self.lerobot_keys, **dict(rename or {})},
+        )
+        chosen = {**self.cameras, **self.separate_states}
+        self.renames = {self.lerobot_keys[n]: key for n, key in chosen.items() if self.lerobot_keys[n] != key}
+        """lerobot's key -> the policy's where they differ (``rename``, or a policy's single camera key)."""
+
+    def inputs(
+        self, observation: Mapping[str, npt.NDArray[Any]], prompts: Sequence[str] | str
+    ) -> dict[str, torch.Tensor | list[str]]:
+        missing = sorted(set(self.contract.observation_features) - set(observation))
+        if missing:
+            raise PolicyError(f"the observation lacks contract features {missing}")
+        if not self.batched(observation):
+            observation = {k: np.asarray(v)[None] for k, v in observation.items()}
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        rows = next((int(np.shape(v)[0]) for v in observation.values()), 0)
+        history = self._history(observation)
+        flat = {k: _leading(np.asarray(v), history) for k, v in observation.items()}
+        lerobot: dict[str, Any] = {}
+        for key, value in preprocess_observation(observation_tree(flat)).items():
+            lerobot[key] = value.reshape(rows, history, *value.shape[1:]) if history else value
+        lerobot[TASK] = [prompts] * rows if isinstance(prompts, str) else list(prompts)
+        processed: dict[str, Any] = self.env_preprocessor(lerobot)
+        out: dict[str, torch.Tensor | list[str]] = {}
+        for key, value in processed.items():
+            out[self.renames.get(key, key)] = value.to(self.device) if isinstance(value, torch.Tensor) else value
+        return out
+
+    def actions(self, output: torch.Tensor, *, batched: bool = True) -> Actions:
+        """The env's post-processor on every action (lerobot-eval applies it to each ``[B, A]`` step), then as usual."""
+        flat = output.reshape(-1, output.shape[-1])
+        processed = self.env_postprocessor({ACTION: flat})[ACTION]
+        return super().actions(processed.reshape(output.shape), batched=batched)
+
+    def _history(self, observation: Mapping[str, npt.NDArray[Any]]) -> int:
+        """The length of the time axis after the batch axis, 0 without one."""
+        name, value = next(iter(observation.items()))
+        extra = np.ndim(value) - 1 - len(self.contract.features[name].shape)
+        return int(np.shape(value)[1]) if extra == 1 else 0
+
+
+def preprocess_observation(tree: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """lerobot's ``preprocess_observation`` (typed here: lerobot leaves its arrays' dtype unsaid)."""
+    return _preprocess_observation(dict(tree))
+
+
+def lerobot_keys(contract: Contract) -> dict[str, str]:
+    """The key lerobot's ``preprocess_observation`` gives each observation feature of ``contract``."""
+    keys: dict[str, str] = {}
+    for name in contract.observation_features:
+        feature = contract.features[name]
+        probe = {name: np.zeros((1, *feature.shape), dtype=np.dtype(feature.dtype))}
+        try:
+            produced = list(preprocess_observation(observation_tree(probe)))
+        except AssertionError as exc:  # lerobot asserts channel-last uint8 cameras
+            raise PolicyError(f"lerobot's preprocess_observation refuses contract feature {name!r}: {exc}") from exc
+        if len(produced) != 1:
+            raise PolicyError(
+                f"lerobot's preprocess_observation turns contract feature {name!r} into {produced}; expected one input"
+            )
+        keys[name] = produced[0]
+    return keys
+
+
+def observation_tree(flat: Mapping[str, npt.NDArray[Any]]) -> dict[str, Any]:
+    """Contract features as the env's observation tree again (``pixels/top`` -> ``{"pixels": {"top": ...}}``).
+
+    Read-only arrays (decoded from the wire) are copied: ``torch.from_numpy`` warns on them.
+    """
+    tree: dict[str, Any] = {}
+    for name, array in flat.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = array if array.flags.writeable else array.copy()
+    return tree
+
+
+def _leading(array: npt.NDArray[Any], history: int) -> npt.NDArray[Any]:
+    """``[B, T, ...]`` -> ``[B * T, ...]`` when there is a time axis (lerobot processes one step at a time)."""
+    return array.reshape(-1, *array.shape[2:]) if history else array
 
 
 def _is_visual(feature: object) -> bool:

@@ -65,6 +65,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     urls: list[str] | None = Field(default=None, description="a fleet: ws://host:port of several served sims")
     fleet: str | None = Field(default=None, description="a fleet file: served sims, each with its token")
     token: str | None = Field(default=None, description="capability token of the sim at url (an EnvVar)")
+    lerobot_env: YamlMapping | None = Field(default=None, description="a lerobot env config: type and its fields")
     project_dir: str = Field(default=".", description="directory the sim children start in (imports resolve there)")
 
     _pool: SimPool | None = PrivateAttr(default=None)
@@ -85,6 +86,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "urls": self.urls,
             "fleet": self.fleet,
             "token": self.token,
+            "lerobot_env": None if self.lerobot_env is None else _section(self.lerobot_env),  # pyright: ignore[reportUnknownArgumentType]
         }
 
     def pool(self, spec: PipelineSpec) -> SimPool:

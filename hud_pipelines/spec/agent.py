@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 
 from hud_pipelines.spec.base import Count, Float, Int, StrictModel
 
@@ -120,6 +120,18 @@ class LeRobotPolicyConfig(StrictModel):
         description="contract feature -> LeRobot input key, for inputs not named observation.images.<camera> / "
         "observation.state (a renamed state feature is passed on its own, not concatenated)",
     )
+    _lerobot_env: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @property
+    def lerobot_env(self) -> dict[str, Any] | None:
+        """The lerobot env config (``sim.lerobot_env``) whose observation processing the policy's inputs follow."""
+        return self._lerobot_env
+
+    def for_lerobot_env(self, env: dict[str, Any]) -> LeRobotPolicyConfig:
+        """This policy fed as ``lerobot-eval`` feeds it on the lerobot env config ``env`` (set by the pipeline)."""
+        config = self.model_copy()
+        config._lerobot_env = dict(env)
+        return config
 
     @model_validator(mode="after")
     def _one_weights_source(self) -> LeRobotPolicyConfig:

@@ -1,7 +1,8 @@
 """Deep validation: do the names in a valid spec resolve to things that exist?
 
 Plain loading checks shape only; ``hud-pipelines validate`` (deep by default) also resolves the sim
-factory (an unknown registry id or attribute gets the factory resolver's closest matches), checks
+factory (an unknown registry id or attribute gets the factory resolver's closest matches; a
+``sim.lerobot_env`` is resolved already while loading, its registry id is resolved here), checks
 that ``sim.python`` names an interpreter, sorts every build argument against the factory's
 signature, checks that policy and grader targets are importable, and that files a spec points at
 exist or parse. Each finding is located at the YAML
@@ -84,13 +85,16 @@ def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Proble
         return []
     from hud_pipelines.sim.factory import resolve_factory
 
+    # a lerobot env config stands for its registry id and build arguments: problems point at its type
+    derived = spec.sim.lerobot_env is not None
+    where: KeyPath = ("sim", "lerobot_env", "type") if derived else ("sim", "factory")
     try:
         factory = resolve_factory(spec.factory)
     except HudPipelinesError as exc:
-        return [document.problem(("sim", "factory"), str(exc))]
+        return [document.problem(where, str(exc))]
     except Exception as exc:  # the user's factory module failed to import
-        return [document.problem(("sim", "factory"), f"loading factory {spec.factory!r} raised {_describe(exc)}")]
-    problems = _argument_problems(factory.split_task, spec.sim.args, ("sim", "args"), document)
+        return [document.problem(where, f"loading factory {spec.factory!r} raised {_describe(exc)}")]
+    problems = [] if derived else _argument_problems(factory.split_task, spec.sim.args, ("sim", "args"), document)
     for index, task in enumerate(spec.tasks):
         problems += _argument_problems(factory.split_task, task.args, ("tasks", index, "args"), document)
     return problems

@@ -203,7 +203,8 @@ class PipelineSpec(StrictModel):
         return None if self.sim.contract is None else self.resolve_path(self.sim.contract)
 
     def resolved_agent(self) -> AgentConfig:
-        """The agent settings with file-relative paths (targets, checkpoints, LeRobot folders) made absolute."""
+        """The agent settings with file-relative paths (targets, checkpoints, LeRobot folders) made absolute; a LeRobot
+        policy on a ``lerobot_env`` sim is told that env config (it is fed as ``lerobot-eval`` feeds it)."""
         policy = self.agent.policy
         if isinstance(policy, ScriptedPolicyConfig):
             policy = policy.model_copy(update={"target": self.resolve_target(policy.target)})
@@ -212,6 +213,8 @@ class PipelineSpec(StrictModel):
             policy = policy.model_copy(update={"target": self.resolve_target(policy.target), "checkpoint": checkpoint})
         elif isinstance(policy, LeRobotPolicyConfig) and policy.path is not None:
             policy = policy.model_copy(update={"path": str(self.resolve_path(policy.path))})
+        if isinstance(policy, LeRobotPolicyConfig) and self.sim.lerobot_env is not None:
+            policy = policy.for_lerobot_env(self.sim.lerobot_env)
         return self.agent.model_copy(update={"policy": policy})
 
     # -- sweeps -----------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ together and answers the questions that span sections (partitions, seeds, paths)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Self, cast
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, SerializerFunctionWrapHandler, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec
@@ -60,6 +60,24 @@ SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", 
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
 ATTACH_SOURCES = ("factory", "url", "urls", "fleet")
 """Where a sim comes from: spawned from a factory, or attached to one served sim, a list of them, or a fleet file."""
+
+
+LEROBOT_ENV_SCHEMA: dict[str, Any] = {
+    "required": ["type"],
+    "properties": {"type": {"type": "string", "description": "the lerobot env type (`pusht`, `aloha`, ...)"}},
+}
+
+
+def _lerobot_env(fields: object, *, check_package: bool) -> Any:
+    """``sim.lerobot_env`` resolved; a problem is a spec error at the config key it is about."""
+    from hud_pipelines.spec.lerobot_env import LeRobotEnvError, resolve_lerobot_env
+
+    if not isinstance(fields, dict):
+        raise spec_rule("lerobot_env", f"expected a mapping with a 'type' (a lerobot env type), got {fields!r}")
+    try:
+        return resolve_lerobot_env(cast(dict[str, Any], fields), check_package=check_package)
+    except LeRobotEnvError as exc:
+        raise spec_rule(f"lerobot_env.{exc.key}".rstrip("."), str(exc)) from None
 
 
 class SimSpec(StrictModel):
@@ -144,12 +162,54 @@ class SimSpec(StrictModel):
         description="capability token of the sim at `url` (required with `url` or `urls`, one for the whole fleet; "
         "write `${VAR}` to keep it out of git; a `fleet` file holds its own tokens)",
     )
+    lerobot_env: dict[str, Any] | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,  # unset, it leaves the rollout hash as it was before it existed
+        json_schema_extra=LEROBOT_ENV_SCHEMA,
+        description="a lerobot env config (`{type: pusht, episode_length: 300, ...}`, the fields of lerobot's "
+        "`EnvConfig` of that type): the sim is the env lerobot's `make_env` builds for it (its gym id and "
+        "`gym_kwargs`), and a lerobot policy gets its observations as `lerobot-eval` passes them "
+        "(`preprocess_observation`, then the env's processors); instead of `factory` and `args`",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_lerobot_env(cls, data: Any) -> Any:
+        """A ``lerobot_env`` becomes the registry id and build arguments it stands for (resolved in the parent)."""
+        if not isinstance(data, dict):
+            return data
+        section = cast(dict[str, Any], data)
+        if section.get("lerobot_env") is None:
+            return section
+        for key in (*ATTACH_SOURCES, "args"):
+            if section.get(key) not in (None, {}):
+                raise spec_rule(
+                    key,
+                    f"{key!r} and 'lerobot_env' exclude each other: the lerobot env config decides the env and its "
+                    "build arguments (set them as fields of 'lerobot_env')",
+                )
+        env = _lerobot_env(section["lerobot_env"], check_package=section.get("python") is None)
+        return {**section, "factory": env.gym_id, "args": env.build_args}
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A ``lerobot_env`` sim dumps as written: its registry id and build arguments are derived again on load."""
+        dumped: Any = handler(self)
+        if self.lerobot_env is None or not isinstance(dumped, dict):
+            return dumped
+        section = cast(dict[str, Any], dumped)
+        section.pop("factory", None)
+        section.pop("args", None)
+        return section
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
         sources = [name for name in ATTACH_SOURCES if getattr(self, name) is not None]
         if not sources:
-            raise spec_rule("factory", "the sim needs exactly one of 'factory' (spawn it) and 'url' (attach to it)")
+            raise spec_rule(
+                "factory",
+                "the sim needs exactly one of 'factory' or 'lerobot_env' (spawn it) and 'url' (attach to it)",
+            )
         if len(sources) > 1:
             raise spec_rule(
                 sources[1],
