@@ -27,7 +27,6 @@ from hud_pipelines.contract.file import (
     load_contract,
     merge_contract,
     refresh_contract,
-    refresh_hint,
     resolve_contract,
 )
 from hud_pipelines.contract.model import (
@@ -61,7 +60,6 @@ __all__ = [
     "looks_like_camera",
     "merge_contract",
     "refresh_contract",
-    "refresh_hint",
     "resolve_contract",
     "robot_name",
     "to_numpy",

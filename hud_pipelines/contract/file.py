@@ -72,7 +72,8 @@ def resolve_contract(derived: Contract, path: Path | None) -> Contract:
 
     With ``path=None`` nothing touches the disk. The file is rewritten only when the merge added
     features, so a user's formatting survives ordinary runs. A file the env no longer fits is an
-    error that names the command refreshing it (:func:`refresh_hint`).
+    error; the eval that reads it from the sim child adds the command that refreshes the file
+    (:func:`hud_pipelines.spec.loader.refresh_hint`: the sim side knows nothing of pipelines).
     """
     if path is None:
         return derived
@@ -81,12 +82,7 @@ def resolve_contract(derived: Contract, path: Path | None) -> Contract:
         path.write_text(derived.to_json())
         return derived
     edited = load_contract(path)
-    try:
-        merged = merge_contract(edited, derived, source=path)
-    except ContractError:
-        # the same refusal, now naming the command that refreshes the file (looked up only when needed)
-        merge_contract(edited, derived, source=path, fix=refresh_hint(path))
-        raise
+    merged = merge_contract(edited, derived, source=path)
     if set(merged.features) != set(edited.features):
         path.write_text(merged.to_json())
     return merged
@@ -149,19 +145,6 @@ def _change_line(name: str, kept: Feature, fresh: Feature, *, names_fit: bool) -
     line = f"{name}: {old} -> {new}" if not _same_layout(kept, fresh) else f"{name}: {new}"
     dropped = [] if names_fit or kept.names == _default_names(name, kept) else (kept.names or [])
     return f"{line} (names dropped: {', '.join(dropped)})" if dropped else line
-
-
-def refresh_hint(path: Path) -> str:
-    """How to refresh the contract file at ``path``: the ``hud-pipelines contract`` command of each
-    pipeline that names it (found next to the file and in the pipelines directory)."""
-    from hud_pipelines.spec.loader import contract_refresh_targets
-
-    commands = [f"`hud-pipelines contract {target}`" for target in contract_refresh_targets(path)]
-    command = " or ".join(commands) or "`hud-pipelines contract <pipeline>`"
-    return (
-        f"to take the env's shapes, refresh it with {command} "
-        "(it keeps the names and descriptions that still fit and lists what changed)"
-    )
 
 
 def _same_layout(kept: Feature, fresh: Feature) -> bool:

@@ -42,6 +42,7 @@ from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.results import InstanceResult, unreached_result, unreached_rows
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
 from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
+from hud_pipelines.spec.fleet import attached_servers
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         startup_timeout_s=sim.startup_timeout_s,
         step_timeout_s=sim.step_timeout_s,
         options=tuple(sim.serve_options()) if sim.spawned else (),
-        servers=tuple(spec.attached_servers()),
+        servers=tuple(attached_servers(spec)),
         cwd=cwd,
         python=None if sim.python is None else spec.resolve_path(sim.python),
         shards=sim.shards,
@@ -105,7 +106,8 @@ class EvalRunner:
         try:
             contract = self.contract()
         except HudPipelinesError as exc:  # no sim: every instance errors with the sim's own reason
-            return [self._unstarted(partition, _first_line(exc), fault_of(exc)) for partition in partitions]
+            reason, fault = self._failure(exc)
+            return [self._unstarted(partition, reason, fault) for partition in partitions]
         agent = self.spec.resolved_agent()
         try:
             self._graders = build_graders(self.spec.resolved_graders(), base_dir=self.spec.base_dir)
@@ -210,7 +212,7 @@ class EvalRunner:
                 if failure is not None and failure[1] is not Fault.POLICY_TIMEOUT:
                     live.healthy = False  # a late forward leaves the sim sound; any other fault does not
         except (SimError, HudPipelinesError) as exc:
-            failure = (_first_line(exc), fault_of(exc))
+            failure = self._failure(exc)
         finally:
             for sink in sinks:
                 with contextlib.suppress(Exception):
@@ -239,6 +241,16 @@ class EvalRunner:
             run_id=self.run_id,
             server=server,
         )
+
+    def _failure(self, exc: BaseException) -> tuple[str, Fault]:
+        """Why an instance failed, in a line, and its fault; a contract file the env outgrew says how to refresh it."""
+        reason, fault = _first_line(exc), fault_of(exc)
+        contract = self.spec.contract_path
+        if fault is Fault.CONTRACT and contract is not None and contract.is_file():
+            from hud_pipelines.spec.loader import refresh_hint
+
+            reason = f"{reason}; {refresh_hint(contract)}"
+        return reason, fault
 
     def _unstarted(self, partition: Partition, reason: str, fault: Fault) -> InstanceResult:
         """The result of an instance whose sim or policy could not be had (reported like any other result)."""

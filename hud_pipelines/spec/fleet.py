@@ -25,6 +25,7 @@ from typing import Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from hud_pipelines.spec.document import read_document
+from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError, display_path
 from hud_pipelines.spec.validation import validation_problems
 
@@ -107,3 +108,11 @@ def _read(path: Path, env: Mapping[str, str] | None) -> tuple[Fleet | None, list
     except ValidationError as exc:
         return None, problems + validation_problems(exc, document)
     return (fleet if not problems else None), problems
+
+
+def attached_servers(spec: PipelineSpec, env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(url, token)`` of every served sim ``spec`` attaches to: its ``url``, ``urls`` or fleet file's."""
+    if spec.sim.fleet is not None:
+        return load_fleet(spec.resolve_path(spec.sim.fleet), env).resolved()
+    token = "" if spec.sim.token is None else spec.sim.token.get_secret_value()
+    return [(url, token) for url in spec.sim.servers]

@@ -131,6 +131,17 @@ def contract_refresh_targets(contract: Path) -> list[str]:
     return named
 
 
+def refresh_hint(contract: Path) -> str:
+    """How to refresh the contract file ``contract``: the ``hud-pipelines contract`` command of each
+    pipeline that names it (found next to the file and in the pipelines directory)."""
+    commands = [f"`hud-pipelines contract {target}`" for target in contract_refresh_targets(contract)]
+    command = " or ".join(commands) or "`hud-pipelines contract <pipeline>`"
+    return (
+        f"to take the env's shapes, refresh it with {command} "
+        "(it keeps the names and descriptions that still fit and lists what changed)"
+    )
+
+
 def pipeline_files(directory: Path) -> list[Path]:
     """The pipeline files directly in ``directory``, sorted by name."""
     return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in PIPELINE_SUFFIXES)

@@ -188,15 +188,6 @@ class PipelineSpec(StrictModel):
         """The sim factory ready for ``resolve_factory`` / ``SimProcess.spawn`` (``None`` when attached by URL)."""
         return None if self.sim.factory is None else self.resolve_target(self.sim.factory)
 
-    def attached_servers(self, env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
-        """``(url, token)`` of every served sim the pipeline attaches to: ``url``, ``urls`` or the fleet file's."""
-        if self.sim.fleet is not None:
-            from hud_pipelines.spec.fleet import load_fleet
-
-            return load_fleet(self.resolve_path(self.sim.fleet), env).resolved()
-        token = "" if self.sim.token is None else self.sim.token.get_secret_value()
-        return [(url, token) for url in self.sim.servers]
-
     @property
     def contract_path(self) -> Path | None:
         """Absolute path of the contract file, or ``None`` to keep the derived contract in memory."""
