@@ -127,15 +127,7 @@ class LeRobotAdapter:
         self, observation: Mapping[str, npt.NDArray[Any]], prompts: Sequence[str] | str
     ) -> dict[str, torch.Tensor | list[str]]:
         """The LeRobot batch for ``observation`` (``[B, ...]`` arrays, or one unbatched observation)."""
-        missing = sorted(set(self.contract.observation_features) - set(observation))
-        if missing:
-            raise PolicyError(f"the observation lacks contract features {missing}")
-        if not self.batched(observation):
-            observation = {k: np.asarray(v)[None] for k, v in observation.items()}
-            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        elif isinstance(prompts, str):
-            rows = next((int(np.shape(v)[0]) for v in observation.values()), 0)
-            prompts = [prompts] * rows
+        observation, prompts = self._as_batch(observation, prompts)
         out: dict[str, torch.Tensor | list[str]] = {}
         for name, key in self.cameras.items():
             out[key] = self._image(self.contract.features[name], observation[name])
@@ -145,6 +137,18 @@ class LeRobotAdapter:
             out[OBS_STATE] = self._state([(self.contract.features[n], observation[n]) for n in self.concatenated])
         out[TASK] = list(prompts)
         return out
+
+    def _as_batch(
+        self, observation: Mapping[str, npt.NDArray[Any]], prompts: Sequence[str] | str
+    ) -> tuple[Mapping[str, npt.NDArray[Any]], list[str]]:
+        """``observation`` as ``[B, ...]`` arrays with one prompt per row; every contract feature present."""
+        missing = sorted(set(self.contract.observation_features) - set(observation))
+        if missing:
+            raise PolicyError(f"the observation lacks contract features {missing}")
+        if not self.batched(observation):
+            observation = {k: np.asarray(v)[None] for k, v in observation.items()}
+        rows = next((int(np.shape(v)[0]) for v in observation.values()), 0)
+        return observation, [prompts] * rows if isinstance(prompts, str) else list(prompts)
 
     def _image(self, feature: Feature, array: npt.NDArray[Any]) -> torch.Tensor:
         """``[..., H, W, C]`` -> ``[..., C, H, W]`` float32; uint8 scaled to ``[0, 1]``."""
@@ -207,19 +211,14 @@ class LeRobotEnvAdapter(LeRobotAdapter):
     def inputs(
         self, observation: Mapping[str, npt.NDArray[Any]], prompts: Sequence[str] | str
     ) -> dict[str, torch.Tensor | list[str]]:
-        missing = sorted(set(self.contract.observation_features) - set(observation))
-        if missing:
-            raise PolicyError(f"the observation lacks contract features {missing}")
-        if not self.batched(observation):
-            observation = {k: np.asarray(v)[None] for k, v in observation.items()}
-            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        observation, prompts = self._as_batch(observation, prompts)
         rows = next((int(np.shape(v)[0]) for v in observation.values()), 0)
         history = self._history(observation)
         flat = {k: _leading(np.asarray(v), history) for k, v in observation.items()}
         lerobot: dict[str, Any] = {}
         for key, value in preprocess_observation(observation_tree(flat)).items():
             lerobot[key] = value.reshape(rows, history, *value.shape[1:]) if history else value
-        lerobot[TASK] = [prompts] * rows if isinstance(prompts, str) else list(prompts)
+        lerobot[TASK] = prompts
         processed: dict[str, Any] = self.env_preprocessor(lerobot)
         out: dict[str, torch.Tensor | list[str]] = {}
         for key, value in processed.items():
