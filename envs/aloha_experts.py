@@ -9,6 +9,11 @@ loop. The sim turns that pose into joint motion through MuJoCo's mocap weld (its
 variant of gym-aloha's scenes), so no inverse kinematics happens here. After the last waypoint the
 arms hold it.
 
+Measured through ``pipelines/aloha_transfer_cube.yaml`` (seeds 0-99): the transfer-cube expert
+succeeds in 100 of 100 episodes (95% CI 96.3-100%), each ending at the handover, ~210 steps in. The
+insertion expert succeeded in 16 of 40 (seeds 0-39): the others bring the peg against the socket
+(gym-aloha's stage 3) without touching the pin, so no pipeline ships it.
+
 Episodes are told apart by the ids the agent passes (``PolicyBatch.episodes``): each row of a call
 is one step of its episode, so a slot's waypoints are planned the first time its episode is seen and
 its clock advances by one per call::

@@ -13,8 +13,10 @@ scenes, where a weld ties each gripper to a mocap body, and ``TransferCubeEndEff
 renders three 640x480 cameras every step (~0.25 s here with Mesa's software rasteriser). This sim
 therefore drives those scenes and tasks itself: gym-aloha's task places the robots and the mocap
 bodies, turns an action into mocap poses and finger targets (``before_step``) and grades
-(``get_reward``), and MuJoCo's weld does the inverse kinematics, as in ACT's EE sim. Only the
-observation is this module's:
+(``get_reward``), and MuJoCo's weld does the inverse kinematics, as in ACT's EE sim. Two things are
+this module's: the welds get MuJoCo's default impedance instead of the scenes' soft ``.25 .25``
+(with those, under MuJoCo 3.8, the gripper lags its target by centimetres and knocks the cube
+away: the scripted expert solved 1 of 10 seeds), and the observation:
 
 - ``agent_pos`` ``[14]``: each arm's six joint positions and its normalised gripper opening (what
   gym-aloha's ``pixels_agent_pos`` observation calls ``agent_pos`` and lerobot's ALOHA datasets
