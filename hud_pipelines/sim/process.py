@@ -48,7 +48,18 @@ log = logging.getLogger(__name__)
 child_log = logging.getLogger("hud_pipelines.sim.child")
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 DEFAULT_GRACE_S = 5.0
-STDERR_TAIL_LINES = 60
+STDERR_TAIL_LINES = 100
+STACKS_SIGNAL = signal.SIGUSR1
+"""On this signal a sim child writes the stack of every thread to stderr (faulthandler, set up first thing)."""
+STACKS_WAIT_S = 1.5
+"""How long a hung child gets to write its stacks before it is killed."""
+STACK_HEADER = "(most recent call first)"
+RENDERER_FRAME = re.compile(r"render|egl|osmesa|glfw|opengl|\bgl\b|mujoco.*context", re.IGNORECASE)
+RENDERER_HINT = (
+    "the sim seems stuck in its renderer ({frame}): offscreen rendering needs a working EGL (`apt-get install "
+    "libegl1 libegl-mesa0 libgl1-mesa-dri`, MUJOCO_GL=egl) or OSMesa (`apt-get install libosmesa6`, "
+    "MUJOCO_GL=osmesa PYOPENGL_PLATFORM=osmesa); now: {now}"
+)
 STDERR_DRAIN_S = 1.0
 """How long to wait for the last stderr lines of a child that exited."""
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
@@ -153,11 +164,13 @@ class SimProcess:
         try:
             ready = _read_ready_line(popen, startup_timeout_s)
         except SimStartError as exc:
+            hung = handle.dump_stacks()  # a child that is still starting after the deadline: where it is stuck
             handle.close(grace_s=1.0)
             diagnosis = handle.diagnose()
-            child_error = handle.child_error()
+            child_error = None if hung else handle.child_error()
             lead = f"{child_error} ({exc}; sim {factory!r})" if child_error else f"{exc} (sim {factory!r})"
             hint = _missing_module_hint(child_error, interpreter, python) if python is not None else None
+            hint = hint or (handle.stuck_hint(child_env) if hung else None)
             lead = f"{lead}\n{hint}" if hint else lead
             raise SimStartError(f"{lead}\n{diagnosis}", child_error=child_error) from None
         except BaseException:
@@ -190,7 +203,7 @@ class SimProcess:
             reset_timeout_s=reset_timeout_s,
             connect_timeout_s=connect_timeout_s,
             diagnose=self.diagnose,
-            on_timeout=self.kill if self._popen is not None else None,
+            on_timeout=self._hung if self._popen is not None else None,
             exit_status=lambda: self.returncode,
         )
 
@@ -245,6 +258,45 @@ class SimProcess:
             self._stderr_pump.join(timeout=STDERR_DRAIN_S)
         else:
             time.sleep(0.05)
+
+    def dump_stacks(self) -> bool:
+        """Ask a running child for the stack of every thread, into its stderr tail; whether it wrote them.
+
+        A hung sim is about to be killed; where its threads are (a renderer that never returns, a
+        lock, a network call of the env) is the one thing that says why, and it is gone with the
+        process. Python's faulthandler writes the stacks from a C signal handler, so a main thread
+        blocked in C code still answers.
+        """
+        popen = self._popen
+        if popen is None or popen.poll() is not None:
+            return False
+        try:
+            os.kill(popen.pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            return False
+        deadline = time.monotonic() + STACKS_WAIT_S
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            lines = list(self._stderr_tail)
+            if lines == seen and any(STACK_HEADER in line for line in lines):
+                return True  # the stacks arrived and nothing more is coming
+            seen = lines
+        return any(STACK_HEADER in line for line in seen)
+
+    def stuck_hint(self, env: Mapping[str, str]) -> str | None:
+        """What to install when the dumped stacks show a child stuck rendering (a known silent hang)."""
+        frames = [line.strip() for line in self._stderr_tail if line.strip().startswith("File ")]
+        frame = next((f for f in frames if RENDERER_FRAME.search(f)), None)
+        if frame is None:
+            return None
+        now = ", ".join(f"{k}={env[k]}" for k in ("MUJOCO_GL", "PYOPENGL_PLATFORM") if k in env) or "neither set"
+        return RENDERER_HINT.format(frame=frame, now=now)
+
+    def _hung(self) -> None:
+        """A request timed out: record where the child is stuck, then kill it."""
+        self.dump_stacks()
+        self.kill()
 
     def kill(self) -> None:
         """SIGKILL the child's whole process group now (a hung sim gets no grace)."""
