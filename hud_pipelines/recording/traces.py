@@ -221,11 +221,18 @@ class TraceRecorder:
                 self._kept_videos -= 1
 
     def close(self) -> None:
-        """Close traces that never ended (their files lack a grade, which readers report)."""
+        """Close traces that never ended (their files lack a grade, which readers report).
+
+        The video encoder's thread ends here too (a later video starts a new one), so a recorder
+        per instance leaves no thread, and no memory, behind.
+        """
         with self._lock:
             for handle in self._open.values():
                 self._close(handle)
             self._open.clear()
+            encoder, self._encoder = self._encoder, None
+        if encoder is not None:
+            encoder.stop()
 
     def __enter__(self) -> TraceRecorder:
         return self

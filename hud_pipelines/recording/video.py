@@ -117,10 +117,15 @@ class Mp4Writer:
 
 
 class VideoEncoder:
-    """One daemon thread that runs encode work in submission order (shared by a recorder's videos)."""
+    """One daemon thread that runs encode work in submission order (shared by a recorder's videos).
+
+    :meth:`stop` ends the thread once its work is done. A recorder lives for one instance, so an
+    eval makes one per instance: a thread left running would keep its memory (the codec's buffers
+    stay in that thread's malloc arena), and the parent's memory would grow with the instances.
+    """
 
     def __init__(self) -> None:
-        self._work: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=QUEUED_FRAMES)
+        self._work: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=QUEUED_FRAMES)
         self._thread = threading.Thread(target=self._run, name="hud-video-encoder", daemon=True)
         self._thread.start()
 
@@ -145,9 +150,14 @@ class VideoEncoder:
         if errors:
             raise errors[0]
 
+    def stop(self) -> None:
+        """Run everything submitted so far, then end the thread (and wait until it has ended)."""
+        if self._thread.is_alive():
+            self._work.put(None)
+            self._thread.join()
+
     def _run(self) -> None:
-        while True:
-            work = self._work.get()
+        while (work := self._work.get()) is not None:
             try:
                 work()
             except Exception:  # a frame that cannot be encoded costs that video, never the episode
