@@ -38,3 +38,4 @@ bench: setup
 	.venv/bin/python bench/dagster_overhead.py
 	.venv/bin/python bench/sweep.py
 	.venv/bin/python bench/lerobot_equality.py
+	.venv/bin/python bench/shards.py
