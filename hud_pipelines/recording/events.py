@@ -12,6 +12,7 @@ action, and what came *next* (reward, done flags, success).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -45,8 +46,8 @@ class EpisodeKey:
     episode: int
     seed: int | None
 
-    @property
-    def trace_id(self) -> str:
+    @functools.cached_property
+    def trace_id(self) -> str:  # cached: every trace line of the episode is filed under it
         text = f"{self.job}/{self.task}/{self.instance}/{self.slot}/{self.episode}/{self.seed}"
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any, TypeGuard
+from typing import IO, Any, TypeGuard, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -107,6 +107,8 @@ class TraceRecorder:
         self._open: dict[str, _Open] = {}
         self._lock = threading.Lock()
         self._names: dict[str, list[str]] = {}
+        self._cameras: dict[str, tuple[tuple[int, ...], bool]] = {}
+        self._keys: dict[str, list[str]] = {}
         self.written: list[Path] = []
 
     def path(self, key: EpisodeKey) -> Path:
@@ -146,37 +148,38 @@ class TraceRecorder:
             _write(handle.file, header)
 
     def add(self, key: EpisodeKey, frame: Frame) -> None:
-        state: dict[str, dict[str, Any]] = {}
+        """The step's observation, action and reward lines: the hot path of a recorded eval (every slot, every
+        step), so the lines are built from cached key strings rather than through ``json.dumps`` three times
+        (the text is the same: ``tests/recording/test_trace_lines.py``)."""
+        state: list[str] = []
         cameras: dict[str, npt.NDArray[Any]] = {}
         for name, value in frame.observation.items():
             if self._is_camera(name, value):
                 cameras[name] = value
             else:
-                flat = np.asarray(value).reshape(-1)
-                state[name] = dict(zip(self._feature_names(name, flat.size), flat.tolist(), strict=True))
-        action = np.asarray(frame.action).reshape(-1)
-        lines = [
-            {"type": StepType.OBSERVATION.value, "step": frame.index, "state": state},
-            {
-                "type": StepType.ACTION.value,
-                "step": frame.index,
-                "action": dict(zip(self._action_names(action.size), action.tolist(), strict=True)),
-            },
-            {
-                "type": StepType.REWARD.value,
-                "step": frame.index,
-                "reward": frame.reward,
-                "terminated": frame.terminated,
-                "truncated": frame.truncated,
-                "success": frame.success,
-            },
-        ]
+                values: list[Any] = np.asarray(value).reshape(-1).tolist()
+                state.append(f"{_ENCODE(name)}:{{{self._fields(name, values)}}}")
+        actions: list[Any] = np.asarray(frame.action).reshape(-1).tolist()
+        step = _number(frame.index)
+        text = (
+            f'{{"type":"observation","step":{step},"state":{{{",".join(state)}}}}}\n'
+            f'{{"type":"action","step":{step},"action":{{{self._fields("action", actions)}}}}}\n'
+            f'{{"type":"reward","step":{step},"reward":{_number(frame.reward)},"terminated":'
+            f'{_number(frame.terminated)},"truncated":{_number(frame.truncated)},"success":'
+            f"{_number(frame.success)}}}\n"
+        )
         with self._lock:
             handle = self._require(key)
-            for line in lines:
-                _write(handle.file, line)
+            handle.file.write(text)
             if handle.filmed:
                 self._add_video(handle, cameras)
+
+    def _fields(self, name: str, values: list[Any]) -> str:
+        """``"<dim>":<value>,...`` of one feature's values, named as :meth:`_feature_names` names them."""
+        keys = self._keys.get(name)
+        if keys is None or len(keys) != len(values):
+            keys = self._keys[name] = [f"{_ENCODE(n)}:" for n in self._feature_names(name, len(values))]
+        return ",".join([k + _number(v) for k, v in zip(keys, values, strict=True)])
 
     def inference(self, key: EpisodeKey, record: Inference) -> None:
         chunk = np.asarray(record.chunk)
@@ -263,7 +266,11 @@ class TraceRecorder:
     def _is_camera(self, name: str, value: npt.NDArray[Any]) -> bool:
         if self.contract is not None and name in self.contract.features:
             return self.contract.features[name].is_camera
-        return looks_like_camera(np.asarray(value))
+        shape = np.shape(value)
+        known = self._cameras.get(name)
+        if known is None or known[0] != shape:  # a feature's shape decides, so once per name and shape
+            known = self._cameras[name] = (shape, looks_like_camera(np.asarray(value)))
+        return known[1]
 
     def _feature_names(self, name: str, size: int) -> list[str]:
         cached = self._names.get(name)
@@ -296,8 +303,27 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+"""One compact JSON line; built once (``json.dumps`` with options builds an encoder per call: a trace
+writes three lines per slot and step)."""
+
+
+def _number(value: Any) -> str:
+    """A JSON scalar exactly as ``json.dumps`` writes it (``NaN`` and ``Infinity`` included: traces keep them)."""
+    kind: type[Any] = cast(type[Any], type(value))  # an Any has no known type
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is float:
+        if math.isfinite(value):
+            return float.__repr__(value)
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if kind is int:
+        return int.__repr__(value)
+    return _ENCODE(value)
+
+
 def _write(file: IO[str], line: dict[str, Any]) -> None:
-    file.write(json.dumps(line, separators=(",", ":")) + "\n")
+    file.write(_ENCODE(line) + "\n")
 
 
 def _jsonable(value: Any) -> Any:
