@@ -49,7 +49,7 @@ def test_step_lines_are_what_json_dumps_writes(tmp_path: Path, seed: int) -> Non
             "joints": Feature(role="observation", dtype="float64", shape=(4,), names=names["joints"]),
             "count": Feature(role="observation", dtype="int64", shape=(1,), names=names["count"]),
             "action": Feature(role="action", dtype="float32", shape=(2,), names=names["action"]),
-        }
+        },
     )
     recorder = TraceRecorder(tmp_path, contract)
     recorder.begin(KEY, "prompt")
