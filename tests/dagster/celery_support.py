@@ -150,3 +150,67 @@ def celery_workers(
     finally:
         for worker in workers:
             _stop(worker.process)
+
+
+@dataclass
+class RestartableRedis:
+    """A test Redis that a test can SIGKILL and start again on the same port and folder (nothing saved)."""
+
+    directory: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start ``redis-server`` on the port and wait until it answers (a fresh one: no data)."""
+        import redis
+
+        if REDIS is None:
+            raise RuntimeError(
+                "redis-server is not installed; scripts/setup installs it (apt-get install redis-server)"
+            )
+        command = [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory)]
+        command += ["--save", "", "--appendonly", "no", "--protected-mode", "yes"]
+        with (self.directory / "redis.log").open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        client = redis.Redis.from_url(self.url, retry=None)
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        log_text = (self.directory / "redis.log").read_text()
+                        raise RuntimeError(f"redis-server did not start: {log_text}") from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server (no shutdown, nothing saved) and wait until it is gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        """SIGKILL the server and start a fresh one on the same port and folder: its queues and keys are gone."""
+        self.kill()
+        self.start()
+
+
+@contextlib.contextmanager
+def restartable_redis(directory: Path) -> Iterator[RestartableRedis]:
+    """A :class:`RestartableRedis` on a free port, started; whichever server runs at the end is stopped."""
+    directory.mkdir(parents=True, exist_ok=True)
+    server = RestartableRedis(directory, free_port())
+    try:
+        server.start()
+        yield server
+    finally:
+        if server.process is not None:
+            _stop(server.process)
