@@ -41,6 +41,35 @@ class InstanceResult:
     provenance: dict[str, Any] = field(default_factory=dict[str, Any])
     """Where it came from (:mod:`hud_pipelines.eval.provenance`): code, packages, sim, policy, seeds."""
 
+    @classmethod
+    def of(
+        cls,
+        spec: PipelineSpec,
+        partition: Partition,
+        rows: list[GradeRow],
+        *,
+        failure: tuple[str, Fault] | None,
+        run_id: str,
+        wall_s: float = 0.0,
+        env_steps: int = 0,
+        server: str | None = None,
+    ) -> InstanceResult:
+        """The result of ``partition`` of ``spec``: its rows and, if it failed, why (reason and fault)."""
+        return cls(
+            spec.name,
+            spec.partition_key(*partition),
+            partition.task_index,
+            partition.instance,
+            rows,
+            wall_s,
+            env_steps,
+            None if failure is None else failure[0],
+            spec.rollout_hash,
+            fault=None if failure is None else failure[1],
+            run_id=run_id,
+            server=server,
+        )
+
     @property
     def failed(self) -> bool:
         return self.error is not None
@@ -128,17 +157,4 @@ def unreached_result(
 ) -> InstanceResult:
     """The result of an instance that ended before any episode ran (errored rows, the instance failed)."""
     rows = unreached_rows(spec, partition, reason, fault, run_id=run_id)
-    key = spec.partition_key(*partition)
-    return InstanceResult(
-        spec.name,
-        key,
-        partition.task_index,
-        partition.instance,
-        rows,
-        0.0,
-        0,
-        reason,
-        spec.rollout_hash,
-        fault=fault,
-        run_id=run_id,
-    )
+    return InstanceResult.of(spec, partition, rows, failure=(reason, fault), run_id=run_id)

@@ -227,19 +227,8 @@ class EvalRunner:
             rows = [self._row(partition, slot, keys[slot], outcome) for slot, outcome in enumerate(outcomes)]
         if failure is not None:
             log.error("instance %s of %s failed (%s): %s", key, spec.name, failure[1].value, failure[0])
-        return InstanceResult(
-            spec.name,
-            key,
-            partition.task_index,
-            partition.instance,
-            rows,
-            wall,
-            env_steps,
-            None if failure is None else failure[0],
-            spec.rollout_hash,
-            fault=None if failure is None else failure[1],
-            run_id=self.run_id,
-            server=server,
+        return InstanceResult.of(
+            spec, partition, rows, failure=failure, run_id=self.run_id, wall_s=wall, env_steps=env_steps, server=server
         )
 
     def _failure(self, exc: BaseException) -> tuple[str, Fault]:
