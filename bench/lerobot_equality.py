@@ -46,7 +46,7 @@ def run_ours(path: Path, outputs: Path) -> tuple[list[Episode], float]:
     """``hud-pipelines run`` in its own process; its episodes read back from the grades and traces."""
     from hud_pipelines.eval.grades import GradeRow
     from hud_pipelines.eval.outputs import EvalOutputs
-    from hud_pipelines.recording.traces import read_trace
+    from hud_pipelines.recording.trace_reader import read_trace
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "hud_pipelines.cli", "run", str(path), "--outputs", str(outputs), "--quiet"]

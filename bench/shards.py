@@ -43,7 +43,8 @@ sys.path.insert(0, str(REPO))
 
 from hud_pipelines.sim.client import SimClient  # noqa: E402
 from hud_pipelines.sim.process import SimProcess  # noqa: E402
-from hud_pipelines.sim.shards import ShardedProcess, ShardedSim  # noqa: E402
+from hud_pipelines.sim.sharded_sim import ShardedSim  # noqa: E402
+from hud_pipelines.sim.shards import ShardedProcess  # noqa: E402
 
 COSTLY = f"{Path(__file__).resolve()}:costly"
 LONG_EPISODES = 10**6

@@ -33,7 +33,7 @@ from hud_pipelines.eval.runner import sim_settings
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.agent import AgentConfig
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.sections import SimSpec
+from hud_pipelines.spec.sim_section import SimSpec
 
 
 def resource_key(pipeline: str, part: str) -> str:

@@ -1,4 +1,4 @@
-"""Traces: one JSON-lines file per slot per episode, grouped by job, plus a reader.
+"""Traces: one JSON-lines file per slot per episode, grouped by job, and their writer.
 
 Layout: ``<root>/<job>/<trace_id>.jsonl`` (and ``<trace_id>.<camera>.mp4`` with video on), where
 ``trace_id`` is :attr:`hud_pipelines.recording.events.EpisodeKey.trace_id`, deterministic from (job,
@@ -17,6 +17,8 @@ Every line is one typed step (``type`` is a :class:`StepType`):
 
 Only ``trace.started_at``, ``inference.latency_s`` and ``inference.batch_size`` depend on timing
 or scheduling; everything else is a pure function of the rollout.
+
+:class:`TraceRecorder` writes them; :mod:`hud_pipelines.recording.trace_reader` reads them back.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any, TypeGuard, cast
+from typing import IO, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -328,84 +329,3 @@ def _write(file: IO[str], line: dict[str, Any]) -> None:
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
-
-
-# ---------------------------------------------------------------------------------------------
-# reading
-
-
-@dataclass(frozen=True)
-class Trace:
-    """A trace read back from disk."""
-
-    path: Path
-    header: dict[str, Any]
-    steps: list[dict[str, Any]]
-    grade: dict[str, Any] | None
-    """``None`` when the episode never ended (the writer was interrupted)."""
-
-    @property
-    def trace_id(self) -> str:
-        return str(self.header["trace_id"])
-
-    def of_type(self, kind: StepType | str) -> list[dict[str, Any]]:
-        return [s for s in self.steps if s["type"] == str(kind)]
-
-    @property
-    def videos(self) -> list[Path]:
-        return sorted(self.path.parent.glob(f"{self.trace_id}.*.mp4"))
-
-    def without_timing(self) -> list[dict[str, Any]]:
-        """Every line with the timing-dependent fields removed (for comparing two rollouts)."""
-        lines = [self.header, *self.steps, *([self.grade] if self.grade is not None else [])]
-        return [{k: v for k, v in line.items() if k not in TIMING_FIELDS} for line in lines]
-
-
-def read_trace(path: Path) -> Trace:
-    """Parse one trace file; a malformed line is a ``ValueError`` naming the file and line."""
-    header: dict[str, Any] | None = None
-    steps: list[dict[str, Any]] = []
-    grade: dict[str, Any] | None = None
-    with Path(path).open(encoding="utf-8") as file:
-        for number, text in enumerate(file, start=1):
-            if not text.strip():
-                continue
-            try:
-                line: Any = json.loads(text, parse_constant=_constant)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
-            if not _is_json_object(line):
-                raise ValueError(f"{path}:{number}: a step must be a JSON object")
-            entry = line
-            kind = entry.get("type")
-            if kind not in StepType.__members__.values():
-                raise ValueError(f"{path}:{number}: unknown step type {kind!r}")
-            if kind == StepType.TRACE:
-                header = entry
-            elif kind == StepType.GRADE:
-                grade = entry
-            else:
-                steps.append(entry)
-    if header is None:
-        raise ValueError(f"{path}: no trace header line")
-    return Trace(path=Path(path), header=header, steps=steps, grade=grade)
-
-
-def read_traces(job_dir: Path) -> list[Trace]:
-    """Every trace of one job directory, ordered by (task, instance, slot, episode)."""
-    traces = [read_trace(p) for p in sorted(Path(job_dir).glob(f"*{TRACE_SUFFIX}"))]
-    return sorted(traces, key=lambda t: tuple(t.header.get(k, 0) for k in ("task", "instance", "slot", "episode")))
-
-
-def iter_jobs(root: Path) -> Iterator[Path]:
-    """The job directories under a trace root."""
-    return (p for p in sorted(Path(root).iterdir()) if p.is_dir())
-
-
-def _constant(name: str) -> float:
-    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
-
-
-def _is_json_object(value: object) -> TypeGuard[dict[str, Any]]:
-    """A JSON object (its keys are strings; its values are read field by field)."""
-    return isinstance(value, dict)

@@ -6,7 +6,7 @@ an idle one when there is one (a sim is reset for every instance anyway, so reus
 start-up), otherwise it spawns a child. A sim whose instance failed is closed, never reused. For a
 sim served elsewhere (``url`` + ``token``) the pool attaches instead; a served sim takes one
 connection at a time, so attached instances queue for it. With ``shards > 1`` an instance's sim is
-K children, each serving a slice of its slots, behind one :class:`~hud_pipelines.sim.shards.ShardedSim`
+K children, each serving a slice of its slots, behind one :class:`~hud_pipelines.sim.sharded_sim.ShardedSim`
 (see :mod:`hud_pipelines.sim.shards`); it is pooled, reused and stopped as one sim.
 
 The pool is lazy: nothing is spawned until an instance asks. That matters under Dagster, whose CLI
@@ -30,7 +30,8 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.errors import SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
-from hud_pipelines.sim.shards import ShardedProcess, ShardedSim
+from hud_pipelines.sim.sharded_sim import ShardedSim
+from hud_pipelines.sim.shards import ShardedProcess
 from hud_pipelines.wire.messages import Framing
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,8 @@ A spawned child:
   teardown can kill everything it started (SIGTERM, a grace period, then SIGKILL of the group);
 - must print its ready line within ``startup_timeout_s``, else it is killed and the error carries the
   tail of its stderr (which is also forwarded to the ``hud_pipelines.sim.child`` logger), led by
-  the child's own error line (:attr:`SimStartError.child_error`);
+  the child's own error line (:attr:`SimStartError.child_error`; reading a child's stderr for why it
+  failed is :mod:`hud_pipelines.sim.child_diagnosis`'s);
 - holds the read end of a pipe on stdin whose write end only this process has: when this process
   dies for any reason the child sees EOF and kills its own group, so no sim outlives its parent;
 - runs under this process's interpreter, or under another one (``python``: a sim whose simulator
@@ -21,50 +22,30 @@ either way.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import logging
 import os
-import re
 import secrets
 import selectors
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from hud_pipelines.errors import SimStartError
+from hud_pipelines.sim.child_diagnosis import ChildDiagnosis
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, SimClient
-from hud_pipelines.sim.serve import CHILD_ERROR_PREFIX, TOKEN_ENV
+from hud_pipelines.sim.serve import TOKEN_ENV
 from hud_pipelines.wire.codec import is_map
 from hud_pipelines.wire.messages import Framing
 
 log = logging.getLogger(__name__)
-child_log = logging.getLogger("hud_pipelines.sim.child")
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 DEFAULT_GRACE_S = 5.0
-STDERR_TAIL_LINES = 100
-STACKS_SIGNAL = signal.SIGUSR1
-"""On this signal a sim child writes the stack of every thread to stderr (faulthandler, set up first thing)."""
-STACKS_WAIT_S = 1.5
-"""How long a hung child gets to write its stacks before it is killed."""
-STACK_HEADER = "(most recent call first)"
-RENDERER_FRAME = re.compile(r"render|egl|osmesa|glfw|opengl|\bgl\b|mujoco.*context", re.IGNORECASE)
-RENDERER_HINT = (
-    "the sim seems stuck in its renderer ({frame}): offscreen rendering needs a working EGL (`apt-get install "
-    "libegl1 libegl-mesa0 libgl1-mesa-dri`, MUJOCO_GL=egl) or OSMesa (`apt-get install libosmesa6`, "
-    "MUJOCO_GL=osmesa PYOPENGL_PLATFORM=osmesa); now: {now}"
-)
-STDERR_DRAIN_S = 1.0
-"""How long to wait for the last stderr lines of a child that exited."""
-EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
-"""The last line of a Python traceback (``ModuleNotFoundError: No module named 'x'``)."""
-MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 PROJECT_INTERPRETER = Path(".venv/bin/python")
 """The interpreter of a uv project directory given as ``python`` (what ``uv sync --project DIR`` creates)."""
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -80,15 +61,13 @@ class SimProcess:
         token: str,
         *,
         popen: subprocess.Popen[bytes] | None = None,
-        stderr_tail: collections.deque[str] | None = None,
-        stderr_pump: threading.Thread | None = None,
+        diagnosis: ChildDiagnosis | None = None,
     ) -> None:
         self.url = url
         self.token = token
         self._popen = popen
         self._terminated = False
-        self._stderr_tail = stderr_tail if stderr_tail is not None else collections.deque[str](maxlen=STDERR_TAIL_LINES)
-        self._stderr_pump = stderr_pump
+        self._diagnosis = diagnosis
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -153,26 +132,17 @@ class SimProcess:
             )
         except OSError as exc:  # checked just before, so a race or an unusual file (a broken ELF)
             raise SimStartError(f"cannot run the sim interpreter {interpreter}: {exc} (sim {factory!r})") from exc
-        tail = collections.deque[str](maxlen=STDERR_TAIL_LINES)
-        assert popen.stderr is not None
         assert popen.stdout is not None
-        pump = threading.Thread(
-            target=_pump_stderr, args=(popen.stderr, tail, popen.pid), name=f"hud-sim-{popen.pid}-stderr", daemon=True
-        )
-        pump.start()
-        handle = cls("", token, popen=popen, stderr_tail=tail, stderr_pump=pump)
+        diagnosis = ChildDiagnosis(popen)
+        handle = cls("", token, popen=popen, diagnosis=diagnosis)
         try:
             ready = _read_ready_line(popen, startup_timeout_s)
         except SimStartError as exc:
             hung = handle.dump_stacks()  # a child that is still starting after the deadline: where it is stuck
             handle.close(grace_s=1.0)
-            diagnosis = handle.diagnose()
-            child_error = None if hung else handle.child_error()
-            lead = f"{child_error} ({exc}; sim {factory!r})" if child_error else f"{exc} (sim {factory!r})"
-            hint = _missing_module_hint(child_error, interpreter, python) if python is not None else None
-            hint = hint or (handle.stuck_hint(child_env) if hung else None)
-            lead = f"{lead}\n{hint}" if hint else lead
-            raise SimStartError(f"{lead}\n{diagnosis}", child_error=child_error) from None
+            raise diagnosis.start_error(
+                exc, factory, hung=hung, interpreter=interpreter, python=python, env=child_env
+            ) from None
         except BaseException:
             handle.close(grace_s=1.0)
             raise
@@ -224,74 +194,20 @@ class SimProcess:
         return self._popen is None or self._popen.poll() is None
 
     def diagnose(self, wait_s: float = 1.0) -> str:
-        """Exit status and stderr tail of a spawned child (waits briefly for a dying child)."""
-        if self._popen is None:
-            return ""
-        try:
-            code = self._popen.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            code = None
-        if code is None:
-            status = f"sim process {self._popen.pid} is still running"
-        elif code < 0:
-            status = f"sim process {self._popen.pid} was killed by {signal.Signals(-code).name}"
-        else:
-            status = f"sim process {self._popen.pid} exited with code {code}"
-        self._drain_stderr(exited=code is not None)
-        lines = "\n".join(f"  | {line}" for line in self._stderr_tail)
-        return f"{status}; stderr tail:\n{lines}" if lines else status
+        """Exit status and stderr tail of a spawned child (waits briefly for a dying child); empty when attached."""
+        return "" if self._diagnosis is None else self._diagnosis.diagnose(wait_s)
 
     def child_error(self) -> str | None:
-        """The child's own last error line: what it reported as fatal, else the last exception line of its stderr."""
-        lines = list(self._stderr_tail)
-        for line in reversed(lines):
-            if CHILD_ERROR_PREFIX in line:
-                return line.split(CHILD_ERROR_PREFIX, 1)[1].strip() or None
-        for line in reversed(lines):
-            if EXCEPTION_LINE.match(line.strip()):
-                return line.strip()
-        return None
-
-    def _drain_stderr(self, *, exited: bool) -> None:
-        """Let the stderr pump catch the last lines (all of them, up to a bound, once the child exited)."""
-        if exited and self._stderr_pump is not None:
-            self._stderr_pump.join(timeout=STDERR_DRAIN_S)
-        else:
-            time.sleep(0.05)
+        """The child's own last error line (see :meth:`ChildDiagnosis.child_error`); ``None`` when attached."""
+        return None if self._diagnosis is None else self._diagnosis.child_error()
 
     def dump_stacks(self) -> bool:
-        """Ask a running child for the stack of every thread, into its stderr tail; whether it wrote them.
-
-        A hung sim is about to be killed; where its threads are (a renderer that never returns, a
-        lock, a network call of the env) is the one thing that says why, and it is gone with the
-        process. Python's faulthandler writes the stacks from a C signal handler, so a main thread
-        blocked in C code still answers.
-        """
-        popen = self._popen
-        if popen is None or popen.poll() is not None:
-            return False
-        try:
-            os.kill(popen.pid, STACKS_SIGNAL)
-        except ProcessLookupError:
-            return False
-        deadline = time.monotonic() + STACKS_WAIT_S
-        seen: list[str] = []
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            lines = list(self._stderr_tail)
-            if lines == seen and any(STACK_HEADER in line for line in lines):
-                return True  # the stacks arrived and nothing more is coming
-            seen = lines
-        return any(STACK_HEADER in line for line in seen)
+        """Ask a running child for the stack of every thread, into its stderr tail; whether it wrote them."""
+        return self._diagnosis is not None and self._diagnosis.dump_stacks()
 
     def stuck_hint(self, env: Mapping[str, str]) -> str | None:
-        """What to install when the dumped stacks show a child stuck rendering (a known silent hang)."""
-        frames = [line.strip() for line in self._stderr_tail if line.strip().startswith("File ")]
-        frame = next((f for f in frames if RENDERER_FRAME.search(f)), None)
-        if frame is None:
-            return None
-        now = ", ".join(f"{k}={env[k]}" for k in ("MUJOCO_GL", "PYOPENGL_PLATFORM") if k in env) or "neither set"
-        return RENDERER_HINT.format(frame=frame, now=now)
+        """What to install when the dumped stacks show a child stuck rendering; ``None`` when attached."""
+        return None if self._diagnosis is None else self._diagnosis.stuck_hint(env)
 
     def _hung(self) -> None:
         """A request timed out: record where the child is stuck, then kill it."""
@@ -388,33 +304,9 @@ def _with_package_root(pythonpath: str) -> str:
     return os.pathsep.join(p for p in (str(PACKAGE_ROOT), pythonpath) if p)
 
 
-def _missing_module_hint(child_error: str | None, interpreter: str, python: str | Path) -> str | None:
-    """What to install where, when a child under another interpreter could not import a module."""
-    match = MISSING_MODULE.search(child_error or "")
-    if match is None:
-        return None
-    module = match.group(1).split(".")[0]
-    hint = (
-        f"the sim interpreter {interpreter} has no module {module!r}: install the package that provides it into "
-        f"that environment (`uv pip install --python {interpreter} {module}`)"
-    )
-    project = Path(python).expanduser()
-    if project.is_dir():
-        hint += f", or add it to {project / 'pyproject.toml'} and run `uv sync --project {project}`"
-    return hint
-
-
 def _signal_group(pgid: int, signum: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-
-
-def _pump_stderr(stream: IO[bytes], tail: collections.deque[str], pid: int) -> None:
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace").rstrip()
-        tail.append(line)
-        child_log.info("[%d] %s", pid, line)
-    stream.close()
 
 
 def _read_ready_line(popen: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:

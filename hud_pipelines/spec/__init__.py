@@ -18,7 +18,8 @@ from hud_pipelines.spec.grading import (
 from hud_pipelines.spec.loader import collect_pipelines, load_pipeline, load_pipeline_text, load_pipelines
 from hud_pipelines.spec.models import Partition, PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError
-from hud_pipelines.spec.sections import DatasetSpec, SimSpec, TaskSpec
+from hud_pipelines.spec.sections import DatasetSpec, TaskSpec
+from hud_pipelines.spec.sim_section import SimSpec
 
 __all__ = [
     "CallableGrader",

@@ -50,7 +50,6 @@ from hud_pipelines.spec.hashing import (
 from hud_pipelines.spec.sections import (
     DEFAULT_DATASET_DIR,
     DatasetSpec,
-    SimSpec,
     TaskSpec,
     TracesSpec,
     default_tasks,
@@ -58,6 +57,7 @@ from hud_pipelines.spec.sections import (
     require_unique,
     schema_default,
 )
+from hud_pipelines.spec.sim_section import SimSpec
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 """Pipeline names become Dagster key prefixes and job names."""

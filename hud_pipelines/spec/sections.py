@@ -1,22 +1,22 @@
-"""The sections of a pipeline file: the sim, its tasks, graders, checks, traces and the dataset.
+"""The sections of a pipeline file: its tasks, traces and the dataset, and the field rules sections share.
 
 Each is a strict, frozen model (:mod:`hud_pipelines.spec.base`) whose field descriptions become the
 JSON Schema and the YAML reference; :class:`~hud_pipelines.spec.models.PipelineSpec` puts them
-together and answers the questions that span sections (partitions, seeds, paths).
+together and answers the questions that span sections (partitions, seeds, paths). The sim section
+is :mod:`hud_pipelines.spec.sim_section`, graders and checks are :mod:`hud_pipelines.spec.grading`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Self, cast
+from typing import Any
 
-from pydantic import Field, SecretStr, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field
 from pydantic_core import PydanticCustomError
 
 from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec
 from hud_pipelines.recording.traces import DEFAULT_MAX_VIDEOS, TraceVideo
-from hud_pipelines.sim.actions import BoundsMode, HoldMode
-from hud_pipelines.spec.base import Float, Int, StrictModel
+from hud_pipelines.spec.base import Int, StrictModel
 
 TASK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 """Task names appear in partition keys (``<task>-i<instance>``)."""
@@ -51,220 +51,6 @@ def is_file_target(target: str) -> bool:
     """``path/to/file.py:callable`` rather than ``package.module:callable`` or a registry id."""
     module, sep, _ = target.rpartition(":")
     return bool(sep) and module.endswith(".py")
-
-
-# -- sim ------------------------------------------------------------------------------------------
-
-
-SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
-"""Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
-ATTACH_SOURCES = ("factory", "url", "urls", "fleet")
-"""Where a sim comes from: spawned from a factory, or attached to one served sim, a list of them, or a fleet file."""
-
-
-LEROBOT_ENV_SCHEMA: dict[str, Any] = {
-    "required": ["type"],
-    "properties": {"type": {"type": "string", "description": "the lerobot env type (`pusht`, `aloha`, ...)"}},
-}
-
-
-def _lerobot_env(fields: object, *, check_package: bool) -> Any:
-    """``sim.lerobot_env`` resolved; a problem is a spec error at the config key it is about."""
-    from hud_pipelines.spec.lerobot_env import LeRobotEnvError, resolve_lerobot_env
-
-    if not isinstance(fields, dict):
-        raise spec_rule("lerobot_env", f"expected a mapping with a 'type' (a lerobot env type), got {fields!r}")
-    try:
-        return resolve_lerobot_env(cast(dict[str, Any], fields), check_package=check_package)
-    except LeRobotEnvError as exc:
-        raise spec_rule(f"lerobot_env.{exc.key}".rstrip("."), str(exc)) from None
-
-
-class SimSpec(StrictModel):
-    """The simulator: spawned from a factory in a child process, or attached to by URL."""
-
-    factory: str | None = Field(
-        default=None,
-        min_length=1,
-        description="gymnasium registry id (`CartPole-v1`, `gym_pusht/PushT-v0`), `module:callable`, or "
-        "`path/to/file.py:callable` relative to the YAML file; exactly one of `factory` and `url`",
-    )
-    args: dict[str, Any] = Field(
-        default_factory=dict[str, Any],
-        json_schema_extra=schema_default({}),
-        description="build arguments of the factory (its keyword parameters; `gym.make` keywords for a registry id)",
-    )
-    num_envs: Int = Field(
-        default=1,
-        ge=1,
-        description="slots per sim instance, stepped in lockstep (a vectorized factory batches them natively; a "
-        "registry id uses gymnasium's `sync` vector env, so every slot keeps its own seed, unless `args` sets "
-        "`vectorization_mode`); with `url`: the slots the served sim has",
-    )
-    shards: Int = Field(
-        default=1,
-        ge=1,
-        # unsharded, it leaves the rollout hash as it was; sharded, it enters it: a vectorized factory then
-        # builds batches of num_envs / shards, which only independent slots make the same episodes
-        exclude_if=lambda value: value == 1,
-        description="sim processes per instance, each serving a slice of the `num_envs` slots (as even as possible: "
-        "the first `num_envs % shards` take one more), stepped in parallel and joined into one batch, so slot `i` "
-        "runs the same episode as with one process; at most `num_envs`, only for a spawned sim (`factory`)",
-    )
-    contract: str | None = Field(
-        default=None,
-        min_length=1,
-        description="contract.json relative to the YAML file: written from the derived contract on first use, "
-        "edited by hand afterwards (names, descriptions, types, bounds); an eval refuses a file whose shapes no "
-        "longer match the env, and `hud-pipelines contract <pipeline>` refreshes it, keeping the edits that "
-        "still fit; omitted: derived in memory each run",
-    )
-    startup_timeout_s: Float = Field(
-        default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"
-    )
-    step_timeout_s: Float = Field(default=60.0, gt=0, description="deadline of one reset or step request")
-    python: str | None = Field(
-        default=None,
-        min_length=1,
-        exclude_if=lambda value: value is None,  # unset, it leaves the rollout hash as it was before it existed
-        description="the Python the sim child runs under, relative to the YAML file: an interpreter "
-        "(`/opt/isaac/python.sh`), or a uv project directory whose `.venv/bin/python` is used (`../sims/metaworld`, "
-        "set up by `uv sync --project sims/metaworld`); it needs numpy, gymnasium, pydantic, msgpack and websockets "
-        "(the sim side of hud-pipelines, which is put on its `PYTHONPATH`), never torch; omitted: the agent's own",
-    )
-    hold: HoldMode = Field(
-        default=HoldMode.LAST,
-        description="action a finished slot receives while the others keep stepping: `last` or `zero`",
-    )
-    bounds: BoundsMode = Field(
-        default=BoundsMode.CLIP, description="out-of-bounds continuous actions: `clip` into the bounds, or `error`"
-    )
-    url: str | None = Field(
-        default=None,
-        pattern=r"^wss?://",
-        description="`ws://host:port` of a sim served elsewhere (`hud-pipelines serve`); exactly one of "
-        "`factory` and `url`",
-    )
-    urls: list[Annotated[str, Field(pattern=r"^wss?://")]] | None = Field(
-        default=None,
-        min_length=1,
-        description="a fleet: `ws://host:port` of several sims served elsewhere, one instance on each at a time; a "
-        "server that cannot be reached errors the instance that tried it, naming it, and gets no more",
-    )
-    fleet: str | None = Field(
-        default=None,
-        description="a fleet file (relative to the YAML) listing served sims (`servers:` of `ws://host:port` or "
-        "`{url, token}` entries) and a default `token`, tokens written `${VAR}` to come from the environment; "
-        "like `urls` otherwise",
-    )
-    token: SecretStr | None = Field(
-        default=None,
-        description="capability token of the sim at `url` (required with `url` or `urls`, one for the whole fleet; "
-        "write `${VAR}` to keep it out of git; a `fleet` file holds its own tokens)",
-    )
-    lerobot_env: dict[str, Any] | None = Field(
-        default=None,
-        exclude_if=lambda value: value is None,  # unset, it leaves the rollout hash as it was before it existed
-        json_schema_extra=LEROBOT_ENV_SCHEMA,
-        description="a lerobot env config (`{type: pusht, episode_length: 300, ...}`, the fields of lerobot's "
-        "`EnvConfig` of that type): the sim is the env lerobot's `make_env` builds for it (its gym id and "
-        "`gym_kwargs`), and a lerobot policy gets its observations as `lerobot-eval` passes them "
-        "(`preprocess_observation`, then the env's processors); instead of `factory` and `args`",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _expand_lerobot_env(cls, data: Any) -> Any:
-        """A ``lerobot_env`` becomes the registry id and build arguments it stands for (resolved in the parent)."""
-        if not isinstance(data, dict):
-            return data
-        section = cast(dict[str, Any], data)
-        if section.get("lerobot_env") is None:
-            return section
-        for key in (*ATTACH_SOURCES, "args"):
-            if section.get(key) not in (None, {}):
-                raise spec_rule(
-                    key,
-                    f"{key!r} and 'lerobot_env' exclude each other: the lerobot env config decides the env and its "
-                    "build arguments (set them as fields of 'lerobot_env')",
-                )
-        env = _lerobot_env(section["lerobot_env"], check_package=section.get("python") is None)
-        return {**section, "factory": env.gym_id, "args": env.build_args}
-
-    @model_serializer(mode="wrap")
-    def _as_written(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """A ``lerobot_env`` sim dumps as written: its registry id and build arguments are derived again on load."""
-        dumped: Any = handler(self)
-        if self.lerobot_env is None or not isinstance(dumped, dict):
-            return dumped
-        section = cast(dict[str, Any], dumped)
-        section.pop("factory", None)
-        section.pop("args", None)
-        return section
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Self:
-        sources = [name for name in ATTACH_SOURCES if getattr(self, name) is not None]
-        if not sources:
-            raise spec_rule(
-                "factory",
-                "the sim needs exactly one of 'factory' or 'lerobot_env' (spawn it) and 'url' (attach to it)",
-            )
-        if len(sources) > 1:
-            raise spec_rule(
-                sources[1],
-                f"{sources[0]!r} and {sources[1]!r} exclude each other: spawn a sim or attach to one, not both",
-            )
-        if self.factory is None:
-            attach = sources[0]
-            if attach == "fleet" and self.token is not None:
-                raise spec_rule("token", "a sim fleet's tokens are in its file ('token', or per server)")
-            if self.token is None and attach != "fleet":
-                raise spec_rule(
-                    attach, f"a sim attached by {attach!r} needs its 'token' (e.g. token: ${{HUD_SIM_TOKEN}})"
-                )
-            for key in SPAWN_ONLY_FIELDS:
-                if key in self.model_fields_set:
-                    raise spec_rule(
-                        key, f"{key!r} configures a spawned sim; a sim attached by {attach!r} is set up by its server"
-                    )
-        elif self.token is not None:
-            raise spec_rule("token", "'token' belongs to a sim attached by 'url'; a spawned sim gets a fresh one")
-        return self
-
-    @model_validator(mode="after")
-    def _shards_fit(self) -> Self:
-        if self.shards == 1:
-            return self
-        if self.factory is None:
-            attach = next(name for name in ATTACH_SOURCES[1:] if getattr(self, name) is not None)
-            raise spec_rule(
-                "shards",
-                f"shards={self.shards} splits a sim the pipeline spawns over several processes; a sim attached by "
-                f"{attach!r} serves its own slots (to use more cores, serve several sims and list them in 'urls': one "
-                "instance runs on each)",
-            )
-        if self.shards > self.num_envs:
-            raise spec_rule(
-                "shards",
-                f"shards={self.shards} needs at least one slot per shard, but num_envs is {self.num_envs}: "
-                f"use at most {self.num_envs} shards, or more slots",
-            )
-        return self
-
-    @property
-    def servers(self) -> list[str]:
-        """The URLs of the served sims listed in the YAML (none for a spawned sim or a fleet file)."""
-        return list(self.urls) if self.urls is not None else [self.url] if self.url is not None else []
-
-    @property
-    def spawned(self) -> bool:
-        """The pipeline starts (and owns) the sim, rather than attaching to one served elsewhere."""
-        return self.factory is not None
-
-    def serve_options(self) -> list[str]:
-        """Command-line options of ``hud-pipelines serve`` that carry this spec's sim-side settings."""
-        return ["--hold", self.hold.value, "--bounds", self.bounds.value]
 
 
 # -- tasks ----------------------------------------------------------------------------------------

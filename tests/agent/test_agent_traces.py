@@ -14,7 +14,8 @@ from hud_pipelines.agent.builtin import RandomPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
-from hud_pipelines.recording.traces import StepType, TraceRecorder, read_trace, read_traces
+from hud_pipelines.recording.trace_reader import read_trace, read_traces
+from hud_pipelines.recording.traces import StepType, TraceRecorder
 
 
 def camera_contract() -> Contract:

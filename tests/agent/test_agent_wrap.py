@@ -21,7 +21,8 @@ from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import load_contract
 from hud_pipelines.dataset.merge import read_episode_records
 from hud_pipelines.recording.events import EpisodeStatus
-from hud_pipelines.recording.traces import StepType, TraceRecorder, read_traces
+from hud_pipelines.recording.trace_reader import read_traces
+from hud_pipelines.recording.traces import StepType, TraceRecorder
 from hud_pipelines.recording.wrap import RecordVectorEpisodes, wrap
 from hud_pipelines.sim.bridge import GymBridge
 

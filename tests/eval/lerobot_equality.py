@@ -162,7 +162,7 @@ def pipeline_yaml(
 def run_pipeline(path: Path, outputs: Path, project: Path) -> Side:
     """The pipeline through :func:`~hud_pipelines.eval.steps.evaluate`; max rewards from its traces."""
     from hud_pipelines.eval.steps import evaluate
-    from hud_pipelines.recording.traces import read_trace
+    from hud_pipelines.recording.trace_reader import read_trace
     from hud_pipelines.spec.loader import load_pipeline
 
     started = time.perf_counter()

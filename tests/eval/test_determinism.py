@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hud_pipelines.eval.steps import Evaluation, evaluate
-from hud_pipelines.recording.traces import read_trace
+from hud_pipelines.recording.trace_reader import read_trace
 from hud_pipelines.spec.loader import load_pipeline
 from tests.dagster.support import REPO
 

@@ -81,7 +81,7 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
 ) -> None:
     import pyarrow.parquet as pq
 
-    from hud_pipelines.recording.traces import read_trace
+    from hud_pipelines.recording.trace_reader import read_trace
 
     monkeypatch.chdir(REPO)
     # CartPole reports no success: the return grader decides, and some episodes miss its threshold
@@ -120,7 +120,7 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
 def test_traces_keep_the_videos_the_yaml_asks_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, video: str, cap: int, kept: set[int] | int
 ) -> None:
-    from hud_pipelines.recording.traces import read_trace
+    from hud_pipelines.recording.trace_reader import read_trace
 
     monkeypatch.chdir(REPO)
     grader = f"{REPO / 'tests' / 'eval' / 'faulty_policies.py'}:even_seed"

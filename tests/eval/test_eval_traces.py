@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from hud_pipelines.eval.steps import evaluate
-from hud_pipelines.recording.traces import StepType, iter_jobs, read_traces
+from hud_pipelines.recording.trace_reader import iter_jobs, read_traces
+from hud_pipelines.recording.traces import StepType
 from hud_pipelines.spec.loader import load_pipeline_text
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import plot_figure, render_markdown, success_interval
 from hud_pipelines.eval.report_html import html_path
-from hud_pipelines.recording import traces
+from hud_pipelines.recording import trace_reader, traces
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import last_frame
 from hud_pipelines.spec.loader import load_pipeline_text
@@ -86,7 +86,9 @@ def camera_eval(tmp_path_factory: pytest.TempPathFactory) -> CameraEval:
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(REPO)
         evaluation = steps.evaluate(spec, outputs_dir=tmp_path / "outputs", project_dir=REPO)
-    written = [traces.read_trace(path) for path in evaluation.outputs.base.rglob(f"traces/**/*{traces.TRACE_SUFFIX}")]
+    written = [
+        trace_reader.read_trace(path) for path in evaluation.outputs.base.rglob(f"traces/**/*{traces.TRACE_SUFFIX}")
+    ]
     names = {t.trace_id: _captions(t.header) for t in written}
     (rate,) = {t.header["control_rate"] for t in written}
     return CameraEval(evaluation.outputs, evaluation.rows, names, rate, spec)
@@ -234,7 +236,7 @@ def test_the_report_asset_thumbnails_show_how_episodes_ended_failures_first(came
     assert strip.shape[0] == 2 * tile, "a row of failures, a row of successes"
     assert strip.shape[1] == max(len(failed), len(succeeded)) * (tile + 2) - 2
     files = camera_eval.outputs.base.rglob(f"traces/**/*{traces.TRACE_SUFFIX}")
-    videos = {t.trace_id: t.videos[0] for t in map(traces.read_trace, files)}
+    videos = {t.trace_id: t.videos[0] for t in map(trace_reader.read_trace, files)}
     for row_index, group in enumerate((failed, succeeded)):
         for column, row in enumerate(group):
             frame = last_frame(videos[row.trace_id or ""])
@@ -499,7 +501,7 @@ def test_long_episodes_are_sampled_down_and_non_finite_values_become_gaps(tmp_pa
         ]
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines))
-    steps_kept, series = sampled_series(traces.read_trace(path))
+    steps_kept, series = sampled_series(trace_reader.read_trace(path))
     assert len(steps_kept) <= MAX_POINTS
     assert (steps_kept[0], steps_kept[-1]) == (0, steps_count - 1), "the first and last steps stay"
     assert [(s.group, s.name) for s in series] == [("state", "angle"), ("action", "torque"), ("reward", "reward")]

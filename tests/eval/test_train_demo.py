@@ -137,7 +137,7 @@ def _policy_inputs_match_the_dataset(outputs: Path, trained: Path) -> None:
     """The adapter the sweep uses turns the demonstrations' observations into exactly the dataset's frames."""
     from hud_pipelines.agent.lerobot import LeRobotAdapter
     from hud_pipelines.contract import load_contract
-    from hud_pipelines.recording.traces import read_trace
+    from hud_pipelines.recording.trace_reader import read_trace
 
     config = json.loads((trained / "config.json").read_text())
     adapter = LeRobotAdapter(load_contract(outputs / train_demo.DEMOS / "contract.json"), rename=RENAME)

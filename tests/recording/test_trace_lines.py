@@ -12,7 +12,8 @@ import pytest
 
 from hud_pipelines.contract import Contract, Feature
 from hud_pipelines.recording.events import EpisodeKey, Frame
-from hud_pipelines.recording.traces import TraceRecorder, read_trace
+from hud_pipelines.recording.trace_reader import read_trace
+from hud_pipelines.recording.traces import TraceRecorder
 
 KEY = EpisodeKey("job", 0, 0, 0, 0, 7)
 

@@ -12,7 +12,7 @@ import pytest
 
 from hud_pipelines.spec import SpecError
 from hud_pipelines.spec.loader import load_pipeline_text
-from hud_pipelines.spec.sections import SimSpec
+from hud_pipelines.spec.sim_section import SimSpec
 
 PIPELINE = """\
 name: lr

@@ -22,7 +22,8 @@ import pytest
 from hud_pipelines.errors import ContractError, SimCrashedError, SimError, SimTimeoutError
 from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
 from hud_pipelines.sim.process import SimProcess
-from hud_pipelines.sim.shards import ShardedProcess, ShardedSim, split_slots
+from hud_pipelines.sim.sharded_sim import ShardedSim
+from hud_pipelines.sim.shards import ShardedProcess, split_slots
 from hud_pipelines.wire.messages import Observation, Result
 from tests.conftest import FAULTY, wait_group_gone
 

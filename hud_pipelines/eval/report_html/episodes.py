@@ -19,7 +19,8 @@ from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import last_frame, strip_png
-from hud_pipelines.recording.traces import TRACE_SUFFIX, StepType, Trace, read_trace
+from hud_pipelines.recording.trace_reader import Trace, read_trace
+from hud_pipelines.recording.traces import TRACE_SUFFIX, StepType
 
 MAX_POINTS = 240
 """Samples kept per series: enough for a plot a few hundred pixels wide."""

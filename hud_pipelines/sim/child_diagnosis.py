@@ -1,0 +1,180 @@
+"""Diagnosing a spawned sim child: its stderr tail, its own error line, its stacks, and what to install.
+
+A child that fails to start, crashes or hangs leaves one trace of why: what it wrote on stderr.
+:class:`ChildDiagnosis` pumps that stream into a bounded tail (and the ``hud_pipelines.sim.child``
+logger) from the moment the child starts, and reads it back: the exit status with the tail for an
+error message, the child's own fatal line (:attr:`~hud_pipelines.errors.SimStartError.child_error`),
+the stack of every thread of a hung child (asked for just before it is killed), and hints for the
+known causes (a renderer without its driver, a module missing from another interpreter).
+
+It is apart from :mod:`hud_pipelines.sim.process`, which starts and stops the child, because reading
+a child's stderr for causes is a concern of its own, which the lifecycle only calls on when
+something went wrong.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+from hud_pipelines.errors import SimStartError
+from hud_pipelines.sim.serve import CHILD_ERROR_PREFIX
+
+child_log = logging.getLogger("hud_pipelines.sim.child")
+STDERR_TAIL_LINES = 100
+STACKS_SIGNAL = signal.SIGUSR1
+"""On this signal a sim child writes the stack of every thread to stderr (faulthandler, set up first thing)."""
+STACKS_WAIT_S = 1.5
+"""How long a hung child gets to write its stacks before it is killed."""
+STACK_HEADER = "(most recent call first)"
+RENDERER_FRAME = re.compile(r"render|egl|osmesa|glfw|opengl|\bgl\b|mujoco.*context", re.IGNORECASE)
+RENDERER_HINT = (
+    "the sim seems stuck in its renderer ({frame}): offscreen rendering needs a working EGL (`apt-get install "
+    "libegl1 libegl-mesa0 libgl1-mesa-dri`, MUJOCO_GL=egl) or OSMesa (`apt-get install libosmesa6`, "
+    "MUJOCO_GL=osmesa PYOPENGL_PLATFORM=osmesa); now: {now}"
+)
+STDERR_DRAIN_S = 1.0
+"""How long to wait for the last stderr lines of a child that exited."""
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
+"""The last line of a Python traceback (``ModuleNotFoundError: No module named 'x'``)."""
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+class ChildDiagnosis:
+    """What a spawned child's stderr says about it, pumped into a tail of its last lines from its start."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stderr is not None
+        self._popen = popen
+        self.tail = collections.deque[str](maxlen=STDERR_TAIL_LINES)
+        self._pump = threading.Thread(
+            target=_pump_stderr,
+            args=(popen.stderr, self.tail, popen.pid),
+            name=f"hud-sim-{popen.pid}-stderr",
+            daemon=True,
+        )
+        self._pump.start()
+
+    def diagnose(self, wait_s: float = 1.0) -> str:
+        """Exit status and stderr tail of a spawned child (waits briefly for a dying child)."""
+        try:
+            code = self._popen.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            status = f"sim process {self._popen.pid} is still running"
+        elif code < 0:
+            status = f"sim process {self._popen.pid} was killed by {signal.Signals(-code).name}"
+        else:
+            status = f"sim process {self._popen.pid} exited with code {code}"
+        self._drain_stderr(exited=code is not None)
+        lines = "\n".join(f"  | {line}" for line in self.tail)
+        return f"{status}; stderr tail:\n{lines}" if lines else status
+
+    def child_error(self) -> str | None:
+        """The child's own last error line: what it reported as fatal, else the last exception line of its stderr."""
+        lines = list(self.tail)
+        for line in reversed(lines):
+            if CHILD_ERROR_PREFIX in line:
+                return line.split(CHILD_ERROR_PREFIX, 1)[1].strip() or None
+        for line in reversed(lines):
+            if EXCEPTION_LINE.match(line.strip()):
+                return line.strip()
+        return None
+
+    def _drain_stderr(self, *, exited: bool) -> None:
+        """Let the stderr pump catch the last lines (all of them, up to a bound, once the child exited)."""
+        if exited:
+            self._pump.join(timeout=STDERR_DRAIN_S)
+        else:
+            time.sleep(0.05)
+
+    def dump_stacks(self) -> bool:
+        """Ask a running child for the stack of every thread, into its stderr tail; whether it wrote them.
+
+        A hung sim is about to be killed; where its threads are (a renderer that never returns, a
+        lock, a network call of the env) is the one thing that says why, and it is gone with the
+        process. Python's faulthandler writes the stacks from a C signal handler, so a main thread
+        blocked in C code still answers.
+        """
+        popen = self._popen
+        if popen.poll() is not None:
+            return False
+        try:
+            os.kill(popen.pid, STACKS_SIGNAL)
+        except ProcessLookupError:
+            return False
+        deadline = time.monotonic() + STACKS_WAIT_S
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            lines = list(self.tail)
+            if lines == seen and any(STACK_HEADER in line for line in lines):
+                return True  # the stacks arrived and nothing more is coming
+            seen = lines
+        return any(STACK_HEADER in line for line in seen)
+
+    def stuck_hint(self, env: Mapping[str, str]) -> str | None:
+        """What to install when the dumped stacks show a child stuck rendering (a known silent hang)."""
+        frames = [line.strip() for line in self.tail if line.strip().startswith("File ")]
+        frame = next((f for f in frames if RENDERER_FRAME.search(f)), None)
+        if frame is None:
+            return None
+        now = ", ".join(f"{k}={env[k]}" for k in ("MUJOCO_GL", "PYOPENGL_PLATFORM") if k in env) or "neither set"
+        return RENDERER_HINT.format(frame=frame, now=now)
+
+    def start_error(
+        self,
+        exc: SimStartError,
+        factory: str,
+        *,
+        hung: bool,
+        interpreter: str,
+        python: str | Path | None,
+        env: Mapping[str, str],
+    ) -> SimStartError:
+        """The error of a child that did not become ready: its own error line first, then a hint, then the tail.
+
+        ``hung``: its stacks were dumped (it was still starting at the deadline), so its last error
+        line, if any, is not why it failed.
+        """
+        diagnosis = self.diagnose()
+        child_error = None if hung else self.child_error()
+        lead = f"{child_error} ({exc}; sim {factory!r})" if child_error else f"{exc} (sim {factory!r})"
+        hint = _missing_module_hint(child_error, interpreter, python) if python is not None else None
+        hint = hint or (self.stuck_hint(env) if hung else None)
+        lead = f"{lead}\n{hint}" if hint else lead
+        return SimStartError(f"{lead}\n{diagnosis}", child_error=child_error)
+
+
+def _missing_module_hint(child_error: str | None, interpreter: str, python: str | Path) -> str | None:
+    """What to install where, when a child under another interpreter could not import a module."""
+    match = MISSING_MODULE.search(child_error or "")
+    if match is None:
+        return None
+    module = match.group(1).split(".")[0]
+    hint = (
+        f"the sim interpreter {interpreter} has no module {module!r}: install the package that provides it into "
+        f"that environment (`uv pip install --python {interpreter} {module}`)"
+    )
+    project = Path(python).expanduser()
+    if project.is_dir():
+        hint += f", or add it to {project / 'pyproject.toml'} and run `uv sync --project {project}`"
+    return hint
+
+
+def _pump_stderr(stream: IO[bytes], tail: collections.deque[str], pid: int) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip()
+        tail.append(line)
+        child_log.info("[%d] %s", pid, line)
+    stream.close()
