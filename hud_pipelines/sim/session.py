@@ -62,6 +62,8 @@ class CloseCode(IntEnum):
     """The handshake failed: no ``hello``, a wrong protocol version or an impossible framing."""
     MESSAGE_TOO_BIG = 1009
     """A frame exceeded ``max_frame_bytes`` (sent by the WebSocket layer itself)."""
+    INTERNAL_ERROR = 1011
+    """Serving a request failed in the server itself (a bug: the error is logged)."""
     TRY_AGAIN_LATER = 1013
     """Another connection drives the sim (normally refused earlier with HTTP 409)."""
     IDLE_TIMEOUT = 4408
