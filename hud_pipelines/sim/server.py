@@ -82,7 +82,7 @@ class MainThreadExecutor:
     """A blocking job queue drained by the thread that calls :meth:`run_forever`."""
 
     def __init__(self, idle_hook: Callable[[], None] | None = None, idle_interval_s: float = 0.01) -> None:
-        self._queue: queue.SimpleQueue[_Job | _Signalled | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Posted | _Job | _Signalled | None] = queue.SimpleQueue()
         self.idle_hook = idle_hook
         """Run between jobs, at most every ``idle_interval_s`` (also while no job arrives)."""
         self.idle_interval_s = idle_interval_s
@@ -98,6 +98,19 @@ class MainThreadExecutor:
             else:
                 self._queue.put((fn, future))
         return future
+
+    def post(self, fn: Callable[[], object], on_failure: Callable[[BaseException], None]) -> None:
+        """Queue ``fn`` for the main thread without a future, for a caller that does not wait for it.
+
+        The cheapest hand-off (a served request takes this path): nothing to resolve afterwards.
+        ``on_failure`` hears what ``fn`` raised, or :class:`SimShuttingDown` when it never ran.
+        """
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._queue.put(_Posted(fn, on_failure))
+        if closed:
+            on_failure(SimShuttingDown("the sim is shutting down"))
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the main thread and await its result from an asyncio loop."""
@@ -116,7 +129,9 @@ class MainThreadExecutor:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(item, tuple):
+                if isinstance(item, _Posted):
+                    item.on_failure(SimShuttingDown("the sim is shutting down"))
+                elif isinstance(item, tuple):
                     item[1].set_exception(SimShuttingDown("the sim is shutting down"))
 
     def run_forever(self) -> None:
@@ -142,6 +157,9 @@ class MainThreadExecutor:
                     item = self._queue.get(timeout=max(0.0, next_idle - time.monotonic()))
                 except queue.Empty:
                     continue
+            if isinstance(item, _Posted):
+                item.run()
+                continue
             if item is None:
                 return
             if isinstance(item, _Signalled):
@@ -185,6 +203,24 @@ class MainThreadExecutor:
         with reader:
             while reader.recv(64):
                 self._queue.put(_SIGNALLED)
+
+
+class _Posted:
+    """A job queued with :meth:`MainThreadExecutor.post`: no future, a failure hook instead."""
+
+    __slots__ = ("fn", "on_failure")
+
+    def __init__(self, fn: Callable[[], object], on_failure: Callable[[BaseException], None]) -> None:
+        self.fn = fn
+        self.on_failure = on_failure
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as exc:  # a shutdown signal mid-job must still be heard, then propagate
+            self.on_failure(exc if isinstance(exc, Exception) else SimShuttingDown(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
 
 
 class _Signalled:
@@ -406,17 +442,13 @@ class SimServer:
         connection.begin_request()
 
         def run() -> None:
-            if connection.leaving and session.state is not SessionState.SERVING:
-                return
-            outcome = session.receive(message)
-            self._answer(connection, outcome)
+            try:
+                if not (connection.leaving and session.state is not SessionState.SERVING):
+                    self._answer(connection, session.receive(message))
+            finally:
+                connection.end_request()
 
-        try:
-            future = self.executor.submit(run)
-        except BaseException:
-            connection.end_request()
-            raise
-        future.add_done_callback(functools.partial(self._request_done, connection))
+        self.executor.post(run, functools.partial(self._request_failed, connection))
 
     def _answer(self, connection: _Connection, outcome: Outcome) -> None:
         if outcome.reply is not None:
@@ -425,12 +457,8 @@ class SimServer:
             connection.leaving = True
             connection.close(outcome.close, outcome.reason)
 
-    def _request_done(self, connection: _Connection, future: concurrent.futures.Future[None]) -> None:
-        """After a job: count its reply as activity; a job refused or cut short by shutdown says so and closes."""
-        connection.end_request()
-        failure = future.exception()
-        if failure is None:
-            return
+    def _request_failed(self, connection: _Connection, failure: BaseException) -> None:
+        """A request refused or cut short by shutdown says so and closes; any other failure is a bug, logged."""
         if isinstance(failure, SimShuttingDown):
             message = "the sim is shutting down"
             connection.leaving = True
