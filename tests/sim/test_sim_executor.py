@@ -165,3 +165,25 @@ def test_a_signal_taken_by_another_thread_still_runs_its_handler_on_the_main_thr
         signal.signal(signal.SIGUSR1, previous)
     assert not fallback
     assert handled_on == [threading.main_thread().name]
+
+
+def test_posted_jobs_run_in_order_and_their_failures_reach_the_hook() -> None:
+    executor = MainThreadExecutor()
+    ran: list[int] = []
+    failures: list[str] = []
+
+    def fail() -> None:
+        raise ZeroDivisionError("posted")
+
+    executor.post(lambda: ran.append(1), lambda exc: failures.append(repr(exc)))
+    executor.post(fail, lambda exc: failures.append(repr(exc)))
+    executor.post(lambda: ran.append(2), lambda exc: failures.append(repr(exc)))
+    executor.stop()
+    executor.run_forever()
+    assert ran == [1, 2]
+    assert failures == ["ZeroDivisionError('posted')"]
+    executor.post(lambda: ran.append(3), lambda exc: failures.append(type(exc).__name__))  # queued, never run
+    executor.close()
+    executor.post(lambda: ran.append(4), lambda exc: failures.append(type(exc).__name__))  # refused
+    assert ran == [1, 2]
+    assert failures[1:] == ["SimShuttingDown", "SimShuttingDown"]
