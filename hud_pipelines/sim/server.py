@@ -34,6 +34,7 @@ import contextlib
 import functools
 import hmac
 import logging
+import math
 import queue
 import select
 import signal
@@ -307,10 +308,12 @@ class SimServer:
         listener, wake = self._listener, self._wake
         assert listener is not None
         assert wake is not None
+        poller = select.poll()  # not select(): a sim process may well hold more than 1024 descriptors
+        poller.register(listener, select.POLLIN)
+        poller.register(wake[0], select.POLLIN)
         try:
             while not self._stopped.is_set():
-                readable, _, _ = select.select([listener, wake[0]], [], [])
-                if listener not in readable:
+                if listener.fileno() not in {fd for fd, _ in poller.poll()}:
                     continue
                 try:
                     sock, _ = listener.accept()
@@ -481,7 +484,7 @@ class _Connection:
 
     def __init__(self, sock: socket.socket, protocol: ServerProtocol) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(SEND_TIMEOUT_S)  # bounds sends; reads wait in select() with their own deadline
+        sock.settimeout(SEND_TIMEOUT_S)  # bounds sends; reads wait in poll() with their own deadline
         self.sock = sock
         self.protocol = protocol
         self.peer: object = _peer_of(sock)
@@ -498,6 +501,8 @@ class _Connection:
         self._in_flight = 0
         self._last_activity = time.monotonic()
         self._buffer = bytearray(RECV_CHUNK_BYTES)
+        self._poller = select.poll()  # not select(): a sim process may well hold more than 1024 descriptors
+        self._poller.register(sock, select.POLLIN)
 
     # -- reading (the connection's own thread) -----------------------------------------------------
 
@@ -508,11 +513,12 @@ class _Connection:
 
     def read(self, timeout_s: float | None) -> bool:
         """Wait up to ``timeout_s`` for bytes and feed them to the protocol; ``False`` on timeout."""
+        wait_ms = None if timeout_s is None else max(math.ceil(timeout_s * 1000), 0)
         try:
-            readable, _, _ = select.select([self.sock], [], [], timeout_s)
-        except (OSError, ValueError):  # the socket was closed under us
-            readable = [self.sock]
-        if not readable:
+            ready = bool(self._poller.poll(wait_ms))
+        except (OSError, ValueError):  # the socket was closed under us: the read below sees the end
+            ready = True
+        if not ready:
             return False
         try:
             count = self.sock.recv_into(self._buffer)
