@@ -35,13 +35,14 @@ import functools
 import hmac
 import logging
 import math
+import os
 import queue
 import select
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
@@ -140,8 +141,7 @@ class MainThreadExecutor:
 
         Without an idle hook the thread blocks on the queue with no timeout at all.
         """
-        with self._signals_wake_the_queue():
-            self._drain()
+        self._drain()
 
     def _drain(self) -> None:
         next_idle = time.monotonic()
@@ -176,34 +176,15 @@ class MainThreadExecutor:
                 if not isinstance(exc, Exception):
                     raise
 
-    @contextlib.contextmanager
-    def _signals_wake_the_queue(self) -> Generator[None]:
-        """On the main thread: a signal caught by any thread wakes the queue, so its Python handler runs.
+    def wake_for_signals(self) -> None:
+        """Make the main thread run the Python handlers of the signals caught so far (from any thread).
 
         Python runs signal handlers on the main thread only, when it next executes bytecode; a
         signal that arrives while another thread runs Python code can leave the main thread asleep
-        in the queue with the handler still pending (a SIGTERM that never stops the sim). The C
-        handler writes to the wake-up file descriptor from whatever thread took the signal; a relay
-        thread turns that into a queue item, on which the main thread runs the pending handlers.
+        in the queue with its handler still pending (a SIGTERM that never stops the sim). The
+        server's accepting thread watches the signal wake-up descriptor and calls this.
         """
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        reader, writer = socket.socketpair()
-        writer.setblocking(False)
-        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        relay = threading.Thread(target=self._relay_signals, args=(reader,), name="hud-sim-signals", daemon=True)
-        relay.start()
-        try:
-            yield
-        finally:
-            signal.set_wakeup_fd(previous)
-            writer.close()  # the relay reads the end of the stream and exits
-
-    def _relay_signals(self, reader: socket.socket) -> None:
-        with reader:
-            while reader.recv(64):
-                self._queue.put(_SIGNALLED)
+        self._queue.put(_SIGNALLED)
 
 
 class _Posted:
@@ -263,6 +244,9 @@ class SimServer:
         self._listener: socket.socket | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
         """A socket pair whose write end wakes the accepting thread to stop."""
+        self._signals: tuple[int, int] | None = None
+        """The pipe the C signal handler writes to (``signal.set_wakeup_fd``), watched by the accepting thread."""
+        self._previous_wakeup_fd = -1
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -288,6 +272,7 @@ class SimServer:
             raise
         self._listener = listener
         self._wake = socket.socketpair()
+        self._watch_signals()
         self.port = int(listener.getsockname()[1])
         self._thread = threading.Thread(target=self._accept_forever, name="hud-sim-server", daemon=True)
         self._thread.start()
@@ -303,17 +288,45 @@ class SimServer:
             connection.close(CloseCode.GOING_AWAY, "the sim is shutting down")
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
+        if self._signals is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+            os.close(self._signals[1])
+            self._signals = None
+
+    def _watch_signals(self) -> None:
+        """Started on the main thread: signals caught by any thread wake the main thread's queue.
+
+        The C signal handler writes to the wake-up descriptor from whichever thread took the signal;
+        the accepting thread, already waiting in ``poll()``, turns that into
+        :meth:`MainThreadExecutor.wake_for_signals` (no thread of its own: an extra thread delays a
+        killed process's end, and with it the closing of its listening socket).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        reader, writer = os.pipe()
+        os.set_blocking(reader, False)
+        os.set_blocking(writer, False)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+        self._signals = (reader, writer)
 
     def _accept_forever(self) -> None:
         listener, wake = self._listener, self._wake
         assert listener is not None
         assert wake is not None
+        signals = self._signals[0] if self._signals is not None else None
         poller = select.poll()  # not select(): a sim process may well hold more than 1024 descriptors
         poller.register(listener, select.POLLIN)
         poller.register(wake[0], select.POLLIN)
+        if signals is not None:
+            poller.register(signals, select.POLLIN)
         try:
             while not self._stopped.is_set():
-                if listener.fileno() not in {fd for fd, _ in poller.poll()}:
+                ready = {fd for fd, _ in poller.poll()}
+                if signals in ready:
+                    with contextlib.suppress(OSError):
+                        os.read(signals, 64)
+                    self.executor.wake_for_signals()
+                if listener.fileno() not in ready:
                     continue
                 try:
                     sock, _ = listener.accept()
@@ -328,6 +341,8 @@ class SimServer:
             listener.close()
             for end in wake:
                 end.close()
+            if signals is not None:
+                os.close(signals)
 
     # -- one connection ----------------------------------------------------------------------------
 

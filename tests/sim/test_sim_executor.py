@@ -136,7 +136,7 @@ def test_replies_leave_from_the_thread_that_runs_the_sim(monkeypatch: pytest.Mon
 
 
 def test_a_signal_taken_by_another_thread_still_runs_its_handler_on_the_main_thread() -> None:
-    """A SIGTERM that lands on a serving thread must still stop a main thread asleep in the queue."""
+    """A SIGTERM that lands on another thread must still stop a serving main thread asleep in the queue."""
     executor = MainThreadExecutor()
     handled_on: list[str] = []
 
@@ -145,6 +145,7 @@ def test_a_signal_taken_by_another_thread_still_runs_its_handler_on_the_main_thr
         executor.stop()
 
     fallback: list[bool] = []
+    stopped = threading.Event()
 
     def signal_from_here() -> None:
         time.sleep(0.2)  # the main thread is asleep in the queue by now
@@ -153,14 +154,17 @@ def test_a_signal_taken_by_another_thread_still_runs_its_handler_on_the_main_thr
             fallback.append(True)
             executor.stop()
 
-    stopped = threading.Event()
     previous = signal.signal(signal.SIGUSR1, handler)
     try:
-        sender = threading.Thread(target=signal_from_here)
-        sender.start()
-        executor.run_forever()
-        stopped.set()
-        sender.join(timeout=10)
+        with GymBridge("CartPole-v1") as bridge:
+            sim = SimServer(bridge, executor, token="secret")
+            sim.start()
+            sender = threading.Thread(target=signal_from_here)
+            sender.start()
+            executor.run_forever()
+            stopped.set()
+            sender.join(timeout=10)
+            sim.stop()
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert not fallback
