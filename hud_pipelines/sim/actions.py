@@ -108,6 +108,13 @@ class ActionAdapter:
         """
         frame = self._frame(action, scalar)
         rows = frame.astype(np.float64)
+        if self.discrete:
+            np.rint(rows, out=rows)
+        if self._all_valid(rows, running):  # the usual frame: every slot runs and every row is fine
+            if not self.discrete:
+                np.clip(rows, self.low, self.high, out=rows)
+            self.last = rows
+            return rows, {}
         refused: dict[int, str] = {}
         finite: npt.NDArray[np.bool_] = np.all(np.isfinite(rows), axis=1)
         if not finite[running].all():
@@ -117,7 +124,6 @@ class ActionAdapter:
                 )
         checked = running & finite
         if self.discrete:
-            np.rint(rows, out=rows)
             for slot in self._outside(rows, checked):
                 refused[slot] = (
                     f"slot {slot}: action {frame[slot].tolist()} is outside the discrete range; {self._expected()}"
@@ -134,6 +140,18 @@ class ActionAdapter:
             rows = np.where(applied[:, None], rows, held)
         self.last = rows
         return rows, refused
+
+    def _all_valid(self, rows: npt.NDArray[np.float64], running: npt.NDArray[np.bool_]) -> bool:
+        """Whether every slot runs and no row needs refusing: two whole-frame checks instead of per-slot masks.
+
+        Discrete rows (already rounded) and rows under :attr:`BoundsMode.ERROR` must lie within the
+        bounds (which a NaN never does); clipped continuous rows need only be finite.
+        """
+        if not running.all():
+            return False
+        if self.discrete or self.bounds is BoundsMode.ERROR:
+            return bool(((rows >= self.low) & (rows <= self.high)).all())
+        return bool(np.isfinite(rows).all())
 
     def _frame(self, action: object, scalar: bool) -> npt.NDArray[Any]:
         """The frame as ``[N, A]``, or an :class:`ActionError` naming what the client sent and what is expected."""

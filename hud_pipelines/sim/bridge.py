@@ -327,6 +327,8 @@ class GymBridge:
         Returns the slots whose observation was not finite (flagged on the wire and counted in their
         records) and one error per ended slot, naming the feature (or the reward) and the step.
         """
+        if self._all_finite(reward):  # the usual frame: nothing to screen slot by slot
+            return [], []
         found = screen_nonfinite(self._obs, self._float_features, rows, reward, self.slots.steps)
         if found.flagged.any():
             self.slots.flag_nonfinite(found.flagged)
@@ -334,6 +336,12 @@ class GymBridge:
             self.slots.fail(slot, reason)
         errors = [SlotError(slot=s, message=m, cause="nonfinite") for s, m in found.reasons.items()]
         return np.flatnonzero(found.flagged).tolist(), errors
+
+    def _all_finite(self, reward: npt.NDArray[np.float64] | None) -> bool:
+        """Whether every float observation and the whole reward (``None``: a reset) are finite."""
+        if reward is not None and not np.isfinite(reward).all():
+            return False
+        return all(np.isfinite(self._obs[key]).all() for key in self._float_features)
 
     def _observation(
         self,

@@ -1,12 +1,19 @@
-"""The sim server: the sim on the main thread, serving on a background asyncio thread.
+"""The sim server: the sim on the main thread, serving on background threads.
 
 Sims such as MuJoCo with EGL, Isaac/Omniverse Kit and pygame insist on owning the main thread, so
 the main thread runs :meth:`MainThreadExecutor.run_forever` and nothing else: it blocks on a queue
 (no sleep-polling) and runs each sim touch (build, reset, step, result, close) in arrival order. An
 optional idle hook runs between touches, at most every ``idle_interval_s`` (where a Kit-style app
-is pumped). The WebSocket server runs in an asyncio loop on a daemon thread and hands every frame
-to the main thread as one job (decode, sim touch, encode: see :mod:`hud_pipelines.sim.session`),
-so a reply can never be read while its step is still running.
+is pumped).
+
+The WebSocket side is websockets' sans-I/O protocol driven by plain threads: one thread accepts
+connections, one thread per connection reads its socket and queues every whole message for the
+main thread as one job (decode, sim touch, encode, *send*: see :mod:`hud_pipelines.sim.session`).
+The main thread writes the reply to the socket itself, so a tick costs one hand-off between threads
+(the reader waking the main thread) instead of three through an asyncio loop (reader to main
+thread, main thread back to the loop, the loop's task resuming): each cross-thread wake-up costs
+tens of microseconds, most of a served round trip. Replies go out in request order because the one
+main thread runs the jobs in order; a reply can never be read while its step is still running.
 
 One connection drives the sim at a time; a second one is refused with HTTP 409 until the first
 closes (one that arrives while the first is closing waits up to :data:`CLOSING_WAIT_S` instead).
@@ -27,24 +34,28 @@ import contextlib
 import functools
 import hmac
 import logging
+import math
+import os
 import queue
+import select
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 from websockets.protocol import State
+from websockets.server import ServerProtocol
 
 from hud_pipelines.errors import Phase, SimShuttingDown
 from hud_pipelines.sim.bridge import GymBridge
-from hud_pipelines.sim.session import SERVER_NAME, CloseCode, Session
+from hud_pipelines.sim.session import SERVER_NAME, CloseCode, Outcome, Session, SessionState
 from hud_pipelines.wire.codec import packb
 from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, ErrorFrame, to_wire
 
@@ -58,8 +69,13 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 """How long a client may stay silent after its hello (longer than a slow policy's forward)."""
 CLOSING_WAIT_S = 5.0
 """How long a new connection waits for a closing one to let go of the sim before it gets a 409."""
+CLOSE_TIMEOUT_S = 1.0
+"""How long a closing connection waits for the peer's close frame before the socket is dropped."""
+SEND_TIMEOUT_S = 60.0
+"""How long one send may wait for a peer that does not read (then the connection is dropped)."""
 TCP_KEEPALIVE_S = (10, 5, 3)
 """Idle seconds before the first probe, seconds between probes, probes before the peer is declared gone."""
+RECV_CHUNK_BYTES = 1 << 20
 
 __all__ = ["SERVER_NAME", "MainThreadExecutor", "SimServer", "SimShuttingDown"]
 
@@ -68,9 +84,7 @@ class MainThreadExecutor:
     """A blocking job queue drained by the thread that calls :meth:`run_forever`."""
 
     def __init__(self, idle_hook: Callable[[], None] | None = None, idle_interval_s: float = 0.01) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Posted | _Job | _Signalled | None] = queue.SimpleQueue()
         self.idle_hook = idle_hook
         """Run between jobs, at most every ``idle_interval_s`` (also while no job arrives)."""
         self.idle_interval_s = idle_interval_s
@@ -86,6 +100,19 @@ class MainThreadExecutor:
             else:
                 self._queue.put((fn, future))
         return future
+
+    def post(self, fn: Callable[[], object], on_failure: Callable[[BaseException], None]) -> None:
+        """Queue ``fn`` for the main thread without a future, for a caller that does not wait for it.
+
+        The cheapest hand-off (a served request takes this path): nothing to resolve afterwards.
+        ``on_failure`` hears what ``fn`` raised, or :class:`SimShuttingDown` when it never ran.
+        """
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._queue.put(_Posted(fn, on_failure))
+        if closed:
+            on_failure(SimShuttingDown("the sim is shutting down"))
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the main thread and await its result from an asyncio loop."""
@@ -104,7 +131,9 @@ class MainThreadExecutor:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if item is not None:
+                if isinstance(item, _Posted):
+                    item.on_failure(SimShuttingDown("the sim is shutting down"))
+                elif isinstance(item, tuple):
                     item[1].set_exception(SimShuttingDown("the sim is shutting down"))
 
     def run_forever(self) -> None:
@@ -112,6 +141,9 @@ class MainThreadExecutor:
 
         Without an idle hook the thread blocks on the queue with no timeout at all.
         """
+        self._drain()
+
+    def _drain(self) -> None:
         next_idle = time.monotonic()
         while True:
             hook = self.idle_hook
@@ -126,8 +158,14 @@ class MainThreadExecutor:
                     item = self._queue.get(timeout=max(0.0, next_idle - time.monotonic()))
                 except queue.Empty:
                     continue
+            if isinstance(item, _Posted):
+                item.run()
+                continue
             if item is None:
                 return
+            if isinstance(item, _Signalled):
+                signal.pthread_sigmask(signal.SIG_BLOCK, ())  # runs the Python handlers of signals caught so far
+                continue
             fn, future = item
             if not future.set_running_or_notify_cancel():
                 continue
@@ -138,9 +176,45 @@ class MainThreadExecutor:
                 if not isinstance(exc, Exception):
                     raise
 
+    def wake_for_signals(self) -> None:
+        """Make the main thread run the Python handlers of the signals caught so far (from any thread).
+
+        Python runs signal handlers on the main thread only, when it next executes bytecode; a
+        signal that arrives while another thread runs Python code can leave the main thread asleep
+        in the queue with its handler still pending (a SIGTERM that never stops the sim). The
+        server's accepting thread watches the signal wake-up descriptor and calls this.
+        """
+        self._queue.put(_SIGNALLED)
+
+
+class _Posted:
+    """A job queued with :meth:`MainThreadExecutor.post`: no future, a failure hook instead."""
+
+    __slots__ = ("fn", "on_failure")
+
+    def __init__(self, fn: Callable[[], object], on_failure: Callable[[BaseException], None]) -> None:
+        self.fn = fn
+        self.on_failure = on_failure
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as exc:  # a shutdown signal mid-job must still be heard, then propagate
+            self.on_failure(exc if isinstance(exc, Exception) else SimShuttingDown(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+
+
+class _Signalled:
+    """The queue item that makes the main thread run the Python handlers of the signals caught so far."""
+
+
+_SIGNALLED = _Signalled()
+_Job = tuple[Callable[[], Any], "concurrent.futures.Future[Any]"]
+
 
 class SimServer:
-    """Serves one :class:`GymBridge` over WebSocket from a background asyncio thread."""
+    """Serves one :class:`GymBridge` over WebSocket from background threads; replies leave from the main thread."""
 
     def __init__(
         self,
@@ -162,173 +236,437 @@ class SimServer:
         self.idle_timeout_s = idle_timeout_s or None
         """Seconds a client may send nothing after its hello before it is closed (``None``: forever)."""
         self.connections_served = 0
-        self._busy = False
-        self._closing = False
-        """The connection that drives the sim is on its way out; a newcomer waits for it instead of a 409."""
-        self._idle: asyncio.Event | None = None
-        self._current: ServerConnection | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopped: asyncio.Event | None = None
-        self._ready = threading.Event()
+        self._state = threading.Condition()
+        """Guards who drives the sim; notified when the driving connection lets go."""
+        self._driver: _Connection | None = None
+        """The connection that drives the sim (admitted, until its episodes were aborted)."""
+        self._live: set[_Connection] = set()
+        self._listener: socket.socket | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        """A socket pair whose write end wakes the accepting thread to stop."""
+        self._signals: tuple[int, int] | None = None
+        """The pipe the C signal handler writes to (``signal.set_wakeup_fd``), watched by the accepting thread."""
+        self._previous_wakeup_fd = -1
+        self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 30.0) -> int:
-        """Start serving on a daemon thread; returns the bound port (the OS picks one for port 0)."""
-        self._thread = threading.Thread(target=self._thread_main, name="hud-sim-server", daemon=True)
+        """Bind and start accepting on a daemon thread; returns the bound port (the OS picks one for port 0)."""
+        del timeout_s  # binding is synchronous; kept for callers that bound the start
+        family, kind, proto, _, address = socket.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+            listener.listen(16)
+        except OSError as exc:  # name the address: "address already in use" alone does not say which
+            listener.close()
+            reason = (exc.strerror or str(exc)).lower()
+            raise OSError(exc.errno, f"error while attempting to bind on address {address!r}: {reason}") from exc
+        except BaseException:
+            listener.close()
+            raise
+        self._listener = listener
+        self._wake = socket.socketpair()
+        self._watch_signals()
+        self.port = int(listener.getsockname()[1])
+        self._thread = threading.Thread(target=self._accept_forever, name="hud-sim-server", daemon=True)
         self._thread.start()
-        if not self._ready.wait(timeout_s):
-            raise RuntimeError(f"the sim server did not bind within {timeout_s} s")
-        if self._failure is not None:
-            raise self._failure
         return self.port
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Close every connection (1001, going away) and the listening socket."""
-        if self._loop is not None and self._stopped is not None:
-            self._loop.call_soon_threadsafe(self._stopped.set)
+        self._stopped.set()
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                self._wake[1].send(b"x")
+        for connection in list(self._live):
+            connection.close(CloseCode.GOING_AWAY, "the sim is shutting down")
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
+        if self._signals is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+            os.close(self._signals[1])
+            self._signals = None
 
-    def _thread_main(self) -> None:
+    def _watch_signals(self) -> None:
+        """Started on the main thread: signals caught by any thread wake the main thread's queue.
+
+        The C signal handler writes to the wake-up descriptor from whichever thread took the signal;
+        the accepting thread, already waiting in ``poll()``, turns that into
+        :meth:`MainThreadExecutor.wake_for_signals` (no thread of its own: an extra thread delays a
+        killed process's end, and with it the closing of its listening socket).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        reader, writer = os.pipe()
+        os.set_blocking(reader, False)
+        os.set_blocking(writer, False)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+        self._signals = (reader, writer)
+
+    def _accept_forever(self) -> None:
+        listener, wake = self._listener, self._wake
+        assert listener is not None
+        assert wake is not None
+        signals = self._signals[0] if self._signals is not None else None
+        poller = select.poll()  # not select(): a sim process may well hold more than 1024 descriptors
+        poller.register(listener, select.POLLIN)
+        poller.register(wake[0], select.POLLIN)
+        if signals is not None:
+            poller.register(signals, select.POLLIN)
         try:
-            asyncio.run(self._serve())
-        except BaseException as exc:  # reported to start() or logged; never kill the process from here
-            self._failure = exc
-            self._ready.set()
-            if not isinstance(exc, OSError):
-                log.exception("sim server thread failed")
+            while not self._stopped.is_set():
+                ready = {fd for fd, _ in poller.poll()}
+                if signals in ready:
+                    with contextlib.suppress(OSError):
+                        os.read(signals, 64)
+                    self.executor.wake_for_signals()
+                if listener.fileno() not in ready:
+                    continue
+                try:
+                    sock, _ = listener.accept()
+                except OSError:
+                    continue
+                threading.Thread(
+                    target=self._connection_main, args=(sock,), name="hud-sim-connection", daemon=True
+                ).start()
+        except BaseException:  # logged; never kill the process from here
+            log.exception("sim server thread failed")
+        finally:
+            listener.close()
+            for end in wake:
+                end.close()
+            if signals is not None:
+                os.close(signals)
 
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stopped = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        server: Server
-        async with serve(
-            self._handle,
-            self.host,
-            self.port,
-            process_request=self._admit,
-            compression=None,
-            max_size=self.max_frame_bytes,
-            ping_interval=None,
-            open_timeout=UPGRADE_TIMEOUT_S,
-            close_timeout=1,
-            server_header=SERVER_NAME,
-        ) as server:
-            self.port = int(next(iter(server.sockets)).getsockname()[1])
-            self._ready.set()
-            await self._stopped.wait()
-            server.close(close_connections=True)
+    # -- one connection ----------------------------------------------------------------------------
 
-    # -- admission ---------------------------------------------------------------------------------
+    def _connection_main(self, sock: socket.socket) -> None:
+        connection = _Connection(sock, ServerProtocol(max_size=self.max_frame_bytes, logger=log))
+        self._live.add(connection)
+        try:
+            deadline = time.monotonic() + UPGRADE_TIMEOUT_S
+            request = connection.read_request(deadline)
+            if request is None:
+                return
+            response = self._admit(connection, request, deadline)
+            admitted = response is None
+            if response is None:
+                response = connection.protocol.accept(request)
+            response.headers["Server"] = SERVER_NAME
+            connection.send_response(response)
+            if response.status_code != HTTPStatus.SWITCHING_PROTOCOLS:
+                if admitted:
+                    self._let_go(connection)
+                return
+            self._drive(connection)
+        except BaseException:  # a broken connection must never take the server down
+            log.exception("serving a connection failed")
+        finally:
+            self._live.discard(connection)
+            connection.finish(CLOSE_TIMEOUT_S)
 
-    async def _admit(self, connection: ServerConnection, request: HttpRequest) -> HttpResponse | None:
+    def _admit(self, connection: _Connection, request: HttpRequest, deadline: float) -> HttpResponse | None:
         """Refuse a connection before the WebSocket handshake: 401 without the token, 409 when busy.
 
         A connection that arrives while the previous one is closing (its close frame, its ``close``
         request or its EOF has been read) waits up to :data:`CLOSING_WAIT_S` for it to let go, so a
         client may close and reconnect at once; only a sim still busy after that (a request of the
-        old connection still running in the env) is a 409.
+        old connection still running in the env) is a 409. An admitted connection drives the sim.
         """
         offered = _bearer(request.headers.get("Authorization"))
         if offered is None:
             offered = parse_qs(urlsplit(request.path).query).get("token", [""])[0]
         if not hmac.compare_digest(offered.encode(), self.token.encode()):
-            log.warning("refused a connection from %s: missing or wrong token", connection.remote_address)
-            return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong capability token\n")
-        if self._busy and self._leaving() and self._idle is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), CLOSING_WAIT_S)
-        if self._busy:
-            return connection.respond(HTTPStatus.CONFLICT, "the sim is driven by another connection\n")
+            log.warning("refused a connection from %s: missing or wrong token", connection.peer)
+            return connection.protocol.reject(HTTPStatus.UNAUTHORIZED, "missing or wrong capability token\n")
+        with self._state:
+            driver = self._driver
+            if driver is not None and driver.leaving:
+                wait_s = min(CLOSING_WAIT_S, max(deadline - time.monotonic(), 0.0))
+                self._state.wait_for(lambda: self._driver is None, timeout=wait_s)
+            if self._driver is not None:
+                return connection.protocol.reject(HTTPStatus.CONFLICT, "the sim is driven by another connection\n")
+            self._driver = connection
         return None
 
-    def _leaving(self) -> bool:
-        """Whether the connection that drives the sim is on its way out."""
-        current = self._current
-        return self._closing or (current is not None and current.state is not State.OPEN)
+    def _let_go(self, connection: _Connection) -> None:
+        with self._state:
+            if self._driver is connection:
+                self._driver = None
+                self._state.notify_all()
 
-    # -- one connection ----------------------------------------------------------------------------
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        if self._busy:  # two connections admitted at the same instant: the later one goes
-            await ws.close(CloseCode.TRY_AGAIN_LATER, "the sim is driven by another connection")
-            return
-        self._busy = True
-        self._closing = False
-        self._current = ws
-        assert self._idle is not None
-        self._idle.clear()
+    def _drive(self, connection: _Connection) -> None:
+        """Queue each whole message of the connection for the main thread until it closes, then abort its episodes."""
         self.connections_served += 1
-        _enable_tcp_keepalive(ws)
+        connection.keepalive()
         session = Session(self.bridge, max_frame_bytes=self.max_frame_bytes)
         left = "client disconnected mid-episode"
         try:
-            try:
-                first = await asyncio.wait_for(ws.recv(), HANDSHAKE_TIMEOUT_S)
-            except TimeoutError:
-                await ws.close(CloseCode.PROTOCOL_ERROR, "no hello frame")
-                return
-            frame: bytes | str | None = first
-            while frame is not None:
-                outcome = await self.executor.run(functools.partial(session.receive, frame))
-                if outcome.reply is not None:
-                    await ws.send(outcome.reply)
-                if outcome.close is not None:
-                    self._closing = True
-                    await ws.close(outcome.close, outcome.reason)
-                    return
-                frame = await _next_frame(ws, self.idle_timeout_s)
-            self._closing = True
-        except _ClientIdle:
-            self._closing = True
-            reason = f"idle for {self.idle_timeout_s:g} s: no request since the last reply (--idle-timeout-s)"
-            left = f"client dropped: {reason}"
-            log.warning("closing a client that stayed silent: %s", reason)
-            await ws.close(CloseCode.IDLE_TIMEOUT, reason)
-        except ConnectionClosed:
-            self._closing = True
-        except SimShuttingDown:
-            message = "the sim is shutting down"
-            try:
-                await ws.send(packb(to_wire(ErrorFrame(phase=Phase.SERVER, message=message))))
-                await ws.close(CloseCode.GOING_AWAY, message)
-            except ConnectionClosed:
-                pass
+            left = self._read_requests(connection, session) or left
         finally:
+            connection.leaving = True
             try:
-                aborted = await self.executor.run(functools.partial(session.abort, left))
+                aborted = self.executor.submit(functools.partial(session.abort, left)).result()
                 if aborted:
                     log.warning("client left with slots %s running: their episodes are marked errored", aborted)
             except SimShuttingDown:
                 pass
-            self._busy = False
-            self._current = None
-            self._idle.set()
+            finally:
+                self._let_go(connection)
+
+    def _read_requests(self, connection: _Connection, session: Session) -> str | None:
+        """Hand every message to the main thread; returns why the client was dropped, if it was."""
+        hello_by = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        while True:
+            message = connection.next_message()
+            if message is not None:
+                if not connection.leaving:
+                    self._submit(connection, session, message)
+                hello_by = None
+                continue
+            if connection.ended:
+                return None
+            if not connection.read(self._wait_s(connection, hello_by)):
+                if connection.leaving:  # closing, and the peer does not finish the handshake
+                    return None
+                if hello_by is not None and time.monotonic() >= hello_by:
+                    connection.close(CloseCode.PROTOCOL_ERROR, "no hello frame")
+                    return None
+                idle = self.idle_timeout_s
+                if idle is not None and connection.idle_for() >= idle:
+                    reason = f"idle for {idle:g} s: no request since the last reply (--idle-timeout-s)"
+                    log.warning("closing a client that stayed silent: %s", reason)
+                    connection.close(CloseCode.IDLE_TIMEOUT, reason)
+                    return f"client dropped: {reason}"
+
+    def _wait_s(self, connection: _Connection, hello_by: float | None) -> float | None:
+        """How long the reader may block: until the hello is due, or until the client would be idle too long."""
+        if hello_by is not None:
+            return max(hello_by - time.monotonic(), 0.0)
+        if connection.leaving:
+            return CLOSE_TIMEOUT_S
+        if self.idle_timeout_s is None:
+            return None
+        return max(self.idle_timeout_s - connection.idle_for(), 0.0) + 0.01
+
+    def _submit(self, connection: _Connection, session: Session, message: bytes | str) -> None:
+        """Queue one message for the main thread, which runs it and sends the reply itself."""
+        connection.begin_request()
+
+        def run() -> None:
+            try:
+                if not (connection.leaving and session.state is not SessionState.SERVING):
+                    self._answer(connection, session.receive(message))
+            finally:
+                connection.end_request()
+
+        self.executor.post(run, functools.partial(self._request_failed, connection))
+
+    def _answer(self, connection: _Connection, outcome: Outcome) -> None:
+        if outcome.reply is not None:
+            connection.send_message(outcome.reply)
+        if outcome.close is not None:
+            connection.leaving = True
+            connection.close(outcome.close, outcome.reason)
+
+    def _request_failed(self, connection: _Connection, failure: BaseException) -> None:
+        """A request refused or cut short by shutdown says so and closes; any other failure is a bug, logged."""
+        if isinstance(failure, SimShuttingDown):
+            message = "the sim is shutting down"
+            connection.leaving = True
+            connection.send_message(packb(to_wire(ErrorFrame(phase=Phase.SERVER, message=message))))
+            connection.close(CloseCode.GOING_AWAY, message)
+            return
+        log.error("serving a request failed", exc_info=failure)
+        connection.leaving = True
+        connection.close(CloseCode.INTERNAL_ERROR, "internal error")
 
 
-class _ClientIdle(Exception):
-    """The client sent nothing within the idle timeout."""
+class _Connection:
+    """One accepted socket and its WebSocket protocol (sans I/O).
 
+    Its reader thread feeds the protocol; whoever has something to send (the main thread's replies,
+    the reader's pongs and closing frames) writes it under the send lock, so frames never interleave.
+    The protocol's own lock is never held while a send waits for a slow reader, so reading goes on
+    meanwhile.
+    """
 
-async def _next_frame(ws: ServerConnection, idle_timeout_s: float | None) -> bytes | str | None:
-    """The client's next frame, ``None`` once it closed; :class:`_ClientIdle` after ``idle_timeout_s`` of silence."""
-    try:
-        return await asyncio.wait_for(ws.recv(), idle_timeout_s)
-    except ConnectionClosed:
+    def __init__(self, sock: socket.socket, protocol: ServerProtocol) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(SEND_TIMEOUT_S)  # bounds sends; reads wait in poll() with their own deadline
+        self.sock = sock
+        self.protocol = protocol
+        self.peer: object = _peer_of(sock)
+        self.leaving = False
+        """A close was sent or received, or the client went away: no further request is run for it."""
+        self._lock = threading.RLock()
+        """Guards the protocol state."""
+        self._send_lock = threading.RLock()
+        """Held from taking bytes out of the protocol until they are written: frames go out whole, in order."""
+        self._events: list[object] = []
+        self._fragments: list[bytes | bytearray | memoryview] = []
+        self._text = False
+        self._eof = False
+        self._in_flight = 0
+        self._last_activity = time.monotonic()
+        self._buffer = bytearray(RECV_CHUNK_BYTES)
+        self._poller = select.poll()  # not select(): a sim process may well hold more than 1024 descriptors
+        self._poller.register(sock, select.POLLIN)
+
+    # -- reading (the connection's own thread) -----------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        """Nothing more will arrive: the peer closed, the stream ended or the protocol failed it."""
+        return self._eof or self.protocol.state is State.CLOSED or self.protocol.close_rcvd is not None
+
+    def read(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` for bytes and feed them to the protocol; ``False`` on timeout."""
+        wait_ms = None if timeout_s is None else max(math.ceil(timeout_s * 1000), 0)
+        try:
+            ready = bool(self._poller.poll(wait_ms))
+        except (OSError, ValueError):  # the socket was closed under us: the read below sees the end
+            ready = True
+        if not ready:
+            return False
+        try:
+            count = self.sock.recv_into(self._buffer)
+        except OSError:
+            count = 0
+        with self._lock:
+            if count:
+                # websockets copies the chunk into its own buffer: a view of ours saves a copy per read
+                self.protocol.receive_data(cast(bytes, memoryview(self._buffer)[:count]))
+            else:
+                self._eof = True
+                self.protocol.receive_eof()
+            self._events.extend(self.protocol.events_received())
+            if self.protocol.close_rcvd is not None or self._eof:
+                self.leaving = True
+            pending = bool(self.protocol.writes)
+        if pending:  # a pong, our half of a closing handshake
+            self._flush(lambda: None)
+        if count:
+            self._last_activity = time.monotonic()
+        return True
+
+    def read_request(self, deadline: float) -> HttpRequest | None:
+        """The opening HTTP request, or ``None`` when it is malformed, never comes or comes too late."""
+        while True:
+            for event in self._events:
+                if isinstance(event, HttpRequest):
+                    self._events.clear()
+                    return event
+            if self.ended or self.protocol.handshake_exc is not None:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.read(remaining):
+                return None
+
+    def next_message(self) -> bytes | str | None:
+        """The next whole data message read so far (fragments joined), else ``None``."""
+        while self._events:
+            frame = self._events.pop(0)
+            if not isinstance(frame, Frame) or frame.opcode not in (Opcode.BINARY, Opcode.TEXT, Opcode.CONT):
+                continue
+            if frame.opcode is not Opcode.CONT:
+                self._fragments = []
+                self._text = frame.opcode is Opcode.TEXT
+            self._fragments.append(frame.data)
+            if frame.fin:
+                data = b"".join(self._fragments) if len(self._fragments) > 1 else bytes(self._fragments[0])
+                self._fragments = []
+                return data.decode(errors="replace") if self._text else data
         return None
-    except TimeoutError:
-        raise _ClientIdle from None
+
+    def idle_for(self) -> float:
+        """Seconds since the client's last frame or the last reply, 0 while a request is queued or running."""
+        if self._in_flight:
+            return 0.0
+        return time.monotonic() - self._last_activity
+
+    def begin_request(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+
+    def end_request(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self._last_activity = time.monotonic()
+
+    # -- writing (any thread) ----------------------------------------------------------------------
+
+    def send_response(self, response: HttpResponse) -> None:
+        self._flush(lambda: self.protocol.send_response(response))
+
+    def send_message(self, data: bytes) -> None:
+        """Send one binary message; a connection that is no longer open drops it."""
+
+        def queue() -> None:
+            if self.protocol.state is State.OPEN:
+                self.protocol.send_binary(data)
+
+        self._flush(queue)
+
+    def close(self, code: CloseCode, reason: str) -> None:
+        """Start the closing handshake (once); the reader sees it through and drops the socket."""
+        self.leaving = True
+
+        def queue() -> None:
+            if self.protocol.state is State.OPEN:
+                self.protocol.send_close(code, reason)
+
+        self._flush(queue)
+
+    def keepalive(self) -> None:
+        _enable_tcp_keepalive(self.sock)
+
+    def finish(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the closing handshake to complete, then drop the socket."""
+        deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(OSError):
+            while self.protocol.state is not State.CLOSED and not self._eof:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.read(remaining):
+                    break
+        with self._send_lock, self._lock:  # never under a send in progress: its descriptor could be reused
+            self.sock.close()
+
+    def _flush(self, queue: Callable[[], None]) -> None:
+        """Run ``queue`` on the protocol (what to send), then write out everything it has to send."""
+        with self._send_lock:
+            with self._lock:
+                queue()
+                chunks = self.protocol.data_to_send()
+            for chunk in chunks:
+                try:
+                    if chunk:
+                        self.sock.sendall(chunk)
+                    else:  # the protocol asks to half-close the TCP connection
+                        self.sock.shutdown(socket.SHUT_WR)
+                except OSError:  # a peer that vanished or stopped reading: nothing more goes out
+                    with self._lock:
+                        self._eof = True
+                        self.leaving = True
+                        self.protocol.receive_eof()
+                        self.protocol.data_to_send()
+                    return
 
 
-def _enable_tcp_keepalive(ws: ServerConnection) -> None:
-    sock: socket.socket | None = ws.transport.get_extra_info("socket")
-    if sock is None:
-        return
+def _peer_of(sock: socket.socket) -> object:
+    try:
+        return sock.getpeername()
+    except OSError:
+        return None
+
+
+def _enable_tcp_keepalive(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     idle, interval, count = TCP_KEEPALIVE_S
     for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):

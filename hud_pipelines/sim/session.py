@@ -16,9 +16,9 @@ says about a connection:
 - the connection's own state: a successful hello starts the bridge's records and build arguments
   afresh (:meth:`GymBridge.begin_connection`), so nothing of an earlier client reaches this one.
 
-Decoding, the sim touch and encoding all run in one main-thread job, so the asyncio thread only
-moves bytes, and an observation is encoded straight from the bridge's buffers before the next
-request can change them.
+Decoding, the sim touch and encoding all run in one main-thread job (the server then sends the
+reply from that same thread), so the serving threads only move bytes, and an observation is
+encoded straight from the bridge's buffers before the next request can change them.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ class CloseCode(IntEnum):
     """The handshake failed: no ``hello``, a wrong protocol version or an impossible framing."""
     MESSAGE_TOO_BIG = 1009
     """A frame exceeded ``max_frame_bytes`` (sent by the WebSocket layer itself)."""
+    INTERNAL_ERROR = 1011
+    """Serving a request failed in the server itself (a bug: the error is logged)."""
     TRY_AGAIN_LATER = 1013
     """Another connection drives the sim (normally refused earlier with HTTP 409)."""
     IDLE_TIMEOUT = 4408

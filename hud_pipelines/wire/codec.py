@@ -164,7 +164,7 @@ def _encode_openpi(obj: object) -> object:
 
 def decode_array(fields: dict[str, Any]) -> npt.NDArray[Any]:
     """Rebuild an array from its wire fields, checking dtype, shape and byte length first."""
-    dtype = check_dtype(fields.get("dtype", "<missing>"))
+    dtype, native = _wire_dtype(fields.get("dtype", "<missing>"))
     shape_field: object = fields.get("shape")
     data: object = fields.get("data")
     if not _is_list(shape_field):
@@ -174,7 +174,7 @@ def decode_array(fields: dict[str, Any]) -> npt.NDArray[Any]:
         raise WireError(f"array has {len(dims)} dimensions, at most {MAX_NDIM} are allowed")
     shape: list[int] = []
     for dim in dims:
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
+        if type(dim) is not int or dim < 0:  # a bool is an int subclass: refused too
             raise WireError(f"array shape must hold non-negative ints, got {dims!r}")
         shape.append(dim)
     if not isinstance(data, bytes | bytearray):
@@ -185,7 +185,25 @@ def decode_array(fields: dict[str, Any]) -> npt.NDArray[Any]:
             f"array of shape {tuple(shape)} and dtype {dtype.str} needs {expected} bytes, the frame carries {len(data)}"
         )
     view = np.frombuffer(data, dtype=dtype).reshape(shape)
-    return np.array(view, dtype=dtype.newbyteorder("="), copy=True)
+    return view.copy() if native is dtype else view.astype(native)
+
+
+_WIRE_DTYPES: dict[str, tuple[np.dtype[Any], np.dtype[Any]]] = {}
+"""Checked wire dtype strings -> (dtype, its native-order twin): parsing one costs more than a small array."""
+
+
+def _wire_dtype(name: object) -> tuple[np.dtype[Any], np.dtype[Any]]:
+    """The checked dtype a wire ``dtype`` field names, and the native-order dtype the decoded array gets."""
+    if isinstance(name, str):
+        known = _WIRE_DTYPES.get(name)
+        if known is not None:
+            return known
+    dtype = check_dtype(name)
+    native = dtype.newbyteorder("=")
+    pair = (dtype, dtype if native == dtype else native)
+    if isinstance(name, str) and len(_WIRE_DTYPES) < len(ALLOWED_KINDS) * 16:  # a bounded set of spellings
+        _WIRE_DTYPES[name] = pair
+    return pair
 
 
 def _decode_scalar(fields: dict[str, Any]) -> object:

@@ -98,8 +98,8 @@ class _Fields:
             raise WireError(f"a frame must be a msgpack map, got {type(frame).__name__}")
         self.raw = frame
         self.kind = kind or str(frame.get("type"))
-        unknown = sorted(set(map(str, frame)) - allowed - {"type"})
-        if unknown:
+        if not all(key in allowed or key == "type" for key in frame):
+            unknown = sorted(set(map(str, frame)) - allowed - {"type"})
             raise WireError(f"{self.kind!r} frame has unknown keys {unknown}; allowed: {sorted(allowed)}")
 
     def get[T](self, key: str, kind: _Kind[T]) -> T:

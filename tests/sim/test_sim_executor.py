@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 
 import pytest
 
 from hud_pipelines.errors import SimShuttingDown
-from hud_pipelines.sim.server import MainThreadExecutor
+from hud_pipelines.sim import server
+from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.server import MainThreadExecutor, SimServer
 
 
 def test_jobs_run_in_order_on_the_serving_thread_and_stop_returns() -> None:
@@ -95,3 +99,95 @@ def test_an_interrupt_in_a_job_releases_its_waiter_and_propagates() -> None:
         executor.run_forever()
     with pytest.raises(SimShuttingDown, match="KeyboardInterrupt"):
         future.result(timeout=1)
+
+
+def test_replies_leave_from_the_thread_that_runs_the_sim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One hand-off per request: the serving thread queues it, the sim's thread steps and sends the reply itself."""
+    senders: list[str] = []
+    send_message = server._Connection.send_message  # pyright: ignore[reportPrivateUsage]
+
+    def spy(connection: server._Connection, data: bytes) -> None:  # pyright: ignore[reportPrivateUsage]
+        senders.append(threading.current_thread().name)
+        send_message(connection, data)
+
+    monkeypatch.setattr(server._Connection, "send_message", spy)  # pyright: ignore[reportPrivateUsage]
+    executor = MainThreadExecutor()
+    with GymBridge("CartPole-v1") as bridge:
+        sim = SimServer(bridge, executor, token="secret")
+        port = sim.start()
+        statuses: list[list[str]] = []
+
+        def drive() -> None:
+            try:
+                with SimClient(f"ws://127.0.0.1:{port}", "secret", step_timeout_s=10) as client:
+                    statuses.append(client.reset({"seed": 0}).status)
+                    statuses.append(client.step([[1]]).status)
+            finally:
+                executor.stop()
+
+        client_thread = threading.Thread(target=drive)
+        client_thread.start()
+        executor.run_forever()
+        client_thread.join(timeout=10)
+        sim.stop()
+    assert statuses == [["running"], ["running"]]
+    assert senders[:3] == [threading.current_thread().name] * 3  # hello, reset, step
+    assert set(senders) == {threading.current_thread().name}
+
+
+def test_a_signal_taken_by_another_thread_still_runs_its_handler_on_the_main_thread() -> None:
+    """A SIGTERM that lands on another thread must still stop a serving main thread asleep in the queue."""
+    executor = MainThreadExecutor()
+    handled_on: list[str] = []
+
+    def handler(signum: int, frame: object) -> None:
+        handled_on.append(threading.current_thread().name)
+        executor.stop()
+
+    fallback: list[bool] = []
+    stopped = threading.Event()
+
+    def signal_from_here() -> None:
+        time.sleep(0.2)  # the main thread is asleep in the queue by now
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # this thread takes it, not the main one
+        if not stopped.wait(5):
+            fallback.append(True)
+            executor.stop()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with GymBridge("CartPole-v1") as bridge:
+            sim = SimServer(bridge, executor, token="secret")
+            sim.start()
+            sender = threading.Thread(target=signal_from_here)
+            sender.start()
+            executor.run_forever()
+            stopped.set()
+            sender.join(timeout=10)
+            sim.stop()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert not fallback
+    assert handled_on == [threading.main_thread().name]
+
+
+def test_posted_jobs_run_in_order_and_their_failures_reach_the_hook() -> None:
+    executor = MainThreadExecutor()
+    ran: list[int] = []
+    failures: list[str] = []
+
+    def fail() -> None:
+        raise ZeroDivisionError("posted")
+
+    executor.post(lambda: ran.append(1), lambda exc: failures.append(repr(exc)))
+    executor.post(fail, lambda exc: failures.append(repr(exc)))
+    executor.post(lambda: ran.append(2), lambda exc: failures.append(repr(exc)))
+    executor.stop()
+    executor.run_forever()
+    assert ran == [1, 2]
+    assert failures == ["ZeroDivisionError('posted')"]
+    executor.post(lambda: ran.append(3), lambda exc: failures.append(type(exc).__name__))  # queued, never run
+    executor.close()
+    executor.post(lambda: ran.append(4), lambda exc: failures.append(type(exc).__name__))  # refused
+    assert ran == [1, 2]
+    assert failures[1:] == ["SimShuttingDown", "SimShuttingDown"]

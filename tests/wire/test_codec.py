@@ -322,3 +322,13 @@ def test_unsafe_dtypes_are_refused_in_the_openpi_layout_too() -> None:
         packb({"x": np.array([object()], dtype=object)}, Layout.OPENPI)
     with pytest.raises(WireError, match="kind 'c'"):
         packb({"x": np.complex128(1 + 2j)}, Layout.OPENPI)
+
+
+def test_arrays_decoded_through_the_dtype_cache_are_independent_native_copies() -> None:
+    """The second decode of a dtype spelling takes the cached path: still a fresh native-order copy each time."""
+    for dtype in ("<f4", ">f4", "|u1"):
+        frame = packb({"x": np.arange(6, dtype=dtype).reshape(2, 3)})
+        first, second = (unpackb(frame)["x"] for _ in range(2))
+        first += 1
+        assert second.dtype.isnative
+        np.testing.assert_array_equal(second, np.arange(6).reshape(2, 3))

@@ -92,6 +92,15 @@ def test_a_client_silent_after_its_hello_is_closed_with_a_code_it_can_read(spawn
         assert next_client.reset({"seed": 1}).status == ["running"]
 
 
+def test_a_step_longer_than_the_idle_timeout_is_not_silence(spawn: Spawn) -> None:
+    """The idle clock runs from the last reply: a request still running in the env never counts as idle."""
+    sim = spawn(FAULTY, idle_timeout_s=0.5, build_args={"fault": "slow_step", "at_step": 1, "delay_s": 1.2})
+    with sim.connect() as client:
+        client.reset({"seed": 0})
+        for step in (1, 2):
+            assert client.step([[0.0]]).observation["state"][0, 0] == step
+
+
 def test_a_decode_error_carries_the_requests_seq_when_it_is_readable(spawn: Spawn) -> None:
     sim = spawn(FAULTY)
     with raw(sim) as ws:
