@@ -107,10 +107,15 @@ class LeasedResult:
             return True
         self._watch.check()
         if self._watch.down:
-            if self._watch.down_too_long:
+            logged = self._logged_attempt()
+            if logged.ended:  # its worker finished it and logged it; only the broker's copy is out of reach
+                self._events = logged.events
+            elif self._watch.down_too_long:
                 self._events = [self._broker_down_event()]
-                return True
-            return False
+            else:
+                return False
+            self._forget_result()
+            return True
         try:
             return self._poll()
         except BROKER_ERRORS as exc:
@@ -162,6 +167,16 @@ class LeasedResult:
             return False
         self._lost = True
         return True
+
+    def _forget_result(self) -> None:
+        """Let go of the Celery result without its backend: collected, it would call the dead broker.
+
+        Celery's ``AsyncResult.__del__`` unsubscribes from the result backend, retrying a broker that
+        is down for 20 s and then raising from a destructor; this step's outcome no longer needs it.
+        """
+        if self._result is not None:
+            self._result.backend = None
+            self._result = None
 
     def _send_again(self) -> None:
         """The broker lost the queued step with its data: send it again (nobody else will run it)."""
