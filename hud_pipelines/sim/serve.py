@@ -36,7 +36,8 @@ from typing import Any
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.sim.bridge import GymBridge
-from hud_pipelines.sim.server import DEFAULT_IDLE_TIMEOUT_S, MainThreadExecutor, SimServer
+from hud_pipelines.sim.main_thread import MainThreadExecutor
+from hud_pipelines.sim.server import DEFAULT_IDLE_TIMEOUT_S, SimServer
 from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
 
 log = logging.getLogger("hud_pipelines.sim")

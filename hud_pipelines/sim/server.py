@@ -1,10 +1,8 @@
 """The sim server: the sim on the main thread, serving on background threads.
 
 Sims such as MuJoCo with EGL, Isaac/Omniverse Kit and pygame insist on owning the main thread, so
-the main thread runs :meth:`MainThreadExecutor.run_forever` and nothing else: it blocks on a queue
-(no sleep-polling) and runs each sim touch (build, reset, step, result, close) in arrival order. An
-optional idle hook runs between touches, at most every ``idle_interval_s`` (where a Kit-style app
-is pumped).
+the main thread drains a job queue (:mod:`hud_pipelines.sim.main_thread`) and nothing else, running
+each sim touch (build, reset, step, result, close) in arrival order.
 
 The WebSocket side is websockets' sans-I/O protocol driven by plain threads: one thread accepts
 connections, one thread per connection reads its socket and queues every whole message for the
@@ -28,33 +26,28 @@ healthy connection dropped); TCP keepalive notices a peer that vanished.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import hmac
 import logging
-import math
 import os
-import queue
 import select
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from websockets.frames import Frame, Opcode
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
-from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from hud_pipelines.errors import Phase, SimShuttingDown
 from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.connection import Connection
+from hud_pipelines.sim.main_thread import MainThreadExecutor
 from hud_pipelines.sim.session import SERVER_NAME, CloseCode, Outcome, Session, SessionState
 from hud_pipelines.wire.codec import packb
 from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, ErrorFrame, to_wire
@@ -71,146 +64,8 @@ CLOSING_WAIT_S = 5.0
 """How long a new connection waits for a closing one to let go of the sim before it gets a 409."""
 CLOSE_TIMEOUT_S = 1.0
 """How long a closing connection waits for the peer's close frame before the socket is dropped."""
-SEND_TIMEOUT_S = 60.0
-"""How long one send may wait for a peer that does not read (then the connection is dropped)."""
-TCP_KEEPALIVE_S = (10, 5, 3)
-"""Idle seconds before the first probe, seconds between probes, probes before the peer is declared gone."""
-RECV_CHUNK_BYTES = 1 << 20
 
-__all__ = ["SERVER_NAME", "MainThreadExecutor", "SimServer", "SimShuttingDown"]
-
-
-class MainThreadExecutor:
-    """A blocking job queue drained by the thread that calls :meth:`run_forever`."""
-
-    def __init__(self, idle_hook: Callable[[], None] | None = None, idle_interval_s: float = 0.01) -> None:
-        self._queue: queue.SimpleQueue[_Posted | _Job | _Signalled | None] = queue.SimpleQueue()
-        self.idle_hook = idle_hook
-        """Run between jobs, at most every ``idle_interval_s`` (also while no job arrives)."""
-        self.idle_interval_s = idle_interval_s
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-        """Queue ``fn`` for the main thread; safe to call from any thread."""
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        with self._lock:
-            if self._closed:
-                future.set_exception(SimShuttingDown("the sim is shutting down"))
-            else:
-                self._queue.put((fn, future))
-        return future
-
-    def post(self, fn: Callable[[], object], on_failure: Callable[[BaseException], None]) -> None:
-        """Queue ``fn`` for the main thread without a future, for a caller that does not wait for it.
-
-        The cheapest hand-off (a served request takes this path): nothing to resolve afterwards.
-        ``on_failure`` hears what ``fn`` raised, or :class:`SimShuttingDown` when it never ran.
-        """
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                self._queue.put(_Posted(fn, on_failure))
-        if closed:
-            on_failure(SimShuttingDown("the sim is shutting down"))
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the main thread and await its result from an asyncio loop."""
-        return await asyncio.wrap_future(self.submit(fn))
-
-    def stop(self) -> None:
-        """Make :meth:`run_forever` return after the jobs queued so far (safe in a signal handler)."""
-        self._queue.put(None)
-
-    def close(self) -> None:
-        """Refuse new jobs and fail the queued ones (the main thread no longer serves them)."""
-        with self._lock:
-            self._closed = True
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, _Posted):
-                    item.on_failure(SimShuttingDown("the sim is shutting down"))
-                elif isinstance(item, tuple):
-                    item[1].set_exception(SimShuttingDown("the sim is shutting down"))
-
-    def run_forever(self) -> None:
-        """Run queued jobs until :meth:`stop`; call this on the main thread.
-
-        Without an idle hook the thread blocks on the queue with no timeout at all.
-        """
-        self._drain()
-
-    def _drain(self) -> None:
-        next_idle = time.monotonic()
-        while True:
-            hook = self.idle_hook
-            if hook is None:
-                item = self._queue.get()
-            else:
-                now = time.monotonic()
-                if now >= next_idle:
-                    hook()
-                    next_idle = time.monotonic() + self.idle_interval_s
-                try:
-                    item = self._queue.get(timeout=max(0.0, next_idle - time.monotonic()))
-                except queue.Empty:
-                    continue
-            if isinstance(item, _Posted):
-                item.run()
-                continue
-            if item is None:
-                return
-            if isinstance(item, _Signalled):
-                signal.pthread_sigmask(signal.SIG_BLOCK, ())  # runs the Python handlers of signals caught so far
-                continue
-            fn, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # a shutdown signal mid-job must still release the waiter
-                future.set_exception(exc if isinstance(exc, Exception) else SimShuttingDown(repr(exc)))
-                if not isinstance(exc, Exception):
-                    raise
-
-    def wake_for_signals(self) -> None:
-        """Make the main thread run the Python handlers of the signals caught so far (from any thread).
-
-        Python runs signal handlers on the main thread only, when it next executes bytecode; a
-        signal that arrives while another thread runs Python code can leave the main thread asleep
-        in the queue with its handler still pending (a SIGTERM that never stops the sim). The
-        server's accepting thread watches the signal wake-up descriptor and calls this.
-        """
-        self._queue.put(_SIGNALLED)
-
-
-class _Posted:
-    """A job queued with :meth:`MainThreadExecutor.post`: no future, a failure hook instead."""
-
-    __slots__ = ("fn", "on_failure")
-
-    def __init__(self, fn: Callable[[], object], on_failure: Callable[[BaseException], None]) -> None:
-        self.fn = fn
-        self.on_failure = on_failure
-
-    def run(self) -> None:
-        try:
-            self.fn()
-        except BaseException as exc:  # a shutdown signal mid-job must still be heard, then propagate
-            self.on_failure(exc if isinstance(exc, Exception) else SimShuttingDown(repr(exc)))
-            if not isinstance(exc, Exception):
-                raise
-
-
-class _Signalled:
-    """The queue item that makes the main thread run the Python handlers of the signals caught so far."""
-
-
-_SIGNALLED = _Signalled()
-_Job = tuple[Callable[[], Any], "concurrent.futures.Future[Any]"]
+__all__ = ["SERVER_NAME", "SimServer", "SimShuttingDown"]
 
 
 class SimServer:
@@ -238,9 +93,9 @@ class SimServer:
         self.connections_served = 0
         self._state = threading.Condition()
         """Guards who drives the sim; notified when the driving connection lets go."""
-        self._driver: _Connection | None = None
+        self._driver: Connection | None = None
         """The connection that drives the sim (admitted, until its episodes were aborted)."""
-        self._live: set[_Connection] = set()
+        self._live: set[Connection] = set()
         self._listener: socket.socket | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
         """A socket pair whose write end wakes the accepting thread to stop."""
@@ -347,7 +202,7 @@ class SimServer:
     # -- one connection ----------------------------------------------------------------------------
 
     def _connection_main(self, sock: socket.socket) -> None:
-        connection = _Connection(sock, ServerProtocol(max_size=self.max_frame_bytes, logger=log))
+        connection = Connection(sock, ServerProtocol(max_size=self.max_frame_bytes, logger=log))
         self._live.add(connection)
         try:
             deadline = time.monotonic() + UPGRADE_TIMEOUT_S
@@ -371,7 +226,7 @@ class SimServer:
             self._live.discard(connection)
             connection.finish(CLOSE_TIMEOUT_S)
 
-    def _admit(self, connection: _Connection, request: HttpRequest, deadline: float) -> HttpResponse | None:
+    def _admit(self, connection: Connection, request: HttpRequest, deadline: float) -> HttpResponse | None:
         """Refuse a connection before the WebSocket handshake: 401 without the token, 409 when busy.
 
         A connection that arrives while the previous one is closing (its close frame, its ``close``
@@ -395,13 +250,13 @@ class SimServer:
             self._driver = connection
         return None
 
-    def _let_go(self, connection: _Connection) -> None:
+    def _let_go(self, connection: Connection) -> None:
         with self._state:
             if self._driver is connection:
                 self._driver = None
                 self._state.notify_all()
 
-    def _drive(self, connection: _Connection) -> None:
+    def _drive(self, connection: Connection) -> None:
         """Queue each whole message of the connection for the main thread until it closes, then abort its episodes."""
         self.connections_served += 1
         connection.keepalive()
@@ -420,7 +275,7 @@ class SimServer:
             finally:
                 self._let_go(connection)
 
-    def _read_requests(self, connection: _Connection, session: Session) -> str | None:
+    def _read_requests(self, connection: Connection, session: Session) -> str | None:
         """Hand every message to the main thread; returns why the client was dropped, if it was."""
         hello_by = time.monotonic() + HANDSHAKE_TIMEOUT_S
         while True:
@@ -445,7 +300,7 @@ class SimServer:
                     connection.close(CloseCode.IDLE_TIMEOUT, reason)
                     return f"client dropped: {reason}"
 
-    def _wait_s(self, connection: _Connection, hello_by: float | None) -> float | None:
+    def _wait_s(self, connection: Connection, hello_by: float | None) -> float | None:
         """How long the reader may block: until the hello is due, or until the client would be idle too long."""
         if hello_by is not None:
             return max(hello_by - time.monotonic(), 0.0)
@@ -455,7 +310,7 @@ class SimServer:
             return None
         return max(self.idle_timeout_s - connection.idle_for(), 0.0) + 0.01
 
-    def _submit(self, connection: _Connection, session: Session, message: bytes | str) -> None:
+    def _submit(self, connection: Connection, session: Session, message: bytes | str) -> None:
         """Queue one message for the main thread, which runs it and sends the reply itself."""
         connection.begin_request()
 
@@ -468,14 +323,14 @@ class SimServer:
 
         self.executor.post(run, functools.partial(self._request_failed, connection))
 
-    def _answer(self, connection: _Connection, outcome: Outcome) -> None:
+    def _answer(self, connection: Connection, outcome: Outcome) -> None:
         if outcome.reply is not None:
             connection.send_message(outcome.reply)
         if outcome.close is not None:
             connection.leaving = True
             connection.close(outcome.close, outcome.reason)
 
-    def _request_failed(self, connection: _Connection, failure: BaseException) -> None:
+    def _request_failed(self, connection: Connection, failure: BaseException) -> None:
         """A request refused or cut short by shutdown says so and closes; any other failure is a bug, logged."""
         if isinstance(failure, SimShuttingDown):
             message = "the sim is shutting down"
@@ -486,192 +341,6 @@ class SimServer:
         log.error("serving a request failed", exc_info=failure)
         connection.leaving = True
         connection.close(CloseCode.INTERNAL_ERROR, "internal error")
-
-
-class _Connection:
-    """One accepted socket and its WebSocket protocol (sans I/O).
-
-    Its reader thread feeds the protocol; whoever has something to send (the main thread's replies,
-    the reader's pongs and closing frames) writes it under the send lock, so frames never interleave.
-    The protocol's own lock is never held while a send waits for a slow reader, so reading goes on
-    meanwhile.
-    """
-
-    def __init__(self, sock: socket.socket, protocol: ServerProtocol) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(SEND_TIMEOUT_S)  # bounds sends; reads wait in poll() with their own deadline
-        self.sock = sock
-        self.protocol = protocol
-        self.peer: object = _peer_of(sock)
-        self.leaving = False
-        """A close was sent or received, or the client went away: no further request is run for it."""
-        self._lock = threading.RLock()
-        """Guards the protocol state."""
-        self._send_lock = threading.RLock()
-        """Held from taking bytes out of the protocol until they are written: frames go out whole, in order."""
-        self._events: list[object] = []
-        self._fragments: list[bytes | bytearray | memoryview] = []
-        self._text = False
-        self._eof = False
-        self._in_flight = 0
-        self._last_activity = time.monotonic()
-        self._buffer = bytearray(RECV_CHUNK_BYTES)
-        self._poller = select.poll()  # not select(): a sim process may well hold more than 1024 descriptors
-        self._poller.register(sock, select.POLLIN)
-
-    # -- reading (the connection's own thread) -----------------------------------------------------
-
-    @property
-    def ended(self) -> bool:
-        """Nothing more will arrive: the peer closed, the stream ended or the protocol failed it."""
-        return self._eof or self.protocol.state is State.CLOSED or self.protocol.close_rcvd is not None
-
-    def read(self, timeout_s: float | None) -> bool:
-        """Wait up to ``timeout_s`` for bytes and feed them to the protocol; ``False`` on timeout."""
-        wait_ms = None if timeout_s is None else max(math.ceil(timeout_s * 1000), 0)
-        try:
-            ready = bool(self._poller.poll(wait_ms))
-        except (OSError, ValueError):  # the socket was closed under us: the read below sees the end
-            ready = True
-        if not ready:
-            return False
-        try:
-            count = self.sock.recv_into(self._buffer)
-        except OSError:
-            count = 0
-        with self._lock:
-            if count:
-                # websockets copies the chunk into its own buffer: a view of ours saves a copy per read
-                self.protocol.receive_data(cast(bytes, memoryview(self._buffer)[:count]))
-            else:
-                self._eof = True
-                self.protocol.receive_eof()
-            self._events.extend(self.protocol.events_received())
-            if self.protocol.close_rcvd is not None or self._eof:
-                self.leaving = True
-            pending = bool(self.protocol.writes)
-        if pending:  # a pong, our half of a closing handshake
-            self._flush(lambda: None)
-        if count:
-            self._last_activity = time.monotonic()
-        return True
-
-    def read_request(self, deadline: float) -> HttpRequest | None:
-        """The opening HTTP request, or ``None`` when it is malformed, never comes or comes too late."""
-        while True:
-            for event in self._events:
-                if isinstance(event, HttpRequest):
-                    self._events.clear()
-                    return event
-            if self.ended or self.protocol.handshake_exc is not None:
-                return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.read(remaining):
-                return None
-
-    def next_message(self) -> bytes | str | None:
-        """The next whole data message read so far (fragments joined), else ``None``."""
-        while self._events:
-            frame = self._events.pop(0)
-            if not isinstance(frame, Frame) or frame.opcode not in (Opcode.BINARY, Opcode.TEXT, Opcode.CONT):
-                continue
-            if frame.opcode is not Opcode.CONT:
-                self._fragments = []
-                self._text = frame.opcode is Opcode.TEXT
-            self._fragments.append(frame.data)
-            if frame.fin:
-                data = b"".join(self._fragments) if len(self._fragments) > 1 else bytes(self._fragments[0])
-                self._fragments = []
-                return data.decode(errors="replace") if self._text else data
-        return None
-
-    def idle_for(self) -> float:
-        """Seconds since the client's last frame or the last reply, 0 while a request is queued or running."""
-        if self._in_flight:
-            return 0.0
-        return time.monotonic() - self._last_activity
-
-    def begin_request(self) -> None:
-        with self._lock:
-            self._in_flight += 1
-
-    def end_request(self) -> None:
-        with self._lock:
-            self._in_flight -= 1
-            self._last_activity = time.monotonic()
-
-    # -- writing (any thread) ----------------------------------------------------------------------
-
-    def send_response(self, response: HttpResponse) -> None:
-        self._flush(lambda: self.protocol.send_response(response))
-
-    def send_message(self, data: bytes) -> None:
-        """Send one binary message; a connection that is no longer open drops it."""
-
-        def queue() -> None:
-            if self.protocol.state is State.OPEN:
-                self.protocol.send_binary(data)
-
-        self._flush(queue)
-
-    def close(self, code: CloseCode, reason: str) -> None:
-        """Start the closing handshake (once); the reader sees it through and drops the socket."""
-        self.leaving = True
-
-        def queue() -> None:
-            if self.protocol.state is State.OPEN:
-                self.protocol.send_close(code, reason)
-
-        self._flush(queue)
-
-    def keepalive(self) -> None:
-        _enable_tcp_keepalive(self.sock)
-
-    def finish(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for the closing handshake to complete, then drop the socket."""
-        deadline = time.monotonic() + timeout_s
-        with contextlib.suppress(OSError):
-            while self.protocol.state is not State.CLOSED and not self._eof:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.read(remaining):
-                    break
-        with self._send_lock, self._lock:  # never under a send in progress: its descriptor could be reused
-            self.sock.close()
-
-    def _flush(self, queue: Callable[[], None]) -> None:
-        """Run ``queue`` on the protocol (what to send), then write out everything it has to send."""
-        with self._send_lock:
-            with self._lock:
-                queue()
-                chunks = self.protocol.data_to_send()
-            for chunk in chunks:
-                try:
-                    if chunk:
-                        self.sock.sendall(chunk)
-                    else:  # the protocol asks to half-close the TCP connection
-                        self.sock.shutdown(socket.SHUT_WR)
-                except OSError:  # a peer that vanished or stopped reading: nothing more goes out
-                    with self._lock:
-                        self._eof = True
-                        self.leaving = True
-                        self.protocol.receive_eof()
-                        self.protocol.data_to_send()
-                    return
-
-
-def _peer_of(sock: socket.socket) -> object:
-    try:
-        return sock.getpeername()
-    except OSError:
-        return None
-
-
-def _enable_tcp_keepalive(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    idle, interval, count = TCP_KEEPALIVE_S
-    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
-        if hasattr(socket, option):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _bearer(header: str | None) -> str | None:

@@ -10,10 +10,11 @@ import time
 import pytest
 
 from hud_pipelines.errors import SimShuttingDown
-from hud_pipelines.sim import server
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.client import SimClient
-from hud_pipelines.sim.server import MainThreadExecutor, SimServer
+from hud_pipelines.sim.connection import Connection
+from hud_pipelines.sim.main_thread import MainThreadExecutor
+from hud_pipelines.sim.server import SimServer
 
 
 def test_jobs_run_in_order_on_the_serving_thread_and_stop_returns() -> None:
@@ -104,13 +105,13 @@ def test_an_interrupt_in_a_job_releases_its_waiter_and_propagates() -> None:
 def test_replies_leave_from_the_thread_that_runs_the_sim(monkeypatch: pytest.MonkeyPatch) -> None:
     """One hand-off per request: the serving thread queues it, the sim's thread steps and sends the reply itself."""
     senders: list[str] = []
-    send_message = server._Connection.send_message  # pyright: ignore[reportPrivateUsage]
+    send_message = Connection.send_message
 
-    def spy(connection: server._Connection, data: bytes) -> None:  # pyright: ignore[reportPrivateUsage]
+    def spy(connection: Connection, data: bytes) -> None:
         senders.append(threading.current_thread().name)
         send_message(connection, data)
 
-    monkeypatch.setattr(server._Connection, "send_message", spy)  # pyright: ignore[reportPrivateUsage]
+    monkeypatch.setattr(Connection, "send_message", spy)
     executor = MainThreadExecutor()
     with GymBridge("CartPole-v1") as bridge:
         sim = SimServer(bridge, executor, token="secret")
