@@ -12,13 +12,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.merge import find_parts, merge_parts
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.dataset.pack import pack_data_files
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
-from tests.dataset.support import SPEC, check_episodes, load, write_episodes
+from hud_pipelines.recording.events import EpisodeStatus, Frame
+from tests.dataset.support import SPEC, check_episodes, key, load, outcome, write_episodes
 
 REPO_ID = "local/merged"
 EPISODES_PER_PART = (2, 3, 1, 2)
@@ -30,6 +34,37 @@ def write_parts(root: Path) -> list[Path]:
     for instance, count in enumerate(EPISODES_PER_PART):
         with LeRobotDatasetSink(SPEC, root / f"shard-{instance}", fps=10) as sink:
             write_episodes(sink, count, steps=STEPS, instance=instance)
+    return find_parts([root])
+
+
+def camera_contract() -> Contract:
+    return Contract(
+        control_rate=10,
+        robot_type="unit",
+        features={
+            "front": Feature(role="observation", type=FeatureType.RGB, dtype="uint8", shape=(8, 8, 3)),
+            "pos": Feature(role="observation", dtype="float32", shape=(2,)),
+            "action": Feature(role="action", dtype="float32", shape=(1,)),
+        },
+    )
+
+
+def write_camera_parts(root: Path, storage: CameraStorage) -> list[Path]:
+    """As :func:`write_parts`, with an 8x8 camera stored as ``storage``; pixels differ per episode and step."""
+    options = DatasetOptions(cameras=storage)
+    for instance, count in enumerate(EPISODES_PER_PART):
+        with LeRobotDatasetSink(camera_contract(), root / f"shard-{instance}", options=options) as sink:
+            for episode in range(count):
+                episode_key = key(0, episode, instance)
+                sink.begin(episode_key, "look")
+                for step in range(STEPS):
+                    pixels = np.full((8, 8, 3), (instance * 40 + episode * 10 + step) % 256, dtype=np.uint8)
+                    observation = {"front": pixels, "pos": np.array([instance, step], dtype=np.float32)}
+                    action = np.array([episode], dtype=np.float32)
+                    last = step == STEPS - 1
+                    frame = Frame(step, observation, action, 0.0, terminated=last, truncated=False, success=False)
+                    sink.add(episode_key, frame)
+                sink.end(episode_key, outcome(EpisodeStatus.SUCCEEDED, STEPS))
     return find_parts([root])
 
 
@@ -80,8 +115,9 @@ def test_a_merge_never_reads_more_than_one_part_of_data_at_once(
     assert check_episodes(dataset) == [STEPS] * sum(EPISODES_PER_PART)
 
 
-def test_the_packed_files_are_the_ones_lerobots_merge_writes(tmp_path: Path) -> None:
-    parts = write_parts(tmp_path / "shards")
+@pytest.mark.parametrize("cameras", [None, CameraStorage.VIDEO, CameraStorage.IMAGE])
+def test_the_packed_files_are_the_ones_lerobots_merge_writes(tmp_path: Path, cameras: CameraStorage | None) -> None:
+    parts = write_parts(tmp_path / "shards") if cameras is None else write_camera_parts(tmp_path / "shards", cameras)
     ours = merge_parts(parts, tmp_path / "ours", repo_id=REPO_ID).root
     lerobot_merge(parts, tmp_path / "lerobot")
     theirs = tmp_path / "lerobot"
