@@ -21,9 +21,6 @@ Why it looks like this:
   start-up, pipe and merge: ``bench/dataset.md``.) The queue bound keeps memory flat whatever the
   number of episodes: at most slots x episode length frames plus ``queued_episodes`` finished
   episodes are held; when writers fall behind, ``end`` waits.
-- **Threads share malloc arenas.** A sink starts threads per shard, and lerobot and PyAV start more
-  per episode; glibc would give many of them an arena each, which keeps what they freed, so the
-  process caps the arenas (:mod:`.arenas`) and its RSS stays flat in the instances.
 - **finalize always runs.** Each writer finalizes its part when the sink closes, when the writer
   fails, and when the program's main thread ends without closing it. Writers are not daemon
   threads, so an interrupt in the caller still lets them finish the part they hold.
@@ -44,7 +41,6 @@ from types import TracebackType
 from typing import Any, Self
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.dataset.arenas import cap_malloc_arenas
 from hud_pipelines.dataset.features import DatasetLayout, FrameDict
 from hud_pipelines.dataset.fields import lerobot_keys
 from hud_pipelines.dataset.options import DatasetOptions
@@ -128,7 +124,6 @@ class LeRobotDatasetSink:
             raise DatasetWriteError(f"{self.root}: a shard is written once; the directory is not empty")
         self.repo_id = repo_id or default_repo_id(self.root.name)
         self.root.mkdir(parents=True, exist_ok=True)
-        cap_malloc_arenas()  # before its threads start: each could otherwise keep an arena of its own
         self._open: dict[EpisodeKey, _OpenEpisode] = {}
         self._work = _Work(self.options.queued_episodes)
         self._closed = False
