@@ -5,6 +5,10 @@ writer thread. Merging takes the parts in a stable order (by path), so episode i
 merged dataset follow shard name, then part, then the order episodes ended within the part. The
 ``hud_episodes.jsonl`` sidecars are merged with the same offsets.
 
+Its memory is flat in the episodes merged: lerobot appends each part's rows to the merged data
+file by reading the whole file back, so the merge asks it for one data file per part and packs
+them into lerobot's layout itself, one row group at a time (:mod:`.pack`).
+
 Parts that hold no episode are skipped; a part that cannot be read (its writer was killed before
 finalizing) is skipped with a warning and reported, never merged half-written.
 
@@ -40,6 +44,7 @@ from hud_pipelines.dataset.lerobot_api import (
     parquet_rows,
     write_stats,
 )
+from hud_pipelines.dataset.pack import pack_data_files
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
 
@@ -150,8 +155,13 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
 
         with quiet_aggregation():
             aggregate_datasets(
-                repo_ids=[repo_id] * len(usable), aggr_repo_id=repo_id, roots=list(usable), aggr_root=dest
+                repo_ids=[repo_id] * len(usable),
+                aggr_repo_id=repo_id,
+                roots=list(usable),
+                aggr_root=dest,
+                concatenate_data=False,  # packed below, without re-reading what was merged so far
             )
+        pack_data_files(dest)
         _merge_sidecars(usable, [m.episodes for m in metas], dest)
         _write_merged_stats(dest, [m.stats for m in metas])
     info = json.loads((dest / INFO_FILE).read_text())

@@ -1,0 +1,151 @@
+"""A merge holds one part's rows at a time, and packs them into the files lerobot's own merge writes.
+
+lerobot's ``aggregate_datasets`` re-reads the merged data file for every part it appends, so its
+memory grows with the episodes merged (``bench/memory.md``). The merge asks it for one file per
+part and packs those itself (:mod:`hud_pipelines.dataset.pack`); the reference for the packed
+layout is lerobot's concatenating merge of the same parts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hud_pipelines.contract import Contract, Feature, FeatureType
+from hud_pipelines.dataset.merge import find_parts, merge_parts
+from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
+from hud_pipelines.dataset.pack import pack_data_files
+from hud_pipelines.dataset.writer import LeRobotDatasetSink
+from hud_pipelines.recording.events import EpisodeStatus, Frame
+from tests.dataset.support import SPEC, check_episodes, key, load, outcome, write_episodes
+
+REPO_ID = "local/merged"
+EPISODES_PER_PART = (2, 3, 1, 2)
+STEPS = 6
+
+
+def write_parts(root: Path) -> list[Path]:
+    """One part per shard, ``EPISODES_PER_PART`` episodes of ``STEPS`` frames each."""
+    for instance, count in enumerate(EPISODES_PER_PART):
+        with LeRobotDatasetSink(SPEC, root / f"shard-{instance}", fps=10) as sink:
+            write_episodes(sink, count, steps=STEPS, instance=instance)
+    return find_parts([root])
+
+
+def camera_contract() -> Contract:
+    return Contract(
+        control_rate=10,
+        robot_type="unit",
+        features={
+            "front": Feature(role="observation", type=FeatureType.RGB, dtype="uint8", shape=(8, 8, 3)),
+            "pos": Feature(role="observation", dtype="float32", shape=(2,)),
+            "action": Feature(role="action", dtype="float32", shape=(1,)),
+        },
+    )
+
+
+def write_camera_parts(root: Path, storage: CameraStorage) -> list[Path]:
+    """As :func:`write_parts`, with an 8x8 camera stored as ``storage``; pixels differ per episode and step."""
+    options = DatasetOptions(cameras=storage)
+    for instance, count in enumerate(EPISODES_PER_PART):
+        with LeRobotDatasetSink(camera_contract(), root / f"shard-{instance}", options=options) as sink:
+            for episode in range(count):
+                episode_key = key(0, episode, instance)
+                sink.begin(episode_key, "look")
+                for step in range(STEPS):
+                    pixels = np.full((8, 8, 3), (instance * 40 + episode * 10 + step) % 256, dtype=np.uint8)
+                    observation = {"front": pixels, "pos": np.array([instance, step], dtype=np.float32)}
+                    action = np.array([episode], dtype=np.float32)
+                    last = step == STEPS - 1
+                    frame = Frame(step, observation, action, 0.0, terminated=last, truncated=False, success=False)
+                    sink.add(episode_key, frame)
+                sink.end(episode_key, outcome(EpisodeStatus.SUCCEEDED, STEPS))
+    return find_parts([root])
+
+
+def data_tables_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of every data table read whole from parquet from now on (``pandas.read_parquet`` included)."""
+    rows: list[int] = []
+    read_table = pq.read_table
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        table = read_table(*args, **kwargs)
+        if "frame_index" in table.column_names:
+            rows.append(table.num_rows)
+        return table
+
+    monkeypatch.setattr(pq, "read_table", counting)
+    return rows
+
+
+def layout(root: Path) -> dict[str, tuple[int, int]]:
+    """Each data file of a dataset: its rows and row groups."""
+    files = sorted((root / "data").glob("*/*.parquet"))
+    return {str(f.relative_to(root)): (pq.read_metadata(f).num_rows, pq.read_metadata(f).num_row_groups) for f in files}
+
+
+def episode_files(root: Path) -> list[tuple[int, int, int]]:
+    table = pq.read_table(sorted((root / "meta" / "episodes").glob("*/*.parquet")))
+    columns = ("episode_index", "data/chunk_index", "data/file_index")
+    return list(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+
+
+def lerobot_merge(parts: list[Path], dest: Path, **sizes: Any) -> None:
+    from lerobot.datasets.aggregate import aggregate_datasets
+
+    aggregate_datasets(repo_ids=[REPO_ID] * len(parts), aggr_repo_id=REPO_ID, roots=parts, aggr_root=dest, **sizes)
+
+
+def test_a_merge_never_reads_more_than_one_part_of_data_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parts = write_parts(tmp_path / "shards")
+    rows = data_tables_read(monkeypatch)
+    merged = merge_parts(parts, tmp_path / "merged", repo_id=REPO_ID)
+
+    assert merged.episodes == sum(EPISODES_PER_PART)
+    assert rows  # every part's rows were read (so the counting saw the merge)
+    assert max(rows) <= max(EPISODES_PER_PART) * STEPS  # never the rows merged so far
+    dataset = load(merged.root)
+    assert check_episodes(dataset) == [STEPS] * sum(EPISODES_PER_PART)
+
+
+@pytest.mark.parametrize("cameras", [None, CameraStorage.VIDEO, CameraStorage.IMAGE])
+def test_the_packed_files_are_the_ones_lerobots_merge_writes(tmp_path: Path, cameras: CameraStorage | None) -> None:
+    parts = write_parts(tmp_path / "shards") if cameras is None else write_camera_parts(tmp_path / "shards", cameras)
+    ours = merge_parts(parts, tmp_path / "ours", repo_id=REPO_ID).root
+    lerobot_merge(parts, tmp_path / "lerobot")
+    theirs = tmp_path / "lerobot"
+
+    assert (
+        layout(ours)
+        == layout(theirs)
+        == {"data/chunk-000/file-000.parquet": (sum(EPISODES_PER_PART) * STEPS, sum(EPISODES_PER_PART))}
+    )
+    assert pq.read_table(ours / "data").equals(pq.read_table(theirs / "data"))
+    assert episode_files(ours) == episode_files(theirs)
+
+
+def test_packing_rotates_files_and_chunks_as_lerobot_does(tmp_path: Path) -> None:
+    """A size limit below two parts' rows and two files per chunk: several files in several chunks."""
+    from lerobot.datasets.io_utils import get_parquet_file_size_in_mb
+
+    parts = write_parts(tmp_path / "shards")
+    part_mb = max(get_parquet_file_size_in_mb(p) for part in parts for p in part.glob("data/*/*.parquet"))
+    sizes = {"data_files_size_in_mb": 1.5 * part_mb, "chunk_size": 2}
+    lerobot_merge(parts, tmp_path / "lerobot", **sizes)
+    lerobot_merge(parts, tmp_path / "ours", concatenate_data=False, **sizes)
+    pack_data_files(tmp_path / "ours")
+
+    theirs = layout(tmp_path / "lerobot")
+    assert len({name.split("/")[1] for name in theirs}) > 1  # the limit made lerobot rotate files and chunks
+    assert layout(tmp_path / "ours") == theirs
+    assert episode_files(tmp_path / "ours") == episode_files(tmp_path / "lerobot")
+    info = json.loads((tmp_path / "ours" / "meta" / "info.json").read_text())
+    assert info["chunks_size"] == 2
+    assert check_episodes(load(tmp_path / "ours")) == [STEPS] * sum(EPISODES_PER_PART)
