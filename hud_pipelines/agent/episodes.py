@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
+from hud_pipelines.sim.slots import episode_score
 from hud_pipelines.wire.messages import Observation
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ class SlotEpisodes:
         total = float(self.total_reward[slot])
         return EpisodeOutcome(
             status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
-            score=float(success) if success else total,
+            score=episode_score(success, success, total),  # provisional: a success seen was reported; the sim knows
             success=success,
             total_reward=total,
             steps=int(self.steps[slot]),

@@ -26,6 +26,15 @@ import numpy.typing as npt
 from hud_pipelines.errors import SlotStateError
 
 
+def episode_score(success: bool, success_reported: bool, total_reward: float) -> float:
+    """An episode's score: success (1/0) when the env reports success at all, otherwise its return.
+
+    The one scoring rule: the sim applies it (it alone sees whether the env ever reported a success
+    signal) and the agent's provisional score before the sim's grade arrives does too.
+    """
+    return float(success) if success_reported else total_reward
+
+
 class SlotState(StrEnum):
     """A slot's lifecycle: ``IDLE -> RUNNING -> DONE | ERRORED``, and back to ``RUNNING`` on reset."""
 
@@ -65,8 +74,7 @@ class SlotRecord:
 
     @property
     def score(self) -> float:
-        """Success (1/0) when the env reports success, otherwise the episode return."""
-        return float(self.success) if self.success_reported else self.total_reward
+        return episode_score(self.success, self.success_reported, self.total_reward)
 
     def as_dict(self, slot: int) -> dict[str, Any]:
         return {
