@@ -43,7 +43,6 @@ ACT's scripted episodes).
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 from typing import Any
 
@@ -51,7 +50,8 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-log = logging.getLogger(__name__)
+from envs.mujoco_render import offscreen_renderer, render_hint
+
 AGENT_POS = "agent_pos"
 ENV_STATE = "env_state"
 MOCAP_POSE = "mocap_pose"
@@ -80,11 +80,6 @@ TASKS: dict[str, tuple[str, tuple[str, ...], str]] = {
 """Per task: gym-aloha's end-effector scene, the free joints of its objects, the prompt it offers."""
 WELD_SOLIMP = (0.9, 0.95, 0.001, 0.5, 2.0)
 """MuJoCo's default constraint impedance, for the welds instead of the scenes' ``.25 .25 0.001``."""
-RENDER_HINT = (
-    "MuJoCo cannot render offscreen with MUJOCO_GL={backend}: install EGL and Mesa's drivers "
-    "(`apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri`), or set MUJOCO_GL=osmesa with libosmesa6 installed, "
-    "or leave out 'camera' for a state-only sim"
-)
 
 
 def _action_space() -> gym.spaces.Box[np.float32]:
@@ -204,10 +199,9 @@ def _build(task: str, scene: str) -> tuple[Any, Any]:
     except ModuleNotFoundError:
         raise
     except Exception as exc:  # MuJoCo loads the GL library MUJOCO_GL names as it is imported
-        backend = os.environ.get("MUJOCO_GL")
-        if backend is None:
+        if os.environ.get("MUJOCO_GL") is None:
             raise
-        raise RuntimeError(f"{RENDER_HINT.format(backend=backend)} ({type(exc).__name__}: {exc})") from exc
+        raise RuntimeError(f"{render_hint()} ({type(exc).__name__}: {exc})") from exc
     physics = mujoco.Physics.from_xml_path(str(constants.ASSETS_DIR / scene))
     _weld_grippers_to_mocap(physics.model.ptr)
     tasks = {
@@ -244,27 +238,7 @@ def _sample_poses(task: str, seed: int) -> list[npt.NDArray[np.float64]]:
 
 
 def _offscreen_renderer(physics: Any, camera: str, size: int) -> Any:
-    """A cheap offscreen renderer of ``camera``, tried once now so a broken GL stack fails the start-up."""
-    mujoco = _module("mujoco")
-
-    model = physics.model.ptr
-    names = [model.camera(i).name for i in range(model.ncam)]
-    if camera not in names:
-        raise ValueError(f"unknown ALOHA camera {camera!r}; expected one of: {', '.join(names)}")
-    model.vis.quality.shadowsize = 0
-    model.vis.quality.offsamples = 0
-    backend = os.environ.get("MUJOCO_GL", "")
-    # The last line of the sim's stderr when a GL stack hangs instead of failing (the start-up deadline
-    # then stops the sim, and its error shows this tail).
-    log.info("starting the offscreen renderer; if the sim hangs here: %s", RENDER_HINT.format(backend=backend))
-    try:
-        renderer = mujoco.Renderer(model, size, size)
-        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
-        renderer.update_scene(physics.data.ptr, camera=camera)
-        renderer.render()
-    except Exception as exc:
-        raise RuntimeError(f"{RENDER_HINT.format(backend=backend)} ({type(exc).__name__}: {exc})") from exc
-    return renderer
+    return offscreen_renderer(physics.model.ptr, physics.data.ptr, camera, size, sim="ALOHA")
 
 
 def make(

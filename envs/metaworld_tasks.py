@@ -22,7 +22,6 @@ install, and one that hangs is stopped by the start-up deadline with that advice
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -30,7 +29,8 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-log = logging.getLogger(__name__)
+from envs.mujoco_render import offscreen_renderer, render_hint
+
 STATE = "state"
 PIXELS = "pixels"
 OBSERVATION_SIZE = 39
@@ -48,11 +48,6 @@ FLIPPED_CAMERAS = frozenset({"corner2"})
 """Cameras whose frames MetaWorld renders upside down (lerobot flips them too)."""
 CORNER2_POSITION = (0.75, 0.075, 0.7)
 """lerobot's placement of ``corner2``, which frames the table better than MetaWorld's default."""
-RENDER_HINT = (
-    "MuJoCo cannot render offscreen with MUJOCO_GL={backend}: install EGL and Mesa's drivers "
-    "(`apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri`), or set MUJOCO_GL=osmesa with libosmesa6 installed, "
-    "or leave out 'camera' for a state-only sim"
-)
 
 
 class MetaWorldTask(gym.Env[Any, npt.NDArray[np.float32]]):
@@ -138,37 +133,16 @@ def _import_metaworld() -> Any:
     except ModuleNotFoundError:
         raise
     except Exception as exc:
-        backend = os.environ.get("MUJOCO_GL")
-        if backend is None:
+        if os.environ.get("MUJOCO_GL") is None:
             raise
-        raise RuntimeError(f"{RENDER_HINT.format(backend=backend)} ({type(exc).__name__}: {exc})") from exc
+        raise RuntimeError(f"{render_hint()} ({type(exc).__name__}: {exc})") from exc
     return metaworld
 
 
 def _offscreen_renderer(env: Any, camera: str, size: int) -> Any:
-    """A cheap offscreen renderer of ``camera``, tried once now so a broken GL stack fails the start-up."""
-    import mujoco  # pyright: ignore[reportMissingImports]
-
-    model = env.model
-    if camera not in {model.camera(i).name for i in range(model.ncam)}:
-        names = ", ".join(model.camera(i).name for i in range(model.ncam))
-        raise ValueError(f"unknown MetaWorld camera {camera!r}; expected one of: {names}")
-    if camera == "corner2":
-        model.cam_pos[model.camera(camera).id] = CORNER2_POSITION
-    model.vis.quality.shadowsize = 0
-    model.vis.quality.offsamples = 0
-    backend = os.environ.get("MUJOCO_GL", "")
-    # The last line of the sim's stderr when a GL stack hangs instead of failing (the start-up deadline
-    # then stops the sim, and its error shows this tail).
-    log.info("starting the offscreen renderer; if the sim hangs here: %s", RENDER_HINT.format(backend=backend))
-    try:
-        renderer = mujoco.Renderer(model, size, size)
-        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0  # pyright: ignore[reportAttributeAccessIssue] - MuJoCo 3.3
-        renderer.update_scene(env.data, camera=camera)
-        renderer.render()
-    except Exception as exc:
-        raise RuntimeError(f"{RENDER_HINT.format(backend=backend)} ({type(exc).__name__}: {exc})") from exc
-    return renderer
+    if camera == "corner2" and camera in {env.model.camera(i).name for i in range(env.model.ncam)}:
+        env.model.cam_pos[env.model.camera(camera).id] = CORNER2_POSITION
+    return offscreen_renderer(env.model, env.data, camera, size, sim="MetaWorld")
 
 
 def make(
