@@ -144,7 +144,11 @@ def report_step(
     from hud_pipelines.eval.report_html.episodes import episode_thumbnails
 
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
-    plot = render_plot(spec.name, rows)
+    title, headline = spec.name, rows
+    if spec.is_sweep:  # one rate over several weights means nothing: the headline is the candidate's
+        label = sweep.candidate_label(rows)
+        title, headline = f"{spec.name} (candidate checkpoint {label})", [r for r in rows if r.checkpoint == label]
+    plot = render_plot(spec.name, headline)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
@@ -152,7 +156,7 @@ def report_step(
     if spec.is_sweep:  # every checkpoint's own report (its episodes, videos and plots) beside the sweep's
         for member in sweep.evaluated(spec, outputs):
             report_step(member.spec, member.outputs, run_id=run_id, dataset=_member_dataset(dataset, member.label))
-    markdown = render_markdown(spec.name, rows, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
+    markdown = render_markdown(title, headline, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     if table is not None:
         markdown += _sweep_section(table)
@@ -171,7 +175,7 @@ def report_step(
         dataset=dataset if spec.dataset_enabled else None,
         repo_id=spec.dataset_repo_id,
     )
-    return ReportFiles(markdown, page.path, summarize(rows), episode_thumbnails(page.views))
+    return ReportFiles(markdown, page.path, summarize(headline), episode_thumbnails(page.views))
 
 
 def _member_dataset(dataset: Path | None, label: str) -> Path | None:

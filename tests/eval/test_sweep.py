@@ -168,7 +168,16 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
         assert [rows.nth(i).locator("td").first.inner_text() for i in range(3)] == ["000500", "001000", "001500"]
         plot_width = page.eval_on_selector("#checkpoints img", "img => img.complete ? img.naturalWidth : 0")
         assert plot_width > 0, "the success-by-step plot loads"
+        markdown = (tmp_path / "out" / "reach_sweep" / "report.md").read_text()
+        assert markdown.startswith("# reach_sweep (candidate checkpoint 001500)")
+        assert "Scheduled 2 = " in markdown, "the headline counts the candidate's two episodes, not all six"
         assert page.locator("#episodes").count() == 0, "the episodes are on each checkpoint's page"
+        per_task = page.locator("#tasks tbody tr")  # never one rate pooled over several weights
+        assert [per_task.nth(i).locator("td").nth(0).inner_text() for i in range(per_task.count())] == [
+            "000500",
+            "001000",
+            "001500",
+        ]
         rows.nth(1).locator("a").click()
         page.wait_for_load_state()
         assert page.url.endswith("/checkpoints/001000/report.html")

@@ -97,7 +97,7 @@ def render_page(
             _summary(summarize(rows)) if sweep is None else _checkpoints(sweep),
             _checks(checks),
             _provenance(rows, run_id, overrides),
-            _task_table(rows),
+            _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else ()),
             _episodes(views) if sweep is None else "",
         ]
     )
@@ -189,15 +189,19 @@ def _provenance(rows: Sequence[GradeRow], run_id: str | None, overrides: Mapping
 </section>"""
 
 
-def _task_table(rows: Sequence[GradeRow]) -> str:
+def _task_table(rows: Sequence[GradeRow], checkpoints: Sequence[str] = ()) -> str:
+    """Each task's figures; in a sweep each checkpoint's (a rate over several weights would mean nothing)."""
+    groups = [(label, [r for r in rows if r.checkpoint == label]) for label in checkpoints] or [("", rows)]
     lines = "\n".join(
-        f"<tr><td>{escape(task)}</td><td>{s.scheduled}</td><td>{s.succeeded}</td><td>{s.failed}</td>"
-        f"<td>{s.errored}</td><td>{escape(rate_text(s))}</td><td>{_number(s.mean_score)}</td>"
-        f"<td>{_number(s.mean_return)}</td></tr>"
-        for task, s in summarize_by_task(rows).items()
+        f"<tr>{f'<td>{escape(label)}</td>' if label else ''}<td>{escape(task)}</td><td>{s.scheduled}</td>"
+        f"<td>{s.succeeded}</td><td>{s.failed}</td><td>{s.errored}</td><td>{escape(rate_text(s))}</td>"
+        f"<td>{_number(s.mean_score)}</td><td>{_number(s.mean_return)}</td></tr>"
+        for label, group in groups
+        for task, s in summarize_by_task(group).items()
     )
-    return f"""<section id="tasks"><h2>Per task</h2>
-<table><thead><tr><th>task</th><th>scheduled</th><th>succeeded</th><th>failed</th><th>errored</th>
+    title, first = ("Per checkpoint and task", "<th>checkpoint</th>") if checkpoints else ("Per task", "")
+    return f"""<section id="tasks"><h2>{title}</h2>
+<table><thead><tr>{first}<th>task</th><th>scheduled</th><th>succeeded</th><th>failed</th><th>errored</th>
 <th>success rate (95% CI)</th><th>mean score</th><th>mean return</th></tr></thead>
 <tbody>
 {lines}
