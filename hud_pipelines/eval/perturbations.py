@@ -117,18 +117,28 @@ def to_json(table: Sequence[AxisRow]) -> str:
     return json.dumps([{name: getattr(row, name) for name in COLUMNS} for row in table], indent=1)
 
 
+HEADERS = ("task", "axis", "value", "success (95% CI, n)", "vs control")
+EXPLANATION = (
+    "Each value of a task's matrix on the same seeds as the unperturbed task (the control); McNemar's exact "
+    "test on the paired episodes."
+)
+
+
+def cells(row: AxisRow) -> list[str]:
+    """One row of the report's table (markdown and HTML): success with its interval, the verdict against the control."""
+    rate = (
+        "n/a"
+        if row.success_rate is None
+        else f"{row.success_rate:.1%} ({row.ci_low:.1%}-{row.ci_high:.1%}, {row.succeeded}/"
+        f"{row.succeeded + row.failed})"
+    )
+    return [row.control, row.axis or "-", row.value, rate, "" if row.value == CONTROL else _versus(row)]
+
+
 def markdown(table: Sequence[AxisRow]) -> str:
-    """The table for ``report.md``: success per value with its interval, and the verdict against the control."""
-    lines = ["| task | axis | value | success (95% CI, n) | vs control |", "|---|---|---|---|---|"]
-    for row in table:
-        rate = (
-            "n/a"
-            if row.success_rate is None
-            else f"{row.success_rate:.1%} ({row.ci_low:.1%}-{row.ci_high:.1%}, {row.succeeded}/"
-            f"{row.succeeded + row.failed})"
-        )
-        versus = "" if row.value == CONTROL else _versus(row)
-        lines.append(f"| {row.control} | {row.axis or '-'} | {row.value} | {rate} | {versus} |")
+    """The table for ``report.md``."""
+    lines = [f"| {' | '.join(HEADERS)} |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(cells(row))} |" for row in table]
     return "\n".join(lines)
 
 

@@ -160,8 +160,9 @@ def report_step(
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     if table is not None:
         markdown += _sweep_section(table)
-    if has_matrix(spec):
-        markdown += _perturbation_section(spec, outputs, rows)
+    studied = _perturbations(spec, outputs, rows) if has_matrix(spec) else None
+    if studied is not None:
+        markdown += _perturbation_section(*studied)
     markdown += provenance.markdown(recorded_provenance(outputs))
     write_atomically(outputs.report_md, markdown)
     page = write_html_report(
@@ -174,6 +175,7 @@ def report_step(
         sweep=table,
         dataset=dataset if spec.dataset_enabled else None,
         repo_id=spec.dataset_repo_id,
+        perturbations=studied,
     )
     return ReportFiles(markdown, page.path, summarize(headline), episode_thumbnails(page.views))
 
@@ -213,20 +215,20 @@ def _comparison(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRo
     return compare_checkpoints(checkpoints, baseline=baseline)
 
 
-def _perturbation_section(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> str:
-    """``perturbations.{csv,json}`` and their table: each matrix value against its control (a sweep's candidate)."""
+def _perturbations(
+    spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]
+) -> tuple[list[perturbations.AxisRow], str]:
+    """``perturbations.{csv,json}``: each matrix value against its control (a sweep's candidate); table and whose."""
     candidate = sweep.candidate_label(rows) if spec.is_sweep else None
     judged = [row for row in rows if row.checkpoint == candidate] if candidate is not None else list(rows)
     table = perturbation_table(spec, judged)
     write_atomically(outputs.perturbations_csv, perturbations.to_csv(table))
     write_atomically(outputs.perturbations_json, perturbations.to_json(table))
-    whose = f" of checkpoint {candidate}" if candidate is not None else ""
-    return (
-        f"\n## Perturbations{whose}\n\n"
-        "Each value of a task's matrix on the same seeds as the unperturbed task (the control); McNemar's "
-        "exact test on the paired episodes.\n\n"
-        f"{perturbations.markdown(table)}\n"
-    )
+    return table, f" of checkpoint {candidate}" if candidate is not None else ""
+
+
+def _perturbation_section(table: Sequence[perturbations.AxisRow], whose: str) -> str:
+    return f"\n## Perturbations{whose}\n\n{perturbations.EXPLANATION}\n\n{perturbations.markdown(table)}\n"
 
 
 def _sweep_section(table: SweepComparison) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,12 @@ def test_the_per_axis_table_pairs_each_value_with_the_control(tmp_path: Path, mo
     assert row["vs_control"] == "better", "a reach of 1.5 from the origin succeeds where 0.6 mostly does not"
     assert float(table[1]["diff"]) <= 0
     assert "## Perturbations" in (base / "report.md").read_text()
+    page = (base / "report.html").read_text()
+    section = page[page.index('<section id="perturbations">') :].split("</section>", 1)[0]
+    html_rows = re.findall(r"<tr>(.*?)</tr>", section.split("<tbody>", 1)[1])
+    assert [re.findall(r"<td>(.*?)</td>", r)[:3] for r in html_rows] == [
+        ["reach", "-", "control"],
+        ["reach", "reach", "0.05"],
+        ["reach", "reach", "1.5"],
+    ], "the page has the table of report.md, each value against its control"
+    assert f"better +{float(row['diff']):.1%} (p={float(row['p']):.3g}, 16 pairs)" in html_rows[2]

@@ -18,6 +18,7 @@ from pathlib import Path
 from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.perturbations import EXPLANATION, HEADERS, AxisRow, cells
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
@@ -54,6 +55,7 @@ def write_html_report(
     sweep: SweepComparison | None = None,
     dataset: Path | None = None,
     repo_id: str = "",
+    perturbations: tuple[Sequence[AxisRow], str] | None = None,
 ) -> HtmlReport:
     """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
@@ -66,7 +68,16 @@ def write_html_report(
     _copy_assets(page.parent / ASSETS_DIR)
     write_dataset_links(page.parent / ASSETS_DIR, dataset, repo_id)
     views = episode_views(rows, outputs, page.parent) if sweep is None else []
-    text = render_page(pipeline, rows, views, checks=checks, run_id=run_id, overrides=overrides or {}, sweep=sweep)
+    text = render_page(
+        pipeline,
+        rows,
+        views,
+        checks=checks,
+        run_id=run_id,
+        overrides=overrides or {},
+        sweep=sweep,
+        perturbations=perturbations,
+    )
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
     partial.replace(page)
@@ -89,6 +100,7 @@ def render_page(
     run_id: str | None,
     overrides: Mapping[str, object],
     sweep: SweepComparison | None = None,
+    perturbations: tuple[Sequence[AxisRow], str] | None = None,
 ) -> str:
     title = escape(f"{pipeline}: eval report")
     body = "\n".join(
@@ -98,6 +110,7 @@ def render_page(
             _checks(checks),
             _provenance(rows, run_id, overrides),
             _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else ()),
+            _perturbations(*perturbations) if perturbations is not None else "",
             _episodes(views) if sweep is None else "",
         ]
     )
@@ -205,6 +218,18 @@ def _task_table(rows: Sequence[GradeRow], checkpoints: Sequence[str] = ()) -> st
 <th>success rate (95% CI)</th><th>mean score</th><th>mean return</th></tr></thead>
 <tbody>
 {lines}
+</tbody></table></section>"""
+
+
+def _perturbations(table: Sequence[AxisRow], whose: str) -> str:
+    """Each matrix value of a task against its control, as in ``perturbations.csv``."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in HEADERS)
+    body = "\n".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells(row)) + "</tr>" for row in table)
+    return f"""<section id="perturbations"><h2>Perturbations{escape(whose)}</h2>
+<p>{escape(EXPLANATION)}</p>
+<table><thead><tr>{head}</tr></thead>
+<tbody>
+{body}
 </tbody></table></section>"""
 
 
