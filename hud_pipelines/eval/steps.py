@@ -176,6 +176,7 @@ def report_step(
         dataset=dataset if spec.dataset_enabled else None,
         repo_id=spec.dataset_repo_id,
         perturbations=studied,
+        members={m.label: m.outputs for m in sweep.evaluated(spec, outputs)} if spec.is_sweep else None,
     )
     return ReportFiles(markdown, page.path, summarize(headline), episode_thumbnails(page.views))
 

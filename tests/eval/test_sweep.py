@@ -171,7 +171,14 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
         markdown = (tmp_path / "out" / "reach_sweep" / "report.md").read_text()
         assert markdown.startswith("# reach_sweep (candidate checkpoint 001500)")
         assert "Scheduled 2 = " in markdown, "the headline counts the candidate's two episodes, not all six"
-        assert page.locator("#episodes").count() == 0, "the episodes are on each checkpoint's page"
+        cards = page.locator("article.episode")
+        assert cards.count() == 6, "every checkpoint's episodes, each also on its checkpoint's page"
+        page.select_option('select[name="checkpoint"]', "001000")
+        shown = page.locator("article.episode:not([hidden])")
+        assert shown.count() == 2
+        assert shown.evaluate_all("cs => cs.map(c => c.dataset.checkpoint)") == ["001000", "001000"]
+        assert page.locator("article.episode:not([hidden]) .trace a").count() == 2, "each links to its trace"
+        page.select_option('select[name="checkpoint"]', "")
         per_task = page.locator("#tasks tbody tr")  # never one rate pooled over several weights
         assert [per_task.nth(i).locator("td").nth(0).inner_text() for i in range(per_task.count())] == [
             "000500",

@@ -75,9 +75,21 @@ class EpisodeView:
         }
 
 
-def episode_views(rows: Sequence[GradeRow], outputs: EvalOutputs, page_dir: Path) -> list[EpisodeView]:
-    """A view per grade row, in the grade table's order, with its trace read when one exists."""
-    traces = _trace_files(outputs, {row.run_id for row in rows})
+def episode_views(
+    rows: Sequence[GradeRow],
+    outputs: EvalOutputs,
+    page_dir: Path,
+    *,
+    members: Mapping[str, EvalOutputs] | None = None,
+) -> list[EpisodeView]:
+    """A view per grade row, in the grade table's order, with its trace read when one exists.
+
+    A sweep's rows name their checkpoint, whose own outputs (``members``) hold its traces.
+    """
+    run_ids = {row.run_id for row in rows}
+    traces = _trace_files(outputs, run_ids)
+    for member in (members or {}).values():
+        traces.update(_trace_files(member, run_ids))
     views: list[EpisodeView] = []
     for index, row in enumerate(rows):
         path = traces.get(row.trace_id or "")

@@ -56,18 +56,20 @@ def write_html_report(
     dataset: Path | None = None,
     repo_id: str = "",
     perturbations: tuple[Sequence[AxisRow], str] | None = None,
+    members: Mapping[str, EvalOutputs] | None = None,
 ) -> HtmlReport:
     """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
     A sweep's page shows its checkpoints side by side (the comparison and its plot), each linked to
-    its own page, where its episodes are. ``dataset`` is where the dataset of these episodes is
+    its own page, and every checkpoint's episodes with a checkpoint filter (``members``: each
+    checkpoint's outputs, where its traces are). ``dataset`` is where the dataset of these episodes is
     published (the cards link to their dataset episodes once it is).
     """
     page = html_path(outputs)
     page.parent.mkdir(parents=True, exist_ok=True)
     _copy_assets(page.parent / ASSETS_DIR)
     write_dataset_links(page.parent / ASSETS_DIR, dataset, repo_id)
-    views = episode_views(rows, outputs, page.parent) if sweep is None else []
+    views = episode_views(rows, outputs, page.parent, members=members)
     text = render_page(
         pipeline,
         rows,
@@ -111,7 +113,7 @@ def render_page(
             _provenance(rows, run_id, overrides),
             _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else ()),
             _perturbations(*perturbations) if perturbations is not None else "",
-            _episodes(views) if sweep is None else "",
+            _episodes(views),
         ]
     )
     return f"""<!DOCTYPE html>
@@ -286,11 +288,19 @@ def _episodes(views: Sequence[EpisodeView]) -> str:
         for s in EpisodeStatus
     )
     options = "".join(f'<option value="{escape(t)}">{escape(t)}</option>' for t in tasks)
+    labels = list(dict.fromkeys(v.row.checkpoint for v in views if v.row.checkpoint))
+    checkpoints = (
+        '<label>checkpoint <select name="checkpoint"><option value="">all checkpoints</option>'
+        + "".join(f'<option value="{escape(c)}">{escape(c)}</option>' for c in labels)
+        + "</select></label>"
+        if labels
+        else ""
+    )
     cards = "\n".join(_card(v) for v in views)
     return f"""<section id="episodes"><h2>Episodes</h2>
 <form id="controls" onsubmit="return false">
 <fieldset class="statuses"><legend>status</legend>{statuses}</fieldset>
-<label>task <select name="task"><option value="">all tasks</option>{options}</select></label>
+<label>task <select name="task"><option value="">all tasks</option>{options}</select></label>{checkpoints}
 <label>sort <select name="sort">
 <option value="">schedule order</option>
 <option value="score-desc">score, highest first</option><option value="score-asc">score, lowest first</option>
@@ -318,8 +328,8 @@ def _card(view: EpisodeView) -> str:
     ]
     listed = "".join(f"<dt>{name}</dt><dd>{escape(value)}</dd>" for name, value in facts)
     return f"""<article class="episode {status}" id="episode-{view.index}" data-index="{view.index}"
- data-status="{status}" data-task="{escape(row.task)}" data-score="{_sortable(row.score if graded else None)}"
- data-return="{_sortable(row.total_reward)}">
+ data-status="{status}" data-task="{escape(row.task)}" data-checkpoint="{escape(row.checkpoint or "")}"
+ data-score="{_sortable(row.score if graded else None)}" data-return="{_sortable(row.total_reward)}">
 <h3><span class="badge {status}">{status}</span>{fault} {_where(row)}</h3>
 <dl>{listed}</dl>
 {_error(row)}{_videos(view)}<div class="plots" data-episode="{view.index}"></div>
@@ -328,7 +338,8 @@ def _card(view: EpisodeView) -> str:
 
 
 def _where(row: GradeRow) -> str:
-    return f"{escape(row.task)} · instance {row.instance} · slot {row.slot}"
+    checkpoint = f"checkpoint {escape(row.checkpoint)} · " if row.checkpoint else ""
+    return f"{checkpoint}{escape(row.task)} · instance {row.instance} · slot {row.slot}"
 
 
 def _error(row: GradeRow) -> str:

@@ -188,10 +188,15 @@
         statuses[box.value] = box.checked;
       });
       var task = form.elements.namedItem("task").value;
+      var checkpointSelect = form.elements.namedItem("checkpoint");
+      var checkpoint = checkpointSelect ? checkpointSelect.value : "";
       var cards = container.querySelectorAll("article.episode");
       var shown = 0;
       cards.forEach(function (card) {
-        var visible = statuses[card.getAttribute("data-status")] === true && (!task || card.getAttribute("data-task") === task);
+        var visible =
+          statuses[card.getAttribute("data-status")] === true &&
+          (!task || card.getAttribute("data-task") === task) &&
+          (!checkpoint || card.getAttribute("data-checkpoint") === checkpoint);
         card.hidden = !visible;
         shown += visible ? 1 : 0;
       });
