@@ -35,9 +35,10 @@ MuJoCo (a zero one holds the arm's current orientation target).
 The reset seed places the objects with gym-aloha's own samplers (``sample_box_pose(seed)``,
 ``sample_insertion_pose(seed)``): a seed gives the same cube as ``AlohaTransferCube-v0`` reset with
 it. The reward is gym-aloha's stage (0-4; for the transfer cube 1 touched by the right gripper, 2
-lifted, 3 touched by the left, 4 held by the left gripper off the table); the episode terminates
-with ``info["is_success"]`` when it reaches 4, and is truncated after ``max_episode_steps`` (400, as
-ACT's scripted episodes).
+lifted, 3 touched by the left, 4 held by the left gripper off the table; for the insertion 1 each
+object touched by its gripper, 2 both held off the table, 3 the peg touching the socket, 4 the peg
+touching the pin inside it); the episode terminates with ``info["is_success"]`` when it reaches 4,
+and is truncated after ``max_episode_steps`` (400, as ACT's scripted episodes).
 """
 
 from __future__ import annotations
