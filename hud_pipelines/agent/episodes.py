@@ -67,13 +67,18 @@ class SlotEpisodes:
 
     def load(self, slot: int, chunk: npt.NDArray[np.float32]) -> None:
         """Queue ``chunk`` as the slot's next actions (the queue grows to the longest chunk)."""
-        if chunk.shape[0] > self.queue.shape[1]:
-            grown = np.zeros((self.queue.shape[0], chunk.shape[0], self.queue.shape[2]), dtype=np.float32)
+        self.load_many(np.array([slot], dtype=np.intp), chunk[None])
+
+    def load_many(self, slots: npt.NDArray[np.intp], chunks: npt.NDArray[np.float32]) -> None:
+        """Queue ``chunks[i]`` (``[n, T, A]``) as the next actions of ``slots[i]``, in one write."""
+        length = chunks.shape[1]
+        if length > self.queue.shape[1]:
+            grown = np.zeros((self.queue.shape[0], length, self.queue.shape[2]), dtype=np.float32)
             grown[:, : self.queue.shape[1]] = self.queue
             self.queue = grown
-        self.queue[slot, : chunk.shape[0]] = chunk
-        self.cursor[slot] = 0
-        self.length[slot] = chunk.shape[0]
+        self.queue[slots, :length] = chunks
+        self.cursor[slots] = 0
+        self.length[slots] = length
 
     # -- what the sinks hear ----------------------------------------------------------------------
 

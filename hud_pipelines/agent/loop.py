@@ -298,24 +298,38 @@ class LockstepRun:
         self.stats.forwards += 1
         self.stats.rows_inferred += need.size
         self.stats.refill_rows.append(int(need.size))
-        refilled: list[int] = need.tolist()
-        for index, slot in enumerate(refilled):
-            chunk = chunks[index] if settings.horizon is None else chunks[index, : settings.horizon]
-            if settings.adapt_chunk is not None:
-                try:
-                    adapted = settings.adapt_chunk(chunk.copy(), row(observation, slot))
-                    chunk = as_chunks(np.asarray(adapted)[None], 1, settings.width, source="adapt_chunk")[0]
-                except Exception as exc:
-                    raise _PolicyFailed(
-                        f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}", Fault.POLICY
-                    ) from exc
-            if not np.isfinite(chunk).all():  # never sent: this slot errors, its siblings go on
-                step = int(self.slots.steps[slot])
-                self.slots.error(slot, f"the policy returned a non-finite action at step {step}", Fault.POLICY)
-                continue
-            self.slots.load(slot, chunk)
+        if settings.horizon is not None:
+            chunks = chunks[:, : settings.horizon]
+        if settings.adapt_chunk is not None:  # each slot's own chunk, maybe of its own length
+            for index, slot in enumerate(need.tolist()):
+                adapted = self._adapted(chunks[index], slot, observation)
+                self._load(need[index : index + 1], adapted[None], latency, rows)
+            return
+        self._load(need, chunks, latency, rows)
+
+    def _load(self, slots: npt.NDArray[np.intp], chunks: npt.NDArray[np.float32], latency: float, rows: int) -> None:
+        """Queue each slot's chunk in one batched write; a slot whose chunk is not finite errors instead."""
+        finite = np.isfinite(chunks).reshape(slots.size, -1).all(axis=1)
+        for slot in slots[~finite].tolist():  # never sent: these slots error, their siblings go on
             step = int(self.slots.steps[slot])
-            self.slots.inference(slot, Inference(step=step, chunk=chunk, latency_s=latency, batch_size=rows))
+            self.slots.error(slot, f"the policy returned a non-finite action at step {step}", Fault.POLICY)
+        loaded, kept = slots[finite], chunks[finite]
+        self.slots.load_many(loaded, kept)
+        if self.slots.sinks:
+            for slot, chunk in zip(loaded.tolist(), kept, strict=True):
+                step = int(self.slots.steps[slot])
+                self.slots.inference(slot, Inference(step=step, chunk=chunk, latency_s=latency, batch_size=rows))
+
+    def _adapted(self, chunk: npt.NDArray[np.float32], slot: int, observation: Observation) -> npt.NDArray[np.float32]:
+        """``chunk`` through ``adapt_chunk``, which sees the slot's observation row."""
+        adapt = self.settings.adapt_chunk
+        assert adapt is not None
+        try:
+            adapted = adapt(chunk.copy(), row(observation, slot))
+            return as_chunks(np.asarray(adapted)[None], 1, self.settings.width, source="adapt_chunk")[0]
+        except Exception as exc:
+            reason = f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}"
+            raise _PolicyFailed(reason, Fault.POLICY) from exc
 
     def _stream(self, slot: int) -> tuple[int, ...]:
         """The random stream of ``slot``'s next forward: its episode's key and how many forwards it had."""
