@@ -25,7 +25,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -40,6 +39,8 @@ import numpy.typing as npt
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from wire import machine  # noqa: E402 - bench/wire.py, beside this one
 
 from hud_pipelines.sim.client import SimClient  # noqa: E402
 from hud_pipelines.sim.process import SimProcess  # noqa: E402
@@ -217,14 +218,6 @@ def measure_costly(cost_ms: float, sleep: bool, steps: int, repeats: int) -> lis
             process.close()
     median = statistics.median
     return [CostlyRow(k, median(rates[k]), median(ratios[k])) for k in counts]
-
-
-def machine() -> str:
-    load = os.getloadavg()
-    return (
-        f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}, "
-        f"gymnasium {gym.__version__}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-    )
 
 
 def main() -> int:

@@ -8,10 +8,12 @@ server; what the run knows about its steps comes from what survives it (the Dags
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -20,7 +22,15 @@ import pytest
 from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV
 from hud_pipelines.dagster.launch import execute_pipeline_job
 from hud_pipelines.eval.outputs import EvalOutputs
-from tests.dagster.celery_support import alive, celery_workers, needs_redis, processes_mentioning, restartable_redis
+from tests.dagster.celery_support import (
+    RestartableRedis,
+    Worker,
+    alive,
+    celery_workers,
+    needs_redis,
+    processes_mentioning,
+    restartable_redis,
+)
 from tests.dagster.support import REPO, WritePipeline, sim_processes
 from tests.dagster.test_celery import (
     HELD_SIM,
@@ -83,86 +93,41 @@ def _files_of(outputs: EvalOutputs, partitions: list[str], run_id: str) -> dict[
     return {str(f): f.read_bytes() for f in files}
 
 
-@needs_redis
-def test_celery_broker_restarted_mid_run_keeps_finished_results_and_a_rerun_counts_each_instance_once(
+@dataclass
+class HeldRun:
+    """A run on two workers with one unit held mid-episode and the others finished (their files kept)."""
+
+    path: Path
+    local_out: Path
+    outputs_dir: Path
+    outputs: EvalOutputs
+    hold: Path
+    broker: RestartableRedis
+    workers: list[Worker]
+    run_id: str
+    runner: threading.Thread
+    ended: list[dg.DagsterRun]
+    finished: list[str]
+    before: dict[str, bytes]
+
+
+@contextlib.contextmanager
+def _held_run(
     write_pipeline: WritePipeline,
     tmp_path: Path,
     home: dg.DagsterInstance,
-    label: str,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from hud_pipelines.cli.run import run_pipeline
-
+    *,
+    group: int,
+    finished: list[str],
+) -> Iterator[HeldRun]:
+    """``group`` instances of the held CartPole, seed 4 (instance 2, slot 0) held: first in process (no
+    hold file: nothing holds), then on Celery until ``finished`` ended and the held one is running."""
     hold = tmp_path / "hold"
-    # seeds are instance * 2 + slot: seed 4 is instance 2, slot 0
-    path = write_pipeline(
+    path = write_pipeline(  # seeds are instance * 2 + slot
         "bounce",
         sim={"factory": f"{HELD_SIM}:held_cartpole", "args": {"hold_file": str(hold), "hold_seeds": [4]}},
-        group=4,
-        dataset={"repo_id": "local/bounce"},
-    )
-    local_out, outputs_dir = tmp_path / "local", tmp_path / "outputs"
-    with dg.DagsterInstance.ephemeral() as ephemeral:  # no hold file: nothing holds in process
-        assert _execute(path, local_out, ephemeral, str(uuid.uuid4())).status is dg.DagsterRunStatus.SUCCESS
-    outputs = EvalOutputs(outputs_dir, "bounce")
-
-    monkeypatch.setenv("DAGSTER_HOME", str(home.root_directory))
-    hold.touch()
-    with restartable_redis(tmp_path / "redis") as broker:
-        deployment = _deployment(tmp_path, broker.url, retries=0, lease_s=LEASE_S)
-        monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
-        with celery_workers(deployment, ["w1", "w2"], tmp_path / "logs") as workers:
-            run_id = str(uuid.uuid4())
-            ended: list[dg.DagsterRun] = []
-            runner = threading.Thread(
-                target=lambda: ended.append(_execute(path, outputs_dir, home, run_id)), daemon=True
-            )
-            runner.start()
-            _wait_for("the held unit", lambda: hold.with_name("hold.held").is_file())
-            _wait_for("the other three units", lambda: len(_finished_units(home, run_id)) == 3)
-            finished = ["task0-i0", "task0-i1", "task0-i3"]
-            before = _files_of(outputs, finished, run_id)
-
-            broker.restart()  # SIGKILL, then a fresh server on the same port: its queues and results are gone
-            hold.unlink()
-            runner.join(RUN_DEADLINE_S)
-            assert not runner.is_alive(), f"the run did not end within {RUN_DEADLINE_S} s of the broker's restart"
-            [run] = ended
-            assert _files_of(outputs, finished, run_id) == before, "the finished units' files are intact"
-            # every step it had in flight was recovered: the ended ones from the event log, the held one
-            # by waiting for its keeper to take its lease again; so the run went on to its end
-            assert run.status is dg.DagsterRunStatus.SUCCESS
-            assert sorted(_observed_partitions(home, run_id)) == [f"task0-i{k}" for k in range(4)], "once each"
-            assert {r.fault for r in _grades(outputs_dir, "bounce")} == {None}, "no unit was taken for lost"
-
-            assert run_pipeline(str(path), outputs_dir=outputs_dir, quiet=True) == 0, "a rerun on the same workers"
-    assert not any(alive(w.pid) for w in workers), "every worker stopped"
-    assert not processes_mentioning(broker.url), "no lease keeper left"
-    assert not sim_processes(label), "no sim left on any worker"
-
-    rows = _grades(outputs_dir, "bounce")
-    assert sorted((r.instance, r.slot) for r in rows) == [(i, s) for i in range(4) for s in range(2)], "once each"
-    assert _comparable(rows) == _comparable(_grades(local_out, "bounce"))
-    frames = _frames(outputs_dir / "datasets" / "bounce")
-    assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(8)), "eight episodes, none twice"
-    assert len(frames) == 8 * 30
-
-
-@needs_redis
-def test_celery_broker_that_stays_down_fails_the_run_naming_it_and_a_rerun_completes(
-    write_pipeline: WritePipeline,
-    tmp_path: Path,
-    home: dg.DagsterInstance,
-    label: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from hud_pipelines.cli.run import run_pipeline
-
-    hold = tmp_path / "hold"
-    path = write_pipeline(  # seed 4: instance 2, slot 0, which starts once instance 0 or 1 ended
-        "bounce",
-        sim={"factory": f"{HELD_SIM}:held_cartpole", "args": {"hold_file": str(hold), "hold_seeds": [4]}},
-        group=3,
+        group=group,
         dataset={"repo_id": "local/bounce"},
     )
     local_out, outputs_dir = tmp_path / "local", tmp_path / "outputs"
@@ -183,32 +148,99 @@ def test_celery_broker_that_stays_down_fails_the_run_naming_it_and_a_rerun_compl
             )
             runner.start()
             _wait_for("the held unit", lambda: hold.with_name("hold.held").is_file())
-            _wait_for("the other two units", lambda: len(_finished_units(home, run_id)) == 2)
-            finished = ["task0-i0", "task0-i1"]
+            _wait_for(f"the other {len(finished)} units", lambda: len(_finished_units(home, run_id)) == len(finished))
             before = _files_of(outputs, finished, run_id)
+            yield HeldRun(
+                path,
+                local_out,
+                outputs_dir,
+                outputs,
+                hold,
+                broker,
+                list(workers),
+                run_id,
+                runner,
+                ended,
+                finished,
+                before,
+            )
 
-            broker.kill()
-            runner.join(RUN_DEADLINE_S)
-            assert not runner.is_alive(), f"the run did not end within {RUN_DEADLINE_S} s of losing its broker"
-            [run] = ended
-            assert run.status is dg.DagsterRunStatus.FAILURE
-            records = home.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
-            failures = {str(r.event_log_entry.step_key): r.event_log_entry.dagster_event for r in records}
-            assert list(failures) == ["bounce__eval.unit[u2_task0_i2]"], "only the step in flight failed"
-            error = failures["bounce__eval.unit[u2_task0_i2]"].step_failure_data.error  # type: ignore[union-attr]
-            assert error is not None
-            assert f"the broker {broker.url} did not answer for {LEASE_S:g} s" in error.message
-            assert _files_of(outputs, finished, run_id) == before, "the finished units' files are intact"
 
-            broker.start()  # back on the same port: the workers reconnect; the held unit may end now
-            hold.unlink()
-            assert run_pipeline(str(path), outputs_dir=outputs_dir, quiet=True) == 0, "a rerun on the same workers"
-    assert not any(alive(w.pid) for w in workers), "every worker stopped"
-    assert not processes_mentioning(broker.url), "no lease keeper left"
-    assert not sim_processes(label), "no sim left on any worker"
+@needs_redis
+def test_celery_broker_restarted_mid_run_keeps_finished_results_and_a_rerun_counts_each_instance_once(
+    write_pipeline: WritePipeline,
+    tmp_path: Path,
+    home: dg.DagsterInstance,
+    label: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hud_pipelines.cli.run import run_pipeline
 
-    rows = _grades(outputs_dir, "bounce")
+    finished = ["task0-i0", "task0-i1", "task0-i3"]
+    with _held_run(write_pipeline, tmp_path, home, monkeypatch, group=4, finished=finished) as held:
+        held.broker.restart()  # SIGKILL, then a fresh server on the same port: its queues and results are gone
+        held.hold.unlink()
+        held.runner.join(RUN_DEADLINE_S)
+        assert not held.runner.is_alive(), f"the run did not end within {RUN_DEADLINE_S} s of the broker's restart"
+        [run] = held.ended
+        assert _files_of(held.outputs, finished, held.run_id) == held.before, "the finished units' files are intact"
+        # every step it had in flight was recovered: the ended ones from the event log, the held one
+        # by waiting for its keeper to take its lease again; so the run went on to its end
+        assert run.status is dg.DagsterRunStatus.SUCCESS
+        assert sorted(_observed_partitions(home, held.run_id)) == [f"task0-i{k}" for k in range(4)], "once each"
+        assert {r.fault for r in _grades(held.outputs_dir, "bounce")} == {None}, "no unit was taken for lost"
+
+        rerun = run_pipeline(str(held.path), outputs_dir=held.outputs_dir, quiet=True)
+        assert rerun == 0, "a rerun on the same workers"
+    _assert_nothing_left(held, label)
+
+    rows = _grades(held.outputs_dir, "bounce")
+    assert sorted((r.instance, r.slot) for r in rows) == [(i, s) for i in range(4) for s in range(2)], "once each"
+    assert _comparable(rows) == _comparable(_grades(held.local_out, "bounce"))
+    frames = _frames(held.outputs_dir / "datasets" / "bounce")
+    assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(8)), "eight episodes, none twice"
+    assert len(frames) == 8 * 30
+
+
+@needs_redis
+def test_celery_broker_that_stays_down_fails_the_run_naming_it_and_a_rerun_completes(
+    write_pipeline: WritePipeline,
+    tmp_path: Path,
+    home: dg.DagsterInstance,
+    label: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hud_pipelines.cli.run import run_pipeline
+
+    finished = ["task0-i0", "task0-i1"]  # seed 4's instance 2 starts once instance 0 or 1 ended
+    with _held_run(write_pipeline, tmp_path, home, monkeypatch, group=3, finished=finished) as held:
+        held.broker.kill()
+        held.runner.join(RUN_DEADLINE_S)
+        assert not held.runner.is_alive(), f"the run did not end within {RUN_DEADLINE_S} s of losing its broker"
+        [run] = held.ended
+        assert run.status is dg.DagsterRunStatus.FAILURE
+        records = home.get_records_for_run(held.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
+        failures = {str(r.event_log_entry.step_key): r.event_log_entry.dagster_event for r in records}
+        assert list(failures) == ["bounce__eval.unit[u2_task0_i2]"], "only the step in flight failed"
+        error = failures["bounce__eval.unit[u2_task0_i2]"].step_failure_data.error  # type: ignore[union-attr]
+        assert error is not None
+        assert f"the broker {held.broker.url} did not answer for {LEASE_S:g} s" in error.message
+        assert _files_of(held.outputs, finished, held.run_id) == held.before, "the finished units' files are intact"
+
+        held.broker.start()  # back on the same port: the workers reconnect; the held unit may end now
+        held.hold.unlink()
+        rerun = run_pipeline(str(held.path), outputs_dir=held.outputs_dir, quiet=True)
+        assert rerun == 0, "a rerun on the same workers"
+    _assert_nothing_left(held, label)
+
+    rows = _grades(held.outputs_dir, "bounce")
     assert sorted((r.instance, r.slot) for r in rows) == [(i, s) for i in range(3) for s in range(2)], "once each"
-    assert _comparable(rows) == _comparable(_grades(local_out, "bounce"))
-    frames = _frames(outputs_dir / "datasets" / "bounce")
+    assert _comparable(rows) == _comparable(_grades(held.local_out, "bounce"))
+    frames = _frames(held.outputs_dir / "datasets" / "bounce")
     assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(6)), "six episodes, none twice"
+
+
+def _assert_nothing_left(held: HeldRun, label: str) -> None:
+    assert not any(alive(w.pid) for w in held.workers), "every worker stopped"
+    assert not processes_mentioning(held.broker.url), "no lease keeper left"
+    assert not sim_processes(label), "no sim left on any worker"
