@@ -3,27 +3,24 @@
 The loop (:mod:`hud_pipelines.agent.loop`) decides *when* a slot's episode ends; this module keeps
 *what* it was (steps, return, success) vectorised over the N slots, turns an end into an
 :class:`~hud_pipelines.recording.events.EpisodeOutcome`, and tells the sinks. Ends are collected
-and graded together (:meth:`SlotEpisodes.report_ends`, once per tick where slots ended): one
-``result()`` of the sim for all of them, then the pipeline's grader, then ``end`` to every sink, so
-traces, datasets and grades carry one verdict.
+and graded together (:meth:`SlotEpisodes.report_ends`, once per tick where slots ended): the score
+by the one scoring rule from what every frame says (success, and whether the env reports success at
+all), then the pipeline's grader, then ``end`` to every sink, so traces, datasets and grades carry
+one verdict and no extra round trip to the sim.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.errors import Fault
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
 from hud_pipelines.sim.slots import episode_score
 from hud_pipelines.wire.messages import Observation
-
-log = logging.getLogger(__name__)
 
 ObservationRow = dict[str, npt.NDArray[Any]]
 OutcomeGrader = Callable[[EpisodeKey, EpisodeOutcome], EpisodeOutcome]
@@ -41,15 +38,11 @@ class SlotEpisodes:
         width: int,
         sinks: Sequence[EpisodeSink],
         *,
-        sim: object,
         grade: OutcomeGrader | None = None,
     ) -> None:
         num_slots = len(keys)
         self.keys = list(keys)
         self.sinks = list(sinks)
-        self.sim = sim
-        """Asked for its own grades (``result()``) while ``sim_healthy``."""
-        self.sim_healthy = True
         self.grade = grade
         self.running = np.zeros(num_slots, dtype=np.bool_)
         self.queue = np.zeros((num_slots, 1, width), dtype=np.float32)
@@ -58,6 +51,8 @@ class SlotEpisodes:
         self.steps = np.zeros(num_slots, dtype=np.int64)
         self.total_reward = np.zeros(num_slots, dtype=np.float64)
         self.success = np.zeros(num_slots, dtype=np.bool_)
+        self.success_reported = np.zeros(num_slots, dtype=np.bool_)
+        """Whether each slot's env gave a success signal this episode: the sim says so in every frame."""
         self.action = np.zeros((num_slots, width), dtype=np.float32)
         self.outcomes: list[EpisodeOutcome | None] = [None] * num_slots
         self.unreported: list[int] = []
@@ -100,6 +95,7 @@ class SlotEpisodes:
         counted = running[self.running[running]]
         self.total_reward[counted] += reply.reward[counted]
         self.success[counted] |= reply.success[counted]
+        self.success_reported[counted] |= reply.success_reported[counted]
         stepped: list[int] = running.tolist()
         for slot in stepped:
             if slot in errored:
@@ -141,7 +137,7 @@ class SlotEpisodes:
         total = float(self.total_reward[slot])
         return EpisodeOutcome(
             status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
-            score=episode_score(success, success, total),  # provisional: a success seen was reported; the sim knows
+            score=episode_score(success, bool(self.success_reported[slot]), total),
             success=success,
             total_reward=total,
             steps=int(self.steps[slot]),
@@ -166,22 +162,21 @@ class SlotEpisodes:
         self.unreported.append(slot)
 
     def report_ends(self) -> None:
-        """Grade the slots that ended since the last call (one ``result()`` for all) and tell the sinks."""
+        """Grade the slots that ended since the last call and tell the sinks."""
         if not self.unreported:
             return
         ended, self.unreported = self.unreported, []
-        graded = [s for s in ended if (o := self.outcomes[s]) is not None and o.status is not EpisodeStatus.ERRORED]
-        if graded:
-            self._grade_from_sim(graded)
-            if self.grade is not None:
-                for slot in graded:
-                    outcome = self.outcomes[slot]
-                    assert outcome is not None
-                    try:
-                        self.outcomes[slot] = self.grade(self.keys[slot], outcome)
-                    except Exception as exc:  # a callable grader's bug errors its episode, not the run
-                        reason = f"grading failed: {type(exc).__name__}: {exc}"
-                        self.outcomes[slot] = errored(reason, outcome.steps, outcome.total_reward, Fault.GRADER)
+        if self.grade is not None:
+            for slot in ended:
+                outcome = self.outcomes[slot]
+                assert outcome is not None
+                if outcome.status is EpisodeStatus.ERRORED:
+                    continue
+                try:
+                    self.outcomes[slot] = self.grade(self.keys[slot], outcome)
+                except Exception as exc:  # a callable grader's bug errors its episode, not the run
+                    reason = f"grading failed: {type(exc).__name__}: {exc}"
+                    self.outcomes[slot] = errored(reason, outcome.steps, outcome.total_reward, Fault.GRADER)
         for slot in ended:
             outcome = self.outcomes[slot]
             assert outcome is not None
@@ -194,26 +189,6 @@ class SlotEpisodes:
         if missing:
             raise AssertionError(f"slots {missing} ended without an outcome")
         return [outcome for outcome in self.outcomes if outcome is not None]
-
-    def _grade_from_sim(self, slots: list[int]) -> None:
-        """Take the score of each of ``slots`` from the sim's own grade (success, or the return).
-
-        Only the sim knows whether the env reports a success signal at all, which decides what the
-        score means; when the sim cannot answer, the agent's own reading stays.
-        """
-        if not self.sim_healthy:
-            return
-        grades = _sim_grades(self.sim)
-        if grades is None:
-            return
-        for slot in slots:
-            outcome = self.outcomes[slot]
-            grade = grades[slot] if slot < len(grades) else None
-            if outcome is None or grade is None or outcome.status is EpisodeStatus.ERRORED:
-                continue
-            score = grade.get("score")
-            if isinstance(score, int | float):
-                self.outcomes[slot] = dataclasses.replace(outcome, score=float(score))
 
 
 def row(observation: Observation, slot: int) -> ObservationRow:
@@ -231,19 +206,3 @@ def errored(reason: str, steps: int, total_reward: float, fault: Fault) -> Episo
         error=reason,
         fault=fault,
     )
-
-
-def _sim_grades(sim: object) -> list[dict[str, Any]] | None:
-    """Per-slot grade dicts from ``sim.result()`` when the sim offers one and it answers."""
-    result = getattr(sim, "result", None)
-    if not callable(result):
-        return None
-    try:
-        graded: Any = result()
-    except HudPipelinesError as exc:
-        log.warning("could not read the sim's grades, keeping the agent's own: %s", exc)
-        return None
-    slots: Any = (
-        cast(dict[str, Any], graded).get("slots") if isinstance(graded, dict) else getattr(graded, "slots", None)
-    )
-    return cast(list[dict[str, Any]], slots) if isinstance(slots, list) else None

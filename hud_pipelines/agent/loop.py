@@ -124,7 +124,7 @@ class LockstepRun:
         self.sim = sim
         self.keys = keys
         self.stats = stats
-        self.slots = SlotEpisodes(keys, settings.width, sinks, sim=sim, grade=grade)
+        self.slots = SlotEpisodes(keys, settings.width, sinks, grade=grade)
         run = next(_RUN_NUMBERS)
         self.episode_ids = [f"{key.trace_id}/{run}" for key in keys]
         """What the policy sees of each row's episode: unique even when a job's trace ids repeat."""
@@ -147,7 +147,6 @@ class LockstepRun:
             slots.begin(prompts or [""] * len(self.keys))
             for slot in range(len(self.keys)):
                 slots.end(slot, errored(reason, 0, 0.0, fault))
-            slots.sim_healthy = False
             slots.report_ends()
             return slots.final()
         offered = observation.prompt or [""] * len(self.keys)
@@ -171,12 +170,10 @@ class LockstepRun:
                 slots.report_ends()
             self._drop_ahead()
         except _SimFailed as failure:
-            slots.sim_healthy = False
             slots.error_running(*self._cause(failure.reason, failure.fault))
         except _PolicyFailed as failure:
             slots.error_running(*self._cause(failure.reason, failure.fault))
         except BaseException:
-            slots.sim_healthy = False
             slots.error_running("the agent loop was interrupted", Fault.INTERRUPTED)
             slots.report_ends()
             raise

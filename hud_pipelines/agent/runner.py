@@ -25,9 +25,10 @@ from a served sim, or any :class:`~hud_pipelines.errors.HudPipelinesError` an in
 raises) or a policy failure ends the running slots as errored with the reason, finished slots keep
 their outcome, and ``run`` returns normally: every slot always gets exactly one outcome.
 
-Scores come from the sim's own grade (``sim.result()``, read once on every tick where slots ended):
-only the sim knows whether the env reports success at all, which decides whether the score is
-success or the return. Sinks hear ``end`` on the tick the episode ended, with that grade.
+Scores follow the one scoring rule (:func:`~hud_pipelines.sim.slots.episode_score`) from what each
+frame says: a slot's success and whether its env reports success at all (``success_reported``),
+which decides whether the score is the success or the return. Sinks hear ``end`` on the tick the
+episode ended, with that grade.
 """
 
 from __future__ import annotations

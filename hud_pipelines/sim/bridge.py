@@ -361,6 +361,7 @@ class GymBridge:
             terminated=slots.terminated,
             truncated=slots.truncated,
             success=slots.success,
+            success_reported=slots.success_reported,
             status=slots.status,
             prompt=prompts,
             errors=errors or [],

@@ -255,6 +255,7 @@ class ShardedSim:
             terminated=np.concatenate([f.terminated for f in frames]),
             truncated=np.concatenate([f.truncated for f in frames]),
             success=np.concatenate([f.success for f in frames]),
+            success_reported=np.concatenate([f.success_reported for f in frames]),
             status=[status for f in frames for status in f.status],
             prompt=None
             if all(p is None for p in prompts)
@@ -286,7 +287,9 @@ class ShardedSim:
                 for name, feature in self.contract.observation_features.items()
             }
             flags = np.zeros(count, dtype=np.bool_)
-            last = Observation(0, observation, np.zeros(count), flags, flags.copy(), flags.copy(), [RUNNING] * count)
+            last = Observation(
+                0, observation, np.zeros(count), flags, flags.copy(), flags.copy(), flags.copy(), [RUNNING] * count
+            )
         return dataclasses.replace(
             last,
             reward=np.zeros(count),

@@ -146,6 +146,10 @@ class SlotBatch:
         return self._success.copy()
 
     @property
+    def success_reported(self) -> npt.NDArray[np.bool_]:
+        return self._success_reported.copy()
+
+    @property
     def steps(self) -> npt.NDArray[np.int64]:
         """Steps each slot's current episode has run (a copy)."""
         return self._steps.copy()

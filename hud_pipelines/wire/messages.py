@@ -141,6 +141,9 @@ class Observation:
     terminated: npt.NDArray[np.bool_]
     truncated: npt.NDArray[np.bool_]
     success: npt.NDArray[np.bool_]
+    success_reported: npt.NDArray[np.bool_]
+    """Whether the slot's env gave a success signal in this episode (sticky). It decides what the
+    episode's score is: its success (1 or 0) when reported, else its return."""
     status: list[str]
     prompt: list[str] | None = None
     errors: list[SlotError] = field(default_factory=list[SlotError])
@@ -216,6 +219,7 @@ def to_wire(message: Request | Reply | Hello, framing: Framing = Framing.BATCHED
                 "terminated": framing.out(message.terminated),
                 "truncated": framing.out(message.truncated),
                 "success": framing.out(message.success),
+                "success_reported": framing.out(message.success_reported),
                 "status": framing.out(message.status),
                 "errors": [
                     {"slot": e.slot, "message": e.message, "traceback": e.traceback, "cause": e.cause}

@@ -23,8 +23,8 @@ from hud_pipelines.wire.messages import Framing, MessageType
 
 _HELLO_KEYS = {"protocol", "framing", "num_envs", "contract", "server", "hold", "bounds", "max_frame_bytes"}
 _OBSERVATION_KEYS = {
-    *("seq", "observation", "reward", "terminated", "truncated", "success", "status", "prompt", "errors"),
-    "nonfinite",
+    *("seq", "observation", "reward", "terminated", "truncated", "success", "success_reported", "status"),
+    *("prompt", "errors", "nonfinite"),
 }
 
 
@@ -271,13 +271,18 @@ def _observation(frame: object, framing: Framing, num_slots: int | None) -> mess
     status = f.strings("status", framing)
     if status is None:
         raise WireError("'observation' frame is missing 'status'")
+    success = f.per_slot("success", framing, np.bool_, num_slots)
     return messages.Observation(
         seq=f.get("seq", INT),
         observation=arrays,
         reward=f.per_slot("reward", framing, np.float64, num_slots),
         terminated=f.per_slot("terminated", framing, np.bool_, num_slots),
         truncated=f.per_slot("truncated", framing, np.bool_, num_slots),
-        success=f.per_slot("success", framing, np.bool_, num_slots),
+        success=success,
+        # a server that does not say: only a success it saw was reported
+        success_reported=f.per_slot("success_reported", framing, np.bool_, num_slots)
+        if "success_reported" in f.raw
+        else success.copy(),
         status=status,
         prompt=f.strings("prompt", framing),
         errors=_slot_errors(f.optional("errors", LIST) or []),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
@@ -42,6 +43,7 @@ class CountdownSim:
         lengths: list[int],
         *,
         succeed: tuple[int, ...] = (),
+        reports: tuple[int, ...] | None = None,
         crash_at: int | None = None,
         slot_errors: dict[int, list[int]] | None = None,
     ) -> None:
@@ -49,6 +51,8 @@ class CountdownSim:
         self.num_envs = len(lengths)
         self.contract = countdown_contract()
         self.succeed = succeed
+        self.reports = succeed if reports is None else reports
+        """Slots whose env gives a success signal (default: those that succeed)."""
         self.crash_at = crash_at
         self.slot_errors = slot_errors or {}
         self.actions: list[npt.NDArray[Any]] = []
@@ -79,9 +83,6 @@ class CountdownSim:
         reward = np.where(running, 1.0, 0.0)
         return self._observation(reward, errors=errors)
 
-    def result(self) -> dict[str, Any]:
-        return {"slots": [{"slot": i, "score": float(self.steps[i]) * 10.0} for i in range(self.num_envs)]}
-
     def _observation(
         self, reward: npt.NDArray[Any], *, prompt: list[str] | None = None, errors: list[SlotError] | None = None
     ) -> Observation:
@@ -94,6 +95,7 @@ class CountdownSim:
             terminated=done,
             truncated=np.zeros(self.num_envs, dtype=np.bool_),
             success=done & np.isin(np.arange(self.num_envs), self.succeed),
+            success_reported=np.isin(np.arange(self.num_envs), self.reports),
             status=list(self.status),
             prompt=prompt,
             errors=errors or [],
@@ -134,3 +136,16 @@ class RecordingSink:
 
     def by_slot(self) -> dict[int, str]:
         return {key.slot: trace_id for trace_id, key in self.keys.items()}
+
+
+class _NeverSucceeds(gym.Wrapper[Any, Any, Any, Any]):
+    """Reports ``is_success: False`` on every step: an env that grades itself, and always fails."""
+
+    def step(self, action: Any) -> Any:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        return observation, reward, terminated, truncated, {**info, "is_success": False}
+
+
+def never_succeeding_cartpole() -> gym.Env[Any, Any]:
+    """CartPole-v1 that says every step that the episode has not succeeded (loaded by path in a sim child)."""
+    return _NeverSucceeds(gym.make("CartPole-v1"))

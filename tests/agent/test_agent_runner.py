@@ -90,7 +90,7 @@ def test_one_forward_per_refill_tick_and_horizon_cuts_chunks() -> None:
 
 
 def test_finished_slots_record_nothing_and_receive_a_hold_row(sink: RecordingSink) -> None:
-    sim = CountdownSim([2, 5, 9], succeed=(1,))
+    sim = CountdownSim([2, 5, 9], succeed=(1,), reports=(1, 2))
     policy = SlotEcho(length=2)
     agent, outcomes = run(sim, policy, sink, max_steps=50)
     by_slot = sink.by_slot()
@@ -107,7 +107,8 @@ def test_finished_slots_record_nothing_and_receive_a_hold_row(sink: RecordingSin
     # slot 0 stops changing its row once done: the sim sees its last action repeated
     applied = np.stack(sim.actions)[:, 0, 0]
     assert np.all(applied[2:] == applied[1])
-    assert [o.score for o in outcomes] == [20.0, 50.0, 90.0], "scores come from the sim's grade"
+    # slot 0's env gives no success signal (scored by its return), slot 2's does (scored by its failure)
+    assert [o.score for o in outcomes] == [2.0, 1.0, 0.0]
 
 
 def test_max_steps_ends_running_slots_as_truncated_failures(sink: RecordingSink) -> None:
@@ -283,3 +284,16 @@ def test_the_same_loop_drives_a_served_sim(sink: RecordingSink) -> None:
     assert [o.steps for o in outcomes] == [CARTPOLE_SUCCESS_STEPS] * 2
     assert [o.score for o in outcomes] == [float(CARTPOLE_SUCCESS_STEPS)] * 2
     assert all(len(frames) == CARTPOLE_SUCCESS_STEPS for frames in sink.frames.values())
+
+
+def test_an_env_that_reports_its_failure_scores_zero_however_long_it_ran() -> None:
+    factory = f"{Path(__file__).with_name('agent_helpers.py')}:never_succeeding_cartpole"
+    with SimProcess.spawn(factory, num_envs=2) as process, process.connect() as client:
+        policy = scripted_policy("envs.controllers:cartpole_pd", client.contract, base_dir=Path())
+        outcomes = RobotAgent(policy, client.contract).run(
+            client, [{"seed": 0}, {"seed": 1}], max_steps=600, key=("graded", 0, 0)
+        )
+        graded_by_the_sim = [slot["score"] for slot in client.result().slots]
+    assert [o.total_reward for o in outcomes] == [float(CARTPOLE_SUCCESS_STEPS)] * 2
+    assert [o.status for o in outcomes] == [EpisodeStatus.FAILED] * 2
+    assert [o.score for o in outcomes] == [0.0, 0.0] == graded_by_the_sim

@@ -38,6 +38,7 @@ EXPECTED = {
             terminated=np.array([False]),
             truncated=np.array([False]),
             success=np.array([False]),
+            success_reported=np.array([False]),
             status=["running"],
         ),
         Framing.SCALAR,

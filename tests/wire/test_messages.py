@@ -39,6 +39,7 @@ def observation(num_slots: int) -> Observation:
         terminated=np.arange(num_slots) % 2 == 1,
         truncated=np.zeros(num_slots, dtype=np.bool_),
         success=np.ones(num_slots, dtype=np.bool_),
+        success_reported=np.arange(num_slots) % 3 != 2,
         status=["running"] * num_slots,
         prompt=[f"task {i}" for i in range(num_slots)],
         errors=[SlotError(slot=0, message="boom", traceback="Traceback ...")],
@@ -59,7 +60,7 @@ def assert_same_observation(left: Observation, right: Observation) -> None:
     for key, array in left.observation.items():
         assert right.observation[key].dtype == array.dtype
         np.testing.assert_array_equal(right.observation[key], array)
-    for name in ("reward", "terminated", "truncated", "success"):
+    for name in ("reward", "terminated", "truncated", "success", "success_reported"):
         np.testing.assert_array_equal(getattr(right, name), getattr(left, name))
         assert getattr(right, name).dtype == getattr(left, name).dtype
     assert (right.status, right.prompt, right.errors, right.nonfinite) == (
@@ -92,6 +93,15 @@ def test_scalar_observation_drops_the_slot_axis_and_uses_plain_bools() -> None:
     assert wire["status"] == "running"
     assert wire["prompt"] == "task 0"
     assert_same_observation(message, parsed)  # back in the internal batched form
+
+
+def test_an_observation_without_success_reported_counts_only_a_seen_success_as_reported() -> None:
+    wire, _ = over_the_wire(observation(3), Framing.BATCHED, 3)
+    del wire["success_reported"]
+    wire["success"] = np.array([True, False, False])
+    parsed = parse_reply(wire, Framing.BATCHED, 3)
+    assert isinstance(parsed, Observation)
+    assert parsed.success_reported.tolist() == [True, False, False]
 
 
 def test_step_action_framing() -> None:
