@@ -12,8 +12,13 @@ arrays (writable, native byte order). Failures are typed:
 - no reply within the deadline -> :class:`SimTimeoutError` with its ``deadline_s``; the owner kills
   a spawned child.
 
-After a crash, a timeout or a reply with the wrong sequence number the client is *broken*: a late
-reply could otherwise be taken for the answer to the next request, so every later call fails fast.
+The protocol's bookkeeping (sequence numbers, pending replies, the broken state) is a sans-I/O
+:class:`~hud_pipelines.wire.client_session.ClientSession`; this class is its I/O shell: it moves
+frames over a :class:`~hud_pipelines.sim.link.Link`, applies deadlines and turns transport failures
+into typed errors. After a crash, a timeout or a reply with the wrong sequence number the client is
+*broken*: a late reply could otherwise be taken for the answer to the next request, so every later
+call fails fast. :meth:`SimClient.in_process` runs the same client against a bridge in this process
+(a real server session, no socket), for fast tests of the code that drives sims.
 
 Steps can be pipelined: :meth:`send_step` sends without waiting and :meth:`receive_step` reads
 that step's reply later, so a caller that already knows its next action (an open-loop chunk) keeps
@@ -23,46 +28,26 @@ reply read while waiting for a later request is kept until its caller asks for i
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import itertools
 from collections.abc import Callable
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
     LinkClosed,
     LinkError,
     LinkRefused,
-    RemoteError,
     SimCrashedError,
-    SimError,
     SimRefusedError,
     SimTimeoutError,
     WireError,
 )
-from hud_pipelines.sim.link import WebSocketLink
-from hud_pipelines.wire.codec import packb, unpackb
-from hud_pipelines.wire.messages import (
-    DEFAULT_MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
-    Close,
-    ErrorFrame,
-    Framing,
-    Hello,
-    Observation,
-    Reply,
-    Request,
-    Reset,
-    Result,
-    ResultRequest,
-    ServerHello,
-    Step,
-    to_wire,
-)
-from hud_pipelines.wire.parse import parse_reply
+from hud_pipelines.sim.link import Link, WebSocketLink
+from hud_pipelines.wire.client_session import ClientSession
+from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, Framing, Observation, Reply, Result, ServerHello
+
+if TYPE_CHECKING:
+    from hud_pipelines.sim.bridge import GymBridge
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
@@ -72,7 +57,8 @@ class SimClient:
     """Drives one served sim; use it as a context manager.
 
     ``step_timeout_s`` bounds every step and result; ``reset_timeout_s`` (default: the same) bounds
-    a reset, which may rebuild the env.
+    a reset, which may rebuild the env. ``link`` replaces the WebSocket connection to ``url`` (see
+    :meth:`in_process`).
     """
 
     def __init__(
@@ -88,6 +74,7 @@ class SimClient:
         diagnose: Callable[[], str] | None = None,
         on_timeout: Callable[[], None] | None = None,
         exit_status: Callable[[], int | None] | None = None,
+        link: Link | None = None,
     ) -> None:
         self.url = url
         self.step_timeout_s = step_timeout_s
@@ -96,41 +83,38 @@ class SimClient:
         self._on_timeout = on_timeout or (lambda: None)
         self._exit_status = exit_status or (lambda: None)
         """The spawned child's exit status once it exited (read after the diagnosis, which waits for it)."""
-        self._seq = itertools.count(1)
-        self._broken: str | None = None
-        self._pending: collections.deque[int] = collections.deque()
-        """Sequence numbers sent whose replies have not been read, oldest first."""
-        self._arrived: dict[int, Reply] = {}
-        """Replies read while waiting for a later request, until their caller asks."""
+        self._session = ClientSession(framing, peer=url)
+        self._link = link if link is not None else self._connect(token, max_frame_bytes, connect_timeout_s)
         try:
-            self._link = WebSocketLink(
-                url,
-                headers={"Authorization": f"Bearer {token}"},
-                max_size=max_frame_bytes,
-                timeout_s=connect_timeout_s,
+            self._send(self._session.hello(), "handshake", connect_timeout_s)
+            self.hello: ServerHello = self._session.receive_hello(self._receive("handshake", connect_timeout_s))
+            self.contract = Contract.model_validate(self.hello.contract)
+        except BaseException:
+            self._session.fail("the handshake failed")
+            self._link.close(timeout_s=0.2)
+            raise
+        self.framing = self.hello.framing
+
+    @classmethod
+    def in_process(cls, bridge: GymBridge, *, framing: Framing | None = Framing.BATCHED) -> SimClient:
+        """A client of ``bridge`` served in this process through a real server session, without a socket."""
+        from hud_pipelines.sim.in_process import InProcessLink
+
+        link = InProcessLink(bridge)
+        return cls(link.url, "", framing=framing, link=link)
+
+    def _connect(self, token: str, max_frame_bytes: int, timeout_s: float) -> Link:
+        try:
+            return WebSocketLink(
+                self.url, headers={"Authorization": f"Bearer {token}"}, max_size=max_frame_bytes, timeout_s=timeout_s
             )
         except LinkRefused as exc:
-            raise SimRefusedError(f"the sim at {url} refused the connection: {exc}", status=exc.status) from exc
+            raise SimRefusedError(f"the sim at {self.url} refused the connection: {exc}", status=exc.status) from exc
         except (OSError, LinkError) as exc:
             diagnosis = self._diagnosis()
             raise SimCrashedError(
-                f"cannot connect to the sim at {url}: {exc}{diagnosis}", returncode=self._exit_status()
+                f"cannot connect to the sim at {self.url}: {exc}{diagnosis}", returncode=self._exit_status()
             ) from exc
-        try:
-            self._send(Hello(protocol=PROTOCOL_VERSION, framing=framing), "handshake", connect_timeout_s)
-            hello = self._receive("handshake", connect_timeout_s, Framing.BATCHED, None)
-            if isinstance(hello, ErrorFrame):
-                self._broken = hello.message
-                raise RemoteError(hello.message, phase=hello.phase)
-            if not isinstance(hello, ServerHello):
-                raise WireError(f"expected a hello frame from the sim, got {type(hello).__name__}")
-            self.contract = Contract.model_validate(hello.contract)
-        except BaseException:
-            self._broken = self._broken or "the handshake failed"
-            self._link.close(timeout_s=0.2)
-            raise
-        self.hello = hello
-        self.framing = hello.framing
 
     @property
     def num_envs(self) -> int:
@@ -139,12 +123,12 @@ class SimClient:
     @property
     def in_flight(self) -> int:
         """Requests sent whose replies nobody has read yet (pipelined steps)."""
-        return len(self._pending) + len(self._arrived)
+        return self._session.in_flight
 
     @property
     def usable(self) -> bool:
         """False after a crash, a timeout, a protocol violation or :meth:`close`."""
-        return self._broken is None
+        return self._session.usable
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -154,10 +138,8 @@ class SimClient:
             tasks = {}
         if isinstance(tasks, dict):
             tasks = [dict(tasks) for _ in range(self.num_envs)]
-        if len(tasks) != self.num_envs:
-            raise SimError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
-        reply = self._request(Reset(seq=next(self._seq), tasks=tasks), "reset", self.reset_timeout_s)
-        return self._expect(reply, Observation)
+        seq = self._post(self._session.reset(tasks), "reset", self.reset_timeout_s)
+        return self._session.expect(self._await(seq, "reset", self.reset_timeout_s), Observation)
 
     def step(self, action: Any) -> Observation:
         """Send one ``[N, A]`` action frame (an ``[A]`` row is accepted for a single slot)."""
@@ -165,25 +147,22 @@ class SimClient:
 
     def send_step(self, action: Any) -> int:
         """Send a step without waiting for its reply; returns its ``seq`` for :meth:`receive_step`."""
-        array = np.asarray(action)
-        if self.num_envs == 1 and array.ndim <= 1:
-            array = array.reshape(1, -1)
-        return self._post(Step(seq=next(self._seq), action=array), "step", self.step_timeout_s)
+        return self._post(self._session.step(action), "step", self.step_timeout_s)
 
     def receive_step(self, seq: int) -> Observation:
         """The observation that answers the step numbered ``seq`` (waits at most ``step_timeout_s``)."""
-        return self._expect(self._await(seq, "step", self.step_timeout_s), Observation)
+        return self._session.expect(self._await(seq, "step", self.step_timeout_s), Observation)
 
     def result(self) -> Result:
-        reply = self._request(ResultRequest(seq=next(self._seq)), "result", self.step_timeout_s)
-        return self._expect(reply, Result)
+        seq = self._post(self._session.result(), "result", self.step_timeout_s)
+        return self._session.expect(self._await(seq, "result", self.step_timeout_s), Result)
 
     def close(self) -> None:
         """Say goodbye (best effort) and close the connection; safe to call twice."""
-        if self._broken is None:
+        goodbye = self._session.close()
+        if goodbye is not None:
             with contextlib.suppress(LinkError, OSError, TimeoutError):
-                self._link.send(packb(to_wire(Close())), 1.0)
-        self._broken = self._broken or "the client was closed"
+                self._link.send(goodbye, 1.0)
         self._link.close()
 
     def __enter__(self) -> SimClient:
@@ -194,48 +173,24 @@ class SimClient:
 
     # -- plumbing ----------------------------------------------------------------------------------
 
-    def _request(self, request: Reset | Step | ResultRequest, phase: str, timeout_s: float) -> Reply:
-        return self._await(self._post(request, phase, timeout_s), phase, timeout_s)
-
-    def _post(self, request: Reset | Step | ResultRequest, phase: str, timeout_s: float) -> int:
-        """Send a numbered request; its reply is read by :meth:`_await`."""
-        self._require_usable()
-        self._send(request, phase, timeout_s)
-        self._pending.append(request.seq)
-        return request.seq
+    def _post(self, request: tuple[int, bytes], phase: str, timeout_s: float) -> int:
+        """Send a numbered request frame; its reply is read by :meth:`_await`."""
+        seq, frame = request
+        self._send(frame, phase, timeout_s)
+        return seq
 
     def _await(self, seq: int, phase: str, timeout_s: float) -> Reply:
         """The reply to request ``seq``: replies arrive in request order, earlier ones are kept."""
-        while seq not in self._arrived:
-            self._require_usable()
-            if seq not in self._pending:
-                raise SimError(f"no request numbered {seq} is waiting for a reply from {self.url}")
-            expected = self._pending[0]
-            reply = self._receive(phase, timeout_s, self.framing, self.num_envs)
-            reply_seq = getattr(reply, "seq", None)
-            if isinstance(reply, ErrorFrame) and reply_seq not in (None, expected):
-                raise self._violation(f"error frame for request {reply_seq} while waiting for {expected}")
-            if not isinstance(reply, ErrorFrame) and reply_seq != expected:
-                raise self._violation(f"reply numbered {reply_seq} to request {expected}: late or out-of-order reply")
-            self._pending.popleft()
-            self._arrived[expected] = reply
-        reply = self._arrived.pop(seq)
-        if isinstance(reply, ErrorFrame):
-            raise RemoteError(reply.message, phase=reply.phase, slot=reply.slot, remote_traceback=reply.traceback)
+        while (reply := self._session.take(seq)) is None:
+            frame = self._receive(phase, timeout_s)
+            try:
+                self._session.receive(frame)
+            except WireError:
+                self._link.abort()  # the sim broke the protocol: this connection can no longer be trusted
+                raise
         return reply
 
-    def _require_usable(self) -> None:
-        if self._broken is not None:
-            raise SimError(f"the connection to {self.url} is unusable: {self._broken}")
-
-    def _violation(self, message: str) -> WireError:
-        """The sim broke the protocol: this connection can no longer be trusted."""
-        self._broken = message
-        self._link.abort()
-        return WireError(message)
-
-    def _send(self, message: Request | Hello, phase: str, timeout_s: float) -> None:
-        frame = packb(to_wire(message, self.framing if isinstance(message, Reset | Step) else Framing.BATCHED))
+    def _send(self, frame: bytes, phase: str, timeout_s: float) -> None:
         try:
             self._link.send(frame, timeout_s)
         except TimeoutError as exc:
@@ -243,22 +198,16 @@ class SimClient:
         except (LinkError, OSError) as exc:
             raise self._crashed(phase, exc) from exc
 
-    def _receive(self, phase: str, timeout_s: float, framing: Framing, num_slots: int | None) -> Reply:
+    def _receive(self, phase: str, timeout_s: float) -> bytes | bytearray | memoryview | str:
         try:
-            frame = self._link.recv(timeout_s)
+            return self._link.recv(timeout_s)
         except TimeoutError as exc:
             raise self._timed_out(phase, timeout_s) from exc
         except (LinkError, OSError) as exc:
             raise self._crashed(phase, exc) from exc
-        try:
-            return parse_reply(unpackb(frame), framing, num_slots)
-        except WireError as exc:
-            self._broken = f"undecodable reply during {phase}: {exc}"
-            self._link.abort()
-            raise
 
     def _timed_out(self, phase: str, timeout_s: float) -> SimTimeoutError:
-        self._broken = f"{phase} timed out"
+        self._session.fail(f"{phase} timed out")
         self._link.abort()  # a late reply must never be read as the answer to a later request
         self._on_timeout()
         return SimTimeoutError(
@@ -268,7 +217,7 @@ class SimClient:
         )
 
     def _crashed(self, phase: str, exc: BaseException) -> SimCrashedError:
-        self._broken = f"connection lost during {phase}"
+        self._session.fail(f"connection lost during {phase}")
         self._link.abort()
         code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
         diagnosis = self._diagnosis()
@@ -279,8 +228,3 @@ class SimClient:
     def _diagnosis(self) -> str:
         text = self._diagnose()
         return f"\n{text}" if text else ""
-
-    def _expect[R](self, reply: Reply, kind: type[R]) -> R:
-        if not isinstance(reply, kind):
-            raise self._violation(f"expected a {kind.__name__} reply, got {type(reply).__name__}")
-        return reply

@@ -19,7 +19,7 @@ import contextlib
 import socket
 import ssl
 import time
-from typing import cast
+from typing import Protocol, cast
 
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus, InvalidURI
@@ -30,6 +30,22 @@ from websockets.uri import parse_uri
 from hud_pipelines.errors import LinkClosed, LinkError, LinkRefused
 
 RECV_CHUNK_BYTES = 1 << 20
+
+
+class Link(Protocol):
+    """What the sim client needs of a connection: whole binary messages both ways, under deadlines.
+
+    :class:`WebSocketLink` is the real one; :class:`~hud_pipelines.sim.in_process.InProcessLink`
+    serves a bridge in the same process (httpx's ``MockTransport`` idea).
+    """
+
+    def send(self, data: bytes, timeout_s: float) -> None: ...
+
+    def recv(self, timeout_s: float) -> bytes | bytearray | memoryview | str: ...
+
+    def close(self, timeout_s: float = 1.0) -> None: ...
+
+    def abort(self) -> None: ...
 
 
 class WebSocketLink:

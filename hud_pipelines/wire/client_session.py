@@ -1,0 +1,213 @@
+"""One connection's protocol from the client's side, sans I/O: requests out as bytes, replies in.
+
+A :class:`ClientSession` knows what the protocol says about a connection from the client's end and
+nothing about sockets, threads or deadlines:
+
+- the handshake: the ``hello`` frame to send, and the server's answer checked (an ``error`` frame
+  there is a :class:`~hud_pipelines.errors.RemoteError` and leaves the session broken);
+- sequence numbers: every request gets the next one;
+- pending replies: the server answers in request order, so each reply must carry the ``seq`` of the
+  oldest request still waiting (an ``error`` frame may carry none); a reply read while waiting for
+  a later request is kept until its caller asks (pipelined steps);
+- the broken state: after a reply that breaks these rules, or once the I/O layer reports a crash or
+  a missed deadline (:meth:`fail`), a late reply could be taken for the answer to the next request,
+  so every later request is refused at once.
+
+The I/O shell (:class:`~hud_pipelines.sim.client.SimClient`) moves the bytes, applies deadlines and
+turns transport failures into typed sim errors; this class is what the shell and a test can reason
+about without a server.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from hud_pipelines.errors import RemoteError, SimError, WireError
+from hud_pipelines.wire.codec import packb, unpackb
+from hud_pipelines.wire.messages import (
+    PROTOCOL_VERSION,
+    Close,
+    ErrorFrame,
+    Framing,
+    Hello,
+    Observation,
+    Reply,
+    Reset,
+    Result,
+    ResultRequest,
+    ServerHello,
+    Step,
+    to_wire,
+)
+from hud_pipelines.wire.parse import parse_reply
+
+
+class ClientState(StrEnum):
+    """Where the client's end of a connection stands."""
+
+    HANDSHAKE = "handshake"
+    SERVING = "serving"
+    BROKEN = "broken"
+    """A rule of the protocol was broken, the transport failed or the session was closed."""
+
+
+class ClientSession:
+    """The client's protocol state of one connection; ``framing`` is asked for in the hello (``None``:
+    the server chooses)."""
+
+    def __init__(self, framing: Framing | None = Framing.BATCHED, *, peer: str = "the sim") -> None:
+        self.requested_framing = framing
+        self.peer = peer
+        """Who is at the other end, for error messages (the sim's URL)."""
+        self.state = ClientState.HANDSHAKE
+        self.broken: str | None = None
+        """Why the session can no longer be used (``None`` while it can)."""
+        self._hello: ServerHello | None = None
+        self._seq = itertools.count(1)
+        self._pending: collections.deque[int] = collections.deque()
+        """Sequence numbers sent whose replies have not been read, oldest first."""
+        self._arrived: dict[int, Reply] = {}
+        """Replies read while waiting for a later request, until their caller asks."""
+
+    # -- handshake ---------------------------------------------------------------------------------
+
+    def hello(self) -> bytes:
+        """The first frame to send."""
+        return packb(to_wire(Hello(protocol=PROTOCOL_VERSION, framing=self.requested_framing)))
+
+    def receive_hello(self, frame: bytes | bytearray | memoryview | str) -> ServerHello:
+        """Take the server's answer to the hello; the session serves from here on."""
+        try:
+            hello = parse_reply(unpackb(frame), Framing.BATCHED, None)
+        except WireError as exc:
+            self.fail(f"undecodable reply during handshake: {exc}")
+            raise
+        if isinstance(hello, ErrorFrame):
+            self.fail(hello.message)
+            raise RemoteError(hello.message, phase=hello.phase)
+        if not isinstance(hello, ServerHello):
+            raise self._break(f"expected a hello frame from the sim, got {type(hello).__name__}")
+        self._hello = hello
+        self.state = ClientState.SERVING
+        return hello
+
+    @property
+    def server_hello(self) -> ServerHello:
+        if self._hello is None:
+            raise SimError("the handshake has not finished")
+        return self._hello
+
+    @property
+    def num_envs(self) -> int:
+        return self.server_hello.num_envs
+
+    @property
+    def framing(self) -> Framing:
+        return self.server_hello.framing
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def reset(self, tasks: list[dict[str, Any]]) -> tuple[int, bytes]:
+        """``(seq, frame)`` of a reset with one task per slot."""
+        if len(tasks) != self.num_envs:
+            raise SimError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
+        return self._post(Reset(seq=self._next(), tasks=tasks))
+
+    def step(self, action: Any) -> tuple[int, bytes]:
+        """``(seq, frame)`` of a step with an ``[N, A]`` action (an ``[A]`` row for a single slot)."""
+        array = np.asarray(action)
+        if self.num_envs == 1 and array.ndim <= 1:
+            array = array.reshape(1, -1)
+        return self._post(Step(seq=self._next(), action=array))
+
+    def result(self) -> tuple[int, bytes]:
+        """``(seq, frame)`` of a result request."""
+        return self._post(ResultRequest(seq=self._next()))
+
+    def close(self) -> bytes | None:
+        """The goodbye frame to send (``None`` once broken: there is nobody to say it to); ends the session."""
+        frame = packb(to_wire(Close())) if self.broken is None else None
+        self.fail("the client was closed")
+        return frame
+
+    # -- replies -----------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent whose replies nobody has read yet (pipelined steps)."""
+        return len(self._pending) + len(self._arrived)
+
+    @property
+    def usable(self) -> bool:
+        return self.broken is None
+
+    def take(self, seq: int) -> Reply | None:
+        """The reply to request ``seq`` if it arrived (``None``: read another frame and :meth:`receive` it).
+
+        An ``error`` frame answering ``seq`` is raised as :class:`RemoteError`; the session stays usable.
+        """
+        if seq in self._arrived:
+            reply = self._arrived.pop(seq)
+            if isinstance(reply, ErrorFrame):
+                raise RemoteError(reply.message, phase=reply.phase, slot=reply.slot, remote_traceback=reply.traceback)
+            return reply
+        self.require_usable()
+        if seq not in self._pending:
+            raise SimError(f"no request numbered {seq} is waiting for a reply from {self.peer}")
+        return None
+
+    def receive(self, frame: bytes | bytearray | memoryview | str) -> None:
+        """Take one reply frame: it answers the oldest request still waiting, or it breaks the session."""
+        self.require_usable()
+        if not self._pending:
+            raise self._break("a reply arrived while no request was waiting")
+        try:
+            reply = parse_reply(unpackb(frame), self.framing, self.num_envs)
+        except WireError as exc:
+            self.fail(f"undecodable reply: {exc}")
+            raise
+        expected = self._pending[0]
+        reply_seq = getattr(reply, "seq", None)
+        if isinstance(reply, ErrorFrame) and reply_seq not in (None, expected):
+            raise self._break(f"error frame for request {reply_seq} while waiting for {expected}")
+        if not isinstance(reply, ErrorFrame) and reply_seq != expected:
+            raise self._break(f"reply numbered {reply_seq} to request {expected}: late or out-of-order reply")
+        self._pending.popleft()
+        self._arrived[expected] = reply
+
+    def expect[R: Observation | Result](self, reply: Reply, kind: type[R]) -> R:
+        """``reply`` as the kind its request asked for; anything else breaks the session."""
+        if not isinstance(reply, kind):
+            raise self._break(f"expected a {kind.__name__} reply, got {type(reply).__name__}")
+        return reply
+
+    # -- the broken state --------------------------------------------------------------------------
+
+    def fail(self, reason: str) -> None:
+        """The transport failed (a crash, a missed deadline) or the session ended: refuse every later request."""
+        self.broken = self.broken or reason
+        self.state = ClientState.BROKEN
+
+    def require_usable(self) -> None:
+        if self.broken is not None:
+            raise SimError(f"the connection to {self.peer} is unusable: {self.broken}")
+
+    def _break(self, message: str) -> WireError:
+        """The server broke the protocol: this connection can no longer be trusted."""
+        self.fail(message)
+        return WireError(message)
+
+    def _next(self) -> int:
+        return next(self._seq)
+
+    def _post(self, request: Reset | Step | ResultRequest) -> tuple[int, bytes]:
+        self.require_usable()
+        framing = self.framing
+        frame = packb(to_wire(request, framing if isinstance(request, Reset | Step) else Framing.BATCHED))
+        self._pending.append(request.seq)
+        return request.seq, frame

@@ -1,0 +1,86 @@
+"""The in-process link: the real client and server session over a bridge in this process, no socket.
+
+It must behave as a served sim does, byte for byte of the protocol: the same trajectories as plain
+gymnasium for every env kind, the same error frames, the same end of running episodes when the
+client goes, and the agent loop over it gives what it gives over a spawned child.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hud_pipelines.agent.builtin import scripted_policy
+from hud_pipelines.agent.runner import RobotAgent
+from hud_pipelines.errors import RemoteError, SimError
+from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.process import SimProcess
+from hud_pipelines.sim.slots import SlotState
+from hud_pipelines.wire.messages import Framing
+from tests.agent.agent_helpers import RecordingSink
+from tests.conftest import action_frames, assert_same_trajectory, driven
+from tests.sim.test_bridge import CASES, Case
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_in_process_trajectories_are_bit_identical_to_plain_gymnasium(case: Case) -> None:
+    with GymBridge(case.factory, case.num_envs, build_args=case.build_args) as bridge:
+        framing = None if case.num_envs == 1 else Framing.BATCHED
+        with SimClient.in_process(bridge, framing=framing) as client:
+            assert client.framing is (Framing.SCALAR if case.num_envs == 1 else Framing.BATCHED)
+            frames = action_frames(bridge.envs.single_action_space, case.num_envs, case.steps)
+            actual = driven(client.reset, client.step, [{"seed": s} for s in case.seeds()], frames)
+    assert_same_trajectory(actual, case.expected(frames))
+
+
+def test_a_refused_action_is_the_error_frame_a_served_sim_sends() -> None:
+    wrong = np.zeros((2, 3), dtype=np.int64)
+    with SimProcess.spawn("CartPole-v1", num_envs=2) as process, process.connect() as served:
+        served.reset([{"seed": 0}, {"seed": 1}])
+        with pytest.raises(RemoteError) as over_the_socket:
+            served.step(wrong)
+    with GymBridge("CartPole-v1", 2) as bridge, SimClient.in_process(bridge) as client:
+        client.reset([{"seed": 0}, {"seed": 1}])
+        with pytest.raises(RemoteError) as in_process:
+            client.step(wrong)
+        assert client.usable, "an error frame leaves the connection usable"
+        client.step(np.zeros((2, 1), dtype=np.int64))
+    assert (in_process.value.phase, str(in_process.value)) == (over_the_socket.value.phase, str(over_the_socket.value))
+
+
+def test_closing_mid_episode_ends_the_running_episodes_as_errored() -> None:
+    with GymBridge("CartPole-v1", 2) as bridge:
+        client = SimClient.in_process(bridge)
+        client.reset([{"seed": 0}, {"seed": 1}])
+        client.step(np.zeros((2, 1), dtype=np.int64))
+        client.close()
+        records = bridge.slots.records
+        with pytest.raises(SimError, match="unusable: the client was closed"):
+            client.step(np.zeros((2, 1), dtype=np.int64))
+    assert [r.state for r in records] == [SlotState.ERRORED] * 2
+    assert {r.error for r in records} == {"client disconnected mid-episode"}
+
+
+def test_the_agent_over_the_in_process_link_equals_the_agent_over_a_spawned_child() -> None:
+    tasks = [{"seed": 3}, {"seed": 4}, {"seed": 5}]
+
+    def evaluate(client: SimClient) -> tuple[list[object], RecordingSink]:
+        sink = RecordingSink()
+        policy = scripted_policy("envs.controllers:PendulumSwingUp", client.contract, base_dir=Path())
+        outcomes = RobotAgent(policy, client.contract).run(client, tasks, max_steps=60, key=("p", 0, 0), sinks=[sink])
+        return list(outcomes), sink
+
+    with GymBridge("Pendulum-v1", 3) as bridge, SimClient.in_process(bridge) as client:
+        in_process, in_process_sink = evaluate(client)
+    with SimProcess.spawn("Pendulum-v1", num_envs=3) as process, process.connect() as client:
+        served, served_sink = evaluate(client)
+    assert in_process == served
+    assert in_process_sink.frames.keys() == served_sink.frames.keys()
+    for trace, frames in served_sink.frames.items():
+        for mine, theirs in zip(in_process_sink.frames[trace], frames, strict=True):
+            np.testing.assert_array_equal(mine.observation["state"], theirs.observation["state"])
+            np.testing.assert_array_equal(mine.action, theirs.action)
+            assert mine.reward == theirs.reward

@@ -1,0 +1,188 @@
+"""The client's sans-I/O session: sequence numbers, pending replies and the broken state, without a server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from hud_pipelines.errors import Phase, RemoteError, SimError, WireError
+from hud_pipelines.wire.client_session import ClientSession, ClientState
+from hud_pipelines.wire.codec import packb, unpackb
+from hud_pipelines.wire.messages import (
+    PROTOCOL_VERSION,
+    Close,
+    ErrorFrame,
+    Framing,
+    Observation,
+    Reply,
+    Result,
+    ServerHello,
+    to_wire,
+)
+from hud_pipelines.wire.parse import parse_request
+
+SLOTS = 2
+
+
+def server_hello(framing: Framing = Framing.BATCHED, num_envs: int = SLOTS) -> bytes:
+    hello = ServerHello(
+        protocol=PROTOCOL_VERSION,
+        framing=framing,
+        num_envs=num_envs,
+        contract={},
+        server="test",
+        hold="last",
+        max_frame_bytes=1 << 20,
+    )
+    return packb(to_wire(hello, framing))
+
+
+def observation(seq: int, reward: float = 0.0) -> bytes:
+    flags = np.zeros(SLOTS, dtype=np.bool_)
+    frame = Observation(
+        seq=seq,
+        observation={"state": np.full((SLOTS, 3), reward, dtype=np.float32)},
+        reward=np.full(SLOTS, reward),
+        terminated=flags,
+        truncated=flags,
+        success=flags,
+        success_reported=flags,
+        status=["running"] * SLOTS,
+    )
+    return packb(to_wire(frame))
+
+
+def frame_of(reply: Reply) -> bytes:
+    return packb(to_wire(reply))
+
+
+@pytest.fixture
+def session() -> ClientSession:
+    session = ClientSession(peer="ws://sim")
+    session.receive_hello(server_hello())
+    return session
+
+
+def test_the_hello_asks_for_the_framing_and_the_answer_starts_serving() -> None:
+    session = ClientSession(Framing.SCALAR)
+    assert unpackb(session.hello()) == {"type": "hello", "protocol": PROTOCOL_VERSION, "framing": "scalar"}
+    assert session.state is ClientState.HANDSHAKE
+    hello = session.receive_hello(server_hello(Framing.SCALAR, num_envs=1))
+    assert (session.state, session.framing, session.num_envs) == (ClientState.SERVING, Framing.SCALAR, 1)
+    assert hello.server == "test"
+
+
+def test_a_refused_hello_is_a_remote_error_and_breaks_the_session() -> None:
+    session = ClientSession()
+    with pytest.raises(RemoteError, match="protocol version 9") as raised:
+        session.receive_hello(frame_of(ErrorFrame(phase=Phase.HANDSHAKE, message="protocol version 9 ...")))
+    assert raised.value.phase == Phase.HANDSHAKE
+    assert not session.usable
+    assert session.state is ClientState.BROKEN
+
+
+def test_requests_are_numbered_in_order_and_framed_for_the_connection(session: ClientSession) -> None:
+    seqs: list[int] = []
+    for seq, frame in (session.reset([{"seed": 1}, {"seed": 2}]), session.step(np.zeros((SLOTS, 1))), session.result()):
+        seqs.append(seq)
+        request = parse_request(unpackb(frame), Framing.BATCHED, SLOTS)
+        assert not isinstance(request, Close)
+        assert request.seq == seq
+    assert seqs == [1, 2, 3]
+    assert session.in_flight == 3
+
+
+def test_a_reset_needs_one_task_per_slot_and_uses_no_number(session: ClientSession) -> None:
+    with pytest.raises(SimError, match="2 slots, 1 tasks"):
+        session.reset([{}])
+    assert session.reset([{}, {}])[0] == 1
+    assert session.usable
+
+
+def test_pipelined_replies_wait_for_their_caller(session: ClientSession) -> None:
+    first, _ = session.step(np.zeros((SLOTS, 1)))
+    second, _ = session.step(np.ones((SLOTS, 1)))
+    assert session.take(second) is None, "nothing arrived yet"
+    session.receive(observation(first, reward=1.0))
+    assert session.take(second) is None, "the reply read answers the older request"
+    session.receive(observation(second, reward=2.0))
+    later = session.take(second)
+    earlier = session.take(first)
+    assert isinstance(later, Observation)
+    assert isinstance(earlier, Observation)
+    assert (earlier.reward[0], later.reward[0]) == (1.0, 2.0)
+    assert session.in_flight == 0
+
+
+def test_an_error_frame_raises_for_its_request_only(session: ClientSession) -> None:
+    seq, _ = session.step(np.zeros((SLOTS, 1)))
+    session.receive(frame_of(ErrorFrame(phase=Phase.STEP, seq=seq, slot=1, message="action refused")))
+    with pytest.raises(RemoteError, match="action refused") as raised:
+        session.take(seq)
+    assert raised.value.slot == 1
+    assert session.usable, "an error frame leaves the connection usable"
+    later, _ = session.result()
+    session.receive(frame_of(Result(seq=later, score=0.0, success=False, slots=[])))
+    assert isinstance(session.take(later), Result)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(lambda seq: observation(seq + 1), id="a later number"),
+        pytest.param(lambda seq: observation(seq - 1), id="an earlier number"),
+        pytest.param(
+            lambda seq: frame_of(ErrorFrame(phase=Phase.STEP, seq=seq + 5, message="x")), id="an error for another"
+        ),
+        pytest.param(lambda seq: b"\xc1 not msgpack", id="undecodable bytes"),
+    ],
+)
+def test_a_reply_that_does_not_answer_the_oldest_request_breaks_the_session(
+    session: ClientSession, reply: Callable[[int], bytes]
+) -> None:
+    seq, _ = session.step(np.zeros((SLOTS, 1)))
+    with pytest.raises(WireError):
+        session.receive(reply(seq))
+    assert not session.usable
+    with pytest.raises(SimError, match="ws://sim is unusable"):
+        session.step(np.zeros((SLOTS, 1)))
+    with pytest.raises(SimError, match="unusable"):
+        session.take(seq)
+
+
+def test_a_reply_of_the_wrong_kind_breaks_the_session(session: ClientSession) -> None:
+    seq, _ = session.result()
+    session.receive(observation(seq))
+    reply = session.take(seq)
+    assert reply is not None
+    with pytest.raises(WireError, match="expected a Result reply, got Observation"):
+        session.expect(reply, Result)
+    assert not session.usable
+
+
+def test_a_reply_nobody_asked_for_breaks_the_session(session: ClientSession) -> None:
+    with pytest.raises(WireError, match="no request was waiting"):
+        session.receive(observation(1))
+    assert not session.usable
+
+
+def test_a_request_without_a_pending_reply_is_an_error(session: ClientSession) -> None:
+    with pytest.raises(SimError, match="no request numbered 7 is waiting for a reply from ws://sim"):
+        session.take(7)
+
+
+def test_after_a_transport_failure_nothing_more_is_sent_not_even_goodbye(session: ClientSession) -> None:
+    session.fail("step timed out")
+    with pytest.raises(SimError, match="step timed out"):
+        session.result()
+    assert session.close() is None
+
+
+def test_closing_says_goodbye_once(session: ClientSession) -> None:
+    goodbye = session.close()
+    assert goodbye is not None
+    assert unpackb(goodbye) == {"type": "close"}
+    assert session.close() is None
+    assert not session.usable
