@@ -33,7 +33,7 @@ import logging
 import threading
 from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 from lerobot.configs.policies import PreTrainedConfig
@@ -114,6 +114,21 @@ class DiffusionSampling:
             self._local.generators = None
 
 
+class LoadOptions(TypedDict, total=False):
+    """How :meth:`LeRobotPolicy.from_pretrained` and :meth:`LeRobotPolicy.random` build a policy."""
+
+    device: torch.device | str
+    """Where it runs (default ``cpu``)."""
+    overrides: Mapping[str, Any] | None
+    """Config fields to change (``n_action_steps``, ...); an unknown one is an error naming it."""
+    rename: Mapping[str, str] | None
+    """Contract feature -> lerobot input feature, where the names differ."""
+    seed: int
+    """Seeds random weights and the sampling (default 0)."""
+    lerobot_env: Mapping[str, Any] | None
+    """The lerobot env config the sim was built from: observations then go through lerobot's own processing."""
+
+
 class LeRobotPolicy(LockstepForwards):
     """A LeRobot ``PreTrainedPolicy`` with its pre/post processors and the contract adapter.
 
@@ -157,7 +172,7 @@ class LeRobotPolicy(LockstepForwards):
         configure_threads(torch_threads)
         device = resolve_device(config.device)
         seed = policy_seed(config)
-        options: dict[str, Any] = {
+        options: LoadOptions = {
             "device": device,
             "overrides": config.overrides,
             "rename": config.rename,
@@ -179,12 +194,7 @@ class LeRobotPolicy(LockstepForwards):
         cls,
         path: Path,
         contract: Contract,
-        *,
-        device: torch.device | str = "cpu",
-        overrides: Mapping[str, Any] | None = None,
-        rename: Mapping[str, str] | None = None,
-        seed: int = 0,
-        lerobot_env: Mapping[str, Any] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> LeRobotPolicy:
         """Load a ``save_pretrained`` folder (config, weights, pre/post processors); never downloads.
 
@@ -193,8 +203,8 @@ class LeRobotPolicy(LockstepForwards):
         """
         if not (path / "config.json").is_file():
             raise PolicyError(f"{path} is not a pretrained LeRobot policy folder (no config.json)")
-        device = torch.device(device)
-        config = _with_overrides(PreTrainedConfig.from_pretrained(path), overrides, str(device))
+        device = torch.device(options.get("device", "cpu"))
+        config = _with_overrides(PreTrainedConfig.from_pretrained(path), options.get("overrides"), str(device))
         config.pretrained_path = path
         policy_cls = get_policy_class(config.type)
         policy: Any = policy_cls.from_pretrained(path, config=config)
@@ -207,36 +217,39 @@ class LeRobotPolicy(LockstepForwards):
             contract,
             device=device,
             expected_inputs=config.input_features,
-            rename=rename,
-            lerobot_env=lerobot_env,
+            rename=options.get("rename"),
+            lerobot_env=options.get("lerobot_env"),
             policy_config=config,
         )
-        return cls(policy.to(device).eval(), preprocessor, postprocessor, adapter, seed=seed)
+        return cls(policy.to(device).eval(), preprocessor, postprocessor, adapter, seed=options.get("seed", 0))
 
     @classmethod
     def random(
         cls,
         policy_type: str,
         contract: Contract,
-        *,
-        device: torch.device | str = "cpu",
-        overrides: Mapping[str, Any] | None = None,
-        rename: Mapping[str, str] | None = None,
-        seed: int = 0,
-        lerobot_env: Mapping[str, Any] | None = None,
+        **options: Unpack[LoadOptions],
     ) -> LeRobotPolicy:
         """A policy of ``policy_type`` with random weights, shaped by the contract (smoke runs, benchmarks).
 
         Normalisation statistics come from the contract's bounds where it has them (so random actions
         span the action range), identity elsewhere. ``seed`` draws the weights and seeds the sampling.
         """
-        device = torch.device(device)
+        device = torch.device(options.get("device", "cpu"))
+        seed = options.get("seed", 0)
         try:
-            fields = {**_offline_defaults(policy_type), "device": str(device), **dict(overrides or {})}
+            overrides = dict(options.get("overrides") or {})
+            fields = {**_offline_defaults(policy_type), "device": str(device), **overrides}
             config: Any = make_policy_config(policy_type, **fields)
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"cannot configure a lerobot {policy_type!r} policy: {exc}") from exc
-        adapter = make_adapter(contract, device=device, rename=rename, lerobot_env=lerobot_env, policy_config=config)
+        adapter = make_adapter(
+            contract,
+            device=device,
+            rename=options.get("rename"),
+            lerobot_env=options.get("lerobot_env"),
+            policy_config=config,
+        )
         config.input_features = adapter.input_features()
         config.output_features = adapter.output_features()
         torch.manual_seed(seed)
