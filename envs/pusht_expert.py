@@ -1,0 +1,216 @@
+"""A scripted expert for gym-pusht's PushT, batched and in numpy only.
+
+gym-pusht (``gym_pusht/PushT-v0``, ``obs_type: state``) observes ``[agent_x, agent_y, block_x, block_y,
+block_angle]``; the action is the agent's *target position*, which a PD controller (``k_p = 100``,
+``k_v = 20``, ten 10 ms substeps per step) drives the agent's disc (radius 15) towards. The goal pose of
+the T is fixed, ``(256, 256, pi/4)``, and an episode succeeds once the T covers more than 95% of it.
+Two facts of gym-pusht's physics make a quasi-static controller exact enough: the space's damping is 0,
+which in pymunk wipes every body's velocity at each substep (the T moves only while it is pushed and
+stops the moment it is let go), and no shape has friction (the agent pushes along the contact normal
+only, sliding along the edge it touches).
+
+The strategy, re-decided from the observation at every step (the expert keeps no state):
+
+1. **Error**: the T's centre-of-mass offset from the goal's and its angle error, one vector
+   ``E = (dx, dy, L * dtheta)`` with :data:`ANGLE_SCALE` ``L`` (about the T's radius of gyration).
+2. **Contact**: among points sampled on the edges of the T the disc can touch (:data:`CONTACTS`), each
+   push along an edge's inward normal moves the T by a twist ``T = (vx, vy, L * omega)``, that of a
+   frictionless impulse on a free body (mass 1, moment 3000). The expert takes the contact whose twist
+   points most along ``E`` (cosine), less a cost for the distance the disc must travel to reach it, so
+   that it keeps pushing where it is until another contact is clearly better.
+3. **Approach**: the disc goes to a point just off that contact along its normal; when the straight
+   path there would pass closer to the T than :data:`CLEARANCE`, it goes around the T instead, by
+   waypoints on a circle about the T's centre of mass (:func:`route`).
+4. **Push**: in place, it aims past the contact by the push that best reduces ``E`` along the twist
+   (``T . E / |T|^2``, at most :data:`MAX_PUSH`), so the pushes shrink as the T nears the goal: coarse
+   translation and rotation first, fine corrections at the end, by the same rule.
+
+Known failure modes: the rule is greedy (one push at a time), so an episode can spend its steps going
+around the T between two contacts whose pushes undo each other's side effects; a T against a wall can
+leave its best contact out of the disc's reach (targets are clipped into the arena), and the disc
+does not avoid the walls it cannot touch, nor does it plan the approach's speed, so arriving fast it
+may bump the T. Measured success: see ``pipelines/pusht_expert.yaml`` and the README.
+
+    policy: {kind: scripted, target: envs.pusht_expert:PushTExpert}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+STATE = "state"
+STATE_SIZE = 5
+Array = npt.NDArray[np.float64]
+
+GOAL = np.array([256.0, 256.0, np.pi / 4])
+"""gym-pusht's goal pose of the T's body origin (the middle of the bar's top edge) and its angle."""
+CENTRE = np.array([0.0, 45.0])
+"""The T's centre of mass in its body frame (the bar is ``[-60, 60] x [0, 30]``, the stem ``[-15, 15] x [30, 120]``)."""
+RECTANGLES = np.array([[-60.0, 0.0, 60.0, 30.0], [-15.0, 30.0, 15.0, 120.0]])
+"""The T's two boxes in its body frame, ``(x_min, y_min, x_max, y_max)``."""
+MASS, MOMENT = 1.0, 3000.0
+"""The T's mass and moment of inertia about its centre of mass, as gym-pusht builds it."""
+AGENT_RADIUS = 15.0
+ARENA = (0.0, 512.0)
+
+ANGLE_SCALE = 50.0
+"""Pixels per radian of angle error: weighs rotation against translation in the error and the twists."""
+GAP = 8.0
+"""How far off the contact (beyond touching) the disc lines up before it pushes."""
+ENGAGE_ALONG, ENGAGE_LATERAL = 6.0, 4.0
+"""How far beyond the line-up point, and aside from the contact's normal, the disc may be and push."""
+MAX_PUSH = 25.0
+"""The largest aim past the contact, in pixels (a larger one runs the disc into the T too fast)."""
+TRAVEL_COST = 0.002
+"""Score lost per pixel the disc must travel to reach a contact: it keeps a contact until another is clearly better."""
+MIN_COSINE = 0.2
+"""A contact whose twist points less along the error than this is not pushed."""
+CLEARANCE = AGENT_RADIUS + 4.0
+"""The least distance from the T's edges of a path the disc takes to a contact."""
+ROUTE_RADIUS = 105.0
+"""The radius of the circle about the centre of mass the disc goes around on (the T reaches 76.5 from it)."""
+ROUTE_STEP = np.deg2rad(40.0)
+"""How far around that circle each waypoint is, at most."""
+PATH_SAMPLES = 16
+
+
+def _edge(start: tuple[float, float], end: tuple[float, float], normal: tuple[float, float], count: int) -> Array:
+    """``count`` contacts evenly along an edge, each ``(x, y, outward normal x, normal y)``."""
+    points = np.linspace(np.array(start), np.array(end), count, dtype=np.float64)
+    return np.concatenate([points, np.broadcast_to(normal, points.shape)], axis=1)
+
+
+CONTACTS = np.concatenate(
+    [
+        _edge((-56.0, 0.0), (56.0, 0.0), (0.0, -1.0), 15),  # the bar's top
+        _edge((-60.0, 4.0), (-60.0, 26.0), (-1.0, 0.0), 3),  # the bar's left end
+        _edge((60.0, 4.0), (60.0, 26.0), (1.0, 0.0), 3),  # the bar's right end
+        _edge((-56.0, 30.0), (-38.0, 30.0), (0.0, 1.0), 3),  # under the bar, left of the stem
+        _edge((38.0, 30.0), (56.0, 30.0), (0.0, 1.0), 3),  # under the bar, right of the stem
+        _edge((-15.0, 50.0), (-15.0, 116.0), (-1.0, 0.0), 12),  # the stem's left side
+        _edge((15.0, 50.0), (15.0, 116.0), (1.0, 0.0), 12),  # the stem's right side
+        _edge((-11.0, 120.0), (11.0, 120.0), (0.0, 1.0), 3),  # the stem's end
+    ]
+)
+"""Points on the T's edges the disc can touch without touching another edge, with their outward normals."""
+
+
+def _cross(a: Array, b: Array) -> Array:
+    return a[..., 0] * b[..., 1] - a[..., 1] * b[..., 0]
+
+
+def push_twists() -> tuple[Array, Array]:
+    """Each contact's motion of the T per pixel the disc advances along its inward normal: ``v [K, 2]``, ``omega [K]``.
+
+    A frictionless impulse ``j n`` at ``r`` from the centre of mass moves the T by ``j n / m`` and turns it
+    by ``j (r x n) / I``; the contact point then moves along ``n`` by ``j (1/m + (r x n)^2 / I)``, which
+    must equal the disc's advance.
+    """
+    inward = -CONTACTS[:, 2:]
+    arm = _cross(CONTACTS[:, :2] - CENTRE, inward)
+    impulse = 1.0 / (1.0 / MASS + arm**2 / MOMENT)
+    return inward * (impulse / MASS)[:, None], impulse * arm / MOMENT
+
+
+def rotate(points: Array, angle: Array) -> Array:
+    """``points [B, ..., 2]`` rotated by ``angle [B]`` (counter-clockwise in pymunk's frame)."""
+    cos, sin = np.cos(angle), np.sin(angle)
+    shape = (-1,) + (1,) * (points.ndim - 2)
+    cos, sin = cos.reshape(shape), sin.reshape(shape)
+    return np.stack([cos * points[..., 0] - sin * points[..., 1], sin * points[..., 0] + cos * points[..., 1]], -1)
+
+
+def wrap(angle: Array) -> Array:
+    """Angles into ``[-pi, pi)``."""
+    return (angle + np.pi) % (2 * np.pi) - np.pi
+
+
+def pose_error(state: Array) -> tuple[Array, Array]:
+    """Each row's centre-of-mass offset to the goal's, in the T's own frame ``[B, 2]``, and angle error ``[B]``."""
+    angle = state[:, 4]
+    centre = state[:, 2:4] + rotate(np.broadcast_to(CENTRE, (len(state), 2)), angle)
+    goal_centre = GOAL[:2] + rotate(CENTRE[None], GOAL[2:3])[0]
+    return rotate(goal_centre - centre, -angle), wrap(GOAL[2] - angle)
+
+
+def clearance(points: Array) -> Array:
+    """Distance of body-frame ``points [..., 2]`` from the T (0 inside it)."""
+    low, high = RECTANGLES[:, :2], RECTANGLES[:, 2:]
+    outside = np.maximum(np.maximum(low - points[..., None, :], points[..., None, :] - high), 0.0)
+    return np.linalg.norm(outside, axis=-1).min(axis=-1)
+
+
+def path_clearance(start: Array, end: Array) -> Array:
+    """The least :func:`clearance` along straight paths ``start -> end`` (``[..., 2]`` each), its start left out."""
+    steps = np.linspace(0.0, 1.0, PATH_SAMPLES)[1:, None]
+    points = start[..., None, :] + steps * (end - start)[..., None, :]
+    return clearance(points).min(axis=-1)
+
+
+def route(agent: Array, goal: Array) -> Array:
+    """Where the disc at ``agent [B, 2]`` goes next on its way to ``goal [B, 2]`` (body frame) without touching the T.
+
+    Straight to the goal when that path keeps :data:`CLEARANCE` (or, for a disc already closer, does not
+    come closer than it is); else to the waypoint on the :data:`ROUTE_RADIUS` circle about the centre of
+    mass farthest round towards the goal (at most :data:`ROUTE_STEP`) that it can reach that way, and
+    straight out from the centre of mass when none is.
+    """
+    near = np.minimum(clearance(agent), CLEARANCE) - 0.5
+    direct = path_clearance(agent, goal) >= near
+    heading = np.arctan2(*(agent - CENTRE).T[::-1])
+    turn = wrap(np.arctan2(*(goal - CENTRE).T[::-1]) - heading)
+    fractions = np.array([1.0, 0.75, 0.5, 0.25, 0.0])
+    angles = heading[:, None] + np.sign(turn)[:, None] * np.minimum(np.abs(turn), ROUTE_STEP)[:, None] * fractions
+    waypoints = CENTRE + ROUTE_RADIUS * np.stack([np.cos(angles), np.sin(angles)], axis=-1)
+    reachable = path_clearance(np.broadcast_to(agent[:, None], waypoints.shape), waypoints) >= near[:, None]
+    reachable[:, -1] = True
+    waypoint = waypoints[np.arange(len(agent)), reachable.argmax(axis=1)]
+    return np.where(direct[:, None], goal, waypoint)
+
+
+def expert_targets(state: Array) -> Array:
+    """The agent's target position ``[B, 2]`` for each row of ``state [B, 5]`` (see the module docstring)."""
+    rows = np.arange(len(state))
+    offset, angle_error = pose_error(state)
+    error = np.concatenate([offset, ANGLE_SCALE * angle_error[:, None]], axis=1)
+    velocity, spin = push_twists()
+    twists = np.concatenate([velocity, ANGLE_SCALE * spin[:, None]], axis=1)
+    alignment = error @ twists.T  # [B, K]
+    cosine = alignment / (np.linalg.norm(error, axis=1, keepdims=True) * np.linalg.norm(twists, axis=1) + 1e-9)
+    agent = rotate(state[:, :2] - state[:, 2:4], -state[:, 4])
+    points, normals = CONTACTS[:, :2], CONTACTS[:, 2:]
+    line_up = points + (AGENT_RADIUS + GAP) * normals
+    travel = np.linalg.norm(agent[:, None] - line_up, axis=-1)
+    score = np.where(cosine >= MIN_COSINE, cosine - TRAVEL_COST * travel, -np.inf)
+    best = score.argmax(axis=1)
+    point, normal = points[best], normals[best]
+    from_contact = agent - point
+    along = np.einsum("bi,bi->b", from_contact, normal)
+    lateral = np.abs(_cross(normal, from_contact))
+    engaged = (along <= AGENT_RADIUS + GAP + ENGAGE_ALONG) & (along >= AGENT_RADIUS - 8.0) & (lateral <= ENGAGE_LATERAL)
+    push = np.clip(alignment[rows, best] / np.einsum("ki,ki->k", twists, twists)[best], 0.0, MAX_PUSH)
+    pushing = point + (AGENT_RADIUS - push)[:, None] * normal
+    target = np.where(engaged[:, None], pushing, route(agent, line_up[best]))
+    world = state[:, 2:4] + rotate(target, state[:, 4])
+    return np.clip(world, *ARENA)
+
+
+class PushTExpert:
+    """The scripted PushT expert as a batched observation function: ``[B, 5]`` state in, ``[B, 2]`` targets out."""
+
+    def __init__(self, key: str = STATE) -> None:
+        self.key = key
+
+    def __call__(self, observation: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
+        if self.key not in observation:
+            raise KeyError(f"the PushT expert reads feature {self.key!r}; the observation has {sorted(observation)}")
+        state = np.asarray(observation[self.key], dtype=np.float64)
+        if state.ndim != 2 or state.shape[1] != STATE_SIZE:
+            raise ValueError(
+                f"feature {self.key!r} must be gym-pusht's state [B, {STATE_SIZE}] "
+                f"(agent x, y, block x, y, angle), got {list(state.shape)}"
+            )
+        return expert_targets(state).astype(np.float32)
