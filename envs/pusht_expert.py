@@ -38,12 +38,17 @@ each other's side effects, and it does not plan the approach's speed: a disc tha
 the T, which the next steps correct.
 
     policy: {kind: scripted, target: envs.pusht_expert:PushTExpert}
+
+gym-pusht's camera observations (``pixels``, ``pixels_agent_pos``) hold no block pose, so a dataset with
+video comes from :func:`pusht_with_camera`, a sim serving the state beside the frame; the expert then
+reads it with ``args: {key: environment_state}`` (``pipelines/pusht_expert_camera.yaml``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
@@ -242,3 +247,58 @@ class PushTExpert:
                 f"(agent x, y, block x, y, angle), got {list(state.shape)}"
             )
         return expert_targets(state).astype(np.float32)
+
+
+ENVIRONMENT_STATE = "environment_state"
+PIXELS = "pixels"
+Observation = dict[str, Any]
+"""``{"state": [2], "environment_state": [5], "pixels": [size, size, 3]}``."""
+
+
+class StateAndCamera(gym.Wrapper[Observation, Any, Any, Any]):
+    """gym-pusht's PushT (``obs_type: pixels_agent_pos``) observed with its full state as well, for a dataset.
+
+    ``state`` is the agent's position (lerobot's ``agent_pos``), ``environment_state`` the expert's
+    ``[agent x, y, block x, y, angle]``, the same values as ``obs_type: state`` (the block's pose from
+    gym-pusht's ``info["block_pose"]``, its angle taken modulo ``2 pi`` as that observation does), and
+    ``pixels`` gym-pusht's own frame, without the action marker of ``render()``.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Dict) or PIXELS not in space.spaces:
+            raise ValueError(f"expected gym-pusht's PushT with obs_type pixels_agent_pos, got {space}")
+        self.observation_space = gym.spaces.Dict(
+            {
+                STATE: gym.spaces.Box(0.0, 512.0, (2,), np.float64),
+                ENVIRONMENT_STATE: gym.spaces.Box(
+                    np.zeros(STATE_SIZE), np.array([512.0, 512.0, 512.0, 512.0, 2 * np.pi]), dtype=np.float64
+                ),
+                PIXELS: space.spaces[PIXELS],
+            }
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, Any]:
+        observation, info = self.env.reset(seed=seed, options=options)
+        return self._observation(observation, info), info
+
+    def step(self, action: Any) -> tuple[Observation, Any, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        return self._observation(observation, info), reward, terminated, truncated, info
+
+    @staticmethod
+    def _observation(observation: Observation, info: dict[str, Any]) -> Observation:
+        agent = np.asarray(info["pos_agent"], dtype=np.float64)
+        block = np.asarray(info["block_pose"], dtype=np.float64)
+        state = np.concatenate([agent, block[:2], [block[2] % (2 * np.pi)]])
+        return {STATE: agent, ENVIRONMENT_STATE: state, PIXELS: observation[PIXELS]}
+
+
+def pusht_with_camera(size: int = 96) -> gym.Env[Any, Any]:
+    """The sim of ``pipelines/pusht_expert_camera.yaml``: :class:`StateAndCamera` with ``size x size`` frames."""
+    import gym_pusht  # noqa: F401  # pyright: ignore[reportUnusedImport] - registers gym_pusht/PushT-v0
+
+    return StateAndCamera(
+        gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos", observation_width=size, observation_height=size)
+    )

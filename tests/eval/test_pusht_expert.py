@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,16 +24,19 @@ from envs.pusht_expert import (
     GOAL,
     PushTExpert,
     choose_contacts,
+    pusht_with_camera,
     rotate,
     route,
     twist_vectors,
 )
 from hud_pipelines.cli.validate import add_validate_arguments, run_validate
+from hud_pipelines.eval.steps import Evaluation, evaluate
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline
 from tests.conftest import REPO
 
 PIPELINE = REPO / "pipelines" / "pusht_expert.yaml"
+CAMERA_PIPELINE = REPO / "pipelines" / "pusht_expert_camera.yaml"
 MAX_STEPS = 300
 """gym-pusht registers PushT-v0 with at most 300 steps."""
 
@@ -166,22 +171,60 @@ def test_the_expert_refuses_a_wrong_observation() -> None:
     assert actions.dtype == np.float32
 
 
-def test_the_bundled_pusht_expert_pipeline_passes_the_deep_check() -> None:
+def test_the_camera_sim_serves_gym_pushts_state_beside_its_frame() -> None:
+    ours = pusht_with_camera(size=32)
+    theirs, _ = pusht([0.0, 0.0, 0.0, 0.0, 0.0])
+    # seed 0 starts the T at -2.88 rad, which gym-pusht's state observation gives modulo 2 pi
+    state, _ = theirs.reset(seed=0)
+    observation, _ = ours.reset(seed=0)
+    for _ in range(40):
+        np.testing.assert_array_equal(observation["environment_state"], state)
+        np.testing.assert_array_equal(observation["state"], state[:2])
+        assert observation["pixels"].shape == (32, 32, 3)
+        action = PushTExpert()({"state": state[None]})[0]
+        state, *_ = theirs.step(action)
+        observation, *_ = ours.step(action)
+
+
+def test_the_bundled_pusht_expert_pipelines_pass_the_deep_check() -> None:
     parser = argparse.ArgumentParser()
     add_validate_arguments(parser)
     out = io.StringIO()
-    assert run_validate(parser.parse_args([str(PIPELINE)]), out) == 0, out.getvalue()
+    assert run_validate(parser.parse_args([str(PIPELINE), str(CAMERA_PIPELINE)]), out) == 0, out.getvalue()
 
 
-def test_the_expert_solves_pusht_in_the_bundled_pipeline(tmp_path: Any) -> None:
-    from hud_pipelines.eval.steps import evaluate
+@pytest.fixture(scope="module")
+def state_run(tmp_path_factory: pytest.TempPathFactory) -> Evaluation:
+    """The bundled ``pusht_expert`` pipeline, evaluated once for the tests of this module."""
+    return evaluate(load_pipeline(PIPELINE), outputs_dir=tmp_path_factory.mktemp("outputs"), project_dir=REPO)
 
-    evaluation = evaluate(load_pipeline(PIPELINE), outputs_dir=tmp_path / "outputs", project_dir=REPO)
-    assert not evaluation.failed_instances
-    assert sorted(row.seed or 0 for row in evaluation.rows) == list(range(100, 108))  # held out: tuned on 0-49
-    statuses = [row.status for row in evaluation.rows]
+
+def test_the_expert_solves_pusht_in_the_bundled_pipeline(state_run: Evaluation) -> None:
+    assert not state_run.failed_instances
+    assert sorted(row.seed or 0 for row in state_run.rows) == list(range(100, 108))  # held out: tuned on 0-49
+    statuses = [row.status for row in state_run.rows]
     # 100 of 100 held-out seeds (100-199) succeeded when measured (README); a bound with room for another platform
     assert statuses.count(EpisodeStatus.SUCCEEDED) >= 7
-    succeeded = [row for row in evaluation.rows if row.status is EpisodeStatus.SUCCEEDED]
+    succeeded = [row for row in state_run.rows if row.status is EpisodeStatus.SUCCEEDED]
     assert all(row.steps < MAX_STEPS for row in succeeded)  # ended by gym-pusht's coverage > 0.95, not the limit
-    assert evaluation.passed
+    assert state_run.passed
+
+
+def test_the_camera_pipeline_runs_the_same_episodes_into_a_dataset_with_video(
+    state_run: Evaluation, tmp_path: Path
+) -> None:
+    camera_run = evaluate(load_pipeline(CAMERA_PIPELINE), outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    assert camera_run.passed
+    state_episodes = {row.seed: row for row in state_run.rows}
+    for row in camera_run.rows:
+        twin = state_episodes[row.seed]
+        assert (row.status, row.steps) == (twin.status, twin.steps), f"seed {row.seed}"
+        assert row.total_reward == pytest.approx(twin.total_reward, rel=1e-12), f"seed {row.seed}"
+    assert len(camera_run.rows) == len(state_episodes)
+    assert camera_run.dataset is not None
+    assert camera_run.dataset.episodes == len(camera_run.rows)
+    assert camera_run.dataset.frames == sum(row.steps for row in camera_run.rows)
+    info = json.loads((camera_run.dataset.path / "meta" / "info.json").read_text())
+    assert info["features"]["observation.images.pixels"]["dtype"] == "video"
+    assert info["features"]["observation.state"]["shape"] == [2]  # the agent's position, as lerobot's PushT has it
+    assert info["features"]["observation.environment_state"]["shape"] == [5]
