@@ -30,17 +30,19 @@ Why it looks like this:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from hud_pipelines.contract import Contract
+from hud_pipelines.dataset.cancel import signals_deferred
 from hud_pipelines.dataset.features import DatasetLayout, FrameDict
 from hud_pipelines.dataset.fields import lerobot_keys
 from hud_pipelines.dataset.options import DatasetOptions
@@ -160,12 +162,12 @@ class LeRobotDatasetSink:
         if episode is None:
             raise SlotStateError(f"end() for episode {key}, which is not open")
         if not episode.frames:
-            with self._work.lock:
+            with self._work.locked():
                 self._work.report.empty_dropped += 1
             return
         outcome = self._screen(key, episode, outcome)
         if outcome.status is EpisodeStatus.ERRORED:
-            with self._work.lock:
+            with self._work.locked():
                 if not self.layout.keep_errored:
                     self._work.report.errored_dropped += 1
                     return
@@ -181,7 +183,7 @@ class LeRobotDatasetSink:
         if not episode.non_finite:
             return outcome
         where = ", ".join(f"{name} (from step {step})" for name, step in episode.non_finite.items())
-        with self._work.lock:
+        with self._work.locked():
             self._work.report.non_finite += 1
         if outcome.status is EpisodeStatus.ERRORED:
             return outcome
@@ -193,7 +195,7 @@ class LeRobotDatasetSink:
         if self._closed:
             return
         self._closed = True
-        with self._work.lock:
+        with self._work.locked():
             self._work.report.aborted += len(self._open)
         self._open.clear()
         for _ in self._writers:
@@ -205,7 +207,7 @@ class LeRobotDatasetSink:
         if stuck:
             limit = self.options.close_timeout_s
             raise DatasetWriteError(f"{self.root}: writers {stuck} did not finish within {limit}s")
-        with self._work.lock:
+        with self._work.locked():
             self._work.report.parts = sorted(w.part.path for w in self._writers if (w.part.path / INFO_FILE).is_file())
         self._raise_if_failed()
 
@@ -242,7 +244,7 @@ class LeRobotDatasetSink:
 
     @property
     def report(self) -> SinkReport:
-        with self._work.lock:
+        with self._work.locked():
             return replace(self._work.report, parts=list(self._work.report.parts))
 
     @property
@@ -267,7 +269,8 @@ class LeRobotDatasetSink:
                     return
                 raise DatasetWriteError(f"{self.root}: no dataset writer is running") from self._work.failure
             try:
-                self._work.queue.put(item, timeout=_POLL_S)
+                with signals_deferred():  # a SIGTERM inside put would leave the queue's lock taken
+                    self._work.queue.put(item, timeout=_POLL_S)
                 return
             except queue.Full:
                 if self._work.failure is not None and not closing:
@@ -282,6 +285,12 @@ class _Work:
         self.lock = threading.Lock()
         self.report = SinkReport()
         self.failure: BaseException | None = None
+
+    @contextlib.contextmanager
+    def locked(self) -> Generator[None]:
+        """The lock, never left taken by a SIGTERM that lands while it is held (see :mod:`.cancel`)."""
+        with signals_deferred(), self.lock:
+            yield
 
     def next(self) -> tuple[bool, FinishedEpisode | None]:
         """A writer's next item; ``(False, None)`` when the program ends without closing the sink."""
