@@ -321,6 +321,48 @@ def run_lerobot(
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# the env alone: the floor any agent pays on these cores
+
+ENV_ALONE = textwrap.dedent(
+    """
+    import json, sys, time
+    import gymnasium as gym
+    import gym_pusht  # noqa: F401  (registers PushT)
+    import numpy as np
+    n, episodes, seed, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    envs = [gym.make("gym_pusht/PushT-v0", obs_type="pixels_agent_pos") for _ in range(n)]
+    rng = np.random.default_rng(seed)
+    steps, env_cpu = 0, 0.0
+    for batch in range(episodes // n):
+        started = time.process_time()
+        for i, env in enumerate(envs):
+            env.reset(seed=seed + batch * n + i)
+        running = [True] * n
+        for _ in range(300):
+            for i, env in enumerate(envs):
+                if running[i]:
+                    _, _, terminated, truncated, _ = env.step(rng.uniform(0, 512, 2))
+                    steps += 1
+                    running[i] = not (terminated or truncated)
+        env_cpu += time.process_time() - started
+    json.dump({"env_steps": steps, "env_cpu_s": env_cpu}, open(out, "w"))
+    """
+)
+
+
+def run_env_alone(n: int, episodes: int, work: Path, *, seed: int) -> dict[str, Any]:
+    """CPU seconds of the PushT env alone (uniform random targets, the same seeds and episode count, one core).
+
+    The env's step (pymunk physics and the 96x96 render) is work no agent can skip: spread over every
+    core, it is a floor under any agent's rollout time, and with the start-up it bounds the ratio
+    to lerobot-eval that these cores allow.
+    """
+    out = work / f"env_alone_{n}.json"
+    timed([str(PYTHON), "-c", ENV_ALONE, str(n), str(episodes), str(seed), str(out)], env=os.environ.copy())
+    return json.loads(out.read_text())
+
+
 def timed(command: list[str], *, env: dict[str, str]) -> tuple[float, float]:
     """Wall seconds and CPU seconds (user + system, the whole process tree) of one subprocess."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -422,6 +464,9 @@ def main() -> None:
     )
     parser.add_argument("--stock", action="store_true", help="also run the untouched lerobot-eval (preview videos on)")
     parser.add_argument("--skip-lerobot", action="store_true", help="only run ours")
+    parser.add_argument(
+        "--floor", action="store_true", help="also time the env alone: the best ratio these cores allow any agent"
+    )
     parser.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir)")
     # worker mode (internal)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -442,6 +487,7 @@ def main() -> None:
     end_to_end: dict[str, float] = {}
     rollouts: dict[str, float] = {}
     cpu: dict[str, float] = {}
+    floors: dict[str, dict[str, float]] = {}
     repeats = range(max(1, args.repeat))
     for n in args.n:
         episodes = args.episodes or default_episodes(n)
@@ -476,11 +522,30 @@ def main() -> None:
             end_to_end[str(n)] = peer["wall_s"] / ours["wall_s"]  # same episodes: the ratio of episodes/s
             rollouts[str(n)] = peer["eval_s"] / ours["eval_s"]
             cpu[str(n)] = peer["cpu_s"] / ours["cpu_s"]
+            if args.floor:
+                alone = run_env_alone(n, episodes, work, seed=args.seed)
+                cores = os.cpu_count() or 1
+                floor_rollouts = alone["env_cpu_s"] / cores
+                floor_wall = floor_rollouts + (ours["wall_s"] - ours["eval_s"])  # our own start-up kept
+                floors[str(n)] = {
+                    "env_cpu_s": alone["env_cpu_s"],
+                    "env_cpu_us_per_step": 1e6 * alone["env_cpu_s"] / max(1, alone["env_steps"]),
+                    "floor_rollouts_s": floor_rollouts,
+                    "best_end_to_end_ratio": peer["wall_s"] / floor_wall,
+                    "best_rollout_ratio": peer["eval_s"] / floor_rollouts,
+                }
             if args.stock:
                 stock = run_lerobot(n, episodes, folder, work, stock=True, **common)
                 rows.append(row(n, "lerobot/stock", 1, stock))
         print_table(rows)
         print(flush=True)
+    for n, floor in floors.items():
+        print(
+            f"N={n}: the env alone costs {floor['env_cpu_s']:.1f} CPU s"
+            f" ({floor['env_cpu_us_per_step']:.0f} us a step): "
+            f"on {os.cpu_count()} cores at best {floor['best_end_to_end_ratio']:.2f}x lerobot-eval end to end "
+            f"({floor['best_rollout_ratio']:.2f}x rollouts) with our start-up, whatever the agent does"
+        )
     for n in end_to_end:
         print(
             f"N={n}: ours vs lerobot-eval: {end_to_end[n]:.2f}x episodes/s end to end, {rollouts[n]:.2f}x rollouts, "
@@ -496,6 +561,7 @@ def main() -> None:
         "end_to_end_ratio_vs_lerobot_eval": end_to_end,
         "rollout_ratio_vs_lerobot_eval": rollouts,
         "cpu_ratio_vs_lerobot_eval": cpu,
+        "env_alone_floor": floors,
         "target": {"n": TARGET_N, "ratio": TARGET_RATIO, "met": None if target is None else target >= TARGET_RATIO},
         "work_dir": str(work),
     }
