@@ -89,6 +89,29 @@ class LeRobotAdapter:
                     f"{sorted(produced)} (cameras {list(contract.cameras)}, state {list(contract.state_features)}). "
                     "Map features with 'rename'."
                 )
+            self._check_shapes(expected)
+
+    def _check_shapes(self, expected: Mapping[str, Any]) -> None:
+        """Refuse inputs whose shape differs from the checkpoint's, naming both sides.
+
+        A state of the wrong size would fail deep inside the first forward (or, worse, broadcast);
+        an image may differ in height and width (lerobot's vision backbones take any size) but not
+        in channels.
+        """
+        wrong: list[str] = []
+        for key, produced in self.input_features().items():
+            wanted = tuple(getattr(expected.get(key), "shape", None) or ())
+            if not wanted or wanted == produced.shape:
+                continue
+            if produced.type is FeatureType.VISUAL and wanted[0] == produced.shape[0]:
+                continue
+            wrong.append(f"{key}: the policy expects shape {list(wanted)}, the contract gives {list(produced.shape)}")
+        if wrong:
+            sources = f"cameras {list(self.contract.cameras)}, state {list(self.contract.state_features)}"
+            raise PolicyError(
+                f"the policy's inputs do not match the sim: {'; '.join(wrong)} ({sources}; "
+                f"{OBS_STATE} concatenates {self.concatenated}). Map features with 'rename'."
+            )
 
     @property
     def input_keys(self) -> list[str]:

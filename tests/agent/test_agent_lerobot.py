@@ -124,6 +124,34 @@ def test_adapter_renames_and_falls_back_to_the_policys_single_image_key() -> Non
         LeRobotAdapter(contract, rename={"nope": "x"})
 
 
+def test_a_checkpoint_whose_inputs_have_other_shapes_is_refused_naming_both_sides() -> None:
+    from lerobot.configs.types import FeatureType as LeRobotType
+    from lerobot.configs.types import PolicyFeature
+
+    contract = Contract(
+        control_rate=10.0,
+        features={
+            "pixels": Feature(role="observation", type=FeatureType.RGB, dtype="uint8", shape=(4, 6, 3)),
+            "agent_pos": Feature(role="observation", dtype="float32", shape=(2,)),
+            "action": Feature(role="action", dtype="float32", shape=(2,)),
+        },
+    )
+
+    def expecting(image: tuple[int, ...], state: tuple[int, ...]) -> dict[str, PolicyFeature]:
+        return {
+            OBS_IMAGE: PolicyFeature(type=LeRobotType.VISUAL, shape=image),
+            OBS_STATE: PolicyFeature(type=LeRobotType.STATE, shape=state),
+        }
+
+    LeRobotAdapter(contract, expected_inputs=expecting((3, 96, 96), (2,)))  # another image size: backbones take it
+    with pytest.raises(PolicyError) as state:
+        LeRobotAdapter(contract, expected_inputs=expecting((3, 4, 6), (5,)))
+    assert "observation.state: the policy expects shape [5], the contract gives [2]" in str(state.value)
+    assert "concatenates ['agent_pos']" in str(state.value)
+    with pytest.raises(PolicyError, match=r"observation.image: the policy expects shape \[1, 4, 6\]"):
+        LeRobotAdapter(contract, expected_inputs=expecting((1, 4, 6), (2,)))
+
+
 @pytest.fixture(scope="module")
 def pusht() -> Iterator[Any]:
     process = SimProcess.spawn(PUSHT, num_envs=4, build_args={"obs_type": "pixels_agent_pos"})
