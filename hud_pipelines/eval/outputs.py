@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 OUTPUTS_ENV = "HUD_PIPELINES_OUTPUTS"
 
@@ -22,6 +23,25 @@ OUTPUTS_ENV = "HUD_PIPELINES_OUTPUTS"
 def default_outputs_root() -> Path:
     configured = os.environ.get(OUTPUTS_ENV)
     return Path(configured).expanduser().resolve() if configured else (Path.cwd() / "outputs").resolve()
+
+
+class _Entry:
+    """A file (or folder) directly under a pipeline's folder: ``outputs.grades_csv`` is ``outputs.base / "grades.csv"``.
+
+    The layout's files are a table of names; this keeps each to one line and the join in one place.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, outputs: None, owner: type[EvalOutputs]) -> _Entry: ...
+
+    @overload
+    def __get__(self, outputs: EvalOutputs, owner: type[EvalOutputs]) -> Path: ...
+
+    def __get__(self, outputs: EvalOutputs | None, owner: type[EvalOutputs]) -> Path | _Entry:
+        return self if outputs is None else outputs.base / self.name
 
 
 @dataclass(frozen=True)
@@ -35,9 +55,7 @@ class EvalOutputs:
     def base(self) -> Path:
         return self.root / self.pipeline
 
-    @property
-    def contract(self) -> Path:
-        return self.base / "contract.json"
+    contract = _Entry("contract.json")
 
     def result(self, partition_key: str) -> Path:
         return self.base / "rollouts" / f"{partition_key}.json"
@@ -48,69 +66,33 @@ class EvalOutputs:
     def shard(self, partition_key: str) -> Path:
         return self.base / "shards" / partition_key
 
-    @property
-    def grades_json(self) -> Path:
-        return self.base / "grades.json"
-
-    @property
-    def grades_csv(self) -> Path:
-        return self.base / "grades.csv"
-
-    @property
-    def configuration_json(self) -> Path:
-        """The configuration of the latest run: its rollout hash and what it overrode of the YAML."""
-        return self.base / "configuration.json"
-
-    @property
-    def checks_json(self) -> Path:
-        return self.base / "checks.json"
+    grades_json = _Entry("grades.json")
+    grades_csv = _Entry("grades.csv")
+    configuration_json = _Entry("configuration.json")
+    """The configuration of the latest run: its rollout hash and what it overrode of the YAML."""
+    checks_json = _Entry("checks.json")
 
     @property
     def dataset(self) -> Path:
         """Where the published LeRobot dataset goes unless ``dataset.root`` says otherwise."""
         return self.root / "datasets" / self.pipeline
 
-    @property
-    def report_md(self) -> Path:
-        return self.base / "report.md"
-
-    @property
-    def report_png(self) -> Path:
-        return self.base / "report.png"
-
-    @property
-    def checkpoints(self) -> Path:
-        """A sweep's folder of per-checkpoint outputs."""
-        return self.base / "checkpoints"
+    report_md = _Entry("report.md")
+    report_png = _Entry("report.png")
+    checkpoints = _Entry("checkpoints")
+    """A sweep's folder of per-checkpoint outputs."""
 
     def member(self, label: str) -> EvalOutputs:
         """The outputs of one checkpoint of a sweep: the same layout, under ``checkpoints/<label>/``."""
         return EvalOutputs(self.root, f"{self.pipeline}/checkpoints/{label}")
 
-    @property
-    def checkpoint_json(self) -> Path:
-        """What a sweep member evaluated: its label, step, folder and content hash."""
-        return self.base / "checkpoint.json"
-
-    @property
-    def comparison_csv(self) -> Path:
-        return self.base / "comparison.csv"
-
-    @property
-    def comparison_json(self) -> Path:
-        return self.base / "comparison.json"
-
-    @property
-    def comparison_png(self) -> Path:
-        return self.base / "comparison.png"
-
-    @property
-    def perturbations_csv(self) -> Path:
-        return self.base / "perturbations.csv"
-
-    @property
-    def perturbations_json(self) -> Path:
-        return self.base / "perturbations.json"
+    checkpoint_json = _Entry("checkpoint.json")
+    """What a sweep member evaluated: its label, step, folder and content hash."""
+    comparison_csv = _Entry("comparison.csv")
+    comparison_json = _Entry("comparison.json")
+    comparison_png = _Entry("comparison.png")
+    perturbations_csv = _Entry("perturbations.csv")
+    perturbations_json = _Entry("perturbations.json")
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline_text
@@ -27,6 +28,22 @@ def _spec(tmp_path: Path, **fields: Any) -> Any:
         **fields,
     }
     return load_pipeline_text(json.dumps(spec), source=tmp_path / "placed.yaml")
+
+
+def test_a_sweep_member_has_the_whole_layout_under_its_checkpoint_folder(tmp_path: Path) -> None:
+    outputs = EvalOutputs(tmp_path, "sweep")
+    member = outputs.member("step-10")
+    assert outputs.base == tmp_path / "sweep"
+    assert member.base == outputs.checkpoints / "step-10"
+    for name, path in [
+        ("grades.csv", member.grades_csv),
+        ("report.md", member.report_md),
+        ("checkpoint.json", member.checkpoint_json),
+        ("contract.json", member.contract),
+    ]:
+        assert path == member.base / name
+    assert outputs.comparison_csv == outputs.base / "comparison.csv", "the comparison sits beside the sweep's grades"
+    assert member.result("t-i0") == member.base / "rollouts" / "t-i0.json"
 
 
 def test_the_dataset_goes_under_the_outputs_root_unless_the_yaml_places_it(
