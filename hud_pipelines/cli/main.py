@@ -84,11 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(handler=_validate)
 
     run = commands.add_parser("run", help="run a pipeline's Dagster job on the local instance, with a summary")
-    run.add_argument("pipeline", help="a pipeline file, or the name of a pipeline in --pipelines-dir")
-    _add_pipelines_dir(run)
-    run.add_argument(
-        "--outputs", type=Path, default=None, help="outputs root (default $HUD_PIPELINES_OUTPUTS or ./outputs)"
-    )
+    _add_pipeline(run)
+    _add_outputs_root(run, "outputs root")
     run.add_argument("--partition", action="append", metavar="KEY", help="run only these instances (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
@@ -105,8 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(handler=_schema)
 
     contract = commands.add_parser("contract", help="derive (or merge) a pipeline's contract.json and show it")
-    contract.add_argument("pipeline", help="a pipeline file, or the name of a pipeline in --pipelines-dir")
-    _add_pipelines_dir(contract)
+    _add_pipeline(contract)
     contract.add_argument(
         "--out", type=Path, default=None, help="where to write it (default: the pipeline's sim.contract)"
     )
@@ -115,11 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", help="write a pipeline's report (report.html, report.md) from its results; open or serve it"
     )
-    report.add_argument("pipeline", help="a pipeline file, or the name of a pipeline in --pipelines-dir")
-    _add_pipelines_dir(report)
-    report.add_argument(
-        "--outputs", type=Path, default=None, help="outputs root (default $HUD_PIPELINES_OUTPUTS or ./outputs)"
-    )
+    _add_pipeline(report)
+    _add_outputs_root(report, "outputs root")
     report.add_argument("--open", action="store_true", help="open report.html in a browser")
     report.add_argument(
         "--serve",
@@ -137,12 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     paired.add_argument("candidate", help="a grades.json, an outputs/<name> directory, or a pipeline name")
     paired.add_argument("baseline", help="the same for the baseline")
-    paired.add_argument(
-        "--outputs",
-        type=Path,
-        default=None,
-        help="outputs root for names (default $HUD_PIPELINES_OUTPUTS or ./outputs)",
-    )
+    _add_outputs_root(paired, "outputs root for names")
     paired.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
     paired.add_argument(
         "--min-effect", type=float, default=0.1, help="success difference to size the sample for (default 0.1)"
@@ -159,9 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_pipelines_dir(parser: argparse.ArgumentParser) -> None:
+def _add_pipeline(parser: argparse.ArgumentParser) -> None:
+    """The pipeline a command acts on, a file or a name, and where its name is looked up."""
+    parser.add_argument("pipeline", help="a pipeline file, or the name of a pipeline in --pipelines-dir")
     parser.add_argument(
         "--pipelines-dir", type=Path, default=None, help="where pipeline names are looked up (default ./pipelines)"
+    )
+
+
+def _add_outputs_root(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--outputs``, the root under which every pipeline's outputs lie (``what`` says what it is for here)."""
+    parser.add_argument(
+        "--outputs", type=Path, default=None, help=f"{what} (default $HUD_PIPELINES_OUTPUTS or ./outputs)"
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from hud_pipelines.cli.main import build_parser
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import evaluate
@@ -79,6 +80,28 @@ def test_evaluate_runs_the_blocking_checks_before_it_publishes(tmp_path: Path, m
     checks = json.loads((tmp_path / "out" / "placed" / "checks.json").read_text())
     assert [c["passed"] for c in checks] == [True, False]
     assert "| min_success_rate | **FAILED** |" in (tmp_path / "out" / "placed" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "outputs"),
+    [
+        (["run", "cartpole"], True),
+        (["report", "cartpole"], True),
+        (["contract", "cartpole"], False),
+    ],
+)
+def test_every_pipeline_command_takes_a_name_a_pipelines_dir_and_its_outputs_root(
+    argv: list[str], outputs: bool
+) -> None:
+    options = ["--pipelines-dir", "elsewhere", *(["--outputs", "out"] if outputs else [])]
+    args = build_parser().parse_args([*argv, *options])
+    assert (args.pipeline, args.pipelines_dir) == ("cartpole", Path("elsewhere"))
+    assert getattr(args, "outputs", None) == (Path("out") if outputs else None)
+
+
+def test_compare_takes_the_outputs_root_its_names_are_found_under() -> None:
+    args = build_parser().parse_args(["compare", "candidate", "baseline", "--outputs", "out"])
+    assert (args.candidate, args.baseline, args.outputs) == ("candidate", "baseline", Path("out"))
 
 
 def test_the_cli_summary_prints_reasons_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
