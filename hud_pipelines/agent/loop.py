@@ -169,9 +169,7 @@ class LockstepRun:
                 observation = self._tick(observation, max_steps)
                 slots.report_ends()
             self._drop_ahead()
-        except _SimFailed as failure:
-            slots.error_running(*self._cause(failure.reason, failure.fault))
-        except _PolicyFailed as failure:
+        except _RunFailed as failure:
             slots.error_running(*self._cause(failure.reason, failure.fault))
         except BaseException:
             slots.error_running("the agent loop was interrupted", Fault.INTERRUPTED)
@@ -245,7 +243,7 @@ class LockstepRun:
         try:
             return sim.send_step(action)
         except HudPipelinesError as exc:
-            raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
+            raise _SimFailed.of(exc) from exc
 
     def _receive(self, seq: int | None, action: npt.NDArray[np.float32]) -> Observation:
         started = time.perf_counter()
@@ -254,8 +252,8 @@ class LockstepRun:
                 reply = self.pipelined.receive_step(seq)
             else:
                 reply = self.sim.step(action)
-        except HudPipelinesError as exc:  # a SimError, or a fault an in-process bridge raises directly
-            raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
+        except HudPipelinesError as exc:
+            raise _SimFailed.of(exc) from exc
         self.stats.step_s += time.perf_counter() - started
         return reply
 
@@ -268,7 +266,7 @@ class LockstepRun:
             except RemoteError:
                 pass  # refused: no slot was running when it arrived
             except HudPipelinesError as exc:
-                raise _SimFailed(f"{type(exc).__name__}: {exc}", fault_of(exc)) from exc
+                raise _SimFailed.of(exc) from exc
 
     # -- refills ---------------------------------------------------------------------------------------
 
@@ -358,15 +356,22 @@ class LockstepRun:
         return cause if cause is not None else (reason, fault)
 
 
-class _PolicyFailed(Exception):
+class _RunFailed(Exception):
+    """A failure that ends every running slot with ``reason`` and ``fault`` (the run then returns)."""
+
     def __init__(self, reason: str, fault: Fault) -> None:
         super().__init__(reason)
         self.reason = reason
         self.fault = fault
 
 
-class _SimFailed(Exception):
-    def __init__(self, reason: str, fault: Fault) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.fault = fault
+class _PolicyFailed(_RunFailed):
+    """The policy (or ``adapt_chunk``) raised, timed out or answered with actions of the wrong shape."""
+
+
+class _SimFailed(_RunFailed):
+    """A step the sim did not answer: a ``SimError``, or a fault an in-process bridge raises directly."""
+
+    @classmethod
+    def of(cls, exc: HudPipelinesError) -> _SimFailed:
+        return cls(f"{type(exc).__name__}: {exc}", fault_of(exc))
