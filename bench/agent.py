@@ -181,6 +181,7 @@ def worker(args: argparse.Namespace) -> None:
         for thread in threads:
             thread.join()
         eval_s = time.perf_counter() - ready
+        model.close()
         if recorder is not None:
             recorder.close()
     finally:

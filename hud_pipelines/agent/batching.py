@@ -113,7 +113,8 @@ class BatchedModel(BasePolicy):
         self._pending: list[_Call] = []
         self._cond = threading.Condition()
         self._local = threading.local()
-        self._work: queue.SimpleQueue[tuple[list[_Call], int]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[list[_Call], int] | None] = queue.SimpleQueue()
+        """Forwards for the worker thread; ``None`` tells it to stop (:meth:`close`)."""
         self._worker: threading.Thread | None = None
         self._generation = 0
         """Bumped when a forward is abandoned: the stuck worker exits once (if ever) it returns."""
@@ -162,6 +163,23 @@ class BatchedModel(BasePolicy):
         with self._cond:
             self._expected = max(0, self._expected - 1)
             self._cond.notify_all()
+
+    def close(self) -> None:
+        """Let the forward thread go once it is idle; a later call starts a new one.
+
+        The thread holds the model and so the policy's weights: an eval that ends without closing
+        its model would keep both for the life of the process (a code server, a sweep's members).
+        """
+        with self._cond:
+            if self._worker is not None:
+                self._work.put(None)
+                self._worker = None
+
+    def __enter__(self) -> BatchedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def abort(self, reason: str) -> None:
         """Fail every waiting and later call with ``reason`` at once (the run is being cancelled)."""
@@ -270,7 +288,10 @@ class BatchedModel(BasePolicy):
         queue again: forwards of the current worker never overlap with another of its own.
         """
         while True:
-            calls, idle_sims = self._work.get()
+            work = self._work.get()
+            if work is None:
+                return
+            calls, idle_sims = work
             with self._cond:
                 if generation != self._generation:  # replaced while it waited: hand the work back
                     self._work.put((calls, idle_sims))

@@ -142,7 +142,7 @@ class EvalRunner:
                         model.leave()
 
         results: dict[Partition, InstanceResult] = {}
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"hud-{self.spec.name}") as pool:
+        with model, ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"hud-{self.spec.name}") as pool:
             futures = {pool.submit(one, partition): partition for partition in partitions}
             try:
                 for future in as_completed(futures):

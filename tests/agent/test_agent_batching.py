@@ -304,3 +304,34 @@ def test_a_forward_past_its_deadline_fails_its_callers_only_and_later_forwards_s
         assert answered.shape == (1, 1, 1)
     finally:
         release.set()
+
+
+def forward_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("hud-policy-forward")]
+
+
+def test_a_closed_model_lets_its_forward_thread_and_its_policy_go() -> None:
+    import gc
+    import weakref
+
+    before = set(forward_threads())
+    policy = Doubler()
+    gone = weakref.ref(policy)
+    with BatchedModel(policy, max_wait_s=LONG_WINDOW_S) as model:
+        assert model.infer(rows([1.0, 2.0])).tolist() == [[[2.0]], [[4.0]]]
+        started = [t for t in forward_threads() if t not in before]
+        assert len(started) == 1
+    started[0].join(timeout=5)
+    assert not started[0].is_alive(), "the forward thread outlived its model"
+    del model, policy
+    gc.collect()
+    assert gone() is None, "something still holds the policy of a closed model"
+
+
+def test_a_model_used_again_after_close_starts_a_new_forward_thread() -> None:
+    model = BatchedModel(Doubler(), max_wait_s=LONG_WINDOW_S)
+    model.infer(rows([1.0]))
+    model.close()
+    model.close()  # twice is harmless
+    assert model.infer(rows([3.0])).tolist() == [[[6.0]]]
+    model.close()
