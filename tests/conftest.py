@@ -51,6 +51,16 @@ def wait_group_gone(pgid: int, timeout_s: float = GROUP_GONE_TIMEOUT_S) -> None:
         os.killpg(pgid, 0)
 
 
+def signal_state(pid: int) -> str:
+    """A live process's signal masks and state from ``/proc``: why it may not have died of a signal."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"no /proc entry for {pid} ({exc})"
+    wanted = ("State:", "SigBlk:", "SigIgn:", "SigCgt:", "Threads:")
+    return "; ".join(line.replace("\t", " ") for line in lines if line.startswith(wanted))
+
+
 @pytest.fixture(name="wait_group_gone")
 def wait_group_gone_fixture() -> Callable[..., None]:
     return wait_group_gone

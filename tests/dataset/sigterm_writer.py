@@ -6,6 +6,8 @@ episodes have been committed, then keeps writing until SIGTERM arrives.
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from tests.dataset.support import SPEC, write_episodes
 
 
 def main(target: Path) -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks of a writer that hangs
     with DatasetBuild(target, SPEC, fps=10, options=DatasetOptions(writers=2)) as build:
         sink = build.sink("instance-0")
         write_episodes(sink, 6)

@@ -5,10 +5,19 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 import pytest
 
 from hud_pipelines.dataset.cancel import Terminated, signals_deferred, sigterm_interrupts
+
+
+@pytest.fixture(autouse=True)
+def default_sigterm() -> Iterator[None]:
+    """SIGTERM at its default, as in a fresh process (an earlier in-process Dagster run leaves its own)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
 
 
 def terminate_and_wait() -> None:
@@ -24,6 +33,13 @@ def test_a_sigterm_raises_terminated_in_the_main_thread() -> None:
         with pytest.raises(Terminated, match="SIGTERM"):
             terminate_and_wait()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_handler_someone_else_installed_is_left_alone() -> None:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with sigterm_interrupts() as installed:
+        assert not installed
+        assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
 
 
 def test_a_sigterm_inside_a_deferred_block_is_raised_when_the_block_is_left() -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import OWNER_FILE, DatasetBuild, publish_shards, swap_in
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
+from tests.conftest import signal_state
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import SPEC, check_episodes, load, write_episodes
 
@@ -138,7 +140,15 @@ def test_sigterm_mid_write_leaves_the_published_dataset_intact(tmp_path: Path) -
         children = children_of(process.pid)
         assert not children, "writer threads start no process"
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=120)
+        try:
+            _, stderr = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            state = signal_state(process.pid)
+            process.send_signal(signal.SIGUSR1)  # every thread's stack, then fail with them
+            time.sleep(2)
+            process.kill()
+            _, stacks = process.communicate()
+            pytest.fail(f"the writer did not end within 120 s of SIGTERM ({state}); its threads:\n{stacks[-6000:]}")
     finally:
         if process.poll() is None:
             process.kill()

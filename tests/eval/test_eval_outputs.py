@@ -14,6 +14,7 @@ from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline_text
+from tests.conftest import signal_state
 from tests.dagster.support import REPO
 
 
@@ -220,6 +221,12 @@ def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeyp
             assert response.read().decode() == "window.HUD_DATASET = null;\n", "no dataset: no episode links"
     finally:
         served.terminate()
-        served.wait(timeout=10)
+        try:
+            served.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            state = signal_state(served.pid)
+            served.kill()
+            served.wait()
+            pytest.fail(f"the report server did not end within 10 s of SIGTERM: {state}")
         if served.stdout is not None:
             served.stdout.close()
