@@ -95,19 +95,24 @@ def test_adapter_treats_unbatched_observations_through_the_same_code() -> None:
     assert chunk.shape == (1, 7, 4)
 
 
-def test_adapter_renames_and_falls_back_to_the_policys_single_image_key() -> None:
-    from lerobot.configs.types import FeatureType as LeRobotType
-    from lerobot.configs.types import PolicyFeature
-
-    contract = Contract(
+def camera_and_position(**more: Feature) -> Contract:
+    """A 4x6 camera, a 2-D position and a 2-D action, and ``more`` observation features."""
+    return Contract(
         control_rate=10.0,
         features={
             "pixels": Feature(role="observation", type=FeatureType.RGB, dtype="uint8", shape=(4, 6, 3)),
             "agent_pos": Feature(role="observation", dtype="float32", shape=(2,)),
-            "goal": Feature(role="observation", dtype="float32", shape=(3,)),
+            **more,
             "action": Feature(role="action", dtype="float32", shape=(2,)),
         },
     )
+
+
+def test_adapter_renames_and_falls_back_to_the_policys_single_image_key() -> None:
+    from lerobot.configs.types import FeatureType as LeRobotType
+    from lerobot.configs.types import PolicyFeature
+
+    contract = camera_and_position(goal=Feature(role="observation", dtype="float32", shape=(3,)))
     expected = {
         OBS_IMAGE: PolicyFeature(type=LeRobotType.VISUAL, shape=(3, 4, 6)),
         OBS_STATE: PolicyFeature(type=LeRobotType.STATE, shape=(2,)),
@@ -128,14 +133,7 @@ def test_a_checkpoint_whose_inputs_have_other_shapes_is_refused_naming_both_side
     from lerobot.configs.types import FeatureType as LeRobotType
     from lerobot.configs.types import PolicyFeature
 
-    contract = Contract(
-        control_rate=10.0,
-        features={
-            "pixels": Feature(role="observation", type=FeatureType.RGB, dtype="uint8", shape=(4, 6, 3)),
-            "agent_pos": Feature(role="observation", dtype="float32", shape=(2,)),
-            "action": Feature(role="action", dtype="float32", shape=(2,)),
-        },
-    )
+    contract = camera_and_position()
 
     def expecting(image: tuple[int, ...], state: tuple[int, ...]) -> dict[str, PolicyFeature]:
         return {
