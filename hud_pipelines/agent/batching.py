@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hud_pipelines.agent.policy import Actions, BasePolicy, Policy, PolicyBatch, as_base_policy
+from hud_pipelines.closing import Closeable
 from hud_pipelines.errors import PolicyError, PolicyTimeoutError, RolloutTimeoutError, RunAborted
 from hud_pipelines.spec.agent import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
 
@@ -82,7 +83,7 @@ class BatchingStats:
     """Wall seconds spent inside the policy's forwards (stacking included), summed."""
 
 
-class BatchedModel(BasePolicy):
+class BatchedModel(BasePolicy, Closeable):
     """A thread-safe policy that coalesces concurrent ``infer`` calls into one forward."""
 
     def __init__(
@@ -174,12 +175,6 @@ class BatchedModel(BasePolicy):
             if self._worker is not None:
                 self._work.put(None)
                 self._worker = None
-
-    def __enter__(self) -> BatchedModel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def abort(self, reason: str) -> None:
         """Fail every waiting and later call with ``reason`` at once (the run is being cancelled)."""

@@ -28,13 +28,14 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from websockets.sync.client import ClientConnection, connect
 
 from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chunks
+from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import PolicyError, WireError
 from hud_pipelines.spec.agent import RemotePolicyConfig
 from hud_pipelines.wire.codec import Layout, is_map, packb, unpackb
 
 
-class RemotePolicy(BasePolicy):
+class RemotePolicy(BasePolicy, Closeable):
     """Sends observations to a policy server and returns its action chunks."""
 
     def __init__(
@@ -108,12 +109,6 @@ class RemotePolicy(BasePolicy):
     def close(self) -> None:
         with contextlib.suppress(OSError, WebSocketException):
             self._ws.close()
-
-    def __enter__(self) -> RemotePolicy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- plumbing ------------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from typing import IO, Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract, FeatureType, looks_like_camera
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, Frame, Inference
 
@@ -76,7 +77,7 @@ class _Open:
     filmed: bool = False
 
 
-class TraceRecorder:
+class TraceRecorder(Closeable):
     """An :class:`~hud_pipelines.recording.events.EpisodeSink` that writes traces under ``root/<job>/``.
 
     ``contract`` supplies per-dimension names and tells cameras from state; without it names are
@@ -237,12 +238,6 @@ class TraceRecorder:
             encoder, self._encoder = self._encoder, None
         if encoder is not None:
             encoder.stop()
-
-    def __enter__(self) -> TraceRecorder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- helpers ---------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
     LinkClosed,
@@ -53,7 +54,7 @@ DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 
-class SimClient:
+class SimClient(Closeable):
     """Drives one served sim; use it as a context manager.
 
     ``step_timeout_s`` bounds every step and result; ``reset_timeout_s`` (default: the same) bounds
@@ -164,12 +165,6 @@ class SimClient:
             with contextlib.suppress(LinkError, OSError, TimeoutError):
                 self._link.send(goodbye, 1.0)
         self._link.close()
-
-    def __enter__(self) -> SimClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- plumbing ----------------------------------------------------------------------------------
 

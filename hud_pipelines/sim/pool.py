@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
@@ -79,7 +80,7 @@ class LiveSim:
             self.client.close()
 
 
-class SimPool:
+class SimPool(Closeable):
     """Spawns, reuses and finally closes the sims of one eval (thread-safe)."""
 
     def __init__(self, settings: SimSettings) -> None:
@@ -225,12 +226,6 @@ class SimPool:
                 first = first or exc
         if first is not None:
             raise first
-
-    def __enter__(self) -> SimPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _terminate(live: LiveSim) -> None:

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.closing import Closeable
 from hud_pipelines.errors import SimStartError
 from hud_pipelines.sim.child_diagnosis import ChildDiagnosis
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, SimClient
@@ -52,7 +53,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The directory holding this ``hud_pipelines`` package: what another interpreter's ``PYTHONPATH`` starts with."""
 
 
-class SimProcess:
+class SimProcess(Closeable):
     """A served sim: a child process we own (``spawn``) or a URL we were given (``attach``)."""
 
     def __init__(
@@ -257,12 +258,6 @@ class SimProcess:
             for stream in (self._popen.stdin, self._popen.stdout):
                 if stream is not None:
                     stream.close()
-
-    def __enter__(self) -> SimProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def sim_interpreter(python: str | Path | None) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
     ContractError,
@@ -70,7 +71,7 @@ class _Sent:
     shard_seqs: list[int | None]
 
 
-class ShardedSim:
+class ShardedSim(Closeable):
     """K clients, each of a slice of the slots, driven as one sim of their total (the agent's ``PipelinedSim``).
 
     Steps go out to every child before any reply is read, so the children step in parallel; the
@@ -195,12 +196,6 @@ class ShardedSim:
         for client in self.clients:
             with contextlib.suppress(Exception):
                 client.close()
-
-    def __enter__(self) -> ShardedSim:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- joining -------------------------------------------------------------------------------------
 
