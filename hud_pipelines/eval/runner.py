@@ -39,6 +39,7 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, GraderError, HudPipelinesError, SimError, SimStartError, fault_of
 from hud_pipelines.eval.graders import Grader, build_graders
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.heap import release_free_heap
 from hud_pipelines.eval.results import InstanceResult, unreached_result, unreached_rows
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
 from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
@@ -217,6 +218,7 @@ class EvalRunner:
             for sink in sinks:
                 with contextlib.suppress(Exception):
                     sink.close()
+            release_free_heap()  # the instance's buffers are free now: give their pages back
         wall = time.monotonic() - started
         if failure is not None and server is not None:  # which machine of a fleet it was
             failure = (f"served sim {server}: {failure[0]}", failure[1])
