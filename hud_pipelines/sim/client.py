@@ -29,7 +29,7 @@ reply read while waiting for a later request is kept until its caller asks for i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.closing import Closeable
@@ -88,7 +88,8 @@ class SimClient(Closeable):
         self._link = link if link is not None else self._connect(token, max_frame_bytes, connect_timeout_s)
         try:
             self._send(self._session.hello(), "handshake", connect_timeout_s)
-            self.hello: ServerHello = self._session.receive_hello(self._receive("handshake", connect_timeout_s))
+            with self._aborting_on_violation():
+                self.hello: ServerHello = self._session.receive_hello(self._receive("handshake", connect_timeout_s))
             self.contract = Contract.model_validate(self.hello.contract)
         except BaseException:
             self._session.fail("the handshake failed")
@@ -140,7 +141,7 @@ class SimClient(Closeable):
         if isinstance(tasks, dict):
             tasks = [dict(tasks) for _ in range(self.num_envs)]
         seq = self._post(self._session.reset(tasks), "reset", self.reset_timeout_s)
-        return self._session.expect(self._await(seq, "reset", self.reset_timeout_s), Observation)
+        return self._expect(self._await(seq, "reset", self.reset_timeout_s), Observation)
 
     def step(self, action: Any) -> Observation:
         """Send one ``[N, A]`` action frame (an ``[A]`` row is accepted for a single slot)."""
@@ -152,11 +153,11 @@ class SimClient(Closeable):
 
     def receive_step(self, seq: int) -> Observation:
         """The observation that answers the step numbered ``seq`` (waits at most ``step_timeout_s``)."""
-        return self._session.expect(self._await(seq, "step", self.step_timeout_s), Observation)
+        return self._expect(self._await(seq, "step", self.step_timeout_s), Observation)
 
     def result(self) -> Result:
         seq = self._post(self._session.result(), "result", self.step_timeout_s)
-        return self._session.expect(self._await(seq, "result", self.step_timeout_s), Result)
+        return self._expect(self._await(seq, "result", self.step_timeout_s), Result)
 
     def close(self) -> None:
         """Say goodbye (best effort) and close the connection; safe to call twice."""
@@ -178,12 +179,22 @@ class SimClient(Closeable):
         """The reply to request ``seq``: replies arrive in request order, earlier ones are kept."""
         while (reply := self._session.take(seq)) is None:
             frame = self._receive(phase, timeout_s)
-            try:
+            with self._aborting_on_violation():
                 self._session.receive(frame)
-            except WireError:
-                self._link.abort()  # the sim broke the protocol: this connection can no longer be trusted
-                raise
         return reply
+
+    def _expect[R: Observation | Result](self, reply: Reply, kind: type[R]) -> R:
+        with self._aborting_on_violation():
+            return self._session.expect(reply, kind)
+
+    @contextlib.contextmanager
+    def _aborting_on_violation(self) -> Generator[None]:
+        """The sim broke the protocol (the session is broken now): drop the connection, it can no longer be trusted."""
+        try:
+            yield
+        except WireError:
+            self._link.abort()
+            raise
 
     def _send(self, frame: bytes, phase: str, timeout_s: float) -> None:
         try:

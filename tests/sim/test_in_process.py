@@ -14,12 +14,14 @@ import pytest
 
 from hud_pipelines.agent.builtin import scripted_policy
 from hud_pipelines.agent.runner import RobotAgent
-from hud_pipelines.errors import RemoteError, SimError
+from hud_pipelines.errors import RemoteError, SimError, WireError
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.in_process import InProcessLink
 from hud_pipelines.sim.process import SimProcess
 from hud_pipelines.sim.slots import SlotState
-from hud_pipelines.wire.messages import Framing
+from hud_pipelines.wire.codec import packb, unpackb
+from hud_pipelines.wire.messages import Framing, Result, to_wire
 from tests.agent.agent_helpers import RecordingSink
 from tests.conftest import action_frames, assert_same_trajectory, driven
 from tests.sim.test_bridge import CASES, Case
@@ -84,3 +86,32 @@ def test_the_agent_over_the_in_process_link_equals_the_agent_over_a_spawned_chil
             np.testing.assert_array_equal(mine.observation["state"], theirs.observation["state"])
             np.testing.assert_array_equal(mine.action, theirs.action)
             assert mine.reward == theirs.reward
+
+
+class _AnswersStepsWithResults(InProcessLink):
+    """A sim that lies: it answers each step with a ``result`` frame of the right number."""
+
+    aborted = 0
+
+    def recv(self, timeout_s: float) -> bytes:
+        frame = unpackb(super().recv(timeout_s))
+        if frame.get("type") == "observation" and frame["seq"] > 1:
+            return packb(to_wire(Result(seq=frame["seq"], score=0.0, success=False, slots=[])))
+        return packb(frame)
+
+    def abort(self) -> None:
+        self.aborted += 1
+        super().abort()
+
+
+def test_a_reply_of_the_wrong_kind_drops_the_connection_and_ends_its_episodes() -> None:
+    with GymBridge("CartPole-v1", 2) as bridge:
+        link = _AnswersStepsWithResults(bridge)
+        client = SimClient(link.url, "", link=link)
+        client.reset([{"seed": 0}, {"seed": 1}])
+        with pytest.raises(WireError, match="expected a Observation reply, got Result"):
+            client.step(np.zeros((2, 1), dtype=np.int64))
+        assert not client.usable
+        assert link.aborted == 1, "a sim that broke the protocol is not talked to again, not even to say goodbye"
+        assert [r.state for r in bridge.slots.records] == [SlotState.ERRORED] * 2
+        client.close()
