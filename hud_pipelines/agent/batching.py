@@ -68,6 +68,10 @@ class _Call:
     """The caller gave up (a deadline or an abort); the forward's rows for it are dropped."""
 
 
+WorkQueue = queue.SimpleQueue[tuple[list["_Call"], int] | None]
+"""A worker's forwards (the calls and how many sims wait idle), then ``None`` to end it."""
+
+
 @dataclass
 class BatchingStats:
     forwards: int = 0
@@ -114,8 +118,9 @@ class BatchedModel(BasePolicy, Closeable):
         self._pending: list[_Call] = []
         self._cond = threading.Condition()
         self._local = threading.local()
-        self._work: queue.SimpleQueue[tuple[list[_Call], int] | None] = queue.SimpleQueue()
-        """Forwards for the worker thread; ``None`` tells it to stop (:meth:`close`)."""
+        self._work: WorkQueue = queue.SimpleQueue()
+        """The current worker's forwards; each worker has its own queue, and ``None`` in it ends that
+        worker (:meth:`close`), so a stop can never reach a worker it was not meant for."""
         self._worker: threading.Thread | None = None
         self._generation = 0
         """Bumped when a forward is abandoned: the stuck worker exits once (if ever) it returns."""
@@ -173,7 +178,8 @@ class BatchedModel(BasePolicy, Closeable):
         """
         with self._cond:
             if self._worker is not None:
-                self._work.put(None)
+                self._work.put(None)  # after the forwards already queued for it
+                self._work = queue.SimpleQueue()
                 self._worker = None
 
     def abort(self, reason: str) -> None:
@@ -261,6 +267,11 @@ class BatchedModel(BasePolicy, Closeable):
         """Leave the stuck forward to its thread and serve the queue from a fresh one (condition held)."""
         self._generation += 1
         self._running = []
+        stuck, self._work = self._work, queue.SimpleQueue()
+        with contextlib.suppress(queue.Empty):
+            while True:  # the forwards queued behind the stuck one go to the fresh worker
+                self._work.put(stuck.get_nowait())
+        stuck.put(None)  # ends the stuck worker if its forward ever returns to an empty queue
         self._start_worker()
 
     def _submit(self, calls: list[_Call], idle_sims: int) -> None:
@@ -272,24 +283,27 @@ class BatchedModel(BasePolicy, Closeable):
     def _start_worker(self) -> None:
         generation = self._generation
         self._worker = threading.Thread(
-            target=self._work_loop, args=(generation,), name=f"hud-policy-forward-{generation}", daemon=True
+            target=self._work_loop,
+            args=(generation, self._work),
+            name=f"hud-policy-forward-{generation}",
+            daemon=True,
         )
         self._worker.start()
 
-    def _work_loop(self, generation: int) -> None:
+    def _work_loop(self, generation: int, work: WorkQueue) -> None:
         """Run queued forwards one at a time (a daemon: an abandoned forward never blocks exit).
 
         A worker whose forward was abandoned stops when that forward returns, without touching the
         queue again: forwards of the current worker never overlap with another of its own.
         """
         while True:
-            work = self._work.get()
-            if work is None:
+            item = work.get()
+            if item is None:  # closed: its queue ends here
                 return
-            calls, idle_sims = work
+            calls, idle_sims = item
             with self._cond:
-                if generation != self._generation:  # replaced while it waited: hand the work back
-                    self._work.put((calls, idle_sims))
+                if generation != self._generation:  # replaced while it waited: hand the work on
+                    self._work.put(item)
                     return
                 wanted = [c for c in calls if not c.abandoned]
                 self._running = wanted

@@ -335,3 +335,41 @@ def test_a_model_used_again_after_close_starts_a_new_forward_thread() -> None:
     model.close()  # twice is harmless
     assert model.infer(rows([3.0])).tolist() == [[[6.0]]]
     model.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_model_closed_while_a_forward_is_stuck_still_serves_later_calls() -> None:
+    from hud_pipelines.errors import PolicyTimeoutError
+
+    release = threading.Event()
+    entered = threading.Event()
+
+    class StuckOnce:
+        def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+            if batch.prompts == ["stuck"]:
+                entered.set()
+                release.wait(60)
+            return np.ones((batch.size, 1, 1), dtype=np.float32)
+
+    model = BatchedModel(StuckOnce(), forward_timeout_s=0.5, across_callers=False)
+    observation = {"state": np.zeros((1, 1), dtype=np.float32)}
+    failures: list[BaseException] = []
+
+    def call_the_stuck_forward() -> None:
+        try:
+            model.infer(PolicyBatch(observation=observation, prompts=["stuck"]))
+        except PolicyTimeoutError as exc:
+            failures.append(exc)
+
+    caller = threading.Thread(target=call_the_stuck_forward)
+    caller.start()
+    try:
+        assert entered.wait(10)
+        model.close()  # its stop must end only the worker it was queued for
+        caller.join(10)
+        assert len(failures) == 1, "the stuck forward's caller got its timeout"
+        for _ in range(3):  # the fresh worker serves every later call
+            assert model.infer(PolicyBatch(observation=observation, prompts=["fine"])).tolist() == [[[1.0]]]
+    finally:
+        release.set()
+        model.close()
