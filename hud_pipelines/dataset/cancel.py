@@ -36,6 +36,7 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     if _Deferral.depth:
         _Deferral.pending = message
         return
+    _Deferral.pending = None  # raised now: nothing is left for a later block to raise again
     raise Terminated(message)
 
 
