@@ -17,7 +17,8 @@ import numpy.typing as npt
 
 from hud_pipelines.wire.codec import is_array
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: every ``observation`` says whether each slot's env reports success at all (``success_reported``)."""
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame either side accepts (websockets closes the connection with 1009 above it)."""
 

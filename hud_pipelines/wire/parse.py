@@ -271,18 +271,14 @@ def _observation(frame: object, framing: Framing, num_slots: int | None) -> mess
     status = f.strings("status", framing)
     if status is None:
         raise WireError("'observation' frame is missing 'status'")
-    success = f.per_slot("success", framing, np.bool_, num_slots)
     return messages.Observation(
         seq=f.get("seq", INT),
         observation=arrays,
         reward=f.per_slot("reward", framing, np.float64, num_slots),
         terminated=f.per_slot("terminated", framing, np.bool_, num_slots),
         truncated=f.per_slot("truncated", framing, np.bool_, num_slots),
-        success=success,
-        # a server that does not say: only a success it saw was reported
-        success_reported=f.per_slot("success_reported", framing, np.bool_, num_slots)
-        if "success_reported" in f.raw
-        else success.copy(),
+        success=f.per_slot("success", framing, np.bool_, num_slots),
+        success_reported=f.per_slot("success_reported", framing, np.bool_, num_slots),
         status=status,
         prompt=f.strings("prompt", framing),
         errors=_slot_errors(f.optional("errors", LIST) or []),

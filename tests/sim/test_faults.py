@@ -506,6 +506,7 @@ def observation_frame(seq: int) -> bytes:
             "terminated": np.zeros(1, bool),
             "truncated": np.zeros(1, bool),
             "success": np.zeros(1, bool),
+            "success_reported": np.zeros(1, bool),
             "status": ["running"],
         }
     )

@@ -27,7 +27,7 @@ DOC = REPO / "docs" / "protocol.md"
 FRAME = re.compile(r"<!-- frame: (?P<name>[\w-]+) -->\s*```text\n(?P<hex>.*?)```", re.DOTALL)
 
 EXPECTED = {
-    "client-hello": (Hello(protocol=1, framing=Framing.SCALAR), Framing.SCALAR),
+    "client-hello": (Hello(protocol=PROTOCOL_VERSION, framing=Framing.SCALAR), Framing.SCALAR),
     "reset-scalar": (Reset(seq=1, tasks=[{"seed": 7}]), Framing.SCALAR),
     "step-scalar": (Step(seq=2, action=np.array([[1]], dtype=np.int64)), Framing.SCALAR),
     "observation-scalar": (

@@ -95,13 +95,11 @@ def test_scalar_observation_drops_the_slot_axis_and_uses_plain_bools() -> None:
     assert_same_observation(message, parsed)  # back in the internal batched form
 
 
-def test_an_observation_without_success_reported_counts_only_a_seen_success_as_reported() -> None:
+def test_an_observation_without_success_reported_is_refused_naming_the_key() -> None:
     wire, _ = over_the_wire(observation(3), Framing.BATCHED, 3)
-    del wire["success_reported"]
-    wire["success"] = np.array([True, False, False])
-    parsed = parse_reply(wire, Framing.BATCHED, 3)
-    assert isinstance(parsed, Observation)
-    assert parsed.success_reported.tolist() == [True, False, False]
+    del wire["success_reported"]  # a version 1 server's frame (refused at the hello before it gets here)
+    with pytest.raises(WireError, match="missing 'success_reported'"):
+        parse_reply(wire, Framing.BATCHED, 3)
 
 
 def test_step_action_framing() -> None:
