@@ -193,13 +193,7 @@ def test_celery_broker_restarted_mid_run_keeps_finished_results_and_a_rerun_coun
         rerun = run_pipeline(str(held.path), outputs_dir=held.outputs_dir, quiet=True)
         assert rerun == 0, "a rerun on the same workers"
     _assert_nothing_left(held, label)
-
-    rows = _grades(held.outputs_dir, "bounce")
-    assert sorted((r.instance, r.slot) for r in rows) == [(i, s) for i in range(4) for s in range(2)], "once each"
-    assert _comparable(rows) == _comparable(_grades(held.local_out, "bounce"))
-    frames = _frames(held.outputs_dir / "datasets" / "bounce")
-    assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(8)), "eight episodes, none twice"
-    assert len(frames) == 8 * 30
+    _assert_every_episode_once(held, instances=4)
 
 
 @needs_redis
@@ -232,12 +226,19 @@ def test_celery_broker_that_stays_down_fails_the_run_naming_it_and_a_rerun_compl
         rerun = run_pipeline(str(held.path), outputs_dir=held.outputs_dir, quiet=True)
         assert rerun == 0, "a rerun on the same workers"
     _assert_nothing_left(held, label)
+    _assert_every_episode_once(held, instances=3)
 
+
+def _assert_every_episode_once(held: HeldRun, *, instances: int) -> None:
+    """One grade row per slot of every instance, equal to the in-process run's, and each episode once in the dataset."""
     rows = _grades(held.outputs_dir, "bounce")
-    assert sorted((r.instance, r.slot) for r in rows) == [(i, s) for i in range(3) for s in range(2)], "once each"
+    expected = [(i, s) for i in range(instances) for s in range(2)]
+    assert sorted((r.instance, r.slot) for r in rows) == expected, "once each"
     assert _comparable(rows) == _comparable(_grades(held.local_out, "bounce"))
     frames = _frames(held.outputs_dir / "datasets" / "bounce")
-    assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(6)), "six episodes, none twice"
+    episodes = 2 * instances
+    assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(episodes)), "each episode once"
+    assert len(frames) == episodes * 30
 
 
 def _assert_nothing_left(held: HeldRun, label: str) -> None:
