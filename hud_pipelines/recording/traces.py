@@ -27,6 +27,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -111,6 +112,7 @@ class TraceRecorder(Closeable):
         self._names: dict[str, list[str]] = {}
         self._cameras: dict[str, tuple[tuple[int, ...], bool]] = {}
         self._keys: dict[str, list[str]] = {}
+        self._names_quoted: dict[str, str] = {}
         self.written: list[Path] = []
 
     def path(self, key: EpisodeKey) -> Path:
@@ -151,24 +153,22 @@ class TraceRecorder(Closeable):
 
     def add(self, key: EpisodeKey, frame: Frame) -> None:
         """The step's observation, action and reward lines: the hot path of a recorded eval (every slot, every
-        step), so the lines are built from cached key strings rather than through ``json.dumps`` three times
-        (the text is the same: ``tests/recording/test_trace_lines.py``)."""
+        step), so the lines are built from cached key strings and C-level number formatting rather than
+        through ``json.dumps`` three times (the text is the same: ``tests/recording/test_trace_lines.py``)."""
         state: list[str] = []
         cameras: dict[str, npt.NDArray[Any]] = {}
         for name, value in frame.observation.items():
             if self._is_camera(name, value):
                 cameras[name] = value
             else:
-                values: list[Any] = np.asarray(value).reshape(-1).tolist()
-                state.append(f"{_ENCODE(name)}:{{{self._fields(name, values)}}}")
-        actions: list[Any] = np.asarray(frame.action).reshape(-1).tolist()
+                state.append(f"{self._quoted(name)}:{{{self._fields(name, value)}}}")
         step = _number(frame.index)
         text = (
             f'{{"type":"observation","step":{step},"state":{{{",".join(state)}}}}}\n'
-            f'{{"type":"action","step":{step},"action":{{{self._fields("action", actions)}}}}}\n'
+            f'{{"type":"action","step":{step},"action":{{{self._fields("action", frame.action)}}}}}\n'
             f'{{"type":"reward","step":{step},"reward":{_number(frame.reward)},"terminated":'
-            f'{_number(frame.terminated)},"truncated":{_number(frame.truncated)},"success":'
-            f"{_number(frame.success)}}}\n"
+            f'{_BOOLS[frame.terminated]},"truncated":{_BOOLS[frame.truncated]},"success":'
+            f"{_BOOLS[frame.success]}}}\n"
         )
         with self._lock:
             handle = self._require(key)
@@ -176,12 +176,19 @@ class TraceRecorder(Closeable):
             if handle.filmed:
                 self._add_video(handle, cameras)
 
-    def _fields(self, name: str, values: list[Any]) -> str:
+    def _fields(self, name: str, value: npt.ArrayLike) -> str:
         """``"<dim>":<value>,...`` of one feature's values, named as :meth:`_feature_names` names them."""
+        flat = np.asarray(value).reshape(-1)
         keys = self._keys.get(name)
-        if keys is None or len(keys) != len(values):
-            keys = self._keys[name] = [f"{_ENCODE(n)}:" for n in self._feature_names(name, len(values))]
-        return ",".join([k + _number(v) for k, v in zip(keys, values, strict=True)])
+        if keys is None or len(keys) != flat.size:
+            keys = self._keys[name] = [f"{_ENCODE(n)}:" for n in self._feature_names(name, flat.size)]
+        return ",".join(map(str.__add__, keys, _numbers(flat)))
+
+    def _quoted(self, name: str) -> str:
+        quoted = self._names_quoted.get(name)
+        if quoted is None:
+            quoted = self._names_quoted[name] = _ENCODE(name)
+        return quoted
 
     def inference(self, key: EpisodeKey, record: Inference) -> None:
         chunk = np.asarray(record.chunk)
@@ -316,6 +323,22 @@ def _number(value: Any) -> str:
     if kind is int:
         return int.__repr__(value)
     return _ENCODE(value)
+
+
+_BOOLS = {False: "false", True: "true"}
+
+
+def _numbers(flat: npt.NDArray[Any]) -> Iterable[str]:
+    """Each value of a flat array as :func:`_number` writes it, formatted in C where the dtype allows."""
+    values: list[Any] = flat.tolist()
+    kind = flat.dtype.kind
+    if kind == "f" and all(map(math.isfinite, values)):
+        return map(float.__repr__, values)
+    if kind in "iu":
+        return map(int.__repr__, values)
+    if kind == "b":
+        return map(_BOOLS.__getitem__, values)
+    return map(_number, values)
 
 
 def _write(file: IO[str], line: dict[str, Any]) -> None:

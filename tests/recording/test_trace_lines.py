@@ -43,12 +43,13 @@ def _expected(names: dict[str, list[str]], frame: Frame) -> list[dict[str, Any]]
 def test_step_lines_are_what_json_dumps_writes(tmp_path: Path, seed: int) -> None:
     rng = np.random.default_rng(seed)
     joints = ['shoulder "pitch"', "elbow", "wrist/roll", "grip\u00e9"]  # names JSON must escape
-    names = {"joints": joints, "count": ["n"], "action": ["a0", "a1"]}
+    names = {"joints": joints, "count": ["n"], "contact": ["left", "right"], "action": ["a0", "a1"]}
     contract = Contract(
         control_rate=10.0,
         features={
             "joints": Feature(role="observation", dtype="float64", shape=(4,), names=names["joints"]),
             "count": Feature(role="observation", dtype="int64", shape=(1,), names=names["count"]),
+            "contact": Feature(role="observation", dtype="bool", shape=(2,), names=names["contact"]),
             "action": Feature(role="action", dtype="float32", shape=(2,), names=names["action"]),
         },
     )
@@ -61,7 +62,11 @@ def test_step_lines_are_what_json_dumps_writes(tmp_path: Path, seed: int) -> Non
         joints[rng.integers(0, 4)] = special[index % len(special)]
         frame = Frame(
             index=index,
-            observation={"joints": joints, "count": np.array([int(rng.integers(-5, 5))])},
+            observation={
+                "joints": joints,
+                "count": np.array([int(rng.integers(-5, 5))]),
+                "contact": rng.random(2) > 0.5,
+            },
             action=rng.normal(size=2).astype(np.float32),
             reward=float(rng.normal()) if index % 3 else special[index % len(special)],
             terminated=bool(index % 2),
