@@ -18,7 +18,14 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.errors import Fault
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, Inference
+from hud_pipelines.recording.events import (
+    EpisodeKey,
+    EpisodeOutcome,
+    EpisodeSink,
+    EpisodeStatus,
+    FrameBatch,
+    InferenceBatch,
+)
 from hud_pipelines.sim.slots import episode_score
 from hud_pipelines.wire.messages import Observation
 
@@ -82,37 +89,56 @@ class SlotEpisodes:
             for sink in self.sinks:
                 sink.begin(key, prompt)
 
-    def inference(self, slot: int, record: Inference) -> None:
+    def keys_of(self, slots: npt.NDArray[np.intp]) -> list[EpisodeKey]:
+        indices: list[int] = slots.tolist()
+        return [self.keys[slot] for slot in indices]
+
+    def inferences(
+        self, slots: npt.NDArray[np.intp], chunks: npt.NDArray[np.float32], latency_s: float, rows: int
+    ) -> None:
+        """Tell the sinks the chunks one forward gave ``slots`` (each starts at the slot's current step)."""
+        if not self.sinks or not slots.size:
+            return
+        batch = InferenceBatch(
+            keys=self.keys_of(slots),
+            step=self.steps[slots],
+            chunk=chunks,
+            latency_s=latency_s,
+            batch_size=rows,
+        )
         for sink in self.sinks:
-            sink.inference(self.keys[slot], record)
+            sink.add_inferences(batch)
 
     def record(
         self, before: Observation, reply: Observation, running: npt.NDArray[np.intp], action: npt.NDArray[np.float32]
     ) -> None:
-        """Count one step of the ``running`` slots, tell the sinks its frame, and end the episodes it ended."""
+        """Count one step of the ``running`` slots, tell the sinks its frames, and end the episodes it ended."""
         self.steps[running] += 1
         errored = self.apply_errors(reply)  # the sim ends a slot whose observation or reward is not finite
         counted = running[self.running[running]]
         self.total_reward[counted] += reply.reward[counted]
         self.success[counted] |= reply.success[counted]
         self.success_reported[counted] |= reply.success_reported[counted]
-        stepped: list[int] = running.tolist()
-        for slot in stepped:
-            if slot in errored:
-                continue
-            if self.sinks:
-                frame = Frame(
-                    index=int(self.steps[slot]) - 1,
-                    observation=row(before, slot),
-                    action=action[slot],
-                    reward=float(reply.reward[slot]),
-                    terminated=bool(reply.terminated[slot]),
-                    truncated=bool(reply.truncated[slot]),
-                    success=bool(reply.success[slot]),
-                )
-                for sink in self.sinks:
-                    sink.add(self.keys[slot], frame)
-            if reply.terminated[slot] or reply.truncated[slot] or reply.status[slot] == "done":
+        stepped = running if not errored else np.array([s for s in running.tolist() if s not in errored], np.intp)
+        if not stepped.size:
+            return
+        if self.sinks:
+            batch = FrameBatch(
+                keys=self.keys_of(stepped),
+                index=self.steps[stepped] - 1,
+                observation={name: values[stepped] for name, values in before.observation.items()},
+                action=action[stepped],
+                reward=reply.reward[stepped].astype(np.float64, copy=False),
+                terminated=reply.terminated[stepped],
+                truncated=reply.truncated[stepped],
+                success=reply.success[stepped],
+            )
+            for sink in self.sinks:
+                sink.add_frames(batch)
+        ended = reply.terminated[stepped] | reply.truncated[stepped]
+        status = reply.status
+        for slot, done in zip(stepped.tolist(), ended.tolist(), strict=True):
+            if done or status[slot] == "done":
                 terminated, truncated = bool(reply.terminated[slot]), bool(reply.truncated[slot])
                 self.end(slot, self.answered(slot, terminated=terminated, truncated=truncated))
 

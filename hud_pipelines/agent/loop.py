@@ -29,7 +29,7 @@ from hud_pipelines.errors import (
     RunAborted,
     fault_of,
 )
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, Inference
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink
 from hud_pipelines.wire.messages import Observation
 
 log = logging.getLogger(__name__)
@@ -310,10 +310,7 @@ class LockstepRun:
             self.slots.error(slot, f"the policy returned a non-finite action at step {step}", Fault.POLICY)
         loaded, kept = slots[finite], chunks[finite]
         self.slots.load_many(loaded, kept)
-        if self.slots.sinks:
-            for slot, chunk in zip(loaded.tolist(), kept, strict=True):
-                step = int(self.slots.steps[slot])
-                self.slots.inference(slot, Inference(step=step, chunk=chunk, latency_s=latency, batch_size=rows))
+        self.slots.inferences(loaded, kept, latency, rows)
 
     def _adapted(self, chunk: npt.NDArray[np.float32], slot: int, observation: Observation) -> npt.NDArray[np.float32]:
         """``chunk`` through ``adapt_chunk``, which sees the slot's observation row."""

@@ -48,7 +48,7 @@ from hud_pipelines.dataset.fields import lerobot_keys
 from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, PartWriter
 from hud_pipelines.errors import DatasetWriteError, SlotStateError
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, PerSlotSink
 
 logger = logging.getLogger(__name__)
 
@@ -102,11 +102,13 @@ def default_repo_id(name: str) -> str:
     return f"local/{safe}"
 
 
-class LeRobotDatasetSink:
+class LeRobotDatasetSink(PerSlotSink):
     """Writes the episodes it receives into ``root`` as one or more lerobot dataset parts.
 
     ``root`` must not exist or be empty: a shard is written once, never appended to. Use it as a
-    context manager (or call :meth:`close`) so every part is finalized.
+    context manager (or call :meth:`close`) so every part is finalized. It takes each slot's frame on
+    its own (a dataset frame is converted per row anyway); inference records belong to traces, not
+    to the dataset.
     """
 
     def __init__(
@@ -152,9 +154,6 @@ class LeRobotDatasetSink:
         for bad in self.layout.non_finite(frame, converted):
             episode.non_finite.setdefault(bad, frame.index)
         episode.frames.append(converted)
-
-    def inference(self, key: EpisodeKey, record: Inference) -> None:
-        """Inference records belong to traces, not to the dataset."""
 
     def end(self, key: EpisodeKey, outcome: EpisodeOutcome) -> None:
         self._check_usable()

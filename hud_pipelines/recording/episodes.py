@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, FrameBatch
 from hud_pipelines.sim.envs import prompt_of
 from hud_pipelines.sim.slots import SlotBatch
 
@@ -162,8 +162,9 @@ class Episodes:
             truncated=truncated,
             success=bool(record.success[0]),
         )
+        batch = FrameBatch.of(key, frame)
         for sink in self.sinks:
-            sink.add(key, frame)
+            sink.add_frames(batch)
         self.last[slot] = observation
         if terminated or truncated:
             self.end(slot, terminated=terminated, truncated=truncated)

@@ -2,8 +2,9 @@
 
 The agent loop (and ``wrap(env)`` for user-owned loops) reports every slot's episode to one or more
 :class:`EpisodeSink` objects: the trace recorder writes JSON lines, the dataset writer writes a
-LeRobot dataset. A sink sees one slot's episode at a time through ``begin`` / ``add`` / ``end``;
-episodes of different slots interleave. ``end`` carries the final status: a sink commits a
+LeRobot dataset. A sink hears of each slot's episode through ``begin`` / ``add_frames`` / ``end``,
+the frames of a tick's slots arriving together (one :class:`FrameBatch`); episodes of different
+slots interleave. ``end`` carries the final status: a sink commits a
 finished episode whole and may drop an errored one.
 
 A :class:`Frame` follows the LeRobot convention: the observation the action was chosen from, the
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -97,17 +100,124 @@ class EpisodeOutcome:
     extra: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
+@dataclass(frozen=True)
+class FrameBatch:
+    """One tick's :class:`Frame` of several slots, as columns: row ``i`` is the frame of ``keys[i]``.
+
+    The agent loop steps its N slots together and hands every sink the tick at once, so a sink that
+    can work on columns (the trace writer formats each feature's rows in one go) pays per tick what it
+    would otherwise pay per slot; :class:`PerSlotSink` turns it back into frames for one that cannot.
+    """
+
+    keys: Sequence[EpisodeKey]
+    index: npt.NDArray[np.int64]
+    """``[n]``: each row's step index within its episode."""
+    observation: dict[str, npt.NDArray[Any]]
+    """``{feature: [n, ...]}``: the observation each action was chosen from."""
+    action: npt.NDArray[np.float32]
+    """``[n, A]``."""
+    reward: npt.NDArray[np.float64]
+    terminated: npt.NDArray[np.bool_]
+    truncated: npt.NDArray[np.bool_]
+    success: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def frame(self, row: int) -> Frame:
+        return Frame(
+            index=int(self.index[row]),
+            observation={name: values[row] for name, values in self.observation.items()},
+            action=self.action[row],
+            reward=float(self.reward[row]),
+            terminated=bool(self.terminated[row]),
+            truncated=bool(self.truncated[row]),
+            success=bool(self.success[row]),
+        )
+
+    @classmethod
+    def of(cls, key: EpisodeKey, frame: Frame) -> FrameBatch:
+        """A batch of one (a user-owned loop's step, a test)."""
+        return cls(
+            keys=[key],
+            index=np.array([frame.index], dtype=np.int64),
+            observation={name: np.asarray(values)[None] for name, values in frame.observation.items()},
+            action=np.asarray(frame.action, dtype=np.float32)[None],
+            reward=np.array([frame.reward], dtype=np.float64),
+            terminated=np.array([frame.terminated]),
+            truncated=np.array([frame.truncated]),
+            success=np.array([frame.success]),
+        )
+
+
+@dataclass(frozen=True)
+class InferenceBatch:
+    """One forward's :class:`Inference` records for the slots it refilled: row ``i`` is ``keys[i]``'s."""
+
+    keys: Sequence[EpisodeKey]
+    step: npt.NDArray[np.int64]
+    """``[n]``: the step of each slot's episode the chunk starts at."""
+    chunk: npt.NDArray[np.float32]
+    """``[n, T, A]``."""
+    latency_s: float
+    batch_size: int
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def record(self, row: int) -> Inference:
+        return Inference(
+            step=int(self.step[row]), chunk=self.chunk[row], latency_s=self.latency_s, batch_size=self.batch_size
+        )
+
+    @classmethod
+    def of(cls, key: EpisodeKey, record: Inference) -> InferenceBatch:
+        return cls(
+            keys=[key],
+            step=np.array([record.step], dtype=np.int64),
+            chunk=np.asarray(record.chunk, dtype=np.float32)[None],
+            latency_s=record.latency_s,
+            batch_size=record.batch_size,
+        )
+
+
 class EpisodeSink(Protocol):
-    """Receives episodes as they happen; implementations must tolerate interleaved slots."""
+    """Receives episodes as they happen; implementations must tolerate interleaved slots.
+
+    Frames and inference records come a tick at a time (:class:`FrameBatch`, :class:`InferenceBatch`);
+    subclass :class:`PerSlotSink` to receive them one slot at a time instead.
+    """
 
     def begin(self, key: EpisodeKey, prompt: str) -> None: ...
 
-    def add(self, key: EpisodeKey, frame: Frame) -> None: ...
+    def add_frames(self, batch: FrameBatch) -> None: ...
 
-    def inference(self, key: EpisodeKey, record: Inference) -> None: ...
+    def add_inferences(self, batch: InferenceBatch) -> None: ...
 
     def end(self, key: EpisodeKey, outcome: EpisodeOutcome) -> None: ...
 
     def close(self) -> None:
         """Flush and finalize; called exactly once, also after a fault or cancellation."""
         ...
+
+
+class PerSlotSink(ABC):
+    """An :class:`EpisodeSink` that takes each slot's frame on its own (``add``), in batch order.
+
+    Inference records are ignored unless :meth:`inference` is overridden.
+    """
+
+    @abstractmethod
+    def add(self, key: EpisodeKey, frame: Frame) -> None: ...
+
+    def inference(self, key: EpisodeKey, record: Inference) -> None:
+        """One slot's inference record (nothing by default)."""
+        del key, record
+
+    def add_frames(self, batch: FrameBatch) -> None:
+        for row, key in enumerate(batch.keys):
+            self.add(key, batch.frame(row))
+
+    def add_inferences(self, batch: InferenceBatch) -> None:
+        for row, key in enumerate(batch.keys):
+            self.inference(key, batch.record(row))

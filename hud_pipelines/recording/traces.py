@@ -27,7 +27,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract, FeatureType, looks_like_camera
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, Frame, Inference
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, FrameBatch, InferenceBatch
 
 TRACE_SUFFIX = ".jsonl"
 TIMING_FIELDS = frozenset({"started_at", "latency_s", "batch_size"})
@@ -113,6 +113,7 @@ class TraceRecorder(Closeable):
         self._cameras: dict[str, tuple[tuple[int, ...], bool]] = {}
         self._keys: dict[str, list[str]] = {}
         self._names_quoted: dict[str, str] = {}
+        self._quoted_names: dict[int, str] = {}
         self.written: list[Path] = []
 
     def path(self, key: EpisodeKey) -> Path:
@@ -151,38 +152,48 @@ class TraceRecorder(Closeable):
             self.written.append(path)
             _write(handle.file, header)
 
-    def add(self, key: EpisodeKey, frame: Frame) -> None:
-        """The step's observation, action and reward lines: the hot path of a recorded eval (every slot, every
-        step), so the lines are built from cached key strings and C-level number formatting rather than
-        through ``json.dumps`` three times (the text is the same: ``tests/recording/test_trace_lines.py``)."""
-        state: list[str] = []
-        cameras: dict[str, npt.NDArray[Any]] = {}
-        for name, value in frame.observation.items():
-            if self._is_camera(name, value):
-                cameras[name] = value
+    def add_frames(self, batch: FrameBatch) -> None:
+        """Each row's observation, action and reward lines: the hot path of a recorded eval (every slot, every
+        step). Each feature's rows are formatted together, from cached key strings and with numbers
+        formatted in C, rather than through ``json.dumps`` three times per row (the text is the same:
+        ``tests/recording/test_trace_lines.py``)."""
+        rows = len(batch)
+        if not rows:
+            return
+        state: list[tuple[str, list[str]]] = []
+        cameras: list[str] = []
+        for name, values in batch.observation.items():
+            if self._is_camera(name, values[0]):
+                cameras.append(name)
             else:
-                state.append(f"{self._quoted(name)}:{{{self._fields(name, value)}}}")
-        step = _number(frame.index)
-        text = (
-            f'{{"type":"observation","step":{step},"state":{{{",".join(state)}}}}}\n'
-            f'{{"type":"action","step":{step},"action":{{{self._fields("action", frame.action)}}}}}\n'
-            f'{{"type":"reward","step":{step},"reward":{_number(frame.reward)},"terminated":'
-            f'{_BOOLS[frame.terminated]},"truncated":{_BOOLS[frame.truncated]},"success":'
-            f"{_BOOLS[frame.success]}}}\n"
-        )
+                state.append((self._quoted(name), self._fields(name, values)))
+        actions = self._fields("action", batch.action)
+        steps = list(map(int.__repr__, batch.index.tolist()))
+        rewards = _texts(batch.reward)
+        terminated, truncated, success = _texts(batch.terminated), _texts(batch.truncated), _texts(batch.success)
         with self._lock:
-            handle = self._require(key)
-            handle.file.write(text)
-            if handle.filmed:
-                self._add_video(handle, cameras)
+            for row, key in enumerate(batch.keys):
+                handle = self._require(key)
+                step = steps[row]
+                observed = ",".join([f"{name}:{{{fields[row]}}}" for name, fields in state])
+                handle.file.write(
+                    f'{{"type":"observation","step":{step},"state":{{{observed}}}}}\n'
+                    f'{{"type":"action","step":{step},"action":{{{actions[row]}}}}}\n'
+                    f'{{"type":"reward","step":{step},"reward":{rewards[row]},"terminated":{terminated[row]},'
+                    f'"truncated":{truncated[row]},"success":{success[row]}}}\n'
+                )
+                if handle.filmed:
+                    self._add_video(handle, {name: batch.observation[name][row] for name in cameras})
 
-    def _fields(self, name: str, value: npt.ArrayLike) -> str:
-        """``"<dim>":<value>,...`` of one feature's values, named as :meth:`_feature_names` names them."""
-        flat = np.asarray(value).reshape(-1)
+    def _fields(self, name: str, values: npt.NDArray[Any]) -> list[str]:
+        """Each row's ``"<dim>":<value>,...`` of one feature, named as :meth:`_feature_names` names them."""
+        flat = np.asarray(values).reshape(len(values), -1)
+        width = flat.shape[1]
         keys = self._keys.get(name)
-        if keys is None or len(keys) != flat.size:
-            keys = self._keys[name] = [f"{_ENCODE(n)}:" for n in self._feature_names(name, flat.size)]
-        return ",".join(map(str.__add__, keys, _numbers(flat)))
+        if keys is None or len(keys) != width:
+            keys = self._keys[name] = [f"{_ENCODE(n)}:" for n in self._feature_names(name, width)]
+        number = _formatter(flat)
+        return [",".join(map(str.__add__, keys, map(number, row))) for row in flat.tolist()]
 
     def _quoted(self, name: str) -> str:
         quoted = self._names_quoted.get(name)
@@ -190,19 +201,25 @@ class TraceRecorder(Closeable):
             quoted = self._names_quoted[name] = _ENCODE(name)
         return quoted
 
-    def inference(self, key: EpisodeKey, record: Inference) -> None:
-        chunk = np.asarray(record.chunk)
-        line = {
-            "type": StepType.INFERENCE.value,
-            "step": record.step,
-            "length": int(chunk.shape[0]),
-            "names": self._action_names(int(chunk.shape[-1])),
-            "chunk": chunk.tolist(),
-            "latency_s": record.latency_s,
-            "batch_size": record.batch_size,
-        }
+    def add_inferences(self, batch: InferenceBatch) -> None:
+        """Each row's inference line, built as :meth:`add_frames` builds its lines."""
+        rows = len(batch)
+        if not rows:
+            return
+        chunks = np.asarray(batch.chunk)
+        length, width = int(chunks.shape[1]), int(chunks.shape[-1])
+        names = self._quoted_names.get(width)
+        if names is None:
+            names = self._quoted_names[width] = _ENCODE(self._action_names(width))
+        number = _formatter(chunks)
+        steps = batch.step.tolist()
+        head = f'{{"type":"{StepType.INFERENCE.value}","step":'
+        tail = f',"latency_s":{_number(batch.latency_s)},"batch_size":{_number(batch.batch_size)}}}\n'
         with self._lock:
-            _write(self._require(key).file, line)
+            for row, key in enumerate(batch.keys):
+                chunk = ",".join(["[" + ",".join(map(number, action)) + "]" for action in chunks[row].tolist()])
+                text = f'{head}{int.__repr__(steps[row])},"length":{length},"names":{names},"chunk":[{chunk}]{tail}'
+                self._require(key).file.write(text)
 
     def end(self, key: EpisodeKey, outcome: EpisodeOutcome) -> None:
         with self._lock:
@@ -328,17 +345,21 @@ def _number(value: Any) -> str:
 _BOOLS = {False: "false", True: "true"}
 
 
-def _numbers(flat: npt.NDArray[Any]) -> Iterable[str]:
-    """Each value of a flat array as :func:`_number` writes it, formatted in C where the dtype allows."""
-    values: list[Any] = flat.tolist()
-    kind = flat.dtype.kind
-    if kind == "f" and all(map(math.isfinite, values)):
-        return map(float.__repr__, values)
+def _formatter(values: npt.NDArray[Any]) -> Callable[[Any], str]:
+    """What writes each of ``values`` (as ``tolist()`` gives them) as :func:`_number` would, in C where it can."""
+    kind = values.dtype.kind
+    if kind == "f":
+        return float.__repr__ if bool(np.isfinite(values).all()) else _number
     if kind in "iu":
-        return map(int.__repr__, values)
+        return int.__repr__
     if kind == "b":
-        return map(_BOOLS.__getitem__, values)
-    return map(_number, values)
+        return _BOOLS.__getitem__
+    return _number
+
+
+def _texts(values: npt.NDArray[Any]) -> list[str]:
+    """Each of a ``[n]`` column's values as :func:`_number` writes it."""
+    return list(map(_formatter(values), values.tolist()))
 
 
 def _write(file: IO[str], line: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, Feature
 from hud_pipelines.errors import SimCrashedError
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, Frame, Inference
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, Frame, Inference, PerSlotSink
 from hud_pipelines.wire.messages import Observation, SlotError
 
 
@@ -103,7 +103,7 @@ class CountdownSim:
 
 
 @dataclass
-class RecordingSink:
+class RecordingSink(PerSlotSink):
     """Keeps everything an EpisodeSink is told, per trace id."""
 
     begun: dict[str, str] = field(default_factory=dict[str, str])

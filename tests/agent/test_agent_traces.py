@@ -13,7 +13,15 @@ from agent_helpers import CountdownSim
 from hud_pipelines.agent.builtin import RandomPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import Contract, Feature, FeatureType
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, Inference
+from hud_pipelines.recording.events import (
+    EpisodeKey,
+    EpisodeOutcome,
+    EpisodeStatus,
+    Frame,
+    FrameBatch,
+    Inference,
+    InferenceBatch,
+)
 from hud_pipelines.recording.trace_reader import read_trace, read_traces
 from hud_pipelines.recording.traces import StepType, TraceRecorder
 
@@ -47,11 +55,13 @@ def test_a_trace_holds_named_typed_steps_and_the_grade(tmp_path: Path) -> None:
     key = EpisodeKey("job/with slash", 1, 2, 3, 0, 42)
     with TraceRecorder(tmp_path, camera_contract(), video=True) as recorder:
         recorder.begin(key, "reach the cup")
-        recorder.inference(
-            key, Inference(step=0, chunk=np.ones((4, 2), dtype=np.float32), latency_s=0.01, batch_size=8)
+        recorder.add_inferences(
+            InferenceBatch.of(
+                key, Inference(step=0, chunk=np.ones((4, 2), dtype=np.float32), latency_s=0.01, batch_size=8)
+            )
         )
         for i in range(12):
-            recorder.add(key, frame(i, done=i == 11))
+            recorder.add_frames(FrameBatch.of(key, frame(i, done=i == 11)))
         outcome = EpisodeOutcome(EpisodeStatus.SUCCEEDED, 1.0, True, 66.0, 12, terminated=True)
         recorder.end(key, outcome)
     path = recorder.path(key)
@@ -87,7 +97,7 @@ def test_errored_episodes_say_why_and_unfinished_ones_have_no_grade(tmp_path: Pa
     broken, open_ = EpisodeKey("j", 0, 0, 0, 0, 1), EpisodeKey("j", 0, 0, 1, 0, 2)
     recorder.begin(broken, "")
     recorder.begin(open_, "")
-    recorder.add(open_, frame(0))
+    recorder.add_frames(FrameBatch.of(open_, frame(0)))
     recorder.end(broken, EpisodeOutcome(EpisodeStatus.ERRORED, 0.0, False, 0.0, 0, error="sim crashed"))
     recorder.close()
     errored = read_trace(recorder.path(broken))
@@ -96,7 +106,7 @@ def test_errored_episodes_say_why_and_unfinished_ones_have_no_grade(tmp_path: Pa
     assert errored.grade["status"] == "errored"
     assert read_trace(recorder.path(open_)).grade is None
     with pytest.raises(KeyError, match="never begun"):
-        recorder.add(broken, frame(1))
+        recorder.add_frames(FrameBatch.of(broken, frame(1)))
 
 
 def test_agent_traces_are_deterministic_per_key_and_cover_every_slot(tmp_path: Path) -> None:

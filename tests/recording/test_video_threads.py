@@ -9,7 +9,7 @@ import av
 import numpy as np
 
 from hud_pipelines.contract import Contract, Feature, FeatureType
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, FrameBatch
 from hud_pipelines.recording.traces import TraceRecorder
 from hud_pipelines.recording.video import CameraVideo, VideoEncoder
 
@@ -43,7 +43,7 @@ def record_one_episode(recorder: TraceRecorder, instance: int) -> None:
     key = EpisodeKey("job", 0, instance, 0, 0, instance)
     recorder.begin(key, "swing up")
     for i in range(FRAMES):
-        recorder.add(key, frame(i))
+        recorder.add_frames(FrameBatch.of(key, frame(i)))
     recorder.end(key, EpisodeOutcome(EpisodeStatus.FAILED, 0.0, False, 0.0, FRAMES, terminated=True))
 
 
