@@ -182,7 +182,7 @@ class TraceRecorder(Closeable):
                     f'{{"type":"reward","step":{step},"reward":{rewards[row]},"terminated":{terminated[row]},'
                     f'"truncated":{truncated[row]},"success":{success[row]}}}\n'
                 )
-                if handle.filmed:
+                if cameras and handle.filmed:
                     self._add_video(handle, {name: batch.observation[name][row] for name in cameras})
 
     def _fields(self, name: str, values: npt.NDArray[Any]) -> list[str]:
