@@ -14,8 +14,8 @@ from hud_pipelines.agent.policy import BasePolicy, as_base_policy
 from hud_pipelines.contract import Contract
 
 if TYPE_CHECKING:
-    from hud_pipelines.agent.torch_runtime import LockstepThreads
-    from hud_pipelines.spec.agent import PolicyConfig
+    from hud_pipelines.agent.torch_runtime import LockstepForwards, LockstepThreads
+    from hud_pipelines.spec.agent import LeRobotPolicyConfig, PolicyConfig, TorchPolicyConfig
 
 
 def build_policy(
@@ -48,19 +48,34 @@ def build_policy(
             from hud_pipelines.agent.builtin import scripted_policy
 
             return as_base_policy(scripted_policy(config.target, contract, args=config.args, base_dir=base_dir))
-        case cfg.TorchPolicyConfig():
-            from hud_pipelines.agent.torch_policy import TorchModulePolicy
-
-            return TorchModulePolicy.from_config(
-                config, contract, base_dir=base_dir, torch_threads=torch_threads, lockstep_threads=lockstep_threads
-            )
-        case cfg.LeRobotPolicyConfig():
-            from hud_pipelines.agent.lerobot import LeRobotPolicy
-
-            return LeRobotPolicy.from_config(
-                config, contract, base_dir=base_dir, torch_threads=torch_threads, lockstep_threads=lockstep_threads
-            )
+        case cfg.TorchPolicyConfig() | cfg.LeRobotPolicyConfig():
+            return _torch_backed(config, contract, base_dir, torch_threads, lockstep_threads)
         case cfg.RemotePolicyConfig():
             from hud_pipelines.agent.remote import RemotePolicy
 
             return RemotePolicy.from_config(config, contract)
+
+
+def _torch_backed(
+    config: TorchPolicyConfig | LeRobotPolicyConfig,
+    contract: Contract,
+    base_dir: Path,
+    torch_threads: int | None,
+    lockstep_threads: LockstepThreads,
+) -> BasePolicy:
+    """A torch module or a lerobot policy, built after torch's threads are set and told its lockstep threads."""
+    from hud_pipelines.agent.torch_runtime import configure_threads
+    from hud_pipelines.spec import agent as cfg
+
+    configure_threads(torch_threads)  # before the first tensor: torch fixes its pool on first use
+    policy: LockstepForwards
+    if isinstance(config, cfg.TorchPolicyConfig):
+        from hud_pipelines.agent.torch_policy import TorchModulePolicy
+
+        policy = TorchModulePolicy.from_config(config, contract, base_dir=base_dir)
+    else:
+        from hud_pipelines.agent.lerobot import LeRobotPolicy
+
+        policy = LeRobotPolicy.from_config(config, contract, base_dir=base_dir)
+    policy.lockstep_threads = lockstep_threads
+    return policy

@@ -44,10 +44,7 @@ from lerobot.policies.factory import make_policy_config as _make_policy_config  
 from hud_pipelines.agent.lerobot_features import LeRobotAdapter, LeRobotEnvAdapter, contract_stats
 from hud_pipelines.agent.policy import Actions, PolicyBatch
 from hud_pipelines.agent.torch_runtime import (
-    AUTO,
     LockstepForwards,
-    LockstepThreads,
-    configure_threads,
     resolve_device,
     row_generators,
 )
@@ -166,10 +163,7 @@ class LeRobotPolicy(LockstepForwards):
         contract: Contract,
         *,
         base_dir: Path,
-        torch_threads: int | None = 1,
-        lockstep_threads: LockstepThreads = AUTO,
     ) -> LeRobotPolicy:
-        configure_threads(torch_threads)
         device = resolve_device(config.device)
         seed = policy_seed(config)
         options: LoadOptions = {
@@ -186,7 +180,6 @@ class LeRobotPolicy(LockstepForwards):
             policy = cls.random(config.type, contract, **options)
         else:
             raise PolicyError("a lerobot policy needs 'path' (a pretrained folder) or 'type' (random weights)")
-        policy.lockstep_threads = lockstep_threads
         return policy
 
     @classmethod

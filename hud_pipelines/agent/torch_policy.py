@@ -18,10 +18,7 @@ import torch
 
 from hud_pipelines.agent.policy import Actions, PolicyBatch, as_chunks
 from hud_pipelines.agent.torch_runtime import (
-    AUTO,
     LockstepForwards,
-    LockstepThreads,
-    configure_threads,
     resolve_device,
     to_tensor,
 )
@@ -49,10 +46,7 @@ class TorchModulePolicy(LockstepForwards):
         contract: Contract,
         *,
         base_dir: Path,
-        torch_threads: int | None = 1,
-        lockstep_threads: LockstepThreads = AUTO,
     ) -> TorchModulePolicy:
-        configure_threads(torch_threads)
         device = resolve_device(config.device)
         target = load_target(config.target, base_dir=base_dir, error=PolicyError)
         if not (inspect.isclass(target) and issubclass(target, torch.nn.Module)):
@@ -63,9 +57,7 @@ class TorchModulePolicy(LockstepForwards):
             raise PolicyError(f"torch policy {config.target!r} cannot be built with args {config.args}: {exc}") from exc
         if config.checkpoint is not None:
             load_checkpoint(module, _resolve(config.checkpoint, base_dir), device)
-        policy = cls(module, contract, device=device, name=config.target)
-        policy.lockstep_threads = lockstep_threads
-        return policy
+        return cls(module, contract, device=device, name=config.target)
 
     def infer(self, batch: PolicyBatch) -> Actions:
         inputs = {k: to_tensor(v, self.device, dtype=torch.float32) for k, v in batch.observation.items()}
