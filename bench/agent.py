@@ -53,7 +53,7 @@ PUSHT_ARGS = {"obs_type": "pixels_agent_pos"}
 MAX_STEPS = 300
 TARGET_N = 8
 TARGET_RATIO = 2.0
-"""End-to-end episodes/s ours / lerobot-eval at N = 8 that the performance work aims at (the env alone caps it: ``--floor``)."""
+"""End-to-end episodes/s ours / lerobot-eval at N = 8 that the work aims at (the env alone caps it: ``--floor``)."""
 
 SITECUSTOMIZE = textwrap.dedent(
     '''
