@@ -142,7 +142,7 @@ class FrameBatch:
             keys=[key],
             index=np.array([frame.index], dtype=np.int64),
             observation={name: np.asarray(values)[None] for name, values in frame.observation.items()},
-            action=np.asarray(frame.action, dtype=np.float32)[None],
+            action=np.asarray(frame.action)[None],
             reward=np.array([frame.reward], dtype=np.float64),
             terminated=np.array([frame.terminated]),
             truncated=np.array([frame.truncated]),
@@ -175,7 +175,7 @@ class InferenceBatch:
         return cls(
             keys=[key],
             step=np.array([record.step], dtype=np.int64),
-            chunk=np.asarray(record.chunk, dtype=np.float32)[None],
+            chunk=np.asarray(record.chunk)[None],
             latency_s=record.latency_s,
             batch_size=record.batch_size,
         )
