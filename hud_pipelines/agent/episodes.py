@@ -25,6 +25,7 @@ from hud_pipelines.recording.events import (
     EpisodeStatus,
     FrameBatch,
     InferenceBatch,
+    checked_sinks,
 )
 from hud_pipelines.sim.slots import episode_score
 from hud_pipelines.wire.messages import Observation
@@ -49,7 +50,7 @@ class SlotEpisodes:
     ) -> None:
         num_slots = len(keys)
         self.keys = list(keys)
-        self.sinks = list(sinks)
+        self.sinks = checked_sinks(sinks)
         self.grade = grade
         self.running = np.zeros(num_slots, dtype=np.bool_)
         self.queue = np.zeros((num_slots, 1, width), dtype=np.float32)
@@ -122,11 +123,20 @@ class SlotEpisodes:
         stepped = running if not errored else np.array([s for s in running.tolist() if s not in errored], np.intp)
         if not stepped.size:
             return
+        ended = reply.terminated[stepped] | reply.truncated[stepped]
+        status = reply.status
+        for slot, done in zip(stepped.tolist(), ended.tolist(), strict=True):
+            if done or status[slot] == "done":  # heard by the sinks after this tick's frames (report_ends)
+                terminated, truncated = bool(reply.terminated[slot]), bool(reply.truncated[slot])
+                self.end(slot, self.answered(slot, terminated=terminated, truncated=truncated))
         if self.sinks:
+            every = stepped.size == before.num_slots  # the usual tick: the rows as they came, no copy of a camera
             batch = FrameBatch(
                 keys=self.keys_of(stepped),
                 index=self.steps[stepped] - 1,
-                observation={name: values[stepped] for name, values in before.observation.items()},
+                observation=dict(before.observation)
+                if every
+                else {k: v[stepped] for k, v in before.observation.items()},
                 action=action[stepped],
                 reward=reply.reward[stepped].astype(np.float64, copy=False),
                 terminated=reply.terminated[stepped],
@@ -135,12 +145,6 @@ class SlotEpisodes:
             )
             for sink in self.sinks:
                 sink.add_frames(batch)
-        ended = reply.terminated[stepped] | reply.truncated[stepped]
-        status = reply.status
-        for slot, done in zip(stepped.tolist(), ended.tolist(), strict=True):
-            if done or status[slot] == "done":
-                terminated, truncated = bool(reply.terminated[slot]), bool(reply.truncated[slot])
-                self.end(slot, self.answered(slot, terminated=terminated, truncated=truncated))
 
     def apply_errors(self, reply: Observation) -> set[int]:
         """End the running slots the sim reports as errored; returns those slots."""

@@ -67,7 +67,7 @@ def _torch_backed(
     from hud_pipelines.agent.torch_runtime import configure_threads
     from hud_pipelines.spec import agent as cfg
 
-    configure_threads(torch_threads)  # before the first tensor: torch fixes its pool on first use
+    configure_threads(torch_threads)  # before the first tensor: torch fixes its inter-op pool then
     policy: LockstepForwards
     if isinstance(config, cfg.TorchPolicyConfig):
         from hud_pipelines.agent.torch_policy import TorchModulePolicy

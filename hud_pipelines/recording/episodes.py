@@ -24,7 +24,15 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, FrameBatch
+from hud_pipelines.recording.events import (
+    EpisodeKey,
+    EpisodeOutcome,
+    EpisodeSink,
+    EpisodeStatus,
+    Frame,
+    FrameBatch,
+    checked_sinks,
+)
 from hud_pipelines.sim.envs import prompt_of
 from hud_pipelines.sim.slots import SlotBatch
 
@@ -58,7 +66,7 @@ class Episodes:
 
     def __init__(self, options: WrapOptions, num_slots: int) -> None:
         self.options = options
-        self.sinks: list[EpisodeSink] = list(options.sinks)
+        self.sinks: list[EpisodeSink] = checked_sinks(options.sinks)
         self.num_slots = num_slots
         self.contract: Contract | None = None
         self.names: dict[str, str] = {}

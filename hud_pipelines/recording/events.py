@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -165,6 +165,10 @@ class InferenceBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def __post_init__(self) -> None:
+        if np.ndim(self.chunk) != 3:
+            raise ValueError(f"an inference batch's chunk is [n, T, A]; got shape {list(np.shape(self.chunk))}")
+
     def record(self, row: int) -> Inference:
         return Inference(
             step=int(self.step[row]), chunk=self.chunk[row], latency_s=self.latency_s, batch_size=self.batch_size
@@ -181,6 +185,7 @@ class InferenceBatch:
         )
 
 
+@runtime_checkable
 class EpisodeSink(Protocol):
     """Receives episodes as they happen; implementations must tolerate interleaved slots.
 
@@ -221,3 +226,17 @@ class PerSlotSink(ABC):
     def add_inferences(self, batch: InferenceBatch) -> None:
         for row, key in enumerate(batch.keys):
             self.inference(key, batch.record(row))
+
+
+def checked_sinks(sinks: Sequence[object]) -> list[EpisodeSink]:
+    """``sinks`` as a list, refusing at once (not at the first step) an object that is not an :class:`EpisodeSink`."""
+    checked: list[EpisodeSink] = []
+    for sink in sinks:
+        if not isinstance(sink, EpisodeSink):
+            missing = [m for m in ("begin", "add_frames", "add_inferences", "end", "close") if not hasattr(sink, m)]
+            raise TypeError(
+                f"{type(sink).__name__} is not an EpisodeSink: it has no {', '.join(missing)}. A sink that takes "
+                "one slot's frame at a time subclasses hud_pipelines.recording.events.PerSlotSink and defines add()"
+            )
+        checked.append(sink)
+    return checked

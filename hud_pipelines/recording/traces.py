@@ -348,7 +348,7 @@ _BOOLS = {False: "false", True: "true"}
 def _formatter(values: npt.NDArray[Any]) -> Callable[[Any], str]:
     """What writes each of ``values`` (as ``tolist()`` gives them) as :func:`_number` would, in C where it can."""
     kind = values.dtype.kind
-    if kind == "f":
+    if kind == "f" and values.dtype.itemsize <= 8:  # a longdouble is no Python float: json's rule refuses it
         return float.__repr__ if bool(np.isfinite(values).all()) else _number
     if kind in "iu":
         return int.__repr__

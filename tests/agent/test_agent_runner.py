@@ -225,6 +225,47 @@ def test_bad_arguments_are_refused_before_anything_runs() -> None:
         RobotAgent(SlotEcho(length=1), sim.contract, horizon=0)
 
 
+class _OldSink:
+    """A sink of the per-slot protocol (``add`` / ``inference``), without the tick methods."""
+
+    def begin(self, key: Any, prompt: str) -> None: ...
+
+    def add(self, key: Any, frame: Any) -> None: ...
+
+    def end(self, key: Any, outcome: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_sink_without_the_tick_methods_is_refused_before_anything_runs() -> None:
+    sim = CountdownSim([1, 1])
+    agent = RobotAgent(SlotEcho(length=1), sim.contract)
+    with pytest.raises(
+        TypeError, match=r"_OldSink is not an EpisodeSink: it has no add_frames, add_inferences.*PerSlotSink"
+    ):
+        agent.run(sim, [{}, {}], max_steps=5, key=("job", 0, 0), sinks=[_OldSink()])
+    assert sim.status == ["idle", "idle"], "no reset was sent"
+
+
+class _FailsOnSecondTick(RecordingSink):
+    def add_frames(self, batch: Any) -> None:
+        if batch.index[0] == 1:
+            raise OSError("disk full (test)")
+        super().add_frames(batch)
+
+
+def test_a_sink_that_fails_mid_run_leaves_the_episodes_that_ended_on_that_tick_answered() -> None:
+    sim = CountdownSim([2, 5], succeed=(0,))
+    agent = RobotAgent(SlotEcho(length=1), sim.contract)
+    sink = _FailsOnSecondTick()
+    with pytest.raises(OSError, match="disk full"):
+        agent.run(sim, [{}, {}], max_steps=10, key=EpisodeKeys("job"), sinks=[sink])
+    ended = {sink.keys[trace].slot: outcome for trace, outcome in sink.ended.items()}
+    assert ended[0].status is EpisodeStatus.SUCCEEDED, "it ended on the tick the sink failed"
+    assert ended[0].steps == 2
+    assert ended[1].status is EpisodeStatus.ERRORED, "the one still running is cut short"
+
+
 # ---------------------------------------------------------------------------------------------
 # real sims, scripted experts
 

@@ -59,13 +59,24 @@ def _stacked(frames: list[Frame]) -> FrameBatch:
 def test_step_lines_are_what_json_dumps_writes(tmp_path: Path, seed: int) -> None:
     rng = np.random.default_rng(seed)
     joints = ['shoulder "pitch"', "elbow", "wrist/roll", "grip\u00e9"]  # names JSON must escape
-    names = {"joints": joints, "count": ["n"], "contact": ["left", "right"], "action": ["a0", "a1"]}
+    names = {
+        "joints": joints,
+        "count": ["n"],
+        "contact": ["left", "right"],
+        "grid": [f"g{i}" for i in range(6)],
+        "half": ["h0", "h1"],
+        "ticks": ["t"],
+        "action": ["a0", "a1"],
+    }
     contract = Contract(
         control_rate=10.0,
         features={
             "joints": Feature(role="observation", dtype="float64", shape=(4,), names=names["joints"]),
             "count": Feature(role="observation", dtype="int64", shape=(1,), names=names["count"]),
             "contact": Feature(role="observation", dtype="bool", shape=(2,), names=names["contact"]),
+            "grid": Feature(role="observation", dtype="float32", shape=(2, 3), names=names["grid"]),
+            "half": Feature(role="observation", dtype="float16", shape=(2,), names=names["half"]),
+            "ticks": Feature(role="observation", dtype="uint64", shape=(1,), names=names["ticks"]),
             "action": Feature(role="action", dtype="float32", shape=(2,), names=names["action"]),
         },
     )
@@ -78,8 +89,10 @@ def test_step_lines_are_what_json_dumps_writes(tmp_path: Path, seed: int) -> Non
         tick: list[Frame] = []
         for slot in range(len(KEYS)):
             joints = rng.normal(size=4) * 10.0 ** rng.integers(-8, 8)
+            grid = (rng.normal(size=(2, 3)) * 10.0 ** rng.integers(-30, 30)).astype(np.float32)
             if slot == index % len(KEYS):  # one row of the tick holds a special value, the others none
                 joints[rng.integers(0, 4)] = special[index % len(special)]
+                grid[1, 2] = np.float32(special[(index + 1) % len(special)])
             tick.append(
                 Frame(
                     index=index,
@@ -87,6 +100,9 @@ def test_step_lines_are_what_json_dumps_writes(tmp_path: Path, seed: int) -> Non
                         "joints": joints,
                         "count": np.array([int(rng.integers(-5, 5))]),
                         "contact": rng.random(2) > 0.5,
+                        "grid": grid,
+                        "half": rng.normal(size=2).astype(np.float16),
+                        "ticks": np.array([2**63 + int(rng.integers(0, 1000))], dtype=np.uint64),
                     },
                     action=rng.normal(size=2).astype(np.float32),
                     reward=float(rng.normal()) if (index + slot) % 3 else special[index % len(special)],
@@ -104,6 +120,13 @@ def test_step_lines_are_what_json_dumps_writes(tmp_path: Path, seed: int) -> Non
         expected = [json.dumps(r, separators=(",", ":")) for f in frames[key] for r in _expected(names, f)]
         assert lines == expected, f"slot {key.slot}"
         assert len(read_trace(recorder.path(key)).of_type("observation")) == len(frames[key]), "and it reads back"
+
+
+def test_a_chunk_that_is_not_n_by_t_by_a_is_refused_naming_its_shape() -> None:
+    with pytest.raises(ValueError, match=r"\[n, T, A\]; got shape \[3, 2\]"):
+        InferenceBatch(
+            keys=KEYS, step=np.zeros(3, dtype=np.int64), chunk=np.zeros((3, 2), np.float32), latency_s=0.0, batch_size=3
+        )
 
 
 def test_a_batch_of_one_writes_what_its_row_in_a_larger_batch_writes(tmp_path: Path) -> None:
