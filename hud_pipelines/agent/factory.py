@@ -7,6 +7,7 @@ use them, and the implementations import :mod:`hud_pipelines.agent.policy` witho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ from hud_pipelines.contract import Contract
 
 if TYPE_CHECKING:
     from hud_pipelines.agent.torch_runtime import LockstepForwards, LockstepThreads
-    from hud_pipelines.spec.agent import LeRobotPolicyConfig, PolicyConfig, TorchPolicyConfig
+    from hud_pipelines.spec.agent import PolicyConfig
 
 
 def build_policy(
@@ -48,34 +49,37 @@ def build_policy(
             from hud_pipelines.agent.builtin import scripted_policy
 
             return as_base_policy(scripted_policy(config.target, contract, args=config.args, base_dir=base_dir))
-        case cfg.TorchPolicyConfig() | cfg.LeRobotPolicyConfig():
-            return _torch_backed(config, contract, base_dir, torch_threads, lockstep_threads)
+        case cfg.TorchPolicyConfig():
+            from hud_pipelines.agent.torch_policy import TorchModulePolicy
+
+            torch_config = config
+            return _on_torch(
+                lambda: TorchModulePolicy.from_config(torch_config, contract, base_dir=base_dir),
+                torch_threads,
+                lockstep_threads,
+            )
+        case cfg.LeRobotPolicyConfig():
+            from hud_pipelines.agent.lerobot import LeRobotPolicy
+
+            lerobot_config = config
+            return _on_torch(
+                lambda: LeRobotPolicy.from_config(lerobot_config, contract, base_dir=base_dir),
+                torch_threads,
+                lockstep_threads,
+            )
         case cfg.RemotePolicyConfig():
             from hud_pipelines.agent.remote import RemotePolicy
 
             return RemotePolicy.from_config(config, contract)
 
 
-def _torch_backed(
-    config: TorchPolicyConfig | LeRobotPolicyConfig,
-    contract: Contract,
-    base_dir: Path,
-    torch_threads: int | None,
-    lockstep_threads: LockstepThreads,
+def _on_torch(
+    build: Callable[[], LockstepForwards], torch_threads: int | None, lockstep_threads: LockstepThreads
 ) -> BasePolicy:
-    """A torch module or a lerobot policy, built after torch's threads are set and told its lockstep threads."""
+    """A torch-backed policy built once torch's threads are set, told the threads of its lockstep forwards."""
     from hud_pipelines.agent.torch_runtime import configure_threads
-    from hud_pipelines.spec import agent as cfg
 
     configure_threads(torch_threads)  # before the first tensor: torch fixes its inter-op pool then
-    policy: LockstepForwards
-    if isinstance(config, cfg.TorchPolicyConfig):
-        from hud_pipelines.agent.torch_policy import TorchModulePolicy
-
-        policy = TorchModulePolicy.from_config(config, contract, base_dir=base_dir)
-    else:
-        from hud_pipelines.agent.lerobot import LeRobotPolicy
-
-        policy = LeRobotPolicy.from_config(config, contract, base_dir=base_dir)
+    policy = build()
     policy.lockstep_threads = lockstep_threads
     return policy

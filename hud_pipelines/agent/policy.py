@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
@@ -205,8 +205,3 @@ def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions
         f"{source} returned actions of shape {list(array.shape)}; "
         f"expected [B={rows}, T, A={width}] or [B={rows}, A={width}]"
     )
-
-
-def observation_row(observation: Mapping[str, npt.NDArray[Any]], row: int) -> dict[str, npt.NDArray[Any]]:
-    """Row ``row`` of a batched observation (views, not copies)."""
-    return {k: v[row] for k, v in observation.items()}

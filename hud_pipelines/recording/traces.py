@@ -23,6 +23,7 @@ or scheduling; everything else is a pure function of the rollout.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -112,8 +113,7 @@ class TraceRecorder(Closeable):
         self._names: dict[str, list[str]] = {}
         self._cameras: dict[str, tuple[tuple[int, ...], bool]] = {}
         self._keys: dict[str, list[str]] = {}
-        self._names_quoted: dict[str, str] = {}
-        self._quoted_names: dict[int, str] = {}
+        self._action_names_json: dict[int, str] = {}
         self.written: list[Path] = []
 
     def path(self, key: EpisodeKey) -> Path:
@@ -166,7 +166,7 @@ class TraceRecorder(Closeable):
             if self._is_camera(name, values[0]):
                 cameras.append(name)
             else:
-                state.append((self._quoted(name), self._fields(name, values)))
+                state.append((_json_string(name), self._fields(name, values)))
         actions = self._fields("action", batch.action)
         steps = list(map(int.__repr__, batch.index.tolist()))
         rewards = _texts(batch.reward)
@@ -195,12 +195,6 @@ class TraceRecorder(Closeable):
         number = _formatter(flat)
         return [",".join(map(str.__add__, keys, map(number, row))) for row in flat.tolist()]
 
-    def _quoted(self, name: str) -> str:
-        quoted = self._names_quoted.get(name)
-        if quoted is None:
-            quoted = self._names_quoted[name] = _ENCODE(name)
-        return quoted
-
     def add_inferences(self, batch: InferenceBatch) -> None:
         """Each row's inference line, built as :meth:`add_frames` builds its lines."""
         rows = len(batch)
@@ -208,9 +202,9 @@ class TraceRecorder(Closeable):
             return
         chunks = np.asarray(batch.chunk)
         length, width = int(chunks.shape[1]), int(chunks.shape[-1])
-        names = self._quoted_names.get(width)
+        names = self._action_names_json.get(width)
         if names is None:
-            names = self._quoted_names[width] = _ENCODE(self._action_names(width))
+            names = self._action_names_json[width] = _ENCODE(self._action_names(width))
         number = _formatter(chunks)
         steps = batch.step.tolist()
         head = f'{{"type":"{StepType.INFERENCE.value}","step":'
@@ -343,6 +337,12 @@ def _number(value: Any) -> str:
 
 
 _BOOLS = {False: "false", True: "true"}
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_string(text: str) -> str:
+    """``text`` as a JSON string (a feature name: the same few on every line of every trace)."""
+    return _ENCODE(text)
 
 
 def _formatter(values: npt.NDArray[Any]) -> Callable[[Any], str]:
