@@ -7,6 +7,7 @@ use them, and the implementations import :mod:`hud_pipelines.agent.policy` witho
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +37,7 @@ def build_policy(
     """
     from hud_pipelines.spec import agent as cfg
 
+    on_torch = functools.partial(_on_torch, torch_threads=torch_threads, lockstep_threads=lockstep_threads)
     match config:
         case cfg.RandomPolicyConfig():
             from hud_pipelines.agent.builtin import RandomPolicy
@@ -52,21 +54,11 @@ def build_policy(
         case cfg.TorchPolicyConfig():
             from hud_pipelines.agent.torch_policy import TorchModulePolicy
 
-            torch_config = config
-            return _on_torch(
-                lambda: TorchModulePolicy.from_config(torch_config, contract, base_dir=base_dir),
-                torch_threads,
-                lockstep_threads,
-            )
+            return on_torch(functools.partial(TorchModulePolicy.from_config, config, contract, base_dir=base_dir))
         case cfg.LeRobotPolicyConfig():
             from hud_pipelines.agent.lerobot import LeRobotPolicy
 
-            lerobot_config = config
-            return _on_torch(
-                lambda: LeRobotPolicy.from_config(lerobot_config, contract, base_dir=base_dir),
-                torch_threads,
-                lockstep_threads,
-            )
+            return on_torch(functools.partial(LeRobotPolicy.from_config, config, contract, base_dir=base_dir))
         case cfg.RemotePolicyConfig():
             from hud_pipelines.agent.remote import RemotePolicy
 

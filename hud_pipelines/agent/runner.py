@@ -106,27 +106,19 @@ class RobotAgent:
             raise ValueError(f"send_ahead must be >= 0, got {send_ahead}")
         self.policy = as_base_policy(policy)
         self.contract = contract
-        self.horizon = horizon if horizon is not None else self.policy.horizon
-        self.adapt_chunk = adapt_chunk
-        self.adapt_action = adapt_action
-        self.send_ahead = send_ahead
-        """Steps a served sim may be sent ahead of the observation (see the module docstring)."""
-        self.width = contract.action.size
-        self.observation_steps = self.policy.observation_steps
+        self.settings = LoopSettings(
+            policy=self.policy,
+            width=contract.action.size,
+            horizon=horizon if horizon is not None else self.policy.horizon,
+            send_ahead=send_ahead,
+            observation_steps=self.policy.observation_steps,
+            adapt_chunk=adapt_chunk,
+            adapt_action=adapt_action,
+        )
+        """How every run drives its slots; ``send_ahead`` is how many steps a served sim may be sent
+        ahead of the observation (see the module docstring)."""
         self.last_run = RunStats()
         self._episodes: dict[tuple[str, int, int], int] = {}
-
-    @property
-    def settings(self) -> LoopSettings:
-        return LoopSettings(
-            policy=self.policy,
-            width=self.width,
-            horizon=self.horizon,
-            send_ahead=self.send_ahead,
-            observation_steps=self.observation_steps,
-            adapt_chunk=self.adapt_chunk,
-            adapt_action=self.adapt_action,
-        )
 
     # -- public ----------------------------------------------------------------------------------------
 
