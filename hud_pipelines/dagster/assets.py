@@ -33,7 +33,7 @@ from dagster import AssetCheckExecutionContext, AssetExecutionContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster import sweeps, units
-from hud_pipelines.dagster.checks import instances_check, pipeline_check
+from hud_pipelines.dagster.checks import answered_check, instances_check, pipeline_check
 from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
@@ -284,6 +284,7 @@ def _build(
 
     checks = [
         instances_check(spec, outputs, grades.key),
+        answered_check(spec, outputs, grades.key),
         *(pipeline_check(spec, outputs, check, grades.key) for check in spec.checks),
     ]
     assets: list[dg.AssetsDefinition] = [run_eval, grades, report]

@@ -1,4 +1,5 @@
-"""A pipeline's asset checks on its grades: the built-in ``instances_completed`` and the YAML's checks.
+"""A pipeline's asset checks on its grades: the built-in ``instances_completed`` and ``episodes_answered``, and
+the YAML's checks.
 
 Each check reads the grade table the ``grades`` asset wrote and this run's thresholds (the graders
 resource); a sweep's checks judge its candidate (:func:`hud_pipelines.eval.sweep.verdict`).
@@ -12,7 +13,14 @@ from dagster import AssetCheckExecutionContext
 from hud_pipelines.dagster.context import judged_of
 from hud_pipelines.dagster.resources import GRADERS, resource_key
 from hud_pipelines.eval import sweep
-from hud_pipelines.eval.checks import INSTANCES_CHECK, CheckVerdict, check_verdict, instances_verdict
+from hud_pipelines.eval.checks import (
+    ANSWERED_CHECK,
+    INSTANCES_CHECK,
+    CheckVerdict,
+    answered_verdict,
+    check_verdict,
+    instances_verdict,
+)
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import read_grades
@@ -66,6 +74,23 @@ def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.Ass
         return result
 
     return instances_check
+
+
+def answered_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
+    """The built-in blocking check that an eval has a result: some episode (a sweep's candidate's) was answered."""
+
+    @dg.asset_check(
+        asset=grades_key,
+        name=ANSWERED_CHECK,
+        blocking=True,
+        description="Some episode produced an answer (succeeded or failed): a run whose every episode errored "
+        "has no success rate, and fails instead of passing its rate checks on nothing.",
+    )
+    def answered_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        rows = read_grades(outputs)
+        return _check_result(sweep.answered(rows) if spec.is_sweep else answered_verdict(rows), rows)
+
+    return answered_check
 
 
 def _check_result(verdict: CheckVerdict, rows: Sequence[GradeRow]) -> dg.AssetCheckResult:

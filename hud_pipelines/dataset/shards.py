@@ -77,9 +77,12 @@ class ShardStore:
     def publish(self, target: Path) -> DatasetSummary:
         """Merge the current shard of every instance and swap the result in at ``target``."""
         shards = [self.outputs.shard(k) for k in self.spec.partition_keys() if self.outputs.shard(k).is_dir()]
+        if not shards:
+            raise HudPipelinesError(f"{self.spec.name}: no instance has run yet; run the rollouts first")
         if not find_parts(shards):
             raise HudPipelinesError(
-                f"{self.spec.name}: no instance has recorded an episode yet; run the rollouts first"
+                f"{self.spec.name}: no episode to publish: every episode of the {len(shards)} instance(s) that ran "
+                "errored, and errored episodes stay out of the dataset (`dataset.keep_errored: true` keeps them)"
             )
         publish_shards(shards, target, repo_id=self.spec.dataset_repo_id)
         return summarize_dataset(target, repo_id=self.spec.dataset_repo_id)

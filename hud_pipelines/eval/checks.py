@@ -1,4 +1,5 @@
-"""Checks: the verdicts a grade table gets, the built-in ``instances_completed`` first, then the YAML's.
+"""Checks: the verdicts a grade table gets, the built-in ``instances_completed`` and ``episodes_answered``
+first, then the YAML's.
 
 A rate check (``min_success_rate``, ``max_error_rate``, ``min_mean_score``) reads the table's own
 figures; ``no_regression`` compares it with a baseline on paired episodes
@@ -8,6 +9,7 @@ rather than pass or fail on noise. Errored episodes never count as failed ones.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,6 +27,9 @@ from hud_pipelines.spec.grading import (
 
 INSTANCES_CHECK = "instances_completed"
 """The built-in blocking check of every eval: no instance failed (sim, policy deadline, interruption)."""
+ANSWERED_CHECK = "episodes_answered"
+"""The built-in blocking check of every eval: some episode produced an answer, so the eval has a result."""
+BUILTIN_CHECKS = (INSTANCES_CHECK, ANSWERED_CHECK)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,39 @@ def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
         threshold=0.0,
         failed_instances=tuple(sorted(failed)),
     )
+
+
+def answered_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
+    """``episodes_answered``: passes when at least one episode succeeded or failed.
+
+    Errors are never failures, so a table whose every episode errored (a policy that raises on
+    every forward, a grader that always fails) has no success rate at all: without this check such
+    a run would pass every rate check that needs no graded episode and exit 0. The reason of the
+    first errored row and the count of each fault say where to look.
+    """
+    summary = summarize(rows)
+    if summary.graded:
+        description = f"{summary.graded} of {summary.scheduled} episode(s) produced an answer (succeeded or failed)"
+    else:
+        faults = collections.Counter(row.fault.value for row in rows if row.fault is not None)
+        counted = ", ".join(f"{fault}: {count}" for fault, count in sorted(faults.items()))
+        first = next((row.error for row in rows if row.error), None)
+        description = f"no episode produced an answer: {summary.scheduled} scheduled, {summary.errored} errored"
+        description += f" ({counted})" if counted else ""
+        description += f"; the first error: {first}" if first else ""
+    return CheckVerdict(
+        name=ANSWERED_CHECK,
+        passed=summary.graded > 0,
+        blocking=True,
+        description=description,
+        observed=float(summary.graded),
+        threshold=1.0,
+    )
+
+
+def builtin_verdicts(rows: Sequence[GradeRow]) -> list[CheckVerdict]:
+    """The checks every eval gets, whatever its YAML says: ``instances_completed``, ``episodes_answered``."""
+    return [instances_verdict(rows), answered_verdict(rows)]
 
 
 def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
@@ -154,5 +192,5 @@ def _regression(
 
 
 def verdicts(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]) -> list[CheckVerdict]:
-    """Every check of a pipeline on its grade table: the built-in one first, then the YAML's."""
-    return [instances_verdict(rows), *(check_verdict(check, rows) for check in checks)]
+    """Every check of a pipeline on its grade table: the built-in ones first, then the YAML's."""
+    return [*builtin_verdicts(rows), *(check_verdict(check, rows) for check in checks)]

@@ -35,7 +35,13 @@ from hud_pipelines.agent.checkpoints import (
     sources_of,
 )
 from hud_pipelines.errors import CheckpointError
-from hud_pipelines.eval.checks import CheckVerdict, check_verdict, instances_verdict, regression_verdict
+from hud_pipelines.eval.checks import (
+    CheckVerdict,
+    answered_verdict,
+    check_verdict,
+    instances_verdict,
+    regression_verdict,
+)
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.agent import CheckpointEntry, LeRobotPolicyConfig, TorchPolicyConfig
@@ -191,8 +197,16 @@ def candidate_label(rows: Sequence[GradeRow]) -> str | None:
 
 
 def verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
-    """Every check of a sweep: ``instances_completed`` on all its rows, the YAML's on its candidate."""
-    return [instances_verdict(rows), *(verdict(spec, check, rows) for check in spec.resolved_checks())]
+    """Every check of a sweep: ``instances_completed`` on all its rows; ``episodes_answered`` and the YAML's
+    on its candidate."""
+    return [instances_verdict(rows), answered(rows), *(verdict(spec, check, rows) for check in spec.resolved_checks())]
+
+
+def answered(rows: Sequence[GradeRow]) -> CheckVerdict:
+    """``episodes_answered`` on the candidate: a latest checkpoint whose every episode errored has no result."""
+    candidate = candidate_label(rows)
+    judged = answered_verdict([row for row in rows if row.checkpoint == candidate])
+    return dataclasses.replace(judged, description=f"{candidate}: {judged.description}")
 
 
 def verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:

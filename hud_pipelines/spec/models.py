@@ -111,7 +111,8 @@ class PipelineSpec(StrictModel):
     checks: list[CheckSpec] = Field(
         default_factory=list[CheckSpec],
         json_schema_extra=schema_default([]),
-        description="pass/fail thresholds evaluated on the grades (Dagster asset checks)",
+        description="pass/fail thresholds evaluated on the grades (Dagster asset checks), after the built-in "
+        "blocking `instances_completed` (no instance failed) and `episodes_answered` (some episode was answered)",
     )
     traces: TracesSpec = Field(
         default_factory=TracesSpec,

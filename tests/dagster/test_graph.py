@@ -134,7 +134,12 @@ def test_blocking_checks_gate_the_run(
     result = _run(path, outputs_dir, instance)
     assert result.success is passes
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert evaluations == {"instances_completed": True, "min_success_rate": passes, "max_error_rate": True}
+    assert evaluations == {
+        "instances_completed": True,
+        "episodes_answered": True,
+        "min_success_rate": passes,
+        "max_error_rate": True,
+    }
     report = EvalOutputs(outputs_dir, "gated").report_md.read_text()
     assert "Scheduled 2 = succeeded" in report  # the report is written whether or not the checks pass
 

@@ -12,6 +12,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from hud_pipelines.agent.episodes import errored
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.features import DatasetLayout
 from hud_pipelines.dataset.merge import read_episode_records
@@ -20,6 +21,7 @@ from hud_pipelines.dataset.publish import DatasetBuild, publish_shards
 from hud_pipelines.dataset.shards import ShardStore
 from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
+from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
 from hud_pipelines.spec.loader import load_pipeline_text
@@ -289,6 +291,23 @@ def test_a_pipeline_shard_names_the_factory_not_its_function(tmp_path: Path) -> 
     with sink:
         rollout(sink, factory, num_envs=1, rounds=1, max_steps=3)
     assert load(sink.report.parts[0]).meta.robot_type == "ProbeEnv"
+
+
+def test_publishing_says_whether_no_instance_ran_or_every_episode_errored(tmp_path: Path) -> None:
+    factory = "envs.faulty:probe"
+    text = f"name: probe\nsim:\n  factory: {factory}\nagent:\n  policy: {{kind: constant}}\n"
+    spec = load_pipeline_text(text, source=tmp_path / "probe.yaml")
+    store = ShardStore(EvalOutputs(tmp_path / "outputs", spec.name), spec, run_id="run")
+    with pytest.raises(HudPipelinesError, match="no instance has run yet; run the rollouts first"):
+        store.publish(tmp_path / "dataset")
+    sink = store.sink("task0-i0", contract_of(factory))
+    with sink:
+        sink.begin(key(0), "")
+        sink.end(key(0), errored("policy failed: boom", 0, 0.0, Fault.POLICY))
+    store.commit("task0-i0")
+    with pytest.raises(HudPipelinesError, match=r"every episode of the 1 instance\(s\) that ran errored.*keep_errored"):
+        store.publish(tmp_path / "dataset")
+    assert not (tmp_path / "dataset").exists()
 
 
 # -- 7. no progress bars --------------------------------------------------------------------------------

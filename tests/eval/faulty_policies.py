@@ -37,6 +37,14 @@ class Faulty:
         return actions
 
 
+class AlwaysRaises:
+    """A policy whose every forward raises: every episode errors, so the eval has no answer at all."""
+
+    def __call__(self, observation: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
+        del observation
+        raise RuntimeError("the policy failed on purpose in every forward")
+
+
 class Sleepy:
     """Zero actions after sleeping ``seconds`` in every forward (a policy that hangs)."""
 

@@ -73,13 +73,14 @@ def test_evaluate_runs_the_blocking_checks_before_it_publishes(tmp_path: Path, m
     assert {row.status for row in evaluation.rows} == {EpisodeStatus.FAILED}  # 5 steps never reach 10
     assert [(c.name, c.passed) for c in evaluation.checks] == [
         ("instances_completed", True),
+        ("episodes_answered", True),
         ("min_success_rate", False),
     ]
     assert not evaluation.passed
     assert evaluation.dataset is None
     assert not (tmp_path / "out" / "datasets" / "placed").exists()
     checks = json.loads((tmp_path / "out" / "placed" / "checks.json").read_text())
-    assert [c["passed"] for c in checks] == [True, False]
+    assert [c["passed"] for c in checks] == [True, True, False]
     assert "| min_success_rate | **FAILED** |" in (tmp_path / "out" / "placed" / "report.md").read_text()
 
 

@@ -5,7 +5,8 @@ or every instance), a run that starts ends with: one grade row per scheduled epi
 its run; ``scheduled == succeeded + failed + errored``; errored rows carrying the fault and a reason
 that names the cause; grades, checks and the report written; a dataset published exactly when the
 blocking checks pass, loadable by lerobot with as many frames and actions as rows and finite stats;
-and no sim process left behind. The run fails (exit non-zero) exactly when an instance failed.
+and no sim process left behind. The run fails (exit non-zero) exactly when an instance failed or no
+episode produced an answer.
 """
 
 from __future__ import annotations
@@ -132,6 +133,12 @@ CASES = {
         errored={ONE_INSTANCE: Fault.POLICY, ONE_INSTANCE + 1: Fault.POLICY},
         reason="failed on purpose for seed 2",
     ),
+    "forward/raise/every": Case(
+        {},
+        policy={"kind": "scripted", "target": "tests.eval.faulty_policies:AlwaysRaises"},
+        errored=dict.fromkeys(EVERY_SEED, Fault.POLICY),
+        reason="failed on purpose in every forward",
+    ),
     "forward/nan-action/slot": Case(
         {},
         policy={"kind": "scripted", "target": "tests.eval.faulty_policies:Faulty", "args": {"mode": "nan", "seed": 3}},
@@ -205,13 +212,16 @@ def test_every_fault_ends_as_data_with_a_report_and_nothing_left_behind(
     assert f"Scheduled {summary.scheduled} = succeeded" in outputs.report_md.read_text()
     checks = {c["name"]: c["passed"] for c in json.loads(outputs.checks_json.read_text())}
     instance_failed = any(fault.ends_instance for fault in case.errored.values())
+    answered = len(case.errored) < summary.scheduled
     assert checks["instances_completed"] is not instance_failed
-    assert result.success is not instance_failed
+    assert checks["episodes_answered"] is answered, "a run with no answered episode has no result"
+    run_failed = instance_failed or not answered
+    assert result.success is not run_failed
     expected_failed = {r.group_id for r in rows if r.fault is not None and r.fault.ends_instance}
     assert failed_partitions == expected_failed, "exactly the failed instances stay unmaterialized"
 
     published = tmp_path / "dataset"
-    if instance_failed:
+    if run_failed:
         assert not (published / "meta" / "info.json").exists(), "a failed eval publishes no dataset"
     else:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset

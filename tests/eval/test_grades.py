@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.errors import Fault, GraderError
-from hud_pipelines.eval.checks import check_verdict, instances_verdict
+from hud_pipelines.eval.checks import answered_verdict, check_verdict, instances_verdict, verdicts
 from hud_pipelines.eval.graders import build_graders
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task, wilson_interval
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
@@ -107,6 +107,24 @@ def test_the_instances_check_fails_on_instance_faults_only() -> None:
     assert failing.failed_instances == ("t-i2",)
     assert "sim_crashed" in failing.description
     assert failing.description.endswith("re-run them with: hud-pipelines run p --partition t-i2")
+
+
+def test_the_answered_check_fails_only_when_no_episode_succeeded_or_failed() -> None:
+    policy = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.POLICY, error="policy failed: boom")
+    hung = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.SIM_HUNG, error="the sim hung")
+    one_failure = answered_verdict([policy, hung, _row(EpisodeStatus.FAILED)])
+    assert one_failure.passed
+    assert one_failure.observed == 1.0
+    assert one_failure.description.startswith("1 of 3 episode(s) produced an answer")
+    nothing = answered_verdict([policy, policy, hung])
+    assert not nothing.passed
+    assert nothing.blocking
+    assert nothing.description == (
+        "no episode produced an answer: 3 scheduled, 3 errored (policy: 2, sim_hung: 1); "
+        "the first error: policy failed: boom"
+    )
+    assert not answered_verdict([]).passed
+    assert [v.name for v in verdicts([], [policy])] == ["instances_completed", "episodes_answered"]
 
 
 def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:
