@@ -120,6 +120,12 @@ class SimPool(Closeable):
             self.spawned += 1
         try:
             client = process.connect(framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s)
+            if client.num_envs != settings.num_envs:  # only a served sim can differ: a spawned one has ours
+                client.close()
+                raise SimStartError(
+                    f"it serves {client.num_envs} slot(s), but the pipeline's sim.num_envs is {settings.num_envs}: "
+                    f"set sim.num_envs: {client.num_envs}, or serve it with --num-envs {settings.num_envs}"
+                )
         except BaseException:
             process.close(grace_s=1.0)
             raise
@@ -160,8 +166,9 @@ class SimPool(Closeable):
                     live = self._open(server)
                 except SimError as exc:
                     if server is not None:
-                        self._servers.lose(server)
-                        raise _naming(exc, server) from exc
+                        named = _naming(exc, server)
+                        self._servers.lose(server, str(named))
+                        raise named from exc
                     raise
                 with self._lock:
                     closed = self._closed
@@ -178,7 +185,8 @@ class SimPool(Closeable):
             finally:
                 self._release(live)
                 if server is not None and not live.healthy and not _reachable(server):
-                    self._servers.lose(server)  # its server died with it: no later instance goes there
+                    # its server died with it: no later instance goes there
+                    self._servers.lose(server, f"served sim {server} stopped listening")
         finally:
             if server is not None:
                 self._servers.give_back(server)
@@ -251,7 +259,8 @@ class _Fleet:
     def __init__(self, servers: list[str]) -> None:
         self.attached = bool(servers)
         self._free = list(servers)
-        self._lost: list[str] = []
+        self._lost: dict[str, str] = {}
+        """Each lost server and why it was lost (the first error that came from it)."""
         self._all = list(servers)
         self._changed = threading.Condition()
 
@@ -259,9 +268,15 @@ class _Fleet:
         with self._changed:
             while not self._free:
                 if len(self._lost) == len(self._all):
-                    raise SimStartError(f"no served sim of the fleet can be reached ({', '.join(self._lost)})")
+                    raise SimStartError(self._every_one_lost())
                 self._changed.wait()
             return self._free.pop(0)
+
+    def _every_one_lost(self) -> str:
+        """Why no instance can have a served sim: each server's own first error, not just that it is gone."""
+        if len(self._all) == 1:
+            return f"the served sim cannot be used: {next(iter(self._lost.values()))}"
+        return f"none of the {len(self._all)} served sims can be used: " + "; ".join(self._lost.values())
 
     def give_back(self, server: str) -> None:
         with self._changed:
@@ -269,10 +284,9 @@ class _Fleet:
                 self._free.append(server)
             self._changed.notify_all()
 
-    def lose(self, server: str) -> None:
+    def lose(self, server: str, reason: str) -> None:
         with self._changed:
-            if server not in self._lost:
-                self._lost.append(server)
+            self._lost.setdefault(server, reason)
             self._changed.notify_all()
 
 

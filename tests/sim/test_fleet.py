@@ -60,11 +60,11 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.stdout.close()
 
 
-def _spec(tmp_path: Path, urls: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+def _spec(tmp_path: Path, urls: list[str], monkeypatch: pytest.MonkeyPatch, *, num_envs: int = 2) -> Any:
     monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
     text = {
         "name": "fleet",
-        "sim": {"urls": urls, "token": "${HUD_TEST_FLEET_TOKEN}", "num_envs": 2, "step_timeout_s": 10},
+        "sim": {"urls": urls, "token": "${HUD_TEST_FLEET_TOKEN}", "num_envs": num_envs, "step_timeout_s": 10},
         "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
         "group": 4,
         "max_concurrent": 2,
@@ -106,6 +106,37 @@ def test_a_fleet_whose_servers_are_all_down_errors_every_instance_naming_them(
     assert all(r.failed for r in evaluation.results)
     assert all(url in (r.error or "") for r in evaluation.results)
     assert {row.fault for row in evaluation.rows} <= {Fault.SIM_START, Fault.SIM_LINK}
+
+
+def test_a_served_sim_with_other_slots_than_the_pipeline_errors_every_instance_naming_both_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    process, url = _serve()  # two slots
+    try:
+        evaluation = evaluate(_spec(tmp_path, [url], monkeypatch, num_envs=3), outputs_dir=tmp_path / "out")
+    finally:
+        _stop(process)
+    assert len(evaluation.results) == 4
+    assert all(r.failed for r in evaluation.results)
+    expected = f"served sim {url}: it serves 2 slot(s), but the pipeline's sim.num_envs is 3"
+    assert all(expected in (r.error or "") for r in evaluation.results), [r.error for r in evaluation.results]
+    assert len(evaluation.rows) == 3 * 4, "every scheduled episode still gets its row"
+    assert {row.fault for row in evaluation.rows} == {Fault.SIM_START}
+
+
+def test_a_wrong_token_errors_every_instance_naming_the_refusal_not_a_lost_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    process, url = _serve(token="the-right-token")
+    try:
+        evaluation = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
+    finally:
+        _stop(process)
+    errors = [r.error or "" for r in evaluation.results]
+    assert len(errors) == 4
+    assert all(f"served sim {url}: " in e and "HTTP 401" in e for e in errors), errors
 
 
 def test_a_fleet_file_reaches_each_server_with_its_own_token_and_a_wrong_one_is_refused_naming_it(
