@@ -172,7 +172,7 @@ def run_pipeline(
                 )
         except KeyboardInterrupt:
             pass  # which signal it was is read when the block ends
-    problems = _problems(result) if result is not None else []
+    problems = _problems(result, _invocation(pipeline, pipelines_dir, outputs_dir, queue)) if result is not None else []
     if result is not None and _was_interrupted(result):
         received.setdefault("signal", signal.SIGINT)
     interrupted = received.get("signal")
@@ -267,13 +267,28 @@ def _was_interrupted(result: ExecutionResult) -> bool:
     return result.dagster_run.status.value == "CANCELED"
 
 
-def _problems(result: ExecutionResult) -> list[str]:
-    """One line per failed step or failed check of a run."""
+def _invocation(pipeline: str, pipelines_dir: Path | None, outputs_dir: Path | None, queue: str | None) -> list[str]:
+    """``hud-pipelines run`` as this run was asked for, without its partitions: what re-runs its failed instances."""
+    command = ["hud-pipelines", "run", pipeline]
+    for flag, value in (("--pipelines-dir", pipelines_dir), ("--outputs", outputs_dir), ("--queue", queue)):
+        if value is not None:
+            command += [flag, str(value)]
+    return command
+
+
+def _problems(result: ExecutionResult, invocation: list[str]) -> list[str]:
+    """One line per failed step or failed check of a run; failed instances with the command as this run was asked."""
+    from hud_pipelines.eval.checks import INSTANCES_CHECK, RERUN_HINT, rerun_command
+
     problems: list[str] = []
     for evaluation in result.get_asset_check_evaluations():
         if not evaluation.passed:
             blocking = "blocking " if evaluation.severity.value == "ERROR" else ""
             description = evaluation.description or ""
+            failed = evaluation.metadata.get("failed_instances")
+            if evaluation.check_name == INSTANCES_CHECK and failed is not None and RERUN_HINT in description:
+                keys = str(failed.value).split(", ")
+                description = description.split(RERUN_HINT)[0] + RERUN_HINT + rerun_command(keys, invocation)
             problems.append(f"{blocking}check {evaluation.check_name} failed: {description}")
     for event in result.all_events:
         if event.event_type_value != "STEP_FAILURE":
@@ -341,11 +356,17 @@ def _print_summary(
         )
     console.print(table)
     mine = [row for row in rows if row.run_id == run_id]
-    console.print(Text(f"this run: {_figures(mine)}" if mine else "this run produced no graded rows"))
-    if len(mine) != len(rows):
+    if sweep:  # one rate over several checkpoints would mean nothing: a line each, in sweep order
+        for label in dict.fromkeys(row.checkpoint for row in mine):
+            console.print(Text(f"this run, {label}: {_figures([row for row in mine if row.checkpoint == label])}"))
+    if not mine:
+        console.print(Text("this run produced no graded rows"))
+    elif not sweep:
+        console.print(Text(f"this run: {_figures(mine)}"))
+    if len(mine) != len(rows) and not sweep:
         console.print(Text(f"all {len(rows)} rows, with {len(rows) - len(mine)} from earlier runs: {_figures(rows)}"))
-    for problem in problems:
-        console.print(Text(problem, style="red"))
+    for problem in problems:  # one line each, never folded: a re-run command must paste as it is
+        console.print(Text(problem, style="red"), soft_wrap=True)
     verdict = "[green]run succeeded[/green]" if succeeded else "[red]run FAILED[/red]"
     console.print(f"{verdict} (run {run_id}); outputs in {base}")
 

@@ -20,6 +20,7 @@ from hud_pipelines.eval.checks import (
     answered_verdict,
     check_verdict,
     instances_verdict,
+    rerun_command,
 )
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -66,7 +67,7 @@ def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.Ass
         result = _check_result(verdict, rows)
         if verdict.failed_instances:
             keys = verdict.failed_instances
-            rerun = f"hud-pipelines run {spec.name} " + " ".join(f"--partition {k}" for k in keys)
+            rerun = rerun_command(keys, ["hud-pipelines", "run", spec.name])
             metadata = {**result.metadata, "failed_instances": ", ".join(keys), "rerun": rerun}
             result = dg.AssetCheckResult(
                 passed=False, severity=result.severity, description=result.description, metadata=metadata

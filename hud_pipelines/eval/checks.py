@@ -10,6 +10,7 @@ rather than pass or fail on noise. Errored episodes never count as failed ones.
 from __future__ import annotations
 
 import collections
+import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,7 +30,8 @@ INSTANCES_CHECK = "instances_completed"
 """The built-in blocking check of every eval: no instance failed (sim, policy deadline, interruption)."""
 ANSWERED_CHECK = "episodes_answered"
 """The built-in blocking check of every eval: some episode produced an answer, so the eval has a result."""
-BUILTIN_CHECKS = (INSTANCES_CHECK, ANSWERED_CHECK)
+RERUN_HINT = "; re-run them with: "
+"""What precedes the command in ``instances_completed``'s description (the CLI puts its own invocation there)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,14 @@ class CheckVerdict:
         return {**asdict(self), "failed_instances": list(self.failed_instances)}
 
 
+def rerun_command(failed: Sequence[str], command: Sequence[str]) -> str:
+    """The shell line that runs the ``failed`` instances again: ``command`` and a ``--partition`` each.
+
+    Quoted for a shell: a sweep's keys hold ``|`` (``<checkpoint>|<instance>``).
+    """
+    return shlex.join([*command, *(arg for key in failed for arg in ("--partition", key))])
+
+
 def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
     """``instances_completed``: passes when no row errored with a fault that ended its instance.
 
@@ -64,9 +74,8 @@ def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
             failed.setdefault(row.group_id, (row.fault.value, row.error or ""))
     if failed:
         listed = "; ".join(f"{key}: {fault} ({reason})" for key, (fault, reason) in sorted(failed.items()))
-        rerun = " ".join(f"--partition {key}" for key in sorted(failed))
-        command = f"hud-pipelines run {rows[0].pipeline} {rerun}"
-        description = f"{len(failed)} instance(s) failed: {listed}; re-run them with: {command}"
+        command = rerun_command(sorted(failed), ["hud-pipelines", "run", rows[0].pipeline])
+        description = f"{len(failed)} instance(s) failed: {listed}{RERUN_HINT}{command}"
     else:
         description = "every instance ran to its end"
     if not_run:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 
 from hud_pipelines.cli.main import main
 from hud_pipelines.eval.outputs import EvalOutputs
-from tests.dagster.support import REPO, WritePipeline, sim_processes
+from tests.dagster.support import REPO, SIMS, WritePipeline, sim_processes
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -114,6 +115,18 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert "failed 2" in out
     assert main(["run", "no_such_pipeline", "--quiet"]) == 2
     assert "no pipeline named 'no_such_pipeline'" in capsys.readouterr().err
+
+    unstartable = write_pipeline(
+        "unstartable", group=1, sim={"factory": f"{SIMS}:faulty", "args": {"fault": "raise_build"}}
+    )
+    elsewhere = tmp_path / "elsewhere outputs"
+    assert main(["run", str(unstartable), "--outputs", str(elsewhere), "--quiet"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    rerun = shlex.join(
+        ["hud-pipelines", "run", str(unstartable), "--outputs", str(elsewhere), "--partition", "task0-i0"]
+    )
+    [failed] = [line for line in lines if "check instances_completed failed" in line]  # one line, never folded
+    assert failed.endswith(f"re-run them with: {rerun}"), "the command as this run was asked, quoted for a shell"
 
 
 LAUNCH = """

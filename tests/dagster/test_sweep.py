@@ -67,7 +67,11 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     assert main(["run", str(path), "--quiet", "--checkpoint", "001000"]) == 0
     assert set(_run_ids(local)) == {"001000"}
 
+    capsys.readouterr()
     assert main(["run", str(path), "--quiet"]) == 0  # the two missing checkpoints, not 001000 again
+    summary = [line for line in capsys.readouterr().out.splitlines() if line.startswith("this run")]
+    assert [line.split(":")[0] for line in summary] == ["this run, 000500", "this run, 001500"], summary
+    assert all("scheduled 4 = succeeded" in line for line in summary), "a rate per checkpoint, never one pooled"
     ids = _run_ids(local)
     assert set(ids) == {"000500", "001000", "001500"}
     assert ids["000500"] == ids["001500"] != ids["001000"]
