@@ -17,7 +17,7 @@ from typing import Any
 
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.comparison import Verdict, compare, read_result_set
-from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.grades import GradeRow, one_line, summarize
 from hud_pipelines.spec.grading import (
     CheckSpec,
     MaxErrorRateCheck,
@@ -73,7 +73,7 @@ def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
         elif row.fault is not None and row.fault.ends_instance:
             failed.setdefault(row.group_id, (row.fault.value, row.error or ""))
     if failed:
-        listed = "; ".join(f"{key}: {fault} ({reason})" for key, (fault, reason) in sorted(failed.items()))
+        listed = "; ".join(f"{key}: {fault} ({one_line(reason)})" for key, (fault, reason) in sorted(failed.items()))
         command = rerun_command(sorted(failed), ["hud-pipelines", "run", rows[0].pipeline])
         description = f"{len(failed)} instance(s) failed: {listed}{RERUN_HINT}{command}"
     else:
@@ -108,7 +108,7 @@ def answered_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
         first = next((row.error for row in rows if row.error), None)
         description = f"no episode produced an answer: {summary.scheduled} scheduled, {summary.errored} errored"
         description += f" ({counted})" if counted else ""
-        description += f"; the first error: {first}" if first else ""
+        description += f"; the first error: {one_line(first)}" if first else ""
     return CheckVerdict(
         name=ANSWERED_CHECK,
         passed=summary.graded > 0,

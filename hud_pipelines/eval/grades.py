@@ -140,3 +140,16 @@ def summarize_by_task(rows: Sequence[GradeRow]) -> dict[str, Summary]:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def one_line(error: str | None) -> str:
+    """An error's headline for a list item or a check: a multi-line reason (a sim's stack dump) would break it."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    return lines[0] if len(lines) == 1 else f"{lines[0]} (full reason in grades.json)"
+
+
+def markdown_cell(text: str) -> str:
+    """``text`` as one cell of a markdown table: its ``|`` escaped and its lines joined, so the row holds."""
+    return " / ".join(line.strip() for line in text.splitlines() if line.strip()).replace("|", "\\|")

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.eval.checks import CheckVerdict
-from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.eval.grades import GradeRow, Summary, markdown_cell, one_line, summarize, summarize_by_task
 from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
@@ -54,14 +54,6 @@ def rate_columns(summary: Summary) -> dict[str, Any]:
         "ci_low": low,
         "ci_high": high,
     }
-
-
-def one_line(error: str | None) -> str:
-    """An error's headline for a list item: a multi-line reason (a sim's traceback) would break the list."""
-    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
-    if not lines:
-        return "unknown error"
-    return lines[0] if len(lines) == 1 else f"{lines[0]} (full reason in grades.json)"
 
 
 def rate_text(summary: Summary) -> str:
@@ -116,7 +108,7 @@ def render_markdown(
         lines += ["", "## Checks", "", "| check | verdict | blocking | details |", "|---|---|---|---|"]
         for verdict in checks:
             passed = "passed" if verdict.passed else "**FAILED**"
-            details = verdict.description.replace("|", "\\|")
+            details = markdown_cell(verdict.description)
             lines.append(f"| {verdict.name} | {passed} | {'yes' if verdict.blocking else 'no'} | {details} |")
     errors = [r for r in rows if r.status is EpisodeStatus.ERRORED]
     if errors:

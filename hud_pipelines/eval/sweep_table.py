@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 
 from hud_pipelines.eval.comparison import PairedComparison, Verdict
-from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.grades import GradeRow, markdown_cell
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -295,13 +295,13 @@ class SweepComparison:
     def markdown(self) -> str:
         """A compact table for the report, then a one-line conclusion: the best checkpoint and its verdict."""
         many_tasks = len(self.tasks) > 1
-        baseline = f" ({_cell(self.baseline)})" if self.baseline is not None else ""
+        baseline = f" ({markdown_cell(self.baseline)})" if self.baseline is not None else ""
         header = ["checkpoint", "step", *(["task"] if many_tasks else []), "success (95% CI, n)", "vs previous"]
         header.append(f"vs baseline{baseline}")
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in self.rows if many_tasks else self.overall:
-            cells = [_cell(row.checkpoint), "" if row.step is None else str(row.step)]
-            cells += [_cell(row.task)] if many_tasks else []
+            cells = [markdown_cell(row.checkpoint), "" if row.step is None else str(row.step)]
+            cells += [markdown_cell(row.task)] if many_tasks else []
             cells += [_rate_cell(row), _versus_cell(row.versus_previous), _versus_cell(row.versus_baseline)]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join([*lines, "", self.conclusion()]) + "\n"
@@ -337,10 +337,6 @@ def _csv_cell(value: object) -> str:
 
 def _or_nan(value: float | None) -> float:
     return math.nan if value is None else value
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def _rate_cell(row: SweepRow) -> str:

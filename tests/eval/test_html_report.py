@@ -6,9 +6,11 @@ report asset's link to it, and the defects of ``report.md`` it came with.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import json
+import re
 import shutil
 import threading
 from dataclasses import dataclass
@@ -23,7 +25,9 @@ import pytest
 from PIL import Image
 
 from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.errors import Fault
 from hud_pipelines.eval import steps
+from hud_pipelines.eval.checks import verdicts
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import plot_figure, render_markdown, success_interval
@@ -440,6 +444,24 @@ def test_report_md_lists_each_errored_episode_on_one_line() -> None:
     assert all(line.startswith("- ") for line in listed)
     assert "step failed on purpose" in listed[0]
     assert "plain reason" in listed[1]
+
+
+def test_report_md_keeps_one_table_row_per_check_when_a_reason_spans_lines() -> None:
+    hung = "the sim did not answer step within 5 s\nstderr tail:\n  | serving ws://x | 4 slot(s)\n  | Thread 0x7f"
+    rows = [
+        dataclasses.replace(_row(0, EpisodeStatus.ERRORED, hung), fault=Fault.SIM_HUNG),
+        _row(2, EpisodeStatus.FAILED),
+    ]
+    checks = verdicts([], rows)
+    markdown = render_markdown("p", rows, checks=checks)
+    table = markdown.split("## Checks\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(table) == 2 + len(checks), table  # header, rule, a row per check
+    assert all(line.startswith("|") and line.endswith("|") for line in table)
+    instances = next(line for line in table if line.startswith("| instances_completed |"))
+    cells = [cell for cell in re.split(r"(?<!\\)\|", instances)[1:-1]]
+    assert len(cells) == 4, cells  # a pipe inside the reason is escaped, not a column
+    assert "the sim did not answer step within 5 s (full reason in grades.json)" in instances
+    assert "re-run them with: hud-pipelines run p --partition t-i0" in instances
 
 
 def test_the_plot_title_fits_inside_the_figure() -> None:
