@@ -24,6 +24,9 @@ REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, *PROCESSOR_FILES)
 """What a lerobot checkpoint needs to load, besides the state files its processors name."""
 HASH_CHUNK_BYTES = 1 << 20
 
+SETTLING = "still being written"
+"""The reason of a checkpoint whose files are all there but changed within the settle time."""
+
 
 def pending_reason(path: Path, settle_s: float) -> str | None:
     """Why the checkpoint at ``path`` cannot be evaluated yet, or ``None`` when it is complete."""
@@ -74,7 +77,7 @@ def _settling(path: Path, settle_s: float) -> str | None:
     age = time.time() - newest
     if age >= settle_s:
         return None
-    return f"still being written (changed {max(age, 0.0):.1f} s ago; complete after {settle_s:g} s without change)"
+    return f"{SETTLING} (changed {max(age, 0.0):.1f} s ago; complete after {settle_s:g} s without change)"
 
 
 def _torch_file_reason(path: Path, settle_s: float) -> str | None:

@@ -63,8 +63,24 @@ def _summary(spec: PipelineSpec) -> str:
     partitions = len(spec.partitions())
     return (
         f"{where}: {spec.name} ({len(spec.tasks)} task(s) x group {spec.group} = {partitions} partition(s) "
-        f"of {spec.sim.num_envs} slot(s), {spec.scheduled_slots} episodes)"
+        f"of {spec.sim.num_envs} slot(s), {_episodes(spec)})"
     )
+
+
+def _episodes(spec: PipelineSpec) -> str:
+    """The episodes a run schedules; a sweep's are per checkpoint, times the checkpoints there are now."""
+    if not spec.is_sweep:
+        return f"{spec.scheduled_slots} episodes"
+    from hud_pipelines.errors import CheckpointError
+    from hud_pipelines.eval.sweep import discover
+
+    per_checkpoint = f"{spec.scheduled_slots} episodes per checkpoint"
+    try:
+        found = discover(spec, settle_s=0.0)  # complete files count: what a run would evaluate once settled
+    except CheckpointError:
+        return per_checkpoint
+    count = len(found.complete)
+    return f"{per_checkpoint} x {count} checkpoint(s) found now = {spec.scheduled_slots * count}"
 
 
 def _put_cwd_on_path() -> None:

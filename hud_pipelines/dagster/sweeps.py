@@ -15,11 +15,14 @@ finds, and the job's default range is every checkpoint complete when the code lo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
 
+from hud_pipelines.agent.checkpoint_files import SETTLING
+from hud_pipelines.agent.checkpoints import DEFAULT_SETTLE_S, Discovery
 from hud_pipelines.errors import CheckpointError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -75,6 +78,20 @@ def register(instance: dg.DagsterInstance, spec: PipelineSpec, labels: Sequence[
     return new
 
 
+def _settled(spec: PipelineSpec) -> Discovery:
+    """The sweep's checkpoints once those that only wait out the settle time have settled.
+
+    A run asked for right after a checkpoint was saved waits those seconds instead of skipping it (or
+    finding nothing to run); one that keeps changing, or lacks files, still waits for the sensor.
+    """
+    found = sweep.discover(spec)
+    deadline = time.monotonic() + 2 * DEFAULT_SETTLE_S
+    while any(p.reason.startswith(SETTLING) for p in found.pending) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        found = sweep.discover(spec)
+    return found
+
+
 def run_tags(
     instance: dg.DagsterInstance,
     spec: PipelineSpec,
@@ -88,7 +105,7 @@ def run_tags(
     Every complete checkpoint is registered first (a run may only name registered partitions). A label
     that is not a complete checkpoint is an error naming the known ones and why the others wait.
     """
-    found = sweep.discover(spec)
+    found = _settled(spec)
     complete = [c.label for c in found.complete]
     waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
     chosen = list(checkpoints) if checkpoints else complete

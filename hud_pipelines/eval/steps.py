@@ -99,6 +99,9 @@ def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str |
     for row in rows:
         writer.writerow([cell(getattr(row, name)) for name, _ in columns])
     write_atomically(outputs.grades_csv, buffer.getvalue())
+    if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
+        for member in sweep.evaluated(spec, outputs):
+            grades_step(member.spec, member.outputs)
     return rows
 
 

@@ -13,6 +13,7 @@ import pytest
 from hud_pipelines.cli.main import main
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.definitions import definitions_for_file
+from hud_pipelines.eval import sweep
 from hud_pipelines.spec.loader import load_pipeline
 from tests.agent.checkpoint_runs import (
     LeRobotRun,
@@ -50,6 +51,27 @@ def local_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HUD_PIPELINES_OUTPUTS", str(tmp_path / "outputs"))
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     return tmp_path / "outputs"
+
+
+def test_a_run_asked_for_right_after_a_checkpoint_was_saved_waits_for_it_to_settle(
+    run: LeRobotRun, tmp_path: Path, local: Path
+) -> None:
+    del local
+    newest = run.output_dir / "checkpoints" / "001500"
+    age(newest, 4.0)  # saved four seconds ago: one more second and it has settled
+    spec = load_pipeline(_write_sweep(tmp_path, str(run.output_dir)))
+    assert [p.checkpoint.label for p in sweep.discover(spec).pending] == ["001500"]
+    with dg.DagsterInstance.get() as instance:
+        _, labels = sweeps.run_tags(instance, spec, spec.partition_keys())
+    assert labels == ["000500", "001000", "001500"], "the settling checkpoint is waited for, not skipped"
+
+
+def test_validate_counts_a_sweeps_episodes_per_checkpoint_and_over_the_checkpoints_found(
+    run: LeRobotRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    assert main(["validate", str(path)]) == 0
+    assert "4 episodes per checkpoint x 3 checkpoint(s) found now = 12)" in capsys.readouterr().out
 
 
 def _run_ids(outputs: Path) -> dict[str, set[str]]:

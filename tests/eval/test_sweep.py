@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from hud_pipelines.errors import CheckpointError
+from hud_pipelines.eval.comparison import compare, read_result_set
+from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.spec.loader import load_pipeline_text
 from hud_pipelines.spec.models import PipelineSpec
@@ -66,6 +68,12 @@ def test_a_sweep_evaluates_every_checkpoint_on_the_same_episodes(
     assert recorded["step"] == 1000
     assert Path(recorded["path"]) == run.pretrained(1000)
     assert (member / "report.md").is_file(), "each checkpoint gets its own report"
+    own = [GradeRow.from_dict(r) for r in json.loads((member / "grades.json").read_text())]
+    assert [(r.seed, r.status, r.total_reward) for r in own] == [
+        (r.seed, r.status, r.total_reward) for r in by_label["001000"]
+    ], "and its own grades"
+    first = tmp_path / "out" / "reach_sweep" / "checkpoints" / "000500"
+    assert compare(read_result_set(str(member)), read_result_set(str(first))).pairs == 8, "two checkpoints compare"
 
 
 def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
