@@ -104,6 +104,7 @@ def run_pipeline(
 
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
+    from hud_pipelines.dagster.deployment import load_deployment, refuse_misspelled
     from hud_pipelines.dagster.launch import execute_pipeline_job
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
@@ -113,6 +114,7 @@ def run_pipeline(
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(path)
+    refuse_misspelled(load_deployment(), spec.name)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)
     job = defs.resolve_job_def(spec.name)

@@ -48,14 +48,43 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if deep:
         _put_cwd_on_path()
     specs, problems = collect_pipelines(paths, deep=deep)
+    known = [spec.name for spec in specs] + [Path(problem.file).stem for problem in problems]
+    deployment = _deployment_problem(None if args.paths else known)
     if problems:
         print(SpecError(problems).render(), file=stream)
+    if deployment is not None:
+        print(deployment, file=stream)
+    if problems or deployment is not None:
         return EXIT_PROBLEMS
     for spec in specs:
         print(f"ok  {_summary(spec)}", file=stream)
     checked = "deep" if deep else "shallow"
     print(f"{len(specs)} pipeline{'s' if len(specs) != 1 else ''} valid ({checked} check)", file=stream)
     return EXIT_OK
+
+
+def _deployment_problem(known: list[str] | None) -> str | None:
+    """What is wrong with the ``$HUD_PIPELINES_DEPLOYMENT`` file, if one is set: its fields and values, and,
+    when the whole pipelines folder was validated (``known``), pipeline names that match no pipeline."""
+    from hud_pipelines.dagster.deployment import (
+        deployment_path,
+        load_deployment,
+        load_execution,
+        refuse_unknown_pipelines,
+    )
+    from hud_pipelines.errors import DeploymentError
+
+    path = deployment_path()
+    if path is None:
+        return None
+    try:
+        deployment = load_deployment(path)
+        load_execution(path)
+        if known is not None:
+            refuse_unknown_pipelines(deployment, known, path)
+    except DeploymentError as exc:
+        return str(exc)
+    return None
 
 
 def _summary(spec: PipelineSpec) -> str:

@@ -20,7 +20,14 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster.assets import build_pipeline_assets
-from hud_pipelines.dagster.deployment import Deployment, Execution, for_pipeline, load_deployment, load_execution
+from hud_pipelines.dagster.deployment import (
+    Deployment,
+    Execution,
+    for_pipeline,
+    load_deployment,
+    load_execution,
+    refuse_unknown_pipelines,
+)
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.resources import pipeline_resources
 from hud_pipelines.dagster.sweeps import checkpoint_sensor
@@ -97,7 +104,11 @@ def build_definitions(directory: Path | None = None, *, outputs_dir: Path | None
             file,
             SpecError(found).render(),
         )
-    return definitions_for(specs, outputs_dir=outputs_dir, project_dir=directory.parent, broken=problems)
+    deployment = load_deployment()
+    refuse_unknown_pipelines(deployment, [spec.name for spec in specs] + [Path(p.file).stem for p in problems])
+    return definitions_for(
+        specs, outputs_dir=outputs_dir, project_dir=directory.parent, broken=problems, deployment=deployment
+    )
 
 
 def broken_file_assets(problems: Sequence[Problem]) -> list[dg.AssetsDefinition]:

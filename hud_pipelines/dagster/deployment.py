@@ -36,19 +36,38 @@ pod died runs again through a retry policy instead of a lease (:mod:`hud_pipelin
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.error import YAMLError
 
-from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM
+from hud_pipelines.dagster.resources import (
+    AGENT,
+    CONTRACT,
+    GRADERS,
+    SIM,
+    AgentResource,
+    ContractResource,
+    GradersResource,
+    SimResource,
+)
 from hud_pipelines.errors import DeploymentError
+from hud_pipelines.spec.problems import closest, did_you_mean
 
 DEPLOYMENT_ENV = "HUD_PIPELINES_DEPLOYMENT"
 EVERY_PIPELINE = "*"
 PARTS = (SIM, CONTRACT, AGENT, GRADERS)
+RESOURCES: dict[str, type[BaseModel]] = {
+    SIM: SimResource,
+    CONTRACT: ContractResource,
+    AGENT: AgentResource,
+    GRADERS: GradersResource,
+}
 
 EXECUTION = "execution"
 IN_PROCESS, CELERY, K8S = "in_process", "celery", "k8s"
@@ -181,8 +200,75 @@ def load_deployment(path: Path | None = None) -> Deployment:
                 )
             if not isinstance(fields, dict):
                 raise DeploymentError(f"deployment file {path}: pipelines.{pipeline}.{part}: expected a mapping")
+            for name, value in cast(dict[str, Any], fields).items():
+                _check_field(path, (str(pipeline), part, str(name)), value)
             deployment[str(pipeline)][part] = {k: _value(v) for k, v in cast(dict[str, Any], fields).items()}
     return deployment
+
+
+def refuse_unknown_pipelines(deployment: Deployment, known: Iterable[str], path: Path | None = None) -> None:
+    """Refuse a deployment that sets resources of a pipeline that does not exist among ``known``.
+
+    A misspelled name would otherwise leave the pipeline it meant on its YAML's own resources (a local
+    sim instead of the served fleet), silently.
+    """
+    names = set(known)
+    for pipeline in deployment:
+        if pipeline != EVERY_PIPELINE and pipeline not in names:
+            where = path or deployment_path() or Path(DEPLOYMENT_ENV)
+            raise DeploymentError(
+                f"deployment file {_located(where, ('pipelines', pipeline))}: pipelines.{pipeline}: no pipeline of "
+                f"that name{did_you_mean(pipeline, names)}; known: {', '.join(sorted(names)) or 'none'}"
+            )
+
+
+def refuse_misspelled(deployment: Deployment, pipeline: str, path: Path | None = None) -> None:
+    """Refuse a deployment whose pipeline names miss ``pipeline`` (the one being run) by a typo.
+
+    A run of one file cannot know every pipeline the deployment serves, but a name one typo away from
+    the running pipeline's, while the running one is not named, is that pipeline misspelled.
+    """
+    if pipeline in deployment:
+        return
+    near = closest(pipeline, [name for name in deployment if name != EVERY_PIPELINE])
+    if near is not None:
+        refuse_unknown_pipelines({near: deployment[near]}, [pipeline], path)
+
+
+def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> None:
+    """A resource field the deployment sets: one the resource has, with a value of its type (or ``{env: NAME}``)."""
+    pipeline, part, name = keys
+    declared = RESOURCES[part].model_fields
+    where = f"deployment file {_located(path, ('pipelines', *keys))}: pipelines.{pipeline}.{part}.{name}"
+    if name not in declared:
+        fields = ", ".join(sorted(set(declared) - {"project_dir"}))
+        raise DeploymentError(
+            f"{where}: not a field of the {part} resource{did_you_mean(name, declared)}; its fields: {fields}"
+        )
+    if isinstance(value, dict) and set(cast(dict[str, Any], value)) == {"env"}:
+        return  # read from the environment when the run starts
+    try:
+        TypeAdapter[object](cast(Any, declared[name].annotation)).validate_python(value)
+    except ValidationError as exc:
+        reason = "; ".join(str(error["msg"]) for error in exc.errors())
+        raise DeploymentError(f"{where}: {reason}, got {value!r}") from exc
+
+
+def _located(path: Path, keys: tuple[str, ...]) -> str:
+    """``path:line:column`` of the deepest of ``keys`` the file holds (just ``path`` when it cannot be read)."""
+    try:
+        node: object = YAML(typ="rt").load(path.read_text(encoding="utf-8"))
+    except (OSError, YAMLError):
+        return str(path)
+    found = ""
+    for key in keys:
+        if not isinstance(node, CommentedMap) or key not in node:
+            break
+        mapping = node
+        line, column = cast(tuple[int, int], mapping.lc.key(key))
+        found = f":{line + 1}:{column + 1}"
+        node = cast(object, mapping[key])
+    return f"{path}{found}"
 
 
 def load_execution(path: Path | None = None) -> Execution:

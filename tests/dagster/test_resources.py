@@ -163,3 +163,39 @@ def test_a_bad_deployment_file_is_refused_naming_the_file_and_key(tmp_path: Path
     assert fields["agent"] == {"torch_threads": 2}
     assert isinstance(fields["sim"]["token"], dg.EnvVar)
     assert for_pipeline(load_deployment(shared), "b") == {"agent": {"torch_threads": 2}}
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("pipelines:\n  a:\n    sim: {factroy: null, url: 'ws://x:1'}\n")
+    with pytest.raises(DeploymentError) as refused:
+        load_deployment(typo)
+    assert str(refused.value).startswith(f"deployment file {typo}:3:11: pipelines.a.sim.factroy: not a field of")
+    assert "(did you mean 'factory'?)" in str(refused.value)
+    typed = tmp_path / "typed.yaml"
+    typed.write_text("pipelines:\n  a:\n    sim:\n      num_envs: many\n")
+    with pytest.raises(DeploymentError, match=r"typed.yaml:4:7: pipelines\.a\.sim\.num_envs: .*integer, got 'many'"):
+        load_deployment(typed)
+
+
+def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_closest_name(
+    tmp_path: Path,
+    write_pipeline: WritePipeline,
+    pipelines_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_deployment, refuse_misspelled
+
+    write_pipeline("remote_eval")
+    misspelled = tmp_path / "deployment.yaml"
+    misspelled.write_text("pipelines:\n  remote_evl:\n    sim: {num_envs: 3}\n")
+    monkeypatch.setenv(DEPLOYMENT_ENV, str(misspelled))
+    expected = rf"{misspelled}:2:3: pipelines\.remote_evl: no pipeline of that name \(did you mean 'remote_eval'\?\)"
+    with pytest.raises(DeploymentError, match=expected):
+        build_definitions(pipelines_dir)  # the code location, which knows every pipeline
+    with pytest.raises(DeploymentError, match=expected):
+        refuse_misspelled(load_deployment(), "remote_eval")  # a run of the one pipeline it meant
+    refuse_misspelled(load_deployment(), "other_pipeline")  # a name far from it may serve another project
+    monkeypatch.chdir(pipelines_dir.parent)
+    assert main(["validate", "--no-deep"]) == 1, "validate reads the deployment file too"
+    assert "pipelines.remote_evl: no pipeline of that name (did you mean 'remote_eval'?)" in capsys.readouterr().out
