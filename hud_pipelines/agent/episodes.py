@@ -164,15 +164,17 @@ class SlotEpisodes:
     def answered(self, slot: int, *, terminated: bool, truncated: bool) -> EpisodeOutcome:
         """The outcome of a slot whose episode produced an answer (succeeded or failed), as counted so far."""
         success = bool(self.success[slot])
+        reported = bool(self.success_reported[slot])
         total = float(self.total_reward[slot])
         return EpisodeOutcome(
             status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
-            score=episode_score(success, bool(self.success_reported[slot]), total),
+            score=episode_score(success, reported, total),
             success=success,
             total_reward=total,
             steps=int(self.steps[slot]),
             terminated=terminated,
             truncated=truncated,
+            success_reported=reported,
         )
 
     def error(self, slot: int, reason: str, fault: Fault) -> None:

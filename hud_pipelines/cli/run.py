@@ -108,6 +108,7 @@ def run_pipeline(
     from hud_pipelines.dagster.launch import execute_pipeline_job
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
+    from hud_pipelines.eval.checks import success_signal_warning
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
@@ -189,7 +190,10 @@ def run_pipeline(
         )
     rows = collect_rows(spec, outputs)
     succeeded = result is not None and result.success and interrupted is None
-    _print_summary(spec.name, rows, succeeded, run_id, outputs.base, problems)
+    warned = success_signal_warning(spec.graders[0], [row for row in rows if row.run_id == run_id])
+    _print_summary(
+        spec.name, rows, succeeded, run_id, outputs.base, [*([f"warning: {warned}"] if warned else []), *problems]
+    )
     if interrupted is not None:
         return 128 + int(interrupted)
     return 0 if succeeded else 1

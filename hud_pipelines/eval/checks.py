@@ -18,12 +18,17 @@ from typing import Any
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.comparison import Verdict, compare, read_result_set
 from hud_pipelines.eval.grades import GradeRow, one_line, summarize
+from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.sim.envs import SUCCESS_KEYS
 from hud_pipelines.spec.grading import (
     CheckSpec,
+    GraderSpec,
     MaxErrorRateCheck,
     MinMeanScoreCheck,
     MinSuccessRateCheck,
     NoRegressionCheck,
+    ReturnGrader,
+    SuccessGrader,
 )
 
 INSTANCES_CHECK = "instances_completed"
@@ -122,6 +127,25 @@ def answered_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
 def builtin_verdicts(rows: Sequence[GradeRow]) -> list[CheckVerdict]:
     """The checks every eval gets, whatever its YAML says: ``instances_completed``, ``episodes_answered``."""
     return [instances_verdict(rows), answered_verdict(rows)]
+
+
+def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow]) -> str | None:
+    """A warning when the env's success signal decides every grade but no answered episode ever gave one.
+
+    Such an eval reads 0 % without anything being wrong with the policy: the env reports success
+    under a key the sim does not read, or not at all.
+    """
+    decides = isinstance(grader, SuccessGrader) or (isinstance(grader, ReturnGrader) and grader.threshold is None)
+    answered = [row for row in rows if row.status is not EpisodeStatus.ERRORED and row.success_reported is not None]
+    if not decides or not answered or any(row.success_reported for row in answered):
+        return None
+    keys = ", ".join(f"info[{key!r}]" for key in SUCCESS_KEYS)
+    name = grader.name or grader.kind
+    return (
+        f"no episode reported a success signal ({keys}): the {name} grader counts all {len(answered)} "
+        "answered episode(s) as failed; report success in the env's info, or grade on the return "
+        "(graders: [{kind: return, threshold: ...}])"
+    )
 
 
 def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:

@@ -46,6 +46,8 @@ class GradeRow:
     """The run that produced this row (a grade table may hold rows of earlier runs of other instances)."""
     checkpoint: str | None = None
     """The checkpoint of a sweep this row evaluated (its label); ``None`` outside sweeps."""
+    success_reported: bool | None = None
+    """Whether the env gave a success signal in this episode (``None``: not known, as for rows that never ran)."""
 
     def as_dict(self) -> dict[str, Any]:
         row = asdict(self)

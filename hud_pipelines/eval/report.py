@@ -77,8 +77,9 @@ def render_markdown(
     checks: Sequence[CheckVerdict] = (),
     run_id: str | None = None,
     overrides: Mapping[str, object] | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
-    """The report as markdown; ``plot_png`` is embedded inline when given.
+    """The report as markdown; ``plot_png`` is embedded inline when given; ``warnings`` follow the rate.
 
     ``checks`` are listed with their verdicts; with ``run_id`` (the run writing the report) the rows
     that earlier runs produced are counted apart, so nobody reads them as this run's.
@@ -91,6 +92,7 @@ def render_markdown(
         *([f"Run configuration overrides the YAML: {_overridden(overrides)}.", ""] if overrides else []),
         f"**Success rate:** {rate_text(total)}",
         "",
+        *(line for warning in warnings for line in (f"**Warning:** {warning}.", "")),
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
         f"errored {total.errored} (error rate {total.error_rate:.1%}; errors are not failures).",
         "",

@@ -295,6 +295,7 @@ class EvalRunner:
             metrics=dict(metrics),
             fault=outcome.fault if errored else None,
             run_id=self.run_id,
+            success_reported=outcome.success_reported,
         )
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
-from hud_pipelines.eval.checks import CheckVerdict, verdicts
+from hud_pipelines.eval.checks import CheckVerdict, success_signal_warning, verdicts
 from hud_pipelines.eval.configuration import record_configuration, recorded_overrides, recorded_provenance
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
@@ -159,7 +159,16 @@ def report_step(
     if spec.is_sweep:  # every checkpoint's own report (its episodes, videos and plots) beside the sweep's
         for member in sweep.evaluated(spec, outputs):
             report_step(member.spec, member.outputs, run_id=run_id, dataset=_member_dataset(dataset, member.label))
-    markdown = render_markdown(title, headline, plot_png=plot, checks=checks, run_id=run_id, overrides=overrides)
+    warned = success_signal_warning(spec.graders[0], headline)
+    markdown = render_markdown(
+        title,
+        headline,
+        plot_png=plot,
+        checks=checks,
+        run_id=run_id,
+        overrides=overrides,
+        warnings=[warned] if warned else [],
+    )
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     if table is not None:
         markdown += _sweep_section(table)

@@ -185,7 +185,15 @@ class Episodes:
         status = EpisodeStatus.SUCCEEDED if record.success else EpisodeStatus.FAILED
         extra = {} if reason is None else {"reason": reason}
         outcome = EpisodeOutcome(
-            status, record.score, record.success, record.total_reward, record.steps, terminated, truncated, extra=extra
+            status,
+            record.score,
+            record.success,
+            record.total_reward,
+            record.steps,
+            terminated,
+            truncated,
+            extra=extra,
+            success_reported=record.success_reported,
         )
         for sink in self.sinks:
             sink.end(key, outcome)

@@ -98,6 +98,8 @@ class EpisodeOutcome:
     fault: Fault | None = None
     """Why an errored episode errored (``None`` for episodes that produced an answer)."""
     extra: dict[str, Any] = field(default_factory=dict[str, Any])
+    success_reported: bool = False
+    """Whether the env gave a success signal at any step (without one, ``success`` is never true)."""
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,9 @@ class CallableGrader(_Named):
     target: str = Field(
         min_length=1,
         description="`module:function` or `path/to/file.py:function` (relative to the YAML file) called as "
-        "`target(episode: dict)` and returning a float score, a bool success, or a dict with `score` and `success`",
+        "`target(episode: dict)` and returning a float score, a bool success, or a dict with `score` and `success`; "
+        "the dict holds the outcome (`status`, `score`, `success`, `success_reported`, `total_reward`, `steps`, "
+        "`terminated`, `truncated`) and the episode's key (`task`, `instance`, `slot`, `episode`, `seed`, `trace_id`)",
     )
 
 

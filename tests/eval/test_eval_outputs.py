@@ -231,3 +231,25 @@ def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeyp
             pytest.fail(f"the report server did not end within 10 s of SIGTERM: {state}")
         if served.stdout is not None:
             served.stdout.close()
+
+
+def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    silent = _spec(tmp_path, graders=[{"kind": "success"}], dataset={"enabled": False})  # CartPole has no signal
+    evaluation = evaluate(silent, outputs_dir=tmp_path / "silent")
+    assert [row.success_reported for row in evaluation.rows] == [False, False]
+    report = (tmp_path / "silent" / "placed" / "report.md").read_text()
+    assert "**Warning:** no episode reported a success signal (info['is_success']" in report
+
+    reporting = _spec(
+        tmp_path,
+        sim={"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 2},
+        agent={"policy": {"kind": "constant"}},
+        graders=[{"kind": "success"}],
+        dataset={"enabled": False},
+    )
+    evaluation = evaluate(reporting, outputs_dir=tmp_path / "reporting")
+    assert [row.success_reported for row in evaluation.rows] == [True, True], "it says False at every step"
+    assert "**Warning:**" not in (tmp_path / "reporting" / "placed" / "report.md").read_text()

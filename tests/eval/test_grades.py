@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.errors import Fault, GraderError
-from hud_pipelines.eval.checks import answered_verdict, check_verdict, instances_verdict, verdicts
+from hud_pipelines.eval.checks import (
+    answered_verdict,
+    check_verdict,
+    instances_verdict,
+    success_signal_warning,
+    verdicts,
+)
 from hud_pipelines.eval.graders import build_graders
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task, wilson_interval
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
@@ -125,6 +131,19 @@ def test_the_answered_check_fails_only_when_no_episode_succeeded_or_failed() -> 
     )
     assert not answered_verdict([]).passed
     assert [v.name for v in verdicts([], [policy])] == ["instances_completed", "episodes_answered"]
+
+
+def test_the_success_signal_warning_needs_a_grade_that_reads_the_signal_and_answers_without_one() -> None:
+    silent = [dataclasses.replace(_row(EpisodeStatus.FAILED), success_reported=False) for _ in range(2)]
+    errored = dataclasses.replace(_row(EpisodeStatus.ERRORED), success_reported=True)
+    warned = success_signal_warning(SuccessGrader(), [*silent, errored])
+    assert warned is not None
+    assert "the success grader counts all 2 answered episode(s) as failed" in warned
+    assert success_signal_warning(ReturnGrader(), silent) is not None, "a return grader without threshold reads it"
+    assert success_signal_warning(ReturnGrader(threshold=5.0), silent) is None
+    signalled = [*silent, dataclasses.replace(_row(EpisodeStatus.FAILED), success_reported=True)]
+    assert success_signal_warning(SuccessGrader(), signalled) is None
+    assert success_signal_warning(SuccessGrader(), [_row(EpisodeStatus.FAILED)]) is None, "unknown: no warning"
 
 
 def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:
