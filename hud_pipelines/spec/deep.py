@@ -23,8 +23,8 @@ from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, 
 from hud_pipelines.spec.document import KeyPath, YamlDocument
 from hud_pipelines.spec.grading import CallableGrader
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.problems import Problem
-from hud_pipelines.spec.target_check import target_problem
+from hud_pipelines.spec.problems import Problem, did_you_mean
+from hud_pipelines.spec.target_check import target_parameters, target_problem
 
 EPISODIC_KEYS = ("seed", "options")
 
@@ -142,12 +142,34 @@ def _policy_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem
         message = target_problem(policy.target)
         if message is not None:
             problems.append(document.problem((*where, "target"), message))
+        else:
+            problems += _target_argument_problems(policy.target, policy.args, (*where, "args"), document)
     checkpoint = policy.checkpoint if isinstance(policy, TorchPolicyConfig) else None
     if checkpoint is not None and not Path(checkpoint).is_file():
         problems.append(document.problem((*where, "checkpoint"), f"checkpoint {checkpoint} does not exist"))
     if isinstance(policy, LeRobotPolicyConfig) and policy.path is not None and not Path(policy.path).is_dir():
         problems.append(document.problem((*where, "path"), f"LeRobot policy folder {policy.path} does not exist"))
     return problems
+
+
+def _target_argument_problems(
+    target: str, args: Mapping[str, Any], path: KeyPath, document: YamlDocument
+) -> list[Problem]:
+    """An argument the target's signature does not take, found from its source before a run calls it."""
+    accepted = target_parameters(target)
+    if accepted is None:
+        return []
+    name = target.rpartition(":")[2]
+    takes = ", ".join(sorted(accepted)) or "no arguments"
+    return [
+        document.problem(
+            (*path, key),
+            f"{name} takes no argument {key!r}{did_you_mean(key, accepted)}; it takes: {takes}",
+            on_key=True,
+        )
+        for key in args
+        if key not in accepted
+    ]
 
 
 def _grader_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:

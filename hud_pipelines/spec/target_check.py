@@ -77,6 +77,44 @@ def _module_problem(module_name: str, attribute: str) -> str | None:
     return _attribute_problem(module_name, attribute, names)
 
 
+def target_parameters(target: str) -> frozenset[str] | None:
+    """The keyword arguments ``target`` takes, read from its source; ``None`` when that cannot be known.
+
+    A top-level function, or a class whose own body defines ``__init__``, says its parameters; ``*args``,
+    ``**kwargs``, decorators, inherited constructors and modules without Python source leave them open.
+    """
+    module_part, _, attribute = target.rpartition(":")
+    if module_part.endswith(".py"):
+        source: Path | None = Path(module_part)
+    else:
+        try:
+            spec = importlib.util.find_spec(module_part)
+        except Exception:
+            return None
+        source = Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+    if source is None or not source.is_file():
+        return None
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (SyntaxError, OSError, UnicodeDecodeError, ValueError):
+        return None
+    found = [node for node in tree.body if getattr(node, "name", None) == attribute]
+    definition = found[-1] if found else None
+    if isinstance(definition, ast.ClassDef) and not definition.decorator_list:
+        inits = [n for n in definition.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+        return _parameters(inits[-1].args, skip_first=True) if inits else None
+    if isinstance(definition, ast.FunctionDef) and not definition.decorator_list:
+        return _parameters(definition.args, skip_first=False)
+    return None
+
+
+def _parameters(arguments: ast.arguments, *, skip_first: bool) -> frozenset[str] | None:
+    if arguments.vararg is not None or arguments.kwarg is not None:
+        return None
+    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
+    return frozenset([*positional[1 if skip_first else 0 :], *(a.arg for a in arguments.kwonlyargs)])
+
+
 def _runtime_names(module: object, attribute: str) -> set[str]:
     """Names of an imported module; ``hasattr`` also sees what a module-level ``__getattr__`` provides."""
     names = set(dir(module))

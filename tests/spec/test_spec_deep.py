@@ -46,6 +46,48 @@ def test_file_targets_are_checked_from_source_without_running_the_module(write_y
         load_pipeline(write_yaml(pipeline("{kind: scripted, target: policies/heavy.py:Polcy}"), "typo.yaml"), deep=True)
 
 
+SIGNATURES = """\
+import not_a_real_heavy_dependency
+
+
+class Gain:
+    def __init__(self, gain: float = 5.0, *, clip: bool = True) -> None:
+        self.gain = gain
+
+
+class Inherited(Gain):
+    pass
+
+
+def make(scale, offset=0.0):
+    return Gain(scale)
+
+
+def anything(**kwargs):
+    return Gain()
+"""
+
+
+def test_policy_args_are_checked_against_the_targets_signature_read_from_source(write_yaml: WriteYaml) -> None:
+    write_yaml(SIGNATURES, "policies/shaped.py")
+
+    def load(target: str, args: str) -> object:
+        text = pipeline(f"{{kind: scripted, target: policies/shaped.py:{target}, args: {args}}}")
+        return load_pipeline(write_yaml(text, f"{target}.yaml"), deep=True)
+
+    with pytest.raises(SpecError) as refused:
+        load("Gain", "{gian: 3, clip: false}")
+    message = str(refused.value)
+    assert (
+        "agent.policy.args.gian: Gain takes no argument 'gian' (did you mean 'gain'?); it takes: clip, gain" in message
+    )
+    assert "args.clip" not in message, "a keyword-only parameter is an argument too"
+    with pytest.raises(SpecError, match=r"args\.offst: make takes no argument 'offst' \(did you mean 'offset'\?\)"):
+        load("make", "{scale: 2, offst: 1}")
+    for target in ("Inherited", "anything"):  # an inherited constructor or **kwargs: not known from source
+        load(target, "{whatever: 1}")
+
+
 def test_module_targets_are_found_without_importing_them(
     write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
