@@ -14,7 +14,7 @@ import pytest
 
 from hud_pipelines.agent.builtin import scripted_policy
 from hud_pipelines.agent.runner import RobotAgent
-from hud_pipelines.errors import RemoteError, SimError, WireError
+from hud_pipelines.errors import RemoteError, SimCrashedError, SimError, WireError
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.in_process import InProcessLink
@@ -115,3 +115,39 @@ def test_a_reply_of_the_wrong_kind_drops_the_connection_and_ends_its_episodes() 
         assert link.aborted == 1, "a sim that broke the protocol is not talked to again, not even to say goodbye"
         assert [r.state for r in bridge.slots.records] == [SlotState.ERRORED] * 2
         client.close()
+
+
+class _DiesAfterServing(InProcessLink):
+    """A sim that dies after serving ``steps`` steps: later sends fail, the replies it sent stay readable."""
+
+    def __init__(self, bridge: GymBridge, steps: int) -> None:
+        super().__init__(bridge)
+        self.steps_left = steps
+
+    def send(self, data: bytes, timeout_s: float) -> None:
+        if unpackb(data).get("type") == "step":
+            if self.steps_left == 0:
+                raise BrokenPipeError(32, "Broken pipe")
+            self.steps_left -= 1
+        super().send(data, timeout_s)
+
+    def recv(self, timeout_s: float) -> bytes:
+        if not self._replies and self.steps_left == 0:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return super().recv(timeout_s)
+
+
+def test_replies_already_sent_by_a_sim_that_died_are_read_before_its_crash_is_reported() -> None:
+    """A step sent ahead to a dead sim fails, but the steps it answered before dying are kept."""
+    with GymBridge("CartPole-v1", 2) as bridge:
+        link = _DiesAfterServing(bridge, steps=3)
+        client = SimClient(link.url, "", link=link)
+        client.reset([{"seed": 0}, {"seed": 1}])
+        sent = [client.send_step(np.zeros((2, 1), dtype=np.int64)) for _ in range(5)]  # steps 4 and 5 are lost
+        answered = [client.receive_step(seq) for seq in sent[:3]]
+        assert [reply.seq for reply in answered] == sent[:3]
+        with pytest.raises(SimCrashedError, match="went away during step"):
+            client.receive_step(sent[3])
+        assert not client.usable
+        with pytest.raises(SimError):
+            client.send_step(np.zeros((2, 1), dtype=np.int64))
