@@ -94,6 +94,8 @@ class SimPool(Closeable):
         self._servers = _Fleet([url for url, _ in settings.servers])
         self._closed = False
         self._contract: Contract | None = None
+        self._start_failure: SimStartError | None = None
+        """Why a sim of this pool did not start: later instances fail at once, not after the deadline again."""
         self.spawned = 0
 
     def _open(self, server: str | None) -> LiveSim:
@@ -103,6 +105,12 @@ class SimPool(Closeable):
             process = SimProcess.attach(server, self._tokens[server])
         else:
             assert settings.factory is not None
+            if self._start_failure is not None:
+                failure = self._start_failure
+                raise SimStartError(
+                    f"{failure} (not started again: an earlier start in this run failed so)",
+                    child_error=failure.child_error,
+                )
             spawn: dict[str, Any] = {
                 "build_args": settings.build_args,
                 "contract_path": settings.contract_path,
@@ -111,12 +119,16 @@ class SimPool(Closeable):
                 "cwd": settings.cwd,
                 "python": settings.python,
             }
-            if settings.shards > 1:
-                process = ShardedProcess.spawn(
-                    settings.factory, num_envs=settings.num_envs, shards=settings.shards, **spawn
-                )
-            else:
-                process = SimProcess.spawn(settings.factory, num_envs=settings.num_envs, **spawn)
+            try:
+                if settings.shards > 1:
+                    process = ShardedProcess.spawn(
+                        settings.factory, num_envs=settings.num_envs, shards=settings.shards, **spawn
+                    )
+                else:
+                    process = SimProcess.spawn(settings.factory, num_envs=settings.num_envs, **spawn)
+            except SimStartError as exc:
+                self._start_failure = exc  # the same factory and arguments would fail the same way
+                raise
             self.spawned += 1
         try:
             client = process.connect(framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s)

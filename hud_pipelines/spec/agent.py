@@ -75,7 +75,10 @@ class TorchPolicyConfig(StrictModel):
     """A ``torch.nn.Module`` class by import path, with an optional checkpoint."""
 
     kind: Literal["torch"] = "torch"
-    target: str = Field(description="'module:Class' of a torch.nn.Module mapping a batch to [B, T, A] or [B, A]")
+    target: str = Field(
+        description="'module:Class' or 'path/to/file.py:Class' of a torch.nn.Module whose forward takes the "
+        "observation batch as a dict of tensors ({feature: [B, ...]}) and returns [B, T, A] or [B, A]"
+    )
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the module's constructor")
     checkpoint: str | None = Field(
         default=None, description="a state_dict file (torch.save) to load, relative to the YAML"

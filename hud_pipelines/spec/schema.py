@@ -91,7 +91,10 @@ resolves the sim factory, the policy and grader import paths and the files the s
   (`num_envs: ${N:-4}`); editors flag such a line, `validate` accepts it.
 - **Paths** (`sim.contract`, `path/to/file.py:callable` targets, checkpoints, LeRobot folders) are
   relative to the YAML file's directory; `module:callable` targets are imported from the Python
-  path (the project root when run from it). `dataset.root` is relative to the project root.
+  path, which starts with the project root: the directory `hud-pipelines` runs from, which also
+  holds `outputs/`, `.dagster_home/` and a relative `dataset.root`. A `file.py:callable` target is
+  loaded as a file, so it imports the project root's modules but not the files beside it; name it
+  as a module path from the project root (`pipelines.my_sim:make`) for those imports to work.
 - **Partitions and seeds.** Every task runs `group` instances; an instance is one sim of
   `sim.num_envs` slots and one Dagster partition, keyed `<task name>-i<instance>` (`task0-i0`).
   Slot `j` of instance `i` starts from seed `tasks[].seed + i * num_envs + j`, so a task yields

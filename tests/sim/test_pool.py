@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
+import pytest
+
+from hud_pipelines.errors import SimStartError
 from hud_pipelines.sim.pool import SimPool, SimSettings
+from hud_pipelines.sim.process import SimProcess
 from tests.conftest import wait_group_gone
 
 
@@ -31,3 +36,25 @@ def test_a_sim_in_use_when_the_pool_closes_is_stopped_and_released_cleanly() -> 
         assert not live.process.alive()
     assert live.process.returncode == 0
     pool.close()  # safe twice
+
+
+def test_a_sim_that_did_not_start_is_not_started_again_for_the_next_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each instance would wait out the start-up deadline again for the same factory and arguments."""
+    spawned: list[str] = []
+    spawn = SimProcess.spawn
+
+    def counted(factory: str, **options: Any) -> SimProcess:
+        spawned.append(factory)
+        return spawn(factory, **options)
+
+    monkeypatch.setattr(SimProcess, "spawn", counted)
+    pool = SimPool(SimSettings(factory="envs.faulty:faulty", build_args={"fault": "raise_build"}))
+    with pytest.raises(SimStartError, match="FaultyEnv refused to build") as first, pool.sim():
+        pass
+    with pytest.raises(SimStartError) as again, pool.sim():
+        pass
+    assert spawned == ["envs.faulty:faulty"], "one child was started, not one per instance"
+    assert str(first.value) in str(again.value)
+    assert "not started again" in str(again.value)
+    assert again.value.child_error == first.value.child_error
+    pool.close()
