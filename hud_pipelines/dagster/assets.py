@@ -22,7 +22,6 @@ full partition range as default tags, so ``dagster job execute -j <name>`` and `
 <name>`` run the whole eval; ``--partition-range k...k`` re-runs one instance.
 """
 
-import base64
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -66,7 +65,7 @@ from hud_pipelines.eval.steps import (
     rollouts_step,
 )
 from hud_pipelines.eval.sweep_table import COLUMNS, SweepComparison
-from hud_pipelines.recording.thumbnails import markdown_image
+from hud_pipelines.recording.thumbnails import markdown_image, png_data_uri
 from hud_pipelines.spec.models import PipelineSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -380,9 +379,7 @@ def _comparison_metadata(table: SweepComparison, outputs: EvalOutputs) -> dict[s
         "checkpoints": len(table.overall),
         "path": dg.MetadataValue.path(str(outputs.comparison_csv)),
         "plot": dg.MetadataValue.path(str(outputs.comparison_png)),
-        "success_by_step": dg.MetadataValue.md(
-            f"![success rate by training step](data:image/png;base64,{base64.b64encode(table.plot()).decode()})"
-        ),
+        "success_by_step": dg.MetadataValue.md(f"![success rate by training step]({png_data_uri(table.plot())})"),
     }
 
 

@@ -6,7 +6,6 @@ which also reads fine as a file next to the grades.
 
 from __future__ import annotations
 
-import base64
 import io
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -31,6 +30,9 @@ INTERVAL_DIGITS = 12
 TITLE_POINTS = 8
 TITLE_CHARACTER_WIDTH = 0.6
 """A title character's width in ems (an upper bound for the default sans-serif), to wrap titles that fit."""
+
+
+PLOT_ALT = "per-slot outcomes"
 
 
 def success_interval(summary: Summary) -> tuple[float, float]:
@@ -72,14 +74,15 @@ def _number(value: float | None) -> str:
 def render_markdown(
     pipeline: str,
     rows: Sequence[GradeRow],
-    plot_png: bytes | None = None,
+    plot: str | None = None,
     *,
     checks: Sequence[CheckVerdict] = (),
     run_id: str | None = None,
     overrides: Mapping[str, object] | None = None,
     warnings: Sequence[str] = (),
 ) -> str:
-    """The report as markdown; ``plot_png`` is embedded inline when given; ``warnings`` follow the rate.
+    """The report as markdown; ``plot`` is where its image is (a path beside the report, or a ``data:`` URI
+    where no file can be linked); ``warnings`` follow the rate.
 
     ``checks`` are listed with their verdicts; with ``run_id`` (the run writing the report) the rows
     that earlier runs produced are counted apart, so nobody reads them as this run's.
@@ -122,9 +125,8 @@ def render_markdown(
         ]
         if len(errors) > 20:
             lines.append(f"- ... and {len(errors) - 20} more (see the grades table)")
-    if plot_png is not None:
-        encoded = base64.b64encode(plot_png).decode()
-        lines += ["", f"![per-slot outcomes](data:image/png;base64,{encoded})"]
+    if plot is not None:
+        lines += ["", f"![{PLOT_ALT}]({plot})"]
     return "\n".join(lines) + "\n"
 
 

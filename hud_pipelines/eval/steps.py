@@ -31,6 +31,7 @@ from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
 from hud_pipelines.eval.rows import collect_rows
 from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -163,7 +164,7 @@ def report_step(
     markdown = render_markdown(
         title,
         headline,
-        plot_png=plot,
+        plot=outputs.report_png.name,  # a file beside the report: readable in a terminal, shown by a viewer
         checks=checks,
         run_id=run_id,
         overrides=overrides,
@@ -190,7 +191,8 @@ def report_step(
         perturbations=studied,
         members={m.label: m.outputs for m in sweep.evaluated(spec, outputs)} if spec.is_sweep else None,
     )
-    return ReportFiles(markdown, page.path, summarize(headline), episode_thumbnails(page.views))
+    embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
+    return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))
 
 
 def _member_dataset(dataset: Path | None, label: str) -> Path | None:

@@ -51,7 +51,12 @@ def strip_png(rows: Sequence[Sequence[npt.NDArray[np.uint8]]], height: int) -> b
 
 def markdown_image(png: bytes, alt: str) -> str:
     """``png`` inline in markdown (what Dagster's markdown metadata renders)."""
-    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
+    return f"![{alt}]({png_data_uri(png)})"
+
+
+def png_data_uri(png: bytes) -> str:
+    """A PNG as a ``data:`` URI: an image where markdown has no folder to link to (the Dagster UI)."""
+    return f"data:image/png;base64,{base64.b64encode(png).decode()}"
 
 
 def last_frame(video: Path) -> npt.NDArray[np.uint8] | None:

@@ -242,6 +242,8 @@ def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_repor
     assert [row.success_reported for row in evaluation.rows] == [False, False]
     report = (tmp_path / "silent" / "placed" / "report.md").read_text()
     assert "**Warning:** no episode reported a success signal (info['is_success']" in report
+    assert "![per-slot outcomes](report.png)" in report, "the plot is the file beside the report"
+    assert "data:image" not in report, "report.md stays readable in a terminal"
 
     reporting = _spec(
         tmp_path,

@@ -406,6 +406,7 @@ def test_the_report_asset_links_to_the_page_and_shows_the_key_figures(tmp_path: 
     assert report["report_html"] == dg.MetadataValue.path(str(html_path(outputs)))
     assert html_path(outputs).is_file()
     assert report["report_url"] == dg.MetadataValue.url(html_path(outputs).as_uri())
+    assert "![per-slot outcomes](data:image/png;base64," in str(report["report"].value), "the UI has no folder"
     summary = summarize(_grades(outputs))
     assert (summary.scheduled, summary.succeeded, summary.failed) == (6, 0, 6)
     assert report["scheduled"].value == 6
