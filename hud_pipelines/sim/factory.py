@@ -47,6 +47,9 @@ VECTORIZATION_MODE = "vectorization_mode"
 DEFAULT_VECTORIZATION_MODE = "sync"
 """The mode of a registry id with ``num_envs > 1`` when none is given: one env, and one seed, per slot."""
 
+ENV_MEMBERS = ("reset", "step", "observation_space", "action_space")
+"""What the sim needs of what a callable factory returns."""
+
 
 class FactoryKind(StrEnum):
     REGISTRY = "registry"
@@ -125,9 +128,15 @@ class Factory:
             if mode is None:
                 return gym.make(self.target, **args)
             return gym.make_vec(self.target, num_envs=num_envs, vectorization_mode=mode, **args)
-        if self.vectorizes:
-            return self.target(**args, num_envs=num_envs)
-        return self.target(**args)
+        built = self.target(**args, num_envs=num_envs) if self.vectorizes else self.target(**args)
+        missing = [name for name in ENV_MEMBERS if not hasattr(built, name)]
+        if missing:
+            hint = " (a missing return?)" if built is None else ""
+            raise FactoryError(
+                f"factory {self.name} returned {type(built).__name__}{hint}, not a gymnasium-style env: it has no "
+                f"{', '.join(missing)}"
+            )
+        return built
 
 
 def resolve_factory(spec: str) -> Factory:

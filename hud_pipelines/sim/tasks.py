@@ -83,8 +83,11 @@ def refuse_shared_seed(factory: Factory, envs: SlotEnvs, seeds: list[int | None]
 
 
 def task_prompt(factory: Factory, task: Mapping[str, Any]) -> str:
-    """The prompt of a slot whose env offers none: the factory and the task's arguments but the seed."""
-    described = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in sorted(task.items()) if k != "seed")
+    """The prompt of a slot whose env offers none: the factory and the task's arguments but the seed (and the
+    ones left empty, such as no reset ``options``)."""
+    described = ", ".join(
+        f"{k}={json.dumps(v, default=str)}" for k, v in sorted(task.items()) if k != "seed" and v not in (None, {}, [])
+    )
     return f"{factory.name} {described}".strip()
 
 

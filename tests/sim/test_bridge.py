@@ -470,6 +470,7 @@ def test_prompts_come_from_the_env_or_from_the_task() -> None:
     with GymBridge(POINT_MASS, 2) as bridge:
         reply = bridge.reset([{"seed": 3, "options": {"max_steps": 9}}] * 2)
         assert reply.prompt == ['point_mass options={"max_steps": 9}'] * 2
+        assert bridge.reset([{"seed": 3, "options": {}}] * 2).prompt == ["point_mass"] * 2, "no empty options"
     with GymBridge(PROBE, 1) as bridge:
         assert bridge.idle_hook() is not None
 

@@ -35,6 +35,15 @@ def test_file_callable_spec_and_native_vectorization() -> None:
     assert env.num_envs == 5
 
 
+def test_a_factory_that_returns_no_env_is_refused_naming_what_it_returned(tmp_path: Path) -> None:
+    source = tmp_path / "broken_factories.py"
+    source.write_text("def forgot_return(tol=0.1):\n    pass\n\n\ndef a_dict():\n    return {'reset': 1}\n")
+    with pytest.raises(FactoryError, match=r"returned NoneType \(a missing return\?\), not a gymnasium-style env"):
+        resolve_factory(f"{source}:forgot_return").build({}, 1)
+    with pytest.raises(FactoryError, match="returned dict, not a gymnasium-style env: it has no reset, step, obs"):
+        resolve_factory(f"{source}:a_dict").build({}, 1)
+
+
 def test_registry_ids_and_their_build_arguments() -> None:
     factory = resolve_factory("CartPole-v1")
     assert factory.kind is FactoryKind.REGISTRY
