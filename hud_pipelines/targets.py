@@ -60,7 +60,12 @@ def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesEr
     path = Path(path_text)
     path = (path if path.is_absolute() else base / path).resolve()
     if not path.is_file():
-        raise error(f"{what} {spec!r}: file {path} does not exist")
+        siblings = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
+        hint = difflib.get_close_matches(path.name, siblings, n=1)
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise error(f"{what} {spec!r}: file {path} does not exist{suggestion}")
+    if str(path.parent) not in sys.path:  # as for a script: the files beside it import; last, so they shadow nothing
+        sys.path.append(str(path.parent))
     module_name = f"hud_pipelines_target_{path.stem}_{abs(hash(path)) & 0xFFFFFF:x}"
     if module_name in sys.modules:
         return sys.modules[module_name]

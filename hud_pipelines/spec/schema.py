@@ -93,8 +93,8 @@ resolves the sim factory, the policy and grader import paths and the files the s
   relative to the YAML file's directory; `module:callable` targets are imported from the Python
   path, which starts with the project root: the directory `hud-pipelines` runs from, which also
   holds `outputs/`, `.dagster_home/` and a relative `dataset.root`. A `file.py:callable` target is
-  loaded as a file, so it imports the project root's modules but not the files beside it; name it
-  as a module path from the project root (`pipelines.my_sim:make`) for those imports to work.
+  loaded as a script is: the files beside it import too (its folder goes last on the path, so it
+  shadows no installed module).
 - **Partitions and seeds.** Every task runs `group` instances; an instance is one sim of
   `sim.num_envs` slots and one Dagster partition, keyed `<task name>-i<instance>` (`task0-i0`).
   Slot `j` of instance `i` starts from seed `tasks[].seed + i * num_envs + j`, so a task yields

@@ -44,6 +44,19 @@ def test_a_factory_that_returns_no_env_is_refused_naming_what_it_returned(tmp_pa
         resolve_factory(f"{source}:a_dict").build({}, 1)
 
 
+def test_a_file_factory_imports_the_files_beside_it_and_a_missing_file_names_the_closest(tmp_path: Path) -> None:
+    (tmp_path / "reach_helpers_for_factory_test.py").write_text("SPEED = 0.25\n")
+    (tmp_path / "reach_factory.py").write_text(
+        "import gymnasium as gym\nfrom reach_helpers_for_factory_test import SPEED\n\n\n"
+        "def make():\n    env = gym.make('CartPole-v1')\n    env.speed = SPEED\n    return env\n"
+    )
+    env = resolve_factory(f"{tmp_path}/reach_factory.py:make").build({}, 1)
+    assert env.speed == 0.25  # pyright: ignore[reportAttributeAccessIssue]
+    env.close()
+    with pytest.raises(FactoryError, match=r"reach_factroy.py does not exist \(did you mean 'reach_factory.py'\?\)"):
+        resolve_factory(f"{tmp_path}/reach_factroy.py:make")
+
+
 def test_registry_ids_and_their_build_arguments() -> None:
     factory = resolve_factory("CartPole-v1")
     assert factory.kind is FactoryKind.REGISTRY
