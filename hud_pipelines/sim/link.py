@@ -70,6 +70,8 @@ class WebSocketLink:
         self._frames: list[Frame] = []
         self._fragments: list[bytes | bytearray | memoryview] = []
         self._text = False
+        self._write_error: OSError | None = None
+        """Why the socket stopped taking our writes; what the peer sent before is still read until EOF."""
         self._protocol = ClientProtocol(uri, max_size=max_size)
         request = self._protocol.connect()
         request.headers.update(headers)
@@ -96,6 +98,8 @@ class WebSocketLink:
 
     def send(self, data: bytes, timeout_s: float) -> None:
         """Send one binary message."""
+        if self._write_error is not None:
+            raise LinkClosed(f"the connection broke ({self._write_error})")
         if self._protocol.state is not State.OPEN:
             raise self._closed()
         self._protocol.send_binary(data)
@@ -161,6 +165,8 @@ class WebSocketLink:
 
     def _flush(self, deadline: float) -> None:
         for chunk in self._protocol.data_to_send():
+            if self._write_error is not None:
+                continue  # nothing reaches the peer any more (pongs, a close frame): only reading is left
             try:
                 if chunk:
                     self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -170,8 +176,9 @@ class WebSocketLink:
             except TimeoutError:
                 raise
             except OSError as exc:
-                self._protocol.receive_eof()
-                self._discard_writes()
+                # The peer is gone, but the replies it sent before may sit in our socket: the read side
+                # stays open, and reading reports the end once they are read (EOF or a reset).
+                self._write_error = exc
                 raise LinkClosed(f"the connection broke ({exc})") from exc
 
     def _discard_writes(self) -> None:

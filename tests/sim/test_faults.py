@@ -83,6 +83,27 @@ def test_a_child_that_kills_itself_in_step_is_a_crash_with_its_exit_status(spawn
     wait_group_gone(sim.pid)
 
 
+def test_steps_a_child_answered_before_it_died_are_read_though_later_sends_fail(spawn: Spawn) -> None:
+    """Steps sent ahead to a dead sim fail to send; the replies it wrote before dying are still read."""
+    sim = spawn(FAULTY, build_args={"fault": "crash_step", "at_step": 4})
+    assert sim.pid is not None
+    with sim.connect(step_timeout_s=30) as client:
+        client.reset({"seed": 0})
+        answered = [client.send_step([[0.0]]) for _ in range(3)]
+        fatal = client.send_step([[0.0]])  # the sim kills itself in this step
+        deadline = time.monotonic() + 30
+        while sim.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not sim.alive()
+        lost = [client.send_step([[0.0]]) for _ in range(3)]  # to a dead peer: the socket refuses them
+        assert [client.receive_step(seq).seq for seq in answered] == answered
+        with pytest.raises(SimCrashedError, match="killed by SIGKILL"):
+            client.receive_step(fatal)
+        assert not client.usable
+        assert lost, "sent ahead before the crash was known"
+    wait_group_gone(sim.pid)
+
+
 @pytest.mark.parametrize("where", ["step", "reset"])
 def test_a_hung_child_misses_its_deadline_and_its_group_is_killed(spawn: Spawn, where: str) -> None:
     sim = spawn(FAULTY, build_args={"fault": f"hang_{where}", "at_step": 1})
