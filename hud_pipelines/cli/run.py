@@ -20,7 +20,7 @@ import sys
 import uuid
 from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow, summarize
@@ -112,10 +112,10 @@ def run_pipeline(
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
-    from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.spec.loader import declared_name, load_pipeline, pipeline_files
 
     spec = load_pipeline(path)
-    refuse_misspelled(load_deployment(), spec.name)
+    refuse_misspelled(load_deployment(), spec.name, [declared_name(file) for file in pipeline_files(path.parent)])
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)
     job = defs.resolve_job_def(spec.name)
@@ -175,7 +175,10 @@ def run_pipeline(
                 )
         except KeyboardInterrupt:
             pass  # which signal it was is read when the block ends
-    problems = _problems(result, _invocation(pipeline, pipelines_dir, outputs_dir, queue)) if result is not None else []
+    rows = collect_rows(spec, outputs)
+    invocation = _invocation(pipeline, pipelines_dir, outputs_dir, queue)
+    order = list(dict.fromkeys(row.group_id for row in rows))  # every partition, in order: ranges to re-run
+    problems = _problems(result, invocation, order) if result is not None else []
     if result is not None and _was_interrupted(result):
         received.setdefault("signal", signal.SIGINT)
     interrupted = received.get("signal")
@@ -188,7 +191,6 @@ def run_pipeline(
             f"run interrupted by {interrupted.name} after {len(finished)} of {len(ordered)} instance(s); "
             "the instances it did not finish keep their earlier results, if any",
         )
-    rows = collect_rows(spec, outputs)
     succeeded = result is not None and result.success and interrupted is None
     warned = success_signal_warning(spec.graders[0], [row for row in rows if row.run_id == run_id])
     _print_summary(
@@ -282,7 +284,7 @@ def _invocation(pipeline: str, pipelines_dir: Path | None, outputs_dir: Path | N
     return command
 
 
-def _problems(result: ExecutionResult, invocation: list[str]) -> list[str]:
+def _problems(result: ExecutionResult, invocation: list[str], order: list[str]) -> list[str]:
     """One line per failed step or failed check of a run; failed instances with the command as this run was asked."""
     from hud_pipelines.eval.checks import INSTANCES_CHECK, RERUN_HINT, rerun_command
 
@@ -293,8 +295,8 @@ def _problems(result: ExecutionResult, invocation: list[str]) -> list[str]:
             description = evaluation.description or ""
             failed = evaluation.metadata.get("failed_instances")
             if evaluation.check_name == INSTANCES_CHECK and failed is not None and RERUN_HINT in description:
-                keys = str(failed.value).split(", ")
-                description = description.split(RERUN_HINT)[0] + RERUN_HINT + rerun_command(keys, invocation)
+                keys = [str(key) for key in cast(list[object], failed.value)]
+                description = description.split(RERUN_HINT)[0] + RERUN_HINT + rerun_command(keys, invocation, order)
             problems.append(f"{blocking}check {evaluation.check_name} failed: {description}")
     for event in result.all_events:
         if event.event_type_value != "STEP_FAILURE":

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from hud_pipelines.spec.loader import collect_pipelines
+from hud_pipelines.spec.loader import collect_pipelines, declared_name
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import SpecError, display_path
 from hud_pipelines.spec.schema import render_json_schema, render_markdown
@@ -48,7 +48,7 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if deep:
         _put_cwd_on_path()
     specs, problems = collect_pipelines(paths, deep=deep)
-    known = [spec.name for spec in specs] + [Path(problem.file).stem for problem in problems]
+    known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in problems]
     deployment = _deployment_problem(None if args.paths else known)
     if problems:
         print(SpecError(problems).render(), file=stream)

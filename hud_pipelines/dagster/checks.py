@@ -67,8 +67,9 @@ def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.Ass
         result = _check_result(verdict, rows)
         if verdict.failed_instances:
             keys = verdict.failed_instances
-            rerun = rerun_command(keys, ["hud-pipelines", "run", spec.name])
-            metadata = {**result.metadata, "failed_instances": ", ".join(keys), "rerun": rerun}
+            order = list(dict.fromkeys(row.group_id for row in rows))
+            rerun = rerun_command(keys, ["hud-pipelines", "run", spec.name], order)
+            metadata = {**result.metadata, "failed_instances": dg.MetadataValue.json(list(keys)), "rerun": rerun}
             result = dg.AssetCheckResult(
                 passed=False, severity=result.severity, description=result.description, metadata=metadata
             )

@@ -23,6 +23,7 @@ from hud_pipelines.dagster.assets import build_pipeline_assets
 from hud_pipelines.dagster.deployment import (
     Deployment,
     Execution,
+    deployment_path,
     for_pipeline,
     load_deployment,
     load_execution,
@@ -31,8 +32,15 @@ from hud_pipelines.dagster.deployment import (
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.resources import pipeline_resources
 from hud_pipelines.dagster.sweeps import checkpoint_sensor
+from hud_pipelines.errors import DeploymentError
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
-from hud_pipelines.spec.loader import collect_pipelines, default_pipelines_dir, load_pipeline, pipeline_files
+from hud_pipelines.spec.loader import (
+    collect_pipelines,
+    declared_name,
+    default_pipelines_dir,
+    load_pipeline,
+    pipeline_files,
+)
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError
 
@@ -105,7 +113,13 @@ def build_definitions(directory: Path | None = None, *, outputs_dir: Path | None
             SpecError(found).render(),
         )
     deployment = load_deployment()
-    refuse_unknown_pipelines(deployment, [spec.name for spec in specs] + [Path(p.file).stem for p in problems])
+    try:
+        refuse_unknown_pipelines(
+            deployment, [spec.name for spec in specs] + [declared_name(Path(p.file)) for p in problems]
+        )
+    except DeploymentError as exc:  # the other pipelines still load; the UI shows the deployment file's marker
+        log.error("%s", exc)
+        problems = [*problems, Problem(str(deployment_path()), 0, 0, "", str(exc))]
     return definitions_for(
         specs, outputs_dir=outputs_dir, project_dir=directory.parent, broken=problems, deployment=deployment
     )

@@ -200,9 +200,11 @@ def load_deployment(path: Path | None = None) -> Deployment:
                 )
             if not isinstance(fields, dict):
                 raise DeploymentError(f"deployment file {path}: pipelines.{pipeline}.{part}: expected a mapping")
-            for name, value in cast(dict[str, Any], fields).items():
-                _check_field(path, (str(pipeline), part, str(name)), value)
-            deployment[str(pipeline)][part] = {k: _value(v) for k, v in cast(dict[str, Any], fields).items()}
+            checked = {
+                str(name): _check_field(path, (str(pipeline), part, str(name)), value)
+                for name, value in cast(dict[str, Any], fields).items()
+            }
+            deployment[str(pipeline)][part] = {k: _value(v) for k, v in checked.items()}
     return deployment
 
 
@@ -222,21 +224,27 @@ def refuse_unknown_pipelines(deployment: Deployment, known: Iterable[str], path:
             )
 
 
-def refuse_misspelled(deployment: Deployment, pipeline: str, path: Path | None = None) -> None:
+def refuse_misspelled(deployment: Deployment, pipeline: str, beside: Iterable[str], path: Path | None = None) -> None:
     """Refuse a deployment whose pipeline names miss ``pipeline`` (the one being run) by a typo.
 
     A run of one file cannot know every pipeline the deployment serves, but a name one typo away from
-    the running pipeline's, while the running one is not named, is that pipeline misspelled.
+    the running pipeline's, that none of the pipelines ``beside`` it declares while the running one is
+    not named, is that pipeline misspelled (``pusht_act`` beside ``pusht_expert`` is a pipeline of its own).
     """
     if pipeline in deployment:
         return
-    near = closest(pipeline, [name for name in deployment if name != EVERY_PIPELINE])
+    others = set(beside)
+    near = closest(pipeline, [name for name in deployment if name != EVERY_PIPELINE and name not in others])
     if near is not None:
         refuse_unknown_pipelines({near: deployment[near]}, [pipeline], path)
 
 
-def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> None:
-    """A resource field the deployment sets: one the resource has, with a value of its type (or ``{env: NAME}``)."""
+def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> object:
+    """A resource field the deployment sets: one the resource has, with a value of its type (or ``{env: NAME}``).
+
+    Returns the value to use: a number written for a text field (``lockstep_threads: 2``) as its text, as
+    the pipeline's own resources hold it.
+    """
     pipeline, part, name = keys
     declared = RESOURCES[part].model_fields
     where = f"deployment file {_located(path, ('pipelines', *keys))}: pipelines.{pipeline}.{part}.{name}"
@@ -246,12 +254,24 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> None:
             f"{where}: not a field of the {part} resource{did_you_mean(name, declared)}; its fields: {fields}"
         )
     if isinstance(value, dict) and set(cast(dict[str, Any], value)) == {"env"}:
-        return  # read from the environment when the run starts
+        return cast(object, value)  # read from the environment when the run starts
+    adapter = TypeAdapter[object](cast(Any, declared[name].annotation))
     try:
-        TypeAdapter[object](cast(Any, declared[name].annotation)).validate_python(value)
+        adapter.validate_python(value)
     except ValidationError as exc:
+        if isinstance(value, int) and not isinstance(value, bool) and _accepts(adapter, str(value)):
+            return str(value)
         reason = "; ".join(str(error["msg"]) for error in exc.errors())
         raise DeploymentError(f"{where}: {reason}, got {value!r}") from exc
+    return cast(object, value)
+
+
+def _accepts(adapter: TypeAdapter[object], value: object) -> bool:
+    try:
+        adapter.validate_python(value)
+    except ValidationError:
+        return False
+    return True
 
 
 def _located(path: Path, keys: tuple[str, ...]) -> str:

@@ -56,12 +56,21 @@ class CheckVerdict:
         return {**asdict(self), "failed_instances": list(self.failed_instances)}
 
 
-def rerun_command(failed: Sequence[str], command: Sequence[str]) -> str:
+def rerun_command(failed: Sequence[str], command: Sequence[str], order: Sequence[str] | None = None) -> str:
     """The shell line that runs the ``failed`` instances again: ``command`` and a ``--partition`` each.
 
-    Quoted for a shell: a sweep's keys hold ``|`` (``<checkpoint>|<instance>``).
+    One run takes a contiguous range of partitions, so failed instances with others between them (in
+    ``order``, every partition key in order) get a command per range, joined by ``;``. Quoted for a
+    shell: a sweep's keys hold ``|`` (``<checkpoint>|<instance>``).
     """
-    return shlex.join([*command, *(arg for key in failed for arg in ("--partition", key))])
+    position = {key: index for index, key in enumerate(order or failed)}
+    ranges: list[list[str]] = []
+    for key in sorted(failed, key=lambda k: position.get(k, len(position))):
+        if ranges and position.get(key) == position.get(ranges[-1][-1], -2) + 1:
+            ranges[-1].append(key)
+        else:
+            ranges.append([key])
+    return "; ".join(shlex.join([*command, *(arg for key in keys for arg in ("--partition", key))]) for keys in ranges)
 
 
 def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
@@ -79,7 +88,8 @@ def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
             failed.setdefault(row.group_id, (row.fault.value, row.error or ""))
     if failed:
         listed = "; ".join(f"{key}: {fault} ({one_line(reason)})" for key, (fault, reason) in sorted(failed.items()))
-        command = rerun_command(sorted(failed), ["hud-pipelines", "run", rows[0].pipeline])
+        order = list(dict.fromkeys(row.group_id for row in rows))
+        command = rerun_command(sorted(failed), ["hud-pipelines", "run", rows[0].pipeline], order)
         description = f"{len(failed)} instance(s) failed: {listed}{RERUN_HINT}{command}"
     else:
         description = "every instance ran to its end"

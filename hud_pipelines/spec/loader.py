@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from pydantic import ValidationError
 
@@ -145,6 +146,17 @@ def refresh_hint(contract: Path) -> str:
 def pipeline_files(directory: Path) -> list[Path]:
     """The pipeline files directly in ``directory``, sorted by name."""
     return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in PIPELINE_SUFFIXES)
+
+
+def declared_name(path: Path) -> str:
+    """The ``name`` a pipeline file declares, read even from a file that does not validate; else its stem."""
+    try:
+        document, _ = read_document(path.read_text(encoding="utf-8"), str(path), {})
+    except (OSError, UnicodeDecodeError):
+        return path.stem
+    data: object = document.data if document is not None else None
+    name = cast(dict[str, object], data).get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else path.stem
 
 
 def load_file(path: Path, *, deep: bool = False, env: Mapping[str, str] | None = None) -> Loaded:

@@ -164,6 +164,9 @@ def test_a_bad_deployment_file_is_refused_naming_the_file_and_key(tmp_path: Path
     assert isinstance(fields["sim"]["token"], dg.EnvVar)
     assert for_pipeline(load_deployment(shared), "b") == {"agent": {"torch_threads": 2}}
 
+    numbered = tmp_path / "numbered.yaml"
+    numbered.write_text("pipelines:\n  a: {agent: {lockstep_threads: 2}, sim: {python: null}}\n")
+    assert for_pipeline(load_deployment(numbered), "a") == {"sim": {"python": None}, "agent": {"lockstep_threads": "2"}}
     typo = tmp_path / "typo.yaml"
     typo.write_text("pipelines:\n  a:\n    sim: {factroy: null, url: 'ws://x:1'}\n")
     with pytest.raises(DeploymentError) as refused:
@@ -187,15 +190,24 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_deployment, refuse_misspelled
 
     write_pipeline("remote_eval")
+    (pipelines_dir / "broken.yaml").write_text("name: remote_eval_camera\nmax_steps: -5\n")  # a file that fails
     misspelled = tmp_path / "deployment.yaml"
-    misspelled.write_text("pipelines:\n  remote_evl:\n    sim: {num_envs: 3}\n")
+    misspelled.write_text(
+        "pipelines:\n  remote_evl:\n    sim: {num_envs: 3}\n  remote_eval_camera:\n    sim: {num_envs: 2}\n"
+    )
     monkeypatch.setenv(DEPLOYMENT_ENV, str(misspelled))
     expected = rf"{misspelled}:2:3: pipelines\.remote_evl: no pipeline of that name \(did you mean 'remote_eval'\?\)"
+    defs = build_definitions(pipelines_dir)  # the code location: every pipeline still loads, the file is marked
+    assert "remote_eval" in {job.name for job in defs.resolve_all_job_defs()}
+    markers = [key.path for key in defs.resolve_asset_graph().get_all_asset_keys() if key.path[0] == "broken_pipelines"]
+    assert ["broken_pipelines", "deployment_yaml"] in markers, markers
+    beside = ["remote_eval", "remote_eval_camera"]  # what the run's pipelines folder declares, broken files too
     with pytest.raises(DeploymentError, match=expected):
-        build_definitions(pipelines_dir)  # the code location, which knows every pipeline
-    with pytest.raises(DeploymentError, match=expected):
-        refuse_misspelled(load_deployment(), "remote_eval")  # a run of the one pipeline it meant
-    refuse_misspelled(load_deployment(), "other_pipeline")  # a name far from it may serve another project
+        refuse_misspelled(load_deployment(), "remote_eval", beside)  # a run of the one pipeline it meant
+    refuse_misspelled(load_deployment(), "other_pipeline", beside)  # a name far from it may serve another project
+    misspelled.write_text("pipelines:\n  remote_eval_camera:\n    sim: {num_envs: 2}\n")
+    refuse_misspelled(load_deployment(), "remote_eval", beside)  # close, but a pipeline of its own
+    misspelled.write_text("pipelines:\n  remote_evl:\n    sim: {num_envs: 3}\n")
     monkeypatch.chdir(pipelines_dir.parent)
     assert main(["validate", "--no-deep"]) == 1, "validate reads the deployment file too"
     assert "pipelines.remote_evl: no pipeline of that name (did you mean 'remote_eval'?)" in capsys.readouterr().out

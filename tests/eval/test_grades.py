@@ -13,6 +13,7 @@ from hud_pipelines.eval.checks import (
     answered_verdict,
     check_verdict,
     instances_verdict,
+    rerun_command,
     success_signal_warning,
     verdicts,
 )
@@ -113,6 +114,23 @@ def test_the_instances_check_fails_on_instance_faults_only() -> None:
     assert failing.failed_instances == ("t-i2",)
     assert "sim_crashed" in failing.description
     assert failing.description.endswith("re-run them with: hud-pipelines run p --partition t-i2")
+
+
+def test_failed_instances_with_others_between_them_get_a_command_per_contiguous_range() -> None:
+    rows = [
+        dataclasses.replace(_row(status), group_id=f"t-i{i}", fault=fault, error="x" if fault else None)
+        for i, (status, fault) in enumerate(
+            [(EpisodeStatus.ERRORED, Fault.SIM_CRASHED), (EpisodeStatus.SUCCEEDED, None)]
+            + [(EpisodeStatus.ERRORED, Fault.SIM_HUNG)] * 2
+        )
+    ]
+    described = instances_verdict(rows).description
+    assert described.endswith(
+        "re-run them with: hud-pipelines run p --partition t-i0; hud-pipelines run p --partition t-i2 --partition t-i3"
+    ), "one run takes a contiguous range of partitions"
+    assert rerun_command(["a|i1"], ["hud-pipelines", "run", "my sweep.yaml"]) == (
+        "hud-pipelines run 'my sweep.yaml' --partition 'a|i1'"
+    ), "quoted for a shell"
 
 
 def test_the_answered_check_fails_only_when_no_episode_succeeded_or_failed() -> None:
