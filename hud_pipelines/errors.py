@@ -64,12 +64,14 @@ class SimStartError(SimError):
     """The sim child did not come up within its start-up deadline (its stderr is attached).
 
     ``child_error`` is the child's own last error line (``ContractError: feature 'x' ...``) when it
-    wrote one; the message starts with it, before the stderr tail.
+    wrote one; the message starts with it, before the stderr tail. ``signalled``: a signal ended the
+    child without an error line of its own (an out-of-memory kill), which another start may not meet.
     """
 
-    def __init__(self, message: str, *, child_error: str | None = None) -> None:
+    def __init__(self, message: str, *, child_error: str | None = None, signalled: bool = False) -> None:
         super().__init__(message)
         self.child_error = child_error
+        self.signalled = signalled
 
     @property
     def child_error_type(self) -> str | None:

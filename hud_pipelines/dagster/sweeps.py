@@ -78,15 +78,22 @@ def register(instance: dg.DagsterInstance, spec: PipelineSpec, labels: Sequence[
     return new
 
 
-def _settled(spec: PipelineSpec) -> Discovery:
-    """The sweep's checkpoints once those that only wait out the settle time have settled.
+def _settled(spec: PipelineSpec, wanted: Sequence[str] | None) -> Discovery:
+    """The sweep's checkpoints once those asked for (``wanted``; default every one) that only wait out the
+    settle time have settled.
 
     A run asked for right after a checkpoint was saved waits those seconds instead of skipping it (or
     finding nothing to run); one that keeps changing, or lacks files, still waits for the sensor.
     """
+
+    def settling(found: Discovery) -> bool:
+        return any(
+            p.reason.startswith(SETTLING) and (wanted is None or p.checkpoint.label in wanted) for p in found.pending
+        )
+
     found = sweep.discover(spec)
     deadline = time.monotonic() + 2 * DEFAULT_SETTLE_S
-    while any(p.reason.startswith(SETTLING) for p in found.pending) and time.monotonic() < deadline:
+    while settling(found) and time.monotonic() < deadline:
         time.sleep(0.25)
         found = sweep.discover(spec)
     return found
@@ -105,7 +112,7 @@ def run_tags(
     Every complete checkpoint is registered first (a run may only name registered partitions). A label
     that is not a complete checkpoint is an error naming the known ones and why the others wait.
     """
-    found = _settled(spec)
+    found = _settled(spec, checkpoints or None)
     complete = [c.label for c in found.complete]
     waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
     chosen = list(checkpoints) if checkpoints else complete

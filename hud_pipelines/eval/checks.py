@@ -21,6 +21,7 @@ from hud_pipelines.eval.grades import GradeRow, one_line, summarize
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.envs import SUCCESS_KEYS
 from hud_pipelines.spec.grading import (
+    BUILTIN_CHECKS,
     CheckSpec,
     GraderSpec,
     MaxErrorRateCheck,
@@ -31,10 +32,9 @@ from hud_pipelines.spec.grading import (
     SuccessGrader,
 )
 
-INSTANCES_CHECK = "instances_completed"
-"""The built-in blocking check of every eval: no instance failed (sim, policy deadline, interruption)."""
-ANSWERED_CHECK = "episodes_answered"
-"""The built-in blocking check of every eval: some episode produced an answer, so the eval has a result."""
+INSTANCES_CHECK, ANSWERED_CHECK = BUILTIN_CHECKS
+"""The built-in blocking checks of every eval: no instance failed (a sim fault, a policy deadline, an
+interruption), and some episode produced an answer (so the eval has a result)."""
 RERUN_HINT = "; re-run them with: "
 """What precedes the command in ``instances_completed``'s description (the CLI puts its own invocation there)."""
 

@@ -1,7 +1,7 @@
 """The eval report: success rate with its 95% interval and denominators, a per-task table, a plot.
 
-Rendered as markdown with the plot inline (a PNG data URL), which the Dagster UI shows as is and
-which also reads fine as a file next to the grades.
+Rendered as markdown that links its plot (``report.png`` beside it, so the file reads in a terminal
+and on a code host); the Dagster UI's copy carries the plot inline, as a PNG data URI.
 """
 
 from __future__ import annotations

@@ -22,7 +22,12 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, success_signal_warning, verdicts
-from hud_pipelines.eval.configuration import record_configuration, recorded_overrides, recorded_provenance
+from hud_pipelines.eval.configuration import (
+    current_rollout_hash,
+    record_configuration,
+    recorded_overrides,
+    recorded_provenance,
+)
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import has_matrix, perturbation_table
@@ -33,6 +38,7 @@ from hud_pipelines.eval.rows import collect_rows
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
+from hud_pipelines.spec.hashing import checkpoint_rollout_hash
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 if TYPE_CHECKING:
@@ -101,9 +107,15 @@ def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str |
         writer.writerow([cell(getattr(row, name)) for name, _ in columns])
     write_atomically(outputs.grades_csv, buffer.getvalue())
     if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
-        for member in sweep.evaluated(spec, outputs):
-            grades_step(member.spec, member.outputs)
+        for member, expected in _members(spec, outputs, rollout_hash):
+            grades_step(member.spec, member.outputs, rollout_hash=expected)
     return rows
+
+
+def _members(spec: PipelineSpec, outputs: EvalOutputs, rollout_hash: str | None) -> list[tuple[sweep.Member, str]]:
+    """A sweep's evaluated checkpoints, each with the rollout hash its results must carry (the sweep table's)."""
+    sweep_hash = rollout_hash or current_rollout_hash(spec, outputs)
+    return [(m, checkpoint_rollout_hash(sweep_hash, m.content_hash)) for m in sweep.evaluated(spec, outputs)]
 
 
 def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
@@ -137,7 +149,7 @@ def report_step(
     rollout_hash: str | None = None,
     dataset: Path | None = None,
 ) -> ReportFiles:
-    """``report.md`` with the plot inline, ``report.png``, and ``report.html`` (episodes, videos, plots).
+    """``report.md`` with its plot ``report.png`` beside it, and ``report.html`` (episodes, videos, plots).
 
     Written for every run that started, failed instances included: the checks' verdicts are part of
     it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
@@ -158,8 +170,9 @@ def report_step(
     overrides = recorded_overrides(outputs)
     checks = all_verdicts(spec, rows)
     if spec.is_sweep:  # every checkpoint's own report (its episodes, videos and plots) beside the sweep's
-        for member in sweep.evaluated(spec, outputs):
-            report_step(member.spec, member.outputs, run_id=run_id, dataset=_member_dataset(dataset, member.label))
+        for member, expected in _members(spec, outputs, rollout_hash):
+            folder = _member_dataset(dataset, member.label)
+            report_step(member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder)
     warned = success_signal_warning(spec.graders[0], headline)
     markdown = render_markdown(
         title,

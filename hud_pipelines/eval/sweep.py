@@ -206,6 +206,8 @@ def answered(rows: Sequence[GradeRow]) -> CheckVerdict:
     """``episodes_answered`` on the candidate: a latest checkpoint whose every episode errored has no result."""
     candidate = candidate_label(rows)
     judged = answered_verdict([row for row in rows if row.checkpoint == candidate])
+    if candidate is None:
+        return dataclasses.replace(judged, description="no checkpoint of the sweep has been evaluated yet")
     return dataclasses.replace(judged, description=f"{candidate}: {judged.description}")
 
 

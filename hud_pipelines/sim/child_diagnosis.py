@@ -153,7 +153,9 @@ class ChildDiagnosis:
         hint = _missing_module_hint(child_error, interpreter, python) if python is not None else None
         hint = hint or (self.stuck_hint(env) if hung else None)
         lead = f"{lead}\n{hint}" if hint else lead
-        return SimStartError(f"{lead}\n{diagnosis}", child_error=child_error)
+        return SimStartError(
+            f"{lead}\n{diagnosis}", child_error=child_error, signalled=exc.signalled and child_error is None
+        )
 
 
 def _missing_module_hint(child_error: str | None, interpreter: str, python: str | Path) -> str | None:

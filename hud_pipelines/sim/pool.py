@@ -107,10 +107,9 @@ class SimPool(Closeable):
             assert settings.factory is not None
             if self._start_failure is not None:
                 failure = self._start_failure
-                raise SimStartError(
-                    f"{failure} (not started again: an earlier start in this run failed so)",
-                    child_error=failure.child_error,
-                )
+                lines = str(failure).split("\n", 1)  # said on the headline, before the child's stderr tail
+                lines[0] += " (not started again: an earlier start in this run failed so)"
+                raise SimStartError("\n".join(lines), child_error=failure.child_error)
             spawn: dict[str, Any] = {
                 "build_args": settings.build_args,
                 "contract_path": settings.contract_path,
@@ -127,7 +126,8 @@ class SimPool(Closeable):
                 else:
                     process = SimProcess.spawn(settings.factory, num_envs=settings.num_envs, **spawn)
             except SimStartError as exc:
-                self._start_failure = exc  # the same factory and arguments would fail the same way
+                if not exc.signalled:  # the same factory and arguments would fail the same way
+                    self._start_failure = exc
                 raise
             self.spawned += 1
         try:

@@ -304,6 +304,10 @@ def _signal_group(pgid: int, signum: signal.Signals) -> None:
         os.killpg(pgid, signum)
 
 
+def _exited_early(returncode: int) -> SimStartError:
+    return SimStartError(f"the sim exited with code {returncode} before it was ready", signalled=returncode < 0)
+
+
 def _read_ready_line(popen: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
     assert popen.stdout is not None
     deadline = time.monotonic() + timeout_s
@@ -316,12 +320,12 @@ def _read_ready_line(popen: subprocess.Popen[bytes], timeout_s: float) -> dict[s
                 raise SimStartError(f"the sim did not become ready within {timeout_s:g} s")
             if not selector.select(timeout=min(remaining, 0.5)):
                 if popen.poll() is not None:
-                    raise SimStartError(f"the sim exited with code {popen.returncode} before it was ready")
+                    raise _exited_early(popen.returncode)
                 continue
             chunk = os.read(popen.stdout.fileno(), 65536)
             if not chunk:
                 popen.wait(timeout=5)
-                raise SimStartError(f"the sim exited with code {popen.returncode} before it was ready")
+                raise _exited_early(popen.returncode)
             buffer += chunk
     line = buffer.split(b"\n", 1)[0]
     try:

@@ -377,7 +377,7 @@ def shard_error(exc: SimError | WireError, where: str, offset: int) -> HudPipeli
         case WireError():
             return WireError(f"{where}: {exc}")
         case SimStartError():
-            return SimStartError(f"{where}: {exc}", child_error=exc.child_error)
+            return SimStartError(f"{where}: {exc}", child_error=exc.child_error, signalled=exc.signalled)
         case SimCrashedError():
             return SimCrashedError(f"{where}: {exc}", returncode=exc.returncode)
         case SimTimeoutError():

@@ -12,9 +12,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from hud_pipelines.spec.base import Float, StrictModel
-from hud_pipelines.spec.sections import CHECK_NAME_PATTERN, omit_default
+from hud_pipelines.spec.sections import CHECK_NAME_PATTERN, omit_default, spec_rule
 
 # -- graders --------------------------------------------------------------------------------------
+
+BUILTIN_CHECKS = ("instances_completed", "episodes_answered")
+"""The checks every eval gets, whatever its YAML says (:mod:`hud_pipelines.eval.checks`): no YAML check takes
+their names."""
 
 
 class _Named(StrictModel):
@@ -122,3 +126,14 @@ CheckSpec = Annotated[
 
 def default_graders() -> list[GraderSpec]:
     return [SuccessGrader(name="success")]
+
+
+def refuse_builtin_names(names: list[str]) -> None:
+    """Refuse a YAML check named as a built-in one: their verdicts would share one name on the grades."""
+    for index, name in enumerate(names):
+        if name in BUILTIN_CHECKS:
+            raise spec_rule(
+                f"{index}.name",
+                f"check name {name!r} is a built-in check's (every eval runs {', '.join(BUILTIN_CHECKS)}); "
+                "give this check another 'name'",
+            )

@@ -38,7 +38,14 @@ from hud_pipelines.spec.agent import (
     TorchPolicyConfig,
 )
 from hud_pipelines.spec.base import Float, Int, StrictModel
-from hud_pipelines.spec.grading import CallableGrader, CheckSpec, GraderSpec, NoRegressionCheck, default_graders
+from hud_pipelines.spec.grading import (
+    CallableGrader,
+    CheckSpec,
+    GraderSpec,
+    NoRegressionCheck,
+    default_graders,
+    refuse_builtin_names,
+)
 from hud_pipelines.spec.hashing import (
     CREDENTIALS,
     MISSING,
@@ -149,6 +156,7 @@ class PipelineSpec(StrictModel):
     @classmethod
     def _unique_checks(cls, checks: list[CheckSpec]) -> list[CheckSpec]:
         require_unique([c.name for c in checks], "checks", "check")
+        refuse_builtin_names([c.name for c in checks])
         return checks
 
     @model_validator(mode="after")

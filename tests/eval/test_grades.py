@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.errors import Fault, GraderError
+from hud_pipelines.eval import sweep
 from hud_pipelines.eval.checks import (
     answered_verdict,
     check_verdict,
@@ -131,6 +132,12 @@ def test_failed_instances_with_others_between_them_get_a_command_per_contiguous_
     assert rerun_command(["a|i1"], ["hud-pipelines", "run", "my sweep.yaml"]) == (
         "hud-pipelines run 'my sweep.yaml' --partition 'a|i1'"
     ), "quoted for a shell"
+
+
+def test_a_sweep_with_no_checkpoint_evaluated_has_no_answer_and_says_so() -> None:
+    verdict = sweep.answered([])
+    assert not verdict.passed
+    assert verdict.description == "no checkpoint of the sweep has been evaluated yet"
 
 
 def test_the_answered_check_fails_only_when_no_episode_succeeded_or_failed() -> None:

@@ -54,7 +54,25 @@ def test_a_sim_that_did_not_start_is_not_started_again_for_the_next_instances(mo
     with pytest.raises(SimStartError) as again, pool.sim():
         pass
     assert spawned == ["envs.faulty:faulty"], "one child was started, not one per instance"
-    assert str(first.value) in str(again.value)
-    assert "not started again" in str(again.value)
+    headline = str(again.value).splitlines()[0]
+    assert headline == str(first.value).splitlines()[0] + " (not started again: an earlier start in this run failed so)"
+    assert str(again.value).splitlines()[1:] == str(first.value).splitlines()[1:], "the child's stderr tail as it was"
     assert again.value.child_error == first.value.child_error
+    pool.close()
+
+
+def test_a_sim_killed_by_a_signal_while_starting_is_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An out-of-memory kill while several sims start may not happen twice: the next instance tries again."""
+    calls: list[int] = []
+
+    def killed(factory: str, **options: Any) -> SimProcess:
+        calls.append(1)
+        raise SimStartError("the sim exited with code -9 before it was ready", signalled=True)
+
+    monkeypatch.setattr(SimProcess, "spawn", killed)
+    pool = SimPool(SimSettings(factory="CartPole-v1"))
+    for _ in range(2):
+        with pytest.raises(SimStartError, match="code -9"), pool.sim():
+            pass
+    assert len(calls) == 2
     pool.close()
