@@ -99,6 +99,10 @@ def target_parameters(target: str) -> frozenset[str] | None:
     except (SyntaxError, OSError, UnicodeDecodeError, ValueError):
         return None
     found = [node for node in tree.body if getattr(node, "name", None) == attribute]
+    if any(
+        attribute in _bound(target) for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
+    ):
+        return None  # rebound at module level (``make = wrap(make)``): the def is not what is called
     definition = found[-1] if found else None
     if isinstance(definition, ast.ClassDef) and not definition.decorator_list:
         inits = [n for n in definition.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
@@ -111,8 +115,9 @@ def target_parameters(target: str) -> frozenset[str] | None:
 def _parameters(arguments: ast.arguments, *, skip_first: bool) -> frozenset[str] | None:
     if arguments.vararg is not None or arguments.kwarg is not None:
         return None
-    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
-    return frozenset([*positional[1 if skip_first else 0 :], *(a.arg for a in arguments.kwonlyargs)])
+    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)][1 if skip_first else 0 :]
+    keywords = positional[len(arguments.posonlyargs) - (1 if skip_first and arguments.posonlyargs else 0) :]
+    return frozenset([*keywords, *(a.arg for a in arguments.kwonlyargs)])  # args are passed by keyword
 
 
 def _runtime_names(module: object, attribute: str) -> set[str]:

@@ -65,6 +65,17 @@ def make(scale, offset=0.0):
 
 def anything(**kwargs):
     return Gain()
+
+
+def rebound(scale):
+    return Gain(scale)
+
+
+rebound = not_a_real_heavy_dependency.wrap(rebound)
+
+
+def positional(scale, /, offset=0.0):
+    return Gain(scale)
 """
 
 
@@ -84,8 +95,10 @@ def test_policy_args_are_checked_against_the_targets_signature_read_from_source(
     assert "args.clip" not in message, "a keyword-only parameter is an argument too"
     with pytest.raises(SpecError, match=r"args\.offst: make takes no argument 'offst' \(did you mean 'offset'\?\)"):
         load("make", "{scale: 2, offst: 1}")
-    for target in ("Inherited", "anything"):  # an inherited constructor or **kwargs: not known from source
+    for target in ("Inherited", "anything", "rebound"):  # inherited, **kwargs, rebound: not known from source
         load(target, "{whatever: 1}")
+    with pytest.raises(SpecError, match=r"args\.scale: positional takes no argument 'scale'; it takes: offset"):
+        load("positional", "{scale: 2}")  # args are passed by keyword
 
 
 def test_module_targets_are_found_without_importing_them(
