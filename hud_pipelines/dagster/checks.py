@@ -5,7 +5,7 @@ Each check reads the grade table the ``grades`` asset wrote and this run's thres
 resource); a sweep's checks judge its candidate (:func:`hud_pipelines.eval.sweep.verdict`).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import dagster as dg
 from dagster import AssetCheckExecutionContext
@@ -54,45 +54,54 @@ def pipeline_check(
 def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
     """The built-in blocking check: a failed instance fails the run (and holds the dataset back)."""
 
-    @dg.asset_check(
-        asset=grades_key,
-        name=INSTANCES_CHECK,
-        blocking=True,
-        description="Every instance ran to its end: none failed on a sim fault, a policy or rollout deadline, or "
-        "an interruption. Failed instances are listed with the command that re-runs them.",
-    )
-    def instances_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        rows = read_grades(outputs)
+    def judge(rows: list[GradeRow]) -> dg.AssetCheckResult:
         verdict = instances_verdict(rows)
         result = _check_result(verdict, rows)
-        if verdict.failed_instances:
-            keys = verdict.failed_instances
-            order = list(dict.fromkeys(row.group_id for row in rows))
-            rerun = rerun_command(keys, ["hud-pipelines", "run", spec.name], order)
-            metadata = {**result.metadata, "failed_instances": dg.MetadataValue.json(list(keys)), "rerun": rerun}
-            result = dg.AssetCheckResult(
-                passed=False, severity=result.severity, description=result.description, metadata=metadata
-            )
-        return result
+        if not verdict.failed_instances:
+            return result
+        keys = verdict.failed_instances
+        order = list(dict.fromkeys(row.group_id for row in rows))
+        rerun = rerun_command(keys, ["hud-pipelines", "run", spec.name], order)
+        metadata = {**result.metadata, "failed_instances": dg.MetadataValue.json(list(keys)), "rerun": rerun}
+        return dg.AssetCheckResult(
+            passed=False, severity=result.severity, description=result.description, metadata=metadata
+        )
 
-    return instances_check
+    described = (
+        "Every instance ran to its end: none failed on a sim fault, a policy or rollout deadline, or an "
+        "interruption. Failed instances are listed with the command that re-runs them."
+    )
+    return _builtin_check(INSTANCES_CHECK, described, outputs, grades_key, judge)
 
 
 def answered_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.AssetKey) -> dg.AssetChecksDefinition:
     """The built-in blocking check that an eval has a result: some episode (a sweep's candidate's) was answered."""
 
-    @dg.asset_check(
-        asset=grades_key,
-        name=ANSWERED_CHECK,
-        blocking=True,
-        description="Some episode produced an answer (succeeded or failed): a run whose every episode errored "
-        "has no success rate, and fails instead of passing its rate checks on nothing.",
-    )
-    def answered_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        rows = read_grades(outputs)
+    def judge(rows: list[GradeRow]) -> dg.AssetCheckResult:
         return _check_result(sweep.answered(rows) if spec.is_sweep else answered_verdict(rows), rows)
 
-    return answered_check
+    described = (
+        "Some episode produced an answer (succeeded or failed): a run whose every episode errored has no "
+        "success rate, and fails instead of passing its rate checks on nothing."
+    )
+    return _builtin_check(ANSWERED_CHECK, described, outputs, grades_key, judge)
+
+
+def _builtin_check(
+    name: str,
+    description: str,
+    outputs: EvalOutputs,
+    grades_key: dg.AssetKey,
+    judge: Callable[[list[GradeRow]], dg.AssetCheckResult],
+) -> dg.AssetChecksDefinition:
+    """A blocking check every eval gets, judged on the grade table the ``grades`` asset wrote."""
+
+    @dg.asset_check(asset=grades_key, name=name, blocking=True, description=description)
+    def builtin(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        del context  # the grades on disk are all it reads
+        return judge(read_grades(outputs))
+
+    return builtin
 
 
 def _check_result(verdict: CheckVerdict, rows: Sequence[GradeRow]) -> dg.AssetCheckResult:

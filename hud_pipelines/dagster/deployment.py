@@ -46,28 +46,13 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
 
-from hud_pipelines.dagster.resources import (
-    AGENT,
-    CONTRACT,
-    GRADERS,
-    SIM,
-    AgentResource,
-    ContractResource,
-    GradersResource,
-    SimResource,
-)
+from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, RESOURCE_TYPES, SIM
 from hud_pipelines.errors import DeploymentError
 from hud_pipelines.spec.problems import closest, did_you_mean
 
 DEPLOYMENT_ENV = "HUD_PIPELINES_DEPLOYMENT"
 EVERY_PIPELINE = "*"
 PARTS = (SIM, CONTRACT, AGENT, GRADERS)
-RESOURCES: dict[str, type[BaseModel]] = {
-    SIM: SimResource,
-    CONTRACT: ContractResource,
-    AGENT: AgentResource,
-    GRADERS: GradersResource,
-}
 
 EXECUTION = "execution"
 IN_PROCESS, CELERY, K8S = "in_process", "celery", "k8s"
@@ -246,7 +231,7 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> objec
     the pipeline's own resources hold it.
     """
     pipeline, part, name = keys
-    declared = RESOURCES[part].model_fields
+    declared = RESOURCE_TYPES[part].model_fields
     where = f"deployment file {_located(path, ('pipelines', *keys))}: pipelines.{pipeline}.{part}.{name}"
     if name not in declared:
         fields = ", ".join(sorted(set(declared) - {"project_dir"}))

@@ -146,6 +146,15 @@ class GradersResource(dg.ConfigurableResource):  # type: ignore[misc]
     )
 
 
+RESOURCE_TYPES: dict[str, type[BaseModel]] = {
+    SIM: SimResource,
+    CONTRACT: ContractResource,
+    AGENT: AgentResource,
+    GRADERS: GradersResource,
+}
+"""Each part of a pipeline's resources and its class: what a deployment file's fields are checked against."""
+
+
 @dataclass(frozen=True)
 class PipelineResources:
     """The four resources of one pipeline, as the YAML (and the deployment) configure them."""
