@@ -203,6 +203,7 @@ def report_step(
         repo_id=spec.dataset_repo_id,
         perturbations=studied,
         members={m.label: m.outputs for m in sweep.evaluated(spec, outputs)} if spec.is_sweep else None,
+        warnings=[warned] if warned else [],
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))

@@ -244,6 +244,8 @@ def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_repor
     assert "**Warning:** no episode reported a success signal (info['is_success']" in report
     assert "![per-slot outcomes](report.png)" in report, "the plot is the file beside the report"
     assert "data:image" not in report, "report.md stays readable in a terminal"
+    page = (tmp_path / "silent" / "placed" / "report.html").read_text()
+    assert '<p class="warning"><strong>Warning:</strong> no episode reported a success signal' in page
 
     reporting = _spec(
         tmp_path,
@@ -255,3 +257,4 @@ def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_repor
     evaluation = evaluate(reporting, outputs_dir=tmp_path / "reporting")
     assert [row.success_reported for row in evaluation.rows] == [True, True], "it says False at every step"
     assert "**Warning:**" not in (tmp_path / "reporting" / "placed" / "report.md").read_text()
+    assert 'class="warning"' not in (tmp_path / "reporting" / "placed" / "report.html").read_text()

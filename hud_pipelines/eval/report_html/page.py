@@ -57,6 +57,7 @@ def write_html_report(
     repo_id: str = "",
     perturbations: tuple[Sequence[AxisRow], str] | None = None,
     members: Mapping[str, EvalOutputs] | None = None,
+    warnings: Sequence[str] = (),
 ) -> HtmlReport:
     """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
@@ -79,6 +80,7 @@ def write_html_report(
         overrides=overrides or {},
         sweep=sweep,
         perturbations=perturbations,
+        warnings=warnings,
     )
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
@@ -103,12 +105,14 @@ def render_page(
     overrides: Mapping[str, object],
     sweep: SweepComparison | None = None,
     perturbations: tuple[Sequence[AxisRow], str] | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
     title = escape(f"{pipeline}: eval report")
     body = "\n".join(
         [
             f"<header><h1>{escape(pipeline)}</h1></header>",
             _summary(summarize(rows)) if sweep is None else _checkpoints(sweep),
+            *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
             _checks(checks),
             _provenance(rows, run_id, overrides),
             _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else ()),
