@@ -169,10 +169,10 @@ def report_step(
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
     checks = all_verdicts(spec, rows)
-    if spec.is_sweep:  # every checkpoint's own report (its episodes, videos and plots) beside the sweep's
-        for member, expected in _members(spec, outputs, rollout_hash):
-            folder = _member_dataset(dataset, member.label)
-            report_step(member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder)
+    members = _members(spec, outputs, rollout_hash) if spec.is_sweep else []
+    for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
+        folder = _member_dataset(dataset, member.label)
+        report_step(member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder)
     warned = success_signal_warning(spec.graders[0], headline)
     markdown = render_markdown(
         title,
@@ -202,7 +202,7 @@ def report_step(
         dataset=dataset if spec.dataset_enabled else None,
         repo_id=spec.dataset_repo_id,
         perturbations=studied,
-        members={m.label: m.outputs for m in sweep.evaluated(spec, outputs)} if spec.is_sweep else None,
+        members={m.label: m.outputs for m, _ in members} if spec.is_sweep else None,
         warnings=[warned] if warned else [],
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
