@@ -79,9 +79,38 @@ class SpecError(HudPipelinesError):
 
 
 def closest(word: str, candidates: Iterable[str]) -> str | None:
-    """The candidate most similar to ``word`` when one is similar enough to be a likely typo."""
-    matches = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return matches[0] if matches else None
+    """The candidate most similar to ``word`` when one is similar enough to be a likely typo.
+
+    Similarity is difflib's ratio, which misses short names (``G0`` for ``Go`` scores 0.5): a
+    candidate that differs only in case, or by one edit (a character changed, added, dropped or two
+    swapped), counts as a typo too.
+    """
+    names = list(candidates)
+    folded = [name for name in names if name.casefold() == word.casefold()]
+    if folded:
+        return folded[0]
+    matches = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    if matches:
+        return matches[0]
+    if len(word) < 2:  # one character is one edit from every other: no likely typo
+        return None
+    return next((name for name in names if _one_edit(word.casefold(), name.casefold())), None)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with one character changed, added or dropped, or two neighbours swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        differ = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        return len(differ) == 1 or (
+            len(differ) == 2
+            and differ[1] == differ[0] + 1
+            and a[differ[0]] == b[differ[1]]
+            and a[differ[1]] == b[differ[0]]
+        )
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:

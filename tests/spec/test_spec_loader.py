@@ -10,6 +10,7 @@ import pytest
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.spec import SpecError, collect_pipelines, load_pipeline, load_pipeline_text, load_pipelines
 from hud_pipelines.spec.loader import load_file
+from hud_pipelines.spec.problems import closest, did_you_mean
 
 WriteYaml = Callable[..., Path]
 """The ``write_yaml`` fixture (conftest.py): write YAML text to a file under tmp_path."""
@@ -184,3 +185,13 @@ def test_a_recursive_alias_is_reported(write_yaml: WriteYaml) -> None:
     with pytest.raises(SpecError) as raised:
         load_pipeline(write_yaml(minimal("recursive") + "tasks: &loop [*loop]\n"))
     assert any("recursive alias" in p.message for p in raised.value.problems)
+
+
+def test_a_short_name_one_edit_or_a_case_away_is_suggested_but_one_letter_is_not() -> None:
+    assert closest("G0", ["Go", "push"]) == "Go"  # difflib's ratio alone gives 0.5: no suggestion
+    assert closest("og", ["go", "push"]) == "go"  # two neighbours swapped
+    assert closest("PUSH", ["pull", "push"]) == "push"
+    assert closest("pus", ["push"]) == "push"
+    assert closest("b", ["a", "c"]) is None
+    assert closest("xy", ["push", "pull"]) is None
+    assert did_you_mean("G0", ["Go"]) == " (did you mean 'Go'?)"
