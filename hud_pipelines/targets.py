@@ -10,6 +10,7 @@ closest names the module has. This module is light: the sim child imports it.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib
 import importlib.util
@@ -66,6 +67,9 @@ def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesEr
         raise error(f"{what} {spec!r}: file {path} does not exist{suggestion}")
     if str(path.parent) not in sys.path:  # as for a script: the files beside it import; last, so they shadow nothing
         sys.path.append(str(path.parent))
+    shadowed = shadowed_sibling(path)
+    if shadowed is not None:
+        raise error(f"{what} {spec!r}: {shadowed}")
     module_name = f"hud_pipelines_target_{path.stem}_{abs(hash(path)) & 0xFFFFFF:x}"
     if module_name in sys.modules:
         return sys.modules[module_name]
@@ -80,3 +84,52 @@ def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesEr
         del sys.modules[module_name]
         raise
     return module
+
+
+def shadowed_sibling(path: Path) -> str | None:
+    """Why ``path`` would import another module than the one beside it of the same name (``None``: it would not).
+
+    A process holds one module per name: ``helpers.py`` beside a second pipeline's factory resolves
+    to the first pipeline's ``helpers`` once that is loaded, and an installed ``utils`` wins over a
+    ``utils.py`` beside the file (the folder goes last on ``sys.path``). Either would run other code
+    than the file's author wrote, silently; the names it imports are read from its source.
+    """
+    for name in sorted(_imported_top_names(path)):
+        sibling = _sibling_module(path.parent, name)
+        if sibling is None:
+            continue
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = Path(found.origin).resolve() if found is not None and found.origin else None
+        if origin is not None and origin != sibling:
+            return (
+                f"{path.name} imports {name!r}, which is {sibling} beside it, but {name!r} resolves to "
+                f"{origin} in this process (one module per name: another pipeline's file or an installed "
+                f"package of that name); rename one of them, or make the folder a package"
+            )
+    return None
+
+
+def _imported_top_names(path: Path) -> set[str]:
+    """The top-level module names a file's absolute imports name, anywhere in it (functions too)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError):
+        return set()  # executing the module reports it, with its line
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".", 1)[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".", 1)[0])
+    return names
+
+
+def _sibling_module(folder: Path, name: str) -> Path | None:
+    """The file that ``import name`` finds in ``folder``: ``name.py`` or ``name/__init__.py``."""
+    for candidate in (folder / f"{name}.py", folder / name / "__init__.py"):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None

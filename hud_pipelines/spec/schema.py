@@ -94,7 +94,9 @@ resolves the sim factory, the policy and grader import paths and the files the s
   path, which starts with the project root: the directory `hud-pipelines` runs from, which also
   holds `outputs/`, `.dagster_home/` and a relative `dataset.root`. A `file.py:callable` target is
   loaded as a script is: the files beside it import too (its folder goes last on the path, so it
-  shadows no installed module).
+  shadows no installed module). A file beside it whose name another module already takes (an
+  installed package, or the file of that name beside another pipeline loaded in the same process)
+  is refused, naming both: a process holds one module per name.
 - **Partitions and seeds.** Every task runs `group` instances; an instance is one sim of
   `sim.num_envs` slots and one Dagster partition, keyed `<task name>-i<instance>` (`task0-i0`).
   Slot `j` of instance `i` starts from seed `tasks[].seed + i * num_envs + j`, so a task yields

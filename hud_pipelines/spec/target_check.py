@@ -16,6 +16,7 @@ import pkgutil
 from pathlib import Path
 
 from hud_pipelines.spec.problems import did_you_mean
+from hud_pipelines.targets import shadowed_sibling
 
 _BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.With, ast.For, ast.While)
 
@@ -37,6 +38,9 @@ def _file_problem(path: Path, attribute: str) -> str | None:
     if not path.is_file():
         siblings = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
         return f"file {path} does not exist{did_you_mean(path.name, siblings)}"
+    shadowed = shadowed_sibling(path)
+    if shadowed is not None:
+        return shadowed
     names = _static_names(path)
     if isinstance(names, str):
         return names

@@ -143,3 +143,29 @@ def test_a_kwargs_factory_takes_every_non_episodic_argument(tmp_path: Path) -> N
     assert (build, episodic) == ({"anything": 1}, {"seed": 2})
     env: Any = factory.build(build, 1)
     assert env.kwargs == {"anything": 1}
+
+
+def test_a_file_factory_whose_helper_module_another_pipelines_helper_replaces_is_refused_naming_both(
+    tmp_path: Path,
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, speed in ((first, 0.25), (second, 0.5)):
+        folder.mkdir()
+        (folder / "shared_name_helpers_for_test.py").write_text(f"SPEED = {speed}\n")
+        (folder / "factory.py").write_text(
+            "import gymnasium as gym\n\n\ndef make():\n"
+            "    from shared_name_helpers_for_test import SPEED\n\n"
+            "    env = gym.make('CartPole-v1')\n    env.speed = SPEED\n    return env\n"
+        )
+    env = resolve_factory(f"{first}/factory.py:make").build({}, 1)
+    assert env.speed == 0.25  # pyright: ignore[reportAttributeAccessIssue]
+    env.close()
+    with pytest.raises(FactoryError) as refused:  # it would build with the first folder's SPEED
+        resolve_factory(f"{second}/factory.py:make")
+    message = str(refused.value)
+    assert f"imports 'shared_name_helpers_for_test', which is {second}/shared_name_helpers_for_test.py" in message
+    assert f"resolves to {first}/shared_name_helpers_for_test.py" in message
+    (second / "json.py").write_text("LOADS = None\n")  # a stdlib module of that name wins over the file
+    (second / "uses_json.py").write_text("import json\n\n\ndef make():\n    return json\n")
+    with pytest.raises(FactoryError, match=r"imports 'json', which is .*second/json.py beside it, but 'json' resolves"):
+        resolve_factory(f"{second}/uses_json.py:make")

@@ -159,6 +159,19 @@ def test_a_syntax_error_in_a_target_file_is_reported_with_its_line(tmp_path: Pat
     assert "broken.py:4: syntax error" in problem
 
 
+def test_a_target_file_importing_a_module_beside_it_that_another_of_its_name_shadows_is_reported(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "json.py").write_text("SPEED = 1\n")
+    (tmp_path / "policy.py").write_text("def act(obs):\n    from json import SPEED\n\n    return SPEED\n")
+    problem = target_problem(f"{tmp_path / 'policy.py'}:act")
+    assert problem is not None
+    assert f"policy.py imports 'json', which is {tmp_path / 'json.py'} beside it, but 'json' resolves to" in problem
+    (tmp_path / "json.py").rename(tmp_path / "speeds.py")  # a name of its own: nothing shadows it
+    (tmp_path / "policy.py").write_text("def act(obs):\n    from speeds import SPEED\n\n    return SPEED\n")
+    assert target_problem(f"{tmp_path / 'policy.py'}:act") is None
+
+
 def test_task_build_arguments_are_sorted_against_the_factory(write_yaml: WriteYaml) -> None:
     path = write_yaml(
         """\
