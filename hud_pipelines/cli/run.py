@@ -111,6 +111,7 @@ def run_pipeline(
     from hud_pipelines.eval.checks import success_signal_warning
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.rows import collect_rows
+    from hud_pipelines.eval.seed_check import seed_warning
     from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
     from hud_pipelines.spec.loader import declared_name, load_pipeline, pipeline_files
 
@@ -192,9 +193,10 @@ def run_pipeline(
             "the instances it did not finish keep their earlier results, if any",
         )
     succeeded = result is not None and result.success and interrupted is None
-    warned = success_signal_warning(spec.graders[0], [row for row in rows if row.run_id == run_id])
+    this_run = [row for row in rows if row.run_id == run_id]
+    warned = [success_signal_warning(spec.graders[0], this_run), seed_warning(outputs)]
     _print_summary(
-        spec.name, rows, succeeded, run_id, outputs.base, [*([f"warning: {warned}"] if warned else []), *problems]
+        spec.name, rows, succeeded, run_id, outputs.base, [*(f"warning: {w}" for w in warned if w), *problems]
     )
     if interrupted is not None:
         return 128 + int(interrupted)

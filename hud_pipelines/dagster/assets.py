@@ -183,7 +183,7 @@ def _build(
             selected = context.selected_asset_keys
             if contract_key in selected:
                 try:
-                    derived = contract_step(pool, outputs)
+                    derived = contract_step(effective, pool, outputs)
                 except HudPipelinesError as exc:  # every selected instance then errors with the reason
                     context.log.error(f"the sim of {name} did not start: {exc}")
                 else:

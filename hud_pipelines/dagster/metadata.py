@@ -16,6 +16,7 @@ from hud_pipelines.eval.configuration import recorded_provenance
 from hud_pipelines.eval.grades import summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.runner import InstanceResult
+from hud_pipelines.eval.seed_check import read_seed_check
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.models import PipelineSpec
 
@@ -54,11 +55,13 @@ def instance_metadata(result: InstanceResult) -> dict[str, Any]:
 
 
 def contract_metadata(spec: PipelineSpec, outputs: EvalOutputs, derived: Contract) -> dict[str, Any]:
+    seeded = read_seed_check(outputs)
     return {
         "features": features_table(derived),
         "control_rate_hz": derived.control_rate,
         "robot_type": derived.robot_type,
         "path": dg.MetadataValue.path(str(spec.contract_path or outputs.contract)),
+        **({} if seeded is None else {"repeats_start_for_seed": seeded.repeats}),
     }
 
 

@@ -56,6 +56,8 @@ class EvalOutputs:
         return self.root / self.pipeline
 
     contract = _Entry("contract.json")
+    seed_check = _Entry("seed_check.json")
+    """Whether the sim repeated an episode's start for the same seed, checked by the latest contract step."""
 
     def result(self, partition_key: str) -> Path:
         return self.base / "rollouts" / f"{partition_key}.json"

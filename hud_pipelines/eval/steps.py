@@ -35,6 +35,7 @@ from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
 from hud_pipelines.eval.rows import collect_rows
+from hud_pipelines.eval.seed_check import check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
@@ -78,11 +79,16 @@ def cell(value: object) -> str | int | float | bool | None:
 # -- contract ------------------------------------------------------------------------------------------
 
 
-def contract_step(pool: SimPool, outputs: EvalOutputs) -> Contract:
-    """The sim's contract, written to ``outputs/<name>/contract.json`` (the sim stays in the pool)."""
+def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Contract:
+    """The sim's contract, written to ``outputs/<name>/contract.json`` (the sim stays in the pool).
+
+    Then the sim's seeded reset is checked on the first instance's tasks (``seed_check.json``).
+    """
+    outputs.seed_check.unlink(missing_ok=True)  # a sim that does not start leaves no verdict of an earlier one
     contract = pool.contract()
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
+    write_seed_check(outputs, check_seeded_reset(pool, spec.slot_tasks(*spec.partitions()[0])))
     return contract
 
 
@@ -173,7 +179,7 @@ def report_step(
     for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = _member_dataset(dataset, member.label)
         report_step(member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder)
-    warned = success_signal_warning(spec.graders[0], headline)
+    warned = [w for w in (success_signal_warning(spec.graders[0], headline), seed_warning(outputs)) if w]
     markdown = render_markdown(
         title,
         headline,
@@ -181,7 +187,7 @@ def report_step(
         checks=checks,
         run_id=run_id,
         overrides=overrides,
-        warnings=[warned] if warned else [],
+        warnings=warned,
     )
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     if table is not None:
@@ -203,7 +209,7 @@ def report_step(
         repo_id=spec.dataset_repo_id,
         perturbations=studied,
         members={m.label: m.outputs for m, _ in members} if spec.is_sweep else None,
-        warnings=[warned] if warned else [],
+        warnings=warned,
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))
@@ -352,7 +358,7 @@ def evaluate(
     try:
         pool = parts.sim.pool(effective)
         with contextlib.suppress(HudPipelinesError):  # a sim that cannot start errors every instance below
-            contract_step(pool, outputs)
+            contract_step(effective, pool, outputs)
         record_configuration(effective, spec, outputs, run_id=run_id)
         if effective.is_sweep:
             members = sweep.select(sweep.members(effective, outputs, settle_s=settle_s), checkpoints)

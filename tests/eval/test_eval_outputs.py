@@ -258,3 +258,53 @@ def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_repor
     assert [row.success_reported for row in evaluation.rows] == [True, True], "it says False at every step"
     assert "**Warning:**" not in (tmp_path / "reporting" / "placed" / "report.md").read_text()
     assert 'class="warning"' not in (tmp_path / "reporting" / "placed" / "report.html").read_text()
+
+
+UNSEEDED_ENV = '''\
+import gymnasium as gym
+import numpy as np
+
+
+class Unseeded(gym.Env):
+    """Starts from the global generator, not from self.np_random: its seed changes nothing."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = np.random.uniform(-1.0, 1.0, 2).astype(np.float32)
+        return self.position, {}
+
+    def step(self, action):
+        return self.position, 0.0, False, False, {}
+'''
+
+
+def test_a_sim_that_does_not_repeat_its_start_for_a_seed_is_named_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    (tmp_path / "unseeded_env.py").write_text(UNSEEDED_ENV)
+    unseeded = _spec(
+        tmp_path,
+        sim={"factory": "unseeded_env.py:Unseeded", "num_envs": 2},
+        agent={"policy": {"kind": "constant"}},
+        dataset={"enabled": False},
+    )
+    evaluate(unseeded, outputs_dir=tmp_path / "unseeded")
+    check = json.loads((tmp_path / "unseeded" / "placed" / "seed_check.json").read_text())
+    assert check == {"seeds": [0, 1], "differing": {"0": ["state"], "1": ["state"]}}
+    report = (tmp_path / "unseeded" / "placed" / "report.md").read_text()
+    assert (
+        "**Warning:** the sim does not repeat an episode's start for the same seed: two resets with seed 0 gave "
+        "different state (slot 0; 2 of 2 slots differed)"
+    ) in report
+    page = (tmp_path / "unseeded" / "placed" / "report.html").read_text()
+    assert "<strong>Warning:</strong> the sim does not repeat an episode&#x27;s start" in page
+
+    seeded = _spec(tmp_path, dataset={"enabled": False})  # CartPole starts from self.np_random
+    evaluate(seeded, outputs_dir=tmp_path / "seeded")
+    check = json.loads((tmp_path / "seeded" / "placed" / "seed_check.json").read_text())
+    assert check == {"seeds": [0, 1], "differing": {}}
+    assert "does not repeat" not in (tmp_path / "seeded" / "placed" / "report.md").read_text()
