@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
-from hud_pipelines.sim.pool import SimPool
+from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.sharded_sim import ShardedSim
 from hud_pipelines.wire.messages import Observation
 
 
@@ -51,15 +51,11 @@ class SeedCheck:
         )
 
 
-def check_seeded_reset(pool: SimPool, tasks: Sequence[Mapping[str, Any]]) -> SeedCheck | None:
-    """Reset one sim of ``pool`` twice with ``tasks`` and compare; ``None`` when a reset failed (no verdict)."""
+def check_seeded_reset(client: SimClient | ShardedSim, tasks: Sequence[Mapping[str, Any]]) -> SeedCheck:
+    """Reset the sim twice with ``tasks`` and compare (a failed reset raises: there is no verdict)."""
     wanted = [dict(task) for task in tasks]
-    try:
-        with pool.sim() as live:
-            first = _readings(live.client.reset(wanted))
-            second = _readings(live.client.reset(wanted))
-    except HudPipelinesError:
-        return None
+    first = _readings(client.reset(wanted))
+    second = _readings(client.reset(wanted))
     differing: dict[str, list[str]] = {}
     for slot, (before, after) in enumerate(zip(first, second, strict=True)):
         if before is None or after is None:  # a slot that errored at reset says nothing about its seed

@@ -35,7 +35,7 @@ from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
 from hud_pipelines.eval.rows import collect_rows
-from hud_pipelines.eval.seed_check import check_seeded_reset, seed_warning, write_seed_check
+from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
@@ -85,10 +85,12 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Co
     Then the sim's seeded reset is checked on the first instance's tasks (``seed_check.json``).
     """
     outputs.seed_check.unlink(missing_ok=True)  # a sim that does not start leaves no verdict of an earlier one
-    contract = pool.contract()
+    tasks = spec.slot_tasks(*spec.partitions()[0])
+    checked: list[SeedCheck] = []  # stays empty when a reset of the check failed
+    contract = pool.contract(then=lambda client: checked.append(check_seeded_reset(client, tasks)))
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
-    write_seed_check(outputs, check_seeded_reset(pool, spec.slot_tasks(*spec.partitions()[0])))
+    write_seed_check(outputs, checked[0] if checked else None)
     return contract
 
 

@@ -21,14 +21,14 @@ import logging
 import socket
 import threading
 import urllib.parse
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import SimError, SimStartError
+from hud_pipelines.errors import HudPipelinesError, SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.sharded_sim import ShardedSim
@@ -143,11 +143,14 @@ class SimPool(Closeable):
             raise
         return LiveSim(process, client, server=server)
 
-    def contract(self) -> Contract:
+    def contract(self, *, then: Callable[[SimClient | ShardedSim], None] | None = None) -> Contract:
         """The sim's contract, read once from the first sim that starts (the sim then stays in the pool).
 
         In a fleet, a server that cannot be reached is skipped here (and lost, as an instance would
-        lose it): one bad machine must not leave the whole eval without its contract.
+        lose it): one bad machine must not leave the whole eval without its contract. ``then`` runs on
+        the client of the sim that gave the contract, by the call that reads it (the run's seed check):
+        it takes no server of its own, so a bad one is still met, and named, by an instance. If it
+        fails, the contract stands and that sim is not used again (an instance meets the fault anew).
         """
         if self._contract is not None:
             return self._contract
@@ -156,6 +159,12 @@ class SimPool(Closeable):
             try:
                 with self.sim() as live:
                     self._contract = live.client.contract
+                    if then is not None:
+                        try:
+                            then(live.client)
+                        except HudPipelinesError as exc:
+                            live.healthy = False
+                            log.warning("the sim gave its contract, then failed: %s", exc)
                 return self._contract
             except SimError as exc:
                 if attempt == attempts - 1:

@@ -76,3 +76,24 @@ def test_a_sim_killed_by_a_signal_while_starting_is_started_again(monkeypatch: p
             pass
     assert len(calls) == 2
     pool.close()
+
+
+def test_what_runs_on_the_contracts_sim_may_fail_without_losing_the_contract_and_that_sim_is_not_reused() -> None:
+    pool = SimPool(SimSettings(factory="envs.faulty:faulty", num_envs=2, build_args={"fault": "raise_reset"}))
+    seen: list[Any] = []
+
+    def reset_every_slot(client: Any) -> None:
+        seen.append(client)
+        client.reset([{"seed": 0}, {"seed": 1}])  # every seeded reset of this sim raises
+
+    try:
+        contract = pool.contract(then=reset_every_slot)
+        assert len(seen) == 1
+        assert contract.action.shape == (1,)
+        assert pool.contract(then=reset_every_slot) is contract
+        assert len(seen) == 1, "only the call that reads the contract runs it"
+        with pool.sim() as live:
+            assert live.client is not seen[0], "the sim whose check failed was stopped, not reused"
+        assert pool.spawned == 2
+    finally:
+        pool.close()
