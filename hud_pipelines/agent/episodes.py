@@ -111,9 +111,19 @@ class SlotEpisodes:
             sink.add_inferences(batch)
 
     def record(
-        self, before: Observation, reply: Observation, running: npt.NDArray[np.intp], action: npt.NDArray[np.float32]
+        self,
+        before: Observation,
+        reply: Observation,
+        running: npt.NDArray[np.intp],
+        action: npt.NDArray[np.float32],
+        *,
+        cutoff: bool = False,
     ) -> None:
-        """Count one step of the ``running`` slots, tell the sinks its frames, and end the episodes it ended."""
+        """Count one step of the ``running`` slots, tell the sinks its frames, and end the episodes it ended.
+
+        ``cutoff``: this is the last step ``max_steps`` allows, so every slot still running is truncated
+        here, and its last frame says so (``next.done``), as gymnasium's ``TimeLimit`` would.
+        """
         self.steps[running] += 1
         errored = self.apply_errors(reply)  # the sim ends a slot whose observation or reward is not finite
         counted = running[self.running[running]]
@@ -123,12 +133,12 @@ class SlotEpisodes:
         stepped = running if not errored else np.array([s for s in running.tolist() if s not in errored], np.intp)
         if not stepped.size:
             return
-        ended = reply.terminated[stepped] | reply.truncated[stepped]
+        truncated = reply.truncated[stepped] | cutoff
+        ended = reply.terminated[stepped] | truncated
         status = reply.status
-        for slot, done in zip(stepped.tolist(), ended.tolist(), strict=True):
+        for slot, done, cut in zip(stepped.tolist(), ended.tolist(), truncated.tolist(), strict=True):
             if done or status[slot] == "done":  # heard by the sinks after this tick's frames (report_ends)
-                terminated, truncated = bool(reply.terminated[slot]), bool(reply.truncated[slot])
-                self.end(slot, self.answered(slot, terminated=terminated, truncated=truncated))
+                self.end(slot, self.answered(slot, terminated=bool(reply.terminated[slot]), truncated=cut))
         if self.sinks:
             every = stepped.size == before.num_slots  # the usual tick: the rows as they came, no copy of a camera
             batch = FrameBatch(
@@ -140,7 +150,7 @@ class SlotEpisodes:
                 action=action[stepped],
                 reward=reply.reward[stepped].astype(np.float64, copy=False),
                 terminated=reply.terminated[stepped],
-                truncated=reply.truncated[stepped],
+                truncated=truncated,
                 success=reply.success[stepped],
             )
             for sink in self.sinks:

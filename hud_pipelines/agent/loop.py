@@ -204,7 +204,7 @@ class LockstepRun:
         reply = self._receive(seq, action)
         self.stats.ticks += 1
         self.stats.env_steps += running.size
-        slots.record(observation, reply, running, action)
+        slots.record(observation, reply, running, action, cutoff=self.stats.ticks >= max_steps)
         if self.history:
             self._push_history(reply, running)
         return reply

@@ -7,9 +7,9 @@ rather than through lerobot's temporary PNGs, and each episode's rows are embedd
 (:mod:`.lerobot_hooks`): the files are the ones lerobot's default path writes, at about a third of
 its CPU time per frame (``bench/dataset.md``). Beside lerobot's files it keeps
 ``meta/hud_episodes.jsonl``: one line per episode with its ``EpisodeKey``, trace id and outcome, so
-dataset episodes can be joined with grades and traces. An episode holding NaN or infinity (kept
-only with ``keep_errored``) is listed there with its non-finite keys and ``in_stats: false``, and
-its stats are taken back out of ``stats.json`` once lerobot has folded them in.
+dataset episodes can be joined with grades and traces. An errored episode (kept only with
+``keep_errored``), and one holding NaN or infinity, is listed there with ``in_stats: false`` (and its
+non-finite keys), and its stats are taken back out of ``stats.json`` once lerobot has folded them in.
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ class FinishedEpisode:
     non_finite: tuple[str, ...] = ()
     """lerobot keys holding NaN or infinity: such an episode is written flagged, never into the stats."""
 
+    @property
+    def in_stats(self) -> bool:
+        """Whether its frames enter ``stats.json``: not when it errored (kept with ``keep_errored``, to be
+        looked at) or holds a non-finite value. The stats normalize what a policy trained on the dataset
+        reads; frames of a sim or a policy that faulted must not move them."""
+        return not self.non_finite and self.outcome.status is not EpisodeStatus.ERRORED
+
 
 class PartWriter:
     """Writes a part with lerobot in the calling process (one writer thread's part)."""
@@ -85,7 +92,7 @@ class PartWriter:
             index = int(dataset.meta.total_episodes)
             with whole_episode_embedding():
                 dataset.save_episode()
-            if episode.non_finite:
+            if not episode.in_stats:
                 _restore_stats(dataset, stats_before)
         except BaseException:
             # a save_episode that failed half-way leaves a buffer lerobot cannot inspect: the
@@ -146,18 +153,18 @@ class PartWriter:
             "frames": len(episode.frames),
             "task_prompt": episode.task,
             "non_finite": list(episode.non_finite),
-            "in_stats": not episode.non_finite,
+            "in_stats": episode.in_stats,
         }
         with (self.path / EPISODES_SIDECAR).open("a") as sidecar:
             sidecar.write(json.dumps(line) + "\n")
 
 
 def _restore_stats(dataset: LeRobotDataset, stats: Stats | None) -> None:
-    """Undo what ``save_episode`` aggregated into ``stats.json`` from a non-finite episode.
+    """Undo what ``save_episode`` aggregated into ``stats.json`` from an episode kept out of the stats.
 
     lerobot folds each episode's stats into the dataset's (``aggregate_stats([stats, episode])``), so
     putting back the stats from before the episode leaves exactly the stats lerobot computes over the
-    finite episodes. With no finite episode yet the file holds ``{}``: loadable, and merged as nothing.
+    episodes in them. With none yet the file holds ``{}``: loadable, and merged as nothing.
     """
     dataset.meta.stats = stats
     write_stats(stats or {}, dataset.meta.root)

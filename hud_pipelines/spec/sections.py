@@ -162,7 +162,7 @@ class DatasetSpec(StrictModel):
     keep_errored: bool = Field(
         default=False,
         description="also write episodes of errored slots (their frames up to the fault), flagged by an "
-        "`episode.errored` column",
+        "`episode.errored` column and kept out of the dataset's statistics",
     )
     codec: VideoCodec = Field(
         default=VideoCodec.H264, description="video codec: `h264` (fast, the default) or `libsvtav1` (smaller)"

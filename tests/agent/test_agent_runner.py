@@ -123,6 +123,11 @@ def test_max_steps_ends_running_slots_as_truncated_failures(sink: RecordingSink)
         assert not outcome.terminated
         assert outcome.steps == 10
     assert len(sink.ended) == 3
+    for trace, frames in sink.frames.items():  # the dataset's next.done: every episode's last frame ends it
+        assert [frame.done for frame in frames] == [False] * (len(frames) - 1) + [True], trace
+    cut = [frames[-1] for frames in sink.frames.values() if len(frames) == 10]
+    assert len(cut) == 2
+    assert all(frame.truncated and not frame.terminated for frame in cut), "cut off by max_steps, as TimeLimit says"
 
 
 def test_a_sim_crash_errors_the_running_slots_and_keeps_finished_ones(sink: RecordingSink) -> None:

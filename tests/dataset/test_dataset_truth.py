@@ -144,6 +144,21 @@ def test_keep_errored_keeps_nan_episodes_flagged_and_out_of_the_stats(tmp_path: 
     assert_stats_equal(cast(dict[str, dict[str, Any]], dataset.meta.stats), lerobot_stats_of(dataset, [1, 3]))
 
 
+def test_keep_errored_keeps_a_finite_errored_episode_flagged_and_out_of_the_stats(tmp_path: Path) -> None:
+    """A sim or policy that faulted wrote those frames: they must not move what a trained policy normalizes by."""
+    options = DatasetOptions(keep_errored=True)
+    statuses = [EpisodeStatus.SUCCEEDED, EpisodeStatus.ERRORED, EpisodeStatus.FAILED]
+    with LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=options) as sink:
+        for episode, status in enumerate(statuses):
+            write_episode(sink, key(episode, episode), status, frame)
+    assert (sink.report.episodes_written, sink.report.non_finite, sink.report.errored_kept) == (3, 0, 1)
+    part = sink.report.parts[0]
+    dataset = load(part)
+    assert check_episodes(dataset) == [STEPS] * 3
+    assert [r["in_stats"] for r in read_episode_records(part)] == [True, False, True]
+    assert_stats_equal(cast(dict[str, dict[str, Any]], dataset.meta.stats), lerobot_stats_of(dataset, [0, 2]))
+
+
 def test_a_part_of_nan_episodes_only_loads_with_empty_stats(tmp_path: Path) -> None:
     with LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=DatasetOptions(keep_errored=True)) as sink:
         write_episode(sink, key(0), EpisodeStatus.ERRORED, nan_frame)
