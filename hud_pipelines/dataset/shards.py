@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from hud_pipelines.contract import Contract
@@ -74,11 +74,19 @@ class ShardStore:
         for key in self.spec.partition_keys() if keys is None else keys:
             shutil.rmtree(self._pending(key), ignore_errors=True)
 
-    def publish(self, target: Path) -> DatasetSummary:
-        """Merge the current shard of every instance and swap the result in at ``target``."""
-        shards = [self.outputs.shard(k) for k in self.spec.partition_keys() if self.outputs.shard(k).is_dir()]
+    def publish(self, target: Path, keys: Sequence[str]) -> DatasetSummary:
+        """Merge the shards of the instances ``keys`` and swap the result in at ``target``.
+
+        ``keys`` are the instances whose latest result is current: a shard an earlier configuration
+        wrote stays out, as its rows stay out of the grades (they say ``not_run``).
+        """
+        shards = [self.outputs.shard(k) for k in keys if self.outputs.shard(k).is_dir()]
         if not shards:
-            raise HudPipelinesError(f"{self.spec.name}: no instance has run yet; run the rollouts first")
+            stale = sum(self.outputs.shard(k).is_dir() for k in self.spec.partition_keys())
+            detail = f" ({stale} ran under another configuration or environment)" if stale else ""
+            raise HudPipelinesError(
+                f"{self.spec.name}: no instance of this configuration has run yet{detail}; run the rollouts first"
+            )
         if not find_parts(shards):
             raise HudPipelinesError(
                 f"{self.spec.name}: no episode to publish: every episode of the {len(shards)} instance(s) that ran "

@@ -18,7 +18,7 @@ from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_rows
 from hud_pipelines.spec.hashing import checkpoint_rollout_hash
-from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.models import Partition, PipelineSpec
 
 
 def collect_rows(
@@ -42,27 +42,48 @@ def collect_rows(
         return _sweep_rows(spec, outputs, expected, current)
     rows: list[GradeRow] = []
     for partition in spec.partitions():
-        key = spec.partition_key(*partition)
-        path = outputs.result(key)
-        result = InstanceResult.read(path) if path.exists() else None
-        rerun = f"run it with: hud-pipelines run {spec.name} --partition {key}"
-        if result is None:
-            rows.extend(unreached_rows(spec, partition, f"instance {key} has not run yet; {rerun}", Fault.NOT_RUN))
-        elif result.rollout_hash != expected:
-            reason = (
-                f"instance {key} last ran (run {result.run_id or 'unknown'}) before the pipeline's sim, agent, tasks "
-                f"or graders changed; {rerun}"
-            )
-            rows.extend(unreached_rows(spec, partition, reason, Fault.NOT_RUN, run_id=result.run_id))
-        elif _other_environment(result.provenance, current):
-            reason = (
-                f"instance {key} last ran (run {result.run_id or 'unknown'}) in another environment "
-                f"({provenance.difference(result.provenance, current)}); {rerun}"
-            )
-            rows.extend(unreached_rows(spec, partition, reason, Fault.NOT_RUN, run_id=result.run_id))
-        else:
+        result, stale = _latest(spec, outputs, partition, expected, current)
+        if stale is None:
+            assert result is not None
             rows.extend(result.rows)
+        else:
+            run_id = "" if result is None else result.run_id
+            rows.extend(unreached_rows(spec, partition, stale, Fault.NOT_RUN, run_id=run_id))
     return rows
+
+
+def current_partition_keys(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[str]:
+    """The partitions whose latest result is current (as :func:`collect_rows` decides): the shards to publish."""
+    expected = rollout_hash or current_rollout_hash(spec, outputs)
+    current = recorded_provenance(outputs)
+    return [
+        spec.partition_key(*partition)
+        for partition in spec.partitions()
+        if _latest(spec, outputs, partition, expected, current)[1] is None
+    ]
+
+
+def _latest(
+    spec: PipelineSpec, outputs: EvalOutputs, partition: Partition, expected: str, current: dict[str, Any]
+) -> tuple[InstanceResult | None, str | None]:
+    """A partition's latest result, and why it is not current (``None`` when it is)."""
+    key = spec.partition_key(*partition)
+    path = outputs.result(key)
+    result = InstanceResult.read(path) if path.exists() else None
+    rerun = f"run it with: hud-pipelines run {spec.name} --partition {key}"
+    if result is None:
+        return None, f"instance {key} has not run yet; {rerun}"
+    if result.rollout_hash != expected:
+        return result, (
+            f"instance {key} last ran (run {result.run_id or 'unknown'}) before the pipeline's sim, agent, tasks "
+            f"or graders changed; {rerun}"
+        )
+    if _other_environment(result.provenance, current):
+        return result, (
+            f"instance {key} last ran (run {result.run_id or 'unknown'}) in another environment "
+            f"({provenance.difference(result.provenance, current)}); {rerun}"
+        )
+    return result, None
 
 
 def _other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:

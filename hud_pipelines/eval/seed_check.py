@@ -46,8 +46,8 @@ class SeedCheck:
         return (
             f"the sim does not repeat an episode's start for the same seed: two resets with seed {seed} gave "
             f"different {', '.join(features)} (slot {slot}; {len(self.differing)} of {len(self.seeds)} slots "
-            "differed), so its episodes will differ from run to run; does its reset draw from an unseeded "
-            "random generator instead of self.np_random?"
+            "differed), so its episodes will differ from run to run: its reset may draw from an unseeded "
+            "random generator (np.random, random) instead of self.np_random"
         )
 
 

@@ -34,7 +34,7 @@ from hud_pipelines.eval.perturbations import has_matrix, perturbation_table
 from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
-from hud_pipelines.eval.rows import collect_rows
+from hud_pipelines.eval.rows import collect_rows, current_partition_keys
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import png_data_uri
@@ -287,14 +287,15 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
 
     root = dataset_root(spec, outputs, project_dir)
     if not spec.is_sweep:
-        summary = ShardStore(outputs, spec, run_id=run_id).publish(root)
+        summary = ShardStore(outputs, spec, run_id=run_id).publish(root, current_partition_keys(spec, outputs))
         write_dataset_links(outputs.base / ASSETS_DIR, root, spec.dataset_repo_id)  # the report's cards link to it
         return summary
     published: list[DatasetSummary] = []
-    for member in sweep.evaluated(spec, outputs):  # a dataset per checkpoint: other weights, other data
+    for member, expected in _members(spec, outputs, None):  # a dataset per checkpoint: other weights, other data
         member_root = _member_dataset(root, member.label)
         assert member_root is not None
-        published.append(ShardStore(member.outputs, member.spec, run_id=run_id).publish(member_root))
+        keys = current_partition_keys(member.spec, member.outputs, rollout_hash=expected)
+        published.append(ShardStore(member.outputs, member.spec, run_id=run_id).publish(member_root, keys))
         write_dataset_links(member.outputs.base / ASSETS_DIR, member_root, member.spec.dataset_repo_id)
     if not published:
         raise HudPipelinesError(f"sweep {spec.name!r} has no evaluated checkpoint to publish")

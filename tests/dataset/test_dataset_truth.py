@@ -313,15 +313,17 @@ def test_publishing_says_whether_no_instance_ran_or_every_episode_errored(tmp_pa
     text = f"name: probe\nsim:\n  factory: {factory}\nagent:\n  policy: {{kind: constant}}\n"
     spec = load_pipeline_text(text, source=tmp_path / "probe.yaml")
     store = ShardStore(EvalOutputs(tmp_path / "outputs", spec.name), spec, run_id="run")
-    with pytest.raises(HudPipelinesError, match="no instance has run yet; run the rollouts first"):
-        store.publish(tmp_path / "dataset")
+    with pytest.raises(HudPipelinesError, match="no instance of this configuration has run yet; run the rollouts"):
+        store.publish(tmp_path / "dataset", spec.partition_keys())
     sink = store.sink("task0-i0", contract_of(factory))
     with sink:
         sink.begin(key(0), "")
         sink.end(key(0), errored("policy failed: boom", 0, 0.0, Fault.POLICY))
     store.commit("task0-i0")
     with pytest.raises(HudPipelinesError, match=r"every episode of the 1 instance\(s\) that ran errored.*keep_errored"):
-        store.publish(tmp_path / "dataset")
+        store.publish(tmp_path / "dataset", spec.partition_keys())
+    with pytest.raises(HudPipelinesError, match=r"has run yet \(1 ran under another configuration or environment\)"):
+        store.publish(tmp_path / "dataset", [])
     assert not (tmp_path / "dataset").exists()
 
 

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from hud_pipelines.cli.main import build_parser
+from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline_text
+from hud_pipelines.spec.models import Partition
 from tests.conftest import signal_state
 from tests.dagster.support import REPO
 
@@ -153,6 +155,26 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
 
     succeeded = sum(graded.values())
     assert f"succeeded {succeeded} + failed {len(graded) - succeeded}" in evaluation.outputs.report_md.read_text()
+
+    # another max_steps, and only one instance re-run: the other's episodes are stale in every output
+    shorter = _spec(
+        tmp_path,
+        group=2,
+        max_steps=6,
+        agent={"policy": {"kind": "random", "seed": 1}},
+        graders=[{"kind": "return", "threshold": 20}],
+    )
+    again = evaluate(shorter, outputs_dir=tmp_path / "out", project_dir=tmp_path, partitions=[Partition(0, 0)])
+    current = {row.trace_id for row in again.rows if row.status is not EpisodeStatus.ERRORED}
+    assert len(current) == 2
+    assert {row.fault for row in again.rows if row.trace_id not in current} == {Fault.NOT_RUN}
+    assert again.dataset is not None
+    sidecar = [json.loads(line) for line in (root / "meta" / "hud_episodes.jsonl").read_text().splitlines()]
+    assert {line["trace_id"] for line in sidecar} == current, "the stale instance's shard stays out"
+    frames = pq.read_table(sorted((root / "data").rglob("*.parquet"))).to_pydict()
+    assert max(frames["frame_index"]) < 6
+    last = {episode: done for episode, done in zip(frames["episode_index"], frames["next.done"], strict=True)}
+    assert set(last.values()) == {True}, "each episode's last frame ends it, cut off by max_steps or not"
 
 
 @pytest.mark.parametrize(
