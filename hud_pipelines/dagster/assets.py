@@ -47,19 +47,18 @@ from hud_pipelines.dagster.resources import (
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.configuration import current_rollout_hash, record_configuration
+from hud_pipelines.eval.grade_table import cell, grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import sweep_rollouts_step
 from hud_pipelines.eval.steps import (
-    cell,
     checks_step,
     comparison_step,
     contract_step,
     dataset_root,
     dataset_step,
-    grade_columns,
     grades_step,
     report_step,
     rollouts_step,
@@ -91,7 +90,7 @@ def _key_figures(summary: Summary) -> dict[str, Any]:
 def _grades_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> dg.TableMetadataValue:
     columns = grade_columns(spec)
     schema = dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in columns])
-    records = [dg.TableRecord({name: cell(getattr(row, name)) for name, _ in columns}) for row in rows[:500]]
+    records = [dg.TableRecord({name: grade_cell(row, name) for name, _ in columns}) for row in rows[:500]]
     return dg.MetadataValue.table(records, schema=schema)
 
 

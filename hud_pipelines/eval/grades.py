@@ -9,6 +9,7 @@ interval, which stays inside [0, 1] and is sensible for the small samples evals 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -118,6 +119,28 @@ class Summary:
             "mean_score": self.mean_score,
             "mean_return": self.mean_return,
         }
+
+
+def later_graders(rows: Iterable[GradeRow]) -> list[str]:
+    """The graders after the first, by name, in the YAML's order, as the rows' metrics hold them."""
+    for row in rows:
+        if row.metrics:
+            return [key.removesuffix("_success") for key in row.metrics if key.endswith("_success")]
+    return []
+
+
+def as_graded_by(rows: Iterable[GradeRow], grader: str) -> list[GradeRow]:
+    """The rows as a later grader judged them: its success and score decide each answered episode."""
+    regraded: list[GradeRow] = []
+    for row in rows:
+        success = row.metrics.get(f"{grader}_success")
+        if row.status is EpisodeStatus.ERRORED or success is None:
+            regraded.append(row)
+            continue
+        status = EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED
+        score = float(row.metrics.get(f"{grader}_score", float(success)))
+        regraded.append(dataclasses.replace(row, status=status, success=bool(success), score=score))
+    return regraded
 
 
 def summarize(rows: Iterable[GradeRow]) -> Summary:

@@ -12,7 +12,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.eval.checks import CheckVerdict
-from hud_pipelines.eval.grades import GradeRow, Summary, markdown_cell, one_line, summarize, summarize_by_task
+from hud_pipelines.eval.grades import (
+    GradeRow,
+    Summary,
+    as_graded_by,
+    later_graders,
+    markdown_cell,
+    one_line,
+    summarize,
+    summarize_by_task,
+)
 from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
@@ -56,6 +65,11 @@ def rate_columns(summary: Summary) -> dict[str, Any]:
         "ci_low": low,
         "ci_high": high,
     }
+
+
+def other_graders(rows: Sequence[GradeRow]) -> list[tuple[str, Summary]]:
+    """Each grader after the first with the figures it gives the same episodes."""
+    return [(name, summarize(as_graded_by(rows, name))) for name in later_graders(rows)]
 
 
 def rate_text(summary: Summary) -> str:
@@ -109,6 +123,18 @@ def render_markdown(
             f"| {task} | {summary.scheduled} | {summary.succeeded} | {summary.failed} | {summary.errored} | "
             f"{rate_text(summary)} | {_number(summary.mean_return)} |"
         )
+    others = other_graders(rows)
+    if others:
+        lines += [
+            "",
+            "## Other graders",
+            "",
+            "The first grader decides each episode; these judged the same episodes.",
+            "",
+            "| grader | success rate (95% CI) | mean score |",
+            "|---|---|---:|",
+            *(f"| {name} | {rate_text(summary)} | {_number(summary.mean_score)} |" for name, summary in others),
+        ]
     if checks:
         lines += ["", "## Checks", "", "| check | verdict | blocking | details |", "|---|---|---|---|"]
         for verdict in checks:

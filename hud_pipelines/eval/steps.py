@@ -9,8 +9,6 @@ measures what Dagster adds. Everything a step produces is a file under ``outputs
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import uuid
 from collections.abc import Sequence
@@ -28,6 +26,7 @@ from hud_pipelines.eval.configuration import (
     recorded_overrides,
     recorded_provenance,
 )
+from hud_pipelines.eval.grade_table import grades_csv
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import has_matrix, perturbation_table
@@ -36,7 +35,6 @@ from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
 from hud_pipelines.eval.rows import collect_rows, current_partition_keys
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
-from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.hashing import checkpoint_rollout_hash
@@ -45,36 +43,6 @@ from hud_pipelines.spec.models import Partition, PipelineSpec
 if TYPE_CHECKING:
     from hud_pipelines.dataset.summary import DatasetSummary
     from hud_pipelines.eval.sweep_table import SweepComparison
-
-GRADE_COLUMNS: list[tuple[str, str]] = [
-    ("task", "string"),
-    ("instance", "int"),
-    ("slot", "int"),
-    ("seed", "int"),
-    ("status", "string"),
-    ("score", "float"),
-    ("success", "bool"),
-    ("total_reward", "float"),
-    ("steps", "int"),
-    ("error", "string"),
-]
-"""Columns of ``grades.csv`` and of the grades table shown in Dagster."""
-SWEEP_GRADE_COLUMNS: list[tuple[str, str]] = [("checkpoint", "string"), *GRADE_COLUMNS]
-"""A sweep's grade columns: the checkpoint first."""
-
-
-def grade_columns(spec: PipelineSpec) -> list[tuple[str, str]]:
-    return SWEEP_GRADE_COLUMNS if spec.is_sweep else GRADE_COLUMNS
-
-
-def cell(value: object) -> str | int | float | bool | None:
-    """A grade field as a plain CSV/table cell."""
-    if isinstance(value, EpisodeStatus):
-        return value.value
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
-
 
 # -- contract ------------------------------------------------------------------------------------------
 
@@ -107,13 +75,7 @@ def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str |
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    columns = grade_columns(spec)
-    writer.writerow([name for name, _ in columns])
-    for row in rows:
-        writer.writerow([cell(getattr(row, name)) for name, _ in columns])
-    write_atomically(outputs.grades_csv, buffer.getvalue())
+    write_atomically(outputs.grades_csv, grades_csv(spec, rows))
     if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
         for member, expected in _members(spec, outputs, rollout_hash):
             grades_step(member.spec, member.outputs, rollout_hash=expected)

@@ -330,3 +330,31 @@ def test_a_sim_that_does_not_repeat_its_start_for_a_seed_is_named_in_the_report(
     check = json.loads((tmp_path / "seeded" / "placed" / "seed_check.json").read_text())
     assert check == {"seeds": [0, 1], "differing": {}}
     assert "does not repeat" not in (tmp_path / "seeded" / "placed" / "report.md").read_text()
+
+
+def test_every_grader_after_the_first_is_a_column_of_the_grades_and_a_line_of_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csv
+
+    monkeypatch.chdir(REPO)
+    even = f"{REPO / 'tests' / 'eval' / 'faulty_policies.py'}:even_seed"
+    spec = _spec(
+        tmp_path,
+        group=2,
+        graders=[{"kind": "return", "threshold": 10}, {"kind": "callable", "name": "even", "target": even}],
+        dataset={"enabled": False},
+    )
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    table = list(csv.DictReader(evaluation.outputs.grades_csv.read_text().splitlines()))
+    assert [row["seed"] for row in table] == ["0", "1", "2", "3"]
+    assert [row["even_success"] for row in table] == ["True", "False", "True", "False"]
+    assert [row["even_score"] for row in table] == ["1.0", "0.0", "1.0", "0.0"]
+    assert [row["fault"] for row in table] == [""] * 4
+    assert {row["run_id"] for row in table} == {evaluation.run_id}
+    assert [row["trace_id"] for row in table] == [row.trace_id for row in evaluation.rows]
+    report = evaluation.outputs.report_md.read_text()
+    assert "## Other graders" in report
+    assert "| even | 50.0% (95% CI 15.0%-85.0%, 2/4) | 0.5 |" in report
+    page = (evaluation.outputs.base / "report.html").read_text()
+    assert "<li>even: 50.0% (95% CI 15.0%-85.0%, 2/4), mean score 0.5</li>" in page

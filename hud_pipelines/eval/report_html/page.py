@@ -19,7 +19,7 @@ from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.perturbations import EXPLANATION, HEADERS, AxisRow, cells
-from hud_pipelines.eval.report import rate_text, success_interval
+from hud_pipelines.eval.report import other_graders, rate_text, success_interval
 from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
 from hud_pipelines.eval.sweep_table import SweepComparison, SweepRow
@@ -112,6 +112,7 @@ def render_page(
         [
             f"<header><h1>{escape(pipeline)}</h1></header>",
             _summary(summarize(rows)) if sweep is None else _checkpoints(sweep),
+            _other_graders(rows),
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
             _checks(checks),
             _provenance(rows, run_id, overrides),
@@ -162,6 +163,14 @@ def _summary(summary: Summary) -> str:
 errors are not failures).</p>
 <p>Mean score {_number(summary.mean_score)}, mean return {_number(summary.mean_return)} (graded episodes).</p>
 </section>"""
+
+
+def _other_graders(rows: Sequence[GradeRow]) -> str:
+    items = "".join(
+        f"<li>{escape(name)}: {escape(rate_text(s))}, mean score {_number(s.mean_score)}</li>"
+        for name, s in other_graders(rows)
+    )
+    return f'<section id="graders"><h2>Other graders</h2><ul>{items}</ul></section>' if items else ""
 
 
 def _checks(checks: Sequence[CheckVerdict]) -> str:
