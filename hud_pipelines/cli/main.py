@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=_report)
 
     paired = commands.add_parser(
-        "compare", help="compare two result sets on their paired episodes (McNemar, bootstrap, a verdict)"
+        "compare", help="compare two result sets on their paired episodes (McNemar, exact intervals, a verdict)"
     )
     paired.add_argument("candidate", help="a grades.json, an outputs/<name> directory, or a pipeline name")
     paired.add_argument("baseline", help="the same for the baseline")

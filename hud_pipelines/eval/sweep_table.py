@@ -12,9 +12,9 @@ help, and which checkpoint do we keep?":
   answered episodes with the 95% Wilson interval, and its mean score with a 95% bootstrap interval;
 - the paired comparison with the previous checkpoint (in the order given, which is the training
   order) and with a baseline checkpoint, at the ``alpha`` and ``min_effect`` given: McNemar's exact
-  test, the paired success difference with its bootstrap interval, and the episodes a
-  ``min_effect`` difference would need. Errored episodes are never failures: :func:`compare` pairs
-  only episodes answered on both sides.
+  test, the paired success difference with its exact interval (coherent with that test), and the
+  episodes a ``min_effect`` difference would need. Errored episodes are never failures:
+  :func:`compare` pairs only episodes answered on both sides.
 
 Every bootstrap draws from a fixed seed over rows in episode order, so the same rows (in any order)
 give the same table, CSV and JSON byte for byte. A rate with no answered episode is ``None`` (null in

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from hud_pipelines.eval.comparison import Verdict, compare, mcnemar_exact, mcnemar_sample_size, pair_rows
+from hud_pipelines.eval.comparison import (
+    Verdict,
+    clopper_pearson,
+    compare,
+    mcnemar_exact,
+    mcnemar_sample_size,
+    pair_rows,
+    paired_difference_interval,
+)
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.recording.events import EpisodeStatus
 
@@ -54,6 +62,28 @@ def test_a_clear_gain_is_better_a_clear_loss_worse_and_a_small_sample_undecided(
     assert small.verdict is Verdict.NO_DIFFERENCE
     assert small.episodes_needed is not None
     assert small.episodes_needed > small.pairs, "it says how many episodes an answer would take"
+
+
+@pytest.mark.parametrize(("successes", "trials"), [(0, 8), (8, 8), (3, 10), (50, 200), (4000, 10000)])
+def test_the_exact_binomial_interval_is_scipys_clopper_pearson(successes: int, trials: int) -> None:
+    expected = stats.binomtest(successes, trials).proportion_ci(0.95, method="exact")
+    low, high = clopper_pearson(successes, trials, 0.05)
+    assert low == pytest.approx(expected.low, abs=1e-9)
+    assert high == pytest.approx(expected.high, abs=1e-9)
+
+
+def test_the_success_difference_interval_excludes_zero_exactly_when_mcnemar_finds_a_difference() -> None:
+    few = compare(*_sets([(True, True)] * 4 + [(True, False)] * 4))  # 8/8 against 4/8: p = 0.125
+    assert few.verdict is Verdict.NO_DIFFERENCE
+    assert few.success_interval is not None
+    low, high = few.success_interval
+    assert low < 0 < few.success_difference < high, "no detectable difference: the interval holds zero"
+    for pairs in range(1, 17):
+        for won in range(pairs + 1):
+            for lost in range(pairs - won + 1):
+                low, high = paired_difference_interval(won, lost, pairs, 0.05)
+                assert low <= (won - lost) / pairs <= high
+                assert (low > 0 or high < 0) == (mcnemar_exact(won, lost) <= 0.05), (pairs, won, lost)
 
 
 def test_the_sample_size_follows_connors_formula() -> None:
