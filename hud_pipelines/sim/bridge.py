@@ -235,10 +235,9 @@ class GymBridge:
         prompts = [own or task_prompt(self.factory, task) for own, task in zip(started.prompts, tasks, strict=True)]
         errors: list[SlotError] = []
         for slot, formatted in started.errors.items():
-            self.slots.fail(slot, f"env.reset raised {_last_line(formatted)}")
-            errors.append(
-                SlotError(slot=slot, message=f"env.reset raised {_last_line(formatted)}", traceback=formatted)
-            )
+            message = f"env.reset raised {_last_line(formatted)} ({self._where(slot)})"
+            self.slots.fail(slot, message)
+            errors.append(SlotError(slot=slot, message=message, traceback=formatted))
         nonfinite, invalid = self._end_nonfinite(self.slots.running(), None)
         errors += invalid
         return self._observation(
@@ -273,24 +272,36 @@ class GymBridge:
                 Phase.STEP, f"env.step raised {type(exc).__name__}: {exc}", slot=None, formatted=traceback.format_exc()
             ) from exc
         stepped = running.copy()
-        for slot, formatted in tick.errors.items():
-            self.slots.fail(slot, _last_line(formatted))
+        raised = {
+            slot: f"{_last_line(formatted)} ({self._where(slot, stepping=True)})"
+            for slot, formatted in tick.errors.items()
+        }
+        for slot, message in raised.items():
+            self.slots.fail(slot, message)
             stepped[slot] = False
         if tick.errors and not stepped.any() and not refused:
             slot, formatted = next(iter(tick.errors.items()))
             raise EnvFault(
                 Phase.STEP,
-                f"slot {slot}: {_last_line(formatted)}" if len(tick.errors) == 1 else _last_line(formatted),
+                raised[slot] if len(tick.errors) == 1 else _last_line(formatted),
                 slot=slot if len(tick.errors) == 1 else None,
                 formatted=formatted,
             )
-        errors += [SlotError(slot=s, message=_last_line(f), traceback=f) for s, f in tick.errors.items()]
+        errors += [SlotError(slot=s, message=raised[s], traceback=f) for s, f in tick.errors.items()]
         nonfinite, invalid = self._end_nonfinite(stepped, tick.reward)
         errors += invalid
         stepped &= self.slots.running()
         self.slots.record_step(tick.reward, tick.terminated, tick.truncated, tick.success, stepped)
         reward = np.where(stepped, tick.reward, 0.0)
         return self._observation(seq, reward, copy=copy, errors=errors, nonfinite=nonfinite)
+
+    def _where(self, slot: int, *, stepping: bool = False) -> str:
+        """Which episode a fault hit, for its message (``seed 5, step 3``): the env's own text rarely says.
+
+        Not the slot: the error frame carries it, renumbered where a sharded instance joins children.
+        """
+        record = self.slots.record(slot)
+        return f"seed {record.seed}, step {record.steps + 1}" if stepping else f"seed {record.seed}"
 
     def result(self) -> dict[str, Any]:
         """``{score, success, slots}`` of the current episodes."""

@@ -275,7 +275,8 @@ class ShardedSim(Closeable):
         last = self._last[shard]
         count = len(self.slots[shard])
         ran = [True] * count if phase == "reset" or last is None else [s == RUNNING for s in last.status]
-        message = _last_line(fault.remote_traceback) or fault.message
+        # one slot raised: the child's message says which episode; several: their traceback's last line
+        message = fault.message if fault.slot is not None else _last_line(fault.remote_traceback) or fault.message
         if last is None or phase == "reset":
             observation = {
                 name: np.zeros((count, *feature.shape), dtype=feature.dtype)

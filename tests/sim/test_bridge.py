@@ -553,7 +553,10 @@ def test_an_exception_in_one_slot_fails_that_slot_only() -> None:
         reply = bridge.step(np.zeros((3, 1)))
         assert reply.status == ["running", "errored", "running"]
         assert [e.slot for e in reply.errors] == [1]
-        assert "ZeroDivisionError: FaultyEnv step 2 failed on purpose (seed 11)" in reply.errors[0].message
+        assert (
+            reply.errors[0].message
+            == "ZeroDivisionError: FaultyEnv step 2 failed on purpose (seed 11) (seed 11, step 2)"
+        )
         assert 'File "' in (reply.errors[0].traceback or "")
         assert "in step" in (reply.errors[0].traceback or "")
         assert reply.reward.tolist() == [1.0, 0.0, 1.0]
@@ -582,7 +585,10 @@ def test_a_reset_exception_errors_its_slot_only_and_the_next_reset_recovers() ->
         reply = bridge.reset([{"seed": 0}, {"seed": 1}])
         assert reply.status == ["running", "errored"]
         assert [(e.slot, e.cause) for e in reply.errors] == [(1, "env")]
-        assert "env.reset raised ValueError: FaultyEnv reset failed on purpose (seed 1)" in reply.errors[0].message
+        assert (
+            reply.errors[0].message
+            == "env.reset raised ValueError: FaultyEnv reset failed on purpose (seed 1) (seed 1)"
+        )
         assert bridge.reset([{"seed": 0}, {"seed": 2}]).status == ["running", "running"]
 
 
