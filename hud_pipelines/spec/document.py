@@ -134,6 +134,11 @@ def _position(mark: Any) -> tuple[int, int] | None:
     return int(mark.line), int(mark.column)
 
 
+def _is_empty(node: Node) -> bool:
+    """A value left out after its key (an implicit null): its position is wherever the next token is."""
+    return isinstance(node, ScalarNode) and _tag(node) == NULL and not str(cast(object, node.value))
+
+
 def _tag(node: Node) -> str:
     return str(cast(object, node.tag))
 
@@ -250,6 +255,7 @@ class _Reader:
                         result.setdefault(key, value)
         for key, key_node, value_node in pairs:
             block = isinstance(value_node, MappingNode | SequenceNode) and not _is_flow(value_node)
+            block = block or _is_empty(value_node)  # `checks:` with nothing after it: its "value" is the next key
             self.document.entries[(*path, key)] = Entry(_span(key_node, lines), _span(value_node, lines), block)
             result[key] = self.value(value_node, (*path, key))
         return result

@@ -125,7 +125,8 @@ def _problem(details: ErrorDetails, document: YamlDocument) -> Problem:
 def _message(kind: str, ctx: dict[str, Any], found: Any, fallback: str) -> str:
     got = f", got {describe(found)}"
     if kind in _TYPE_EXPECTATIONS:
-        return f"expected {_TYPE_EXPECTATIONS[kind]}{got}"
+        empty = " (nothing is written after the key)" if found is None else ""
+        return f"expected {_TYPE_EXPECTATIONS[kind]}{got}{empty}"
     if kind in _BOUNDS:
         return f"expected a number {_BOUNDS[kind]} {_number(ctx.get(_BOUND_KEYS[kind]))}{got}"
     if kind == "string_pattern_mismatch":
