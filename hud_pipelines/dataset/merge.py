@@ -66,16 +66,18 @@ class MergeResult:
 
 
 def find_parts(roots: Iterable[Path]) -> list[Path]:
-    """Every dataset directory (one with ``meta/info.json``) at or below the given roots, sorted."""
-    found: set[Path] = set()
+    """Every dataset directory (one with ``meta/info.json``) at or below the given roots, in the roots'
+    order and sorted below each: the merged dataset's episodes come in that order (an eval's shards in
+    task and instance order, not in the alphabetical order of their partition keys)."""
+    found: list[Path] = []
     for root in roots:
         root = Path(root)
         if (root / INFO_FILE).is_file():
-            found.add(root)
-            continue
-        if root.is_dir():
-            found.update(info.parent.parent for info in root.glob(f"**/{INFO_FILE}"))
-    return sorted(found)
+            below = [root]
+        else:
+            below = sorted(info.parent.parent for info in root.glob(f"**/{INFO_FILE}")) if root.is_dir() else []
+        found += [part for part in below if part not in found]
+    return found
 
 
 def _episodes_in(part: Path) -> int:
@@ -128,7 +130,7 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     usable: list[Path] = []
     metas: list[_PartCounts] = []
     skipped: list[tuple[Path, str]] = []
-    for part in sorted(Path(p) for p in parts):
+    for part in (Path(p) for p in parts):  # in the order given: the merged episodes' order
         if _episodes_in(part) == 0:
             skipped.append((part, "no episodes"))
             continue

@@ -358,3 +358,14 @@ def test_every_grader_after_the_first_is_a_column_of_the_grades_and_a_line_of_th
     assert "| even | 50.0% (95% CI 15.0%-85.0%, 2/4) | 0.5 |" in report
     page = (evaluation.outputs.base / "report.html").read_text()
     assert "<li>even: 50.0% (95% CI 15.0%-85.0%, 2/4), mean score 0.5</li>" in page
+
+
+def test_the_datasets_episodes_come_in_task_and_instance_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    tasks = [{"name": "zeta", "seed": 0}, {"name": "alpha", "seed": 100}]  # partition keys sort the other way
+    evaluation = evaluate(_spec(tmp_path, tasks=tasks, group=2), outputs_dir=tmp_path / "out", project_dir=tmp_path)
+    assert evaluation.dataset is not None
+    sidecar = (evaluation.dataset.path / "meta" / "hud_episodes.jsonl").read_text().splitlines()
+    order = [(line["task"], line["instance"]) for line in map(json.loads, sidecar)]
+    assert order == sorted(order), order
+    assert {t for t, _ in order} == {0, 1}
