@@ -82,13 +82,17 @@ class _OpenEpisode:
     """lerobot key -> index of the first frame where it held NaN or infinity."""
 
 
-def follow_graded_success(frames: list[FrameDict], success: bool) -> None:
-    """Make the episode's ``next.success`` column agree with its graded outcome (in place).
+def follow_outcome(frames: list[FrameDict], success: bool) -> None:
+    """Make the episode's ``next.success`` column agree with its graded outcome, and its last frame end it (in place).
 
     A grader may judge an episode successful that the env never called a success (a return
-    threshold), or failed that the env did; the dataset must not tell two stories.
+    threshold), or failed that the env did; the dataset must not tell two stories. Every written
+    episode ended on its last frame, however it ended (the env, ``max_steps``, a cut at ``close()``
+    or a fault): ``next.done`` says so there, as lerobot's own eval records it.
     """
-    key = lerobot_keys().success
+    keys = lerobot_keys()
+    frames[-1][keys.done][...] = True
+    key = keys.success
     if success:
         frames[-1][key][...] = True
         return
@@ -171,7 +175,7 @@ class LeRobotDatasetSink(PerSlotSink):
                     self._work.report.errored_dropped += 1
                     return
                 self._work.report.errored_kept += 1
-        follow_graded_success(episode.frames, outcome.success)
+        follow_outcome(episode.frames, outcome.success)
         finished = FinishedEpisode(
             key=key, task=episode.prompt, frames=episode.frames, outcome=outcome, non_finite=tuple(episode.non_finite)
         )

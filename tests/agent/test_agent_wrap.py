@@ -219,6 +219,8 @@ def test_a_wrap_dataset_stores_discrete_actions_and_one_success_per_episode(tmp_
     assert success[episodes == 0].tolist() == [False, False, True, True, True, True]  # sticky once reported
     for record in records:
         assert bool(success[episodes == record["episode_index"]].any()) == record["success"]
+    done = np.asarray(table["next.done"]).reshape(-1)
+    assert done.tolist() == [False] * 5 + [True] + [False, True], "each episode ends on its last frame, a cut one too"
 
 
 EXITS_WITHOUT_CLOSE = textwrap.dedent(
