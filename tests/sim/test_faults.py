@@ -114,8 +114,9 @@ def test_a_hung_child_misses_its_deadline_and_its_group_is_killed(spawn: Spawn, 
     with pytest.raises(SimTimeoutError) as caught:
         client.reset({"seed": 0}) if where == "reset" else client.step([[0.0]])
     assert time.monotonic() - started < 5
-    assert f"did not answer {where} within 1 s; it is presumed hung" in str(caught.value)
-    assert "killed by SIGKILL" in str(caught.value)
+    message = str(caught.value)
+    assert f"did not answer {where} within 1 s; it is presumed hung" in message, message
+    assert "killed by SIGKILL" in message, message
     client.close()
     assert sim.pid is not None
     wait_group_gone(sim.pid)  # the client's deadline killed the group, not the teardown
