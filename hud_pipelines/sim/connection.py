@@ -30,6 +30,7 @@ SEND_TIMEOUT_S = 60.0
 TCP_KEEPALIVE_S = (10, 5, 3)
 """Idle seconds before the first probe, seconds between probes, probes before the peer is declared gone."""
 RECV_CHUNK_BYTES = 1 << 20
+_CLOSING = frozenset({State.CLOSING, State.CLOSED})
 
 
 class Connection:
@@ -91,7 +92,9 @@ class Connection:
                 self._eof = True
                 self.protocol.receive_eof()
             self._events.extend(self.protocol.events_received())
-            if self.protocol.close_rcvd is not None or self._eof:
+            # the peer closed, or the protocol failed the connection (a frame over the size limit):
+            # leaving before the close frame goes out, so a client that reconnects at once is waited for
+            if self.protocol.close_rcvd is not None or self._eof or self.protocol.state in _CLOSING:
                 self.leaving = True
             pending = bool(self.protocol.writes)
         if pending:  # a pong, our half of a closing handshake

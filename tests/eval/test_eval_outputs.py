@@ -129,14 +129,12 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
 
     monkeypatch.chdir(REPO)
     # CartPole reports no success: the return grader decides, and some episodes miss its threshold
-    spec = _spec(
-        tmp_path,
-        group=2,
-        max_steps=40,
-        agent={"policy": {"kind": "random", "seed": 1}},
-        graders=[{"kind": "return", "threshold": 20}],
-    )
-    evaluation = evaluate(spec, outputs_dir=tmp_path / "out", project_dir=tmp_path)
+    fields: dict[str, Any] = {
+        "group": 2,
+        "agent": {"policy": {"kind": "random", "seed": 1}},
+        "graders": [{"kind": "return", "threshold": 20}],
+    }
+    evaluation = evaluate(_spec(tmp_path, max_steps=40, **fields), outputs_dir=tmp_path / "out", project_dir=tmp_path)
     graded = {row.trace_id: row.success for row in evaluation.rows}
     assert set(graded.values()) == {True, False}, "both verdicts occur, so agreement is not trivial"
 
@@ -157,13 +155,7 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
     assert f"succeeded {succeeded} + failed {len(graded) - succeeded}" in evaluation.outputs.report_md.read_text()
 
     # another max_steps, and only one instance re-run: the other's episodes are stale in every output
-    shorter = _spec(
-        tmp_path,
-        group=2,
-        max_steps=6,
-        agent={"policy": {"kind": "random", "seed": 1}},
-        graders=[{"kind": "return", "threshold": 20}],
-    )
+    shorter = _spec(tmp_path, max_steps=6, **fields)
     again = evaluate(shorter, outputs_dir=tmp_path / "out", project_dir=tmp_path, partitions=[Partition(0, 0)])
     current = {row.trace_id for row in again.rows if row.status is not EpisodeStatus.ERRORED}
     assert len(current) == 2

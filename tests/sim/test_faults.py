@@ -418,6 +418,44 @@ def test_a_frame_over_the_size_limit_closes_the_connection_cleanly(sim: SimProce
     assert_serving(sim)
 
 
+def test_a_client_that_reconnects_the_moment_its_oversized_frame_is_refused_is_admitted(sim: SimProcess) -> None:
+    """The server closes with 1009 by itself; the connection is leaving from then on, not once the
+    client's close echo arrives, so a new connection waits for the old one instead of a 409."""
+    from urllib.parse import urlsplit
+
+    from websockets.client import ClientProtocol
+    from websockets.frames import Close
+    from websockets.uri import parse_uri
+
+    where = urlsplit(sim.url)
+    with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+        protocol = ClientProtocol(parse_uri(sim.url), max_size=None)
+        request = protocol.connect()
+        request.headers["Authorization"] = f"Bearer {sim.token}"
+        protocol.send_request(request)
+
+        def exchange() -> list[object]:
+            for chunk in protocol.data_to_send():
+                sock.sendall(chunk)
+            protocol.receive_data(sock.recv(1 << 20))
+            return list(protocol.events_received())
+
+        exchange()  # the handshake's response
+        protocol.send_binary(packb({"type": "hello", "protocol": PROTOCOL_VERSION, "framing": "batched"}))
+        exchange()
+        protocol.send_binary(packb({"type": "reset", "seq": 1, "task": [{"seed": 0}]}))
+        exchange()
+        protocol.send_binary(packb({"type": "step", "seq": 2, "action": np.zeros((1, MAX_FRAME_BYTES // 4 + 10))}))
+        for chunk in protocol.data_to_send():
+            sock.sendall(chunk)
+        while protocol.close_rcvd is None:  # the server's 1009; this client never sends its close back
+            protocol.receive_data(sock.recv(1 << 20))
+        assert isinstance(protocol.close_rcvd, Close)
+        assert protocol.close_rcvd.code == 1009
+        with sim.connect() as client:  # at once, while the old connection still waits for the echo
+            assert client.reset({"seed": 3}).status == ["running"]
+
+
 def test_a_replayed_or_out_of_order_request_is_refused_and_never_applied(sim: SimProcess) -> None:
     with raw(sim) as ws:
         call(ws, packb({"type": "reset", "seq": 5, "task": [{"seed": 0}]}))
