@@ -21,9 +21,11 @@ dev: setup
 	@mkdir -p $(DAGSTER_HOME) && [ -f $(DAGSTER_HOME)/dagster.yaml ] || printf 'telemetry:\n  enabled: false\n' > $(DAGSTER_HOME)/dagster.yaml
 	.venv/bin/dagster dev -w workspace.yaml
 
-## The test suite (what CI runs).
+## The test suite (what CI runs), on TEST_WORKERS processes (pytest-xdist): most tests wait on sims,
+## brokers and workers of their own, so two share two cores well. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: setup
-	.venv/bin/pytest -q
+	.venv/bin/pytest -q -n $(TEST_WORKERS)
 
 lint: setup
 	.venv/bin/ruff check .
