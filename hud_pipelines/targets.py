@@ -92,18 +92,24 @@ def shadowed_sibling(path: Path) -> str | None:
     A process holds one module per name: ``helpers.py`` beside a second pipeline's factory resolves
     to the first pipeline's ``helpers`` once that is loaded, and an installed ``utils`` wins over a
     ``utils.py`` beside the file (the folder goes last on ``sys.path``). Either would run other code
-    than the file's author wrote, silently; the names it imports are read from its source.
+    than the file's author wrote, silently; the names it imports are read from its source. Left
+    alone: the standard library's names (a ``random.py`` beside a file that imports ``random`` is
+    almost always unrelated to it), and the file's own name (``metaworld.py`` wrapping the
+    ``metaworld`` package imports the package: the file loads under a name of its own).
     """
-    for name in sorted(_imported_top_names(path)):
+    me = path.resolve()
+    for name in sorted(_imported_top_names(path) - sys.stdlib_module_names):
         sibling = _sibling_module(path.parent, name)
-        if sibling is None:
+        if sibling is None or sibling == me:
             continue
         try:
             found = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             continue
-        origin = Path(found.origin).resolve() if found is not None and found.origin else None
-        if origin is not None and origin != sibling:
+        if found is None or not found.has_location or not found.origin:
+            continue
+        origin = Path(found.origin).resolve()
+        if origin != sibling:
             return (
                 f"{path.name} imports {name!r}, which is {sibling} beside it, but {name!r} resolves to "
                 f"{origin} in this process (one module per name: another pipeline's file or an installed "

@@ -121,8 +121,9 @@ class SlotEpisodes:
     ) -> None:
         """Count one step of the ``running`` slots, tell the sinks its frames, and end the episodes it ended.
 
-        ``cutoff``: this is the last step ``max_steps`` allows, so every slot still running is truncated
-        here, and its last frame says so (``next.done``), as gymnasium's ``TimeLimit`` would.
+        ``cutoff``: this is the last step ``max_steps`` allows, so every slot it stepped is truncated here
+        (one that terminated on this step too, as gymnasium's ``TimeLimit`` says), and its last frame says
+        so (``next.done``).
         """
         self.steps[running] += 1
         errored = self.apply_errors(reply)  # the sim ends a slot whose observation or reward is not finite

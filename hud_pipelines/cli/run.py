@@ -109,6 +109,7 @@ def run_pipeline(
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
     from hud_pipelines.eval.checks import success_signal_warning
+    from hud_pipelines.eval.configuration import current_rollout_hash
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.seed_check import seed_warning
@@ -194,7 +195,10 @@ def run_pipeline(
         )
     succeeded = result is not None and result.success and interrupted is None
     this_run = [row for row in rows if row.run_id == run_id]
-    warned = [success_signal_warning(spec.graders[0], this_run), seed_warning(outputs)]
+    warned = [
+        success_signal_warning(spec.graders[0], this_run),
+        seed_warning(outputs, current_rollout_hash(spec, outputs)),
+    ]
     _print_summary(
         spec.name, rows, succeeded, run_id, outputs.base, [*(f"warning: {w}" for w in warned if w), *problems]
     )

@@ -236,7 +236,7 @@ def _build(
         low, high = success_interval(summary)
         return dg.MaterializeResult(
             metadata={
-                "grades": _grades_table(spec, rows),
+                "grades": _grades_table(judged, rows),
                 "scheduled": summary.scheduled,
                 "succeeded": summary.succeeded,
                 "failed": summary.failed,

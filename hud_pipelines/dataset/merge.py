@@ -69,15 +69,14 @@ def find_parts(roots: Iterable[Path]) -> list[Path]:
     """Every dataset directory (one with ``meta/info.json``) at or below the given roots, in the roots'
     order and sorted below each: the merged dataset's episodes come in that order (an eval's shards in
     task and instance order, not in the alphabetical order of their partition keys)."""
-    found: list[Path] = []
+    found: dict[Path, None] = {}  # ordered, and each part once
     for root in roots:
         root = Path(root)
         if (root / INFO_FILE).is_file():
-            below = [root]
-        else:
-            below = sorted(info.parent.parent for info in root.glob(f"**/{INFO_FILE}")) if root.is_dir() else []
-        found += [part for part in below if part not in found]
-    return found
+            found[root] = None
+        elif root.is_dir():
+            found.update(dict.fromkeys(sorted(info.parent.parent for info in root.glob(f"**/{INFO_FILE}"))))
+    return list(found)
 
 
 def _episodes_in(part: Path) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from hud_pipelines.contract import Contract
@@ -24,7 +24,11 @@ from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.spec.models import PipelineSpec
+
+RUN_FILE = "run_id"
+"""Beside a shard's parts: the run that wrote it."""
 
 
 class ShardStore:
@@ -52,10 +56,15 @@ class ShardStore:
         )
 
     def commit(self, partition_key: str) -> None:
-        """Make this run's shard of ``partition_key`` the current one (call after its sink closed)."""
+        """Make this run's shard of ``partition_key`` the current one (call after its sink closed).
+
+        The shard records the run that wrote it: a later run that writes none (its dataset disabled)
+        leaves it in place, and it must not then be published beside that run's results.
+        """
         pending = self._pending(partition_key)
         if not pending.exists():
             return
+        (pending / RUN_FILE).write_text(self.run_id)
         current = self.outputs.shard(partition_key)
         if current.exists():
             retired = current.with_name(f".{partition_key}.old-{uuid.uuid4().hex[:8]}")
@@ -64,6 +73,13 @@ class ShardStore:
             shutil.rmtree(retired, ignore_errors=True)
         else:
             pending.rename(current)
+
+    def _written_by(self, partition_key: str, run_id: str) -> bool:
+        """Whether the instance's shard exists and is the one ``run_id`` wrote (a shard from before runs were
+        recorded counts as its result's)."""
+        shard = self.outputs.shard(partition_key)
+        recorded = shard / RUN_FILE
+        return shard.is_dir() and (not recorded.is_file() or recorded.read_text() == run_id)
 
     def discard_pending(self, keys: Iterable[str] | None = None) -> None:
         """Remove this run's shards of ``keys`` (default: every instance) that were never committed.
@@ -74,16 +90,17 @@ class ShardStore:
         for key in self.spec.partition_keys() if keys is None else keys:
             shutil.rmtree(self._pending(key), ignore_errors=True)
 
-    def publish(self, target: Path, keys: Sequence[str]) -> DatasetSummary:
-        """Merge the shards of the instances ``keys`` and swap the result in at ``target``.
+    def publish(self, target: Path, current: Mapping[str, InstanceResult]) -> DatasetSummary:
+        """Merge the shards of the ``current`` results' instances and swap the result in at ``target``.
 
-        ``keys`` are the instances whose latest result is current: a shard an earlier configuration
-        wrote stays out, as its rows stay out of the grades (they say ``not_run``).
+        ``current`` holds each instance whose latest result is current: a shard an earlier
+        configuration wrote stays out, as its rows stay out of the grades (they say ``not_run``), and
+        so does a shard of another run than its instance's result.
         """
-        shards = [self.outputs.shard(k) for k in keys if self.outputs.shard(k).is_dir()]
+        shards = [self.outputs.shard(k) for k, result in current.items() if self._written_by(k, result.run_id)]
         if not shards:
             stale = sum(self.outputs.shard(k).is_dir() for k in self.spec.partition_keys())
-            detail = f" ({stale} ran under another configuration or environment)" if stale else ""
+            detail = f" ({stale} instance(s) have only the shard of another run or configuration)" if stale else ""
             raise HudPipelinesError(
                 f"{self.spec.name}: no instance of this configuration has run yet{detail}; run the rollouts first"
             )

@@ -52,15 +52,23 @@ def collect_rows(
     return rows
 
 
-def current_partition_keys(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[str]:
-    """The partitions whose latest result is current (as :func:`collect_rows` decides): the shards to publish."""
+def current_results(
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    *,
+    rollout_hash: str | None = None,
+    environment: dict[str, Any] | None = None,
+) -> dict[str, InstanceResult]:
+    """Partition key -> its latest result, for the partitions whose latest result is current (as
+    :func:`collect_rows` decides, with the same defaults): the shards a dataset may publish."""
     expected = rollout_hash or current_rollout_hash(spec, outputs)
-    current = recorded_provenance(outputs)
-    return [
-        spec.partition_key(*partition)
-        for partition in spec.partitions()
-        if _latest(spec, outputs, partition, expected, current)[1] is None
-    ]
+    current = environment if environment is not None else recorded_provenance(outputs)
+    found: dict[str, InstanceResult] = {}
+    for partition in spec.partitions():
+        result, stale = _latest(spec, outputs, partition, expected, current)
+        if stale is None and result is not None:
+            found[spec.partition_key(*partition)] = result
+    return found
 
 
 def _latest(

@@ -32,6 +32,8 @@ class SeedCheck:
     seeds: list[int | None]
     differing: dict[str, list[str]]
     """Slot (as text: a JSON key) -> features whose values differed between the two resets."""
+    rollout_hash: str = ""
+    """The configuration checked: a report of another one ignores the file (it would be stale)."""
 
     @property
     def repeats(self) -> bool:
@@ -51,7 +53,9 @@ class SeedCheck:
         )
 
 
-def check_seeded_reset(client: SimClient | ShardedSim, tasks: Sequence[Mapping[str, Any]]) -> SeedCheck:
+def check_seeded_reset(
+    client: SimClient | ShardedSim, tasks: Sequence[Mapping[str, Any]], *, rollout_hash: str
+) -> SeedCheck:
     """Reset the sim twice with ``tasks`` and compare (a failed reset raises: there is no verdict)."""
     wanted = [dict(task) for task in tasks]
     first = _readings(client.reset(wanted))
@@ -63,7 +67,7 @@ def check_seeded_reset(client: SimClient | ShardedSim, tasks: Sequence[Mapping[s
         changed = [name for name in before if not _same(before[name], after[name])]
         if changed:
             differing[str(slot)] = changed
-    return SeedCheck(seeds=[task.get("seed") for task in wanted], differing=differing)
+    return SeedCheck(seeds=[task.get("seed") for task in wanted], differing=differing, rollout_hash=rollout_hash)
 
 
 def write_seed_check(outputs: EvalOutputs, check: SeedCheck | None) -> None:
@@ -80,12 +84,18 @@ def read_seed_check(outputs: EvalOutputs) -> SeedCheck | None:
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
-    return SeedCheck(seeds=list(record["seeds"]), differing={k: list(v) for k, v in record["differing"].items()})
+    differing = {k: list(v) for k, v in record["differing"].items()}
+    return SeedCheck(seeds=list(record["seeds"]), differing=differing, rollout_hash=str(record.get("rollout_hash", "")))
 
 
-def seed_warning(outputs: EvalOutputs) -> str | None:
+def seed_warning(outputs: EvalOutputs, rollout_hash: str) -> str | None:
+    """The warning of the latest check of this configuration (``rollout_hash``), if it found one.
+
+    A run whose contract step did not run (a run of some assets, the units of a Celery deployment)
+    keeps the latest check's file; it speaks for the configuration it checked only.
+    """
     check = read_seed_check(outputs)
-    return None if check is None else check.warning()
+    return None if check is None or check.rollout_hash != rollout_hash else check.warning()
 
 
 def _readings(observation: Observation) -> list[dict[str, npt.NDArray[Any]] | None]:

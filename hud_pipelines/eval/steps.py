@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from hud_pipelines.eval.perturbations import has_matrix, perturbation_table
 from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
-from hud_pipelines.eval.rows import collect_rows, current_partition_keys
+from hud_pipelines.eval.rows import collect_rows, current_results
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
@@ -43,6 +44,8 @@ from hud_pipelines.spec.models import Partition, PipelineSpec
 if TYPE_CHECKING:
     from hud_pipelines.dataset.summary import DatasetSummary
     from hud_pipelines.eval.sweep_table import SweepComparison
+
+logger = logging.getLogger(__name__)
 
 # -- contract ------------------------------------------------------------------------------------------
 
@@ -55,7 +58,9 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Co
     outputs.seed_check.unlink(missing_ok=True)  # a sim that does not start leaves no verdict of an earlier one
     tasks = spec.slot_tasks(*spec.partitions()[0])
     checked: list[SeedCheck] = []  # stays empty when a reset of the check failed
-    contract = pool.contract(then=lambda client: checked.append(check_seeded_reset(client, tasks)))
+    contract = pool.contract(
+        then=lambda client: checked.append(check_seeded_reset(client, tasks, rollout_hash=spec.rollout_hash))
+    )
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
     write_seed_check(outputs, checked[0] if checked else None)
@@ -143,7 +148,8 @@ def report_step(
     for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = _member_dataset(dataset, member.label)
         report_step(member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder)
-    warned = [w for w in (success_signal_warning(spec.graders[0], headline), seed_warning(outputs)) if w]
+    seeded = seed_warning(outputs, rollout_hash or current_rollout_hash(spec, outputs))
+    warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
     markdown = render_markdown(
         title,
         headline,
@@ -249,15 +255,19 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
 
     root = dataset_root(spec, outputs, project_dir)
     if not spec.is_sweep:
-        summary = ShardStore(outputs, spec, run_id=run_id).publish(root, current_partition_keys(spec, outputs))
+        summary = ShardStore(outputs, spec, run_id=run_id).publish(root, current_results(spec, outputs))
         write_dataset_links(outputs.base / ASSETS_DIR, root, spec.dataset_repo_id)  # the report's cards link to it
         return summary
     published: list[DatasetSummary] = []
+    environment = recorded_provenance(outputs)  # the sweep's latest run's, as its grades judge by
     for member, expected in _members(spec, outputs, None):  # a dataset per checkpoint: other weights, other data
         member_root = _member_dataset(root, member.label)
         assert member_root is not None
-        keys = current_partition_keys(member.spec, member.outputs, rollout_hash=expected)
-        published.append(ShardStore(member.outputs, member.spec, run_id=run_id).publish(member_root, keys))
+        current = current_results(member.spec, member.outputs, rollout_hash=expected, environment=environment)
+        if not current:  # its results are of an earlier configuration: its grades say not_run, it has no data
+            logger.warning("checkpoint %s of %s has no current instance: no dataset of it", member.label, spec.name)
+            continue
+        published.append(ShardStore(member.outputs, member.spec, run_id=run_id).publish(member_root, current))
         write_dataset_links(member.outputs.base / ASSETS_DIR, member_root, member.spec.dataset_repo_id)
     if not published:
         raise HudPipelinesError(f"sweep {spec.name!r} has no evaluated checkpoint to publish")

@@ -23,8 +23,10 @@ from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.results import unreached_result
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
 from hud_pipelines.spec.loader import load_pipeline_text
+from hud_pipelines.spec.models import Partition
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import SPEC, check_episodes, frame, key, load, outcome, write_episodes
 
@@ -313,17 +315,22 @@ def test_publishing_says_whether_no_instance_ran_or_every_episode_errored(tmp_pa
     text = f"name: probe\nsim:\n  factory: {factory}\nagent:\n  policy: {{kind: constant}}\n"
     spec = load_pipeline_text(text, source=tmp_path / "probe.yaml")
     store = ShardStore(EvalOutputs(tmp_path / "outputs", spec.name), spec, run_id="run")
+    current = {"task0-i0": unreached_result(spec, Partition(0, 0), "ran", Fault.ENV, run_id="run")}
     with pytest.raises(HudPipelinesError, match="no instance of this configuration has run yet; run the rollouts"):
-        store.publish(tmp_path / "dataset", spec.partition_keys())
+        store.publish(tmp_path / "dataset", current)
     sink = store.sink("task0-i0", contract_of(factory))
     with sink:
         sink.begin(key(0), "")
         sink.end(key(0), errored("policy failed: boom", 0, 0.0, Fault.POLICY))
     store.commit("task0-i0")
     with pytest.raises(HudPipelinesError, match=r"every episode of the 1 instance\(s\) that ran errored.*keep_errored"):
-        store.publish(tmp_path / "dataset", spec.partition_keys())
-    with pytest.raises(HudPipelinesError, match=r"has run yet \(1 ran under another configuration or environment\)"):
-        store.publish(tmp_path / "dataset", [])
+        store.publish(tmp_path / "dataset", current)
+    stale = r"has run yet \(1 instance\(s\) have only the shard of another run or configuration\)"
+    with pytest.raises(HudPipelinesError, match=stale):  # a stale result: the grades say not_run
+        store.publish(tmp_path / "dataset", {})
+    later = {"task0-i0": unreached_result(spec, Partition(0, 0), "ran", Fault.ENV, run_id="later")}
+    with pytest.raises(HudPipelinesError, match=stale):  # a later run wrote the result, and no shard
+        store.publish(tmp_path / "dataset", later)
     assert not (tmp_path / "dataset").exists()
 
 

@@ -12,6 +12,7 @@ from hud_pipelines.cli.main import build_parser
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.seed_check import seed_warning
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline_text
@@ -308,7 +309,10 @@ def test_a_sim_that_does_not_repeat_its_start_for_a_seed_is_named_in_the_report(
     )
     evaluate(unseeded, outputs_dir=tmp_path / "unseeded")
     check = json.loads((tmp_path / "unseeded" / "placed" / "seed_check.json").read_text())
-    assert check == {"seeds": [0, 1], "differing": {"0": ["state"], "1": ["state"]}}
+    assert (check["seeds"], check["differing"]) == ([0, 1], {"0": ["state"], "1": ["state"]})
+    outputs = EvalOutputs(tmp_path / "unseeded", "placed")
+    assert seed_warning(outputs, check["rollout_hash"]) is not None
+    assert seed_warning(outputs, "another configuration") is None, "the check speaks for what it checked"
     report = (tmp_path / "unseeded" / "placed" / "report.md").read_text()
     assert (
         "**Warning:** the sim does not repeat an episode's start for the same seed: two resets with seed 0 gave "
@@ -320,7 +324,7 @@ def test_a_sim_that_does_not_repeat_its_start_for_a_seed_is_named_in_the_report(
     seeded = _spec(tmp_path, dataset={"enabled": False})  # CartPole starts from self.np_random
     evaluate(seeded, outputs_dir=tmp_path / "seeded")
     check = json.loads((tmp_path / "seeded" / "placed" / "seed_check.json").read_text())
-    assert check == {"seeds": [0, 1], "differing": {}}
+    assert (check["seeds"], check["differing"]) == ([0, 1], {})
     assert "does not repeat" not in (tmp_path / "seeded" / "placed" / "report.md").read_text()
 
 

@@ -165,7 +165,9 @@ def test_a_file_factory_whose_helper_module_another_pipelines_helper_replaces_is
     message = str(refused.value)
     assert f"imports 'shared_name_helpers_for_test', which is {second}/shared_name_helpers_for_test.py" in message
     assert f"resolves to {first}/shared_name_helpers_for_test.py" in message
-    (second / "json.py").write_text("LOADS = None\n")  # a stdlib module of that name wins over the file
-    (second / "uses_json.py").write_text("import json\n\n\ndef make():\n    return json\n")
-    with pytest.raises(FactoryError, match=r"imports 'json', which is .*second/json.py beside it, but 'json' resolves"):
-        resolve_factory(f"{second}/uses_json.py:make")
+    (second / "numpy.py").write_text("ZEROS = None\n")  # the installed numpy wins over the file
+    (second / "uses_numpy.py").write_text("import numpy\n\n\ndef make():\n    return numpy\n")
+    with pytest.raises(
+        FactoryError, match=r"imports 'numpy', which is .*second/numpy.py beside it, but 'numpy' resolves"
+    ):
+        resolve_factory(f"{second}/uses_numpy.py:make")

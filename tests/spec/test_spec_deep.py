@@ -162,12 +162,20 @@ def test_a_syntax_error_in_a_target_file_is_reported_with_its_line(tmp_path: Pat
 def test_a_target_file_importing_a_module_beside_it_that_another_of_its_name_shadows_is_reported(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "json.py").write_text("SPEED = 1\n")
-    (tmp_path / "policy.py").write_text("def act(obs):\n    from json import SPEED\n\n    return SPEED\n")
+    (tmp_path / "numpy.py").write_text("SPEED = 1\n")
+    (tmp_path / "policy.py").write_text("def act(obs):\n    from numpy import SPEED\n\n    return SPEED\n")
     problem = target_problem(f"{tmp_path / 'policy.py'}:act")
     assert problem is not None
-    assert f"policy.py imports 'json', which is {tmp_path / 'json.py'} beside it, but 'json' resolves to" in problem
-    (tmp_path / "json.py").rename(tmp_path / "speeds.py")  # a name of its own: nothing shadows it
+    assert f"policy.py imports 'numpy', which is {tmp_path / 'numpy.py'} beside it, but 'numpy' resolves to" in problem
+    for name in ("random", "time", "json"):  # the standard library's names: a file of that name is unrelated
+        (tmp_path / f"{name}.py").write_text("SPEED = 1\n")
+    (tmp_path / "stdlib.py").write_text("import json\nimport random\nimport time\n\n\ndef act(obs):\n    return 0\n")
+    assert target_problem(f"{tmp_path / 'stdlib.py'}:act") is None
+    (tmp_path / "gymnasium.py").write_text(
+        "import gymnasium\n\n\ndef make():\n    return gymnasium.make('CartPole-v1')\n"
+    )
+    assert target_problem(f"{tmp_path / 'gymnasium.py'}:make") is None, "a file wrapping the package of its name"
+    (tmp_path / "numpy.py").rename(tmp_path / "speeds.py")  # a name of its own: nothing shadows it
     (tmp_path / "policy.py").write_text("def act(obs):\n    from speeds import SPEED\n\n    return SPEED\n")
     assert target_problem(f"{tmp_path / 'policy.py'}:act") is None
 

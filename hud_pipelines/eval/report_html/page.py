@@ -112,7 +112,7 @@ def render_page(
         [
             f"<header><h1>{escape(pipeline)}</h1></header>",
             _summary(summarize(rows)) if sweep is None else _checkpoints(sweep),
-            _other_graders(rows),
+            _other_graders(rows) if sweep is None else "",  # a sweep's checkpoints each have their own page
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
             _checks(checks),
             _provenance(rows, run_id, overrides),
