@@ -110,6 +110,13 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     assert not [row for row in fourth.rows if row.run_id == fourth.run_id], "a moved run keeps its results"
     assert len(fourth.rows) == 4 * 2, "four checkpoints of one instance of two slots"
 
+    near = [{"name": "near", "seed": 10}]
+    shorter = sweep_spec(tmp_path, str(moved.output_dir), tasks=near, group=1, max_steps=4, dataset={"enabled": True})
+    fifth = evaluate(shorter, outputs_dir=out, checkpoints=["002000"])  # the others are of the old max_steps now
+    assert {row.checkpoint for row in fifth.rows if row.status.value != "errored"} == {"002000"}
+    assert fifth.dataset is not None, "the current checkpoint is published; the stale ones are left out"
+    assert fifth.dataset.path.name == "002000"
+
 
 def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
