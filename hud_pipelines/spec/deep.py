@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
@@ -24,6 +24,7 @@ from hud_pipelines.spec.document import KeyPath, YamlDocument
 from hud_pipelines.spec.grading import CallableGrader
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, did_you_mean
+from hud_pipelines.spec.sections import is_file_target
 from hud_pipelines.spec.target_check import target_parameters, target_problem
 
 EPISODIC_KEYS = ("seed", "options")
@@ -41,6 +42,42 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
             *_checkpoint_problems(spec, document),
             *_grader_problems(spec, document),
         ]
+
+
+def unmodelled_factory_problems(document: YamlDocument, source: Path | None, reported: Sequence[str]) -> list[Problem]:
+    """The sim factory's own problem in a file whose other problems keep it from becoming a model.
+
+    ``validate`` then still says every problem of the file it can: a typo in the registry id beside a
+    bad name is two problems, not one per run of ``validate``. Only a plain ``sim.factory`` with no
+    problem of its section reported, and no interpreter of its own (``sim.python``), is resolved.
+    """
+    data = document.data
+    section = _section(cast(dict[str, object], data).get("sim")) if isinstance(data, dict) else None
+    if section is None:
+        return []
+    factory = section.get("factory")
+    if not isinstance(factory, str) or "python" in section or any(p == "sim" or p.startswith("sim.") for p in reported):
+        return []
+    if is_file_target(factory):
+        file_part, _, attribute = factory.rpartition(":")
+        path = Path(file_part).expanduser()
+        base = source.parent if source is not None else Path.cwd()
+        factory = f"{path if path.is_absolute() else (base / path).resolve()}:{attribute}"
+    from hud_pipelines.sim.factory import resolve_factory
+
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            resolve_factory(factory)
+        except HudPipelinesError as exc:
+            return [document.problem(("sim", "factory"), str(exc))]
+        except Exception as exc:  # the user's factory module failed to import
+            return [document.problem(("sim", "factory"), f"loading factory {factory!r} raised {_describe(exc)}")]
+    return []
+
+
+def _section(value: object) -> dict[str, object] | None:
+    """A mapping of the raw document as such (YAML keys are strings: the reader refuses others)."""
+    return cast(dict[str, object], value) if isinstance(value, dict) else None
 
 
 def _python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:

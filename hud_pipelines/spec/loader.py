@@ -181,6 +181,10 @@ def _load_text(text: str, file: str, source: Path | None, *, deep: bool, env: Ma
     except ValidationError as exc:
         reported = [p.path for p in problems]
         problems += [p for p in validation_problems(exc, document) if not _covered(p.path, reported)]
+        if deep:
+            from hud_pipelines.spec.deep import unmodelled_factory_problems
+
+            problems += unmodelled_factory_problems(document, source, [p.path for p in problems])
         return Loaded(file, None, sorted(problems, key=Problem.sort_key), document)
     if deep and not problems:
         from hud_pipelines.spec.deep import deep_problems

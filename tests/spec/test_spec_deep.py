@@ -239,3 +239,18 @@ def test_deep_validation_keeps_stdout_clean(write_yaml: WriteYaml, capsys: pytes
 def test_shallow_loading_does_not_resolve_anything(write_yaml: WriteYaml) -> None:
     path = write_yaml(pipeline("{kind: scripted, target: nowhere.at_all:fn}").replace("CartPole-v1", "Nope-v9"))
     assert load_pipeline(path).factory == "Nope-v9"
+
+
+def test_a_factory_typo_is_reported_beside_the_files_other_problems(write_yaml: WriteYaml) -> None:
+    text = "name: Bad-Name\nsim: {factory: CartPole-v9}\nagent: {policy: {kind: random}}\n"
+    with pytest.raises(SpecError) as caught:
+        load_pipeline(write_yaml(text, "two.yaml"), deep=True)
+    assert [p.path for p in caught.value.problems] == ["name", "sim.factory"]
+    assert "unknown gymnasium registry id 'CartPole-v9'; did you mean CartPole-v1" in caught.value.problems[1].message
+    beside = "name: Bad-Name\nsim: {factory: CartPole-v9, num_envs: 0}\nagent: {policy: {kind: random}}\n"
+    with pytest.raises(SpecError) as caught:  # a problem of the sim section: the factory is not tried
+        load_pipeline(write_yaml(beside, "three.yaml"), deep=True)
+    assert [p.path for p in caught.value.problems] == ["name", "sim.num_envs"]
+    with pytest.raises(SpecError) as caught:
+        load_pipeline(write_yaml(text, "shallow.yaml"), deep=False)
+    assert [p.path for p in caught.value.problems] == ["name"]
