@@ -113,7 +113,8 @@ class PipelineSpec(StrictModel):
         default_factory=default_graders,
         json_schema_extra=schema_default([{"kind": "success"}]),
         min_length=1,
-        description="how each episode is graded; the first grader decides score and success, the others add columns",
+        description="how each episode is graded; the first grader decides score and success, each other one adds "
+        "`<name>_score` and `<name>_success` columns and a line of the report",
     )
     checks: list[CheckSpec] = Field(
         default_factory=list[CheckSpec],
