@@ -122,8 +122,8 @@ def _imported_top_names(path: Path) -> set[str]:
     """The top-level module names a file's absolute imports name, anywhere in it (functions too)."""
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (SyntaxError, ValueError):
-        return set()  # executing the module reports it, with its line
+    except (OSError, SyntaxError, ValueError):
+        return set()  # loading the module reports it, with its line or the file's error
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

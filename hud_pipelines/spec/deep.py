@@ -16,7 +16,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
@@ -26,6 +26,9 @@ from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, did_you_mean
 from hud_pipelines.spec.sections import is_file_target
 from hud_pipelines.spec.target_check import target_parameters, target_problem
+
+if TYPE_CHECKING:
+    from hud_pipelines.sim.factory import Factory
 
 EPISODIC_KEYS = ("seed", "options")
 
@@ -63,16 +66,20 @@ def unmodelled_factory_problems(document: YamlDocument, source: Path | None, rep
         path = Path(file_part).expanduser()
         base = source.parent if source is not None else Path.cwd()
         factory = f"{path if path.is_absolute() else (base / path).resolve()}:{attribute}"
+    with contextlib.redirect_stdout(sys.stderr):
+        return _resolved(factory, ("sim", "factory"), document)[1]
+
+
+def _resolved(target: str, where: KeyPath, document: YamlDocument) -> tuple[Factory | None, list[Problem]]:
+    """The factory ``target`` names, or the problem (located at ``where``) that stops it resolving."""
     from hud_pipelines.sim.factory import resolve_factory
 
-    with contextlib.redirect_stdout(sys.stderr):
-        try:
-            resolve_factory(factory)
-        except HudPipelinesError as exc:
-            return [document.problem(("sim", "factory"), str(exc))]
-        except Exception as exc:  # the user's factory module failed to import
-            return [document.problem(("sim", "factory"), f"loading factory {factory!r} raised {_describe(exc)}")]
-    return []
+    try:
+        return resolve_factory(target), []
+    except HudPipelinesError as exc:
+        return None, [document.problem(where, str(exc))]
+    except Exception as exc:  # the user's factory module failed to import
+        return None, [document.problem(where, f"loading factory {target!r} raised {_describe(exc)}")]
 
 
 def _section(value: object) -> dict[str, object] | None:
@@ -120,17 +127,12 @@ def _checkpoint_problems(spec: PipelineSpec, document: YamlDocument) -> list[Pro
 def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     if spec.factory is None:
         return []
-    from hud_pipelines.sim.factory import resolve_factory
-
     # a lerobot env config stands for its registry id and build arguments: problems point at its type
     derived = spec.sim.lerobot_env is not None
     where: KeyPath = ("sim", "lerobot_env", "type") if derived else ("sim", "factory")
-    try:
-        factory = resolve_factory(spec.factory)
-    except HudPipelinesError as exc:
-        return [document.problem(where, str(exc))]
-    except Exception as exc:  # the user's factory module failed to import
-        return [document.problem(where, f"loading factory {spec.factory!r} raised {_describe(exc)}")]
+    factory, refused = _resolved(spec.factory, where, document)
+    if factory is None:
+        return refused
     problems = [] if derived else _argument_problems(factory.split_task, spec.sim.args, ("sim", "args"), document)
     for index, task in enumerate(spec.tasks):
         problems += _argument_problems(factory.split_task, task.args, ("tasks", index, "args"), document)
