@@ -4,8 +4,8 @@ Plain loading checks shape only; ``hud-pipelines validate`` (deep by default) al
 factory (an unknown registry id or attribute gets the factory resolver's closest matches; a
 ``sim.lerobot_env`` is resolved already while loading, its registry id is resolved here), checks
 that ``sim.python`` names an interpreter, sorts every build argument against the factory's
-signature, checks that policy and grader targets are importable, and that files a spec points at
-exist or parse. Each finding is located at the YAML
+signature, checks that policy and grader targets are importable, that files a spec points at
+exist or parse, and that a constant action fits the contract file when there is one. Each finding is located at the YAML
 line that names the culprit. This imports the factory's module (and gymnasium), but policy and
 grader modules are only read, not run, where possible (see :mod:`hud_pipelines.spec.target_check`).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
+from hud_pipelines.spec.agent import ConstantPolicyConfig, LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.document import KeyPath, YamlDocument
 from hud_pipelines.spec.grading import CallableGrader
 from hud_pipelines.spec.models import PipelineSpec
@@ -167,9 +167,17 @@ def _contract_problems(spec: PipelineSpec, document: YamlDocument) -> list[Probl
     from hud_pipelines.contract import load_contract
 
     try:
-        load_contract(path)
+        contract = load_contract(path)
     except HudPipelinesError as exc:
         return [document.problem(("sim", "contract"), str(exc))]
+    policy = spec.resolved_agent().policy
+    width = contract.action.size
+    if isinstance(policy, ConstantPolicyConfig) and policy.value is not None and len(policy.value) != width:
+        message = (
+            f"the constant action has {len(policy.value)} entries; the contract {path} has {width} "
+            f"(names {contract.action.names})"
+        )
+        return [document.problem(("agent", "policy", "value"), message)]
     return []
 
 

@@ -220,6 +220,23 @@ def test_an_existing_contract_must_parse(write_yaml: WriteYaml) -> None:
     assert load_pipeline(missing, deep=True).contract_path == missing.parent.resolve() / "new" / "c.json"
 
 
+def test_a_constant_action_that_does_not_fit_the_contract_file_is_reported(write_yaml: WriteYaml) -> None:
+    from hud_pipelines.sim.bridge import GymBridge
+
+    with GymBridge("Pendulum-v1", 1) as bridge:
+        write_yaml(bridge.contract.to_json(), "contracts/pendulum.json")
+    spec = "name: deep\nsim: {factory: Pendulum-v1, contract: contracts/pendulum.json}\nagent:\n  policy: {policy}\n"
+    fits = write_yaml(spec.replace("{policy}", "{kind: constant, value: [0.5]}"), "fits.yaml")
+    assert load_pipeline(fits, deep=True).name == "deep"
+    too_long = write_yaml(spec.replace("{policy}", "{kind: constant, value: [0.5, 1.0]}"), "long.yaml")
+    with pytest.raises(SpecError) as raised:
+        load_pipeline(too_long, deep=True)
+    [problem] = raised.value.problems
+    assert (problem.path, problem.line) == ("agent.policy.value", 4)
+    assert "the constant action has 2 entries; the contract" in problem.message
+    assert "has 1 (names" in problem.message
+
+
 def test_a_factory_module_that_fails_to_import_is_reported(write_yaml: WriteYaml) -> None:
     write_yaml("raise ValueError('broken factory module')\ndef make():\n    pass\n", "envs_broken.py")
     path = write_yaml("name: f\nsim: {factory: envs_broken.py:make}\nagent: {policy: {kind: random}}\n")
