@@ -139,7 +139,10 @@ class SlotEpisodes:
         status = reply.status
         for slot, done, cut in zip(stepped.tolist(), ended.tolist(), truncated.tolist(), strict=True):
             if done or status[slot] == "done":  # heard by the sinks after this tick's frames (report_ends)
-                self.end(slot, self.answered(slot, terminated=bool(reply.terminated[slot]), truncated=cut))
+                at_end = bool(reply.success_now[slot])
+                self.end(
+                    slot, self.answered(slot, terminated=bool(reply.terminated[slot]), truncated=cut, at_end=at_end)
+                )
         if self.sinks:
             every = stepped.size == before.num_slots  # the usual tick: the rows as they came, no copy of a camera
             batch = FrameBatch(
@@ -172,8 +175,11 @@ class SlotEpisodes:
 
     # -- episode ends -----------------------------------------------------------------------------
 
-    def answered(self, slot: int, *, terminated: bool, truncated: bool) -> EpisodeOutcome:
-        """The outcome of a slot whose episode produced an answer (succeeded or failed), as counted so far."""
+    def answered(self, slot: int, *, terminated: bool, truncated: bool, at_end: bool) -> EpisodeOutcome:
+        """The outcome of a slot whose episode produced an answer (succeeded or failed), as counted so far.
+
+        ``at_end``: whether the env reported success on the slot's last step (the frame's ``success_now``).
+        """
         success = bool(self.success[slot])
         reported = bool(self.success_reported[slot])
         total = float(self.total_reward[slot])
@@ -186,6 +192,7 @@ class SlotEpisodes:
             terminated=terminated,
             truncated=truncated,
             success_reported=reported,
+            success_at_end=at_end,
         )
 
     def error(self, slot: int, reason: str, fault: Fault) -> None:

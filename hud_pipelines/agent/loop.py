@@ -175,8 +175,9 @@ class LockstepRun:
             slots.error_running("the agent loop was interrupted", Fault.INTERRUPTED)
             slots.report_ends()
             raise
-        for slot in np.flatnonzero(slots.running):
-            slots.end(int(slot), slots.answered(int(slot), truncated=True, terminated=False))
+        for slot in np.flatnonzero(slots.running).tolist():
+            at_end = bool(observation.success_now[slot])
+            slots.end(slot, slots.answered(slot, truncated=True, terminated=False, at_end=at_end))
         slots.report_ends()
         return slots.final()
 

@@ -1,6 +1,7 @@
 """Graders: turn an episode's outcome into ``(score, success)`` as the pipeline's YAML says.
 
-- ``success``: the env's own success signal; score 1 or 0.
+- ``success``: the env's own success signal, at any step (``at: any``) or on the last (``at: end``);
+  score 1 or 0.
 - ``return``: score is the episode return; success when it reaches ``threshold`` (or, without a
   threshold, the env's success signal).
 - ``callable``: ``target(episode: dict)`` returns a float score, a bool success, or a dict with
@@ -28,11 +29,13 @@ class Grader(Protocol):
 
 
 class _Success:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, at_end: bool = False) -> None:
         self.name = name
+        self.at_end = at_end
 
     def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> tuple[float, bool]:
-        return float(outcome.success), outcome.success
+        success = outcome.success_at_end if self.at_end else outcome.success
+        return float(success), success
 
 
 class _Return:
@@ -70,6 +73,24 @@ class _Callable:
         )
 
 
+def grader_text(spec: GraderSpec) -> str:
+    """What the grader that decides an episode counts as success, in words for a report."""
+    match spec:
+        case SuccessGrader(at="end"):
+            rule = "the env's success signal on the episode's last step"
+        case SuccessGrader():
+            rule = "the env's success signal at any step of the episode"
+        case ReturnGrader(threshold=None):
+            rule = "score the return, success the env's signal at any step"
+        case ReturnGrader():
+            rule = f"score the return, success a return of at least {spec.threshold:g}"
+        case CallableGrader():
+            rule = f"the function {spec.target}"
+    name = spec.name or spec.kind
+    who = name if name == spec.kind else f"{name} (a {spec.kind} grader)"
+    return f"{who}: {rule}"
+
+
 def build_graders(specs: Sequence[GraderSpec], *, base_dir: Path) -> list[Grader]:
     """Graders from their specs; callable targets are imported now so a typo fails before any rollout."""
     from hud_pipelines.targets import load_target
@@ -78,7 +99,7 @@ def build_graders(specs: Sequence[GraderSpec], *, base_dir: Path) -> list[Grader
     for spec in specs:
         match spec:
             case SuccessGrader():
-                graders.append(_Success(spec.name))
+                graders.append(_Success(spec.name, at_end=spec.at == "end"))
             case ReturnGrader():
                 graders.append(_Return(spec.name, spec.threshold))
             case CallableGrader():

@@ -94,9 +94,11 @@ def render_markdown(
     run_id: str | None = None,
     overrides: Mapping[str, object] | None = None,
     warnings: Sequence[str] = (),
+    graded_by: str = "",
 ) -> str:
     """The report as markdown; ``plot`` is where its image is (a path beside the report, or a ``data:`` URI
-    where no file can be linked); ``warnings`` follow the rate.
+    where no file can be linked); ``warnings`` follow the rate, after what it counts (``graded_by``: the
+    deciding grader in words, since "success" means one thing in one benchmark and another elsewhere).
 
     ``checks`` are listed with their verdicts; with ``run_id`` (the run writing the report) the rows
     that earlier runs produced are counted apart, so nobody reads them as this run's.
@@ -109,6 +111,7 @@ def render_markdown(
         *([f"Run configuration overrides the YAML: {_overridden(overrides)}.", ""] if overrides else []),
         f"**Success rate:** {rate_text(total)}",
         "",
+        *([f"Graded by {graded_by}.", ""] if graded_by else []),
         *(line for warning in warnings for line in (f"**Warning:** {warning}.", "")),
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
         f"errored {total.errored} (error rate {total.error_rate:.1%}; errors are not failures).",

@@ -28,6 +28,7 @@ from hud_pipelines.eval.configuration import (
     recorded_provenance,
 )
 from hud_pipelines.eval.grade_table import grades_csv
+from hud_pipelines.eval.graders import grader_text
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import has_matrix, perturbation_table
@@ -158,6 +159,7 @@ def report_step(
         run_id=run_id,
         overrides=overrides,
         warnings=warned,
+        graded_by=grader_text(spec.graders[0]),
     )
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     if table is not None:
@@ -180,6 +182,7 @@ def report_step(
         perturbations=studied,
         members={m.label: m.outputs for m, _ in members} if spec.is_sweep else None,
         warnings=warned,
+        graded_by=grader_text(spec.graders[0]),
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))

@@ -194,6 +194,7 @@ class Episodes:
             truncated,
             extra=extra,
             success_reported=record.success_reported,
+            success_at_end=record.success_now,
         )
         for sink in self.sinks:
             sink.end(key, outcome)

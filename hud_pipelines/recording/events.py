@@ -100,6 +100,10 @@ class EpisodeOutcome:
     extra: dict[str, Any] = field(default_factory=dict[str, Any])
     success_reported: bool = False
     """Whether the env gave a success signal at any step (without one, ``success`` is never true)."""
+    success_at_end: bool = False
+    """Whether the env reported success on the episode's last step. ``success`` (before a grader
+    decides it) is success at *any* step, as lerobot counts it; a task that must hold its goal grades
+    on this one instead (``kind: success, at: end``), as ManiSkill's ``success_at_end`` does."""
 
 
 @dataclass(frozen=True)

@@ -364,16 +364,16 @@ class GymBridge:
         errors: list[SlotError] | None = None,
         nonfinite: list[int] | None = None,
     ) -> Observation:
-        slots = self.slots
         return Observation(
             seq=seq,
             observation={k: v.copy() for k, v in self._obs.items()} if copy else dict(self._obs),
             reward=np.asarray(reward, dtype=np.float64),
-            terminated=slots.terminated,
-            truncated=slots.truncated,
-            success=slots.success,
-            success_reported=slots.success_reported,
-            status=slots.status,
+            terminated=self.slots.terminated,
+            truncated=self.slots.truncated,
+            success=self.slots.success,
+            success_reported=self.slots.success_reported,
+            success_now=self.slots.success_now,
+            status=self.slots.status,
             prompt=prompts,
             errors=errors or [],
             nonfinite=nonfinite or [],

@@ -6,7 +6,7 @@ it yourself and the pipeline attaches by URL and token. Either way the process:
 1. moves ``stdout`` aside (anything the env prints goes to ``stderr``), so that
 2. exactly one JSON line reaches ``stdout`` once the sim is built and listening::
 
-       {"url": "ws://127.0.0.1:40123", "token": "...", "protocol": 2, "num_envs": 4, "pid": 1234}
+       {"url": "ws://127.0.0.1:40123", "token": "...", "protocol": 3, "num_envs": 4, "pid": 1234}
 
 3. then runs the sim on the main thread until SIGTERM/SIGINT (or, with ``--parent-watch``, until
    its stdin closes because the parent died; it then kills its own process group).

@@ -251,6 +251,7 @@ class ShardedSim(Closeable):
             truncated=np.concatenate([f.truncated for f in frames]),
             success=np.concatenate([f.success for f in frames]),
             success_reported=np.concatenate([f.success_reported for f in frames]),
+            success_now=np.concatenate([f.success_now for f in frames]),
             status=[status for f in frames for status in f.status],
             prompt=None
             if all(p is None for p in prompts)
@@ -282,10 +283,8 @@ class ShardedSim(Closeable):
                 name: np.zeros((count, *feature.shape), dtype=feature.dtype)
                 for name, feature in self.contract.observation_features.items()
             }
-            flags = np.zeros(count, dtype=np.bool_)
-            last = Observation(
-                0, observation, np.zeros(count), flags, flags.copy(), flags.copy(), flags.copy(), [RUNNING] * count
-            )
+            f = [np.zeros(count, dtype=np.bool_) for _ in range(5)]  # terminated, truncated and the success flags
+            last = Observation(0, observation, np.zeros(count), f[0], f[1], f[2], f[3], f[4], [RUNNING] * count)
         return dataclasses.replace(
             last,
             reward=np.zeros(count),

@@ -7,7 +7,8 @@ each slot's episode record. Its rules are the ones a batch of slots must never b
   already stepped (no late joiners);
 - only ``RUNNING`` slots accumulate anything: once a slot is ``DONE`` or ``ERRORED`` nothing that
   happens to it afterwards (hold actions, vector-env autoresets) reaches its episode record;
-- success is sticky within an episode: once seen it stays true until the next reset;
+- success is sticky within an episode: once seen it stays true until the next reset; whether the env
+  reported success on the slot's latest step is kept beside it (success at the end, once done);
 - an illegal transition raises :class:`SlotStateError` naming the state.
 
 The records are kept as per-slot numpy columns so that one lockstep tick of 64 slots costs a few
@@ -68,6 +69,8 @@ class SlotRecord:
     success: bool = False
     success_reported: bool = False
     """Whether the env ever reported a success signal; decides what the score means."""
+    success_now: bool = False
+    """Whether the env reported success on the episode's latest step (at its end, once it ended)."""
     nonfinite_steps: int = 0
     """Steps whose observation held NaN or infinity (0 or 1: such a step ends the episode as errored)."""
     error: str | None = None
@@ -84,6 +87,7 @@ class SlotRecord:
             "status": self.state.value,
             "score": self.score,
             "success": self.success,
+            "success_at_end": self.success_now,
             "total_reward": self.total_reward,
             "steps": self.steps,
             "terminated": self.terminated,
@@ -109,6 +113,7 @@ class SlotBatch:
         self._truncated = np.zeros(num_slots, dtype=np.bool_)
         self._success = np.zeros(num_slots, dtype=np.bool_)
         self._success_reported = np.zeros(num_slots, dtype=np.bool_)
+        self._success_now = np.zeros(num_slots, dtype=np.bool_)
         self._nonfinite_steps = np.zeros(num_slots, dtype=np.int64)
         self._errors: list[str | None] = [None] * num_slots
 
@@ -150,6 +155,11 @@ class SlotBatch:
         return self._success_reported.copy()
 
     @property
+    def success_now(self) -> npt.NDArray[np.bool_]:
+        """Whether each slot's env reported success on the slot's latest counted step (not sticky)."""
+        return self._success_now.copy()
+
+    @property
     def steps(self) -> npt.NDArray[np.int64]:
         """Steps each slot's current episode has run (a copy)."""
         return self._steps.copy()
@@ -165,6 +175,7 @@ class SlotBatch:
             truncated=bool(self._truncated[slot]),
             success=bool(self._success[slot]),
             success_reported=bool(self._success_reported[slot]),
+            success_now=bool(self._success_now[slot]),
             nonfinite_steps=int(self._nonfinite_steps[slot]),
             error=self._errors[slot],
         )
@@ -184,7 +195,7 @@ class SlotBatch:
         self._seeds = list(seeds)
         for column in (self._total_reward, self._steps, self._nonfinite_steps):
             column[:] = 0
-        for mask in (self._terminated, self._truncated, self._success, self._success_reported):
+        for mask in (self._terminated, self._truncated, self._success, self._success_reported, self._success_now):
             mask[:] = False
         self._errors = [None] * self.num_slots
 
@@ -211,9 +222,11 @@ class SlotBatch:
         self._total_reward += np.where(counted, reward, 0.0)
         self._steps += counted
         reported = counted & (success >= 0)
+        now = reported & (success > 0)
+        self._success_now[counted] = now[counted]
         if reported.any():
             self._success_reported |= reported
-            self._success |= reported & (success > 0)
+            self._success |= now
         done = counted & (terminated | truncated)
         if done.any():
             self._terminated[done] = terminated[done]

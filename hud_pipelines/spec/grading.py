@@ -41,6 +41,12 @@ class SuccessGrader(_Named):
     """Success from the env's own signal (`info["is_success"]`, `success`, `task_success`); score 1 or 0."""
 
     kind: Literal["success"] = Field(default="success", description="selects this grader")
+    at: Literal["any", "end"] = Field(
+        default="any",
+        description="`any`: the env reported success at any step of the episode (as lerobot-eval counts it; "
+        "ManiSkill's `success_once`); `end`: on its last step (ManiSkill's `success_at_end`, for a task that must "
+        "hold its goal). Grade both with two success graders, e.g. a second `{kind: success, name: at_end, at: end}`",
+    )
 
 
 class ReturnGrader(_Named):

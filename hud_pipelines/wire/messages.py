@@ -17,8 +17,9 @@ import numpy.typing as npt
 
 from hud_pipelines.wire.codec import is_array
 
-PROTOCOL_VERSION = 2
-"""2: every ``observation`` says whether each slot's env reports success at all (``success_reported``)."""
+PROTOCOL_VERSION = 3
+"""2: every ``observation`` says whether each slot's env reports success at all (``success_reported``);
+3: and whether it reported success on the slot's latest step (``success_now``), so success at the end is known."""
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame either side accepts (websockets closes the connection with 1009 above it)."""
 
@@ -145,6 +146,10 @@ class Observation:
     success_reported: npt.NDArray[np.bool_]
     """Whether the slot's env gave a success signal in this episode (sticky). It decides what the
     episode's score is: its success (1 or 0) when reported, else its return."""
+    success_now: npt.NDArray[np.bool_]
+    """Whether the slot's env reported success on the slot's latest step (not sticky): on the frame that
+    ends an episode, its success at the end (ManiSkill's ``success_at_end``) where ``success`` is its
+    success at any step."""
     status: list[str]
     prompt: list[str] | None = None
     errors: list[SlotError] = field(default_factory=list[SlotError])
@@ -221,6 +226,7 @@ def to_wire(message: Request | Reply | Hello, framing: Framing = Framing.BATCHED
                 "truncated": framing.out(message.truncated),
                 "success": framing.out(message.success),
                 "success_reported": framing.out(message.success_reported),
+                "success_now": framing.out(message.success_now),
                 "status": framing.out(message.status),
                 "errors": [
                     {"slot": e.slot, "message": e.message, "traceback": e.traceback, "cause": e.cause}

@@ -23,7 +23,8 @@ from hud_pipelines.wire.messages import Framing, MessageType
 
 _HELLO_KEYS = {"protocol", "framing", "num_envs", "contract", "server", "hold", "bounds", "max_frame_bytes"}
 _OBSERVATION_KEYS = {
-    *("seq", "observation", "reward", "terminated", "truncated", "success", "success_reported", "status"),
+    *("seq", "observation", "reward", "terminated", "truncated", "success", "success_reported", "success_now"),
+    "status",
     *("prompt", "errors", "nonfinite"),
 }
 
@@ -279,6 +280,7 @@ def _observation(frame: object, framing: Framing, num_slots: int | None) -> mess
         truncated=f.per_slot("truncated", framing, np.bool_, num_slots),
         success=f.per_slot("success", framing, np.bool_, num_slots),
         success_reported=f.per_slot("success_reported", framing, np.bool_, num_slots),
+        success_now=f.per_slot("success_now", framing, np.bool_, num_slots),
         status=status,
         prompt=f.strings("prompt", framing),
         errors=_slot_errors(f.optional("errors", LIST) or []),

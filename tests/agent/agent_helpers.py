@@ -96,6 +96,7 @@ class CountdownSim:
             truncated=np.zeros(self.num_envs, dtype=np.bool_),
             success=done & np.isin(np.arange(self.num_envs), self.succeed),
             success_reported=np.isin(np.arange(self.num_envs), self.reports),
+            success_now=done & np.isin(np.arange(self.num_envs), self.succeed),
             status=list(self.status),
             prompt=prompt,
             errors=errors or [],

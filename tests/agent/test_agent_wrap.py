@@ -15,6 +15,7 @@ from agent_helpers import RecordingSink
 
 from envs.controllers import pendulum_swing_up
 from envs.faulty import probe
+from envs.held_goal import make as held_goal
 from envs.vectorized import point_mass
 from hud_pipelines.agent.builtin import FunctionPolicy
 from hud_pipelines.agent.runner import RobotAgent
@@ -162,6 +163,20 @@ def test_reset_before_the_end_cuts_the_episode_short() -> None:
     assert [o.steps for o in outcomes] == [1, 1]
     assert all(o.truncated and not o.terminated for o in outcomes)
     assert set(sink.begun.values()) == {"balance"}
+
+
+def test_a_wrapped_episode_knows_its_success_at_any_step_and_at_the_end() -> None:
+    sink = RecordingSink()
+    env = wrap(held_goal(length=4), sinks=[sink])
+    for seed in (0, 1):  # an even seed holds its goal to the end, an odd one leaves it
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(np.zeros(1, np.float32))
+            done = terminated or truncated
+    env.close()
+    outcomes = [sink.ended[trace] for trace in sorted(sink.ended)]
+    assert [(o.success, o.success_at_end) for o in outcomes] == [(True, True), (True, False)]
 
 
 def test_wrapped_camera_env_traces_state_by_name_and_the_camera_as_video(tmp_path: Path) -> None:

@@ -356,6 +356,30 @@ def test_every_grader_after_the_first_is_a_column_of_the_grades_and_a_line_of_th
     assert "<li>even: 50.0% (95% CI 15.0%-85.0%, 2/4), mean score 0.5</li>" in page
 
 
+def test_a_success_grader_at_the_end_counts_only_episodes_that_held_their_goal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    graders = [{"kind": "success"}, {"kind": "success", "name": "at_end", "at": "end"}]
+    sims = {
+        "one sim": {"factory": f"{REPO / 'envs' / 'held_goal.py'}:make", "num_envs": 2},
+        "two shards": {"factory": f"{REPO / 'envs' / 'held_goal.py'}:make", "num_envs": 2, "shards": 2},
+    }
+    for label, sim in sims.items():
+        fields = {"sim": sim, "agent": {"policy": {"kind": "constant"}}, "graders": graders, "group": 2}
+        spec = _spec(tmp_path, **fields, dataset={"enabled": False}, name=label.replace(" ", "_"))
+        evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+        rows = sorted(evaluation.rows, key=lambda row: row.seed or 0)
+        assert [row.seed for row in rows] == [0, 1, 2, 3], label
+        assert [row.success for row in rows] == [True] * 4, label  # every episode reached its goal once
+        assert [row.metrics["at_end_success"] for row in rows] == [True, False, True, False], label
+        report = evaluation.outputs.report_md.read_text()
+        assert "| at_end | 50.0% (95% CI 15.0%-85.0%, 2/4) | 0.5 |" in report, label
+        assert "Graded by success: the env's success signal at any step of the episode." in report, label
+        page = (evaluation.outputs.base / "report.html").read_text()
+        assert "Graded by success: the env&#x27;s success signal at any step of the episode." in page, label
+
+
 def test_the_datasets_episodes_come_in_task_and_instance_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     tasks = [{"name": "zeta", "seed": 0}, {"name": "alpha", "seed": 100}]  # partition keys sort the other way

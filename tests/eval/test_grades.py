@@ -18,7 +18,7 @@ from hud_pipelines.eval.checks import (
     success_signal_warning,
     verdicts,
 )
-from hud_pipelines.eval.graders import build_graders
+from hud_pipelines.eval.graders import build_graders, grader_text
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task, wilson_interval
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
 from hud_pipelines.spec.grading import (
@@ -205,3 +205,13 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
     with pytest.raises(GraderError, match=r"broken.*returned 'yes'"):
         broken.grade(outcome, KEY)
     assert math.isfinite(returns.grade(_outcome(True, -1.0), KEY)[0])
+
+
+def test_the_report_says_in_words_what_the_deciding_grader_counts_as_success() -> None:
+    assert grader_text(SuccessGrader()) == "success: the env's success signal at any step of the episode"
+    assert grader_text(SuccessGrader(name="held", at="end")) == (
+        "held (a success grader): the env's success signal on the episode's last step"
+    )
+    assert grader_text(ReturnGrader(threshold=195)) == "return: score the return, success a return of at least 195"
+    assert grader_text(ReturnGrader()) == "return: score the return, success the env's signal at any step"
+    assert grader_text(CallableGrader(name="mine", target="g.py:f")) == "mine (a callable grader): the function g.py:f"

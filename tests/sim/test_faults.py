@@ -567,6 +567,7 @@ def observation_frame(seq: int) -> bytes:
             "truncated": np.zeros(1, bool),
             "success": np.zeros(1, bool),
             "success_reported": np.zeros(1, bool),
+            "success_now": np.zeros(1, bool),
             "status": ["running"],
         }
     )

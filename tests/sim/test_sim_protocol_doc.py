@@ -39,6 +39,7 @@ EXPECTED = {
             truncated=np.array([False]),
             success=np.array([False]),
             success_reported=np.array([False]),
+            success_now=np.array([False]),
             status=["running"],
         ),
         Framing.SCALAR,

@@ -49,6 +49,7 @@ def observation(seq: int, reward: float = 0.0) -> bytes:
         truncated=flags,
         success=flags,
         success_reported=flags,
+        success_now=flags,
         status=["running"] * SLOTS,
     )
     return packb(to_wire(frame))

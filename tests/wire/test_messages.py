@@ -40,6 +40,7 @@ def observation(num_slots: int) -> Observation:
         truncated=np.zeros(num_slots, dtype=np.bool_),
         success=np.ones(num_slots, dtype=np.bool_),
         success_reported=np.arange(num_slots) % 3 != 2,
+        success_now=np.arange(num_slots) % 4 == 0,
         status=["running"] * num_slots,
         prompt=[f"task {i}" for i in range(num_slots)],
         errors=[SlotError(slot=0, message="boom", traceback="Traceback ...")],
@@ -60,7 +61,7 @@ def assert_same_observation(left: Observation, right: Observation) -> None:
     for key, array in left.observation.items():
         assert right.observation[key].dtype == array.dtype
         np.testing.assert_array_equal(right.observation[key], array)
-    for name in ("reward", "terminated", "truncated", "success", "success_reported"):
+    for name in ("reward", "terminated", "truncated", "success", "success_reported", "success_now"):
         np.testing.assert_array_equal(getattr(right, name), getattr(left, name))
         assert getattr(right, name).dtype == getattr(left, name).dtype
     assert (right.status, right.prompt, right.errors, right.nonfinite) == (
@@ -95,10 +96,11 @@ def test_scalar_observation_drops_the_slot_axis_and_uses_plain_bools() -> None:
     assert_same_observation(message, parsed)  # back in the internal batched form
 
 
-def test_an_observation_without_success_reported_is_refused_naming_the_key() -> None:
+@pytest.mark.parametrize("key", ["success_reported", "success_now"])
+def test_an_observation_without_a_later_versions_key_is_refused_naming_the_key(key: str) -> None:
     wire, _ = over_the_wire(observation(3), Framing.BATCHED, 3)
-    del wire["success_reported"]  # a version 1 server's frame (refused at the hello before it gets here)
-    with pytest.raises(WireError, match="missing 'success_reported'"):
+    del wire[key]  # an older server's frame (refused at the hello before it gets here)
+    with pytest.raises(WireError, match=f"missing '{key}'"):
         parse_reply(wire, Framing.BATCHED, 3)
 
 

@@ -16,12 +16,13 @@ from importlib import resources
 from pathlib import Path
 
 from hud_pipelines.eval.checks import CheckVerdict
-from hud_pipelines.eval.grades import GradeRow, Summary, summarize, summarize_by_task
+from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.perturbations import EXPLANATION, HEADERS, AxisRow, cells
-from hud_pipelines.eval.report import other_graders, rate_text, success_interval
+from hud_pipelines.eval.report import rate_text
 from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
+from hud_pipelines.eval.report_html.summary import graders_section, number, summary_section
 from hud_pipelines.eval.sweep_table import SweepComparison, SweepRow
 from hud_pipelines.recording.events import EpisodeStatus
 
@@ -58,6 +59,7 @@ def write_html_report(
     perturbations: tuple[Sequence[AxisRow], str] | None = None,
     members: Mapping[str, EvalOutputs] | None = None,
     warnings: Sequence[str] = (),
+    graded_by: str = "",
 ) -> HtmlReport:
     """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
@@ -81,6 +83,7 @@ def write_html_report(
         sweep=sweep,
         perturbations=perturbations,
         warnings=warnings,
+        graded_by=graded_by,
     )
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
@@ -106,13 +109,14 @@ def render_page(
     sweep: SweepComparison | None = None,
     perturbations: tuple[Sequence[AxisRow], str] | None = None,
     warnings: Sequence[str] = (),
+    graded_by: str = "",
 ) -> str:
     title = escape(f"{pipeline}: eval report")
     body = "\n".join(
         [
             f"<header><h1>{escape(pipeline)}</h1></header>",
-            _summary(summarize(rows)) if sweep is None else _checkpoints(sweep),
-            _other_graders(rows) if sweep is None else "",  # a sweep's checkpoints each have their own page
+            summary_section(summarize(rows), graded_by) if sweep is None else _checkpoints(sweep),
+            graders_section(rows) if sweep is None else "",  # a sweep's checkpoints each have their own page
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
             _checks(checks),
             _provenance(rows, run_id, overrides),
@@ -138,39 +142,6 @@ def render_page(
 </body>
 </html>
 """
-
-
-# -- summary ---------------------------------------------------------------------------------------------
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
-
-
-def _number(value: float | None) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.4g}"
-
-
-def _summary(summary: Summary) -> str:
-    low, high = success_interval(summary)
-    interval = "" if summary.success_rate is None else f"95% CI {_percent(low)} to {_percent(high)}"
-    return f"""<section id="summary">
-<div class="headline"><span class="rate">{_percent(summary.success_rate)}</span>
-<span class="interval">{interval}</span>
-<span class="denominator">success rate: {summary.succeeded} succeeded of {summary.graded} graded</span></div>
-<p class="counts">Scheduled <b>{summary.scheduled}</b> = succeeded <b>{summary.succeeded}</b> + failed
-<b>{summary.failed}</b> + errored <b>{summary.errored}</b> (error rate {_percent(summary.error_rate)};
-errors are not failures).</p>
-<p>Mean score {_number(summary.mean_score)}, mean return {_number(summary.mean_return)} (graded episodes).</p>
-</section>"""
-
-
-def _other_graders(rows: Sequence[GradeRow]) -> str:
-    items = "".join(
-        f"<li>{escape(name)}: {escape(rate_text(s))}, mean score {_number(s.mean_score)}</li>"
-        for name, s in other_graders(rows)
-    )
-    return f'<section id="graders"><h2>Other graders</h2><ul>{items}</ul></section>' if items else ""
 
 
 def _checks(checks: Sequence[CheckVerdict]) -> str:
@@ -223,7 +194,7 @@ def _task_table(rows: Sequence[GradeRow], checkpoints: Sequence[str] = ()) -> st
     lines = "\n".join(
         f"<tr>{f'<td>{escape(label)}</td>' if label else ''}<td>{escape(task)}</td><td>{s.scheduled}</td>"
         f"<td>{s.succeeded}</td><td>{s.failed}</td><td>{s.errored}</td><td>{escape(rate_text(s))}</td>"
-        f"<td>{_number(s.mean_score)}</td><td>{_number(s.mean_return)}</td></tr>"
+        f"<td>{number(s.mean_score)}</td><td>{number(s.mean_return)}</td></tr>"
         for label, group in groups
         for task, s in summarize_by_task(group).items()
     )
@@ -333,8 +304,8 @@ def _card(view: EpisodeView) -> str:
     graded = row.status is not EpisodeStatus.ERRORED
     facts = [
         ("status", status + (f" ({row.fault.value})" if row.fault is not None else "")),
-        ("score", _number(row.score) if graded else "n/a"),
-        ("return", _number(row.total_reward)),
+        ("score", number(row.score) if graded else "n/a"),
+        ("return", number(row.total_reward)),
         ("steps", str(row.steps)),
         ("seed", "n/a" if row.seed is None else str(row.seed)),
         ("run", row.run_id or "unknown"),
