@@ -25,12 +25,13 @@ def record_configuration(
     """
     overrides = effective.overrides(base)
     contract = outputs.contract.read_text() if outputs.contract.is_file() else None
+    served = read_served_sim(outputs)
     record = {
         "run_id": run_id,
         "rollout_hash": effective.rollout_hash,
         "yaml_rollout_hash": base.rollout_hash,
         "overrides": overrides,
-        "provenance": provenance.for_run(effective, contract_json=contract),
+        "provenance": provenance.for_run(effective, contract_json=contract, served_sim=served),
     }
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.configuration_json, json.dumps(record, indent=1))
@@ -57,6 +58,20 @@ def recorded_provenance(outputs: EvalOutputs) -> dict[str, Any]:
     """The latest run's provenance (``{}`` before any run)."""
     record = _record(outputs)
     return dict(record.get("provenance") or {}) if record else {}
+
+
+def write_served_sim(outputs: EvalOutputs, served: dict[str, Any] | None) -> None:
+    """``served_sim.json``: what the served sim that gave the contract says it is; removed for a spawned sim."""
+    if not served:
+        outputs.served_sim.unlink(missing_ok=True)
+        return
+    outputs.base.mkdir(parents=True, exist_ok=True)
+    write_atomically(outputs.served_sim, json.dumps(served, indent=1))
+
+
+def read_served_sim(outputs: EvalOutputs) -> dict[str, Any] | None:
+    path = outputs.served_sim
+    return dict(json.loads(path.read_text())) if path.is_file() else None
 
 
 def _record(outputs: EvalOutputs) -> dict[str, Any] | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.sim.identity import describe, factory_distribution, package_versions, version
 from hud_pipelines.spec.hashing import CREDENTIALS
 from hud_pipelines.spec.models import PipelineSpec
 
@@ -30,11 +30,21 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 """This package's folder: its git revision is the code that produced a result (``None`` when installed)."""
 RENDERER_VARIABLES = ("MUJOCO_GL", "PYOPENGL_PLATFORM")
 FINGERPRINT_FIELDS = ("packages", "sim_python", "sim_packages", "renderer")
-"""What, besides the rollout hash, decides a result's numbers: never merged across a change of these."""
+"""What, besides the rollout hash, decides a result's numbers: never merged across a change of these
+(and of ``served_sim``, a served sim's factory and arguments, where the run attached to one)."""
+SERVED_FIELDS = ("factory_name", "args", "packages")
 
 
-def for_run(spec: PipelineSpec, *, contract_json: str | None = None) -> dict[str, Any]:
-    """The provenance of a run of ``spec`` (a sweep member's includes its checkpoint's content hash)."""
+def for_run(
+    spec: PipelineSpec, *, contract_json: str | None = None, served_sim: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The provenance of a run of ``spec`` (a sweep member's includes its checkpoint's content hash).
+
+    ``served_sim``: what the served sim that gave the contract says it is (:mod:`hud_pipelines.sim.identity`).
+    A sim attached by URL runs where its server was started, with the server's arguments: its factory,
+    arguments, interpreter and packages are the server's, and they are part of the fingerprint, so the
+    results of a server started otherwise are never merged with these.
+    """
     sim = spec.sim
     record: dict[str, Any] = {
         **environment(spec),
@@ -52,6 +62,14 @@ def for_run(spec: PipelineSpec, *, contract_json: str | None = None) -> dict[str
         "contract_hash": None if contract_json is None else hashlib.sha256(contract_json.encode()).hexdigest(),
         "rollout_hash": spec.rollout_hash,
     }
+    if served_sim:
+        record |= {
+            "sim_factory": served_sim.get("factory"),
+            "sim_args": served_sim.get("args") or {},
+            "sim_python": served_sim.get("python"),
+            "sim_packages": served_sim.get("packages") or {},
+            "served_sim": {name: served_sim.get(name) for name in SERVED_FIELDS},
+        }
     record["fingerprint"] = fingerprint(record)
     return record
 
@@ -66,7 +84,7 @@ def environment(spec: PipelineSpec) -> dict[str, Any]:
     return {
         "packages": _versions(),
         "sim_python": interpreter,
-        "sim_packages": _sim_versions(interpreter, _factory_package(spec)),
+        "sim_packages": _sim_versions(interpreter, factory_distribution(spec.sim.factory)),
         "renderer": {name: os.environ[name] for name in RENDERER_VARIABLES if name in os.environ},
     }
 
@@ -74,6 +92,9 @@ def environment(spec: PipelineSpec) -> dict[str, Any]:
 def fingerprint(record: dict[str, Any]) -> str:
     """A short hash of the record's :data:`FINGERPRINT_FIELDS`."""
     picked = {name: record.get(name) for name in FINGERPRINT_FIELDS}
+    if record.get("served_sim"):  # absent for a spawned sim: its fingerprint is what it always was
+        picked["served_sim"] = record["served_sim"]
+        picked["sim_python"] = None  # where a server's interpreter lies differs between machines, not the sim
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -87,6 +108,9 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     for name in ("sim_python", "sim_packages", "renderer"):
         if old.get(name) != new.get(name):
             changes.append(f"{name} {old.get(name)} -> {new.get(name)}")
+    if old.get("served_sim") != new.get("served_sim"):
+        before, after = (describe(r["served_sim"]) if r.get("served_sim") else "a spawned sim" for r in (old, new))
+        changes.append(f"the served sim {before} -> {after}")
     return ", ".join(changes) or "the environment changed"
 
 
@@ -116,8 +140,6 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-SIM_PACKAGES = ("gymnasium", "mujoco", "numpy")
-"""Packages of the sim's environment whose versions a result records, beside its factory's own package."""
 _VERSIONS_SCRIPT = """
 import importlib.metadata, json, sys
 found = {}
@@ -141,21 +163,11 @@ def _interpreter(spec: PipelineSpec) -> str:
         return str(spec.resolve_path(spec.sim.python))  # the sim will not start; its error says why
 
 
-def _factory_package(spec: PipelineSpec) -> str | None:
-    """The distribution a factory's module comes from (``metaworld`` for ``metaworld.envs:make``), if installed."""
-    factory = spec.sim.factory
-    if factory is None or ":" not in factory or factory.split(":")[0].endswith(".py"):
-        return None
-    top = factory.split(":")[0].split(".")[0]
-    names = importlib.metadata.packages_distributions().get(top)
-    return names[0] if names else top
-
-
 @functools.cache
 def _sim_versions(interpreter: str, factory_package: str | None) -> dict[str, str | None]:
-    names = [*SIM_PACKAGES, *([factory_package] if factory_package and factory_package not in SIM_PACKAGES else [])]
     if interpreter == sys.executable:
-        return {name: _version(name) for name in names}
+        return package_versions(factory_package)
+    names = list(package_versions(factory_package))
     try:
         done = subprocess.run(
             [interpreter, "-c", _VERSIONS_SCRIPT, *names], capture_output=True, text=True, timeout=30, check=True
@@ -165,16 +177,9 @@ def _sim_versions(interpreter: str, factory_package: str | None) -> dict[str, st
         return {name: None for name in names}
 
 
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 @functools.cache
 def _versions() -> dict[str, str | None]:
-    return {name: _version(name) for name in PACKAGES}
+    return {name: version(name) for name in PACKAGES}
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from typing import Any
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import provenance, sweep
+from hud_pipelines.eval.configuration import read_served_sim
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_result
 from hud_pipelines.eval.runner import EvalRunner
@@ -53,6 +54,8 @@ def rollouts_step(
     finished: set[str] = set()
 
     recorded: list[dict[str, Any]] = []
+    if pool.served_sim is None:  # a unit of its own (Celery): the contract's served sim is the one to match
+        pool.served_sim = read_served_sim(outputs)
 
     def provenance_of_run() -> dict[str, Any]:
         if not recorded:  # once per run; the sim's contract is known by the time an instance ends
@@ -60,7 +63,7 @@ def rollouts_step(
                 contract_json: str | None = runner.contract().to_json()
             except HudPipelinesError:
                 contract_json = None
-            recorded.append(provenance.for_run(spec, contract_json=contract_json))
+            recorded.append(provenance.for_run(spec, contract_json=contract_json, served_sim=pool.served_sim))
         return recorded[0]
 
     def ended(result: InstanceResult) -> None:

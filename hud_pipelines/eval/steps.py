@@ -26,6 +26,7 @@ from hud_pipelines.eval.configuration import (
     record_configuration,
     recorded_overrides,
     recorded_provenance,
+    write_served_sim,
 )
 from hud_pipelines.eval.grade_table import grades_csv
 from hud_pipelines.eval.graders import grader_text
@@ -54,7 +55,8 @@ logger = logging.getLogger(__name__)
 def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Contract:
     """The sim's contract, written to ``outputs/<name>/contract.json`` (the sim stays in the pool).
 
-    Then the sim's seeded reset is checked on the first instance's tasks (``seed_check.json``).
+    Then the sim's seeded reset is checked on the first instance's tasks (``seed_check.json``); a
+    served sim's account of itself is kept (``served_sim.json``: the run's provenance and fingerprint).
     """
     outputs.seed_check.unlink(missing_ok=True)  # a sim that does not start leaves no verdict of an earlier one
     tasks = spec.slot_tasks(*spec.partitions()[0])
@@ -65,6 +67,7 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Co
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
     write_seed_check(outputs, checked[0] if checked else None)
+    write_served_sim(outputs, pool.served_sim)
     return contract
 
 

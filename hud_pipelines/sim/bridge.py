@@ -72,9 +72,9 @@ class GymBridge:
         self.hold = hold
         self.bounds = bounds
         self.slots = SlotBatch(num_envs)
-        self._operator_args: dict[str, Any] = dict(build_args or {})
+        self.operator_args: dict[str, Any] = dict(build_args or {})
         """The build arguments the sim was started with: every connection starts from these."""
-        self._build_args: dict[str, Any] = dict(self._operator_args)
+        self._build_args: dict[str, Any] = dict(self.operator_args)
         self.factory.split_task(self._build_args)  # refuse unknown build arguments before building
         self._envs: SlotEnvs | None = None
         self._contract: Contract | None = None
@@ -201,9 +201,9 @@ class GymBridge:
         With ``copy=False`` the observation arrays are the bridge's own buffers, valid only until
         the next request (the server encodes them at once).
         """
-        read = read_tasks(self.factory, self.num_envs, self._operator_args, tasks)
+        read = read_tasks(self.factory, self.num_envs, self.operator_args, tasks)
         # this reset's own arguments over the operator's: nothing an earlier reset asked for lingers
-        self._ensure_build({**self._operator_args, **read.build_args})
+        self._ensure_build({**self.operator_args, **read.build_args})
         envs = self._require_envs()
         refuse_shared_seed(self.factory, envs, read.seeds)
         self.slots.begin(read.seeds)

@@ -30,6 +30,7 @@ from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError, SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.sharded_sim import ShardedSim
 from hud_pipelines.sim.shards import ShardedProcess
@@ -94,6 +95,8 @@ class SimPool(Closeable):
         self._servers = _Fleet([url for url, _ in settings.servers])
         self._closed = False
         self._contract: Contract | None = None
+        self.served_sim: dict[str, Any] | None = None
+        """What the first served sim said it is (:mod:`.identity`); every other one must be the same sim."""
         self._start_failure: SimStartError | None = None
         """Why a sim of this pool did not start: later instances fail at once, not after the deadline again."""
         self.spawned = 0
@@ -132,16 +135,41 @@ class SimPool(Closeable):
             self.spawned += 1
         try:
             client = process.connect(framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s)
-            if client.num_envs != settings.num_envs:  # only a served sim can differ: a spawned one has ours
+            try:
+                self._require_same_sim(client, attached=server is not None)
+            except BaseException:
                 client.close()
-                raise SimStartError(
-                    f"it serves {client.num_envs} slot(s), but the pipeline's sim.num_envs is {settings.num_envs}: "
-                    f"set sim.num_envs: {client.num_envs}, or serve it with --num-envs {settings.num_envs}"
-                )
+                raise
         except BaseException:
             process.close(grace_s=1.0)
             raise
         return LiveSim(process, client, server=server)
+
+    def _require_same_sim(self, client: SimClient | ShardedSim, *, attached: bool) -> None:
+        """Refuse a served sim with other slots than the pipeline's, or that is not the sim the run's first one is.
+
+        Only a served sim can differ (a spawned one is ours). Its episodes would be graded, and compared,
+        as the same sim's: a server started with another factory, arguments or packages is a different
+        sim, whatever its address.
+        """
+        num_envs = self.settings.num_envs
+        if client.num_envs != num_envs:
+            raise SimStartError(
+                f"it serves {client.num_envs} slot(s), but the pipeline's sim.num_envs is {num_envs}: "
+                f"set sim.num_envs: {client.num_envs}, or serve it with --num-envs {num_envs}"
+            )
+        if not attached or not isinstance(client, SimClient):
+            return
+        identity = client.hello.sim
+        with self._lock:
+            if self.served_sim is None:
+                self.served_sim = identity
+            expected = self.served_sim
+        if identity and expected and not same_sim(identity, expected):
+            raise SimStartError(
+                f"it serves {describe(identity)}, but this run's served sim is {describe(expected)}: every served "
+                "sim of a pipeline must serve the same sim with the same arguments and package versions"
+            )
 
     def contract(self, *, then: Callable[[SimClient | ShardedSim], None] | None = None) -> Contract:
         """The sim's contract, read once from the first sim that starts (the sim then stays in the pool).

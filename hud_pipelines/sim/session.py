@@ -31,6 +31,7 @@ from typing import Any
 
 from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, WireError
 from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.identity import sim_identity
 from hud_pipelines.wire.codec import packb, peek_seq, unpackb
 from hud_pipelines.wire.messages import (
     PROTOCOL_VERSION,
@@ -136,6 +137,7 @@ class Session:
             hold=self.bridge.hold.value,
             bounds=self.bridge.bounds.value,
             max_frame_bytes=self.max_frame_bytes,
+            sim=sim_identity(self.bridge.factory.spec, self.bridge.operator_args),
         )
         return Outcome(packb(to_wire(reply, framing)))
 

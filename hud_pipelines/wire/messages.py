@@ -122,6 +122,9 @@ class ServerHello:
     """The largest frame the server accepts."""
     bounds: str = "clip"
     """How out-of-bounds continuous actions are treated: ``clip`` or ``error``."""
+    sim: dict[str, Any] = field(default_factory=dict[str, Any])
+    """What the sim says it is: factory, build arguments, interpreter, package versions
+    (:mod:`hud_pipelines.sim.identity`); how a client tells two differently started servers apart."""
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,7 @@ def to_wire(message: Request | Reply | Hello, framing: Framing = Framing.BATCHED
                 "hold": message.hold,
                 "bounds": message.bounds,
                 "max_frame_bytes": message.max_frame_bytes,
+                "sim": message.sim,
             }
         case Observation():
             out = {

@@ -21,7 +21,7 @@ from hud_pipelines.wire import messages
 from hud_pipelines.wire.codec import is_array, is_map
 from hud_pipelines.wire.messages import Framing, MessageType
 
-_HELLO_KEYS = {"protocol", "framing", "num_envs", "contract", "server", "hold", "bounds", "max_frame_bytes"}
+_HELLO_KEYS = {"protocol", "framing", "num_envs", "contract", "server", "hold", "bounds", "max_frame_bytes", "sim"}
 _OBSERVATION_KEYS = {
     *("seq", "observation", "reward", "terminated", "truncated", "success", "success_reported", "success_now"),
     "status",
@@ -254,6 +254,7 @@ def _server_hello(frame: object) -> messages.ServerHello:
         hold=f.get("hold", STR),
         bounds=f.optional("bounds", STR) or "clip",
         max_frame_bytes=f.get("max_frame_bytes", INT),
+        sim=f.optional("sim", MAP) or {},
     )
 
 

@@ -183,3 +183,64 @@ def test_a_fleet_file_reaches_each_server_with_its_own_token_and_a_wrong_one_is_
     finally:
         _stop(a)
         _stop(b)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_fleet_server_started_with_other_arguments_errors_its_instances_naming_both_sims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    servers = [_serve("--arg", "crash_seeds=[]"), _serve("--arg", "crash_seeds=[99]")]
+    try:
+        evaluation = evaluate(_spec(tmp_path, [url for _, url in servers], monkeypatch), outputs_dir=tmp_path / "out")
+    finally:
+        for process, _ in servers:
+            _stop(process)
+    failed = [r for r in evaluation.results if r.failed]
+    assert len(failed) == 1, "the other server is lost after its first instance: the rest run on the first"
+    assert failed[0].fault is Fault.SIM_START
+    error = failed[0].error or ""
+    assert "it serves sims.py:cartpole with" in error
+    assert "but this run's served sim is sims.py:cartpole" in error
+    assert '{"crash_seeds": []}' in error
+    assert '{"crash_seeds": [99]}' in error
+    ran = {r.server for r in evaluation.results if not r.failed}
+    assert len(ran) == 1
+    assert failed[0].server not in ran
+    served = json.loads((tmp_path / "out" / "fleet" / "served_sim.json").read_text())
+    assert f"this run's served sim is sims.py:cartpole with {json.dumps(served['args'])}" in error, "the contract's"
+
+
+def test_results_of_a_server_restarted_with_other_arguments_are_not_merged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    port = str(_free_port())
+    process, url = _serve("--port", port, "--arg", "crash_seeds=[]")
+    try:
+        first = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
+    finally:
+        _stop(process)
+    assert not any(r.failed for r in first.results)
+    stored = InstanceResult.read(tmp_path / "out" / "fleet" / "rollouts" / "task0-i0.json").provenance
+    assert stored["sim_args"] == {"crash_seeds": []}, "the server's arguments, not the YAML's"
+    assert stored["sim_factory"].endswith("sims.py:cartpole")
+    process, again = _serve("--port", port, "--arg", "crash_seeds=[99]")
+    try:
+        assert again == url
+        spec = _spec(tmp_path, [url], monkeypatch)
+        second = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
+    finally:
+        _stop(process)
+    stale = [row for row in second.rows if row.instance != 1]
+    assert stale
+    assert all(row.fault is Fault.NOT_RUN for row in stale)
+    assert all("the served sim sims.py:cartpole with" in (row.error or "") for row in stale), stale[0].error
+    assert all(row.fault is None for row in second.rows if row.instance == 1)
