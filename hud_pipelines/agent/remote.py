@@ -32,6 +32,7 @@ from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import PolicyError, WireError
 from hud_pipelines.spec.agent import RemotePolicyConfig
+from hud_pipelines.spec.problems import did_you_mean
 from hud_pipelines.wire.codec import Layout, is_map, packb, unpackb
 
 
@@ -53,7 +54,14 @@ class RemotePolicy(BasePolicy, Closeable):
         self.timeout_s = timeout_s
         self.batched = batched
         self.width = contract.action.size
-        self.keys = {name: dict(rename or {}).get(name, name) for name in contract.observation_features}
+        features = list(contract.observation_features)
+        unknown = [name for name in rename or {} if name not in features]
+        if unknown:  # a typo would send the feature under its own name, silently
+            raise PolicyError(
+                f"remote policy rename names {unknown}, which are not observation features of the contract; "
+                f"its features: {features}{did_you_mean(unknown[0], features)}"
+            )
+        self.keys = {name: dict(rename or {}).get(name, name) for name in features}
         self.prompt_key = prompt_key
         self._lock = threading.Lock()
         headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None

@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     paired.add_argument("candidate", help="a grades.json, an outputs/<name> directory, or a pipeline name")
     paired.add_argument("baseline", help="the same for the baseline")
+    for side in ("candidate", "baseline"):
+        paired.add_argument(
+            f"--{side}-checkpoint",
+            metavar="LABEL",
+            help=f"the checkpoint of a sweep's results to take as the {side} (default: the sweep's candidate)",
+        )
     _add_outputs_root(paired, "outputs root for names")
     paired.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
     paired.add_argument(

@@ -138,19 +138,23 @@ def run_pipeline(
         raise HudPipelinesError(f"--partition values must form a contiguous range of {', '.join(keys)}")
     tags = {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
     units = len(ordered)
+    waiting = ""
     if spec.is_sweep:
         from hud_pipelines.dagster import sweeps
 
         with dg.DagsterInstance.get() as instance:
-            tags, labels = sweeps.run_tags(instance, spec, ordered, checkpoints=checkpoints, rerun=rerun)
+            tags, labels, waiting = sweeps.run_tags(instance, spec, ordered, checkpoints=checkpoints, rerun=rerun)
         units *= len(labels)
     elif checkpoints or rerun:
         raise HudPipelinesError(f"{spec.name} is not a sweep: --checkpoint and --rerun need agent.policy.checkpoints")
     if queue is not None:
         tags = {**tags, RUN_QUEUE_TAG: _queue_for(spec.name, queue)}
     from rich.console import Console
+    from rich.text import Text
 
     console = Console(stderr=True)
+    if waiting:  # a checkpoint still being written, or missing a file: said, not silently left out
+        console.print(Text(f"not evaluated yet (incomplete checkpoints): {waiting}", style="yellow"), soft_wrap=True)
     logging.getLogger("hud_pipelines").setLevel(logging.WARNING)
     # Dagster's console logger would print every failure with a stack trace; the summary below says
     # what failed in a line each, and the full event log stays in the instance (`dagster dev`).

@@ -49,7 +49,7 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         _put_cwd_on_path()
     specs, problems = collect_pipelines(paths, deep=deep)
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in problems]
-    deployment = _deployment_problem(None if args.paths else known)
+    deployment = _deployment_problem(None if args.paths else known, specs)
     if problems:
         print(SpecError(problems).render(), file=stream)
     if deployment is not None:
@@ -63,16 +63,19 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return EXIT_OK
 
 
-def _deployment_problem(known: list[str] | None) -> str | None:
-    """What is wrong with the ``$HUD_PIPELINES_DEPLOYMENT`` file, if one is set: its fields and values, and,
-    when the whole pipelines folder was validated (``known``), pipeline names that match no pipeline."""
+def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec]) -> str | None:
+    """What is wrong with the ``$HUD_PIPELINES_DEPLOYMENT`` file, if one is set: its fields and values, and
+    pipeline names that match no pipeline: when the whole pipelines folder was validated (``known``), any
+    such name; else a name one typo away from a validated pipeline's, as a run of that file refuses it."""
     from hud_pipelines.dagster.deployment import (
         deployment_path,
         load_deployment,
         load_execution,
+        refuse_misspelled,
         refuse_unknown_pipelines,
     )
     from hud_pipelines.errors import DeploymentError
+    from hud_pipelines.spec.loader import pipeline_files
 
     path = deployment_path()
     if path is None:
@@ -82,6 +85,9 @@ def _deployment_problem(known: list[str] | None) -> str | None:
         load_execution(path)
         if known is not None:
             refuse_unknown_pipelines(deployment, known, path)
+        for spec in specs if known is None else []:
+            folder = spec.source.parent if spec.source is not None else Path.cwd()
+            refuse_misspelled(deployment, spec.name, [declared_name(file) for file in pipeline_files(folder)], path)
     except DeploymentError as exc:
         return str(exc)
     return None

@@ -106,8 +106,9 @@ def run_tags(
     *,
     checkpoints: Sequence[str] | None = None,
     rerun: bool = False,
-) -> tuple[dict[str, str], list[str]]:
-    """Tags of a run of the checkpoints ``checkpoints`` (default: every complete one) x ``instances``; and those labels.
+) -> tuple[dict[str, str], list[str], str]:
+    """Tags of a run of the checkpoints ``checkpoints`` (default: every complete one) x ``instances``; those
+    labels; and the checkpoints that are not complete yet, each with why (``""`` when none waits).
 
     Every complete checkpoint is registered first (a run may only name registered partitions). A label
     that is not a complete checkpoint is an error naming the known ones and why the others wait.
@@ -134,7 +135,7 @@ def run_tags(
         tags[CHECKPOINTS_TAG] = ",".join(chosen)
     if rerun:
         tags[RERUN_TAG] = "true"
-    return tags, chosen
+    return tags, chosen, waiting
 
 
 @dataclass(frozen=True)

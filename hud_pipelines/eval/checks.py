@@ -191,7 +191,7 @@ def _regression_verdict(check: NoRegressionCheck, rows: Sequence[GradeRow]) -> C
         baseline = read_result_set(check.baseline)
     except HudPipelinesError as exc:
         return _regression(check, False, f"the baseline cannot be read: {exc}")
-    return regression_verdict(check, rows, baseline, baseline_name=check.baseline)
+    return regression_verdict(check, rows, baseline.rows, baseline_name=baseline.name)
 
 
 def regression_verdict(

@@ -38,6 +38,7 @@ import numpy as np
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.spec.problems import did_you_mean
 
 BOOTSTRAP_SAMPLES = 4000
 BOOTSTRAP_SEED = 20261201
@@ -90,8 +91,8 @@ def pair_rows(
     candidate: Sequence[GradeRow], baseline: Sequence[GradeRow]
 ) -> tuple[list[tuple[GradeRow, GradeRow]], int]:
     """The answered episodes both sides share, in a stable order, and how many were left out."""
-    theirs = {_episode(row): row for row in baseline}
-    mine = {_episode(row): row for row in candidate}
+    theirs = _by_episode(baseline, "baseline")
+    mine = _by_episode(candidate, "candidate")
     shared = sorted(set(mine) & set(theirs), key=_sort_key)
     pairs = [
         (mine[key], theirs[key])
@@ -100,6 +101,20 @@ def pair_rows(
     ]
     left_out = len(set(mine) | set(theirs)) - len(pairs)
     return pairs, left_out
+
+
+def _by_episode(rows: Sequence[GradeRow], side: str) -> dict[EpisodeId, GradeRow]:
+    """Each row under its episode; two rows of one episode (two checkpoints or runs mixed) are refused."""
+    keyed: dict[EpisodeId, GradeRow] = {}
+    for row in rows:
+        key = _episode(row)
+        if key in keyed:
+            raise HudPipelinesError(
+                f"the {side} holds two rows of one episode (task {row.task!r}, instance {row.instance}, slot "
+                f"{row.slot}, seed {row.seed}): one side of a comparison must be one result set, not several"
+            )
+        keyed[key] = row
+    return keyed
 
 
 def compare(
@@ -276,8 +291,31 @@ def _sort_key(key: EpisodeId) -> tuple[str, int, int, int]:
 # -- the command ----------------------------------------------------------------------------------------
 
 
-def read_result_set(where: str, *, outputs_root: Path | None = None) -> list[GradeRow]:
-    """Grade rows from a ``grades.json``, a directory holding one, or a pipeline name under the outputs root."""
+@dataclass(frozen=True)
+class ResultSet:
+    """The rows of one side of a comparison, and what they are."""
+
+    rows: list[GradeRow]
+    where: str
+    checkpoint: str | None = None
+    """The sweep checkpoint the rows are, where the file held several (its candidate unless one was named)."""
+    checkpoints: tuple[str, ...] = ()
+    """Every checkpoint the file held, in its order."""
+
+    @property
+    def name(self) -> str:
+        if self.checkpoint is None:
+            return self.where
+        return f"{self.where} (checkpoint {self.checkpoint} of {len(self.checkpoints)})"
+
+
+def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint: str | None = None) -> ResultSet:
+    """Grade rows from a ``grades.json``, a directory holding one, or a pipeline name under the outputs root.
+
+    A sweep's file holds every checkpoint's rows of the same episodes: one side of a comparison is one
+    checkpoint, ``checkpoint`` or else the sweep's candidate (the last one of the table, as its checks
+    judge), never a mix in which one checkpoint's rows would silently stand for the others.
+    """
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
 
     path = Path(where)
@@ -295,22 +333,30 @@ def read_result_set(where: str, *, outputs_root: Path | None = None) -> list[Gra
         raise HudPipelinesError(f"{path}: not a grades file ({exc})") from exc
     if not isinstance(loaded, list):
         raise HudPipelinesError(f"{path}: expected a list of grade rows")
-    return [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
+    rows = [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
+    labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
+    if checkpoint is None and len(labels) < 2:
+        return ResultSet(rows, where)
+    chosen = checkpoint or labels[-1]
+    if chosen not in labels:
+        raise HudPipelinesError(
+            f"{path} has no checkpoint {chosen!r}{did_you_mean(chosen, labels)}; its checkpoints: "
+            f"{', '.join(labels) or 'none (not a sweep)'}"
+        )
+    return ResultSet([row for row in rows if row.checkpoint == chosen], where, chosen, labels)
 
 
 def run_compare(args: argparse.Namespace) -> int:
     """``hud-pipelines compare CANDIDATE BASELINE``: the comparison, and exit 1 with ``--fail-if-worse``."""
     outputs: Path | None = args.outputs
-    result = compare(
-        read_result_set(args.candidate, outputs_root=outputs),
-        read_result_set(args.baseline, outputs_root=outputs),
-        alpha=args.alpha,
-        min_effect=args.min_effect,
-    )
+    candidate = read_result_set(args.candidate, outputs_root=outputs, checkpoint=args.candidate_checkpoint)
+    baseline = read_result_set(args.baseline, outputs_root=outputs, checkpoint=args.baseline_checkpoint)
+    result = compare(candidate.rows, baseline.rows, alpha=args.alpha, min_effect=args.min_effect)
     if args.json:
-        print(json.dumps(result.as_dict(), indent=1))
+        sides = {"candidate": candidate.name, "baseline": baseline.name}
+        print(json.dumps({**sides, **result.as_dict()}, indent=1))
     else:
-        print(describe(result, args.candidate, args.baseline))
+        print(describe(result, candidate.name, baseline.name))
     return 1 if args.fail_if_worse and result.verdict is Verdict.WORSE else 0
 
 

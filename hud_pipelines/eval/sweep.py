@@ -47,6 +47,7 @@ from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.agent import CheckpointEntry, LeRobotPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.grading import CheckSpec, NoRegressionCheck
 from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.problems import did_you_mean
 
 PARTITION_SEPARATOR = "|"
 """Between the checkpoint and the instance in a sweep's partition keys (Dagster's multi-partition keys)."""
@@ -219,6 +220,8 @@ def verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow]) -> C
         label = _baseline_label(spec, check, rows)
         if label is not None:
             return _against_label(check, mine, [row for row in rows if row.checkpoint == label], candidate, label)
+        if not Path(check.baseline).exists():  # neither a checkpoint nor a file: most likely a mistyped label
+            return CheckVerdict(check.name, False, check.blocking, _no_baseline(spec, check, rows))
     judged = check_verdict(check, mine)
     return dataclasses.replace(judged, description=f"{candidate}: {judged.description}")
 
@@ -232,9 +235,23 @@ def baseline_label(spec: PipelineSpec, labels: set[str]) -> str | None:
 
 
 def _baseline_label(spec: PipelineSpec, check: NoRegressionCheck, rows: Sequence[GradeRow]) -> str | None:
-    written = {c.name: c for c in spec.checks}.get(check.name)
-    raw = written.baseline if isinstance(written, NoRegressionCheck) else check.baseline
+    raw = _written_baseline(spec, check)
     return raw if raw in {row.checkpoint for row in rows} else None
+
+
+def _written_baseline(spec: PipelineSpec, check: NoRegressionCheck) -> str:
+    """The baseline as the YAML wrote it (a resolved check's is a path relative to the YAML file)."""
+    written = {c.name: c for c in spec.checks}.get(check.name)
+    return written.baseline if isinstance(written, NoRegressionCheck) else check.baseline
+
+
+def _no_baseline(spec: PipelineSpec, check: NoRegressionCheck, rows: Sequence[GradeRow]) -> str:
+    raw = _written_baseline(spec, check)
+    labels = list(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
+    return (
+        f"no_regression: the baseline {raw!r} is no checkpoint of this sweep{did_you_mean(raw, labels)} (evaluated: "
+        f"{', '.join(labels) or 'none yet'}) and no grades file ({check.baseline} does not exist)"
+    )
 
 
 def _against_label(

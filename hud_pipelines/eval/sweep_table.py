@@ -72,6 +72,8 @@ class Versus:
     """McNemar's exact two-sided p-value."""
     episodes_needed: int | None = None
     """Paired episodes that a ``min_effect`` difference would need for 80% power."""
+    min_effect: float | None = None
+    """The success difference ``episodes_needed`` is sized for (not the one observed)."""
 
     @classmethod
     def of(cls, comparison: PairedComparison) -> Versus:
@@ -84,6 +86,7 @@ class Versus:
             diff_high=high,
             p=comparison.mcnemar_p,
             episodes_needed=comparison.episodes_needed,
+            min_effect=comparison.min_effect,
         )
 
     def columns(self, prefix: str) -> dict[str, Any]:
@@ -353,5 +356,6 @@ def _versus_cell(versus: Versus) -> str:
         return "no paired episodes"
     text = f"{versus.verdict} {versus.diff:+.1%} (p={versus.p:.3g}, {versus.pairs} pairs"
     if versus.verdict is Verdict.NO_DIFFERENCE and versus.episodes_needed is not None:
-        text += f"; ~{versus.episodes_needed} needed"
+        effect = "" if versus.min_effect is None else f" to detect a {versus.min_effect:.0%} difference"
+        text += f"; ~{versus.episodes_needed} pairs needed{effect}"
     return text + ")"

@@ -147,7 +147,7 @@ class RemotePolicyConfig(StrictModel):
     """A policy served elsewhere over an openpi-style websocket (metadata frame, msgpack infer)."""
 
     kind: Literal["remote"] = "remote"
-    url: str = Field(description="ws://host:port of the policy server")
+    url: str = Field(pattern=r"^wss?://", description="ws://host:port (or wss://) of the policy server")
     api_key: SecretStr | None = Field(
         default=None,
         description="sent as the Authorization header when set (write `${VAR}` to keep it out of git); a "

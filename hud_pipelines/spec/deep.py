@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any, cast
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.spec.agent import ConstantPolicyConfig, LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.document import KeyPath, YamlDocument
-from hud_pipelines.spec.grading import CallableGrader
+from hud_pipelines.spec.grading import CallableGrader, NoRegressionCheck
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, did_you_mean
 from hud_pipelines.spec.sections import is_file_target
 from hud_pipelines.spec.target_check import target_parameters, target_problem
 
 if TYPE_CHECKING:
+    from hud_pipelines.agent.checkpoints import Discovery
     from hud_pipelines.sim.factory import Factory
 
 EPISODIC_KEYS = ("seed", "options")
@@ -43,6 +44,7 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
             *_contract_problems(spec, document),
             *_policy_problems(spec, document),
             *_checkpoint_problems(spec, document),
+            *_baseline_problems(spec, document),
             *_grader_problems(spec, document),
         ]
 
@@ -111,16 +113,51 @@ def _fleet_problems(spec: PipelineSpec) -> list[Problem]:
 
 def _checkpoint_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     """A sweep whose checkpoints directory is missing, empty or names a label twice is found before a run."""
+    try:
+        _sweep_discovery(spec)
+    except HudPipelinesError as exc:
+        return [document.problem(("agent", "policy", "checkpoints"), str(exc))]
+    return []
+
+
+def _sweep_discovery(spec: PipelineSpec) -> Discovery | None:
+    """The checkpoints a sweep's sources hold now (``None`` for a single policy); raises when they cannot be read."""
     policy = spec.agent.policy
     if not isinstance(policy, LeRobotPolicyConfig | TorchPolicyConfig) or policy.checkpoints is None:
-        return []
+        return None
     from hud_pipelines.agent.checkpoints import discover_checkpoints, sources_of
 
     kind = "torch" if isinstance(policy, TorchPolicyConfig) else "lerobot"
-    try:
-        discover_checkpoints(sources_of(policy.checkpoints, kind, spec.resolve_path), settle_s=0)
-    except HudPipelinesError as exc:
-        return [document.problem(("agent", "policy", "checkpoints"), str(exc))]
+    return discover_checkpoints(sources_of(policy.checkpoints, kind, spec.resolve_path), settle_s=0)
+
+
+def _baseline_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """A ``no_regression`` baseline that is no grades file (nor, in a sweep, a checkpoint found now)."""
+    labels = _checkpoint_labels(spec)
+    problems: list[Problem] = []
+    for index, check in enumerate(spec.checks):
+        if not isinstance(check, NoRegressionCheck) or check.baseline in labels:
+            continue
+        path = spec.resolve_path(check.baseline)
+        if path.exists():
+            continue
+        message = f"no grades at {path} (give a grades.json or an outputs/<name> folder)"
+        if spec.is_sweep:
+            found = ", ".join(labels) or "none yet"
+            message = (
+                f"{check.baseline!r} is no checkpoint of the sweep{did_you_mean(check.baseline, labels)} "
+                f"(found now: {found}), and {message}"
+            )
+        problems.append(document.problem(("checks", index, "baseline"), message))
+    return problems
+
+
+def _checkpoint_labels(spec: PipelineSpec) -> list[str]:
+    """The labels of a sweep's checkpoints found now (none for a single policy or a sweep that cannot be read)."""
+    with contextlib.suppress(HudPipelinesError):  # reported by the checkpoint check
+        found = _sweep_discovery(spec)
+        if found is not None:
+            return [c.label for c in (*found.complete, *(p.checkpoint for p in found.pending))]
     return []
 
 

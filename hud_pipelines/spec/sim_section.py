@@ -79,7 +79,8 @@ class SimSpec(StrictModel):
         description="contract.json relative to the YAML file: written from the derived contract on first use, "
         "edited by hand afterwards (names, descriptions, types, bounds); an eval refuses a file whose shapes no "
         "longer match the env, and `hud-pipelines contract <pipeline>` refreshes it, keeping the edits that "
-        "still fit; omitted: derived in memory each run",
+        "still fit; omitted: derived in memory each run; not with `url` (a served sim's contract is its server's "
+        "`--contract`)",
     )
     startup_timeout_s: Float = Field(
         default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"

@@ -150,3 +150,12 @@ def test_server_errors_and_bad_replies_are_policy_errors() -> None:
         server.close()
     with pytest.raises(PolicyError, match="cannot connect to the policy server"):
         RemotePolicy(url, contract, timeout_s=2)
+
+
+def test_a_rename_of_no_feature_and_a_url_without_its_scheme_are_refused_before_connecting() -> None:
+    import pydantic
+
+    with pytest.raises(PolicyError, match=r"rename names \['stat'\], which are not observation features.*'state'"):
+        RemotePolicy("ws://127.0.0.1:9", countdown_contract(), rename={"stat": "observation/state"})
+    with pytest.raises(pydantic.ValidationError, match="url"):
+        RemotePolicyConfig.model_validate({"kind": "remote", "url": "localhost:8790"})

@@ -211,3 +211,7 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     monkeypatch.chdir(pipelines_dir.parent)
     assert main(["validate", "--no-deep"]) == 1, "validate reads the deployment file too"
     assert "pipelines.remote_evl: no pipeline of that name (did you mean 'remote_eval'?)" in capsys.readouterr().out
+    assert main(["validate", "--no-deep", str(pipelines_dir / "remote_eval.yaml")]) == 1, "one file: its typo"
+    assert "pipelines.remote_evl: no pipeline of that name (did you mean 'remote_eval'?)" in capsys.readouterr().out
+    misspelled.write_text("pipelines:\n  other_project:\n    sim: {num_envs: 3}\n")
+    assert main(["validate", "--no-deep", str(pipelines_dir / "remote_eval.yaml")]) == 0, "far from it: another's"

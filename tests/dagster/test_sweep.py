@@ -62,8 +62,20 @@ def test_a_run_asked_for_right_after_a_checkpoint_was_saved_waits_for_it_to_sett
     spec = load_pipeline(_write_sweep(tmp_path, str(run.output_dir)))
     assert [p.checkpoint.label for p in sweep.discover(spec).pending] == ["001500"]
     with dg.DagsterInstance.get() as instance:
-        _, labels = sweeps.run_tags(instance, spec, spec.partition_keys())
+        _, labels, _ = sweeps.run_tags(instance, spec, spec.partition_keys())
     assert labels == ["000500", "001000", "001500"], "the settling checkpoint is waited for, not skipped"
+
+
+def test_a_run_names_the_checkpoints_it_leaves_out_because_they_are_incomplete(
+    run: LeRobotRun, tmp_path: Path, local: Path
+) -> None:
+    del local
+    (run.checkpoints_dir / "001500" / "pretrained_model" / "model.safetensors").unlink()
+    spec = load_pipeline(_write_sweep(tmp_path, str(run.output_dir)))
+    with dg.DagsterInstance.get() as instance:
+        _, labels, waiting = sweeps.run_tags(instance, spec, spec.partition_keys())
+    assert labels == ["000500", "001000"]
+    assert waiting == "001500: missing model.safetensors"
 
 
 def test_validate_counts_a_sweeps_episodes_per_checkpoint_and_over_the_checkpoints_found(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.comparison import (
     Verdict,
     clopper_pearson,
@@ -184,3 +185,30 @@ def test_a_pipeline_gated_on_its_baseline_fails_the_run_when_it_regresses(
     assert not verdict.passed
     assert not regressed.passed
     assert "worse than the baseline" in verdict.description
+
+
+def test_a_sweeps_results_are_compared_one_checkpoint_at_a_time_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dataclasses
+
+    from hud_pipelines.cli.main import main
+
+    good, bad = _sets([(True, False)] * 12)
+    sweep = [dataclasses.replace(r, checkpoint="step_100") for r in good]
+    sweep += [dataclasses.replace(r, checkpoint="step_200") for r in bad]  # the candidate: the table's last
+    (tmp_path / "sweep.json").write_text(json.dumps([r.as_dict() for r in sweep]))
+    (tmp_path / "run.json").write_text(json.dumps([r.as_dict() for r in good]))
+    assert main(["compare", str(tmp_path / "sweep.json"), str(tmp_path / "run.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["candidate"] == f"{tmp_path / 'sweep.json'} (checkpoint step_200 of 2)"
+    assert (report["pairs"], report["unpaired"], report["verdict"]) == (12, 0, "worse")
+    chosen = ["--candidate-checkpoint", "step_100"]
+    assert main(["compare", str(tmp_path / "sweep.json"), str(tmp_path / "run.json"), *chosen]) == 0
+    assert "(checkpoint step_100 of 2) vs" in capsys.readouterr().out
+    mistyped = ["--candidate-checkpoint", "step_10"]
+    assert main(["compare", str(tmp_path / "sweep.json"), str(tmp_path / "run.json"), *mistyped]) != 0
+    error = capsys.readouterr().err
+    assert "has no checkpoint 'step_10' (did you mean 'step_100'?); its checkpoints: step_100, step_200" in error
+    with pytest.raises(HudPipelinesError, match="the baseline holds two rows of one episode"):
+        compare(good, sweep)

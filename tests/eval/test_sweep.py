@@ -244,6 +244,34 @@ def test_a_sweep_gate_judges_the_latest_checkpoint_against_a_baseline_label(tmp_
     assert "checkpoint 000500" in verdict.description
     better = sweep.verdict(spec, check, rows("000500", False) + rows("001000", True))
     assert better.passed
+    mistyped = sweep_spec(tmp_path, str(tmp_path), checks=[{**gate[0], "baseline": "00500"}])
+    (check,) = mistyped.resolved_checks()
+    verdict = sweep.verdict(mistyped, check, table)
+    assert not verdict.passed
+    assert verdict.description.startswith(
+        "no_regression: the baseline '00500' is no checkpoint of this sweep (did you mean '000500'?) "
+        "(evaluated: 000500, 001000) and no grades file"
+    ), verdict.description
+
+
+def test_validate_finds_a_baseline_that_is_no_checkpoint_of_the_sweep_nor_a_file(
+    run: LeRobotRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    path = tmp_path / "reach_sweep.yaml"
+    labels = [c.name for c in sorted((run.output_dir / "checkpoints").iterdir()) if c.name != "last"]
+    for baseline, valid in ((labels[0], True), (labels[0][1:], False), (str(tmp_path / "none.json"), False)):
+        gate = [{"kind": "no_regression", "baseline": baseline}]
+        written = sweep_spec(tmp_path, str(run.output_dir), checks=gate).model_dump(mode="json", exclude_unset=True)
+        path.write_text(json.dumps(written, indent=1))
+        capsys.readouterr()
+        assert main(["validate", str(path)]) == (0 if valid else 1), capsys.readouterr().out
+        if not valid:
+            out = capsys.readouterr().out
+            assert "checks[0].baseline" in out
+            assert "is no checkpoint of the sweep" in out
+            assert f"(found now: {', '.join(labels)})" in out
 
 
 def test_a_checkpoint_the_sim_cannot_feed_errors_its_rows_with_the_features_named(
