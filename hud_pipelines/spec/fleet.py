@@ -106,7 +106,7 @@ def _read(path: Path, env: Mapping[str, str] | None) -> tuple[Fleet | None, list
     try:
         fleet = Fleet.model_validate(document.data)
     except ValidationError as exc:
-        return None, problems + validation_problems(exc, document)
+        return None, problems + validation_problems(exc, document, Fleet)
     return (fleet if not problems else None), problems
 
 

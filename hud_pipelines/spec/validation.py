@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
+from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -50,22 +51,39 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "l
 _BOUND_KEYS = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
 
 
-def validation_problems(error: ValidationError, document: YamlDocument) -> list[Problem]:
-    """One problem per pydantic error, located in ``document``.
+def validation_problems(
+    error: ValidationError, document: YamlDocument, root: type[BaseModel] = PipelineSpec
+) -> list[Problem]:
+    """One problem per pydantic error, located in ``document`` (a file of ``root``).
 
     A value that fits none of the options of a plain union (``lockstep_threads``: an integer,
     ``auto`` or null) makes pydantic report one error per option, each under an internal tag; those
-    become a single problem at the key that lists what each option expected.
+    become a single problem at the key that lists what each option expected. When the value has the
+    shape of one option (a list where a string or a list of entries is allowed) and only the inside
+    is wrong, the problems are that option's, at their own keys: the others' say nothing useful.
     """
+    located = [(details, _locate(tuple(details["loc"]), root)) for details in error.errors()]
+    return _problems_of(located, 0, document, root)
+
+
+def _problems_of(
+    located: list[tuple[ErrorDetails, _Located]], level: int, document: YamlDocument, root: type[BaseModel]
+) -> list[Problem]:
+    """The problems of errors that went through ``level`` plain unions already (a list of entries that are
+    each a string or a mapping is two levels)."""
     problems: list[Problem] = []
-    alternatives: dict[KeyPath, list[ErrorDetails]] = {}
-    for details in error.errors():
-        path, _, in_union = _locate(tuple(details["loc"]))
-        if in_union:
-            alternatives.setdefault(path, []).append(details)
+    groups: dict[KeyPath, list[tuple[ErrorDetails, _Located]]] = {}
+    for details, where in located:
+        if len(where.unions) > level:
+            groups.setdefault(where.unions[level], []).append((details, where))
         else:
-            problems.append(_problem(details, document))
-    problems += [_union_problem(path, options, document) for path, options in alternatives.items()]
+            problems.append(_problem(details, document, root))
+    for path, members in groups.items():
+        inside = [(details, where) for details, where in members if len(where.path) > len(path)]
+        if inside:  # the value has one option's shape: what is wrong is inside it
+            problems += _problems_of(inside, level + 1, document, root)
+        else:
+            problems.append(_union_problem(path, [details for details, _ in members], document))
     return problems
 
 
@@ -82,23 +100,23 @@ def _union_problem(path: KeyPath, options: list[ErrorDetails], document: YamlDoc
     return document.problem(path, f"expected {' or '.join(expectations)}{got}")
 
 
-def _problem(details: ErrorDetails, document: YamlDocument) -> Problem:
+def _problem(details: ErrorDetails, document: YamlDocument, root: type[BaseModel] = PipelineSpec) -> Problem:
     loc: KeyPath = tuple(details["loc"])
     kind = details["type"]
     ctx: dict[str, Any] = dict(details.get("ctx") or {})
     if kind == "spec_rule":
         loc = (*loc, *_parse_at(str(ctx.get("at", ""))))
-        path, _ = _walk(loc)
+        path, _ = _walk(loc, root)
         return document.problem(path, str(ctx["message"]))
-    path, end_type = _walk(loc)
+    path, end_type = _walk(loc, root)
     found = details.get("input")
     if kind == "missing":
-        _, parent_type = _walk(loc[:-1])
+        _, parent_type = _walk(loc[:-1], root)
         described = _field_description(parent_type, str(loc[-1]))
         hint = f" ({described})" if described else ""
         return document.problem(path, f"missing required key {loc[-1]!r}{hint}")
     if kind == "extra_forbidden":
-        _, parent_type = _walk(loc[:-1])
+        _, parent_type = _walk(loc[:-1], root)
         allowed = _field_names(parent_type)
         key = str(loc[-1])
         expected = f"; expected one of: {', '.join(allowed)}" if allowed else ""
@@ -136,6 +154,8 @@ def _message(kind: str, ctx: dict[str, Any], found: Any, fallback: str) -> str:
         return f"expected a non-empty string{got}"
     if kind == "too_short":
         return f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
+    if kind == "value_error":  # a model's own rule: its message says it all
+        return fallback.removeprefix("Value error, ")
     if kind in ("enum", "literal_error"):
         options = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         word = str(found) if isinstance(found, str) else ""
@@ -168,17 +188,25 @@ def describe(value: Any) -> str:
 # -- walking the model types along a pydantic location ---------------------------------------------
 
 
-def _walk(loc: KeyPath) -> tuple[KeyPath, Any]:
+def _walk(loc: KeyPath, root: type[BaseModel] = PipelineSpec) -> tuple[KeyPath, Any]:
     """The YAML key path of a pydantic location (union tags dropped) and the type found at its end."""
-    path, end_type, _ = _locate(loc)
-    return path, end_type
+    located = _locate(loc, root)
+    return located.path, located.end_type
 
 
-def _locate(loc: KeyPath) -> tuple[KeyPath, Any, bool]:
-    """:func:`_walk`, and whether the location went through an option of a plain (not ``kind``) union."""
-    current: Any = PipelineSpec
+@dataclass(frozen=True)
+class _Located:
+    path: KeyPath
+    end_type: Any
+    unions: tuple[KeyPath, ...]
+    """The keys of the plain (not ``kind``) unions the location went through an option of, outermost first."""
+
+
+def _locate(loc: KeyPath, root: type[BaseModel] = PipelineSpec) -> _Located:
+    """:func:`_walk`, and where the location went through an option of a plain union."""
+    current: Any = root
     path: list[str | int] = []
-    in_union = False
+    unions: list[KeyPath] = []
     for part in loc:
         current = _unwrap(current)
         members = _union_members(current)
@@ -186,12 +214,36 @@ def _locate(loc: KeyPath) -> tuple[KeyPath, Any, bool]:
             current = members[part]
             continue
         if members is None and _is_union(current) and isinstance(part, str):
-            in_union = True  # pydantic's tag of the option that failed, e.g. "literal['auto']"
-            current = None
+            unions.append(tuple(path))  # pydantic's tag of the option that failed, e.g. "literal['auto']"
+            current = _option(current, part)
             continue
         path.append(part)
         current = _child_type(current, part)
-    return tuple(path), _unwrap(current), in_union
+    return _Located(tuple(path), _unwrap(current), tuple(unions))
+
+
+def _option(union: Any, tag: str) -> Any:
+    """The option of a plain union that pydantic's ``tag`` names (``str``, ``constrained-str``,
+    ``FleetServer``, ``list[union[str,CheckpointEntry]]``); ``None`` when no option reads so."""
+    for option in get_args(union):
+        option = _unwrap(option)
+        if _tag_of(option) == tag.removeprefix("constrained-"):
+            return option
+    return None
+
+
+def _tag_of(tp: Any) -> str | None:
+    """How pydantic names a union's option in an error's location."""
+    if _is_model(tp) or tp in (str, int, float, bool):
+        return str(tp.__name__)
+    args = [_tag_of(_unwrap(a)) for a in get_args(tp)]
+    if not args or not all(args):
+        return None
+    inner = ",".join(a for a in args if a)
+    if _is_union(tp):
+        return f"union[{inner}]"
+    origin = get_origin(tp)
+    return f"{origin.__name__}[{inner}]" if origin in (list, dict) else None
 
 
 def _child_type(parent: Any, part: str | int) -> Any:

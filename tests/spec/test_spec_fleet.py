@@ -86,3 +86,13 @@ def test_validate_reports_a_missing_fleet_file_and_a_fleet_with_a_pipeline_token
     assert any("a sim fleet's tokens are in its file" in p.message for p in both.problems)
     with_url = load_file(Path(_pipeline(tmp_path, fleet="lab.yaml", url="ws://a:1", token="t")), deep=False)
     assert any("exclude each other" in p.message for p in with_url.problems)
+
+
+def test_an_entry_that_is_a_url_or_a_mapping_gets_one_problem_in_the_fleet_files_own_words(tmp_path: Path) -> None:
+    path = tmp_path / "lab.yaml"
+    path.write_text("token: t\nservers:\n  - http://sim-a:8765\n  - {url: ws://sim-b:8765, tokn: abc}\n")
+    problems = [(p.line, p.path, p.message) for p in fleet_problems(path, ENV)]
+    assert problems == [
+        (3, "servers[0]", "expected a ws:// or wss:// URL or a mapping, got 'http://sim-a:8765'"),
+        (4, "servers[1].tokn", "unknown key 'tokn' (did you mean 'token'?); expected one of: url, token"),
+    ], problems
