@@ -182,7 +182,7 @@ def _build(
             selected = context.selected_asset_keys
             if contract_key in selected:
                 try:
-                    derived = contract_step(effective, pool, outputs)
+                    derived = contract_step(effective, pool, outputs, run_id=context.run.run_id)
                 except HudPipelinesError as exc:  # every selected instance then errors with the reason
                     context.log.error(f"the sim of {name} did not start: {exc}")
                 else:

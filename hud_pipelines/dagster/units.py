@@ -51,6 +51,7 @@ from hud_pipelines.dagster.resources import (
 from hud_pipelines.dagster.unit_tags import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import sweep
+from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.rollouts import current, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
@@ -124,7 +125,7 @@ def eval_units_asset(
             if lost:
                 context.log.warning(f"{key}: attempt {lost + 1}, after its worker was lost")
             pool = sim_of(context, spec).pool(effective)
-            derived = _derive_contract(pool, outputs)
+            derived = _derive_contract(pool, outputs, context.run.run_id)
             result = _run(context, planned, pool, rollouts_key, lost)
         return {"key": key, "result": str(planned.result_path), "contract": derived, "failed": result.failed}
 
@@ -206,12 +207,18 @@ def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOu
     return keys
 
 
-def _derive_contract(pool: SimPool, outputs: EvalOutputs) -> bool:
-    """Start the unit's sim and write the contract it reports (units write the same file, atomically)."""
+def _derive_contract(pool: SimPool, outputs: EvalOutputs, run_id: str) -> bool:
+    """Start the unit's sim and write the contract it reports (units write the same file, atomically).
+
+    A served sim is held to the one another unit of the run claimed already, else claimed for the run.
+    """
+    pool.served_sim = read_served_sim(outputs, run_id)
     try:
         contract: Contract = pool.contract()
     except HudPipelinesError:  # the unit's instance then fails with the sim's own reason
         return False
+    if pool.served_sim:
+        claim_served_sim(outputs, run_id, pool.served_sim)
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     partial = outputs.contract.with_name(f".{outputs.contract.name}.{os.getpid()}.partial")
     partial.write_text(contract.to_json())

@@ -62,16 +62,19 @@ def for_run(
         "contract_hash": None if contract_json is None else hashlib.sha256(contract_json.encode()).hexdigest(),
         "rollout_hash": spec.rollout_hash,
     }
-    if served_sim:
-        record |= {
-            "sim_factory": served_sim.get("factory"),
-            "sim_args": served_sim.get("args") or {},
-            "sim_python": served_sim.get("python"),
-            "sim_packages": served_sim.get("packages") or {},
-            "served_sim": {name: served_sim.get(name) for name in SERVED_FIELDS},
-        }
-    record["fingerprint"] = fingerprint(record)
-    return record
+    return with_served_sim(record, served_sim) if served_sim else record | {"fingerprint": fingerprint(record)}
+
+
+def with_served_sim(record: dict[str, Any], served_sim: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the sim as the served sim says it is (:func:`for_run`), and its fingerprint anew."""
+    updated = record | {
+        "sim_factory": served_sim.get("factory"),
+        "sim_args": served_sim.get("args") or {},
+        "sim_python": served_sim.get("python"),
+        "sim_packages": served_sim.get("packages") or {},
+        "served_sim": {name: served_sim.get(name) for name in SERVED_FIELDS},
+    }
+    return updated | {"fingerprint": fingerprint(updated)}
 
 
 def environment(spec: PipelineSpec) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import provenance, sweep
-from hud_pipelines.eval.configuration import read_served_sim
+from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_result
 from hud_pipelines.eval.runner import EvalRunner
@@ -54,8 +54,8 @@ def rollouts_step(
     finished: set[str] = set()
 
     recorded: list[dict[str, Any]] = []
-    if pool.served_sim is None:  # a unit of its own (Celery): the contract's served sim is the one to match
-        pool.served_sim = read_served_sim(outputs)
+    if pool.served_sim is None:  # a step or unit of its own: the served sim the run claimed is the one to match
+        pool.served_sim = read_served_sim(outputs, run_id)
 
     def provenance_of_run() -> dict[str, Any]:
         if not recorded:  # once per run; the sim's contract is known by the time an instance ends
@@ -63,7 +63,8 @@ def rollouts_step(
                 contract_json: str | None = runner.contract().to_json()
             except HudPipelinesError:
                 contract_json = None
-            recorded.append(provenance.for_run(spec, contract_json=contract_json, served_sim=pool.served_sim))
+            served = claim_served_sim(outputs, run_id, pool.served_sim) if pool.served_sim else None
+            recorded.append(provenance.for_run(spec, contract_json=contract_json, served_sim=served))
         return recorded[0]
 
     def ended(result: InstanceResult) -> None:

@@ -22,11 +22,11 @@ from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, success_signal_warning, verdicts
 from hud_pipelines.eval.configuration import (
+    claim_served_sim,
     current_rollout_hash,
     record_configuration,
     recorded_overrides,
     recorded_provenance,
-    write_served_sim,
 )
 from hud_pipelines.eval.grade_table import grades_csv
 from hud_pipelines.eval.graders import grader_text
@@ -52,11 +52,12 @@ logger = logging.getLogger(__name__)
 # -- contract ------------------------------------------------------------------------------------------
 
 
-def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Contract:
+def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, run_id: str) -> Contract:
     """The sim's contract, written to ``outputs/<name>/contract.json`` (the sim stays in the pool).
 
     Then the sim's seeded reset is checked on the first instance's tasks (``seed_check.json``); a
-    served sim's account of itself is kept (``served_sim.json``: the run's provenance and fingerprint).
+    served sim's account of itself is claimed for run ``run_id`` (``served_sim.json``: the run's provenance
+    and fingerprint).
     """
     outputs.seed_check.unlink(missing_ok=True)  # a sim that does not start leaves no verdict of an earlier one
     tasks = spec.slot_tasks(*spec.partitions()[0])
@@ -67,7 +68,10 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Co
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
     write_seed_check(outputs, checked[0] if checked else None)
-    write_served_sim(outputs, pool.served_sim)
+    if pool.served_sim:
+        pool.served_sim = claim_served_sim(outputs, run_id, pool.served_sim)
+    else:  # a spawned sim: no served sim's account of an earlier run lies beside its results
+        outputs.served_sim.unlink(missing_ok=True)
     return contract
 
 
@@ -339,7 +343,7 @@ def evaluate(
     try:
         pool = parts.sim.pool(effective)
         with contextlib.suppress(HudPipelinesError):  # a sim that cannot start errors every instance below
-            contract_step(effective, pool, outputs)
+            contract_step(effective, pool, outputs, run_id=run_id)
         record_configuration(effective, spec, outputs, run_id=run_id)
         if effective.is_sweep:
             members = sweep.select(sweep.members(effective, outputs, settle_s=settle_s), checkpoints)

@@ -71,3 +71,31 @@ def test_a_sim_under_its_own_interpreter_records_that_environments_versions() ->
     assert found["sim_packages"]["mujoco"] == "3.3.0", "the sim's own mujoco, not the agent's"
     assert found["packages"]["mujoco"] != "3.3.0"
     assert found["sim_packages"]["gymnasium"]
+
+
+def test_a_run_claims_one_served_sim_that_its_steps_and_units_hold_to_and_a_later_run_claims_anew(
+    tmp_path: Path,
+) -> None:
+    from hud_pipelines.eval.configuration import claim_served_sim, record_configuration, recorded_provenance
+    from hud_pipelines.eval.outputs import EvalOutputs
+
+    spec = _spec(tmp_path)
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    first = {"factory": "/a/envs/x.py:make", "factory_name": "x.py:make", "args": {"length": 40}, "packages": {}}
+    other = {**first, "args": {"length": 5}}
+    record_configuration(spec, spec, outputs, run_id="run-1")
+    spawned = recorded_provenance(outputs)
+    assert "served_sim" not in spawned, "nothing is claimed before a served sim is met"
+    assert claim_served_sim(outputs, "run-1", first) == first
+    assert claim_served_sim(outputs, "run-1", other) == first, "a unit of the same run is held to the first claim"
+    claimed = recorded_provenance(outputs)
+    assert (claimed["sim_args"], claimed["sim_factory"]) == ({"length": 40}, "/a/envs/x.py:make")
+    assert claimed["fingerprint"] != spawned["fingerprint"]
+    assert (
+        provenance.fingerprint(provenance.with_served_sim(spawned, {**first, "python": "/elsewhere/python"}))
+        == (claimed["fingerprint"])
+    ), "the same sim served from another interpreter's path is the same sim"
+    record_configuration(spec, spec, outputs, run_id="run-2")
+    assert "served_sim" not in recorded_provenance(outputs), "run-1's claim is not run-2's"
+    assert claim_served_sim(outputs, "run-2", other) == other
+    assert recorded_provenance(outputs)["fingerprint"] not in {spawned["fingerprint"], claimed["fingerprint"]}

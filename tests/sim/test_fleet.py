@@ -214,7 +214,7 @@ def test_a_fleet_server_started_with_other_arguments_errors_its_instances_naming
     ran = {r.server for r in evaluation.results if not r.failed}
     assert len(ran) == 1
     assert failed[0].server not in ran
-    served = json.loads((tmp_path / "out" / "fleet" / "served_sim.json").read_text())
+    served = json.loads((tmp_path / "out" / "fleet" / "served_sim.json").read_text())["sim"]
     assert f"this run's served sim is sims.py:cartpole with {json.dumps(served['args'])}" in error, "the contract's"
 
 
