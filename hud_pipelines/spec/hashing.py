@@ -17,7 +17,27 @@ CREDENTIALS: dict[str, Any] = {"sim": {"token"}, "agent": {"policy": {"api_key"}
 SWEEP_SOURCES: dict[str, Any] = {"sim": {"token"}, "agent": {"policy": {"api_key", "checkpoints"}}}
 """What a sweep's rollout hash leaves out: the credentials and where its checkpoints are listed."""
 
+LATER_DEFAULTS: dict[str, dict[str, object]] = {"graders": {"at": "any"}}
+"""Keys that came after results existed, per item of a list section, with their defaults: left out of the
+rollout hash while at the default, so that upgrading keeps every earlier result current (a success grader
+without ``at`` counted success at any step before ``at`` existed, as ``at: any`` does)."""
+
 MISSING = object()
+
+
+def without_later_defaults(dumped: dict[str, Any]) -> dict[str, Any]:
+    """``dumped`` without the :data:`LATER_DEFAULTS` keys that hold their default."""
+    out = dict(dumped)
+    for section, defaults in LATER_DEFAULTS.items():
+        items = out.get(section)
+        if isinstance(items, list):
+            out[section] = [
+                {k: v for k, v in cast(dict[str, Any], item).items() if defaults.get(k, MISSING) != v}
+                if isinstance(item, dict)
+                else item
+                for item in cast(list[object], items)
+            ]
+    return out
 
 
 def flat(value: object, prefix: str = "") -> dict[str, Any]:

@@ -53,6 +53,7 @@ from hud_pipelines.spec.hashing import (
     canonical_hash,
     checkpoint_rollout_hash,
     flat,
+    without_later_defaults,
 )
 from hud_pipelines.spec.sections import (
     DEFAULT_DATASET_DIR,
@@ -395,4 +396,4 @@ class PipelineSpec(StrictModel):
         dumped = self.model_dump(
             mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=exclude
         )
-        return canonical_hash(dumped)
+        return canonical_hash(without_later_defaults(dumped))

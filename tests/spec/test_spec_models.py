@@ -19,6 +19,7 @@ from hud_pipelines.spec import (
     SuccessGrader,
 )
 from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
+from hud_pipelines.spec.loader import load_pipeline_text
 from hud_pipelines.spec.models import SOURCE_CONTEXT
 
 
@@ -229,3 +230,25 @@ def test_spec_hash_is_stable_and_follows_content(tmp_path: Path) -> None:
 def test_serve_options_carry_hold_and_bounds() -> None:
     s = spec(sim={"factory": "CartPole-v1", "hold": "zero", "bounds": "error"})
     assert s.sim.serve_options() == ["--hold", "zero", "--bounds", "error"]
+
+
+def test_a_key_added_later_leaves_the_rollout_hash_of_a_pipeline_that_does_not_set_it_as_it_was() -> None:
+    import json
+
+    text = {
+        "name": "pinned",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "random", "seed": 3}},
+        "tasks": [{"name": "t", "seed": 7}],
+        "max_steps": 50,
+        "graders": [{"kind": "success"}, {"kind": "return", "threshold": 10}],
+    }
+    spec = load_pipeline_text(json.dumps(text), source="/tmp/pinned.yaml")
+    # the hash this pipeline had before success graders took `at`: its results stay current on upgrading
+    assert spec.rollout_hash == "1d76cf2103c141a93b9a394562dd87057fd460c0ee8f5c8cc4802d939a38f4ae"
+    explicit = load_pipeline_text(
+        json.dumps({**text, "graders": [{"kind": "success", "at": "any"}, text["graders"][1]]})
+    )
+    assert explicit.rollout_hash == spec.rollout_hash
+    at_end = load_pipeline_text(json.dumps({**text, "graders": [{"kind": "success", "at": "end"}, text["graders"][1]]}))
+    assert at_end.rollout_hash != spec.rollout_hash, "grading at the end is another verdict"
