@@ -126,7 +126,7 @@ def eval_units_asset(
                 context.log.warning(f"{key}: attempt {lost + 1}, after its worker was lost")
             pool = sim_of(context, spec).pool(effective)
             derived = _derive_contract(pool, outputs, context.run.run_id)
-            result = _run(context, planned, pool, rollouts_key, lost)
+            result = _run(context, planned, pool, rollouts_key, lost, claims=outputs)
         return {"key": key, "result": str(planned.result_path), "contract": derived, "failed": result.failed}
 
     @dg.op(
@@ -217,8 +217,8 @@ def _derive_contract(pool: SimPool, outputs: EvalOutputs, run_id: str) -> bool:
         contract: Contract = pool.contract()
     except HudPipelinesError:  # the unit's instance then fails with the sim's own reason
         return False
-    if pool.served_sim:
-        claim_served_sim(outputs, run_id, pool.served_sim)
+    if pool.served_sim:  # claimed at the same moment by another unit, maybe of another sim: the first holds
+        pool.hold_to(claim_served_sim(outputs, run_id, pool.served_sim))
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     partial = outputs.contract.with_name(f".{outputs.contract.name}.{os.getpid()}.partial")
     partial.write_text(contract.to_json())
@@ -227,7 +227,13 @@ def _derive_contract(pool: SimPool, outputs: EvalOutputs, run_id: str) -> bool:
 
 
 def _run(
-    context: OpExecutionContext, unit: Unit, pool: SimPool, rollouts_key: dg.AssetKey, attempt: int
+    context: OpExecutionContext,
+    unit: Unit,
+    pool: SimPool,
+    rollouts_key: dg.AssetKey,
+    attempt: int,
+    *,
+    claims: EvalOutputs,
 ) -> InstanceResult:
     """Run the unit's instance; its partition is observed and, if it ran to its end, materialized."""
     results = rollouts_step(
@@ -236,6 +242,7 @@ def _run(
         unit.outputs,
         run_id=context.run.run_id,
         partitions=[unit.partition],
+        claims=claims,
         on_result=lambda result: _report(context, unit, result, rollouts_key, attempt),
     )
     return results[0]

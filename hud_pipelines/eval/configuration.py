@@ -8,6 +8,10 @@ environment: :mod:`hud_pipelines.eval.provenance`) as stale.
 from __future__ import annotations
 
 import json
+import os
+import re
+import threading
+from pathlib import Path
 from typing import Any, cast
 
 from hud_pipelines.eval import provenance
@@ -31,6 +35,7 @@ def record_configuration(
         "yaml_rollout_hash": base.rollout_hash,
         "overrides": overrides,
         "provenance": provenance.for_run(effective, contract_json=contract),
+        "attached": not effective.sim.spawned,
     }
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.configuration_json, json.dumps(record, indent=1))
@@ -65,30 +70,55 @@ def recorded_provenance(outputs: EvalOutputs) -> dict[str, Any]:
         return {}
     recorded = dict(record.get("provenance") or {})
     served = read_served_sim(outputs, str(record.get("run_id")))
+    if served is None and record.get("attached"):  # it met no served sim (all down): the last one met stands
+        served = latest_served_sim(outputs)
     return provenance.with_served_sim(recorded, served) if served else recorded
 
 
 def claim_served_sim(outputs: EvalOutputs, run_id: str, served: dict[str, Any]) -> dict[str, Any]:
     """The served sim of run ``run_id``: the one a step of the run claimed already, else ``served``, claimed now.
 
-    ``served_sim.json`` holds it with the run's id: every step and unit of the run, in any process,
-    holds its sims to the same one, and the results of a later run of another served sim are told apart.
+    ``served_sims/<run id>.json`` holds it. The first claim of a run wins, in whichever process (a hard
+    link is made only where no file is): every step and unit of the run holds its sims to that one,
+    and a run of another served sim, at the same time or later, has its own.
     """
-    claimed = read_served_sim(outputs, run_id)
-    if claimed is not None:
-        return claimed
-    outputs.base.mkdir(parents=True, exist_ok=True)
-    write_atomically(outputs.served_sim, json.dumps({"run_id": run_id, "sim": served}, indent=1))
-    return served
+    path = _claim_path(outputs, run_id)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+        partial.write_text(json.dumps(served, indent=1))
+        try:
+            os.link(partial, path)
+        except FileExistsError:  # another unit of the run claimed first: its claim holds
+            pass
+        finally:
+            partial.unlink(missing_ok=True)
+    return _read_claim(path) or served
 
 
 def read_served_sim(outputs: EvalOutputs, run_id: str) -> dict[str, Any] | None:
-    """What the served sim that run ``run_id`` claimed says it is (``None``: none, or another run's)."""
-    path = outputs.served_sim
+    """What the served sim that run ``run_id`` claimed says it is (``None``: that run claimed none)."""
+    return _read_claim(_claim_path(outputs, run_id))
+
+
+def latest_served_sim(outputs: EvalOutputs) -> dict[str, Any] | None:
+    """The most recent claim of any run (a run that met no served sim keeps judging by it)."""
+    claims = (
+        sorted(outputs.served_sims.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        if outputs.served_sims.is_dir()
+        else []
+    )
+    return _read_claim(claims[-1]) if claims else None
+
+
+def _claim_path(outputs: EvalOutputs, run_id: str) -> Path:
+    return outputs.served_sims / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}.json"
+
+
+def _read_claim(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    data: dict[str, Any] = json.loads(path.read_text())
-    sim: object = data.get("sim") if data.get("run_id") == run_id else None
+    sim: object = json.loads(path.read_text())
     return dict(cast(dict[str, Any], sim)) if isinstance(sim, dict) and sim else None
 
 

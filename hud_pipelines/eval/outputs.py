@@ -58,8 +58,8 @@ class EvalOutputs:
     contract = _Entry("contract.json")
     seed_check = _Entry("seed_check.json")
     """Whether the sim repeated an episode's start for the same seed, checked by the latest contract step."""
-    served_sim = _Entry("served_sim.json")
-    """What the served sim that gave the latest contract says it is (absent for a spawned sim)."""
+    served_sims = _Entry("served_sims")
+    """``<run id>.json`` per run that met a served sim: what the sim that run holds its sims to says it is."""
 
     def result(self, partition_key: str) -> Path:
         return self.base / "rollouts" / f"{partition_key}.json"

@@ -34,8 +34,13 @@ def rollouts_step(
     run_id: str,
     partitions: Sequence[Partition],
     on_result: Callable[[InstanceResult], None] | None = None,
+    claims: EvalOutputs | None = None,
 ) -> list[InstanceResult]:
-    """Run ``partitions``; each instance's result, traces and dataset shard land as it ends."""
+    """Run ``partitions``; each instance's result, traces and dataset shard land as it ends.
+
+    ``claims``: the pipeline's outputs, where the run's served sim is claimed (a sweep member's own
+    ``outputs`` lie below them); by default ``outputs``.
+    """
     from hud_pipelines.dataset.shards import ShardStore
 
     traces = outputs.traces(run_id)
@@ -54,8 +59,9 @@ def rollouts_step(
     finished: set[str] = set()
 
     recorded: list[dict[str, Any]] = []
+    claimed_at = claims or outputs
     if pool.served_sim is None:  # a step or unit of its own: the served sim the run claimed is the one to match
-        pool.served_sim = read_served_sim(outputs, run_id)
+        pool.served_sim = read_served_sim(claimed_at, run_id)
 
     def provenance_of_run() -> dict[str, Any]:
         if not recorded:  # once per run; the sim's contract is known by the time an instance ends
@@ -63,8 +69,13 @@ def rollouts_step(
                 contract_json: str | None = runner.contract().to_json()
             except HudPipelinesError:
                 contract_json = None
-            served = claim_served_sim(outputs, run_id, pool.served_sim) if pool.served_sim else None
-            recorded.append(provenance.for_run(spec, contract_json=contract_json, served_sim=served))
+            if pool.served_sim:
+                pool.hold_to(claim_served_sim(claimed_at, run_id, pool.served_sim))
+            elif not spec.sim.spawned:  # no served sim met yet: nothing to say of its environment
+                return {
+                    k: v for k, v in provenance.for_run(spec, contract_json=contract_json).items() if k != "fingerprint"
+                }
+            recorded.append(provenance.for_run(spec, contract_json=contract_json, served_sim=pool.served_sim))
         return recorded[0]
 
     def ended(result: InstanceResult) -> None:
@@ -134,7 +145,9 @@ def sweep_rollouts_step(
             if on_result is not None:
                 on_result(member, result)
 
-        results = rollouts_step(member.spec, pool, member.outputs, run_id=run_id, partitions=todo, on_result=ended)
+        results = rollouts_step(
+            member.spec, pool, member.outputs, run_id=run_id, partitions=todo, on_result=ended, claims=outputs
+        )
         ran += [(member, result) for result in results]
     return ran
 

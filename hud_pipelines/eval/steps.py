@@ -69,9 +69,7 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
     outputs.contract.write_text(contract.to_json())
     write_seed_check(outputs, checked[0] if checked else None)
     if pool.served_sim:
-        pool.served_sim = claim_served_sim(outputs, run_id, pool.served_sim)
-    else:  # a spawned sim: no served sim's account of an earlier run lies beside its results
-        outputs.served_sim.unlink(missing_ok=True)
+        pool.hold_to(claim_served_sim(outputs, run_id, pool.served_sim))
     return contract
 
 

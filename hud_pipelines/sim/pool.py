@@ -165,11 +165,24 @@ class SimPool(Closeable):
             if self.served_sim is None:
                 self.served_sim = identity
             expected = self.served_sim
-        if identity and expected and not same_sim(identity, expected):
+        if identity and expected and not same_sim(identity, expected):  # a sim saying nothing is not compared
             raise SimStartError(
                 f"it serves {describe(identity)}, but this run's served sim is {describe(expected)}: every served "
                 "sim of a pipeline must serve the same sim with the same arguments and package versions"
             )
+
+    def hold_to(self, identity: dict[str, Any]) -> None:
+        """Hold every served sim of this pool to ``identity`` (the run's claim, which another process may
+        have made first): an idle one of another sim is stopped, so the instance that would reuse it
+        connects anew and meets the refusal."""
+        with self._lock:
+            self.served_sim = identity
+            other = [live for live in self._idle if _identity(live) and not same_sim(_identity(live), identity)]
+            for live in other:
+                self._idle.remove(live)
+                self._live.remove(live)
+        for live in other:
+            _shutdown(live, 0.0)
 
     def contract(self, *, then: Callable[[SimClient | ShardedSim], None] | None = None) -> Contract:
         """The sim's contract, read once from the first sim that starts (the sim then stays in the pool).
@@ -283,6 +296,11 @@ class SimPool(Closeable):
                 first = first or exc
         if first is not None:
             raise first
+
+
+def _identity(live: LiveSim) -> dict[str, Any]:
+    """What an attached sim said it is (a spawned one: the pool's own, nothing to compare)."""
+    return live.client.hello.sim if live.server is not None and isinstance(live.client, SimClient) else {}
 
 
 def _terminate(live: LiveSim) -> None:

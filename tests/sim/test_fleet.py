@@ -214,7 +214,8 @@ def test_a_fleet_server_started_with_other_arguments_errors_its_instances_naming
     ran = {r.server for r in evaluation.results if not r.failed}
     assert len(ran) == 1
     assert failed[0].server not in ran
-    served = json.loads((tmp_path / "out" / "fleet" / "served_sim.json").read_text())["sim"]
+    [claim] = (tmp_path / "out" / "fleet" / "served_sims").glob("*.json")
+    served = json.loads(claim.read_text())
     assert f"this run's served sim is sims.py:cartpole with {json.dumps(served['args'])}" in error, "the contract's"
 
 
@@ -244,3 +245,45 @@ def test_results_of_a_server_restarted_with_other_arguments_are_not_merged(
     assert all(row.fault is Fault.NOT_RUN for row in stale)
     assert all("the served sim sims.py:cartpole with" in (row.error or "") for row in stale), stale[0].error
     assert all(row.fault is None for row in second.rows if row.instance == 1)
+
+
+def test_a_run_that_meets_no_served_sim_keeps_the_others_results_current_and_says_why_its_own_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    port = str(_free_port())
+    process, url = _serve("--port", port)
+    try:
+        evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
+    finally:
+        _stop(process)
+    spec = _spec(tmp_path, [url], monkeypatch)  # the server is down now
+    down = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
+    mine = [row for row in down.rows if row.instance == 1]
+    assert {row.fault for row in mine} == {Fault.SIM_START}, [row.error for row in mine]
+    others = [row for row in down.rows if row.instance != 1]
+    assert others
+    assert all(row.fault is None for row in others), [row.error for row in others if row.fault]
+
+
+def test_units_claiming_a_runs_served_sim_at_once_all_get_the_first_claim(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from hud_pipelines.eval.configuration import claim_served_sim
+    from hud_pipelines.eval.outputs import EvalOutputs
+
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as workers:
+        claims = workers.starmap(_claim_many, [(tmp_path, "a"), (tmp_path, "b")])
+    assert claims[0] == claims[1], "each run's first claim holds for every unit of it"
+    assert set(claims[0]) <= {"a", "b"}
+    outputs = EvalOutputs(tmp_path, "fleet")
+    assert claim_served_sim(outputs, "run-0", {"factory_name": "c"}) == {"factory_name": claims[0][0]}
+
+
+def _claim_many(root: Path, name: str) -> list[str]:
+    from hud_pipelines.eval.configuration import claim_served_sim
+    from hud_pipelines.eval.outputs import EvalOutputs
+
+    outputs = EvalOutputs(root, "fleet")
+    return [claim_served_sim(outputs, f"run-{i}", {"factory_name": name})["factory_name"] for i in range(60)]
