@@ -85,12 +85,16 @@ def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec]) -> s
         load_execution(path)
         if known is not None:
             refuse_unknown_pipelines(deployment, known, path)
-        for spec in specs if known is None else []:
-            folder = spec.source.parent if spec.source is not None else Path.cwd()
-            refuse_misspelled(deployment, spec.name, [declared_name(file) for file in pipeline_files(folder)], path)
     except DeploymentError as exc:
         return str(exc)
-    return None
+    misspelled: list[str] = []
+    for spec in specs if known is None else []:  # each validated file, as a run of it would refuse the file
+        folder = spec.source.parent if spec.source is not None else Path.cwd()
+        try:
+            refuse_misspelled(deployment, spec.name, [declared_name(file) for file in pipeline_files(folder)], path)
+        except DeploymentError as exc:
+            misspelled.append(str(exc))
+    return "\n".join(dict.fromkeys(misspelled)) or None
 
 
 def _summary(spec: PipelineSpec) -> str:

@@ -30,14 +30,21 @@ COMPARED = ("factory_name", "args", "packages")
 def sim_identity(factory: str, build_args: Mapping[str, Any]) -> dict[str, Any]:
     """The record a sim of ``factory`` started with ``build_args`` gives of itself (in its own process).
 
-    Its factory's package is looked up by the module's top-level name (``metaworld``): scanning every
+    Its factory's package is looked up by the module's top-level name (``metaworld`` for
+    ``metaworld.envs:make``, ``gym_pusht`` for the registry id ``gym_pusht/PushT-v0``): scanning every
     installed distribution costs a sim's start-up a few hundred milliseconds.
     """
-    top = factory.split(":")[0].split(".")[0] if ":" in factory and not factory.split(":")[0].endswith(".py") else None
+    return _identity(factory, json.dumps(dict(build_args), sort_keys=True, default=repr))
+
+
+@functools.cache
+def _identity(factory: str, args: str) -> dict[str, Any]:
+    module = factory.split(":")[0] if ":" in factory else factory.split("/")[0] if "/" in factory else None
+    top = None if module is None or module.endswith(".py") else module.split(".")[0]
     return {
         "factory": factory,
         "factory_name": factory_name(factory),
-        "args": json.loads(json.dumps(dict(build_args), sort_keys=True, default=repr)),
+        "args": json.loads(args),
         "python": sys.executable,
         "packages": package_versions(top),
     }

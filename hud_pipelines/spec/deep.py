@@ -132,23 +132,21 @@ def _sweep_discovery(spec: PipelineSpec) -> Discovery | None:
 
 
 def _baseline_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    """A ``no_regression`` baseline that is no grades file (nor, in a sweep, a checkpoint found now)."""
+    """A sweep's ``no_regression`` baseline that is a typo of one of its checkpoints' labels.
+
+    A baseline that names no file, or a checkpoint not saved yet, is left to the run (training may
+    still be going, the baseline's grades may come from an earlier step of the pipeline's CI): the
+    check then fails saying why. One edit away from a label found now, it is a misspelled label.
+    """
     labels = _checkpoint_labels(spec)
     problems: list[Problem] = []
     for index, check in enumerate(spec.checks):
         if not isinstance(check, NoRegressionCheck) or check.baseline in labels:
             continue
-        path = spec.resolve_path(check.baseline)
-        if path.exists():
-            continue
-        message = f"no grades at {path} (give a grades.json or an outputs/<name> folder)"
-        if spec.is_sweep:
-            found = ", ".join(labels) or "none yet"
-            message = (
-                f"{check.baseline!r} is no checkpoint of the sweep{did_you_mean(check.baseline, labels)} "
-                f"(found now: {found}), and {message}"
-            )
-        problems.append(document.problem(("checks", index, "baseline"), message))
+        hint = did_you_mean(check.baseline, labels)
+        if hint and not spec.resolve_path(check.baseline).exists():
+            message = f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(labels)}"
+            problems.append(document.problem(("checks", index, "baseline"), message))
     return problems
 
 

@@ -92,12 +92,15 @@ def _union_problem(path: KeyPath, options: list[ErrorDetails], document: YamlDoc
     found = options[0].get("input")
     got = f", got {describe(found)}"
     expectations: list[str] = []
+    hints: list[str] = []
     for details in options:
         message = _message(details["type"], dict(details.get("ctx") or {}), found, details["msg"])
-        expected = message.removesuffix(got).removeprefix("expected ")
+        expected, _, hint = message.partition(got)  # an option's did-you-mean follows what it got
+        expected = expected.removeprefix("expected ")
         if expected not in expectations:
             expectations.append(expected)
-    return document.problem(path, f"expected {' or '.join(expectations)}{got}")
+        hints += [hint] if hint and hint not in hints else []
+    return document.problem(path, f"expected {' or '.join(expectations)}{got}{''.join(hints[:1])}")
 
 
 def _problem(details: ErrorDetails, document: YamlDocument, root: type[BaseModel] = PipelineSpec) -> Problem:

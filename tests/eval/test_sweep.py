@@ -254,24 +254,29 @@ def test_a_sweep_gate_judges_the_latest_checkpoint_against_a_baseline_label(tmp_
     ), verdict.description
 
 
-def test_validate_finds_a_baseline_that_is_no_checkpoint_of_the_sweep_nor_a_file(
+def test_validate_finds_a_baseline_label_one_typo_from_a_checkpoints_and_leaves_others_to_the_run(
     run: LeRobotRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from hud_pipelines.cli.main import main
 
     path = tmp_path / "reach_sweep.yaml"
     labels = [c.name for c in sorted((run.output_dir / "checkpoints").iterdir()) if c.name != "last"]
-    for baseline, valid in ((labels[0], True), (labels[0][1:], False), (str(tmp_path / "none.json"), False)):
+    cases = [
+        (labels[0], True),
+        (labels[0][:-1] + "1", False),  # one edit away: a misspelled label
+        ("final", True),  # not saved yet, maybe: the run's check says so if it never comes
+        (str(tmp_path / "baseline.json"), True),  # grades an earlier step may write
+    ]
+    for baseline, valid in cases:
         gate = [{"kind": "no_regression", "baseline": baseline}]
         written = sweep_spec(tmp_path, str(run.output_dir), checks=gate).model_dump(mode="json", exclude_unset=True)
         path.write_text(json.dumps(written, indent=1))
         capsys.readouterr()
-        assert main(["validate", str(path)]) == (0 if valid else 1), capsys.readouterr().out
+        assert main(["validate", str(path)]) == (0 if valid else 1), (baseline, capsys.readouterr().out)
         if not valid:
             out = capsys.readouterr().out
             assert "checks[0].baseline" in out
-            assert "is no checkpoint of the sweep" in out
-            assert f"(found now: {', '.join(labels)})" in out
+            assert f"is no checkpoint of the sweep (did you mean '{labels[0]}'?); found now: {', '.join(labels)}" in out
 
 
 def test_a_checkpoint_the_sim_cannot_feed_errors_its_rows_with_the_features_named(
