@@ -11,7 +11,10 @@ only the *discordant* pairs do. The statistics here are the standard ones for th
   of ``min_effect`` would need to be detected at 80% power (Connor's formula for McNemar's test,
   with the discordance observed here);
 - score: the mean paired difference with a paired-bootstrap interval, and its two-sided p-value
-  from the same bootstrap (the share of resampled means on the other side of zero, doubled).
+  from the same bootstrap (the share of resampled means on the other side of zero, doubled). Where
+  every score is the episode's success (1 or 0, as the ``success`` grader gives), the score
+  difference is the success difference and gets its exact interval and McNemar's p: a bootstrap
+  beside them would contradict them on few pairs.
 
 Errored episodes carry no answer, so a pair where either side errored is left out (and counted).
 The bootstrap draws from a fixed seed: the same inputs always give the same interval.
@@ -144,7 +147,10 @@ def compare(
     success_diff = (only_candidate - only_baseline) / n
     p_success = mcnemar_exact(only_candidate, only_baseline)
     success_ci = paired_difference_interval(only_candidate, only_baseline, n, alpha)
-    score_ci, score_p = _bootstrap(scores, alpha)
+    if all(a.score == float(a.success) and b.score == float(b.success) for a, b in pairs):
+        score_ci, score_p = success_ci, p_success  # the score is the success: the same exact statistics
+    else:
+        score_ci, score_p = _bootstrap(scores, alpha)
     verdict = Verdict.NO_DIFFERENCE
     if p_success < alpha:
         verdict = Verdict.BETTER if success_diff > 0 else Verdict.WORSE

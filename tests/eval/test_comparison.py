@@ -107,6 +107,16 @@ def test_scores_are_compared_pair_by_pair_with_a_bootstrap_that_repeats_itself()
     assert first.score_p < 0.05
 
 
+def test_a_score_that_is_the_success_gets_the_success_statistics_not_a_bootstrap_that_contradicts_them() -> None:
+    candidate, baseline = _sets([(False, True)] * 4 + [(True, True)] * 2 + [(False, False)] * 2)
+    result = compare(candidate, baseline)  # 8 pairs, 4 discordant all one way: McNemar p = 0.125
+    assert result.verdict is Verdict.NO_DIFFERENCE
+    assert result.score_difference == result.success_difference == -0.5
+    assert (result.score_interval, result.score_p) == (result.success_interval, result.mcnemar_p)
+    assert result.score_interval is not None
+    assert result.score_interval[1] >= 0, "no detectable difference: the score's interval holds zero too"
+
+
 def test_errored_and_unshared_episodes_are_left_out_and_counted() -> None:
     candidate = [_row(0, True), _row(1, True, errored=True), _row(2, False), _row(3, True)]
     baseline = [_row(0, False), _row(1, True), _row(2, False, errored=True)]
