@@ -124,7 +124,10 @@ class EvalRunner:
             )
         except Exception as exc:  # no policy: every instance errors with the reason
             reason = f"the policy could not be built: {type(exc).__name__}: {exc}"
-            log.exception("the policy of %s could not be built", self.spec.name)
+            if isinstance(exc, HudPipelinesError):  # a clear message of ours: a traceback would bury it
+                log.error("the policy of %s could not be built: %s", self.spec.name, exc)
+            else:
+                log.exception("the policy of %s could not be built", self.spec.name)
             return [self._unstarted(partition, reason, Fault.SETUP) for partition in partitions]
         workers = min(self.spec.max_concurrent, len(partitions))
         model = BatchedModel.from_config(

@@ -159,3 +159,25 @@ def test_a_rename_of_no_feature_and_a_url_without_its_scheme_are_refused_before_
         RemotePolicy("ws://127.0.0.1:9", countdown_contract(), rename={"stat": "observation/state"})
     with pytest.raises(pydantic.ValidationError, match="url"):
         RemotePolicyConfig.model_validate({"kind": "remote", "url": "localhost:8790"})
+
+
+def test_a_policy_config_error_errors_every_instance_with_its_message_and_no_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+    import logging
+
+    from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    policy = {"kind": "remote", "url": "ws://127.0.0.1:9", "rename": {"stat": "observation/state"}}
+    text = {"name": "remote_typo", "sim": {"factory": "CartPole-v1"}, "agent": {"policy": policy}, "max_steps": 5}
+    spec = load_pipeline_text(json.dumps(text), source=tmp_path / "remote_typo.yaml")
+    with caplog.at_level(logging.ERROR, logger="hud_pipelines"):
+        evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {row.fault for row in evaluation.rows} == {Fault.SETUP}
+    assert all("rename names ['stat']" in (row.error or "") for row in evaluation.rows)
+    logged = [r for r in caplog.records if "could not be built" in r.getMessage()]
+    assert logged
+    assert all(r.exc_info is None for r in logged), "our own clear message, without a traceback burying it"
