@@ -42,6 +42,7 @@ from typing import Any, cast
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
@@ -105,7 +106,9 @@ class ExecutionSettings(BaseModel):
     @classmethod
     def _known_executor(cls, value: str) -> str:
         if value not in EXECUTORS:
-            raise ValueError(f"unknown executor {value!r}; expected one of {', '.join(EXECUTORS)}")
+            raise ValueError(
+                f"unknown executor {value!r}{did_you_mean(value, EXECUTORS)}; expected one of {', '.join(EXECUTORS)}"
+            )
         return value
 
     @field_validator("unit_resources")
@@ -307,6 +310,21 @@ def load_execution(path: Path | None = None) -> Execution:
     return Execution(default=default, pipelines=per_pipeline)
 
 
+def _setting_problem(path: Path, where: str, error: ErrorDetails) -> str:
+    """``file:line:column: key: what is wrong``, in the words the pipeline files' errors use."""
+    keys = (*where.split("."), *(str(part) for part in error["loc"]))
+    key = ".".join(keys)
+    if error["type"] == "extra_forbidden":
+        known = sorted(ExecutionSettings.model_fields)
+        name = keys[-1]
+        message = f"unknown key {name!r}{did_you_mean(name, known)}; expected one of: {', '.join(known)}"
+    elif error["type"] == "value_error":
+        message = str(error["msg"]).removeprefix("Value error, ")
+    else:
+        message = f"{error['msg']}, got {error.get('input')!r}"
+    return f"{_located(path, keys)}: {key}: {message}"
+
+
 def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> ExecutionSettings:
     """One ``execution:`` section over ``base``, validated; errors name the file and the key."""
     if not isinstance(section, dict):
@@ -315,10 +333,8 @@ def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> 
     try:
         settings = ExecutionSettings.model_validate({**base, **fields})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{where}.{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
-        )
-        raise DeploymentError(f"deployment file {path}: {problems}") from exc
+        problems = "\n".join(f"deployment file {_setting_problem(path, where, error)}" for error in exc.errors())
+        raise DeploymentError(problems) from exc
     if settings.executor == CELERY and not (settings.broker or "").startswith(("redis://", "rediss://")):
         whose = "" if where == EXECUTION else f" ({where} runs on celery)"
         raise DeploymentError(
