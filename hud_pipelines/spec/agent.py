@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 
 from hud_pipelines.spec.base import Count, Float, Int, StrictModel
+from hud_pipelines.spec.sections import spec_rule
 
 DEFAULT_SEND_AHEAD = 8
 """Steps in flight beyond the one being read: enough to hide a few milliseconds of network round trip
@@ -93,7 +94,7 @@ class TorchPolicyConfig(StrictModel):
     @model_validator(mode="after")
     def _one_checkpoint_source(self) -> TorchPolicyConfig:
         if self.checkpoint is not None and self.checkpoints is not None:
-            raise ValueError("give 'checkpoint' (one state_dict) or 'checkpoints' (a sweep), not both")
+            raise spec_rule("checkpoints", "give 'checkpoint' (one state_dict) or 'checkpoints' (a sweep), not both")
         return self
 
 
@@ -139,7 +140,7 @@ class LeRobotPolicyConfig(StrictModel):
     @model_validator(mode="after")
     def _one_weights_source(self) -> LeRobotPolicyConfig:
         if self.checkpoints is not None and (self.path is not None or self.type is not None):
-            raise ValueError("give 'checkpoints' (a sweep) or 'path' / 'type' (one policy), not both")
+            raise spec_rule("checkpoints", "give 'checkpoints' (a sweep) or 'path' / 'type' (one policy), not both")
         return self
 
 
