@@ -119,7 +119,9 @@ def _episodes(spec: PipelineSpec) -> str:
     except CheckpointError:
         return per_checkpoint
     count = len(found.complete)
-    return f"{per_checkpoint} x {count} checkpoint(s) found now = {spec.scheduled_slots * count}"
+    waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
+    incomplete = f"; not complete yet: {waiting}" if waiting else ""
+    return f"{per_checkpoint} x {count} checkpoint(s) found now = {spec.scheduled_slots * count}{incomplete}"
 
 
 def _put_cwd_on_path() -> None:

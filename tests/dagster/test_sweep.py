@@ -67,7 +67,7 @@ def test_a_run_asked_for_right_after_a_checkpoint_was_saved_waits_for_it_to_sett
 
 
 def test_a_run_names_the_checkpoints_it_leaves_out_because_they_are_incomplete(
-    run: LeRobotRun, tmp_path: Path, local: Path
+    run: LeRobotRun, tmp_path: Path, local: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     del local
     (run.checkpoints_dir / "001500" / "pretrained_model" / "model.safetensors").unlink()
@@ -76,6 +76,9 @@ def test_a_run_names_the_checkpoints_it_leaves_out_because_they_are_incomplete(
         _, labels, waiting = sweeps.run_tags(instance, spec, spec.partition_keys())
     assert labels == ["000500", "001000"]
     assert waiting == "001500: missing model.safetensors"
+    assert main(["validate", str(_write_sweep(tmp_path, str(run.output_dir)))]) == 0
+    out = capsys.readouterr().out
+    assert "x 2 checkpoint(s) found now = 8; not complete yet: 001500: missing model.safetensors)" in out
 
 
 def test_validate_counts_a_sweeps_episodes_per_checkpoint_and_over_the_checkpoints_found(
