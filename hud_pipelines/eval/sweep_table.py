@@ -356,6 +356,6 @@ def _versus_cell(versus: Versus) -> str:
         return "no paired episodes"
     text = f"{versus.verdict} {versus.diff:+.1%} (p={versus.p:.3g}, {versus.pairs} pairs"
     if versus.verdict is Verdict.NO_DIFFERENCE and versus.episodes_needed is not None:
-        effect = "" if versus.min_effect is None else f" to detect a {versus.min_effect:.0%} difference"
+        effect = "" if versus.min_effect is None else f" to detect a {versus.min_effect:.0%} difference at 80% power"
         text += f"; ~{versus.episodes_needed} pairs needed{effect}"
     return text + ")"

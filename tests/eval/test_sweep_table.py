@@ -147,7 +147,7 @@ def test_each_checkpoint_is_compared_with_the_previous_one_by_mcnemars_exact_tes
         assert versus.episodes_needed is not None
         assert versus.episodes_needed > 0
         if versus.verdict is Verdict.NO_DIFFERENCE:  # sized for min_effect, and the table says so
-            assert f"~{versus.episodes_needed} pairs needed to detect a 10% difference" in table.markdown()
+            assert f"~{versus.episodes_needed} pairs needed to detect a 10% difference at 80% power" in table.markdown()
 
 
 def test_the_baseline_columns_compare_with_the_baseline_and_stay_empty_on_the_baseline_itself() -> None:
