@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from hud_pipelines.cli.run import resolve_pipeline_file
+from hud_pipelines.cli.selection import resolve_pipeline_file
 
 
 def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Path | None = None) -> int:

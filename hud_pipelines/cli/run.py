@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from hud_pipelines.cli.selection import queue_for, refuse_misnamed, resolve_pipeline_file, select_instances
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.recording.events import EpisodeStatus
@@ -53,34 +54,6 @@ def ensure_dagster_home(project_dir: Path) -> Path:
     return home
 
 
-def resolve_pipeline_file(pipeline: str, pipelines_dir: Path | None) -> Path:
-    """A path as given, else ``<pipelines_dir>/<name>.yaml`` (or the file whose ``name`` matches)."""
-    candidate = Path(pipeline)
-    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
-        if not candidate.is_file():
-            raise HudPipelinesError(f"pipeline file {candidate} does not exist")
-        return candidate.resolve()
-    from hud_pipelines.dagster.definitions import default_pipelines_dir
-    from hud_pipelines.spec.loader import load_file, pipeline_files
-
-    directory = (pipelines_dir or default_pipelines_dir()).resolve()
-    # by file name or by `name`: a broken file beside it must not stop the others from being found,
-    # and a name two files declare is refused (the Dagster code location keeps only the first)
-    loaded = [load_file(file) for file in pipeline_files(directory)] if directory.is_dir() else []
-    specs = [file.spec for file in loaded if file.spec is not None and not file.problems]
-    named = sorted(spec.source for spec in specs if spec.name == pipeline and spec.source is not None)
-    if len(named) > 1:
-        files = ", ".join(str(path.relative_to(directory)) for path in named)
-        raise HudPipelinesError(f"pipeline name {pipeline!r} is declared by {len(named)} files ({files}); rename one")
-    for suffix in (".yaml", ".yml"):
-        if (directory / f"{pipeline}{suffix}").is_file():
-            return directory / f"{pipeline}{suffix}"
-    if named:
-        return named[0]
-    known = ", ".join(sorted(s.name for s in specs)) or "none"
-    raise HudPipelinesError(f"no pipeline named {pipeline!r} in {directory} (known: {known})")
-
-
 def run_pipeline(
     pipeline: str,
     *,
@@ -104,7 +77,6 @@ def run_pipeline(
 
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
-    from hud_pipelines.dagster.deployment import load_deployment, refuse_misspelled
     from hud_pipelines.dagster.launch import execute_pipeline_job
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
@@ -114,28 +86,14 @@ def run_pipeline(
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.seed_check import seed_warning
     from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
-    from hud_pipelines.spec.loader import declared_name, load_pipeline, pipeline_files
+    from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(path)
-    refuse_misspelled(load_deployment(), spec.name, [declared_name(file) for file in pipeline_files(path.parent)])
+    refuse_misnamed(path, spec)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)
     job = defs.resolve_job_def(spec.name)
-    keys = spec.partition_keys()
-    if spec.is_sweep and partitions and any("|" in p for p in partitions):  # <checkpoint>|<instance>, as checks print
-        from hud_pipelines.eval.sweep import split_partition_key
-
-        pairs = [split_partition_key(p) for p in partitions]
-        checkpoints = list(dict.fromkeys([*(checkpoints or []), *(label for label, _ in pairs)]))
-        partitions = list(dict.fromkeys(instance for _, instance in pairs))
-    selected = partitions or keys
-    unknown = sorted(set(selected) - set(keys))
-    if unknown:
-        raise HudPipelinesError(f"{spec.name} has no instance(s) {unknown}; known: {', '.join(keys)}")
-    ordered = [k for k in keys if k in selected]
-    first = keys.index(ordered[0])
-    if ordered != keys[first : first + len(ordered)]:
-        raise HudPipelinesError(f"--partition values must form a contiguous range of {', '.join(keys)}")
+    ordered, checkpoints = select_instances(spec, partitions, checkpoints)
     tags = {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
     units = len(ordered)
     waiting = ""
@@ -148,7 +106,7 @@ def run_pipeline(
     elif checkpoints or rerun:
         raise HudPipelinesError(f"{spec.name} is not a sweep: --checkpoint and --rerun need agent.policy.checkpoints")
     if queue is not None:
-        tags = {**tags, RUN_QUEUE_TAG: _queue_for(spec.name, queue)}
+        tags = {**tags, RUN_QUEUE_TAG: queue_for(spec.name, queue)}
     from rich.console import Console
     from rich.text import Text
 
@@ -209,22 +167,6 @@ def run_pipeline(
     if interrupted is not None:
         return 128 + int(interrupted)
     return 0 if succeeded else 1
-
-
-def _queue_for(pipeline: str, queue: str) -> str:
-    """``queue``, once the deployment is known to run ``pipeline``'s units on Celery (where queues exist)."""
-    from hud_pipelines.dagster.deployment import CELERY, DEPLOYMENT_ENV, deployment_path, load_execution
-
-    where = deployment_path()
-    executor = load_execution(where).for_pipeline(pipeline).executor if where else "in_process"
-    if executor != CELERY:
-        raise HudPipelinesError(
-            f"--queue {queue}: {pipeline} runs its units {executor} here; queues route units to Celery "
-            f"workers (set execution.executor: celery in the deployment file, ${DEPLOYMENT_ENV})"
-        )
-    if not queue.strip():
-        raise HudPipelinesError("--queue: expected a queue name (e.g. gpu)")
-    return queue.strip()
 
 
 def _counting(finished: list[str], then: Callable[[InstanceResult], None]) -> Callable[[InstanceResult], None]:

@@ -132,22 +132,28 @@ def _sweep_discovery(spec: PipelineSpec) -> Discovery | None:
 
 
 def _baseline_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    """A sweep's ``no_regression`` baseline that is a typo of one of its checkpoints' labels.
+    return [document.problem(("checks", index, "baseline"), message) for index, message in misspelled_baselines(spec)]
+
+
+def misspelled_baselines(spec: PipelineSpec) -> list[tuple[int, str]]:
+    """``(index in checks, message)`` of each sweep ``no_regression`` baseline that is a typo of a label.
 
     A baseline that names no file, or a checkpoint not saved yet, is left to the run (training may
     still be going, the baseline's grades may come from an earlier step of the pipeline's CI): the
-    check then fails saying why. One edit away from a label found now, it is a misspelled label.
+    check then fails saying why. One edit away from a label found now, it is a misspelled label, which
+    ``validate`` reports and a run refuses before evaluating anything.
     """
     labels = _checkpoint_labels(spec)
-    problems: list[Problem] = []
+    found: list[tuple[int, str]] = []
     for index, check in enumerate(spec.checks):
         if not isinstance(check, NoRegressionCheck) or check.baseline in labels:
             continue
         hint = did_you_mean(check.baseline, labels)
         if hint and not spec.resolve_path(check.baseline).exists():
-            message = f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(labels)}"
-            problems.append(document.problem(("checks", index, "baseline"), message))
-    return problems
+            found.append(
+                (index, f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(labels)}")
+            )
+    return found
 
 
 def _checkpoint_labels(spec: PipelineSpec) -> list[str]:

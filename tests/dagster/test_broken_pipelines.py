@@ -95,7 +95,7 @@ def test_the_dagster_and_dg_clis_list_the_good_pipeline_beside_a_broken_one(mixe
 def test_a_pipeline_is_found_by_its_name_beside_a_broken_file(
     write_pipeline: WritePipeline, pipelines_dir: Path
 ) -> None:
-    from hud_pipelines.cli.run import resolve_pipeline_file
+    from hud_pipelines.cli.selection import resolve_pipeline_file
 
     good = write_pipeline("named")
     renamed = pipelines_dir / "file_of_another_name.yaml"
@@ -105,7 +105,7 @@ def test_a_pipeline_is_found_by_its_name_beside_a_broken_file(
 
 
 def test_a_name_two_files_declare_is_refused_by_the_cli(write_pipeline: WritePipeline, pipelines_dir: Path) -> None:
-    from hud_pipelines.cli.run import resolve_pipeline_file
+    from hud_pipelines.cli.selection import resolve_pipeline_file
     from hud_pipelines.errors import HudPipelinesError
 
     first = write_pipeline("twice")

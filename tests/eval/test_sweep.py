@@ -277,6 +277,8 @@ def test_validate_finds_a_baseline_label_one_typo_from_a_checkpoints_and_leaves_
             out = capsys.readouterr().out
             assert "checks[0].baseline" in out
             assert f"is no checkpoint of the sweep (did you mean '{labels[0]}'?); found now: {', '.join(labels)}" in out
+            assert main(["run", str(path), "--quiet"]) == 2, "refused before any checkpoint is evaluated"
+            assert "checks[0].baseline" in capsys.readouterr().err
 
 
 def test_a_checkpoint_the_sim_cannot_feed_errors_its_rows_with_the_features_named(

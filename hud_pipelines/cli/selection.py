@@ -1,0 +1,100 @@
+"""What a run is asked to run, settled before anything runs: the pipeline file, the instances and the queue.
+
+Each refusal here costs nothing (no sim started, no checkpoint evaluated); the same names found
+late would fail a run after it spent its time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hud_pipelines.errors import HudPipelinesError
+
+if TYPE_CHECKING:
+    from hud_pipelines.spec.models import PipelineSpec
+
+
+def resolve_pipeline_file(pipeline: str, pipelines_dir: Path | None) -> Path:
+    """A path as given, else ``<pipelines_dir>/<name>.yaml`` (or the file whose ``name`` matches)."""
+    candidate = Path(pipeline)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        if not candidate.is_file():
+            raise HudPipelinesError(f"pipeline file {candidate} does not exist")
+        return candidate.resolve()
+    from hud_pipelines.dagster.definitions import default_pipelines_dir
+    from hud_pipelines.spec.loader import load_file, pipeline_files
+
+    directory = (pipelines_dir or default_pipelines_dir()).resolve()
+    # by file name or by `name`: a broken file beside it must not stop the others from being found,
+    # and a name two files declare is refused (the Dagster code location keeps only the first)
+    loaded = [load_file(file) for file in pipeline_files(directory)] if directory.is_dir() else []
+    specs = [file.spec for file in loaded if file.spec is not None and not file.problems]
+    named = sorted(spec.source for spec in specs if spec.name == pipeline and spec.source is not None)
+    if len(named) > 1:
+        files = ", ".join(str(path.relative_to(directory)) for path in named)
+        raise HudPipelinesError(f"pipeline name {pipeline!r} is declared by {len(named)} files ({files}); rename one")
+    for suffix in (".yaml", ".yml"):
+        if (directory / f"{pipeline}{suffix}").is_file():
+            return directory / f"{pipeline}{suffix}"
+    if named:
+        return named[0]
+    known = ", ".join(sorted(s.name for s in specs)) or "none"
+    raise HudPipelinesError(f"no pipeline named {pipeline!r} in {directory} (known: {known})")
+
+
+def refuse_misnamed(path: Path, spec: PipelineSpec) -> None:
+    """Refuse a pipeline the deployment file names one typo away, and a sweep baseline one typo from a label.
+
+    A sweep with a misspelled ``no_regression`` baseline would evaluate every checkpoint and then fail
+    its check; ``validate`` reports the same line.
+    """
+    from hud_pipelines.dagster.deployment import load_deployment, refuse_misspelled
+    from hud_pipelines.spec.deep import misspelled_baselines
+    from hud_pipelines.spec.loader import declared_name, pipeline_files
+
+    refuse_misspelled(load_deployment(), spec.name, [declared_name(file) for file in pipeline_files(path.parent)])
+    for index, message in misspelled_baselines(spec):
+        raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
+
+
+def select_instances(
+    spec: PipelineSpec, partitions: list[str] | None, checkpoints: list[str] | None
+) -> tuple[list[str], list[str] | None]:
+    """The instances to run, in order, and the checkpoints asked for (``--partition``, ``--checkpoint``).
+
+    A sweep's ``<checkpoint>|<instance>`` keys (as its checks print them) name both. The instances
+    must form a contiguous range: a Dagster run covers one partition range.
+    """
+    keys = spec.partition_keys()
+    if spec.is_sweep and partitions and any("|" in p for p in partitions):
+        from hud_pipelines.eval.sweep import split_partition_key
+
+        pairs = [split_partition_key(p) for p in partitions]
+        checkpoints = list(dict.fromkeys([*(checkpoints or []), *(label for label, _ in pairs)]))
+        partitions = list(dict.fromkeys(instance for _, instance in pairs))
+    selected = partitions or keys
+    unknown = sorted(set(selected) - set(keys))
+    if unknown:
+        raise HudPipelinesError(f"{spec.name} has no instance(s) {unknown}; known: {', '.join(keys)}")
+    ordered = [k for k in keys if k in selected]
+    first = keys.index(ordered[0])
+    if ordered != keys[first : first + len(ordered)]:
+        raise HudPipelinesError(f"--partition values must form a contiguous range of {', '.join(keys)}")
+    return ordered, checkpoints
+
+
+def queue_for(pipeline: str, queue: str) -> str:
+    """``queue``, once the deployment is known to run ``pipeline``'s units on Celery (where queues exist)."""
+    from hud_pipelines.dagster.deployment import CELERY, DEPLOYMENT_ENV, deployment_path, load_execution
+
+    where = deployment_path()
+    executor = load_execution(where).for_pipeline(pipeline).executor if where else "in_process"
+    if executor != CELERY:
+        raise HudPipelinesError(
+            f"--queue {queue}: {pipeline} runs its units {executor} here; queues route units to Celery "
+            f"workers (set execution.executor: celery in the deployment file, ${DEPLOYMENT_ENV})"
+        )
+    if not queue.strip():
+        raise HudPipelinesError("--queue: expected a queue name (e.g. gpu)")
+    return queue.strip()
