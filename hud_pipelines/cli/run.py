@@ -83,6 +83,7 @@ def run_pipeline(
     from hud_pipelines.eval.checks import success_signal_warning
     from hud_pipelines.eval.configuration import current_rollout_hash
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.rollouts import kept_pairs
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.seed_check import seed_warning
     from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
@@ -97,12 +98,14 @@ def run_pipeline(
     tags = {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
     units = len(ordered)
     waiting = ""
+    kept = 0
     if spec.is_sweep:
         from hud_pipelines.dagster import sweeps
 
         with dg.DagsterInstance.get() as instance:
             tags, labels, waiting = sweeps.run_tags(instance, spec, ordered, checkpoints=checkpoints, rerun=rerun)
-        units *= len(labels)
+        kept = 0 if rerun else kept_pairs(spec, outputs, labels, ordered)
+        units = units * len(labels) - kept  # what the bar counts: the pairs this run evaluates
     elif checkpoints or rerun:
         raise HudPipelinesError(f"{spec.name} is not a sweep: --checkpoint and --rerun need agent.policy.checkpoints")
     if queue is not None:
@@ -113,6 +116,9 @@ def run_pipeline(
     console = Console(stderr=True)
     if waiting:  # a checkpoint still being written, or missing a file: said, not silently left out
         console.print(Text(f"not evaluated yet (incomplete checkpoints): {waiting}", style="yellow"), soft_wrap=True)
+    if kept:
+        pairs = f"{kept} of {kept + units} (checkpoint, instance) pairs"
+        console.print(Text(f"{pairs} keep their current result (--rerun evaluates them again)", style="dim"))
     logging.getLogger("hud_pipelines").setLevel(logging.WARNING)
     # Dagster's console logger would print every failure with a stack trace; the summary below says
     # what failed in a line each, and the full event log stays in the instance (`dagster dev`).
@@ -152,7 +158,7 @@ def run_pipeline(
         report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir))
         problems.insert(
             0,
-            f"run interrupted by {interrupted.name} after {len(finished)} of {len(ordered)} instance(s); "
+            f"run interrupted by {interrupted.name} after {len(finished)} of {units} instance(s); "
             "the instances it did not finish keep their earlier results, if any",
         )
     succeeded = result is not None and result.success and interrupted is None

@@ -159,3 +159,17 @@ def current(member: sweep.Member, partition: Partition) -> bool:
         return False
     result = InstanceResult.read(path)
     return result.rollout_hash == member.spec.rollout_hash and not result.failed
+
+
+def kept_pairs(spec: PipelineSpec, outputs: EvalOutputs, labels: Sequence[str], instances: Sequence[str]) -> int:
+    """How many (checkpoint, instance) pairs of ``labels`` x ``instances`` keep their current result.
+
+    A checkpoint never evaluated (no ``checkpoint.json``) has no result to keep, so it is not hashed
+    here: the run hashes it once, when it evaluates it.
+    """
+    evaluated = [label for label in labels if outputs.member(label).checkpoint_json.is_file()]
+    if not evaluated:
+        return 0
+    partitions = [spec.partition_for_key(key) for key in instances]
+    members = sweep.members(spec, outputs, settle_s=0.0, labels=evaluated)
+    return sum(current(member, partition) for member in members for partition in partitions)

@@ -106,7 +106,11 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
 
     capsys.readouterr()
     assert main(["run", str(path), "--quiet"]) == 0  # the two missing checkpoints, not 001000 again
-    summary = [line for line in capsys.readouterr().out.splitlines() if line.startswith("this run")]
+    printed = capsys.readouterr()
+    instances = len(load_pipeline(path).partition_keys())
+    kept = f"{instances} of {3 * instances} (checkpoint, instance) pairs keep their current result"
+    assert kept in printed.err, "the progress bar counts only what the run evaluates, and says what it keeps"
+    summary = [line for line in printed.out.splitlines() if line.startswith("this run")]
     assert [line.split(":")[0] for line in summary] == ["this run, 000500", "this run, 001500"], summary
     assert all("scheduled 4 = succeeded" in line for line in summary), "a rate per checkpoint, never one pooled"
     ids = _run_ids(local)
@@ -141,6 +145,7 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     assert metadata["best"].value in {"000500", "001000", "001500"}
 
     assert main(["run", str(path), "--quiet", "--checkpoint", "000500", "--rerun"]) == 0
+    assert "keep their current result" not in capsys.readouterr().err
     again = _run_ids(local)
     assert again["001000"] == ids["001000"]
     assert again["001500"] == ids["001500"]
