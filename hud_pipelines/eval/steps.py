@@ -167,8 +167,9 @@ def report_step(
         graded_by=grader_text(spec.graders[0]),
     )
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
+    not_evaluated = sweep.not_evaluated(spec, outputs) if table is not None else []
     if table is not None:
-        markdown += _sweep_section(table)
+        markdown += _sweep_section(table, not_evaluated)
     studied = _perturbations(spec, outputs, rows) if has_matrix(spec) else None
     if studied is not None:
         markdown += _perturbation_section(*studied)
@@ -188,6 +189,7 @@ def report_step(
         members={m.label: m.outputs for m, _ in members} if spec.is_sweep else None,
         warnings=warned,
         graded_by=grader_text(spec.graders[0]),
+        not_evaluated=not_evaluated,
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))
@@ -244,12 +246,13 @@ def _perturbation_section(table: Sequence[perturbations.AxisRow], whose: str) ->
     return f"\n## Perturbations{whose}\n\n{perturbations.EXPLANATION}\n\n{perturbations.markdown(table)}\n"
 
 
-def _sweep_section(table: SweepComparison) -> str:
+def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str]) -> str:
+    waiting = f"\nNot evaluated yet: {'; '.join(not_evaluated)}.\n" if not_evaluated else ""
     return (
         "\n## Checkpoints\n\n"
         "Every checkpoint on the same episodes; each is compared with the previous one and the baseline "
         "by McNemar's exact test on the paired successes.\n\n"
-        f"{table.markdown()}\n\n![success rate by training step](comparison.png)\n"
+        f"{table.markdown()}\n{waiting}\n![success rate by training step](comparison.png)\n"
     )
 
 

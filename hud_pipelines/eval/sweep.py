@@ -159,6 +159,22 @@ def record(member: Member) -> None:
     partial.replace(member.outputs.checkpoint_json)
 
 
+def not_evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
+    """The checkpoints found now that have no results yet, each with why: a report says what it lacks.
+
+    Incomplete ones say what they miss (or that they are still being written); complete ones were
+    saved after the last run (the next run or the sensor evaluates them). Nothing when the sweep's
+    sources cannot be read now: the table of what was evaluated stands on its own.
+    """
+    try:
+        found = discover(spec)
+    except CheckpointError:
+        return []
+    done = {m.label for m in evaluated(spec, outputs)}
+    waiting = [f"{p.checkpoint.label}: {p.reason}" for p in found.pending if p.checkpoint.label not in done]
+    return [*waiting, *(f"{c.label}: complete, not run yet" for c in found.complete if c.label not in done)]
+
+
 def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
     """The members with results on disk, in sweep order (by run, step, label), whether or not their folder remains."""
     found: list[Member] = []

@@ -69,7 +69,6 @@ def test_a_run_asked_for_right_after_a_checkpoint_was_saved_waits_for_it_to_sett
 def test_a_run_names_the_checkpoints_it_leaves_out_because_they_are_incomplete(
     run: LeRobotRun, tmp_path: Path, local: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    del local
     (run.checkpoints_dir / "001500" / "pretrained_model" / "model.safetensors").unlink()
     spec = load_pipeline(_write_sweep(tmp_path, str(run.output_dir)))
     with dg.DagsterInstance.get() as instance:
@@ -79,6 +78,12 @@ def test_a_run_names_the_checkpoints_it_leaves_out_because_they_are_incomplete(
     assert main(["validate", str(_write_sweep(tmp_path, str(run.output_dir)))]) == 0
     out = capsys.readouterr().out
     assert "x 2 checkpoint(s) found now = 8; not complete yet: 001500: missing model.safetensors)" in out
+
+    assert main(["run", str(_write_sweep(tmp_path, str(run.output_dir))), "--quiet", "--checkpoint", "000500"]) == 0
+    report = (local / "reach_sweep" / "report.md").read_text()
+    assert "Not evaluated yet: 001500: missing model.safetensors; 001000: complete, not run yet." in report
+    page = (local / "reach_sweep" / "report.html").read_text()
+    assert "Not evaluated yet: 001500: missing model.safetensors; 001000: complete, not run yet." in page
 
 
 def test_validate_counts_a_sweeps_episodes_per_checkpoint_and_over_the_checkpoints_found(

@@ -60,13 +60,15 @@ def write_html_report(
     members: Mapping[str, EvalOutputs] | None = None,
     warnings: Sequence[str] = (),
     graded_by: str = "",
+    not_evaluated: Sequence[str] = (),
 ) -> HtmlReport:
     """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
     A sweep's page shows its checkpoints side by side (the comparison and its plot), each linked to
     its own page, and every checkpoint's episodes with a checkpoint filter (``members``: each
     checkpoint's outputs, where its traces are). ``dataset`` is where the dataset of these episodes is
-    published (the cards link to their dataset episodes once it is).
+    published (the cards link to their dataset episodes once it is). ``not_evaluated``: the sweep's
+    checkpoints found with no results yet, each with why.
     """
     page = html_path(outputs)
     page.parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +86,7 @@ def write_html_report(
         perturbations=perturbations,
         warnings=warnings,
         graded_by=graded_by,
+        not_evaluated=not_evaluated,
     )
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
@@ -110,12 +113,13 @@ def render_page(
     perturbations: tuple[Sequence[AxisRow], str] | None = None,
     warnings: Sequence[str] = (),
     graded_by: str = "",
+    not_evaluated: Sequence[str] = (),
 ) -> str:
     title = escape(f"{pipeline}: eval report")
     body = "\n".join(
         [
             f"<header><h1>{escape(pipeline)}</h1></header>",
-            summary_section(summarize(rows), graded_by) if sweep is None else _checkpoints(sweep),
+            summary_section(summarize(rows), graded_by) if sweep is None else _checkpoints(sweep, not_evaluated),
             graders_section(rows) if sweep is None else "",  # a sweep's checkpoints each have their own page
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
             _checks(checks),
@@ -219,8 +223,9 @@ def _perturbations(table: Sequence[AxisRow], whose: str) -> str:
 </tbody></table></section>"""
 
 
-def _checkpoints(table: SweepComparison) -> str:
+def _checkpoints(table: SweepComparison, not_evaluated: Sequence[str]) -> str:
     """A sweep: each checkpoint's overall figures and verdicts, linked to its own page, and the plot."""
+    waiting = f"<p>Not evaluated yet: {escape('; '.join(not_evaluated))}.</p>" if not_evaluated else ""
     baseline = f" and baseline {escape(table.baseline)}" if table.baseline else ""
     lines = "\n".join(_checkpoint_row(row) for row in table.overall)
     best = f'<p class="best">{escape(table.conclusion())}</p>' if table.best else ""
@@ -233,6 +238,7 @@ test on the paired successes. Each checkpoint's page shows its episodes.</p>
 <tbody>
 {lines}
 </tbody></table>
+{waiting}
 <figure><img src="comparison.png" alt="success rate by training step with its 95% interval"></figure>
 </section>"""
 
