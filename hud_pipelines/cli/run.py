@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -28,6 +28,7 @@ from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
+    from dagster import DagsterEvent
     from dagster._core.execution.execution_result import ExecutionResult
     from rich.console import Console
 
@@ -148,7 +149,7 @@ def run_pipeline(
     rows = collect_rows(spec, outputs)
     invocation = _invocation(pipeline, pipelines_dir, outputs_dir, queue)
     order = list(dict.fromkeys(row.group_id for row in rows))  # every partition, in order: ranges to re-run
-    problems = _problems(result, invocation, order) if result is not None else []
+    problems = [*_problems(result, invocation, order), *retried_steps(result.all_events)] if result is not None else []
     if result is not None and _was_interrupted(result):
         received.setdefault("signal", signal.SIGINT)
     interrupted = received.get("signal")
@@ -266,6 +267,26 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str]) 
         lines = cause.message.strip().splitlines()
         problems.append(f"step {event.step_key} failed: {' / '.join(lines[:6])}")
     return problems
+
+
+def retried_steps(events: Iterable[DagsterEvent]) -> list[str]:
+    """A line per retried attempt of a step (a unit whose worker was lost ran again), with why.
+
+    A run that succeeded after a retry says so: its figures are right, and a worker that keeps being
+    lost is worth knowing about.
+    """
+    from dagster._core.execution.plan.objects import StepRetryData
+
+    lines: list[str] = []
+    for event in events:
+        if event.event_type_value != "STEP_UP_FOR_RETRY":
+            continue
+        data = event.event_specific_data
+        error = data.error if isinstance(data, StepRetryData) else None
+        reason = error.message.strip().splitlines()[0] if error is not None and error.message.strip() else "no reason"
+        named = reason if event.step_key and event.step_key in reason else f"step {event.step_key}: {reason}"
+        lines.append(f"note: retried: {named}")
+    return lines
 
 
 @contextlib.contextmanager

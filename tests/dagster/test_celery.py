@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hud_pipelines.cli.run import retried_steps
 from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_deployment, load_execution
 from hud_pipelines.dagster.launch import execute_pipeline_job
 from hud_pipelines.errors import Fault
@@ -341,6 +342,10 @@ def test_celery_worker_killed_mid_instance_is_retried_once_and_counted_once(
     metadata = retried[0].asset_observation.metadata  # type: ignore[union-attr]
     assert metadata["attempt"].value == 2
     assert metadata["worker_pid"].value != killed
+    events = [e.dagster_event for e in home.all_logs(run.run_id) if e.dagster_event is not None]
+    [note] = retried_steps(events)  # what `hud-pipelines run` prints under a run that succeeded
+    assert note.startswith("note: retried: the worker running step lossy__eval.unit[u2_task0_i2] ("), note
+    assert f"pid {killed}" in note, "it names the worker that was lost"
     dataset = outputs / "datasets" / "lossy"
     frames = _frames(dataset)
     assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(8)), "eight episodes, none twice"
