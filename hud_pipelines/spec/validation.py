@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 
 from hud_pipelines.spec.document import KeyPath, YamlDocument
 from hud_pipelines.spec.models import NAME_PATTERN, PipelineSpec
-from hud_pipelines.spec.problems import Problem, did_you_mean
+from hud_pipelines.spec.problems import Problem, closest, did_you_mean
 from hud_pipelines.spec.sections import TASK_NAME_PATTERN
 
 KIND = "kind"
@@ -61,9 +61,24 @@ def validation_problems(
     become a single problem at the key that lists what each option expected. When the value has the
     shape of one option (a list where a string or a list of entries is allowed) and only the inside
     is wrong, the problems are that option's, at their own keys: the others' say nothing useful.
+    A required key missing beside an unknown key one typo from it (``pth:`` for ``path:``) is one
+    problem, the unknown key's, which names the missing one.
     """
-    located = [(details, _locate(tuple(details["loc"]), root)) for details in error.errors()]
+    errors = _without_typoed_missing(error.errors(), root)
+    located = [(details, _locate(tuple(details["loc"]), root)) for details in errors]
     return _problems_of(located, 0, document, root)
+
+
+def _without_typoed_missing(errors: list[ErrorDetails], root: type[BaseModel]) -> list[ErrorDetails]:
+    """``errors`` less each ``missing`` key that an unknown key of the same mapping is a typo of."""
+    typoed: set[tuple[Any, ...]] = set()
+    for details in errors:
+        if details["type"] == "extra_forbidden":
+            parent = tuple(details["loc"][:-1])
+            meant = closest(str(details["loc"][-1]), _field_names(_walk(parent, root)[1]))
+            if meant is not None:
+                typoed.add((*parent, meant))
+    return [d for d in errors if not (d["type"] == "missing" and tuple(d["loc"]) in typoed)]
 
 
 def _problems_of(
