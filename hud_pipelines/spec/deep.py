@@ -44,7 +44,6 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
             *_contract_problems(spec, document),
             *_policy_problems(spec, document),
             *_checkpoint_problems(spec, document),
-            *_baseline_problems(spec, document),
             *_grader_problems(spec, document),
         ]
 
@@ -112,12 +111,16 @@ def _fleet_problems(spec: PipelineSpec) -> list[Problem]:
 
 
 def _checkpoint_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    """A sweep whose checkpoints directory is missing, empty or names a label twice is found before a run."""
+    """A sweep whose checkpoints directory is missing, empty or names a label twice is found before a run,
+    and so is a ``no_regression`` baseline one typo from a label found (one look at the checkpoints)."""
     try:
-        _sweep_discovery(spec)
+        found = _sweep_discovery(spec)
     except HudPipelinesError as exc:
         return [document.problem(("agent", "policy", "checkpoints"), str(exc))]
-    return []
+    return [
+        document.problem(("checks", index, "baseline"), message)
+        for index, message in misspelled_baselines(spec, _labels(found))
+    ]
 
 
 def _sweep_discovery(spec: PipelineSpec) -> Discovery | None:
@@ -131,38 +134,34 @@ def _sweep_discovery(spec: PipelineSpec) -> Discovery | None:
     return discover_checkpoints(sources_of(policy.checkpoints, kind, spec.resolve_path), settle_s=0)
 
 
-def _baseline_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    return [document.problem(("checks", index, "baseline"), message) for index, message in misspelled_baselines(spec)]
-
-
-def misspelled_baselines(spec: PipelineSpec) -> list[tuple[int, str]]:
+def misspelled_baselines(spec: PipelineSpec, labels: Sequence[str] | None = None) -> list[tuple[int, str]]:
     """``(index in checks, message)`` of each sweep ``no_regression`` baseline that is a typo of a label.
 
-    A baseline that names no file, or a checkpoint not saved yet, is left to the run (training may
-    still be going, the baseline's grades may come from an earlier step of the pipeline's CI): the
-    check then fails saying why. One edit away from a label found now, it is a misspelled label, which
-    ``validate`` reports and a run refuses before evaluating anything.
+    ``labels``: the sweep's checkpoints found now, when the caller looked already. A baseline that
+    names no file, or a checkpoint not saved yet, is left to the run (training may still be going,
+    the baseline's grades may come from an earlier step of the pipeline's CI): the check then fails
+    saying why. One edit away from a label found now, it is a misspelled label, which ``validate``
+    reports and a run refuses before evaluating anything.
     """
-    labels = _checkpoint_labels(spec)
+    baselines = [(index, c) for index, c in enumerate(spec.checks) if isinstance(c, NoRegressionCheck)]
+    if not baselines:
+        return []
+    if labels is None:
+        with contextlib.suppress(HudPipelinesError):  # the checkpoint check reports it
+            labels = _labels(_sweep_discovery(spec))
+    known = list(labels or ())
     found: list[tuple[int, str]] = []
-    for index, check in enumerate(spec.checks):
-        if not isinstance(check, NoRegressionCheck) or check.baseline in labels:
-            continue
-        hint = did_you_mean(check.baseline, labels)
+    for index, check in baselines:
+        hint = did_you_mean(check.baseline, known) if check.baseline not in known else ""
         if hint and not spec.resolve_path(check.baseline).exists():
-            found.append(
-                (index, f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(labels)}")
-            )
+            message = f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(known)}"
+            found.append((index, message))
     return found
 
 
-def _checkpoint_labels(spec: PipelineSpec) -> list[str]:
-    """The labels of a sweep's checkpoints found now (none for a single policy or a sweep that cannot be read)."""
-    with contextlib.suppress(HudPipelinesError):  # reported by the checkpoint check
-        found = _sweep_discovery(spec)
-        if found is not None:
-            return [c.label for c in (*found.complete, *(p.checkpoint for p in found.pending))]
-    return []
+def _labels(found: Discovery | None) -> list[str]:
+    """The labels of the checkpoints found, complete or not (none for a single policy)."""
+    return [] if found is None else [c.label for c in (*found.complete, *(p.checkpoint for p in found.pending))]
 
 
 def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
