@@ -126,23 +126,24 @@ class LoadOptions(TypedDict, total=False):
     """The lerobot env config the sim was built from: observations then go through lerobot's own processing."""
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class LeRobotPolicy(LockstepForwards):
     """A LeRobot ``PreTrainedPolicy`` with its pre/post processors and the contract adapter.
 
     ``seed`` is the policy's own part of every row's random stream (see :class:`DiffusionSampling`).
     """
 
-    def __init__(
-        self, policy: Any, preprocessor: Any, postprocessor: Any, adapter: LeRobotAdapter, *, seed: int = 0
-    ) -> None:
-        self.policy = policy
-        self.preprocessor = preprocessor
-        self.postprocessor = postprocessor
-        self.adapter = adapter
-        self.seed = seed
-        self.sampling = DiffusionSampling.of(policy)
+    policy: Any
+    preprocessor: Any
+    postprocessor: Any
+    adapter: LeRobotAdapter
+    _: dataclasses.KW_ONLY
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.sampling = DiffusionSampling.of(self.policy)
         """How each row's noise is drawn; ``None`` for a policy that does not sample (ACT)."""
-        config = policy.config
+        config = self.policy.config
         self.config: PreTrainedConfig = config
         steps = getattr(config, "n_action_steps", None)
         self.horizon: int | None = steps if isinstance(steps, int) and steps >= 1 else None

@@ -11,7 +11,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -105,25 +105,21 @@ def forward_rows(policy: BasePolicy, rows: int) -> int:
     return value if value is not None and value >= rows else rows
 
 
+@dataclass(eq=False, repr=False)
 class LockstepRun:
     """One ``RobotAgent.run``: the state that lives only for its duration."""
 
-    def __init__(
-        self,
-        settings: LoopSettings,
-        sim: Sim,
-        keys: list[EpisodeKey],
-        sinks: list[EpisodeSink],
-        stats: RunStats,
-        *,
-        grade: OutcomeGrader | None = None,
-        stop_cause: StopCause | None = None,
-    ) -> None:
-        self.settings = settings
-        self.stop_cause = stop_cause
-        self.sim = sim
-        self.keys = keys
-        self.stats = stats
+    settings: LoopSettings
+    sim: Sim
+    keys: list[EpisodeKey]
+    sinks: InitVar[list[EpisodeSink]]
+    stats: RunStats
+    _: KW_ONLY
+    grade: InitVar[OutcomeGrader | None] = None
+    stop_cause: StopCause | None = None
+
+    def __post_init__(self, sinks: list[EpisodeSink], grade: OutcomeGrader | None) -> None:
+        keys, settings, sim = self.keys, self.settings, self.sim
         self.slots = SlotEpisodes(keys, settings.width, sinks, grade=grade)
         run = next(_RUN_NUMBERS)
         self.episode_ids = [f"{key.trace_id}/{run}" for key in keys]

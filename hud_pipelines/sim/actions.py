@@ -22,6 +22,7 @@ Hold actions (what a finished slot receives while the others keep stepping):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from enum import StrEnum
 from typing import Any, TypeGuard
@@ -52,23 +53,19 @@ class BoundsMode(StrEnum):
     """Its slot ends as errored, naming the action and the bounds."""
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class ActionAdapter:
     """Turns ``[N, A]`` action frames into what the env's action space expects."""
 
-    def __init__(
-        self,
-        feature: Feature,
-        space: gym.Space[Any],
-        num_slots: int,
-        *,
-        hold: HoldMode = HoldMode.LAST,
-        bounds: BoundsMode = BoundsMode.CLIP,
-    ) -> None:
-        self.feature = feature
-        self.space = space
-        self.num_slots = num_slots
-        self.hold = hold
-        self.bounds = bounds
+    feature: Feature
+    space: gym.Space[Any]
+    num_slots: int
+    _: dataclasses.KW_ONLY
+    hold: HoldMode = HoldMode.LAST
+    bounds: BoundsMode = BoundsMode.CLIP
+
+    def __post_init__(self) -> None:
+        feature, space = self.feature, self.space
         self.width = math.prod(feature.shape)
         self.discrete = not isinstance(space, gym.spaces.Box)
         low = np.asarray(feature.low, dtype=np.float64) if feature.low is not None else np.full(self.width, -np.inf)
@@ -77,7 +74,7 @@ class ActionAdapter:
         self._kinds = "biuf" if isinstance(space, gym.spaces.MultiBinary) else "iuf"
         """Accepted action dtype kinds: numbers; bools only for a MultiBinary space."""
         self._zero = np.clip(np.zeros(self.width), low, high)
-        self.last = np.tile(self._zero, (num_slots, 1))
+        self.last = np.tile(self._zero, (self.num_slots, 1))
 
     def restart(self) -> None:
         """Forget the last actions at a new episode (a slot that never acted holds zeros)."""

@@ -27,6 +27,7 @@ healthy connection dropped); TCP keepalive notices a peer that vanished.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hmac
 import logging
@@ -68,28 +69,22 @@ CLOSE_TIMEOUT_S = 1.0
 __all__ = ["SERVER_NAME", "SimServer", "SimShuttingDown"]
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class SimServer:
     """Serves one :class:`GymBridge` over WebSocket from background threads; replies leave from the main thread."""
 
-    def __init__(
-        self,
-        bridge: GymBridge,
-        executor: MainThreadExecutor,
-        *,
-        token: str,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
-    ) -> None:
-        self.bridge = bridge
-        self.executor = executor
-        self.token = token
-        self.host = host
-        self.port = port
-        self.max_frame_bytes = max_frame_bytes
-        self.idle_timeout_s = idle_timeout_s or None
-        """Seconds a client may send nothing after its hello before it is closed (``None``: forever)."""
+    bridge: GymBridge
+    executor: MainThreadExecutor
+    _: dataclasses.KW_ONLY
+    token: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
+    """Seconds a client may send nothing after its hello before it is closed (``None``, or 0 given: forever)."""
+
+    def __post_init__(self) -> None:
+        self.idle_timeout_s = self.idle_timeout_s or None
         self.connections_served = 0
         self._state = threading.Condition()
         """Guards who drives the sim; notified when the driving connection lets go."""
