@@ -174,8 +174,12 @@ def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Proble
     if factory is None:
         return refused
     problems = [] if derived else _argument_problems(factory.split_task, spec.sim.args, ("sim", "args"), document)
-    for index, task in enumerate(spec.tasks):
+    for index, task in enumerate(t for t in spec.tasks if t.variant_of is None):  # the file's own tasks, in order
         problems += _argument_problems(factory.split_task, task.args, ("tasks", index, "args"), document)
+        for axis, values in task.matrix.items():  # the tasks a matrix adds change one argument: said at the axis
+            where: KeyPath = ("tasks", index, "matrix")
+            found = [_argument_problems(factory.split_task, {axis: value}, where, document) for value in values]
+            problems += list(dict.fromkeys(problem for each in found for problem in each))
     return problems
 
 

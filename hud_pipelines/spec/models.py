@@ -61,6 +61,7 @@ from hud_pipelines.spec.sections import (
     TaskSpec,
     TracesSpec,
     default_tasks,
+    expand_tasks,
     is_file_target,
     require_unique,
     schema_default,
@@ -139,14 +140,7 @@ class PipelineSpec(StrictModel):
     @field_validator("tasks")
     @classmethod
     def _name_tasks(cls, tasks: list[TaskSpec]) -> list[TaskSpec]:
-        named = [t if t.name else t.model_copy(update={"name": f"task{i}"}) for i, t in enumerate(tasks)]
-        written = {t.name for t in named}
-        expanded: list[TaskSpec] = []
-        for task in named:  # a matrix adds its tasks right after its control (once: a re-validation keeps them)
-            expanded.append(task)
-            expanded += [variant for variant in task.variants() if variant.name not in written]
-        require_unique([t.name for t in expanded], "tasks", "task")
-        return expanded
+        return expand_tasks(tasks)
 
     @field_validator("graders")
     @classmethod

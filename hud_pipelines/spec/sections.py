@@ -128,6 +128,51 @@ class TaskSpec(StrictModel):
         ]
 
 
+def expand_tasks(tasks: list[TaskSpec]) -> list[TaskSpec]:
+    """Name the tasks (``task<i>``) and add each matrix's tasks right after its control.
+
+    A spec validated again (a dumped spec loaded back) holds the tasks its matrices added: each is
+    kept once, as it is, when it is exactly what its control's matrix adds. A ``variant_of`` that
+    says anything else is refused (it would pair the task with a control under a change it does not
+    make), and so is a matrix task whose name another task has: a perturbation arm is never dropped
+    or graded under another task's configuration. Problems are located at the file's own tasks.
+    """
+    named = [t if t.name else t.model_copy(update={"name": f"task{i}"}) for i, t in enumerate(tasks)]
+    require_unique([t.name for t in named], "tasks", "task")
+    controls = [(index, task) for index, task in enumerate(named) if task.variant_of is None]
+    added = {variant.name: variant for _, control in controls for variant in control.variants()}
+    for index, task in enumerate(named):
+        if task.variant_of is not None and added.get(task.name) != task:
+            raise spec_rule(
+                f"{index}.variant_of",
+                f"task {task.name!r} is not one that the matrix of task {task.variant_of.control!r} adds: "
+                f"'variant_of' is set by a matrix; write matrix: {{{task.variant_of.axis}: [...]}} on the control task",
+            )
+    owners = {task.name: f"tasks[{index}] has already; rename that task" for index, task in controls}
+    expanded: list[TaskSpec] = []
+    for index, control in controls:
+        expanded.append(control)
+        for axis, values in control.matrix.items():
+            if not values:
+                raise spec_rule(f"{index}.matrix.{axis}", "no values: give the values to try, or remove the axis")
+            if axis in control.args and any(value == control.args[axis] for value in values):
+                raise spec_rule(
+                    f"{index}.matrix.{axis}",
+                    f"{control.args[axis]!r} is the control's own value of {axis!r}: "
+                    "that arm would be the control again",
+                )
+        for variant in control.variants():
+            assert variant.variant_of is not None
+            if variant.name in owners:
+                raise spec_rule(
+                    f"{index}.matrix.{variant.variant_of.axis}",
+                    f"the matrix adds task {variant.name!r}, a name {owners[variant.name]}",
+                )
+            owners[variant.name] = f"tasks[{index}]'s matrix adds already (two values with one name)"
+            expanded.append(variant)
+    return expanded
+
+
 # -- dataset --------------------------------------------------------------------------------------
 
 
