@@ -29,6 +29,7 @@ import argparse
 import functools
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -363,6 +364,13 @@ def run_compare(args: argparse.Namespace) -> int:
         print(json.dumps({**sides, **result.as_dict()}, indent=1))
     else:
         print(describe(result, candidate.name, baseline.name))
+    if args.fail_if_worse and result.pairs == 0:  # a gate never passes on nothing, as no_regression does not
+        print(
+            f"--fail-if-worse: no episode of {candidate.name} pairs up with one of {baseline.name} "
+            "(same tasks and seeds?): nothing to judge",
+            file=sys.stderr,
+        )
+        return 1
     return 1 if args.fail_if_worse and result.verdict is Verdict.WORSE else 0
 
 

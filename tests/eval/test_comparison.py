@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -139,6 +140,12 @@ def test_hud_pipelines_compare_reads_two_grade_files(tmp_path: Path, capsys: pyt
     assert main(["compare", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "--fail-if-worse"]) == 1
     assert "worse" in capsys.readouterr().out
 
+    elsewhere = [dataclasses.replace(row, seed=row.seed + 100) for row in baseline]  # other seeds: no pair
+    (tmp_path / "c.json").write_text(json.dumps([r.as_dict() for r in elsewhere]))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "c.json")]) == 0, "a comparison, not a gate"
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--fail-if-worse"]) == 1
+    assert "no episode of" in capsys.readouterr().err, "a gate never passes on no paired episode"
+
 
 def test_the_no_regression_check_fails_a_worse_candidate_and_passes_an_inconclusive_one(tmp_path: Path) -> None:
     from hud_pipelines.eval.checks import check_verdict
@@ -200,8 +207,6 @@ def test_a_pipeline_gated_on_its_baseline_fails_the_run_when_it_regresses(
 def test_a_sweeps_results_are_compared_one_checkpoint_at_a_time_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import dataclasses
-
     from hud_pipelines.cli.main import main
 
     good, bad = _sets([(True, False)] * 12)
