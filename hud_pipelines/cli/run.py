@@ -84,6 +84,7 @@ def run_pipeline(
     from hud_pipelines.eval.checks import success_signal_warning
     from hud_pipelines.eval.configuration import current_rollout_hash
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.perturbations import has_matrix
     from hud_pipelines.eval.rollouts import kept_pairs
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.seed_check import seed_warning
@@ -168,8 +169,9 @@ def run_pipeline(
         success_signal_warning(spec.graders[0], this_run),
         seed_warning(outputs, current_rollout_hash(spec, outputs)),
     ]
+    controls = {task.name for task in spec.tasks if task.variant_of is None} if has_matrix(spec) else None
     _print_summary(
-        spec.name, rows, succeeded, run_id, outputs.base, [*(f"warning: {w}" for w in warned if w), *problems]
+        spec.name, rows, succeeded, run_id, outputs.base, [*(f"warning: {w}" for w in warned if w), *problems], controls
     )
     if interrupted is not None:
         return 128 + int(interrupted)
@@ -312,8 +314,16 @@ def _progress(console: Console, name: str, total: int, quiet: bool) -> Generator
 
 
 def _print_summary(
-    name: str, rows: list[GradeRow], succeeded: bool, run_id: str, base: Path, problems: list[str]
+    name: str,
+    rows: list[GradeRow],
+    succeeded: bool,
+    run_id: str,
+    base: Path,
+    problems: list[str],
+    controls: set[str] | None = None,
 ) -> None:
+    """The per-slot table, this run's figures and the problems; ``controls``: a matrix's control tasks, whose
+    figures are the headline (each arm is compared with its control in the report's perturbations table)."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -348,6 +358,9 @@ def _print_summary(
             console.print(Text(f"this run, {label}: {_figures([row for row in mine if row.checkpoint == label])}"))
     if not mine:
         console.print(Text("this run produced no graded rows"))
+    elif controls is not None and not sweep:
+        console.print(Text(f"this run, control tasks: {_figures([row for row in mine if row.task in controls])}"))
+        console.print(Text(f"each matrix task against its control: the perturbations table in {base / 'report.md'}"))
     elif not sweep:
         console.print(Text(f"this run: {_figures(mine)}"))
     if len(mine) != len(rows) and not sweep:

@@ -2,7 +2,8 @@
 the YAML's checks.
 
 Each check reads the grade table the ``grades`` asset wrote and this run's thresholds (the graders
-resource); a sweep's checks judge its candidate (:func:`hud_pipelines.eval.sweep.verdict`).
+resource); the YAML's judge the control tasks, a sweep's its candidate
+(:func:`hud_pipelines.eval.judging.yaml_verdict`).
 """
 
 from collections.abc import Callable, Sequence
@@ -18,11 +19,11 @@ from hud_pipelines.eval.checks import (
     INSTANCES_CHECK,
     CheckVerdict,
     answered_verdict,
-    check_verdict,
     instances_verdict,
     rerun_command,
 )
 from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.judging import yaml_verdict
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import read_grades
 from hud_pipelines.spec.grading import CheckSpec
@@ -45,8 +46,7 @@ def pipeline_check(
         rows = read_grades(outputs)
         judged = judged_of(context, spec)
         configured = {c.name: c for c in judged.resolved_checks()}.get(check.name, check)  # this run's threshold
-        verdict = sweep.verdict(judged, configured, rows) if spec.is_sweep else check_verdict(configured, rows)
-        return _check_result(verdict, rows)
+        return _check_result(yaml_verdict(judged, configured, rows), rows)
 
     return run_check
 

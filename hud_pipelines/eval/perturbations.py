@@ -72,6 +72,19 @@ def has_matrix(spec: PipelineSpec) -> bool:
     return any(task.variant_of is not None for task in spec.tasks)
 
 
+def control_rows(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[GradeRow]:
+    """The rows of the file's own tasks: what the YAML's checks and the headline judge.
+
+    A matrix's tasks run other configurations; each is compared with its control in the
+    perturbations table, never pooled into a gate or a headline rate (adding a perturbation study
+    leaves what a check means as it was).
+    """
+    if not has_matrix(spec):
+        return list(rows)
+    controls = {task.name for task in spec.tasks if task.variant_of is None}
+    return [row for row in rows if row.task in controls]
+
+
 def perturbation_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[AxisRow]:
     """A row per control task, then one per value of each of its axes (in the YAML's order)."""
     by_task: dict[str, list[GradeRow]] = {}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
-from hud_pipelines.eval.checks import CheckVerdict, success_signal_warning, verdicts
+from hud_pipelines.eval.checks import CheckVerdict, success_signal_warning
 from hud_pipelines.eval.configuration import (
     claim_served_sim,
     current_rollout_hash,
@@ -31,8 +31,9 @@ from hud_pipelines.eval.configuration import (
 from hud_pipelines.eval.grade_table import grades_csv
 from hud_pipelines.eval.graders import grader_text
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
+from hud_pipelines.eval.judging import all_verdicts
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
-from hud_pipelines.eval.perturbations import has_matrix, perturbation_table
+from hud_pipelines.eval.perturbations import control_rows, has_matrix, perturbation_table
 from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
@@ -74,11 +75,6 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
 
 
 # -- grades and report -------------------------------------------------------------------------------
-
-
-def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
-    """The built-in check and the YAML's on a grade table (a sweep's on its candidate checkpoint)."""
-    return sweep.verdicts(spec, rows) if spec.is_sweep else verdicts(spec.resolved_checks(), rows)
 
 
 def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[GradeRow]:
@@ -141,10 +137,12 @@ def report_step(
     from hud_pipelines.eval.report_html.episodes import episode_thumbnails
 
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
-    title, headline = spec.name, rows
+    title, headline = spec.name, control_rows(spec, rows)
+    if len(headline) != len(rows):  # a rate pooled over other configurations would mean nothing
+        title = f"{spec.name} (control tasks; each perturbation against its control below)"
     if spec.is_sweep:  # one rate over several weights means nothing: the headline is the candidate's
         label = sweep.candidate_label(rows)
-        title, headline = f"{spec.name} (candidate checkpoint {label})", [r for r in rows if r.checkpoint == label]
+        title, headline = f"{spec.name} (candidate checkpoint {label})", [r for r in headline if r.checkpoint == label]
     plot = render_plot(spec.name, headline)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
@@ -376,7 +374,7 @@ def evaluate(
         published = dataset_step(effective, outputs, project_dir=project, run_id=run_id)
     return Evaluation(
         rows=rows,
-        summary=summarize(rows),
+        summary=summarize(control_rows(effective, rows)),
         results=results,
         outputs=outputs,
         dataset=published,

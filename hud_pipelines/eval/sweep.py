@@ -39,7 +39,6 @@ from hud_pipelines.eval.checks import (
     CheckVerdict,
     answered_verdict,
     check_verdict,
-    instances_verdict,
     regression_verdict,
 )
 from hud_pipelines.eval.grades import GradeRow
@@ -211,12 +210,6 @@ def candidate_label(rows: Sequence[GradeRow]) -> str | None:
     """The checkpoint a sweep's checks judge: the last one of the table (rows come in sweep order)."""
     labels = [row.checkpoint for row in rows if row.checkpoint is not None]
     return labels[-1] if labels else None
-
-
-def verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
-    """Every check of a sweep: ``instances_completed`` on all its rows; ``episodes_answered`` and the YAML's
-    on its candidate."""
-    return [instances_verdict(rows), answered(rows), *(verdict(spec, check, rows) for check in spec.resolved_checks())]
 
 
 def answered(rows: Sequence[GradeRow]) -> CheckVerdict:

@@ -75,3 +75,35 @@ def test_the_per_axis_table_pairs_each_value_with_the_control(tmp_path: Path, mo
         ["reach", "reach", "1.5"],
     ], "the page has the table of report.md, each value against its control"
     assert f"better +{float(row['diff']):.1%} (p={float(row['p']):.3g}, 16 pairs)" in html_rows[2]
+
+
+def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.eval.grades import summarize
+
+    monkeypatch.chdir(REPO)
+    spec = _spec(tmp_path, checks=[{"kind": "min_success_rate", "value": 0.0}])
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    control = [row for row in evaluation.rows if row.task == "reach"]
+    assert summarize(control).success_rate != summarize(evaluation.rows).success_rate, "the arms differ: pooling shows"
+    [check] = [c for c in evaluation.checks if c.name == "min_success_rate"]
+    assert check.observed == summarize(control).success_rate
+    assert check.description.startswith("control tasks: ")
+    assert evaluation.summary == summarize(control), "evaluate()'s headline is the control's"
+    assert "reach_matrix (control tasks;" in (tmp_path / "out" / "reach_matrix" / "report.md").read_text()
+
+    home = tmp_path / "home"  # the Dagster asset check judges the same rows
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    path = tmp_path / "reach_matrix.yaml"
+    fields = {"name": "reach_matrix", "sim": {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 4}}
+    fields |= {"agent": {"policy": {"kind": "constant", "value": [0.0, 0.0]}}, "group": 4, "max_steps": 3}
+    fields |= {"tasks": [{"name": "reach", "seed": 7, "matrix": {"reach": [0.05, 1.5]}}]}
+    path.write_text(json.dumps({**fields, "checks": [{"kind": "min_success_rate", "value": 0.0}]}))
+    assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli")]) == 0
+    checks = json.loads((tmp_path / "cli" / "reach_matrix" / "checks.json").read_text())
+    assert [c["observed"] for c in checks if c["name"] == "min_success_rate"] == [check.observed]
+    assert f"this run, control tasks: success rate {check.observed:.1%}" in capsys.readouterr().out

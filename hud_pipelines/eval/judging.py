@@ -1,0 +1,32 @@
+"""Which rows each check judges: the built-in ones every row, the YAML's the control tasks.
+
+A matrix's tasks run other configurations (each is compared with its control in the perturbations
+table), and a sweep's checkpoints are other weights (its YAML checks judge the candidate): pooling
+either into a gate would change what the gate means. The Dagster asset checks and the steps judge
+through here, so a run's checks and ``evaluate()``'s agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from hud_pipelines.eval import sweep
+from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, check_verdict, instances_verdict
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.perturbations import control_rows
+from hud_pipelines.spec.grading import CheckSpec
+from hud_pipelines.spec.models import PipelineSpec
+
+
+def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
+    """The built-in checks on every row, then the YAML's (:func:`yaml_verdict`)."""
+    builtin = [instances_verdict(rows), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows)
+    return [*builtin, *(yaml_verdict(spec, check, rows) for check in spec.resolved_checks())]
+
+
+def yaml_verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
+    """One YAML check on the control tasks' rows (a sweep's: of its candidate checkpoint), as its description says."""
+    judged = control_rows(spec, rows)
+    found = sweep.verdict(spec, check, judged) if spec.is_sweep else check_verdict(check, judged)
+    return found if len(judged) == len(rows) else replace(found, description=f"control tasks: {found.description}")
