@@ -81,7 +81,7 @@ def run_pipeline(
     from hud_pipelines.dagster.launch import execute_pipeline_job
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
-    from hud_pipelines.eval.checks import success_signal_warning
+    from hud_pipelines.eval.checks import rerun_command, success_signal_warning
     from hud_pipelines.eval.configuration import current_rollout_hash
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.perturbations import has_matrix
@@ -158,10 +158,16 @@ def run_pipeline(
         grades_step(spec, outputs)
         checks_step(spec, outputs)
         report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir))
+        unfinished = [key for key in ordered if key not in finished]
+        rest = (  # a sweep's next run evaluates what is missing by itself
+            f"; to run only those: {rerun_command(unfinished, invocation, spec.partition_keys())}"
+            if unfinished and not spec.is_sweep
+            else ""
+        )
         problems.insert(
             0,
             f"run interrupted by {interrupted.name} after {len(finished)} of {units} instance(s); "
-            "the instances it did not finish keep their earlier results, if any",
+            f"the instances it did not finish keep their earlier results, if any{rest}",
         )
     succeeded = result is not None and result.success and interrupted is None
     this_run = [row for row in rows if row.run_id == run_id]
