@@ -90,6 +90,7 @@ class EvalRunner:
     on_result: ResultCallback | None = None
     _graders: list[Grader] = field(default_factory=list[Grader], init=False)
     _contract: Contract | None = field(default=None, init=False)
+    _interrupted: bool = field(default=False, init=False)
 
     def contract(self) -> Contract:
         """The sim's contract (starts a sim that the first instance then reuses)."""
@@ -155,6 +156,7 @@ class EvalRunner:
                     if self.on_result is not None:
                         self.on_result(result)
             except BaseException:  # cancellation: kill the sims and wake the policy's callers so workers return
+                self._interrupted = True  # what the in-flight instances then meet is the interrupt, not a crash
                 for future in futures:
                     future.cancel()
                 model.abort("the run was interrupted")
@@ -230,7 +232,9 @@ class EvalRunner:
             rows = unreached_rows(spec, partition, reason, fault, run_id=self.run_id)
         else:
             rows = [self._row(partition, slot, keys[slot], outcome) for slot, outcome in enumerate(outcomes)]
-        if failure is not None:
+        if failure is not None and self._interrupted:  # its sim was stopped by the interrupt: recorded as such
+            log.info("instance %s of %s stopped by the interrupt (%s)", key, spec.name, failure[0])
+        elif failure is not None:
             log.error("instance %s of %s failed (%s): %s", key, spec.name, failure[1].value, failure[0])
         return InstanceResult.of(
             spec, partition, rows, failure=failure, run_id=self.run_id, wall_s=wall, env_steps=env_steps, server=server
