@@ -95,10 +95,12 @@ def render_markdown(
     overrides: Mapping[str, object] | None = None,
     warnings: Sequence[str] = (),
     graded_by: str = "",
+    description: str = "",
 ) -> str:
-    """The report as markdown; ``plot`` is where its image is (a path beside the report, or a ``data:`` URI
-    where no file can be linked); ``warnings`` follow the rate, after what it counts (``graded_by``: the
-    deciding grader in words, since "success" means one thing in one benchmark and another elsewhere).
+    """The report as markdown, under the pipeline's ``description``; ``plot`` is where its image is (a path
+    beside the report, or a ``data:`` URI where no file can be linked); ``warnings`` follow the rate,
+    after what it counts (``graded_by``: the deciding grader in words, since "success" means one thing
+    in one benchmark and another elsewhere).
 
     ``checks`` are listed with their verdicts; with ``run_id`` (the run writing the report) the rows
     that earlier runs produced are counted apart, so nobody reads them as this run's.
@@ -107,6 +109,7 @@ def render_markdown(
     lines = [
         f"# {pipeline}",
         "",
+        *([description.strip(), ""] if description.strip() else []),
         *_provenance(rows, run_id),
         *([f"Run configuration overrides the YAML: {_overridden(overrides)}.", ""] if overrides else []),
         f"**Success rate:** {rate_text(total)}",

@@ -163,6 +163,7 @@ def report_step(
         overrides=overrides,
         warnings=warned,
         graded_by=grader_text(spec.graders[0]),
+        description=spec.description or "",
     )
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     not_evaluated = sweep.not_evaluated(spec, outputs) if table is not None else []
@@ -188,6 +189,7 @@ def report_step(
         warnings=warned,
         graded_by=grader_text(spec.graders[0]),
         not_evaluated=not_evaluated,
+        description=spec.description or "",
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))

@@ -228,6 +228,15 @@ def test_the_report_before_its_dataset_is_published_links_no_dataset_episode(
     page.close()
 
 
+def test_the_reports_show_the_pipelines_description_escaped(camera_eval: CameraEval, tmp_path: Path) -> None:
+    outputs = EvalOutputs(tmp_path / "outputs", camera_eval.outputs.pipeline)
+    shutil.copytree(camera_eval.outputs.base, outputs.base)
+    described = camera_eval.spec.model_copy(update={"description": "Swing <up> & hold"})
+    steps.report_step(described, outputs)
+    assert "\n\nSwing <up> & hold\n" in outputs.report_md.read_text(), "the YAML says reports show it"
+    assert '<p class="description">Swing &lt;up&gt; &amp; hold</p>' in html_path(outputs).read_text()
+
+
 def test_the_report_asset_thumbnails_show_how_episodes_ended_failures_first(camera_eval: CameraEval) -> None:
     written = steps.report_step(camera_eval.spec, camera_eval.outputs)
     assert written.thumbnails_png is not None

@@ -61,6 +61,7 @@ def write_html_report(
     warnings: Sequence[str] = (),
     graded_by: str = "",
     not_evaluated: Sequence[str] = (),
+    description: str = "",
 ) -> HtmlReport:
     """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
@@ -87,6 +88,7 @@ def write_html_report(
         warnings=warnings,
         graded_by=graded_by,
         not_evaluated=not_evaluated,
+        description=description,
     )
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
@@ -114,11 +116,14 @@ def render_page(
     warnings: Sequence[str] = (),
     graded_by: str = "",
     not_evaluated: Sequence[str] = (),
+    description: str = "",
 ) -> str:
     title = escape(f"{pipeline}: eval report")
     body = "\n".join(
         [
-            f"<header><h1>{escape(pipeline)}</h1></header>",
+            f"<header><h1>{escape(pipeline)}</h1>"
+            + (f'<p class="description">{escape(description.strip())}</p>' if description.strip() else "")
+            + "</header>",
             summary_section(summarize(rows), graded_by) if sweep is None else _checkpoints(sweep, not_evaluated),
             graders_section(rows) if sweep is None else "",  # a sweep's checkpoints each have their own page
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
