@@ -360,8 +360,10 @@ def _print_summary(
     console.print(table)
     mine = [row for row in rows if row.run_id == run_id]
     if sweep:  # one rate over several checkpoints would mean nothing: a line each, in sweep order
-        for label in dict.fromkeys(row.checkpoint for row in mine):
-            console.print(Text(f"this run, {label}: {_figures([row for row in mine if row.checkpoint == label])}"))
+        judged = mine if controls is None else [row for row in mine if row.task in controls]
+        whose = "" if controls is None else " control tasks"
+        for label in dict.fromkeys(row.checkpoint for row in judged):
+            console.print(Text(f"this run, {label}{whose}: {_figures([r for r in judged if r.checkpoint == label])}"))
     if not mine:
         console.print(Text("this run produced no graded rows"))
     elif controls is not None and not sweep:

@@ -337,3 +337,32 @@ def test_a_sweep_over_several_training_runs_labels_each_checkpoint_by_its_run(
     assert evaluation.passed
     table = json.loads((tmp_path / "out" / "reach_sweep" / "comparison.json").read_text())
     assert [r["checkpoint"] for r in table["rows"] if r["task"] == "all"] == labels
+
+
+def test_a_sweep_with_a_matrix_judges_its_candidates_control_tasks(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.eval.grades import summarize
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.chdir(REPO)
+    tasks = [{"name": "near", "seed": 10, "matrix": {"reach": [1.5]}}]
+    gate = [{"kind": "min_success_rate", "value": 0.0}]
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=tasks, checks=gate)
+    path = tmp_path / "reach_sweep.yaml"
+    path.write_text(json.dumps(spec.model_dump(mode="json", exclude_unset=True)))
+    capsys.readouterr()
+    assert main(["run", str(path), "--quiet", "--checkpoint", "001500", "--outputs", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    rows = [GradeRow.from_dict(r) for r in json.loads((tmp_path / "out" / "reach_sweep" / "grades.json").read_text())]
+    control = [row for row in rows if row.task == "near"]
+    assert {row.task for row in rows} == {"near", "near-reach-1.5"}
+    assert f"this run, 001500 control tasks: success rate {summarize(control).success_rate:.1%}" in out
+    checks = json.loads((tmp_path / "out" / "reach_sweep" / "checks.json").read_text())
+    [judged] = [c for c in checks if c["name"] == "min_success_rate"]
+    assert judged["observed"] == summarize(control).success_rate
+    assert judged["description"].startswith("control tasks: 001500: ")
