@@ -96,12 +96,14 @@ def render_markdown(
     warnings: Sequence[str] = (),
     graded_by: str = "",
     description: str = "",
+    prompts: Mapping[str, str] | None = None,
 ) -> str:
     """The report as markdown, under the pipeline's ``description``; ``plot`` is where its image is (a path
     beside the report, or a ``data:`` URI where no file can be linked); ``warnings`` follow the rate,
     after what it counts (``graded_by``: the deciding grader in words, since "success" means one thing
     in one benchmark and another elsewhere).
 
+    ``prompts``: each task's prompt (what the policy was told), listed under the task table.
     ``checks`` are listed with their verdicts; with ``run_id`` (the run writing the report) the rows
     that earlier runs produced are counted apart, so nobody reads them as this run's.
     """
@@ -129,6 +131,10 @@ def render_markdown(
             f"| {task} | {summary.scheduled} | {summary.succeeded} | {summary.failed} | {summary.errored} | "
             f"{rate_text(summary)} | {_number(summary.mean_return)} |"
         )
+    told = [(task, (prompts or {})[task]) for task in summarize_by_task(rows) if (prompts or {}).get(task)]
+    if told:
+        lines += ["", "Task prompts (what the policy was told):", ""]
+        lines += [f"- {task}: {markdown_cell(prompt)}" for task, prompt in told]
     others = other_graders(rows)
     if others:
         lines += [

@@ -154,6 +154,7 @@ def report_step(
         report_step(member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder)
     seeded = seed_warning(outputs, rollout_hash or current_rollout_hash(spec, outputs))
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
+    prompts = {task.name: task.prompt for task in spec.tasks if task.prompt}
     markdown = render_markdown(
         title,
         headline,
@@ -164,6 +165,7 @@ def report_step(
         warnings=warned,
         graded_by=grader_text(spec.graders[0]),
         description=spec.description or "",
+        prompts=prompts,
     )
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     not_evaluated = sweep.not_evaluated(spec, outputs) if table is not None else []
@@ -190,6 +192,7 @@ def report_step(
         graded_by=grader_text(spec.graders[0]),
         not_evaluated=not_evaluated,
         description=spec.description or "",
+        prompts=prompts,
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))

@@ -228,13 +228,23 @@ def test_the_report_before_its_dataset_is_published_links_no_dataset_episode(
     page.close()
 
 
-def test_the_reports_show_the_pipelines_description_escaped(camera_eval: CameraEval, tmp_path: Path) -> None:
+def test_the_reports_show_the_pipelines_description_and_task_prompts_escaped(
+    camera_eval: CameraEval, tmp_path: Path
+) -> None:
     outputs = EvalOutputs(tmp_path / "outputs", camera_eval.outputs.pipeline)
     shutil.copytree(camera_eval.outputs.base, outputs.base)
-    described = camera_eval.spec.model_copy(update={"description": "Swing <up> & hold"})
+    near, far = camera_eval.spec.tasks
+    tasks = [near.model_copy(update={"prompt": 'swing "up" | <fast>'}), far]
+    described = camera_eval.spec.model_copy(update={"description": "Swing <up> & hold", "tasks": tasks})
     steps.report_step(described, outputs)
-    assert "\n\nSwing <up> & hold\n" in outputs.report_md.read_text(), "the YAML says reports show it"
-    assert '<p class="description">Swing &lt;up&gt; &amp; hold</p>' in html_path(outputs).read_text()
+    markdown = outputs.report_md.read_text()
+    assert "\n\nSwing <up> & hold\n" in markdown, "the YAML says reports show it"
+    assert '- near: swing "up" \\| <fast>' in markdown, "what the policy was told, in a table-safe cell"
+    page = html_path(outputs).read_text()
+    assert '<p class="description">Swing &lt;up&gt; &amp; hold</p>' in page
+    assert "<th>prompt</th>" in page
+    assert "<td>swing &quot;up&quot; | &lt;fast&gt;</td>" in page
+    assert page.count("<td></td></tr>") >= 1, "a task without a prompt has an empty cell"
 
 
 def test_the_report_asset_thumbnails_show_how_episodes_ended_failures_first(camera_eval: CameraEval) -> None:

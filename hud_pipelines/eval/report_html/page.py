@@ -62,6 +62,7 @@ def write_html_report(
     graded_by: str = "",
     not_evaluated: Sequence[str] = (),
     description: str = "",
+    prompts: Mapping[str, str] | None = None,
 ) -> HtmlReport:
     """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
@@ -89,6 +90,7 @@ def write_html_report(
         graded_by=graded_by,
         not_evaluated=not_evaluated,
         description=description,
+        prompts=prompts or {},
     )
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
@@ -117,6 +119,7 @@ def render_page(
     graded_by: str = "",
     not_evaluated: Sequence[str] = (),
     description: str = "",
+    prompts: Mapping[str, str] | None = None,
 ) -> str:
     title = escape(f"{pipeline}: eval report")
     body = "\n".join(
@@ -129,7 +132,7 @@ def render_page(
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
             _checks(checks),
             _provenance(rows, run_id, overrides),
-            _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else ()),
+            _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else (), prompts or {}),
             _perturbations(*perturbations) if perturbations is not None else "",
             _episodes(views),
         ]
@@ -197,20 +200,24 @@ def _provenance(rows: Sequence[GradeRow], run_id: str | None, overrides: Mapping
 </section>"""
 
 
-def _task_table(rows: Sequence[GradeRow], checkpoints: Sequence[str] = ()) -> str:
-    """Each task's figures; in a sweep each checkpoint's (a rate over several weights would mean nothing)."""
+def _task_table(rows: Sequence[GradeRow], checkpoints: Sequence[str], prompts: Mapping[str, str]) -> str:
+    """Each task's figures (and its prompt, where one was given); in a sweep each checkpoint's (a rate over
+    several weights would mean nothing)."""
     groups = [(label, [r for r in rows if r.checkpoint == label]) for label in checkpoints] or [("", rows)]
+    told = any(prompts.get(row.task) for row in rows)
     lines = "\n".join(
         f"<tr>{f'<td>{escape(label)}</td>' if label else ''}<td>{escape(task)}</td><td>{s.scheduled}</td>"
         f"<td>{s.succeeded}</td><td>{s.failed}</td><td>{s.errored}</td><td>{escape(rate_text(s))}</td>"
-        f"<td>{number(s.mean_score)}</td><td>{number(s.mean_return)}</td></tr>"
+        f"<td>{number(s.mean_score)}</td><td>{number(s.mean_return)}</td>"
+        + (f"<td>{escape(prompts.get(task, ''))}</td>" if told else "")
+        + "</tr>"
         for label, group in groups
         for task, s in summarize_by_task(group).items()
     )
     title, first = ("Per checkpoint and task", "<th>checkpoint</th>") if checkpoints else ("Per task", "")
     return f"""<section id="tasks"><h2>{title}</h2>
 <table><thead><tr>{first}<th>task</th><th>scheduled</th><th>succeeded</th><th>failed</th><th>errored</th>
-<th>success rate (95% CI)</th><th>mean score</th><th>mean return</th></tr></thead>
+<th>success rate (95% CI)</th><th>mean score</th><th>mean return</th>{"<th>prompt</th>" if told else ""}</tr></thead>
 <tbody>
 {lines}
 </tbody></table></section>"""
