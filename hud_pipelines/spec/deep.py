@@ -13,6 +13,7 @@ grader modules are only read, not run, where possible (see :mod:`hud_pipelines.s
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -152,11 +153,23 @@ def misspelled_baselines(spec: PipelineSpec, labels: Sequence[str] | None = None
     known = list(labels or ())
     found: list[tuple[int, str]] = []
     for index, check in baselines:
-        hint = did_you_mean(check.baseline, known) if check.baseline not in known else ""
+        alike = [label for label in known if not _other_step(check.baseline, label)]
+        hint = did_you_mean(check.baseline, alike) if check.baseline not in known else ""
         if hint and not spec.resolve_path(check.baseline).exists():
             message = f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(known)}"
             found.append((index, message))
     return found
+
+
+def _other_step(baseline: str, label: str) -> bool:
+    """Whether the two name different steps of one naming (``002000`` and ``001500``, ``step_900`` and
+    ``step_500``): a checkpoint not saved yet, never a typo of a saved one."""
+    if _STEP_NUMBER.sub("#", baseline) != _STEP_NUMBER.sub("#", label):
+        return False
+    return [int(n) for n in _STEP_NUMBER.findall(baseline)] != [int(n) for n in _STEP_NUMBER.findall(label)]
+
+
+_STEP_NUMBER = re.compile(r"\d+")
 
 
 def _labels(found: Discovery | None) -> list[str]:
