@@ -103,10 +103,11 @@ def run_pipeline(
     kept = 0
     if spec.is_sweep:
         from hud_pipelines.dagster import sweeps
+        from hud_pipelines.dagster.deployment import deployed_spec
 
         with dg.DagsterInstance.get() as instance:
             tags, labels, waiting = sweeps.run_tags(instance, spec, ordered, checkpoints=checkpoints, rerun=rerun)
-        kept = 0 if rerun else kept_pairs(spec, outputs, labels, ordered)
+        kept = 0 if rerun else kept_pairs(deployed_spec(spec, project_dir), outputs, labels, ordered)
         units = units * len(labels) - kept  # what the bar counts: the pairs this run evaluates
     elif checkpoints or rerun:
         raise HudPipelinesError(f"{spec.name} is not a sweep: --checkpoint and --rerun need agent.policy.checkpoints")

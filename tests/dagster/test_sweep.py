@@ -86,6 +86,27 @@ def test_a_run_names_the_checkpoints_it_leaves_out_because_they_are_incomplete(
     assert "Not evaluated yet: 001500: missing model.safetensors; 001000: complete, not run yet." in page
 
 
+def test_what_a_resumed_sweep_counts_as_kept_is_judged_under_the_deployment_file_as_the_run_judges_it(
+    run: LeRobotRun, tmp_path: Path, local: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
+    first = _run_ids(local)["000500"]
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("pipelines:\n  reach_sweep: {sim: {args: {reach: 0.5}}}\n")
+    monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
+    capsys.readouterr()
+    assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
+    assert "keep their current result" not in capsys.readouterr().err, "another sim: nothing is current"
+    assert _run_ids(local)["000500"].isdisjoint(first), "the run evaluated the checkpoint again"
+
+    capsys.readouterr()
+    assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
+    instances = len(load_pipeline(path).partition_keys())
+    kept = f"{instances} of {instances} (checkpoint, instance) pairs keep their current result"
+    assert kept in capsys.readouterr().err, "under the same deployment, the results are current"
+
+
 def test_validate_counts_a_sweeps_episodes_per_checkpoint_and_over_the_checkpoints_found(
     run: LeRobotRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
