@@ -373,7 +373,9 @@ def _print_summary(
     elif not sweep:
         console.print(Text(f"this run: {_figures(mine)}"))
     if len(mine) != len(rows) and not sweep:
-        console.print(Text(f"all {len(rows)} rows, with {len(rows) - len(mine)} from earlier runs: {_figures(rows)}"))
+        earlier = f"all {len(rows)} rows, with {len(rows) - len(mine)} from earlier runs"
+        judged, whose = (rows, "") if controls is None else ([r for r in rows if r.task in controls], ", control tasks")
+        console.print(Text(f"{earlier}{whose}: {_figures(judged)}"))
     for problem in problems:  # one line each, never folded: a re-run command must paste as it is
         console.print(Text(problem, style="red"), soft_wrap=True)
     verdict = "[green]run succeeded[/green]" if succeeded else "[red]run FAILED[/red]"

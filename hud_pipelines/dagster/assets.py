@@ -49,6 +49,7 @@ from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.configuration import current_rollout_hash, record_configuration
 from hud_pipelines.eval.grade_table import cell, grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
+from hud_pipelines.eval.judging import headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.results import InstanceResult
@@ -232,11 +233,13 @@ def _build(
         current = current_rollout_hash(spec, outputs)
         rows = grades_step(judged, outputs, rollout_hash=current)
         checks_step(judged, outputs, rollout_hash=current)  # the verdicts as a file too, beside the grades
-        summary = summarize(rows)
+        scope, headline = headline_rows(judged, rows)
+        summary = summarize(headline)  # the report's headline rate, never one pooled over arms or weights
         low, high = success_interval(summary)
         return dg.MaterializeResult(
             metadata={
                 "grades": _grades_table(judged, rows),
+                "counted": scope or "every episode",
                 "scheduled": summary.scheduled,
                 "succeeded": summary.succeeded,
                 "failed": summary.failed,

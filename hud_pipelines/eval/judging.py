@@ -30,3 +30,18 @@ def yaml_verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow])
     judged = control_rows(spec, rows)
     found = sweep.verdict(spec, check, judged) if spec.is_sweep else check_verdict(check, judged)
     return found if len(judged) == len(rows) else replace(found, description=f"control tasks: {found.description}")
+
+
+def headline_rows(spec: PipelineSpec, rows: Sequence[GradeRow]) -> tuple[str, list[GradeRow]]:
+    """The rows a headline rate counts, and what they are (``""``: every row).
+
+    The control tasks, as the YAML's checks judge them; of a sweep, its candidate checkpoint's. The
+    report, the HTML page and the Dagster UI's grades figures all state this one rate.
+    """
+    scope, judged = "", control_rows(spec, rows)
+    if len(judged) != len(rows):  # a rate pooled over other configurations would mean nothing
+        scope = "control tasks; each perturbation against its control below"
+    if spec.is_sweep:  # one rate over several weights means nothing: the headline is the candidate's
+        label = sweep.candidate_label(rows)
+        scope, judged = f"candidate checkpoint {label}", [row for row in judged if row.checkpoint == label]
+    return scope, judged

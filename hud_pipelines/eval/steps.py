@@ -31,7 +31,7 @@ from hud_pipelines.eval.configuration import (
 from hud_pipelines.eval.grade_table import grades_csv
 from hud_pipelines.eval.graders import grader_text
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
-from hud_pipelines.eval.judging import all_verdicts
+from hud_pipelines.eval.judging import all_verdicts, headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import control_rows, has_matrix, perturbation_table
 from hud_pipelines.eval.report import render_markdown, render_plot
@@ -137,12 +137,8 @@ def report_step(
     from hud_pipelines.eval.report_html.episodes import episode_thumbnails
 
     rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
-    title, headline = spec.name, control_rows(spec, rows)
-    if len(headline) != len(rows):  # a rate pooled over other configurations would mean nothing
-        title = f"{spec.name} (control tasks; each perturbation against its control below)"
-    if spec.is_sweep:  # one rate over several weights means nothing: the headline is the candidate's
-        label = sweep.candidate_label(rows)
-        title, headline = f"{spec.name} (candidate checkpoint {label})", [r for r in headline if r.checkpoint == label]
+    scope, headline = headline_rows(spec, rows)
+    title = f"{spec.name} ({scope})" if scope else spec.name
     plot = render_plot(spec.name, headline)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
@@ -193,6 +189,7 @@ def report_step(
         not_evaluated=not_evaluated,
         description=spec.description or "",
         prompts=prompts,
+        headline=headline,
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 import scipy.stats
 
@@ -93,6 +94,11 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     assert check.description.startswith("control tasks: ")
     assert evaluation.summary == summarize(control), "evaluate()'s headline is the control's"
     assert "reach_matrix (control tasks;" in (tmp_path / "out" / "reach_matrix" / "report.md").read_text()
+    page = (tmp_path / "out" / "reach_matrix" / "report.html").read_text()
+    headline = page[page.index('<section id="summary">') :].split("</section>", 1)[0]
+    assert f"{check.observed:.1%}" in headline, "the page's headline is report.md's: the control tasks"
+    assert f"{summarize(control).succeeded} succeeded of {summarize(control).graded} graded" in headline
+    assert "Control tasks only" in headline
 
     home = tmp_path / "home"  # the Dagster asset check judges the same rows
     home.mkdir()
@@ -107,3 +113,16 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     checks = json.loads((tmp_path / "cli" / "reach_matrix" / "checks.json").read_text())
     assert [c["observed"] for c in checks if c["name"] == "min_success_rate"] == [check.observed]
     assert f"this run, control tasks: success rate {check.observed:.1%}" in capsys.readouterr().out
+    with dg.DagsterInstance.get() as instance:  # the UI's grades figures: the same headline
+        event = instance.get_latest_materialization_event(dg.AssetKey(["reach_matrix", "grades"]))
+    assert event is not None
+    assert event.asset_materialization is not None
+    metadata = event.asset_materialization.metadata
+    assert metadata["success_rate"].value == check.observed
+    assert metadata["scheduled"].value == len(control)
+    assert str(metadata["counted"].value).startswith("control tasks")
+
+    partition = ["--partition", "reach-i0"]  # a partial run: its line over every row is the control tasks' too
+    assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli"), *partition]) == 0
+    out = capsys.readouterr().out
+    assert f"from earlier runs, control tasks: success rate {check.observed:.1%}" in out, out

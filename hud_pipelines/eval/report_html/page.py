@@ -28,6 +28,7 @@ from hud_pipelines.recording.events import EpisodeStatus
 
 HTML_NAME = "report.html"
 ASSETS_DIR = "report_files"
+CONTROL_SCOPE = "Control tasks only: each perturbation is compared with its control under Perturbations"
 """Beside the page: its script and style sheet (copied from the package on every write)."""
 ASSETS = ("report.js", "report.css")
 DATA_ID = "episode-data"
@@ -63,6 +64,7 @@ def write_html_report(
     not_evaluated: Sequence[str] = (),
     description: str = "",
     prompts: Mapping[str, str] | None = None,
+    headline: Sequence[GradeRow] | None = None,
 ) -> HtmlReport:
     """Write ``report.html`` and its assets under ``outputs/<name>/``.
 
@@ -70,7 +72,8 @@ def write_html_report(
     its own page, and every checkpoint's episodes with a checkpoint filter (``members``: each
     checkpoint's outputs, where its traces are). ``dataset`` is where the dataset of these episodes is
     published (the cards link to their dataset episodes once it is). ``not_evaluated``: the sweep's
-    checkpoints found with no results yet, each with why.
+    checkpoints found with no results yet, each with why. ``headline``: the rows the headline rate
+    counts, when not all of them (a matrix's control tasks, as the checks judge them).
     """
     page = html_path(outputs)
     page.parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +94,7 @@ def write_html_report(
         not_evaluated=not_evaluated,
         description=description,
         prompts=prompts or {},
+        headline=headline,
     )
     partial = page.with_suffix(".html.partial")
     partial.write_text(text, encoding="utf-8")
@@ -120,15 +124,20 @@ def render_page(
     not_evaluated: Sequence[str] = (),
     description: str = "",
     prompts: Mapping[str, str] | None = None,
+    headline: Sequence[GradeRow] | None = None,
 ) -> str:
+    judged = rows if headline is None else headline
+    scope = "" if len(judged) == len(rows) else CONTROL_SCOPE
     title = escape(f"{pipeline}: eval report")
     body = "\n".join(
         [
             f"<header><h1>{escape(pipeline)}</h1>"
             + (f'<p class="description">{escape(description.strip())}</p>' if description.strip() else "")
             + "</header>",
-            summary_section(summarize(rows), graded_by) if sweep is None else _checkpoints(sweep, not_evaluated),
-            graders_section(rows) if sweep is None else "",  # a sweep's checkpoints each have their own page
+            summary_section(summarize(judged), graded_by, scope)
+            if sweep is None
+            else _checkpoints(sweep, not_evaluated),
+            graders_section(judged) if sweep is None else "",  # a sweep's checkpoints each have their own page
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
             _checks(checks),
             _provenance(rows, run_id, overrides),

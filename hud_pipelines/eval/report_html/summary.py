@@ -20,11 +20,13 @@ def number(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.4g}"
 
 
-def summary_section(summary: Summary, graded_by: str = "") -> str:
-    """``graded_by``: the deciding grader in words ("success" means one thing here and another elsewhere)."""
+def summary_section(summary: Summary, graded_by: str = "", scope: str = "") -> str:
+    """``graded_by``: the deciding grader in words ("success" means one thing here and another elsewhere);
+    ``scope``: which episodes the headline counts, when not all of the page's (a matrix's control tasks)."""
     low, high = success_interval(summary)
     interval = "" if summary.success_rate is None else f"95% CI {percent(low)} to {percent(high)}"
     graded = f'<p class="graded-by">Graded by {escape(graded_by)}.</p>' if graded_by else ""
+    graded += f'<p class="scope">{escape(scope)}.</p>' if scope else ""
     return f"""<section id="summary">
 <div class="headline"><span class="rate">{percent(summary.success_rate)}</span>
 <span class="interval">{interval}</span>
