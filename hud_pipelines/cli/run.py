@@ -84,7 +84,7 @@ def run_pipeline(
     from hud_pipelines.eval.checks import rerun_command, success_signal_warning
     from hud_pipelines.eval.configuration import current_rollout_hash
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
-    from hud_pipelines.eval.perturbations import has_matrix
+    from hud_pipelines.eval.perturbations import control_tasks
     from hud_pipelines.eval.rollouts import kept_pairs
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.seed_check import seed_warning
@@ -176,7 +176,7 @@ def run_pipeline(
         success_signal_warning(spec.graders[0], this_run),
         seed_warning(outputs, current_rollout_hash(spec, outputs)),
     ]
-    controls = {task.name for task in spec.tasks if task.variant_of is None} if has_matrix(spec) else None
+    controls = control_tasks(spec)
     _print_summary(
         spec.name, rows, succeeded, run_id, outputs.base, [*(f"warning: {w}" for w in warned if w), *problems], controls
     )

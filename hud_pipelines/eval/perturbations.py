@@ -68,6 +68,12 @@ class AxisRow:
     pairs: int | None = None
 
 
+CONTROL_NOTE = (
+    " A checkpoint's `all` row counts its control tasks; each perturbation is compared with its control below."
+)
+"""What a sweep's table says of its all-tasks rows when the pipeline has a matrix."""
+
+
 def has_matrix(spec: PipelineSpec) -> bool:
     return any(task.variant_of is not None for task in spec.tasks)
 
@@ -79,10 +85,13 @@ def control_rows(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[GradeRow]
     perturbations table, never pooled into a gate or a headline rate (adding a perturbation study
     leaves what a check means as it was).
     """
-    if not has_matrix(spec):
-        return list(rows)
-    controls = {task.name for task in spec.tasks if task.variant_of is None}
-    return [row for row in rows if row.task in controls]
+    controls = control_tasks(spec)
+    return list(rows) if controls is None else [row for row in rows if row.task in controls]
+
+
+def control_tasks(spec: PipelineSpec) -> set[str] | None:
+    """The file's own tasks when it has a matrix (what a headline or a pooled row counts); ``None`` without."""
+    return {task.name for task in spec.tasks if task.variant_of is None} if has_matrix(spec) else None
 
 
 def perturbation_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[AxisRow]:

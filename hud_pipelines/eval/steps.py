@@ -33,7 +33,7 @@ from hud_pipelines.eval.graders import grader_text
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import all_verdicts, headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
-from hud_pipelines.eval.perturbations import control_rows, has_matrix, perturbation_table
+from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_rows, control_tasks, has_matrix, perturbation_table
 from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
@@ -166,7 +166,7 @@ def report_step(
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     not_evaluated = sweep.not_evaluated(spec, outputs) if table is not None else []
     if table is not None:
-        markdown += _sweep_section(table, not_evaluated)
+        markdown += _sweep_section(table, not_evaluated, has_matrix(spec))
     studied = _perturbations(spec, outputs, rows) if has_matrix(spec) else None
     if studied is not None:
         markdown += _perturbation_section(*studied)
@@ -227,7 +227,7 @@ def _comparison(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRo
     labels = {m.label for m in members}
     checkpoints = [(m.label, m.step, [row for row in rows if row.checkpoint == m.label]) for m in members]
     baseline = sweep.baseline_label(spec, labels)
-    return compare_checkpoints(checkpoints, baseline=baseline)
+    return compare_checkpoints(checkpoints, baseline=baseline, pooled=control_tasks(spec))
 
 
 def _perturbations(
@@ -246,12 +246,12 @@ def _perturbation_section(table: Sequence[perturbations.AxisRow], whose: str) ->
     return f"\n## Perturbations{whose}\n\n{perturbations.EXPLANATION}\n\n{perturbations.markdown(table)}\n"
 
 
-def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str]) -> str:
+def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str], matrix: bool) -> str:
     waiting = f"\nNot evaluated yet: {'; '.join(not_evaluated)}.\n" if not_evaluated else ""
     return (
         "\n## Checkpoints\n\n"
         "Every checkpoint on the same episodes; each is compared with the previous one and the baseline "
-        "by McNemar's exact test on the paired successes.\n\n"
+        f"by McNemar's exact test on the paired successes.{CONTROL_NOTE if matrix else ''}\n\n"
         f"{table.markdown()}\n{waiting}\n![success rate by training step](comparison.png)\n"
     )
 

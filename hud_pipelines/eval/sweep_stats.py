@@ -7,7 +7,7 @@ sweep's grade rows; the table module holds what it is and how it is shown.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -32,11 +32,14 @@ def compare_checkpoints(
     baseline: str | None = None,
     alpha: float = 0.05,
     min_effect: float = 0.1,
+    pooled: Collection[str] | None = None,
 ) -> SweepComparison:
     """The sweep table of ``checkpoints`` (in training order), compared with the previous one and ``baseline``.
 
     ``baseline`` is one of the labels (its own ``vs_baseline`` columns stay empty), or ``None`` for no
-    baseline columns.
+    baseline columns. ``pooled``: the tasks the all-tasks row counts (a matrix's control tasks: a
+    perturbed arm has its own row, and pooling it would change what the sweep's verdict means);
+    ``None``: every task.
     """
     sweep = [CheckpointRows(*checkpoint) for checkpoint in checkpoints]
     _check_inputs(sweep, baseline, alpha, min_effect)
@@ -46,14 +49,14 @@ def compare_checkpoints(
         previous = sweep[index - 1].rows if index > 0 else None
         against = None if checkpoint.label == baseline else baseline_rows
         for task in [*_tasks(checkpoint.rows), ALL_TASKS]:
-            mine = _of_task(checkpoint.rows, task)
+            mine = _of_task(checkpoint.rows, task, pooled)
             rows.append(
                 _figures(
                     checkpoint,
                     task,
                     mine,
-                    previous=_versus(mine, previous, task, alpha=alpha, min_effect=min_effect),
-                    baseline=_versus(mine, against, task, alpha=alpha, min_effect=min_effect),
+                    previous=_versus(mine, previous, task, pooled, alpha=alpha, min_effect=min_effect),
+                    baseline=_versus(mine, against, task, pooled, alpha=alpha, min_effect=min_effect),
                 )
             )
     return SweepComparison(rows=rows, baseline=baseline, alpha=alpha, min_effect=min_effect)
@@ -86,17 +89,25 @@ def _tasks(rows: Sequence[GradeRow]) -> list[str]:
     return sorted(first, key=lambda task: (first[task], task))
 
 
-def _of_task(rows: Sequence[GradeRow], task: str) -> list[GradeRow]:
-    return list(rows) if task == ALL_TASKS else [row for row in rows if row.task == task]
+def _of_task(rows: Sequence[GradeRow], task: str, pooled: Collection[str] | None) -> list[GradeRow]:
+    if task != ALL_TASKS:
+        return [row for row in rows if row.task == task]
+    return list(rows) if pooled is None else [row for row in rows if row.task in pooled]
 
 
 def _versus(
-    mine: list[GradeRow], other: Sequence[GradeRow] | None, task: str, *, alpha: float, min_effect: float
+    mine: list[GradeRow],
+    other: Sequence[GradeRow] | None,
+    task: str,
+    pooled: Collection[str] | None,
+    *,
+    alpha: float,
+    min_effect: float,
 ) -> Versus:
     """The paired comparison of ``mine`` with the same task of ``other`` (none without another checkpoint)."""
     if other is None:
         return NO_COMPARISON
-    return Versus.of(compare(mine, _of_task(other, task), alpha=alpha, min_effect=min_effect))
+    return Versus.of(compare(mine, _of_task(other, task, pooled), alpha=alpha, min_effect=min_effect))
 
 
 def _figures(

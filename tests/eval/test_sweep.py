@@ -367,3 +367,10 @@ def test_a_sweep_with_a_matrix_judges_its_candidates_control_tasks(
     [judged] = [c for c in checks if c["name"] == "min_success_rate"]
     assert judged["observed"] == summarize(control).success_rate
     assert judged["description"].startswith("control tasks: 001500: ")
+    base = tmp_path / "out" / "reach_sweep"
+    table = list(csv.DictReader((base / "comparison.csv").read_text().splitlines()))
+    [overall] = [row for row in table if row["checkpoint"] == "001500" and row["task"] == "all"]
+    assert int(overall["episodes"]) == len(control), "the all row counts the control tasks, never the arms"
+    assert float(overall["success_rate"]) == summarize(control).success_rate
+    assert "`all` row counts its control tasks" in (base / "report.md").read_text()
+    assert "all row counts its control tasks" in (base / "report.html").read_text()

@@ -18,7 +18,7 @@ from pathlib import Path
 from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.perturbations import EXPLANATION, HEADERS, AxisRow, cells
+from hud_pipelines.eval.perturbations import CONTROL_NOTE, EXPLANATION, HEADERS, AxisRow, cells
 from hud_pipelines.eval.report import rate_text
 from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
@@ -136,7 +136,7 @@ def render_page(
             + "</header>",
             summary_section(summarize(judged), graded_by, scope)
             if sweep is None
-            else _checkpoints(sweep, not_evaluated),
+            else _checkpoints(sweep, not_evaluated, perturbations is not None),
             graders_section(judged) if sweep is None else "",  # a sweep's checkpoints each have their own page
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
             _checks(checks),
@@ -244,9 +244,10 @@ def _perturbations(table: Sequence[AxisRow], whose: str) -> str:
 </tbody></table></section>"""
 
 
-def _checkpoints(table: SweepComparison, not_evaluated: Sequence[str]) -> str:
+def _checkpoints(table: SweepComparison, not_evaluated: Sequence[str], matrix: bool) -> str:
     """A sweep: each checkpoint's overall figures and verdicts, linked to its own page, and the plot."""
     waiting = f"<p>Not evaluated yet: {escape('; '.join(not_evaluated))}.</p>" if not_evaluated else ""
+    waiting += f"<p>{escape(CONTROL_NOTE.strip().replace('`', ''))}</p>" if matrix else ""
     baseline = f" and baseline {escape(table.baseline)}" if table.baseline else ""
     lines = "\n".join(_checkpoint_row(row) for row in table.overall)
     best = f'<p class="best">{escape(table.conclusion())}</p>' if table.best else ""
