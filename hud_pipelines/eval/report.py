@@ -6,6 +6,7 @@ and on a code host); the Dagster UI's copy carries the plot inline, as a PNG dat
 
 from __future__ import annotations
 
+import html
 import io
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -111,7 +112,7 @@ def render_markdown(
     lines = [
         f"# {pipeline}",
         "",
-        *([description.strip(), ""] if description.strip() else []),
+        *([_no_html(description.strip()), ""] if description.strip() else []),
         *_provenance(rows, run_id),
         *([f"Run configuration overrides the YAML: {_overridden(overrides)}.", ""] if overrides else []),
         f"**Success rate:** {rate_text(total)}",
@@ -134,7 +135,7 @@ def render_markdown(
     told = [(task, (prompts or {})[task]) for task in summarize_by_task(rows) if (prompts or {}).get(task)]
     if told:
         lines += ["", "Task prompts (what the policy was told):", ""]
-        lines += [f"- {task}: {markdown_cell(prompt)}" for task, prompt in told]
+        lines += [f"- {task}: {_no_html(markdown_cell(prompt))}" for task, prompt in told]
     others = other_graders(rows)
     if others:
         lines += [
@@ -223,3 +224,9 @@ def plot_figure(pipeline: str, rows: Sequence[GradeRow]) -> Figure:
     axis.legend(handles=handles, fontsize=6, loc="best", framealpha=0.8)
     figure.tight_layout()
     return figure
+
+
+def _no_html(text: str) -> str:
+    """User text with its markdown kept and any HTML in it shown as text: a renderer passes raw HTML
+    through, and a prompt or description is data, never markup of the report."""
+    return html.escape(text, quote=False)

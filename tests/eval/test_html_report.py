@@ -238,8 +238,8 @@ def test_the_reports_show_the_pipelines_description_and_task_prompts_escaped(
     described = camera_eval.spec.model_copy(update={"description": "Swing <up> & hold", "tasks": tasks})
     steps.report_step(described, outputs)
     markdown = outputs.report_md.read_text()
-    assert "\n\nSwing <up> & hold\n" in markdown, "the YAML says reports show it"
-    assert '- near: swing "up" \\| <fast>' in markdown, "what the policy was told, in a table-safe cell"
+    assert "\n\nSwing &lt;up&gt; &amp; hold\n" in markdown, "the YAML says reports show it, as text, never as HTML"
+    assert '- near: swing "up" \\| &lt;fast&gt;' in markdown, "what the policy was told, in a table-safe cell"
     page = html_path(outputs).read_text()
     assert '<p class="description">Swing &lt;up&gt; &amp; hold</p>' in page
     assert "<th>prompt</th>" in page
