@@ -187,13 +187,27 @@ def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Proble
     if factory is None:
         return refused
     problems = [] if derived else _argument_problems(factory.split_task, spec.sim.args, ("sim", "args"), document)
-    for index, task in enumerate(t for t in spec.tasks if t.variant_of is None):  # the file's own tasks, in order
+    controls = [t for t in spec.tasks if t.variant_of is None]  # the file's own tasks, in order
+    for index, task in zip(_control_positions(document, len(controls)), controls, strict=True):
         problems += _argument_problems(factory.split_task, task.args, ("tasks", index, "args"), document)
         for axis, values in task.matrix.items():  # the tasks a matrix adds change one argument: said at the axis
             where: KeyPath = ("tasks", index, "matrix")
             found = [_argument_problems(factory.split_task, {axis: value}, where, document) for value in values]
             problems += list(dict.fromkeys(problem for each in found for problem in each))
     return problems
+
+
+def _control_positions(document: YamlDocument, count: int) -> list[int]:
+    """Where each of the ``count`` control tasks stands in the file's ``tasks`` list.
+
+    A dumped spec loaded back holds the tasks its matrices added too (each after its control): a
+    problem of the second control is then not at ``tasks[1]``.
+    """
+    data: object = document.data
+    written: object = cast(dict[str, object], data).get("tasks") if isinstance(data, dict) else None
+    items = cast(list[object], written) if isinstance(written, list) else []
+    found = [i for i, item in enumerate(items) if not (isinstance(item, dict) and "variant_of" in item)]
+    return found if len(found) == count else list(range(count))
 
 
 def _argument_problems(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -202,6 +203,27 @@ def test_task_build_arguments_are_sorted_against_the_factory(write_yaml: WriteYa
     ]
     assert "did you mean 'max_episode_steps'?" in problems[0].message
     assert "'num_envs' is set when the sim starts" in problems[1].message
+
+
+def test_a_dumped_spec_with_its_matrix_tasks_written_out_locates_a_tasks_problem_at_its_own_entry(
+    write_yaml: WriteYaml,
+) -> None:
+    written = """\
+        name: args
+        sim: {factory: CartPole-v1}
+        agent: {policy: {kind: random}}
+        tasks:
+          - {name: a, matrix: {sutton_barto_reward: [true]}}
+          - {name: b, args: {max_episode_steps: 10}}
+        """
+    dumped = load_pipeline(write_yaml(written, "written.yaml"))
+    assert [t.name for t in dumped.tasks] == ["a", "a-sutton_barto_reward-true", "b"]
+    document = dumped.model_dump(mode="json", exclude_unset=True)
+    document["tasks"][2]["args"] = {"max_episode_step": 10}
+    path = write_yaml(json.dumps(document, indent=1))
+    with pytest.raises(SpecError) as raised:
+        load_pipeline(path, deep=True)
+    assert [p.path for p in raised.value.problems] == ["tasks[2].args.max_episode_step"], "b is the file's third task"
 
 
 def test_an_existing_contract_must_parse(write_yaml: WriteYaml) -> None:
