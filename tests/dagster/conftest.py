@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from tests.dagster.support import REPO, WritePipeline, pipeline_text
+from tests.dagster.support import REPO, WritePipeline, pipeline_text, sim_label
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def pipelines_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def label(tmp_path: Path) -> str:
     """Marks this test's sim processes (see ``sim_processes``)."""
-    return f"hud-test-{tmp_path.name}"
+    return sim_label(tmp_path)
 
 
 @pytest.fixture

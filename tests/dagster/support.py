@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -34,6 +35,15 @@ def pipeline_text(name: str, label: str, **overrides: Any) -> str:
         else:
             spec[key] = value
     return json.dumps(spec, indent=2)  # JSON is YAML
+
+
+def sim_label(tmp_path: Path) -> str:
+    """A label for one test's sims, unique across the suite's parallel workers.
+
+    Each xdist worker numbers its ``tmp_path`` folders on its own, so two workers running the same
+    test at once get the same folder name: the label holds a digest of the whole path.
+    """
+    return f"hud-test-{tmp_path.name}-{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]}"
 
 
 def sim_processes(label: str) -> list[int]:

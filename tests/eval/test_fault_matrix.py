@@ -25,7 +25,7 @@ from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.recording.events import EpisodeStatus
-from tests.dagster.support import REPO, SIMS, sim_processes
+from tests.dagster.support import REPO, SIMS, sim_label, sim_processes
 
 NUM_ENVS = 2
 GROUP = 2
@@ -184,7 +184,7 @@ def test_every_fault_ends_as_data_with_a_report_and_nothing_left_behind(
 ) -> None:
     monkeypatch.chdir(REPO)
     case = CASES[name]
-    label = f"hud-test-{tmp_path.name}"
+    label = sim_label(tmp_path)
     pipeline = name.replace("/", "_").replace("-", "_")
     path = _pipeline(tmp_path, pipeline, case, label)
     outputs = EvalOutputs(tmp_path / "outputs", pipeline)

@@ -36,7 +36,7 @@ from hud_pipelines.recording import trace_reader, traces
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import last_frame
 from hud_pipelines.spec.loader import load_pipeline_text
-from tests.dagster.support import REPO, SIMS, pipeline_text
+from tests.dagster.support import REPO, SIMS, pipeline_text, sim_label
 
 CAMERA = f"{REPO / 'envs' / 'camera_pendulum.py'}:camera_pendulum"
 DEADLINE_MS = 15_000
@@ -409,7 +409,7 @@ def test_the_report_asset_links_to_the_page_and_shows_the_key_figures(tmp_path: 
 
     # 5 steps never reach the threshold: 0 of 6, where the interval's low end used to print as 2.8e-17
     path = tmp_path / "nought.yaml"
-    path.write_text(pipeline_text("nought", f"hud-test-{tmp_path.name}", group=3, max_steps=5))
+    path.write_text(pipeline_text("nought", sim_label(tmp_path), group=3, max_steps=5))
     defs = definitions_for_file(path, outputs_dir=tmp_path / "outputs", project_dir=REPO)
     with dg.DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("nought").execute_in_process(instance=instance, raise_on_error=False)
