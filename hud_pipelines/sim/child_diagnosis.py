@@ -33,9 +33,13 @@ child_log = logging.getLogger("hud_pipelines.sim.child")
 STDERR_TAIL_LINES = 100
 STACKS_SIGNAL = signal.SIGUSR1
 """On this signal a sim child writes the stack of every thread to stderr (faulthandler, set up first thing)."""
-STACKS_WAIT_S = 1.5
-"""How long a hung child gets to write its stacks before it is killed."""
+STACKS_WAIT_S = 5.0
+"""How long a hung child gets to write its stacks before it is killed (spent only on a hung sim)."""
+STACKS_SETTLE_S = 0.3
+"""Without the main thread's last frame seen, the stacks are taken as complete once unchanged this long."""
 STACK_HEADER = "(most recent call first)"
+MAIN_THREAD_END = "in _run_module_as_main"
+"""The main thread's outermost frame (``python -m``); faulthandler writes the main thread last."""
 RENDERER_FRAME = re.compile(r"render|egl|osmesa|glfw|opengl|\bgl\b|mujoco.*context", re.IGNORECASE)
 RENDERER_HINT = (
     "the sim seems stuck in its renderer ({frame}): offscreen rendering needs a working EGL (`apt-get install "
@@ -113,14 +117,19 @@ class ChildDiagnosis:
             os.kill(popen.pid, STACKS_SIGNAL)
         except ProcessLookupError:
             return False
-        deadline = time.monotonic() + STACKS_WAIT_S
+        started = time.monotonic()
         seen: list[str] = []
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
+        changed = started
+        while (now := time.monotonic()) < started + STACKS_WAIT_S:
+            time.sleep(0.05)
             lines = list(self.tail)
-            if lines == seen and any(STACK_HEADER in line for line in lines):
+            header = next((i for i, line in enumerate(lines) if STACK_HEADER in line), None)
+            if header is not None and any(MAIN_THREAD_END in line for line in lines[header:]):
+                return True  # the main thread, written last, is complete
+            if lines != seen:
+                seen, changed = lines, now
+            elif header is not None and now - changed >= STACKS_SETTLE_S:
                 return True  # the stacks arrived and nothing more is coming
-            seen = lines
         return any(STACK_HEADER in line for line in seen)
 
     def stuck_hint(self, env: Mapping[str, str]) -> str | None:

@@ -26,11 +26,11 @@ def _left(factory: str) -> list[int]:
 def test_a_sim_stuck_rendering_at_start_up_fails_in_its_deadline_naming_the_frame_and_what_to_install() -> None:
     factory = f"{HUNG}:hangs_rendering_at_start"
     started = time.monotonic()
-    with pytest.raises(SimStartError) as caught:
-        SimProcess.spawn(factory, startup_timeout_s=3.0, env={"MUJOCO_GL": "egl"})
-    assert time.monotonic() - started < 3.0 + 5.0, "the deadline, the stacks and the kill: seconds, not minutes"
+    with pytest.raises(SimStartError) as caught:  # 6 s: a loaded machine's imports must reach the factory first
+        SimProcess.spawn(factory, startup_timeout_s=6.0, env={"MUJOCO_GL": "egl"})
+    assert time.monotonic() - started < 6.0 + 7.0, "the deadline, the stacks and the kill: seconds, not minutes"
     message = str(caught.value)
-    assert "did not become ready within 3 s" in message
+    assert "did not become ready within 6 s" in message
     assert "create_offscreen_gl_context" in message, "the stack the main thread was stuck in"
     assert "the sim seems stuck in its renderer" in message
     assert "libegl1 libegl-mesa0 libgl1-mesa-dri" in message
