@@ -68,7 +68,9 @@ def test_the_idle_hook_runs_while_idle_and_between_busy_jobs() -> None:
     executor = MainThreadExecutor(idle_hook=lambda: calls.append(time.monotonic()), idle_interval_s=0.01)
     worker = threading.Thread(target=executor.run_forever)
     worker.start()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5.0  # a loaded machine may take its time; an idle executor calls it soon
+    while len(calls) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
     idle_calls = len(calls)
     for _ in range(30):  # a steady stream of 5 ms jobs must not starve the hook
         executor.submit(lambda: time.sleep(0.005))
