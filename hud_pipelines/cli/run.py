@@ -103,7 +103,7 @@ def run_pipeline(
     kept = 0
     if spec.is_sweep:
         from hud_pipelines.dagster import sweeps
-        from hud_pipelines.dagster.deployment import deployed_spec
+        from hud_pipelines.dagster.deployed import deployed_spec
 
         with dg.DagsterInstance.get() as instance:
             tags, labels, waiting = sweeps.run_tags(instance, spec, ordered, checkpoints=checkpoints, rerun=rerun)

@@ -47,17 +47,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
 
-from hud_pipelines.dagster.resources import (
-    AGENT,
-    CONTRACT,
-    GRADERS,
-    RESOURCE_TYPES,
-    SIM,
-    effective_spec,
-    pipeline_resources,
-)
+from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, RESOURCE_TYPES, SIM
 from hud_pipelines.errors import DeploymentError
-from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import closest, did_you_mean
 
 DEPLOYMENT_ENV = "HUD_PIPELINES_DEPLOYMENT"
@@ -369,16 +360,6 @@ def for_pipeline(deployment: Deployment, pipeline: str) -> dict[str, dict[str, A
     every = deployment.get(EVERY_PIPELINE, {})
     own = deployment.get(pipeline, {})
     return {part: {**every.get(part, {}), **own.get(part, {})} for part in PARTS if part in every or part in own}
-
-
-def deployed_spec(spec: PipelineSpec, project_dir: Path) -> PipelineSpec:
-    """``spec`` as a run of it is configured: the deployment file's fields over the YAML's.
-
-    What a run judges its results by (a result of another configuration is not current), so what
-    the CLI counts as kept before the run starts must be judged the same way.
-    """
-    parts = pipeline_resources(spec, project_dir=project_dir, deployment=for_pipeline(load_deployment(), spec.name))
-    return effective_spec(spec, parts.sim, parts.contract, parts.agent, parts.graders)
 
 
 def _value(value: Any) -> Any:

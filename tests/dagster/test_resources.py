@@ -179,6 +179,31 @@ def test_a_bad_deployment_file_is_refused_naming_the_file_and_key(tmp_path: Path
         load_deployment(typed)
 
 
+def test_a_pipeline_as_deployed_reads_its_env_fields_now_and_names_one_that_is_not_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.dagster.deployed import deployed_spec
+    from hud_pipelines.errors import DeploymentError
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    spec = load_pipeline_text(
+        json.dumps({"name": "a", "sim": {"factory": "CartPole-v1"}, "agent": {"policy": {"kind": "random"}}}),
+        source=tmp_path / "a.yaml",
+    )
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("pipelines:\n  a: {sim: {factory: null, url: {env: SIM_URL}, token: {env: SIM_TOKEN}}, agent: {horizon: 3}}\n")
+    monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
+    monkeypatch.setenv("SIM_URL", "ws://127.0.0.1:9")
+    monkeypatch.setenv("SIM_TOKEN", "secret")
+    deployed = deployed_spec(spec, tmp_path)
+    assert deployed.sim.url == "ws://127.0.0.1:9", "the variable's value, not its name"
+    assert deployed.agent.horizon == 3
+    assert deployed.rollout_hash != spec.rollout_hash
+    monkeypatch.delenv("SIM_URL")
+    with pytest.raises(DeploymentError, match=r"pipelines\.a\.sim\.url: environment variable SIM_URL is not set"):
+        deployed_spec(spec, tmp_path)
+
+
 def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_closest_name(
     tmp_path: Path,
     write_pipeline: WritePipeline,
