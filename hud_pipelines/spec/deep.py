@@ -153,20 +153,25 @@ def misspelled_baselines(spec: PipelineSpec, labels: Sequence[str] | None = None
     known = list(labels or ())
     found: list[tuple[int, str]] = []
     for index, check in baselines:
-        alike = [label for label in known if not _other_step(check.baseline, label)]
-        hint = did_you_mean(check.baseline, alike) if check.baseline not in known else ""
+        hint = (
+            "" if check.baseline in known or _later_step(check.baseline, known) else did_you_mean(check.baseline, known)
+        )
         if hint and not spec.resolve_path(check.baseline).exists():
             message = f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(known)}"
             found.append((index, message))
     return found
 
 
-def _other_step(baseline: str, label: str) -> bool:
-    """Whether the two name different steps of one naming (``002000`` and ``001500``, ``step_900`` and
-    ``step_500``): a checkpoint not saved yet, never a typo of a saved one."""
-    if _STEP_NUMBER.sub("#", baseline) != _STEP_NUMBER.sub("#", label):
-        return False
-    return [int(n) for n in _STEP_NUMBER.findall(baseline)] != [int(n) for n in _STEP_NUMBER.findall(label)]
+def _later_step(baseline: str, labels: Sequence[str]) -> bool:
+    """Whether ``baseline`` names a step after every saved one of its naming (``002000`` while ``001500`` is
+    the last): a checkpoint not saved yet, never a typo of a saved one."""
+    naming = _STEP_NUMBER.sub("#", baseline)
+    saved = [_numbers(label) for label in labels if _STEP_NUMBER.sub("#", label) == naming]
+    return bool(saved) and naming != baseline and _numbers(baseline) > max(saved)
+
+
+def _numbers(label: str) -> list[int]:
+    return [int(n) for n in _STEP_NUMBER.findall(label)]
 
 
 _STEP_NUMBER = re.compile(r"\d+")

@@ -264,6 +264,7 @@ def test_validate_finds_a_baseline_label_one_typo_from_a_checkpoints_and_leaves_
     cases = [
         (labels[0], True),
         (labels[0][:-1] + "O", False),  # one edit away: a misspelled label
+        (labels[0][:-1] + "1", False),  # a digit off, before the last saved step: misspelled too
         ("final", True),  # not saved yet, maybe: the run's check says so if it never comes
         (f"{int(labels[-1]) + 1:0{len(labels[-1])}d}", True),  # a later step: one edit away, but not saved yet
         (str(tmp_path / "baseline.json"), True),  # grades an earlier step may write
