@@ -384,7 +384,7 @@ def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
         f"  {result.pairs} paired episodes ({result.unpaired} left out): both succeeded {result.both_succeeded}, "
         f"only the candidate {result.only_candidate}, only the baseline {result.only_baseline}, "
         f"neither {result.neither}",
-        f"  success difference {result.success_difference:+.1%} (95% CI {low:+.1%} to {high:+.1%})",
+        f"  success difference {result.success_difference:+.1%} ({1 - result.alpha:.0%} CI {low:+.1%} to {high:+.1%})",
     ]
     if result.score_difference is not None and result.score_interval is not None:
         score_low, score_high = result.score_interval

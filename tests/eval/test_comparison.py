@@ -139,6 +139,9 @@ def test_hud_pipelines_compare_reads_two_grade_files(tmp_path: Path, capsys: pyt
     assert report["pairs"] == 30
     assert main(["compare", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "--fail-if-worse"]) == 1
     assert "worse" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--alpha", "0.01"]) == 0
+    interval = paired_difference_interval(12, 0, 30, 0.01)
+    assert f"(99% CI {interval[0]:+.1%} to {interval[1]:+.1%})" in capsys.readouterr().out, "the interval it prints"
 
     elsewhere = [dataclasses.replace(row, seed=row.seed + 100) for row in baseline]  # other seeds: no pair
     (tmp_path / "c.json").write_text(json.dumps([r.as_dict() for r in elsewhere]))
