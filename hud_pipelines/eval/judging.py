@@ -38,10 +38,12 @@ def headline_rows(spec: PipelineSpec, rows: Sequence[GradeRow]) -> tuple[str, li
     The control tasks, as the YAML's checks judge them; of a sweep, its candidate checkpoint's. The
     report, the HTML page and the Dagster UI's grades figures all state this one rate.
     """
-    scope, judged = "", control_rows(spec, rows)
-    if len(judged) != len(rows):  # a rate pooled over other configurations would mean nothing
-        scope = "control tasks; each perturbation against its control below"
-    if spec.is_sweep:  # one rate over several weights means nothing: the headline is the candidate's
-        label = sweep.candidate_label(rows)
-        scope, judged = f"candidate checkpoint {label}", [row for row in judged if row.checkpoint == label]
-    return scope, judged
+    judged = control_rows(spec, rows)
+    matrix = len(judged) != len(rows)  # a rate pooled over other configurations would mean nothing
+    if not spec.is_sweep:
+        return ("control tasks; each perturbation against its control below" if matrix else ""), judged
+    label = sweep.candidate_label(judged)  # one rate over several weights means nothing: the candidate's, as checked
+    if label is None:
+        return "no checkpoint evaluated yet", []
+    scope = f"candidate checkpoint {label}" + (", control tasks" if matrix else "")
+    return scope, [row for row in judged if row.checkpoint == label]

@@ -33,7 +33,7 @@ from hud_pipelines.eval.graders import grader_text
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import all_verdicts, headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
-from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_rows, control_tasks, has_matrix, perturbation_table
+from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_tasks, has_matrix, perturbation_table
 from hud_pipelines.eval.report import render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
@@ -376,7 +376,7 @@ def evaluate(
         published = dataset_step(effective, outputs, project_dir=project, run_id=run_id)
     return Evaluation(
         rows=rows,
-        summary=summarize(control_rows(effective, rows)),
+        summary=summarize(headline_rows(effective, rows)[1]),
         results=results,
         outputs=outputs,
         dataset=published,

@@ -174,7 +174,8 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
 ) -> None:
     monkeypatch.chdir(REPO)
     spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
-    evaluate(spec, outputs_dir=tmp_path / "out")
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert evaluation.summary.scheduled == 2, "evaluate()'s headline is the candidate's, as the report's"
     page = browser.new_page()
     try:
         page.goto((tmp_path / "out" / "reach_sweep" / "report.html").as_uri())
