@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
-from hud_pipelines.eval.checks import CheckVerdict, success_signal_warning
+from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, success_signal_warning
 from hud_pipelines.eval.configuration import (
     claim_served_sim,
     current_rollout_hash,
@@ -125,8 +125,13 @@ def report_step(
     run_id: str | None = None,
     rollout_hash: str | None = None,
     dataset: Path | None = None,
+    checkpoint_of_sweep: bool = False,
 ) -> ReportFiles:
     """``report.md`` with its plot ``report.png`` beside it, and ``report.html`` (episodes, videos, plots).
+
+    ``checkpoint_of_sweep``: the page of one checkpoint of a sweep, whose YAML checks judge the sweep's
+    candidate on the sweep's page (a ``no_regression`` baseline there is a checkpoint's label): this
+    page has the built-in checks.
 
     Written for every run that started, failed instances included: the checks' verdicts are part of
     it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
@@ -143,11 +148,13 @@ def report_step(
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
-    checks = all_verdicts(spec, rows)
+    checks = builtin_verdicts(rows) if checkpoint_of_sweep else all_verdicts(spec, rows)
     members = _members(spec, outputs, rollout_hash) if spec.is_sweep else []
     for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = _member_dataset(dataset, member.label)
-        report_step(member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder)
+        report_step(
+            member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder, checkpoint_of_sweep=True
+        )
     seeded = seed_warning(outputs, rollout_hash or current_rollout_hash(spec, outputs))
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
     prompts = {task.name: task.prompt for task in spec.tasks if task.prompt}

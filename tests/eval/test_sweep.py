@@ -173,9 +173,16 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, browser: Any
 ) -> None:
     monkeypatch.chdir(REPO)
-    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    gate = [{"kind": "no_regression", "baseline": "000500"}]
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1, checks=gate)
     evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
     assert evaluation.summary.scheduled == 2, "evaluate()'s headline is the candidate's, as the report's"
+    [judged] = [check for check in evaluation.checks if check.name == "no_regression"]
+    assert "cannot be read" not in judged.description, judged.description
+    for label in ("000500", "001500"):  # a checkpoint's own page: the sweep's gate is judged on the sweep's page
+        own = (tmp_path / "out" / "reach_sweep" / "checkpoints" / label / "report.md").read_text()
+        assert "no_regression" not in own
+        assert "instances_completed" in own
     page = browser.new_page()
     try:
         page.goto((tmp_path / "out" / "reach_sweep" / "report.html").as_uri())
