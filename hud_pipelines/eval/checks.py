@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval.comparison import Verdict, compare, read_result_set
+from hud_pipelines.eval.comparison import Verdict, compare
 from hud_pipelines.eval.grades import GradeRow, one_line, summarize
+from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.envs import SUCCESS_KEYS
 from hud_pipelines.spec.grading import (

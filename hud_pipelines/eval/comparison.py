@@ -35,14 +35,14 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
-from hud_pipelines.spec.problems import did_you_mean
 
 BOOTSTRAP_SAMPLES = 4000
 BOOTSTRAP_SEED = 20261201
@@ -296,61 +296,6 @@ def _sort_key(key: EpisodeId) -> tuple[str, int, int, int]:
 
 
 # -- the command ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ResultSet:
-    """The rows of one side of a comparison, and what they are."""
-
-    rows: list[GradeRow]
-    where: str
-    checkpoint: str | None = None
-    """The sweep checkpoint the rows are, where the file held several (its candidate unless one was named)."""
-    checkpoints: tuple[str, ...] = ()
-    """Every checkpoint the file held, in its order."""
-
-    @property
-    def name(self) -> str:
-        if self.checkpoint is None:
-            return self.where
-        return f"{self.where} (checkpoint {self.checkpoint} of {len(self.checkpoints)})"
-
-
-def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint: str | None = None) -> ResultSet:
-    """Grade rows from a ``grades.json``, a directory holding one, or a pipeline name under the outputs root.
-
-    A sweep's file holds every checkpoint's rows of the same episodes: one side of a comparison is one
-    checkpoint, ``checkpoint`` or else the sweep's candidate (the last one of the table, as its checks
-    judge), never a mix in which one checkpoint's rows would silently stand for the others.
-    """
-    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
-
-    path = Path(where)
-    if path.is_dir():
-        path = path / "grades.json"
-    elif not path.exists():
-        path = EvalOutputs((outputs_root or default_outputs_root()).resolve(), where).grades_json
-    if not path.is_file():
-        raise HudPipelinesError(
-            f"no grades at {path} (give a grades.json, an outputs/<name> folder or a pipeline name)"
-        )
-    try:
-        loaded: object = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise HudPipelinesError(f"{path}: not a grades file ({exc})") from exc
-    if not isinstance(loaded, list):
-        raise HudPipelinesError(f"{path}: expected a list of grade rows")
-    rows = [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
-    labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
-    if checkpoint is None and len(labels) < 2:
-        return ResultSet(rows, where)
-    chosen = checkpoint or labels[-1]
-    if chosen not in labels:
-        raise HudPipelinesError(
-            f"{path} has no checkpoint {chosen!r}{did_you_mean(chosen, labels)}; its checkpoints: "
-            f"{', '.join(labels) or 'none (not a sweep)'}"
-        )
-    return ResultSet([row for row in rows if row.checkpoint == chosen], where, chosen, labels)
 
 
 def run_compare(args: argparse.Namespace) -> int:

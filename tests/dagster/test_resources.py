@@ -191,7 +191,9 @@ def test_a_pipeline_as_deployed_reads_its_env_fields_now_and_names_one_that_is_n
         source=tmp_path / "a.yaml",
     )
     deployment = tmp_path / "deployment.yaml"
-    deployment.write_text("pipelines:\n  a: {sim: {factory: null, url: {env: SIM_URL}, token: {env: SIM_TOKEN}}, agent: {horizon: 3}}\n")
+    deployment.write_text(
+        "pipelines:\n  a: {sim: {factory: null, url: {env: SIM_URL}, token: {env: SIM_TOKEN}}, agent: {horizon: 3}}\n"
+    )
     monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
     monkeypatch.setenv("SIM_URL", "ws://127.0.0.1:9")
     monkeypatch.setenv("SIM_TOKEN", "secret")

@@ -94,6 +94,12 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     assert check.description.startswith("control tasks: ")
     assert evaluation.summary == summarize(control), "evaluate()'s headline is the control's"
     assert "reach_matrix (control tasks;" in (tmp_path / "out" / "reach_matrix" / "report.md").read_text()
+    folder = str(tmp_path / "out" / "reach_matrix")
+    capsys.readouterr()
+    assert main(["compare", folder, folder, "--json"]) == 0  # compare's sides are what no_regression judges
+    compared = json.loads(capsys.readouterr().out)
+    assert compared["pairs"] == len(control)
+    assert compared["candidate"] == f"{folder} (control tasks; 2 perturbed task(s) left out)"
     page = (tmp_path / "out" / "reach_matrix" / "report.html").read_text()
     headline = page[page.index('<section id="summary">') :].split("</section>", 1)[0]
     assert f"{check.observed:.1%}" in headline, "the page's headline is report.md's: the control tasks"

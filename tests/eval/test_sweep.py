@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from hud_pipelines.errors import CheckpointError
-from hud_pipelines.eval.comparison import compare, read_result_set
+from hud_pipelines.eval.comparison import compare
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.spec.loader import load_pipeline_text
 from hud_pipelines.spec.models import PipelineSpec

@@ -1,0 +1,91 @@
+"""One side of a comparison: the grade rows of a run, of one checkpoint of a sweep, of a matrix's control tasks.
+
+``compare`` and the ``no_regression`` check read their sides here, so a side is never a mix: a sweep's
+file holds every checkpoint's rows (one is taken, named), and a matrix's perturbed tasks run other
+configurations (their rows are left out, as the pipeline's checks leave them out, and counted).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.spec.problems import did_you_mean
+
+
+@dataclass(frozen=True)
+class ResultSet:
+    """The rows of one side of a comparison, and what they are."""
+
+    rows: list[GradeRow]
+    where: str
+    checkpoint: str | None = None
+    """The sweep checkpoint the rows are, where the file held several (its candidate unless one was named)."""
+    checkpoints: tuple[str, ...] = ()
+    """Every checkpoint the file held, in its order."""
+    arms: int = 0
+    """Perturbed tasks (a matrix's) left out: a side is its control tasks, as the pipeline's checks judge."""
+
+    @property
+    def name(self) -> str:
+        named = (
+            self.where
+            if self.checkpoint is None
+            else f"{self.where} (checkpoint {self.checkpoint} of {len(self.checkpoints)})"
+        )
+        return f"{named} (control tasks; {self.arms} perturbed task(s) left out)" if self.arms else named
+
+
+def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint: str | None = None) -> ResultSet:
+    """Grade rows from a ``grades.json``, a directory holding one, or a pipeline name under the outputs root.
+
+    A sweep's file holds every checkpoint's rows of the same episodes: one side of a comparison is one
+    checkpoint, ``checkpoint`` or else the sweep's candidate (the last one of the table, as its checks
+    judge), never a mix in which one checkpoint's rows would silently stand for the others.
+    """
+    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+
+    path = Path(where)
+    if path.is_dir():
+        path = path / "grades.json"
+    elif not path.exists():
+        path = EvalOutputs((outputs_root or default_outputs_root()).resolve(), where).grades_json
+    if not path.is_file():
+        raise HudPipelinesError(
+            f"no grades at {path} (give a grades.json, an outputs/<name> folder or a pipeline name)"
+        )
+    try:
+        loaded: object = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HudPipelinesError(f"{path}: not a grades file ({exc})") from exc
+    if not isinstance(loaded, list):
+        raise HudPipelinesError(f"{path}: expected a list of grade rows")
+    rows = [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
+    arms = _perturbed_tasks(path.with_name("perturbations.json"))
+    rows = [row for row in rows if row.task not in arms]
+    labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
+    if checkpoint is None and len(labels) < 2:
+        return ResultSet(rows, where, arms=len(arms))
+    chosen = checkpoint or labels[-1]
+    if chosen not in labels:
+        raise HudPipelinesError(
+            f"{path} has no checkpoint {chosen!r}{did_you_mean(chosen, labels)}; its checkpoints: "
+            f"{', '.join(labels) or 'none (not a sweep)'}"
+        )
+    return ResultSet([row for row in rows if row.checkpoint == chosen], where, chosen, labels, len(arms))
+
+
+def _perturbed_tasks(table: Path) -> set[str]:
+    """The matrix tasks of the perturbations table beside a grades file (none without one)."""
+    if not table.is_file():
+        return set()
+    try:
+        entries: object = json.loads(table.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HudPipelinesError(f"{table}: not a perturbations table ({exc})") from exc
+    listed = cast(list[object], entries) if isinstance(entries, list) else []
+    return {str(e["task"]) for e in (cast(dict[str, Any], e) for e in listed if isinstance(e, dict)) if e.get("axis")}
