@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hud_pipelines.errors import Fault
 from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import (
     GradeRow,
@@ -177,14 +178,18 @@ def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:
     """Which runs the rows come from: this run's count first, then each earlier run's."""
     runs: dict[str, int] = {}
     for row in rows:
-        runs[row.run_id or "unknown"] = runs.get(row.run_id or "unknown", 0) + 1
+        if row.run_id or row.fault is not Fault.NOT_RUN:  # a row no run produced is not an earlier run's
+            runs[row.run_id or "unknown"] = runs.get(row.run_id or "unknown", 0) + 1
+    never = len(rows) - sum(runs.values())
+    pending = f"{never} row(s) not run yet" if never else ""
     if run_id is None:
-        return [f"Rows from run(s): {', '.join(f'{r} ({n})' for r, n in runs.items())}.", ""]
+        ran = [f"Rows from run(s): {', '.join(f'{r} ({n})' for r, n in runs.items())}"] if runs else []
+        return ["; ".join([*ran, *([pending] if pending else [])]) + ".", ""]
     mine = runs.pop(run_id, 0)
     line = f"Run `{run_id}` produced {mine} of the {len(rows)} rows"
     if runs:
-        line += "; the others come from earlier runs: " + ", ".join(f"`{r}` ({n})" for r, n in runs.items())
-    return [line + ".", ""]
+        line += "; earlier runs produced: " + ", ".join(f"`{r}` ({n})" for r, n in runs.items())
+    return [line + (f"; {pending}" if pending else "") + ".", ""]
 
 
 def render_plot(pipeline: str, rows: Sequence[GradeRow]) -> bytes:

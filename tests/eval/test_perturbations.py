@@ -132,3 +132,14 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli"), *partition]) == 0
     out = capsys.readouterr().out
     assert f"from earlier runs, control tasks: success rate {check.observed:.1%}" in out, out
+
+    fresh = ["--outputs", str(tmp_path / "fresh")]  # a partial first run: the others are not run, not earlier runs'
+    assert main(["run", str(path), "--quiet", *fresh, *partition]) == 0
+    rows = json.loads((tmp_path / "fresh" / "reach_matrix" / "grades.json").read_text())
+    never = sum(1 for row in rows if row["fault"] == "not_run")
+    assert 0 < never < len(rows)
+    assert f"all {len(rows)} rows, with 0 from earlier runs and {never} not run yet" in capsys.readouterr().out
+    report = (tmp_path / "fresh" / "reach_matrix" / "report.md").read_text()
+    never_control = sum(1 for row in rows if row["fault"] == "not_run" and row["task"] == "reach")
+    assert f"; {never_control} row(s) not run yet." in report, "the headline's rows, the control tasks'"
+    assert "earlier runs" not in report
