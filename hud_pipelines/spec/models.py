@@ -139,8 +139,9 @@ class PipelineSpec(StrictModel):
 
     @field_validator("tasks")
     @classmethod
-    def _name_tasks(cls, tasks: list[TaskSpec]) -> list[TaskSpec]:
-        return expand_tasks(tasks)
+    def _name_tasks(cls, tasks: list[TaskSpec], info: ValidationInfo) -> list[TaskSpec]:
+        sim = info.data.get("sim")  # validated before the tasks (declared first); absent when it failed
+        return expand_tasks(tasks, sim.args if isinstance(sim, SimSpec) else None)
 
     @field_validator("graders")
     @classmethod

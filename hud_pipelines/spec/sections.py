@@ -8,6 +8,7 @@ is :mod:`hud_pipelines.spec.sim_section`, graders and checks are :mod:`hud_pipel
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ class TaskSpec(StrictModel):
         """The tasks ``matrix`` adds: one per (argument, value), one argument changed at a time."""
         return [
             TaskSpec(
-                name=f"{self.name}-{axis}-{_value_name(value)}",
+                name=f"{self.name}-{_value_name(axis)}-{_value_name(value)}",
                 seed=self.seed,
                 options=self.options,
                 args={**self.args, axis: value},
@@ -128,7 +129,7 @@ class TaskSpec(StrictModel):
         ]
 
 
-def expand_tasks(tasks: list[TaskSpec]) -> list[TaskSpec]:
+def expand_tasks(tasks: list[TaskSpec], sim_args: Mapping[str, Any] | None = None) -> list[TaskSpec]:
     """Name the tasks (``task<i>``) and add each matrix's tasks right after its control.
 
     A spec validated again (a dumped spec loaded back) holds the tasks its matrices added: each is
@@ -155,11 +156,12 @@ def expand_tasks(tasks: list[TaskSpec]) -> list[TaskSpec]:
         for axis, values in control.matrix.items():
             if not values:
                 raise spec_rule(f"{index}.matrix.{axis}", "no values: give the values to try, or remove the axis")
-            if axis in control.args and any(value == control.args[axis] for value in values):
+            own = {**(sim_args or {}), **control.args}  # the control's build arguments: sim.args under its own
+            if axis in own and any(value == own[axis] for value in values):
+                whose = "control's own" if axis in control.args else "control's (from sim.args)"
                 raise spec_rule(
                     f"{index}.matrix.{axis}",
-                    f"{control.args[axis]!r} is the control's own value of {axis!r}: "
-                    "that arm would be the control again",
+                    f"{own[axis]!r} is the {whose} value of {axis!r}: that arm would be the control again",
                 )
         for variant in control.variants():
             assert variant.variant_of is not None

@@ -42,6 +42,9 @@ def test_a_matrix_adds_one_task_per_value_with_the_controls_seeds(tmp_path: Path
     again = spec.with_sections(group=2)  # re-validated: the matrix is not expanded twice
     assert [t.name for t in again.tasks] == [t.name for t in spec.tasks]
     assert control.variant_of is None
+    capital = _spec(tmp_path, tasks=[{"name": "reach", "seed": 7, "matrix": {"maxReach": [2]}}])
+    assert [t.name for t in capital.tasks] == ["reach", "reach-maxreach-2"], "an axis spelled in capitals names a task"
+    assert capital.tasks[1].args == {"maxReach": 2}
 
 
 def test_the_per_axis_table_pairs_each_value_with_the_control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
