@@ -166,11 +166,13 @@ def expand_tasks(tasks: list[TaskSpec], sim_args: Mapping[str, Any] | None = Non
         for variant in control.variants():
             assert variant.variant_of is not None
             if variant.name in owners:
+                owner = owners[variant.name]
                 raise spec_rule(
                     f"{index}.matrix.{variant.variant_of.axis}",
-                    f"the matrix adds task {variant.name!r}, a name {owners[variant.name]}",
+                    f"the matrix adds task {variant.name!r}, a name {owner}"
+                    + (" (two values with one name)" if owner == f"tasks[{index}]'s matrix adds already" else ""),
                 )
-            owners[variant.name] = f"tasks[{index}]'s matrix adds already (two values with one name)"
+            owners[variant.name] = f"tasks[{index}]'s matrix adds already"
             expanded.append(variant)
     return expanded
 
