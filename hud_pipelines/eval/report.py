@@ -6,8 +6,8 @@ and on a code host); the Dagster UI's copy carries the plot inline, as a PNG dat
 
 from __future__ import annotations
 
-import html
 import io
+import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -233,5 +233,11 @@ def plot_figure(pipeline: str, rows: Sequence[GradeRow]) -> Figure:
 
 def _no_html(text: str) -> str:
     """User text with its markdown kept and any HTML in it shown as text: a renderer passes raw HTML
-    through, and a prompt or description is data, never markup of the report."""
-    return html.escape(text, quote=False)
+    through, and a prompt or description is data, never markup of the report. Only a ``<`` opens a
+    tag, so only it is escaped, outside code spans (which show their text as is) and autolinks."""
+    return "".join(part if part.startswith("`") else _TAG_OPENER.sub("&lt;", part) for part in _CODE_SPAN.split(text))
+
+
+_CODE_SPAN = re.compile(r"(`+[^`]*?`+)")
+_TAG_OPENER = re.compile(r"<(?![a-zA-Z][a-zA-Z0-9+.-]*://[^\s<>]*>)")
+"""A ``<`` that does not start an autolink (``<https://...>``)."""

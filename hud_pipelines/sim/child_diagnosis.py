@@ -122,6 +122,9 @@ class ChildDiagnosis:
         changed = started
         while (now := time.monotonic()) < started + STACKS_WAIT_S:
             time.sleep(0.05)
+            if popen.poll() is not None:  # it died (a signal it could not take): what it wrote is all there is
+                self._drain_stderr(exited=True)
+                return any(STACK_HEADER in line for line in self.tail)
             lines = list(self.tail)
             header = next((i for i, line in enumerate(lines) if STACK_HEADER in line), None)
             if header is not None and any(MAIN_THREAD_END in line for line in lines[header:]):

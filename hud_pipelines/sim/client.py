@@ -221,8 +221,10 @@ class SimClient(Closeable):
         self._session.fail(f"{phase} timed out")
         # The child's stacks are taken before the connection drops: its serving thread is then idle, and
         # faulthandler walking a thread that runs Python at the same time can crash the child mid-dump.
-        self._on_timeout()
-        self._link.abort()  # a late reply must never be read as the answer to a later request
+        try:
+            self._on_timeout()
+        finally:
+            self._link.abort()  # a late reply must never be read as the answer to a later request
         return SimTimeoutError(
             f"the sim at {self.url} did not answer {phase} within {timeout_s:g} s; it is presumed hung"
             f"{self._diagnosis()}",

@@ -235,13 +235,19 @@ def test_the_reports_show_the_pipelines_description_and_task_prompts_escaped(
     shutil.copytree(camera_eval.outputs.base, outputs.base)
     near, far = camera_eval.spec.tasks
     tasks = [near.model_copy(update={"prompt": 'swing "up" | <fast>'}), far]
-    described = camera_eval.spec.model_copy(update={"description": "Swing <up> & hold", "tasks": tasks})
+    description = "Swing <up> & hold, `x < 5`, see <https://example.org/a>"
+    described = camera_eval.spec.model_copy(update={"description": description, "tasks": tasks})
     steps.report_step(described, outputs)
     markdown = outputs.report_md.read_text()
-    assert "\n\nSwing &lt;up&gt; &amp; hold\n" in markdown, "the YAML says reports show it, as text, never as HTML"
-    assert '- near: swing "up" \\| &lt;fast&gt;' in markdown, "what the policy was told, in a table-safe cell"
+    shown = "\n\nSwing &lt;up> & hold, `x < 5`, see <https://example.org/a>\n"
+    assert shown in markdown, (
+        "the YAML says reports show it, as text (a code span and a link as they are), never as HTML"
+    )
+    assert '- near: swing "up" \\| &lt;fast>' in markdown, "what the policy was told, in a table-safe cell"
     page = html_path(outputs).read_text()
-    assert '<p class="description">Swing &lt;up&gt; &amp; hold</p>' in page
+    assert (
+        '<p class="description">Swing &lt;up&gt; &amp; hold, `x &lt; 5`, see &lt;https://example.org/a&gt;</p>' in page
+    )
     assert "<th>prompt</th>" in page
     assert "<td>swing &quot;up&quot; | &lt;fast&gt;</td>" in page
     assert page.count("<td></td></tr>") >= 1, "a task without a prompt has an empty cell"

@@ -28,8 +28,8 @@ from hud_pipelines.recording.events import EpisodeStatus
 
 HTML_NAME = "report.html"
 ASSETS_DIR = "report_files"
-CONTROL_SCOPE = "Control tasks only: each perturbation is compared with its control under Perturbations"
 """Beside the page: its script and style sheet (copied from the package on every write)."""
+CONTROL_SCOPE = "Control tasks only: each perturbation is compared with its control under Perturbations"
 ASSETS = ("report.js", "report.css")
 DATA_ID = "episode-data"
 
