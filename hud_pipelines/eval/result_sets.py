@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from pydantic import TypeAdapter, ValidationError
+
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.spec.problems import did_you_mean
@@ -84,8 +86,10 @@ def _perturbed_tasks(table: Path) -> set[str]:
     if not table.is_file():
         return set()
     try:
-        entries: object = json.loads(table.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        entries = _TABLE.validate_json(table.read_bytes())
+    except (OSError, ValidationError) as exc:
         raise HudPipelinesError(f"{table}: not a perturbations table ({exc})") from exc
-    listed = cast(list[object], entries) if isinstance(entries, list) else []
-    return {str(e["task"]) for e in (cast(dict[str, Any], e) for e in listed if isinstance(e, dict)) if e.get("axis")}
+    return {str(entry["task"]) for entry in entries if entry.get("axis")}
+
+
+_TABLE = TypeAdapter(list[dict[str, Any]])

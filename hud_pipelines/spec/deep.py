@@ -208,10 +208,8 @@ def _control_positions(document: YamlDocument, count: int) -> list[int]:
     A dumped spec loaded back holds the tasks its matrices added too (each after its control): a
     problem of the second control is then not at ``tasks[1]``.
     """
-    data: object = document.data
-    written: object = cast(dict[str, object], data).get("tasks") if isinstance(data, dict) else None
-    items = cast(list[object], written) if isinstance(written, list) else []
-    found = [i for i, item in enumerate(items) if not (isinstance(item, dict) and "variant_of" in item)]
+    written = sum(1 for path in document.entries if len(path) == 2 and path[0] == "tasks")
+    found = [i for i in range(written) if ("tasks", i, "variant_of") not in document.entries]
     return found if len(found) == count else list(range(count))
 
 
