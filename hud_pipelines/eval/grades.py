@@ -156,6 +156,11 @@ def summarize(rows: Iterable[GradeRow]) -> Summary:
     )
 
 
+def produced_by_no_run(row: GradeRow) -> bool:
+    """A row no run has produced yet (its instance has not run): never counted as an earlier run's."""
+    return not row.run_id and row.fault is Fault.NOT_RUN
+
+
 def summarize_by_task(rows: Sequence[GradeRow]) -> dict[str, Summary]:
     tasks: dict[str, list[GradeRow]] = {}
     for row in rows:

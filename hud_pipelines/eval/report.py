@@ -12,7 +12,6 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hud_pipelines.errors import Fault
 from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import (
     GradeRow,
@@ -21,6 +20,7 @@ from hud_pipelines.eval.grades import (
     later_graders,
     markdown_cell,
     one_line,
+    produced_by_no_run,
     summarize,
     summarize_by_task,
 )
@@ -178,7 +178,7 @@ def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:
     """Which runs the rows come from: this run's count first, then each earlier run's."""
     runs: dict[str, int] = {}
     for row in rows:
-        if row.run_id or row.fault is not Fault.NOT_RUN:  # a row no run produced is not an earlier run's
+        if not produced_by_no_run(row):
             runs[row.run_id or "unknown"] = runs.get(row.run_id or "unknown", 0) + 1
     never = len(rows) - sum(runs.values())
     pending = f"{never} row(s) not run yet" if never else ""
