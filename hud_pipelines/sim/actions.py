@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from hud_pipelines.contract import Feature
 from hud_pipelines.errors import ActionError, ContractError
+from hud_pipelines.sim.slots import every
 from hud_pipelines.wire.codec import is_array
 
 
@@ -144,11 +145,11 @@ class ActionAdapter:
         Discrete rows (already rounded) and rows under :attr:`BoundsMode.ERROR` must lie within the
         bounds (which a NaN never does); clipped continuous rows need only be finite.
         """
-        if not running.all():
+        if not every(running):
             return False
         if self.discrete or self.bounds is BoundsMode.ERROR:
-            return bool(((rows >= self.low) & (rows <= self.high)).all())
-        return bool(np.isfinite(rows).all())
+            return every((rows >= self.low) & (rows <= self.high))
+        return every(np.isfinite(rows))
 
     def _frame(self, action: object, scalar: bool) -> npt.NDArray[Any]:
         """The frame as ``[N, A]``, or an :class:`ActionError` naming what the client sent and what is expected."""

@@ -40,7 +40,7 @@ from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
 from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
 from hud_pipelines.sim.screen import screen_nonfinite
-from hud_pipelines.sim.slots import SlotBatch
+from hud_pipelines.sim.slots import SlotBatch, every, some
 from hud_pipelines.sim.tasks import read_tasks, refuse_shared_seed, task_prompt
 from hud_pipelines.wire.messages import Observation, SlotError
 
@@ -258,7 +258,7 @@ class GymBridge:
         for slot, reason in refused.items():
             self.slots.fail(slot, reason)
         running = self.slots.running()
-        if not running.any():  # every running row was refused: the env is not stepped at all
+        if not some(running):  # every running row was refused: the env is not stepped at all
             return self._observation(seq, np.zeros(self.num_envs), copy=copy, errors=errors)
         try:
             tick = envs.step(self._actions.to_env(rows, batched=self.vectorized), running, self._obs)
@@ -271,6 +271,10 @@ class GymBridge:
             raise EnvFault(
                 Phase.STEP, f"env.step raised {type(exc).__name__}: {exc}", slot=None, formatted=traceback.format_exc()
             ) from exc
+        if not refused and not tick.errors and self._all_finite(tick.reward):  # the usual tick
+            self.slots.record_step(tick.reward, tick.terminated, tick.truncated, tick.success, running)
+            reward = tick.reward if every(running) else np.where(running, tick.reward, 0.0)
+            return self._observation(seq, reward, copy=copy)
         stepped = running.copy()
         raised = {
             slot: f"{_last_line(formatted)} ({self._where(slot, stepping=True)})"
@@ -350,9 +354,9 @@ class GymBridge:
 
     def _all_finite(self, reward: npt.NDArray[np.float64] | None) -> bool:
         """Whether every float observation and the whole reward (``None``: a reset) are finite."""
-        if reward is not None and not np.isfinite(reward).all():
+        if reward is not None and not every(np.isfinite(reward)):
             return False
-        return all(np.isfinite(self._obs[key]).all() for key in self._float_features)
+        return all(every(np.isfinite(self._obs[key])) for key in self._float_features)
 
     def _observation(
         self,

@@ -29,7 +29,7 @@ reply read while waiting for a later request is kept until its caller asks for i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.closing import Closeable
@@ -88,8 +88,12 @@ class SimClient(Closeable):
         self._link = link if link is not None else self._connect(token, max_frame_bytes, connect_timeout_s)
         try:
             self._send(self._session.hello(), "handshake", connect_timeout_s)
-            with self._aborting_on_violation():
-                self.hello: ServerHello = self._session.receive_hello(self._receive("handshake", connect_timeout_s))
+            frame = self._receive("handshake", connect_timeout_s)
+            try:
+                self.hello: ServerHello = self._session.receive_hello(frame)
+            except WireError:  # the sim broke the protocol: the connection can no longer be trusted
+                self._link.abort()
+                raise
             self.contract = Contract.model_validate(self.hello.contract)
         except BaseException:
             self._session.fail("the handshake failed")
@@ -179,19 +183,16 @@ class SimClient(Closeable):
         """The reply to request ``seq``: replies arrive in request order, earlier ones are kept."""
         while (reply := self._session.take(seq)) is None:
             frame = self._receive(phase, timeout_s)
-            with self._aborting_on_violation():
+            try:
                 self._session.receive(frame)
+            except WireError:  # the sim broke the protocol: the connection can no longer be trusted
+                self._link.abort()
+                raise
         return reply
 
     def _expect[R: Observation | Result](self, reply: Reply, kind: type[R]) -> R:
-        with self._aborting_on_violation():
-            return self._session.expect(reply, kind)
-
-    @contextlib.contextmanager
-    def _aborting_on_violation(self) -> Generator[None]:
-        """The sim broke the protocol (the session is broken now): drop the connection, it can no longer be trusted."""
         try:
-            yield
+            return self._session.expect(reply, kind)
         except WireError:
             self._link.abort()
             raise

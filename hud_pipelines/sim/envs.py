@@ -28,6 +28,7 @@ import numpy.typing as npt
 from hud_pipelines.contract import Contract
 from hud_pipelines.contract.observations import flatten_observation, is_mapping, leaves, observation_row, to_numpy
 from hud_pipelines.errors import ContractError, TaskArgumentError
+from hud_pipelines.sim.slots import every
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,7 @@ class VectorEnvs(SlotEnvs):
     def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
         observation, reward, terminated, truncated, info = self.env.step(to_env_action(actions, self.device))
         flat = flatten_observation(observation)
-        if active.all():
+        if every(active):
             self.write(out, flat, slice(None), "step")
         else:  # finished slots keep their final observation: autoreset data never reaches them
             if not self._scratch:

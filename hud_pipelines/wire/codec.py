@@ -26,7 +26,6 @@ non-native byte orders).
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import Any, NamedTuple, TypeGuard, cast
 
@@ -163,23 +162,31 @@ def _encode_openpi(obj: object) -> object:
 
 
 def decode_array(fields: dict[str, Any]) -> npt.NDArray[Any]:
-    """Rebuild an array from its wire fields, checking dtype, shape and byte length first."""
-    dtype, native = _wire_dtype(fields.get("dtype", "<missing>"))
-    shape_field: object = fields.get("shape")
+    """Rebuild an array from its wire fields, checking dtype, shape and byte length first.
+
+    Written for the per-frame path (every observation carries several small arrays): a known dtype
+    spelling is one dict lookup, and the shape is checked and multiplied out in one pass.
+    """
+    name: object = fields.get("dtype", "<missing>")
+    known = _WIRE_DTYPES.get(name) if type(name) is str else None
+    dtype, native = known if known is not None else _wire_dtype(name)
+    dims: object = fields.get("shape")
     data: object = fields.get("data")
-    if not _is_list(shape_field):
-        raise WireError(f"array shape must be a list of at most {MAX_NDIM} ints, got {shape_field!r}")
-    dims = shape_field
-    if len(dims) > MAX_NDIM:
-        raise WireError(f"array has {len(dims)} dimensions, at most {MAX_NDIM} are allowed")
+    if not _is_list(dims) or len(dims) > MAX_NDIM:
+        raise WireError(
+            f"array has {len(dims)} dimensions, at most {MAX_NDIM} are allowed"
+            if _is_list(dims)
+            else f"array shape must be a list of at most {MAX_NDIM} ints, got {dims!r}"
+        )
+    expected = dtype.itemsize
     shape: list[int] = []
     for dim in dims:
         if type(dim) is not int or dim < 0:  # a bool is an int subclass: refused too
             raise WireError(f"array shape must hold non-negative ints, got {dims!r}")
+        expected *= dim
         shape.append(dim)
     if not isinstance(data, bytes | bytearray):
         raise WireError(f"array data must be binary, got {type(data).__name__}")
-    expected = math.prod(shape) * dtype.itemsize
     if len(data) != expected:
         raise WireError(
             f"array of shape {tuple(shape)} and dtype {dtype.str} needs {expected} bytes, the frame carries {len(data)}"

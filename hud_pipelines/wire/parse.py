@@ -99,7 +99,8 @@ class _Fields:
             raise WireError(f"a frame must be a msgpack map, got {type(frame).__name__}")
         self.raw = frame
         self.kind = kind or str(frame.get("type"))
-        if not all(key in allowed or key == "type" for key in frame):
+        outside = frame.keys() - allowed  # one set operation: this runs for every frame
+        if outside and not (len(outside) == 1 and "type" in outside):
             unknown = sorted(set(map(str, frame)) - allowed - {"type"})
             raise WireError(f"{self.kind!r} frame has unknown keys {unknown}; allowed: {sorted(allowed)}")
 
@@ -122,7 +123,9 @@ class _Fields:
         if framing is Framing.SCALAR:
             value = self.get(key, BOOL) if dtype is np.bool_ else self.get(key, NUMBER)
             return np.asarray([value], dtype=dtype)
-        array = self.get(key, ARRAY)
+        array: object = self.raw.get(key)
+        if not is_array(array):
+            array = self.get(key, ARRAY)  # raises, naming the key
         if array.ndim != 1 or (num_slots is not None and array.shape[0] != num_slots):
             raise WireError(f"{self.kind!r} frame: {key!r} must have shape [N={num_slots}], got {list(array.shape)}")
         return array.astype(dtype, copy=False)
