@@ -10,6 +10,7 @@ import io
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.eval.checks import CheckVerdict
@@ -44,6 +45,27 @@ TITLE_CHARACTER_WIDTH = 0.6
 
 
 PLOT_ALT = "per-slot outcomes"
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What an eval's report says beside its rows, whichever format renders it (report.md, report.html).
+
+    ``run_id`` is the run writing the report: the rows that earlier runs produced are counted apart,
+    so nobody reads them as this run's. ``warnings`` follow the rate, after what it counts
+    (``graded_by``: the deciding grader in words, since "success" means one thing in one benchmark
+    and another elsewhere). ``prompts``: each task's prompt (what the policy was told).
+    """
+
+    checks: Sequence[CheckVerdict] = ()
+    run_id: str | None = None
+    overrides: Mapping[str, object] = field(default_factory=dict[str, object])
+    """What the run configuration overrode of the YAML."""
+    warnings: Sequence[str] = ()
+    graded_by: str = ""
+    description: str = ""
+    """The pipeline's own words, shown under its name."""
+    prompts: Mapping[str, str] = field(default_factory=dict[str, str])
 
 
 def success_interval(summary: Summary) -> tuple[float, float]:
@@ -88,37 +110,29 @@ def _number(value: float | None) -> str:
 
 
 def render_markdown(
-    pipeline: str,
-    rows: Sequence[GradeRow],
-    plot: str | None = None,
-    *,
-    checks: Sequence[CheckVerdict] = (),
-    run_id: str | None = None,
-    overrides: Mapping[str, object] | None = None,
-    warnings: Sequence[str] = (),
-    graded_by: str = "",
-    description: str = "",
-    prompts: Mapping[str, str] | None = None,
+    pipeline: str, rows: Sequence[GradeRow], plot: str | None = None, context: ReportContext | None = None
 ) -> str:
-    """The report as markdown, under the pipeline's ``description``; ``plot`` is where its image is (a path
-    beside the report, or a ``data:`` URI where no file can be linked); ``warnings`` follow the rate,
-    after what it counts (``graded_by``: the deciding grader in words, since "success" means one thing
-    in one benchmark and another elsewhere).
-
-    ``prompts``: each task's prompt (what the policy was told), listed under the task table.
-    ``checks`` are listed with their verdicts; with ``run_id`` (the run writing the report) the rows
-    that earlier runs produced are counted apart, so nobody reads them as this run's.
+    """The report as markdown; ``plot`` is where its image is (a path beside the report, or a ``data:``
+    URI where no file can be linked). The checks are listed with their verdicts, each task's prompt
+    under the task table.
     """
+    context = context or ReportContext()
+    description, overrides, warnings, prompts = (
+        context.description,
+        context.overrides,
+        context.warnings,
+        context.prompts,
+    )
     total = summarize(rows)
     lines = [
         f"# {pipeline}",
         "",
         *([_no_html(description.strip()), ""] if description.strip() else []),
-        *_provenance(rows, run_id),
+        *_provenance(rows, context.run_id),
         *([f"Run configuration overrides the YAML: {_overridden(overrides)}.", ""] if overrides else []),
         f"**Success rate:** {rate_text(total)}",
         "",
-        *([f"Graded by {graded_by}.", ""] if graded_by else []),
+        *([f"Graded by {context.graded_by}.", ""] if context.graded_by else []),
         *(line for warning in warnings for line in (f"**Warning:** {warning}.", "")),
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
         f"errored {total.errored} (error rate {total.error_rate:.1%}; errors are not failures).",
@@ -133,7 +147,7 @@ def render_markdown(
             f"| {task} | {summary.scheduled} | {summary.succeeded} | {summary.failed} | {summary.errored} | "
             f"{rate_text(summary)} | {_number(summary.mean_return)} |"
         )
-    told = [(task, (prompts or {})[task]) for task in summarize_by_task(rows) if (prompts or {}).get(task)]
+    told = [(task, prompts[task]) for task in summarize_by_task(rows) if prompts.get(task)]
     if told:
         lines += ["", "Task prompts (what the policy was told):", ""]
         lines += [f"- {task}: {_no_html(markdown_cell(prompt))}" for task, prompt in told]
@@ -149,9 +163,9 @@ def render_markdown(
             "|---|---|---:|",
             *(f"| {name} | {rate_text(summary)} | {_number(summary.mean_score)} |" for name, summary in others),
         ]
-    if checks:
+    if context.checks:
         lines += ["", "## Checks", "", "| check | verdict | blocking | details |", "|---|---|---|---|"]
-        for verdict in checks:
+        for verdict in context.checks:
             passed = "passed" if verdict.passed else "**FAILED**"
             details = markdown_cell(verdict.description)
             lines.append(f"| {verdict.name} | {passed} | {'yes' if verdict.blocking else 'no'} | {details} |")

@@ -34,7 +34,7 @@ from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import all_verdicts, headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_tasks, has_matrix, perturbation_table
-from hud_pipelines.eval.report import render_markdown, render_plot
+from hud_pipelines.eval.report import ReportContext, render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
 from hud_pipelines.eval.rows import collect_rows, current_results
@@ -157,19 +157,17 @@ def report_step(
         )
     seeded = seed_warning(outputs, rollout_hash or current_rollout_hash(spec, outputs))
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
-    prompts = {task.name: task.prompt for task in spec.tasks if task.prompt}
-    markdown = render_markdown(
-        title,
-        headline,
-        plot=outputs.report_png.name,  # a file beside the report: readable in a terminal, shown by a viewer
+    context = ReportContext(
         checks=checks,
         run_id=run_id,
         overrides=overrides,
         warnings=warned,
         graded_by=grader_text(spec.graders[0]),
         description=spec.description or "",
-        prompts=prompts,
+        prompts={task.name: task.prompt for task in spec.tasks if task.prompt},
     )
+    # the plot is a file beside the report: readable in a terminal, shown by a viewer
+    markdown = render_markdown(title, headline, outputs.report_png.name, context)
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     not_evaluated = sweep.not_evaluated(spec, outputs) if table is not None else []
     if table is not None:
@@ -183,19 +181,13 @@ def report_step(
         spec.name,
         rows,
         outputs,
-        checks=checks,
-        run_id=run_id,
-        overrides=overrides,
+        context,
         sweep=table,
         dataset=dataset if spec.dataset_enabled else None,
         repo_id=spec.dataset_repo_id,
         perturbations=studied,
         members={m.label: m.outputs for m, _ in members} if spec.is_sweep else None,
-        warnings=warned,
-        graded_by=grader_text(spec.graders[0]),
         not_evaluated=not_evaluated,
-        description=spec.description or "",
-        prompts=prompts,
         headline=headline,
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder

@@ -57,6 +57,10 @@ class CheckpointRows(NamedTuple):
     rows: Sequence[GradeRow]
 
 
+NO_PAIRS = "no paired episodes"
+"""A comparison's outcome when the two sides share no answered episode."""
+
+
 @dataclass(frozen=True)
 class Versus:
     """A row's paired comparison with another checkpoint; every field ``None`` when there is none to make."""
@@ -89,10 +93,18 @@ class Versus:
             min_effect=comparison.min_effect,
         )
 
+    @property
+    def outcome(self) -> str:
+        """The verdict in words: ``""`` with nothing to compare, ``no paired episodes`` when the two
+        checkpoints share no answered episode (the test's "no difference" there says nothing)."""
+        if self.verdict is None:
+            return ""
+        return self.verdict.value if self.pairs else NO_PAIRS
+
     def columns(self, prefix: str) -> dict[str, Any]:
         """The flat columns: ``vs_<prefix>`` for the verdict, ``<prefix>_<field>`` for the rest."""
         return {
-            f"vs_{prefix}": None if self.verdict is None else self.verdict.value,
+            f"vs_{prefix}": self.outcome or None,
             **{f"{prefix}_{f.name}": getattr(self, f.name) for f in fields(self) if f.name != "verdict"},
         }
 
@@ -100,7 +112,7 @@ class Versus:
     def from_columns(cls, prefix: str, row: dict[str, Any]) -> Versus:
         verdict = row[f"vs_{prefix}"]
         return cls(
-            verdict=None if verdict is None else Verdict(verdict),
+            verdict=None if verdict is None else Verdict.NO_DIFFERENCE if verdict == NO_PAIRS else Verdict(verdict),
             **{f.name: row[f"{prefix}_{f.name}"] for f in fields(cls) if f.name != "verdict"},
         )
 
@@ -324,7 +336,7 @@ class SweepComparison:
             return sentence + "; it is the baseline."
         versus = row.versus_baseline
         if not versus.pairs:
-            return sentence + f"; vs baseline {self.baseline}: no paired episodes."
+            return sentence + f"; vs baseline {self.baseline}: {NO_PAIRS}."
         return sentence + f"; vs baseline {self.baseline}: {versus.verdict} ({versus.diff:+.1%}, p={versus.p:.3g})."
 
 
@@ -353,7 +365,7 @@ def _versus_cell(versus: Versus) -> str:
     if versus.verdict is None:
         return ""
     if not versus.pairs or versus.diff is None or versus.p is None:
-        return "no paired episodes"
+        return NO_PAIRS
     text = f"{versus.verdict} {versus.diff:+.1%} (p={versus.p:.3g}, {versus.pairs} pairs"
     if versus.verdict is Verdict.NO_DIFFERENCE and versus.episodes_needed is not None:
         effect = "" if versus.min_effect is None else f" to detect a {versus.min_effect:.0%} difference at 80% power"

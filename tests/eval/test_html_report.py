@@ -30,7 +30,7 @@ from hud_pipelines.eval import steps
 from hud_pipelines.eval.checks import verdicts
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.report import plot_figure, render_markdown, success_interval
+from hud_pipelines.eval.report import ReportContext, plot_figure, render_markdown, success_interval
 from hud_pipelines.eval.report_html import html_path
 from hud_pipelines.recording import trace_reader, traces
 from hud_pipelines.recording.events import EpisodeStatus
@@ -479,7 +479,7 @@ def test_report_md_keeps_one_table_row_per_check_when_a_reason_spans_lines() -> 
         _row(2, EpisodeStatus.FAILED),
     ]
     checks = verdicts([], rows)
-    markdown = render_markdown("p", rows, checks=checks)
+    markdown = render_markdown("p", rows, context=ReportContext(checks=checks))
     table = markdown.split("## Checks\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert len(table) == 2 + len(checks), table  # header, rule, a row per check
     assert all(line.startswith("|") and line.endswith("|") for line in table)
@@ -520,9 +520,8 @@ def test_the_page_names_every_run_and_override_and_escapes_what_runs_wrote(tmp_p
         for row, run in zip(rows, ["run-new", "run-new", "run-old"], strict=True)
     ]
     outputs = EvalOutputs(tmp_path, "literal")
-    page = write_html_report(
-        "literal", rows, outputs, run_id="run-new", overrides={"max_steps": 7, "agent.policy.seed": hostile}
-    ).path
+    context = ReportContext(run_id="run-new", overrides={"max_steps": 7, "agent.policy.seed": hostile})
+    page = write_html_report("literal", rows, outputs, context).path
     text = page.read_text()
     assert "<code>run-new</code> (this run): 2 of 3 rows" in text
     assert "<code>run-old</code>: 1 of 3 rows" in text

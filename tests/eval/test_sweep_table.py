@@ -236,6 +236,12 @@ def test_a_checkpoint_without_an_answered_episode_has_no_rates_and_breaks_nothin
     assert SweepComparison.from_json(table.to_json()) == table
     assert "n/a (no answered episode, 48 errored)" in table.markdown()
     assert "vs baseline broken: no paired episodes" in table.conclusion()
+    written = {(line["checkpoint"], line["task"]): line for line in csv.DictReader(io.StringIO(table.to_csv()))}
+    for label in ("broken", "000300"):  # no pairs: the test's "no difference" would say nothing
+        assert written[label, ALL_TASKS]["vs_previous"] == "no paired episodes"
+        assert written[label, ALL_TASKS]["previous_pairs"] == "0"
+    assert written["000100", ALL_TASKS]["vs_previous"] == "", "nothing to compare with"
+    assert "no detectable difference" not in table.markdown()
     assert _is_png(table.plot(tmp_path / "broken.png"))
 
 

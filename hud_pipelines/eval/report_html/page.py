@@ -19,11 +19,11 @@ from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, EXPLANATION, HEADERS, AxisRow, cells
-from hud_pipelines.eval.report import rate_text
+from hud_pipelines.eval.report import ReportContext, rate_text
 from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
 from hud_pipelines.eval.report_html.summary import graders_section, number, summary_section
-from hud_pipelines.eval.sweep_table import SweepComparison, SweepRow
+from hud_pipelines.eval.sweep_table import SweepComparison, SweepRow, Versus
 from hud_pipelines.recording.events import EpisodeStatus
 
 HTML_NAME = "report.html"
@@ -50,23 +50,17 @@ def write_html_report(
     pipeline: str,
     rows: Sequence[GradeRow],
     outputs: EvalOutputs,
+    context: ReportContext | None = None,
     *,
-    checks: Sequence[CheckVerdict] = (),
-    run_id: str | None = None,
-    overrides: Mapping[str, object] | None = None,
     sweep: SweepComparison | None = None,
     dataset: Path | None = None,
     repo_id: str = "",
     perturbations: tuple[Sequence[AxisRow], str] | None = None,
     members: Mapping[str, EvalOutputs] | None = None,
-    warnings: Sequence[str] = (),
-    graded_by: str = "",
     not_evaluated: Sequence[str] = (),
-    description: str = "",
-    prompts: Mapping[str, str] | None = None,
     headline: Sequence[GradeRow] | None = None,
 ) -> HtmlReport:
-    """Write ``report.html`` and its assets under ``outputs/<name>/``.
+    """Write ``report.html`` and its assets under ``outputs/<name>/``; ``context`` is what report.md says too.
 
     A sweep's page shows its checkpoints side by side (the comparison and its plot), each linked to
     its own page, and every checkpoint's episodes with a checkpoint filter (``members``: each
@@ -84,16 +78,10 @@ def write_html_report(
         pipeline,
         rows,
         views,
-        checks=checks,
-        run_id=run_id,
-        overrides=overrides or {},
+        context or ReportContext(),
         sweep=sweep,
         perturbations=perturbations,
-        warnings=warnings,
-        graded_by=graded_by,
         not_evaluated=not_evaluated,
-        description=description,
-        prompts=prompts or {},
         headline=headline,
     )
     partial = page.with_suffix(".html.partial")
@@ -113,19 +101,14 @@ def render_page(
     pipeline: str,
     rows: Sequence[GradeRow],
     views: Sequence[EpisodeView],
+    context: ReportContext,
     *,
-    checks: Sequence[CheckVerdict],
-    run_id: str | None,
-    overrides: Mapping[str, object],
     sweep: SweepComparison | None = None,
     perturbations: tuple[Sequence[AxisRow], str] | None = None,
-    warnings: Sequence[str] = (),
-    graded_by: str = "",
     not_evaluated: Sequence[str] = (),
-    description: str = "",
-    prompts: Mapping[str, str] | None = None,
     headline: Sequence[GradeRow] | None = None,
 ) -> str:
+    description = context.description
     judged = rows if headline is None else headline
     scope = "" if len(judged) == len(rows) else CONTROL_SCOPE
     title = escape(f"{pipeline}: eval report")
@@ -134,14 +117,14 @@ def render_page(
             f"<header><h1>{escape(pipeline)}</h1>"
             + (f'<p class="description">{escape(description.strip())}</p>' if description.strip() else "")
             + "</header>",
-            summary_section(summarize(judged), graded_by, scope)
+            summary_section(summarize(judged), context.graded_by, scope)
             if sweep is None
             else _checkpoints(sweep, not_evaluated, perturbations is not None),
             graders_section(judged) if sweep is None else "",  # a sweep's checkpoints each have their own page
-            *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in warnings),
-            _checks(checks),
-            _provenance(rows, run_id, overrides),
-            _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else (), prompts or {}),
+            *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in context.warnings),
+            _checks(context.checks),
+            _provenance(rows, context.run_id, context.overrides),
+            _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else (), context.prompts),
             _perturbations(*perturbations) if perturbations is not None else "",
             _episodes(views),
         ]
@@ -274,8 +257,8 @@ def _checkpoint_row(row: SweepRow) -> str:
         str(row.failed),
         str(row.errored),
         escape(_rate(row.success_rate, row.ci_low, row.ci_high)),
-        escape(_verdict(row.versus_previous.verdict, row.versus_previous.diff, row.versus_previous.p)),
-        escape(_verdict(row.versus_baseline.verdict, row.versus_baseline.diff, row.versus_baseline.p)),
+        escape(_verdict(row.versus_previous)),
+        escape(_verdict(row.versus_baseline)),
     ]
     return "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
 
@@ -284,10 +267,10 @@ def _rate(rate: float | None, low: float | None, high: float | None) -> str:
     return "n/a" if rate is None or low is None or high is None else f"{rate:.1%} ({low:.1%}-{high:.1%})"
 
 
-def _verdict(verdict: object, diff: float | None, p: float | None) -> str:
-    if verdict is None:
-        return ""
-    return f"{verdict}" if diff is None or p is None else f"{verdict} {diff:+.1%} (p={p:.3g})"
+def _verdict(versus: Versus) -> str:
+    if not versus.pairs or versus.diff is None or versus.p is None:
+        return versus.outcome
+    return f"{versus.outcome} {versus.diff:+.1%} (p={versus.p:.3g})"
 
 
 # -- episodes --------------------------------------------------------------------------------------------
