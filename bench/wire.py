@@ -11,7 +11,9 @@ Each repeat times the in-process loop and then the served loop back to back and 
 (served throughput / in-process throughput), so both see the same machine load; the table reports
 medians over repeats, the median round trip of one served frame, and the CPU time per env-step of
 the in-process loop and of both served processes together (the served overhead in CPU, which is
-what counts on a machine whose cores are busy with other work).
+what counts on a machine whose cores are busy with other work). ``own us/tick`` is the Python work
+the process shape adds per tick without its transport: the same loop through the real client and
+server sessions, codec and bridge in this process (``SimClient.in_process``) minus the plain loop.
 
 CartPole is driven by a balancing rule computed from the observation on both sides (so episodes do
 not end at once); Pendulum and the camera sim get the same random torques.
@@ -41,6 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from envs.camera_pendulum import camera_pendulum  # noqa: E402
+from hud_pipelines.sim.bridge import GymBridge  # noqa: E402
+from hud_pipelines.sim.client import SimClient  # noqa: E402
 from hud_pipelines.sim.process import SimProcess  # noqa: E402
 from hud_pipelines.wire.messages import Framing  # noqa: E402
 
@@ -163,6 +167,29 @@ def time_served(sim: SimProcess, config: Config, policy: Callable[[int, Array], 
     return env_steps / elapsed, statistics.median(trips) * 1000, used / env_steps * 1e6
 
 
+def time_own_work(config: Config, policy: Callable[[int, Array], Array]) -> float:
+    """Microseconds per tick of the same loop through the wire in this process: the real client and
+    server sessions, codec and bridge over ``SimClient.in_process`` (no socket, no second process).
+    Minus the in-process loop's time per tick, it is the Python work the process shape adds, without
+    the transport and the wake-ups."""
+    bridge = GymBridge(config.factory, config.num_envs, build_args=config.build_args())
+    bridge.start()
+    tasks = [{"seed": slot} for slot in range(config.num_envs)]
+    try:
+        client = SimClient.in_process(bridge)
+        reply = client.reset(tasks)
+        for step in range(10):
+            reply = client.step(policy(step, reply.observation["state"]))
+        started = time.perf_counter()
+        for step in range(config.steps):
+            if "running" not in reply.status:
+                reply = client.reset(tasks)
+            reply = client.step(policy(step, reply.observation["state"]))
+        return (time.perf_counter() - started) / config.steps * 1e6
+    finally:
+        bridge.close()
+
+
 @dataclass
 class Row:
     config: Config
@@ -172,6 +199,8 @@ class Row:
     trip_ms: float
     cpu_in_process_us: float
     cpu_served_us: float
+    own_work_us: float
+    """Per tick: the in-process wire loop minus the plain loop (see :func:`time_own_work`)."""
 
 
 def measure(config: Config, repeats: int) -> Row:
@@ -185,10 +214,12 @@ def measure(config: Config, repeats: int) -> Row:
         trips: list[float] = []
         cpu_local: list[float] = []
         cpu_served: list[float] = []
+        own: list[float] = []
         for _ in range(repeats):
             rate, cpu = time_in_process(env, config, policy)
             local.append(rate)
             cpu_local.append(cpu)
+            own.append(time_own_work(config, policy) - config.num_envs / rate * 1e6)
             rate, trip, cpu = time_served(sim, config, policy)
             served.append(rate)
             trips.append(trip)
@@ -199,7 +230,14 @@ def measure(config: Config, repeats: int) -> Row:
         env.close()
     median = statistics.median
     return Row(
-        config, median(local), median(served), median(ratios), median(trips), median(cpu_local), median(cpu_served)
+        config,
+        median(local),
+        median(served),
+        median(ratios),
+        median(trips),
+        median(cpu_local),
+        median(cpu_served),
+        median(own),
     )
 
 
@@ -236,7 +274,7 @@ def main() -> int:
     rows: list[Row] = []
     header = (
         f"{'sim':<10}{'N':>4}{'camera':>8}{'in-process/s':>15}{'served/s':>12}{'ratio':>8}{'round trip ms':>15}"
-        f"{'CPU us/step':>13}{'served CPU':>12}"
+        f"{'CPU us/step':>13}{'served CPU':>12}{'own us/tick':>13}"
     )
     print(header)
     print("-" * len(header))
@@ -248,7 +286,8 @@ def main() -> int:
         camera = "96x96x3" if config.camera else "-"
         print(
             f"{config.name:<10}{config.num_envs:>4}{camera:>8}{row.in_process:>15,.0f}{row.served:>12,.0f}"
-            f"{row.ratio:>8.2f}{row.trip_ms:>15.2f}{row.cpu_in_process_us:>13.1f}{row.cpu_served_us:>12.1f}",
+            f"{row.ratio:>8.2f}{row.trip_ms:>15.2f}{row.cpu_in_process_us:>13.1f}{row.cpu_served_us:>12.1f}"
+            f"{row.own_work_us:>13.1f}",
             flush=True,
         )
     spawn_times = [] if args.only else spawn_to_first_observation(args.repeats)
@@ -258,6 +297,7 @@ def main() -> int:
             f"(runs: {', '.join(f'{t:.2f}' for t in spawn_times)})"
         )
     summary: dict[str, Any] = {f"ratio_{row.config.key}": round(row.ratio, 3) for row in rows}
+    summary |= {f"own_work_us_{row.config.key}": round(row.own_work_us, 1) for row in rows}
     if spawn_times:
         summary["spawn_to_first_observation_s"] = round(statistics.median(spawn_times), 3)
     print(json.dumps(summary))
