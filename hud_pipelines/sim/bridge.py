@@ -39,7 +39,7 @@ from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, TaskArgumen
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
 from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
-from hud_pipelines.sim.screen import screen_nonfinite
+from hud_pipelines.sim.screen import all_finite, screen_nonfinite
 from hud_pipelines.sim.slots import SlotBatch, every, some
 from hud_pipelines.sim.tasks import read_tasks, refuse_shared_seed, task_prompt
 from hud_pipelines.wire.messages import Observation, SlotError
@@ -271,7 +271,9 @@ class GymBridge:
             raise EnvFault(
                 Phase.STEP, f"env.step raised {type(exc).__name__}: {exc}", slot=None, formatted=traceback.format_exc()
             ) from exc
-        if not refused and not tick.errors and self._all_finite(tick.reward):  # the usual tick
+        if (
+            not refused and not tick.errors and all_finite(self._obs, self._float_features, tick.reward)
+        ):  # the usual tick
             self.slots.record_step(tick.reward, tick.terminated, tick.truncated, tick.success, running)
             reward = tick.reward if every(running) else np.where(running, tick.reward, 0.0)
             return self._observation(seq, reward, copy=copy)
@@ -342,7 +344,7 @@ class GymBridge:
         Returns the slots whose observation was not finite (flagged on the wire and counted in their
         records) and one error per ended slot, naming the feature (or the reward) and the step.
         """
-        if self._all_finite(reward):  # the usual frame: nothing to screen slot by slot
+        if all_finite(self._obs, self._float_features, reward):  # the usual frame: nothing to screen slot by slot
             return [], []
         found = screen_nonfinite(self._obs, self._float_features, rows, reward, self.slots.steps)
         if found.flagged.any():
@@ -351,12 +353,6 @@ class GymBridge:
             self.slots.fail(slot, reason)
         errors = [SlotError(slot=s, message=m, cause="nonfinite") for s, m in found.reasons.items()]
         return np.flatnonzero(found.flagged).tolist(), errors
-
-    def _all_finite(self, reward: npt.NDArray[np.float64] | None) -> bool:
-        """Whether every float observation and the whole reward (``None``: a reset) are finite."""
-        if reward is not None and not every(np.isfinite(reward)):
-            return False
-        return all(every(np.isfinite(self._obs[key])) for key in self._float_features)
 
     def _observation(
         self,

@@ -88,9 +88,8 @@ class SimClient(Closeable):
         self._link = link if link is not None else self._connect(token, max_frame_bytes, connect_timeout_s)
         try:
             self._send(self._session.hello(), "handshake", connect_timeout_s)
-            frame = self._receive("handshake", connect_timeout_s)
             try:
-                self.hello: ServerHello = self._session.receive_hello(frame)
+                self.hello: ServerHello = self._session.receive_hello(self._receive("handshake", connect_timeout_s))
             except WireError:  # the sim broke the protocol: the connection can no longer be trusted
                 self._link.abort()
                 raise

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hud_pipelines.sim.slots import every
+
 
 @dataclass
 class NonFinite:
@@ -23,6 +25,16 @@ class NonFinite:
     """Slots whose observation holds NaN or infinity."""
     reasons: dict[int, str] = field(default_factory=dict[int, str])
     """Each slot to end, and why (the first non-finite feature, else its reward)."""
+
+
+def all_finite(
+    observation: Mapping[str, npt.NDArray[Any]], float_features: list[str], reward: npt.NDArray[Any] | None
+) -> bool:
+    """Whether every float feature and the whole reward (``None``: a reset) are finite: the usual
+    frame, which then needs no screening slot by slot."""
+    if reward is not None and not every(np.isfinite(reward)):
+        return False
+    return all(every(np.isfinite(observation[key])) for key in float_features)
 
 
 def screen_nonfinite(
