@@ -137,9 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"the checkpoint of a sweep's results to take as the {side} (default: the sweep's candidate)",
         )
     _add_outputs_root(paired, "outputs root for names")
-    paired.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    paired.add_argument("--alpha", type=_open_unit, default=0.05, help="significance level (default 0.05)")
     paired.add_argument(
-        "--min-effect", type=float, default=0.1, help="success difference to size the sample for (default 0.1)"
+        "--min-effect",
+        type=_unit_above_zero,
+        default=0.1,
+        help="success difference to size the sample for (default 0.1)",
     )
     paired.add_argument("--json", action="store_true", help="print the comparison as JSON")
     paired.add_argument(
@@ -151,6 +154,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.set_defaults(handler=_serve)
     return parser
+
+
+def _open_unit(text: str) -> float:
+    """A level strictly between 0 and 1 (``--alpha``)."""
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
+    return value
+
+
+def _unit_above_zero(text: str) -> float:
+    """A difference in ``(0, 1]`` (``--min-effect``)."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
 
 
 def _add_pipeline(parser: argparse.ArgumentParser) -> None:

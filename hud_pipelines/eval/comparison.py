@@ -1,7 +1,9 @@
 """Paired comparison of two result sets on the same episodes: is the candidate better, worse, or can't we tell?
 
 Two evals of the same pipeline (two checkpoints, a change and its baseline) run exactly the same
-(task, instance, slot, seed) episodes, so their outcomes pair up episode by episode. Pairing is what
+episodes, so their outcomes pair up episode by episode: an episode is its task and its seed (where
+it starts), whichever instance and slot ``num_envs`` put it in; rows without a seed pair on their
+task, instance and slot. Pairing is what
 makes small evals informative: an episode both solve or both miss says nothing about the difference;
 only the *discordant* pairs do. The statistics here are the standard ones for that design:
 
@@ -49,8 +51,9 @@ BOOTSTRAP_SEED = 20261201
 Z_80_POWER = NormalDist().inv_cdf(0.8)
 """The standard normal quantile for 80% power."""
 
-EpisodeId = tuple[str, int, int, int | None]
-"""How two result sets pair up: ``(task, instance, slot, seed)``."""
+EpisodeId = tuple[str, int, int, int]
+"""How two result sets pair up: ``(task, seed, -1, -1)``, or ``(task, -1, instance, slot)`` for a row
+without a seed (seeds are never negative)."""
 
 
 class Verdict(StrEnum):
@@ -97,7 +100,7 @@ def pair_rows(
     """The answered episodes both sides share, in a stable order, and how many were left out."""
     theirs = _by_episode(baseline, "baseline")
     mine = _by_episode(candidate, "candidate")
-    shared = sorted(set(mine) & set(theirs), key=_sort_key)
+    shared = sorted(set(mine) & set(theirs))
     pairs = [
         (mine[key], theirs[key])
         for key in shared
@@ -287,12 +290,11 @@ def _percentiles(values: np.ndarray[Any, np.dtype[np.float64]], alpha: float) ->
 
 
 def _episode(row: GradeRow) -> EpisodeId:
-    return (row.task, row.instance, row.slot, row.seed)
-
-
-def _sort_key(key: EpisodeId) -> tuple[str, int, int, int]:
-    task, instance, slot, seed = key
-    return (task, instance, slot, -1 if seed is None else seed)
+    """The episode a row answers: its task and seed, the same whatever ``num_envs`` the eval ran with
+    (slot ``j`` of instance ``i`` gets ``seed + i * num_envs + j``)."""
+    if row.seed is not None:
+        return (row.task, row.seed, -1, -1)
+    return (row.task, -1, row.instance, row.slot)
 
 
 # -- the command ----------------------------------------------------------------------------------------
@@ -304,6 +306,14 @@ def run_compare(args: argparse.Namespace) -> int:
     candidate = read_result_set(args.candidate, outputs_root=outputs, checkpoint=args.candidate_checkpoint)
     baseline = read_result_set(args.baseline, outputs_root=outputs, checkpoint=args.baseline_checkpoint)
     result = compare(candidate.rows, baseline.rows, alpha=args.alpha, min_effect=args.min_effect)
+    pipelines = [sorted({row.pipeline for row in side.rows}) for side in (candidate, baseline)]
+    if pipelines[0] != pipelines[1]:
+        mine, theirs = (", ".join(names) or "no pipeline" for names in pipelines)
+        print(
+            f"note: {candidate.name} holds results of {mine} and {baseline.name} of {theirs}: their episodes "
+            "pair up by task name and seed alone, whatever their sims and graders",
+            file=sys.stderr,
+        )
     if args.json:
         sides = {"candidate": candidate.name, "baseline": baseline.name}
         print(json.dumps({**sides, **result.as_dict()}, indent=1))
@@ -319,6 +329,11 @@ def run_compare(args: argparse.Namespace) -> int:
     return 1 if args.fail_if_worse and result.verdict is Verdict.WORSE else 0
 
 
+def confidence_label(alpha: float) -> str:
+    """``95%`` for ``alpha = 0.05``, ``99.9%`` for 0.001: the level as people write it, never rounded to 100%."""
+    return f"{100 * (1 - alpha):.10g}%"
+
+
 def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
     """The comparison in a few lines for a terminal."""
     if result.pairs == 0:
@@ -329,13 +344,15 @@ def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
         f"  {result.pairs} paired episodes ({result.unpaired} left out): both succeeded {result.both_succeeded}, "
         f"only the candidate {result.only_candidate}, only the baseline {result.only_baseline}, "
         f"neither {result.neither}",
-        f"  success difference {result.success_difference:+.1%} ({1 - result.alpha:.0%} CI {low:+.1%} to {high:+.1%})",
+        f"  success difference {result.success_difference:+.1%} ({confidence_label(result.alpha)} CI {low:+.1%} to "
+        f"{high:+.1%})",
     ]
     if result.score_difference is not None and result.score_interval is not None:
         score_low, score_high = result.score_interval
+        # no resample on the other side of zero: the bootstrap resolves p no finer than that
+        p = f"p < {2 / BOOTSTRAP_SAMPLES:.2g}" if result.score_p == 0 else f"p = {result.score_p:.3g}"
         lines.append(
-            f"  mean score difference {result.score_difference:+.3g} (CI {score_low:+.3g} to {score_high:+.3g}, "
-            f"p = {result.score_p:.3g})"
+            f"  mean score difference {result.score_difference:+.3g} (CI {score_low:+.3g} to {score_high:+.3g}, {p})"
         )
     if result.verdict is Verdict.NO_DIFFERENCE and result.episodes_needed is not None:
         lines.append(

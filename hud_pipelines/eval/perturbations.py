@@ -109,7 +109,7 @@ def perturbation_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[Axi
         for variant in variants:
             assert variant.variant_of is not None
             mine = by_task.get(variant.name, [])
-            twins = [dataclasses.replace(row, task=task.name) for row in mine]  # paired on (instance, slot, seed)
+            twins = [dataclasses.replace(row, task=task.name) for row in mine]  # paired on their seeds
             result = compare(twins, control)
             low, high = result.success_interval or (None, None)
             table.append(

@@ -51,11 +51,16 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
     """
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
 
+    root = (outputs_root or default_outputs_root()).resolve()
     path = Path(where)
     if path.is_dir():
         path = path / "grades.json"
+    elif path.suffix in (".yaml", ".yml") and path.is_file():  # a pipeline file: its results, as `report` finds them
+        from hud_pipelines.spec.loader import declared_name
+
+        path = EvalOutputs(root, declared_name(path)).grades_json
     elif not path.exists():
-        path = EvalOutputs((outputs_root or default_outputs_root()).resolve(), where).grades_json
+        path = EvalOutputs(root, where).grades_json
     if not path.is_file():
         raise HudPipelinesError(
             f"no grades at {path} (give a grades.json, an outputs/<name> folder or a pipeline name)"
@@ -66,7 +71,11 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
         raise HudPipelinesError(f"{path}: not a grades file ({exc})") from exc
     if not isinstance(loaded, list):
         raise HudPipelinesError(f"{path}: expected a list of grade rows")
-    rows = [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
+    try:
+        rows = [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON, but not grade rows
+        why = f"a row has no {exc} field" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise HudPipelinesError(f"{path}: not a grades file ({why})") from exc
     arms = _perturbed_tasks(path.with_name("perturbations.json"))
     rows = [row for row in rows if row.task not in arms]
     labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))

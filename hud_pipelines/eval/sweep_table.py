@@ -1,6 +1,6 @@
 """The sweep table: every checkpoint of a training run, side by side on the same episodes.
 
-A sweep evaluates each checkpoint on exactly the same (task, instance, slot, seed) episodes, so two
+A sweep evaluates each checkpoint on exactly the same (task, seed) episodes, so two
 checkpoints compare episode by episode (see :mod:`hud_pipelines.eval.comparison`) rather than as two
 independent samples. This module is the pure layer over their grade rows that answers "did training
 help, and which checkpoint do we keep?":

@@ -111,10 +111,10 @@ class MinMeanScoreCheck(_Check):
 class NoRegressionCheck(_Check):
     """Fails when this eval is significantly worse than a baseline run on the same episodes.
 
-    The rows pair up by (task, instance, slot, seed) with the baseline's `grades.json`; McNemar's exact
-    test on the paired successes decides. The check fails when the candidate is worse at `confidence`
-    and its success rate dropped by more than `max_drop`; when the data cannot tell, it passes and says
-    how many paired episodes an answer would take.
+    The rows pair up by task and seed (one episode, whatever `num_envs` placed it in) with the
+    baseline's `grades.json`; McNemar's exact test on the paired successes decides. The check fails
+    when the candidate is worse at `confidence` and its success rate dropped by more than `max_drop`;
+    when the data cannot tell, it passes and says how many paired episodes an answer would take.
     """
 
     kind: Literal["no_regression"] = Field(default="no_regression", description="selects this check")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,83 @@ def test_a_sweeps_results_are_compared_one_checkpoint_at_a_time_named(
     assert "has no checkpoint 'step_10' (did you mean 'step_100'?); its checkpoints: step_100, step_200" in error
     with pytest.raises(HudPipelinesError, match="the baseline holds two rows of one episode"):
         compare(good, sweep)
+
+
+def test_one_episode_pairs_up_whatever_num_envs_placed_it_in(tmp_path: Path) -> None:
+    """Seeds 0-19 run as 5 instances of 4 slots and as 10 instances of 2: the same 20 episodes."""
+
+    def ran(num_envs: int, success: Callable[[int], bool]) -> list[GradeRow]:
+        return [
+            dataclasses.replace(_row(seed % num_envs, success(seed)), instance=seed // num_envs, seed=seed)
+            for seed in range(20)
+        ]
+
+    candidate = ran(2, lambda seed: seed < 3)
+    baseline = ran(4, lambda seed: seed < 13)
+    pairs, left_out = pair_rows(candidate, baseline)
+    assert [(a.seed, b.seed) for a, b in pairs] == [(seed, seed) for seed in range(20)]
+    assert left_out == 0
+    result = compare(candidate, baseline)
+    assert (result.pairs, result.only_baseline, result.verdict) == (20, 10, Verdict.WORSE)
+    assert result.mcnemar_p == pytest.approx(stats.binomtest(0, 10, 0.5).pvalue)
+
+    unseeded = [dataclasses.replace(row, seed=None) for row in candidate]  # without seeds: by instance and slot
+    assert len(pair_rows(unseeded, [dataclasses.replace(row, seed=None) for row in candidate])[0]) == 20
+    by_place, left_out = pair_rows(unseeded, [dataclasses.replace(row, seed=None) for row in baseline])
+    assert (len(by_place), left_out) == (10, 20), "instances 0-4, slots 0-1 are in both; the other 10 + 10 are not"
+
+
+def test_compare_refuses_a_level_outside_its_range_and_labels_the_level_it_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    candidate, baseline = _sets([(True, True)] * 10 + [(True, False)] * 12 + [(False, False)] * 8)
+    (tmp_path / "a.json").write_text(json.dumps([r.as_dict() for r in candidate]))
+    (tmp_path / "b.json").write_text(json.dumps([r.as_dict() for r in baseline]))
+    files = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    for flag, value in [("--alpha", "0"), ("--alpha", "1"), ("--alpha", "nan"), ("--min-effect", "0")]:
+        with pytest.raises(SystemExit) as exited:
+            main(["compare", *files, flag, value])
+        assert exited.value.code == 2, "a usage error, not the exit 1 of a worse candidate"
+        assert f"argument {flag}: must be" in capsys.readouterr().err
+    for alpha, label in [("0.001", "99.9% CI"), ("0.025", "97.5% CI"), ("0.05", "95% CI")]:
+        assert main(["compare", *files, "--alpha", alpha]) == 0
+        assert f"({label} " in capsys.readouterr().out, alpha
+
+
+def test_compare_reads_a_pipeline_files_results_and_names_a_json_file_that_holds_no_grades(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    candidate, baseline = _sets([(True, False)] * 12 + [(False, False)] * 8)
+    for name, rows in (("mine", candidate), ("theirs", baseline)):
+        (tmp_path / "outputs" / name).mkdir(parents=True)
+        (tmp_path / "outputs" / name / "grades.json").write_text(json.dumps([r.as_dict() for r in rows]))
+    (tmp_path / "mine.yaml").write_text("name: mine\nsim: {factory: CartPole-v1}\n")
+    outputs = ["--outputs", str(tmp_path / "outputs")]
+    assert main(["compare", str(tmp_path / "mine.yaml"), "theirs", *outputs, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pairs"] == 20
+
+    (tmp_path / "checks.json").write_text(json.dumps([{"name": "max_error_rate", "passed": True}]))
+    assert main(["compare", str(tmp_path / "checks.json"), "theirs", *outputs]) == 2
+    assert "checks.json: not a grades file (a row has no 'status' field)" in capsys.readouterr().err
+
+
+def test_compare_notes_results_of_two_pipelines_and_bounds_a_bootstrap_p_of_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    candidate = [dataclasses.replace(_row(slot, True, score=25.0), pipeline="cart") for slot in range(20)]
+    baseline = [_row(slot, slot < 5) for slot in range(20)]
+    (tmp_path / "a.json").write_text(json.dumps([r.as_dict() for r in candidate]))
+    (tmp_path / "b.json").write_text(json.dumps([r.as_dict() for r in baseline]))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "holds results of cart and" in err
+    assert "b.json of p: their episodes pair up by task name and seed alone" in err
+    assert compare(candidate, baseline).score_p == 0.0
+    assert "p < 0.0005)" in out
+    assert "p = 0)" not in out
