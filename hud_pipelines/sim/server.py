@@ -263,7 +263,9 @@ class SimServer:
             connection.leaving = True
             try:
                 aborted = self.executor.submit(functools.partial(session.abort, left)).result()
-                if aborted:
+                if aborted and session.said_goodbye:
+                    log.info("client closed with slots %s running: it ended their episodes (at its max_steps)", aborted)
+                elif aborted:
                     log.warning("client left with slots %s running: their episodes are marked errored", aborted)
             except SimShuttingDown:
                 pass
@@ -278,6 +280,8 @@ class SimServer:
             if message is not None:
                 if not connection.leaving:
                     self._submit(connection, session, message)
+                else:
+                    session.note_late(message)
                 hello_by = None
                 continue
             if connection.ended:

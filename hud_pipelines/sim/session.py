@@ -23,6 +23,7 @@ encoded straight from the bridge's buffers before the next request can change th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import traceback
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from hud_pipelines.wire.messages import (
     Close,
     ErrorFrame,
     Framing,
+    MessageType,
     Reply,
     Reset,
     Result,
@@ -46,7 +48,7 @@ from hud_pipelines.wire.messages import (
     Step,
     to_wire,
 )
-from hud_pipelines.wire.parse import parse_hello, parse_request
+from hud_pipelines.wire.parse import message_type, parse_hello, parse_request
 
 log = logging.getLogger(__name__)
 SERVER_NAME = f"hud-pipelines/{PROTOCOL_VERSION}"
@@ -97,6 +99,9 @@ class Session:
         self.state = SessionState.AWAIT_HELLO
         self.framing = Framing.BATCHED
         self.last_seq = 0
+        self.said_goodbye = False
+        """Whether the client ended the connection with a ``close`` frame: slots it left running are
+        episodes it ended itself (at its own ``max_steps``), not a client that vanished."""
 
     def receive(self, frame: bytes | str) -> Outcome:
         """Handle one frame from the client."""
@@ -155,6 +160,7 @@ class Session:
             return self._error(ErrorFrame(phase=Phase.DECODE, seq=peek_seq(frame), message=str(exc)))
         if isinstance(request, Close):
             self.state = SessionState.CLOSED
+            self.said_goodbye = True
             return Outcome(packb(to_wire(Close())), CloseCode.NORMAL)
         if request.seq <= self.last_seq:
             message = (
@@ -197,6 +203,12 @@ class Session:
             return ErrorFrame(
                 phase=phase, seq=seq, message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
             )
+
+    def note_late(self, frame: bytes | str) -> None:
+        """A frame that arrived after the connection began to close is not run; a goodbye among them
+        still says the client meant to go (a client may close right after its ``close`` frame)."""
+        with contextlib.suppress(WireError):  # an undecodable late frame says nothing
+            self.said_goodbye = self.said_goodbye or message_type(unpackb(frame)) is MessageType.CLOSE
 
     def abort(self, reason: str) -> list[int]:
         """The connection ended: running episodes end as errored, so nothing leaks into the next one."""

@@ -404,6 +404,15 @@ def test_a_wrong_protocol_version_is_refused_in_the_handshake(sim: SimProcess) -
     assert_serving(sim)
 
 
+def test_a_client_that_says_goodbye_mid_episode_is_not_reported_as_one_that_vanished(sim: SimProcess) -> None:
+    """An agent stops at its own ``max_steps`` with slots running and closes: no fault to warn about."""
+    with sim.connect() as client:
+        client.reset({"seed": 0})
+        client.step([[0.0]])
+    assert stderr_says(sim, "client closed with slots [0] running: it ended their episodes"), sim.diagnose(wait_s=0)
+    assert_serving(sim)
+
+
 def test_a_frame_over_the_size_limit_closes_the_connection_cleanly(sim: SimProcess) -> None:
     with raw(sim) as ws:
         call(ws, packb({"type": "reset", "seq": 1, "task": [{"seed": 0}]}))
