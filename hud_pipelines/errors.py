@@ -59,6 +59,10 @@ class SlotStateError(HudPipelinesError):
 class SimError(HudPipelinesError):
     """The sim, or the link to it, failed; the episodes it was running end as errored."""
 
+    server: str | None = None
+    """The served sim (its URL) the error came from, where the pool attached to one: an instance that
+    never got a sim still records which server it tried."""
+
 
 class SimStartError(SimError):
     """The sim child did not come up within its start-up deadline (its stderr is attached).

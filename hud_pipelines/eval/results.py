@@ -153,8 +153,9 @@ def unreached_rows(
 
 
 def unreached_result(
-    spec: PipelineSpec, partition: Partition, reason: str, fault: Fault, *, run_id: str
+    spec: PipelineSpec, partition: Partition, reason: str, fault: Fault, *, run_id: str, server: str | None = None
 ) -> InstanceResult:
-    """The result of an instance that ended before any episode ran (errored rows, the instance failed)."""
+    """The result of an instance that ended before any episode ran (errored rows, the instance failed);
+    ``server``: the served sim it tried, if any."""
     rows = unreached_rows(spec, partition, reason, fault, run_id=run_id)
-    return InstanceResult.of(spec, partition, rows, failure=(reason, fault), run_id=run_id)
+    return InstanceResult.of(spec, partition, rows, failure=(reason, fault), run_id=run_id, server=server)

@@ -109,7 +109,8 @@ class EvalRunner:
             contract = self.contract()
         except HudPipelinesError as exc:  # no sim: every instance errors with the sim's own reason
             reason, fault = self._failure(exc)
-            return [self._unstarted(partition, reason, fault) for partition in partitions]
+            tried = exc.server if isinstance(exc, SimError) else None
+            return [self._unstarted(partition, reason, fault, server=tried) for partition in partitions]
         agent = self.spec.resolved_agent()
         try:
             self._graders = build_graders(self.spec.resolved_graders(), base_dir=self.spec.base_dir)
@@ -219,13 +220,16 @@ class EvalRunner:
                     live.healthy = False  # a late forward leaves the sim sound; any other fault does not
         except (SimError, HudPipelinesError) as exc:
             failure = self._failure(exc)
+            if isinstance(exc, SimError) and exc.server is not None:
+                server = exc.server  # the served sim it tried, though it never got it
         finally:
             for sink in sinks:
                 with contextlib.suppress(Exception):
                     sink.close()
             release_free_heap()  # the instance's buffers are free now: give their pages back
         wall = time.monotonic() - started
-        if failure is not None and server is not None:  # which machine of a fleet it was
+        named = failure is not None and failure[0].startswith(f"served sim {server}: ")  # by the pool already
+        if failure is not None and server is not None and not named:  # which machine of a fleet it was
             failure = (f"served sim {server}: {failure[0]}", failure[1])
         if outcomes is None:
             reason, fault = failure or ("the instance did not run", Fault.NOT_RUN)
@@ -250,11 +254,11 @@ class EvalRunner:
             reason = f"{reason}; {refresh_hint(contract)}"
         return reason, fault
 
-    def _unstarted(self, partition: Partition, reason: str, fault: Fault) -> InstanceResult:
+    def _unstarted(self, partition: Partition, reason: str, fault: Fault, server: str | None = None) -> InstanceResult:
         """The result of an instance whose sim or policy could not be had (reported like any other result)."""
         spec = self.spec
         key = spec.partition_key(*partition)
-        result = unreached_result(spec, partition, reason, fault, run_id=self.run_id)
+        result = unreached_result(spec, partition, reason, fault, run_id=self.run_id, server=server)
         log.error("instance %s of %s failed (%s): %s", key, spec.name, fault.value, reason)
         if self.on_result is not None:
             self.on_result(result)

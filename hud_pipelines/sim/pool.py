@@ -28,7 +28,7 @@ from typing import Any
 
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import HudPipelinesError, SimError, SimStartError
+from hud_pipelines.errors import HudPipelinesError, SimCrashedError, SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
@@ -229,6 +229,9 @@ class SimPool(Closeable):
                 except SimError as exc:
                     if server is not None:
                         named = _naming(exc, server)
+                        if isinstance(named, SimCrashedError):  # nothing was in flight: it never served this run
+                            named = SimStartError(str(named))
+                        named.server = server
                         self._servers.lose(server, str(named))
                         raise named from exc
                     raise
@@ -335,7 +338,9 @@ class _Fleet:
         with self._changed:
             while not self._free:
                 if len(self._lost) == len(self._all):
-                    raise SimStartError(self._every_one_lost())
+                    error = SimStartError(self._every_one_lost())
+                    error.server = self._all[0] if len(self._all) == 1 else None  # a fleet's: none in particular
+                    raise error
                 self._changed.wait()
             return self._free.pop(0)
 

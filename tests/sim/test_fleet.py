@@ -105,7 +105,27 @@ def test_a_fleet_whose_servers_are_all_down_errors_every_instance_naming_them(
     evaluation = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
     assert all(r.failed for r in evaluation.results)
     assert all(url in (r.error or "") for r in evaluation.results)
-    assert {row.fault for row in evaluation.rows} <= {Fault.SIM_START, Fault.SIM_LINK}
+    assert {row.fault for row in evaluation.rows} == {Fault.SIM_START}, "a server never reached did not crash"
+    assert {r.server for r in evaluation.results} == {url}, "each result names the server it tried"
+
+
+def test_a_server_of_the_fleet_that_is_down_is_a_start_failure_of_the_instance_that_tried_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    (live, live_url), (down, down_url) = _serve(), _serve()
+    _stop(down)
+    try:
+        evaluation = evaluate(_spec(tmp_path, [live_url, down_url], monkeypatch), outputs_dir=tmp_path / "out")
+    finally:
+        _stop(live)
+    [tried] = [r for r in evaluation.results if r.failed]  # the first instance sent there; none after it
+    assert (tried.server, tried.fault) == (down_url, Fault.SIM_START)
+    assert tried.error is not None
+    assert tried.error.startswith(f"served sim {down_url}: cannot connect to the sim at {down_url}"), tried.error
+    assert {r.server for r in evaluation.results if not r.failed} == {live_url}
+    stored = InstanceResult.read(tmp_path / "out" / "fleet" / "rollouts" / f"task0-i{tried.instance}.json")
+    assert stored.server == down_url
 
 
 def test_a_served_sim_with_other_slots_than_the_pipeline_errors_every_instance_naming_both_counts(
