@@ -33,6 +33,13 @@ def spec_rule(at: str, message: str) -> PydanticCustomError:
     return PydanticCustomError("spec_rule", "{message}", {"message": message, "at": at})
 
 
+def spec_rules(rules: list[tuple[str, str]]) -> PydanticCustomError:
+    """Several ``(at, message)`` violations found by one check, each reported at its own key (a
+    validator stops at its first error: one per run of ``validate`` would make a user fix them one by one)."""
+    (at, message), *more = rules
+    return PydanticCustomError("spec_rule", "{message}", {"message": message, "at": at, "more": more})
+
+
 def omit_default(schema: dict[str, Any]) -> None:
     # For fields whose default is derived from elsewhere (a position, a kind): documented in prose
     # instead of an editor offering a meaningless placeholder.

@@ -16,7 +16,7 @@ from pydantic import Field, SecretStr, SerializerFunctionWrapHandler, model_seri
 
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.spec.base import Float, Int, StrictModel
-from hud_pipelines.spec.sections import schema_default, spec_rule
+from hud_pipelines.spec.sections import schema_default, spec_rule, spec_rules
 
 SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
@@ -178,35 +178,39 @@ class SimSpec(StrictModel):
                 sources[1],
                 f"{sources[0]!r} and {sources[1]!r} exclude each other: spawn a sim or attach to one, not both",
             )
-        if self.factory is None:
+        if self.factory is None:  # every setting an attached sim cannot take, reported at once
             attach = sources[0]
+            rules: list[tuple[str, str]] = []
             if attach == "fleet" and self.token is not None:
-                raise spec_rule("token", "a sim fleet's tokens are in its file ('token', or per server)")
+                rules.append(("token", "a sim fleet's tokens are in its file ('token', or per server)"))
             if self.token is None and attach != "fleet":
-                raise spec_rule(
-                    attach, f"a sim attached by {attach!r} needs its 'token' (e.g. token: ${{HUD_SIM_TOKEN}})"
+                rules.append(
+                    (attach, f"a sim attached by {attach!r} needs its 'token' (e.g. token: ${{HUD_SIM_TOKEN}})")
                 )
-            for key in SPAWN_ONLY_FIELDS:
-                if key in self.model_fields_set:
-                    raise spec_rule(
-                        key, f"{key!r} configures a spawned sim; a sim attached by {attach!r} is set up by its server"
+            rules += [
+                (key, f"{key!r} configures a spawned sim; a sim attached by {attach!r} is set up by its server")
+                for key in SPAWN_ONLY_FIELDS
+                if key in self.model_fields_set
+            ]
+            if self.shards != 1:
+                rules.append(
+                    (
+                        "shards",
+                        f"shards={self.shards} splits a sim the pipeline spawns over several processes; a sim attached "
+                        f"by {attach!r} serves its own slots (to use more cores, serve several sims and list them in "
+                        "'urls': one instance runs on each)",
                     )
+                )
+            if rules:
+                raise spec_rules(rules)
         elif self.token is not None:
             raise spec_rule("token", "'token' belongs to a sim attached by 'url'; a spawned sim gets a fresh one")
         return self
 
     @model_validator(mode="after")
     def _shards_fit(self) -> Self:
-        if self.shards == 1:
+        if self.shards == 1:  # an attached sim's shards are refused with its other settings (_one_source)
             return self
-        if self.factory is None:
-            attach = next(name for name in ATTACH_SOURCES[1:] if getattr(self, name) is not None)
-            raise spec_rule(
-                "shards",
-                f"shards={self.shards} splits a sim the pipeline spawns over several processes; a sim attached by "
-                f"{attach!r} serves its own slots (to use more cores, serve several sims and list them in 'urls': one "
-                "instance runs on each)",
-            )
         if self.shards > self.num_envs:
             raise spec_rule(
                 "shards",

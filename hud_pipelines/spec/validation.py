@@ -93,6 +93,8 @@ def _problems_of(
             groups.setdefault(where.unions[level], []).append((details, where))
         else:
             problems.append(_problem(details, document, root))
+            more: list[tuple[str, str]] = list((details.get("ctx") or {}).get("more", ()))
+            problems += [_problem(_also(details, at, message), document, root) for at, message in more]
     for path, members in groups.items():
         inside = [(details, where) for details, where in members if len(where.path) > len(path)]
         if inside:  # the value has one option's shape: what is wrong is inside it
@@ -100,6 +102,11 @@ def _problems_of(
         else:
             problems.append(_union_problem(path, [details for details, _ in members], document))
     return problems
+
+
+def _also(details: ErrorDetails, at: str, message: str) -> ErrorDetails:
+    """Another violation of a :func:`~hud_pipelines.spec.sections.spec_rules` error, as its own error."""
+    return {**details, "ctx": {"message": message, "at": at}}
 
 
 def _union_problem(path: KeyPath, options: list[ErrorDetails], document: YamlDocument) -> Problem:
