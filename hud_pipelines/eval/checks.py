@@ -169,17 +169,21 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
         case MinSuccessRateCheck():
             observed = summary.success_rate
             passed = observed is not None and observed >= check.value
+            said = f"{observed:.1%} ({summary.succeeded}/{summary.graded})" if observed is not None else ""
+            threshold = f"{check.value:.1%}"
         case MaxErrorRateCheck():
             observed = summary.error_rate
             passed = observed <= check.value
+            said, threshold = f"{observed:.1%} ({summary.errored}/{summary.scheduled})", f"{check.value:.1%}"
         case MinMeanScoreCheck():
             observed = summary.mean_score
             passed = observed is not None and observed >= check.value
+            said, threshold = f"{observed:.4g}" if observed is not None else "", f"{check.value:g}"
     return CheckVerdict(
         name=check.name,
         passed=passed,
         blocking=check.blocking,
-        description=f"{check.kind}: observed {observed}, threshold {check.value}",
+        description=f"{check.kind}: observed {said or 'n/a (no graded episode)'}, threshold {threshold}",
         observed=observed,
         threshold=check.value,
     )

@@ -112,6 +112,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parent-watch", action="store_true", help=argparse.SUPPRESS)
 
 
+def _token(given: str | None) -> str:
+    """``--token``, else ``$HUD_PIPELINES_TOKEN``, else a random one; an empty one is refused, never replaced
+    (a client holding the empty token it was told of would be refused with no word why)."""
+    chosen = given if given is not None else os.environ.get(TOKEN_ENV)
+    if chosen is None:
+        return secrets.token_urlsafe(24)
+    if not chosen.strip():
+        where = "--token" if given is not None else f"${TOKEN_ENV}"
+        raise HudPipelinesError(f"{where} is empty: give a token, or leave it out for a random one")
+    return chosen
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until told to stop; returns the process exit code."""
     ready_out = _claim_stdout()
@@ -124,10 +136,10 @@ def run(args: argparse.Namespace) -> int:
     _install_signal_handlers(executor)
     if args.parent_watch:
         threading.Thread(target=_watch_parent, name="hud-parent-watch", daemon=True).start()
-    token: str = args.token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
     bridge: GymBridge | None = None
     server: SimServer | None = None
     try:
+        token = _token(args.token)
         bridge = GymBridge(
             args.factory,
             args.num_envs,

@@ -45,7 +45,7 @@ from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 from websockets.server import ServerProtocol
 
-from hud_pipelines.errors import Phase, SimShuttingDown
+from hud_pipelines.errors import HudPipelinesError, Phase, SimShuttingDown
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.connection import Connection
 from hud_pipelines.sim.main_thread import MainThreadExecutor
@@ -116,7 +116,10 @@ class SimServer:
         except OSError as exc:  # name the address: "address already in use" alone does not say which
             listener.close()
             reason = (exc.strerror or str(exc)).lower()
-            raise OSError(exc.errno, f"error while attempting to bind on address {address!r}: {reason}") from exc
+            raise HudPipelinesError(  # a setting to change, not a bug: said in a line, without a traceback
+                f"cannot listen on {address[0]}:{address[1]}: {reason} (another program listens there? pick another "
+                "--port, or 0 for any free one)"
+            ) from exc
         except BaseException:
             listener.close()
             raise

@@ -183,6 +183,8 @@ class SimSpec(StrictModel):
             rules: list[tuple[str, str]] = []
             if attach == "fleet" and self.token is not None:
                 rules.append(("token", "a sim fleet's tokens are in its file ('token', or per server)"))
+            if self.token is not None and attach != "fleet" and not self.token.get_secret_value().strip():
+                rules.append(("token", "the token is empty (an empty ${VAR}?): a served sim refuses every client then"))
             if self.token is None and attach != "fleet":
                 rules.append(
                     (attach, f"a sim attached by {attach!r} needs its 'token' (e.g. token: ${{HUD_SIM_TOKEN}})")

@@ -105,6 +105,22 @@ def test_checks_pass_and_fail_on_their_figure() -> None:
     assert verdict(MinMeanScoreCheck(value=100.0), _rows(1, 0, score=150.0)) == (True, 150.0)
 
 
+def test_a_checks_description_gives_its_figure_as_people_read_it_with_its_denominator() -> None:
+    def said(check: CheckSpec, rows: list[GradeRow]) -> str:
+        return check_verdict(check, rows).description
+
+    assert said(MaxErrorRateCheck(value=0.0), _rows(1, 0, 2)) == "max_error_rate: observed 66.7% (2/3), threshold 0.0%"
+    assert (
+        said(MinSuccessRateCheck(value=0.7), _rows(2, 1)) == "min_success_rate: observed 66.7% (2/3), threshold 70.0%"
+    )
+    assert said(MinSuccessRateCheck(value=0.5), _rows(0, 0, 1)).endswith(
+        "observed n/a (no graded episode), threshold 50.0%"
+    )
+    assert said(MinMeanScoreCheck(value=100.0), _rows(2, 1, score=1 / 3)) == (
+        "min_mean_score: observed 0.3333, threshold 100"
+    )
+
+
 def test_the_instances_check_fails_on_instance_faults_only() -> None:
     slot_fault = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.ENV, group_id="t-i0")
     not_run = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.NOT_RUN, group_id="t-i1")

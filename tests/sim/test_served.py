@@ -310,6 +310,19 @@ def test_exactly_one_json_line_reaches_stdout_whatever_the_env_prints(entry: str
     assert "shutting down" in text
 
 
+@pytest.mark.parametrize("given", ["flag", "environment"])
+def test_an_empty_token_is_refused_not_replaced_by_a_random_one(given: str) -> None:
+    from hud_pipelines.sim.serve import TOKEN_ENV
+
+    args = ["CartPole-v1", *(["--token", ""] if given == "flag" else [])]
+    env = {**os.environ, TOKEN_ENV: "" if given == "environment" else "unused"}
+    done = subprocess.run(serve_command(*args), capture_output=True, env=env, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stdout == b"", "no ready line: nothing was served"
+    where = "--token" if given == "flag" else f"${TOKEN_ENV}"
+    assert f"{where} is empty: give a token, or leave it out for a random one" in done.stderr.decode()
+
+
 def test_the_child_imports_no_torch_lerobot_or_dagster(spawn: Spawn, tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(
         "import atexit, os, sys\n"
