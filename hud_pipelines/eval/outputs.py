@@ -13,6 +13,7 @@ its slots and nothing else.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
@@ -100,7 +101,14 @@ class EvalOutputs:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one rename: a reader sees the old file or the new one, never half."""
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
+    """Replace ``path`` with ``text`` in one rename: a reader sees the old file or the new one, never half.
+
+    The file is written beside it under a name of this process and thread: two runs of one pipeline
+    (two partitions of a backfill) writing the same file at once each rename their own whole file.
+    """
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)

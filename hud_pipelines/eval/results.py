@@ -14,6 +14,7 @@ from typing import Any
 
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import write_atomically
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -115,9 +116,7 @@ class InstanceResult:
     def write(self, path: Path) -> None:
         """Write as JSON, atomically (a reader never sees half a result)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(self.as_dict(), indent=1))
-        partial.replace(path)
+        write_atomically(path, json.dumps(self.as_dict(), indent=1))
 
     @classmethod
     def read(cls, path: Path) -> InstanceResult:

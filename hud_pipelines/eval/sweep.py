@@ -42,7 +42,7 @@ from hud_pipelines.eval.checks import (
     regression_verdict,
 )
 from hud_pipelines.eval.grades import GradeRow
-from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.spec.agent import CheckpointEntry, LeRobotPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.grading import CheckSpec, NoRegressionCheck
 from hud_pipelines.spec.models import PipelineSpec
@@ -153,9 +153,7 @@ def record(member: Member) -> None:
         "content_hash": member.content_hash,
         "signature": _signature(member.path),
     }
-    partial = member.outputs.checkpoint_json.with_suffix(".json.partial")
-    partial.write_text(json.dumps(data, indent=1))
-    partial.replace(member.outputs.checkpoint_json)
+    write_atomically(member.outputs.checkpoint_json, json.dumps(data, indent=1))
 
 
 def not_evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:

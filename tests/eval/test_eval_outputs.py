@@ -389,3 +389,30 @@ def test_the_datasets_episodes_come_in_task_and_instance_order(tmp_path: Path, m
     order = [(line["task"], line["instance"]) for line in map(json.loads, sidecar)]
     assert order == sorted(order), order
     assert {t for t, _ in order} == {0, 1}
+
+
+def test_writers_of_one_file_at_once_each_replace_it_whole(tmp_path: Path) -> None:
+    """Two runs of one pipeline (a backfill's partitions) write grades.json, checks.json... at once."""
+    import multiprocessing
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hud_pipelines.eval.outputs import write_atomically
+
+    path = tmp_path / "grades.json"
+    texts = [json.dumps({"writer": writer, "rows": ["x" * 1000] * 50}) for writer in range(8)]
+
+    def write(text: str) -> None:
+        for _ in range(50):
+            write_atomically(path, text)
+
+    with ThreadPoolExecutor(max_workers=8) as threads:
+        list(threads.map(write, texts))  # raises if one writer's rename took another's file
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=write_atomically, args=(path, text)) for text in texts[:2]]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+    assert [p.exitcode for p in processes] == [0, 0]
+    assert path.read_text() in texts, "one writer's whole text, never a mix"
+    assert [p.name for p in tmp_path.iterdir()] == ["grades.json"], "no temporary file is left"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task
-from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, EXPLANATION, HEADERS, AxisRow, cells
 from hud_pipelines.eval.report import ReportContext, rate_text
 from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
@@ -84,9 +84,7 @@ def write_html_report(
         not_evaluated=not_evaluated,
         headline=headline,
     )
-    partial = page.with_suffix(".html.partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(page)
+    write_atomically(page, text)
     return HtmlReport(page, views)
 
 
