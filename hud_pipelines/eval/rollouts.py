@@ -101,13 +101,15 @@ def rollouts_step(
 def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, cut: Sequence[Partition]) -> None:
     """Write ``interrupted`` results for the instances a cancelled run did not finish.
 
-    An instance that already has a result of this configuration from an earlier run keeps it: that
-    work was finished, and the run that was cut short changed nothing about it.
+    An instance that already has a result from an earlier run keeps it, whatever configuration made
+    it: that work was finished, and the run that was cut short measured nothing to replace it with.
+    One of another configuration still reads as not run (stale) in the grades; putting the
+    configuration back makes it current again.
     """
     for partition in cut:
         key = spec.partition_key(*partition)
         path = outputs.result(key)
-        if path.is_file() and InstanceResult.read(path).rollout_hash == spec.rollout_hash:
+        if path.is_file():
             continue
         reason = f"the run was interrupted before instance {key} finished"
         unreached_result(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id).write(path)

@@ -416,3 +416,25 @@ def test_writers_of_one_file_at_once_each_replace_it_whole(tmp_path: Path) -> No
     assert [p.exitcode for p in processes] == [0, 0]
     assert path.read_text() in texts, "one writer's whole text, never a mix"
     assert [p.name for p in tmp_path.iterdir()] == ["grades.json"], "no temporary file is left"
+
+
+def test_an_interrupted_run_leaves_every_earlier_result_in_place_whatever_configuration_made_it(
+    tmp_path: Path,
+) -> None:
+    from hud_pipelines.eval.results import InstanceResult, unreached_result
+    from hud_pipelines.eval.rollouts import _record_interrupted  # pyright: ignore[reportPrivateUsage]
+
+    spec = _spec(tmp_path, group=3)
+    earlier = _spec(tmp_path, group=3, max_steps=30)  # the YAML before an edit: another rollout hash
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    first, second, third = spec.partitions()
+    kept = unreached_result(earlier, first, "a finished result, here as a stand-in", Fault.ENV, run_id="old")
+    kept.write(outputs.result(kept.key))
+    current = unreached_result(spec, second, "another stand-in", Fault.ENV, run_id="old")
+    current.write(outputs.result(current.key))
+
+    _record_interrupted(spec, outputs, "cut", [first, second, third])
+    assert InstanceResult.read(outputs.result(kept.key)) == kept, "the run measured nothing to replace it"
+    assert InstanceResult.read(outputs.result(current.key)) == current
+    written = InstanceResult.read(outputs.result(spec.partition_key(*third)))
+    assert (written.fault, written.run_id) == (Fault.INTERRUPTED, "cut"), "no result before: it says why"
