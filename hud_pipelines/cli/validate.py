@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from hud_pipelines.spec.loader import collect_pipelines, declared_name
+from hud_pipelines.spec.loader import collect_pipelines, declared_name, default_pipelines_dir
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import SpecError, display_path
 from hud_pipelines.spec.schema import render_json_schema, render_markdown
@@ -49,7 +49,10 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         _put_cwd_on_path()
     specs, problems = collect_pipelines(paths, deep=deep)
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in problems]
-    deployment = _deployment_problem(None if args.paths else known, specs)
+    # the folder the code location serves, given or by default: every name of the deployment file must be one of its
+    served = default_pipelines_dir()
+    whole = not args.paths or any(path.is_dir() and path.resolve() == served for path in args.paths)
+    deployment = _deployment_problem(known if whole else None, specs)
     if problems:
         print(SpecError(problems).render(), file=stream)
     if deployment is not None:

@@ -248,3 +248,6 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     out = capsys.readouterr().out
     assert "pipelines.remote_evl: no pipeline" in out, "every validated file's misspelling, not the first alone"
     assert "pipelines.pusher_evl: no pipeline" in out
+    misspelled.write_text("pipelines:\n  remote_eval:\n    sim: {num_envs: 3}\n  remote_evl:\n    sim: {num_envs: 3}\n")
+    assert main(["validate", "--no-deep", str(pipelines_dir)]) == 1, "the folder named is the whole folder"
+    assert "pipelines.remote_evl: no pipeline of that name" in capsys.readouterr().out
