@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from hud_pipelines.cli.selection import queue_for, refuse_misnamed, resolve_pipeline_file, select_instances
-from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.eval.grades import GradeRow, produced_by_no_run, summarize
+from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.eval.grades import GradeRow, not_run_parts, summarize
 from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
@@ -373,9 +373,9 @@ def _print_summary(
     elif not sweep:
         console.print(Text(f"this run: {_figures(mine)}"))
     if len(mine) != len(rows) and not sweep:
-        never = sum(1 for row in rows if produced_by_no_run(row))
-        earlier = f"all {len(rows)} rows, with {len(rows) - len(mine) - never} from earlier runs"
-        earlier += f" and {never} not run yet" if never else ""
+        current = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
+        *parts, last = [f"{current - len(mine)} from earlier runs", *not_run_parts(rows)]
+        earlier = f"all {len(rows)} rows, with {', '.join(parts) + ' and ' if parts else ''}{last}"
         judged, whose = (rows, "") if controls is None else ([r for r in rows if r.task in controls], ", control tasks")
         console.print(Text(f"{earlier}{whose}: {_figures(judged)}"))
     for problem in problems:  # one line each, never folded: a re-run command must paste as it is

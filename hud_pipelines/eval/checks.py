@@ -93,9 +93,9 @@ def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
         command = rerun_command(sorted(failed), ["hud-pipelines", "run", rows[0].pipeline], order)
         description = f"{len(failed)} instance(s) failed: {listed}{RERUN_HINT}{command}"
     else:
-        description = "every instance ran to its end"
+        description = "every instance that ran, ran to its end"
     if not_run:
-        description += f"; {not_run} episode(s) of instances that have not run"
+        description += f"; {not_run} episode(s) of instances not run with this configuration yet"
     return CheckVerdict(
         name=INSTANCES_CHECK,
         passed=not failed,

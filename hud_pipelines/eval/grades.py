@@ -161,6 +161,20 @@ def produced_by_no_run(row: GradeRow) -> bool:
     return not row.run_id and row.fault is Fault.NOT_RUN
 
 
+def stale(row: GradeRow) -> bool:
+    """A row of an instance whose last result was made under another configuration (the YAML changed
+    since): not run with this one, and never counted as an earlier run's result."""
+    return bool(row.run_id) and row.fault is Fault.NOT_RUN
+
+
+def not_run_parts(rows: Sequence[GradeRow], *, unit: str = "") -> list[str]:
+    """``12 stale (run before the configuration changed)``, ``4 not run yet``: the rows no current run
+    produced, by why (``unit`` follows each count: `` row(s)``)."""
+    counts = (sum(stale(row) for row in rows), sum(produced_by_no_run(row) for row in rows))
+    words = ("stale (run before the configuration changed)", "not run yet")
+    return [f"{count}{unit} {what}" for count, what in zip(counts, words, strict=True) if count]
+
+
 def summarize_by_task(rows: Sequence[GradeRow]) -> dict[str, Summary]:
     tasks: dict[str, list[GradeRow]] = {}
     for row in rows:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hud_pipelines.errors import Fault
 from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import (
     GradeRow,
@@ -20,8 +21,8 @@ from hud_pipelines.eval.grades import (
     as_graded_by,
     later_graders,
     markdown_cell,
+    not_run_parts,
     one_line,
-    produced_by_no_run,
     summarize,
     summarize_by_task,
 )
@@ -192,10 +193,9 @@ def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:
     """Which runs the rows come from: this run's count first, then each earlier run's."""
     runs: dict[str, int] = {}
     for row in rows:
-        if not produced_by_no_run(row):
+        if row.fault is not Fault.NOT_RUN:
             runs[row.run_id or "unknown"] = runs.get(row.run_id or "unknown", 0) + 1
-    never = len(rows) - sum(runs.values())
-    pending = f"{never} row(s) not run yet" if never else ""
+    pending = ", ".join(not_run_parts(rows, unit=" row(s)"))
     if run_id is None:
         ran = [f"Rows from run(s): {', '.join(f'{r} ({n})' for r, n in runs.items())}"] if runs else []
         return ["; ".join([*ran, *([pending] if pending else [])]) + ".", ""]

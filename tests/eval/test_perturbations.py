@@ -146,3 +146,14 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     never_control = sum(1 for row in rows if row["fault"] == "not_run" and row["task"] == "reach")
     assert f"; {never_control} row(s) not run yet." in report, "the headline's rows, the control tasks'"
     assert "earlier runs" not in report
+
+    path.write_text(json.dumps({**fields, "max_steps": 4}))  # an edit: the earlier full run's rows are stale now
+    assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli"), *partition]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "cli" / "reach_matrix" / "grades.json").read_text())
+    stale = sum(1 for row in rows if row["fault"] == "not_run")
+    assert stale == len(rows) - 4, "every instance but the one this run ran again (its 4 slots)"
+    assert f"all {len(rows)} rows, with 0 from earlier runs and {stale} stale (run before the configuration" in out
+    report = (tmp_path / "cli" / "reach_matrix" / "report.md").read_text()
+    assert "row(s) stale (run before the configuration changed)." in report
+    assert "earlier runs produced" not in report, "a stale row is not an earlier run's result"
