@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, cast
 
 from hud_pipelines.cli.selection import queue_for, refuse_misnamed, resolve_pipeline_file, select_instances
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval.grades import GradeRow, not_run_parts, summarize
+from hud_pipelines.eval.grades import GradeRow, not_run_parts
+from hud_pipelines.eval.report import figures_line
 from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
@@ -151,7 +152,12 @@ def run_pipeline(
     rows = collect_rows(spec, outputs)
     invocation = _invocation(pipeline, pipelines_dir, outputs_dir, queue)
     order = list(dict.fromkeys(row.group_id for row in rows))  # every partition, in order: ranges to re-run
-    problems = [*_problems(result, invocation, order), *retried_steps(result.all_events)] if result is not None else []
+    published = dataset_root(spec, outputs, project_dir) if spec.dataset_enabled else None
+    problems = (
+        [*_problems(result, invocation, order, published), *retried_steps(result.all_events)]
+        if result is not None
+        else []
+    )
     if result is not None and _was_interrupted(result):
         received.setdefault("signal", signal.SIGINT)
     interrupted = received.get("signal")
@@ -252,12 +258,16 @@ def _invocation(pipeline: str, pipelines_dir: Path | None, outputs_dir: Path | N
     return command
 
 
-def _problems(result: ExecutionResult, invocation: list[str], order: list[str]) -> list[str]:
-    """One line per failed step or failed check of a run; failed instances with the command as this run was asked."""
+def _problems(result: ExecutionResult, invocation: list[str], order: list[str], dataset: Path | None) -> list[str]:
+    """One line per failed step or failed check of a run; failed instances with the command as this run was asked;
+    the ``dataset`` (when the pipeline publishes one) held back by a failed blocking check."""
     from hud_pipelines.eval.checks import INSTANCES_CHECK, RERUN_HINT, rerun_command
 
     problems: list[str] = []
-    for evaluation in result.get_asset_check_evaluations():
+    evaluations = result.get_asset_check_evaluations()
+    if dataset is not None and any(not e.passed and e.severity.value == "ERROR" for e in evaluations):
+        problems.append(f"dataset not published (a blocking check failed): {dataset} holds what was published before")
+    for evaluation in evaluations:
         if not evaluation.passed:
             blocking = "blocking " if evaluation.severity.value == "ERROR" else ""
             description = evaluation.description or ""
@@ -364,32 +374,23 @@ def _print_summary(
         judged = mine if controls is None else [row for row in mine if row.task in controls]
         whose = "" if controls is None else " control tasks"
         for label in dict.fromkeys(row.checkpoint for row in judged):
-            console.print(Text(f"this run, {label}{whose}: {_figures([r for r in judged if r.checkpoint == label])}"))
+            console.print(
+                Text(f"this run, {label}{whose}: {figures_line([r for r in judged if r.checkpoint == label])}")
+            )
     if not mine:
         console.print(Text("this run produced no graded rows"))
     elif controls is not None and not sweep:
-        console.print(Text(f"this run, control tasks: {_figures([row for row in mine if row.task in controls])}"))
+        console.print(Text(f"this run, control tasks: {figures_line([row for row in mine if row.task in controls])}"))
         console.print(Text(f"each matrix task against its control: the perturbations table in {base / 'report.md'}"))
     elif not sweep:
-        console.print(Text(f"this run: {_figures(mine)}"))
+        console.print(Text(f"this run: {figures_line(mine)}"))
     if len(mine) != len(rows) and not sweep:
         current = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
         *parts, last = [f"{current - len(mine)} from earlier runs", *not_run_parts(rows)]
         earlier = f"all {len(rows)} rows, with {', '.join(parts) + ' and ' if parts else ''}{last}"
         judged, whose = (rows, "") if controls is None else ([r for r in rows if r.task in controls], ", control tasks")
-        console.print(Text(f"{earlier}{whose}: {_figures(judged)}"))
+        console.print(Text(f"{earlier}{whose}: {figures_line(judged)}"))
     for problem in problems:  # one line each, never folded: a re-run command must paste as it is
         console.print(Text(problem, style="red"), soft_wrap=True)
     verdict = "[green]run succeeded[/green]" if succeeded else "[red]run FAILED[/red]"
     console.print(f"{verdict} (run {run_id}); outputs in {base}")
-
-
-def _figures(rows: list[GradeRow]) -> str:
-    summary = summarize(rows)
-    rate = summary.success_rate
-    low, high = summary.success_interval
-    rate_text = "n/a" if rate is None else f"{rate:.1%} (95% CI {low:.1%}-{high:.1%})"
-    return (
-        f"success rate {rate_text}; scheduled {summary.scheduled} = succeeded {summary.succeeded} + failed "
-        f"{summary.failed} + errored {summary.errored}"
-    )

@@ -106,6 +106,18 @@ def rate_text(summary: Summary) -> str:
     return f"{rate:.1%} (95% CI {low:.1%}-{high:.1%}, {summary.succeeded}/{summary.graded})"
 
 
+def figures_line(rows: Sequence[GradeRow]) -> str:
+    """``success rate 50.0% (95% CI ...); scheduled 4 = succeeded 2 + failed 2 + errored 0``: a terminal's line."""
+    summary = summarize(rows)
+    rate = summary.success_rate
+    low, high = summary.success_interval
+    rate_text = "n/a" if rate is None else f"{rate:.1%} (95% CI {low:.1%}-{high:.1%})"
+    return (
+        f"success rate {rate_text}; scheduled {summary.scheduled} = succeeded {summary.succeeded} + failed "
+        f"{summary.failed} + errored {summary.errored}"
+    )
+
+
 def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 

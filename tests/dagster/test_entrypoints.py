@@ -108,11 +108,14 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
         group=1,
         checks=[{"kind": "min_success_rate", "value": 1.0}],
         graders=[{"kind": "return", "threshold": 10_000}],
+        dataset={"repo_id": "local/strict"},
     )
     assert main(["run", str(pipelines_dir / "strict.yaml"), "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "run FAILED" in out
     assert "failed 2" in out
+    assert "dataset not published (a blocking check failed): " in out, "a user must not take the old one for it"
+    assert "blocking check min_success_rate failed: min_success_rate: observed 0.0% (0/2), threshold 100.0%" in out
     assert main(["run", "no_such_pipeline", "--quiet"]) == 2
     assert "no pipeline named 'no_such_pipeline'" in capsys.readouterr().err
 
