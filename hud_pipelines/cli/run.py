@@ -280,8 +280,8 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str], 
         if event.event_type_value != "STEP_FAILURE":
             continue
         error = event.step_failure_data.error
-        if error is None or error.cls_name == "DagsterAssetCheckFailedError":  # reported above
-            continue
+        if error is None or error.cls_name in ("DagsterAssetCheckFailedError", "DagsterExecutionInterruptedError"):
+            continue  # a check: reported above; an interrupt: said by the run's own line
         cause = error.cause if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause else error
         lines = cause.message.strip().splitlines()
         problems.append(f"step {event.step_key} failed: {' / '.join(lines[:6])}")

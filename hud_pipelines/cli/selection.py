@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.spec.problems import did_you_mean
 
 if TYPE_CHECKING:
     from hud_pipelines.spec.models import PipelineSpec
@@ -39,8 +40,10 @@ def resolve_pipeline_file(pipeline: str, pipelines_dir: Path | None) -> Path:
             return directory / f"{pipeline}{suffix}"
     if named:
         return named[0]
-    known = ", ".join(sorted(s.name for s in specs)) or "none"
-    raise HudPipelinesError(f"no pipeline named {pipeline!r} in {directory} (known: {known})")
+    names = sorted(s.name for s in specs)
+    known = ", ".join(names) or "none"
+    hint = did_you_mean(pipeline, names)
+    raise HudPipelinesError(f"no pipeline named {pipeline!r} in {directory}{hint} (known: {known})")
 
 
 def refuse_misnamed(path: Path, spec: PipelineSpec) -> None:

@@ -118,6 +118,9 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert "blocking check min_success_rate failed: min_success_rate: observed 0.0% (0/2), threshold 100.0%" in out
     assert main(["run", "no_such_pipeline", "--quiet"]) == 2
     assert "no pipeline named 'no_such_pipeline'" in capsys.readouterr().err
+    assert main(["run", "stritc", "--quiet"]) == 2
+    assert "no pipeline named 'stritc' in " in (err := capsys.readouterr().err)
+    assert "(did you mean 'strict'?)" in err
 
     unstartable = write_pipeline(
         "unstartable", group=1, sim={"factory": f"{SIMS}:faulty", "args": {"fault": "raise_build"}}
@@ -295,6 +298,7 @@ def test_cancelling_a_run_leaves_no_sim_behind(
         assert not sim_processes(label)
         printed = log.read_text()
         assert f"run interrupted by {signum.name} after 0 of 2 instance(s)" in printed, printed[-3000:]
+        assert "DagsterExecutionInterruptedError" not in printed, "the interrupt is said once, in words"
         assert "to run only those: hud-pipelines run cancelled --partition task0-i0 --partition task0-i1" in printed
         assert "this run: success rate n/a; scheduled 4 = succeeded 0 + failed 0 + errored 4" in printed
         outputs = EvalOutputs(outputs_dir, "cancelled")
