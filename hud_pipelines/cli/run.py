@@ -362,7 +362,7 @@ def _print_summary(
             str(row.slot),
             str(row.seed),
             Text(row.status.value, style=style),
-            f"{row.score:.3g}",
+            "n/a" if row.status is EpisodeStatus.ERRORED else f"{row.score:.3g}",
             f"{row.total_reward:.3g}",
             str(row.steps),
             Text("this" if row.run_id == run_id else (row.run_id[:8] or "-")),

@@ -14,6 +14,7 @@ from dataclasses import fields
 from enum import Enum
 
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.models import PipelineSpec
 
 GRADE_COLUMNS: list[tuple[str, str]] = [
@@ -45,7 +46,10 @@ def grade_columns(spec: PipelineSpec) -> list[tuple[str, str]]:
 
 
 def grade_cell(row: GradeRow, column: str) -> str | int | float | bool | None:
-    """One cell: a field of the row, else the metric a later grader gave it (empty for an errored row)."""
+    """One cell: a field of the row, else the metric a later grader gave it (empty for an errored row, as
+    its score is: it has none)."""
+    if column == "score" and row.status is EpisodeStatus.ERRORED:
+        return None
     return cell(getattr(row, column) if column in _ROW_FIELDS else row.metrics.get(column))
 
 

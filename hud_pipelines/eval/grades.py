@@ -51,9 +51,13 @@ class GradeRow:
     """Whether the env gave a success signal in this episode (``None``: not known, as for rows that never ran)."""
 
     def as_dict(self) -> dict[str, Any]:
+        """The row as grades.json and grades.csv hold it: an errored row's score is ``null`` (it has none: a
+        0 there would be averaged in as a failure by whoever reads the file)."""
         row = asdict(self)
         row["status"] = self.status.value
         row["fault"] = None if self.fault is None else self.fault.value
+        if self.status is EpisodeStatus.ERRORED:
+            row["score"] = None
         return row
 
     @classmethod
@@ -63,6 +67,7 @@ class GradeRow:
             **row,
             "status": EpisodeStatus(row["status"]),
             "fault": Fault(fault) if fault else None,
+            "score": 0.0 if row.get("score") is None else row["score"],  # never read: errored rows count no score
         }
         return cls(**fields)
 

@@ -231,3 +231,24 @@ def test_the_report_says_in_words_what_the_deciding_grader_counts_as_success() -
     assert grader_text(ReturnGrader(threshold=195)) == "return: score the return, success a return of at least 195"
     assert grader_text(ReturnGrader()) == "return: score the return, success the env's signal at any step"
     assert grader_text(CallableGrader(name="mine", target="g.py:f")) == "mine (a callable grader): the function g.py:f"
+
+
+def test_an_errored_episode_has_no_score_in_the_files_a_reader_averages() -> None:
+    import csv
+    import io
+    import json
+
+    from hud_pipelines.eval.grade_table import grades_csv
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    errored = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.ENV, error="the env raised")
+    failed = _row(EpisodeStatus.FAILED)
+    stored = json.loads(json.dumps([errored.as_dict(), failed.as_dict()]))  # grades.json
+    assert [row["score"] for row in stored] == [None, 0.0], "an error is not a failure: no 0 to average in"
+    assert [GradeRow.from_dict(row) for row in stored] == [errored, failed]
+    spec = load_pipeline_text(
+        '{"name": "p", "sim": {"factory": "CartPole-v1"}, "agent": {"policy": {"kind": "random"}}}'
+    )
+    table = list(csv.DictReader(io.StringIO(grades_csv(spec, [errored, failed]))))
+    assert [line["score"] for line in table] == ["", "0.0"]
+    assert summarize([errored, failed]).mean_score == 0.0, "the mean counts the answered episode alone"
