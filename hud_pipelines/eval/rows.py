@@ -82,16 +82,21 @@ def _latest(
     if result is None:
         return None, f"instance {key} has not run yet; {rerun}"
     if result.rollout_hash != expected:
-        return result, (
-            f"instance {key} last ran (run {result.run_id or 'unknown'}) before the pipeline's sim, agent, tasks "
-            f"or graders changed; {rerun}"
-        )
+        ran = result.provenance  # named where both runs recorded it; max_steps and graders are not recorded
+        changed = [name for name in CONFIGURATION if name in ran and name in current and ran[name] != current[name]]
+        what = ", ".join(changed) if changed else "sim, agent, tasks, max_steps or graders"
+        run = result.run_id or "unknown"
+        return result, f"instance {key} last ran (run {run}) before the pipeline's {what} changed; {rerun}"
     if _other_environment(result.provenance, current):
         return result, (
             f"instance {key} last ran (run {result.run_id or 'unknown'}) in another environment "
             f"({provenance.difference(result.provenance, current)}); {rerun}"
         )
     return result, None
+
+
+CONFIGURATION = ("sim_factory", "sim_args", "num_envs", "seeds", "group", "policy", "checkpoint_hash")
+"""The provenance fields that are configuration: where one differs, a stale result's reason names it."""
 
 
 def _other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:

@@ -438,3 +438,23 @@ def test_an_interrupted_run_leaves_every_earlier_result_in_place_whatever_config
     assert InstanceResult.read(outputs.result(current.key)) == current
     written = InstanceResult.read(outputs.result(spec.partition_key(*third)))
     assert (written.fault, written.run_id) == (Fault.INTERRUPTED, "cut"), "no result before: it says why"
+
+
+def test_a_stale_result_names_what_of_the_configuration_changed_where_the_runs_recorded_it(tmp_path: Path) -> None:
+    import dataclasses
+
+    from hud_pipelines.eval.results import unreached_result
+    from hud_pipelines.eval.rows import collect_rows
+
+    spec = _spec(tmp_path, tasks=[{"name": "task0", "seed": 40}])
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    (partition,) = spec.partitions()
+    earlier = unreached_result(spec, partition, "a stand-in", Fault.ENV, run_id="old")
+    recorded = {"seeds": {"task0": 0}, "group": 1, "num_envs": 2}
+    dataclasses.replace(earlier, rollout_hash="another", provenance=recorded).write(outputs.result(earlier.key))
+    latest = {"seeds": {"task0": 40}, "group": 1, "num_envs": 2}  # what the latest run recorded
+    rows = collect_rows(spec, outputs, environment=latest)
+    assert {row.fault for row in rows} == {Fault.NOT_RUN}
+    assert all("last ran (run old) before the pipeline's seeds changed" in (row.error or "") for row in rows)
+    rows = collect_rows(spec, outputs, environment={})  # nothing recorded to tell: said in general
+    assert all("before the pipeline's sim, agent, tasks, max_steps or graders changed" in (r.error or "") for r in rows)
