@@ -110,7 +110,7 @@ def figures_line(rows: Sequence[GradeRow]) -> str:
     """``success rate 50.0% (95% CI ...); scheduled 4 = succeeded 2 + failed 2 + errored 0``: a terminal's line."""
     summary = summarize(rows)
     rate = summary.success_rate
-    low, high = summary.success_interval
+    low, high = success_interval(summary)
     rate_text = "n/a" if rate is None else f"{rate:.1%} (95% CI {low:.1%}-{high:.1%})"
     return (
         f"success rate {rate_text}; scheduled {summary.scheduled} = succeeded {summary.succeeded} + failed "
@@ -130,23 +130,19 @@ def render_markdown(
     under the task table.
     """
     context = context or ReportContext()
-    description, overrides, warnings, prompts = (
-        context.description,
-        context.overrides,
-        context.warnings,
-        context.prompts,
-    )
     total = summarize(rows)
+    overrides = _overridden(context.overrides)
+    overridden = [f"Run configuration overrides the YAML: {overrides}.", ""] if overrides else []
     lines = [
         f"# {pipeline}",
         "",
-        *([_no_html(description.strip()), ""] if description.strip() else []),
+        *([_no_html(context.description.strip()), ""] if context.description.strip() else []),
         *_provenance(rows, context.run_id),
-        *([f"Run configuration overrides the YAML: {_overridden(overrides)}.", ""] if overrides else []),
+        *overridden,
         f"**Success rate:** {rate_text(total)}",
         "",
         *([f"Graded by {context.graded_by}.", ""] if context.graded_by else []),
-        *(line for warning in warnings for line in (f"**Warning:** {warning}.", "")),
+        *(line for warning in context.warnings for line in (f"**Warning:** {warning}.", "")),
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
         f"errored {total.errored} (error rate {total.error_rate:.1%}; errors are not failures).",
         "",
@@ -160,7 +156,7 @@ def render_markdown(
             f"| {task} | {summary.scheduled} | {summary.succeeded} | {summary.failed} | {summary.errored} | "
             f"{rate_text(summary)} | {_number(summary.mean_return)} |"
         )
-    told = [(task, prompts[task]) for task in summarize_by_task(rows) if prompts.get(task)]
+    told = [(task, context.prompts[task]) for task in summarize_by_task(rows) if context.prompts.get(task)]
     if told:
         lines += ["", "Task prompts (what the policy was told):", ""]
         lines += [f"- {task}: {_no_html(markdown_cell(prompt))}" for task, prompt in told]
