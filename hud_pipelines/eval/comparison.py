@@ -43,7 +43,7 @@ import numpy as np
 
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow
-from hud_pipelines.eval.result_sets import read_result_set
+from hud_pipelines.eval.result_sets import SETTINGS, read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
 
 BOOTSTRAP_SAMPLES = 4000
@@ -314,6 +314,14 @@ def run_compare(args: argparse.Namespace) -> int:
             "pair up by task name and seed alone, whatever their sims and graders",
             file=sys.stderr,
         )
+    for name in SETTINGS:
+        mine, theirs = candidate.settings.get(name), baseline.settings.get(name)
+        if mine and theirs and mine != theirs:
+            print(
+                f"note: {candidate.name} ran with {name} {' or '.join(mine)} and {baseline.name} with "
+                f"{' or '.join(theirs)}: their episodes pair up by task and seed, but were run or scored otherwise",
+                file=sys.stderr,
+            )
     if args.json:
         sides = {"candidate": candidate.name, "baseline": baseline.name}
         print(json.dumps({**sides, **result.as_dict()}, indent=1))

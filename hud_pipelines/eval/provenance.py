@@ -56,6 +56,8 @@ def for_run(
         "num_envs": sim.num_envs,
         "seeds": {task.name: task.seed for task in spec.tasks},
         "group": spec.group,
+        "max_steps": spec.max_steps,
+        "graders": spec.model_dump(mode="json", include={"graders"})["graders"],
         "policy": spec.model_dump(mode="json", include={"agent"}, exclude=CREDENTIALS)["agent"]["policy"],
         "device": getattr(spec.agent.policy, "device", None),
         "checkpoint_hash": spec.checkpoint_hash,

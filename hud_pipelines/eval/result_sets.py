@@ -8,7 +8,7 @@ configurations (their rows are left out, as the pipeline's checks leave them out
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,6 +31,9 @@ class ResultSet:
     """Every checkpoint the file held, in its order."""
     arms: int = 0
     """Perturbed tasks (a matrix's) left out: a side is its control tasks, as the pipeline's checks judge."""
+    settings: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
+    """What the runs of the rows recorded of :data:`SETTINGS` (as JSON, each distinct value once); a
+    setting none of them recorded is absent."""
 
     @property
     def name(self) -> str:
@@ -80,14 +83,45 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
     rows = [row for row in rows if row.task not in arms]
     labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
     if checkpoint is None and len(labels) < 2:
-        return ResultSet(rows, where, arms=len(arms))
+        return ResultSet(rows, where, arms=len(arms), settings=_settings(path.parent, rows))
     chosen = checkpoint or labels[-1]
     if chosen not in labels:
         raise HudPipelinesError(
             f"{path} has no checkpoint {chosen!r}{did_you_mean(chosen, labels)}; its checkpoints: "
             f"{', '.join(labels) or 'none (not a sweep)'}"
         )
-    return ResultSet([row for row in rows if row.checkpoint == chosen], where, chosen, labels, len(arms))
+    rows = [row for row in rows if row.checkpoint == chosen]
+    member = path.parent / "checkpoints" / chosen
+    return ResultSet(rows, where, chosen, labels, len(arms), settings=_settings(member, rows))
+
+
+SETTINGS = ("max_steps", "graders")
+"""What decides a row's figures without being part of an episode's identity (task and seed): where the two
+sides of a comparison differ in one, their episodes pair up all the same, and ``compare`` says so."""
+
+
+def _settings(folder: Path, rows: list[GradeRow]) -> dict[str, list[str]]:
+    """The :data:`SETTINGS` the runs of ``rows`` recorded in the results under ``folder`` (none where the
+    file stands alone, without its pipeline's results beside it)."""
+    runs = {row.run_id for row in rows}
+    found: dict[str, list[str]] = {}
+    for result in sorted((folder / "rollouts").glob("*.json")):
+        try:
+            recorded: object = json.loads(result.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # an unreadable result says nothing; the rows are what the comparison reads
+        if not isinstance(recorded, dict):
+            continue
+        recorded = cast(dict[str, Any], recorded)
+        provenance = cast(dict[str, Any], recorded.get("provenance") or {})
+        if recorded.get("run_id") not in runs:
+            continue
+        for name in SETTINGS:
+            if name in provenance:
+                value = json.dumps(provenance[name], sort_keys=True)
+                if value not in found.setdefault(name, []):
+                    found[name].append(value)
+    return found
 
 
 def _perturbed_tasks(table: Path) -> set[str]:

@@ -82,7 +82,7 @@ def _latest(
     if result is None:
         return None, f"instance {key} has not run yet; {rerun}"
     if result.rollout_hash != expected:
-        ran = result.provenance  # named where both runs recorded it; max_steps and graders are not recorded
+        ran = result.provenance  # named where both runs recorded it (older results lack max_steps and graders)
         changed = [name for name in CONFIGURATION if name in ran and name in current and ran[name] != current[name]]
         what = ", ".join(changed) if changed else "sim, agent, tasks, max_steps or graders"
         run = result.run_id or "unknown"
@@ -95,7 +95,17 @@ def _latest(
     return result, None
 
 
-CONFIGURATION = ("sim_factory", "sim_args", "num_envs", "seeds", "group", "policy", "checkpoint_hash")
+CONFIGURATION = (
+    "sim_factory",
+    "sim_args",
+    "num_envs",
+    "seeds",
+    "group",
+    "max_steps",
+    "graders",
+    "policy",
+    "checkpoint_hash",
+)
 """The provenance fields that are configuration: where one differs, a stale result's reason names it."""
 
 

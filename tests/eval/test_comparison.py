@@ -311,3 +311,27 @@ def test_compare_notes_results_of_two_pipelines_and_bounds_a_bootstrap_p_of_zero
     assert compare(candidate, baseline).score_p == 0.0
     assert "p < 0.0005)" in out
     assert "p = 0)" not in out
+
+
+def test_compare_notes_sides_run_with_other_episode_lengths_or_graders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    candidate, baseline = _sets([(True, False)] * 12 + [(False, False)] * 8)
+    graders = [{"name": "return", "kind": "return", "threshold": 475.0}]
+    for name, rows, max_steps in (("a", candidate, 500), ("b", baseline, 200)):
+        folder = tmp_path / name
+        (folder / "rollouts").mkdir(parents=True)
+        (folder / "grades.json").write_text(json.dumps([dataclasses.replace(r, run_id="run").as_dict() for r in rows]))
+        recorded = {"run_id": "run", "provenance": {"max_steps": max_steps, "graders": graders}}
+        (folder / "rollouts" / "task0-i0.json").write_text(json.dumps(recorded))
+        other_run = {"run_id": "an earlier run", "provenance": {"max_steps": 7, "graders": []}}
+        (folder / "rollouts" / "task0-i1.json").write_text(json.dumps(other_run))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    err = capsys.readouterr().err
+    assert "ran with max_steps 500 and" in err
+    assert "with 200: their episodes pair up by task and seed" in err
+    assert "graders" not in err, "the same graders: nothing to say; results of other runs are not read"
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a" / "grades.json")]) == 0
+    assert "note" not in capsys.readouterr().err

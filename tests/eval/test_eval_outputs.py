@@ -456,5 +456,19 @@ def test_a_stale_result_names_what_of_the_configuration_changed_where_the_runs_r
     rows = collect_rows(spec, outputs, environment=latest)
     assert {row.fault for row in rows} == {Fault.NOT_RUN}
     assert all("last ran (run old) before the pipeline's seeds changed" in (row.error or "") for row in rows)
+    edited = latest | {"seeds": {"task0": 0}, "max_steps": 50, "graders": [{"name": "binary_success"}]}
+    was = recorded | {"max_steps": 30, "graders": [{"name": "return"}]}
+    dataclasses.replace(earlier, rollout_hash="another", provenance=was).write(outputs.result(earlier.key))
+    rows = collect_rows(spec, outputs, environment=edited)
+    assert all("before the pipeline's max_steps, graders changed" in (row.error or "") for row in rows)
     rows = collect_rows(spec, outputs, environment={})  # nothing recorded to tell: said in general
     assert all("before the pipeline's sim, agent, tasks, max_steps or graders changed" in (r.error or "") for r in rows)
+
+
+def test_a_run_records_the_episode_length_and_the_graders_it_scored_with(tmp_path: Path) -> None:
+    from hud_pipelines.eval import provenance
+
+    spec = _spec(tmp_path, max_steps=30)
+    record = provenance.for_run(spec)
+    assert record["max_steps"] == 30
+    assert [grader["name"] for grader in record["graders"]] == [grader.name for grader in spec.graders]
