@@ -12,14 +12,17 @@ only the *discordant* pairs do. The statistics here are the standard ones for th
   a difference (:func:`paired_difference_interval`), and the number of paired episodes a difference
   of ``min_effect`` would need to be detected at 80% power (Connor's formula for McNemar's test,
   with the discordance observed here);
-- score: the mean paired difference with a paired-bootstrap interval, and its two-sided p-value
-  from the same bootstrap (the share of resampled means on the other side of zero, doubled). Where
-  every score is the episode's success (1 or 0, as the ``success`` grader gives), the score
-  difference is the success difference and gets its exact interval and McNemar's p: a bootstrap
-  beside them would contradict them on few pairs.
+- score: the mean paired difference, with the two-sided p-value of the paired sign-flip
+  (randomization) test, exact over all ``2^n`` flips up to :data:`EXACT_FLIPS_UP_TO` pairs and drawn
+  from a fixed seed above, and the interval that inverts the same test (every shift of the
+  differences it does not reject), so the interval excludes zero exactly when p < alpha. On few pairs
+  the test cannot reject anything (one pair: p = 1; three pairs all one way: p = 0.25) and there is
+  no interval to give (``None``), where a bootstrap would have said p = 0 and an interval of zero
+  width. Where every score is the episode's success (1 or 0, as the ``success`` grader gives), the
+  score difference is the success difference and gets its exact interval and McNemar's p.
 
 Errored episodes carry no answer, so a pair where either side errored is left out (and counted).
-The bootstrap draws from a fixed seed: the same inputs always give the same interval.
+Random draws come from a fixed seed: the same inputs always give the same figures.
 A bootstrap of the success difference would be too narrow on the few pairs evals have (on 8 pairs,
 4 discordant all one way, it excludes zero where McNemar's p is 0.125): the report must not say
 "no detectable difference" beside an interval that says there is one.
@@ -48,6 +51,8 @@ from hud_pipelines.recording.events import EpisodeStatus
 
 BOOTSTRAP_SAMPLES = 4000
 BOOTSTRAP_SEED = 20261201
+EXACT_FLIPS_UP_TO = 16
+"""Pairs up to which the sign-flip test enumerates every flip (65,536); above, it draws BOOTSTRAP_SAMPLES."""
 Z_80_POWER = NormalDist().inv_cdf(0.8)
 """The standard normal quantile for 80% power."""
 
@@ -154,7 +159,7 @@ def compare(
     if all(a.score == float(a.success) and b.score == float(b.success) for a, b in pairs):
         score_ci, score_p = success_ci, p_success  # the score is the success: the same exact statistics
     else:
-        score_ci, score_p = _bootstrap(scores, alpha)
+        score_p, score_ci = sign_flip_test(scores, alpha)
     verdict = Verdict.NO_DIFFERENCE
     if p_success < alpha:
         verdict = Verdict.BETTER if success_diff > 0 else Verdict.WORSE
@@ -268,25 +273,46 @@ def _bisect(increasing: Callable[[float], float]) -> float:
     return (low + high) / 2
 
 
-def _bootstrap(scores: np.ndarray[Any, np.dtype[np.float64]], alpha: float) -> tuple[tuple[float, float], float]:
-    """The percentile interval of the paired mean score difference, resampling pairs, and its p-value."""
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    picks = rng.integers(0, scores.size, size=(BOOTSTRAP_SAMPLES, scores.size))
-    score_means = scores[picks].mean(axis=1)
-    score_low, score_high = _percentiles(score_means, alpha)
-    if np.all(scores == scores[0]):
-        score_p = 1.0 if scores[0] == 0 else 0.0
-    else:
-        other_side = (score_means <= 0).mean() if scores.mean() > 0 else (score_means >= 0).mean()
-        score_p = float(min(1.0, 2 * other_side))
-    return (score_low, score_high), score_p
+def sign_flip_test(
+    differences: np.ndarray[Any, np.dtype[np.float64]], alpha: float
+) -> tuple[float, tuple[float, float] | None]:
+    """The paired sign-flip test of a zero mean difference: its two-sided p-value, and the interval of
+    the shifts it does not reject at ``alpha`` (``None`` where it can reject none: too few pairs)."""
+    signs = _flips(differences.size)
+    exact = differences.size <= EXACT_FLIPS_UP_TO
+
+    def p_value(shift: float) -> float:
+        shifted = differences - shift
+        observed = abs(float(shifted.mean()))
+        as_extreme = int(np.count_nonzero(np.abs(signs @ shifted) / shifted.size >= observed * (1 - 1e-12)))
+        return as_extreme / len(signs) if exact else (as_extreme + 1) / (len(signs) + 1)
+
+    mean, spread = float(differences.mean()), float(np.ptp(differences)) + abs(float(differences.mean())) + 1.0
+    far_low, far_high = mean - 4 * spread, mean + 4 * spread  # every difference one sign: the smallest p
+    p = p_value(0.0)
+    if p_value(far_low) >= alpha or p_value(far_high) >= alpha:
+        return p, None
+    return p, (_crossing(p_value, far_low, mean, alpha), _crossing(p_value, far_high, mean, alpha))
 
 
-def _percentiles(values: np.ndarray[Any, np.dtype[np.float64]], alpha: float) -> tuple[float, float]:
-    ordered = np.sort(values)
-    low = float(ordered[math.floor(alpha / 2 * (ordered.size - 1))])
-    high = float(ordered[math.ceil((1 - alpha / 2) * (ordered.size - 1))])
-    return low, high
+def _flips(n: int) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """``[M, n]`` signs: every one of the ``2^n`` flips, or BOOTSTRAP_SAMPLES drawn from a fixed seed."""
+    if n <= EXACT_FLIPS_UP_TO:
+        flips: np.ndarray[Any, np.dtype[np.int64]] = np.arange(2**n, dtype=np.int64).reshape(-1, 1)
+        bits = np.right_shift(flips, np.arange(n, dtype=np.int64)) & 1
+        return (1 - 2 * bits).astype(np.float64)
+    return np.random.default_rng(BOOTSTRAP_SEED).choice([-1.0, 1.0], size=(BOOTSTRAP_SAMPLES, n))
+
+
+def _crossing(p_value: Callable[[float], float], rejected: float, kept: float, alpha: float) -> float:
+    """Where ``p_value`` reaches ``alpha`` between a shift it rejects and one it keeps (bisection)."""
+    for _ in range(60):
+        middle = (rejected + kept) / 2
+        if p_value(middle) < alpha:
+            rejected = middle
+        else:
+            kept = middle
+    return kept
 
 
 def _episode(row: GradeRow) -> EpisodeId:
@@ -355,13 +381,14 @@ def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
         f"  success difference {result.success_difference:+.1%} ({confidence_label(result.alpha)} CI {low:+.1%} to "
         f"{high:+.1%})",
     ]
-    if result.score_difference is not None and result.score_interval is not None:
-        score_low, score_high = result.score_interval
-        # no resample on the other side of zero: the bootstrap resolves p no finer than that
-        p = f"p < {2 / BOOTSTRAP_SAMPLES:.2g}" if result.score_p == 0 else f"p = {result.score_p:.3g}"
-        lines.append(
-            f"  mean score difference {result.score_difference:+.3g} (CI {score_low:+.3g} to {score_high:+.3g}, {p})"
+    if result.score_difference is not None:
+        p = f"p = {result.score_p:.3g}"
+        interval = (
+            f"CI {result.score_interval[0]:+.3g} to {result.score_interval[1]:+.3g}"
+            if result.score_interval is not None
+            else f"too few pairs for a {confidence_label(result.alpha)} interval"
         )
+        lines.append(f"  mean score difference {result.score_difference:+.3g} ({interval}, {p})")
     if result.verdict is Verdict.NO_DIFFERENCE and result.episodes_needed is not None:
         lines.append(
             f"  inconclusive: about {result.episodes_needed} paired episodes would detect a "

@@ -95,7 +95,7 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
     return ResultSet(rows, where, chosen, labels, len(arms), settings=_settings(member, rows))
 
 
-SETTINGS = ("max_steps", "graders")
+SETTINGS = ("sim_factory", "sim_args", "max_steps", "graders")
 """What decides a row's figures without being part of an episode's identity (task and seed): where the two
 sides of a comparison differ in one, their episodes pair up all the same, and ``compare`` says so."""
 

@@ -114,12 +114,17 @@ def _figures(
     checkpoint: CheckpointRows, task: str, rows: list[GradeRow], *, previous: Versus, baseline: Versus
 ) -> SweepRow:
     summary = summarize(rows)
-    score_low, score_high = _score_interval(rows) or (None, None)
+    rates = rate_columns(summary)
+    answered = [row for row in rows if row.status is not EpisodeStatus.ERRORED]
+    if answered and all(row.score == float(row.success) for row in answered):
+        score_low, score_high = rates["ci_low"], rates["ci_high"]  # the score is the success: its interval
+    else:
+        score_low, score_high = _score_interval(answered) or (None, None)
     return SweepRow(
         checkpoint=checkpoint.label,
         step=checkpoint.step,
         task=task,
-        **rate_columns(summary),
+        **rates,
         mean_score=summary.mean_score,
         score_ci_low=score_low,
         score_ci_high=score_high,
@@ -128,19 +133,17 @@ def _figures(
     )
 
 
-def _score_interval(rows: list[GradeRow]) -> tuple[float, float] | None:
-    """The 95% percentile-bootstrap interval of the mean score of the answered episodes, in episode order.
+def _score_interval(answered: list[GradeRow]) -> tuple[float, float] | None:
+    """The 95% percentile-bootstrap interval of the mean score of the answered episodes, in episode order
+    (``None`` for fewer than two: one episode has no spread to resample).
 
-    Drawn like :mod:`hud_pipelines.eval.comparison`'s (same seed, samples and percentile rule), over
-    the rows sorted by episode so that their order does not change the interval.
+    Drawn with the seed and samples of :mod:`hud_pipelines.eval.comparison`, over the rows sorted by
+    episode so that their order does not change the interval.
     """
-    answered = sorted(
-        (row for row in rows if row.status is not EpisodeStatus.ERRORED),
-        key=lambda row: (row.task, row.instance, row.slot, -1 if row.seed is None else row.seed),
-    )
-    if not answered:
+    if len(answered) < 2:
         return None
-    scores = np.array([row.score for row in answered], dtype=np.float64)
+    ordered = sorted(answered, key=lambda row: (row.task, row.instance, row.slot, -1 if row.seed is None else row.seed))
+    scores = np.array([row.score for row in ordered], dtype=np.float64)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     picks = rng.integers(0, scores.size, size=(BOOTSTRAP_SAMPLES, scores.size))
     means = np.sort(scores[picks].mean(axis=1))

@@ -9,7 +9,8 @@ help, and which checkpoint do we keep?":
   *always*, even for a single task, so that every consumer finds a checkpoint's overall figures in
   the same place (the markdown and the plot leave the duplicate out when there is one task);
 - each row's denominators (scheduled = succeeded + failed + errored), its success rate over the
-  answered episodes with the 95% Wilson interval, and its mean score with a 95% bootstrap interval;
+  answered episodes with the 95% Wilson interval, and its mean score with a 95% bootstrap interval
+  (the Wilson one where every score is the success, none for a single answered episode);
 - the paired comparison with the previous checkpoint (in the order given, which is the training
   order) and with a baseline checkpoint, at the ``alpha`` and ``min_effect`` given: McNemar's exact
   test, the paired success difference with its exact interval (coherent with that test), and the

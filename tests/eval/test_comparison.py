@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -16,10 +17,12 @@ from hud_pipelines.eval.comparison import (
     Verdict,
     clopper_pearson,
     compare,
+    describe,
     mcnemar_exact,
     mcnemar_sample_size,
     pair_rows,
     paired_difference_interval,
+    sign_flip_test,
 )
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.recording.events import EpisodeStatus
@@ -107,6 +110,38 @@ def test_scores_are_compared_pair_by_pair_with_a_bootstrap_that_repeats_itself()
     assert first.score_interval[0] > 0, "every pair improves or ties: the interval excludes zero"
     assert first.score_p is not None
     assert first.score_p < 0.05
+
+
+def test_the_score_test_on_few_pairs_is_the_exact_sign_flip_test_and_gives_no_interval_it_cannot_back() -> None:
+    for differences, p in [([2.31], 1.0), ([2.31, 3.42, 0.002], 0.25), ([2.31, 2.31], 0.5)]:
+        candidate = [_row(i, True, score=10.0 + d) for i, d in enumerate(differences)]
+        baseline = [_row(i, True, score=10.0) for i in range(len(differences))]
+        result = compare(candidate, baseline)
+        assert result.score_p == pytest.approx(p), differences  # a bootstrap said 0: no resample below zero
+        assert result.score_interval is None, "every shift is kept at 95%: there is no interval to give"
+        assert "too few pairs for a 95% interval, p = " in describe(result, "a", "b")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_score_test_agrees_with_scipys_permutation_test_and_its_interval_excludes_zero_exactly_when_p_does(
+    seed: int,
+) -> None:
+    rng = np.random.default_rng(seed)
+    for n in (8, 14, 40):
+        differences = rng.normal(0.6, 1.0, n)
+        p, interval = sign_flip_test(differences, 0.05)
+        reference = stats.permutation_test(
+            (differences,),
+            np.mean,
+            permutation_type="samples",
+            vectorized=True,
+            n_resamples=100_000,
+            rng=np.random.default_rng(0),
+        ).pvalue
+        assert p == pytest.approx(reference, abs=0.01 if n > 16 else 1e-12), n
+        assert interval is not None
+        assert interval[0] < differences.mean() < interval[1]
+        assert (interval[0] > 0 or interval[1] < 0) == (p < 0.05), (n, p, interval)
 
 
 def test_a_score_that_is_the_success_gets_the_success_statistics_not_a_bootstrap_that_contradicts_them() -> None:
@@ -295,7 +330,7 @@ def test_compare_reads_a_pipeline_files_results_and_names_a_json_file_that_holds
     assert "checks.json: not a grades file (a row has no 'status' field)" in capsys.readouterr().err
 
 
-def test_compare_notes_results_of_two_pipelines_and_bounds_a_bootstrap_p_of_zero(
+def test_compare_notes_results_of_two_pipelines_and_never_says_a_p_of_zero(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from hud_pipelines.cli.main import main
@@ -308,8 +343,8 @@ def test_compare_notes_results_of_two_pipelines_and_bounds_a_bootstrap_p_of_zero
     out, err = capsys.readouterr()
     assert "holds results of cart and" in err
     assert "b.json of p: their episodes pair up by task name and seed alone" in err
-    assert compare(candidate, baseline).score_p == 0.0
-    assert "p < 0.0005)" in out
+    assert compare(candidate, baseline).score_p == pytest.approx(1 / 4001), "no drawn flip is as extreme: 1 / (B + 1)"
+    assert "p = 0.00025)" in out
     assert "p = 0)" not in out
 
 
@@ -320,11 +355,12 @@ def test_compare_notes_sides_run_with_other_episode_lengths_or_graders(
 
     candidate, baseline = _sets([(True, False)] * 12 + [(False, False)] * 8)
     graders = [{"name": "return", "kind": "return", "threshold": 475.0}]
-    for name, rows, max_steps in (("a", candidate, 500), ("b", baseline, 200)):
+    for name, rows, max_steps, noise in (("a", candidate, 500, 0.3), ("b", baseline, 200, 0.05)):
         folder = tmp_path / name
         (folder / "rollouts").mkdir(parents=True)
         (folder / "grades.json").write_text(json.dumps([dataclasses.replace(r, run_id="run").as_dict() for r in rows]))
-        recorded = {"run_id": "run", "provenance": {"max_steps": max_steps, "graders": graders}}
+        provenance = {"max_steps": max_steps, "graders": graders, "sim_args": {"noise": noise}, "sim_factory": "x"}
+        recorded = {"run_id": "run", "provenance": provenance}
         (folder / "rollouts" / "task0-i0.json").write_text(json.dumps(recorded))
         other_run = {"run_id": "an earlier run", "provenance": {"max_steps": 7, "graders": []}}
         (folder / "rollouts" / "task0-i1.json").write_text(json.dumps(other_run))
@@ -332,6 +368,8 @@ def test_compare_notes_sides_run_with_other_episode_lengths_or_graders(
     err = capsys.readouterr().err
     assert "ran with max_steps 500 and" in err
     assert "with 200: their episodes pair up by task and seed" in err
+    assert 'ran with sim_args {"noise": 0.3} and' in err
     assert "graders" not in err, "the same graders: nothing to say; results of other runs are not read"
+    assert "sim_factory" not in err
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a" / "grades.json")]) == 0
     assert "note" not in capsys.readouterr().err

@@ -9,6 +9,7 @@ The reference figures are computed here from the outcome strings with scipy.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import itertools
 import json
@@ -319,3 +320,16 @@ def _is_png(data: bytes) -> bool:
     image = Image.open(io.BytesIO(data))
     image.verify()
     return image.format == "PNG" and image.size[0] > 100 and image.size[1] > 100
+
+
+def test_a_score_that_is_the_success_gets_the_success_interval_and_one_episode_gets_none() -> None:
+    rows = [dataclasses.replace(r, score=float(r.success)) for r in _rows_of({"push": "SSSSSSSSSF"})]
+    table = compare_checkpoints([("only", 100, rows)])
+    row = _find(table, "only", "push")
+    assert (row.score_ci_low, row.score_ci_high) == (row.ci_low, row.ci_high), "a bootstrap of 0/1 is too narrow"
+    assert row.score_ci_low is not None
+    assert row.score_ci_low < 0.9
+    scored = [dataclasses.replace(r, score=3.5) for r in _rows_of({"push": "SEEEEEEEEE"})]
+    alone = _find(compare_checkpoints([("alone", 100, scored)]), "alone", "push")
+    assert alone.mean_score == 3.5
+    assert (alone.score_ci_low, alone.score_ci_high) == (None, None), "one answered episode: no interval"
