@@ -86,6 +86,40 @@ def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesEr
     return module
 
 
+def target_sources(spec: str, base_dir: Path) -> list[Path]:
+    """The files a target's code is read from, found without importing anything: its module's file and
+    the modules beside it that the file imports (one level: a helper's own helpers are not followed).
+
+    ``[]`` for a registry id or a module found nowhere here (one only a sim's own interpreter sees).
+    Looked up as :func:`load_target` imports: ``sys.path`` first, then ``base_dir``, its parents and
+    the working directory.
+    """
+    module_part, sep, _ = spec.rpartition(":")
+    if not sep or not module_part:
+        return []
+    if module_part.endswith(".py"):
+        path = Path(module_part).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+        found = path.resolve() if path.is_file() else None
+    else:
+        found = _module_file(module_part.split("."), base_dir.resolve())
+    if found is None:
+        return []
+    beside = (
+        _sibling_module(found.parent, name) for name in sorted(_imported_top_names(found) - sys.stdlib_module_names)
+    )
+    return [found, *(file for file in beside if file is not None and file != found)]
+
+
+def _module_file(parts: list[str], base: Path) -> Path | None:
+    for root in (*(Path(entry) for entry in sys.path), base, *base.parents, Path.cwd()):
+        where = root.joinpath(*parts)
+        for candidate in (where.parent / f"{where.name}.py", where / "__init__.py"):
+            if candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
 def shadowed_sibling(path: Path) -> str | None:
     """Why ``path`` would import another module than the one beside it of the same name (``None``: it would not).
 

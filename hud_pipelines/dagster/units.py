@@ -51,7 +51,7 @@ from hud_pipelines.dagster.resources import (
 from hud_pipelines.dagster.unit_tags import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import sweep
-from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim
+from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.rollouts import current, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
@@ -196,8 +196,9 @@ def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOu
     if chosen.gone:
         context.log.error(f"{spec.name}: checkpoint(s) {', '.join(chosen.gone)} are not (or no longer) complete")
     keys: list[str] = []
+    environment = recorded_provenance(outputs)  # the run's, recorded by plan
     for member in chosen.members:
-        todo = [p for p in chosen.pairs[member.label] if chosen.rerun or not current(member, p)]
+        todo = [p for p in chosen.pairs[member.label] if chosen.rerun or not current(member, p, environment)]
         if todo:
             sweep.record(member)
             keys += [member.partition_key(member.spec.partition_key(*p)) for p in todo]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.eval import sources
 from hud_pipelines.sim.identity import describe, factory_distribution, package_versions, version
 from hud_pipelines.spec.hashing import CREDENTIALS
 from hud_pipelines.spec.models import PipelineSpec
@@ -31,7 +32,8 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 RENDERER_VARIABLES = ("MUJOCO_GL", "PYOPENGL_PLATFORM")
 FINGERPRINT_FIELDS = ("packages", "sim_python", "sim_packages", "renderer")
 """What, besides the rollout hash, decides a result's numbers: never merged across a change of these
-(and of ``served_sim``, a served sim's factory and arguments, where the run attached to one)."""
+(and of ``served_sim``, a served sim's factory and arguments, where the run attached to one, and of
+``sources``, the code and weights files the pipeline's targets read: :mod:`hud_pipelines.eval.sources`)."""
 SERVED_FIELDS = ("factory_name", "args", "packages")
 
 
@@ -91,16 +93,28 @@ def environment(spec: PipelineSpec) -> dict[str, Any]:
         "sim_python": interpreter,
         "sim_packages": _sim_versions(interpreter, factory_distribution(spec.sim.factory)),
         "renderer": {name: os.environ[name] for name in RENDERER_VARIABLES if name in os.environ},
+        "sources": sources.digests(spec),
     }
 
 
 def fingerprint(record: dict[str, Any]) -> str:
     """A short hash of the record's :data:`FINGERPRINT_FIELDS`."""
     picked = {name: record.get(name) for name in FINGERPRINT_FIELDS}
+    if record.get("sources"):  # absent where no target names a file: such results keep their fingerprint
+        picked["sources"] = record["sources"]
     if record.get("served_sim"):  # absent for a spawned sim: its fingerprint is what it always was
         picked["served_sim"] = record["served_sim"]
         picked["sim_python"] = None  # where a server's interpreter lies differs between machines, not the sim
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether a result ran in another environment than the current one (no fingerprint counts as the same)."""
+    return (
+        bool(ran.get("fingerprint"))
+        and bool(current.get("fingerprint"))
+        and ran["fingerprint"] != current["fingerprint"]
+    )
 
 
 def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -113,6 +127,11 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     for name in ("sim_python", "sim_packages", "renderer"):
         if old.get(name) != new.get(name):
             changes.append(f"{name} {old.get(name)} -> {new.get(name)}")
+    was: dict[str, str] = old.get("sources") or {}
+    now: dict[str, str] = new.get("sources") or {}
+    edited = sorted(Path(path).name for path in set(was) | set(now) if was.get(path) != now.get(path))
+    if edited:
+        changes.append(f"code or weights changed: {', '.join(edited)}")
     if old.get("served_sim") != new.get("served_sim"):
         before, after = (describe(r["served_sim"]) if r.get("served_sim") else "a spawned sim" for r in (old, new))
         changes.append(f"the served sim {before} -> {after}")

@@ -15,7 +15,12 @@ from typing import Any
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import provenance, sweep
-from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim
+from hud_pipelines.eval.configuration import (
+    claim_served_sim,
+    latest_served_sim,
+    read_served_sim,
+    recorded_provenance,
+)
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_result
 from hud_pipelines.eval.runner import EvalRunner
@@ -136,9 +141,10 @@ def sweep_rollouts_step(
     sweep evaluates only what is missing, on the same seeds.
     """
     ran: list[tuple[sweep.Member, InstanceResult]] = []
+    environment = recorded_provenance(outputs)  # the run's, recorded as it started
     for member in members:
         wanted = list(selection.get(member.label, ())) if selection is not None else member.spec.partitions()
-        todo = wanted if rerun else [p for p in wanted if not current(member, p)]
+        todo = wanted if rerun else [p for p in wanted if not current(member, p, environment)]
         if not todo:
             continue
         sweep.record(member)
@@ -154,13 +160,19 @@ def sweep_rollouts_step(
     return ran
 
 
-def current(member: sweep.Member, partition: Partition) -> bool:
-    """Whether the pair has a result of the member's configuration that did not fail (it is not run again)."""
+def current(member: sweep.Member, partition: Partition, environment: dict[str, Any]) -> bool:
+    """Whether the pair has a result of the member's configuration, made in ``environment`` (a run's
+    provenance: packages, sim, the code and weights its targets read), that did not fail: it is not
+    run again."""
     path = member.outputs.result(member.spec.partition_key(*partition))
     if not path.is_file():
         return False
     result = InstanceResult.read(path)
-    return result.rollout_hash == member.spec.rollout_hash and not result.failed
+    return (
+        result.rollout_hash == member.spec.rollout_hash
+        and not result.failed
+        and not provenance.other_environment(result.provenance, environment)
+    )
 
 
 def kept_pairs(spec: PipelineSpec, outputs: EvalOutputs, labels: Sequence[str], instances: Sequence[str]) -> int:
@@ -174,4 +186,5 @@ def kept_pairs(spec: PipelineSpec, outputs: EvalOutputs, labels: Sequence[str], 
         return 0
     partitions = [spec.partition_for_key(key) for key in instances]
     members = sweep.members(spec, outputs, settle_s=0.0, labels=evaluated)
-    return sum(current(member, partition) for member in members for partition in partitions)
+    environment = provenance.for_run(spec, served_sim=latest_served_sim(outputs) if not spec.sim.spawned else None)
+    return sum(current(member, partition, environment) for member in members for partition in partitions)

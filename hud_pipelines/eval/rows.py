@@ -87,7 +87,7 @@ def _latest(
         what = ", ".join(changed) if changed else "sim, agent, tasks, max_steps or graders"
         run = result.run_id or "unknown"
         return result, f"instance {key} last ran (run {run}) before the pipeline's {what} changed; {rerun}"
-    if _other_environment(result.provenance, current):
+    if provenance.other_environment(result.provenance, current):
         return result, (
             f"instance {key} last ran (run {result.run_id or 'unknown'}) in another environment "
             f"({provenance.difference(result.provenance, current)}); {rerun}"
@@ -107,15 +107,6 @@ CONFIGURATION = (
     "checkpoint_hash",
 )
 """The provenance fields that are configuration: where one differs, a stale result's reason names it."""
-
-
-def _other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:
-    """Whether a result ran in another environment than the current one (no provenance counts as the same)."""
-    return (
-        bool(ran.get("fingerprint"))
-        and bool(current.get("fingerprint"))
-        and ran["fingerprint"] != current["fingerprint"]
-    )
 
 
 def _sweep_rows(

@@ -99,3 +99,67 @@ def test_a_run_claims_one_served_sim_that_its_steps_and_units_hold_to_and_a_late
     assert "served_sim" not in recorded_provenance(outputs), "run-1's claim is not run-2's"
     assert claim_served_sim(outputs, "run-2", other) == other
     assert recorded_provenance(outputs)["fingerprint"] not in {spawned["fingerprint"], claimed["fingerprint"]}
+
+
+CONTROLLER = """
+import numpy as np
+
+from gains import GAIN
+
+
+class PD:
+    def __call__(self, observation):
+        state = np.asarray(observation["state"], dtype=np.float64).reshape(-1, 4)
+        return (GAIN * state[:, 2] + state[:, 3] > 0).astype(np.float32)[:, None]
+"""
+
+
+def test_an_edit_of_the_code_a_target_names_makes_earlier_results_another_environments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    (tmp_path / "controller.py").write_text(CONTROLLER)
+    (tmp_path / "gains.py").write_text("GAIN = 10.0\n")
+    policy = {"kind": "scripted", "target": "controller.py:PD"}
+    spec = _spec(tmp_path, group=2, dataset=None, agent={"policy": policy})
+    recorded = provenance.environment(spec)["sources"]
+    assert {Path(path).name for path in recorded} == {"controller.py", "gains.py"}, "the file and its imports beside it"
+    first = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {row.fault for row in first.rows} == {None}
+
+    (tmp_path / "gains.py").write_text("GAIN = 1.0\n")  # a helper beside the target, edited
+    second = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partitions()[0]])
+    stale = [row for row in second.rows if row.instance == 1]
+    assert {row.fault for row in stale} == {Fault.NOT_RUN}, "results of the old code are not merged with the new"
+    assert all("code or weights changed: gains.py" in (row.error or "") for row in stale)
+    assert {row.fault for row in second.rows if row.instance == 0} == {None}
+
+
+def test_a_targets_files_are_found_without_importing_them(tmp_path: Path) -> None:
+    from hud_pipelines.targets import target_sources
+
+    package = tmp_path / "mine"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (package / "envs.py").write_text("import helpers\nimport os\nfrom mine import other\n")
+    (package / "helpers.py").write_text("")
+    (tmp_path / "plain.py").write_text("import numpy\n")
+    assert target_sources("mine.envs:Make", tmp_path) == [package / "envs.py", package / "helpers.py"]
+    assert target_sources("plain.py:make", tmp_path) == [tmp_path / "plain.py"]
+    assert target_sources("CartPole-v1", tmp_path) == []
+    assert target_sources("nowhere.to.be:found", tmp_path) == []
+
+
+def test_a_single_policys_weights_are_part_of_the_environment(tmp_path: Path) -> None:
+    from hud_pipelines.eval.sources import digests
+
+    (tmp_path / "net.py").write_text("class Net: ...\n")
+    (tmp_path / "weights.pt").write_bytes(b"first")
+    policy = {"kind": "torch", "target": "net.py:Net", "checkpoint": "weights.pt"}
+    spec = _spec(tmp_path, agent={"policy": policy})
+    before = digests(spec)
+    assert {Path(path).name for path in before} == {"net.py", "weights.pt"}
+    (tmp_path / "weights.pt").write_bytes(b"second, retrained")
+    after = digests(spec)
+    assert after[str(tmp_path / "weights.pt")] != before[str(tmp_path / "weights.pt")]
+    assert after[str(tmp_path / "net.py")] == before[str(tmp_path / "net.py")]

@@ -384,3 +384,28 @@ def test_a_sweep_with_a_matrix_judges_its_candidates_control_tasks(
     assert float(overall["success_rate"]) == summarize(control).success_rate
     assert "`all` row counts its control tasks" in (base / "report.md").read_text()
     assert "all row counts its control tasks" in (base / "report.html").read_text()
+
+
+def test_a_sweep_evaluates_its_checkpoints_again_after_an_edit_of_the_sims_code(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    sim = tmp_path / "reach_sim.py"
+    sim.write_text((REPO / "tests" / "eval" / "sweep_sims.py").read_text())
+    spec = sweep_spec(
+        tmp_path,
+        str(run.output_dir),
+        tasks=[{"name": "near", "seed": 10}],
+        group=1,
+        sim={"factory": "reach_sim.py:Reach2D", "num_envs": 2},
+    )
+    out = tmp_path / "out"
+    first = evaluate(spec, outputs_dir=out, checkpoints=["000500"])
+    assert {row.run_id for row in first.rows} == {first.run_id}
+    kept = evaluate(spec, outputs_dir=out, checkpoints=["000500"])
+    assert {row.run_id for row in kept.rows} == {first.run_id}, "nothing changed: the result is current"
+
+    sim.write_text(sim.read_text().replace("REACH = 0.6", "REACH = 0.0"))  # no episode can succeed now
+    edited = evaluate(spec, outputs_dir=out, checkpoints=["000500"])
+    assert {row.run_id for row in edited.rows} == {edited.run_id}, "results of the old sim are not kept as current"
+    assert not any(row.success for row in edited.rows)

@@ -1,0 +1,69 @@
+"""The files a pipeline's targets read their code and weights from, and their digests.
+
+A result's numbers depend on the code a pipeline names (its sim factory, scripted controller or
+torch module, callable graders) and on the weights a policy loads, yet the YAML holds only their
+names. Their digests are part of the environment fingerprint (:mod:`hud_pipelines.eval.provenance`):
+after an edit of ``my_env.py`` or new weights under the same file name, the earlier results show
+as another environment's (``not_run``) and a sweep evaluates its checkpoints again, instead of one
+table holding results of two versions of the code.
+
+Followed: each target's own file and the modules beside it that the file imports
+(:func:`~hud_pipelines.targets.target_sources`); not followed: a helper's own imports, and code
+only a sim's own interpreter can find (its packages' versions are recorded instead). A sweep's
+checkpoints are identified by content already (:attr:`PipelineSpec.checkpoint_hash`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hud_pipelines.agent.checkpoint_files import file_digest, files_by_name
+from hud_pipelines.agent.checkpoints import Checkpoint
+from hud_pipelines.errors import CheckpointError
+from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
+from hud_pipelines.spec.grading import CallableGrader
+from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.targets import target_sources
+
+DIGEST_CHARS = 16
+_WEIGHTS: dict[tuple[tuple[str, int, int], ...], str] = {}
+"""Each file's (path, size, mtime) -> digest: a policy's weights are hashed once per version in a process."""
+
+
+def digests(spec: PipelineSpec) -> dict[str, str]:
+    """Path -> short sha256 of every code file the pipeline's targets read, and of a single policy's weights."""
+    targets = [spec.factory] if spec.sim.spawned and spec.factory else []
+    policy = spec.resolved_agent().policy
+    if isinstance(policy, ScriptedPolicyConfig | TorchPolicyConfig):
+        targets.append(policy.target)
+    targets += [grader.target for grader in spec.resolved_graders() if isinstance(grader, CallableGrader)]
+    found: dict[str, str] = {}
+    for target in targets:
+        for file in target_sources(target, spec.base_dir):
+            found[str(file)] = file_digest(file)[:DIGEST_CHARS]
+    weights = _weights_path(spec)
+    if weights is not None:
+        found[str(weights)] = _weights_digest(weights)
+    return found
+
+
+def _weights_path(spec: PipelineSpec) -> Path | None:
+    """A single policy's local weights (a sweep's members are hashed by the sweep itself)."""
+    if spec.is_sweep or spec.checkpoint_hash is not None:
+        return None
+    policy = spec.resolved_agent().policy
+    where = policy.checkpoint if isinstance(policy, TorchPolicyConfig) else None
+    if isinstance(policy, LeRobotPolicyConfig):
+        where = policy.path
+    path = None if where is None else Path(where)
+    return path if path is not None and path.exists() else None
+
+
+def _weights_digest(path: Path) -> str:
+    try:
+        key = tuple((str(file), (stat := file.stat()).st_size, stat.st_mtime_ns) for _, file in files_by_name(path))
+        if key not in _WEIGHTS:
+            _WEIGHTS[key] = Checkpoint(path.name, path).content_hash()[:DIGEST_CHARS]
+    except (OSError, CheckpointError):
+        return "unreadable"  # loading the policy reports it
+    return _WEIGHTS[key]
