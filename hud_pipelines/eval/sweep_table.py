@@ -192,16 +192,19 @@ class SweepComparison:
 
     @property
     def best(self) -> str | None:
-        """The checkpoint with the highest all-tasks success rate; ``None`` when none has an answered episode.
+        """The checkpoint whose all-tasks success rate has the highest 95% lower bound; ``None`` when none has
+        an answered episode.
 
-        Ties go to the later step (training went further for the same result); when a tied checkpoint
-        has no step, to the one listed later.
+        Where checkpoints answered as many episodes, that is the highest rate; one that answered fewer
+        (its other episodes errored) must do better to count: 1 success of 1 answered (lower bound 21%)
+        is not ahead of 5 of 9 (27%). Ties go to the higher rate, then to the later step (training
+        went further for the same result); when a tied checkpoint has no step, to the one listed later.
         """
-        rated = [(index, row) for index, row in enumerate(self.overall) if row.success_rate is not None]
+        rated = [(index, row) for index, row in enumerate(self.overall) if row.ci_low is not None]
         if not rated:
             return None
-        top = max(row.success_rate or 0.0 for _, row in rated)
-        tied = [(index, row) for index, row in rated if row.success_rate == top]
+        top = max((row.ci_low or 0.0, row.success_rate or 0.0) for _, row in rated)
+        tied = [(index, row) for index, row in rated if (row.ci_low, row.success_rate) == top]
         if all(row.step is not None for _, row in tied):
             return max(tied, key=lambda pair: (pair[1].step or 0, pair[0]))[1].checkpoint
         return tied[-1][1].checkpoint
@@ -328,8 +331,10 @@ class SweepComparison:
         if best is None:
             return "No checkpoint has an answered episode: there is no best one."
         row = next(row for row in self.overall if row.checkpoint == best)
+        errored = f", {row.errored} errored" if row.errored else ""
         sentence = (
-            f"{best} is the best ({row.success_rate:.1%}, 95% CI {row.ci_low:.1%}-{row.ci_high:.1%}, n={row.answered})"
+            f"{best} is the best ({row.success_rate:.1%}, 95% CI {row.ci_low:.1%}-{row.ci_high:.1%}, "
+            f"n={row.answered}{errored})"
         )
         if self.baseline is None:
             return sentence + "."

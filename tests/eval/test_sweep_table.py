@@ -280,7 +280,7 @@ def test_the_markdown_table_and_its_conclusion() -> None:
     versus = best.versus_baseline
     assert lines[-1] == (
         f"000300 is the best ({best.success_rate:.1%}, 95% CI {best.ci_low:.1%}-{best.ci_high:.1%}, "
-        f"n={best.answered}); vs baseline 000100: better ({versus.diff:+.1%}, p={versus.p:.3g})."
+        f"n={best.answered}, 3 errored); vs baseline 000100: better ({versus.diff:+.1%}, p={versus.p:.3g})."
     )
     assert f"{best.succeeded}/{best.answered}, 3 errored" in text
 
@@ -333,3 +333,13 @@ def test_a_score_that_is_the_success_gets_the_success_interval_and_one_episode_g
     alone = _find(compare_checkpoints([("alone", 100, scored)]), "alone", "push")
     assert alone.mean_score == 3.5
     assert (alone.score_ci_low, alone.score_ci_high) == (None, None), "one answered episode: no interval"
+
+
+def test_the_best_checkpoint_is_not_one_whose_rate_stands_on_a_few_answered_episodes() -> None:
+    lucky = ("lucky", 100, _rows_of({"push": "S" + "E" * 11}))  # 1 of 1 answered: 100%, lower bound 21%
+    steady = ("steady", 200, _rows_of({"push": "SSSSSFFFF" + "EEE"}))  # 5 of 9: 55.6%, lower bound 27%
+    table = compare_checkpoints([lucky, steady])
+    assert table.best == "steady"
+    assert table.conclusion().startswith("steady is the best (55.6%, 95% CI 26.7%-81.1%, n=9, 3 errored)")
+    better, worse = _rows_of({"push": "SSSSSFFFF"}), _rows_of({"push": "SSSFFFFFF"})
+    assert compare_checkpoints([("a", 100, better), ("b", 200, worse)]).best == "a", "as many answered: the higher rate"
