@@ -10,13 +10,14 @@ rather than pass or fail on noise. Errored episodes never count as failed ones.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval.comparison import Verdict, compare
+from hud_pipelines.eval.comparison import Verdict, compare, episode_id
 from hud_pipelines.eval.grades import GradeRow, one_line, summarize
 from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
@@ -171,6 +172,9 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
             passed = observed is not None and observed >= check.value
             said = f"{observed:.1%} ({summary.succeeded}/{summary.graded})" if observed is not None else ""
             threshold = f"{check.value:.1%}"
+            undecided = _errors_decide(check, rows, summary.succeeded, summary.graded)
+            if passed and undecided:
+                passed, said = False, f"{said}, {undecided}"
         case MaxErrorRateCheck():
             observed = summary.error_rate
             passed = observed <= check.value
@@ -186,6 +190,21 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
         description=f"{check.kind}: observed {said or 'n/a (no graded episode)'}, threshold {threshold}",
         observed=observed,
         threshold=check.value,
+    )
+
+
+def _errors_decide(check: MinSuccessRateCheck, rows: Sequence[GradeRow], succeeded: int, graded: int) -> str:
+    """Why the run's errored episodes could decide ``check`` (``""``: they could not). Instances not run
+    with this configuration yet are no answer of this eval's, and are left out."""
+    errored = sum(row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN for row in rows)
+    if not errored:
+        return ""
+    worst, best = succeeded / (graded + errored), (succeeded + errored) / (graded + errored)
+    if worst >= check.value or best < check.value:
+        return ""
+    return (
+        f"but undecided: {errored} errored episode(s) decide it ({worst:.1%} had they failed, {best:.1%} had they "
+        "succeeded); errors are not failures, nor do they carry a pass: fix what errored and run them again"
     )
 
 
@@ -211,6 +230,10 @@ def regression_verdict(
         )
     drop = -(result.success_difference or 0.0)
     against = f"{result.pairs} paired episodes against {baseline_name}"
+    if not (result.verdict is Verdict.WORSE and drop > check.max_drop):
+        undecided = _errors_decide_regression(check, rows, baseline, result.pairs)
+        if undecided:
+            return _regression(check, False, f"{undecided} (as answered: success {-drop:+.1%} over {against})", -drop)
     if result.verdict is Verdict.WORSE and drop > check.max_drop:
         return _regression(
             check,
@@ -230,6 +253,37 @@ def regression_verdict(
         )
     return _regression(
         check, True, f"{result.verdict.value} than the baseline: success {-drop:+.1%} over {against}", -drop
+    )
+
+
+def _errors_decide_regression(
+    check: NoRegressionCheck, rows: Sequence[GradeRow], baseline: Sequence[GradeRow], pairs: int
+) -> str:
+    """Why this eval's errored episodes could make it a regression (``""``: they could not): had those the
+    baseline answered failed, the candidate would be worse by more than ``max_drop``."""
+    answered = {episode_id(row) for row in baseline if row.status is not EpisodeStatus.ERRORED}
+    deciding = [
+        row
+        for row in rows
+        if row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN and episode_id(row) in answered
+    ]
+    if not deciding:
+        return ""
+    failed = {id(row) for row in deciding}
+    worst_rows = [
+        dataclasses.replace(row, status=EpisodeStatus.FAILED, success=False, fault=None, error=None)
+        if id(row) in failed
+        else row
+        for row in rows
+    ]
+    worst = compare(worst_rows, baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
+    worst_drop = -(worst.success_difference or 0.0)
+    if not (worst.verdict is Verdict.WORSE and worst_drop > check.max_drop):
+        return ""
+    return (
+        f"undecided: {len(deciding)} episode(s) the baseline answered errored here; had they failed, success "
+        f"{-worst_drop:+.1%} (McNemar p = {worst.mcnemar_p:.3g}) over {worst.pairs} paired episodes would be a "
+        "regression: errors are not failures, nor do they carry a pass"
     )
 
 

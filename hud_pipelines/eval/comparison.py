@@ -119,7 +119,7 @@ def _by_episode(rows: Sequence[GradeRow], side: str) -> dict[EpisodeId, GradeRow
     """Each row under its episode; two rows of one episode (two checkpoints or runs mixed) are refused."""
     keyed: dict[EpisodeId, GradeRow] = {}
     for row in rows:
-        key = _episode(row)
+        key = episode_id(row)
         if key in keyed:
             raise HudPipelinesError(
                 f"the {side} holds two rows of one episode (task {row.task!r}, instance {row.instance}, slot "
@@ -315,7 +315,7 @@ def _crossing(p_value: Callable[[float], float], rejected: float, kept: float, a
     return kept
 
 
-def _episode(row: GradeRow) -> EpisodeId:
+def episode_id(row: GradeRow) -> EpisodeId:
     """The episode a row answers: its task and seed, the same whatever ``num_envs`` the eval ran with
     (slot ``j`` of instance ``i`` gets ``seed + i * num_envs + j``)."""
     if row.seed is not None:

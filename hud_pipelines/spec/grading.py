@@ -88,6 +88,9 @@ class MinSuccessRateCheck(_Check):
     """Passes when succeeded / (succeeded + failed) is at least `value`.
 
     Errored slots are not failures (bound them with `max_error_rate`); no graded slot at all fails the check.
+    Nor do they carry a pass: where the errored slots of the run could decide the verdict (the rate
+    would pass had they all succeeded and fail had they all failed), the check fails as undecided,
+    with both figures.
     """
 
     kind: Literal["min_success_rate"] = Field(default="min_success_rate", description="selects this check")
@@ -114,7 +117,9 @@ class NoRegressionCheck(_Check):
     The rows pair up by task and seed (one episode, whatever `num_envs` placed it in) with the
     baseline's `grades.json`; McNemar's exact test on the paired successes decides. The check fails
     when the candidate is worse at `confidence` and its success rate dropped by more than `max_drop`;
-    when the data cannot tell, it passes and says how many paired episodes an answer would take.
+    when the data cannot tell, it passes and says how many paired episodes an answer would take. It
+    fails as undecided where this eval's errored episodes that the baseline answered would make it
+    worse had they failed: errors are not failures, nor do they carry a pass.
     """
 
     kind: Literal["no_regression"] = Field(default="no_regression", description="selects this check")

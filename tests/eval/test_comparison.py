@@ -373,3 +373,22 @@ def test_compare_notes_sides_run_with_other_episode_lengths_or_graders(
     assert "sim_factory" not in err
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a" / "grades.json")]) == 0
     assert "note" not in capsys.readouterr().err
+
+
+def test_the_no_regression_check_does_not_pass_on_episodes_that_errored_where_the_baseline_answered(
+    tmp_path: Path,
+) -> None:
+    from hud_pipelines.eval.checks import check_verdict
+    from hud_pipelines.spec.grading import NoRegressionCheck
+
+    baseline = [_row(slot, True) for slot in range(12)]
+    (tmp_path / "baseline.json").write_text(json.dumps([r.as_dict() for r in baseline]))
+    gate = NoRegressionCheck(baseline=str(tmp_path / "baseline.json"))
+    diverged = [_row(slot, True, errored=slot >= 2) for slot in range(12)]  # answers 2, both succeed
+    verdict = check_verdict(gate, diverged)
+    assert not verdict.passed, "as answered it is inconclusive over 2 pairs; the 10 errored ones decide it"
+    assert "undecided: 10 episode(s) the baseline answered errored here; had they failed, success -83.3%" in (
+        verdict.description
+    )
+    steady = [_row(slot, True, errored=slot == 11) for slot in range(12)]
+    assert check_verdict(gate, steady).passed, "one errored episode cannot make a regression of it"

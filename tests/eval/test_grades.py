@@ -252,3 +252,19 @@ def test_an_errored_episode_has_no_score_in_the_files_a_reader_averages() -> Non
     table = list(csv.DictReader(io.StringIO(grades_csv(spec, [errored, failed]))))
     assert [line["score"] for line in table] == ["", "0.0"]
     assert summarize([errored, failed]).mean_score == 0.0, "the mean counts the answered episode alone"
+
+
+def test_errored_episodes_that_could_decide_a_success_rate_check_fail_it_as_undecided() -> None:
+    policy_errors = [dataclasses.replace(r, fault=Fault.POLICY) for r in _rows(0, 0, 10)]
+    gate = MinSuccessRateCheck(value=0.8)
+    diverged = check_verdict(gate, _rows(2, 0) + policy_errors)  # 100% of the 2 answered; 10 errored
+    assert not diverged.passed, "2 answers of 12 episodes cannot carry a pass"
+    assert diverged.observed == 1.0, "the rate stays the answered episodes' one: errors are not failures"
+    assert "undecided: 10 errored episode(s) decide it (16.7% had they failed, 100.0% had they succeeded)" in (
+        diverged.description
+    )
+    assert check_verdict(gate, _rows(95, 4) + policy_errors[:1]).passed, "95% even had the one errored failed"
+    assert not check_verdict(gate, _rows(1, 9) + policy_errors).passed
+    assert "undecided" not in check_verdict(gate, _rows(1, 9) + policy_errors).description, "fails either way"
+    not_run = [dataclasses.replace(r, fault=Fault.NOT_RUN) for r in _rows(0, 0, 10)]
+    assert check_verdict(gate, _rows(2, 0) + not_run).passed, "instances not run yet are no answer of this eval's"
