@@ -161,12 +161,12 @@ def discover_checkpoints(sources: Sequence[CheckpointSource], *, settle_s: float
     if settle_s < 0:
         raise CheckpointError(f"settle_s must be >= 0 seconds, got {settle_s}")
     watched = [s for s in sources if isinstance(s, WatchedDirectory)]
-    runs = _run_names(watched) if len(watched) > 1 else [None] * len(watched)
+    runs = run_names(sources)
     found: list[_Found] = []
-    for source, run in zip(watched, runs, strict=True):
+    for source, run in zip(watched, runs or [None] * len(watched), strict=True):
         found += [_in_run(f, run) for f in _listed(source)]
     found += [_explicit(s) for s in sources if isinstance(s, ExplicitCheckpoint)]
-    checkpoints = sorted(_without_symlinked_duplicates(found), key=_order)
+    checkpoints = sorted(_without_symlinked_duplicates(found), key=sweep_order(runs))
     _refuse_duplicate_labels(checkpoints)
     complete: list[Checkpoint] = []
     pending: list[PendingCheckpoint] = []
@@ -275,8 +275,36 @@ def _explicit(entry: ExplicitCheckpoint) -> _Found:
 # -- several runs, duplicates, order ---------------------------------------------------------------------
 
 
+def run_names(sources: Sequence[CheckpointSource]) -> list[str]:
+    """The name of each watched training run, in the order the sources list them; ``[]`` for one run (its
+    checkpoints carry no run). Runs of the same directory name take as many parent folders as tell them apart."""
+    watched = [s for s in sources if isinstance(s, WatchedDirectory)]
+    return _run_names(watched) if len(watched) > 1 else []
+
+
+def sweep_order(runs: Sequence[str]) -> Callable[[_Stepped], tuple[int, str, bool, int, str]]:
+    """The order of a sweep's checkpoints: by run as the YAML lists them (a run it no longer lists after
+    those, by name; explicit entries first), then by step (unnumbered last), then by label."""
+    position = {run: index for index, run in enumerate(runs)}
+
+    def key(checkpoint: _Stepped) -> tuple[int, str, bool, int, str]:
+        run = checkpoint.run
+        placed = -1 if run is None else position.get(run, len(position))
+        return (placed, run or "", checkpoint.step is None, checkpoint.step or 0, checkpoint.label)
+
+    return key
+
+
+class _Stepped(Protocol):
+    @property
+    def label(self) -> str: ...
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def run(self) -> str | None: ...
+
+
 def _run_names(watched: Sequence[WatchedDirectory]) -> list[str]:
-    """Each run's directory name; runs of the same name take as many parent folders as tell them apart."""
     directories = [_run_directory(source.path) for source in watched]
     for directory, count in Counter(directories).items():
         if count > 1:
@@ -330,10 +358,6 @@ def _refuse_duplicate_labels(checkpoints: Sequence[Checkpoint]) -> None:
                 f"{checkpoint.path}: labels must be unique within a sweep"
             )
         by_label[checkpoint.label] = checkpoint.path
-
-
-def _order(checkpoint: Checkpoint) -> tuple[str, bool, int, str]:
-    return (checkpoint.run or "", checkpoint.step is None, checkpoint.step or 0, checkpoint.label)
 
 
 # -- completeness ----------------------------------------------------------------------------------------

@@ -221,10 +221,13 @@ def comparison_step(
 
 def _comparison(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> SweepComparison:
     from hud_pipelines.eval.sweep_stats import compare_checkpoints
+    from hud_pipelines.eval.sweep_table import CheckpointRows
 
     members = sweep.evaluated(spec, outputs)
     labels = {m.label for m in members}
-    checkpoints = [(m.label, m.step, [row for row in rows if row.checkpoint == m.label]) for m in members]
+    checkpoints = [
+        CheckpointRows(m.label, m.step, [row for row in rows if row.checkpoint == m.label], m.run) for m in members
+    ]
     baseline = sweep.baseline_label(spec, labels)
     return compare_checkpoints(checkpoints, baseline=baseline, pooled=control_tasks(spec))
 

@@ -32,7 +32,9 @@ from hud_pipelines.agent.checkpoints import (
     CheckpointSource,
     Discovery,
     discover_checkpoints,
+    run_names,
     sources_of,
+    sweep_order,
 )
 from hud_pipelines.errors import CheckpointError
 from hud_pipelines.eval.checks import (
@@ -173,7 +175,8 @@ def not_evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
 
 
 def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
-    """The members with results on disk, in sweep order (by run, step, label), whether or not their folder remains."""
+    """The members with results on disk, in sweep order (runs as the YAML lists them, then step, then label),
+    whether or not their folder remains."""
     found: list[Member] = []
     for path in sorted(outputs.checkpoints.glob("**/checkpoint.json")):
         data = json.loads(path.read_text())
@@ -190,7 +193,7 @@ def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
                 outputs=outputs.member(label),
             )
         )
-    return sorted(found, key=_order)
+    return sorted(found, key=sweep_order(run_names(sources(spec))))
 
 
 def split_partition_key(key: str) -> tuple[str, str]:
@@ -274,10 +277,6 @@ def _against_label(
 
 
 # -- internals ---------------------------------------------------------------------------------------
-
-
-def _order(member: Member) -> tuple[str, bool, int, str]:
-    return (member.run or "", member.step is None, member.step or 0, member.label)
 
 
 def _read_record(outputs: EvalOutputs) -> dict[str, Any] | None:

@@ -34,19 +34,23 @@ def compare_checkpoints(
     min_effect: float = 0.1,
     pooled: Collection[str] | None = None,
 ) -> SweepComparison:
-    """The sweep table of ``checkpoints`` (in training order), compared with the previous one and ``baseline``.
+    """The sweep table of ``checkpoints`` (in training order), compared with the previous one of the same
+    training run and with ``baseline``.
 
     ``baseline`` is one of the labels (its own ``vs_baseline`` columns stay empty), or ``None`` for no
     baseline columns. ``pooled``: the tasks the all-tasks row counts (a matrix's control tasks: a
     perturbed arm has its own row, and pooling it would change what the sweep's verdict means);
     ``None``: every task.
     """
-    sweep = [CheckpointRows(*checkpoint) for checkpoint in checkpoints]
+    sweep = [
+        checkpoint if isinstance(checkpoint, CheckpointRows) else CheckpointRows(*checkpoint)
+        for checkpoint in checkpoints
+    ]
     _check_inputs(sweep, baseline, alpha, min_effect)
     baseline_rows = next((c.rows for c in sweep if c.label == baseline), None)
     rows: list[SweepRow] = []
     for index, checkpoint in enumerate(sweep):
-        previous = sweep[index - 1].rows if index > 0 else None
+        previous = sweep[index - 1].rows if index > 0 and sweep[index - 1].run == checkpoint.run else None
         against = None if checkpoint.label == baseline else baseline_rows
         for task in [*_tasks(checkpoint.rows), ALL_TASKS]:
             mine = _of_task(checkpoint.rows, task, pooled)
@@ -130,6 +134,7 @@ def _figures(
         score_ci_high=score_high,
         versus_previous=previous,
         versus_baseline=baseline,
+        run=checkpoint.run,
     )
 
 

@@ -56,6 +56,8 @@ class CheckpointRows(NamedTuple):
     label: str
     step: int | None
     rows: Sequence[GradeRow]
+    run: str | None = None
+    """The training run, where the sweep watches several (its ``vs previous`` is the run's previous checkpoint)."""
 
 
 NO_PAIRS = "no paired episodes"
@@ -142,6 +144,8 @@ class SweepRow:
     score_ci_high: float | None
     versus_previous: Versus = field(default=NO_COMPARISON)
     versus_baseline: Versus = field(default=NO_COMPARISON)
+    run: str | None = None
+    """The training run, where the sweep watches several (``None`` otherwise)."""
 
     @property
     def answered(self) -> int:
@@ -154,7 +158,7 @@ class SweepRow:
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> SweepRow:
-        own = {f.name: row[f.name] for f in fields(cls) if not f.name.startswith("versus_")}
+        own: dict[str, Any] = {f.name: row.get(f.name) for f in fields(cls) if not f.name.startswith("versus_")}
         return cls(
             **own,
             versus_previous=Versus.from_columns("previous", row),
@@ -238,7 +242,7 @@ class SweepComparison:
             raise ValueError(f"not a sweep table: the JSON lacks {', '.join(missing)}")
         rows = cast(list[dict[str, Any]], document["rows"])
         for index, row in enumerate(rows):
-            absent = [column for column in COLUMNS if column not in row]
+            absent = [column for column in COLUMNS if column not in row and column != "run"]  # older tables lack it
             if absent:
                 raise ValueError(f"sweep table row {index}: missing column(s) {', '.join(absent)}")
         return cls(
@@ -262,7 +266,8 @@ class SweepComparison:
         return png
 
     def figure(self) -> Figure:
-        """Success rate against training step with its 95% band: one line per task and a bold all-tasks one.
+        """Success rate against training step with its 95% band: one line per task and a bold all-tasks one
+        (one all-tasks line per training run where the sweep watches several).
 
         Each point also carries its interval as a bar, which stays visible where a checkpoint with no
         answered episode cuts the line and its band.
@@ -282,26 +287,30 @@ class SweepComparison:
             for index, row in enumerate(overall)
         }
         figure, axis = plt.subplots(figsize=(max(5.0, 0.6 * len(overall) + 3), 3.5), dpi=100)
-        lines = [*(self.tasks if len(self.tasks) > 1 else []), ALL_TASKS]
-        for task in lines:
-            task_rows = [row for row in self.rows if row.task == task]
+        runs = list(dict.fromkeys(row.run for row in overall))
+        series: list[tuple[str, list[SweepRow], bool]]
+        if len(runs) > 1:  # a line per run: their steps share the axis, their checkpoints never join up
+            series = [(f"run {run}", [row for row in overall if row.run == run], False) for run in runs]
+        else:
+            tasks = self.tasks if len(self.tasks) > 1 else []
+            series = [(task, [row for row in self.rows if row.task == task], False) for task in tasks]
+            series.append(("all tasks", overall, True))
+        for name, task_rows, bold in series:
             xs = np.array([position[row.checkpoint] for row in task_rows], dtype=np.float64)
             rates, lows, highs = (
                 np.array([_or_nan(getattr(row, name)) for row in task_rows], dtype=np.float64)
                 for name in ("success_rate", "ci_low", "ci_high")
             )
-            overall_line = task == ALL_TASKS
             (drawn,) = axis.plot(
-                xs,
-                rates,
-                marker="o",
-                linewidth=2.4 if overall_line else 1.2,
-                color="black" if overall_line else None,
-                label="all tasks" if overall_line else task,
+                xs, rates, marker="o", linewidth=2.4 if bold else 1.2, color="black" if bold else None, label=name
             )
             axis.fill_between(xs, lows, highs, where=~np.isnan(rates), color=drawn.get_color(), alpha=0.15)
             axis.vlines(xs, lows, highs, color=drawn.get_color(), alpha=0.5, linewidth=1.0)
-        axis.set_xticks([position[row.checkpoint] for row in overall], [row.checkpoint for row in overall])
+        if len(runs) > 1 and by_step:
+            steps = sorted({position[row.checkpoint] for row in overall})
+            axis.set_xticks(steps, [f"{step:g}" for step in steps])
+        else:
+            axis.set_xticks([position[row.checkpoint] for row in overall], [row.checkpoint for row in overall])
         axis.tick_params(axis="x", labelrotation=45, labelsize=7)
         axis.set_xlabel("training step" if by_step else "checkpoint (in training order)")
         axis.set_ylabel("success rate (95% CI)")

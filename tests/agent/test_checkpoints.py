@@ -118,11 +118,11 @@ def test_several_runs_label_their_checkpoints_run_slash_step_in_run_order(tmp_pa
 
     found = discover(WatchedDirectory(first.output_dir), WatchedDirectory(second.checkpoints_dir))
     assert [(c.label, c.run, c.step) for c in found.complete] == [
-        ("act_a/000030", "act_a", 30),
         ("act_b/000010", "act_b", 10),
         ("act_b/000020", "act_b", 20),
-    ]
-    assert found.complete[0].path == second.pretrained(30)
+        ("act_a/000030", "act_a", 30),
+    ], "runs as they are listed (the last one listed holds the candidate), each in step order"
+    assert found.complete[2].path == second.pretrained(30)
 
 
 @pytest.mark.slow
@@ -133,9 +133,9 @@ def test_two_runs_of_the_same_name_are_told_apart_by_their_parent_folders(tmp_pa
 
     found = discover(*(WatchedDirectory(r.output_dir) for r in (tuesday, other, monday)))
     assert [(c.label, c.run) for c in found.complete] == [
-        ("2024-06-03/act/000010", "2024-06-03/act"),
         ("2024-06-04/act/000010", "2024-06-04/act"),
         ("diffusion/000010", "diffusion"),
+        ("2024-06-03/act/000010", "2024-06-03/act"),
     ]
     with pytest.raises(CheckpointError, match=rf"training run {monday.output_dir} is watched twice"):
         discover(WatchedDirectory(monday.output_dir), WatchedDirectory(monday.checkpoints_dir))

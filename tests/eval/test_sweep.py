@@ -344,10 +344,14 @@ def test_a_sweep_over_several_training_runs_labels_each_checkpoint_by_its_run(
     )
     evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
     labels = list(dict.fromkeys(row.checkpoint for row in evaluation.rows))
-    assert labels == ["act_other/000200", "act_pusht/000500", "act_pusht/001000", "act_pusht/001500"]
+    assert labels == ["act_pusht/000500", "act_pusht/001000", "act_pusht/001500", "act_other/000200"], "YAML order"
     assert evaluation.passed
     table = json.loads((tmp_path / "out" / "reach_sweep" / "comparison.json").read_text())
-    assert [r["checkpoint"] for r in table["rows"] if r["task"] == "all"] == labels
+    overall = [r for r in table["rows"] if r["task"] == "all"]
+    assert [r["checkpoint"] for r in overall] == labels
+    assert [r["run"] for r in overall] == ["act_pusht"] * 3 + ["act_other"]
+    assert overall[3]["vs_previous"] is None, "the first checkpoint of a run has no previous one of another run"
+    assert overall[1]["vs_previous"] is not None
 
 
 def test_a_sweep_with_a_matrix_judges_its_candidates_control_tasks(

@@ -24,7 +24,14 @@ from scipy import stats
 from hud_pipelines.eval.comparison import Verdict
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.sweep_stats import compare_checkpoints
-from hud_pipelines.eval.sweep_table import ALL_TASKS, COLUMNS, CheckpointRows, SweepComparison, SweepRow
+from hud_pipelines.eval.sweep_table import (
+    ALL_TASKS,
+    COLUMNS,
+    NO_COMPARISON,
+    CheckpointRows,
+    SweepComparison,
+    SweepRow,
+)
 from hud_pipelines.recording.events import EpisodeStatus
 
 TASKS = ("push", "lift")
@@ -343,3 +350,30 @@ def test_the_best_checkpoint_is_not_one_whose_rate_stands_on_a_few_answered_epis
     assert table.conclusion().startswith("steady is the best (55.6%, 95% CI 26.7%-81.1%, n=9, 3 errored)")
     better, worse = _rows_of({"push": "SSSSSFFFF"}), _rows_of({"push": "SSSFFFFFF"})
     assert compare_checkpoints([("a", 100, better), ("b", 200, worse)]).best == "a", "as many answered: the higher rate"
+
+
+def test_a_sweep_of_several_runs_compares_each_checkpoint_with_its_own_runs_previous_and_draws_a_line_per_run() -> None:
+    def of(label: str, step: int, outcomes: str, run: str) -> CheckpointRows:
+        return CheckpointRows(f"{run}/{label}", step, _rows_of({"push": outcomes}), run)
+
+    table = compare_checkpoints(
+        [
+            of("100", 100, "SSFF", "zeta"),
+            of("200", 200, "SSSF", "zeta"),
+            of("100", 100, "FFFF", "alpha"),
+            of("200", 200, "SFFF", "alpha"),
+        ]
+    )
+    first_of_alpha = _find(table, "alpha/100", ALL_TASKS)
+    assert first_of_alpha.run == "alpha"
+    assert first_of_alpha.versus_previous == NO_COMPARISON, "zeta/200 is another run's checkpoint"
+    assert _find(table, "alpha/200", ALL_TASKS).versus_previous.pairs == 4
+    assert SweepComparison.from_json(table.to_json()) == table
+    document = json.loads(table.to_json())
+    for row in document["rows"]:
+        del row["run"]  # a table written before runs were recorded still reads
+    assert SweepComparison.from_json(json.dumps(document)).rows[0].run is None
+    axis = table.figure().axes[0]
+    assert axis.get_legend_handles_labels()[1] == ["run zeta", "run alpha"]
+    assert [tick.get_text() for tick in axis.get_xticklabels()] == ["100", "200"]
+    assert [list(line.get_xdata()) for line in axis.get_lines()] == [[100.0, 200.0], [100.0, 200.0]]
