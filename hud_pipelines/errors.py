@@ -313,3 +313,15 @@ class LinkClosed(LinkError):
         super().__init__(message)
         self.code = code
         self.reason = reason
+
+
+def exception_line(formatted: str) -> str:
+    """The exception a formatted traceback ends with, in one line: its type and its whole message (a
+    simulator's message often spans lines, the cause on the first: ``MuJoCo Warning: Nan ... QACC``)."""
+    lines = formatted.strip().splitlines()
+    summary: list[str] = []
+    for line in reversed(lines):
+        if line.startswith((" ", "\t", "Traceback (most recent call last)")):
+            break
+        summary.append(line.strip())
+    return " ".join(line for line in reversed(summary) if line) or (lines[-1] if lines else formatted)

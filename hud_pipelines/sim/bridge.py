@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, merge_contract, resolve_contract
-from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, TaskArgumentError
+from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, TaskArgumentError, exception_line
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
 from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
@@ -213,10 +213,13 @@ class GymBridge:
                 slot, formatted = next(iter(started.errors.items()))
                 raise _ResetRaised(formatted)
         except _ResetRaised as failed:
-            self.slots.fail_running(f"env.reset raised {_last_line(failed.formatted)}")
+            self.slots.fail_running(f"env.reset raised {exception_line(failed.formatted)}")
             self._rebuild = True
             raise EnvFault(
-                Phase.RESET, f"env.reset raised {_last_line(failed.formatted)}", slot=None, formatted=failed.formatted
+                Phase.RESET,
+                f"env.reset raised {exception_line(failed.formatted)}",
+                slot=None,
+                formatted=failed.formatted,
             ) from None
         except HudPipelinesError:
             self.slots.fail_running("reset refused")
@@ -235,7 +238,7 @@ class GymBridge:
         prompts = [own or task_prompt(self.factory, task) for own, task in zip(started.prompts, tasks, strict=True)]
         errors: list[SlotError] = []
         for slot, formatted in started.errors.items():
-            message = f"env.reset raised {_last_line(formatted)} ({self._where(slot)})"
+            message = f"env.reset raised {exception_line(formatted)} ({self._where(slot)})"
             self.slots.fail(slot, message)
             errors.append(SlotError(slot=slot, message=message, traceback=formatted))
         nonfinite, invalid = self._end_nonfinite(self.slots.running(), None)
@@ -279,7 +282,7 @@ class GymBridge:
             return self._observation(seq, reward, copy=copy)
         stepped = running.copy()
         raised = {
-            slot: f"{_last_line(formatted)} ({self._where(slot, stepping=True)})"
+            slot: f"{exception_line(formatted)} ({self._where(slot, stepping=True)})"
             for slot, formatted in tick.errors.items()
         }
         for slot, message in raised.items():
@@ -289,7 +292,7 @@ class GymBridge:
             slot, formatted = next(iter(tick.errors.items()))
             raise EnvFault(
                 Phase.STEP,
-                raised[slot] if len(tick.errors) == 1 else _last_line(formatted),
+                raised[slot] if len(tick.errors) == 1 else exception_line(formatted),
                 slot=slot if len(tick.errors) == 1 else None,
                 formatted=formatted,
             )
@@ -386,11 +389,6 @@ class _ResetRaised(Exception):
     def __init__(self, formatted: str) -> None:
         super().__init__(formatted)
         self.formatted = formatted
-
-
-def _last_line(formatted: str) -> str:
-    lines = formatted.strip().splitlines()
-    return lines[-1] if lines else formatted
 
 
 def _close_quietly(env: Any) -> None:

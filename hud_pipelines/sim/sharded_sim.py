@@ -48,6 +48,7 @@ from hud_pipelines.errors import (
     SimStartError,
     SimTimeoutError,
     WireError,
+    exception_line,
 )
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.wire.messages import Observation, Result, SlotError
@@ -276,8 +277,9 @@ class ShardedSim(Closeable):
         last = self._last[shard]
         count = len(self.slots[shard])
         ran = [True] * count if phase == "reset" or last is None else [s == RUNNING for s in last.status]
-        # one slot raised: the child's message says which episode; several: their traceback's last line
-        message = fault.message if fault.slot is not None else _last_line(fault.remote_traceback) or fault.message
+        # one slot raised: the child's message says which episode; several: the exception their traceback ends with
+        said = exception_line(fault.remote_traceback or "")
+        message = fault.message if fault.slot is not None else said or fault.message
         if last is None or phase == "reset":
             observation = {
                 name: np.zeros((count, *feature.shape), dtype=feature.dtype)
@@ -341,11 +343,6 @@ def _outcome(result: Callable[[], Observation], exc: BaseException | None) -> Ob
 def _env_fault(exc: RemoteError, phase: str) -> bool:
     """The child's env raised (it sends its traceback) during a reset or step: its slots, not the link, failed."""
     return exc.phase in ENV_FAULT_PHASES and exc.phase == phase and exc.remote_traceback is not None
-
-
-def _last_line(text: str | None) -> str:
-    lines = (text or "").strip().splitlines()
-    return lines[-1] if lines else ""
 
 
 def _contract_difference(first: Contract, other: Contract) -> str:

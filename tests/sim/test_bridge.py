@@ -689,3 +689,38 @@ def test_a_bridge_must_start_before_use() -> None:
 def test_a_contract_names_its_robot_by_the_env_never_by_the_factory_function(factory: str, robot: str) -> None:
     with GymBridge(factory, num_envs=2) as bridge:
         assert bridge.start().robot_type.startswith(robot)
+
+
+class UnstableEnv(gym.Env[np.ndarray, np.ndarray]):
+    """Raises a simulator's two-line warning at its second step, or at reset for seed 1."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, where: str = "step") -> None:
+        self.where, self.t = where, 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        self.t = 0
+        if self.where == "reset" and seed == 1:
+            raise RuntimeError("MuJoCo Warning: Nan, Inf or huge value in QACC at DOF 3.\nThe simulation is unstable.")
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        if self.t == 2:
+            raise RuntimeError("MuJoCo Warning: Nan, Inf or huge value in QACC at DOF 3.\nThe simulation is unstable.")
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def test_an_exception_of_several_lines_is_said_whole_with_its_type_the_cause_is_often_on_the_first() -> None:
+    said = "RuntimeError: MuJoCo Warning: Nan, Inf or huge value in QACC at DOF 3. The simulation is unstable."
+    with GymBridge("tests.sim.test_bridge:UnstableEnv", 2) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        bridge.step(np.zeros((2, 1)))
+        with pytest.raises(EnvFault) as caught:
+            bridge.step(np.zeros((2, 1)))
+        assert said in str(caught.value)
+    with GymBridge("tests.sim.test_bridge:UnstableEnv", 2, build_args={"where": "reset"}) as bridge:
+        reply = bridge.reset([{"seed": 0}, {"seed": 1}])
+        assert [e.message for e in reply.errors] == [f"env.reset raised {said} (seed 1)"]
