@@ -127,6 +127,8 @@ class BatchedModel(BasePolicy, Closeable):
         self._running: list[_Call] = []
         """The calls of the forward the worker is running now."""
         self._aborted: str | None = None
+        self._reset_before = False
+        """Whether the inner policy was reset once (before the first run of episodes)."""
         self.stats = BatchingStats()
         self.horizon = self.policy.horizon
         self.observation_steps = self.policy.observation_steps
@@ -204,7 +206,14 @@ class BatchedModel(BasePolicy, Closeable):
         return getattr(self._local, "rows", None)
 
     def reset(self) -> None:
-        """Shared rows carry no per-episode state; a stateful inner policy must not be shared."""
+        """Reset the inner policy before a run of episodes where no other caller's are under way: before the
+        first, and before each while one caller is left. Concurrent instances would clear each other's
+        state mid-episode, so theirs are skipped: per-episode state belongs keyed on ``batch.episodes``."""
+        with self._cond:
+            first, self._reset_before = not self._reset_before, True
+            alone = self._expected <= 1
+        if first or alone:
+            self.policy.reset()
 
     # -- the seam --------------------------------------------------------------------------------------
 

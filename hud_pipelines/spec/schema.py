@@ -191,8 +191,10 @@ object with `infer(batch)`.
   Values are read as floats: a discrete action is rounded to the nearest integer, an out-of-bounds
   continuous one is clipped (`sim.bounds`). Any other shape fails the call, naming the shape
   expected.
-- **Optional members** of the callable or policy object: `reset()` runs before every run of
-  episodes (clear state there); an integer attribute `horizon` executes only the first `horizon`
+- **Optional members** of the callable or policy object: `reset()` runs before the first run of
+  episodes, and before every run when instances take turns (`max_concurrent: 1`): instances that
+  share the policy at once would clear each other's state, so key per-episode state on
+  `batch.episodes`; an integer attribute `horizon` executes only the first `horizon`
   actions of each chunk before asking again (`agent.horizon` wins over it).
 - A policy object's `infer(batch)` gets the same dict as `batch.observation`, plus `batch.prompts`
   (the task string of each row) and `batch.episodes` (an id per row, stable through an episode, to

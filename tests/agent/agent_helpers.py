@@ -8,7 +8,7 @@ rules checkable step by step: slot ``i`` ends after ``lengths[i]`` steps and obs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -150,3 +150,19 @@ class _NeverSucceeds(gym.Wrapper[Any, Any, Any, Any]):
 def never_succeeding_cartpole() -> gym.Env[Any, Any]:
     """CartPole-v1 that says every step that the episode has not succeeded (loaded by path in a sim child)."""
     return _NeverSucceeds(gym.make("CartPole-v1"))
+
+
+class ResetCounter:
+    """A scripted CartPole controller that counts the resets every instance of it gets."""
+
+    resets: ClassVar[list[int]] = []
+
+    def __init__(self) -> None:
+        ResetCounter.resets.append(0)
+        self.index = len(ResetCounter.resets) - 1
+
+    def reset(self) -> None:
+        ResetCounter.resets[self.index] += 1
+
+    def __call__(self, observation: dict[str, np.ndarray]) -> np.ndarray:
+        return np.zeros((len(observation["state"]), 1), dtype=np.float32)

@@ -373,3 +373,33 @@ def test_a_model_closed_while_a_forward_is_stuck_still_serves_later_calls() -> N
     finally:
         release.set()
         model.close()
+
+
+class _Counting:
+    """A stateful policy: counts the resets it gets."""
+
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+        return np.zeros((batch.size, 1, 1), dtype=np.float32)
+
+
+def test_the_inner_policy_is_reset_before_each_run_of_episodes_no_other_caller_is_in() -> None:
+    inner = _Counting()
+    shared = BatchedModel(inner, expected_callers=2)
+    shared.reset()
+    assert inner.resets == 1, "before the first run of episodes"
+    shared.reset()
+    assert inner.resets == 1, "another caller's episodes may be under way: their state is not cleared"
+    shared.leave()
+    shared.reset()
+    assert inner.resets == 2, "one caller left: before each of its runs"
+    alone = _Counting()
+    model = BatchedModel(alone)
+    for _ in range(3):
+        model.reset()
+    assert alone.resets == 3

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from agent_helpers import countdown_contract
+from agent_helpers import ResetCounter, countdown_contract
 
 from hud_pipelines.agent.builtin import ConstantPolicy, FunctionPolicy, RandomPolicy, scripted_policy
 from hud_pipelines.agent.factory import build_policy
@@ -185,3 +185,27 @@ def test_the_loop_traces_and_wrap_do_not_import_torch_or_lerobot() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("max_concurrent", "resets"), [(1, 3), (3, 1)])
+def test_a_scripted_policys_reset_runs_before_the_runs_of_episodes_that_share_it_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_concurrent: int, resets: int
+) -> None:
+    import json
+
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    ResetCounter.resets.clear()
+    spec = {
+        "name": "counted",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "scripted", "target": "agent_helpers:ResetCounter"}},
+        "group": 3,
+        "max_steps": 5,
+        "max_concurrent": max_concurrent,
+        "dataset": {"enabled": False},
+    }
+    evaluate(load_pipeline_text(json.dumps(spec), source=tmp_path / "counted.yaml"), outputs_dir=tmp_path / "out")
+    assert ResetCounter.resets == [resets], "one policy for the eval: reset before each instance that runs alone"
