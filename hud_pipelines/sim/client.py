@@ -39,13 +39,22 @@ from hud_pipelines.errors import (
     LinkError,
     LinkRefused,
     SimCrashedError,
+    SimError,
     SimRefusedError,
     SimTimeoutError,
     WireError,
 )
 from hud_pipelines.sim.link import Link, WebSocketLink
 from hud_pipelines.wire.client_session import ClientSession
-from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, Framing, Observation, Reply, Result, ServerHello
+from hud_pipelines.wire.messages import (
+    DEFAULT_MAX_FRAME_BYTES,
+    CloseCode,
+    Framing,
+    Observation,
+    Reply,
+    Result,
+    ServerHello,
+)
 
 if TYPE_CHECKING:
     from hud_pipelines.sim.bridge import GymBridge
@@ -231,9 +240,15 @@ class SimClient(Closeable):
             deadline_s=timeout_s,
         )
 
-    def _crashed(self, phase: str, exc: BaseException) -> SimCrashedError:
+    def _crashed(self, phase: str, exc: BaseException) -> SimError:
         self._session.fail(f"connection lost during {phase}")
         self._link.abort()
+        if isinstance(exc, LinkClosed) and exc.code == CloseCode.IDLE_TIMEOUT:  # alive: it let a silent client go
+            return SimError(
+                f"the sim at {self.url} closed the connection before {phase}: no request reached it for its "
+                f"idle timeout ({exc.reason or 'idle'}); the policy took longer than that between steps: "
+                "start the server with a larger --idle-timeout-s"
+            )
         code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
         diagnosis = self._diagnosis()
         return SimCrashedError(

@@ -23,7 +23,7 @@ from websockets.http11 import Response as HttpResponse
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from hud_pipelines.sim.session import CloseCode
+from hud_pipelines.wire.messages import CloseCode
 
 SEND_TIMEOUT_S = 60.0
 """How long one send may wait for a peer that does not read (then the connection is dropped)."""

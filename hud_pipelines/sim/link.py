@@ -30,6 +30,8 @@ from websockets.uri import parse_uri
 from hud_pipelines.errors import LinkClosed, LinkError, LinkRefused
 
 RECV_CHUNK_BYTES = 1 << 20
+CLOSE_FRAME_WAIT_S = 0.2
+"""How long a failed write waits for the close frame that says why the peer closed."""
 
 
 class Link(Protocol):
@@ -103,7 +105,10 @@ class WebSocketLink:
         if self._protocol.state is not State.OPEN:
             raise self._closed()
         self._protocol.send_binary(data)
-        self._flush(time.monotonic() + timeout_s)
+        try:
+            self._flush(time.monotonic() + timeout_s)
+        except LinkClosed as broken:
+            raise self._close_frame_left() or broken from None
 
     def recv(self, timeout_s: float) -> bytes | bytearray | memoryview | str:
         """The next whole message (fragments joined), waiting at most ``timeout_s``."""
@@ -180,6 +185,15 @@ class WebSocketLink:
                 # stays open, and reading reports the end once they are read (EOF or a reset).
                 self._write_error = exc
                 raise LinkClosed(f"the connection broke ({exc})") from exc
+
+    def _close_frame_left(self) -> LinkClosed | None:
+        """The peer's close frame, where a write failed because the peer had closed first (it may say
+        why, as an idle timeout does): read what the socket still holds, briefly."""
+        deadline = time.monotonic() + CLOSE_FRAME_WAIT_S
+        with contextlib.suppress(LinkError, OSError, TimeoutError):
+            while self._protocol.close_rcvd is None and self._protocol.state is not State.CLOSED:
+                self._pump(deadline)
+        return self._closed() if self._protocol.close_rcvd is not None else None
 
     def _discard_writes(self) -> None:
         self._protocol.data_to_send()

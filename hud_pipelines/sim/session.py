@@ -27,7 +27,7 @@ import contextlib
 import logging
 import traceback
 from dataclasses import dataclass
-from enum import IntEnum, StrEnum
+from enum import StrEnum
 from typing import Any
 
 from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, WireError
@@ -37,6 +37,7 @@ from hud_pipelines.wire.codec import packb, peek_seq, unpackb
 from hud_pipelines.wire.messages import (
     PROTOCOL_VERSION,
     Close,
+    CloseCode,
     ErrorFrame,
     Framing,
     MessageType,
@@ -52,25 +53,6 @@ from hud_pipelines.wire.parse import message_type, parse_hello, parse_request
 
 log = logging.getLogger(__name__)
 SERVER_NAME = f"hud-pipelines/{PROTOCOL_VERSION}"
-
-
-class CloseCode(IntEnum):
-    """WebSocket close codes this server uses (RFC 6455, section 7.4.1)."""
-
-    NORMAL = 1000
-    """The client sent ``close``."""
-    GOING_AWAY = 1001
-    """The sim is shutting down."""
-    PROTOCOL_ERROR = 1002
-    """The handshake failed: no ``hello``, a wrong protocol version or an impossible framing."""
-    MESSAGE_TOO_BIG = 1009
-    """A frame exceeded ``max_frame_bytes`` (sent by the WebSocket layer itself)."""
-    INTERNAL_ERROR = 1011
-    """Serving a request failed in the server itself (a bug: the error is logged)."""
-    TRY_AGAIN_LATER = 1013
-    """Another connection drives the sim (normally refused earlier with HTTP 409)."""
-    IDLE_TIMEOUT = 4408
-    """The client sent nothing for ``--idle-timeout-s`` after its hello (private-use code, like HTTP 408)."""
 
 
 class SessionState(StrEnum):

@@ -9,7 +9,7 @@ on the way in (:mod:`.parse`), so a single env and ``N`` slots go through one co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,25 @@ PROTOCOL_VERSION = 3
 3: and whether it reported success on the slot's latest step (``success_now``), so success at the end is known."""
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame either side accepts (websockets closes the connection with 1009 above it)."""
+
+
+class CloseCode(IntEnum):
+    """WebSocket close codes this server uses (RFC 6455, section 7.4.1)."""
+
+    NORMAL = 1000
+    """The client sent ``close``."""
+    GOING_AWAY = 1001
+    """The sim is shutting down."""
+    PROTOCOL_ERROR = 1002
+    """The handshake failed: no ``hello``, a wrong protocol version or an impossible framing."""
+    MESSAGE_TOO_BIG = 1009
+    """A frame exceeded ``max_frame_bytes`` (sent by the WebSocket layer itself)."""
+    INTERNAL_ERROR = 1011
+    """Serving a request failed in the server itself (a bug: the error is logged)."""
+    TRY_AGAIN_LATER = 1013
+    """Another connection drives the sim (normally refused earlier with HTTP 409)."""
+    IDLE_TIMEOUT = 4408
+    """The client sent nothing for ``--idle-timeout-s`` after its hello (private-use code, like HTTP 408)."""
 
 
 class MessageType(StrEnum):

@@ -18,11 +18,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from hud_pipelines.errors import RemoteError, SimCrashedError
+from hud_pipelines.errors import RemoteError, SimCrashedError, SimError
 from hud_pipelines.sim.process import SimProcess
-from hud_pipelines.sim.session import CloseCode
 from hud_pipelines.wire.codec import packb, unpackb
-from hud_pipelines.wire.messages import PROTOCOL_VERSION
+from hud_pipelines.wire.messages import PROTOCOL_VERSION, CloseCode
 from tests.conftest import FAULTY
 
 Spawn = Callable[..., SimProcess]
@@ -83,9 +82,12 @@ def test_a_client_silent_after_its_hello_is_closed_with_a_code_it_can_read(spawn
     client = sim.connect()  # the sim is free again
     client.reset({"seed": 0})
     time.sleep(1.5)
-    with pytest.raises(SimCrashedError, match="close code 4408") as crashed:
+    with pytest.raises(
+        SimError, match=r"closed the connection before step: no request reached it for its idle"
+    ) as let_go:
         client.step([[0.0]])
-    assert crashed.value.returncode is None  # the sim did not die: it dropped this client
+    assert not isinstance(let_go.value, SimCrashedError), "the sim did not die: it let a silent client go"
+    assert "--idle-timeout-s" in str(let_go.value)
     client.close()
     with sim.connect() as next_client:
         assert next_client.result().slots[0]["status"] == "idle"
