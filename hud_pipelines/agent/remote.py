@@ -140,7 +140,9 @@ class RemotePolicy(BasePolicy, Closeable):
         try:
             frame = self._ws.recv(timeout=self.timeout_s)
         except TimeoutError as exc:
-            raise PolicyError(f"the policy server at {self.url} sent no {what} within {self.timeout_s:g} s") from exc
+            raise PolicyError(
+                f"the policy server at {self.url} did not send {what} within {self.timeout_s:g} s"
+            ) from exc
         except (ConnectionClosed, OSError) as exc:
             raise PolicyError(f"the policy server at {self.url} went away while we waited for {what}: {exc}") from exc
         if isinstance(frame, str):

@@ -183,7 +183,7 @@ def render_markdown(
         lines += ["", "## Errored episodes", ""]
         lines += [
             f"- {r.task} instance {r.instance} slot {r.slot}"
-            f"{f' ({r.fault.value})' if r.fault is not None else ''}: {one_line(r.error)}"
+            f"{f' ({r.fault.value})' if r.fault is not None else ''}: {_no_html(one_line(r.error))}"
             for r in errors[:20]
         ]
         if len(errors) > 20:

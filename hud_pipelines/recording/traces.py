@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract, FeatureType, looks_like_camera
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, FrameBatch, InferenceBatch
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, FrameBatch, InferenceBatch
 
 TRACE_SUFFIX = ".jsonl"
 TIMING_FIELDS = frozenset({"started_at", "latency_s", "batch_size"})
@@ -227,7 +227,7 @@ class TraceRecorder(Closeable):
                 {
                     "type": StepType.GRADE.value,
                     "status": outcome.status.value,
-                    "score": outcome.score,
+                    "score": None if outcome.status is EpisodeStatus.ERRORED else outcome.score,  # as grades.json
                     "success": outcome.success,
                     "total_reward": outcome.total_reward,
                     "steps": outcome.steps,

@@ -104,6 +104,7 @@ def test_errored_episodes_say_why_and_unfinished_ones_have_no_grade(tmp_path: Pa
     assert errored.of_type(StepType.ERROR) == [{"type": "error", "message": "sim crashed"}]
     assert errored.grade is not None
     assert errored.grade["status"] == "errored"
+    assert errored.grade["score"] is None, "no score, as grades.json says: a 0 would be averaged in as a failure"
     assert read_trace(recorder.path(open_)).grade is None
     with pytest.raises(KeyError, match="never begun"):
         recorder.add_frames(FrameBatch.of(broken, frame(1)))

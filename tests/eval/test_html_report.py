@@ -461,7 +461,7 @@ def test_report_md_lists_each_errored_episode_on_one_line() -> None:
     )
     rows = [
         _row(0, EpisodeStatus.ERRORED, traceback),
-        _row(1, EpisodeStatus.ERRORED, "plain reason"),
+        _row(1, EpisodeStatus.ERRORED, "plain reason <script>alert(2)</script> & more"),
         _row(2, EpisodeStatus.FAILED),
     ]
     markdown = render_markdown("p", rows)
@@ -469,7 +469,8 @@ def test_report_md_lists_each_errored_episode_on_one_line() -> None:
     assert len(listed) == 2, listed
     assert all(line.startswith("- ") for line in listed)
     assert "step failed on purpose" in listed[0]
-    assert "plain reason" in listed[1]
+    assert "plain reason &lt;script>alert(2)&lt;/script> & more" in listed[1], "an env's text is data, never markup"
+    assert "<script>" not in markdown
 
 
 def test_report_md_keeps_one_table_row_per_check_when_a_reason_spans_lines() -> None:

@@ -268,7 +268,7 @@ def _rate(rate: float | None, low: float | None, high: float | None) -> str:
 def _verdict(versus: Versus) -> str:
     if not versus.pairs or versus.diff is None or versus.p is None:
         return versus.outcome
-    return f"{versus.outcome} {versus.diff:+.1%} (p={versus.p:.3g})"
+    return f"{versus.outcome} {versus.diff:+.1%} (p={versus.p:.3g}, {versus.pairs} pairs)"
 
 
 # -- episodes --------------------------------------------------------------------------------------------
