@@ -21,9 +21,9 @@ def write_report(
 
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.steps import dataset_root, report_step
-    from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.spec.loader import load_pipeline_for_results
 
-    spec = load_pipeline(resolve_pipeline_file(pipeline, pipelines_dir))
+    spec = load_pipeline_for_results(resolve_pipeline_file(pipeline, pipelines_dir))
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     written = report_step(spec, outputs, dataset=dataset_root(spec, outputs, Path.cwd()))
     print(f"wrote {written.html} and {outputs.report_md}")

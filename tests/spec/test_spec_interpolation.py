@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hud_pipelines.spec.interpolation import interpolate
+from hud_pipelines.spec.problems import SpecError
 
 ENV = {"HOST": "10.0.0.5", "PORT": "8765", "EMPTY": ""}
 
@@ -56,3 +59,24 @@ def test_malformed_references(text: str, message: str, offset: int) -> None:
 def test_every_problem_of_one_string_is_reported() -> None:
     _, errors = interpolate("${A}/${B}/${HOST}/${C:-ok}/${1}", {"HOST": "h"})
     assert [e.offset for e in errors] == [0, 5, 27]
+
+
+def test_reading_results_needs_no_credential_but_every_other_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.spec.loader import load_pipeline, load_pipeline_for_results
+
+    monkeypatch.delenv("HUDP_UNSET_TOKEN", raising=False)
+    monkeypatch.delenv("HUDP_UNSET_ARG", raising=False)
+    served = (
+        "name: served\nsim: {url: 'ws://127.0.0.1:1', token: '${HUDP_UNSET_TOKEN}', num_envs: 2}\n"
+        "agent: {policy: {kind: random}}\n"
+    )
+    (tmp_path / "served.yaml").write_text(served)
+    with pytest.raises(SpecError, match="HUDP_UNSET_TOKEN is not set"):
+        load_pipeline(tmp_path / "served.yaml")  # a run would reach the sim: it needs the token
+    spec = load_pipeline_for_results(tmp_path / "served.yaml")
+    assert spec.rollout_hash == load_pipeline(tmp_path / "served.yaml", env={"HUDP_UNSET_TOKEN": "t"}).rollout_hash
+    (tmp_path / "argued.yaml").write_text(served.replace("num_envs: 2", "num_envs: 2, args: {x: '${HUDP_UNSET_ARG}'}"))
+    with pytest.raises(SpecError, match="HUDP_UNSET_ARG is not set"):
+        load_pipeline_for_results(tmp_path / "argued.yaml")  # a sim argument decides the results: never guessed
