@@ -62,7 +62,7 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
         from hud_pipelines.spec.loader import declared_name
 
         path = EvalOutputs(root, declared_name(path)).grades_json
-    elif not path.exists():
+    elif not path.exists() and path.suffix != ".json" and len(path.parts) == 1:  # a pipeline's name
         path = EvalOutputs(root, where).grades_json
     if not path.is_file():
         raise HudPipelinesError(

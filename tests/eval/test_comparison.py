@@ -392,3 +392,13 @@ def test_the_no_regression_check_does_not_pass_on_episodes_that_errored_where_th
     )
     steady = [_row(slot, True, errored=slot == 11) for slot in range(12)]
     assert check_verdict(gate, steady).passed, "one errored episode cannot make a regression of it"
+
+
+def test_a_missing_grades_file_is_named_as_given(tmp_path: Path) -> None:
+    from hud_pipelines.eval.result_sets import read_result_set
+
+    for given in (tmp_path / "typo" / "grades.json", tmp_path / "typo"):
+        with pytest.raises(HudPipelinesError, match=f"no grades at {given} \\("):  # not .../grades.json/grades.json
+            read_result_set(str(given))
+    with pytest.raises(HudPipelinesError, match=r"outputs/nameless/grades\.json"):
+        read_result_set("nameless", outputs_root=tmp_path / "outputs")
