@@ -255,10 +255,10 @@ class ReplicatedEnvs(SlotEnvs):
         for slot, env in enumerate(self.envs):
             try:
                 observation, _ = env.reset(seed=seeds[slot], options=options[slot])
-            except Exception:  # this slot's env failed: it errors alone, its siblings start
+                self.write(out, flatten_observation(observation), slot, f"slot {slot} reset")
+            except Exception:  # this slot's env failed (or returned what the contract refuses): it errors alone
                 started.errors[slot] = traceback.format_exc()
                 continue
-            self.write(out, flatten_observation(observation), slot, f"slot {slot} reset")
             started.prompts[slot] = prompt_of(env)
         return started
 

@@ -702,6 +702,8 @@ class UnstableEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         self.t = 0
+        if self.where == "shape" and seed == 1:
+            return np.zeros(5, np.float32), {}
         if self.where == "reset" and seed == 1:
             raise RuntimeError("MuJoCo Warning: Nan, Inf or huge value in QACC at DOF 3.\nThe simulation is unstable.")
         return np.zeros(2, np.float32), {}
@@ -724,3 +726,12 @@ def test_an_exception_of_several_lines_is_said_whole_with_its_type_the_cause_is_
     with GymBridge("tests.sim.test_bridge:UnstableEnv", 2, build_args={"where": "reset"}) as bridge:
         reply = bridge.reset([{"seed": 0}, {"seed": 1}])
         assert [e.message for e in reply.errors] == [f"env.reset raised {said} (seed 1)"]
+
+
+def test_an_observation_the_contract_refuses_at_reset_errors_its_slot_only() -> None:
+    with GymBridge("tests.sim.test_bridge:UnstableEnv", 2, build_args={"where": "shape"}) as bridge:
+        reply = bridge.reset([{"seed": 0}, {"seed": 1}])
+        assert reply.status == ["running", "errored"], "seed 0's episode is not lost with seed 1's"
+        (error,) = reply.errors
+        assert error.slot == 1
+        assert "observation 'state' is float32[5], the contract says float32[2]" in error.message
