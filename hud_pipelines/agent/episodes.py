@@ -125,13 +125,13 @@ class SlotEpisodes:
         (one that terminated on this step too, as gymnasium's ``TimeLimit`` says), and its last frame says
         so (``next.done``).
         """
-        self.steps[running] += 1
-        errored = self.apply_errors(reply)  # the sim ends a slot whose observation or reward is not finite
-        counted = running[self.running[running]]
+        errored = self.apply_errors(reply)  # ended with the steps they completed, as the sim counts them
+        stepped = running if not errored else np.array([s for s in running.tolist() if s not in errored], np.intp)
+        self.steps[stepped] += 1
+        counted = stepped[self.running[stepped]]
         self.total_reward[counted] += reply.reward[counted]
         self.success[counted] |= reply.success[counted]
         self.success_reported[counted] |= reply.success_reported[counted]
-        stepped = running if not errored else np.array([s for s in running.tolist() if s not in errored], np.intp)
         if not stepped.size:
             return
         truncated = reply.truncated[stepped] | cutoff

@@ -113,7 +113,7 @@ def test_a_slot_that_raises_mid_pipeline_errors_alone_as_it_would_without_pipeli
     assert [o.status for o in pipelined] == [EpisodeStatus.FAILED, EpisodeStatus.ERRORED, EpisodeStatus.FAILED]
     assert pipelined[1].error is not None
     assert "ZeroDivisionError" in pipelined[1].error
-    assert [o.steps for o in pipelined] == [EPISODE_STEPS, 4, EPISODE_STEPS], "the step that raised counts"
+    assert [o.steps for o in pipelined] == [EPISODE_STEPS, 3, EPISODE_STEPS], "completed steps: not the one that raised"
     assert pipelined == waiting
     assert records(pipelined_sink) == records(waiting_sink)
 
