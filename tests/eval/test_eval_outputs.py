@@ -216,6 +216,13 @@ def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeyp
     page.unlink()
     assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]) == 0
     assert page.is_file()
+    edited = spec.model_dump(mode="json") | {"max_steps": 25}  # the results are now another configuration's
+    (tmp_path / "placed.yaml").write_text(json.dumps(edited))
+    assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]) == 0
+    grades = json.loads((evaluation.outputs.base / "grades.json").read_text())
+    assert {row["fault"] for row in grades} == {"not_run"}, "the grades say what the report says"
+    assert "errored 2" in (evaluation.outputs.base / "report.md").read_text()
+    (tmp_path / "placed.yaml").write_text(json.dumps(spec.model_dump(mode="json")))
 
     command = [sys.executable, "-m", "hud_pipelines.cli", "report", str(tmp_path / "placed.yaml")]
     served = subprocess.Popen(
