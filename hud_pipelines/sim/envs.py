@@ -271,8 +271,8 @@ class ReplicatedEnvs(SlotEnvs):
                 )
                 self.write(out, flatten_observation(observation), slot, f"slot {slot} step")
                 tick.reward[slot] = float(to_numpy(reward))
-                tick.terminated[slot] = bool(to_numpy(terminated))
-                tick.truncated[slot] = bool(to_numpy(truncated))
+                tick.terminated[slot] = _flag(terminated, "terminated")
+                tick.truncated[slot] = _flag(truncated, "truncated")
                 tick.success[slot] = success_of(info)
             except Exception:  # the env's own code failed: report it against this slot, keep the others
                 tick.errors[slot] = traceback.format_exc()
@@ -336,8 +336,8 @@ class VectorEnvs(SlotEnvs):
                 out[key][active] = rows[active]
         return Tick(
             reward=to_numpy(reward).astype(np.float64).reshape(self.num_slots),
-            terminated=to_numpy(terminated).astype(np.bool_).reshape(self.num_slots),
-            truncated=to_numpy(truncated).astype(np.bool_).reshape(self.num_slots),
+            terminated=_flags(terminated, "terminated").reshape(self.num_slots),
+            truncated=_flags(truncated, "truncated").reshape(self.num_slots),
             success=vector_success(info, self.num_slots),
         )
 
@@ -360,3 +360,21 @@ def takes_seed_list(vector_env: Any, *, default: bool) -> bool:
         if isinstance(holder, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv):
             return True
     return default
+
+
+def _flag(value: object, name: str) -> bool:
+    """One slot's ``terminated`` or ``truncated``: a bool (or a 0/1 integer, or a tensor of one)."""
+    if type(value) is bool:  # the usual case, first: this runs for every slot of every step
+        return value
+    return bool(_flags(value, name).reshape(()))
+
+
+def _flags(value: object, name: str) -> npt.NDArray[np.bool_]:
+    """``terminated`` or ``truncated`` as booleans; anything else (``"no"``, ``0.5``, ``None``) is the env's
+    error: ``bool("no")`` is true, and would end an episode as if the env had said so."""
+    array = np.asarray(to_numpy(value))
+    if array.dtype == np.bool_:
+        return array
+    if array.dtype.kind in "iu" and np.isin(array, (0, 1)).all():
+        return array.astype(np.bool_)
+    raise TypeError(f"env.step returned {name}={value!r} ({type(value).__name__}): it must be a bool")
