@@ -364,8 +364,9 @@ def takes_seed_list(vector_env: Any, *, default: bool) -> bool:
 
 def _flag(value: object, name: str) -> bool:
     """One slot's ``terminated`` or ``truncated``: a bool (or a 0/1 integer, or a tensor of one)."""
-    if type(value) is bool:  # the usual case, first: this runs for every slot of every step
-        return value
+    kind = type(value)
+    if kind is bool or kind is np.bool_:  # the usual cases, first: this runs for every slot of every step
+        return bool(value)
     return bool(_flags(value, name).reshape(()))
 
 
