@@ -218,7 +218,8 @@ class DatasetSpec(StrictModel):
     keep_errored: bool = Field(
         default=False,
         description="also write episodes of errored slots (their frames up to the fault), flagged by an "
-        "`episode.errored` column and kept out of the dataset's statistics",
+        "`episode.errored` column and kept out of the dataset's statistics; one that errored before its "
+        "first step (at reset) has no frame, and a LeRobot episode needs one: it stays in the grades only",
     )
     codec: VideoCodec = Field(
         default=VideoCodec.H264, description="video codec: `h264` (fast, the default) or `libsvtav1` (smaller)"
