@@ -244,7 +244,13 @@ class SimServer:
                 wait_s = min(CLOSING_WAIT_S, max(deadline - time.monotonic(), 0.0))
                 self._state.wait_for(lambda: self._driver is None, timeout=wait_s)
             if self._driver is not None:
-                return connection.protocol.reject(HTTPStatus.CONFLICT, "the sim is driven by another connection\n")
+                busy = "the sim is driven by another connection"
+                if self._driver.leaving:  # its client went away, but a request of it still runs in the env
+                    busy = (
+                        f"the sim is still running a request of a connection that has gone (no reply for "
+                        f"{self._driver.quiet_for():.0f} s): the env may be stuck in it; restart the server"
+                    )
+                return connection.protocol.reject(HTTPStatus.CONFLICT, busy + "\n")
             self._driver = connection
         return None
 

@@ -122,6 +122,19 @@ def test_a_hung_child_misses_its_deadline_and_its_group_is_killed(spawn: Spawn, 
     wait_group_gone(sim.pid)  # the client's deadline killed the group, not the teardown
 
 
+def test_a_served_sim_stuck_in_a_gone_clients_request_tells_the_next_client_so(spawn: Spawn) -> None:
+    sim = spawn(FAULTY, build_args={"fault": "hang_step", "at_step": 1})
+    client = SimClient(sim.url, sim.token, step_timeout_s=1.0)  # a served sim: no deadline kills it
+    client.reset({"seed": 0})
+    with pytest.raises(SimTimeoutError):
+        client.step([[0.0]])
+    client.close()
+    with pytest.raises(
+        SimRefusedError, match="HTTP 409 the sim is still running a request of a connection that has gone"
+    ):
+        SimClient(sim.url, sim.token)
+
+
 def test_a_stopped_child_sigstop_is_caught_by_the_deadline(spawn: Spawn) -> None:
     sim = spawn(FAULTY)
     client = sim.connect(step_timeout_s=1.0)
