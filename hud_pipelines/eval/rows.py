@@ -9,6 +9,7 @@ checkpoint's, labelled, in sweep order.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from hud_pipelines.errors import Fault
@@ -27,6 +28,7 @@ def collect_rows(
     *,
     rollout_hash: str | None = None,
     environment: dict[str, Any] | None = None,
+    rerun: Callable[[str], str] | None = None,
 ) -> list[GradeRow]:
     """One row per scheduled slot, from the latest result of every partition.
 
@@ -34,7 +36,8 @@ def collect_rows(
     configuration (its rollout hash differs from ``rollout_hash``, by default the latest run's), gives
     errored ``not_run`` rows saying so and how to run it: results of different configurations are
     never mixed in one table. Nor are results of another environment (``environment``, by default the
-    latest run's provenance: package versions, the sim's interpreter, the renderer).
+    latest run's provenance: package versions, the sim's interpreter, the renderer). ``rerun`` says how
+    to run an instance again, from its key (by default ``hud-pipelines run <name> --partition <key>``).
     """
     expected = rollout_hash or current_rollout_hash(spec, outputs)
     current = environment if environment is not None else recorded_provenance(outputs)
@@ -42,7 +45,7 @@ def collect_rows(
         return _sweep_rows(spec, outputs, expected, current)
     rows: list[GradeRow] = []
     for partition in spec.partitions():
-        result, stale = _latest(spec, outputs, partition, expected, current)
+        result, stale = _latest(spec, outputs, partition, expected, current, rerun)
         if stale is None:
             assert result is not None
             rows.extend(result.rows)
@@ -72,13 +75,18 @@ def current_results(
 
 
 def _latest(
-    spec: PipelineSpec, outputs: EvalOutputs, partition: Partition, expected: str, current: dict[str, Any]
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    partition: Partition,
+    expected: str,
+    current: dict[str, Any],
+    how: Callable[[str], str] | None = None,
 ) -> tuple[InstanceResult | None, str | None]:
     """A partition's latest result, and why it is not current (``None`` when it is)."""
     key = spec.partition_key(*partition)
     path = outputs.result(key)
     result = InstanceResult.read(path) if path.exists() else None
-    rerun = f"run it with: hud-pipelines run {spec.name} --partition {key}"
+    rerun = how(key) if how is not None else f"run it with: hud-pipelines run {spec.name} --partition {key}"
     if result is None:
         return None, f"instance {key} has not run yet; {rerun}"
     if result.rollout_hash != expected:
@@ -116,8 +124,20 @@ def _sweep_rows(
     rows: list[GradeRow] = []
     for member in sweep.evaluated(spec, outputs):
         expected = checkpoint_rollout_hash(sweep_hash, member.content_hash)
+        found = collect_rows(
+            member.spec, member.outputs, rollout_hash=expected, environment=environment, rerun=_rerun_of(member)
+        )
         rows += [
             dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))
-            for row in collect_rows(member.spec, member.outputs, rollout_hash=expected, environment=environment)
+            for row in found
         ]
     return rows
+
+
+def _rerun_of(member: sweep.Member) -> Callable[[str], str]:
+    """How to run one instance of a sweep's checkpoint again, or why it cannot be (its files are gone)."""
+    if not member.path.exists():
+        return lambda key: f"checkpoint {member.label}'s files at {member.path} are gone: restore them to run it again"
+    return lambda key: (
+        f"run it with: hud-pipelines run {member.spec.name} --checkpoint {member.label} --partition {key}"
+    )

@@ -117,6 +117,17 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     assert {row.checkpoint for row in fifth.rows if row.status.value != "errored"} == {"002000"}
     assert fifth.dataset is not None, "the current checkpoint is published; the stale ones are left out"
     assert fifth.dataset.path.name == "002000"
+    stale = {row.checkpoint: row.error or "" for row in fifth.rows if row.status.value == "errored"}
+    assert "run it with: hud-pipelines run reach_sweep --checkpoint 000500 --partition near-i0" in stale["000500"]
+
+    shutil.rmtree(run.step_dirs[1500])  # where its results say it was: a stale checkpoint whose files are gone
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.rows import collect_rows
+
+    gone = [row for row in collect_rows(shorter, EvalOutputs(out, "reach_sweep")) if row.checkpoint == "001500"]
+    assert gone
+    assert all("checkpoint 001500's files at" in (row.error or "") for row in gone)
+    assert all("are gone: restore them to run it again" in (row.error or "") for row in gone)
 
 
 def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
