@@ -193,13 +193,38 @@ def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Proble
         return refused
     problems = [] if derived else _argument_problems(factory.split_task, spec.sim.args, ("sim", "args"), document)
     controls = [t for t in spec.tasks if t.variant_of is None]  # the file's own tasks, in order
+    defaults = _defaults(factory)
     for index, task in zip(_control_positions(document, len(controls)), controls, strict=True):
         problems += _argument_problems(factory.split_task, task.args, ("tasks", index, "args"), document)
         for axis, values in task.matrix.items():  # the tasks a matrix adds change one argument: said at the axis
             where: KeyPath = ("tasks", index, "matrix")
             found = [_argument_problems(factory.split_task, {axis: value}, where, document) for value in values]
             problems += list(dict.fromkeys(problem for each in found for problem in each))
+            unset = axis not in spec.sim.args and axis not in task.args  # the control builds with the default
+            if unset and axis in defaults and any(value == defaults[axis] for value in values):
+                problems.append(
+                    document.problem(
+                        (*where, axis),
+                        f"{defaults[axis]!r} is the factory's default value of {axis!r}, which the control builds "
+                        "with: that arm would be the control again",
+                    )
+                )
     return problems
+
+
+def _defaults(factory: Factory) -> dict[str, Any]:
+    """A callable factory's keyword defaults (a registry id's are the registry's: not read here)."""
+    import inspect
+
+    from hud_pipelines.sim.factory import FactoryKind
+
+    if factory.kind is not FactoryKind.CALLABLE or not callable(factory.target):
+        return {}
+    try:
+        parameters = inspect.signature(factory.target).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
 
 
 def _control_positions(document: YamlDocument, count: int) -> list[int]:
