@@ -213,26 +213,12 @@ class GymBridge:
                 slot, formatted = next(iter(started.errors.items()))
                 raise _ResetRaised(formatted)
         except _ResetRaised as failed:
-            self.slots.fail_running(f"env.reset raised {exception_line(failed.formatted)}")
-            self._rebuild = True
-            raise EnvFault(
-                Phase.RESET,
-                f"env.reset raised {exception_line(failed.formatted)}",
-                slot=None,
-                formatted=failed.formatted,
-            ) from None
+            raise self._reset_failed(exception_line(failed.formatted), failed.formatted) from None
         except HudPipelinesError:
             self.slots.fail_running("reset refused")
             raise
         except Exception as exc:
-            self.slots.fail_running(f"env.reset raised {type(exc).__name__}: {exc}")
-            self._rebuild = True
-            raise EnvFault(
-                Phase.RESET,
-                f"env.reset raised {type(exc).__name__}: {exc}",
-                slot=None,
-                formatted=traceback.format_exc(),
-            ) from exc
+            raise self._reset_failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from exc
         assert self._actions is not None
         self._actions.restart()
         prompts = [own or task_prompt(self.factory, task) for own, task in zip(started.prompts, tasks, strict=True)]
@@ -246,6 +232,12 @@ class GymBridge:
         return self._observation(
             seq, np.zeros(self.num_envs), copy=copy, prompts=prompts, errors=errors, nonfinite=nonfinite
         )
+
+    def _reset_failed(self, said: str, formatted: str) -> EnvFault:
+        """A reset in which no slot started: every slot fails with what was raised, and the envs are built anew."""
+        self.slots.fail_running(f"env.reset raised {said}")
+        self._rebuild = True
+        return EnvFault(Phase.RESET, f"env.reset raised {said}", slot=None, formatted=formatted)
 
     def step(self, action: object, seq: int = 0, *, copy: bool = True, scalar: bool = False) -> Observation:
         """Apply one ``[N, A]`` action frame to every running slot (see :meth:`reset` for ``copy``).
