@@ -51,8 +51,8 @@ from hud_pipelines.recording.events import EpisodeStatus
 
 BOOTSTRAP_SAMPLES = 4000
 BOOTSTRAP_SEED = 20261201
-EXACT_FLIPS_UP_TO = 16
-"""Pairs up to which the sign-flip test enumerates every flip (65,536); above, it draws BOOTSTRAP_SAMPLES."""
+EXACT_FLIPS_UP_TO = 12
+"""Pairs up to which the sign-flip test enumerates every flip (4,096); above, it draws BOOTSTRAP_SAMPLES."""
 Z_80_POWER = NormalDist().inv_cdf(0.8)
 """The standard normal quantile for 80% power."""
 
@@ -277,15 +277,18 @@ def sign_flip_test(
     differences: np.ndarray[Any, np.dtype[np.float64]], alpha: float
 ) -> tuple[float, tuple[float, float] | None]:
     """The paired sign-flip test of a zero mean difference: its two-sided p-value, and the interval of
-    the shifts it does not reject at ``alpha`` (``None`` where it can reject none: too few pairs)."""
-    signs = _flips(differences.size)
-    exact = differences.size <= EXACT_FLIPS_UP_TO
+    the shifts it does not reject at ``alpha`` (``None`` where it can reject none: too few pairs).
+
+    A flip's sum of shifted differences is ``flipped_sum - shift * sign_sum``: both are computed once, so
+    each p-value of the interval's search costs one pass over the flips, whatever the number of pairs.
+    """
+    flipped, sign_sums, exact = _flip_sums(differences)
+    total, n = float(differences.sum()), differences.size
 
     def p_value(shift: float) -> float:
-        shifted = differences - shift
-        observed = abs(float(shifted.mean()))
-        as_extreme = int(np.count_nonzero(np.abs(signs @ shifted) / shifted.size >= observed * (1 - 1e-12)))
-        return as_extreme / len(signs) if exact else (as_extreme + 1) / (len(signs) + 1)
+        observed = abs(total - shift * n) * (1 - 1e-9)  # the tolerance keeps the observed flip and its ties in
+        as_extreme = int(np.count_nonzero(np.abs(flipped - shift * sign_sums) >= observed))
+        return as_extreme / flipped.size if exact else (as_extreme + 1) / (flipped.size + 1)
 
     mean, spread = float(differences.mean()), float(np.ptp(differences)) + abs(float(differences.mean())) + 1.0
     far_low, far_high = mean - 4 * spread, mean + 4 * spread  # every difference one sign: the smallest p
@@ -295,13 +298,24 @@ def sign_flip_test(
     return p, (_crossing(p_value, far_low, mean, alpha), _crossing(p_value, far_high, mean, alpha))
 
 
-def _flips(n: int) -> np.ndarray[Any, np.dtype[np.float64]]:
-    """``[M, n]`` signs: every one of the ``2^n`` flips, or BOOTSTRAP_SAMPLES drawn from a fixed seed."""
+def _flip_sums(
+    differences: np.ndarray[Any, np.dtype[np.float64]],
+) -> tuple[np.ndarray[Any, np.dtype[np.float64]], np.ndarray[Any, np.dtype[np.float64]], bool]:
+    """Each flip's signed sum of ``differences`` and its sum of signs, and whether the flips are every one of
+    the ``2^n`` (else BOOTSTRAP_SAMPLES drawn from a fixed seed, a block at a time: memory stays small)."""
+    n = differences.size
     if n <= EXACT_FLIPS_UP_TO:
         flips: np.ndarray[Any, np.dtype[np.int64]] = np.arange(2**n, dtype=np.int64).reshape(-1, 1)
-        bits = np.right_shift(flips, np.arange(n, dtype=np.int64)) & 1
-        return (1 - 2 * bits).astype(np.float64)
-    return np.random.default_rng(BOOTSTRAP_SEED).choice([-1.0, 1.0], size=(BOOTSTRAP_SAMPLES, n))
+        signs = (1 - 2 * (np.right_shift(flips, np.arange(n, dtype=np.int64)) & 1)).astype(np.float64)
+        return signs @ differences, signs.sum(axis=1), True
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    rows = max(1, (1 << 20) // n)
+    flipped, sign_sums = np.empty(BOOTSTRAP_SAMPLES), np.empty(BOOTSTRAP_SAMPLES)
+    for start in range(0, BOOTSTRAP_SAMPLES, rows):
+        block = rng.choice([-1.0, 1.0], size=(min(rows, BOOTSTRAP_SAMPLES - start), n))
+        flipped[start : start + len(block)] = block @ differences
+        sign_sums[start : start + len(block)] = block.sum(axis=1)
+    return flipped, sign_sums, False
 
 
 def _crossing(p_value: Callable[[float], float], rejected: float, kept: float, alpha: float) -> float:
