@@ -283,13 +283,15 @@ def run_names(sources: Sequence[CheckpointSource]) -> list[str]:
 
 
 def sweep_order(runs: Sequence[str]) -> Callable[[_Stepped], tuple[int, str, bool, int, str]]:
-    """The order of a sweep's checkpoints: by run as the YAML lists them (a run it no longer lists after
-    those, by name; explicit entries first), then by step (unnumbered last), then by label."""
+    """The order of a sweep's checkpoints: by run as the YAML lists them, then by step (unnumbered last),
+    then by label. Runs the YAML no longer lists (results of earlier runs of the sweep) come first, by
+    name, then checkpoints of no run (explicit entries, or the one run listed): the last run listed holds
+    the candidate, never a run dropped from the YAML."""
     position = {run: index for index, run in enumerate(runs)}
 
     def key(checkpoint: _Stepped) -> tuple[int, str, bool, int, str]:
         run = checkpoint.run
-        placed = -1 if run is None else position.get(run, len(position))
+        placed = -1 if run is None else position.get(run, -2)
         return (placed, run or "", checkpoint.step is None, checkpoint.step or 0, checkpoint.label)
 
     return key

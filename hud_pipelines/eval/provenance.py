@@ -38,18 +38,23 @@ SERVED_FIELDS = ("factory_name", "args", "packages")
 
 
 def for_run(
-    spec: PipelineSpec, *, contract_json: str | None = None, served_sim: dict[str, Any] | None = None
+    spec: PipelineSpec,
+    *,
+    contract_json: str | None = None,
+    served_sim: dict[str, Any] | None = None,
+    code: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The provenance of a run of ``spec`` (a sweep member's includes its checkpoint's content hash).
 
     ``served_sim``: what the served sim that gave the contract says it is (:mod:`hud_pipelines.sim.identity`).
     A sim attached by URL runs where its server was started, with the server's arguments: its factory,
     arguments, interpreter and packages are the server's, and they are part of the fingerprint, so the
-    results of a server started otherwise are never merged with these.
+    results of a server started otherwise are never merged with these. ``code``: the sources as digested
+    before the run loaded them (:func:`hud_pipelines.eval.sources.digests`), else digested now.
     """
     sim = spec.sim
     record: dict[str, Any] = {
-        **environment(spec),
+        **environment(spec, code),
         "hud_pipelines_revision": _git_revision(PACKAGE_DIR),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -81,7 +86,7 @@ def with_served_sim(record: dict[str, Any], served_sim: dict[str, Any]) -> dict[
     return updated | {"fingerprint": fingerprint(updated)}
 
 
-def environment(spec: PipelineSpec) -> dict[str, Any]:
+def environment(spec: PipelineSpec, code: dict[str, str] | None = None) -> dict[str, Any]:
     """The parts of the provenance that decide numbers besides the YAML (see :data:`FINGERPRINT_FIELDS`).
 
     A sim under its own interpreter (``sim.python``) has its own packages: their versions, and the
@@ -93,7 +98,7 @@ def environment(spec: PipelineSpec) -> dict[str, Any]:
         "sim_python": interpreter,
         "sim_packages": _sim_versions(interpreter, factory_distribution(spec.sim.factory)),
         "renderer": {name: os.environ[name] for name in RENDERER_VARIABLES if name in os.environ},
-        "sources": sources.digests(spec),
+        "sources": sources.digests(spec) if code is None else code,
     }
 
 
@@ -109,12 +114,14 @@ def fingerprint(record: dict[str, Any]) -> str:
 
 
 def other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:
-    """Whether a result ran in another environment than the current one (no fingerprint counts as the same)."""
-    return (
-        bool(ran.get("fingerprint"))
-        and bool(current.get("fingerprint"))
-        and ran["fingerprint"] != current["fingerprint"]
-    )
+    """Whether a result ran in another environment than the current one (no fingerprint counts as the same).
+
+    A result recorded before sources were (``sources`` absent) is judged on the rest of the fingerprint.
+    """
+    ran_in, current_in = ran.get("fingerprint"), current.get("fingerprint")
+    if ran_in and current_in and "sources" not in ran and current.get("sources"):
+        current_in = fingerprint({key: value for key, value in current.items() if key != "sources"})
+    return bool(ran_in) and bool(current_in) and ran_in != current_in
 
 
 def difference(old: dict[str, Any], new: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval import provenance, sweep
+from hud_pipelines.eval import provenance, sources, sweep
 from hud_pipelines.eval.configuration import (
     claim_served_sim,
     latest_served_sim,
@@ -62,6 +62,7 @@ def rollouts_step(
         return recorders
 
     finished: set[str] = set()
+    code = sources.digests(spec)  # before the run loads any of it: an edit during the run is not its code
 
     recorded: list[dict[str, Any]] = []
     claimed_at = claims or outputs
@@ -77,10 +78,11 @@ def rollouts_step(
             if pool.served_sim:
                 pool.hold_to(claim_served_sim(claimed_at, run_id, pool.served_sim))
             elif not spec.sim.spawned:  # no served sim met yet: nothing to say of its environment
-                return {
-                    k: v for k, v in provenance.for_run(spec, contract_json=contract_json).items() if k != "fingerprint"
-                }
-            recorded.append(provenance.for_run(spec, contract_json=contract_json, served_sim=pool.served_sim))
+                ran = provenance.for_run(spec, contract_json=contract_json, code=code)
+                return {k: v for k, v in ran.items() if k != "fingerprint"}
+            recorded.append(
+                provenance.for_run(spec, contract_json=contract_json, served_sim=pool.served_sim, code=code)
+            )
         return recorded[0]
 
     def ended(result: InstanceResult) -> None:

@@ -15,6 +15,7 @@ checkpoints are identified by content already (:attr:`PipelineSpec.checkpoint_ha
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hud_pipelines.agent.checkpoint_files import file_digest, files_by_name
@@ -31,7 +32,11 @@ _WEIGHTS: dict[tuple[tuple[str, int, int], ...], str] = {}
 
 
 def digests(spec: PipelineSpec) -> dict[str, str]:
-    """Path -> short sha256 of every code file the pipeline's targets read, and of a single policy's weights."""
+    """Path -> short sha256 of every code file the pipeline's targets read, and of a single policy's weights.
+
+    Paths are relative to the pipeline's folder: the same project checked out or mounted elsewhere has
+    the same sources (its results stay current there).
+    """
     targets = [spec.factory] if spec.sim.spawned and spec.factory else []
     policy = spec.resolved_agent().policy
     if isinstance(policy, ScriptedPolicyConfig | TorchPolicyConfig):
@@ -40,11 +45,15 @@ def digests(spec: PipelineSpec) -> dict[str, str]:
     found: dict[str, str] = {}
     for target in targets:
         for file in target_sources(target, spec.base_dir):
-            found[str(file)] = file_digest(file)[:DIGEST_CHARS]
+            found[_relative(file, spec)] = file_digest(file)[:DIGEST_CHARS]
     weights = _weights_path(spec)
     if weights is not None:
-        found[str(weights)] = _weights_digest(weights)
+        found[_relative(weights, spec)] = _weights_digest(weights)
     return found
+
+
+def _relative(path: Path, spec: PipelineSpec) -> str:
+    return os.path.relpath(path, spec.base_dir.resolve())
 
 
 def _weights_path(spec: PipelineSpec) -> Path | None:

@@ -376,6 +376,6 @@ def _flags(value: object, name: str) -> npt.NDArray[np.bool_]:
     array = np.asarray(to_numpy(value))
     if array.dtype == np.bool_:
         return array
-    if array.dtype.kind in "iu" and np.isin(array, (0, 1)).all():
+    if array.dtype.kind in "iuf" and np.isin(array, (0, 1)).all():  # 0 or 1 (float dones, as Brax gives)
         return array.astype(np.bool_)
     raise TypeError(f"env.step returned {name}={value!r} ({type(value).__name__}): it must be a bool")

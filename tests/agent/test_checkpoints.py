@@ -427,3 +427,16 @@ def test_a_discovered_checkpoint_loads_with_lerobot_and_acts_as_the_policy_of_it
         assert torch.allclose(loaded[checkpoint.step], actions(*tiny_act(seed=checkpoint.step)))
     assert sorted(loaded) == list(STEPS)
     assert not torch.allclose(loaded[500], loaded[1000])
+
+
+def test_a_run_the_yaml_no_longer_lists_never_holds_the_candidate() -> None:
+    from hud_pipelines.agent.checkpoints import sweep_order
+
+    def of(run: str | None, step: int) -> Checkpoint:
+        return Checkpoint(f"{run}/{step:06d}" if run else f"{step:06d}", Path("x"), step, run)
+
+    found = [of("act3", 100), of("act2", 300), of("act", 100), of("act2", 100)]
+    ordered = sorted(found, key=sweep_order(["act", "act2"]))  # act3 was dropped from the YAML
+    assert [c.label for c in ordered] == ["act3/000100", "act/000100", "act2/000100", "act2/000300"]
+    one = sorted([of(None, 200), of("act", 100), of("act2", 300)], key=sweep_order([]))  # down to one run
+    assert one[-1].label == "000200", "the one run listed now, whatever earlier runs left"

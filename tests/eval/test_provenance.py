@@ -47,8 +47,8 @@ def test_results_of_another_environment_are_not_merged_into_one_table(
     assert {row.fault for row in first.rows} == {None}
     real = provenance.environment
 
-    def upgraded(spec: Any) -> dict[str, Any]:
-        found = real(spec)
+    def upgraded(spec: Any, code: Any = None) -> dict[str, Any]:
+        found = real(spec, code)
         return {**found, "packages": {**found["packages"], "mujoco": "9.9.9"}}
 
     monkeypatch.setattr(provenance, "environment", upgraded)
@@ -161,5 +161,58 @@ def test_a_single_policys_weights_are_part_of_the_environment(tmp_path: Path) ->
     assert {Path(path).name for path in before} == {"net.py", "weights.pt"}
     (tmp_path / "weights.pt").write_bytes(b"second, retrained")
     after = digests(spec)
-    assert after[str(tmp_path / "weights.pt")] != before[str(tmp_path / "weights.pt")]
-    assert after[str(tmp_path / "net.py")] == before[str(tmp_path / "net.py")]
+    assert after["weights.pt"] != before["weights.pt"]
+    assert after["net.py"] == before["net.py"]
+
+
+EDITING_CONTROLLER = CONTROLLER.replace("from gains import", "from edited_gains import").replace(
+    "    def __call__(self, observation):\n",
+    "    def __call__(self, observation):\n"
+    "        import pathlib\n"
+    "        here = pathlib.Path(__file__).with_name('edited_gains.py')\n"
+    "        if '10.0' in here.read_text():\n"
+    "            here.write_text('GAIN = 1.0\\n')  # the user edits the helper while the run goes on\n",
+)
+
+
+def test_results_carry_the_code_the_run_loaded_and_a_moved_project_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.rows import collect_rows
+
+    monkeypatch.chdir(REPO)
+    project = tmp_path / "a"
+    project.mkdir()
+    (project / "controller.py").write_text(EDITING_CONTROLLER)
+    (project / "edited_gains.py").write_text("GAIN = 10.0\n")
+    policy = {"kind": "scripted", "target": "controller.py:PD"}
+    spec = _spec(project, group=2, dataset=None, agent={"policy": policy})
+    assert set(provenance.environment(spec)["sources"]) == {"controller.py", "edited_gains.py"}, "relative paths"
+    first = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {row.fault for row in first.rows} == {None}, "the run's own results: the code it loaded, GAIN = 10"
+    (project / "edited_gains.py").write_text("GAIN = 10.0\n")  # as it was when the results were made
+
+    shutil.copytree(project, tmp_path / "b")  # the same project elsewhere: the same sources
+    moved = _spec(tmp_path / "b", group=2, dataset=None, agent={"policy": policy})
+    outputs = EvalOutputs(tmp_path / "out", moved.name)
+    rows = collect_rows(moved, outputs, environment=provenance.for_run(moved))
+    assert {row.fault for row in rows} == {None}, "a moved project keeps its results"
+    (project / "edited_gains.py").write_text("GAIN = 1.0\n")
+    rows = collect_rows(spec, outputs, environment=provenance.for_run(spec))
+    assert {row.fault for row in rows} == {Fault.NOT_RUN}, "results of GAIN = 10 are not GAIN = 1's"
+
+
+def test_results_recorded_before_sources_are_judged_on_the_rest_of_the_fingerprint(tmp_path: Path) -> None:
+    (tmp_path / "controller.py").write_text(CONTROLLER)
+    (tmp_path / "gains.py").write_text("GAIN = 10.0\n")
+    spec = _spec(tmp_path, agent={"policy": {"kind": "scripted", "target": "controller.py:PD"}})
+    current = provenance.for_run(spec)
+    older = {key: value for key, value in current.items() if key != "sources"}
+    older["fingerprint"] = provenance.fingerprint(older)
+    assert not provenance.other_environment(older, current), "an upgrade alone does not make every result stale"
+    edited = {**current, "sources": {**current["sources"], "gains.py": "0" * 16}}
+    edited["fingerprint"] = provenance.fingerprint(edited)
+    assert provenance.other_environment(edited, current)

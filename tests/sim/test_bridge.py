@@ -711,7 +711,7 @@ class UnstableEnv(gym.Env[np.ndarray, np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, Any, bool, dict]:
         self.t += 1
         if self.where == "flags":
-            return np.zeros(2, np.float32), 0.0, [0, np.bool_(False), "no"][self.t % 3], False, {}
+            return np.zeros(2, np.float32), 0.0, [0, np.float32(0.0), "no"][self.t % 3], False, {}
         if self.t == 2:
             raise RuntimeError("MuJoCo Warning: Nan, Inf or huge value in QACC at DOF 3.\nThe simulation is unstable.")
         return np.zeros(2, np.float32), 0.0, False, False, {}
@@ -742,7 +742,7 @@ def test_an_observation_the_contract_refuses_at_reset_errors_its_slot_only() -> 
 def test_a_terminated_flag_that_is_no_bool_is_the_envs_error_not_an_end() -> None:
     with GymBridge("tests.sim.test_bridge:UnstableEnv", 1, build_args={"where": "flags"}) as bridge:
         bridge.reset([{"seed": 0}])
-        assert bridge.step(np.zeros((1, 1))).status == ["running"], "numpy's bool: a bool"
+        assert bridge.step(np.zeros((1, 1))).status == ["running"], "a float done of 0 or 1 (as Brax gives): a bool"
         with pytest.raises(EnvFault, match=r"terminated='no' \(str\): it must be a bool"):
             bridge.step(np.zeros((1, 1)))
         assert bridge.slots.states == [SlotState.ERRORED]
