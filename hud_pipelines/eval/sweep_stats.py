@@ -11,8 +11,9 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from hud_pipelines.eval.comparison import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, compare
+from hud_pipelines.eval.comparison import compare
 from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.paired_tests import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
 from hud_pipelines.eval.report import rate_columns
 from hud_pipelines.eval.sweep_table import (
     ALL_TASKS,

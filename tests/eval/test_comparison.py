@@ -13,19 +13,16 @@ import pytest
 from scipy import stats
 
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.eval.comparison import (
+from hud_pipelines.eval.comparison import Verdict, compare, describe, pair_rows
+from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.paired_tests import (
     EXACT_FLIPS_UP_TO,
-    Verdict,
     clopper_pearson,
-    compare,
-    describe,
     mcnemar_exact,
     mcnemar_sample_size,
-    pair_rows,
     paired_difference_interval,
     sign_flip_test,
 )
-from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.recording.events import EpisodeStatus
 
 
