@@ -259,32 +259,40 @@ def regression_verdict(
 def _errors_decide_regression(
     check: NoRegressionCheck, rows: Sequence[GradeRow], baseline: Sequence[GradeRow], pairs: int
 ) -> str:
-    """Why this eval's errored episodes could make it a regression (``""``: they could not): had those the
-    baseline answered failed, the candidate would be worse by more than ``max_drop``."""
-    answered = {episode_id(row) for row in baseline if row.status is not EpisodeStatus.ERRORED}
-    deciding = [
-        row
-        for row in rows
-        if row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN and episode_id(row) in answered
-    ]
-    if not deciding:
+    """Why episodes that errored on one side only could make this eval a regression (``""``: they could
+    not): had each gone against it (failed here, succeeded in the baseline), it would be worse by more
+    than ``max_drop``. An episode errored on both sides says nothing of the difference, as one both
+    failed."""
+    mine = {episode_id(row): row for row in rows}
+    theirs = {episode_id(row): row for row in baseline}
+    shared = mine.keys() & theirs.keys()
+    here = {key for key in shared if _errored(mine[key]) and not _errored_at_all(theirs[key])}
+    there = {key for key in shared if _errored(theirs[key]) and not _errored_at_all(mine[key])}
+    if not here and not there:
         return ""
-    failed = {id(row) for row in deciding}
-    worst_rows = [
-        dataclasses.replace(row, status=EpisodeStatus.FAILED, success=False, fault=None, error=None)
-        if id(row) in failed
-        else row
-        for row in rows
-    ]
-    worst = compare(worst_rows, baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
+    failed = {"status": EpisodeStatus.FAILED, "success": False, "fault": None, "error": None}
+    succeeded = {"status": EpisodeStatus.SUCCEEDED, "success": True, "fault": None, "error": None}
+    worst_rows = [dataclasses.replace(r, **failed) if episode_id(r) in here else r for r in rows]
+    worst_baseline = [dataclasses.replace(r, **succeeded) if episode_id(r) in there else r for r in baseline]
+    worst = compare(worst_rows, worst_baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
     worst_drop = -(worst.success_difference or 0.0)
     if not (worst.verdict is Verdict.WORSE and worst_drop > check.max_drop):
         return ""
     return (
-        f"undecided: {len(deciding)} episode(s) the baseline answered errored here; had they failed, success "
-        f"{-worst_drop:+.1%} (McNemar p = {worst.mcnemar_p:.3g}) over {worst.pairs} paired episodes would be a "
-        "regression: errors are not failures, nor do they carry a pass"
+        f"undecided: {len(here) + len(there)} episode(s) errored on one side only ({len(here)} here, "
+        f"{len(there)} in the baseline); had they gone against this eval, success {-worst_drop:+.1%} (McNemar p = "
+        f"{worst.mcnemar_p:.3g}) over {worst.pairs} paired episodes would be a regression: errors are not "
+        "failures, nor do they carry a pass"
     )
+
+
+def _errored(row: GradeRow) -> bool:
+    """Errored in a run (an instance not run yet is no answer of any run)."""
+    return row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN
+
+
+def _errored_at_all(row: GradeRow) -> bool:
+    return row.status is EpisodeStatus.ERRORED
 
 
 def _regression(

@@ -118,8 +118,9 @@ class NoRegressionCheck(_Check):
     baseline's `grades.json`; McNemar's exact test on the paired successes decides. The check fails
     when the candidate is worse at `confidence` and its success rate dropped by more than `max_drop`;
     when the data cannot tell, it passes and says how many paired episodes an answer would take. It
-    fails as undecided where this eval's errored episodes that the baseline answered would make it
-    worse had they failed: errors are not failures, nor do they carry a pass.
+    fails as undecided where episodes that errored on one side only would make it worse had they gone
+    against this eval (failed here, succeeded in the baseline): errors are not failures, nor do they
+    carry a pass.
     """
 
     kind: Literal["no_regression"] = Field(default="no_regression", description="selects this check")

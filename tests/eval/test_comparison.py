@@ -385,9 +385,10 @@ def test_the_no_regression_check_does_not_pass_on_episodes_that_errored_where_th
     diverged = [_row(slot, True, errored=slot >= 2) for slot in range(12)]  # answers 2, both succeed
     verdict = check_verdict(gate, diverged)
     assert not verdict.passed, "as answered it is inconclusive over 2 pairs; the 10 errored ones decide it"
-    assert "undecided: 10 episode(s) the baseline answered errored here; had they failed, success -83.3%" in (
+    assert "undecided: 10 episode(s) errored on one side only (10 here, 0 in the baseline); had they gone" in (
         verdict.description
     )
+    assert "success -83.3%" in verdict.description
     steady = [_row(slot, True, errored=slot == 11) for slot in range(12)]
     assert check_verdict(gate, steady).passed, "one errored episode cannot make a regression of it"
 
@@ -400,3 +401,18 @@ def test_a_missing_grades_file_is_named_as_given(tmp_path: Path) -> None:
             read_result_set(str(given))
     with pytest.raises(HudPipelinesError, match=r"outputs/nameless/grades\.json"):
         read_result_set("nameless", outputs_root=tmp_path / "outputs")
+
+
+def test_the_no_regression_check_does_not_pass_on_episodes_that_errored_in_the_baseline_only(tmp_path: Path) -> None:
+    from hud_pipelines.eval.checks import check_verdict
+    from hud_pipelines.spec.grading import NoRegressionCheck
+
+    baseline = [_row(slot, True, errored=slot >= 6) for slot in range(12)]  # the baseline answered 6, all succeeded
+    (tmp_path / "baseline.json").write_text(json.dumps([r.as_dict() for r in baseline]))
+    gate = NoRegressionCheck(baseline=str(tmp_path / "baseline.json"))
+    candidate = [_row(slot, slot < 6) for slot in range(12)]  # fails every episode the baseline did not answer
+    verdict = check_verdict(gate, candidate)
+    assert not verdict.passed, "had the baseline's 6 errored episodes succeeded, this is a regression"
+    assert "errored on one side only (0 here, 6 in the baseline)" in verdict.description
+    both = [_row(slot, slot < 6, errored=slot >= 6) for slot in range(12)]
+    assert check_verdict(gate, both).passed, "an episode errored on both sides says nothing of the difference"
