@@ -196,7 +196,7 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
 def _errors_decide(check: MinSuccessRateCheck, rows: Sequence[GradeRow], succeeded: int, graded: int) -> str:
     """Why the run's errored episodes could decide ``check`` (``""``: they could not). Instances not run
     with this configuration yet are no answer of this eval's, and are left out."""
-    errored = sum(row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN for row in rows)
+    errored = sum(_errored(row) for row in rows)
     if not errored:
         return ""
     worst, best = succeeded / (graded + errored), (succeeded + errored) / (graded + errored)
@@ -231,7 +231,7 @@ def regression_verdict(
     drop = -(result.success_difference or 0.0)
     against = f"{result.pairs} paired episodes against {baseline_name}"
     if not (result.verdict is Verdict.WORSE and drop > check.max_drop):
-        undecided = _errors_decide_regression(check, rows, baseline, result.pairs)
+        undecided = _errors_decide_regression(check, rows, baseline)
         if undecided:
             return _regression(check, False, f"{undecided} (as answered: success {-drop:+.1%} over {against})", -drop)
     if result.verdict is Verdict.WORSE and drop > check.max_drop:
@@ -256,9 +256,7 @@ def regression_verdict(
     )
 
 
-def _errors_decide_regression(
-    check: NoRegressionCheck, rows: Sequence[GradeRow], baseline: Sequence[GradeRow], pairs: int
-) -> str:
+def _errors_decide_regression(check: NoRegressionCheck, rows: Sequence[GradeRow], baseline: Sequence[GradeRow]) -> str:
     """Why episodes that errored on one side only could make this eval a regression (``""``: they could
     not): had each gone against it (failed here, succeeded in the baseline), it would be worse by more
     than ``max_drop``. An episode errored on both sides says nothing of the difference, as one both
@@ -266,8 +264,8 @@ def _errors_decide_regression(
     mine = {episode_id(row): row for row in rows}
     theirs = {episode_id(row): row for row in baseline}
     shared = mine.keys() & theirs.keys()
-    here = {key for key in shared if _errored(mine[key]) and not _errored_at_all(theirs[key])}
-    there = {key for key in shared if _errored(theirs[key]) and not _errored_at_all(mine[key])}
+    here = {key for key in shared if _errored(mine[key]) and theirs[key].status is not EpisodeStatus.ERRORED}
+    there = {key for key in shared if _errored(theirs[key]) and mine[key].status is not EpisodeStatus.ERRORED}
     if not here and not there:
         return ""
     failed = {"status": EpisodeStatus.FAILED, "success": False, "fault": None, "error": None}
@@ -289,10 +287,6 @@ def _errors_decide_regression(
 def _errored(row: GradeRow) -> bool:
     """Errored in a run (an instance not run yet is no answer of any run)."""
     return row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN
-
-
-def _errored_at_all(row: GradeRow) -> bool:
-    return row.status is EpisodeStatus.ERRORED
 
 
 def _regression(

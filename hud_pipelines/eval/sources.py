@@ -21,7 +21,7 @@ from pathlib import Path
 from hud_pipelines.agent.checkpoint_files import file_digest, files_by_name
 from hud_pipelines.agent.checkpoints import Checkpoint
 from hud_pipelines.errors import CheckpointError
-from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
+from hud_pipelines.spec.agent import LeRobotPolicyConfig, PolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.grading import CallableGrader
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.targets import target_sources
@@ -46,7 +46,7 @@ def digests(spec: PipelineSpec) -> dict[str, str]:
     for target in targets:
         for file in target_sources(target, spec.base_dir):
             found[_relative(file, spec)] = file_digest(file)[:DIGEST_CHARS]
-    weights = _weights_path(spec)
+    weights = _weights_path(spec, policy)
     if weights is not None:
         found[_relative(weights, spec)] = _weights_digest(weights)
     return found
@@ -56,11 +56,10 @@ def _relative(path: Path, spec: PipelineSpec) -> str:
     return os.path.relpath(path, spec.base_dir.resolve())
 
 
-def _weights_path(spec: PipelineSpec) -> Path | None:
+def _weights_path(spec: PipelineSpec, policy: PolicyConfig) -> Path | None:
     """A single policy's local weights (a sweep's members are hashed by the sweep itself)."""
     if spec.is_sweep or spec.checkpoint_hash is not None:
         return None
-    policy = spec.resolved_agent().policy
     where = policy.checkpoint if isinstance(policy, TorchPolicyConfig) else None
     if isinstance(policy, LeRobotPolicyConfig):
         where = policy.path

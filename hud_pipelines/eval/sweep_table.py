@@ -298,8 +298,8 @@ class SweepComparison:
         for name, task_rows, bold in series:
             xs = np.array([position[row.checkpoint] for row in task_rows], dtype=np.float64)
             rates, lows, highs = (
-                np.array([_or_nan(getattr(row, name)) for row in task_rows], dtype=np.float64)
-                for name in ("success_rate", "ci_low", "ci_high")
+                np.array([_or_nan(getattr(row, column)) for row in task_rows], dtype=np.float64)
+                for column in ("success_rate", "ci_low", "ci_high")
             )
             (drawn,) = axis.plot(
                 xs, rates, marker="o", linewidth=2.4 if bold else 1.2, color="black" if bold else None, label=name
