@@ -45,11 +45,18 @@ def digests(spec: PipelineSpec) -> dict[str, str]:
     found: dict[str, str] = {}
     for target in targets:
         for file in target_sources(target, spec.base_dir):
-            found[_relative(file, spec)] = file_digest(file)[:DIGEST_CHARS]
+            found[_relative(file, spec)] = _code_digest(file)
     weights = _weights_path(spec, policy)
     if weights is not None:
         found[_relative(weights, spec)] = _weights_digest(weights)
     return found
+
+
+def _code_digest(file: Path) -> str:
+    try:
+        return file_digest(file)[:DIGEST_CHARS]
+    except OSError:
+        return "unreadable"  # loading the target reports it, naming the file
 
 
 def _relative(path: Path, spec: PipelineSpec) -> str:

@@ -150,7 +150,8 @@ def test_a_targets_files_are_found_without_importing_them(tmp_path: Path) -> Non
     assert target_sources("nowhere.to.be:found", tmp_path) == []
 
 
-def test_a_single_policys_weights_are_part_of_the_environment(tmp_path: Path) -> None:
+def test_a_single_policys_weights_are_part_of_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hud_pipelines.eval import sources
     from hud_pipelines.eval.sources import digests
 
     (tmp_path / "net.py").write_text("class Net: ...\n")
@@ -161,6 +162,15 @@ def test_a_single_policys_weights_are_part_of_the_environment(tmp_path: Path) ->
     assert {Path(path).name for path in before} == {"net.py", "weights.pt"}
     (tmp_path / "weights.pt").write_bytes(b"second, retrained")
     after = digests(spec)
+    real = sources.file_digest
+
+    def denied(file: Path) -> str:
+        if file.name == "net.py":
+            raise PermissionError(13, "Permission denied", str(file))
+        return real(file)
+
+    monkeypatch.setattr(sources, "file_digest", denied)
+    assert digests(spec)["net.py"] == "unreadable", "the policy's load says why; provenance does not raise"
     assert after["weights.pt"] != before["weights.pt"]
     assert after["net.py"] == before["net.py"]
 
