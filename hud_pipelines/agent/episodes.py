@@ -27,7 +27,7 @@ from hud_pipelines.recording.events import (
     InferenceBatch,
     checked_sinks,
 )
-from hud_pipelines.sim.slots import episode_score
+from hud_pipelines.sim.slots import EpisodeCounts
 from hud_pipelines.wire.messages import Observation
 
 ObservationRow = dict[str, npt.NDArray[Any]]
@@ -56,11 +56,8 @@ class SlotEpisodes:
         self.queue = np.zeros((num_slots, 1, width), dtype=np.float32)
         self.cursor = np.zeros(num_slots, dtype=np.intp)
         self.length = np.zeros(num_slots, dtype=np.intp)
-        self.steps = np.zeros(num_slots, dtype=np.int64)
-        self.total_reward = np.zeros(num_slots, dtype=np.float64)
-        self.success = np.zeros(num_slots, dtype=np.bool_)
-        self.success_reported = np.zeros(num_slots, dtype=np.bool_)
-        """Whether each slot's env gave a success signal this episode: the sim says so in every frame."""
+        self.counts = EpisodeCounts(num_slots)
+        """Counted from the frames; the sim's sticky success and its "reported" flag come in every one."""
         self.action = np.zeros((num_slots, width), dtype=np.float32)
         self.outcomes: list[EpisodeOutcome | None] = [None] * num_slots
         self.unreported: list[int] = []
@@ -102,7 +99,7 @@ class SlotEpisodes:
             return
         batch = InferenceBatch(
             keys=self.keys_of(slots),
-            step=self.steps[slots],
+            step=self.counts.steps[slots],
             chunk=chunks,
             latency_s=latency_s,
             batch_size=rows,
@@ -127,11 +124,12 @@ class SlotEpisodes:
         """
         errored = self.apply_errors(reply)  # ended with the steps they completed, as the sim counts them
         stepped = running if not errored else np.array([s for s in running.tolist() if s not in errored], np.intp)
-        self.steps[stepped] += 1
+        counts = self.counts
+        counts.steps[stepped] += 1
         counted = stepped[self.running[stepped]]
-        self.total_reward[counted] += reply.reward[counted]
-        self.success[counted] |= reply.success[counted]
-        self.success_reported[counted] |= reply.success_reported[counted]
+        counts.total_reward[counted] += reply.reward[counted]
+        counts.success[counted] |= reply.success[counted]
+        counts.success_reported[counted] |= reply.success_reported[counted]
         if not stepped.size:
             return
         truncated = reply.truncated[stepped] | cutoff
@@ -147,7 +145,7 @@ class SlotEpisodes:
             every = stepped.size == before.num_slots  # the usual tick: the rows as they came, no copy of a camera
             batch = FrameBatch(
                 keys=self.keys_of(stepped),
-                index=self.steps[stepped] - 1,
+                index=counts.steps[stepped] - 1,
                 observation=dict(before.observation)
                 if every
                 else {k: v[stepped] for k, v in before.observation.items()},
@@ -180,24 +178,24 @@ class SlotEpisodes:
 
         ``at_end``: whether the env reported success on the slot's last step (the frame's ``success_now``).
         """
-        success = bool(self.success[slot])
-        reported = bool(self.success_reported[slot])
-        total = float(self.total_reward[slot])
+        counts = self.counts
+        success = bool(counts.success[slot])
         return EpisodeOutcome(
             status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
-            score=episode_score(success, reported, total),
+            score=counts.score(slot),
             success=success,
-            total_reward=total,
-            steps=int(self.steps[slot]),
+            total_reward=float(counts.total_reward[slot]),
+            steps=int(counts.steps[slot]),
             terminated=terminated,
             truncated=truncated,
-            success_reported=reported,
+            success_reported=bool(counts.success_reported[slot]),
             success_at_end=at_end,
         )
 
     def error(self, slot: int, reason: str, fault: Fault) -> None:
         """End the slot as errored with ``reason``, keeping the steps and return it got to."""
-        self.end(slot, errored(reason, int(self.steps[slot]), float(self.total_reward[slot]), fault))
+        counts = self.counts
+        self.end(slot, errored(reason, int(counts.steps[slot]), float(counts.total_reward[slot]), fault))
 
     def error_running(self, reason: str, fault: Fault) -> None:
         for slot in np.flatnonzero(self.running).tolist():

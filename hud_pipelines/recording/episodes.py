@@ -168,7 +168,7 @@ class Episodes:
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            success=bool(record.success[0]),
+            success=bool(record.ends()["success"][0]),
         )
         batch = FrameBatch.of(key, frame)
         for sink in self.sinks:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +47,32 @@ def some(mask: npt.NDArray[np.bool_]) -> bool:
     return int(np.count_nonzero(mask)) > 0
 
 
+class EpisodeCounts:
+    """What the current episodes of N slots have counted so far: steps, return, and success.
+
+    The one set of per-episode counters: the sim keeps it (:class:`SlotBatch`) and so does the agent
+    (:class:`~hud_pipelines.agent.episodes.SlotEpisodes`, which sees only the frames), and both score an
+    episode from it by :func:`episode_score`.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        self.steps = np.zeros(num_slots, dtype=np.int64)
+        self.total_reward = np.zeros(num_slots, dtype=np.float64)
+        self.success = np.zeros(num_slots, dtype=np.bool_)
+        """Sticky: once the env reports success in an episode, it holds until the episode ends."""
+        self.success_reported = np.zeros(num_slots, dtype=np.bool_)
+        """Whether the slot's env gave a success signal this episode; decides what the score means."""
+
+    def clear(self) -> None:
+        """Zero every slot's counters (a batched reset starts every episode afresh)."""
+        for column in (self.steps, self.total_reward, self.success, self.success_reported):
+            column[:] = 0
+
+    def score(self, slot: int) -> float:
+        reported, total = bool(self.success_reported[slot]), float(self.total_reward[slot])
+        return episode_score(bool(self.success[slot]), reported, total)
+
+
 class SlotState(StrEnum):
     """A slot's lifecycle: ``IDLE -> RUNNING -> DONE | ERRORED``, and back to ``RUNNING`` on reset."""
 
@@ -57,6 +83,17 @@ class SlotState(StrEnum):
     """The episode terminated or was truncated."""
     ERRORED = "errored"
     """The episode ended on a fault (sim exception, disconnect); never counted as a failure."""
+
+
+class SlotEnds(TypedDict):
+    """How each slot's episode stands after a tick, as ``[N]`` masks (the reply's fields of the same names)."""
+
+    terminated: npt.NDArray[np.bool_]
+    truncated: npt.NDArray[np.bool_]
+    success: npt.NDArray[np.bool_]
+    success_reported: npt.NDArray[np.bool_]
+    success_now: npt.NDArray[np.bool_]
+    """Whether the env reported success on the slot's latest counted step (not sticky)."""
 
 
 _STATES: tuple[SlotState, ...] = tuple(SlotState)
@@ -118,12 +155,9 @@ class SlotBatch:
         self._state = np.full(num_slots, _CODE[SlotState.IDLE], dtype=np.int8)
         self._episode = np.full(num_slots, -1, dtype=np.int64)
         self._seeds: list[int | None] = [None] * num_slots
-        self._total_reward = np.zeros(num_slots, dtype=np.float64)
-        self._steps = np.zeros(num_slots, dtype=np.int64)
+        self._counts = EpisodeCounts(num_slots)
         self._terminated = np.zeros(num_slots, dtype=np.bool_)
         self._truncated = np.zeros(num_slots, dtype=np.bool_)
-        self._success = np.zeros(num_slots, dtype=np.bool_)
-        self._success_reported = np.zeros(num_slots, dtype=np.bool_)
         self._success_now = np.zeros(num_slots, dtype=np.bool_)
         self._nonfinite_steps = np.zeros(num_slots, dtype=np.int64)
         self._errors: list[str | None] = [None] * num_slots
@@ -149,43 +183,32 @@ class SlotBatch:
         """A fresh ``[N]`` mask of the slots whose episode is running."""
         return self._state == _RUNNING
 
-    @property
-    def terminated(self) -> npt.NDArray[np.bool_]:
-        return self._terminated.copy()
-
-    @property
-    def truncated(self) -> npt.NDArray[np.bool_]:
-        return self._truncated.copy()
-
-    @property
-    def success(self) -> npt.NDArray[np.bool_]:
-        return self._success.copy()
-
-    @property
-    def success_reported(self) -> npt.NDArray[np.bool_]:
-        return self._success_reported.copy()
-
-    @property
-    def success_now(self) -> npt.NDArray[np.bool_]:
-        """Whether each slot's env reported success on the slot's latest counted step (not sticky)."""
-        return self._success_now.copy()
+    def ends(self) -> SlotEnds:
+        """A copy of how each slot's episode stands: the flags a reply to the agent carries."""
+        return SlotEnds(
+            terminated=self._terminated.copy(),
+            truncated=self._truncated.copy(),
+            success=self._counts.success.copy(),
+            success_reported=self._counts.success_reported.copy(),
+            success_now=self._success_now.copy(),
+        )
 
     @property
     def steps(self) -> npt.NDArray[np.int64]:
         """Steps each slot's current episode has run (a copy)."""
-        return self._steps.copy()
+        return self._counts.steps.copy()
 
     def record(self, slot: int) -> SlotRecord:
         return SlotRecord(
             state=self.state(slot),
             episode=int(self._episode[slot]),
             seed=self._seeds[slot],
-            total_reward=float(self._total_reward[slot]),
-            steps=int(self._steps[slot]),
+            total_reward=float(self._counts.total_reward[slot]),
+            steps=int(self._counts.steps[slot]),
             terminated=bool(self._terminated[slot]),
             truncated=bool(self._truncated[slot]),
-            success=bool(self._success[slot]),
-            success_reported=bool(self._success_reported[slot]),
+            success=bool(self._counts.success[slot]),
+            success_reported=bool(self._counts.success_reported[slot]),
             success_now=bool(self._success_now[slot]),
             nonfinite_steps=int(self._nonfinite_steps[slot]),
             error=self._errors[slot],
@@ -204,10 +227,9 @@ class SlotBatch:
         self._state[:] = _RUNNING
         self._episode += 1
         self._seeds = list(seeds)
-        for column in (self._total_reward, self._steps, self._nonfinite_steps):
+        self._counts.clear()
+        for column in (self._nonfinite_steps, self._terminated, self._truncated, self._success_now):
             column[:] = 0
-        for mask in (self._terminated, self._truncated, self._success, self._success_reported, self._success_now):
-            mask[:] = False
         self._errors = [None] * self.num_slots
 
     def require_running(self) -> None:
@@ -231,20 +253,20 @@ class SlotBatch:
         """
         counted = self.running() if stepped is None else self.running() & stepped
         if every(counted):  # the usual tick: no mask to apply
-            self._total_reward += reward
-            self._steps += 1
+            self._counts.total_reward += reward
+            self._counts.steps += 1
             reported = success >= 0
             now = success > 0
             self._success_now[:] = now
         else:
-            self._total_reward += np.where(counted, reward, 0.0)
-            self._steps += counted
+            self._counts.total_reward += np.where(counted, reward, 0.0)
+            self._counts.steps += counted
             reported = counted & (success >= 0)
             now = reported & (success > 0)
             self._success_now[counted] = now[counted]
         if some(reported):
-            self._success_reported |= reported
-            self._success |= now
+            self._counts.success_reported |= reported
+            self._counts.success |= now
         done = counted & (terminated | truncated)
         if some(done):
             self._terminated[done] = terminated[done]

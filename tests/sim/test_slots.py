@@ -87,16 +87,16 @@ def test_success_now_is_the_latest_steps_signal_and_freezes_when_the_episode_end
     batch = SlotBatch(3)
     batch.begin([0, 1, 2])
     tick(batch, [0, 0, 0], [False, False, False], success=[1, 1, NO_SIGNAL])
-    assert batch.success_now.tolist() == [True, True, False]
+    assert batch.ends()["success_now"].tolist() == [True, True, False]
     tick(batch, [0, 0, 0], [True, False, False], success=[0, NO_SIGNAL, 1])
-    assert batch.success_now.tolist() == [False, False, True]  # a step with no signal is not a success
-    assert batch.success.tolist() == [True, True, True]  # sticky: success at any step
+    assert batch.ends()["success_now"].tolist() == [False, False, True]  # a step with no signal is not a success
+    assert batch.ends()["success"].tolist() == [True, True, True]  # sticky: success at any step
     tick(batch, [0, 0, 0], [True, True, True], success=[1, 1, 1])
-    assert batch.success_now.tolist() == [False, True, True]  # slot 0 ended: a hold step changes nothing
+    assert batch.ends()["success_now"].tolist() == [False, True, True]  # slot 0 ended: a hold step changes nothing
     assert [r.success_now for r in batch.records] == [False, True, True]
     assert [s["success_at_end"] for s in batch.result()["slots"]] == [False, True, True]
     batch.begin([0, 1, 2])
-    assert batch.success_now.tolist() == [False, False, False]
+    assert batch.ends()["success_now"].tolist() == [False, False, False]
 
 
 def test_score_is_the_return_when_the_env_reports_no_success() -> None:
