@@ -46,7 +46,7 @@ from hud_pipelines.dagster.resources import (
 )
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
-from hud_pipelines.eval.configuration import current_rollout_hash, record_configuration
+from hud_pipelines.eval.configuration import current_rollout_hashes, record_configuration
 from hud_pipelines.eval.grade_table import cell, grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import headline_rows
@@ -230,9 +230,9 @@ def _build(
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         judged = judged_of(context, spec)
-        current = current_rollout_hash(spec, outputs)
-        rows = grades_step(judged, outputs, rollout_hash=current)
-        checks_step(judged, outputs, rollout_hash=current)  # the verdicts as a file too, beside the grades
+        current = current_rollout_hashes(spec, outputs)
+        rows = grades_step(judged, outputs, hashes=current)
+        checks_step(judged, outputs, hashes=current)  # the verdicts as a file too, beside the grades
         scope, headline = headline_rows(judged, rows)
         summary = summarize(headline)  # the report's headline rate, never one pooled over arms or weights
         low, high = success_interval(summary)
@@ -264,7 +264,7 @@ def _build(
             judged_of(context, spec),
             outputs,
             run_id=context.run.run_id,
-            rollout_hash=current_rollout_hash(spec, outputs),
+            hashes=current_rollout_hashes(spec, outputs),
             dataset=dataset_root(spec, outputs, project_dir),
         )
         thumbnails = (
@@ -364,7 +364,7 @@ def _comparison_asset(
     )
     def comparison(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         judged = judged_of(context, spec)
-        table = comparison_step(judged, outputs, rollout_hash=current_rollout_hash(spec, outputs))
+        table = comparison_step(judged, outputs, hashes=current_rollout_hashes(spec, outputs))
         return dg.MaterializeResult(metadata=_comparison_metadata(table, outputs))
 
     return comparison

@@ -1,8 +1,8 @@
 """What the latest run of a pipeline rolled out: its rollout hash, its overrides of the YAML, its provenance.
 
-``outputs/<name>/configuration.json`` is written as a run starts and read by the grades-side steps,
-so the results of a run with overrides are graded as current, those of any other configuration (or
-environment: :mod:`hud_pipelines.eval.provenance`) as stale.
+``outputs/<name>/configuration.json`` is written as a run starts and read by the grades-side steps
+(:func:`current_rollout_hashes`), so the results of a run with overrides are graded as current, those
+of any other configuration (or environment: :mod:`hud_pipelines.eval.provenance`) as stale.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ import json
 import os
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from hud_pipelines.eval import provenance
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
+from hud_pipelines.spec.hashing import checkpoint_rollout_hash
 from hud_pipelines.spec.models import PipelineSpec
 
 
@@ -24,7 +26,7 @@ def record_configuration(
 ) -> dict[str, Any]:
     """Note the configuration a run rolls out (its rollout hash and overrides of the YAML); returns the overrides.
 
-    The grades-side steps read it back (:func:`current_rollout_hash`), so the results of a run with
+    The grades-side steps read it back (:func:`current_rollout_hashes`), so the results of a run with
     overrides are graded as current and those of any other configuration as stale.
     """
     overrides = effective.overrides(base)
@@ -32,6 +34,7 @@ def record_configuration(
     record = {
         "run_id": run_id,
         "rollout_hash": effective.rollout_hash,
+        "task_rollout_hashes": RolloutHashes.of(effective).tasks,
         "yaml_rollout_hash": base.rollout_hash,
         "overrides": overrides,
         "provenance": provenance.for_run(effective, contract_json=contract),
@@ -42,14 +45,41 @@ def record_configuration(
     return overrides
 
 
-def current_rollout_hash(spec: PipelineSpec, outputs: EvalOutputs) -> str:
-    """The rollout hash results must carry to be current: the latest run's, unless the YAML changed since."""
-    path = outputs.configuration_json
-    if path.is_file():
-        record = json.loads(path.read_text())
-        if record.get("yaml_rollout_hash") == spec.rollout_hash:
-            return str(record["rollout_hash"])
-    return spec.rollout_hash
+@dataclass(frozen=True)
+class RolloutHashes:
+    """The rollout hashes an instance's result must carry to be current: its task's, or the pipeline's.
+
+    A result carries its task's hash (:meth:`PipelineSpec.task_rollout_hash`), so adding or editing
+    another task keeps it; a result recorded before tasks were hashed alone carries the pipeline's,
+    and is current while the whole configuration is unchanged.
+    """
+
+    pipeline: str
+    tasks: dict[str, str]
+    """Task name -> its rollout hash."""
+
+    @classmethod
+    def of(cls, spec: PipelineSpec) -> RolloutHashes:
+        return cls(spec.rollout_hash, {task.name: spec.task_rollout_hash(i) for i, task in enumerate(spec.tasks)})
+
+    def current(self, task: str, found: str) -> bool:
+        """Whether a result of ``task`` that carries ``found`` is of this configuration."""
+        return found in (self.tasks.get(task), self.pipeline)
+
+    def of_checkpoint(self, content_hash: str) -> RolloutHashes:
+        """The hashes of one checkpoint of a sweep: these and the weights' content, each (as its spec's are)."""
+        tasks = {task: checkpoint_rollout_hash(hashed, content_hash) for task, hashed in self.tasks.items()}
+        return RolloutHashes(checkpoint_rollout_hash(self.pipeline, content_hash), tasks)
+
+
+def current_rollout_hashes(spec: PipelineSpec, outputs: EvalOutputs) -> RolloutHashes:
+    """The hashes results must carry to be current: the latest run's (with its overrides of the YAML),
+    unless the YAML's configuration changed since; then the YAML's own."""
+    record = _record(outputs)
+    if record and record.get("yaml_rollout_hash") == spec.rollout_hash:
+        recorded = cast(dict[str, str], record.get("task_rollout_hashes") or {})  # a record before task hashes
+        return RolloutHashes(str(record["rollout_hash"]), dict(recorded))
+    return RolloutHashes.of(spec)
 
 
 def recorded_overrides(outputs: EvalOutputs) -> dict[str, Any]:

@@ -32,7 +32,8 @@ class InstanceResult:
     env_steps: int
     error: str | None = None
     rollout_hash: str = ""
-    """The pipeline's :attr:`~PipelineSpec.rollout_hash` when the instance ran."""
+    """Its task's :meth:`~PipelineSpec.task_rollout_hash` when the instance ran (the pipeline's
+    :attr:`~PipelineSpec.rollout_hash` in results recorded before tasks were hashed alone)."""
     fault: Fault | None = None
     """Why the instance failed (``None`` when it ran to the end, whatever its episodes scored)."""
     run_id: str = ""
@@ -65,7 +66,7 @@ class InstanceResult:
             wall_s,
             env_steps,
             None if failure is None else failure[0],
-            spec.rollout_hash,
+            spec.task_rollout_hash(partition.task_index),
             fault=None if failure is None else failure[1],
             run_id=run_id,
             server=server,

@@ -171,7 +171,7 @@ def current(member: sweep.Member, partition: Partition, environment: dict[str, A
         return False
     result = InstanceResult.read(path)
     return (
-        result.rollout_hash == member.spec.rollout_hash
+        result.rollout_hash in (member.spec.task_rollout_hash(partition.task_index), member.spec.rollout_hash)
         and not result.failed
         and not provenance.other_environment(result.provenance, environment)
     )

@@ -14,11 +14,10 @@ from typing import Any
 
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import provenance, sweep
-from hud_pipelines.eval.configuration import current_rollout_hash, recorded_provenance
+from hud_pipelines.eval.configuration import RolloutHashes, current_rollout_hashes, recorded_provenance
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_rows
-from hud_pipelines.spec.hashing import checkpoint_rollout_hash
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 
@@ -26,20 +25,20 @@ def collect_rows(
     spec: PipelineSpec,
     outputs: EvalOutputs,
     *,
-    rollout_hash: str | None = None,
+    hashes: RolloutHashes | None = None,
     environment: dict[str, Any] | None = None,
     rerun: Callable[[str], str] | None = None,
 ) -> list[GradeRow]:
     """One row per scheduled slot, from the latest result of every partition.
 
     Every row carries the run that produced it. A partition that never ran, or ran under another
-    configuration (its rollout hash differs from ``rollout_hash``, by default the latest run's), gives
+    configuration (its rollout hash is none of ``hashes``, by default the latest run's), gives
     errored ``not_run`` rows saying so and how to run it: results of different configurations are
     never mixed in one table. Nor are results of another environment (``environment``, by default the
     latest run's provenance: package versions, the sim's interpreter, the renderer). ``rerun`` says how
     to run an instance again, from its key (by default ``hud-pipelines run <name> --partition <key>``).
     """
-    expected = rollout_hash or current_rollout_hash(spec, outputs)
+    expected = hashes or current_rollout_hashes(spec, outputs)
     current = environment if environment is not None else recorded_provenance(outputs)
     if spec.is_sweep:
         return _sweep_rows(spec, outputs, expected, current)
@@ -59,12 +58,12 @@ def current_results(
     spec: PipelineSpec,
     outputs: EvalOutputs,
     *,
-    rollout_hash: str | None = None,
+    hashes: RolloutHashes | None = None,
     environment: dict[str, Any] | None = None,
 ) -> dict[str, InstanceResult]:
     """Partition key -> its latest result, for the partitions whose latest result is current (as
     :func:`collect_rows` decides, with the same defaults): the shards a dataset may publish."""
-    expected = rollout_hash or current_rollout_hash(spec, outputs)
+    expected = hashes or current_rollout_hashes(spec, outputs)
     current = environment if environment is not None else recorded_provenance(outputs)
     found: dict[str, InstanceResult] = {}
     for partition in spec.partitions():
@@ -78,7 +77,7 @@ def _latest(
     spec: PipelineSpec,
     outputs: EvalOutputs,
     partition: Partition,
-    expected: str,
+    expected: RolloutHashes,
     current: dict[str, Any],
     how: Callable[[str], str] | None = None,
 ) -> tuple[InstanceResult | None, str | None]:
@@ -89,7 +88,7 @@ def _latest(
     rerun = how(key) if how is not None else f"run it with: hud-pipelines run {spec.name} --partition {key}"
     if result is None:
         return None, f"instance {key} has not run yet; {rerun}"
-    if result.rollout_hash != expected:
+    if not expected.current(spec.tasks[partition.task_index].name, result.rollout_hash):
         ran = result.provenance  # named where both runs recorded it (older results lack max_steps and graders)
         changed = [name for name in CONFIGURATION if name in ran and name in current and ran[name] != current[name]]
         what = ", ".join(changed) if changed else "sim, agent, tasks, max_steps or graders"
@@ -118,14 +117,14 @@ CONFIGURATION = (
 
 
 def _sweep_rows(
-    spec: PipelineSpec, outputs: EvalOutputs, sweep_hash: str, environment: dict[str, Any]
+    spec: PipelineSpec, outputs: EvalOutputs, sweep_hashes: RolloutHashes, environment: dict[str, Any]
 ) -> list[GradeRow]:
     """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``."""
     rows: list[GradeRow] = []
     for member in sweep.evaluated(spec, outputs):
-        expected = checkpoint_rollout_hash(sweep_hash, member.content_hash)
+        expected = sweep_hashes.of_checkpoint(member.content_hash)
         found = collect_rows(
-            member.spec, member.outputs, rollout_hash=expected, environment=environment, rerun=_rerun_of(member)
+            member.spec, member.outputs, hashes=expected, environment=environment, rerun=_rerun_of(member)
         )
         rows += [
             dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))

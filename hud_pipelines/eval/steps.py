@@ -22,8 +22,9 @@ from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, success_signal_warning
 from hud_pipelines.eval.configuration import (
+    RolloutHashes,
     claim_served_sim,
-    current_rollout_hash,
+    current_rollout_hashes,
     record_configuration,
     recorded_overrides,
     recorded_provenance,
@@ -41,7 +42,6 @@ from hud_pipelines.eval.rows import collect_rows, current_results
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
-from hud_pipelines.spec.hashing import checkpoint_rollout_hash
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 if TYPE_CHECKING:
@@ -77,31 +77,33 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
 # -- grades and report -------------------------------------------------------------------------------
 
 
-def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[GradeRow]:
+def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, hashes: RolloutHashes | None = None) -> list[GradeRow]:
     """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
-    rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
+    rows = collect_rows(spec, outputs, hashes=hashes)
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
     write_atomically(outputs.grades_csv, grades_csv(spec, rows))
     if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
-        for member, expected in _members(spec, outputs, rollout_hash):
-            grades_step(member.spec, member.outputs, rollout_hash=expected)
+        for member, expected in _members(spec, outputs, hashes):
+            grades_step(member.spec, member.outputs, hashes=expected)
     return rows
 
 
-def _members(spec: PipelineSpec, outputs: EvalOutputs, rollout_hash: str | None) -> list[tuple[sweep.Member, str]]:
+def _members(
+    spec: PipelineSpec, outputs: EvalOutputs, hashes: RolloutHashes | None
+) -> list[tuple[sweep.Member, RolloutHashes]]:
     """A sweep's evaluated checkpoints, each with the rollout hash its results must carry (the sweep table's)."""
-    sweep_hash = rollout_hash or current_rollout_hash(spec, outputs)
-    return [(m, checkpoint_rollout_hash(sweep_hash, m.content_hash)) for m in sweep.evaluated(spec, outputs)]
+    sweep_hashes = hashes or current_rollout_hashes(spec, outputs)
+    return [(m, sweep_hashes.of_checkpoint(m.content_hash)) for m in sweep.evaluated(spec, outputs)]
 
 
 def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
     return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
 
 
-def checks_step(spec: PipelineSpec, outputs: EvalOutputs, *, rollout_hash: str | None = None) -> list[CheckVerdict]:
+def checks_step(spec: PipelineSpec, outputs: EvalOutputs, *, hashes: RolloutHashes | None = None) -> list[CheckVerdict]:
     """Every check on the current grades (the built-in ``instances_completed`` first), to ``checks.json``."""
-    results = all_verdicts(spec, collect_rows(spec, outputs, rollout_hash=rollout_hash))
+    results = all_verdicts(spec, collect_rows(spec, outputs, hashes=hashes))
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
     return results
@@ -123,7 +125,7 @@ def report_step(
     outputs: EvalOutputs,
     *,
     run_id: str | None = None,
-    rollout_hash: str | None = None,
+    hashes: RolloutHashes | None = None,
     dataset: Path | None = None,
     checkpoint_of_sweep: bool = False,
 ) -> ReportFiles:
@@ -141,7 +143,7 @@ def report_step(
     from hud_pipelines.eval.report_html import write_html_report
     from hud_pipelines.eval.report_html.episodes import episode_thumbnails
 
-    rows = collect_rows(spec, outputs, rollout_hash=rollout_hash)
+    rows = collect_rows(spec, outputs, hashes=hashes)
     scope, headline = headline_rows(spec, rows)
     title = f"{spec.name} ({scope})" if scope else spec.name
     plot = render_plot(spec.name, headline)
@@ -149,13 +151,13 @@ def report_step(
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
     checks = builtin_verdicts(rows) if checkpoint_of_sweep else all_verdicts(spec, rows)
-    members = _members(spec, outputs, rollout_hash) if spec.is_sweep else []
+    members = _members(spec, outputs, hashes) if spec.is_sweep else []
     for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = _member_dataset(dataset, member.label)
         report_step(
-            member.spec, member.outputs, run_id=run_id, rollout_hash=expected, dataset=folder, checkpoint_of_sweep=True
+            member.spec, member.outputs, run_id=run_id, hashes=expected, dataset=folder, checkpoint_of_sweep=True
         )
-    seeded = seed_warning(outputs, rollout_hash or current_rollout_hash(spec, outputs))
+    seeded = seed_warning(outputs, (hashes or current_rollout_hashes(spec, outputs)).pipeline)
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
     context = ReportContext(
         checks=checks,
@@ -203,14 +205,14 @@ def comparison_step(
     spec: PipelineSpec,
     outputs: EvalOutputs,
     *,
-    rollout_hash: str | None = None,
+    hashes: RolloutHashes | None = None,
     rows: Sequence[GradeRow] | None = None,
 ) -> SweepComparison:
     """A sweep's ``comparison.{csv,json,png}``: every checkpoint per task, paired with the previous and the baseline.
 
     ``rows`` are the sweep's current grade rows when the caller has them already (the report step).
     """
-    current = rows if rows is not None else collect_rows(spec, outputs, rollout_hash=rollout_hash)
+    current = rows if rows is not None else collect_rows(spec, outputs, hashes=hashes)
     table = _comparison(spec, outputs, current)
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.comparison_csv, table.to_csv())
@@ -276,7 +278,7 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
     for member, expected in _members(spec, outputs, None):  # a dataset per checkpoint: other weights, other data
         member_root = _member_dataset(root, member.label)
         assert member_root is not None
-        current = current_results(member.spec, member.outputs, rollout_hash=expected, environment=environment)
+        current = current_results(member.spec, member.outputs, hashes=expected, environment=environment)
         if not current:  # its results are of an earlier configuration: its grades say not_run, it has no data
             logger.warning("checkpoint %s of %s has no current instance: no dataset of it", member.label, spec.name)
             continue
@@ -367,12 +369,10 @@ def evaluate(
             )
     finally:
         parts.sim.close()
-    current = effective.rollout_hash
-    rows = grades_step(effective, outputs, rollout_hash=current)
-    checks = checks_step(effective, outputs, rollout_hash=current)
-    report_step(
-        effective, outputs, run_id=run_id, rollout_hash=current, dataset=dataset_root(effective, outputs, project)
-    )
+    current = RolloutHashes.of(effective)
+    rows = grades_step(effective, outputs, hashes=current)
+    checks = checks_step(effective, outputs, hashes=current)
+    report_step(effective, outputs, run_id=run_id, hashes=current, dataset=dataset_root(effective, outputs, project))
     published = None
     if effective.dataset_enabled and all(v.passed for v in checks if v.blocking):
         published = dataset_step(effective, outputs, project_dir=project, run_id=run_id)

@@ -132,8 +132,8 @@ class PipelineSpec(StrictModel):
     dataset: DatasetSpec | None = Field(default=None, description="the LeRobot dataset output; omitted: no dataset")
 
     _source: Path | None = PrivateAttr(None)
-    _weights: tuple[str, str] | None = PrivateAttr(None)
-    """For one checkpoint of a sweep: (the sweep's rollout hash, the checkpoint's content hash)."""
+    _weights: tuple[PipelineSpec, str] | None = PrivateAttr(None)
+    """For one checkpoint of a sweep: (the sweep, the checkpoint's content hash)."""
 
     # -- validation -------------------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ class PipelineSpec(StrictModel):
             policy = policy.model_copy(update={"checkpoints": None, "path": str(path)})
         member = self.model_copy(update={"agent": self.agent.model_copy(update={"policy": policy})})
         member._source = self._source
-        member._weights = (self.rollout_hash, content_hash)
+        member._weights = (self, content_hash)
         return member
 
     def resolved_graders(self) -> list[GraderSpec]:
@@ -377,18 +377,24 @@ class PipelineSpec(StrictModel):
 
     @property
     def rollout_hash(self) -> str:
-        """SHA-256 of what decides an instance's graded rows: sim, agent, tasks, steps and graders.
+        """SHA-256 of what decides the graded rows (sim, agent, tasks, steps, graders): a run's configuration.
 
-        Results of an instance that ran under another rollout hash are stale: editing a check, the
-        description or the dataset section keeps them, editing the policy or a seed does not.
-        Credentials (:data:`CREDENTIALS`) are left out altogether: rotating a key, or starting to
-        pass one, changes who may connect, not what a rollout does.
+        Editing a check, the description or the dataset section keeps it, editing the policy or a seed does not.
+        Credentials (:data:`CREDENTIALS`) never enter it: rotating a key changes who may connect, not a rollout.
         """
+        return self._rollout_hash(self.tasks)
+
+    def task_rollout_hash(self, task_index: int) -> str:
+        """The rollout hash of one task's instances, which their results carry: the pipeline's with that task
+        alone, so that adding, removing or editing another task (a benchmark's, a matrix value) keeps them."""
+        return self._rollout_hash([self.tasks[task_index]])
+
+    def _rollout_hash(self, tasks: list[TaskSpec]) -> str:
         if self._weights is not None:
-            return checkpoint_rollout_hash(*self._weights)
+            sweep, content_hash = self._weights
+            return checkpoint_rollout_hash(sweep._rollout_hash(tasks), content_hash)
         # a sweep's checkpoints are identified by their content, per member, not by where they are listed
         exclude = SWEEP_SOURCES if self.is_sweep else CREDENTIALS
-        dumped = self.model_dump(
-            mode="json", include={"sim", "agent", "tasks", "max_steps", "graders"}, exclude=exclude
-        )
+        dumped = self.model_dump(mode="json", include={"sim", "agent", "max_steps", "graders"}, exclude=exclude)
+        dumped["tasks"] = [task.model_dump(mode="json") for task in tasks]
         return canonical_hash(without_later_defaults(dumped))

@@ -479,3 +479,47 @@ def test_a_run_records_the_episode_length_and_the_graders_it_scored_with(tmp_pat
     record = provenance.for_run(spec)
     assert record["max_steps"] == 30
     assert [grader["name"] for grader in record["graders"]] == [grader.name for grader in spec.graders]
+
+
+def test_adding_or_editing_a_task_leaves_the_other_tasks_results_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result carries its task's rollout hash: a task added to a benchmark (or a matrix value) runs alone."""
+    import dataclasses
+
+    from hud_pipelines.eval import provenance
+    from hud_pipelines.eval.results import InstanceResult
+    from hud_pipelines.eval.rows import collect_rows
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    near, mid, far = {"name": "near", "seed": 0}, {"name": "mid", "seed": 50}, {"name": "far", "seed": 100}
+    first = evaluate(_spec(tmp_path, tasks=[near, mid], dataset=None), outputs_dir=out)
+    assert {(row.fault, row.run_id) for row in first.rows} == {(None, first.run_id)}
+
+    grown = _spec(tmp_path, tasks=[near, mid, far], dataset=None)
+    rows = collect_rows(grown, EvalOutputs(out, grown.name), environment=provenance.for_run(grown))
+    assert {(row.fault, row.run_id) for row in rows if row.task != "far"} == {(None, first.run_id)}, "still current"
+    assert {row.fault for row in rows if row.task == "far"} == {Fault.NOT_RUN}
+    second = evaluate(grown, outputs_dir=out, partitions=[Partition(2, 0)])
+    assert {(row.task, row.fault, row.run_id) for row in second.rows} == {
+        ("near", None, first.run_id),
+        ("mid", None, first.run_id),
+        ("far", None, second.run_id),
+    }
+
+    reseeded = _spec(tmp_path, tasks=[near, mid, {**far, "seed": 200}], dataset=None)
+    rows = collect_rows(reseeded, EvalOutputs(out, reseeded.name), environment=provenance.for_run(reseeded))
+    assert {(row.fault, row.run_id) for row in rows if row.task != "far"} == {(None, first.run_id)}
+    stale = [row for row in rows if row.task == "far"]
+    assert {row.fault for row in stale} == {Fault.NOT_RUN}, "its own seed changed: far is run again"
+    assert all("before the pipeline's seeds changed" in (row.error or "") for row in stale)
+
+    # a result recorded before tasks were hashed alone carries the pipeline's hash: current while it holds
+    outputs = EvalOutputs(out, grown.name)
+    path = outputs.result(grown.partition_key(0, 0))
+    dataclasses.replace(InstanceResult.read(path), rollout_hash=grown.rollout_hash).write(path)
+    rows = collect_rows(grown, outputs, environment=provenance.for_run(grown))
+    assert {(row.fault, row.run_id) for row in rows if row.task == "near"} == {(None, first.run_id)}
+    rows = collect_rows(reseeded, outputs, environment=provenance.for_run(reseeded))
+    assert {row.fault for row in rows if row.task == "near"} == {Fault.NOT_RUN}, "the pipeline's hash changed"

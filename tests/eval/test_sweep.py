@@ -425,3 +425,23 @@ def test_a_sweep_evaluates_its_checkpoints_again_after_an_edit_of_the_sims_code(
     edited = evaluate(spec, outputs_dir=out, checkpoints=["000500"])
     assert {row.run_id for row in edited.rows} == {edited.run_id}, "results of the old sim are not kept as current"
     assert not any(row.success for row in edited.rows)
+
+
+def test_a_task_added_to_a_sweep_is_evaluated_alone_on_every_checkpoint(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    near, mid = {"name": "near", "seed": 10}, {"name": "mid", "seed": 20}
+    out = tmp_path / "out"
+    first = evaluate(sweep_spec(tmp_path, str(run.output_dir), tasks=[near, mid], group=1), outputs_dir=out)
+    assert {(row.fault, row.run_id) for row in first.rows} == {(None, first.run_id)}
+
+    grown = sweep_spec(tmp_path, str(run.output_dir), tasks=[near, mid, {"name": "far", "seed": 30}], group=1)
+    second = evaluate(grown, outputs_dir=out)
+    ran = {(row.checkpoint, row.task, row.fault, row.run_id) for row in second.rows}
+    labels = {row.checkpoint for row in first.rows}
+    assert len(labels) == 3
+    assert ran == {
+        *((label, task, None, first.run_id) for label in labels for task in ("near", "mid")),
+        *((label, "far", None, second.run_id) for label in labels),
+    }, "every checkpoint keeps its results on the tasks it was evaluated on and runs the new one alone"
