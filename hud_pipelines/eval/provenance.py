@@ -34,7 +34,8 @@ FINGERPRINT_FIELDS = ("packages", "sim_python", "sim_packages", "renderer")
 """What, besides the rollout hash, decides a result's numbers: never merged across a change of these
 (and of ``served_sim``, a served sim's factory and arguments, where the run attached to one, and of
 ``sources``, the code and weights files the pipeline's targets read: :mod:`hud_pipelines.eval.sources`)."""
-SERVED_FIELDS = ("factory_name", "args", "packages")
+SERVED_FIELDS = ("factory_name", "args", "packages", "sources")
+"""What of a served sim's own record is part of the fingerprint (``sources``: where its server sent them)."""
 
 
 def for_run(
@@ -81,7 +82,7 @@ def with_served_sim(record: dict[str, Any], served_sim: dict[str, Any]) -> dict[
         "sim_args": served_sim.get("args") or {},
         "sim_python": served_sim.get("python"),
         "sim_packages": served_sim.get("packages") or {},
-        "served_sim": {name: served_sim.get(name) for name in SERVED_FIELDS},
+        "served_sim": {name: served_sim.get(name) for name in SERVED_FIELDS if name != "sources" or name in served_sim},
     }
     return updated | {"fingerprint": fingerprint(updated)}
 
@@ -116,12 +117,19 @@ def fingerprint(record: dict[str, Any]) -> str:
 def other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:
     """Whether a result ran in another environment than the current one (no fingerprint counts as the same).
 
-    A result recorded before sources were (``sources`` absent) is judged on the rest of the fingerprint.
+    A result recorded before sources were (``sources`` absent, or a served sim's record without them) is
+    judged on the rest of the fingerprint.
     """
     ran_in, current_in = ran.get("fingerprint"), current.get("fingerprint")
-    if ran_in and current_in and "sources" not in ran and current.get("sources"):
-        current_in = fingerprint({key: value for key, value in current.items() if key != "sources"})
-    return bool(ran_in) and bool(current_in) and ran_in != current_in
+    if not ran_in or not current_in:
+        return False
+    judged = current
+    if "sources" not in ran and current.get("sources"):
+        judged = {key: value for key, value in judged.items() if key != "sources"}
+    served: dict[str, Any] = current.get("served_sim") or {}
+    if "sources" in served and "sources" not in (ran.get("served_sim") or {}):  # its server sent no code digests
+        judged = judged | {"served_sim": {key: value for key, value in served.items() if key != "sources"}}
+    return ran_in != (current_in if judged is current else fingerprint(judged))
 
 
 def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -134,15 +142,24 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     for name in ("sim_python", "sim_packages", "renderer"):
         if old.get(name) != new.get(name):
             changes.append(f"{name} {old.get(name)} -> {new.get(name)}")
-    was: dict[str, str] = old.get("sources") or {}
-    now: dict[str, str] = new.get("sources") or {}
-    edited = sorted(Path(path).name for path in set(was) | set(now) if was.get(path) != now.get(path))
+    edited = _edited(old.get("sources") or {}, new.get("sources") or {})
     if edited:
-        changes.append(f"code or weights changed: {', '.join(edited)}")
-    if old.get("served_sim") != new.get("served_sim"):
-        before, after = (describe(r["served_sim"]) if r.get("served_sim") else "a spawned sim" for r in (old, new))
+        changes.append(f"code or weights changed: {edited}")
+    served_was: dict[str, Any] = dict(old.get("served_sim") or {})  # copies: the code's digests are taken out
+    served_now: dict[str, Any] = dict(new.get("served_sim") or {})
+    if "sources" in served_was and "sources" in served_now:  # both servers sent their code's digests
+        edited = _edited(served_was.pop("sources"), served_now.pop("sources"))
+        if edited:
+            changes.append(f"the served sim's code changed: {edited}")
+    if served_was != served_now:
+        before, after = (describe(r) if r else "a spawned sim" for r in (served_was, served_now))
         changes.append(f"the served sim {before} -> {after}")
     return ", ".join(changes) or "the environment changed"
+
+
+def _edited(was: dict[str, str], now: dict[str, str]) -> str:
+    """The names of the files whose digests differ (``my_env.py, helpers.py``), or ``""``."""
+    return ", ".join(sorted(Path(path).name for path in set(was) | set(now) if was.get(path) != now.get(path)))
 
 
 def markdown(record: dict[str, Any]) -> str:

@@ -8,23 +8,33 @@ that serve different sims are told apart before an episode runs on the wrong one
 
 Two records describe the same sim when :func:`same_sim` says so: the same factory (by module or
 file name and attribute, so the same project checked out under two paths is one sim), the same
-build arguments and the same package versions. The interpreter's path is recorded, not compared.
+build arguments, the same package versions and the same code: the digests of the factory's file and
+of the modules beside it that it imports (:func:`~hud_pipelines.targets.target_sources`), keyed
+relative to the factory's folder. An edit of a served sim's code is then seen by the runs that
+attach to it as it is for a spawned one (its earlier results are another environment's). The
+interpreter's path is recorded, not compared.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import json
+import os
 import sys
 from collections.abc import Mapping
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
+
+from hud_pipelines.targets import target_sources
 
 SIM_PACKAGES = ("gymnasium", "mujoco", "numpy")
 """Packages of a sim's environment whose versions a result records, beside its factory's own package."""
-COMPARED = ("factory_name", "args", "packages")
-"""The fields of a record that decide whether two sims are the same."""
+COMPARED = ("factory_name", "args", "packages", "sources")
+"""The fields of a record that decide whether two sims are the same (``sources`` where both records have it:
+a server of an earlier version sends none)."""
+DIGEST_CHARS = 16
 
 
 def sim_identity(factory: str, build_args: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,11 +57,30 @@ def _identity(factory: str, args: str) -> dict[str, Any]:
         "args": json.loads(args),
         "python": sys.executable,
         "packages": package_versions(top),
+        "sources": code_digests(factory),
     }
 
 
+def code_digests(factory: str) -> dict[str, str]:
+    """Path -> short sha256 of the files a factory's code is read from, relative to the factory's folder
+    (``{}`` for a registry id, which names no file)."""
+    files = target_sources(factory, Path.cwd())
+    if not files:
+        return {}
+    return {os.path.relpath(file, files[0].parent): _digest(file) for file in files}
+
+
+def _digest(file: Path) -> str:
+    try:
+        return hashlib.sha256(file.read_bytes()).hexdigest()[:DIGEST_CHARS]
+    except OSError:
+        return "unreadable"
+
+
 def same_sim(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
-    return all(one.get(name) == other.get(name) for name in COMPARED)
+    return all(
+        one.get(name) == other.get(name) for name in COMPARED if name != "sources" or (name in one and name in other)
+    )
 
 
 def describe(identity: Mapping[str, Any]) -> str:

@@ -226,3 +226,17 @@ def test_results_recorded_before_sources_are_judged_on_the_rest_of_the_fingerpri
     edited = {**current, "sources": {**current["sources"], "gains.py": "0" * 16}}
     edited["fingerprint"] = provenance.fingerprint(edited)
     assert provenance.other_environment(edited, current)
+
+
+def test_a_served_sims_code_is_part_of_the_fingerprint_once_its_server_sends_it(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    served = {"factory_name": "reach.py:make", "args": {}, "packages": {"numpy": "2.0"}, "sources": {"reach.py": "a"}}
+    current = provenance.for_run(spec, served_sim=served)
+    edited = provenance.for_run(spec, served_sim={**served, "sources": {"reach.py": "b"}})
+    assert provenance.other_environment(edited, current)
+    assert "the served sim's code changed: reach.py" in provenance.difference(edited, current)
+    earlier_server = provenance.for_run(spec, served_sim={k: v for k, v in served.items() if k != "sources"})
+    assert not provenance.other_environment(earlier_server, current), "a server that sent no digests: the rest"
+    assert provenance.other_environment(
+        earlier_server, provenance.for_run(spec, served_sim={**served, "args": {"x": 1}})
+    )

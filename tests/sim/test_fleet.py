@@ -23,12 +23,12 @@ pytestmark = pytest.mark.slow
 TOKEN = "fleet-test-token"
 
 
-def _serve(*args: str, token: str = TOKEN) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(*args: str, token: str = TOKEN, sims: Path = SIMS) -> tuple[subprocess.Popen[bytes], str]:
     command = [
         sys.executable,
         "-m",
         "hud_pipelines.sim",
-        f"{SIMS}:cartpole",
+        f"{sims}:cartpole",
         "--num-envs",
         "2",
         "--token",
@@ -264,6 +264,38 @@ def test_results_of_a_server_restarted_with_other_arguments_are_not_merged(
     assert stale
     assert all(row.fault is Fault.NOT_RUN for row in stale)
     assert all("the served sim sims.py:cartpole with" in (row.error or "") for row in stale), stale[0].error
+    assert all(row.fault is None for row in second.rows if row.instance == 1)
+
+
+def test_results_of_a_served_sim_whose_code_changed_are_not_merged_and_the_file_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server sends its code's digests: an edit of its factory's file is seen as for a spawned sim."""
+    monkeypatch.chdir(REPO)
+    sims = tmp_path / "served" / "sims.py"
+    sims.parent.mkdir()
+    sims.write_text(SIMS.read_text())
+    port = str(_free_port())
+    process, url = _serve("--port", port, sims=sims)
+    try:
+        spec = _spec(tmp_path, [url], monkeypatch)
+        first = evaluate(spec, outputs_dir=tmp_path / "out")
+        again = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i0")])
+    finally:
+        _stop(process)
+    assert not any(r.failed for r in first.results)
+    assert all(row.fault is None for row in again.rows), "the same code: every result is current"
+    sims.write_text(sims.read_text() + "\n# an edit of the served sim's code\n")
+    process, _ = _serve("--port", port, sims=sims)
+    try:
+        spec = _spec(tmp_path, [url], monkeypatch)
+        second = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
+    finally:
+        _stop(process)
+    stale = [row for row in second.rows if row.instance != 1]
+    assert stale
+    assert all(row.fault is Fault.NOT_RUN for row in stale)
+    assert all("the served sim's code changed: sims.py" in (row.error or "") for row in stale), stale[0].error
     assert all(row.fault is None for row in second.rows if row.instance == 1)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hud_pipelines.sim.identity import describe, factory_name, same_sim, sim_identity
 
 
@@ -19,3 +21,19 @@ def test_the_factorys_own_package_is_recorded_for_a_module_and_for_a_registry_na
     assert "gymnasium" in sim_identity("gymnasium.envs.classic_control:CartPoleEnv", {})["packages"]
     assert "gym_pusht" in sim_identity("gym_pusht/PushT-v0", {})["packages"]
     assert set(sim_identity("CartPole-v1", {})["packages"]) == {"gymnasium", "mujoco", "numpy"}
+
+
+def test_a_sims_code_is_part_of_it_wherever_its_checkout_lies(tmp_path: Path) -> None:
+    for checkout in ("a", "b"):
+        (tmp_path / checkout).mkdir()
+        (tmp_path / checkout / "reach.py").write_text("import helpers\n\ndef make(): ...\n")
+        (tmp_path / checkout / "helpers.py").write_text("GAIN = 1.0\n")
+    one = sim_identity(f"{tmp_path}/a/reach.py:make", {})
+    assert set(one["sources"]) == {"reach.py", "helpers.py"}, "the factory's file and the module beside it"
+    assert same_sim(one, sim_identity(f"{tmp_path}/b/reach.py:make", {}))
+    (tmp_path / "b" / "helpers.py").write_text("GAIN = 2.0\n")
+    edited = sim_identity(f"{tmp_path}/b/reach.py:make", {"edited": True})  # another cache entry: read anew
+    assert not same_sim({**one, "args": {"edited": True}}, edited)
+    earlier_server = {key: value for key, value in one.items() if key != "sources"}
+    assert same_sim(earlier_server, edited | {"args": {}}), "a server that sends no digests is compared on the rest"
+    assert sim_identity("CartPole-v1", {})["sources"] == {}, "a registry id names no file"
