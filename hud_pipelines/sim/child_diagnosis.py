@@ -48,6 +48,11 @@ RENDERER_HINT = (
 )
 STDERR_DRAIN_S = 1.0
 """How long to wait for the last stderr lines of a child that exited."""
+LIBRARY_FILE = re.compile(r"[/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|^<frozen ")
+"""Files of an installed package or of the standard library (of any interpreter: a sim may run under its own)."""
+PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+"""This package's folder: its frames are the harness around the user's code."""
+TRACEBACK_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)$')
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
 """The last line of a Python traceback (``ModuleNotFoundError: No module named 'x'``)."""
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
@@ -93,6 +98,20 @@ class ChildDiagnosis:
         for line in reversed(lines):
             if EXCEPTION_LINE.match(line.strip()):
                 return line.strip()
+        return None
+
+    def raised_at(self) -> str | None:
+        """Where in the user's code the child's last traceback was raised (``/p/envs/reach.py:89 in make``).
+
+        A factory's own error names no file or line, and its traceback is in the stderr tail only. The
+        innermost frame of code that is neither this package's, the standard library's nor an installed
+        package's is the line to look at; ``None`` when every frame is such code (an error of ours says
+        what it needs in its message).
+        """
+        for line in reversed(self.tail):
+            frame = TRACEBACK_FRAME.match(line.strip())
+            if frame is not None and not LIBRARY_FILE.search(frame["file"]) and PACKAGE_DIR not in frame["file"]:
+                return f"{frame['file']}:{frame['line']} in {frame['function']}"
         return None
 
     def _drain_stderr(self, *, exited: bool) -> None:
@@ -161,6 +180,8 @@ class ChildDiagnosis:
         """
         diagnosis = self.diagnose()
         child_error = None if hung else self.child_error()
+        where = None if child_error is None else self.raised_at()
+        child_error = f"{child_error} (at {where})" if where else child_error
         lead = f"{child_error} ({exc}; sim {factory!r})" if child_error else f"{exc} (sim {factory!r})"
         hint = _missing_module_hint(child_error, interpreter, python) if python is not None else None
         hint = hint or (self.stuck_hint(env) if hung else None)

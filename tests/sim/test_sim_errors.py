@@ -55,27 +55,45 @@ def test_a_hung_child_is_a_timeout_with_its_deadline(spawn: Spawn) -> None:
     assert "did not answer step within 0.5 s" in str(caught.value)
 
 
+def _line_of(code: str) -> int:
+    """The line of ``envs/faulty.py`` that holds ``code`` (numbered from 1)."""
+    lines = (REPO / "envs" / "faulty.py").read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if code in line)
+
+
 @pytest.mark.parametrize(
-    ("factory", "build_args", "child_error"),
+    ("factory", "build_args", "child_error", "raised_at"),
     [
-        (FAULTY, {"speed": 3}, "TaskArgumentError: task argument 'speed' is accepted neither by the factory faulty("),
-        (FAULTY, {"fault": "raise_build"}, "RuntimeError: FaultyEnv refused to build (fault=raise_build)"),
+        (
+            FAULTY,
+            {"speed": 3},
+            "TaskArgumentError: task argument 'speed' is accepted neither by the factory faulty(",
+            None,  # an error of ours, whose message says it all: no frame of the harness is named
+        ),
+        (
+            FAULTY,
+            {"fault": "raise_build"},
+            "RuntimeError: FaultyEnv refused to build (fault=raise_build)",
+            f"{REPO / 'envs' / 'faulty.py'}:{_line_of('raise RuntimeError("FaultyEnv refused')} in __init__",
+        ),
         (
             f"{REPO / 'envs' / 'faulty.py'}:broken_import",
             {},
             "ModuleNotFoundError: No module named 'hud_pipelines_missing_simulator'",
+            f"{REPO / 'envs' / 'faulty.py'}:{_line_of('import hud_pipelines_missing_simulator')} in broken_import",
         ),
     ],
     ids=["bad-argument", "env-raises", "missing-module"],
 )
-def test_a_start_up_failure_leads_with_the_childs_own_error_line(
-    spawn: Spawn, factory: str, build_args: dict[str, object], child_error: str
+def test_a_start_up_failure_leads_with_the_childs_own_error_line_and_where_the_users_code_raised_it(
+    spawn: Spawn, factory: str, build_args: dict[str, object], child_error: str, raised_at: str | None
 ) -> None:
     with pytest.raises(SimStartError) as caught:
         spawn(factory, build_args=build_args)
     error = caught.value
     assert error.child_error is not None
     assert error.child_error.startswith(child_error)
+    assert error.child_error.endswith(f" (at {raised_at})") if raised_at else " (at " not in error.child_error
     message = str(error)
     assert message.startswith(error.child_error)
     assert message.index(error.child_error) < message.index("stderr tail")
