@@ -69,9 +69,25 @@ class TorchModulePolicy(LockstepForwards):
         return as_chunks(actions, batch.size, self.width, source=f"torch policy {self.name}")
 
 
+WEIGHTS_UNPICKLER = "WeightsUnpickler error:"
+"""Where torch's refusal of a file that is no plain ``state_dict`` says why."""
+
+
 def _resolve(path_text: str, base_dir: Path) -> Path:
     path = Path(path_text)
     return path if path.is_absolute() else base_dir / path
+
+
+def _load_error(exc: Exception) -> str:
+    """torch's reason in a line: a weights-only refusal is a page of advice around one line of cause."""
+    text = str(exc)
+    cause = text.split(WEIGHTS_UNPICKLER, 1)[1].strip().split("\n\n", 1)[0] if WEIGHTS_UNPICKLER in text else ""
+    if not cause:
+        return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if "Unsupported global" in cause:  # pickled objects: a whole module saved, not its state_dict
+        named = cause.split(" Please ", 1)[0].strip()  # torch's advice to allow the class is not ours to give
+        return f"{named} It holds pickled objects, not only tensors: save module.state_dict() instead"
+    return f"torch.load (weights only): {cause.strip()}"
 
 
 def load_checkpoint(module: torch.nn.Module, path: Path, device: torch.device) -> None:
@@ -81,7 +97,7 @@ def load_checkpoint(module: torch.nn.Module, path: Path, device: torch.device) -
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:
-        raise PolicyError(f"checkpoint {path} cannot be read as a state_dict: {exc}") from exc
+        raise PolicyError(f"checkpoint {path} cannot be read as a state_dict: {_load_error(exc)}") from exc
     if not isinstance(state, dict):
         raise PolicyError(f"checkpoint {path} holds a {type(state).__name__}, expected a state_dict")
     try:

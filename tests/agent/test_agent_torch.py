@@ -81,8 +81,21 @@ def test_torch_errors_name_the_culprit(tmp_path: Path) -> None:
         build_policy(missing, contract, base_dir=tmp_path)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     junk = TorchPolicyConfig(target="envs.policies:CartPoleTorchPD", checkpoint="junk.pt")
-    with pytest.raises(PolicyError, match="cannot be read as a state_dict"):
+    with pytest.raises(PolicyError, match="cannot be read as a state_dict") as unreadable:
         build_policy(junk, contract, base_dir=tmp_path)
+    assert "\n" not in str(unreadable.value), "torch's cause in a line, not its page of advice"
+    (tmp_path / "random.pt").write_bytes(bytes(range(256)) * 8)  # a pickle stream torch refuses midway
+    with pytest.raises(PolicyError, match=r"cannot be read as a state_dict: torch\.load \(weights only\): ") as refused:
+        build_policy(junk.model_copy(update={"checkpoint": "random.pt"}), contract, base_dir=tmp_path)
+    assert "\n" not in str(refused.value)
+    assert "Please file an issue" not in str(refused.value)
+    whole = CartPoleTorchPD()
+    torch.save(whole, tmp_path / "whole.pt")  # the module itself, pickled: not a state_dict
+    with pytest.raises(
+        PolicyError,
+        match=r"Unsupported global.*by default\. It holds pickled objects.*save module\.state_dict\(\) instead$",
+    ):
+        build_policy(junk.model_copy(update={"checkpoint": "whole.pt"}), contract, base_dir=tmp_path)
     with pytest.raises(PolicyError, match="not available"):
         resolve_device("cuda:7") if not torch.cuda.is_available() else resolve_device("nonsense")
     with pytest.raises(PolicyError, match="torch_threads"):
