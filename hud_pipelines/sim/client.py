@@ -126,8 +126,13 @@ class SimClient(Closeable):
             raise SimRefusedError(f"the sim at {self.url} refused the connection: {exc}", status=exc.status) from exc
         except (OSError, LinkError) as exc:
             diagnosis = self._diagnosis()
+            waited = (
+                f" (waited {timeout_s:g} s for the connection and its handshake)"
+                if isinstance(exc, TimeoutError)
+                else ""
+            )
             raise SimCrashedError(
-                f"cannot connect to the sim at {self.url}: {exc}{diagnosis}", returncode=self._exit_status()
+                f"cannot connect to the sim at {self.url}: {exc}{waited}{diagnosis}", returncode=self._exit_status()
             ) from exc
 
     @property

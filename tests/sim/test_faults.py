@@ -179,6 +179,15 @@ def test_a_port_in_use_fails_start_up_with_the_reason(spawn: Spawn) -> None:
     assert "Traceback" not in str(caught.value), "a setting to change is said in a line"
 
 
+def test_a_server_that_accepts_but_never_answers_is_named_with_how_long_it_was_waited_for() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel accepts the connection; nothing ever answers the handshake
+        url = f"ws://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(SimCrashedError, match=r"waited 0\.3 s for the connection and its handshake"):
+            SimClient(url, "token", connect_timeout_s=0.3)
+
+
 def test_two_sims_on_one_host_use_their_own_ports_and_tokens(spawn: Spawn) -> None:
     first, second = spawn(FAULTY), spawn(FAULTY)
     assert first.url != second.url
