@@ -266,7 +266,8 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str], 
     problems: list[str] = []
     evaluations = result.get_asset_check_evaluations()
     if dataset is not None and any(not e.passed and e.severity.value == "ERROR" for e in evaluations):
-        problems.append(f"dataset not published (a blocking check failed): {dataset} holds what was published before")
+        before = f"{dataset} holds what was published before" if dataset.exists() else "none was published before"
+        problems.append(f"dataset not published (a blocking check failed): {before}")
     for evaluation in evaluations:
         if not evaluation.passed:
             blocking = "blocking " if evaluation.severity.value == "ERROR" else ""

@@ -27,6 +27,7 @@ from hud_pipelines.eval.judging import yaml_verdict
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import read_grades
 from hud_pipelines.spec.grading import CheckSpec
+from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import PipelineSpec
 
 
@@ -55,13 +56,13 @@ def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.Ass
     """The built-in blocking check: a failed instance fails the run (and holds the dataset back)."""
 
     def judge(rows: list[GradeRow]) -> dg.AssetCheckResult:
-        verdict = instances_verdict(rows)
+        verdict = instances_verdict(rows, run_argument(spec))
         result = _check_result(verdict, rows)
         if not verdict.failed_instances:
             return result
         keys = verdict.failed_instances
         order = list(dict.fromkeys(row.group_id for row in rows))
-        rerun = rerun_command(keys, ["hud-pipelines", "run", spec.name], order)
+        rerun = rerun_command(keys, ["hud-pipelines", "run", run_argument(spec)], order)
         metadata = {**result.metadata, "failed_instances": dg.MetadataValue.json(list(keys)), "rerun": rerun}
         return dg.AssetCheckResult(
             passed=False, severity=result.severity, description=result.description, metadata=metadata

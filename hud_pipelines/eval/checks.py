@@ -75,8 +75,11 @@ def rerun_command(failed: Sequence[str], command: Sequence[str], order: Sequence
     return "; ".join(shlex.join([*command, *(arg for key in keys for arg in ("--partition", key))]) for keys in ranges)
 
 
-def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
+def instances_verdict(rows: Sequence[GradeRow], pipeline: str | None = None) -> CheckVerdict:
     """``instances_completed``: passes when no row errored with a fault that ended its instance.
+
+    ``pipeline`` names it to the re-run command (:func:`~hud_pipelines.spec.loader.run_argument`: a file
+    outside the pipelines directory is named by its path); by default, its rows' pipeline name.
 
     Instances that have not run yet (``not_run``) do not fail it: a run of a few partitions is
     complete when those ran; the grades still show the others as errored.
@@ -91,7 +94,7 @@ def instances_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
     if failed:
         listed = "; ".join(f"{key}: {fault} ({one_line(reason)})" for key, (fault, reason) in sorted(failed.items()))
         order = list(dict.fromkeys(row.group_id for row in rows))
-        command = rerun_command(sorted(failed), ["hud-pipelines", "run", rows[0].pipeline], order)
+        command = rerun_command(sorted(failed), ["hud-pipelines", "run", pipeline or rows[0].pipeline], order)
         description = f"{len(failed)} instance(s) failed: {listed}{RERUN_HINT}{command}"
     else:
         description = "every instance that ran, ran to its end"
@@ -136,9 +139,9 @@ def answered_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
     )
 
 
-def builtin_verdicts(rows: Sequence[GradeRow]) -> list[CheckVerdict]:
+def builtin_verdicts(rows: Sequence[GradeRow], pipeline: str | None = None) -> list[CheckVerdict]:
     """The checks every eval gets, whatever its YAML says: ``instances_completed``, ``episodes_answered``."""
-    return [instances_verdict(rows), answered_verdict(rows)]
+    return [instances_verdict(rows, pipeline), answered_verdict(rows)]
 
 
 def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow]) -> str | None:

@@ -16,12 +16,14 @@ from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, check_verd
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.perturbations import control_rows
 from hud_pipelines.spec.grading import CheckSpec
+from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import PipelineSpec
 
 
 def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
     """The built-in checks on every row, then the YAML's (:func:`yaml_verdict`)."""
-    builtin = [instances_verdict(rows), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows)
+    named = run_argument(spec)
+    builtin = [instances_verdict(rows, named), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows, named)
     return [*builtin, *(yaml_verdict(spec, check, rows) for check in spec.resolved_checks())]
 
 

@@ -18,6 +18,7 @@ from hud_pipelines.eval.configuration import RolloutHashes, current_rollout_hash
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_rows
+from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 
@@ -85,7 +86,7 @@ def _latest(
     key = spec.partition_key(*partition)
     path = outputs.result(key)
     result = InstanceResult.read(path) if path.exists() else None
-    rerun = how(key) if how is not None else f"run it with: hud-pipelines run {spec.name} --partition {key}"
+    rerun = how(key) if how is not None else f"run it with: hud-pipelines run {run_argument(spec)} --partition {key}"
     if result is None:
         return None, f"instance {key} has not run yet; {rerun}"
     if not expected.current(spec.tasks[partition.task_index].name, result.rollout_hash):
@@ -138,5 +139,5 @@ def _rerun_of(member: sweep.Member) -> Callable[[str], str]:
     if not member.path.exists():
         return lambda key: f"checkpoint {member.label}'s files at {member.path} are gone: restore them to run it again"
     return lambda key: (
-        f"run it with: hud-pipelines run {member.spec.name} --checkpoint {member.label} --partition {key}"
+        f"run it with: hud-pipelines run {run_argument(member.spec)} --checkpoint {member.label} --partition {key}"
     )

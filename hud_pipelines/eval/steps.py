@@ -42,6 +42,7 @@ from hud_pipelines.eval.rows import collect_rows, current_results
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
+from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ def report_step(
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
-    checks = builtin_verdicts(rows) if checkpoint_of_sweep else all_verdicts(spec, rows)
+    checks = builtin_verdicts(rows, run_argument(spec)) if checkpoint_of_sweep else all_verdicts(spec, rows)
     members = _members(spec, outputs, hashes) if spec.is_sweep else []
     for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = _member_dataset(dataset, member.label)

@@ -146,9 +146,17 @@ def contract_refresh_targets(contract: Path) -> list[str]:
         spec = load_file(file).spec
         if spec is None or spec.contract_path != target:
             continue
-        by_name = any(default_pipelines_dir() / f"{spec.name}{s}" == file for s in PIPELINE_SUFFIXES)
-        named.append(spec.name if by_name else display_path(file))
+        named.append(run_argument(spec))
     return named
+
+
+def run_argument(spec: PipelineSpec) -> str:
+    """What names ``spec`` to the CLI (``hud-pipelines run <it>``): its ``name`` where that finds its file
+    (``<pipelines dir>/<name>.yaml``), else its file's path."""
+    file = spec.source
+    if file is None or any(default_pipelines_dir() / f"{spec.name}{s}" == file for s in PIPELINE_SUFFIXES):
+        return spec.name
+    return display_path(file)
 
 
 def refresh_hint(contract: Path) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from hud_pipelines.cli.main import main
 from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.spec.loader import load_pipeline
 from tests.dagster.support import REPO, SIMS, WritePipeline, sim_processes
 
 pytestmark = pytest.mark.slow
@@ -114,7 +115,7 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     out = capsys.readouterr().out
     assert "run FAILED" in out
     assert "failed 2" in out
-    assert "dataset not published (a blocking check failed): " in out, "a user must not take the old one for it"
+    assert "dataset not published (a blocking check failed): none was published before" in out, "none to take for it"
     assert "blocking check min_success_rate failed: min_success_rate: observed 0.0% (0/2), threshold 100.0%" in out
     assert main(["run", "no_such_pipeline", "--quiet"]) == 2
     assert "no pipeline named 'no_such_pipeline'" in capsys.readouterr().err
@@ -133,6 +134,16 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     )
     [failed] = [line for line in lines if "check instances_completed failed" in line]  # one line, never folded
     assert failed.endswith(f"re-run them with: {rerun}"), "the command as this run was asked, quoted for a shell"
+
+    outside = tmp_path / "elsewhere" / "outside.yaml"  # not in the pipelines directory: named by its path
+    outside.parent.mkdir()
+    outside.write_text(unstartable.read_text())
+    assert main(["run", str(outside), "--quiet"]) == 1
+    capsys.readouterr()
+    name = load_pipeline(outside).name
+    checks = json.loads(EvalOutputs(outputs_dir, name).checks_json.read_text())
+    [completed] = [check for check in checks if check["name"] == "instances_completed"]
+    assert completed["description"].endswith(f"re-run them with: hud-pipelines run {outside} --partition task0-i0")
 
 
 LAUNCH = """
