@@ -16,19 +16,24 @@ def write_report(
     open_page: bool = False,
     serve_port: int | None = None,
 ) -> int:
-    """Write the pipeline's report, and its grades and checks, from the results on disk as the YAML judges
-    them now (no sim starts); open or serve ``report.html``."""
+    """Write the pipeline's report, and its grades and checks, from the results on disk as the YAML and the
+    code its targets name judge them now (no sim starts); open or serve ``report.html``."""
     import webbrowser
 
+    from hud_pipelines.eval.configuration import recorded_provenance
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.provenance import with_current_code
     from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline_for_results
 
     spec = load_pipeline_for_results(resolve_pipeline_file(pipeline, pipelines_dir))
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
-    grades_step(spec, outputs)  # the report judges the results by the YAML as it is now: so do the grades
-    checks_step(spec, outputs)
-    written = report_step(spec, outputs, dataset=dataset_root(spec, outputs, Path.cwd()))
+    # the results as the YAML and the code judge them now (an edit since the last run shows at once): so do
+    # the grades and the checks
+    now = with_current_code(recorded_provenance(outputs), spec)
+    grades_step(spec, outputs, environment=now)
+    checks_step(spec, outputs, environment=now)
+    written = report_step(spec, outputs, environment=now, dataset=dataset_root(spec, outputs, Path.cwd()))
     print(f"wrote {written.html} and {outputs.report_md}, with grades.json and checks.json beside them")
     if serve_port is None:
         if open_page:

@@ -103,6 +103,22 @@ def environment(spec: PipelineSpec, code: dict[str, str] | None = None) -> dict[
     }
 
 
+def with_current_code(recorded: dict[str, Any], spec: PipelineSpec) -> dict[str, Any]:
+    """The latest run's provenance (``recorded``) with the pipeline's code and weights digested as they are now.
+
+    What results are judged by when nothing runs (``hud-pipelines report``): an edit of the code since the
+    last run shows its results as stale at once, as the next run would. A served sim's own code is known
+    only to its server: it stays as the run recorded it.
+    """
+    if not recorded:
+        return recorded
+    code = sources.digests(spec)
+    if "sources" not in recorded and not code:
+        return recorded
+    updated = recorded | {"sources": code}
+    return updated | {"fingerprint": fingerprint(updated)}
+
+
 def fingerprint(record: dict[str, Any]) -> str:
     """A short hash of the record's :data:`FINGERPRINT_FIELDS`."""
     picked = {name: record.get(name) for name in FINGERPRINT_FIELDS}

@@ -78,15 +78,24 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
 # -- grades and report -------------------------------------------------------------------------------
 
 
-def grades_step(spec: PipelineSpec, outputs: EvalOutputs, *, hashes: RolloutHashes | None = None) -> list[GradeRow]:
-    """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
-    rows = collect_rows(spec, outputs, hashes=hashes)
+def grades_step(
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    *,
+    hashes: RolloutHashes | None = None,
+    environment: dict[str, Any] | None = None,
+) -> list[GradeRow]:
+    """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically.
+
+    ``hashes`` and ``environment``: what a current result is of (:func:`collect_rows`; by default the latest run's).
+    """
+    rows = collect_rows(spec, outputs, hashes=hashes, environment=environment)
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
     write_atomically(outputs.grades_csv, grades_csv(spec, rows))
     if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
         for member, expected in _members(spec, outputs, hashes):
-            grades_step(member.spec, member.outputs, hashes=expected)
+            grades_step(member.spec, member.outputs, hashes=expected, environment=environment)
     return rows
 
 
@@ -102,9 +111,15 @@ def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
     return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
 
 
-def checks_step(spec: PipelineSpec, outputs: EvalOutputs, *, hashes: RolloutHashes | None = None) -> list[CheckVerdict]:
+def checks_step(
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    *,
+    hashes: RolloutHashes | None = None,
+    environment: dict[str, Any] | None = None,
+) -> list[CheckVerdict]:
     """Every check on the current grades (the built-in ``instances_completed`` first), to ``checks.json``."""
-    results = all_verdicts(spec, collect_rows(spec, outputs, hashes=hashes))
+    results = all_verdicts(spec, collect_rows(spec, outputs, hashes=hashes, environment=environment))
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
     return results
@@ -127,6 +142,7 @@ def report_step(
     *,
     run_id: str | None = None,
     hashes: RolloutHashes | None = None,
+    environment: dict[str, Any] | None = None,
     dataset: Path | None = None,
     checkpoint_of_sweep: bool = False,
 ) -> ReportFiles:
@@ -144,7 +160,7 @@ def report_step(
     from hud_pipelines.eval.report_html import write_html_report
     from hud_pipelines.eval.report_html.episodes import episode_thumbnails
 
-    rows = collect_rows(spec, outputs, hashes=hashes)
+    rows = collect_rows(spec, outputs, hashes=hashes, environment=environment)
     scope, headline = headline_rows(spec, rows)
     title = f"{spec.name} ({scope})" if scope else spec.name
     plot = render_plot(spec.name, headline)
@@ -156,7 +172,13 @@ def report_step(
     for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = _member_dataset(dataset, member.label)
         report_step(
-            member.spec, member.outputs, run_id=run_id, hashes=expected, dataset=folder, checkpoint_of_sweep=True
+            member.spec,
+            member.outputs,
+            run_id=run_id,
+            hashes=expected,
+            environment=environment,
+            dataset=folder,
+            checkpoint_of_sweep=True,
         )
     seeded = seed_warning(outputs, (hashes or current_rollout_hashes(spec, outputs)).pipeline)
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]

@@ -135,6 +135,30 @@ def test_an_edit_of_the_code_a_target_names_makes_earlier_results_another_enviro
     assert {row.fault for row in second.rows if row.instance == 0} == {None}
 
 
+def test_hud_pipelines_report_sees_an_edit_of_the_code_since_the_last_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``report`` judges the results by the code as it is now, as the next run would (nothing runs)."""
+    from hud_pipelines.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    (tmp_path / "controller.py").write_text(CONTROLLER)
+    (tmp_path / "gains.py").write_text("GAIN = 10.0\n")
+    spec = _spec(tmp_path, dataset=None, agent={"policy": {"kind": "scripted", "target": "controller.py:PD"}})
+    (tmp_path / "placed.yaml").write_text(json.dumps(spec.model_dump(mode="json")))
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    report = ["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]
+    assert main(report) == 0
+    grades = json.loads(evaluation.outputs.grades_json.read_text())
+    assert {row["fault"] for row in grades} == {None}, "the same code: current"
+    (tmp_path / "gains.py").write_text("GAIN = 1.0\n")
+    assert main(report) == 0
+    grades = json.loads(evaluation.outputs.grades_json.read_text())
+    assert {row["fault"] for row in grades} == {"not_run"}
+    assert all("code or weights changed: gains.py" in row["error"] for row in grades)
+    assert "errored 2" in evaluation.outputs.report_md.read_text(), "the report says what the grades say"
+
+
 def test_a_targets_files_are_found_without_importing_them(tmp_path: Path) -> None:
     from hud_pipelines.targets import target_sources
 
