@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.spec.problems import did_you_mean
+from hud_pipelines.spec.problems import Problem, did_you_mean
 
 if TYPE_CHECKING:
     from hud_pipelines.spec.models import PipelineSpec
@@ -41,9 +41,21 @@ def resolve_pipeline_file(pipeline: str, pipelines_dir: Path | None) -> Path:
     if named:
         return named[0]
     names = sorted(s.name for s in specs)
-    known = ", ".join(names) or "none"
-    hint = did_you_mean(pipeline, names)
+    broken = sorted(  # a file that does not load is a pipeline too: the one asked for may be it
+        f"{Path(file.file).stem} (does not load: {_first_problem(file.problems)})"
+        for file in loaded
+        if file.spec is None or file.problems
+    )
+    known = ", ".join([*names, *broken]) or "none"
+    hint = did_you_mean(pipeline, [*names, *(Path(file.file).stem for file in loaded if file.spec is None)])
     raise HudPipelinesError(f"no pipeline named {pipeline!r} in {directory}{hint} (known: {known})")
+
+
+def _first_problem(problems: list[Problem]) -> str:
+    first = problems[0] if problems else None
+    if first is None:
+        return "invalid"
+    return f"{first.path}: {first.message}" if first.path else first.message
 
 
 def refuse_misnamed(path: Path, spec: PipelineSpec) -> None:

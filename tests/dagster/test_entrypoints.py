@@ -122,6 +122,12 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert main(["run", "stritc", "--quiet"]) == 2
     assert "no pipeline named 'stritc' in " in (err := capsys.readouterr().err)
     assert "(did you mean 'strict'?)" in err
+    (pipelines_dir / "unloadable.yaml").write_text("name: unloadable\nsim: {factory: CartPole-v1, num_envs: 0}\n")
+    assert main(["run", "unloadabel", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "unloadable (does not load: agent: missing required key " in err, "listed, and why"
+    assert "(did you mean 'unloadable'?)" in err
+    (pipelines_dir / "unloadable.yaml").unlink()
 
     unstartable = write_pipeline(
         "unstartable", group=1, sim={"factory": f"{SIMS}:faulty", "args": {"fault": "raise_build"}}
