@@ -287,6 +287,7 @@ def test_results_of_another_configuration_are_never_mixed_into_the_grades(
 ) -> None:
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.spec.problems import display_path
 
     path = write_pipeline("edited", group=2)
     assert _run(path, outputs_dir, instance).success
@@ -299,6 +300,6 @@ def test_results_of_another_configuration_are_never_mixed_into_the_grades(
     assert {r.status for r in rows} == {EpisodeStatus.ERRORED}
     assert {r.fault for r in rows} == {Fault.NOT_RUN}
     assert all("before the pipeline's sim, agent, tasks, max_steps or graders changed" in (r.error or "") for r in rows)
-    assert "hud-pipelines run edited --partition task0-i1" in (rows[-1].error or "")
+    assert f"hud-pipelines run {display_path(path)} --partition task0-i1" in (rows[-1].error or "")
     assert {r.run_id for r in rows} != {""}  # the rows name the run whose results went stale
     assert [r.seed for r in rows] == [40, 41, 42, 43]

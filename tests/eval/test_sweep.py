@@ -17,6 +17,7 @@ from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.spec.loader import load_pipeline_text
 from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.problems import display_path
 from tests.agent.checkpoint_runs import (
     LeRobotRun,
     age,
@@ -118,7 +119,8 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     assert fifth.dataset is not None, "the current checkpoint is published; the stale ones are left out"
     assert fifth.dataset.path.name == "002000"
     stale = {row.checkpoint: row.error or "" for row in fifth.rows if row.status.value == "errored"}
-    assert "run it with: hud-pipelines run reach_sweep --checkpoint 000500 --partition near-i0" in stale["000500"]
+    named = display_path(tmp_path / "reach_sweep.yaml")  # not in the pipelines directory: named by its path
+    assert f"run it with: hud-pipelines run {named} --checkpoint 000500 --partition near-i0" in stale["000500"]
 
     shutil.rmtree(run.step_dirs[1500])  # where its results say it was: a stale checkpoint whose files are gone
     from hud_pipelines.eval.outputs import EvalOutputs
