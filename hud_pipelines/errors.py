@@ -139,6 +139,7 @@ class RemoteError(SimError):
         phase: str,
         slot: int | None = None,
         remote_traceback: str | None = None,
+        cause: str | None = None,
     ) -> None:
         where = f"{phase}" if slot is None else f"{phase}, slot {slot}"
         text = f"sim error during {where}: {message}"
@@ -149,6 +150,8 @@ class RemoteError(SimError):
         self.phase = phase
         self.slot = slot
         self.remote_traceback = remote_traceback
+        self.cause = cause
+        """``env`` when the env's own code raised (the wire's ``cause``): the env's fault, not the link's."""
 
 
 class PolicyTimeoutError(HudPipelinesError):
@@ -239,6 +242,8 @@ def fault_of(exc: BaseException) -> Fault:
             return Fault.CONTRACT
         case ActionError():
             return Fault.ACTION
+        case RemoteError(cause="env"):
+            return Fault.ENV
         case SimError() | WireError():
             return Fault.SIM_LINK
         case KeyboardInterrupt() | SystemExit() | RunAborted():

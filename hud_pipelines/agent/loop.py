@@ -368,4 +368,7 @@ class _SimFailed(_RunFailed):
 
     @classmethod
     def of(cls, exc: HudPipelinesError) -> _SimFailed:
-        return cls(f"{type(exc).__name__}: {exc}", fault_of(exc))
+        fault = fault_of(exc)
+        if fault is Fault.ENV:  # the env's own exception says it all (``env.step raised TypeError: ...``)
+            return cls(exc.message if isinstance(exc, RemoteError) else str(exc), fault)
+        return cls(f"{type(exc).__name__}: {exc}", fault)

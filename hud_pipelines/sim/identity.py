@@ -2,7 +2,7 @@
 
 A sim attached by URL is set up by whoever started its server, maybe on another machine: the
 pipeline's YAML names its address, not its factory or arguments. Its ``hello`` carries this record
-(protocol version 3), so that a run records the sim it really ran (provenance), results of two
+(protocol version 3; 4 adds the digests of its code), so that a run records the sim it really ran,
 differently configured servers are never merged into one table, and the servers of one pipeline
 that serve different sims are told apart before an episode runs on the wrong one.
 

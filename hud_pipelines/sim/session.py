@@ -176,7 +176,7 @@ class Session:
                     return Result(seq=seq, score=graded["score"], success=graded["success"], slots=graded["slots"])
         except EnvFault as fault:
             return ErrorFrame(
-                phase=fault.phase, seq=seq, slot=fault.slot, message=str(fault), traceback=fault.formatted
+                phase=fault.phase, seq=seq, slot=fault.slot, message=str(fault), traceback=fault.formatted, cause="env"
             )
         except HudPipelinesError as exc:
             return ErrorFrame(phase=phase, seq=seq, message=str(exc))

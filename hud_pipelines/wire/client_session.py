@@ -154,7 +154,13 @@ class ClientSession:
         if seq in self._arrived:
             reply = self._arrived.pop(seq)
             if isinstance(reply, ErrorFrame):
-                raise RemoteError(reply.message, phase=reply.phase, slot=reply.slot, remote_traceback=reply.traceback)
+                raise RemoteError(
+                    reply.message,
+                    phase=reply.phase,
+                    slot=reply.slot,
+                    remote_traceback=reply.traceback,
+                    cause=reply.cause,
+                )
             return reply
         self.require_usable()
         if seq not in self._pending:

@@ -17,9 +17,11 @@ import numpy.typing as npt
 
 from hud_pipelines.wire.codec import is_array
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: every ``observation`` says whether each slot's env reports success at all (``success_reported``);
-3: and whether it reported success on the slot's latest step (``success_now``), so success at the end is known."""
+3: and whether it reported success on the slot's latest step (``success_now``), so success at the end is known;
+4: an ``error`` the env's own code caused says so (``cause: env``: the env's fault, not the link's), and the
+hello's ``sim`` carries the digests of the sim's code (``sources``)."""
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame either side accepts (websockets closes the connection with 1009 above it)."""
 
@@ -201,6 +203,8 @@ class ErrorFrame:
     seq: int | None = None
     slot: int | None = None
     traceback: str | None = None
+    cause: str | None = None
+    """``env`` when the env's own code raised (its episodes end as the env's fault); absent otherwise."""
 
 
 Reply = ServerHello | Observation | Result | ErrorFrame | Close
@@ -276,4 +280,5 @@ def to_wire(message: Request | Reply | Hello, framing: Framing = Framing.BATCHED
                 "slot": message.slot,
                 "message": message.message,
                 "traceback": message.traceback,
+                **({"cause": message.cause} if message.cause is not None else {}),
             }

@@ -228,13 +228,14 @@ def parse_reply(frame: object, framing: Framing, num_slots: int | None = None) -
                 seq=f.get("seq", INT), score=float(f.get("score", NUMBER)), success=f.get("success", BOOL), slots=slots
             )
         case MessageType.ERROR:
-            f = _Fields(frame, {"seq", "phase", "slot", "message", "traceback"})
+            f = _Fields(frame, {"seq", "phase", "slot", "message", "traceback", "cause"})
             return messages.ErrorFrame(
                 phase=f.get("phase", STR),
                 message=f.get("message", STR),
                 seq=f.optional("seq", INT),
                 slot=f.optional("slot", INT),
                 traceback=f.optional("traceback", STR),
+                cause=f.optional("cause", STR),
             )
         case MessageType.CLOSE:
             return messages.Close()

@@ -129,6 +129,22 @@ def test_an_error_frame_raises_for_its_request_only(session: ClientSession) -> N
     assert isinstance(session.take(later), Result)
 
 
+def test_an_error_the_envs_own_code_caused_is_the_envs_fault_not_the_links(session: ClientSession) -> None:
+    from hud_pipelines.errors import Fault, fault_of
+
+    seq, _ = session.step(np.zeros((SLOTS, 1)))
+    raised_by_env = ErrorFrame(phase=Phase.STEP, seq=seq, message="env.step raised TypeError: x", cause="env")
+    session.receive(frame_of(raised_by_env))
+    with pytest.raises(RemoteError) as raised:
+        session.take(seq)
+    assert (raised.value.cause, fault_of(raised.value)) == ("env", Fault.ENV)
+    seq, _ = session.step(np.zeros((SLOTS, 1)))
+    session.receive(frame_of(ErrorFrame(phase=Phase.STEP, seq=seq, message="no running slot")))
+    with pytest.raises(RemoteError) as raised:
+        session.take(seq)
+    assert fault_of(raised.value) is Fault.SIM_LINK, "an error the env did not cause is the sim's"
+
+
 @pytest.mark.parametrize(
     "reply",
     [
