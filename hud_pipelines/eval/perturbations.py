@@ -139,7 +139,7 @@ def to_json(table: Sequence[AxisRow]) -> str:
     return json.dumps([{name: getattr(row, name) for name in COLUMNS} for row in table], indent=1)
 
 
-HEADERS = ("task", "axis", "value", "success (95% CI, n)", "vs control")
+HEADERS = ("task", "axis", "value", "success (95% CI, n)", "errored", "vs control")
 EXPLANATION = (
     "Each value of a task's matrix on the same seeds as the unperturbed task (the control); McNemar's exact "
     "test on the paired episodes."
@@ -154,12 +154,13 @@ def cells(row: AxisRow) -> list[str]:
         else f"{row.success_rate:.1%} ({row.ci_low:.1%}-{row.ci_high:.1%}, {row.succeeded}/"
         f"{row.succeeded + row.failed})"
     )
-    return [row.control, row.axis or "-", row.value, rate, "" if row.value == CONTROL else _versus(row)]
+    versus = "" if row.value == CONTROL else _versus(row)
+    return [row.control, row.axis or "-", row.value, rate, f"{row.errored}/{row.episodes}", versus]
 
 
 def markdown(table: Sequence[AxisRow]) -> str:
     """The table for ``report.md``."""
-    lines = [f"| {' | '.join(HEADERS)} |", "|---|---|---|---|---|"]
+    lines = [f"| {' | '.join(HEADERS)} |", f"|{'---|' * len(HEADERS)}"]
     lines += [f"| {' | '.join(cells(row))} |" for row in table]
     return "\n".join(lines)
 

@@ -178,19 +178,26 @@ def render_markdown(
             passed = "passed" if verdict.passed else "**FAILED**"
             details = markdown_cell(verdict.description)
             lines.append(f"| {verdict.name} | {passed} | {'yes' if verdict.blocking else 'no'} | {details} |")
-    errors = [r for r in rows if r.status is EpisodeStatus.ERRORED]
-    if errors:
-        lines += ["", "## Errored episodes", ""]
-        lines += [
-            f"- {r.task} instance {r.instance} slot {r.slot}"
-            f"{f' ({r.fault.value})' if r.fault is not None else ''}: {_no_html(one_line(r.error))}"
-            for r in errors[:20]
-        ]
-        if len(errors) > 20:
-            lines.append(f"- ... and {len(errors) - 20} more (see the grades table)")
+    lines += errored_section(rows, "Errored episodes")
     if plot is not None:
         lines += ["", f"![{PLOT_ALT}]({plot})"]
     return "\n".join(lines) + "\n"
+
+
+def errored_section(rows: Sequence[GradeRow], title: str, *, most: int = 20) -> list[str]:
+    """A section listing the errored episodes among ``rows`` with their faults and errors (none: no lines)."""
+    errors = [r for r in rows if r.status is EpisodeStatus.ERRORED]
+    if not errors:
+        return []
+    lines = ["", f"## {title}", ""]
+    lines += [
+        f"- {r.task} instance {r.instance} slot {r.slot}"
+        f"{f' ({r.fault.value})' if r.fault is not None else ''}: {_no_html(one_line(r.error))}"
+        for r in errors[:most]
+    ]
+    if len(errors) > most:
+        lines.append(f"- ... and {len(errors) - most} more (see the grades table)")
+    return lines
 
 
 def _overridden(overrides: Mapping[str, object]) -> str:

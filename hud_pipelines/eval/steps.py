@@ -35,7 +35,7 @@ from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import all_verdicts, headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_tasks, has_matrix, perturbation_table
-from hud_pipelines.eval.report import ReportContext, render_markdown, render_plot
+from hud_pipelines.eval.report import ReportContext, errored_section, render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
 from hud_pipelines.eval.rows import collect_rows, current_results
@@ -210,7 +210,7 @@ def report_step(
         sweep=table,
         dataset=dataset if spec.dataset_enabled else None,
         repo_id=spec.dataset_repo_id,
-        perturbations=studied,
+        perturbations=studied[:2] if studied is not None else None,
         members={m.label: m.outputs for m, _ in members} if spec.is_sweep else None,
         not_evaluated=not_evaluated,
         headline=headline,
@@ -259,18 +259,25 @@ def _comparison(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRo
 
 def _perturbations(
     spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]
-) -> tuple[list[perturbations.AxisRow], str]:
-    """``perturbations.{csv,json}``: each matrix value against its control (a sweep's candidate); table and whose."""
+) -> tuple[list[perturbations.AxisRow], str, list[GradeRow]]:
+    """``perturbations.{csv,json}``: each matrix value against its control (a sweep's candidate); the table, whose
+    it is, and the matrix values' own rows (the headline's sections hold the controls')."""
     candidate = sweep.candidate_label(rows) if spec.is_sweep else None
     judged = [row for row in rows if row.checkpoint == candidate] if candidate is not None else list(rows)
     table = perturbation_table(spec, judged)
     write_atomically(outputs.perturbations_csv, perturbations.to_csv(table))
     write_atomically(outputs.perturbations_json, perturbations.to_json(table))
-    return table, f" of checkpoint {candidate}" if candidate is not None else ""
+    controls = control_tasks(spec) or set()
+    return (
+        table,
+        f" of checkpoint {candidate}" if candidate is not None else "",
+        [row for row in judged if row.task not in controls],
+    )
 
 
-def _perturbation_section(table: Sequence[perturbations.AxisRow], whose: str) -> str:
-    return f"\n## Perturbations{whose}\n\n{perturbations.EXPLANATION}\n\n{perturbations.markdown(table)}\n"
+def _perturbation_section(table: Sequence[perturbations.AxisRow], whose: str, values: Sequence[GradeRow]) -> str:
+    errored = "\n".join(errored_section(values, f"Errored episodes of the perturbations{whose}"))
+    return f"\n## Perturbations{whose}\n\n{perturbations.EXPLANATION}\n\n{perturbations.markdown(table)}\n{errored}\n"
 
 
 def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str], matrix: bool) -> str:

@@ -157,3 +157,19 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     report = (tmp_path / "cli" / "reach_matrix" / "report.md").read_text()
     assert "row(s) stale (run before the configuration changed)." in report
     assert "earlier runs produced" not in report, "a stale row is not an earlier run's result"
+
+
+def test_a_matrix_values_errors_are_counted_and_listed_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    spec = _spec(tmp_path, tasks=[{"name": "reach", "seed": 7, "matrix": {"reach": [1.5, "far"]}}], group=1)
+    evaluate(spec, outputs_dir=tmp_path / "out")  # a reach of "far" cannot be compared with: its env raises
+    report = (tmp_path / "out" / "reach_matrix" / "report.md").read_text()
+    section = report[report.index("## Perturbations") :]
+    assert "| task | axis | value | success (95% CI, n) | errored | vs control |" in section
+    assert "| reach | reach | far | n/a | 4/4 |" in section, "every episode of the value errored, and says so"
+    assert "| reach | reach | 1.5 | " in section
+    errored = section[section.index("## Errored episodes of the perturbations") :].split("\n## ", 1)[0]
+    assert "- reach-reach-far instance 0 slot 0 (env): TypeError: " in errored
+    assert "reach-reach-1.5" not in errored
