@@ -23,7 +23,7 @@ def write_report(
     from hud_pipelines.eval.configuration import recorded_provenance
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.provenance import with_current_code
-    from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
+    from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline_for_results
 
     spec = load_pipeline_for_results(resolve_pipeline_file(pipeline, pipelines_dir))
@@ -32,7 +32,6 @@ def write_report(
     # the grades and the checks
     now = with_current_code(recorded_provenance(outputs), spec)
     grades_step(spec, outputs, environment=now)
-    checks_step(spec, outputs, environment=now)
     written = report_step(spec, outputs, environment=now, dataset=dataset_root(spec, outputs, Path.cwd()))
     print(f"wrote {written.html} and {outputs.report_md}, with grades.json and checks.json beside them")
     if serve_port is None:

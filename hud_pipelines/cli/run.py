@@ -89,7 +89,7 @@ def run_pipeline(
     from hud_pipelines.eval.rollouts import kept_pairs
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.seed_check import seed_warning
-    from hud_pipelines.eval.steps import checks_step, dataset_root, grades_step, report_step
+    from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(path)
@@ -163,7 +163,6 @@ def run_pipeline(
     interrupted = received.get("signal")
     if interrupted is not None:  # the job stopped before its grades, checks and report: write them now
         grades_step(spec, outputs)
-        checks_step(spec, outputs)
         report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir))
         unfinished = [key for key in ordered if key not in finished]
         rest = (  # a sweep's next run evaluates what is missing by itself

@@ -55,7 +55,6 @@ from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import sweep_rollouts_step
 from hud_pipelines.eval.steps import (
-    checks_step,
     comparison_step,
     contract_step,
     dataset_root,
@@ -231,8 +230,7 @@ def _build(
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         judged = judged_of(context, spec)
         current = current_rollout_hashes(spec, outputs)
-        rows = grades_step(judged, outputs, hashes=current)
-        checks_step(judged, outputs, hashes=current)  # the verdicts as a file too, beside the grades
+        rows, _ = grades_step(judged, outputs, hashes=current)  # and the checks' verdicts, as a file beside them
         scope, headline = headline_rows(judged, rows)
         summary = summarize(headline)  # the report's headline rate, never one pooled over arms or weights
         low, high = success_interval(summary)

@@ -22,10 +22,10 @@ from hud_pipelines.eval.checks import (
     instances_verdict,
     rerun_command,
 )
+from hud_pipelines.eval.grade_table import read_grades
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.judging import yaml_verdict
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.steps import read_grades
 from hud_pipelines.spec.grading import CheckSpec
 from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import PipelineSpec

@@ -1,4 +1,4 @@
-"""The flat grade table: the columns of ``grades.csv`` and of the grades table Dagster shows.
+"""The grade table's files, and its flat view: the columns of ``grades.csv`` and of the grades table Dagster shows.
 
 ``grades.json`` keeps every field of every row; this is its flat view, one column per field a
 spreadsheet or a Dagster table can hold, and two per grader after the first (``<name>_score``,
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections.abc import Sequence
 from dataclasses import fields
 from enum import Enum
 
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.models import PipelineSpec
 
@@ -70,3 +72,14 @@ def grades_csv(spec: PipelineSpec, rows: Sequence[GradeRow]) -> str:
     for row in rows:
         writer.writerow([grade_cell(row, name) for name in columns])
     return buffer.getvalue()
+
+
+def write_grades(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> None:
+    """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically."""
+    outputs.base.mkdir(parents=True, exist_ok=True)
+    write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
+    write_atomically(outputs.grades_csv, grades_csv(spec, rows))
+
+
+def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
+    return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]

@@ -19,7 +19,7 @@ from typing import Any
 
 from hud_pipelines.eval.comparison import compare
 from hud_pipelines.eval.grades import GradeRow, summarize
-from hud_pipelines.eval.report import rate_columns
+from hud_pipelines.eval.report import errored_section, rate_columns
 from hud_pipelines.spec.models import PipelineSpec
 
 CONTROL = "control"
@@ -163,6 +163,12 @@ def markdown(table: Sequence[AxisRow]) -> str:
     lines = [f"| {' | '.join(HEADERS)} |", f"|{'---|' * len(HEADERS)}"]
     lines += [f"| {' | '.join(cells(row))} |" for row in table]
     return "\n".join(lines)
+
+
+def report_section(table: Sequence[AxisRow], whose: str, values: Sequence[GradeRow]) -> str:
+    """The section of ``report.md``: the table, then the errored episodes of the values (``values``: their rows)."""
+    errored = "\n".join(errored_section(values, f"Errored episodes of the perturbations{whose}"))
+    return f"\n## Perturbations{whose}\n\n{EXPLANATION}\n\n{markdown(table)}\n{errored}\n"
 
 
 def _versus(row: AxisRow) -> str:

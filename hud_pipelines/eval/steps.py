@@ -29,13 +29,13 @@ from hud_pipelines.eval.configuration import (
     recorded_overrides,
     recorded_provenance,
 )
-from hud_pipelines.eval.grade_table import grades_csv
+from hud_pipelines.eval.grade_table import write_grades
 from hud_pipelines.eval.graders import grader_text
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import all_verdicts, headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_tasks, has_matrix, perturbation_table
-from hud_pipelines.eval.report import ReportContext, errored_section, render_markdown, render_plot
+from hud_pipelines.eval.report import ReportContext, render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
 from hud_pipelines.eval.rows import collect_rows, current_results
@@ -84,19 +84,21 @@ def grades_step(
     *,
     hashes: RolloutHashes | None = None,
     environment: dict[str, Any] | None = None,
-) -> list[GradeRow]:
-    """``grades.json`` (full rows) and ``grades.csv`` (flat columns), each replaced atomically.
+) -> tuple[list[GradeRow], list[CheckVerdict]]:
+    """``grades.json`` (full rows), ``grades.csv`` (flat columns) and ``checks.json`` (every check's verdict on
+    them, the built-in ``instances_completed`` first), each replaced atomically; returns the rows and verdicts.
 
     ``hashes`` and ``environment``: what a current result is of (:func:`collect_rows`; by default the latest run's).
     """
     rows = collect_rows(spec, outputs, hashes=hashes, environment=environment)
-    outputs.base.mkdir(parents=True, exist_ok=True)
-    write_atomically(outputs.grades_json, json.dumps([row.as_dict() for row in rows], indent=1))
-    write_atomically(outputs.grades_csv, grades_csv(spec, rows))
+    write_grades(spec, outputs, rows)
     if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
         for member, expected in _members(spec, outputs, hashes):
-            grades_step(member.spec, member.outputs, hashes=expected, environment=environment)
-    return rows
+            found = collect_rows(member.spec, member.outputs, hashes=expected, environment=environment)
+            write_grades(member.spec, member.outputs, found)
+    checks = all_verdicts(spec, rows)
+    write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in checks], indent=1))
+    return rows, checks
 
 
 def _members(
@@ -105,24 +107,6 @@ def _members(
     """A sweep's evaluated checkpoints, each with the rollout hash its results must carry (the sweep table's)."""
     sweep_hashes = hashes or current_rollout_hashes(spec, outputs)
     return [(m, sweep_hashes.of_checkpoint(m.content_hash)) for m in sweep.evaluated(spec, outputs)]
-
-
-def read_grades(outputs: EvalOutputs) -> list[GradeRow]:
-    return [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
-
-
-def checks_step(
-    spec: PipelineSpec,
-    outputs: EvalOutputs,
-    *,
-    hashes: RolloutHashes | None = None,
-    environment: dict[str, Any] | None = None,
-) -> list[CheckVerdict]:
-    """Every check on the current grades (the built-in ``instances_completed`` first), to ``checks.json``."""
-    results = all_verdicts(spec, collect_rows(spec, outputs, hashes=hashes, environment=environment))
-    outputs.base.mkdir(parents=True, exist_ok=True)
-    write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in results], indent=1))
-    return results
 
 
 @dataclass(frozen=True)
@@ -144,13 +128,11 @@ def report_step(
     hashes: RolloutHashes | None = None,
     environment: dict[str, Any] | None = None,
     dataset: Path | None = None,
-    checkpoint_of_sweep: bool = False,
 ) -> ReportFiles:
     """``report.md`` with its plot ``report.png`` beside it, and ``report.html`` (episodes, videos, plots).
 
-    ``checkpoint_of_sweep``: the page of one checkpoint of a sweep, whose YAML checks judge the sweep's
-    candidate on the sweep's page (a ``no_regression`` baseline there is a checkpoint's label): this
-    page has the built-in checks.
+    The page of one checkpoint of a sweep (a spec with a ``checkpoint_hash``) has the built-in checks: the
+    YAML's judge the sweep's candidate on the sweep's page (a ``no_regression`` baseline there is a label).
 
     Written for every run that started, failed instances included: the checks' verdicts are part of
     it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
@@ -167,18 +149,13 @@ def report_step(
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
-    checks = builtin_verdicts(rows, run_argument(spec)) if checkpoint_of_sweep else all_verdicts(spec, rows)
+    member_of_sweep = spec.checkpoint_hash is not None
+    checks = builtin_verdicts(rows, run_argument(spec)) if member_of_sweep else all_verdicts(spec, rows)
     members = _members(spec, outputs, hashes) if spec.is_sweep else []
     for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = _member_dataset(dataset, member.label)
         report_step(
-            member.spec,
-            member.outputs,
-            run_id=run_id,
-            hashes=expected,
-            environment=environment,
-            dataset=folder,
-            checkpoint_of_sweep=True,
+            member.spec, member.outputs, run_id=run_id, hashes=expected, environment=environment, dataset=folder
         )
     seeded = seed_warning(outputs, (hashes or current_rollout_hashes(spec, outputs)).pipeline)
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
@@ -199,7 +176,7 @@ def report_step(
         markdown += _sweep_section(table, not_evaluated, has_matrix(spec))
     studied = _perturbations(spec, outputs, rows) if has_matrix(spec) else None
     if studied is not None:
-        markdown += _perturbation_section(*studied)
+        markdown += perturbations.report_section(*studied)
     markdown += provenance.markdown(recorded_provenance(outputs))
     write_atomically(outputs.report_md, markdown)
     page = write_html_report(
@@ -273,11 +250,6 @@ def _perturbations(
         f" of checkpoint {candidate}" if candidate is not None else "",
         [row for row in judged if row.task not in controls],
     )
-
-
-def _perturbation_section(table: Sequence[perturbations.AxisRow], whose: str, values: Sequence[GradeRow]) -> str:
-    errored = "\n".join(errored_section(values, f"Errored episodes of the perturbations{whose}"))
-    return f"\n## Perturbations{whose}\n\n{perturbations.EXPLANATION}\n\n{perturbations.markdown(table)}\n{errored}\n"
 
 
 def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str], matrix: bool) -> str:
@@ -400,8 +372,7 @@ def evaluate(
     finally:
         parts.sim.close()
     current = RolloutHashes.of(effective)
-    rows = grades_step(effective, outputs, hashes=current)
-    checks = checks_step(effective, outputs, hashes=current)
+    rows, checks = grades_step(effective, outputs, hashes=current)
     report_step(effective, outputs, run_id=run_id, hashes=current, dataset=dataset_root(effective, outputs, project))
     published = None
     if effective.dataset_enabled and all(v.passed for v in checks if v.blocking):

@@ -154,13 +154,7 @@ class ClientSession:
         if seq in self._arrived:
             reply = self._arrived.pop(seq)
             if isinstance(reply, ErrorFrame):
-                raise RemoteError(
-                    reply.message,
-                    phase=reply.phase,
-                    slot=reply.slot,
-                    remote_traceback=reply.traceback,
-                    cause=reply.cause,
-                )
+                raise _remote_error(reply)
             return reply
         self.require_usable()
         if seq not in self._pending:
@@ -217,3 +211,8 @@ class ClientSession:
         frame = packb(to_wire(request, framing if isinstance(request, Reset | Step) else Framing.BATCHED))
         self._pending.append(request.seq)
         return request.seq, frame
+
+
+def _remote_error(e: ErrorFrame) -> RemoteError:
+    """What a client raises for an ``error`` frame that answers its request."""
+    return RemoteError(e.message, phase=e.phase, slot=e.slot, remote_traceback=e.traceback, cause=e.cause)

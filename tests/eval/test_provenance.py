@@ -114,14 +114,19 @@ class PD:
 """
 
 
+def _scripted(tmp_path: Path, helper: str = "gains", **fields: Any) -> Any:
+    """A pipeline whose scripted policy is ``controller.py`` in ``tmp_path``, importing ``<helper>.py`` beside it
+    (a name of its own per test: a process imports one module of a name)."""
+    (tmp_path / "controller.py").write_text(CONTROLLER.replace("from gains", f"from {helper}"))
+    (tmp_path / f"{helper}.py").write_text("GAIN = 10.0\n")
+    return _spec(tmp_path, dataset=None, agent={"policy": {"kind": "scripted", "target": "controller.py:PD"}}, **fields)
+
+
 def test_an_edit_of_the_code_a_target_names_makes_earlier_results_another_environments(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    (tmp_path / "controller.py").write_text(CONTROLLER)
-    (tmp_path / "gains.py").write_text("GAIN = 10.0\n")
-    policy = {"kind": "scripted", "target": "controller.py:PD"}
-    spec = _spec(tmp_path, group=2, dataset=None, agent={"policy": policy})
+    spec = _scripted(tmp_path, group=2)
     recorded = provenance.environment(spec)["sources"]
     assert {Path(path).name for path in recorded} == {"controller.py", "gains.py"}, "the file and its imports beside it"
     first = evaluate(spec, outputs_dir=tmp_path / "out")
@@ -142,20 +147,18 @@ def test_hud_pipelines_report_sees_an_edit_of_the_code_since_the_last_run(
     from hud_pipelines.cli.main import main
 
     monkeypatch.chdir(REPO)
-    (tmp_path / "controller.py").write_text(CONTROLLER)
-    (tmp_path / "gains.py").write_text("GAIN = 10.0\n")
-    spec = _spec(tmp_path, dataset=None, agent={"policy": {"kind": "scripted", "target": "controller.py:PD"}})
+    spec = _scripted(tmp_path, helper="report_gains")
     (tmp_path / "placed.yaml").write_text(json.dumps(spec.model_dump(mode="json")))
     evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
     report = ["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]
     assert main(report) == 0
     grades = json.loads(evaluation.outputs.grades_json.read_text())
     assert {row["fault"] for row in grades} == {None}, "the same code: current"
-    (tmp_path / "gains.py").write_text("GAIN = 1.0\n")
+    (tmp_path / "report_gains.py").write_text("GAIN = 1.0\n")
     assert main(report) == 0
     grades = json.loads(evaluation.outputs.grades_json.read_text())
     assert {row["fault"] for row in grades} == {"not_run"}
-    assert all("code or weights changed: gains.py" in row["error"] for row in grades)
+    assert all("code or weights changed: report_gains.py" in row["error"] for row in grades)
     assert "errored 2" in evaluation.outputs.report_md.read_text(), "the report says what the grades say"
 
 

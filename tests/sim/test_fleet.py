@@ -260,11 +260,7 @@ def test_results_of_a_server_restarted_with_other_arguments_are_not_merged(
         second = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
     finally:
         _stop(process)
-    stale = [row for row in second.rows if row.instance != 1]
-    assert stale
-    assert all(row.fault is Fault.NOT_RUN for row in stale)
-    assert all("the served sim sims.py:cartpole with" in (row.error or "") for row in stale), stale[0].error
-    assert all(row.fault is None for row in second.rows if row.instance == 1)
+    _assert_only_instance_1_current(second, "the served sim sims.py:cartpole with")
 
 
 def test_results_of_a_served_sim_whose_code_changed_are_not_merged_and_the_file_is_named(
@@ -292,11 +288,16 @@ def test_results_of_a_served_sim_whose_code_changed_are_not_merged_and_the_file_
         second = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
     finally:
         _stop(process)
-    stale = [row for row in second.rows if row.instance != 1]
+    _assert_only_instance_1_current(second, "the served sim's code changed: sims.py")
+
+
+def _assert_only_instance_1_current(evaluation: Any, reason: str) -> None:
+    """Instance 1 ran again; the others' results are another sim's, not run with this one: ``reason`` says why."""
+    stale = [row for row in evaluation.rows if row.instance != 1]
     assert stale
     assert all(row.fault is Fault.NOT_RUN for row in stale)
-    assert all("the served sim's code changed: sims.py" in (row.error or "") for row in stale), stale[0].error
-    assert all(row.fault is None for row in second.rows if row.instance == 1)
+    assert all(reason in (row.error or "") for row in stale), stale[0].error
+    assert all(row.fault is None for row in evaluation.rows if row.instance == 1)
 
 
 def test_a_run_that_meets_no_served_sim_keeps_the_others_results_current_and_says_why_its_own_failed(
