@@ -48,6 +48,10 @@ class EpisodeKey:
     slot: int
     episode: int
     seed: int | None
+    task_name: str = ""
+    """The task's name in the pipeline (a matrix value's names its axis and value): what a dataset's
+    ``hud_episodes.jsonl`` tells its episodes apart by where the tasks share one prompt. Not part of
+    ``trace_id``."""
 
     @functools.cached_property
     def trace_id(self) -> str:  # cached: every trace line of the episode is filed under it

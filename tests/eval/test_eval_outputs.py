@@ -396,6 +396,8 @@ def test_the_datasets_episodes_come_in_task_and_instance_order(tmp_path: Path, m
     order = [(line["task"], line["instance"]) for line in map(json.loads, sidecar)]
     assert order == sorted(order), order
     assert {t for t, _ in order} == {0, 1}
+    named = {(line["task"], line["task_name"]) for line in map(json.loads, sidecar)}
+    assert named == {(0, "zeta"), (1, "alpha")}, "an episode names its task, not only its index"
 
 
 def test_writers_of_one_file_at_once_each_replace_it_whole(tmp_path: Path) -> None:
