@@ -148,6 +148,8 @@ class PartWriter:
             "score": outcome.score,
             "total_reward": outcome.total_reward,
             "steps": outcome.steps,
+            "terminated": outcome.terminated,
+            "truncated": outcome.truncated,
             "error": outcome.error,
             "fault": None if outcome.fault is None else outcome.fault.value,
             "frames": len(episode.frames),

@@ -151,6 +151,8 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
     for episode, success in zip(frames["episode_index"], frames["next.success"], strict=True):
         by_episode[episode] = by_episode.get(episode, False) or bool(success)
     assert {line["trace_id"]: by_episode[line["episode_index"]] for line in sidecar} == graded
+    assert all(line["terminated"] or line["truncated"] for line in sidecar), "how each episode ended, told apart"
+    assert all(line["truncated"] == (line["steps"] == 40) for line in sidecar)
 
     succeeded = sum(graded.values())
     assert f"succeeded {succeeded} + failed {len(graded) - succeeded}" in evaluation.outputs.report_md.read_text()
@@ -166,6 +168,7 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
     assert {line["trace_id"] for line in sidecar} == current, "the stale instance's shard stays out"
     frames = pq.read_table(sorted((root / "data").rglob("*.parquet"))).to_pydict()
     assert max(frames["frame_index"]) < 6
+    assert {(line["steps"], line["truncated"]) for line in sidecar} == {(6, True)}, "cut off at max_steps, and said"
     last = {episode: done for episode, done in zip(frames["episode_index"], frames["next.done"], strict=True)}
     assert set(last.values()) == {True}, "each episode's last frame ends it, cut off by max_steps or not"
 
