@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -109,6 +110,22 @@ def target_sources(spec: str, base_dir: Path) -> list[Path]:
         _sibling_module(found.parent, name) for name in sorted(_imported_top_names(found) - sys.stdlib_module_names)
     )
     return [found, *(file for file in beside if file is not None and file != found)]
+
+
+CODE_DIGEST_CHARS = 16
+"""How much of a source file's sha256 its digest keeps (a short name for one version of the code)."""
+
+
+def code_digest(file: Path) -> str:
+    """A short sha256 of a source file, or ``unreadable`` (loading the target reports why, naming the file).
+
+    The one digest of code: the eval's sources (:mod:`hud_pipelines.eval.sources`) and a sim's own record
+    of itself (:mod:`hud_pipelines.sim.identity`) compare by it.
+    """
+    try:
+        return hashlib.sha256(file.read_bytes()).hexdigest()[:CODE_DIGEST_CHARS]
+    except OSError:
+        return "unreadable"
 
 
 def _module_file(parts: list[str], base: Path) -> Path | None:

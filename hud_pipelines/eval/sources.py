@@ -18,15 +18,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hud_pipelines.agent.checkpoint_files import file_digest, files_by_name
+from hud_pipelines.agent.checkpoint_files import files_by_name
 from hud_pipelines.agent.checkpoints import Checkpoint
 from hud_pipelines.errors import CheckpointError
 from hud_pipelines.spec.agent import LeRobotPolicyConfig, PolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.grading import CallableGrader
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.targets import target_sources
+from hud_pipelines.targets import CODE_DIGEST_CHARS, code_digest, target_sources
 
-DIGEST_CHARS = 16
 _WEIGHTS: dict[tuple[tuple[str, int, int], ...], str] = {}
 """Each file's (path, size, mtime) -> digest: a policy's weights are hashed once per version in a process."""
 
@@ -45,18 +44,11 @@ def digests(spec: PipelineSpec) -> dict[str, str]:
     found: dict[str, str] = {}
     for target in targets:
         for file in target_sources(target, spec.base_dir):
-            found[_relative(file, spec)] = _code_digest(file)
+            found[_relative(file, spec)] = code_digest(file)
     weights = _weights_path(spec, policy)
     if weights is not None:
         found[_relative(weights, spec)] = _weights_digest(weights)
     return found
-
-
-def _code_digest(file: Path) -> str:
-    try:
-        return file_digest(file)[:DIGEST_CHARS]
-    except OSError:
-        return "unreadable"  # loading the target reports it, naming the file
 
 
 def _relative(path: Path, spec: PipelineSpec) -> str:
@@ -78,7 +70,7 @@ def _weights_digest(path: Path) -> str:
     try:
         key = tuple((str(file), (stat := file.stat()).st_size, stat.st_mtime_ns) for _, file in files_by_name(path))
         if key not in _WEIGHTS:
-            _WEIGHTS[key] = Checkpoint(path.name, path).content_hash()[:DIGEST_CHARS]
+            _WEIGHTS[key] = Checkpoint(path.name, path).content_hash()[:CODE_DIGEST_CHARS]
     except (OSError, CheckpointError):
         return "unreadable"  # loading the policy reports it
     return _WEIGHTS[key]

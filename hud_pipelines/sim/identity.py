@@ -18,7 +18,6 @@ interpreter's path is recorded, not compared.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -27,14 +26,13 @@ from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
-from hud_pipelines.targets import target_sources
+from hud_pipelines.targets import code_digest, target_sources
 
 SIM_PACKAGES = ("gymnasium", "mujoco", "numpy")
 """Packages of a sim's environment whose versions a result records, beside its factory's own package."""
 COMPARED = ("factory_name", "args", "packages", "sources")
 """The fields of a record that decide whether two sims are the same (``sources`` where both records have it:
 a server of an earlier version sends none)."""
-DIGEST_CHARS = 16
 
 
 def sim_identity(factory: str, build_args: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,14 +65,7 @@ def code_digests(factory: str) -> dict[str, str]:
     files = target_sources(factory, Path.cwd())
     if not files:
         return {}
-    return {os.path.relpath(file, files[0].parent): _digest(file) for file in files}
-
-
-def _digest(file: Path) -> str:
-    try:
-        return hashlib.sha256(file.read_bytes()).hexdigest()[:DIGEST_CHARS]
-    except OSError:
-        return "unreadable"
+    return {os.path.relpath(file, files[0].parent): code_digest(file) for file in files}
 
 
 def same_sim(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:

@@ -178,7 +178,6 @@ def test_a_targets_files_are_found_without_importing_them(tmp_path: Path) -> Non
 
 
 def test_a_single_policys_weights_are_part_of_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hud_pipelines.eval import sources
     from hud_pipelines.eval.sources import digests
 
     (tmp_path / "net.py").write_text("class Net: ...\n")
@@ -189,14 +188,14 @@ def test_a_single_policys_weights_are_part_of_the_environment(tmp_path: Path, mo
     assert {Path(path).name for path in before} == {"net.py", "weights.pt"}
     (tmp_path / "weights.pt").write_bytes(b"second, retrained")
     after = digests(spec)
-    real = sources.file_digest
+    real = Path.read_bytes
 
-    def denied(file: Path) -> str:
+    def denied(file: Path) -> bytes:  # root reads any file: the refusal is staged
         if file.name == "net.py":
             raise PermissionError(13, "Permission denied", str(file))
         return real(file)
 
-    monkeypatch.setattr(sources, "file_digest", denied)
+    monkeypatch.setattr(Path, "read_bytes", denied)
     assert digests(spec)["net.py"] == "unreadable", "the policy's load says why; provenance does not raise"
     assert after["weights.pt"] != before["weights.pt"]
     assert after["net.py"] == before["net.py"]
