@@ -37,10 +37,10 @@ import numpy.typing as npt
 from hud_pipelines.contract import ACTION as ACTION_FEATURE
 from hud_pipelines.contract import Contract, FeatureType
 from hud_pipelines.dataset.fields import CameraField, VectorField, lerobot_keys, sanitize_key
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.dataset.sources import UNKNOWN_ROBOT, SourceFeature, source_features
 from hud_pipelines.errors import ContractError
 from hud_pipelines.recording.events import Frame
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions
 
 logger = logging.getLogger(__name__)
 

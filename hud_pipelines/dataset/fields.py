@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import FeatureType
-from hud_pipelines.dataset.options import CameraStorage
 from hud_pipelines.errors import ContractError
+from hud_pipelines.spec.dataset_options import CameraStorage
 
 CAMERA_AXES = ["height", "width", "channels"]
 

@@ -28,8 +28,8 @@ from hud_pipelines.contract import FeatureType
 from hud_pipelines.dataset.features import ERRORED, DatasetLayout, FrameDict
 from hud_pipelines.dataset.lerobot_api import Stats, stats_of, write_stats
 from hud_pipelines.dataset.lerobot_hooks import check_in_memory_video, in_memory_video_dataset, whole_episode_embedding
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions, VideoCodec
 
 if TYPE_CHECKING:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset

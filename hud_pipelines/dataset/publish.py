@@ -45,10 +45,10 @@ from typing import Any, Self
 from hud_pipelines.contract import Contract
 from hud_pipelines.dataset.cancel import sigterm_interrupts
 from hud_pipelines.dataset.merge import MergeResult, find_parts, merge_parts
-from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.part import INFO_FILE
 from hud_pipelines.dataset.writer import LeRobotDatasetSink, SinkReport, default_repo_id
 from hud_pipelines.errors import DatasetWriteError
+from hud_pipelines.spec.dataset_options import DatasetOptions
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.dataset.merge import find_parts
-from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import publish_shards
 from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
@@ -25,6 +24,7 @@ from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult
+from hud_pipelines.spec.dataset_options import DatasetOptions
 from hud_pipelines.spec.models import PipelineSpec
 
 RUN_FILE = "run_id"

@@ -19,8 +19,8 @@ import numpy as np
 from hud_pipelines.contract import ACTION as ACTION_FEATURE
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.contract.observations import is_mapping
-from hud_pipelines.dataset.options import CameraStorage
 from hud_pipelines.errors import ContractError
+from hud_pipelines.spec.dataset_options import CameraStorage
 
 _SPEC_KEYS = {"role", "type", "dtype", "shape", "names", "description", "low", "high", "info"}
 _STORAGE_DTYPES = {storage.value for storage in CameraStorage}

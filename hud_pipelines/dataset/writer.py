@@ -45,10 +45,10 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.dataset.cancel import signals_deferred
 from hud_pipelines.dataset.features import DatasetLayout, FrameDict
 from hud_pipelines.dataset.fields import lerobot_keys
-from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.part import INFO_FILE, PART_PREFIX, FinishedEpisode, PartWriter
 from hud_pipelines.errors import DatasetWriteError, SlotStateError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus, Frame, PerSlotSink
+from hud_pipelines.spec.dataset_options import DatasetOptions
 
 logger = logging.getLogger(__name__)
 

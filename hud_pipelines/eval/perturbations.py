@@ -19,7 +19,7 @@ from typing import Any
 
 from hud_pipelines.eval.comparison import compare
 from hud_pipelines.eval.grades import GradeRow, summarize
-from hud_pipelines.eval.report import errored_section, rate_columns
+from hud_pipelines.eval.report import RateFigures, errored_section, rate_columns
 from hud_pipelines.spec.models import PipelineSpec
 
 CONTROL = "control"
@@ -45,21 +45,14 @@ COLUMNS = (
 )
 
 
-@dataclass(frozen=True)
-class AxisRow:
+@dataclass(frozen=True, kw_only=True)
+class AxisRow(RateFigures):
     """One value of one axis of a control task (or the control itself), with its figures."""
 
     control: str
     axis: str
     value: str
     task: str
-    episodes: int
-    succeeded: int
-    failed: int
-    errored: int
-    success_rate: float | None
-    ci_low: float | None
-    ci_high: float | None
     vs_control: str = ""
     diff: float | None = None
     diff_low: float | None = None
@@ -136,7 +129,7 @@ def to_csv(table: Sequence[AxisRow]) -> str:
 
 
 def to_json(table: Sequence[AxisRow]) -> str:
-    return json.dumps([{name: getattr(row, name) for name in COLUMNS} for row in table], indent=1)
+    return json.dumps(as_dicts(table), indent=1)
 
 
 HEADERS = ("task", "axis", "value", "success (95% CI, n)", "errored", "vs control")
@@ -182,4 +175,4 @@ def _figures(control: str, axis: str, value: str, task: str, rows: list[GradeRow
 
 
 def as_dicts(table: Sequence[AxisRow]) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(row) for row in table]
+    return [{name: getattr(row, name) for name in COLUMNS} for row in table]

@@ -75,8 +75,24 @@ def success_interval(summary: Summary) -> tuple[float, float]:
     return round(low, INTERVAL_DIGITS), round(high, INTERVAL_DIGITS)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RateFigures:
+    """A table row's denominators and success rate with its 95% Wilson interval: the columns every
+    table of rates shares (a sweep's, a perturbation study's), before its own."""
+
+    episodes: int
+    """Scheduled episodes: ``succeeded + failed + errored``."""
+    succeeded: int
+    failed: int
+    errored: int
+    success_rate: float | None
+    """Over the answered episodes (errors excluded); ``None`` when none answered."""
+    ci_low: float | None
+    ci_high: float | None
+
+
 def rate_columns(summary: Summary) -> dict[str, Any]:
-    """A table row's denominators and success rate with its 95% Wilson interval.
+    """The :class:`RateFigures` of ``summary``, as keywords for a row that extends it.
 
     Without an answered episode there is no rate and no interval (Wilson's ``(0, 1)`` would read as data).
     """

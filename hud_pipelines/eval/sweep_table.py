@@ -37,6 +37,7 @@ import numpy as np
 
 from hud_pipelines.eval.comparison import PairedComparison, Verdict
 from hud_pipelines.eval.grades import GradeRow, markdown_cell
+from hud_pipelines.eval.report import RateFigures
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -123,22 +124,13 @@ class Versus:
 NO_COMPARISON = Versus()
 
 
-@dataclass(frozen=True)
-class SweepRow:
+@dataclass(frozen=True, kw_only=True)
+class SweepRow(RateFigures):
     """One checkpoint on one task (or on all of them): its figures and its comparisons."""
 
     checkpoint: str
     step: int | None
     task: str
-    episodes: int
-    """Scheduled episodes: ``succeeded + failed + errored``."""
-    succeeded: int
-    failed: int
-    errored: int
-    success_rate: float | None
-    """Over the answered episodes (errors excluded); ``None`` when none answered."""
-    ci_low: float | None
-    ci_high: float | None
     mean_score: float | None
     score_ci_low: float | None
     score_ci_high: float | None
@@ -153,12 +145,12 @@ class SweepRow:
 
     def as_dict(self) -> dict[str, Any]:
         """The row's flat columns, in table order (the comparisons as ``vs_previous``, ``previous_diff``...)."""
-        own = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("versus_")}
+        own = {name: getattr(self, name) for name in _OWN_COLUMNS}
         return {**own, **self.versus_previous.columns("previous"), **self.versus_baseline.columns("baseline")}
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> SweepRow:
-        own: dict[str, Any] = {f.name: row.get(f.name) for f in fields(cls) if not f.name.startswith("versus_")}
+        own: dict[str, Any] = {name: row.get(name) for name in _OWN_COLUMNS}
         return cls(
             **own,
             versus_previous=Versus.from_columns("previous", row),
@@ -166,8 +158,14 @@ class SweepRow:
         )
 
 
+_LABELS = ("checkpoint", "step", "task")
+_OWN_COLUMNS = (
+    *_LABELS,
+    *(f.name for f in fields(SweepRow) if f.name not in _LABELS and not f.name.startswith("versus_")),
+)
+"""A row's own columns: what it is of, then its figures (the rates' first, as :class:`RateFigures` has them)."""
 COLUMNS: tuple[str, ...] = (
-    *(f.name for f in fields(SweepRow) if not f.name.startswith("versus_")),
+    *_OWN_COLUMNS,
     *NO_COMPARISON.columns("previous"),
     *NO_COMPARISON.columns("baseline"),
 )

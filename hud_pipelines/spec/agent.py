@@ -49,7 +49,7 @@ class RandomPolicyConfig(StrictModel):
 
     kind: Literal["random"] = "random"
     seed: Int = Field(default=0, description="seed of the policy's random generator")
-    chunk_size: Int = Field(default=1, ge=1, description="actions per inference call")
+    chunk_size: Count = Field(default=1, description="actions per inference call")
 
 
 class ConstantPolicyConfig(StrictModel):

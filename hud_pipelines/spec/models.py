@@ -37,7 +37,7 @@ from hud_pipelines.spec.agent import (
     ScriptedPolicyConfig,
     TorchPolicyConfig,
 )
-from hud_pipelines.spec.base import Float, Int, StrictModel
+from hud_pipelines.spec.base import Count, Float, StrictModel
 from hud_pipelines.spec.grading import (
     CallableGrader,
     CheckSpec,
@@ -101,13 +101,12 @@ class PipelineSpec(StrictModel):
         min_length=1,
         description="task argument sets; default one task `task0` with seed 0",
     )
-    group: Int = Field(
+    group: Count = Field(
         default=1,
-        ge=1,
         description="instances per task (k statistical repeats); each instance is one sim of `num_envs` slots",
     )
-    max_steps: Int = Field(default=1000, ge=1, description="steps after which an episode is cut off (truncated)")
-    max_concurrent: Int = Field(default=1, ge=1, description="sim instances alive at once")
+    max_steps: Count = Field(default=1000, description="steps after which an episode is cut off (truncated)")
+    max_concurrent: Count = Field(default=1, description="sim instances alive at once")
     rollout_timeout_s: Float = Field(
         default=600.0, gt=0, description="wall-clock bound of one instance; past it the instance's slots end as errored"
     )

@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import Field
 from pydantic_core import PydanticCustomError
 
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions, VideoCodec
 from hud_pipelines.recording.traces import DEFAULT_MAX_VIDEOS, TraceVideo
-from hud_pipelines.spec.base import Int, StrictModel
+from hud_pipelines.spec.base import Count, Int, StrictModel
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions, VideoCodec
 
 TASK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 """Task names appear in partition keys (``<task>-i<instance>``)."""
@@ -229,7 +229,7 @@ class DatasetSpec(StrictModel):
         description="observation features concatenated, in this order, into `observation.state`; default: every "
         "non-camera observation feature in contract order (the others become `observation.<name>`)",
     )
-    writers: Int = Field(default=1, ge=1, le=32, description="writers per instance shard, each writing one part")
+    writers: Count = Field(default=1, le=32, description="writers per instance shard, each writing one part")
 
     def writer_options(self) -> DatasetOptions:
         """The writer settings this section asks for."""

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Self, cast
 from pydantic import Field, SecretStr, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
-from hud_pipelines.spec.base import Float, Int, StrictModel
+from hud_pipelines.spec.base import Count, Float, StrictModel
 from hud_pipelines.spec.sections import schema_default, spec_rule, spec_rules
 
 SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
@@ -56,16 +56,14 @@ class SimSpec(StrictModel):
         json_schema_extra=schema_default({}),
         description="build arguments of the factory (its keyword parameters; `gym.make` keywords for a registry id)",
     )
-    num_envs: Int = Field(
+    num_envs: Count = Field(
         default=1,
-        ge=1,
         description="slots per sim instance, stepped in lockstep (a vectorized factory batches them natively; a "
         "registry id uses gymnasium's `sync` vector env, so every slot keeps its own seed, unless `args` sets "
         "`vectorization_mode`); with `url`: the slots the served sim has",
     )
-    shards: Int = Field(
+    shards: Count = Field(
         default=1,
-        ge=1,
         # unsharded, it leaves the rollout hash as it was; sharded, it enters it: a vectorized factory then
         # builds batches of num_envs / shards, which only independent slots make the same episodes
         exclude_if=lambda value: value == 1,

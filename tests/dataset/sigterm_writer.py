@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import DatasetBuild
+from hud_pipelines.spec.dataset_options import DatasetOptions
 from tests.dataset.support import SPEC, write_episodes
 
 

@@ -27,12 +27,12 @@ from hud_pipelines.dataset.lerobot_hooks import (
     in_memory_video_dataset,
     whole_episode_embedding,
 )
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.dataset.part import PART_PREFIX
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, EpisodeVideoError
 from hud_pipelines.recording.events import EpisodeStatus, Frame
 from hud_pipelines.recording.video import Mp4Writer
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions
 from tests.dataset.support import key, load, outcome
 
 TASK = "stack the frames"

@@ -7,12 +7,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.features import ERRORED, DatasetLayout
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.errors import ContractError
 from hud_pipelines.recording.events import Frame
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions
 
 
 def _contract(**extra: Feature) -> Contract:
@@ -194,3 +195,12 @@ def test_keep_errored_declares_the_flag_and_fractional_rates_round(caplog: pytes
     assert layout.fps == 67
     assert "stored as fps 67" in caplog.text
     assert layout.lerobot_features()[ERRORED] == {"dtype": "bool", "shape": (1,), "names": None}
+
+
+@pytest.mark.parametrize("setting", ["writers", "queued_episodes", "close_timeout_s"])
+def test_writer_numbers_refuse_booleans_as_the_pipeline_file_does(setting: str) -> None:
+    """``writers=True`` is a mistake, not one writer: the writer's settings follow the spec's number rules."""
+    with pytest.raises(ValidationError, match="expected a number, got a boolean"):
+        DatasetOptions.model_validate({setting: True})
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        DatasetOptions(queued_episodes=0)

@@ -18,10 +18,10 @@ import pytest
 
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.merge import find_parts, merge_parts
-from hud_pipelines.dataset.options import CameraStorage, DatasetOptions
 from hud_pipelines.dataset.pack import pack_data_files
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.recording.events import EpisodeStatus, Frame
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions
 from tests.dataset.support import SPEC, check_episodes, key, load, outcome, write_episodes
 
 REPO_ID = "local/merged"

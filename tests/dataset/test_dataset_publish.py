@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from hud_pipelines.dataset.merge import find_parts, read_episode_records
-from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import OWNER_FILE, DatasetBuild, publish_shards, swap_in
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
+from hud_pipelines.spec.dataset_options import DatasetOptions
 from tests.conftest import signal_state
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import SPEC, check_episodes, load, write_episodes

@@ -16,7 +16,6 @@ from hud_pipelines.agent.episodes import errored
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.features import DatasetLayout
 from hud_pipelines.dataset.merge import read_episode_records
-from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import DatasetBuild, publish_shards
 from hud_pipelines.dataset.shards import ShardStore
 from hud_pipelines.dataset.sources import dataset_robot_type
@@ -25,6 +24,7 @@ from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import unreached_result
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
+from hud_pipelines.spec.dataset_options import DatasetOptions
 from hud_pipelines.spec.loader import load_pipeline_text
 from hud_pipelines.spec.models import Partition
 from tests.dataset.rollouts import contract_of, rollout

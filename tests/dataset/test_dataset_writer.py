@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from hud_pipelines.dataset.merge import read_episode_records
-from hud_pipelines.dataset.options import DatasetOptions
 from hud_pipelines.dataset.publish import DatasetBuild
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, SlotStateError
 from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.spec.dataset_options import DatasetOptions
 from tests.dataset.rollouts import contract_of, rollout
 from tests.dataset.support import SPEC, check_episodes, frame, key, load, outcome, write_episodes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from hud_pipelines.dataset.options import CameraStorage, VideoCodec
+from hud_pipelines.spec.dataset_options import CameraStorage, VideoCodec
 from hud_pipelines.spec.sections import DatasetSpec
 
 

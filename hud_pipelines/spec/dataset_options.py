@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from hud_pipelines.spec.base import Count, Float, StrictModel
 
 
 class CameraStorage(StrEnum):
@@ -26,10 +28,9 @@ class VideoCodec(StrEnum):
     AV1 = "libsvtav1"
 
 
-class DatasetOptions(BaseModel):
-    """Dataset settings, as written under ``dataset:`` in a pipeline YAML."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class DatasetOptions(StrictModel):
+    """The dataset writer's settings: what a pipeline's ``dataset:`` section asks for
+    (:meth:`~hud_pipelines.spec.sections.DatasetSpec.writer_options`), or what a ``wrap()`` caller passes."""
 
     cameras: CameraStorage = Field(default=CameraStorage.VIDEO, description="'video' (mp4) or 'image' (PNG)")
     codec: VideoCodec = Field(default=VideoCodec.H264, description="video codec when cameras are 'video'")
@@ -42,17 +43,14 @@ class DatasetOptions(BaseModel):
         default=False,
         description="keep errored episodes, flagged by an 'episode.errored' column, instead of leaving them out",
     )
-    writers: int = Field(
+    writers: Count = Field(
         default=1,
-        ge=1,
         le=32,
         description="writer threads per shard; each owns one part of the shard, so parts are written in parallel",
     )
-    queued_episodes: int = Field(
-        default=4,
-        ge=1,
-        description="finished episodes that may wait for a writer before end() blocks (bounds memory)",
+    queued_episodes: Count = Field(
+        default=4, description="finished episodes that may wait for a writer before end() blocks (bounds memory)"
     )
-    close_timeout_s: float = Field(
+    close_timeout_s: Float = Field(
         default=600.0, gt=0, description="how long close() waits for the writers to drain and finalize"
     )
