@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 
-from hud_pipelines.spec.base import Count, Float, Int, StrictModel
+from hud_pipelines.spec.base import Count, Float, Int, StrictModel, target_field
 from hud_pipelines.spec.sections import spec_rule
 
 DEFAULT_SEND_AHEAD = 8
@@ -65,9 +65,10 @@ class ScriptedPolicyConfig(StrictModel):
     """Any Python callable by import path, e.g. a PD controller in ``envs/``; what it receives and returns is below."""
 
     kind: Literal["scripted"] = "scripted"
-    target: str = Field(
-        description="'module:callable' or 'path/to/file.py:callable'; called as target(**args) when it is a "
-        "class or factory returning a policy, or used directly as fn(observation_batch) -> actions"
+    target: str = target_field(
+        "callable",
+        "called as target(**args) when it is a class or factory returning a policy, or used directly "
+        "as fn(observation_batch) -> actions",
     )
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for target when it is a factory")
 
@@ -76,9 +77,10 @@ class TorchPolicyConfig(StrictModel):
     """A ``torch.nn.Module`` class by import path, with an optional checkpoint."""
 
     kind: Literal["torch"] = "torch"
-    target: str = Field(
-        description="'module:Class' or 'path/to/file.py:Class' of a torch.nn.Module whose forward takes the "
-        "observation batch as a dict of tensors ({feature: [B, ...]}) and returns [B, T, A] or [B, A]"
+    target: str = target_field(
+        "Class",
+        "of a torch.nn.Module whose forward takes the observation batch as a dict of tensors "
+        "({feature: [B, ...]}) and returns [B, T, A] or [B, A]",
     )
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the module's constructor")
     checkpoint: str | None = Field(

@@ -10,7 +10,7 @@ either side may import it first.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -36,10 +36,49 @@ such a field (``Int | None = Field(ge=1)``) is enforced but reaches the JSON Sch
 editors do not know, where this one is a ``minimum``."""
 
 
+def omit_default(schema: dict[str, Any]) -> None:
+    # For fields whose default is derived from elsewhere (a position, a kind): documented in prose
+    # instead of an editor offering a meaningless placeholder.
+    schema.pop("default", None)
+
+
+def schema_default(value: Any) -> Any:
+    """Show a ``default_factory`` default in the JSON Schema (pydantic leaves it out)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["default"] = value
+
+    return extra
+
+
+def name_field(pattern: str, description: str) -> Any:
+    """A ``name`` that defaults to one derived from elsewhere (a position, a kind), said in ``description``."""
+    return Field(default="", pattern=pattern, description=description, json_schema_extra=omit_default)
+
+
+def target_field(attribute: str, use: str) -> Any:
+    """A ``target``: Python code by import path, ``module:<attribute>`` or a file relative to the YAML file."""
+    return Field(
+        min_length=1,
+        description=f"`module:{attribute}` or `path/to/file.py:{attribute}` (relative to the YAML file) {use}",
+    )
+
+
 class StrictModel(BaseModel):
     """A frozen model that refuses unknown keys."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-__all__ = ["BOOL_NOT_NUMBER", "Count", "Float", "Int", "StrictModel", "refuse_bool"]
+__all__ = [
+    "BOOL_NOT_NUMBER",
+    "Count",
+    "Float",
+    "Int",
+    "StrictModel",
+    "name_field",
+    "omit_default",
+    "refuse_bool",
+    "schema_default",
+    "target_field",
+]

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from hud_pipelines.spec.base import Float, StrictModel
-from hud_pipelines.spec.sections import CHECK_NAME_PATTERN, omit_default, spec_rule
+from hud_pipelines.spec.base import Float, StrictModel, name_field, target_field
+from hud_pipelines.spec.sections import CHECK_NAME_PATTERN, spec_rule
 
 # -- graders --------------------------------------------------------------------------------------
 
@@ -22,11 +22,8 @@ their names."""
 
 
 class _Named(StrictModel):
-    name: str = Field(
-        default="",
-        pattern=CHECK_NAME_PATTERN,
-        description="unique name among its siblings (a column or check name); default: the `kind`",
-        json_schema_extra=omit_default,
+    name: str = name_field(
+        CHECK_NAME_PATTERN, "unique name among its siblings (a column or check name); default: the `kind`"
     )
 
     @model_validator(mode="before")
@@ -63,12 +60,12 @@ class CallableGrader(_Named):
     """A Python function by import path grades each episode."""
 
     kind: Literal["callable"] = Field(default="callable", description="selects this grader")
-    target: str = Field(
-        min_length=1,
-        description="`module:function` or `path/to/file.py:function` (relative to the YAML file) called as "
-        "`target(episode: dict)` and returning a float score, a bool success, or a dict with `score` and `success`; "
-        "the dict holds the outcome (`status`, `score`, `success`, `success_reported`, `total_reward`, `steps`, "
-        "`terminated`, `truncated`) and the episode's key (`task`, `instance`, `slot`, `episode`, `seed`, `trace_id`)",
+    target: str = target_field(
+        "function",
+        "called as `target(episode: dict)` and returning a float score, a bool success, or a dict with `score` and "
+        "`success`; the dict holds the outcome (`status`, `score`, `success`, `success_reported`, `total_reward`, "
+        "`steps`, `terminated`, `truncated`) and the episode's key (`task`, `instance`, `slot`, `episode`, `seed`, "
+        "`trace_id`)",
     )
 
 

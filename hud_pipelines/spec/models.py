@@ -37,7 +37,7 @@ from hud_pipelines.spec.agent import (
     ScriptedPolicyConfig,
     TorchPolicyConfig,
 )
-from hud_pipelines.spec.base import Count, Float, StrictModel
+from hud_pipelines.spec.base import Count, Float, StrictModel, schema_default
 from hud_pipelines.spec.grading import (
     CallableGrader,
     CheckSpec,
@@ -64,7 +64,6 @@ from hud_pipelines.spec.sections import (
     expand_tasks,
     is_file_target,
     require_unique,
-    schema_default,
 )
 from hud_pipelines.spec.sim_section import SimSpec
 

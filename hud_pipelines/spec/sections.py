@@ -16,7 +16,7 @@ from pydantic import Field
 from pydantic_core import PydanticCustomError
 
 from hud_pipelines.recording.traces import DEFAULT_MAX_VIDEOS, TraceVideo
-from hud_pipelines.spec.base import Count, Int, StrictModel
+from hud_pipelines.spec.base import Count, Int, StrictModel, name_field, schema_default
 from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions, VideoCodec
 
 TASK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
@@ -38,21 +38,6 @@ def spec_rules(rules: list[tuple[str, str]]) -> PydanticCustomError:
     validator stops at its first error: one per run of ``validate`` would make a user fix them one by one)."""
     (at, message), *more = rules
     return PydanticCustomError("spec_rule", "{message}", {"message": message, "at": at, "more": more})
-
-
-def omit_default(schema: dict[str, Any]) -> None:
-    # For fields whose default is derived from elsewhere (a position, a kind): documented in prose
-    # instead of an editor offering a meaningless placeholder.
-    schema.pop("default", None)
-
-
-def schema_default(value: Any) -> Any:
-    """Show a ``default_factory`` default in the JSON Schema (pydantic leaves it out)."""
-
-    def extra(schema: dict[str, Any]) -> None:
-        schema["default"] = value
-
-    return extra
 
 
 def is_file_target(target: str) -> bool:
@@ -85,11 +70,9 @@ def _value_name(value: MatrixValue) -> str:
 class TaskSpec(StrictModel):
     """One set of task arguments; every instance of the task runs it in all of its slots."""
 
-    name: str = Field(
-        default="",
-        pattern=TASK_NAME_PATTERN,
-        description="unique name used in partition keys and reports; default `task<i>` (its position in the list)",
-        json_schema_extra=omit_default,
+    name: str = name_field(
+        TASK_NAME_PATTERN,
+        "unique name used in partition keys and reports; default `task<i>` (its position in the list)",
     )
     seed: Int = Field(
         default=0,

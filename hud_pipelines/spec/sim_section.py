@@ -15,8 +15,8 @@ from typing import Annotated, Any, Self, cast
 from pydantic import Field, SecretStr, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
-from hud_pipelines.spec.base import Count, Float, StrictModel
-from hud_pipelines.spec.sections import schema_default, spec_rule, spec_rules
+from hud_pipelines.spec.base import Count, Float, StrictModel, schema_default
+from hud_pipelines.spec.sections import spec_rule, spec_rules
 
 SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
