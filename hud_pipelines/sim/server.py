@@ -49,9 +49,9 @@ from hud_pipelines.errors import HudPipelinesError, Phase, SimShuttingDown
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.connection import Connection
 from hud_pipelines.sim.main_thread import MainThreadExecutor
-from hud_pipelines.sim.session import SERVER_NAME, Outcome, Session, SessionState
+from hud_pipelines.sim.session import SERVER_NAME, Outcome, Session
 from hud_pipelines.wire.codec import packb
-from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, CloseCode, ErrorFrame, to_wire
+from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, CloseCode, ErrorFrame, SessionState, to_wire
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

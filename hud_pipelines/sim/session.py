@@ -27,7 +27,6 @@ import contextlib
 import logging
 import traceback
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, WireError
@@ -46,6 +45,7 @@ from hud_pipelines.wire.messages import (
     Result,
     ResultRequest,
     ServerHello,
+    SessionState,
     Step,
     to_wire,
 )
@@ -53,14 +53,6 @@ from hud_pipelines.wire.parse import message_type, parse_hello, parse_request
 
 log = logging.getLogger(__name__)
 SERVER_NAME = f"hud-pipelines/{PROTOCOL_VERSION}"
-
-
-class SessionState(StrEnum):
-    """Where one connection stands: its ``hello`` first, then requests until it closes."""
-
-    AWAIT_HELLO = "await_hello"
-    SERVING = "serving"
-    CLOSED = "closed"
 
 
 @dataclass(frozen=True)
@@ -78,7 +70,7 @@ class Session:
     def __init__(self, bridge: GymBridge, *, max_frame_bytes: int) -> None:
         self.bridge = bridge
         self.max_frame_bytes = max_frame_bytes
-        self.state = SessionState.AWAIT_HELLO
+        self.state = SessionState.HANDSHAKE
         self.framing = Framing.BATCHED
         self.last_seq = 0
         self.said_goodbye = False
@@ -88,7 +80,7 @@ class Session:
     def receive(self, frame: bytes | str) -> Outcome:
         """Handle one frame from the client."""
         match self.state:
-            case SessionState.AWAIT_HELLO:
+            case SessionState.HANDSHAKE:
                 return self._hello(frame)
             case SessionState.SERVING:
                 return self._request(frame)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -41,19 +40,11 @@ from hud_pipelines.wire.messages import (
     Result,
     ResultRequest,
     ServerHello,
+    SessionState,
     Step,
     to_wire,
 )
 from hud_pipelines.wire.parse import parse_reply
-
-
-class ClientState(StrEnum):
-    """Where the client's end of a connection stands."""
-
-    HANDSHAKE = "handshake"
-    SERVING = "serving"
-    BROKEN = "broken"
-    """A rule of the protocol was broken, the transport failed or the session was closed."""
 
 
 class ClientSession:
@@ -64,7 +55,7 @@ class ClientSession:
         self.requested_framing = framing
         self.peer = peer
         """Who is at the other end, for error messages (the sim's URL)."""
-        self.state = ClientState.HANDSHAKE
+        self.state = SessionState.HANDSHAKE
         self.broken: str | None = None
         """Why the session can no longer be used (``None`` while it can)."""
         self._hello: ServerHello | None = None
@@ -93,7 +84,7 @@ class ClientSession:
         if not isinstance(hello, ServerHello):
             raise self._break(f"expected a hello frame from the sim, got {type(hello).__name__}")
         self._hello = hello
-        self.state = ClientState.SERVING
+        self.state = SessionState.SERVING
         return hello
 
     @property
@@ -191,7 +182,7 @@ class ClientSession:
     def fail(self, reason: str) -> None:
         """The transport failed (a crash, a missed deadline) or the session ended: refuse every later request."""
         self.broken = self.broken or reason
-        self.state = ClientState.BROKEN
+        self.state = SessionState.CLOSED
 
     def require_usable(self) -> None:
         if self.broken is not None:

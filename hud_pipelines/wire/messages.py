@@ -22,6 +22,17 @@ PROTOCOL_VERSION = 4
 3: and whether it reported success on the slot's latest step (``success_now``), so success at the end is known;
 4: an ``error`` the env's own code caused says so (``cause: env``: the env's fault, not the link's), and the
 hello's ``sim`` carries the digests of the sim's code (``sources``)."""
+
+
+class SessionState(StrEnum):
+    """Where either end of one connection stands: the ``hello`` first, then requests until it closes."""
+
+    HANDSHAKE = "handshake"
+    SERVING = "serving"
+    CLOSED = "closed"
+    """Closed by either side, or no longer usable: a rule of the protocol was broken, the transport failed."""
+
+
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame either side accepts (websockets closes the connection with 1009 above it)."""
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hud_pipelines.errors import Phase, RemoteError, SimError, WireError
-from hud_pipelines.wire.client_session import ClientSession, ClientState
+from hud_pipelines.wire.client_session import ClientSession
 from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import (
     PROTOCOL_VERSION,
@@ -19,6 +19,7 @@ from hud_pipelines.wire.messages import (
     Reply,
     Result,
     ServerHello,
+    SessionState,
     to_wire,
 )
 from hud_pipelines.wire.parse import parse_request
@@ -69,9 +70,9 @@ def session() -> ClientSession:
 def test_the_hello_asks_for_the_framing_and_the_answer_starts_serving() -> None:
     session = ClientSession(Framing.SCALAR)
     assert unpackb(session.hello()) == {"type": "hello", "protocol": PROTOCOL_VERSION, "framing": "scalar"}
-    assert session.state is ClientState.HANDSHAKE
+    assert session.state is SessionState.HANDSHAKE
     hello = session.receive_hello(server_hello(Framing.SCALAR, num_envs=1))
-    assert (session.state, session.framing, session.num_envs) == (ClientState.SERVING, Framing.SCALAR, 1)
+    assert (session.state, session.framing, session.num_envs) == (SessionState.SERVING, Framing.SCALAR, 1)
     assert hello.server == "test"
 
 
@@ -81,7 +82,7 @@ def test_a_refused_hello_is_a_remote_error_and_breaks_the_session() -> None:
         session.receive_hello(frame_of(ErrorFrame(phase=Phase.HANDSHAKE, message="protocol version 9 ...")))
     assert raised.value.phase == Phase.HANDSHAKE
     assert not session.usable
-    assert session.state is ClientState.BROKEN
+    assert session.state is SessionState.CLOSED
 
 
 def test_requests_are_numbered_in_order_and_framed_for_the_connection(session: ClientSession) -> None:
