@@ -20,7 +20,7 @@ def write_report(
     code its targets name judge them now (no sim starts); open or serve ``report.html``."""
     import webbrowser
 
-    from hud_pipelines.eval.configuration import recorded_provenance
+    from hud_pipelines.eval.configuration import CurrentBy, recorded_provenance
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.provenance import with_current_code
     from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
@@ -30,9 +30,9 @@ def write_report(
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     # the results as the YAML and the code judge them now (an edit since the last run shows at once): so do
     # the grades and the checks
-    now = with_current_code(recorded_provenance(outputs), spec)
-    grades_step(spec, outputs, environment=now)
-    written = report_step(spec, outputs, environment=now, dataset=dataset_root(spec, outputs, Path.cwd()))
+    now = CurrentBy(environment=with_current_code(recorded_provenance(outputs), spec))
+    grades_step(spec, outputs, now)
+    written = report_step(spec, outputs, current=now, dataset=dataset_root(spec, outputs, Path.cwd()))
     print(f"wrote {written.html} and {outputs.report_md}, with grades.json and checks.json beside them")
     if serve_port is None:
         if open_page:

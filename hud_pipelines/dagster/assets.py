@@ -46,7 +46,7 @@ from hud_pipelines.dagster.resources import (
 )
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
-from hud_pipelines.eval.configuration import current_rollout_hashes, record_configuration
+from hud_pipelines.eval.configuration import CurrentBy, current_rollout_hashes, record_configuration
 from hud_pipelines.eval.grade_table import cell, grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import headline_rows
@@ -230,7 +230,7 @@ def _build(
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         judged = judged_of(context, spec)
         current = current_rollout_hashes(spec, outputs)
-        rows, _ = grades_step(judged, outputs, hashes=current)  # and the checks' verdicts, as a file beside them
+        rows, _ = grades_step(judged, outputs, CurrentBy(current))  # and the checks' verdicts, as a file beside them
         scope, headline = headline_rows(judged, rows)
         summary = summarize(headline)  # the report's headline rate, never one pooled over arms or weights
         low, high = success_interval(summary)
@@ -262,7 +262,7 @@ def _build(
             judged_of(context, spec),
             outputs,
             run_id=context.run.run_id,
-            hashes=current_rollout_hashes(spec, outputs),
+            current=CurrentBy(current_rollout_hashes(spec, outputs)),
             dataset=dataset_root(spec, outputs, project_dir),
         )
         thumbnails = (
@@ -362,7 +362,7 @@ def _comparison_asset(
     )
     def comparison(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         judged = judged_of(context, spec)
-        table = comparison_step(judged, outputs, hashes=current_rollout_hashes(spec, outputs))
+        table = comparison_step(judged, outputs, current=CurrentBy(current_rollout_hashes(spec, outputs)))
         return dg.MaterializeResult(metadata=_comparison_metadata(table, outputs))
 
     return comparison

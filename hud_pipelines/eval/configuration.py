@@ -82,6 +82,34 @@ def current_rollout_hashes(spec: PipelineSpec, outputs: EvalOutputs) -> RolloutH
     return RolloutHashes.of(spec)
 
 
+@dataclass(frozen=True)
+class CurrentBy:
+    """What a recorded result must match to be current: its task's rollout hash is one of ``hashes``, and
+    it ran in ``environment`` (a provenance, :mod:`hud_pipelines.eval.provenance`).
+
+    Left ``None``, each is the latest run's (:meth:`resolve`). The grades, the report and the dataset
+    judge by one, so they never disagree on which results count.
+    """
+
+    hashes: RolloutHashes | None = None
+    environment: dict[str, Any] | None = None
+
+    def resolve(self, spec: PipelineSpec, outputs: EvalOutputs) -> tuple[RolloutHashes, dict[str, Any]]:
+        """Both, the latest run's of ``spec`` where left ``None``."""
+        hashes = self.hashes or current_rollout_hashes(spec, outputs)
+        return hashes, self.environment if self.environment is not None else recorded_provenance(outputs)
+
+    def of_checkpoint(self, sweep: PipelineSpec, outputs: EvalOutputs, content_hash: str) -> CurrentBy:
+        """What one checkpoint's results must match: the sweep's hashes with the weights' content, in the
+        sweep's environment (``sweep`` and ``outputs`` are the sweep's)."""
+        hashes, environment = self.resolve(sweep, outputs)
+        return CurrentBy(hashes.of_checkpoint(content_hash), environment)
+
+
+LATEST = CurrentBy()
+"""Results are current when they match the latest run's configuration and environment."""
+
+
 def recorded_overrides(outputs: EvalOutputs) -> dict[str, Any]:
     """What the latest run overrode of the YAML (``{}`` before any run)."""
     record = _record(outputs)

@@ -14,7 +14,7 @@ from typing import Any
 
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import provenance, sweep
-from hud_pipelines.eval.configuration import RolloutHashes, current_rollout_hashes, recorded_provenance
+from hud_pipelines.eval.configuration import LATEST, CurrentBy, RolloutHashes
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_rows
@@ -26,26 +26,24 @@ def collect_rows(
     spec: PipelineSpec,
     outputs: EvalOutputs,
     *,
-    hashes: RolloutHashes | None = None,
-    environment: dict[str, Any] | None = None,
+    current: CurrentBy = LATEST,
     rerun: Callable[[str], str] | None = None,
 ) -> list[GradeRow]:
     """One row per scheduled slot, from the latest result of every partition.
 
     Every row carries the run that produced it. A partition that never ran, or ran under another
-    configuration (its rollout hash is none of ``hashes``, by default the latest run's), gives
+    configuration (its rollout hash is none of ``current``'s, by default the latest run's), gives
     errored ``not_run`` rows saying so and how to run it: results of different configurations are
-    never mixed in one table. Nor are results of another environment (``environment``, by default the
-    latest run's provenance: package versions, the sim's interpreter, the renderer). ``rerun`` says how
+    never mixed in one table. Nor are results of another environment (by default the latest run's
+    provenance: package versions, the sim's interpreter, the renderer). ``rerun`` says how
     to run an instance again, from its key (by default ``hud-pipelines run <name> --partition <key>``).
     """
-    expected = hashes or current_rollout_hashes(spec, outputs)
-    current = environment if environment is not None else recorded_provenance(outputs)
     if spec.is_sweep:
-        return _sweep_rows(spec, outputs, expected, current)
+        return _sweep_rows(spec, outputs, current)
+    expected, environment = current.resolve(spec, outputs)
     rows: list[GradeRow] = []
     for partition in spec.partitions():
-        result, stale = _latest(spec, outputs, partition, expected, current, rerun)
+        result, stale = _latest(spec, outputs, partition, expected, environment, rerun)
         if stale is None:
             assert result is not None
             rows.extend(result.rows)
@@ -55,20 +53,13 @@ def collect_rows(
     return rows
 
 
-def current_results(
-    spec: PipelineSpec,
-    outputs: EvalOutputs,
-    *,
-    hashes: RolloutHashes | None = None,
-    environment: dict[str, Any] | None = None,
-) -> dict[str, InstanceResult]:
+def current_results(spec: PipelineSpec, outputs: EvalOutputs, current: CurrentBy = LATEST) -> dict[str, InstanceResult]:
     """Partition key -> its latest result, for the partitions whose latest result is current (as
     :func:`collect_rows` decides, with the same defaults): the shards a dataset may publish."""
-    expected = hashes or current_rollout_hashes(spec, outputs)
-    current = environment if environment is not None else recorded_provenance(outputs)
+    expected, environment = current.resolve(spec, outputs)
     found: dict[str, InstanceResult] = {}
     for partition in spec.partitions():
-        result, stale = _latest(spec, outputs, partition, expected, current)
+        result, stale = _latest(spec, outputs, partition, expected, environment)
         if stale is None and result is not None:
             found[spec.partition_key(*partition)] = result
     return found
@@ -117,16 +108,20 @@ CONFIGURATION = (
 """The provenance fields that are configuration: where one differs, a stale result's reason names it."""
 
 
-def _sweep_rows(
-    spec: PipelineSpec, outputs: EvalOutputs, sweep_hashes: RolloutHashes, environment: dict[str, Any]
-) -> list[GradeRow]:
+def sweep_members(
+    spec: PipelineSpec, outputs: EvalOutputs, current: CurrentBy = LATEST
+) -> list[tuple[sweep.Member, CurrentBy]]:
+    """A sweep's evaluated checkpoints, each with what its results must match to be current: the sweep's
+    configuration with the checkpoint's weights, in the sweep's environment."""
+    resolved = CurrentBy(*current.resolve(spec, outputs))
+    return [(m, resolved.of_checkpoint(spec, outputs, m.content_hash)) for m in sweep.evaluated(spec, outputs)]
+
+
+def _sweep_rows(spec: PipelineSpec, outputs: EvalOutputs, current: CurrentBy) -> list[GradeRow]:
     """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``."""
     rows: list[GradeRow] = []
-    for member in sweep.evaluated(spec, outputs):
-        expected = sweep_hashes.of_checkpoint(member.content_hash)
-        found = collect_rows(
-            member.spec, member.outputs, hashes=expected, environment=environment, rerun=_rerun_of(member)
-        )
+    for member, expected in sweep_members(spec, outputs, current):
+        found = collect_rows(member.spec, member.outputs, current=expected, rerun=_rerun_of(member))
         rows += [
             dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))
             for row in found

@@ -22,9 +22,10 @@ from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, success_signal_warning
 from hud_pipelines.eval.configuration import (
+    LATEST,
+    CurrentBy,
     RolloutHashes,
     claim_served_sim,
-    current_rollout_hashes,
     record_configuration,
     recorded_overrides,
     recorded_provenance,
@@ -38,7 +39,7 @@ from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_tasks, has_ma
 from hud_pipelines.eval.report import ReportContext, render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
-from hud_pipelines.eval.rows import collect_rows, current_results
+from hud_pipelines.eval.rows import collect_rows, current_results, sweep_members
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
@@ -81,32 +82,21 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
 def grades_step(
     spec: PipelineSpec,
     outputs: EvalOutputs,
-    *,
-    hashes: RolloutHashes | None = None,
-    environment: dict[str, Any] | None = None,
+    current: CurrentBy = LATEST,
 ) -> tuple[list[GradeRow], list[CheckVerdict]]:
     """``grades.json`` (full rows), ``grades.csv`` (flat columns) and ``checks.json`` (every check's verdict on
     them, the built-in ``instances_completed`` first), each replaced atomically; returns the rows and verdicts.
 
-    ``hashes`` and ``environment``: what a current result is of (:func:`collect_rows`; by default the latest run's).
+    ``current``: what a result must match to count (:func:`collect_rows`; by default the latest run's).
     """
-    rows = collect_rows(spec, outputs, hashes=hashes, environment=environment)
+    rows = collect_rows(spec, outputs, current=current)
     write_grades(spec, outputs, rows)
     if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
-        for member, expected in _members(spec, outputs, hashes):
-            found = collect_rows(member.spec, member.outputs, hashes=expected, environment=environment)
-            write_grades(member.spec, member.outputs, found)
+        for member, expected in sweep_members(spec, outputs, current):
+            write_grades(member.spec, member.outputs, collect_rows(member.spec, member.outputs, current=expected))
     checks = all_verdicts(spec, rows)
     write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in checks], indent=1))
     return rows, checks
-
-
-def _members(
-    spec: PipelineSpec, outputs: EvalOutputs, hashes: RolloutHashes | None
-) -> list[tuple[sweep.Member, RolloutHashes]]:
-    """A sweep's evaluated checkpoints, each with the rollout hash its results must carry (the sweep table's)."""
-    sweep_hashes = hashes or current_rollout_hashes(spec, outputs)
-    return [(m, sweep_hashes.of_checkpoint(m.content_hash)) for m in sweep.evaluated(spec, outputs)]
 
 
 @dataclass(frozen=True)
@@ -125,8 +115,7 @@ def report_step(
     outputs: EvalOutputs,
     *,
     run_id: str | None = None,
-    hashes: RolloutHashes | None = None,
-    environment: dict[str, Any] | None = None,
+    current: CurrentBy = LATEST,
     dataset: Path | None = None,
 ) -> ReportFiles:
     """``report.md`` with its plot ``report.png`` beside it, and ``report.html`` (episodes, videos, plots).
@@ -142,7 +131,7 @@ def report_step(
     from hud_pipelines.eval.report_html import write_html_report
     from hud_pipelines.eval.report_html.episodes import episode_thumbnails
 
-    rows = collect_rows(spec, outputs, hashes=hashes, environment=environment)
+    rows = collect_rows(spec, outputs, current=current)
     scope, headline = headline_rows(spec, rows)
     title = f"{spec.name} ({scope})" if scope else spec.name
     plot = render_plot(spec.name, headline)
@@ -151,13 +140,11 @@ def report_step(
     overrides = recorded_overrides(outputs)
     member_of_sweep = spec.checkpoint_hash is not None
     checks = builtin_verdicts(rows, run_argument(spec)) if member_of_sweep else all_verdicts(spec, rows)
-    members = _members(spec, outputs, hashes) if spec.is_sweep else []
+    members = sweep_members(spec, outputs, current) if spec.is_sweep else []
     for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = _member_dataset(dataset, member.label)
-        report_step(
-            member.spec, member.outputs, run_id=run_id, hashes=expected, environment=environment, dataset=folder
-        )
-    seeded = seed_warning(outputs, (hashes or current_rollout_hashes(spec, outputs)).pipeline)
+        report_step(member.spec, member.outputs, run_id=run_id, current=expected, dataset=folder)
+    seeded = seed_warning(outputs, current.resolve(spec, outputs)[0].pipeline)
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
     context = ReportContext(
         checks=checks,
@@ -205,15 +192,14 @@ def comparison_step(
     spec: PipelineSpec,
     outputs: EvalOutputs,
     *,
-    hashes: RolloutHashes | None = None,
+    current: CurrentBy = LATEST,
     rows: Sequence[GradeRow] | None = None,
 ) -> SweepComparison:
     """A sweep's ``comparison.{csv,json,png}``: every checkpoint per task, paired with the previous and the baseline.
 
     ``rows`` are the sweep's current grade rows when the caller has them already (the report step).
     """
-    current = rows if rows is not None else collect_rows(spec, outputs, hashes=hashes)
-    table = _comparison(spec, outputs, current)
+    table = _comparison(spec, outputs, rows if rows is not None else collect_rows(spec, outputs, current=current))
     outputs.base.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.comparison_csv, table.to_csv())
     write_atomically(outputs.comparison_json, table.to_json())
@@ -276,11 +262,10 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
         write_dataset_links(outputs.base / ASSETS_DIR, root, spec.dataset_repo_id)  # the report's cards link to it
         return summary
     published: list[DatasetSummary] = []
-    environment = recorded_provenance(outputs)  # the sweep's latest run's, as its grades judge by
-    for member, expected in _members(spec, outputs, None):  # a dataset per checkpoint: other weights, other data
+    for member, expected in sweep_members(spec, outputs):  # a dataset per checkpoint: other weights, other data
         member_root = _member_dataset(root, member.label)
         assert member_root is not None
-        current = current_results(member.spec, member.outputs, hashes=expected, environment=environment)
+        current = current_results(member.spec, member.outputs, expected)
         if not current:  # its results are of an earlier configuration: its grades say not_run, it has no data
             logger.warning("checkpoint %s of %s has no current instance: no dataset of it", member.label, spec.name)
             continue
@@ -371,9 +356,9 @@ def evaluate(
             )
     finally:
         parts.sim.close()
-    current = RolloutHashes.of(effective)
-    rows, checks = grades_step(effective, outputs, hashes=current)
-    report_step(effective, outputs, run_id=run_id, hashes=current, dataset=dataset_root(effective, outputs, project))
+    current = CurrentBy(RolloutHashes.of(effective))
+    rows, checks = grades_step(effective, outputs, current)
+    report_step(effective, outputs, run_id=run_id, current=current, dataset=dataset_root(effective, outputs, project))
     published = None
     if effective.dataset_enabled and all(v.passed for v in checks if v.blocking):
         published = dataset_step(effective, outputs, project_dir=project, run_id=run_id)

@@ -85,12 +85,12 @@ def test_a_run_config_override_is_used_recorded_and_keeps_results_apart(
     assert "`sim.num_envs` = `3`" in report
 
     # the YAML's configuration again: the override's results are stale until it runs again
-    from hud_pipelines.eval.configuration import RolloutHashes
+    from hud_pipelines.eval.configuration import CurrentBy, RolloutHashes
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(path)
-    stale = collect_rows(spec, EvalOutputs(outputs_dir, "overridden"), hashes=RolloutHashes.of(spec))
+    stale = collect_rows(spec, EvalOutputs(outputs_dir, "overridden"), current=CurrentBy(RolloutHashes.of(spec)))
     assert {r.fault.value if r.fault else None for r in stale} == {"not_run"}
 
 

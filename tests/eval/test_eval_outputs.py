@@ -10,6 +10,7 @@ import pytest
 
 from hud_pipelines.cli.main import build_parser
 from hud_pipelines.errors import Fault
+from hud_pipelines.eval.configuration import CurrentBy
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.seed_check import seed_warning
@@ -465,15 +466,15 @@ def test_a_stale_result_names_what_of_the_configuration_changed_where_the_runs_r
     recorded = {"seeds": {"task0": 0}, "group": 1, "num_envs": 2}
     dataclasses.replace(earlier, rollout_hash="another", provenance=recorded).write(outputs.result(earlier.key))
     latest = {"seeds": {"task0": 40}, "group": 1, "num_envs": 2}  # what the latest run recorded
-    rows = collect_rows(spec, outputs, environment=latest)
+    rows = collect_rows(spec, outputs, current=CurrentBy(environment=latest))
     assert {row.fault for row in rows} == {Fault.NOT_RUN}
     assert all("last ran (run old) before the pipeline's seeds changed" in (row.error or "") for row in rows)
     edited = latest | {"seeds": {"task0": 0}, "max_steps": 50, "graders": [{"name": "binary_success"}]}
     was = recorded | {"max_steps": 30, "graders": [{"name": "return"}]}
     dataclasses.replace(earlier, rollout_hash="another", provenance=was).write(outputs.result(earlier.key))
-    rows = collect_rows(spec, outputs, environment=edited)
+    rows = collect_rows(spec, outputs, current=CurrentBy(environment=edited))
     assert all("before the pipeline's max_steps, graders changed" in (row.error or "") for row in rows)
-    rows = collect_rows(spec, outputs, environment={})  # nothing recorded to tell: said in general
+    rows = collect_rows(spec, outputs, current=CurrentBy(environment={}))  # nothing recorded to tell: said in general
     assert all("before the pipeline's sim, agent, tasks, max_steps or graders changed" in (r.error or "") for r in rows)
 
 
@@ -503,7 +504,7 @@ def test_adding_or_editing_a_task_leaves_the_other_tasks_results_current(
     assert {(row.fault, row.run_id) for row in first.rows} == {(None, first.run_id)}
 
     grown = _spec(tmp_path, tasks=[near, mid, far], dataset=None)
-    rows = collect_rows(grown, EvalOutputs(out, grown.name), environment=provenance.for_run(grown))
+    rows = collect_rows(grown, EvalOutputs(out, grown.name), current=CurrentBy(environment=provenance.for_run(grown)))
     assert {(row.fault, row.run_id) for row in rows if row.task != "far"} == {(None, first.run_id)}, "still current"
     assert {row.fault for row in rows if row.task == "far"} == {Fault.NOT_RUN}
     second = evaluate(grown, outputs_dir=out, partitions=[Partition(2, 0)])
@@ -514,7 +515,9 @@ def test_adding_or_editing_a_task_leaves_the_other_tasks_results_current(
     }
 
     reseeded = _spec(tmp_path, tasks=[near, mid, {**far, "seed": 200}], dataset=None)
-    rows = collect_rows(reseeded, EvalOutputs(out, reseeded.name), environment=provenance.for_run(reseeded))
+    rows = collect_rows(
+        reseeded, EvalOutputs(out, reseeded.name), current=CurrentBy(environment=provenance.for_run(reseeded))
+    )
     assert {(row.fault, row.run_id) for row in rows if row.task != "far"} == {(None, first.run_id)}
     stale = [row for row in rows if row.task == "far"]
     assert {row.fault for row in stale} == {Fault.NOT_RUN}, "its own seed changed: far is run again"
@@ -524,7 +527,7 @@ def test_adding_or_editing_a_task_leaves_the_other_tasks_results_current(
     outputs = EvalOutputs(out, grown.name)
     path = outputs.result(grown.partition_key(0, 0))
     dataclasses.replace(InstanceResult.read(path), rollout_hash=grown.rollout_hash).write(path)
-    rows = collect_rows(grown, outputs, environment=provenance.for_run(grown))
+    rows = collect_rows(grown, outputs, current=CurrentBy(environment=provenance.for_run(grown)))
     assert {(row.fault, row.run_id) for row in rows if row.task == "near"} == {(None, first.run_id)}
-    rows = collect_rows(reseeded, outputs, environment=provenance.for_run(reseeded))
+    rows = collect_rows(reseeded, outputs, current=CurrentBy(environment=provenance.for_run(reseeded)))
     assert {row.fault for row in rows if row.task == "near"} == {Fault.NOT_RUN}, "the pipeline's hash changed"

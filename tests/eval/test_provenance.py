@@ -10,6 +10,7 @@ import pytest
 
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import provenance
+from hud_pipelines.eval.configuration import CurrentBy
 from hud_pipelines.eval.steps import evaluate
 from tests.dagster.support import REPO
 from tests.eval.test_eval_outputs import _spec
@@ -234,10 +235,10 @@ def test_results_carry_the_code_the_run_loaded_and_a_moved_project_keeps_them(
     shutil.copytree(project, tmp_path / "b")  # the same project elsewhere: the same sources
     moved = _spec(tmp_path / "b", group=2, dataset=None, agent={"policy": policy})
     outputs = EvalOutputs(tmp_path / "out", moved.name)
-    rows = collect_rows(moved, outputs, environment=provenance.for_run(moved))
+    rows = collect_rows(moved, outputs, current=CurrentBy(environment=provenance.for_run(moved)))
     assert {row.fault for row in rows} == {None}, "a moved project keeps its results"
     (project / "edited_gains.py").write_text("GAIN = 1.0\n")
-    rows = collect_rows(spec, outputs, environment=provenance.for_run(spec))
+    rows = collect_rows(spec, outputs, current=CurrentBy(environment=provenance.for_run(spec)))
     assert {row.fault for row in rows} == {Fault.NOT_RUN}, "results of GAIN = 10 are not GAIN = 1's"
 
 
