@@ -16,6 +16,7 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import provenance, sources, sweep
 from hud_pipelines.eval.configuration import (
+    RolloutHashes,
     claim_served_sim,
     latest_served_sim,
     read_served_sim,
@@ -170,8 +171,10 @@ def current(member: sweep.Member, partition: Partition, environment: dict[str, A
     if not path.is_file():
         return False
     result = InstanceResult.read(path)
+    task, spec = member.spec.tasks[partition.task_index].name, member.spec
+    expected = RolloutHashes(spec.rollout_hash, {task: spec.task_rollout_hash(partition.task_index)})
     return (
-        result.rollout_hash in (member.spec.task_rollout_hash(partition.task_index), member.spec.rollout_hash)
+        expected.current(task, result.rollout_hash)
         and not result.failed
         and not provenance.other_environment(result.provenance, environment)
     )
