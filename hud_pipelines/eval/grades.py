@@ -111,6 +111,19 @@ class Summary:
     def success_interval(self) -> tuple[float, float]:
         return wilson_interval(self.succeeded, self.graded)
 
+    @property
+    def error_bounds(self) -> tuple[float, float] | None:
+        """The success rate over every scheduled episode had the errored ones run: all failed, all succeeded.
+
+        The rate leaves errored episodes out, which is right only when errors strike at random. They
+        rarely do: a crash keeps the short episodes that ended (often the successes) and cuts the long
+        ones, so the rate leans one way. These bounds hold whatever the errored episodes would have done.
+        ``None`` without an errored episode.
+        """
+        if self.errored == 0:
+            return None
+        return self.succeeded / self.scheduled, (self.succeeded + self.errored) / self.scheduled
+
     def as_dict(self) -> dict[str, Any]:
         low, high = self.success_interval
         return {

@@ -122,15 +122,25 @@ def rate_text(summary: Summary) -> str:
     return f"{rate:.1%} (95% CI {low:.1%}-{high:.1%}, {summary.succeeded}/{summary.graded})"
 
 
+def error_bounds_text(summary: Summary) -> str:
+    """``had the 2 errored episodes run: 43.8% to 56.3%``, or ``""`` without errored episodes."""
+    bounds = summary.error_bounds
+    if bounds is None:
+        return ""
+    low, high = bounds
+    return f"had the {summary.errored} errored episode(s) run: {low:.1%} (all failed) to {high:.1%} (all succeeded)"
+
+
 def figures_line(rows: Sequence[GradeRow]) -> str:
     """``success rate 50.0% (95% CI ...); scheduled 4 = succeeded 2 + failed 2 + errored 0``: a terminal's line."""
     summary = summarize(rows)
     rate = summary.success_rate
     low, high = success_interval(summary)
     rate_text = "n/a" if rate is None else f"{rate:.1%} (95% CI {low:.1%}-{high:.1%})"
+    bounds = error_bounds_text(summary)
     return (
         f"success rate {rate_text}; scheduled {summary.scheduled} = succeeded {summary.succeeded} + failed "
-        f"{summary.failed} + errored {summary.errored}"
+        f"{summary.failed} + errored {summary.errored}" + (f"; {bounds}" if bounds else "")
     )
 
 
@@ -162,6 +172,7 @@ def render_markdown(
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
         f"errored {total.errored} (error rate {total.error_rate:.1%}; errors are not failures).",
         "",
+        *([f"The rate leaves the errored episodes out; {bounds}.", ""] if (bounds := error_bounds_text(total)) else []),
         f"Mean score {_number(total.mean_score)}, mean return {_number(total.mean_return)}.",
         "",
         "| task | scheduled | succeeded | failed | errored | success rate (95% CI) | mean return |",

@@ -20,6 +20,7 @@ from hud_pipelines.eval.checks import (
 )
 from hud_pipelines.eval.graders import build_graders, grader_text
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task, wilson_interval
+from hud_pipelines.eval.report import figures_line, render_markdown
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
 from hud_pipelines.spec.grading import (
     CallableGrader,
@@ -91,6 +92,20 @@ def _rows(succeeded: int, failed: int, errored: int = 0, score: float | None = N
     rows = [_row(EpisodeStatus.SUCCEEDED)] * succeeded + [_row(EpisodeStatus.FAILED)] * failed
     rows += [_row(EpisodeStatus.ERRORED)] * errored
     return [dataclasses.replace(r, score=score) for r in rows] if score is not None else rows
+
+
+def test_the_rate_comes_with_where_the_errored_episodes_could_have_moved_it() -> None:
+    """A crash keeps the episodes that ended (often the short, successful ones) and cuts the long ones: the
+    rate over the answered episodes leans, so the figures say where it lies had the errored ones run."""
+    rows = _rows(7, 7, errored=2)
+    summary = summarize(rows)
+    assert summary.error_bounds == (7 / 16, 9 / 16)
+    said = "had the 2 errored episode(s) run: 43.8% (all failed) to 56.2% (all succeeded)"
+    assert said in figures_line(rows)
+    assert f"The rate leaves the errored episodes out; {said}." in render_markdown("p", rows)
+    assert summarize(_rows(3, 1)).error_bounds is None
+    assert "errored episode" not in figures_line(_rows(3, 1)) + render_markdown("p", _rows(3, 1))
+    assert summarize(_rows(0, 0, errored=3)).error_bounds == (0.0, 1.0), "nothing answered: anything goes"
 
 
 def test_checks_pass_and_fail_on_their_figure() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from html import escape
 
 from hud_pipelines.eval.grades import GradeRow, Summary
-from hud_pipelines.eval.report import other_graders, rate_text, success_interval
+from hud_pipelines.eval.report import error_bounds_text, other_graders, rate_text, success_interval
 
 
 def percent(value: float | None) -> str:
@@ -33,9 +33,14 @@ def summary_section(summary: Summary, graded_by: str = "", scope: str = "") -> s
 <span class="denominator">success rate: {summary.succeeded} succeeded of {summary.graded} graded</span></div>
 {graded}<p class="counts">Scheduled <b>{summary.scheduled}</b> = succeeded <b>{summary.succeeded}</b> + failed
 <b>{summary.failed}</b> + errored <b>{summary.errored}</b> (error rate {percent(summary.error_rate)};
-errors are not failures).</p>
+errors are not failures).</p>{_bounds(summary)}
 <p>Mean score {number(summary.mean_score)}, mean return {number(summary.mean_return)} (graded episodes).</p>
 </section>"""
+
+
+def _bounds(summary: Summary) -> str:
+    text = error_bounds_text(summary)
+    return f'\n<p class="error-bounds">The rate leaves the errored episodes out; {escape(text)}.</p>' if text else ""
 
 
 def graders_section(rows: Sequence[GradeRow]) -> str:
