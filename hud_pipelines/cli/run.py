@@ -296,12 +296,16 @@ def retried_steps(events: Iterable[DagsterEvent]) -> list[str]:
     """
     from dagster._core.execution.plan.objects import StepRetryData
 
+    from hud_pipelines.dagster.step_recovery import RECORDING_ATTEMPT
+
     lines: list[str] = []
     for event in events:
         if event.event_type_value != "STEP_UP_FOR_RETRY":
             continue
         data = event.event_specific_data
         error = data.error if isinstance(data, StepRetryData) else None
+        if error is not None and error.cls_name == RECORDING_ATTEMPT:  # it ran nothing again
+            continue
         reason = error.message.strip().splitlines()[0] if error is not None and error.message.strip() else "no reason"
         named = reason if event.step_key and event.step_key in reason else f"step {event.step_key}: {reason}"
         lines.append(f"note: retried: {named}")

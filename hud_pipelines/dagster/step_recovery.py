@@ -35,6 +35,10 @@ from dagster_shared.error import SerializableErrorInfo
 from hud_pipelines.dagster.broker_watch import BROKER_ERRORS, BrokerWatch, shown_url
 from hud_pipelines.dagster.lease import lease_holder
 
+RECORDING_ATTEMPT = "WorkerLostNoRetryLeft"
+"""The error class of a lost unit's last retry event: the attempt it starts only records the instance as
+``worker_lost`` (it runs nothing again), so it is not a retry to report."""
+
 
 class LostStepRules(Protocol):
     """What a lost step's fate depends on, as the executor sets it (``execution.lease_s`` and retries).
@@ -45,6 +49,11 @@ class LostStepRules(Protocol):
 
     @property
     def lease_s(self) -> float: ...
+
+    @property
+    def lost_retries(self) -> int:
+        """Attempts of a step after its worker was lost that run it again (a unit's one more only records it)."""
+        ...
 
     def allowed_attempts(self, step: ExecutionStep) -> int: ...
 
@@ -216,7 +225,11 @@ class LeasedResult:
             f"the worker running step {self._step.key} ({worker}) was lost: its lease ended before the step "
             f"did (attempt {self._attempt + 1})"
         )
-        error = SerializableErrorInfo(message=reason, stack=[], cls_name="WorkerLost")
+        kind = "WorkerLost"
+        if self._executor.lost_retries <= self._attempt < self._executor.allowed_attempts(self._step):
+            reason += "; no retry is left: its next attempt records the instance as worker_lost"
+            kind = RECORDING_ATTEMPT
+        error = SerializableErrorInfo(message=reason, stack=[], cls_name=kind)
         DagsterEvent.engine_event(step_context, reason, EngineEventData(error=error))
         if self._attempt < self._executor.allowed_attempts(self._step):
             return [DagsterEvent.step_retry_event(step_context, StepRetryData(error=error))]

@@ -322,6 +322,9 @@ def test_celery_worker_killed_mid_instance_fails_that_instance_only(
     assert checks[0]["failed_instances"] == ["task0-i2"]
     assert EvalOutputs(outputs, "lossy").report_md.is_file(), "the report follows a failed unit"
     assert "lossy__dataset" not in _step_successes(home, run.run_id), "the blocking check holds the dataset back"
+    events = [e.dagster_event for e in home.all_logs(run.run_id) if e.dagster_event is not None]
+    assert any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in events), "the attempt that records the loss"
+    assert retried_steps(events) == [], "nothing ran again: no retry to report"
 
 
 @needs_redis
