@@ -320,9 +320,7 @@ def _run_sweep(
     context: AssetExecutionContext, spec: PipelineSpec, pool: Any, outputs: EvalOutputs, rollouts_key: dg.AssetKey
 ) -> list[InstanceResult]:
     """The selected (checkpoint, instance) pairs, checkpoint after checkpoint on one sim pool; current ones kept."""
-    chosen = sweeps.selection(spec, outputs, context.partition_keys, context.run.tags)
-    if chosen.gone:
-        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(chosen.gone)} are not (or no longer) complete")
+    chosen = sweeps.run_selection(context, spec, outputs)
 
     def on_result(member: sweep.Member, result: InstanceResult) -> None:
         metadata = {**instance_metadata(result), "checkpoint": member.label}

@@ -15,9 +15,10 @@ finds, and the job's default range is every checkpoint complete when the code lo
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import dagster as dg
 
@@ -60,12 +61,34 @@ def range_tags(spec: PipelineSpec, labels: Sequence[str]) -> dict[str, str]:
 
 
 def default_tags(spec: PipelineSpec) -> dict[str, str]:
-    """The job's default range: every checkpoint complete now (none when there is none yet)."""
+    """The job's default range (what ``dagster job execute -j <sweep>`` runs): the registered checkpoints that
+    are complete as the code location loads, from the first to the last in the order they were registered.
+
+    A range may only name registered checkpoints, and Dagster orders them as they were registered (a
+    checkpoint of a lower step found later stands last), so the range is read from the instance, never from
+    the files alone. Nothing is registered here: the sensor runs each checkpoint it registers, and a
+    checkpoint registered behind its back would never be run by it. A run of this range says which
+    complete checkpoints it leaves out for being unregistered (:func:`selection`). No range (no instance,
+    nothing registered): the run refuses, naming how to register them.
+    """
     try:
-        found = sweep.discover(spec).complete
+        complete = {c.label for c in sweep.discover(spec).complete}
     except CheckpointError:
         return {}
-    return range_tags(spec, [c.label for c in found]) if found else {}
+    chosen = [label for label in registered(spec) if label in complete]
+    return range_tags(spec, chosen) if chosen else {}
+
+
+def registered(spec: PipelineSpec, instance: dg.DagsterInstance | None = None) -> list[str]:
+    """The sweep's registered checkpoints in their order, from ``instance`` (by default ``$DAGSTER_HOME``'s;
+    none when there is no such instance)."""
+    name = checkpoints_partitions_name(spec.name)
+    if instance is not None:
+        return list(instance.get_dynamic_partitions(name))
+    if not os.environ.get("DAGSTER_HOME"):
+        return []
+    with dg.DagsterInstance.get() as home:
+        return list(home.get_dynamic_partitions(name))
 
 
 def register(instance: dg.DagsterInstance, spec: PipelineSpec, labels: Sequence[str]) -> list[str]:
@@ -147,6 +170,9 @@ class Selection:
     gone: list[str]
     """Labels of the run's range that are not (or no longer) complete checkpoints: not run."""
     rerun: bool
+    unregistered: list[str] = field(default_factory=list[str])
+    """Complete checkpoints outside every range, for not being registered: a run of the job's default
+    range (``dagster job execute``) leaves them to the sensor or ``hud-pipelines run``."""
 
     @property
     def asked(self) -> int:
@@ -154,9 +180,14 @@ class Selection:
 
 
 def selection(
-    spec: PipelineSpec, outputs: EvalOutputs, partition_keys: Sequence[str], tags: Mapping[str, str]
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    partition_keys: Sequence[str],
+    tags: Mapping[str, str],
+    known: Sequence[str] = (),
 ) -> Selection:
-    """The (checkpoint, instance) pairs of a run's partition range (only the labels its tag names, if it does)."""
+    """The (checkpoint, instance) pairs of a run's partition range (only the labels its tag names, if it does);
+    ``known``: the registered checkpoints, to tell which complete ones no range can hold yet."""
     only = tags.get(CHECKPOINTS_TAG)
     wanted = set(only.split(",")) if only else None
     pairs: dict[str, list[Partition]] = {}
@@ -166,7 +197,33 @@ def selection(
             pairs.setdefault(label, []).append(spec.partition_for_key(instance))
     members = sweep.members(spec, outputs, settle_s=0.0, labels=list(pairs))
     gone = sorted(set(pairs) - {m.label for m in members})
-    return Selection(members, pairs, gone, rerun=tags.get(RERUN_TAG) == "true")
+    try:
+        unregistered = [c.label for c in sweep.discover(spec).complete if c.label not in known] if known else []
+    except CheckpointError:
+        unregistered = []
+    return Selection(members, pairs, gone, rerun=tags.get(RERUN_TAG) == "true", unregistered=unregistered)
+
+
+def run_selection(context: dg.AssetExecutionContext, spec: PipelineSpec, outputs: EvalOutputs) -> Selection:
+    """The pairs a run of the sweep's rollouts asks for (:func:`selection`), said in its log where some are left
+    out; a run without a range is refused, naming how to register checkpoints."""
+    if not context.has_partition_key_range:
+        raise CheckpointError(
+            f"{spec.name}: this run names no checkpoint (none of the sweep's is registered, or none was complete "
+            f"when the code location loaded); `hud-pipelines run {spec.name}` registers the complete ones and "
+            f"evaluates them, as does the sensor {spec.name}__checkpoints once it runs"
+        )
+    known = registered(spec, context.instance)
+    chosen = selection(spec, outputs, context.partition_keys, context.run.tags, known=known)
+    if chosen.unregistered:
+        context.log.warning(
+            f"{spec.name}: complete checkpoint(s) {', '.join(chosen.unregistered)} are not registered, so no range "
+            f"holds them: `hud-pipelines run {spec.name}` or the sensor {spec.name}__checkpoints registers and "
+            "evaluates them"
+        )
+    if chosen.gone:
+        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(chosen.gone)} are not (or no longer) complete")
+    return chosen
 
 
 def checkpoint_sensor(spec: PipelineSpec) -> dg.SensorDefinition:

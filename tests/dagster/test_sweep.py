@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from tests.agent.checkpoint_runs import (
     lerobot_run_fixture,  # noqa: F401 - the session's run, shared with the checkpoint tests
     write_lerobot_run,
 )
+from tests.dagster.support import REPO
 from tests.eval.sweep_sims import sweep_pipeline
 
 pytestmark = pytest.mark.slow
@@ -180,6 +184,35 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     capsys.readouterr()
     assert main(["run", str(path), "--quiet", "--checkpoint", "009999"]) == 2
     assert "no checkpoint labelled 009999; complete: 000500, 001000, 001500" in capsys.readouterr().err
+
+
+def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_names_the_others(
+    run: LeRobotRun, tmp_path: Path, local: Path
+) -> None:
+    """``dagster job execute -j <sweep>`` runs its default range: the registered complete checkpoints, in the
+    order Dagster keeps them (a lower step registered later stands last), never one Dagster does not know."""
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    spec = load_pipeline(_write_sweep(pipelines, str(run.output_dir)))
+    with dg.DagsterInstance.get() as instance:  # 001000 first, then the lower 000500; 001500 not yet
+        sweeps.register(instance, spec, ["001000"])
+        sweeps.register(instance, spec, ["000500"])
+    dagster = str(Path(sys.executable).parent / "dagster")
+    done = subprocess.run(
+        [dagster, "job", "execute", "-m", "hud_pipelines.definitions", "-j", "reach_sweep"],
+        check=False,
+        env={**os.environ, "HUD_PIPELINES_DIR": str(pipelines), "HF_HUB_OFFLINE": "1"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ids = _run_ids(local)
+    assert set(ids) == {"000500", "001000"}, "both registered checkpoints, whatever their order"
+    assert len(ids["000500"] | ids["001000"]) == 1, "in one run"
+    said = done.stdout + done.stderr
+    assert "complete checkpoint(s) 001500 are not registered, so no range holds them" in said
 
 
 def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
