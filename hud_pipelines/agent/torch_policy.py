@@ -9,6 +9,7 @@ observation feature to a float32 tensor ``[B, ...]`` on the policy's device (cam
 from __future__ import annotations
 
 import inspect
+import zipfile
 from pathlib import Path
 from typing import Any, cast
 
@@ -97,7 +98,10 @@ def load_checkpoint(module: torch.nn.Module, path: Path, device: torch.device) -
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:
-        raise PolicyError(f"checkpoint {path} cannot be read as a state_dict: {_load_error(exc)}") from exc
+        why = _load_error(exc)
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; torch then tried the legacy format
+            why = f"it is not a file torch.save writes (no zip archive, nor a legacy one torch reads: {why})"
+        raise PolicyError(f"checkpoint {path} cannot be read as a state_dict: {why}") from exc
     if not isinstance(state, dict):
         raise PolicyError(f"checkpoint {path} holds a {type(state).__name__}, expected a state_dict")
     try:

@@ -85,7 +85,9 @@ def test_torch_errors_name_the_culprit(tmp_path: Path) -> None:
         build_policy(junk, contract, base_dir=tmp_path)
     assert "\n" not in str(unreadable.value), "torch's cause in a line, not its page of advice"
     (tmp_path / "random.pt").write_bytes(bytes(range(256)) * 8)  # a pickle stream torch refuses midway
-    with pytest.raises(PolicyError, match=r"cannot be read as a state_dict: torch\.load \(weights only\): ") as refused:
+    with pytest.raises(
+        PolicyError, match=r"state_dict: it is not a file torch\.save writes \(no zip archive, nor a legacy one"
+    ) as refused:
         build_policy(junk.model_copy(update={"checkpoint": "random.pt"}), contract, base_dir=tmp_path)
     assert "\n" not in str(refused.value)
     assert "Please file an issue" not in str(refused.value)
