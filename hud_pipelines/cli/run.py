@@ -100,24 +100,24 @@ def run_pipeline(
     ordered, checkpoints = select_instances(spec, partitions, checkpoints)
     tags = {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
     units = len(ordered)
-    waiting = ""
-    kept = 0
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(stderr=True)
+    waiting, kept = "", 0
     if spec.is_sweep:
         from hud_pipelines.dagster import sweeps
         from hud_pipelines.dagster.deployed import deployed_spec
 
         with dg.DagsterInstance.get() as instance:
-            tags, labels, waiting = sweeps.run_tags(instance, spec, ordered, checkpoints=checkpoints, rerun=rerun)
+            found = sweeps.run_tags(instance, spec, ordered, checkpoints=checkpoints, rerun=rerun, say=console.print)
+        tags, labels, waiting = found
         kept = 0 if rerun else kept_pairs(deployed_spec(spec, project_dir), outputs, labels, ordered)
         units = units * len(labels) - kept  # what the bar counts: the pairs this run evaluates
     elif checkpoints or rerun:
         raise HudPipelinesError(f"{spec.name} is not a sweep: --checkpoint and --rerun need agent.policy.checkpoints")
     if queue is not None:
         tags = {**tags, RUN_QUEUE_TAG: queue_for(spec.name, queue)}
-    from rich.console import Console
-    from rich.text import Text
-
-    console = Console(stderr=True)
     if waiting:  # a checkpoint still being written, or missing a file: said, not silently left out
         console.print(Text(f"not evaluated yet (incomplete checkpoints): {waiting}", style="yellow"), soft_wrap=True)
     if kept:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -101,7 +101,7 @@ def register(instance: dg.DagsterInstance, spec: PipelineSpec, labels: Sequence[
     return new
 
 
-def _settled(spec: PipelineSpec, wanted: Sequence[str] | None) -> Discovery:
+def _settled(spec: PipelineSpec, wanted: Sequence[str] | None, say: Callable[[str], None] | None = None) -> Discovery:
     """The sweep's checkpoints once those asked for (``wanted``; default every one) that only wait out the
     settle time have settled.
 
@@ -116,6 +116,9 @@ def _settled(spec: PipelineSpec, wanted: Sequence[str] | None) -> Discovery:
 
     found = sweep.discover(spec)
     deadline = time.monotonic() + 2 * DEFAULT_SETTLE_S
+    if say is not None and settling(found):
+        fresh = ", ".join(p.checkpoint.label for p in found.pending if p.reason.startswith(SETTLING))
+        say(f"waiting up to {2 * DEFAULT_SETTLE_S:g} s for checkpoint(s) {fresh}, written moments ago, to settle")
     while settling(found) and time.monotonic() < deadline:
         time.sleep(0.25)
         found = sweep.discover(spec)
@@ -129,14 +132,16 @@ def run_tags(
     *,
     checkpoints: Sequence[str] | None = None,
     rerun: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, str], list[str], str]:
     """Tags of a run of the checkpoints ``checkpoints`` (default: every complete one) x ``instances``; those
-    labels; and the checkpoints that are not complete yet, each with why (``""`` when none waits).
+    labels; and the checkpoints that are not complete yet, each with why (``""`` when none waits). ``say``
+    hears that the run waits for checkpoints written moments ago.
 
     Every complete checkpoint is registered first (a run may only name registered partitions). A label
     that is not a complete checkpoint is an error naming the known ones and why the others wait.
     """
-    found = _settled(spec, checkpoints or None)
+    found = _settled(spec, checkpoints or None, say)
     complete = [c.label for c in found.complete]
     waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
     chosen = list(checkpoints) if checkpoints else complete
