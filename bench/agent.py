@@ -195,8 +195,8 @@ def worker(args: argparse.Namespace) -> None:
     result = {
         "episodes": len(outcomes),
         "env_steps": sum(o.steps for o in outcomes),
-        "forwards": model.stats.forwards,
-        "forward_rows": model.stats.rows,
+        "forwards": model.stats.forwards.count,
+        "forward_rows": model.stats.forwards.rows,
         "eval_s": eval_s,
         "startup_s": ready - started,
         "startup_phases_s": {
@@ -208,7 +208,7 @@ def worker(args: argparse.Namespace) -> None:
         "pc_success": 100.0 * sum(o.success for o in outcomes) / len(outcomes),
         "errored": sum(o.status == "errored" for o in outcomes),
         "timer_flushes": model.stats.timer_flushes,
-        "forward_s": model.stats.forward_s,
+        "forward_s": model.stats.forwards.seconds,
         "sent_ahead": sum(a.last_run.sent_ahead for a in agents),
     }
     Path(args.out).write_text(json.dumps(result))

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hud_pipelines.agent.policy import Actions, BasePolicy, Policy, PolicyBatch, as_base_policy
+from hud_pipelines.agent.policy import Actions, BasePolicy, Forwards, Policy, PolicyBatch, as_base_policy
 from hud_pipelines.closing import Closeable
 from hud_pipelines.errors import PolicyError, PolicyTimeoutError, RolloutTimeoutError, RunAborted
 from hud_pipelines.spec.agent import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
@@ -74,17 +74,13 @@ WorkQueue = queue.SimpleQueue[tuple[list["_Call"], int] | None]
 
 @dataclass
 class BatchingStats:
-    forwards: int = 0
+    forwards: Forwards = field(default_factory=Forwards)
+    """The forwards of the policy (stacking included in their seconds), each with the rows it gathered."""
     calls: int = 0
-    rows: int = 0
-    batch_rows: list[int] = field(default_factory=list[int])
-    """Rows of every forward, in order."""
     timer_flushes: int = 0
     """Forwards started because the window ran out (not because every caller was waiting)."""
     lockstep_forwards: int = 0
     """Forwards started while every expected caller was waiting (run inside ``policy.lockstep``)."""
-    forward_s: float = 0.0
-    """Wall seconds spent inside the policy's forwards (stacking included), summed."""
 
 
 class BatchedModel(BasePolicy, Closeable):
@@ -387,12 +383,9 @@ class BatchedModel(BasePolicy, Closeable):
                 call.error = exc
         forward_s = time.perf_counter() - started
         with self._cond:
-            self.stats.forward_s += forward_s
-            self.stats.forwards += 1
+            self.stats.forwards.add(rows, forward_s)
             self.stats.lockstep_forwards += int(idle_sims > 0)
             self.stats.calls += len(calls)
-            self.stats.rows += rows
-            self.stats.batch_rows.append(rows)
             for call in calls:
                 call.forward_rows = rows
                 call.done = True

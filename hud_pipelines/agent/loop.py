@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.agent.episodes import ObservationRow, OutcomeGrader, SlotEpisodes, errored, row
-from hud_pipelines.agent.policy import BasePolicy, PolicyBatch, as_chunks
+from hud_pipelines.agent.policy import BasePolicy, Forwards, PolicyBatch, as_chunks
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
     Fault,
@@ -73,14 +73,10 @@ class RunStats:
     ticks: int = 0
     env_steps: int = 0
     """Slot-steps of running slots (hold steps of finished slots are not counted)."""
-    forwards: int = 0
-    """``infer`` calls made by this loop (one per refill tick)."""
-    rows_inferred: int = 0
-    refill_rows: list[int] = field(default_factory=list[int])
-    """Rows of every ``infer`` call, in order."""
+    infer: Forwards = field(default_factory=Forwards)
+    """``infer`` calls made by this loop (one per refill tick), with the slots each refilled."""
     sent_ahead: int = 0
     """Ticks whose step was sent before the previous tick's observation was read."""
-    infer_s: float = 0.0
     step_s: float = 0.0
     """Seconds spent waiting for the sim's replies."""
     wall_s: float = 0.0
@@ -286,10 +282,7 @@ class LockstepRun:
             raise _PolicyFailed(f"policy failed: {type(exc).__name__}: {exc}", Fault.POLICY) from exc
         latency = time.perf_counter() - started
         rows = forward_rows(settings.policy, need.size)
-        self.stats.infer_s += latency
-        self.stats.forwards += 1
-        self.stats.rows_inferred += need.size
-        self.stats.refill_rows.append(int(need.size))
+        self.stats.infer.add(int(need.size), latency)
         if settings.horizon is not None:
             chunks = chunks[:, : settings.horizon]
         if settings.adapt_chunk is not None:  # each slot's own chunk, maybe of its own length

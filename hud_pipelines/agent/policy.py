@@ -31,7 +31,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -125,6 +125,27 @@ class PolicyBatch:
         """
         streams = self.streams or [(row,) for row in range(self.size)]
         return [np.random.default_rng([seed, *stream]) for stream in streams]
+
+
+@dataclass
+class Forwards:
+    """Policy forwards counted: how many, their rows (in all and each) and the seconds spent in them.
+
+    An agent counts its own ``infer`` calls; a shared batching model counts the forwards they were
+    gathered into: the same record, so a benchmark reads both alike.
+    """
+
+    count: int = 0
+    rows: int = 0
+    rows_each: list[int] = field(default_factory=list[int])
+    """Rows of every forward, in order."""
+    seconds: float = 0.0
+
+    def add(self, rows: int, seconds: float) -> None:
+        self.count += 1
+        self.rows += rows
+        self.rows_each.append(rows)
+        self.seconds += seconds
 
 
 @runtime_checkable

@@ -209,7 +209,7 @@ def test_k_sims_share_one_forward_per_tick_through_robot_agents() -> None:
             bridge.close()
     assert counting.forwards == [k * num_envs] * steps
     assert model.stats.timer_flushes == 0
-    assert all(agent.last_run.forwards == steps for agent in agents)
+    assert all(agent.last_run.infer.count == steps for agent in agents)
     assert all(o.status is EpisodeStatus.FAILED and o.steps == steps for run in outcomes for o in run)
 
 

@@ -271,7 +271,7 @@ def test_a_history_policy_drives_served_pusht_and_sees_each_slots_last_two_frame
         sink = RecordingSink()
         agent = RobotAgent(policy, client.contract)
         agent.run(client, [{"seed": 5}, {"seed": 6}], max_steps=12, key=("dp", 0, 0), sinks=[sink])
-    assert agent.last_run.forwards == 2, "ticks 0 and 8 refill both slots with one forward"
+    assert agent.last_run.infer.count == 2, "ticks 0 and 8 refill both slots with one forward"
     assert [s.shape for s in seen] == [(2, 2, 2), (2, 2, 2)], "[slots, history, agent position]"
     by_slot = sink.by_slot()
     for slot in (0, 1):

@@ -173,7 +173,7 @@ def test_random_act_drives_served_pusht_with_one_forward_per_refill_tick(pusht: 
     outcomes = agent.run(pusht, [{"seed": s} for s in range(4)], max_steps=12, key=("act", 0, 0), sinks=[sink])
 
     assert forwards == [4, 4, 4], "ticks 0, 5 and 10 refill all four slots with one forward each"
-    assert agent.last_run.forwards == len(forwards)
+    assert agent.last_run.infer.count == len(forwards)
     assert agent.last_run.ticks == 12
     for trace_id, records in sink.inferences.items():
         assert [r.step for r in records] == [0, 5, 10]
@@ -258,7 +258,7 @@ def test_act_temporal_ensembling_matches_lerobots_own_loop_in_every_slot() -> No
         sink = RecordingSink()
         agent = RobotAgent(policy, bridge.contract)
         agent.run(bridge, [{"seed": s} for s in seeds], max_steps=steps, key=("ens", 0, 0), sinks=[sink])
-    assert agent.last_run.refill_rows == [2] * steps, "one forward per step over both slots"
+    assert agent.last_run.infer.rows_each == [2] * steps, "one forward per step over both slots"
     by_slot = sink.by_slot()
     for slot, seed in enumerate(seeds):
         ours = np.stack([frame.action for frame in sink.frames[by_slot[slot]]])

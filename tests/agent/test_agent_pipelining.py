@@ -82,7 +82,7 @@ def test_every_queued_action_is_sent_ahead_and_steps_past_the_end_are_dropped(de
         assert client.usable
     assert stats.ticks == length
     assert stats.sent_ahead == sum(1 for tick in range(length) if tick % chunk != chunk - 1)
-    assert stats.forwards == -(-length // chunk)
+    assert stats.infer.count == -(-length // chunk)
     assert [o.steps for o in first] == [length, length]
     assert first == second, "the dropped step left nothing behind for the next run"
 

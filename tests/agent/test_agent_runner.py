@@ -70,8 +70,8 @@ def test_refill_asks_only_for_spent_slots_and_adapts_each_chunk_against_its_slot
     agent, _ = run(sim, policy, adapt_chunk=adapt_chunk, max_steps=12)
     expected_rows = [[s for s in range(3) if tick % (s + 1) == 0] for tick in range(12)]
     assert policy.calls == expected_rows
-    assert agent.last_run.forwards == 12
-    assert agent.last_run.refill_rows == [len(r) for r in expected_rows]
+    assert agent.last_run.infer.count == 12
+    assert agent.last_run.infer.rows_each == [len(r) for r in expected_rows]
     # adapt_chunk ran once per refilled slot, against that slot's observation at that tick
     assert seen == [(s, float(tick)) for tick, rows in enumerate(expected_rows) for s in rows]
     applied = np.stack(sim.actions)[:, :, 0]
@@ -83,7 +83,7 @@ def test_one_forward_per_refill_tick_and_horizon_cuts_chunks() -> None:
     sim = CountdownSim([10, 10, 10, 10])
     policy = SlotEcho(length=8)
     agent, _ = run(sim, policy, horizon=3, max_steps=10)
-    assert agent.last_run.forwards == 4  # ticks 0, 3, 6, 9
+    assert agent.last_run.infer.count == 4  # ticks 0, 3, 6, 9
     assert policy.calls == [[0, 1, 2, 3]] * 4
     applied = np.stack(sim.actions)[:, 0, 0]
     assert applied.tolist() == [0, 1, 2, 10, 11, 12, 20, 21, 22, 30]
@@ -285,7 +285,7 @@ def test_pd_balances_cartpole_for_the_whole_episode_in_every_slot() -> None:
         assert outcome.truncated
         assert not outcome.terminated
         assert outcome.score == CARTPOLE_SUCCESS_STEPS
-    assert agent.last_run.forwards == CARTPOLE_SUCCESS_STEPS
+    assert agent.last_run.infer.count == CARTPOLE_SUCCESS_STEPS
 
 
 def test_swing_up_beats_the_pendulum_return_threshold() -> None:
