@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -29,7 +29,6 @@ from hud_pipelines.eval.report import figures_line
 from hud_pipelines.recording.events import EpisodeStatus
 
 if TYPE_CHECKING:
-    from dagster import DagsterEvent
     from dagster._core.execution.execution_result import ExecutionResult
     from rich.console import Console
 
@@ -80,6 +79,7 @@ def run_pipeline(
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
     from hud_pipelines.dagster.launch import execute_pipeline_job
+    from hud_pipelines.dagster.step_recovery import retried_steps
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
     from hud_pipelines.eval.checks import rerun_command, success_signal_warning
@@ -288,30 +288,6 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str], 
     return problems
 
 
-def retried_steps(events: Iterable[DagsterEvent]) -> list[str]:
-    """A line per retried attempt of a step (a unit whose worker was lost ran again), with why.
-
-    A run that succeeded after a retry says so: its figures are right, and a worker that keeps being
-    lost is worth knowing about.
-    """
-    from dagster._core.execution.plan.objects import StepRetryData
-
-    from hud_pipelines.dagster.step_recovery import RECORDING_ATTEMPT
-
-    lines: list[str] = []
-    for event in events:
-        if event.event_type_value != "STEP_UP_FOR_RETRY":
-            continue
-        data = event.event_specific_data
-        error = data.error if isinstance(data, StepRetryData) else None
-        if error is not None and error.cls_name == RECORDING_ATTEMPT:  # it ran nothing again
-            continue
-        reason = error.message.strip().splitlines()[0] if error is not None and error.message.strip() else "no reason"
-        named = reason if event.step_key and event.step_key in reason else f"step {event.step_key}: {reason}"
-        lines.append(f"note: retried: {named}")
-    return lines
-
-
 @contextlib.contextmanager
 def _progress(console: Console, name: str, total: int, quiet: bool) -> Generator[Callable[[InstanceResult], None]]:
     """A rich progress bar over instances (nothing with ``quiet``); yields the per-result callback."""
@@ -384,7 +360,8 @@ def _print_summary(
     if not mine:
         console.print(Text("this run produced no graded rows"))
     elif controls is not None and not sweep:
-        console.print(Text(f"this run, control tasks: {figures_line([row for row in mine if row.task in controls])}"))
+        own = [row for row in mine if row.task in controls]  # none when it ran matrix values alone
+        console.print(Text(f"this run, control tasks: {figures_line(own)}" if own else "this run ran no control task"))
         console.print(Text(f"each matrix task against its control: the perturbations table in {base / 'report.md'}"))
     elif not sweep:
         console.print(Text(f"this run: {figures_line(mine)}"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -248,3 +248,23 @@ def _started_by(info: object) -> str | None:
         return None
     started = cast(dict[str, Any], info)
     return f"{started.get('hostname', 'a worker')} pid {started.get('pid', '?')}"
+
+
+def retried_steps(events: Iterable[DagsterEvent]) -> list[str]:
+    """A line per retried attempt of a step (a unit whose worker was lost ran again), with why.
+
+    A run that succeeded after a retry says so: its figures are right, and a worker that keeps being
+    lost is worth knowing about.
+    """
+    lines: list[str] = []
+    for event in events:
+        if event.event_type_value != "STEP_UP_FOR_RETRY":
+            continue
+        data = event.event_specific_data
+        error = data.error if isinstance(data, StepRetryData) else None
+        if error is not None and error.cls_name == RECORDING_ATTEMPT:  # it ran nothing again
+            continue
+        reason = error.message.strip().splitlines()[0] if error is not None and error.message.strip() else "no reason"
+        named = reason if event.step_key and event.step_key in reason else f"step {event.step_key}: {reason}"
+        lines.append(f"note: retried: {named}")
+    return lines

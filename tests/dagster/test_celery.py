@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hud_pipelines.cli.run import retried_steps
 from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_deployment, load_execution
 from hud_pipelines.dagster.launch import execute_pipeline_job
+from hud_pipelines.dagster.step_recovery import retried_steps
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs

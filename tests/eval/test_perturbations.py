@@ -135,6 +135,11 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli"), *partition]) == 0
     out = capsys.readouterr().out
     assert f"from earlier runs, control tasks: success rate {check.observed:.1%}" in out, out
+    arm = ["--partition", "reach-reach-1.5-i0"]  # a matrix value alone: no control task ran, none to figure
+    assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli"), *arm]) == 0
+    out = capsys.readouterr().out
+    assert "this run ran no control task" in out, out
+    assert "scheduled 0" not in out
 
     fresh = ["--outputs", str(tmp_path / "fresh")]  # a partial first run: the others are not run, not earlier runs'
     assert main(["run", str(path), "--quiet", *fresh, *partition]) == 0
