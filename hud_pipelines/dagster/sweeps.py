@@ -87,8 +87,11 @@ def registered(spec: PipelineSpec, instance: dg.DagsterInstance | None = None) -
         return list(instance.get_dynamic_partitions(name))
     if not os.environ.get("DAGSTER_HOME"):
         return []
-    with dg.DagsterInstance.get() as home:
-        return list(home.get_dynamic_partitions(name))
+    try:
+        with dg.DagsterInstance.get() as home:
+            return list(home.get_dynamic_partitions(name))
+    except dg.DagsterError:  # a $DAGSTER_HOME that is no instance (yet): nothing is registered there
+        return []
 
 
 def register(instance: dg.DagsterInstance, spec: PipelineSpec, labels: Sequence[str]) -> list[str]:

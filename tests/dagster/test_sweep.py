@@ -188,6 +188,19 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     assert "no checkpoint labelled 009999; complete: 000500, 001000, 001500" in capsys.readouterr().err
 
 
+def test_the_jobs_default_range_is_the_registered_complete_checkpoints_in_their_order(
+    run: LeRobotRun, tmp_path: Path, local: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    del local
+    spec = load_pipeline(_write_sweep(tmp_path, str(run.output_dir)))
+    assert sweeps.default_tags(spec) == {}, "nothing registered: no range (the run refuses, saying how)"
+    with dg.DagsterInstance.get() as instance:
+        sweeps.register(instance, spec, ["001000", "000500"])
+    assert sweeps.default_tags(spec) == sweeps.range_tags(spec, ["001000", "000500"]), "Dagster's order"
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "no_instance"))
+    assert sweeps.default_tags(spec) == {}, "a home that is no instance yet loads, with no range"
+
+
 def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_names_the_others(
     run: LeRobotRun, tmp_path: Path, local: Path
 ) -> None:
