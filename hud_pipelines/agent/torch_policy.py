@@ -72,6 +72,8 @@ class TorchModulePolicy(LockstepForwards):
 
 WEIGHTS_UNPICKLER = "WeightsUnpickler error:"
 """Where torch's refusal of a file that is no plain ``state_dict`` says why."""
+UNSUPPORTED_GLOBAL = "Unsupported global"
+"""torch's cause when the file pickles objects (a whole module), whichever format it was saved in."""
 
 
 def _resolve(path_text: str, base_dir: Path) -> Path:
@@ -85,7 +87,7 @@ def _load_error(exc: Exception) -> str:
     cause = text.split(WEIGHTS_UNPICKLER, 1)[1].strip().split("\n\n", 1)[0] if WEIGHTS_UNPICKLER in text else ""
     if not cause:
         return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    if "Unsupported global" in cause:  # pickled objects: a whole module saved, not its state_dict
+    if UNSUPPORTED_GLOBAL in cause:  # pickled objects: a whole module saved, not its state_dict
         named = cause.split(" Please ", 1)[0].strip()  # torch's advice to allow the class is not ours to give
         return f"{named} It holds pickled objects, not only tensors: save module.state_dict() instead"
     return f"torch.load (weights only): {cause.strip()}"
@@ -99,7 +101,7 @@ def load_checkpoint(module: torch.nn.Module, path: Path, device: torch.device) -
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:
         why = _load_error(exc)
-        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; torch then tried the legacy format
+        if not zipfile.is_zipfile(path) and UNSUPPORTED_GLOBAL not in why:  # nor a legacy save of a whole module
             why = f"it is not a file torch.save writes (no zip archive, nor a legacy one torch reads: {why})"
         raise PolicyError(f"checkpoint {path} cannot be read as a state_dict: {why}") from exc
     if not isinstance(state, dict):

@@ -10,7 +10,7 @@ The sensor polls the sweep's sources. A checkpoint it has not registered yet tha
 file there, none changed for a few seconds) is added to the dimension and gets one run for its
 instances; a half-written one waits, and the sensor says why. The eval runs in its own process, never
 in the trainer's. Registering happens before a run either way: ``hud-pipelines run`` registers what it
-finds, and the job's default range is every checkpoint complete when the code location loaded.
+finds, and the job's default range is the registered checkpoints complete when the code location loaded.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def registered(spec: PipelineSpec, instance: dg.DagsterInstance | None = None) -
     try:
         with dg.DagsterInstance.get() as home:
             return list(home.get_dynamic_partitions(name))
-    except dg.DagsterError:  # a $DAGSTER_HOME that is no instance (yet): nothing is registered there
-        return []
+    except Exception:  # a home that is no instance yet, a bad dagster.yaml, a database that is down
+        return []  # the job has no default range then: a run opens the instance itself and says what is wrong
 
 
 def register(instance: dg.DagsterInstance, spec: PipelineSpec, labels: Sequence[str]) -> list[str]:
@@ -120,7 +120,11 @@ def _settled(spec: PipelineSpec, wanted: Sequence[str] | None, say: Callable[[st
     found = sweep.discover(spec)
     deadline = time.monotonic() + 2 * DEFAULT_SETTLE_S
     if say is not None and settling(found):
-        fresh = ", ".join(p.checkpoint.label for p in found.pending if p.reason.startswith(SETTLING))
+        fresh = ", ".join(
+            p.checkpoint.label
+            for p in found.pending
+            if p.reason.startswith(SETTLING) and (wanted is None or p.checkpoint.label in wanted)
+        )
         say(f"waiting up to {2 * DEFAULT_SETTLE_S:g} s for checkpoint(s) {fresh}, written moments ago, to settle")
     while settling(found) and time.monotonic() < deadline:
         time.sleep(0.25)
@@ -212,10 +216,12 @@ def selection(
     return Selection(members, pairs, gone, rerun=tags.get(RERUN_TAG) == "true", unregistered=unregistered)
 
 
-def run_selection(context: dg.AssetExecutionContext, spec: PipelineSpec, outputs: EvalOutputs) -> Selection:
-    """The pairs a run of the sweep's rollouts asks for (:func:`selection`), said in its log where some are left
-    out; a run without a range is refused, naming how to register checkpoints."""
-    if not context.has_partition_key_range:
+def run_selection(
+    context: dg.AssetExecutionContext | dg.OpExecutionContext, spec: PipelineSpec, outputs: EvalOutputs
+) -> Selection:
+    """The pairs a run of the sweep's rollouts asks for (:func:`selection`; in process, or its units' plan),
+    said in its log where some are left out; a run of no partition is refused, naming how to register them."""
+    if not (context.has_partition_key or context.has_partition_key_range):
         raise CheckpointError(
             f"{spec.name}: this run names no checkpoint (none of the sweep's is registered, or none was complete "
             f"when the code location loaded); `hud-pipelines run {spec.name}` registers the complete ones and "

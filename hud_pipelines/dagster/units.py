@@ -192,9 +192,7 @@ def resolve_unit(spec: PipelineSpec, outputs: EvalOutputs, key: str) -> Unit:
 
 def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
     """The (checkpoint, instance) pairs of the run's range to run; pairs with a current result are kept."""
-    chosen = sweeps.selection(spec, outputs, context.partition_keys, context.run.tags)
-    if chosen.gone:
-        context.log.error(f"{spec.name}: checkpoint(s) {', '.join(chosen.gone)} are not (or no longer) complete")
+    chosen = sweeps.run_selection(context, spec, outputs)
     keys: list[str] = []
     environment = recorded_provenance(outputs)  # the run's, recorded by plan
     for member in chosen.members:

@@ -123,7 +123,8 @@ def rate_text(summary: Summary) -> str:
 
 
 def error_bounds_text(summary: Summary) -> str:
-    """``had the 2 errored episodes run: 43.8% to 56.3%``, or ``""`` without errored episodes."""
+    """``had the 2 errored episode(s) run: 43.8% (all failed) to 56.2% (all succeeded)``, or ``""`` without
+    errored episodes."""
     bounds = summary.error_bounds
     if bounds is None:
         return ""

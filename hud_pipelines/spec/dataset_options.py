@@ -30,7 +30,8 @@ class VideoCodec(StrEnum):
 
 class DatasetOptions(StrictModel):
     """The dataset writer's settings: what a pipeline's ``dataset:`` section asks for
-    (:meth:`~hud_pipelines.spec.sections.DatasetSpec.writer_options`), or what a ``wrap()`` caller passes."""
+    (:meth:`~hud_pipelines.spec.sections.DatasetSpec.writer_options`), or what a caller of ``DatasetBuild`` or
+    ``LeRobotDatasetSink`` passes."""
 
     cameras: CameraStorage = Field(default=CameraStorage.VIDEO, description="'video' (mp4) or 'image' (PNG)")
     codec: VideoCodec = Field(default=VideoCodec.H264, description="video codec when cameras are 'video'")

@@ -98,6 +98,10 @@ def test_torch_errors_name_the_culprit(tmp_path: Path) -> None:
         match=r"Unsupported global.*by default\. It holds pickled objects.*save module\.state_dict\(\) instead$",
     ):
         build_policy(junk.model_copy(update={"checkpoint": "whole.pt"}), contract, base_dir=tmp_path)
+    torch.save(whole, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)  # no zip, yet torch's own
+    with pytest.raises(PolicyError, match="Unsupported global") as legacy:
+        build_policy(junk.model_copy(update={"checkpoint": "legacy.pt"}), contract, base_dir=tmp_path)
+    assert "not a file torch.save writes" not in str(legacy.value), "the pickled module is the cause, not the format"
     with pytest.raises(PolicyError, match="not available"):
         resolve_device("cuda:7") if not torch.cuda.is_available() else resolve_device("nonsense")
     with pytest.raises(PolicyError, match="torch_threads"):

@@ -201,6 +201,19 @@ def test_the_jobs_default_range_is_the_registered_complete_checkpoints_in_their_
     assert sweeps.default_tags(spec) == {}, "a home that is no instance yet loads, with no range"
 
 
+def test_a_run_of_one_partition_of_a_sweep_runs_it(run: LeRobotRun, tmp_path: Path, local: Path) -> None:
+    """A pair picked alone in the UI (or by a backfill) carries a partition key and no range: it runs."""
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    defs = definitions_for_file(path, outputs_dir=local, project_dir=tmp_path)  # nothing registered: no default range
+    with dg.DagsterInstance.get() as instance:
+        sweeps.register(instance, load_pipeline(path), ["001000"])
+        done = defs.resolve_job_def("reach_sweep").execute_in_process(
+            instance=instance, partition_key="001000|near-i0", raise_on_error=False
+        )
+    assert done.success, [e.message for e in done.all_events if e.is_failure]
+    assert set(_run_ids(local)) == {"001000"}
+
+
 def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_names_the_others(
     run: LeRobotRun, tmp_path: Path, local: Path
 ) -> None:
