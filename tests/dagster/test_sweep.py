@@ -204,7 +204,8 @@ def test_the_jobs_default_range_is_the_registered_complete_checkpoints_in_their_
 def test_a_run_of_one_partition_of_a_sweep_runs_it(run: LeRobotRun, tmp_path: Path, local: Path) -> None:
     """A pair picked alone in the UI (or by a backfill) carries a partition key and no range: it runs."""
     path = _write_sweep(tmp_path, str(run.output_dir))
-    defs = definitions_for_file(path, outputs_dir=local, project_dir=tmp_path)  # nothing registered: no default range
+    # nothing registered: no default range; the project is the repository, where the child imports the sim from
+    defs = definitions_for_file(path, outputs_dir=local, project_dir=REPO)
     with dg.DagsterInstance.get() as instance:
         sweeps.register(instance, load_pipeline(path), ["001000"])
         done = defs.resolve_job_def("reach_sweep").execute_in_process(
@@ -229,7 +230,7 @@ def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_
     done = subprocess.run(
         [dagster, "job", "execute", "-m", "hud_pipelines.definitions", "-j", "reach_sweep"],
         check=False,
-        env={**os.environ, "HUD_PIPELINES_DIR": str(pipelines), "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "HUD_PIPELINES_DIR": str(pipelines), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)},
         cwd=REPO,
         capture_output=True,
         text=True,
