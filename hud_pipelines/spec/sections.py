@@ -126,45 +126,59 @@ def expand_tasks(tasks: list[TaskSpec], sim_args: Mapping[str, Any] | None = Non
     kept once, as it is, when it is exactly what its control's matrix adds. A ``variant_of`` that
     says anything else is refused (it would pair the task with a control under a change it does not
     make), and so is a matrix task whose name another task has: a perturbation arm is never dropped
-    or graded under another task's configuration. Problems are located at the file's own tasks.
+    or graded under another task's configuration. Every problem is reported at once, located at the
+    file's own tasks.
     """
     named = [t if t.name else t.model_copy(update={"name": f"task{i}"}) for i, t in enumerate(tasks)]
     require_unique([t.name for t in named], "tasks", "task")
     controls = [(index, task) for index, task in enumerate(named) if task.variant_of is None]
     added = {variant.name: variant for _, control in controls for variant in control.variants()}
-    for index, task in enumerate(named):
-        if task.variant_of is not None and added.get(task.name) != task:
-            raise spec_rule(
-                f"{index}.variant_of",
-                f"task {task.name!r} is not one that the matrix of task {task.variant_of.control!r} adds: "
-                f"'variant_of' is set by a matrix; write matrix: {{{task.variant_of.axis}: [...]}} on the control task",
-            )
+    problems = [
+        (
+            f"{index}.variant_of",
+            f"task {task.name!r} is not one that the matrix of task {task.variant_of.control!r} adds: "
+            f"'variant_of' is set by a matrix; write matrix: {{{task.variant_of.axis}: [...]}} on the control task",
+        )
+        for index, task in enumerate(named)
+        if task.variant_of is not None and added.get(task.name) != task
+    ]
+    problems += _matrix_problems(controls, sim_args or {})
+    if problems:
+        raise spec_rules(problems)
+    return [task for _, control in controls for task in (control, *control.variants())]
+
+
+def _matrix_problems(controls: list[tuple[int, TaskSpec]], sim_args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with the matrices of ``controls`` (index in the file, task): an axis of no values, a
+    value that is the control's own (that arm would be the control again), an added task whose name is taken."""
+    problems: list[tuple[str, str]] = []
     owners = {task.name: f"tasks[{index}] has already; rename that task" for index, task in controls}
-    expanded: list[TaskSpec] = []
     for index, control in controls:
-        expanded.append(control)
+        own = {**sim_args, **control.args}  # the control's build arguments: sim.args under its own
         for axis, values in control.matrix.items():
             if not values:
-                raise spec_rule(f"{index}.matrix.{axis}", "no values: give the values to try, or remove the axis")
-            own = {**(sim_args or {}), **control.args}  # the control's build arguments: sim.args under its own
-            if axis in own and any(value == own[axis] for value in values):
+                problems.append((f"{index}.matrix.{axis}", "no values: give the values to try, or remove the axis"))
+            elif axis in own and any(value == own[axis] for value in values):
                 whose = "control's own" if axis in control.args else "control's (from sim.args)"
-                raise spec_rule(
-                    f"{index}.matrix.{axis}",
-                    f"{own[axis]!r} is the {whose} value of {axis!r}: that arm would be the control again",
+                problems.append(
+                    (
+                        f"{index}.matrix.{axis}",
+                        f"{own[axis]!r} is the {whose} value of {axis!r}: that arm would be the control again",
+                    )
                 )
         for variant in control.variants():
             assert variant.variant_of is not None
             if variant.name in owners:
                 owner = owners[variant.name]
-                raise spec_rule(
-                    f"{index}.matrix.{variant.variant_of.axis}",
-                    f"the matrix adds task {variant.name!r}, a name {owner}"
-                    + (" (two values with one name)" if owner == f"tasks[{index}]'s matrix adds already" else ""),
+                problems.append(
+                    (
+                        f"{index}.matrix.{variant.variant_of.axis}",
+                        f"the matrix adds task {variant.name!r}, a name {owner}"
+                        + (" (two values with one name)" if owner == f"tasks[{index}]'s matrix adds already" else ""),
+                    )
                 )
             owners[variant.name] = f"tasks[{index}]'s matrix adds already"
-            expanded.append(variant)
-    return expanded
+    return problems
 
 
 # -- dataset --------------------------------------------------------------------------------------
