@@ -63,6 +63,9 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 """How long a client may stay silent after its hello (longer than a slow policy's forward)."""
 CLOSING_WAIT_S = 5.0
 """How long a new connection waits for a closing one to let go of the sim before it gets a 409."""
+CLOSE_NOTICE_S = 0.5
+"""How long a new connection waits for the reader of the driving one to read its close: a client that closes
+and reconnects at once can reach the server before its close frame is read, and would get a 409 for itself."""
 CLOSE_TIMEOUT_S = 1.0
 """How long a closing connection waits for the peer's close frame before the socket is dropped."""
 
@@ -228,9 +231,10 @@ class SimServer:
         """Refuse a connection before the WebSocket handshake: 401 without the token, 409 when busy.
 
         A connection that arrives while the previous one is closing (its close frame, its ``close``
-        request or its EOF has been read) waits up to :data:`CLOSING_WAIT_S` for it to let go, so a
-        client may close and reconnect at once; only a sim still busy after that (a request of the
-        old connection still running in the env) is a 409. An admitted connection drives the sim.
+        request or its EOF has been read, or is read within :data:`CLOSE_NOTICE_S`) waits up to
+        :data:`CLOSING_WAIT_S` for it to let go, so a client may close and reconnect at once; only a sim
+        still busy after that (a request of the old connection still running in the env) is a 409. An
+        admitted connection drives the sim.
         """
         offered = _bearer(request.headers.get("Authorization"))
         if offered is None:
@@ -239,6 +243,9 @@ class SimServer:
             log.warning("refused a connection from %s: missing or wrong token", connection.peer)
             return connection.protocol.reject(HTTPStatus.UNAUTHORIZED, "missing or wrong capability token\n")
         with self._state:
+            noticed_by = time.monotonic() + min(CLOSE_NOTICE_S, max(deadline - time.monotonic(), 0.0))
+            while self._driver is not None and not self._driver.leaving and time.monotonic() < noticed_by:
+                self._state.wait(0.01)  # ``leaving`` is set by the reader without notifying: look again soon
             driver = self._driver
             if driver is not None and driver.leaving:
                 wait_s = min(CLOSING_WAIT_S, max(deadline - time.monotonic(), 0.0))

@@ -19,13 +19,17 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import msgpack
 import numpy as np
 import pytest
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Close
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
+from websockets.uri import parse_uri
 
 from hud_pipelines.errors import (
     RemoteError,
@@ -450,42 +454,61 @@ def test_a_frame_over_the_size_limit_closes_the_connection_cleanly(sim: SimProce
     assert_serving(sim)
 
 
+def _sans_io_client(sim: SimProcess, sock: socket.socket) -> tuple[ClientProtocol, Callable[[], None]]:
+    """A client that has said hello on ``sock``, and what sends its pending bytes: it closes only when told."""
+    protocol = ClientProtocol(parse_uri(sim.url), max_size=None)
+    request = protocol.connect()
+    request.headers["Authorization"] = f"Bearer {sim.token}"
+    protocol.send_request(request)
+
+    def flush() -> None:
+        for chunk in protocol.data_to_send():
+            sock.sendall(chunk)
+
+    def exchange() -> None:
+        flush()
+        protocol.receive_data(sock.recv(1 << 20))
+        protocol.events_received()
+
+    exchange()  # the handshake's response
+    protocol.send_binary(packb({"type": "hello", "protocol": PROTOCOL_VERSION, "framing": "batched"}))
+    exchange()
+    return protocol, flush
+
+
+def _sim_socket(sim: SimProcess) -> socket.socket:
+    where = urlsplit(sim.url)
+    return socket.create_connection((where.hostname, where.port), timeout=10)
+
+
 def test_a_client_that_reconnects_the_moment_its_oversized_frame_is_refused_is_admitted(sim: SimProcess) -> None:
     """The server closes with 1009 by itself; the connection is leaving from then on, not once the
     client's close echo arrives, so a new connection waits for the old one instead of a 409."""
-    from urllib.parse import urlsplit
-
-    from websockets.client import ClientProtocol
-    from websockets.frames import Close
-    from websockets.uri import parse_uri
-
-    where = urlsplit(sim.url)
-    with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
-        protocol = ClientProtocol(parse_uri(sim.url), max_size=None)
-        request = protocol.connect()
-        request.headers["Authorization"] = f"Bearer {sim.token}"
-        protocol.send_request(request)
-
-        def exchange() -> list[object]:
-            for chunk in protocol.data_to_send():
-                sock.sendall(chunk)
-            protocol.receive_data(sock.recv(1 << 20))
-            return list(protocol.events_received())
-
-        exchange()  # the handshake's response
-        protocol.send_binary(packb({"type": "hello", "protocol": PROTOCOL_VERSION, "framing": "batched"}))
-        exchange()
+    with _sim_socket(sim) as sock:
+        protocol, flush = _sans_io_client(sim, sock)
         protocol.send_binary(packb({"type": "reset", "seq": 1, "task": [{"seed": 0}]}))
-        exchange()
+        flush()
+        protocol.receive_data(sock.recv(1 << 20))
         protocol.send_binary(packb({"type": "step", "seq": 2, "action": np.zeros((1, MAX_FRAME_BYTES // 4 + 10))}))
-        for chunk in protocol.data_to_send():
-            sock.sendall(chunk)
+        flush()
         while protocol.close_rcvd is None:  # the server's 1009; this client never sends its close back
             protocol.receive_data(sock.recv(1 << 20))
         assert isinstance(protocol.close_rcvd, Close)
         assert protocol.close_rcvd.code == 1009
         with sim.connect() as client:  # at once, while the old connection still waits for the echo
             assert client.reset({"seed": 3}).status == ["running"]
+
+
+def test_a_client_that_closes_and_reconnects_at_once_is_admitted_every_time(sim: SimProcess) -> None:
+    """Its close frame and its next connection reach the server together: the new connection waits for the
+    reader of the old one to read that close (``CLOSE_NOTICE_S``) rather than getting a 409 for itself."""
+    for attempt in range(10):
+        with _sim_socket(sim) as sock:
+            protocol, flush = _sans_io_client(sim, sock)
+            protocol.send_close()
+            flush()
+            with sim.connect() as client:  # the old socket still open, its close not yet answered
+                assert client.reset({"seed": attempt}).status == ["running"]
 
 
 def test_a_replayed_or_out_of_order_request_is_refused_and_never_applied(sim: SimProcess) -> None:
