@@ -4,7 +4,8 @@ A task with ``matrix: {difficulty: [0.2, 0.5, 0.8]}`` is the control arm; the sp
 value (:meth:`~hud_pipelines.spec.sections.TaskSpec.variants`) that changes that one build argument
 and keeps the seeds, so every perturbed episode has an unperturbed twin. The table says, per axis and
 value, the success rate with its 95% Wilson interval and denominators, and the paired comparison with
-the control (McNemar's exact test on the twins, the difference with its interval, a verdict).
+the control (McNemar's exact test on the twins, the control's rate on them, the difference with its
+interval, a verdict).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ COLUMNS = (
     "ci_low",
     "ci_high",
     "vs_control",
+    "control_on_pairs",
     "diff",
     "diff_low",
     "diff_high",
@@ -54,6 +56,9 @@ class AxisRow(RateFigures):
     value: str
     task: str
     vs_control: str = ""
+    control_on_pairs: float | None = None
+    """The control's success rate on the paired episodes, the ones ``diff`` compares (its own row's rate also
+    counts episodes whose twin errored, so the two rates in the table may differ by more than ``diff``)."""
     diff: float | None = None
     diff_low: float | None = None
     diff_high: float | None = None
@@ -109,6 +114,9 @@ def perturbation_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[Axi
                 dataclasses.replace(
                     _figures(task.name, variant.variant_of.axis, str(variant.variant_of.value), variant.name, mine),
                     vs_control=result.verdict.value if result.pairs else "no paired episodes",
+                    control_on_pairs=(result.both_succeeded + result.only_baseline) / result.pairs
+                    if result.pairs
+                    else None,
                     diff=result.success_difference,
                     diff_low=low,
                     diff_high=high,

@@ -69,6 +69,10 @@ def test_the_per_axis_table_pairs_each_value_with_the_control(tmp_path: Path, mo
     assert float(row["p"]) == pytest.approx(expected_p)
     assert row["vs_control"] == "better", "a reach of 1.5 from the origin succeeds where 0.6 mostly does not"
     assert float(table[1]["diff"]) <= 0
+    on_pairs = sum(control.values()) / len(control)
+    assert float(row["control_on_pairs"]) == pytest.approx(on_pairs), "the control's rate on the twins"
+    assert float(row["diff"]) == pytest.approx(sum(large.values()) / len(large) - on_pairs)
+    assert table[0]["control_on_pairs"] == "", "the control's own row pairs with nothing"
     assert "## Perturbations" in (base / "report.md").read_text()
     page = (base / "report.html").read_text()
     section = page[page.index('<section id="perturbations">') :].split("</section>", 1)[0]
