@@ -23,6 +23,10 @@ PROCESSOR_FILES = ("policy_preprocessor.json", "policy_postprocessor.json")
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, *PROCESSOR_FILES)
 """What a lerobot checkpoint needs to load, besides the state files its processors name."""
 HASH_CHUNK_BYTES = 1 << 20
+ZIP_MAGIC = b"PK\x03\x04"
+"""How a file ``torch.save`` writes (a zip archive) begins."""
+PICKLE_PROTO = b"\x80"
+"""How a legacy ``torch.save`` file (a pickle stream) begins."""
 
 SETTLING = "still being written"
 """The reason of a checkpoint whose files are all there but changed within the settle time."""
@@ -86,9 +90,28 @@ def _torch_file_reason(path: Path, settle_s: float) -> str | None:
     settling = _settling(path, settle_s)
     if settling is not None:
         return settling
+    return _cut_short(path, _head(path))
+
+
+def torch_file_problem(path: Path) -> str | None:
+    """What makes ``path`` no file ``torch.save`` writes, seen from its bytes alone (no torch import): it is
+    empty, a zip archive cut short, or neither a zip archive nor a legacy save (which begins with a pickle's
+    protocol opcode). Torch's own reading may still refuse it (pickled objects, not tensors)."""
+    if path.stat().st_size == 0:
+        return f"{path.name} is empty"
+    head = _head(path)
+    if head != ZIP_MAGIC and head[:1] != PICKLE_PROTO:
+        return f"{path.name} is not a file torch.save writes (neither a zip archive nor a legacy pickle)"
+    return _cut_short(path, head)
+
+
+def _head(path: Path) -> bytes:
     with path.open("rb") as stream:
-        zipped = stream.read(4) == b"PK\x03\x04"
-    if zipped and not zipfile.is_zipfile(path):
+        return stream.read(4)
+
+
+def _cut_short(path: Path, head: bytes) -> str | None:
+    if head == ZIP_MAGIC and not zipfile.is_zipfile(path):
         return f"{path.name} is truncated (its zip archive has no end record)"
     return None
 

@@ -280,6 +280,16 @@ def _contract_problems(spec: PipelineSpec, document: YamlDocument) -> list[Probl
     return []
 
 
+def _torch_checkpoint_problem(path: Path) -> str | None:
+    """A torch checkpoint that is missing, or whose bytes are no torch.save file (one look, no torch import)."""
+    from hud_pipelines.agent.checkpoint_files import torch_file_problem
+
+    if not path.is_file():
+        return f"checkpoint {path} does not exist"
+    problem = torch_file_problem(path)
+    return None if problem is None else f"checkpoint {path}: {problem}"
+
+
 def _policy_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     policy = spec.resolved_agent().policy
     where: KeyPath = ("agent", "policy")
@@ -291,8 +301,10 @@ def _policy_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem
         else:
             problems += _target_argument_problems(policy.target, policy.args, (*where, "args"), document)
     checkpoint = policy.checkpoint if isinstance(policy, TorchPolicyConfig) else None
-    if checkpoint is not None and not Path(checkpoint).is_file():
-        problems.append(document.problem((*where, "checkpoint"), f"checkpoint {checkpoint} does not exist"))
+    if checkpoint is not None:
+        problem = _torch_checkpoint_problem(Path(checkpoint))
+        if problem is not None:
+            problems.append(document.problem((*where, "checkpoint"), problem))
     if isinstance(policy, LeRobotPolicyConfig) and policy.path is not None and not Path(policy.path).is_dir():
         problems.append(document.problem((*where, "path"), f"LeRobot policy folder {policy.path} does not exist"))
     return problems

@@ -293,3 +293,28 @@ def test_a_factory_typo_is_reported_beside_the_files_other_problems(write_yaml: 
     with pytest.raises(SpecError) as caught:
         load_pipeline(write_yaml(text, "shallow.yaml"), deep=False)
     assert [p.path for p in caught.value.problems] == ["name"]
+
+
+def test_a_torch_checkpoint_that_is_no_torch_save_file_is_found_before_a_run(write_yaml: WriteYaml) -> None:
+    """Its bytes are read, not loaded (torch is not imported): empty, a zip archive cut short, or neither
+    a zip archive nor a legacy pickle; a file torch.save wrote passes."""
+    import torch
+
+    write_yaml("class Net:\n    pass\n", "nets.py")
+    saved = write_yaml("", "weights/saved.pt")
+    torch.save({"w": torch.zeros(2)}, saved)
+    bad = {
+        "empty.pt": (b"", "empty.pt is empty"),
+        "notes.pt": (b"not a checkpoint\n", "notes.pt is not a file torch.save writes"),
+        "cut.pt": (saved.read_bytes()[:64], "cut.pt is truncated (its zip archive has no end record)"),
+    }
+    for name, (content, message) in bad.items():
+        (saved.parent / name).write_bytes(content)
+        path = write_yaml(pipeline(f"{{kind: torch, target: nets.py:Net, checkpoint: weights/{name}}}"), "bad.yaml")
+        with pytest.raises(SpecError) as raised:
+            load_pipeline(path, deep=True)
+        [problem] = raised.value.problems
+        assert problem.path == "agent.policy.checkpoint"
+        assert message in problem.message
+    good = write_yaml(pipeline("{kind: torch, target: nets.py:Net, checkpoint: weights/saved.pt}"), "good.yaml")
+    assert load_pipeline(good, deep=True).name == "deep"
