@@ -29,6 +29,7 @@ GRADE_COLUMNS: list[tuple[str, str]] = [
     ("success", "bool"),
     ("total_reward", "float"),
     ("steps", "int"),
+    ("ended", "string"),
     ("error", "string"),
     ("fault", "string"),
     ("run_id", "string"),

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hud_pipelines.errors import Fault
-from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.recording.events import EpisodeEnd, EpisodeStatus
 
 Z_95 = 1.959963984540054
 
@@ -49,6 +49,8 @@ class GradeRow:
     """The checkpoint of a sweep this row evaluated (its label); ``None`` outside sweeps."""
     success_reported: bool | None = None
     """Whether the env gave a success signal in this episode (``None``: not known, as for rows that never ran)."""
+    ended: EpisodeEnd | None = None
+    """How an answered episode ended: ``terminated`` by the env, or ``truncated`` (a time limit, ``max_steps``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The row as grades.json and grades.csv hold it: an errored row's score is ``null`` (it has none: a
@@ -56,6 +58,7 @@ class GradeRow:
         row = asdict(self)
         row["status"] = self.status.value
         row["fault"] = None if self.fault is None else self.fault.value
+        row["ended"] = None if self.ended is None else self.ended.value
         if self.status is EpisodeStatus.ERRORED:
             row["score"] = None
         return row
@@ -67,6 +70,7 @@ class GradeRow:
             **row,
             "status": EpisodeStatus(row["status"]),
             "fault": Fault(fault) if fault else None,
+            "ended": EpisodeEnd(ended) if (ended := row.get("ended")) else None,
             "score": 0.0 if row.get("score") is None else row["score"],  # never read: errored rows count no score
         }
         return cls(**fields)

@@ -307,6 +307,7 @@ class EvalRunner:
             fault=outcome.fault if errored else None,
             run_id=self.run_id,
             success_reported=outcome.success_reported,
+            ended=outcome.ended,
         )
 
 

@@ -38,6 +38,15 @@ class EpisodeStatus(StrEnum):
     """Ended on a fault (the outcome's ``fault`` says which); it has no grade."""
 
 
+class EpisodeEnd(StrEnum):
+    """How an answered episode came to its end: what a failure was, the task's own end or the clock's."""
+
+    TERMINATED = "terminated"
+    """The env ended it (the task's end: the goal reached, a fall, an object off the table)."""
+    TRUNCATED = "truncated"
+    """Time ran out: the env's time limit, or the pipeline's ``max_steps``."""
+
+
 @dataclass(frozen=True)
 class EpisodeKey:
     """Identifies one slot's episode within a job; ``trace_id`` is deterministic from it."""
@@ -108,6 +117,15 @@ class EpisodeOutcome:
     """Whether the env reported success on the episode's last step. ``success`` (before a grader
     decides it) is success at *any* step, as lerobot counts it; a task that must hold its goal grades
     on this one instead (``kind: success, at: end``), as ManiSkill's ``success_at_end`` does."""
+
+    @property
+    def ended(self) -> EpisodeEnd | None:
+        """How the episode ended (``None`` for an errored one: a fault ended it)."""
+        if self.status is EpisodeStatus.ERRORED:
+            return None
+        if self.terminated:  # gymnasium's rule: a step that is both is the task's end
+            return EpisodeEnd.TERMINATED
+        return EpisodeEnd.TRUNCATED if self.truncated else None
 
 
 @dataclass(frozen=True)

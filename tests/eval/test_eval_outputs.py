@@ -15,7 +15,7 @@ from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.seed_check import seed_warning
 from hud_pipelines.eval.steps import evaluate
-from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.recording.events import EpisodeEnd, EpisodeStatus
 from hud_pipelines.spec.loader import load_pipeline_text
 from hud_pipelines.spec.models import Partition
 from tests.conftest import signal_state
@@ -531,3 +531,24 @@ def test_adding_or_editing_a_task_leaves_the_other_tasks_results_current(
     assert {(row.fault, row.run_id) for row in rows if row.task == "near"} == {(None, first.run_id)}
     rows = collect_rows(reseeded, outputs, current=CurrentBy(environment=provenance.for_run(reseeded)))
     assert {row.fault for row in rows if row.task == "near"} == {Fault.NOT_RUN}, "the pipeline's hash changed"
+
+
+def test_the_grades_say_how_each_answered_episode_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A success of Reach2D ends the episode (terminated); a miss runs into ``max_steps`` (truncated); the
+    column is in grades.csv and survives grades.json."""
+    import csv
+
+    monkeypatch.chdir(REPO)
+    sim = {"factory": "tests.eval.sweep_sims:Reach2D", "num_envs": 4, "args": {"reach": 0.9}}
+    fields = {"name": "reach_ends", "sim": sim, "agent": {"policy": {"kind": "constant", "value": [0.0, 0.0]}}}
+    spec = load_pipeline_text(json.dumps({**fields, "max_steps": 3, "group": 4}))
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    succeeded = [row.success for row in evaluation.rows]
+    assert 0 < sum(succeeded) < len(succeeded), "both ends happen: the test would tell nothing otherwise"
+    assert [row.ended for row in evaluation.rows] == [
+        EpisodeEnd.TERMINATED if success else EpisodeEnd.TRUNCATED for success in succeeded
+    ]
+    table = list(csv.DictReader(evaluation.outputs.grades_csv.read_text().splitlines()))
+    assert [line["ended"] for line in table] == [str(row.ended) for row in evaluation.rows]
+    stored = json.loads(evaluation.outputs.grades_json.read_text())
+    assert [GradeRow.from_dict(row) for row in stored] == list(evaluation.rows)
