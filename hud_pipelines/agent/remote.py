@@ -30,7 +30,7 @@ from websockets.sync.client import ClientConnection, connect
 from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chunks
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import PolicyError, WireError
+from hud_pipelines.errors import PolicyError, PolicyTimeoutError, WireError
 from hud_pipelines.spec.agent import RemotePolicyConfig
 from hud_pipelines.spec.problems import did_you_mean
 from hud_pipelines.wire.codec import Layout, is_map, packb, unpackb
@@ -64,25 +64,9 @@ class RemotePolicy(BasePolicy, Closeable):
         self.keys = {name: dict(rename or {}).get(name, name) for name in features}
         self.prompt_key = prompt_key
         self._lock = threading.Lock()
-        headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
-        try:
-            self._ws: ClientConnection = connect(
-                url,
-                additional_headers=headers,
-                compression=None,
-                max_size=None,
-                open_timeout=timeout_s,
-                ping_interval=None,  # a busy server may not answer pings; timeout_s bounds every call
-                legacy=True,
-            )
-        except InvalidStatus as exc:
-            raise PolicyError(
-                f"the policy server at {url} refused the connection: HTTP {exc.response.status_code}"
-            ) from exc
-        except (OSError, TimeoutError, WebSocketException) as exc:
-            raise PolicyError(f"cannot connect to the policy server at {url}: {exc}") from exc
-        metadata = self._receive("the metadata frame")
-        self.metadata: dict[str, Any] = metadata if is_map(metadata) else {"metadata": metadata}
+        self._headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
+        self._ws: ClientConnection | None = None
+        self.metadata: dict[str, Any] = self._connect()
 
     @classmethod
     def from_config(cls, config: RemotePolicyConfig, contract: Contract) -> RemotePolicy:
@@ -115,8 +99,7 @@ class RemotePolicy(BasePolicy, Closeable):
         return _stack_chunks(chunks)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, WebSocketException):
-            self._ws.close()
+        self._drop()
 
     # -- plumbing ------------------------------------------------------------------------------------
 
@@ -125,23 +108,61 @@ class RemotePolicy(BasePolicy, Closeable):
         request[self.prompt_key] = prompt
         return request
 
-    def _call(self, request: dict[str, Any]) -> npt.NDArray[np.float32]:
+    def _connect(self) -> dict[str, Any]:
+        """Open the connection and read its metadata frame (what the server says of its policy)."""
         try:
-            self._ws.send(packb(request, Layout.OPENPI))
-        except (ConnectionClosed, OSError) as exc:
-            raise PolicyError(f"the policy server at {self.url} went away: {exc}") from exc
-        reply = self._receive("an inference reply")
+            self._ws = connect(
+                self.url,
+                additional_headers=self._headers,
+                compression=None,
+                max_size=None,
+                open_timeout=self.timeout_s,
+                ping_interval=None,  # a busy server may not answer pings; timeout_s bounds every call
+                legacy=True,
+            )
+        except InvalidStatus as exc:
+            raise PolicyError(
+                f"the policy server at {self.url} refused the connection: HTTP {exc.response.status_code}"
+            ) from exc
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            raise PolicyError(f"cannot connect to the policy server at {self.url}: {exc}") from exc
+        try:
+            metadata = self._receive(self._ws, "the metadata frame")
+        except BaseException as exc:
+            self._drop()
+            if isinstance(exc, PolicyTimeoutError):  # a server that never says what it serves is unusable
+                raise PolicyError(str(exc)) from exc
+            raise
+        return metadata if is_map(metadata) else {"metadata": metadata}
+
+    def _call(self, request: dict[str, Any]) -> npt.NDArray[np.float32]:
+        """One request and its reply. The protocol numbers nothing, so a call that did not read its own reply
+        (a timeout, an error frame, a broken frame) leaves the connection one reply behind: it is dropped, and
+        the next call opens a new one, rather than take the late reply of this one for its own."""
+        if self._ws is None:
+            self._connect()
+        assert self._ws is not None
+        try:
+            try:
+                self._ws.send(packb(request, Layout.OPENPI))
+            except (ConnectionClosed, OSError) as exc:
+                raise PolicyError(f"the policy server at {self.url} went away: {exc}") from exc
+            reply = self._receive(self._ws, "an inference reply")
+        except BaseException:
+            self._drop()
+            raise
         if not is_map(reply) or "actions" not in reply:
             keys = sorted(map(str, reply)) if is_map(reply) else type(reply).__name__
             raise PolicyError(f"the policy server at {self.url} replied without 'actions' (got {keys})")
         return np.asarray(reply["actions"], dtype=np.float32)
 
-    def _receive(self, what: str) -> Any:
+    def _receive(self, ws: ClientConnection, what: str) -> Any:
         try:
-            frame = self._ws.recv(timeout=self.timeout_s)
+            frame = ws.recv(timeout=self.timeout_s)
         except TimeoutError as exc:
-            raise PolicyError(
-                f"the policy server at {self.url} did not send {what} within {self.timeout_s:g} s"
+            raise PolicyTimeoutError(
+                f"the policy server at {self.url} did not send {what} within {self.timeout_s:g} s (timeout_s)",
+                deadline_s=self.timeout_s,
             ) from exc
         except (ConnectionClosed, OSError) as exc:
             raise PolicyError(f"the policy server at {self.url} went away while we waited for {what}: {exc}") from exc
@@ -151,6 +172,12 @@ class RemotePolicy(BasePolicy, Closeable):
             return unpackb(frame)
         except WireError as exc:
             raise PolicyError(f"the policy server at {self.url} sent a malformed frame: {exc}") from exc
+
+    def _drop(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(OSError, WebSocketException):
+                ws.close()
 
 
 def _stack_chunks(chunks: list[Actions]) -> Actions:

@@ -223,7 +223,8 @@ def _build(
 
     @eval_asset(
         "grades",
-        f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, how it ended, status, fault, run.",
+        f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, how it ended, status, "
+        "fault, run.",
         deps=[instances_key],
         resources={graders_key},
     )

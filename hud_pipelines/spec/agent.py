@@ -156,7 +156,12 @@ class RemotePolicyConfig(StrictModel):
         description="sent as the Authorization header when set (write `${VAR}` to keep it out of git); a "
         "credential, not an input: never printed, and changing it keeps earlier results",
     )
-    timeout_s: Float = Field(default=60.0, gt=0, description="deadline of one inference call")
+    timeout_s: Float = Field(
+        default=60.0,
+        gt=0,
+        description="deadline of one inference call: the episodes waiting on it end as errored (policy timeout), "
+        "the instance fails, and the next call opens a new connection",
+    )
     batched: bool = Field(
         default=False,
         description="send one request per batch with a leading batch axis; by default one request per slot "

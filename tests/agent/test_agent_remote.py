@@ -152,6 +152,36 @@ def test_server_errors_and_bad_replies_are_policy_errors() -> None:
         RemotePolicy(url, contract, timeout_s=2)
 
 
+def test_a_reply_that_misses_its_deadline_is_never_taken_for_the_next_requests() -> None:
+    """The protocol numbers no request: after a timeout the connection is one reply behind, so it is
+    dropped and the next call gets its own answer on a new one (it got the late reply before)."""
+    import time
+
+    from hud_pipelines.errors import Fault, PolicyTimeoutError, fault_of
+
+    def infer(observation: dict[str, Any]) -> np.ndarray:
+        if observation["state"][0] == 7:
+            time.sleep(1.5)  # past the client's deadline
+        return np.full((1, 1), observation["state"][0], dtype=np.float32)
+
+    server = PolicyServer(infer)
+    try:
+        with RemotePolicy(server.url, countdown_contract(), timeout_s=0.5) as policy:
+
+            def ask(value: float) -> float:
+                batch = PolicyBatch(observation={"state": np.full((1, 2), value, np.float32)}, prompts=[""])
+                return float(policy.infer(batch)[0, 0, 0])
+
+            assert ask(1) == 1
+            with pytest.raises(PolicyTimeoutError, match=r"did not send an inference reply within 0.5 s") as late:
+                ask(7)
+            assert fault_of(late.value) is Fault.POLICY_TIMEOUT, "the fault forward_timeout_s gives: the instance fails"
+            assert [ask(value) for value in (2, 3)] == [2, 3], "each call its own reply, not the one before"
+    finally:
+        server.close()
+    assert len(server.headers) == 2, "one new connection after the timeout"
+
+
 def test_a_rename_of_no_feature_and_a_url_without_its_scheme_are_refused_before_connecting() -> None:
     import pydantic
 
