@@ -53,7 +53,7 @@ from hud_pipelines.errors import PolicyError, PolicyTimeoutError, RolloutTimeout
 from hud_pipelines.spec.agent import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
 
 
-@dataclass
+@dataclass(eq=False)  # a call is itself: `call in self._running` must never compare two calls' arrays
 class _Call:
     batch: PolicyBatch
     arrived: float

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Generator
+import time
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -302,6 +303,37 @@ def test_a_forward_past_its_deadline_fails_its_callers_only_and_later_forwards_s
             model.infer(PolicyBatch(observation=observation, prompts=["stuck"]))
         answered = model.infer(PolicyBatch(observation=observation, prompts=["fine"]))  # not queued behind it
         assert answered.shape == (1, 1, 1)
+    finally:
+        release.set()
+
+
+def test_every_caller_of_a_shared_forward_that_hangs_gets_the_timeout_or_the_abort() -> None:
+    """Two callers in one forward: each is given up on by its own deadline, or by the run's abort, with the
+    error that says so (a caller looked for among the others compared their arrays and failed with a
+    ValueError, so its episodes errored as the policy's fault)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hud_pipelines.errors import PolicyTimeoutError, RunAborted
+
+    release = threading.Event()
+
+    class Stuck:
+        def infer(self, batch: PolicyBatch) -> np.ndarray:
+            release.wait(60)
+            return np.zeros((batch.size, 1, 1), dtype=np.float32)
+
+    def callers(model: BatchedModel, then: Callable[[], None] = lambda: None) -> list[BaseException | None]:
+        with ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(model.infer, rows([float(i), float(i + 1)])) for i in range(2)]
+            then()
+            return [call.exception(timeout=30) for call in calls]
+
+    try:
+        timed = BatchedModel(Stuck(), expected_callers=2, forward_timeout_s=0.5, max_wait_s=LONG_WINDOW_S)
+        assert [type(e) for e in callers(timed)] == [PolicyTimeoutError, PolicyTimeoutError]
+        aborted = BatchedModel(Stuck(), expected_callers=2, max_wait_s=LONG_WINDOW_S)
+        errors = callers(aborted, lambda: (time.sleep(0.5), aborted.abort("the run was interrupted")))
+        assert [type(e) for e in errors] == [RunAborted, RunAborted]
     finally:
         release.set()
 
