@@ -173,7 +173,8 @@ def run_pipeline(
         problems.insert(
             0,
             f"run interrupted by {interrupted.name} after {len(finished)} of {units} instance(s); "
-            f"the instances it did not finish keep their earlier results, if any{rest}",
+            f"the instances it did not finish keep their earlier results (one without records the episodes it "
+            f"finished){rest}",
         )
     succeeded = result is not None and result.success and interrupted is None
     this_run = [row for row in rows if row.run_id == run_id]

@@ -88,12 +88,19 @@ def rollouts_step(
 
     def ended(result: InstanceResult) -> None:
         result = dataclasses.replace(result, provenance=provenance_of_run())
+        if result.fault is Fault.INTERRUPTED:  # cut short: kept as _record_interrupted would, with what it finished
+            if not outputs.result(result.key).is_file():
+                _keep(result)
+            return
         finished.add(result.key)
+        _keep(result)
+        if on_result is not None:
+            on_result(result)
+
+    def _keep(result: InstanceResult) -> None:
         result.write(outputs.result(result.key))
         if shards is not None:
             shards.commit(result.key)
-        if on_result is not None:
-            on_result(result)
 
     runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", run_id=run_id, sinks=sinks, on_result=ended)
     try:
@@ -110,7 +117,9 @@ def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, c
     """Write ``interrupted`` results for the instances a cancelled run did not finish.
 
     An instance that already has a result from an earlier run keeps it, whatever configuration made
-    it: that work was finished, and the run that was cut short measured nothing to replace it with.
+    it: that work was finished, and the run that was cut short measured nothing to replace it with
+    (an instance it cut short mid-way, one without, has its result already: its ended episodes
+    graded, the others ``interrupted``).
     One of another configuration still reads as not run (stale) in the grades; putting the
     configuration back makes it current again.
     """

@@ -30,7 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,8 +162,19 @@ class EvalRunner:
                     future.cancel()
                 model.abort("the run was interrupted")
                 self.pool.close(grace_s=0)
+                self._report_cut_short([f for f, p in futures.items() if p not in results])
                 raise
         return [results[p] for p in partitions]
+
+    def _report_cut_short(self, futures: list[Future[InstanceResult]]) -> None:
+        """Hand on the results of the instances the interrupt cut short, once their workers return (their sims
+        are gone, their policy calls woken: at once): the episodes that had ended keep their grades."""
+        if self.on_result is None:
+            return
+        wait(futures)
+        for future in futures:
+            if not future.cancelled() and future.exception() is None:
+                self.on_result(future.result())
 
     # -- one instance ----------------------------------------------------------------------------------
 
@@ -238,6 +249,8 @@ class EvalRunner:
             rows = [self._row(partition, slot, keys[slot], outcome) for slot, outcome in enumerate(outcomes)]
         if failure is not None and self._interrupted:  # its sim was stopped by the interrupt: recorded as such
             log.info("instance %s of %s stopped by the interrupt (%s)", key, spec.name, failure[0])
+            failure = (f"the run was interrupted before instance {key} finished", Fault.INTERRUPTED)
+            rows = [_interrupted(row, failure[0]) for row in rows]
         elif failure is not None:
             log.error("instance %s of %s failed (%s): %s", key, spec.name, failure[1].value, failure[0])
         return InstanceResult.of(
@@ -328,6 +341,13 @@ def _deadline(live: LiveSim, seconds: float) -> Generator[threading.Event]:
         yield expired
     finally:
         timer.cancel()
+
+
+def _interrupted(row: GradeRow, reason: str) -> GradeRow:
+    """A row as the interrupt left it: one its stop ended is ``interrupted``; one that ended before keeps its grade."""
+    if row.fault is None or not row.fault.ends_instance:
+        return row
+    return dataclasses.replace(row, error=reason, fault=Fault.INTERRUPTED)
 
 
 def _instance_failure(outcomes: Sequence[EpisodeOutcome]) -> tuple[str, Fault] | None:

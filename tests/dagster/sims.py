@@ -22,11 +22,13 @@ class _Scripted(gym.Wrapper[Any, Any, Any, Any]):
         crash_seeds: list[int],
         crash_file: str | None,
         stall_seeds: list[int],
+        short_seeds: list[int],
         at_step: int,
     ) -> None:
         super().__init__(env)
         self.crash_seeds = set(crash_seeds)
         self.stall_seeds = set(stall_seeds)
+        self.short_seeds = set(short_seeds)
         self.crash_file = crash_file
         self.at_step = at_step
         self.seed: int | None = None
@@ -45,7 +47,8 @@ class _Scripted(gym.Wrapper[Any, Any, Any, Any]):
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.seed in self.stall_seeds:
                 time.sleep(3600)
-        return self.env.step(action)
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        return observation, reward, terminated or self.seed in self.short_seeds, truncated, info
 
 
 def cartpole(
@@ -53,11 +56,13 @@ def cartpole(
     crash_seeds: list[int] | None = None,
     crash_file: str | None = None,
     stall_seeds: list[int] | None = None,
+    short_seeds: list[int] | None = None,
     at_step: int = 5,
     label: str = "",
 ) -> gym.Env[Any, Any]:
     """CartPole-v1 that appends its process id to ``pid_log`` and kills (or stalls) its own process
-    at ``at_step`` of an episode whose seed is listed (crashes only while ``crash_file`` exists, if given).
+    at ``at_step`` of an episode whose seed is listed (crashes only while ``crash_file`` exists, if given);
+    an episode of a seed in ``short_seeds`` ends (terminated) after its first step.
 
     ``label`` does nothing: it lands on the sim's command line, where a test finds its processes."""
     if pid_log is not None:
@@ -65,7 +70,12 @@ def cartpole(
             log.write(f"{os.getpid()}\n")
     env = gym.make("CartPole-v1")
     return _Scripted(
-        env, crash_seeds=crash_seeds or [], crash_file=crash_file, stall_seeds=stall_seeds or [], at_step=at_step
+        env,
+        crash_seeds=crash_seeds or [],
+        crash_file=crash_file,
+        stall_seeds=stall_seeds or [],
+        short_seeds=short_seeds or [],
+        at_step=at_step,
     )
 
 

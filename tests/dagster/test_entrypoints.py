@@ -332,6 +332,45 @@ def test_cancelling_a_run_leaves_no_sim_behind(
             run.wait()
 
 
+def test_an_instance_the_interrupt_cuts_short_keeps_the_episodes_it_had_finished(
+    write_pipeline: WritePipeline, pipelines_dir: Path, outputs_dir: Path, tmp_path: Path, label: str
+) -> None:
+    """Slot 1 (seed 1) ends at its first step, slot 0 (seed 0) stalls at its fifth; a SIGTERM then ends the
+    run: the finished episode keeps its grade, the stalled one is ``interrupted`` (both were ``interrupted``)."""
+    sim = {"args": {"stall_seeds": [0], "short_seeds": [1]}}
+    write_pipeline("cut", group=1, rollout_timeout_s=600, dataset={"enabled": False}, sim=sim)
+    log = tmp_path / "run.log"
+    with log.open("w") as output:
+        run = subprocess.Popen(
+            [str(BIN / "hud-pipelines"), "run", "cut", "--quiet"],
+            env=_env(pipelines_dir, outputs_dir, tmp_path / "home"),
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        traces = EvalOutputs(outputs_dir, "cut").base / "traces"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any('"grade"' in t.read_text() for t in traces.rglob("*.jsonl")):
+            time.sleep(0.2)  # until the short episode's trace has its grade: slot 0 stalls by then
+        time.sleep(0.5)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+        rows = json.loads(EvalOutputs(outputs_dir, "cut").grades_json.read_text())
+        assert [(r["seed"], r["status"], r["fault"], r["steps"]) for r in rows] == [
+            (0, "errored", "interrupted", 4),
+            (1, "failed", None, 1),
+        ], log.read_text()[-3000:]
+        printed = log.read_text()
+        assert "scheduled 2 = succeeded 0 + failed 1 + errored 1" in printed, printed[-3000:]
+        assert "(one without records the episodes it finished); to run only those: hud-pipelines run cut" in printed
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
 def test_hud_pipelines_contract_writes_the_file_and_keeps_edits(
     write_pipeline: WritePipeline, pipelines_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
