@@ -143,7 +143,7 @@ def to_json(table: Sequence[AxisRow]) -> str:
 HEADERS = ("task", "axis", "value", "success (95% CI, n)", "errored", "vs control")
 EXPLANATION = (
     "Each value of a task's matrix on the same seeds as the unperturbed task (the control); McNemar's exact "
-    "test on the paired episodes."
+    "test on the paired episodes (both answered), where the difference and the control's rate beside it are taken."
 )
 
 
@@ -173,9 +173,12 @@ def report_section(table: Sequence[AxisRow], whose: str, values: Sequence[GradeR
 
 
 def _versus(row: AxisRow) -> str:
-    if not row.pairs or row.diff is None or row.p is None:
+    """The verdict, the difference and the control's rate it is taken from: both on the paired episodes only,
+    so beside rates over all answered episodes (the control's own row) it says what it compares."""
+    if not row.pairs or row.diff is None or row.p is None or row.control_on_pairs is None:
         return row.vs_control
-    return f"{row.vs_control} {row.diff:+.1%} (p={row.p:.3g}, {row.pairs} pairs)"
+    control = f"control {row.control_on_pairs:.1%} on {row.pairs} pairs"
+    return f"{row.vs_control} {row.diff:+.1%} vs {control} (p={row.p:.3g})"
 
 
 def _figures(control: str, axis: str, value: str, task: str, rows: list[GradeRow]) -> AxisRow:

@@ -82,7 +82,8 @@ def test_the_per_axis_table_pairs_each_value_with_the_control(tmp_path: Path, mo
         ["reach", "reach", "0.05"],
         ["reach", "reach", "1.5"],
     ], "the page has the table of report.md, each value against its control"
-    assert f"better +{float(row['diff']):.1%} (p={float(row['p']):.3g}, 16 pairs)" in html_rows[2]
+    versus = f"better +{float(row['diff']):.1%} vs control {on_pairs:.1%} on 16 pairs (p={float(row['p']):.3g})"
+    assert versus in html_rows[2]
 
 
 def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
