@@ -48,11 +48,19 @@ def grade_columns(spec: PipelineSpec) -> list[tuple[str, str]]:
     return [*([("checkpoint", "string")] if spec.is_sweep else []), *GRADE_COLUMNS, *metrics]
 
 
+NO_ANSWER_COLUMNS = frozenset({"score", "success"})
+"""What an errored row has no value of: empty, never a 0 or a false that a reader would average in as a failure."""
+MORE_IN_JSON = " [more in grades.json]"
+"""Ends an error cell cut to its first line (a hung sim's error holds the stacks of its threads)."""
+
+
 def grade_cell(row: GradeRow, column: str) -> str | int | float | bool | None:
     """One cell: a field of the row, else the metric a later grader gave it (empty for an errored row, as
-    its score is: it has none)."""
-    if column == "score" and row.status is EpisodeStatus.ERRORED:
+    its score and success are: it has none); an error is its first line, one row to a line."""
+    if column in NO_ANSWER_COLUMNS and row.status is EpisodeStatus.ERRORED:
         return None
+    if column == "error" and row.error is not None and "\n" in row.error.strip():
+        return row.error.strip().splitlines()[0] + MORE_IN_JSON
     return cell(getattr(row, column) if column in _ROW_FIELDS else row.metrics.get(column))
 
 

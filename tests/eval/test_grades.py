@@ -256,7 +256,8 @@ def test_an_errored_episode_has_no_score_in_the_files_a_reader_averages() -> Non
     from hud_pipelines.eval.grade_table import grades_csv
     from hud_pipelines.spec.loader import load_pipeline_text
 
-    errored = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.ENV, error="the env raised")
+    stacks = "the sim did not answer within 5 s\nThread 0x7f (most recent call first):\n  File \"env.py\", line 9"
+    errored = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.SIM_HUNG, error=stacks)
     failed = _row(EpisodeStatus.FAILED)
     stored = json.loads(json.dumps([errored.as_dict(), failed.as_dict()]))  # grades.json
     assert [row["score"] for row in stored] == [None, 0.0], "an error is not a failure: no 0 to average in"
@@ -266,6 +267,9 @@ def test_an_errored_episode_has_no_score_in_the_files_a_reader_averages() -> Non
     )
     table = list(csv.DictReader(io.StringIO(grades_csv(spec, [errored, failed]))))
     assert [line["score"] for line in table] == ["", "0.0"]
+    assert [line["success"] for line in table] == ["", "False"], "nor a false to count as a failure"
+    assert [line["error"] for line in table] == ["the sim did not answer within 5 s [more in grades.json]", ""]
+    assert stored[0]["error"] == stacks, "grades.json keeps all of it"
     assert summarize([errored, failed]).mean_score == 0.0, "the mean counts the answered episode alone"
 
 
