@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s [sim %(process)d] %(name)s: %(message)s",
     )
     executor = MainThreadExecutor()
-    _install_signal_handlers(executor)
+    _install_signal_handlers(executor, announce=not args.parent_watch)
     if args.parent_watch:
         threading.Thread(target=_watch_parent, name="hud-parent-watch", daemon=True).start()
     bridge: GymBridge | None = None
@@ -223,8 +223,16 @@ def _claim_stdout() -> Any:
     return os.fdopen(ready_fd, "w")
 
 
-def _install_signal_handlers(executor: MainThreadExecutor) -> None:
-    """The first SIGTERM/SIGINT stops serving after the current sim touch; a second one interrupts it."""
+STOPPING_NOTICE = (
+    b"stopping once the sim's current call returns (a step that hangs never does): send the signal again to "
+    b"interrupt it\n"
+)
+"""What a server run by hand says on its first SIGTERM/SIGINT, which may seem to do nothing while a step runs."""
+
+
+def _install_signal_handlers(executor: MainThreadExecutor, *, announce: bool) -> None:
+    """The first SIGTERM/SIGINT stops serving after the current sim touch (``announce``: says so on stderr, for a
+    server run by hand); a second one interrupts it."""
     stopping = False
 
     def shutdown(signum: int, frame: FrameType | None) -> None:
@@ -232,6 +240,8 @@ def _install_signal_handlers(executor: MainThreadExecutor) -> None:
         if stopping:
             raise KeyboardInterrupt(signal.Signals(signum).name)
         stopping = True
+        if announce:
+            os.write(2, STOPPING_NOTICE)  # not logging: a handler may run inside a log call of this thread
         executor.stop()  # SimpleQueue.put is reentrant: safe inside a signal handler
 
     signal.signal(signal.SIGTERM, shutdown)

@@ -9,11 +9,13 @@ arguments, the contract file, attach, tokens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -308,6 +310,40 @@ def test_exactly_one_json_line_reaches_stdout_whatever_the_env_prints(entry: str
     assert "FaultyEnv is building" in text
     assert "FaultyEnv is stepping" in text
     assert "shutting down" in text
+
+
+def test_a_server_run_by_hand_says_its_first_sigterm_waits_for_a_hung_step() -> None:
+    """The first signal waits for the sim's current call, which a hung step never ends: a server started by
+    hand says so and how to interrupt it (it seemed to ignore the signal); the second one ends it."""
+    from hud_pipelines.sim.serve import STOPPING_NOTICE
+
+    factory = f"{REPO / 'envs' / 'faulty.py'}:faulty"
+    process = subprocess.Popen(
+        serve_command(factory, "--arg", "fault=hang_step", "--arg", "at_step=1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        ready = read_ready(process)
+        client = SimProcess.attach(ready["url"], ready["token"]).connect(step_timeout_s=60)
+        client.reset({"seed": 0})
+
+        def step() -> None:
+            with contextlib.suppress(SimError):  # answered with an error once the second signal interrupts it
+                client.step([[0.0]])
+
+        threading.Thread(target=step, daemon=True).start()
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert process.poll() is None, "the step in flight is not torn apart"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+        client.close()
+    finally:
+        os.killpg(process.pid, signal.SIGKILL) if process.poll() is None else None
+    assert STOPPING_NOTICE.decode().strip() in stderr.decode()
 
 
 @pytest.mark.parametrize("given", ["flag", "environment"])
