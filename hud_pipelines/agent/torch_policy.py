@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from hud_pipelines.agent.checkpoint_files import torch_file_problem
 from hud_pipelines.agent.policy import Actions, PolicyBatch, as_chunks
 from hud_pipelines.agent.torch_runtime import (
     LockstepForwards,
@@ -101,7 +102,12 @@ def load_checkpoint(module: torch.nn.Module, path: Path, device: torch.device) -
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:
         why = _load_error(exc)
-        if not zipfile.is_zipfile(path) and UNSUPPORTED_GLOBAL not in why:  # nor a legacy save of a whole module
+        seen = torch_file_problem(path)  # empty, cut short, or of neither format: what validate says too
+        if UNSUPPORTED_GLOBAL in why:  # a save of a whole module: its pickled objects are the cause
+            pass
+        elif seen is not None:
+            why = seen
+        elif not zipfile.is_zipfile(path):
             why = f"it is not a file torch.save writes (no zip archive, nor a legacy one torch reads: {why})"
         raise PolicyError(f"checkpoint {path} cannot be read as a state_dict: {why}") from exc
     if not isinstance(state, dict):

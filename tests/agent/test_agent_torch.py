@@ -86,11 +86,18 @@ def test_torch_errors_name_the_culprit(tmp_path: Path) -> None:
     assert "\n" not in str(unreadable.value), "torch's cause in a line, not its page of advice"
     (tmp_path / "random.pt").write_bytes(bytes(range(256)) * 8)  # a pickle stream torch refuses midway
     with pytest.raises(
-        PolicyError, match=r"state_dict: it is not a file torch\.save writes \(no zip archive, nor a legacy one"
+        PolicyError, match=r"state_dict: random\.pt is not a file torch\.save writes \(neither a zip archive nor a"
     ) as refused:
         build_policy(junk.model_copy(update={"checkpoint": "random.pt"}), contract, base_dir=tmp_path)
     assert "\n" not in str(refused.value)
     assert "Please file an issue" not in str(refused.value)
+    torch.save(CartPoleTorchPD().state_dict(), tmp_path / "saved.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "saved.pt").read_bytes()[:100])
+    with pytest.raises(PolicyError, match=r"state_dict: cut\.pt is truncated \(its zip archive has no end record\)$"):
+        build_policy(junk.model_copy(update={"checkpoint": "cut.pt"}), contract, base_dir=tmp_path)
+    (tmp_path / "pickle.pt").write_bytes(b"\x80\x02garbage")  # a pickle's opcode, then nothing torch reads
+    with pytest.raises(PolicyError, match=r"state_dict: it is not a file torch\.save writes \(no zip archive, nor a"):
+        build_policy(junk.model_copy(update={"checkpoint": "pickle.pt"}), contract, base_dir=tmp_path)
     whole = CartPoleTorchPD()
     torch.save(whole, tmp_path / "whole.pt")  # the module itself, pickled: not a state_dict
     with pytest.raises(
