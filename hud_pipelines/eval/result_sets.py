@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.spec.problems import did_you_mean
+from hud_pipelines.spec.sections import is_file_target
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,20 @@ def _settings(folder: Path, rows: list[GradeRow]) -> dict[str, list[str]]:
             continue
         for name in SETTINGS:
             if name in provenance:
-                value = json.dumps(provenance[name], sort_keys=True)
+                value = json.dumps(_comparable(name, provenance[name]), sort_keys=True)
                 if value not in found.setdefault(name, []):
                     found[name].append(value)
     return found
+
+
+def _comparable(name: str, value: object) -> object:
+    """A setting as two sides are compared on: a factory in a file by the file's name (a spawned sim records
+    it resolved, a served one as its server was given it, and a project moves: one file, three spellings;
+    what the code is, is in each result's digests)."""
+    if name == "sim_factory" and isinstance(value, str) and is_file_target(value):
+        module, _, attribute = value.rpartition(":")
+        return f"{Path(module).name}:{attribute}"
+    return value
 
 
 def _perturbed_tasks(table: Path) -> set[str]:

@@ -353,11 +353,13 @@ def test_compare_notes_sides_run_with_other_episode_lengths_or_graders(
 
     candidate, baseline = _sets([(True, False)] * 12 + [(False, False)] * 8)
     graders = [{"name": "return", "kind": "return", "threshold": 475.0}]
+    factories = {"a": "pipelines/myenv.py:make", "b": "/home/me/proj/pipelines/myenv.py:make"}  # one file, two ways
     for name, rows, max_steps, noise in (("a", candidate, 500, 0.3), ("b", baseline, 200, 0.05)):
         folder = tmp_path / name
         (folder / "rollouts").mkdir(parents=True)
         (folder / "grades.json").write_text(json.dumps([dataclasses.replace(r, run_id="run").as_dict() for r in rows]))
-        provenance = {"max_steps": max_steps, "graders": graders, "sim_args": {"noise": noise}, "sim_factory": "x"}
+        provenance = {"max_steps": max_steps, "graders": graders, "sim_args": {"noise": noise}}
+        provenance["sim_factory"] = factories[name]
         recorded = {"run_id": "run", "provenance": provenance}
         (folder / "rollouts" / "task0-i0.json").write_text(json.dumps(recorded))
         other_run = {"run_id": "an earlier run", "provenance": {"max_steps": 7, "graders": []}}
@@ -368,7 +370,7 @@ def test_compare_notes_sides_run_with_other_episode_lengths_or_graders(
     assert "with 200: their episodes pair up by task and seed" in err
     assert 'ran with sim_args {"noise": 0.3} and' in err
     assert "graders" not in err, "the same graders: nothing to say; results of other runs are not read"
-    assert "sim_factory" not in err
+    assert "sim_factory" not in err, "a file's relative and absolute paths name one factory"
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a" / "grades.json")]) == 0
     assert "note" not in capsys.readouterr().err
 

@@ -256,7 +256,7 @@ def test_an_errored_episode_has_no_score_in_the_files_a_reader_averages() -> Non
     from hud_pipelines.eval.grade_table import grades_csv
     from hud_pipelines.spec.loader import load_pipeline_text
 
-    stacks = "the sim did not answer within 5 s\nThread 0x7f (most recent call first):\n  File \"env.py\", line 9"
+    stacks = 'the sim did not answer within 5 s\nThread 0x7f (most recent call first):\n  File "env.py", line 9'
     errored = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.SIM_HUNG, error=stacks)
     failed = _row(EpisodeStatus.FAILED)
     stored = json.loads(json.dumps([errored.as_dict(), failed.as_dict()]))  # grades.json
