@@ -161,9 +161,10 @@ def run_pipeline(
     if result is not None and _was_interrupted(result):
         received.setdefault("signal", signal.SIGINT)
     interrupted = received.get("signal")
-    if interrupted is not None:  # the job stopped before its grades, checks and report: write them now
+    if interrupted is not None or _eval_failed(result):  # the job stopped before its grades: write them now
         grades_step(spec, outputs)
         report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir))
+    if interrupted is not None:
         unfinished = [key for key in ordered if key not in finished]
         rest = (  # a sweep's next run evaluates what is missing by itself
             f"; to run only those: {rerun_command(unfinished, invocation, spec.partition_keys())}"
@@ -239,6 +240,19 @@ def _interrupts() -> Generator[dict[str, signal.Signals]]:
                 break
 
 
+DAGSTER_FAILURE = "dagster._core.definitions.events.Failure"
+"""How a step's ``dg.Failure`` (a failure the step explains itself) heads its message."""
+
+
+def _eval_failed(result: ExecutionResult | None) -> bool:
+    """Whether the step that runs the instances failed (an instance that did not start kept an earlier result),
+    so that the grades and report, which come after it, did not run."""
+    return result is not None and any(
+        event.event_type_value == "STEP_FAILURE" and (event.step_key or "").endswith("__eval")
+        for event in result.all_events
+    )
+
+
 def _was_interrupted(result: ExecutionResult) -> bool:
     """Whether a step of the run stopped on an interrupt (Dagster reports it as a step failure)."""
     for event in result.all_events:
@@ -284,7 +298,7 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str], 
         if error is None or error.cls_name in ("DagsterAssetCheckFailedError", "DagsterExecutionInterruptedError"):
             continue  # a check: reported above; an interrupt: said by the run's own line
         cause = error.cause if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause else error
-        lines = cause.message.strip().splitlines()
+        lines = cause.message.strip().removeprefix(f"{DAGSTER_FAILURE}: ").splitlines()
         problems.append(f"step {event.step_key} failed: {' / '.join(lines[:6])}")
     return problems
 

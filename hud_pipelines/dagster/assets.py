@@ -53,7 +53,7 @@ from hud_pipelines.eval.judging import headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.results import InstanceResult
-from hud_pipelines.eval.rollouts import sweep_rollouts_step
+from hud_pipelines.eval.rollouts import kept_failure, sweep_rollouts_step
 from hud_pipelines.eval.steps import (
     comparison_step,
     contract_step,
@@ -210,12 +210,21 @@ def _build(
             else:
                 selected_partitions = [spec.partition_for_key(k) for k in context.partition_keys]
                 results = rollouts_step(
-                    effective, pool, outputs, run_id=run_id, partitions=selected_partitions, on_result=on_result
+                    effective,
+                    pool,
+                    outputs,
+                    run_id=run_id,
+                    partitions=selected_partitions,
+                    on_result=on_result,
+                    keep_earlier=True,
                 )
             if instances_key in selected:
                 yield dg.MaterializeResult(
                     asset_key=instances_key, metadata=instances_metadata(outputs, run_id, results, overrides)
                 )
+            kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
+            if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
+                raise dg.Failure(description=kept, allow_retries=False)
 
         return run_eval
 

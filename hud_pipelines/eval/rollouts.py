@@ -41,11 +41,14 @@ def rollouts_step(
     partitions: Sequence[Partition],
     on_result: Callable[[InstanceResult], None] | None = None,
     claims: EvalOutputs | None = None,
+    keep_earlier: bool = False,
 ) -> list[InstanceResult]:
     """Run ``partitions``; each instance's result, traces and dataset shard land as it ends.
 
     ``claims``: the pipeline's outputs, where the run's served sim is claimed (a sweep member's own
-    ``outputs`` lie below them); by default ``outputs``.
+    ``outputs`` lie below them); by default ``outputs``. ``keep_earlier``: an instance that never
+    started leaves an earlier complete result of its configuration in place (:func:`kept_result`); it is
+    still returned, failed, for the caller to fail the run with (:func:`kept_failure`).
     """
     from hud_pipelines.dataset.shards import ShardStore
 
@@ -88,6 +91,11 @@ def rollouts_step(
 
     def ended(result: InstanceResult) -> None:
         result = dataclasses.replace(result, provenance=provenance_of_run())
+        if keep_earlier and kept_result(result, outputs) is not None:  # it measured nothing to replace it with
+            finished.add(result.key)
+            if on_result is not None:
+                on_result(result)
+            return
         if result.fault is Fault.INTERRUPTED:  # cut short: kept as _record_interrupted would, with what it finished
             if not outputs.result(result.key).is_file():
                 _keep(result)
@@ -111,6 +119,45 @@ def rollouts_step(
     finally:
         if shards is not None:  # only this call's instances: other steps of the run may be writing theirs
             shards.discard_pending([spec.partition_key(*p) for p in partitions])
+
+
+NEVER_STARTED = frozenset({Fault.SIM_START, Fault.SETUP})
+"""The faults of an instance that reached no episode: it had no sim, or no policy, to run on."""
+
+
+def kept_result(attempt: InstanceResult, outputs: EvalOutputs) -> InstanceResult | None:
+    """The earlier result an ``attempt`` that never started leaves in place: one of another run that ran to its
+    end under the same configuration of its task (a served sim that is down must not wipe what it served)."""
+    if attempt.fault not in NEVER_STARTED:
+        return None
+    try:
+        earlier = InstanceResult.read(outputs.result(attempt.key))
+    except (OSError, ValueError, KeyError):
+        return None
+    same = earlier.rollout_hash == attempt.rollout_hash and earlier.run_id != attempt.run_id
+    return earlier if same and not earlier.failed else None
+
+
+def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[InstanceResult]) -> str | None:
+    """Why a run whose instances did not start, but kept their earlier results, failed (``None``: none did),
+    with the command that runs them again."""
+    from hud_pipelines.eval.checks import rerun_command
+    from hud_pipelines.spec.loader import run_argument
+
+    kept = [(attempt, earlier) for attempt in results if (earlier := kept_result(attempt, outputs)) is not None]
+    if not kept:
+        return None
+    alike: dict[tuple[str, str], list[str]] = {}  # one line per reason and earlier run: a sim that is down says it once
+    for attempt, earlier in kept:
+        alike.setdefault((f"{attempt.fault}: {attempt.error}", earlier.run_id), []).append(attempt.key)
+    lines = [
+        f"instance(s) {', '.join(keys)} did not start ({reason}); their results of run {run} are kept, as nothing "
+        "ran to replace them"
+        for (reason, run), keys in alike.items()
+    ]
+    invocation = ["hud-pipelines", "run", run_argument(spec)]
+    command = rerun_command([attempt.key for attempt, _ in kept], invocation, spec.partition_keys())
+    return "\n".join([*lines, f"once they can start: {command}"])
 
 
 def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, cut: Sequence[Partition]) -> None:

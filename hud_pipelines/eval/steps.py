@@ -352,7 +352,12 @@ def evaluate(
             results = [result for _, result in ran]
         else:
             results = rollouts_step(
-                effective, pool, outputs, run_id=run_id, partitions=partitions or effective.partitions()
+                effective,
+                pool,
+                outputs,
+                run_id=run_id,
+                partitions=partitions or effective.partitions(),
+                keep_earlier=True,  # an instance that did not start is a failed instance of this evaluation
             )
     finally:
         parts.sim.close()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from hud_pipelines.errors import Fault
+from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.spec.loader import load_pipeline_text
@@ -62,6 +63,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def _spec(tmp_path: Path, urls: list[str], monkeypatch: pytest.MonkeyPatch, *, num_envs: int = 2) -> Any:
     monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
+    return load_pipeline_text(_text(urls, num_envs), source=tmp_path / "fleet.yaml")
+
+
+def _text(urls: list[str], num_envs: int = 2) -> str:
     text = {
         "name": "fleet",
         "sim": {"urls": urls, "token": "${HUD_TEST_FLEET_TOKEN}", "num_envs": num_envs, "step_timeout_s": 10},
@@ -71,7 +76,7 @@ def _spec(tmp_path: Path, urls: list[str], monkeypatch: pytest.MonkeyPatch, *, n
         "max_steps": 30,
         "graders": [{"kind": "return", "threshold": 25}],
     }
-    return load_pipeline_text(json.dumps(text), source=tmp_path / "fleet.yaml")
+    return json.dumps(text)
 
 
 def test_instances_spread_over_the_fleet_and_a_server_that_dies_is_named_and_avoided(
@@ -300,23 +305,50 @@ def _assert_only_instance_1_current(evaluation: Any, reason: str) -> None:
     assert all(row.fault is None for row in evaluation.rows if row.instance == 1)
 
 
-def test_a_run_that_meets_no_served_sim_keeps_the_others_results_current_and_says_why_its_own_failed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_run_that_meets_no_served_sim_keeps_every_earlier_result_and_fails_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """An instance whose sim is down measured nothing: its earlier result of the same configuration stays
+    (it was wiped by errored rows), and the run still fails, naming the sim and what runs it again."""
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.rollouts import kept_failure
+
     monkeypatch.chdir(REPO)
     port = str(_free_port())
     process, url = _serve("--port", port)
     try:
-        evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
+        first = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
     finally:
         _stop(process)
     spec = _spec(tmp_path, [url], monkeypatch)  # the server is down now
     down = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
-    mine = [row for row in down.rows if row.instance == 1]
-    assert {row.fault for row in mine} == {Fault.SIM_START}, [row.error for row in mine]
-    others = [row for row in down.rows if row.instance != 1]
-    assert others
-    assert all(row.fault is None for row in others), [row.error for row in others if row.fault]
+    assert down.rows == first.rows, "every result as the first run left it"
+    [attempt] = down.failed_instances
+    assert (attempt.key, attempt.fault) == ("task0-i1", Fault.SIM_START)
+    assert "cannot connect to the sim" in (attempt.error or "")
+    assert not down.passed, "nothing ran: the evaluation failed"
+    outputs = EvalOutputs(tmp_path / "out", "fleet")
+    assert InstanceResult.read(outputs.result("task0-i1")).run_id == first.run_id
+    said = kept_failure(spec, outputs, down.results)
+    assert said is not None
+    assert "instance(s) task0-i1 did not start (sim_start: " in said
+    assert f"cannot connect to the sim at {url}" in said
+    assert f"their results of run {first.run_id} are kept" in said
+    assert said.endswith(f"once they can start: hud-pipelines run {tmp_path / 'fleet.yaml'} --partition task0-i1")
+
+    home = tmp_path / "home"  # the CLI's run: a Dagster run that fails with that reason, the grades as they were
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    (tmp_path / "fleet.yaml").write_text(_text([url]))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "fleet.yaml"), "--quiet", "--outputs", str(tmp_path / "out")]) == 1
+    printed = capsys.readouterr().out
+    assert "step fleet__eval failed: instance(s) task0-i0, task0-i1, task0-i2, task0-i3 did not start" in printed
+    assert "are kept, as nothing ran to replace them" in printed, printed[-3000:]
+    grades = [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
+    assert grades == first.rows, "the grades, written again after the failed step, are the kept results"
 
 
 def test_units_claiming_a_runs_served_sim_at_once_all_get_the_first_claim(tmp_path: Path) -> None:
