@@ -271,6 +271,21 @@ def test_the_webserver_serves_every_pipelines_assets_and_launches_a_run(
             server.wait()
 
 
+def _run_in_background(
+    name: str, log: Path, pipelines_dir: Path, outputs_dir: Path, home: Path
+) -> subprocess.Popen[bytes]:
+    """``hud-pipelines run <name>`` in a session of its own (a signal reaches it alone), its output in ``log``."""
+    with log.open("w") as output:
+        return subprocess.Popen(
+            [str(BIN / "hud-pipelines"), "run", name, "--quiet"],
+            env=_env(pipelines_dir, outputs_dir, home),
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 SLEEPY = {"kind": "scripted", "target": f"{REPO}/tests/eval/faulty_policies.py:Sleepy", "args": {"seconds": 600}}
 
 
@@ -290,15 +305,7 @@ def test_cancelling_a_run_leaves_no_sim_behind(
     )
     write_pipeline("cancelled", group=2, rollout_timeout_s=600, dataset={"repo_id": "local/cancelled"}, **stall)
     log = tmp_path / "run.log"
-    with log.open("w") as output:
-        run = subprocess.Popen(
-            [str(BIN / "hud-pipelines"), "run", "cancelled", "--quiet"],
-            env=_env(pipelines_dir, outputs_dir, tmp_path / "home"),
-            cwd=REPO,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    run = _run_in_background("cancelled", log, pipelines_dir, outputs_dir, tmp_path / "home")
     try:
         deadline = time.monotonic() + 120
         while len(sim_processes(label)) < 2 and time.monotonic() < deadline:  # both instances are stalled
@@ -340,15 +347,7 @@ def test_an_instance_the_interrupt_cuts_short_keeps_the_episodes_it_had_finished
     sim = {"args": {"stall_seeds": [0], "short_seeds": [1]}}
     write_pipeline("cut", group=1, rollout_timeout_s=600, dataset={"enabled": False}, sim=sim)
     log = tmp_path / "run.log"
-    with log.open("w") as output:
-        run = subprocess.Popen(
-            [str(BIN / "hud-pipelines"), "run", "cut", "--quiet"],
-            env=_env(pipelines_dir, outputs_dir, tmp_path / "home"),
-            cwd=REPO,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    run = _run_in_background("cut", log, pipelines_dir, outputs_dir, tmp_path / "home")
     try:
         traces = EvalOutputs(outputs_dir, "cut").base / "traces"
         deadline = time.monotonic() + 120
