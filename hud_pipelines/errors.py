@@ -8,8 +8,37 @@ as *errored*, never as failed.
 
 from __future__ import annotations
 
+import re
 import signal
+import traceback
 from enum import StrEnum
+from pathlib import Path
+
+LIBRARY_FILE = re.compile(r"[/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|^<frozen ")
+"""Files of an installed package or of the standard library (of any interpreter: a sim may run under its own)."""
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+"""This package's folder: its frames are the harness around the user's code."""
+
+
+def is_user_file(file: str) -> bool:
+    """Whether a traceback's ``file`` is the user's code: neither this package's, the standard library's nor an
+    installed package's (where to look first when the user's code raised)."""
+    return not LIBRARY_FILE.search(file) and PACKAGE_DIR not in file
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """Where in the user's code ``exc``, or an exception it was raised from, was raised (``/p/policy.py:12 in
+    __init__``): the innermost such frame of the innermost exception that has one; ``None`` when none does."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for link in reversed(chain):  # the root cause first
+        frames = [f for f in traceback.extract_tb(link.__traceback__) if is_user_file(f.filename)]
+        if frames:
+            return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+    return None
 
 
 class Phase(StrEnum):

@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import Fault, GraderError, HudPipelinesError, SimError, SimStartError, fault_of
+from hud_pipelines.errors import (
+    Fault,
+    GraderError,
+    HudPipelinesError,
+    SimError,
+    SimStartError,
+    fault_of,
+    raised_at,
+)
 from hud_pipelines.eval.graders import Grader, build_graders
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.heap import release_free_heap
@@ -125,7 +133,8 @@ class EvalRunner:
                 lockstep_threads=agent.lockstep_threads,
             )
         except Exception as exc:  # no policy: every instance errors with the reason
-            reason = f"the policy could not be built: {type(exc).__name__}: {exc}"
+            where = raised_at(exc)  # the user's line, on the one line every report keeps, as a sim factory's
+            reason = f"the policy could not be built: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
             if isinstance(exc, HudPipelinesError):  # a clear message of ours: a traceback would bury it
                 log.error("the policy of %s could not be built: %s", self.spec.name, exc)
             else:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from hud_pipelines.errors import SimStartError
+from hud_pipelines.errors import SimStartError, is_user_file
 from hud_pipelines.sim.serve import CHILD_ERROR_PREFIX
 
 child_log = logging.getLogger("hud_pipelines.sim.child")
@@ -48,10 +48,6 @@ RENDERER_HINT = (
 )
 STDERR_DRAIN_S = 1.0
 """How long to wait for the last stderr lines of a child that exited."""
-LIBRARY_FILE = re.compile(r"[/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|^<frozen ")
-"""Files of an installed package or of the standard library (of any interpreter: a sim may run under its own)."""
-PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
-"""This package's folder: its frames are the harness around the user's code."""
 TRACEBACK_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)$')
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
 """The last line of a Python traceback (``ModuleNotFoundError: No module named 'x'``)."""
@@ -110,7 +106,7 @@ class ChildDiagnosis:
         """
         for line in reversed(self.tail):
             frame = TRACEBACK_FRAME.match(line.strip())
-            if frame is not None and not LIBRARY_FILE.search(frame["file"]) and PACKAGE_DIR not in frame["file"]:
+            if frame is not None and is_user_file(frame["file"]):
                 return f"{frame['file']}:{frame['line']} in {frame['function']}"
         return None
 

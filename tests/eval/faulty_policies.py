@@ -37,6 +37,13 @@ class Faulty:
         return actions
 
 
+class RefusesToBuild:
+    """A policy whose constructor raises (a missing file of its own, a bad argument)."""
+
+    def __init__(self) -> None:
+        raise FileNotFoundError("the policy's own weights are missing")
+
+
 class AlwaysRaises:
     """A policy whose every forward raises: every episode errors, so the eval has no answer at all."""
 

@@ -66,6 +66,12 @@ CASES = {
         errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
         reason="the policy could not be built",
     ),
+    "start-up/policy-init/every": Case(  # the user's line that raised, as a sim factory's is named
+        {},
+        policy={"kind": "scripted", "target": "tests.eval.faulty_policies:RefusesToBuild"},
+        errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
+        reason="weights are missing (at " + str(Path(__file__).with_name("faulty_policies.py")) + ":",
+    ),
     "start-up/grader/every": Case(
         {},
         errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
