@@ -325,6 +325,12 @@ def _progress(console: Console, name: str, total: int, quiet: bool) -> Generator
         )
 
 
+def _cut(text: str, width: int = 60) -> str:
+    """The first line of ``text`` in ``width`` characters, an ellipsis where cut (a URL cut short reads as another)."""
+    first = text.strip().split("\n", 1)[0]
+    return first[: width - 1] + "…" if len(first) > width else first + ("…" if first != text.strip() else "")
+
+
 def _print_summary(
     name: str,
     rows: list[GradeRow],
@@ -361,7 +367,7 @@ def _print_summary(
             f"{row.total_reward:.3g}",
             str(row.steps),
             Text("this" if row.run_id == run_id else (row.run_id[:8] or "-")),
-            Text((row.error or "")[:60]),  # plain text: brackets in a reason are not markup
+            Text(_cut(row.error or "")),  # plain text: brackets in a reason are not markup
         )
     console.print(table)
     mine = [row for row in rows if row.run_id == run_id]

@@ -140,6 +140,9 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     )
     [failed] = [line for line in lines if "check instances_completed failed" in line]  # one line, never folded
     assert failed.endswith(f"re-run them with: {rerun}"), "the command as this run was asked, quoted for a shell"
+    table = "\n".join(line for line in lines if line.startswith("│"))
+    assert "the sim did not" in table
+    assert "…" in table, "a reason cut to the table's cell says it was cut"
 
     outside = tmp_path / "elsewhere" / "outside.yaml"  # not in the pipelines directory: named by its path
     outside.parent.mkdir()
