@@ -242,6 +242,7 @@ def _run(
         run_id=context.run.run_id,
         partitions=[unit.partition],
         claims=claims,
+        checkpoint=unit.checkpoint,
         on_result=lambda result: _report(context, unit, result, rollouts_key, attempt),
     )
     return results[0]

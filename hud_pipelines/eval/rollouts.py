@@ -42,13 +42,15 @@ def rollouts_step(
     on_result: Callable[[InstanceResult], None] | None = None,
     claims: EvalOutputs | None = None,
     keep_earlier: bool = False,
+    checkpoint: str | None = None,
 ) -> list[InstanceResult]:
     """Run ``partitions``; each instance's result, traces and dataset shard land as it ends.
 
     ``claims``: the pipeline's outputs, where the run's served sim is claimed (a sweep member's own
     ``outputs`` lie below them); by default ``outputs``. ``keep_earlier``: an instance that never
     started leaves an earlier complete result of its configuration in place (:func:`kept_result`); it is
-    still returned, failed, for the caller to fail the run with (:func:`kept_failure`).
+    still returned, failed, for the caller to fail the run with (:func:`kept_failure`). ``checkpoint``: the
+    label of the sweep member ``spec`` is (its episodes' job names it, :func:`episode_job`).
     """
     from hud_pipelines.dataset.shards import ShardStore
 
@@ -110,7 +112,8 @@ def rollouts_step(
         if shards is not None:
             shards.commit(result.key)
 
-    runner = EvalRunner(spec, pool, job=f"{spec.name}/{run_id}", run_id=run_id, sinks=sinks, on_result=ended)
+    job = episode_job(spec.name, run_id, checkpoint)
+    runner = EvalRunner(spec, pool, job=job, run_id=run_id, sinks=sinks, on_result=ended)
     try:
         return runner.run(partitions)
     except BaseException:  # interrupted: say so for every instance it cut short
@@ -119,6 +122,12 @@ def rollouts_step(
     finally:
         if shards is not None:  # only this call's instances: other steps of the run may be writing theirs
             shards.discard_pending([spec.partition_key(*p) for p in partitions])
+
+
+def episode_job(pipeline: str, run_id: str, checkpoint: str | None = None) -> str:
+    """The job an episode's key names (its trace id is derived from it): the pipeline and run, and a sweep
+    member's checkpoint, so that one instance of two checkpoints in one run are two episodes, not one id."""
+    return "/".join(part for part in (pipeline, checkpoint, run_id) if part)
 
 
 NEVER_STARTED = frozenset({Fault.SIM_START, Fault.SETUP})
@@ -213,7 +222,14 @@ def sweep_rollouts_step(
                 on_result(member, result)
 
         results = rollouts_step(
-            member.spec, pool, member.outputs, run_id=run_id, partitions=todo, on_result=ended, claims=outputs
+            member.spec,
+            pool,
+            member.outputs,
+            run_id=run_id,
+            partitions=todo,
+            on_result=ended,
+            claims=outputs,
+            checkpoint=member.label,
         )
         ran += [(member, result) for result in results]
     return ran

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,11 @@ def test_a_sweep_evaluates_every_checkpoint_on_the_same_episodes(
     by_label = {label: [row for row in evaluation.rows if row.checkpoint == label] for label in labels}
     episodes = {label: [_episode(row) for row in rows] for label, rows in by_label.items()}
     assert episodes["000500"] == episodes["001000"] == episodes["001500"], "paired episodes"
+    ids = [row.trace_id for row in evaluation.rows]
+    assert len(set(ids)) == len(ids), "one instance of two checkpoints in one run: two episodes, two trace ids"
+    page = (tmp_path / "out" / "reach_sweep" / "report.html").read_text()
+    linked = re.findall(r'<a href="checkpoints/(\w+)/traces/[^"]*?([0-9a-f]{32})\.jsonl">trace</a>', page)
+    assert sorted(linked) == sorted((row.checkpoint, row.trace_id) for row in evaluation.rows), "each its own trace"
     assert len(set(episodes["000500"])) == 8
     returns = {label: tuple(round(row.total_reward, 6) for row in rows) for label, rows in by_label.items()}
     assert len(set(returns.values())) == 3, "different weights act differently on the same episodes"
