@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 
 from hud_pipelines.cli.selection import resolve_pipeline_file
@@ -18,8 +19,6 @@ def write_report(
 ) -> int:
     """Write the pipeline's report, and its grades and checks, from the results on disk as the YAML and the
     code its targets name judge them now (no sim starts); open or serve ``report.html``."""
-    import webbrowser
-
     from hud_pipelines.eval.configuration import CurrentBy, recorded_provenance
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.provenance import with_current_code
@@ -31,24 +30,42 @@ def write_report(
     # the results as the YAML and the code judge them now (an edit since the last run shows at once): so do
     # the grades and the checks
     now = CurrentBy(environment=with_current_code(recorded_provenance(outputs), spec))
-    grades_step(spec, outputs, now)
+    _, checks = grades_step(spec, outputs, now)
     written = report_step(spec, outputs, current=now, dataset=dataset_root(spec, outputs, Path.cwd()))
     print(f"wrote {written.html} and {outputs.report_md}, with grades.json and checks.json beside them")
+    failed = [check for check in checks if check.blocking and not check.passed]
+    for check in failed:  # exit non-zero as a run would: the results as they stand do not pass
+        print(f"blocking check {check.name} failed: {check.description}", file=sys.stderr)
+    code = 1 if failed else 0
     if serve_port is None:
         if open_page:
-            webbrowser.open(written.html.as_uri())
-        return 0
+            _open(written.html.as_uri())
+        return code
     import functools
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     # Rooted at the outputs (not the pipeline's folder) so the links to its dataset resolve too.
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(outputs.root))
-    with ThreadingHTTPServer(("127.0.0.1", serve_port), handler) as server:
+    try:
+        server = ThreadingHTTPServer(("127.0.0.1", serve_port), handler)
+    except OSError as exc:
+        why = exc.strerror or exc
+        print(f"cannot serve on port {serve_port}: {why}; give another (0: any free one)", file=sys.stderr)
+        return 2
+    with server:
         page = written.html.relative_to(outputs.root).as_posix()
         url = f"http://127.0.0.1:{server.server_address[1]}/{page}"
         print(f"serving {outputs.root} at {url} (Ctrl-C to stop)", flush=True)
         if open_page:
-            webbrowser.open(url)
+            _open(url)
         with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
-    return 0
+    return code
+
+
+def _open(url: str) -> None:
+    """Open ``url`` in a browser, or say there is none (a headless machine): it was silent."""
+    import webbrowser
+
+    if not webbrowser.open(url):
+        print(f"no browser to open here: open {url} where there is one", file=sys.stderr)

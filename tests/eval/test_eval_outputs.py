@@ -204,7 +204,9 @@ def test_traces_keep_the_videos_the_yaml_asks_for(
         assert filmed == kept
 
 
-def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hud_pipelines_report_writes_and_serves_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import re
     import subprocess
     import sys
@@ -222,11 +224,16 @@ def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeyp
     assert page.is_file()
     edited = spec.model_dump(mode="json") | {"max_steps": 25}  # the results are now another configuration's
     (tmp_path / "placed.yaml").write_text(json.dumps(edited))
-    assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]) == 1, "as a run would"
+    assert "blocking check episodes_answered failed: " in capsys.readouterr().err
     grades = json.loads((evaluation.outputs.base / "grades.json").read_text())
     assert {row["fault"] for row in grades} == {"not_run"}, "the grades say what the report says"
     assert "errored 2" in (evaluation.outputs.base / "report.md").read_text()
     (tmp_path / "placed.yaml").write_text(json.dumps(spec.model_dump(mode="json")))
+    monkeypatch.setattr("webbrowser.open", lambda url: False)  # a machine without a browser: said, not silent
+    assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out"), "--open"]) == 0
+    assert f"no browser to open here: open {page.as_uri()} where there is one" in capsys.readouterr().err
 
     command = [sys.executable, "-m", "hud_pipelines.cli", "report", str(tmp_path / "placed.yaml")]
     served = subprocess.Popen(
@@ -246,6 +253,10 @@ def test_hud_pipelines_report_writes_and_serves_the_page(tmp_path: Path, monkeyp
         assets = found.group(1).replace("report.html", "report_files/dataset.js")
         with urllib.request.urlopen(assets, timeout=10) as response:
             assert response.read().decode() == "window.HUD_DATASET = null;\n", "no dataset: no episode links"
+        port = found.group(1).split(":")[2].split("/")[0]  # taken: said in a line, not a traceback
+        capsys.readouterr()
+        assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out"), "--serve", port]) == 2
+        assert f"cannot serve on port {port}: Address already in use; give another" in capsys.readouterr().err
     finally:
         served.terminate()
         try:

@@ -156,7 +156,7 @@ def test_hud_pipelines_report_sees_an_edit_of_the_code_since_the_last_run(
     grades = json.loads(evaluation.outputs.grades_json.read_text())
     assert {row["fault"] for row in grades} == {None}, "the same code: current"
     (tmp_path / "report_gains.py").write_text("GAIN = 1.0\n")
-    assert main(report) == 0
+    assert main(report) == 1, "nothing current is answered: a blocking check fails, as in a run"
     grades = json.loads(evaluation.outputs.grades_json.read_text())
     assert {row["fault"] for row in grades} == {"not_run"}
     assert all("code or weights changed: report_gains.py" in row["error"] for row in grades)
