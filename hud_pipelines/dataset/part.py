@@ -145,7 +145,7 @@ class PartWriter:
             **asdict(episode.key),
             "status": outcome.status.value,
             "success": outcome.success,
-            "score": outcome.score,
+            "score": None if outcome.status is EpisodeStatus.ERRORED else outcome.score,  # none, as in grades.json
             "total_reward": outcome.total_reward,
             "steps": outcome.steps,
             "terminated": outcome.terminated,

@@ -80,7 +80,9 @@ def test_keep_errored_flags_errored_episodes(tmp_path: Path) -> None:
     assert sink.report.errored_kept == 1
     table = load(sink.report.parts[0]).hf_dataset.with_format("numpy")[:]
     assert np.asarray(table["episode.errored"]).reshape(-1).tolist() == [False] * 3 + [True] * 3
-    assert [r["status"] for r in read_episode_records(sink.report.parts[0])] == ["succeeded", "errored"]
+    records = read_episode_records(sink.report.parts[0])
+    assert [r["status"] for r in records] == ["succeeded", "errored"]
+    assert records[1]["score"] is None, "an errored episode has no score to average in, as in grades.json"
 
 
 def test_sink_protocol_errors_name_the_episode(tmp_path: Path) -> None:
