@@ -176,7 +176,10 @@ def _add_pipeline(parser: argparse.ArgumentParser) -> None:
     """The pipeline a command acts on, a file or a name, and where its name is looked up."""
     parser.add_argument("pipeline", help="a pipeline file, or the name of a pipeline in --pipelines-dir")
     parser.add_argument(
-        "--pipelines-dir", type=Path, default=None, help="where pipeline names are looked up (default ./pipelines)"
+        "--pipelines-dir",
+        type=Path,
+        default=None,
+        help="where pipeline names are looked up (default $HUD_PIPELINES_DIR, else ./pipelines)",
     )
 
 

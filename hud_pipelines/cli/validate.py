@@ -18,7 +18,6 @@ from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import SpecError, display_path
 from hud_pipelines.spec.schema import render_json_schema, render_markdown
 
-DEFAULT_PIPELINES_DIR = Path("pipelines")
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 
@@ -29,7 +28,7 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         type=Path,
         metavar="FILE_OR_DIR",
-        help=f"pipeline files, or directories of *.yaml / *.yml files (default: {DEFAULT_PIPELINES_DIR}/)",
+        help="pipeline files, or directories of *.yaml / *.yml files (default: $HUD_PIPELINES_DIR, else ./pipelines)",
     )
     parser.add_argument(
         "--deep",
@@ -43,7 +42,7 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
 def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Validate every given file; print each problem, or one line per valid pipeline; 1 when any problem exists."""
     stream = out or sys.stdout
-    paths: list[Path] = list(args.paths) or [DEFAULT_PIPELINES_DIR]
+    paths: list[Path] = list(args.paths) or [default_pipelines_dir()]  # where run and the code location look
     deep: bool = args.deep
     if deep:
         _put_cwd_on_path()

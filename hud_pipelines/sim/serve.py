@@ -100,7 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=BoundsMode.CLIP.value,
         help="out-of-bounds continuous actions: clip (default) or error",
     )
-    parser.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES)
+    parser.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=DEFAULT_MAX_FRAME_BYTES,
+        help="the largest message either side may send, in bytes; a larger one closes the connection with 1009 "
+        "(default: %(default)s, 64 MiB)",
+    )
     parser.add_argument(
         "--idle-timeout-s",
         type=float,
@@ -108,7 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"close a client that sends nothing for this long after its hello (default {DEFAULT_IDLE_TIMEOUT_S:g}; "
         "0: never), so a silent client cannot hold the sim",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level", default="INFO", help="of the server's log on stderr: DEBUG, INFO, WARNING, ERROR (default: INFO)"
+    )
     parser.add_argument("--parent-watch", action="store_true", help=argparse.SUPPRESS)
 
 

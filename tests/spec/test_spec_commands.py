@@ -80,6 +80,12 @@ def test_validate_defaults_to_the_pipelines_directory(
     code, output = validate()
     assert code == 0
     assert "ok  pipelines/here.yaml: here" in output
+    elsewhere = tmp_path / "elsewhere"
+    write_yaml("name: there\nsim: {factory: CartPole-v1}\nagent: {policy: {kind: random}}\n", "elsewhere/there.yaml")
+    monkeypatch.setenv("HUD_PIPELINES_DIR", str(elsewhere))  # where run and the code location look: validate too
+    code, output = validate()
+    assert code == 0
+    assert "ok  elsewhere/there.yaml: there" in output
 
 
 def test_schema_prints_json_and_markdown() -> None:
