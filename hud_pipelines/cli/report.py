@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from hud_pipelines.cli.selection import resolve_pipeline_file
+from hud_pipelines.spec.models import PipelineSpec
 
 
 def write_report(
@@ -29,7 +30,7 @@ def write_report(
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     # the results as the YAML and the code judge them now (an edit since the last run shows at once): so do
     # the grades and the checks
-    now = CurrentBy(environment=with_current_code(recorded_provenance(outputs), spec))
+    now = CurrentBy(environment=with_current_code(recorded_provenance(outputs), _as_deployed(spec)))
     _, checks = grades_step(spec, outputs, now)
     written = report_step(spec, outputs, current=now, dataset=dataset_root(spec, outputs, Path.cwd()))
     print(f"wrote {written.html} and {outputs.report_md}, with grades.json and checks.json beside them")
@@ -69,3 +70,16 @@ def _open(url: str) -> None:
 
     if not webbrowser.open(url):
         print(f"no browser to open here: open {url} where there is one", file=sys.stderr)
+
+
+def _as_deployed(spec: PipelineSpec) -> PipelineSpec:
+    """``spec`` with the deployment file's fields over the YAML's, as a run has them: the code and weights a run
+    with a deployment file loads are the ones to digest (the YAML's named another checkpoint, say). One whose
+    ``{env: NAME}`` is not set here (a sim's token: no sim starts) is judged by the YAML's own fields."""
+    from hud_pipelines.dagster.deployed import deployed_spec
+    from hud_pipelines.errors import DeploymentError
+
+    try:
+        return deployed_spec(spec, Path.cwd())
+    except DeploymentError:
+        return spec

@@ -163,6 +163,30 @@ def test_hud_pipelines_report_sees_an_edit_of_the_code_since_the_last_run(
     assert "errored 2" in evaluation.outputs.report_md.read_text(), "the report says what the grades say"
 
 
+def test_report_judges_the_code_a_run_with_a_deployment_file_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployment file names another policy file: the results are that file's, and ``report`` digests it as
+    the run did (it digested the YAML's file and called every result another environment's)."""
+    from hud_pipelines.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    spec = _scripted(tmp_path, helper="deployed_gains")
+    (tmp_path / "other.py").write_text((tmp_path / "controller.py").read_text() + "\n# another file\n")
+    (tmp_path / "placed.yaml").write_text(json.dumps(spec.model_dump(mode="json") | {"name": "placed"}))
+    other = {"policy": {"kind": "scripted", "target": f"{tmp_path / 'other.py'}:PD"}}
+    (tmp_path / "deploy.yaml").write_text(json.dumps({"pipelines": {"placed": {"agent": other}}}))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(tmp_path / "deploy.yaml"))
+    outputs = ["--outputs", str(tmp_path / "out")]
+    assert main(["run", str(tmp_path / "placed.yaml"), "--quiet", *outputs]) == 0
+    assert main(["report", str(tmp_path / "placed.yaml"), *outputs]) == 0
+    grades = json.loads((tmp_path / "out" / "placed" / "grades.json").read_text())
+    assert {row["fault"] for row in grades} == {None}, [row["error"] for row in grades]
+
+
 def test_a_targets_files_are_found_without_importing_them(tmp_path: Path) -> None:
     from hud_pipelines.targets import target_sources
 
