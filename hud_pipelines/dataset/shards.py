@@ -10,6 +10,8 @@ a half-written dataset).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import uuid
 from collections.abc import Iterable, Mapping
@@ -22,13 +24,15 @@ from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.spec.dataset_options import DatasetOptions
 from hud_pipelines.spec.models import PipelineSpec
 
 RUN_FILE = "run_id"
 """Beside a shard's parts: the run that wrote it."""
+PUBLISHED_FROM = "meta/hud_published_from.json"
+"""In a published dataset: the shards (instance -> the run that wrote it) and settings it was merged from."""
 
 
 class ShardStore:
@@ -90,24 +94,41 @@ class ShardStore:
         for key in self.spec.partition_keys() if keys is None else keys:
             shutil.rmtree(self._pending(key), ignore_errors=True)
 
-    def publish(self, target: Path, current: Mapping[str, InstanceResult]) -> DatasetSummary:
-        """Merge the shards of the ``current`` results' instances and swap the result in at ``target``.
+    def publish(self, target: Path, current: Mapping[str, InstanceResult]) -> bool:
+        """Merge the shards of the ``current`` results' instances and swap the result in at ``target``; whether it
+        was written (``False``: ``target`` holds a dataset of exactly these shards and settings already).
 
         ``current`` holds each instance whose latest result is current: a shard an earlier
         configuration wrote stays out, as its rows stay out of the grades (they say ``not_run``), and
-        so does a shard of another run than its instance's result.
+        so does a shard of another run than its instance's result. A sweep publishes a dataset per
+        checkpoint on every run; the checkpoints a run did not evaluate again keep theirs as they are.
         """
-        shards = [self.outputs.shard(k) for k, result in current.items() if self._written_by(k, result.run_id)]
-        if not shards:
+        written = {k: result.run_id for k, result in current.items() if self._written_by(k, result.run_id)}
+        if not written:
             stale = sum(self.outputs.shard(k).is_dir() for k in self.spec.partition_keys())
             detail = f" ({stale} instance(s) have only the shard of another run or configuration)" if stale else ""
             raise HudPipelinesError(
                 f"{self.spec.name}: no instance of this configuration has run yet{detail}; run the rollouts first"
             )
+        shards = [self.outputs.shard(k) for k in written]
         if not find_parts(shards):
             raise HudPipelinesError(
                 f"{self.spec.name}: no episode to publish: every episode of the {len(shards)} instance(s) that ran "
                 "errored, and errored episodes stay out of the dataset (`dataset.keep_errored: true` keeps them)"
             )
+        made_of = {
+            "shards": dict(sorted(written.items())),  # each instance's shard, named by the run that wrote it
+            "repo_id": self.spec.dataset_repo_id,
+            "dataset": None if self.spec.dataset is None else self.spec.dataset.model_dump(mode="json"),
+        }
+        record = target / PUBLISHED_FROM
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(record.read_text()) == made_of:
+                return False
         publish_shards(shards, target, repo_id=self.spec.dataset_repo_id)
+        write_atomically(record, json.dumps(made_of, indent=1))  # after the swap: a crash before it publishes again
+        return True
+
+    def summary(self, target: Path) -> DatasetSummary:
+        """What the dataset published at ``target`` holds (it loads it with lerobot: seconds)."""
         return summarize_dataset(target, repo_id=self.spec.dataset_repo_id)

@@ -258,10 +258,11 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
 
     root = dataset_root(spec, outputs, project_dir)
     if not spec.is_sweep:
-        summary = ShardStore(outputs, spec, run_id=run_id).publish(root, current_results(spec, outputs))
+        store = ShardStore(outputs, spec, run_id=run_id)
+        store.publish(root, current_results(spec, outputs))
         write_dataset_links(outputs.base / ASSETS_DIR, root, spec.dataset_repo_id)  # the report's cards link to it
-        return summary
-    published: list[DatasetSummary] = []
+        return store.summary(root)
+    published: list[tuple[ShardStore, Path]] = []
     for member, expected in sweep_members(spec, outputs):  # a dataset per checkpoint: other weights, other data
         member_root = _member_dataset(root, member.label)
         assert member_root is not None
@@ -269,11 +270,14 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
         if not current:  # its results are of an earlier configuration: its grades say not_run, it has no data
             logger.warning("checkpoint %s of %s has no current instance: no dataset of it", member.label, spec.name)
             continue
-        published.append(ShardStore(member.outputs, member.spec, run_id=run_id).publish(member_root, current))
+        store = ShardStore(member.outputs, member.spec, run_id=run_id)
+        store.publish(member_root, current)  # one the run did not evaluate again is kept as it is
         write_dataset_links(member.outputs.base / ASSETS_DIR, member_root, member.spec.dataset_repo_id)
+        published.append((store, member_root))
     if not published:
         raise HudPipelinesError(f"sweep {spec.name!r} has no evaluated checkpoint to publish")
-    return published[-1]
+    store, last = published[-1]
+    return store.summary(last)  # the last checkpoint's, as the dataset asset shows (one load, not one each)
 
 
 def dataset_root(spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path) -> Path:

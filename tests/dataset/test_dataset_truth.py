@@ -347,3 +347,30 @@ def test_writing_and_merging_print_no_progress_bars(tmp_path: Path, capfd: pytes
     assert load(tmp_path / "quiet").num_episodes == 4
     assert "it/s" not in err
     assert "\r" not in err
+
+
+def test_a_dataset_of_the_same_shards_and_settings_is_not_published_again(tmp_path: Path) -> None:
+    """A sweep publishes every checkpoint's dataset on every run: one whose instances' shards (by the run that
+    wrote each) and settings are those it was merged from stays as it is; a new shard publishes it anew."""
+    factory = "envs.faulty:probe"
+    text = f"name: probe\nsim:\n  factory: {factory}\nagent:\n  policy: {{kind: constant}}\n"
+    spec = load_pipeline_text(text, source=tmp_path / "probe.yaml")
+    outputs = EvalOutputs(tmp_path / "outputs", spec.name)
+    target = tmp_path / "dataset"
+
+    def run(run_id: str) -> tuple[ShardStore, dict[str, Any]]:
+        store = ShardStore(outputs, spec, run_id=run_id)
+        with store.sink("task0-i0", contract_of(factory)) as sink:
+            rollout(sink, factory, num_envs=1, rounds=1, max_steps=3)
+        store.commit("task0-i0")
+        return store, {"task0-i0": unreached_result(spec, Partition(0, 0), "a stand-in", Fault.ENV, run_id=run_id)}
+
+    store, current = run("first")
+    assert store.publish(target, current)
+    (target / "meta" / "left_by_a_test").write_text("")
+    assert not store.publish(target, current), "the same shards and settings: nothing to merge again"
+    assert (target / "meta" / "left_by_a_test").is_file()
+    assert store.summary(target).episodes == 1
+    store, current = run("second")  # the instance ran again: its shard is another
+    assert store.publish(target, current)
+    assert not (target / "meta" / "left_by_a_test").exists(), "merged anew and swapped in"
