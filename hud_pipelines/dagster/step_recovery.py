@@ -35,6 +35,9 @@ from dagster_shared.error import SerializableErrorInfo
 from hud_pipelines.dagster.broker_watch import BROKER_ERRORS, BrokerWatch, shown_url
 from hud_pipelines.dagster.lease import lease_holder
 
+POLL_INTERVAL_S = 0.2
+"""The shortest time between two looks at one step's broker state, lease and event log."""
+
 RECORDING_ATTEMPT = "WorkerLostNoRetryLeft"
 """The error class of a lost unit's last retry event: the attempt it starts only records the instance as
 ``worker_lost`` (it runs nothing again), so it is not a retry to report."""
@@ -106,6 +109,8 @@ class LeasedResult:
         self._cursor = _event_log_cursor(context)  # before sending: the attempt's events come after it
         self._sent_at = time.monotonic()
         self._result: Any = None
+        self._revoked = False
+        self._polled_at = 0.0
         try:
             self._result = send()
         except BROKER_ERRORS as exc:  # sent again on the next ticks, until the broker is down too long
@@ -113,6 +118,10 @@ class LeasedResult:
 
     def ready(self) -> bool:
         if self._lost or self._events is not None:
+            return True
+        self._pace()
+        if self._revoked and self._never_taken():  # cancelled while queued: nothing of it ran, nothing to wait for
+            self._events = []
             return True
         self._watch.check()
         if self._watch.down:
@@ -139,9 +148,26 @@ class LeasedResult:
         return cast(list[str], self._result.get())
 
     def revoke(self) -> None:
+        self._revoked = True
         if self._result is not None:
             with contextlib.suppress(*BROKER_ERRORS):
                 self._result.revoke()
+
+    def _pace(self) -> None:
+        """At most one look at the broker per :data:`POLL_INTERVAL_S`: once the run stops (or a step failed)
+        dagster-celery's loop asks every step again without pausing, and the broker, the leases and the event
+        log were read thousands of times a second until the last step ended."""
+        wait = self._polled_at + POLL_INTERVAL_S - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        self._polled_at = time.monotonic()
+
+    def _never_taken(self) -> bool:
+        """No worker took the step: no lease, no start in the event log (a queued step with no worker alive)."""
+        with contextlib.suppress(*BROKER_ERRORS):
+            if self._result is not None and lease_holder(self._client, str(self._result.id)) is not None:
+                return False
+        return self._holder is None and not self._logged_attempt().started
 
     def _poll(self) -> bool:
         if self._result is None:

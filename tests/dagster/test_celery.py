@@ -436,3 +436,43 @@ def test_a_run_queue_sends_only_that_runs_units_to_the_workers_of_that_queue(
     pids = {e.asset_observation.metadata["worker_pid"].value for e in observed if e.asset_observation}  # type: ignore[union-attr]
     assert pids == {with_gpu.pid}, "both units went to the run's queue"
     assert cpu_only.pid not in pids
+
+
+@needs_redis
+def test_ctrl_c_stops_a_celery_run_whose_units_no_worker_took(write_pipeline: WritePipeline, tmp_path: Path) -> None:
+    """Its units wait in the queue: Ctrl-C ends the run at once (it waited for them, reading the broker
+    thousands of times a second, until a worker came and ran them all)."""
+    import subprocess
+    import sys
+
+    path = write_pipeline("unserved", group=2)
+    with redis_server(tmp_path / "redis") as (broker, _):
+        env = {
+            **os.environ,
+            DEPLOYMENT_ENV: str(_deployment(tmp_path, broker)),
+            "DAGSTER_HOME": str(tmp_path / "dagster_home"),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": str(REPO),
+        }
+        _instance(tmp_path / "dagster_home").dispose()
+        command = [str(Path(sys.executable).parent / "hud-pipelines"), "run", str(path), "--quiet"]
+        run = subprocess.Popen(
+            [*command, "--outputs", str(tmp_path / "out")],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            time.sleep(10)  # started, its units sent, and nobody to take them
+            signalled = time.monotonic()
+            run.send_signal(signal.SIGINT)
+            printed, _ = run.communicate(timeout=60)
+            assert run.returncode == 130, printed.decode()[-3000:]
+            assert time.monotonic() - signalled < 20, "within seconds"
+            assert "run interrupted by SIGINT after 0 of 2 instance(s)" in printed.decode()
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
