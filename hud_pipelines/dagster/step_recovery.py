@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import redis
+from dagster import DagsterInstance
 from dagster._core.event_api import EventLogCursor
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.execution.context.system import PlanOrchestrationContext
 from dagster._core.execution.plan.objects import StepFailureData, StepRetryData
 from dagster._core.execution.plan.step import ExecutionStep
+from dagster._core.instance.ref import InstanceRef
 from dagster._serdes import serialize_value
 from dagster_shared.error import SerializableErrorInfo
 
@@ -294,3 +296,12 @@ def retried_steps(events: Iterable[DagsterEvent]) -> list[str]:
         named = reason if event.step_key and event.step_key in reason else f"step {event.step_key}: {reason}"
         lines.append(f"note: retried: {named}")
     return lines
+
+
+def run_ended(instance_ref: InstanceRef | None, run_id: str) -> str | None:
+    """The status of run ``run_id`` when it has ended (``None`` while it runs, or where it cannot be read)."""
+    if instance_ref is None:
+        return None
+    with DagsterInstance.from_ref(instance_ref) as instance:
+        run = instance.get_run_by_id(run_id)
+    return run.status.value if run is not None and run.is_finished else None

@@ -17,17 +17,24 @@ and the run then retries or fails that step alone.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any, cast
 
 from celery.signals import task_postrun, task_prerun, worker_shutdown
+from dagster._grpc.types import ExecuteStepArgs
+from dagster._serdes import unpack_value
 from dagster_celery import tasks
+from dagster_celery.config import TASK_EXECUTE_PLAN_NAME
 
 from hud_pipelines.dagster.celery_executor import celery_app
 from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, ExecutionSettings, deployment_path, load_execution
 from hud_pipelines.dagster.lease import LeaseKeeper, lease_url
+from hud_pipelines.dagster.step_recovery import run_ended
 from hud_pipelines.errors import DeploymentError
+
+log = logging.getLogger(__name__)
 
 
 def _settings() -> ExecutionSettings:
@@ -44,8 +51,31 @@ def _settings() -> ExecutionSettings:
 
 settings = _settings()
 app = celery_app(settings)
-execute_plan = cast(Any, tasks.create_task(app))
-"""dagster-celery's task that runs one step of a run (the task every step is sent as)."""
+_dagster_execute_plan = cast(Any, tasks.create_task(app))._get_current_object()
+"""dagster-celery's task that runs one step of a run, the task object itself (a proxy would find
+:func:`execute_plan`, which takes its name, and call itself): :func:`execute_plan` calls it."""
+
+
+@app.task(bind=True, name=TASK_EXECUTE_PLAN_NAME)
+def execute_plan(self: Any, execute_step_args_packed: dict[str, Any], executable_dict: dict[str, Any]) -> list[str]:
+    """Run one step of a run (dagster-celery's task), unless that run has ended.
+
+    The broker hands a step whose worker died to another worker once its visibility timeout passes (an
+    hour by default), and a step revoked while queued can still reach a worker: the run it belongs to
+    has ended by then, failed or interrupted, and its unit would overwrite the result a later run made.
+    """
+    args = unpack_value(execute_step_args_packed, as_type=ExecuteStepArgs)
+    ended = run_ended(args.instance_ref, args.run_id)
+    if ended is not None:
+        log.warning("not running steps %s: run %s has ended (%s)", args.step_keys_to_execute, args.run_id, ended)
+        return []
+    _dagster_execute_plan.push_request(hostname=self.request.hostname, id=self.request.id)
+    try:
+        return _dagster_execute_plan.run(execute_step_args_packed, executable_dict)
+    finally:
+        _dagster_execute_plan.pop_request()
+
+
 _keeper = LeaseKeeper(lease_url(settings.broker or "", settings.result_backend), ttl_s=settings.lease_s)
 
 

@@ -110,6 +110,22 @@ def home(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
 # -- without a broker ------------------------------------------------------------------------------
 
 
+def test_a_step_of_a_run_that_has_ended_is_not_run_again(tmp_path: Path) -> None:
+    """A worker gets a step late (the broker hands a dead worker's step on after its visibility timeout; a step
+    revoked while queued can still arrive): its run has ended, and the step must not overwrite what came after."""
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+    from hud_pipelines.dagster.step_recovery import run_ended
+
+    with _instance(tmp_path / "dagster_home") as instance:
+        for run_id, status in (("running", DagsterRunStatus.STARTED), ("failed", DagsterRunStatus.FAILURE)):
+            instance.add_run(DagsterRun(job_name="job", run_id=run_id, status=status))
+        ref = instance.get_ref()
+    assert run_ended(ref, "running") is None
+    assert run_ended(ref, "failed") == "FAILURE"
+    assert run_ended(ref, "unknown") is None, "a run the instance does not know is left to dagster-celery's own check"
+
+
 def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
