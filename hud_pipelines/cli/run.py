@@ -240,8 +240,7 @@ def _interrupts() -> Generator[dict[str, signal.Signals]]:
                 break
 
 
-DAGSTER_FAILURE = "dagster._core.definitions.events.Failure"
-"""How a step's ``dg.Failure`` (a failure the step explains itself) heads its message."""
+DAGSTER_FAILURE = "dagster._core.definitions.events.Failure"  # heads a step's dg.Failure message
 
 
 def _eval_failed(result: ExecutionResult | None) -> bool:
@@ -300,6 +299,9 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str], 
         cause = error.cause if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause else error
         lines = cause.message.strip().removeprefix(f"{DAGSTER_FAILURE}: ").splitlines()
         problems.append(f"step {event.step_key} failed: {' / '.join(lines[:6])}")
+    failures = [e.job_failure_data.error for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE"]
+    if not problems:  # no step says why: the run's own failure does (a step that died on a worker, say)
+        problems += [f"run failed: {' / '.join(error.message.strip().splitlines()[:6])}" for error in failures if error]
     return problems
 
 

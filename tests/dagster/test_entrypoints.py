@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -421,3 +421,30 @@ def test_the_regression_gate_fails_every_entry_point_when_the_candidate_is_worse
         done = subprocess.run(command, check=False, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
         assert done.returncode != 0, f"{command[1]}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
         assert "no_regression" in done.stdout + done.stderr
+
+
+def test_a_run_that_failed_where_no_step_says_why_is_said_by_its_own_failure() -> None:
+    """A step that died on a worker before it could start (its YAML names a variable that worker lacks) fails
+    the run with no step failure of its own: the run's failure says why (only 'run FAILED' was printed)."""
+    from dagster._core.events import DagsterEvent, JobFailureData
+    from dagster_shared.error import SerializableErrorInfo
+
+    from hud_pipelines.cli.run import _problems  # pyright: ignore[reportPrivateUsage]
+
+    said = "During celery execution errors occurred in workers:\n[u0]: SpecError: sim.token: SIMTOK is not set\n"
+    error = SerializableErrorInfo(message=said, stack=[], cls_name="DagsterSubprocessError")
+    failure = DagsterEvent(
+        event_type_value="PIPELINE_FAILURE",
+        job_name="fleet",
+        event_specific_data=JobFailureData(error=error, failure_reason=None),
+    )
+
+    class Failed:
+        def __init__(self) -> None:
+            self.all_events = [failure]
+
+        def get_asset_check_evaluations(self) -> list[Any]:
+            return []
+
+    [line] = _problems(cast(Any, Failed()), ["hud-pipelines", "run", "fleet"], [], None)
+    assert line == "run failed: " + " / ".join(said.strip().splitlines()), "in one line, the cause at its end"
