@@ -45,10 +45,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from pydantic_core import ErrorDetails
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
-from ruamel.yaml.error import YAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, RESOURCE_TYPES, SIM
 from hud_pipelines.errors import DeploymentError
+from hud_pipelines.spec.document import syntax_problem
 from hud_pipelines.spec.problems import closest, did_you_mean
 
 DEPLOYMENT_ENV = "HUD_PIPELINES_DEPLOYMENT"
@@ -155,9 +156,13 @@ def deployment_path() -> Path | None:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        loaded: object = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise DeploymentError(f"deployment file {path}: {exc.strerror or exc}") from exc
+    try:
+        loaded: object = YAML(typ="safe").load(text)
+    except MarkedYAMLError as exc:  # at its line, as a pipeline file's (it was a page of ruamel's traceback)
+        raise DeploymentError(f"deployment file {syntax_problem(exc, text.splitlines(), str(path)).render()}") from exc
     if not isinstance(loaded, dict):
         raise DeploymentError(f"deployment file {path}: expected a mapping with 'pipelines:' and/or 'execution:'")
     return cast(dict[str, Any], loaded)

@@ -96,7 +96,7 @@ def read_document(text: str, file: str, env: Mapping[str, str]) -> tuple[YamlDoc
     try:
         root: Node | None = YAML(typ="rt").compose(text)
     except MarkedYAMLError as exc:
-        syntax = _syntax_problem(exc, lines, file)
+        syntax = syntax_problem(exc, lines, file)
         if not any(p.line == syntax.line for p in problems):  # a tab already explains this line
             problems.append(syntax)
         return None, problems
@@ -167,7 +167,8 @@ def _span(node: Node, lines: list[str]) -> Span:
     return Span(start[0], start[1], max(width, 1))
 
 
-def _syntax_problem(exc: MarkedYAMLError, lines: list[str], file: str) -> Problem:
+def syntax_problem(exc: MarkedYAMLError, lines: list[str], file: str) -> Problem:
+    """A YAML syntax error as a problem at its line and column (a pipeline file's, a deployment file's)."""
     problem_text = cast(str | None, exc.problem)
     context_text = cast(str | None, exc.context)
     problem_at = _position(exc.problem_mark)

@@ -151,6 +151,7 @@ def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_
         "execution: {queues: gpu}\n": r"yaml:1:13: execution\.queues: unknown key 'queues' \(did you mean 'queue'\?\)",
         "pipelines:\n  a: {execution: {broker: 'redis://h/0'}}\n": r"pipelines\.a\.execution\.broker: set under",
         "execution: {broker: {env: NOT_SET_ANYWHERE}}\n": r"execution\.broker: environment variable NOT_SET_ANYWHERE",
+        "execution:\n  executor: celery\n   retries: 1\n": r"yaml:3:\d+: invalid YAML: mapping values are not allowed",
     }
     for text, message in refused.items():
         path.write_text(text)
