@@ -241,15 +241,13 @@ def _interrupts() -> Generator[dict[str, signal.Signals]]:
 
 
 DAGSTER_FAILURE = "dagster._core.definitions.events.Failure"  # heads a step's dg.Failure message
+INTERRUPTED_ERROR = "DagsterExecutionInterruptedError"  # said by the run's own line, in words
 
 
 def _eval_failed(result: ExecutionResult | None) -> bool:
-    """Whether the step that runs the instances failed (an instance that did not start kept an earlier result),
-    so that the grades and report, which come after it, did not run."""
-    return result is not None and any(
-        event.event_type_value == "STEP_FAILURE" and (event.step_key or "").endswith("__eval")
-        for event in result.all_events
-    )
+    """Whether the step running the instances failed (one kept an earlier result): the grades after it did not run."""
+    failed = [e.step_key or "" for e in result.all_events if e.event_type_value == "STEP_FAILURE"] if result else []
+    return any(key.endswith("__eval") for key in failed)
 
 
 def _was_interrupted(result: ExecutionResult) -> bool:
@@ -294,14 +292,15 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str], 
         if event.event_type_value != "STEP_FAILURE":
             continue
         error = event.step_failure_data.error
-        if error is None or error.cls_name in ("DagsterAssetCheckFailedError", "DagsterExecutionInterruptedError"):
+        if error is None or error.cls_name in ("DagsterAssetCheckFailedError", INTERRUPTED_ERROR):
             continue  # a check: reported above; an interrupt: said by the run's own line
         cause = error.cause if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause else error
         lines = cause.message.strip().removeprefix(f"{DAGSTER_FAILURE}: ").splitlines()
         problems.append(f"step {event.step_key} failed: {' / '.join(lines[:6])}")
     failures = [e.job_failure_data.error for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE"]
+    said = [error for error in failures if error and INTERRUPTED_ERROR not in error.message]  # the run says it
     if not problems:  # no step says why: the run's own failure does (a step that died on a worker, say)
-        problems += [f"run failed: {' / '.join(error.message.strip().splitlines()[:6])}" for error in failures if error]
+        problems += [f"run failed: {' / '.join(error.message.strip().splitlines()[:6])}" for error in said]
     return problems
 
 
