@@ -7,6 +7,7 @@ torch, lerobot or dagster, and ``validate`` never starts a sim.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -206,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hud-pipelines {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # its reader stopped reading (`| head`): what it read is all it wanted, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit goes nowhere
+        return 1
 
 
 if __name__ == "__main__":

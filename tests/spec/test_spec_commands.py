@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -136,3 +137,14 @@ def test_validate_as_a_process_reports_file_line_and_exit_code() -> None:
         in result.stdout
     )
     assert "    7 |     kind: scrpted\n      |           ^^^^^^^" in result.stdout
+
+
+def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback() -> None:
+    """``hud-pipelines compare ... | head``: the command's output goes to a pipe its reader closed."""
+    command = [sys.executable, "-m", "hud_pipelines.cli", "schema"]  # a long output, no setup
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        process.stdout.close()  # before it writes (it imports for a second first), as `head` that is done does
+        _, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stderr.decode(), stderr.decode()[-2000:]
+    assert process.returncode in (1, -signal.SIGPIPE)
