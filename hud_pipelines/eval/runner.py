@@ -78,6 +78,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         contract_path=spec.contract_path,
         startup_timeout_s=sim.startup_timeout_s,
         step_timeout_s=sim.step_timeout_s,
+        busy_timeout_s=sim.busy_timeout_s,
         options=tuple(sim.serve_options()) if sim.spawned else (),
         servers=tuple(attached_servers(spec)),
         cwd=cwd,

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import threading
-import urllib.parse
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError, SimCrashedError, SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.fleet import Fleet, is_busy, naming, reachable
 from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.sharded_sim import ShardedSim
@@ -52,6 +52,8 @@ class SimSettings:
     options: tuple[str, ...] = ()
     servers: tuple[tuple[str, str], ...] = ()
     """``(url, token)`` of served sims to attach to instead of spawning: each serves one instance at a time."""
+    busy_timeout_s: float = 600.0
+    """How long an instance waits for served sims that other clients drive (they refuse it with HTTP 409)."""
     cwd: Path | None = None
     python: Path | None = None
     """The spawned children's interpreter (a file, or a uv project directory); ``None``: the agent's."""
@@ -92,7 +94,7 @@ class SimPool(Closeable):
         if settings.shards > 1 and settings.servers:
             raise ValueError(f"shards={settings.shards} splits a sim the pool spawns; a served sim's slots are its own")
         self._tokens = dict(settings.servers)
-        self._servers = _Fleet([url for url, _ in settings.servers])
+        self._servers = Fleet([url for url, _ in settings.servers])
         self._closed = False
         self._contract: Contract | None = None
         self.served_sim: dict[str, Any] | None = None
@@ -216,32 +218,8 @@ class SimPool(Closeable):
     @contextlib.contextmanager
     def sim(self) -> Generator[LiveSim]:
         """A connected sim for one instance; returned to the pool if it stayed healthy."""
-        attached = self._servers.attached
-        server = self._servers.take() if attached else None  # waits for a served sim no instance holds
+        server, live = self._acquire()
         try:
-            with self._lock:
-                if self._closed:
-                    raise SimError("the run is shutting down: the sim pool is closed")
-                live = self._idle_on(server)
-            if live is None:
-                try:
-                    live = self._open(server)
-                except SimError as exc:
-                    if server is not None:
-                        named = _naming(exc, server)
-                        if isinstance(named, SimCrashedError):  # nothing was in flight: it never served this run
-                            named = SimStartError(str(named))
-                        named.server = server
-                        self._servers.lose(server, str(named))
-                        raise named from exc
-                    raise
-                with self._lock:
-                    closed = self._closed
-                    if not closed:
-                        self._live.append(live)
-                if closed:  # the pool closed while this sim was starting: nobody else will stop it
-                    _shutdown(live, 0.0)
-                    raise SimError("the run is shutting down: the sim pool is closed")
             try:
                 yield live
             except BaseException:
@@ -249,12 +227,76 @@ class SimPool(Closeable):
                 raise
             finally:
                 self._release(live)
-                if server is not None and not live.healthy and not _reachable(server):
+                if server is not None and not live.healthy and not reachable(server):
                     # its server died with it: no later instance goes there
                     self._servers.lose(server, f"served sim {server} stopped listening")
         finally:
             if server is not None:
                 self._servers.give_back(server)
+
+    def _acquire(self) -> tuple[str | None, LiveSim]:
+        """A sim for one instance, and the served sim it holds (``None`` for a spawned one).
+
+        A served sim that refuses as busy (another process's client drives it) is given back to be
+        tried again later while this instance tries the others, for ``busy_timeout_s`` at the most.
+        """
+        refusals = 0
+        waiting_since = time.monotonic()
+        while True:
+            server = self._servers.take() if self._servers.attached else None  # waits for one no instance holds
+            try:
+                return server, self._connected(server)
+            except BaseException as exc:
+                if server is None:
+                    raise
+                if not isinstance(exc, SimError) or not is_busy(exc):
+                    self._servers.give_back(server)  # a lost one is not handed out again
+                    raise
+                refusals += 1
+                waited_s = time.monotonic() - waiting_since
+                if refusals == 1:
+                    log.info("served sim %s is driven by another client: waiting for it or another one", server)
+                if waited_s >= self.settings.busy_timeout_s:
+                    self._servers.give_back(server)
+                    error = SimStartError(
+                        f"served sim {server}: busy, driven by another client (HTTP 409), for the {waited_s:.0f} s "
+                        f"this instance waited (sim.busy_timeout_s = {self.settings.busy_timeout_s:g}); serve more "
+                        "sims, or let fewer clients use them at once"
+                    )
+                    error.server = server
+                    raise error from exc
+                self._servers.busy(server, refusals)
+
+    def _connected(self, server: str | None) -> LiveSim:
+        """An idle sim on ``server`` (any idle spawned one), or a new one; a server that fails is lost.
+
+        A busy refusal is raised as it is: the server is not lost for it.
+        """
+        with self._lock:
+            if self._closed:
+                raise SimError("the run is shutting down: the sim pool is closed")
+            live = self._idle_on(server)
+        if live is not None:
+            return live
+        try:
+            live = self._open(server)
+        except SimError as exc:
+            if server is None or is_busy(exc):
+                raise
+            named = naming(exc, server)
+            if isinstance(named, SimCrashedError):  # nothing was in flight: it never served this run
+                named = SimStartError(str(named))
+            named.server = server
+            self._servers.lose(server, str(named))
+            raise named from exc
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._live.append(live)
+        if closed:  # the pool closed while this sim was starting: nobody else will stop it
+            _shutdown(live, 0.0)
+            raise SimError("the run is shutting down: the sim pool is closed")
+        return live
 
     def _idle_on(self, server: str | None) -> LiveSim | None:
         """An idle sim to reuse: the one attached to ``server``, or any spawned one (call with the lock held)."""
@@ -316,65 +358,3 @@ def _shutdown(live: LiveSim, grace_s: float = DEFAULT_GRACE_S) -> None:
     with contextlib.suppress(Exception):
         live.client.close()
     live.process.close(grace_s=grace_s)
-
-
-class _Fleet:
-    """The served sims of a pool: each takes one connection at a time, so each serves one instance at a time.
-
-    An instance takes a server no other instance holds (waiting while all are busy) and gives it back
-    when it ends; a server that could not be reached is lost: the instance that tried it errors naming
-    it, and no later instance is sent there. When every server is lost, instances error at once.
-    """
-
-    def __init__(self, servers: list[str]) -> None:
-        self.attached = bool(servers)
-        self._free = list(servers)
-        self._lost: dict[str, str] = {}
-        """Each lost server and why it was lost (the first error that came from it)."""
-        self._all = list(servers)
-        self._changed = threading.Condition()
-
-    def take(self) -> str:
-        with self._changed:
-            while not self._free:
-                if len(self._lost) == len(self._all):
-                    error = SimStartError(self._every_one_lost())
-                    error.server = self._all[0] if len(self._all) == 1 else None  # a fleet's: none in particular
-                    raise error
-                self._changed.wait()
-            return self._free.pop(0)
-
-    def _every_one_lost(self) -> str:
-        """Why no instance can have a served sim: each server's own first error, not just that it is gone."""
-        if len(self._all) == 1:
-            return f"the served sim cannot be used: {next(iter(self._lost.values()))}"
-        return f"none of the {len(self._all)} served sims can be used: " + "; ".join(self._lost.values())
-
-    def give_back(self, server: str) -> None:
-        with self._changed:
-            if server not in self._lost:
-                self._free.append(server)
-            self._changed.notify_all()
-
-    def lose(self, server: str, reason: str) -> None:
-        with self._changed:
-            self._lost.setdefault(server, reason)
-            self._changed.notify_all()
-
-
-def _naming(exc: SimError, server: str) -> SimError:
-    """``exc`` with its message prefixed by the server it came from, its fields (status, deadline...) kept."""
-    named = type(exc).__new__(type(exc))  # not the constructor: each error type has keyword-only fields
-    named.__dict__.update(exc.__dict__)
-    named.args = (f"served sim {server}: {exc}", *exc.args[1:])
-    return named
-
-
-def _reachable(url: str, timeout_s: float = 2.0) -> bool:
-    """Whether a served sim still listens (a TCP connection to its host and port opens)."""
-    parts = urllib.parse.urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=timeout_s):
-            return True
-    except OSError:
-        return False

@@ -84,6 +84,16 @@ class SimSpec(StrictModel):
         default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"
     )
     step_timeout_s: Float = Field(default=60.0, gt=0, description="deadline of one reset or step request")
+    busy_timeout_s: Float = Field(
+        default=600.0,
+        gt=0,
+        exclude_if=lambda value: (
+            value == 600.0
+        ),  # at its default, it leaves the rollout hash as it was before it existed
+        description="with `url`, `urls` or `fleet`: how long an instance waits for a served sim while other clients "
+        "drive every one it may use (they refuse it with HTTP 409: the Celery workers of one run, another run on the "
+        "same fleet), trying again with backoff, before it errors as `sim_start`; a busy server is never lost",
+    )
     python: str | None = Field(
         default=None,
         min_length=1,
@@ -205,6 +215,10 @@ class SimSpec(StrictModel):
                 raise spec_rules(rules)
         elif self.token is not None:
             raise spec_rule("token", "'token' belongs to a sim attached by 'url'; a spawned sim gets a fresh one")
+        elif "busy_timeout_s" in self.model_fields_set:
+            raise spec_rule(
+                "busy_timeout_s", "'busy_timeout_s' waits for a sim served elsewhere; a spawned sim is this run's own"
+            )
         return self
 
     @model_validator(mode="after")

@@ -38,6 +38,7 @@ from tests.agent.checkpoint_runs import (
 )
 from tests.dagster.celery_support import Worker, alive, celery_workers, needs_redis, processes_mentioning, redis_server
 from tests.dagster.support import REPO, WritePipeline, sim_processes
+from tests.sim.fleet_support import TOKEN, serve_sim, stop_served
 
 HELD_SIM = Path(__file__).with_name("celery_sims.py").resolve()
 ROLLOUTS = "rollouts"
@@ -267,6 +268,35 @@ def test_celery_eval_runs_units_on_both_workers_and_matches_the_in_process_run(
     assert successes.count("spread__dataset") == 1, "the dataset was merged once"
     assert sum(key.startswith("spread__eval.unit[") for key in successes) == 4
     assert home.get_materialized_partitions(dg.AssetKey(["spread", ROLLOUTS])) == {f"task0-i{k}" for k in range(4)}
+
+
+@needs_redis
+def test_celery_units_share_a_fleet_of_served_sims_waiting_for_a_busy_one_never_losing_it(
+    tmp_path: Path, home: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker's units know only their own holds: a server another worker drives refuses (409), and waits."""
+    from hud_pipelines.cli.run import run_pipeline
+
+    slow = ("--arg", "fault=slow_step", "--arg", "delay_s=0.15", "--arg", "at_step=1")  # 1.5 s instances
+    servers = [serve_sim("envs.faulty:faulty", *slow) for _ in range(2)]
+    monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    path = tmp_path / "fleet.yaml"
+    sim = {"urls": [url for _, url in servers], "token": "${HUD_TEST_FLEET_TOKEN}", "num_envs": 2}
+    pipeline = {"sim": sim, "agent": {"policy": {"kind": "constant"}}}
+    path.write_text(json.dumps({"name": "fleet", **pipeline, "group": 6, "max_steps": 30}))
+    try:
+        with redis_server(tmp_path / "redis") as (broker, _):
+            monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))
+            with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1", "w2"], tmp_path / "logs"):
+                code = run_pipeline(str(path), outputs_dir=tmp_path / "out", quiet=True)
+    finally:
+        for process, _ in servers:
+            stop_served(process)
+    rows = _grades(tmp_path / "out", "fleet")
+    assert [(r.instance, r.fault) for r in rows if r.fault is not None] == [], "no instance lost a busy server"
+    assert len(rows) == 12
+    assert code == 0
 
 
 def _kill_the_held_worker(hold: Path, workers: list[Worker], killed: list[int]) -> None:

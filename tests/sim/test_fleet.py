@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,46 +18,18 @@ from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.steps import evaluate
 from hud_pipelines.spec.loader import load_pipeline_text
 from tests.dagster.support import REPO, SIMS
+from tests.sim.fleet_support import TOKEN, serve_cartpole, stop_served
 
 pytestmark = pytest.mark.slow
-TOKEN = "fleet-test-token"
-
-
-def _serve(*args: str, token: str = TOKEN, sims: Path = SIMS) -> tuple[subprocess.Popen[bytes], str]:
-    command = [
-        sys.executable,
-        "-m",
-        "hud_pipelines.sim",
-        f"{sims}:cartpole",
-        "--num-envs",
-        "2",
-        "--token",
-        token,
-        *args,
-    ]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO
-    )
-    assert process.stdout is not None
-    ready = json.loads(process.stdout.readline())
-    return process, str(ready["url"])
 
 
 @pytest.fixture(name="fleet")
 def fleet_fixture() -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
     """Two served CartPole sims that kill their own process at step 5 of an episode of seed 4."""
-    servers = [_serve("--arg", "crash_seeds=[4]") for _ in range(2)]
+    servers = [serve_cartpole("--arg", "crash_seeds=[4]") for _ in range(2)]
     yield servers
     for process, _ in servers:
-        _stop(process)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=10)
-    if process.stdout is not None:
-        process.stdout.close()
+        stop_served(process)
 
 
 def _spec(tmp_path: Path, urls: list[str], monkeypatch: pytest.MonkeyPatch, *, num_envs: int = 2) -> Any:
@@ -105,8 +76,8 @@ def test_a_fleet_whose_servers_are_all_down_errors_every_instance_naming_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    process, url = _serve()
-    _stop(process)
+    process, url = serve_cartpole()
+    stop_served(process)
     evaluation = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
     assert all(r.failed for r in evaluation.results)
     assert all(url in (r.error or "") for r in evaluation.results)
@@ -118,12 +89,12 @@ def test_a_server_of_the_fleet_that_is_down_is_a_start_failure_of_the_instance_t
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    (live, live_url), (down, down_url) = _serve(), _serve()
-    _stop(down)
+    (live, live_url), (down, down_url) = serve_cartpole(), serve_cartpole()
+    stop_served(down)
     try:
         evaluation = evaluate(_spec(tmp_path, [live_url, down_url], monkeypatch), outputs_dir=tmp_path / "out")
     finally:
-        _stop(live)
+        stop_served(live)
     [tried] = [r for r in evaluation.results if r.failed]  # the first instance sent there; none after it
     assert (tried.server, tried.fault) == (down_url, Fault.SIM_START)
     assert tried.error is not None
@@ -137,11 +108,11 @@ def test_a_served_sim_with_other_slots_than_the_pipeline_errors_every_instance_n
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    process, url = _serve()  # two slots
+    process, url = serve_cartpole()  # two slots
     try:
         evaluation = evaluate(_spec(tmp_path, [url], monkeypatch, num_envs=3), outputs_dir=tmp_path / "out")
     finally:
-        _stop(process)
+        stop_served(process)
     assert len(evaluation.results) == 4
     assert all(r.failed for r in evaluation.results)
     expected = f"served sim {url}: it serves 2 slot(s), but the pipeline's sim.num_envs is 3"
@@ -154,11 +125,11 @@ def test_a_wrong_token_errors_every_instance_naming_the_refusal_not_a_lost_serve
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    process, url = _serve(token="the-right-token")
+    process, url = serve_cartpole(token="the-right-token")
     try:
         evaluation = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
     finally:
-        _stop(process)
+        stop_served(process)
     errors = [r.error or "" for r in evaluation.results]
     assert len(errors) == 4
     assert all(f"served sim {url}: " in e and "HTTP 401" in e for e in errors), errors
@@ -168,7 +139,7 @@ def test_a_fleet_file_reaches_each_server_with_its_own_token_and_a_wrong_one_is_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    (a, url_a), (b, url_b) = _serve(token="token-of-a"), _serve(token="token-of-b")
+    (a, url_a), (b, url_b) = serve_cartpole(token="token-of-a"), serve_cartpole(token="token-of-b")
     try:
         monkeypatch.setenv("HUD_TEST_TOKEN_A", "token-of-a")
         monkeypatch.setenv("HUD_TEST_TOKEN_B", "token-of-b")
@@ -206,8 +177,8 @@ def test_a_fleet_file_reaches_each_server_with_its_own_token_and_a_wrong_one_is_
         evaluation = evaluate(spec, outputs_dir=tmp_path / "first")
         assert [(r.server, r.failed) for r in evaluation.results] == [(url_a, False), (url_a, False)]
     finally:
-        _stop(a)
-        _stop(b)
+        stop_served(a)
+        stop_served(b)
 
 
 def _free_port() -> int:
@@ -222,12 +193,12 @@ def test_a_fleet_server_started_with_other_arguments_errors_its_instances_naming
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    servers = [_serve("--arg", "crash_seeds=[]"), _serve("--arg", "crash_seeds=[99]")]
+    servers = [serve_cartpole("--arg", "crash_seeds=[]"), serve_cartpole("--arg", "crash_seeds=[99]")]
     try:
         evaluation = evaluate(_spec(tmp_path, [url for _, url in servers], monkeypatch), outputs_dir=tmp_path / "out")
     finally:
         for process, _ in servers:
-            _stop(process)
+            stop_served(process)
     failed = [r for r in evaluation.results if r.failed]
     assert len(failed) == 1, "the other server is lost after its first instance: the rest run on the first"
     assert failed[0].fault is Fault.SIM_START
@@ -249,22 +220,22 @@ def test_results_of_a_server_restarted_with_other_arguments_are_not_merged(
 ) -> None:
     monkeypatch.chdir(REPO)
     port = str(_free_port())
-    process, url = _serve("--port", port, "--arg", "crash_seeds=[]")
+    process, url = serve_cartpole("--port", port, "--arg", "crash_seeds=[]")
     try:
         first = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
     finally:
-        _stop(process)
+        stop_served(process)
     assert not any(r.failed for r in first.results)
     stored = InstanceResult.read(tmp_path / "out" / "fleet" / "rollouts" / "task0-i0.json").provenance
     assert stored["sim_args"] == {"crash_seeds": []}, "the server's arguments, not the YAML's"
     assert stored["sim_factory"].endswith("sims.py:cartpole")
-    process, again = _serve("--port", port, "--arg", "crash_seeds=[99]")
+    process, again = serve_cartpole("--port", port, "--arg", "crash_seeds=[99]")
     try:
         assert again == url
         spec = _spec(tmp_path, [url], monkeypatch)
         second = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
     finally:
-        _stop(process)
+        stop_served(process)
     _assert_only_instance_1_current(second, "the served sim sims.py:cartpole with")
 
 
@@ -277,22 +248,22 @@ def test_results_of_a_served_sim_whose_code_changed_are_not_merged_and_the_file_
     sims.parent.mkdir()
     sims.write_text(SIMS.read_text())
     port = str(_free_port())
-    process, url = _serve("--port", port, sims=sims)
+    process, url = serve_cartpole("--port", port, sims=sims)
     try:
         spec = _spec(tmp_path, [url], monkeypatch)
         first = evaluate(spec, outputs_dir=tmp_path / "out")
         again = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i0")])
     finally:
-        _stop(process)
+        stop_served(process)
     assert not any(r.failed for r in first.results)
     assert all(row.fault is None for row in again.rows), "the same code: every result is current"
     sims.write_text(sims.read_text() + "\n# an edit of the served sim's code\n")
-    process, _ = _serve("--port", port, sims=sims)
+    process, _ = serve_cartpole("--port", port, sims=sims)
     try:
         spec = _spec(tmp_path, [url], monkeypatch)
         second = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
     finally:
-        _stop(process)
+        stop_served(process)
     _assert_only_instance_1_current(second, "the served sim's code changed: sims.py")
 
 
@@ -316,11 +287,11 @@ def test_a_run_that_meets_no_served_sim_keeps_every_earlier_result_and_fails_say
 
     monkeypatch.chdir(REPO)
     port = str(_free_port())
-    process, url = _serve("--port", port)
+    process, url = serve_cartpole("--port", port)
     try:
         first = evaluate(_spec(tmp_path, [url], monkeypatch), outputs_dir=tmp_path / "out")
     finally:
-        _stop(process)
+        stop_served(process)
     spec = _spec(tmp_path, [url], monkeypatch)  # the server is down now
     down = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i1")])
     assert down.rows == first.rows, "every result as the first run left it"
@@ -372,3 +343,70 @@ def _claim_many(root: Path, name: str) -> list[str]:
 
     outputs = EvalOutputs(root, "fleet")
     return [claim_served_sim(outputs, f"run-{i}", {"factory_name": name})["factory_name"] for i in range(60)]
+
+
+def test_an_instance_waits_for_a_served_sim_another_process_drives_and_never_loses_it() -> None:
+    """Two pools on one server stand for two Celery workers of one run: neither knows what the other holds."""
+    from hud_pipelines.sim.pool import SimPool, SimSettings
+
+    process, url = serve_cartpole()
+    settings = SimSettings(num_envs=2, servers=((url, TOKEN),))
+    holder, waiter = SimPool(settings), SimPool(settings)
+    got: list[str] = []
+    thread = threading.Thread(target=_take_once, args=(waiter, got))
+    try:
+        with holder.sim():
+            thread.start()
+            thread.join(timeout=1.5)
+            assert thread.is_alive(), "the second instance waits while the first drives the sim"
+        holder.close()  # the first worker's unit ends: its pool lets go of the sim
+        thread.join(timeout=20)
+        assert got == [url], "once the first let go, the second got the same server"
+        with waiter.sim() as live:  # and did not lose it for the refusals it met
+            assert live.server == url
+    finally:
+        holder.close(grace_s=0)
+        waiter.close(grace_s=0)
+        thread.join(timeout=10)
+        stop_served(process)
+
+
+def _take_once(pool: Any, got: list[str]) -> None:
+    with pool.sim() as live:
+        got.append(live.server)
+
+
+def test_a_served_sim_busy_past_busy_timeout_errors_the_instance_as_a_start_failure_naming_why() -> None:
+    from hud_pipelines.errors import SimStartError, fault_of
+    from hud_pipelines.sim.pool import SimPool, SimSettings
+
+    process, url = serve_cartpole()
+    holder = SimPool(SimSettings(num_envs=2, servers=((url, TOKEN),)))
+    waiter = SimPool(SimSettings(num_envs=2, servers=((url, TOKEN),), busy_timeout_s=1.0))
+    try:
+        with holder.sim():
+            started = time.monotonic()
+            with pytest.raises(SimStartError) as refused, waiter.sim():
+                pass
+            assert 1.0 <= time.monotonic() - started < 10
+        assert fault_of(refused.value) is Fault.SIM_START
+        assert refused.value.server == url
+        message = str(refused.value)
+        assert f"served sim {url}: busy, driven by another client (HTTP 409)" in message
+        assert "sim.busy_timeout_s = 1" in message, message
+        holder.close()
+        with waiter.sim() as live:  # busy is not lost: the next instance gets it once it is let go
+            assert live.server == url
+    finally:
+        holder.close(grace_s=0)
+        waiter.close(grace_s=0)
+        stop_served(process)
+
+
+def test_busy_timeout_is_refused_for_a_spawned_sim_naming_the_key(tmp_path: Path) -> None:
+    from hud_pipelines.spec.problems import SpecError
+
+    text = json.loads(_text(["ws://127.0.0.1:1"]))
+    text["sim"] = {"factory": "CartPole-v1", "busy_timeout_s": 5}
+    with pytest.raises(SpecError, match=r"sim\.busy_timeout_s.*a spawned sim is this run's own"):
+        load_pipeline_text(json.dumps(text), source=tmp_path / "fleet.yaml")

@@ -1,0 +1,113 @@
+"""The served sims one eval attaches to: who holds which, which are lost, which another client drives.
+
+A served sim takes one connection at a time, so it serves one instance at a time. Within one process
+the fleet knows which instance holds which server and hands out only free ones. Instances of other
+processes (the Celery workers of one run, or another run on the same fleet) are not known to it: a
+server one of them drives refuses a connection with HTTP 409. That server is busy, not broken: the
+instance that met the refusal tries another free server, or waits for one, backing off, up to
+``sim.busy_timeout_s``; the server is never lost for it. A server that cannot be reached at all is
+lost: the instance that tried it errors naming it, and no later instance is sent there.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+import urllib.parse
+from http import HTTPStatus
+
+from hud_pipelines.errors import SimError, SimRefusedError, SimStartError
+
+FIRST_BACKOFF_S = 0.1
+"""How long a server that refused as busy is left alone first; it doubles at every refusal after."""
+MAX_BACKOFF_S = 2.0
+"""The longest a busy server is left alone between two tries (so it is taken soon after it is let go)."""
+
+
+def is_busy(exc: SimError) -> bool:
+    """Whether ``exc`` is a served sim refusing a connection because another client drives it."""
+    return isinstance(exc, SimRefusedError) and exc.status == HTTPStatus.CONFLICT
+
+
+class Fleet:
+    """The served sims of a pool (empty for a spawned sim): taken by one instance at a time (thread-safe).
+
+    :meth:`take` hands out a server no instance of this process holds and that is not backing off
+    after a busy refusal, waiting while there is none; :meth:`give_back` returns it. When every
+    server is lost, :meth:`take` errors at once.
+    """
+
+    def __init__(self, servers: list[str]) -> None:
+        self.attached = bool(servers)
+        self._all = list(servers)
+        self._free = list(servers)
+        self._not_before: dict[str, float] = {}
+        """Servers that refused as busy, and when they may be tried again (monotonic clock)."""
+        self._lost: dict[str, str] = {}
+        """Each lost server and why it was lost (the first error that came from it)."""
+        self._changed = threading.Condition()
+
+    def take(self) -> str:
+        with self._changed:
+            while True:
+                if len(self._lost) == len(self._all):
+                    error = SimStartError(self._every_one_lost())
+                    error.server = self._all[0] if len(self._all) == 1 else None  # a fleet's: none in particular
+                    raise error
+                now = time.monotonic()
+                ready = [server for server in self._free if self._not_before.get(server, 0.0) <= now]
+                if ready:
+                    self._free.remove(ready[0])
+                    return ready[0]
+                backing_off = [self._not_before[server] - now for server in self._free]
+                self._changed.wait(min(backing_off) if backing_off else None)
+
+    def give_back(self, server: str) -> None:
+        with self._changed:
+            if server not in self._lost:
+                self._free.append(server)
+            self._changed.notify_all()
+
+    def busy(self, server: str, refusals: int) -> None:
+        """Give ``server`` back after its ``refusals``-th busy refusal: it is not tried again for a while.
+
+        The pause doubles with each refusal up to :data:`MAX_BACKOFF_S`, with jitter, so the workers of
+        one run that wait for the same server do not all knock at the same moment.
+        """
+        pause_s = min(FIRST_BACKOFF_S * 2 ** max(refusals - 1, 0), MAX_BACKOFF_S) * random.uniform(0.5, 1.0)
+        with self._changed:
+            self._not_before[server] = time.monotonic() + pause_s
+            if server not in self._lost:
+                self._free.append(server)
+            self._changed.notify_all()
+
+    def lose(self, server: str, reason: str) -> None:
+        with self._changed:
+            self._lost.setdefault(server, reason)
+            self._changed.notify_all()
+
+    def _every_one_lost(self) -> str:
+        """Why no instance can have a served sim: each server's own first error, not just that it is gone."""
+        if len(self._all) == 1:
+            return f"the served sim cannot be used: {next(iter(self._lost.values()))}"
+        return f"none of the {len(self._all)} served sims can be used: " + "; ".join(self._lost.values())
+
+
+def naming(exc: SimError, server: str) -> SimError:
+    """``exc`` with its message prefixed by the server it came from, its fields (status, deadline...) kept."""
+    named = type(exc).__new__(type(exc))  # not the constructor: each error type has keyword-only fields
+    named.__dict__.update(exc.__dict__)
+    named.args = (f"served sim {server}: {exc}", *exc.args[1:])
+    return named
+
+
+def reachable(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a served sim still listens (a TCP connection to its host and port opens)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
