@@ -46,7 +46,7 @@ from hud_pipelines.dagster.resources import (
 )
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
-from hud_pipelines.eval.configuration import CurrentBy, current_rollout_hashes, record_configuration
+from hud_pipelines.eval.configuration import record_configuration
 from hud_pipelines.eval.grade_table import cell, grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import headline_rows
@@ -140,6 +140,10 @@ def _build(
     rollouts_key = dg.AssetKey([name, "rollouts"])
     instances_key = dg.AssetKey([name, "instances"])
 
+    def judging_asset(step: str, description: str) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+        """An asset that judges the instances' results with the graders: the grades, report, comparison."""
+        return eval_asset(step, description, deps=[instances_key], resources={graders_key})
+
     eval_specs = [
         dg.AssetSpec(
             contract_key,
@@ -230,17 +234,14 @@ def _build(
 
     run_eval = units.eval_units_asset(spec, outputs, eval_specs, execution) if execution.distributed else local_eval()
 
-    @eval_asset(
+    @judging_asset(
         "grades",
         f"One row per (task, instance, slot) of {name}: seed, score, success, return, steps, how it ended, status, "
         "fault, run.",
-        deps=[instances_key],
-        resources={graders_key},
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         judged = judged_of(context, spec)
-        current = current_rollout_hashes(spec, outputs)
-        rows, _ = grades_step(judged, outputs, CurrentBy(current))  # and the checks' verdicts, as a file beside them
+        rows, _ = grades_step(judged, outputs)  # and the checks' verdicts, as a file beside them
         scope, headline = headline_rows(judged, rows)
         summary = summarize(headline)  # the report's headline rate, never one pooled over arms or weights
         low, high = success_interval(summary)
@@ -261,18 +262,15 @@ def _build(
             }
         )
 
-    @eval_asset(
+    @judging_asset(
         "report",
         f"Success rate with its 95% interval and denominators, per task, the checks' verdicts and a plot, for {name}.",
-        deps=[instances_key],
-        resources={graders_key},
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         written = report_step(
             judged_of(context, spec),
             outputs,
             run_id=context.run.run_id,
-            current=CurrentBy(current_rollout_hashes(spec, outputs)),
             dataset=dataset_root(spec, outputs, project_dir),
         )
         thumbnails = (
@@ -299,7 +297,7 @@ def _build(
     assets: list[dg.AssetsDefinition] = [run_eval, grades, report]
 
     if spec.is_sweep:
-        assets.append(_comparison_asset(spec, outputs, instances_key, eval_asset))
+        assets.append(_comparison_asset(spec, outputs, judging_asset))
 
     if spec.dataset_enabled:
 
@@ -357,20 +355,15 @@ def _run_sweep(
 
 
 def _comparison_asset(
-    spec: PipelineSpec, outputs: EvalOutputs, instances_key: dg.AssetKey, eval_asset: Callable[..., Any]
+    spec: PipelineSpec, outputs: EvalOutputs, judging_asset: Callable[..., Any]
 ) -> dg.AssetsDefinition:
-    graders_key = resource_key(spec.name, GRADERS)
-
-    @eval_asset(
+    @judging_asset(
         "comparison",
         f"Every checkpoint of {spec.name} per task: success with its 95% interval, mean score, and the paired "
         "comparison (McNemar's exact test) with the previous checkpoint and the baseline.",
-        deps=[instances_key],
-        resources={graders_key},
     )
     def comparison(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        judged = judged_of(context, spec)
-        table = comparison_step(judged, outputs, current=CurrentBy(current_rollout_hashes(spec, outputs)))
+        table = comparison_step(judged_of(context, spec), outputs)
         return dg.MaterializeResult(metadata=_comparison_metadata(table, outputs))
 
     return comparison

@@ -48,6 +48,7 @@ class CheckVerdict:
     name: str
     passed: bool
     blocking: bool
+    """Whether its failure fails the run and stops the assets downstream (the dataset), or only warns."""
     description: str
     observed: float | None = None
     threshold: float | None = None
