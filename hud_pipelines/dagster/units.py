@@ -53,7 +53,7 @@ from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.rollouts import current, rollouts_step
+from hud_pipelines.eval.rollouts import current, kept_failure, kept_result, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
 from hud_pipelines.eval.steps import record_configuration
 from hud_pipelines.sim.pool import SimPool
@@ -127,7 +127,14 @@ def eval_units_asset(
             pool = sim_of(context, spec).pool(effective)
             derived = _derive_contract(pool, outputs, context.run.run_id)
             result = _run(context, planned, pool, rollouts_key, lost, claims=outputs)
-        return {"key": key, "result": str(planned.result_path), "contract": derived, "failed": result.failed}
+        kept = planned.checkpoint is None and kept_result(result, planned.outputs) is not None
+        return {
+            "key": key,
+            "result": str(planned.result_path),
+            "contract": derived,
+            "failed": result.failed,
+            "kept": result.as_dict() if kept else None,  # the attempt that did not start: finish fails the run on it
+        }
 
     @dg.op(
         name="finish",
@@ -146,10 +153,16 @@ def eval_units_asset(
         if any(u["contract"] for u in units) and outputs.contract.is_file():
             derived = load_contract(outputs.contract)
             yield dg.Output(None, output_name="contract", metadata=contract_metadata(effective, outputs, derived))
-        results = [InstanceResult.read(Path(u["result"])) for u in units]
+        results = [
+            InstanceResult.from_dict(u["kept"]) if u.get("kept") else InstanceResult.read(Path(u["result"]))
+            for u in units
+        ]
         # ``rollouts`` is never yielded here: each unit materialized its own partition, if it completed.
         metadata = instances_metadata(outputs, run_id, results, effective.overrides(spec))
         yield dg.Output(None, output_name="instances", metadata=metadata)
+        kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
+        if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
+            raise dg.Failure(description=kept, allow_retries=False)
 
     @dg.graph(
         name=f"{spec.name}__eval",
@@ -242,6 +255,7 @@ def _run(
         run_id=context.run.run_id,
         partitions=[unit.partition],
         claims=claims,
+        keep_earlier=unit.checkpoint is None,  # as in process: a sweep's pairs record every attempt
         checkpoint=unit.checkpoint,
         on_result=lambda result: _report(context, unit, result, rollouts_key, attempt),
     )

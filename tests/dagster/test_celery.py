@@ -37,7 +37,7 @@ from tests.agent.checkpoint_runs import (
     lerobot_run_fixture,  # noqa: F401 - the session's lerobot-train run
 )
 from tests.dagster.celery_support import Worker, alive, celery_workers, needs_redis, processes_mentioning, redis_server
-from tests.dagster.support import REPO, WritePipeline, sim_processes
+from tests.dagster.support import REPO, SIMS, WritePipeline, sim_processes
 from tests.sim.fleet_support import TOKEN, serve_sim, stop_served
 
 HELD_SIM = Path(__file__).with_name("celery_sims.py").resolve()
@@ -297,6 +297,39 @@ def test_celery_units_share_a_fleet_of_served_sims_waiting_for_a_busy_one_never_
     assert [(r.instance, r.fault) for r in rows if r.fault is not None] == [], "no instance lost a busy server"
     assert len(rows) == 12
     assert code == 0
+
+
+@needs_redis
+def test_celery_units_whose_served_sim_is_down_keep_the_earlier_results_and_fail_the_run_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As in process: an instance that never started measured nothing, so it must not wipe what it measured before."""
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline
+
+    monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    process, url = serve_sim(f"{SIMS}:cartpole")
+    path = tmp_path / "down.yaml"
+    sim = {"url": url, "token": "${HUD_TEST_FLEET_TOKEN}", "num_envs": 2}
+    policy = {"kind": "scripted", "target": "envs.controllers:CartPolePD"}
+    path.write_text(json.dumps({"name": "down", "sim": sim, "agent": {"policy": policy}, "group": 2, "max_steps": 20}))
+    try:
+        first = evaluate(load_pipeline(path), outputs_dir=tmp_path / "out")
+    finally:
+        stop_served(process)
+    assert first.passed
+    with redis_server(tmp_path / "redis") as (broker, _):
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1"], tmp_path / "logs"):
+            capsys.readouterr()
+            code = main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert code == 1, printed[-3000:]
+    assert "instance(s) task0-i0, task0-i1 did not start (sim_start: " in printed, printed[-3000:]
+    assert f"their results of run {first.run_id} are kept" in printed
+    assert _grades(tmp_path / "out", "down") == first.rows, "every result as the first run left it"
 
 
 def _kill_the_held_worker(hold: Path, workers: list[Worker], killed: list[int]) -> None:
