@@ -55,7 +55,7 @@ from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, 
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.rollouts import current, kept_failure, kept_result, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
-from hud_pipelines.eval.steps import record_configuration
+from hud_pipelines.eval.steps import record_configuration, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -100,6 +100,7 @@ def eval_units_asset(
     def plan(context: OpExecutionContext) -> Iterator[dg.Output[Any] | dg.DynamicOutput[str]]:
         effective = effective_of(context, spec)
         overrides = record_configuration(effective, spec, outputs, run_id=context.run.run_id)
+        outputs.seed_check.unlink(missing_ok=True)  # the run's first unit checks anew
         if overrides:
             context.log.info(f"{spec.name} runs with overrides of its YAML: {overrides}")
         keys = _sweep_plan(context, effective, outputs) if effective.is_sweep else list(context.partition_keys)
@@ -125,7 +126,8 @@ def eval_units_asset(
             if lost:
                 context.log.warning(f"{key}: attempt {lost + 1}, after its worker was lost")
             pool = sim_of(context, spec).pool(effective)
-            derived = _derive_contract(pool, outputs, context.run.run_id)
+            first = context.get_mapping_key() == mapping_key(0, key)  # it checks the sim's seeding for the run
+            derived = _derive_contract(effective, pool, outputs, context.run.run_id, check_seeds=first)
             result = _run(context, planned, pool, rollouts_key, lost, claims=outputs)
         kept = planned.checkpoint is None and kept_result(result, planned.outputs) is not None
         return {
@@ -219,14 +221,17 @@ def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOu
     return keys
 
 
-def _derive_contract(pool: SimPool, outputs: EvalOutputs, run_id: str) -> bool:
+def _derive_contract(
+    spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, run_id: str, *, check_seeds: bool
+) -> bool:
     """Start the unit's sim and write the contract it reports (units write the same file, atomically).
 
     A served sim is held to the one another unit of the run claimed already, else claimed for the run.
+    ``check_seeds``: the run's first unit also checks the sim's seeded reset, as a contract step does.
     """
     pool.served_sim = read_served_sim(outputs, run_id)
     try:
-        contract: Contract = pool.contract()
+        contract: Contract = seed_checked_contract(spec, pool, outputs) if check_seeds else pool.contract()
     except HudPipelinesError:  # the unit's instance then fails with the sim's own reason
         return False
     if pool.served_sim:  # claimed at the same moment by another unit, maybe of another sim: the first holds

@@ -62,17 +62,26 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
     served sim's account of itself is claimed for run ``run_id`` (``served_sim.json``: the run's provenance
     and fingerprint).
     """
+    contract = seed_checked_contract(spec, pool, outputs)
+    outputs.contract.parent.mkdir(parents=True, exist_ok=True)
+    outputs.contract.write_text(contract.to_json())
+    if pool.served_sim:
+        pool.hold_to(claim_served_sim(outputs, run_id, pool.served_sim))
+    return contract
+
+
+def seed_checked_contract(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Contract:
+    """The sim's contract, then its seeded reset checked on the first instance's tasks (``seed_check.json``).
+
+    The check runs once per run: in its contract step, or in the first unit of a run on workers.
+    """
     outputs.seed_check.unlink(missing_ok=True)  # a sim that does not start leaves no verdict of an earlier one
     tasks = spec.slot_tasks(*spec.partitions()[0])
     checked: list[SeedCheck] = []  # stays empty when a reset of the check failed
     contract = pool.contract(
         then=lambda client: checked.append(check_seeded_reset(client, tasks, rollout_hash=spec.rollout_hash))
     )
-    outputs.contract.parent.mkdir(parents=True, exist_ok=True)
-    outputs.contract.write_text(contract.to_json())
     write_seed_check(outputs, checked[0] if checked else None)
-    if pool.served_sim:
-        pool.hold_to(claim_served_sim(outputs, run_id, pool.served_sim))
     return contract
 
 

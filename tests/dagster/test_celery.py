@@ -38,6 +38,7 @@ from tests.agent.checkpoint_runs import (
 )
 from tests.dagster.celery_support import Worker, alive, celery_workers, needs_redis, processes_mentioning, redis_server
 from tests.dagster.support import REPO, SIMS, WritePipeline, sim_processes
+from tests.eval.test_eval_outputs import UNSEEDED_ENV
 from tests.sim.fleet_support import TOKEN, serve_sim, stop_served
 
 HELD_SIM = Path(__file__).with_name("celery_sims.py").resolve()
@@ -330,6 +331,35 @@ def test_celery_units_whose_served_sim_is_down_keep_the_earlier_results_and_fail
     assert "instance(s) task0-i0, task0-i1 did not start (sim_start: " in printed, printed[-3000:]
     assert f"their results of run {first.run_id} are kept" in printed
     assert _grades(tmp_path / "out", "down") == first.rows, "every result as the first run left it"
+
+
+@needs_redis
+def test_a_celery_run_checks_the_sims_seeding_once_and_warns_as_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    (tmp_path / "unseeded_env.py").write_text(UNSEEDED_ENV)
+    path = tmp_path / "unseeded.yaml"
+    sim = {"factory": "unseeded_env.py:Unseeded", "num_envs": 2}
+    policy = {"kind": "constant"}
+    path.write_text(
+        json.dumps({"name": "unseeded", "sim": sim, "agent": {"policy": policy}, "group": 2, "max_steps": 5})
+    )
+    outputs = EvalOutputs(tmp_path / "out", "unseeded")
+    outputs.base.mkdir(parents=True)
+    outputs.seed_check.write_text("{}")  # an earlier run's verdict: not this run's
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    with redis_server(tmp_path / "redis") as (broker, _):
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1", "w2"], tmp_path / "logs"):
+            capsys.readouterr()
+            main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert [row.fault for row in _grades(tmp_path / "out", "unseeded")] == [None] * 4, printed[-3000:]
+    check = json.loads(outputs.seed_check.read_text())
+    assert (check["seeds"], check["differing"]) == ([0, 1], {"0": ["state"], "1": ["state"]})
+    assert "warning: the sim does not repeat an episode's start for the same seed" in printed, printed[-3000:]
 
 
 def _kill_the_held_worker(hold: Path, workers: list[Worker], killed: list[int]) -> None:
