@@ -15,11 +15,15 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import logging
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from hud_pipelines.errors import HudPipelinesError
+
+log = logging.getLogger(__name__)
 
 
 def load_target(
@@ -34,6 +38,7 @@ def load_target(
         module = _load_file(module_part, spec, base, error, what)
     else:
         module = _import(module_part, spec, base, error, what)
+    _as_on_disk(module)
     try:
         return getattr(module, attribute)
     except AttributeError:
@@ -110,6 +115,47 @@ def target_sources(spec: str, base_dir: Path) -> list[Path]:
         _sibling_module(found.parent, name) for name in sorted(_imported_top_names(found) - sys.stdlib_module_names)
     )
     return [found, *(file for file in beside if file is not None and file != found)]
+
+
+_LOADED: dict[str, str] = {}
+"""Module name -> the digest of its file as this process last executed it (for targets and their helpers)."""
+
+
+def _as_on_disk(module: ModuleType) -> None:
+    """Execute ``module`` again if its file, or a helper beside it that it imports, changed since it ran here.
+
+    A Celery worker runs unit after unit in one process, so a policy file edited between two runs would
+    otherwise keep running as first imported, while the result's provenance records the digest of the
+    edited file (:mod:`hud_pipelines.eval.sources`). The files looked at are the ones digested there:
+    the target's own and the modules beside it that it imports. The source is compiled afresh, never
+    from a bytecode cache (an edit within the same second keeps the file's size and mtime alike).
+    """
+    path = _file_of(module)
+    if path is None:
+        return
+    stale = False
+    for name in sorted(_imported_top_names(path) - sys.stdlib_module_names):
+        helper = sys.modules.get(name)
+        helper_path = _file_of(helper) if helper is not None else None
+        if helper is not None and helper_path is not None and helper_path == _sibling_module(path.parent, name):
+            stale |= _execute_if_changed(helper, helper_path)
+    if _execute_if_changed(module, path, force=stale):  # after its helpers: it imports their new names
+        log.info("%s changed since this process imported it: executed it again", path)
+
+
+def _execute_if_changed(module: ModuleType, path: Path, *, force: bool = False) -> bool:
+    digest = code_digest(path)
+    known = _LOADED.setdefault(module.__name__, digest)
+    if known == digest and not force:
+        return False
+    exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)  # its own source, as its import ran it
+    _LOADED[module.__name__] = digest
+    return True
+
+
+def _file_of(module: ModuleType) -> Path | None:
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if isinstance(file, str) and file.endswith(".py") else None
 
 
 CODE_DIGEST_CHARS = 16

@@ -362,6 +362,39 @@ def test_a_celery_run_checks_the_sims_seeding_once_and_warns_as_in_process(
     assert "warning: the sim does not repeat an episode's start for the same seed" in printed, printed[-3000:]
 
 
+BALANCING = "from envs.controllers import CartPolePD as Policy\n"
+TOPPLING = """from envs.controllers import CartPolePD
+
+
+class Policy(CartPolePD):
+    def __init__(self) -> None:
+        super().__init__(kx=-0.1, kv=-0.5, kt=-10.0, kw=-2.0)
+"""
+
+
+@needs_redis
+def test_a_worker_runs_a_policy_file_edited_since_its_last_unit_as_edited(
+    write_pipeline: WritePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker lives on between runs: the code a unit runs is the code its result's provenance names."""
+    from hud_pipelines.cli.run import run_pipeline
+
+    (tmp_path / "pipelines" / "my_policy.py").write_text(BALANCING)
+    path = write_pipeline("edited", agent={"policy": {"kind": "scripted", "target": "my_policy.py:Policy"}})
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    with redis_server(tmp_path / "redis") as (broker, _):
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1"], tmp_path / "logs"):
+            assert run_pipeline(str(path), outputs_dir=tmp_path / "out", quiet=True) == 0
+            balanced = _grades(tmp_path / "out", "edited")
+            (tmp_path / "pipelines" / "my_policy.py").write_text(TOPPLING)
+            run_pipeline(str(path), outputs_dir=tmp_path / "out", quiet=True)
+            toppled = _grades(tmp_path / "out", "edited")
+    assert {row.steps for row in balanced} == {30}, "the PD controller balances to max_steps"
+    assert {row.run_id for row in toppled} != {balanced[0].run_id}, "the edit made the results another environment's"
+    assert max(row.steps for row in toppled) < 30, "the edited policy ran: it topples the pole"
+
+
 def _kill_the_held_worker(hold: Path, workers: list[Worker], killed: list[int]) -> None:
     """Wait for the held sim to say which worker runs it, SIGKILL that worker, release the hold."""
     held = hold.with_name(hold.name + ".held")
