@@ -33,18 +33,20 @@ def test_a_file_target_edited_after_it_was_loaded_runs_as_edited_even_within_the
 
 
 def test_a_module_target_whose_helper_beside_it_was_edited_runs_the_edited_helper(folder: Path) -> None:
-    package = folder / "edited_pkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "gains.py").write_text("GAIN = 1\n")
-    (package / "policy.py").write_text("from edited_pkg import gains\n\n\ndef act():\n    return gains.GAIN\n")
-    (folder / "plain_helper.py").write_text("SCALE = 10\n")
-    (folder / "scaled.py").write_text("from plain_helper import SCALE\n\n\ndef act():\n    return SCALE\n")
+    _write(
+        folder,
+        {
+            "edited_pkg/__init__.py": "",
+            "edited_pkg/policy.py": "GAIN = 1\n\n\ndef act():\n    return GAIN\n",
+            "plain_helper.py": "SCALE = 10\n",
+            "scaled.py": "from plain_helper import SCALE\n\n\ndef act():\n    return SCALE\n",
+        },
+    )
     assert load_target("edited_pkg.policy:act", base_dir=folder)() == 1
     assert load_target("scaled:act", base_dir=folder)() == 10
-    (folder / "plain_helper.py").write_text("SCALE = 20\n")
+    _write(folder, {"plain_helper.py": "SCALE = 20\n"})
     assert load_target("scaled:act", base_dir=folder)() == 20, "the helper beside the target is read again"
-    (package / "policy.py").write_text("from edited_pkg import gains\n\n\ndef act():\n    return -gains.GAIN\n")
+    _write(folder, {"edited_pkg/policy.py": "GAIN = 1\n\n\ndef act():\n    return -GAIN\n"})
     assert load_target("edited_pkg.policy:act", base_dir=folder)() == -1
 
 
@@ -54,3 +56,9 @@ def test_an_unchanged_target_is_not_executed_again(folder: Path) -> None:
     again = load_target("counted:act", base_dir=folder)
     assert first is again, "the same function object: the module ran once"
     assert next(sys.modules["counted"].LOADS) == 0
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
