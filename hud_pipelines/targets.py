@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -38,7 +39,7 @@ def load_target(
         module = _load_file(module_part, spec, base, error, what)
     else:
         module = _import(module_part, spec, base, error, what)
-    _as_on_disk(module)
+    _as_on_disk(target_sources(spec, base))
     try:
         return getattr(module, attribute)
     except AttributeError:
@@ -92,13 +93,20 @@ def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesEr
     return module
 
 
-def target_sources(spec: str, base_dir: Path) -> list[Path]:
-    """The files a target's code is read from, found without importing anything: its module's file and
-    the modules beside it that the file imports (one level: a helper's own helpers are not followed).
+MAX_SOURCES = 256
+"""The most files a target's sources are followed to (a project, not an installed library, is what they cover)."""
 
-    ``[]`` for a registry id or a module found nowhere here (one only a sim's own interpreter sees).
-    Looked up as :func:`load_target` imports: ``sys.path`` first, then ``base_dir``, its parents and
-    the working directory.
+
+def target_sources(spec: str, base_dir: Path) -> list[Path]:
+    """The files a target's code is read from, found without importing anything: its module's file, then every
+    file of the project it imports, and theirs in turn (the target first, then in the order they are met).
+
+    An import is followed where it resolves to a file here: an absolute one beside the importing file (as
+    for a script) or under the target's root (the folder its top package sits in, or its own folder), a
+    relative one within its package; package ``__init__`` files count. The standard library and installed
+    packages are not followed (their versions are recorded instead), nor is code found nowhere here: ``[]``
+    for a registry id or a module only a sim's own interpreter sees. Looked up as :func:`load_target`
+    imports: ``sys.path`` first, then ``base_dir``, its parents and the working directory.
     """
     module_part, sep, _ = spec.rpartition(":")
     if not sep or not module_part:
@@ -107,55 +115,111 @@ def target_sources(spec: str, base_dir: Path) -> list[Path]:
         path = Path(module_part).expanduser()
         path = path if path.is_absolute() else base_dir / path
         found = path.resolve() if path.is_file() else None
+        root = found.parent if found is not None else None
     else:
-        found = _module_file(module_part.split("."), base_dir.resolve())
-    if found is None:
+        parts = module_part.split(".")
+        found = _module_file(parts, base_dir.resolve())
+        root = None if found is None else found.parents[len(parts) - (found.name != "__init__.py")]
+    if found is None or root is None:
         return []
-    beside = (
-        _sibling_module(found.parent, name) for name in sorted(_imported_top_names(found) - sys.stdlib_module_names)
-    )
-    return [found, *(file for file in beside if file is not None and file != found)]
+    if _installed(found):  # a library's own imports are its business
+        return [found]
+    packages = _dotted(root, module_part.split(".")[:-1]) if not module_part.endswith(".py") else []
+    files = dict.fromkeys([found, *packages])  # importing ``a.b.c`` runs a's and a.b's ``__init__`` first
+    queue = list(files)
+    while queue and len(files) < MAX_SOURCES:
+        for imported in _imported_files(queue.pop(0), root):
+            if imported not in files and not _installed(imported):
+                files[imported] = None
+                queue.append(imported)
+    return list(files)
+
+
+def _imported_files(path: Path, root: Path) -> list[Path]:
+    """The files of this project that ``path``'s imports (anywhere in it, functions too) would load."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []  # loading the module reports it, with its line or the file's error
+    found: list[Path] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found += _absolute(alias.name.split("."), path.parent, root)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:  # ``from pkg import name``: name may be a module of pkg
+                found += _absolute([*node.module.split("."), alias.name], path.parent, root)
+        elif isinstance(node, ast.ImportFrom):
+            package = path.parents[node.level - 1] if node.level <= len(path.parents) else None
+            if package is None:
+                continue
+            prefix = node.module.split(".") if node.module else []
+            for alias in node.names:
+                found += _dotted(package, [*prefix, alias.name])
+    return found
+
+
+def _absolute(parts: list[str], beside: Path, root: Path) -> list[Path]:
+    if parts[0] in sys.stdlib_module_names:
+        return []
+    return _dotted(beside, parts) or _dotted(root, parts)
+
+
+def _dotted(base: Path, parts: list[str]) -> list[Path]:
+    """The files importing ``parts`` (``a.b.c``) from ``base`` runs: each package's ``__init__``, then the module.
+
+    A name that is no module of the package before it (an attribute) ends the walk.
+    """
+    files: list[Path] = []
+    here = base
+    for part in parts:
+        package, module = here / part, here / f"{part}.py"
+        if (package / "__init__.py").is_file():
+            files.append((package / "__init__.py").resolve())
+            here = package
+        elif module.is_file():
+            files.append(module.resolve())
+            break
+        elif package.is_dir():  # a namespace package
+            here = package
+        else:
+            break
+    return files
+
+
+def _installed(path: Path) -> bool:
+    return not {"site-packages", "dist-packages"}.isdisjoint(path.parts)
 
 
 _LOADED: dict[str, str] = {}
-"""Module name -> the digest of its file as this process last executed it (for targets and their helpers)."""
+"""Module name -> the digest of its file as this process last executed it (for targets and their sources)."""
 
 
-def _as_on_disk(module: ModuleType) -> None:
-    """Execute ``module`` again if its file, or a helper beside it that it imports, changed since it ran here.
+def _as_on_disk(files: list[Path]) -> None:
+    """Execute a target's modules again if any of their files changed since they ran in this process.
 
     A Celery worker runs unit after unit in one process, so a policy file edited between two runs would
     otherwise keep running as first imported, while the result's provenance records the digest of the
-    edited file (:mod:`hud_pipelines.eval.sources`). The files looked at are the ones digested there:
-    the target's own and the modules beside it that it imports. The source is compiled afresh, never
-    from a bytecode cache (an edit within the same second keeps the file's size and mtime alike).
+    edited file (:mod:`hud_pipelines.eval.sources`). The files looked at are the ones digested there
+    (:func:`target_sources`); when one changed, every one of them loaded here runs again, the target last,
+    so each runs after the modules it imports. The source is compiled afresh, never from a bytecode
+    cache (an edit within the same second keeps the file's size and mtime alike).
     """
-    path = _file_of(module)
-    if path is None:
+    names = {file.name for file in files}
+    loaded: dict[Path, ModuleType] = {}
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and os.path.basename(file) in names and (path := Path(file).resolve()) in files:
+            loaded[path] = module
+    digests = {path: code_digest(path) for path in loaded}
+    changed = [path for path in loaded if _LOADED.setdefault(loaded[path].__name__, digests[path]) != digests[path]]
+    if not changed:
         return
-    stale = False
-    for name in sorted(_imported_top_names(path) - sys.stdlib_module_names):
-        helper = sys.modules.get(name)
-        helper_path = _file_of(helper) if helper is not None else None
-        if helper is not None and helper_path is not None and helper_path == _sibling_module(path.parent, name):
-            stale |= _execute_if_changed(helper, helper_path)
-    if _execute_if_changed(module, path, force=stale):  # after its helpers: it imports their new names
-        log.info("%s changed since this process imported it: executed it again", path)
-
-
-def _execute_if_changed(module: ModuleType, path: Path, *, force: bool = False) -> bool:
-    digest = code_digest(path)
-    known = _LOADED.setdefault(module.__name__, digest)
-    if known == digest and not force:
-        return False
-    exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)  # its own source, as its import ran it
-    _LOADED[module.__name__] = digest
-    return True
-
-
-def _file_of(module: ModuleType) -> Path | None:
-    file = getattr(module, "__file__", None)
-    return Path(file).resolve() if isinstance(file, str) and file.endswith(".py") else None
+    log.info("%s changed since this process imported it: its modules run again", ", ".join(map(str, changed)))
+    for path in reversed([file for file in files if file in loaded]):
+        module = loaded[path]
+        exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)  # its own source, as its import ran it
+        _LOADED[module.__name__] = digests[path]
 
 
 CODE_DIGEST_CHARS = 16

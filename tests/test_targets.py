@@ -38,14 +38,15 @@ def test_a_module_target_whose_helper_beside_it_was_edited_runs_the_edited_helpe
         {
             "edited_pkg/__init__.py": "",
             "edited_pkg/policy.py": "GAIN = 1\n\n\ndef act():\n    return GAIN\n",
-            "plain_helper.py": "SCALE = 10\n",
+            "plain_helper.py": "from deeper_helper import BASE\n\nSCALE = 10 * BASE\n",
+            "deeper_helper.py": "BASE = 1\n",
             "scaled.py": "from plain_helper import SCALE\n\n\ndef act():\n    return SCALE\n",
         },
     )
     assert load_target("edited_pkg.policy:act", base_dir=folder)() == 1
     assert load_target("scaled:act", base_dir=folder)() == 10
-    _write(folder, {"plain_helper.py": "SCALE = 20\n"})
-    assert load_target("scaled:act", base_dir=folder)() == 20, "the helper beside the target is read again"
+    _write(folder, {"deeper_helper.py": "BASE = 2\n"})
+    assert load_target("scaled:act", base_dir=folder)() == 20, "the helper's helper is read again, then the rest"
     _write(folder, {"edited_pkg/policy.py": "GAIN = 1\n\n\ndef act():\n    return -GAIN\n"})
     assert load_target("edited_pkg.policy:act", base_dir=folder)() == -1
 

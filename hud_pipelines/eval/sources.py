@@ -7,9 +7,9 @@ after an edit of ``my_env.py`` or new weights under the same file name, the earl
 as another environment's (``not_run``) and a sweep evaluates its checkpoints again, instead of one
 table holding results of two versions of the code.
 
-Followed: each target's own file and the modules beside it that the file imports
-(:func:`~hud_pipelines.targets.target_sources`); not followed: a helper's own imports, and code
-only a sim's own interpreter can find (its packages' versions are recorded instead). A sweep's
+Followed: each target's own file and every file of the project that its code imports, through
+their own imports and relative ones (:func:`~hud_pipelines.targets.target_sources`); not followed:
+the standard library and installed packages, and code only a sim's own interpreter can find (its packages' versions are recorded instead). A sweep's
 checkpoints are identified by content already (:attr:`PipelineSpec.checkpoint_hash`).
 """
 

@@ -9,7 +9,7 @@ that serve different sims are told apart before an episode runs on the wrong one
 Two records describe the same sim when :func:`same_sim` says so: the same factory (by module or
 file name and attribute, so the same project checked out under two paths is one sim), the same
 build arguments, the same package versions and the same code: the digests of the factory's file and
-of the modules beside it that it imports (:func:`~hud_pipelines.targets.target_sources`), keyed
+of the project files it imports, followed (:func:`~hud_pipelines.targets.target_sources`), keyed
 relative to the factory's folder. An edit of a served sim's code is then seen by the runs that
 attach to it as it is for a spawned one (its earlier results are another environment's). The
 interpreter's path is recorded, not compared.

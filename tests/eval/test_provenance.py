@@ -196,8 +196,36 @@ def test_a_targets_files_are_found_without_importing_them(tmp_path: Path) -> Non
     (package / "envs.py").write_text("import helpers\nimport os\nfrom mine import other\n")
     (package / "helpers.py").write_text("")
     (tmp_path / "plain.py").write_text("import numpy\n")
-    assert target_sources("mine.envs:Make", tmp_path) == [package / "envs.py", package / "helpers.py"]
+    assert target_sources("mine.envs:Make", tmp_path) == [
+        package / "envs.py",
+        package / "__init__.py",  # importing mine.envs runs it (and ``other`` is no module: not followed)
+        package / "helpers.py",
+    ]
     assert target_sources("plain.py:make", tmp_path) == [tmp_path / "plain.py"]
+
+
+def test_a_targets_sources_follow_its_helpers_own_imports_and_relative_ones(tmp_path: Path) -> None:
+    """An edit of any file the target's code runs must show: a helper's helper, a module of the package."""
+    from hud_pipelines.targets import target_sources
+
+    (tmp_path / "senv.py").write_text("from helper import SUCC_MOD\n")
+    (tmp_path / "helper.py").write_text("from helper2 import M\nSUCC_MOD = M\n")
+    (tmp_path / "helper2.py").write_text("import numpy\nM = 2\n")
+    package = tmp_path / "stalepkg"
+    (package / "parts").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "env.py").write_text("from .cfg import MOD\nfrom . import parts\n")
+    (package / "cfg.py").write_text("from .parts.gains import GAIN\nMOD = 2\n")
+    (package / "parts" / "__init__.py").write_text("")
+    (package / "parts" / "gains.py").write_text("from ..cfg import MOD\nGAIN = 1\n")  # a cycle ends
+    assert target_sources("senv.py:make", tmp_path) == [tmp_path / f for f in ("senv.py", "helper.py", "helper2.py")]
+    assert target_sources("stalepkg.env:make", tmp_path) == [
+        package / "env.py",
+        package / "__init__.py",
+        package / "cfg.py",
+        package / "parts" / "__init__.py",
+        package / "parts" / "gains.py",
+    ]
     assert target_sources("CartPole-v1", tmp_path) == []
     assert target_sources("nowhere.to.be:found", tmp_path) == []
 
