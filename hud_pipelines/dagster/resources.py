@@ -58,6 +58,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     shards: int = Field(default=1, description="sim processes per instance, each serving a slice of the slots")
     startup_timeout_s: float = Field(default=120.0, description="deadline for a sim to build its envs and listen")
     step_timeout_s: float = Field(default=60.0, description="deadline of one reset or step request")
+    busy_timeout_s: float = Field(default=600.0, description="how long an instance waits for served sims others drive")
     python: str | None = Field(default=None, description="the sim's interpreter, or a uv project directory")
     hold: str = Field(default="last", description="action of a finished slot: last or zero")
     bounds: str = Field(default="clip", description="out-of-bounds continuous actions: clip or error")
@@ -79,6 +80,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "shards": self.shards,
             "startup_timeout_s": self.startup_timeout_s,
             "step_timeout_s": self.step_timeout_s,
+            "busy_timeout_s": self.busy_timeout_s,
             "python": self.python,
             "hold": self.hold,
             "bounds": self.bounds,

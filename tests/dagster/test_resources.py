@@ -252,3 +252,27 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     misspelled.write_text("pipelines:\n  remote_eval:\n    sim: {num_envs: 3}\n  remote_evl:\n    sim: {num_envs: 3}\n")
     assert main(["validate", "--no-deep", str(pipelines_dir)]) == 1, "the folder named is the whole folder"
     assert "pipelines.remote_evl: no pipeline of that name" in capsys.readouterr().out
+
+
+def test_every_setting_of_the_sim_and_agent_sections_is_a_field_of_its_resource() -> None:
+    """A YAML key the resource lacks would fail every run, and the code location, of a pipeline that sets it."""
+    from hud_pipelines.dagster.resources import AgentResource, ContractResource, SimResource
+    from hud_pipelines.spec.agent import AgentConfig
+    from hud_pipelines.spec.sim_section import SimSpec
+
+    assert set(SimSpec.model_fields) - {"contract"} <= set(SimResource.model_fields)
+    assert "file" in ContractResource.model_fields, "the sim's contract file is the contract resource's"
+    assert set(AgentConfig.model_fields) <= set(AgentResource.model_fields)
+
+
+def test_a_served_sims_busy_timeout_reaches_the_pool_through_the_resources(tmp_path: Path) -> None:
+    from hud_pipelines.dagster.resources import pipeline_resources
+    from hud_pipelines.spec.loader import load_pipeline
+
+    path = tmp_path / "waits.yaml"
+    sim = {"url": "ws://127.0.0.1:1", "token": "t", "busy_timeout_s": 3}
+    path.write_text(json.dumps({"name": "waits", "sim": sim, "agent": {"policy": {"kind": "constant"}}}))
+    spec = load_pipeline(path)
+    resources = pipeline_resources(spec, project_dir=REPO)
+    assert resources.sim.busy_timeout_s == 3
+    assert resources.sim.pool(spec).settings.busy_timeout_s == 3
