@@ -10,6 +10,7 @@ import collections
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -28,6 +29,7 @@ from hud_pipelines.errors import (
     RolloutTimeoutError,
     RunAborted,
     fault_of,
+    raised_at,
 )
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink
 from hud_pipelines.wire.messages import Observation
@@ -278,8 +280,10 @@ class LockstepRun:
         except (PolicyTimeoutError, RolloutTimeoutError, RunAborted) as exc:
             raise _PolicyFailed(str(exc), fault_of(exc)) from exc
         except Exception as exc:
-            log.exception("policy inference failed for slots %s", need.tolist())
-            raise _PolicyFailed(f"policy failed: {type(exc).__name__}: {exc}", Fault.POLICY) from exc
+            where = raised_at(exc)  # the user's line, on the one line every report keeps
+            reason = f"policy failed: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+            _say_once(settings.policy, reason, exc, need)
+            raise _PolicyFailed(reason, Fault.POLICY) from exc
         latency = time.perf_counter() - started
         rows = forward_rows(settings.policy, need.size)
         self.stats.infer.add(int(need.size), latency)
@@ -365,3 +369,20 @@ class _SimFailed(_RunFailed):
         if fault is Fault.ENV:  # the env's own exception says it all (``env.step raised TypeError: ...``)
             return cls(exc.message if isinstance(exc, RemoteError) else str(exc), fault)
         return cls(f"{type(exc).__name__}: {exc}", fault)
+
+
+_SAID: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
+"""The failures already logged, per policy object: a run's instances share one, and meet the same bug."""
+
+
+def _say_once(policy: object, reason: str, exc: Exception, slots: npt.NDArray[np.intp]) -> None:
+    """Log a policy's failure once per run, with its traceback unless it is a clear error of ours (a wrong
+    shape); the same failure again, in another instance, is a debug line (each episode's error says it)."""
+    try:
+        said = _SAID.setdefault(policy, set())
+    except TypeError:  # a policy object that takes no weak reference: each failure is said
+        said = set[str]()
+    first = reason not in said
+    said.add(reason)
+    traceback = first and not isinstance(exc, HudPipelinesError)
+    (log.error if first else log.debug)("%s, for slots %s", reason, slots.tolist(), exc_info=traceback)

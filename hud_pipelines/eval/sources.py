@@ -9,8 +9,9 @@ table holding results of two versions of the code.
 
 Followed: each target's own file and every file of the project that its code imports, through
 their own imports and relative ones (:func:`~hud_pipelines.targets.target_sources`); not followed:
-the standard library and installed packages, and code only a sim's own interpreter can find (its packages' versions are recorded instead). A sweep's
-checkpoints are identified by content already (:attr:`PipelineSpec.checkpoint_hash`).
+the standard library and installed packages, and code only a sim's own interpreter can find (its
+packages' versions are recorded instead). A sweep's checkpoints are identified by content already
+(:attr:`PipelineSpec.checkpoint_hash`).
 """
 
 from __future__ import annotations

@@ -246,3 +246,34 @@ def _flat(value: Any) -> list[float]:
     if isinstance(value, list):
         return [x for item in value for x in _flat(item)]
     return [float(value)]
+
+
+def test_a_policy_that_raises_in_every_instance_is_logged_once_with_its_traceback_and_named_at_its_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    monkeypatch.chdir(REPO)
+    text = {
+        "name": "raises",
+        "sim": {"factory": f"{SIMS}:cartpole", "num_envs": 2},
+        "agent": {"policy": {"kind": "scripted", "target": "tests.eval.faulty_policies:AlwaysRaises"}},
+        "group": 3,
+        "max_concurrent": 1,
+        "max_steps": 5,
+    }
+    with caplog.at_level("DEBUG", logger="hud_pipelines.agent.loop"):
+        evaluation = evaluate(
+            load_pipeline_text(json.dumps(text), source=tmp_path / "raises.yaml"), outputs_dir=tmp_path
+        )
+    said = [r for r in caplog.records if r.name == "hud_pipelines.agent.loop" and "policy failed" in r.getMessage()]
+    assert [(r.levelname, bool(r.exc_info)) for r in said] == [
+        ("ERROR", True),
+        ("DEBUG", False),
+        ("DEBUG", False),
+    ]
+    line = f"{REPO / 'tests' / 'eval' / 'faulty_policies.py'}:52 in __call__"
+    assert {row.error for row in evaluation.rows} == {
+        f"policy failed: RuntimeError: the policy failed on purpose in every forward (at {line})"
+    }, "each episode's error names the policy's line"
