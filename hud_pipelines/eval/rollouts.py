@@ -132,12 +132,17 @@ def episode_job(pipeline: str, run_id: str, checkpoint: str | None = None) -> st
 
 NEVER_STARTED = frozenset({Fault.SIM_START, Fault.SETUP})
 """The faults of an instance that reached no episode: it had no sim, or no policy, to run on."""
+KEEPS_EARLIER = NEVER_STARTED | {Fault.SIM_CRASHED, Fault.SIM_HUNG}
+"""The faults of an attempt that leaves an earlier complete result of its configuration in place: it measured
+nothing (it never started), or its sim died or hung under it, which the earlier run of the same configuration
+shows was not the configuration's doing (a served machine lost, a flaky sim)."""
 
 
 def kept_result(attempt: InstanceResult, outputs: EvalOutputs) -> InstanceResult | None:
-    """The earlier result an ``attempt`` that never started leaves in place: one of another run that ran to its
-    end under the same configuration of its task (a served sim that is down must not wipe what it served)."""
-    if attempt.fault not in NEVER_STARTED:
+    """The earlier result an ``attempt`` that never started, or whose sim died or hung, leaves in place: one of
+    another run that ran to its end under the same configuration of its task (a served sim that is down, or
+    killed mid-run, must not wipe what it served)."""
+    if attempt.fault not in KEEPS_EARLIER:
         return None
     try:
         earlier = InstanceResult.read(outputs.result(attempt.key))
@@ -148,21 +153,22 @@ def kept_result(attempt: InstanceResult, outputs: EvalOutputs) -> InstanceResult
 
 
 def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[InstanceResult]) -> str | None:
-    """Why a run whose instances did not start, but kept their earlier results, failed (``None``: none did),
-    with the command that runs them again."""
+    """Why a run whose instances did not start or complete, but kept their earlier results, failed (``None``:
+    none did), with the command that runs them again."""
     from hud_pipelines.eval.checks import rerun_command
     from hud_pipelines.spec.loader import run_argument
 
     kept = [(attempt, earlier) for attempt in results if (earlier := kept_result(attempt, outputs)) is not None]
     if not kept:
         return None
-    alike: dict[tuple[str, str], list[str]] = {}  # one line per reason and earlier run: a sim that is down says it once
+    alike: dict[tuple[str, str, str], list[str]] = {}  # one line per reason and earlier run: a sim down says it once
     for attempt, earlier in kept:
-        alike.setdefault((f"{attempt.fault}: {attempt.error}", earlier.run_id), []).append(attempt.key)
+        ended = "did not start" if attempt.fault in NEVER_STARTED else "did not complete"
+        alike.setdefault((ended, f"{attempt.fault}: {attempt.error}", earlier.run_id), []).append(attempt.key)
     lines = [
-        f"instance(s) {', '.join(keys)} did not start ({reason}); their results of run {run} are kept, as nothing "
+        f"instance(s) {', '.join(keys)} {ended} ({reason}); their results of run {run} are kept, as nothing "
         "ran to replace them"
-        for (reason, run), keys in alike.items()
+        for (ended, reason, run), keys in alike.items()
     ]
     invocation = ["hud-pipelines", "run", run_argument(spec)]
     command = rerun_command([attempt.key for attempt, _ in kept], invocation, spec.partition_keys())

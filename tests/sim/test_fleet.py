@@ -410,3 +410,32 @@ def test_busy_timeout_is_refused_for_a_spawned_sim_naming_the_key(tmp_path: Path
     text["sim"] = {"factory": "CartPole-v1", "busy_timeout_s": 5}
     with pytest.raises(SpecError, match=r"sim\.busy_timeout_s.*a spawned sim is this run's own"):
         load_pipeline_text(json.dumps(text), source=tmp_path / "fleet.yaml")
+
+
+def test_an_instance_whose_served_sim_dies_under_it_keeps_its_earlier_complete_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A served machine lost mid-run is not the configuration's doing (the earlier run of it completed): the
+    instance keeps what it measured then, and the run fails saying so."""
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.rollouts import kept_failure
+
+    monkeypatch.chdir(REPO)
+    armed = tmp_path / "crash"  # seeds are instance * 2 + slot: seed 4 is instance 2, which dies at step 5 when armed
+    process, url = serve_cartpole("--arg", "crash_seeds=[4]", "--arg", f"crash_file={armed}")
+    try:
+        spec = _spec(tmp_path, [url], monkeypatch)
+        first = evaluate(spec, outputs_dir=tmp_path / "out")
+        assert first.passed
+        armed.touch()
+        again = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partition_for_key("task0-i2")])
+    finally:
+        stop_served(process)
+    [attempt] = again.failed_instances
+    assert (attempt.key, attempt.fault) == ("task0-i2", Fault.SIM_CRASHED)
+    assert again.rows == first.rows, "every result as the first run left it"
+    outputs = EvalOutputs(tmp_path / "out", "fleet")
+    assert InstanceResult.read(outputs.result("task0-i2")).run_id == first.run_id
+    said = kept_failure(spec, outputs, again.results) or ""
+    assert said.startswith("instance(s) task0-i2 did not complete (sim_crashed: "), said
+    assert f"their results of run {first.run_id} are kept" in said
