@@ -102,6 +102,8 @@ class SimPool(Closeable):
         self._start_failure: SimStartError | None = None
         """Why a sim of this pool did not start: later instances fail at once, not after the deadline again."""
         self.spawned = 0
+        self._said_busy: set[str] = set()
+        """Served sims this pool said it waits for (busy: another client drives them)."""
 
     def _open(self, server: str | None) -> LiveSim:
         settings = self.settings
@@ -254,8 +256,14 @@ class SimPool(Closeable):
                     raise
                 refusals += 1
                 waited_s = time.monotonic() - waiting_since
-                if refusals == 1:
-                    log.info("served sim %s is driven by another client: waiting for it or another one", server)
+                if server not in self._said_busy:  # once a server: a run that waits says why it does not move
+                    self._said_busy.add(server)
+                    log.warning(
+                        "served sim %s is busy, driven by another client: waiting for it or another one "
+                        "(sim.busy_timeout_s = %g)",
+                        server,
+                        self.settings.busy_timeout_s,
+                    )
                 if waited_s >= self.settings.busy_timeout_s:
                     self._servers.give_back(server)
                     error = SimStartError(

@@ -345,7 +345,9 @@ def _claim_many(root: Path, name: str) -> list[str]:
     return [claim_served_sim(outputs, f"run-{i}", {"factory_name": name})["factory_name"] for i in range(60)]
 
 
-def test_an_instance_waits_for_a_served_sim_another_process_drives_and_never_loses_it() -> None:
+def test_an_instance_waits_for_a_served_sim_another_process_drives_and_never_loses_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Two pools on one server stand for two Celery workers of one run: neither knows what the other holds."""
     from hud_pipelines.sim.pool import SimPool, SimSettings
 
@@ -362,6 +364,11 @@ def test_an_instance_waits_for_a_served_sim_another_process_drives_and_never_los
         holder.close()  # the first worker's unit ends: its pool lets go of the sim
         thread.join(timeout=20)
         assert got == [url], "once the first let go, the second got the same server"
+        waits = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "busy" in r.getMessage()]
+        assert waits == [
+            f"served sim {url} is busy, driven by another client: waiting for it or another one "
+            "(sim.busy_timeout_s = 600)"
+        ], "said once, however often it was refused"
         with waiter.sim() as live:  # and did not lose it for the refusals it met
             assert live.server == url
     finally:
