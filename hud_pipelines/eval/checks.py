@@ -170,6 +170,7 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
         return _regression_verdict(check, rows)
     summary = summarize(rows)
     observed: float | None
+    note = ""
     match check:
         case MinSuccessRateCheck():
             observed = summary.success_rate
@@ -179,6 +180,8 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
             undecided = _errors_decide(check, rows, summary.succeeded, summary.graded)
             if passed and undecided:
                 passed, said = False, f"{said}, {undecided}"
+            elif observed is not None:
+                note = _not_run_could(check, rows, summary.succeeded, summary.graded)
         case MaxErrorRateCheck():
             observed = summary.error_rate
             passed = observed <= check.value
@@ -191,7 +194,7 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
         name=check.name,
         passed=passed,
         blocking=check.blocking,
-        description=f"{check.kind}: observed {said or 'n/a (no graded episode)'}, threshold {threshold}",
+        description=f"{check.kind}: observed {said or 'n/a (no graded episode)'}, threshold {threshold}{note}",
         observed=observed,
         threshold=check.value,
     )
@@ -209,6 +212,23 @@ def _errors_decide(check: MinSuccessRateCheck, rows: Sequence[GradeRow], succeed
     return (
         f"but undecided: {errored} errored episode(s) decide it ({worst:.1%} had they failed, {best:.1%} had they "
         "succeeded); errors are not failures, nor do they carry a pass: fix what errored and run them again"
+    )
+
+
+def _not_run_could(check: MinSuccessRateCheck, rows: Sequence[GradeRow], succeeded: int, graded: int) -> str:
+    """Where instances not run with this configuration yet (a run of some partitions) could take the verdict,
+    said beside it; they are no answer of this eval's, so they do not decide it (``""``: they could not move it)."""
+    unrun = sum(row.fault is Fault.NOT_RUN for row in rows)
+    if not unrun:
+        return ""
+    errored = sum(_errored(row) for row in rows)
+    scheduled = graded + errored + unrun
+    worst, best = succeeded / scheduled, (succeeded + errored + unrun) / scheduled
+    if worst >= check.value or best < check.value:
+        return ""
+    return (
+        f"; {unrun} episode(s) not run with this configuration yet could change it ({worst:.1%} to {best:.1%} "
+        "had they run): run every instance for the eval's verdict"
     )
 
 

@@ -35,6 +35,19 @@ from hud_pipelines.spec.grading import (
 KEY = EpisodeKey("job", 0, 0, 0, 0, 7)
 
 
+def test_a_success_rate_check_on_some_instances_says_where_the_ones_not_run_could_take_it() -> None:
+    """A run of some partitions is judged on what it ran (instances not run yet are no answer), and says so."""
+    not_run = [dataclasses.replace(r, fault=Fault.NOT_RUN) for r in _rows(0, 0, 9)]
+    gate = MinSuccessRateCheck(value=0.2)
+    verdict = check_verdict(gate, _rows(2, 1) + not_run)
+    assert verdict.passed
+    assert verdict.description == (
+        "min_success_rate: observed 66.7% (2/3), threshold 20.0%; 9 episode(s) not run with this configuration yet "
+        "could change it (16.7% to 91.7% had they run): run every instance for the eval's verdict"
+    )
+    assert "not run" not in check_verdict(gate, _rows(3, 0) + not_run[:3]).description, "at least 50% either way"
+
+
 def _row(status: EpisodeStatus, task: str = "t", reward: float = 1.0) -> GradeRow:
     return GradeRow(
         "p",
