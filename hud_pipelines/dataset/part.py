@@ -144,8 +144,8 @@ class PartWriter:
             "trace_id": episode.key.trace_id,
             **asdict(episode.key),
             "status": outcome.status.value,
-            "success": outcome.success,
-            "score": None if outcome.status is EpisodeStatus.ERRORED else outcome.score,  # none, as in grades.json
+            "success": None if outcome.status is EpisodeStatus.ERRORED else outcome.success,  # as in grades.json
+            "score": None if outcome.status is EpisodeStatus.ERRORED else outcome.score,
             "total_reward": outcome.total_reward,
             "steps": outcome.steps,
             "terminated": outcome.terminated,

@@ -52,7 +52,8 @@ class DatasetSummary:
     features: list[FeatureRow]
     stats: list[StatRow]
     success_rate: float | None
-    """Share of episodes graded successful, from ``meta/hud_episodes.jsonl`` (``None`` without it)."""
+    """Share of the answered episodes graded successful, from ``meta/hud_episodes.jsonl`` (``None`` without it, or
+    when every episode errored): an errored episode kept in the dataset is no failure."""
     thumbnail_png: bytes | None = field(default=None, repr=False)
 
     def dagster_metadata(self) -> dict[str, Any]:
@@ -118,7 +119,8 @@ def summarize_dataset(
         if key not in cameras and {"min", "max", "mean", "std"} <= set(values)
     ]
     records = read_episode_records(root)
-    success_rate = sum(bool(r.get("success")) for r in records) / len(records) if records else None
+    answered = [r for r in records if r.get("status") != "errored"]
+    success_rate = sum(bool(r.get("success")) for r in answered) / len(answered) if answered else None
     return DatasetSummary(
         path=root,
         repo_id=repo_id,

@@ -53,14 +53,14 @@ class GradeRow:
     """How an answered episode ended: ``terminated`` by the env, or ``truncated`` (a time limit, ``max_steps``)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The row as grades.json and grades.csv hold it: an errored row's score is ``null`` (it has none: a
-        0 there would be averaged in as a failure by whoever reads the file)."""
+        """The row as grades.json and grades.csv hold it: an errored row's score and success are ``null`` (it
+        has none: a 0 or a false there would be counted as a failure by whoever reads the file)."""
         row = asdict(self)
         row["status"] = self.status.value
         row["fault"] = None if self.fault is None else self.fault.value
         row["ended"] = None if self.ended is None else self.ended.value
         if self.status is EpisodeStatus.ERRORED:
-            row["score"] = None
+            row["score"] = row["success"] = None
         return row
 
     @classmethod
@@ -72,6 +72,7 @@ class GradeRow:
             "fault": Fault(fault) if fault else None,
             "ended": EpisodeEnd(ended) if (ended := row.get("ended")) else None,
             "score": 0.0 if row.get("score") is None else row["score"],  # never read: errored rows count no score
+            "success": bool(row.get("success")),  # nor a success
         }
         return cls(**fields)
 

@@ -83,6 +83,10 @@ def test_keep_errored_flags_errored_episodes(tmp_path: Path) -> None:
     records = read_episode_records(sink.report.parts[0])
     assert [r["status"] for r in records] == ["succeeded", "errored"]
     assert records[1]["score"] is None, "an errored episode has no score to average in, as in grades.json"
+    assert [r["success"] for r in records] == [True, None], "nor a false to count as a failure"
+    from hud_pipelines.dataset.summary import summarize_dataset
+
+    assert summarize_dataset(sink.report.parts[0], thumbnail_episodes=0).success_rate == 1.0, "1 of 1 answered"
 
 
 def test_sink_protocol_errors_name_the_episode(tmp_path: Path) -> None:

@@ -274,6 +274,7 @@ def test_an_errored_episode_has_no_score_in_the_files_a_reader_averages() -> Non
     failed = _row(EpisodeStatus.FAILED)
     stored = json.loads(json.dumps([errored.as_dict(), failed.as_dict()]))  # grades.json
     assert [row["score"] for row in stored] == [None, 0.0], "an error is not a failure: no 0 to average in"
+    assert [row["success"] for row in stored] == [None, False], "nor a false to count as a failure"
     assert [GradeRow.from_dict(row) for row in stored] == [errored, failed]
     spec = load_pipeline_text(
         '{"name": "p", "sim": {"factory": "CartPole-v1"}, "agent": {"policy": {"kind": "random"}}}'
