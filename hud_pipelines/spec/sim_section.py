@@ -20,6 +20,8 @@ from hud_pipelines.spec.sections import spec_rule, spec_rules
 
 SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
+DEFAULT_BUSY_TIMEOUT_S = 600.0
+"""How long an instance waits for served sims that other clients drive, unless ``sim.busy_timeout_s`` says."""
 ATTACH_SOURCES = ("factory", "url", "urls", "fleet")
 """Where a sim comes from: spawned from a factory, or attached to one served sim, a list of them, or a fleet file."""
 
@@ -85,11 +87,10 @@ class SimSpec(StrictModel):
     )
     step_timeout_s: Float = Field(default=60.0, gt=0, description="deadline of one reset or step request")
     busy_timeout_s: Float = Field(
-        default=600.0,
+        default=DEFAULT_BUSY_TIMEOUT_S,
         gt=0,
-        exclude_if=lambda value: (
-            value == 600.0
-        ),  # at its default, it leaves the rollout hash as it was before it existed
+        # at its default, it leaves the rollout hash as it was before it existed
+        exclude_if=lambda value: value == DEFAULT_BUSY_TIMEOUT_S,
         description="with `url`, `urls` or `fleet`: how long an instance waits for a served sim while other clients "
         "drive every one it may use (they refuse it with HTTP 409: the Celery workers of one run, another run on the "
         "same fleet), trying again with backoff, before it errors as `sim_start`; a busy server is never lost",
@@ -215,7 +216,7 @@ class SimSpec(StrictModel):
                 raise spec_rules(rules)
         elif self.token is not None:
             raise spec_rule("token", "'token' belongs to a sim attached by 'url'; a spawned sim gets a fresh one")
-        elif "busy_timeout_s" in self.model_fields_set:
+        elif self.busy_timeout_s != DEFAULT_BUSY_TIMEOUT_S:  # not by what is set: a run's resources set every field
             raise spec_rule(
                 "busy_timeout_s", "'busy_timeout_s' waits for a sim served elsewhere; a spawned sim is this run's own"
             )
