@@ -90,9 +90,9 @@ def run_pipeline(
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.eval.seed_check import seed_warning
     from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
-    from hud_pipelines.spec.loader import load_pipeline
+    from hud_pipelines.spec.loader import load_pipeline_to_run
 
-    spec = load_pipeline(path)
+    spec = load_pipeline_to_run(path)
     refuse_misnamed(path, spec)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)

@@ -49,6 +49,33 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
         ]
 
 
+def missing_target_files(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """The ``file.py:callable`` targets (the sim's factory, the policy, the graders) whose file does not exist.
+
+    Found by ``run`` before it starts anything, without importing a file: otherwise every instance
+    would start its sim only to fail on the same missing file, and say so once per instance.
+    """
+    policy = spec.agent.policy
+    targets: list[tuple[KeyPath, str]] = [(("sim", "factory"), spec.sim.factory or "")]
+    if isinstance(policy, ScriptedPolicyConfig | TorchPolicyConfig):
+        targets.append((("agent", "policy", "target"), policy.target))
+    targets += [
+        (("graders", index, "target"), grader.target)
+        for index, grader in enumerate(spec.graders)
+        if isinstance(grader, CallableGrader)
+    ]
+    problems: list[Problem] = []
+    for where, target in targets:
+        if is_file_target(target):
+            file = Path(spec.resolve_target(target).rpartition(":")[0])
+            if not file.is_file():
+                siblings = [p.name for p in file.parent.glob("*.py")] if file.parent.is_dir() else []
+                problems.append(
+                    document.problem(where, f"file {file} does not exist{did_you_mean(file.name, siblings)}")
+                )
+    return problems
+
+
 def unmodelled_factory_problems(document: YamlDocument, source: Path | None, reported: Sequence[str]) -> list[Problem]:
     """The sim factory's own problem in a file whose other problems keep it from becoming a model.
 

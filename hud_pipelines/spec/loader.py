@@ -50,6 +50,20 @@ def load_pipeline(path: Path | str, *, deep: bool = False, env: Mapping[str, str
     return loaded.spec
 
 
+def load_pipeline_to_run(path: Path | str) -> PipelineSpec:
+    """Load one pipeline file to run it: as :func:`load_pipeline`, and the ``file.py`` targets it names must
+    exist (a cheap look, no import: the deep checks are ``validate``'s)."""
+    from hud_pipelines.spec.deep import missing_target_files
+
+    loaded = load_file(Path(path))
+    if loaded.spec is None or loaded.problems or loaded.document is None:
+        raise SpecError(loaded.problems)
+    missing = missing_target_files(loaded.spec, loaded.document)
+    if missing:
+        raise SpecError(missing)
+    return loaded.spec
+
+
 CREDENTIAL_PATHS = ("sim.token", "agent.policy.api_key")
 """Where a pipeline holds credentials: what reads results alone (``report``) needs none of them."""
 _UNSET = re.compile(r"environment variable (?P<name>[A-Za-z_][A-Za-z0-9_]*) is not set")

@@ -128,6 +128,13 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert "unloadable (does not load: agent: missing required key " in err, "listed, and why"
     assert "(did you mean 'unloadable'?)" in err
     (pipelines_dir / "unloadable.yaml").unlink()
+    (pipelines_dir / "my_env.py").write_text("")
+    missing = write_pipeline("missing", sim={"factory": "my_envs.py:make", "args": {}})
+    assert main(["run", str(missing), "--quiet"]) == 2, "found before any sim starts"
+    err = capsys.readouterr().err
+    assert "missing.yaml:4:16: sim.factory: file " in err, err
+    assert "my_envs.py does not exist (did you mean 'my_env.py'?)" in err
+    assert not (outputs_dir / "missing").exists(), "nothing ran"
 
     unstartable = write_pipeline(
         "unstartable", group=1, sim={"factory": f"{SIMS}:faulty", "args": {"fault": "raise_build"}}
