@@ -113,6 +113,9 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     assert f"{check.observed:.1%}" in headline, "the page's headline is report.md's: the control tasks"
     assert f"{summarize(control).succeeded} succeeded of {summarize(control).graded} graded" in headline
     assert "Control tasks only" in headline
+    tasks = page[page.index('<section id="tasks">') :].split("</section>", 1)[0]
+    assert tasks.count("<tr><td>") == 1, "the task table lists the control task, as report.md does"
+    assert "<td>reach</td>" in tasks
 
     home = tmp_path / "home"  # the Dagster asset check judges the same rows
     home.mkdir()

@@ -122,7 +122,9 @@ def render_page(
             *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in context.warnings),
             _checks(context.checks),
             _provenance(rows, context.run_id, context.overrides),
-            _task_table(rows, [row.checkpoint for row in sweep.overall] if sweep is not None else (), context.prompts),
+            _task_table(rows, [row.checkpoint for row in sweep.overall], context.prompts)
+            if sweep is not None
+            else _task_table(judged, (), context.prompts),  # a matrix's values are under Perturbations, as in report.md
             _perturbations(*perturbations) if perturbations is not None else "",
             _episodes(views),
         ]
