@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from hud_pipelines.cli.interrupts import catching_interrupts, interrupted_line, was_interrupted
 from hud_pipelines.cli.selection import queue_for, refuse_misnamed, resolve_pipeline_file, select_instances
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow, not_run_parts
@@ -130,7 +131,7 @@ def run_pipeline(
     run_id = str(uuid.uuid4())
     finished: list[str] = []
     result: ExecutionResult | None = None
-    with _interrupts() as received:
+    with catching_interrupts() as received:
         try:
             with (
                 dg.DagsterInstance.get() as instance,
@@ -158,7 +159,7 @@ def run_pipeline(
         if result is not None
         else []
     )
-    if result is not None and _was_interrupted(result):
+    if result is not None and was_interrupted(result):
         received.setdefault("signal", signal.SIGINT)
     interrupted = received.get("signal")
     if interrupted is not None or _eval_failed(result):  # the job stopped before its grades: write them now
@@ -173,9 +174,7 @@ def run_pipeline(
         )
         problems.insert(
             0,
-            f"run interrupted by {interrupted.name} after {len(finished)} of {units} instance(s); "
-            f"the instances it did not finish keep their earlier results (one without records the episodes it "
-            f"finished){rest}",
+            interrupted_line(interrupted, len(finished), units, rest, on_workers=job.executor_def.name == "hud_celery"),
         )
     succeeded = result is not None and result.success and interrupted is None
     this_run = [row for row in rows if row.run_id == run_id]
@@ -202,44 +201,6 @@ def _counting(finished: list[str], then: Callable[[InstanceResult], None]) -> Ca
     return listener
 
 
-@contextlib.contextmanager
-def _interrupts() -> Generator[dict[str, signal.Signals]]:
-    """Note SIGINT / SIGTERM for the exit code; SIGTERM stops the run the way SIGINT does.
-
-    Dagster cancels a step on SIGINT and, whenever it swaps its own SIGINT handler in, maps SIGTERM
-    to that handler too, so no Python handler of ours sees every signal. The interpreter's wakeup
-    file descriptor does: every signal that arrives writes its number there, whoever handles it.
-    """
-    received: dict[str, signal.Signals] = {}
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    os.set_blocking(read_end, False)
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        signal.raise_signal(signal.SIGINT)
-
-    def on_sigint(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm), signal.signal(signal.SIGINT, on_sigint)
-    previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    try:
-        yield received
-    finally:
-        signal.set_wakeup_fd(previous_fd)
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
-        arrived = b""
-        with contextlib.suppress(BlockingIOError):
-            arrived = os.read(read_end, 1024)
-        os.close(read_end)
-        os.close(write_end)
-        for candidate in (signal.SIGTERM, signal.SIGINT):  # SIGTERM first: it is re-raised as SIGINT
-            if candidate in arrived:
-                received["signal"] = candidate
-                break
-
-
 DAGSTER_FAILURE = "dagster._core.definitions.events.Failure"  # heads a step's dg.Failure message
 INTERRUPTED_ERROR = "DagsterExecutionInterruptedError"  # said by the run's own line, in words
 
@@ -248,16 +209,6 @@ def _eval_failed(result: ExecutionResult | None) -> bool:
     """Whether the step running the instances failed (one kept an earlier result): the grades after it did not run."""
     failed = [e.step_key or "" for e in result.all_events if e.event_type_value == "STEP_FAILURE"] if result else []
     return any(key.endswith("__eval") for key in failed)
-
-
-def _was_interrupted(result: ExecutionResult) -> bool:
-    """Whether a step of the run stopped on an interrupt (Dagster reports it as a step failure)."""
-    for event in result.all_events:
-        if event.event_type_value == "STEP_FAILURE":
-            error = event.step_failure_data.error
-            if error is not None and error.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
-                return True
-    return result.dagster_run.status.value == "CANCELED"
 
 
 def _invocation(pipeline: str, pipelines_dir: Path | None, outputs_dir: Path | None, queue: str | None) -> list[str]:

@@ -615,6 +615,8 @@ def test_ctrl_c_stops_a_celery_run_whose_units_no_worker_took(write_pipeline: Wr
             assert run.returncode == 130, printed.decode()[-3000:]
             assert time.monotonic() - signalled < 20, "within seconds"
             assert "run interrupted by SIGINT after 0 of 2 instance(s)" in printed.decode()
+            said = " ".join(printed.decode().split())  # the summary wraps its lines
+            assert "the units already running on workers finish there and write their results" in said, said[-3000:]
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)

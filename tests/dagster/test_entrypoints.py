@@ -333,6 +333,7 @@ def test_cancelling_a_run_leaves_no_sim_behind(
         printed = log.read_text()
         assert f"run interrupted by {signum.name} after 0 of 2 instance(s)" in printed, printed[-3000:]
         assert "DagsterExecutionInterruptedError" not in printed, "the interrupt is said once, in words"
+        assert "the instances it did not finish keep their earlier results" in " ".join(printed.split())
         assert "to run only those: hud-pipelines run cancelled --partition task0-i0 --partition task0-i1" in printed
         assert "this run: success rate n/a; scheduled 4 = succeeded 0 + failed 0 + errored 4" in printed
         outputs = EvalOutputs(outputs_dir, "cancelled")

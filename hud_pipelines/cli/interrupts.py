@@ -1,0 +1,81 @@
+"""How ``hud-pipelines run`` takes an interrupt: SIGINT and SIGTERM noted for the exit code, and what it says.
+
+An interrupted run writes its grades and report at once, and says how many instances it finished.
+In process, the instances it did not finish keep their earlier results. On Celery workers, the units
+already running finish there after the CLI has gone, and write their results: ``hud-pipelines report``
+then brings the grades and the report up to date with them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Generator
+
+from dagster._core.execution.execution_result import ExecutionResult
+
+
+@contextlib.contextmanager
+def catching_interrupts() -> Generator[dict[str, signal.Signals]]:
+    """Note SIGINT / SIGTERM for the exit code; SIGTERM stops the run the way SIGINT does.
+
+    Dagster cancels a step on SIGINT and, whenever it swaps its own SIGINT handler in, maps SIGTERM
+    to that handler too, so no Python handler of ours sees every signal. The interpreter's wakeup
+    file descriptor does: every signal that arrives writes its number there, whoever handles it.
+    """
+    received: dict[str, signal.Signals] = {}
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    os.set_blocking(read_end, False)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm), signal.signal(signal.SIGINT, on_sigint)
+    previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    try:
+        yield received
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+        arrived = b""
+        with contextlib.suppress(BlockingIOError):
+            arrived = os.read(read_end, 1024)
+        os.close(read_end)
+        os.close(write_end)
+        for candidate in (signal.SIGTERM, signal.SIGINT):  # SIGTERM first: it is re-raised as SIGINT
+            if candidate in arrived:
+                received["signal"] = candidate
+                break
+
+
+def interrupted_line(interrupted: signal.Signals, finished: int, units: int, rest: str, *, on_workers: bool) -> str:
+    """What an interrupted run says first: how far it got, what became of the rest (``rest``: how to run them).
+
+    ``on_workers``: the run's units ran on Celery workers, where the ones already running finish.
+    """
+    if on_workers:
+        kept = (
+            "the units already running on workers finish there and write their results (then `hud-pipelines "
+            "report` brings the grades up to date); the other instances keep their earlier results"
+        )
+    else:
+        kept = (
+            "the instances it did not finish keep their earlier results (one without records the episodes it finished)"
+        )
+    return f"run interrupted by {interrupted.name} after {finished} of {units} instance(s); {kept}{rest}"
+
+
+def was_interrupted(result: ExecutionResult) -> bool:
+    """Whether a step of the run stopped on an interrupt (Dagster reports it as a step failure)."""
+    for event in result.all_events:
+        if event.event_type_value == "STEP_FAILURE":
+            error = event.step_failure_data.error
+            if error is not None and error.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
+                return True
+    return result.dagster_run.status.value == "CANCELED"
