@@ -145,7 +145,14 @@ def _checkpoint_problems(spec: PipelineSpec, document: YamlDocument) -> list[Pro
         found = _sweep_discovery(spec)
     except HudPipelinesError as exc:
         return [document.problem(("agent", "policy", "checkpoints"), str(exc))]
-    return [
+    unreadable = [  # a torch file that is no torch.save file would error every episode of its checkpoint
+        document.problem(("agent", "policy", "checkpoints"), problem)
+        for checkpoint in (
+            found.complete if found is not None and isinstance(spec.agent.policy, TorchPolicyConfig) else ()
+        )
+        if (problem := _torch_checkpoint_problem(checkpoint.path)) is not None
+    ]
+    return unreadable + [
         document.problem(("checks", index, "baseline"), message)
         for index, message in misspelled_baselines(spec, _labels(found))
     ]

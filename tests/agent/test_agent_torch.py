@@ -236,3 +236,27 @@ def test_a_sweep_over_module_files_finds_the_checkpoint_that_balances_the_pole(
         ("pd_step100", 100, 0.0),
         ("pd_step200", 200, 1.0),
     ]
+
+
+def test_validate_names_a_checkpoint_of_a_torch_sweep_that_is_no_torch_save_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every episode of that checkpoint would error at setup: validate's deep check says which file, before."""
+    import json
+
+    from hud_pipelines.cli.main import main
+    from tests.dagster.support import REPO
+
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    torch.save(CartPoleTorchPD().state_dict(), folder / "pd_step100.pt")
+    (folder / "pd_step200.pt").write_text("garbage\n")
+    policy = {"kind": "torch", "target": "envs.policies:CartPoleTorchPD", "checkpoints": "ckpts"}
+    path = tmp_path / "pd_sweep.yaml"
+    path.write_text(json.dumps({"name": "pd_sweep", "sim": {"factory": "CartPole-v1"}, "agent": {"policy": policy}}))
+    monkeypatch.chdir(REPO)
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "agent.policy.checkpoints: checkpoint " in out, out
+    assert f"{folder / 'pd_step200.pt'}: " in out
+    assert "pd_step100" not in out
