@@ -283,6 +283,14 @@ def _cut(text: str, width: int = 60) -> str:
     return first[: width - 1] + "…" if len(first) > width else first + ("…" if first != text.strip() else "")
 
 
+def _whole(rows: list[GradeRow], run_id: str, of: str = "") -> str:
+    """``all 20 rows of 000500, with 8 from earlier runs and 12 not run yet``: what a figure over them counts."""
+    current = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
+    mine = sum(1 for row in rows if row.run_id == run_id)
+    *parts, last = [f"{current - mine} from earlier runs", *not_run_parts(rows)]
+    return f"all {len(rows)} rows{of}, with {', '.join(parts) + ' and ' if parts else ''}{last}"
+
+
 def _print_summary(
     name: str,
     rows: list[GradeRow],
@@ -330,6 +338,9 @@ def _print_summary(
             console.print(
                 Text(f"this run, {label}{whose}: {figures_line([r for r in judged if r.checkpoint == label])}")
             )
+            whole = [r for r in rows if r.checkpoint == label and (controls is None or r.task in controls)]
+            if len(whole) != sum(r.run_id == run_id for r in whole):  # earlier runs' rows, or rows not run yet
+                console.print(Text(f"{_whole(whole, run_id, f' of {label}')}{whose}: {figures_line(whole)}"))
     if not mine:
         console.print(Text("this run produced no graded rows"))
     elif controls is not None and not sweep:
@@ -339,11 +350,8 @@ def _print_summary(
     elif not sweep:
         console.print(Text(f"this run: {figures_line(mine)}"))
     if len(mine) != len(rows) and not sweep:
-        current = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
-        *parts, last = [f"{current - len(mine)} from earlier runs", *not_run_parts(rows)]
-        earlier = f"all {len(rows)} rows, with {', '.join(parts) + ' and ' if parts else ''}{last}"
         judged, whose = (rows, "") if controls is None else ([r for r in rows if r.task in controls], ", control tasks")
-        console.print(Text(f"{earlier}{whose}: {figures_line(judged)}"))
+        console.print(Text(f"{_whole(rows, run_id)}{whose}: {figures_line(judged)}"))
     for problem in problems:  # one line each, never folded: a re-run command must paste as it is
         console.print(Text(problem, style="red"), soft_wrap=True)
     verdict = "[green]run succeeded[/green]" if succeeded else "[red]run FAILED[/red]"

@@ -102,8 +102,14 @@ def test_what_a_resumed_sweep_counts_as_kept_is_judged_under_the_deployment_file
     deployment.write_text("pipelines:\n  reach_sweep: {sim: {args: {reach: 0.5}}}\n")
     monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
     capsys.readouterr()
+    one = f"000500|{load_pipeline(path).partition_keys()[0]}"
+    assert main(["run", str(path), "--quiet", "--partition", one]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "this run, 000500: success rate" in said
+    assert "all 4 rows of 000500, with 0 from earlier runs and 2 stale (run before the configuration" in said, said
     assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
-    assert "keep their current result" not in capsys.readouterr().err, "another sim: nothing is current"
+    kept = "1 of 2 (checkpoint, instance) pairs keep their current result"
+    assert kept in " ".join(capsys.readouterr().err.split()), "another sim: only the pair just run under it is current"
     assert _run_ids(local)["000500"].isdisjoint(first), "the run evaluated the checkpoint again"
 
     capsys.readouterr()
