@@ -265,6 +265,8 @@ def regression_verdict(
             f"worse than the baseline: success {-drop:+.1%} (McNemar p = {result.mcnemar_p:.3g}) over {against}",
             -drop,
         )
+    unrun = sum(row.fault is Fault.NOT_RUN for row in rows)  # a run of some instances: no answer, said beside
+    left_out = f"; {unrun} episode(s) not run with this configuration yet are left out" if unrun else ""
     if result.verdict is Verdict.NO_DIFFERENCE:
         needed = result.episodes_needed or 0
         more = max(0, needed - result.pairs)
@@ -272,11 +274,11 @@ def regression_verdict(
             check,
             True,
             f"inconclusive: success {-drop:+.1%} (p = {result.mcnemar_p:.3g}) over {against}; "
-            f"{more} more episodes needed to detect a {result.min_effect:.0%} drop",
+            f"{more} more episodes needed to detect a {result.min_effect:.0%} drop{left_out}",
             -drop,
         )
     return _regression(
-        check, True, f"{result.verdict.value} than the baseline: success {-drop:+.1%} over {against}", -drop
+        check, True, f"{result.verdict.value} than the baseline: success {-drop:+.1%} over {against}{left_out}", -drop
     )
 
 

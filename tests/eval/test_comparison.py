@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.comparison import Verdict, compare, describe, pair_rows
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.paired_tests import (
@@ -202,6 +202,11 @@ def test_the_no_regression_check_fails_a_worse_candidate_and_passes_an_inconclus
     assert undecided.passed
     assert "inconclusive" in undecided.description
     assert "more episodes needed" in undecided.description
+    assert "not run" not in undecided.description
+    unrun = [dataclasses.replace(row, status=EpisodeStatus.ERRORED, fault=Fault.NOT_RUN) for row in few_weak[:2]]
+    partial = check_verdict(NoRegressionCheck(baseline=str(tmp_path / "few.json")), unrun + few_weak[2:])
+    assert partial.passed, "judged on what ran, as a success-rate check is"
+    assert partial.description.endswith("; 2 episode(s) not run with this configuration yet are left out")
     missing = check_verdict(NoRegressionCheck(baseline=str(tmp_path / "nothing.json")), weak)
     assert not missing.passed
     assert "the baseline cannot be read" in missing.description
