@@ -24,6 +24,7 @@ As units end, their results are handed to :mod:`hud_pipelines.eval.progress` in 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -175,4 +176,7 @@ def _notify_progress(event: DagsterEvent) -> None:
     if isinstance(entry, dg.PathMetadataValue):
         path = Path(str(entry.path))
         if path.is_file():
-            progress.notify(InstanceResult.read(path))
+            result = InstanceResult.read(path)
+            error = metadata.get("error")  # the attempt's: a failed one may have left an earlier result in the file
+            said = str(error.value) if isinstance(error, dg.TextMetadataValue) else ""
+            progress.notify(dataclasses.replace(result, error=said) if said and not result.failed else result)

@@ -306,9 +306,11 @@ def test_celery_units_whose_served_sim_is_down_keep_the_earlier_results_and_fail
 ) -> None:
     """As in process: an instance that never started measured nothing, so it must not wipe what it measured before."""
     from hud_pipelines.cli.main import main
+    from hud_pipelines.eval.progress import listening
     from hud_pipelines.eval.steps import evaluate
     from hud_pipelines.spec.loader import load_pipeline
 
+    heard: list[InstanceResult] = []
     monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     process, url = serve_sim(f"{SIMS}:cartpole")
@@ -323,11 +325,12 @@ def test_celery_units_whose_served_sim_is_down_keep_the_earlier_results_and_fail
     assert first.passed
     with redis_server(tmp_path / "redis") as (broker, _):
         monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))
-        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1"], tmp_path / "logs"):
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1"], tmp_path / "logs"), listening(heard.append):
             capsys.readouterr()
             code = main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "out")])
     printed = capsys.readouterr().out
     assert code == 1, printed[-3000:]
+    assert sorted((r.key, r.failed) for r in heard) == [("task0-i0", True), ("task0-i1", True)], "the bar: FAILED"
     assert "instance(s) task0-i0, task0-i1 did not start (sim_start: " in printed, printed[-3000:]
     assert f"their results of run {first.run_id} are kept" in printed
     assert _grades(tmp_path / "out", "down") == first.rows, "every result as the first run left it"
