@@ -159,8 +159,14 @@ def _imported_files(path: Path, root: Path) -> list[Path]:
     return found
 
 
+OWN_PACKAGE = __name__.partition(".")[0]
+"""This package: a target that imports it (a policy built on its ``BasePolicy``) does not make it the
+project's code, even where its source sits in the project (a checkout): its version is recorded instead,
+and a running process never executes its modules again."""
+
+
 def _absolute(parts: list[str], beside: Path, root: Path) -> list[Path]:
-    if parts[0] in sys.stdlib_module_names:
+    if parts[0] in sys.stdlib_module_names or parts[0] == OWN_PACKAGE:
         return []
     return _dotted(beside, parts) or _dotted(root, parts)
 

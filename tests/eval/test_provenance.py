@@ -228,6 +228,11 @@ def test_a_targets_sources_follow_its_helpers_own_imports_and_relative_ones(tmp_
     ]
     assert target_sources("CartPole-v1", tmp_path) == []
     assert target_sources("nowhere.to.be:found", tmp_path) == []
+    # a policy built on this package's own classes, in a checkout of it: the package is no code of the project
+    assert target_sources("envs.aloha_experts:InsertionExpert", REPO) == [
+        REPO / "envs" / "aloha_experts.py",
+        REPO / "envs" / "__init__.py",
+    ]
 
 
 def test_a_single_policys_weights_are_part_of_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
