@@ -211,11 +211,12 @@ def _as_on_disk(files: list[Path]) -> None:
     so each runs after the modules it imports. The source is compiled afresh, never from a bytecode
     cache (an edit within the same second keeps the file's size and mtime alike).
     """
+    wanted = set(files)
     names = {file.name for file in files}
     loaded: dict[Path, ModuleType] = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if isinstance(file, str) and os.path.basename(file) in names and (path := Path(file).resolve()) in files:
+        if isinstance(file, str) and os.path.basename(file) in names and (path := Path(file).resolve()) in wanted:
             loaded[path] = module
     digests = {path: code_digest(path) for path in loaded}
     changed = [path for path in loaded if _LOADED.setdefault(loaded[path].__name__, digests[path]) != digests[path]]

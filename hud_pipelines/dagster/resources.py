@@ -33,7 +33,7 @@ from hud_pipelines.eval.runner import sim_settings
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.agent import AgentConfig
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.sim_section import SimSpec
+from hud_pipelines.spec.sim_section import DEFAULT_BUSY_TIMEOUT_S, SimSpec
 
 
 def resource_key(pipeline: str, part: str) -> str:
@@ -58,7 +58,9 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     shards: int = Field(default=1, description="sim processes per instance, each serving a slice of the slots")
     startup_timeout_s: float = Field(default=120.0, description="deadline for a sim to build its envs and listen")
     step_timeout_s: float = Field(default=60.0, description="deadline of one reset or step request")
-    busy_timeout_s: float = Field(default=600.0, description="how long an instance waits for served sims others drive")
+    busy_timeout_s: float = Field(
+        default=DEFAULT_BUSY_TIMEOUT_S, description="how long an instance waits for served sims others drive"
+    )
     python: str | None = Field(default=None, description="the sim's interpreter, or a uv project directory")
     hold: str = Field(default="last", description="action of a finished slot: last or zero")
     bounds: str = Field(default="clip", description="out-of-bounds continuous actions: clip or error")

@@ -26,7 +26,7 @@ from hud_pipelines.spec.grading import CallableGrader, NoRegressionCheck
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, did_you_mean
 from hud_pipelines.spec.sections import is_file_target
-from hud_pipelines.spec.target_check import target_parameters, target_problem
+from hud_pipelines.spec.target_check import missing_file_problem, target_parameters, target_problem
 
 if TYPE_CHECKING:
     from hud_pipelines.agent.checkpoints import Discovery
@@ -64,16 +64,12 @@ def missing_target_files(spec: PipelineSpec, document: YamlDocument) -> list[Pro
         for index, grader in enumerate(spec.graders)
         if isinstance(grader, CallableGrader)
     ]
-    problems: list[Problem] = []
-    for where, target in targets:
-        if is_file_target(target):
-            file = Path(spec.resolve_target(target).rpartition(":")[0])
-            if not file.is_file():
-                siblings = [p.name for p in file.parent.glob("*.py")] if file.parent.is_dir() else []
-                problems.append(
-                    document.problem(where, f"file {file} does not exist{did_you_mean(file.name, siblings)}")
-                )
-    return problems
+    return [
+        document.problem(where, missing)
+        for where, target in targets
+        if is_file_target(target)
+        and (missing := missing_file_problem(Path(spec.resolve_target(target).rpartition(":")[0]))) is not None
+    ]
 
 
 def unmodelled_factory_problems(document: YamlDocument, source: Path | None, reported: Sequence[str]) -> list[Problem]:

@@ -34,10 +34,18 @@ def target_problem(target: str) -> str | None:
     return _module_problem(module_part, attribute)
 
 
+def missing_file_problem(path: Path) -> str | None:
+    """``file ... does not exist`` with the closest file beside it, or ``None`` when ``path`` is a file."""
+    if path.is_file():
+        return None
+    siblings = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
+    return f"file {path} does not exist{did_you_mean(path.name, siblings)}"
+
+
 def _file_problem(path: Path, attribute: str) -> str | None:
-    if not path.is_file():
-        siblings = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
-        return f"file {path} does not exist{did_you_mean(path.name, siblings)}"
+    missing = missing_file_problem(path)
+    if missing is not None:
+        return missing
     shadowed = shadowed_sibling(path)
     if shadowed is not None:
         return shadowed
