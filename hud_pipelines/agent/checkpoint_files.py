@@ -52,6 +52,9 @@ def _folder_reason(path: Path, settle_s: float) -> str | None:
     settling = _settling(path, settle_s)
     if settling is not None:
         return settling
+    unreadable = _json_problem(path / CONFIG_FILE)
+    if unreadable is not None:
+        return unreadable
     state_files: list[str] = []
     for name in PROCESSOR_FILES:
         named = _processor_state_files(path / name)
@@ -113,6 +116,16 @@ def _head(path: Path) -> bytes:
 def _cut_short(path: Path, head: bytes) -> str | None:
     if head == ZIP_MAGIC and not zipfile.is_zipfile(path):
         return f"{path.name} is truncated (its zip archive has no end record)"
+    return None
+
+
+def _json_problem(file: Path) -> str | None:
+    """Why a JSON file of a checkpoint cannot be read (cut short, edited by hand), or ``None``: said here, named,
+    instead of as the bare ``JSONDecodeError`` of loading the policy."""
+    try:
+        json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return f"{file.name} is not JSON ({exc})"
     return None
 
 

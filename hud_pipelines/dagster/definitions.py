@@ -78,14 +78,15 @@ def definitions_for(
     for spec in specs:
         if spec.source is None:
             raise ValueError(f"pipeline {spec.name!r} was not loaded from a file")
+        spec_outputs = EvalOutputs(outputs, spec.name)
         spec_assets, spec_checks, job = build_pipeline_assets(
-            spec, outputs=EvalOutputs(outputs, spec.name), project_dir=project, execution=where.for_pipeline(spec.name)
+            spec, outputs=spec_outputs, project_dir=project, execution=where.for_pipeline(spec.name)
         )
         assets += spec_assets
         checks += spec_checks
         jobs.append(job)
         if spec.is_sweep:
-            sensors.append(checkpoint_sensor(spec))
+            sensors.append(checkpoint_sensor(spec, spec_outputs))
         parts = pipeline_resources(spec, project_dir=project, deployment=for_pipeline(swaps, spec.name))
         resources.update(parts.by_key(spec.name))
     # Every launch, also an asset selection from the UI, runs its steps where the deployment says:

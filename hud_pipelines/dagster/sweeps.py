@@ -8,9 +8,11 @@ checkpoint.
 
 The sensor polls the sweep's sources. A checkpoint it has not registered yet that is complete (every
 file there, none changed for a few seconds) is added to the dimension and gets one run for its
-instances; a half-written one waits, and the sensor says why. The eval runs in its own process, never
-in the trainer's. Registering happens before a run either way: ``hud-pipelines run`` registers what it
-finds, and the job's default range is the registered checkpoints complete when the code location loaded.
+instances; a half-written one waits, and the sensor says why. An evaluated one whose files changed
+since (other weights under its label) gets one run again per version of its content. The eval runs in
+its own process, never in the trainer's. Registering happens before a run either way: ``hud-pipelines
+run`` registers what it finds, and the job's default range is the registered checkpoints complete when
+the code location loaded.
 """
 
 from __future__ import annotations
@@ -240,8 +242,10 @@ def run_selection(
     return chosen
 
 
-def checkpoint_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
-    """The sensor that registers the sweep's new complete checkpoints and runs each one's instances."""
+def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefinition:
+    """The sensor that registers the sweep's new complete checkpoints and runs each one's instances, and runs
+    again an evaluated checkpoint whose files changed (other weights under its label: a training run restarted
+    into the same directory), once per content."""
     name = checkpoints_partitions_name(spec.name)
 
     @dg.sensor(
@@ -258,13 +262,20 @@ def checkpoint_sensor(spec: PipelineSpec) -> dg.SensorDefinition:
             return dg.SkipReason(f"no checkpoint to evaluate: {exc}")
         known = set(context.instance.get_dynamic_partitions(name))
         new = [c.label for c in found.complete if c.label not in known]
+        complete = {c.label for c in found.complete}
+        changed = [m for m in sweep.evaluated(spec, outputs) if m.changed and m.label in known & complete]
         waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
-        if not new:
-            return dg.SkipReason(f"no new complete checkpoint{f' (waiting for {waiting})' if waiting else ''}")
+        if not new and not changed:
+            return dg.SkipReason(
+                f"no new or changed complete checkpoint{f' (waiting for {waiting})' if waiting else ''}"
+            )
         if waiting:
             context.log.info(f"{spec.name}: waiting for {waiting}")
+        again = [  # keyed by content: one run per version of the weights, however often the sensor looks
+            dg.RunRequest(run_key=f"{m.label}@{m.content_hash[:16]}", tags=range_tags(spec, [m.label])) for m in changed
+        ]
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=label, tags=range_tags(spec, [label])) for label in new],
+            run_requests=[*(dg.RunRequest(run_key=label, tags=range_tags(spec, [label])) for label in new), *again],
             dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(partitions_def_name=name, partition_keys=new)],
         )
 

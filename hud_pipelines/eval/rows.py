@@ -18,6 +18,7 @@ from hud_pipelines.eval.configuration import LATEST, CurrentBy, RolloutHashes
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_rows
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -118,10 +119,19 @@ def sweep_members(
 
 
 def _sweep_rows(spec: PipelineSpec, outputs: EvalOutputs, current: CurrentBy) -> list[GradeRow]:
-    """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``."""
+    """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``.
+
+    A checkpoint whose files are gone keeps its answered episodes (they record what those weights did), and
+    its stale ones say so; one whose current results are all errors (it never loaded: a corrupt file, since
+    deleted) is left out, or it would stay the candidate whose errors fail every later run.
+    """
     rows: list[GradeRow] = []
     for member, expected in sweep_members(spec, outputs, current):
         found = collect_rows(member.spec, member.outputs, current=expected, rerun=_rerun_of(member))
+        if not member.path.exists() and all(
+            row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN for row in found
+        ):
+            continue
         rows += [
             dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))
             for row in found
@@ -133,6 +143,10 @@ def _rerun_of(member: sweep.Member) -> Callable[[str], str]:
     """How to run one instance of a sweep's checkpoint again, or why it cannot be (its files are gone)."""
     if not member.path.exists():
         return lambda key: f"checkpoint {member.label}'s files at {member.path} are gone: restore them to run it again"
+    changed = (
+        f"checkpoint {member.label}'s files changed since it ran (other weights under its label); " * member.changed
+    )
     return lambda key: (
-        f"run it with: hud-pipelines run {run_argument(member.spec)} --checkpoint {member.label} --partition {key}"
+        f"{changed}run it with: hud-pipelines run {run_argument(member.spec)} --checkpoint {member.label} "
+        f"--partition {key}"
     )

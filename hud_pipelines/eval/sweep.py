@@ -65,6 +65,9 @@ class Member:
     content_hash: str
     spec: PipelineSpec
     outputs: EvalOutputs
+    changed: bool = False
+    """Its files are not those its results were recorded with (other weights saved under the same label):
+    its spec is of the weights there now, so those results are stale until it runs again."""
 
     def partition_key(self, instance_key: str) -> str:
         """The Dagster partition of one of this checkpoint's instances: ``<label>|<task>-i<instance>``."""
@@ -176,24 +179,45 @@ def not_evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
 
 def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
     """The members with results on disk, in sweep order (runs as the YAML lists them, then step, then label),
-    whether or not their folder remains."""
+    whether or not their folder remains.
+
+    A member whose folder holds other files than it recorded (new weights saved under the same label, a
+    training run restarted into the same directory) is the checkpoint as it is now: ``changed``, with the
+    new content's hash, so its earlier results show as stale (the report, ``compare``) and the next run
+    or the sensor evaluates it again.
+    """
     found: list[Member] = []
     for path in sorted(outputs.checkpoints.glob("**/checkpoint.json")):
         data = json.loads(path.read_text())
         label = str(data["label"])
         folder = Path(str(data["path"]))
+        content_hash = str(data["content_hash"])
+        now = _content_now(Checkpoint(label, folder), data)
         found.append(
             Member(
                 label=label,
                 step=data.get("step"),
                 run=data.get("run"),
                 path=folder,
-                content_hash=str(data["content_hash"]),
-                spec=spec.for_checkpoint(folder, str(data["content_hash"])),
+                content_hash=now or content_hash,
+                spec=spec.for_checkpoint(folder, now or content_hash),
                 outputs=outputs.member(label),
+                changed=now is not None and now != content_hash,
             )
         )
     return sorted(found, key=sweep_order(run_names(sources(spec))))
+
+
+def _content_now(checkpoint: Checkpoint, recorded: dict[str, Any]) -> str | None:
+    """The content hash of a recorded checkpoint's files as they are now, where they differ from the recorded
+    ones by name, size or time (``None``: unchanged, gone, or unreadable now; the recorded hash stands)."""
+    signature = _signature(checkpoint.path)
+    if not signature or signature == recorded.get("signature"):
+        return None
+    try:
+        return checkpoint.content_hash()
+    except CheckpointError:
+        return None
 
 
 def split_partition_key(key: str) -> tuple[str, str]:

@@ -258,6 +258,17 @@ def test_a_weights_file_cut_short_is_pending_as_truncated(run_copy: LeRobotRun) 
     assert reasons(discover(WatchedDirectory(run_copy.output_dir)))["001500"].startswith("model.safetensors is")
 
 
+@pytest.mark.slow
+def test_a_config_that_is_not_json_is_pending_naming_the_file(run_copy: LeRobotRun) -> None:
+    """Before, it counted as complete and its load failed with a bare ``JSONDecodeError`` naming no file."""
+    config = run_copy.pretrained(1500) / "config.json"
+    config.write_text('{"type": "act", "chunk_size": \t\n')
+    age(run_copy.output_dir, 60)
+    found = discover(WatchedDirectory(run_copy.output_dir))
+    assert reasons(found)["001500"].startswith("config.json is not JSON (")
+    assert labels(found.complete) == ["000500", "001000"]
+
+
 def test_a_module_file_cut_short_or_empty_is_pending(tmp_path: Path) -> None:
     cut, empty, whole = write_torch_checkpoints(tmp_path, ["cut", "empty", "whole"])
     size = cut.stat().st_size

@@ -269,7 +269,7 @@ def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
 
         quiet = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
         assert not quiet.run_requests
-        assert "no new complete checkpoint" in (quiet.skip_message or "")
+        assert "no new or changed complete checkpoint" in (quiet.skip_message or "")
 
         extra = write_lerobot_run(tmp_path / "extra" / run.output_dir.name, [2000])
         (extra.pretrained(2000) / "model.safetensors").rename(tmp_path / "held_back.safetensors")
@@ -284,3 +284,15 @@ def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
         new = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
         assert [r.run_key for r in new.run_requests or []] == ["002000"]
         assert spec.is_sweep
+        instance.add_dynamic_partitions(name, ["002000"])
+
+        from hud_pipelines.eval.steps import evaluate
+
+        evaluate(spec, outputs_dir=local, checkpoints=["000500"])
+        weights = run.pretrained(500) / "model.safetensors"
+        weights.write_bytes((run.pretrained(1000) / "model.safetensors").read_bytes())  # a restarted training run
+        age(run.output_dir, 60)
+        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        [request] = again.run_requests or []
+        assert (request.run_key or "").startswith("000500@"), "an evaluated checkpoint's new weights run again"
+        assert request.tags[sweeps.RANGE_START_TAG] == "000500|near-i0"

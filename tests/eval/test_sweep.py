@@ -138,6 +138,39 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     assert all("are gone: restore them to run it again" in (row.error or "") for row in gone)
 
 
+def test_new_weights_under_an_evaluated_label_show_its_results_as_stale_until_it_runs_again(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the report judged a checkpoint by the hash it recorded: other weights copied under its label
+    kept the old rates on show (and ``compare`` found a difference between two identical weight files)."""
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.rows import collect_rows
+
+    monkeypatch.chdir(REPO)
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    out = tmp_path / "out"
+    first = evaluate(spec, outputs_dir=out, checkpoints=["000500", "001000"])
+    shutil.copyfile(run.pretrained(500) / "model.safetensors", run.pretrained(1000) / "model.safetensors")
+    age(run.output_dir, 60)
+
+    rows = collect_rows(spec, EvalOutputs(out, "reach_sweep"))
+    kept = [row for row in rows if row.checkpoint == "000500"]
+    assert kept == [row for row in first.rows if row.checkpoint == "000500"], "untouched weights keep their results"
+    stale = [row for row in rows if row.checkpoint == "001000"]
+    assert stale
+    assert {row.status.value for row in stale} == {"errored"}
+    assert all("checkpoint 001000's files changed since it ran" in (row.error or "") for row in stale)
+
+    again = evaluate(spec, outputs_dir=out, checkpoints=["000500", "001000"])
+    ran = {row.checkpoint for row in again.rows if row.run_id == again.run_id}
+    assert ran == {"001000"}, "the next run evaluates the changed weights again, and only them"
+    same = {
+        row.checkpoint: [(r.seed, r.total_reward) for r in again.rows if r.checkpoint == row.checkpoint]
+        for row in again.rows
+    }
+    assert same["001000"] == same["000500"], "the same weights act the same on the same episodes"
+
+
 def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -323,6 +356,26 @@ def test_a_checkpoint_the_sim_cannot_feed_errors_its_rows_with_the_features_name
     assert {row.fault.value if row.fault else None for row in evaluation.rows} == {"setup"}
     assert all("observation.environment_state" in (row.error or "") for row in evaluation.rows)
     assert not evaluation.passed
+
+
+def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_deleted(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, its errored rows stayed the candidate's after the folder was deleted, failing every later run."""
+    monkeypatch.chdir(REPO)
+    config = run.pretrained(1500) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "dim_model": 8}))  # weights of another shape
+    age(run.output_dir, 60)
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    broken = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {row.status.value for row in broken.rows if row.checkpoint == "001500"} == {"errored"}
+    assert not broken.passed, "the latest checkpoint could not be evaluated"
+
+    shutil.rmtree(run.step_dirs[1500])
+    after = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert [row.checkpoint for row in after.rows] == ["000500"] * 2 + ["001000"] * 2
+    assert after.passed, "the candidate is 001000 again"
+    assert after.rows == [row for row in broken.rows if row.checkpoint != "001500"], "the others are kept as they were"
 
 
 def test_one_sim_serves_every_checkpoint_and_each_policy_is_loaded_once(
