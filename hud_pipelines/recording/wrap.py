@@ -43,7 +43,7 @@ from hud_pipelines.contract import Contract, flatten_observation, to_numpy
 from hud_pipelines.contract.observations import observation_row
 from hud_pipelines.recording.episodes import CUT_SHORT, Episodes, WrapOptions
 from hud_pipelines.recording.events import EpisodeSink
-from hud_pipelines.sim.envs import success_of, vector_success
+from hud_pipelines.sim.envs import reward_of, success_of, vector_success
 
 __all__ = ["CUT_SHORT", "RecordEpisodes", "RecordVectorEpisodes", "wrap"]
 
@@ -120,7 +120,7 @@ class RecordEpisodes(gym.Wrapper[Any, Any, Any, Any]):
                 0,
                 action,
                 episodes.observation(flatten_observation(observation), None),
-                float(to_numpy(reward)),
+                reward_of(reward),
                 bool(terminated),
                 bool(truncated),
                 success_of(info),

@@ -118,10 +118,11 @@ class SlotEnvs(ABC):
 
 
 def success_of(info: Mapping[str, Any]) -> int:
-    """-1 if ``info`` reports no success signal, else 0/1."""
+    """-1 if ``info`` reports no success signal (none of :data:`SUCCESS_KEYS`, or ``None`` there), else 0/1."""
     for key in SUCCESS_KEYS:
         if key in info:
-            return int(bool(np.asarray(info[key]).any()))
+            signal = _signal(info[key], key)
+            return -1 if signal is None else int(bool(signal.any()))
     final = info.get("final_info")
     if is_mapping(final):
         return success_of(final)
@@ -133,9 +134,10 @@ def vector_success(info: Mapping[str, Any], num_slots: int) -> npt.NDArray[np.in
     result = np.full(num_slots, -1, dtype=np.int8)
     for key in reversed(SUCCESS_KEYS):  # first key in SUCCESS_KEYS wins
         if key in info:
-            values = np.asarray(np.asarray(info[key]).reshape(num_slots, -1).any(axis=1), dtype=np.bool_)
             mask = np.asarray(info.get(f"_{key}", np.ones(num_slots, dtype=np.bool_)), dtype=np.bool_)
-            result[mask] = values[mask]
+            signal = _signal(np.asarray(info[key]).reshape(num_slots, -1)[mask], key, given=info[key])
+            if signal is not None:
+                result[mask] = signal.any(axis=1)
     final: object = info.get("final_info")
     if is_mapping(final):  # gymnasium 1.x, same-step autoreset
         final_mask = np.asarray(info.get("_final_info", np.ones(num_slots, dtype=np.bool_)), dtype=np.bool_)
@@ -150,6 +152,32 @@ def vector_success(info: Mapping[str, Any], num_slots: int) -> npt.NDArray[np.in
                 if signal >= 0:
                     result[slot] = signal
     return result
+
+
+def _signal(value: object, key: str, given: object = None) -> npt.NDArray[np.bool_] | None:
+    """A success signal as booleans (``None``: the env gave none this step). A NaN, a string or an object is
+    the env's error: ``bool(float("nan"))`` and ``bool("False")`` are true, and would count as successes."""
+    if value is None:
+        return None
+    array = np.asarray(to_numpy(value))
+    if array.dtype == np.bool_:
+        return array
+    if array.dtype.kind in "iu" or (array.dtype.kind == "f" and np.isfinite(array).all()):
+        return array != 0
+    shown = value if given is None else given  # what the env put in its info (a vector env's: every slot's)
+    raise TypeError(
+        f"env info[{key!r}]={shown!r:.80} ({type(shown).__name__}): a success signal must be a bool or a finite number"
+    )
+
+
+def reward_of(value: object) -> float:
+    """One slot's reward as a float; anything but one number is the env's error, said naming the reward."""
+    if isinstance(value, float | int):  # the usual cases, first: this runs for every slot of every step
+        return float(value)
+    array = np.asarray(to_numpy(value))
+    if array.size != 1 or array.dtype.kind not in "biuf":
+        raise TypeError(f"env.step returned reward={value!r:.80} ({type(value).__name__}): it must be one number")
+    return float(array.reshape(()))
 
 
 def prompt_of(env: Any) -> str | None:
@@ -270,7 +298,7 @@ class ReplicatedEnvs(SlotEnvs):
                     to_env_action(actions[slot], self.device)
                 )
                 self.write(out, flatten_observation(observation), slot, f"slot {slot} step")
-                tick.reward[slot] = float(to_numpy(reward))
+                tick.reward[slot] = reward_of(reward)
                 tick.terminated[slot] = _flag(terminated, "terminated")
                 tick.truncated[slot] = _flag(truncated, "truncated")
                 tick.success[slot] = success_of(info)

@@ -674,6 +674,52 @@ def test_a_non_finite_reward_or_reset_observation_ends_the_slot_as_errored(tmp_p
     assert reply.nonfinite == [0]
 
 
+ODD_SIGNAL_ENVS = """
+import gymnasium as gym, numpy as np
+
+SIGNALS = {0: {"is_success": True}, 1: {"is_success": float("nan")}, 2: {"is_success": "False"},
+           3: {"is_success": None}, 4: {"success": np.float32(0.0)}}
+
+class _Env(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    def reset(self, *, seed=None, options=None):
+        self.seed_value = seed
+        return np.zeros(1, np.float32), {}
+    def step(self, action):
+        reward = None if self.seed_value == 5 else 1.0
+        return np.zeros(1, np.float32), reward, True, False, dict(SIGNALS.get(self.seed_value, {}))
+
+def make():
+    return _Env()
+"""
+
+
+def test_a_success_signal_that_is_nan_or_text_or_a_reward_that_is_no_number_errors_its_slot(tmp_path: Any) -> None:
+    """Before, ``bool(nan)`` and ``bool("False")`` counted as successes, and a ``None`` reward erred with
+    float()'s own words, naming no reward."""
+    module = tmp_path / "odd_signals.py"
+    module.write_text(ODD_SIGNAL_ENVS)
+    with GymBridge(f"{module}:make", 6) as bridge:
+        bridge.reset([{"seed": seed} for seed in range(6)])
+        reply = bridge.step(np.zeros((6, 1)))
+        slots = bridge.result()["slots"]
+    assert reply.status == ["done", "errored", "errored", "done", "done", "errored"]
+    errors = {e.slot: e.message for e in reply.errors}
+    assert "env info['is_success']=nan (float): a success signal must be a bool or a finite number" in errors[1]
+    assert "env info['is_success']='False' (str)" in errors[2]
+    assert "env.step returned reward=None (NoneType): it must be one number" in errors[5]
+    assert [s["success"] for s in slots if s["status"] == "done"] == [True, False, False]
+    assert [s["score"] for s in slots if s["status"] == "done"] == [1.0, 1.0, 0.0], "no signal (None): the return"
+
+
+def test_a_vector_envs_success_signal_is_checked_on_the_slots_its_mask_names() -> None:
+    nan_elsewhere = {"is_success": np.array([1.0, np.nan]), "_is_success": np.array([True, False])}
+    assert vector_success(nan_elsewhere, 2).tolist() == [1, -1]
+    with pytest.raises(TypeError, match=r"info\['is_success'\]=array\(\[nan,  1\.\]\) \(ndarray\)"):
+        vector_success({"is_success": np.array([np.nan, 1.0])}, 2)
+
+
 def test_a_bridge_must_start_before_use() -> None:
     bridge = GymBridge("CartPole-v1")
     with pytest.raises(RuntimeError, match="call start\\(\\) first"):
