@@ -239,6 +239,7 @@ class EvalRunner:
                     failure = ("the sim process died", Fault.SIM_CRASHED)
                 if failure is not None and failure[1] is not Fault.POLICY_TIMEOUT:
                     live.healthy = False  # a late forward leaves the sim sound; any other fault does not
+                    live.hung = failure[1] is Fault.SIM_HUNG
         except (SimError, HudPipelinesError) as exc:
             failure = self._failure(exc)
             if isinstance(exc, SimError) and exc.server is not None:

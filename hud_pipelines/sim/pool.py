@@ -73,6 +73,10 @@ class LiveSim:
     healthy: bool = True
     server: str | None = None
     """The URL of the served sim it is attached to (``None`` for a spawned one)."""
+    hung: bool = False
+    """It stopped answering within its deadline. A served sim's server is still busy with the request it never
+    answered (nothing here can stop it), so no later instance goes there: it would wait on it as on another
+    client's."""
 
     def kill(self) -> None:
         """Stop the sim now (a rollout timeout): a spawned child's group is killed, an attached link closed."""
@@ -229,7 +233,9 @@ class SimPool(Closeable):
                 raise
             finally:
                 self._release(live)
-                if server is not None and not live.healthy and not reachable(server):
+                if server is not None and live.hung:
+                    self._servers.lose(server, f"served sim {server} stopped answering (a step or reset hung)")
+                elif server is not None and not live.healthy and not reachable(server):
                     # its server died with it: no later instance goes there
                     self._servers.lose(server, f"served sim {server} stopped listening")
         finally:

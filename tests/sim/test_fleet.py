@@ -410,6 +410,31 @@ def test_a_served_sim_busy_past_busy_timeout_errors_the_instance_as_a_start_fail
         stop_served(process)
 
 
+def test_a_served_sim_that_hangs_gets_no_later_instance_instead_of_waiting_on_its_own_dead_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the server still busy with the step that never returned refused the next instance as busy
+    (HTTP 409, "driven by another client"), and the run waited out ``busy_timeout_s`` (10 minutes)."""
+    monkeypatch.chdir(REPO)
+    process, url = serve_cartpole("--arg", "stall_seeds=[0]")  # slot 0 of instance 0 stalls at step 5
+    try:
+        text = json.loads(_text([url]))
+        text["sim"] |= {"step_timeout_s": 2, "busy_timeout_s": 120}
+        text |= {"group": 3, "max_concurrent": 1}
+        monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
+        spec = load_pipeline_text(json.dumps(text), source=tmp_path / "fleet.yaml")
+        started = time.monotonic()
+        evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+        took = time.monotonic() - started
+    finally:
+        stop_served(process)
+    faults = {r.instance: r.fault for r in evaluation.results}
+    assert faults == {0: Fault.SIM_HUNG, 1: Fault.SIM_START, 2: Fault.SIM_START}
+    later = next(r for r in evaluation.results if r.instance == 1)
+    assert f"served sim {url} stopped answering (a step or reset hung)" in (later.error or ""), later.error
+    assert took < 60, f"the run waited on the hung server as on a busy one ({took:.0f} s)"
+
+
 def test_busy_timeout_is_refused_for_a_spawned_sim_naming_the_key(tmp_path: Path) -> None:
     from hud_pipelines.spec.problems import SpecError
 
