@@ -237,7 +237,8 @@ class Fault(StrEnum):
     CONTRACT = "contract"
     """The sim's observations or actions do not fit the pipeline's contract."""
     INTERRUPTED = "interrupted"
-    """The run was cancelled (SIGINT, SIGTERM, a Dagster termination) before the episode ended."""
+    """The run was cancelled (SIGINT, SIGTERM, a Dagster termination), or its eval step failed (its reason
+    says how), before the episode ended."""
     WORKER_LOST = "worker_lost"
     """The worker process running the instance (a unit on a Celery worker) died before the instance ended."""
     NOT_RUN = "not_run"

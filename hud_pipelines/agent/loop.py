@@ -154,11 +154,11 @@ class LockstepRun:
         for slot in np.flatnonzero(~slots.running):
             if slots.outcomes[slot] is None:
                 slots.end(int(slot), errored(f"slot is {observation.status[slot]} after reset", 0, 0.0, Fault.ENV))
-        self.settings.policy.reset()
         if self.settings.observation_steps > 1:
             self._start_history(observation)
         slots.report_ends()
         try:
+            self._reset_policy()
             while slots.running.any() and self.stats.ticks < max_steps:
                 observation = self._tick(observation, max_steps)
                 slots.report_ends()
@@ -265,6 +265,23 @@ class LockstepRun:
 
     # -- refills ---------------------------------------------------------------------------------------
 
+    def _reset_policy(self) -> None:
+        """The policy's ``reset`` before the episodes; what it raises ends them as the policy's fault, named."""
+        try:
+            self.settings.policy.reset()
+        except Exception as exc:
+            raise self._policy_failed("policy reset failed", exc, np.flatnonzero(self.slots.running)) from exc
+
+    def _policy_failed(self, what: str, exc: Exception, slots: npt.NDArray[np.intp]) -> _PolicyFailed:
+        """The failure a policy's exception ends the running episodes with: its deadline's, or its own words
+        and the user's line that raised it (logged once per run)."""
+        if isinstance(exc, PolicyTimeoutError | RolloutTimeoutError | RunAborted):
+            return _PolicyFailed(str(exc), fault_of(exc))
+        where = raised_at(exc)  # the user's line, on the one line every report keeps
+        reason = f"{what}: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+        _say_once(self.settings.policy, reason, exc, slots)
+        return _PolicyFailed(reason, Fault.POLICY)
+
     def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
         settings = self.settings
         batch = PolicyBatch(
@@ -277,13 +294,8 @@ class LockstepRun:
         try:
             raw = settings.policy.infer(batch)
             chunks = as_chunks(raw, need.size, settings.width, source=f"policy {type(settings.policy).__name__}")
-        except (PolicyTimeoutError, RolloutTimeoutError, RunAborted) as exc:
-            raise _PolicyFailed(str(exc), fault_of(exc)) from exc
         except Exception as exc:
-            where = raised_at(exc)  # the user's line, on the one line every report keeps
-            reason = f"policy failed: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
-            _say_once(settings.policy, reason, exc, need)
-            raise _PolicyFailed(reason, Fault.POLICY) from exc
+            raise self._policy_failed("policy failed", exc, need) from exc
         latency = time.perf_counter() - started
         rows = forward_rows(settings.policy, need.size)
         self.stats.infer.add(int(need.size), latency)

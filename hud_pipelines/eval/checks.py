@@ -21,7 +21,7 @@ from hud_pipelines.eval.comparison import Verdict, compare, episode_id
 from hud_pipelines.eval.grades import GradeRow, one_line, summarize
 from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
-from hud_pipelines.sim.envs import SUCCESS_KEYS
+from hud_pipelines.sim.step_values import SUCCESS_KEYS
 from hud_pipelines.spec.grading import (
     BUILTIN_CHECKS,
     CheckSpec,

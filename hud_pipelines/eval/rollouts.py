@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.errors import Fault, HudPipelinesError, fault_of
 from hud_pipelines.eval import provenance, sources, sweep
 from hud_pipelines.eval.configuration import (
     RolloutHashes,
@@ -116,8 +116,9 @@ def rollouts_step(
     runner = EvalRunner(spec, pool, job=job, run_id=run_id, sinks=sinks, on_result=ended)
     try:
         return runner.run(partitions)
-    except BaseException:  # interrupted: say so for every instance it cut short
-        _record_interrupted(spec, outputs, run_id, [p for p in partitions if spec.partition_key(*p) not in finished])
+    except BaseException as exc:  # interrupted, or a fault of ours: say so for every instance it cut short
+        cut = [p for p in partitions if spec.partition_key(*p) not in finished]
+        _record_interrupted(spec, outputs, run_id, cut, exc)
         raise
     finally:
         if shards is not None:  # only this call's instances: other steps of the run may be writing theirs
@@ -175,8 +176,11 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
     return "\n".join([*lines, f"once they can start: {command}"])
 
 
-def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, cut: Sequence[Partition]) -> None:
-    """Write ``interrupted`` results for the instances a cancelled run did not finish.
+def _record_interrupted(
+    spec: PipelineSpec, outputs: EvalOutputs, run_id: str, cut: Sequence[Partition], cause: BaseException
+) -> None:
+    """Write ``interrupted`` results for the instances a cancelled run did not finish; where the run was not
+    cancelled but the step failed (``cause``: an error of its own, a disk full), their reason says that.
 
     An instance that already has a result from an earlier run keeps it, whatever configuration made
     it: that work was finished, and the run that was cut short measured nothing to replace it with
@@ -191,6 +195,10 @@ def _record_interrupted(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, c
         if path.is_file():
             continue
         reason = f"the run was interrupted before instance {key} finished"
+        if fault_of(cause) is not Fault.INTERRUPTED:
+            reason = (
+                f"the run's eval step failed before instance {key} finished: {type(cause).__name__}: {cause!s:.500}"
+            )
         unreached_result(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id).write(path)
 
 

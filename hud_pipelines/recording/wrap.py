@@ -43,7 +43,7 @@ from hud_pipelines.contract import Contract, flatten_observation, to_numpy
 from hud_pipelines.contract.observations import observation_row
 from hud_pipelines.recording.episodes import CUT_SHORT, Episodes, WrapOptions
 from hud_pipelines.recording.events import EpisodeSink
-from hud_pipelines.sim.envs import reward_of, success_of, vector_success
+from hud_pipelines.sim.step_values import reward_of, success_of, vector_success
 
 __all__ = ["CUT_SHORT", "RecordEpisodes", "RecordVectorEpisodes", "wrap"]
 

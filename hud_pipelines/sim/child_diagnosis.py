@@ -31,6 +31,9 @@ from hud_pipelines.sim.serve import CHILD_ERROR_PREFIX
 
 child_log = logging.getLogger("hud_pipelines.sim.child")
 STDERR_TAIL_LINES = 100
+STDERR_LINE_CHARS = 2000
+"""The longest a line of the tail is kept: a sim that prints megabytes on one line before it dies would
+otherwise copy them into every row of the grades, the report and the result files."""
 STACKS_SIGNAL = signal.SIGUSR1
 """On this signal a sim child writes the stack of every thread to stderr (faulthandler, set up first thing)."""
 STACKS_WAIT_S = 5.0
@@ -206,6 +209,8 @@ def _missing_module_hint(child_error: str | None, interpreter: str, python: str 
 def _pump_stderr(stream: IO[bytes], tail: collections.deque[str], pid: int) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip()
+        if len(line) > STDERR_LINE_CHARS:
+            line = f"{line[:STDERR_LINE_CHARS]} [... {len(line) - STDERR_LINE_CHARS} more characters]"
         tail.append(line)
         child_log.info("[%d] %s", pid, line)
     stream.close()

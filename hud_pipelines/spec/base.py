@@ -51,9 +51,20 @@ def schema_default(value: Any) -> Any:
     return extra
 
 
+NAME_MAX_LENGTH = 64
+"""The longest name of a pipeline, task or check: names become file names (with run ids beside them), Dagster
+keys and partition keys, and a file name has 255 bytes at most."""
+
+
 def name_field(pattern: str, description: str) -> Any:
     """A ``name`` that defaults to one derived from elsewhere (a position, a kind), said in ``description``."""
-    return Field(default="", pattern=pattern, description=description, json_schema_extra=omit_default)
+    return Field(
+        default="",
+        pattern=pattern,
+        max_length=NAME_MAX_LENGTH,
+        description=description,
+        json_schema_extra=omit_default,
+    )
 
 
 def target_field(attribute: str, use: str) -> Any:

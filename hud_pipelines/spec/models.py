@@ -37,7 +37,7 @@ from hud_pipelines.spec.agent import (
     ScriptedPolicyConfig,
     TorchPolicyConfig,
 )
-from hud_pipelines.spec.base import Count, Float, StrictModel, schema_default
+from hud_pipelines.spec.base import NAME_MAX_LENGTH, Count, Float, StrictModel, schema_default
 from hud_pipelines.spec.grading import (
     CallableGrader,
     CheckSpec,
@@ -89,6 +89,7 @@ class PipelineSpec(StrictModel):
 
     name: str = Field(
         pattern=NAME_PATTERN,
+        max_length=NAME_MAX_LENGTH,
         description="unique pipeline name (lowercase, digits, `_`): the Dagster key prefix and job name",
     )
     description: str = Field(default="", description="one line shown in the Dagster UI and in reports")

@@ -19,6 +19,8 @@ from hud_pipelines.recording.traces import DEFAULT_MAX_VIDEOS, TraceVideo
 from hud_pipelines.spec.base import Count, Int, StrictModel, name_field, schema_default
 from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions, VideoCodec
 
+MAX_SEED = 2**63 - 1
+"""Seeds travel as 64-bit integers (the wire's msgpack); a slot's seed adds its position to its task's."""
 TASK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 """Task names appear in partition keys (``<task>-i<instance>``)."""
 
@@ -77,6 +79,7 @@ class TaskSpec(StrictModel):
     seed: Int = Field(
         default=0,
         ge=0,
+        le=MAX_SEED,
         description="base seed: slot j of instance i gets `seed + i * num_envs + j`, so every slot differs",
     )
     options: dict[str, Any] = Field(

@@ -73,3 +73,14 @@ def nan_for_seed_3(episode: dict[str, Any]) -> dict[str, Any]:
 def even_seed(episode: dict[str, Any]) -> bool:
     """A callable grader: the episodes of even seeds succeed."""
     return episode["seed"] % 2 == 0
+
+
+class RaisesInReset:
+    """Zero actions, but its ``reset`` (before each instance's episodes) raises."""
+
+    def reset(self) -> None:
+        raise RuntimeError("the policy's reset failed on purpose")
+
+    def __call__(self, observation: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
+        rows = next(iter(observation.values())).shape[0]
+        return np.zeros((rows, 1), dtype=np.float32)

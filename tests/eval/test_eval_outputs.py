@@ -457,11 +457,19 @@ def test_an_interrupted_run_leaves_every_earlier_result_in_place_whatever_config
     current = unreached_result(spec, second, "another stand-in", Fault.ENV, run_id="old")
     current.write(outputs.result(current.key))
 
-    _record_interrupted(spec, outputs, "cut", [first, second, third])
+    _record_interrupted(spec, outputs, "cut", [first, second, third], KeyboardInterrupt())
     assert InstanceResult.read(outputs.result(kept.key)) == kept, "the run measured nothing to replace it"
     assert InstanceResult.read(outputs.result(current.key)) == current
     written = InstanceResult.read(outputs.result(spec.partition_key(*third)))
     assert (written.fault, written.run_id) == (Fault.INTERRUPTED, "cut"), "no result before: it says why"
+    assert written.error == "the run was interrupted before instance task0-i2 finished"
+
+    outputs.result(written.key).unlink()  # a step that failed on a fault of its own was not interrupted: it says so
+    _record_interrupted(spec, outputs, "cut", [third], OSError(36, "File name too long"))
+    failed = InstanceResult.read(outputs.result(spec.partition_key(*third)))
+    assert failed.error == (
+        "the run's eval step failed before instance task0-i2 finished: OSError: [Errno 36] File name too long"
+    )
 
 
 def test_a_stale_result_names_what_of_the_configuration_changed_where_the_runs_recorded_it(tmp_path: Path) -> None:

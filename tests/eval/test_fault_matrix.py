@@ -72,6 +72,15 @@ CASES = {
         errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
         reason="weights are missing (at " + str(Path(__file__).with_name("faulty_policies.py")) + ":",
     ),
+    "reset/policy-reset/every": Case(  # before, "interrupted", its words only in the console
+        {},
+        policy={"kind": "scripted", "target": "tests.eval.faulty_policies:RaisesInReset"},
+        errored=dict.fromkeys(EVERY_SEED, Fault.POLICY),
+        fields={"max_concurrent": 1},  # each instance alone: the policy is reset before each
+        reason="policy reset failed: RuntimeError: the policy's reset failed on purpose (at "
+        + str(Path(__file__).with_name("faulty_policies.py"))
+        + ":",
+    ),
     "start-up/grader/every": Case(
         {},
         errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),

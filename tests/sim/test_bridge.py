@@ -21,9 +21,10 @@ from hud_pipelines.contract import action_feature
 from hud_pipelines.errors import ActionError, ContractError, EnvFault, Phase, SlotStateError, TaskArgumentError
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.bridge import GymBridge
-from hud_pipelines.sim.envs import ReplicatedEnvs, VectorEnvs, success_of, vector_success
+from hud_pipelines.sim.envs import ReplicatedEnvs, VectorEnvs
 from hud_pipelines.sim.factory import resolve_factory
 from hud_pipelines.sim.slots import SlotState
+from hud_pipelines.sim.step_values import success_of, vector_success
 from tests.conftest import (
     FAULTY,
     POINT_MASS,

@@ -7,6 +7,7 @@ matching message strings; the messages stay readable and the constructors stay c
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,19 @@ def test_a_start_up_failure_leads_with_the_childs_own_error_line_and_where_the_u
     assert message.startswith(error.child_error)
     assert message.index(error.child_error) < message.index("stderr tail")
     assert "before it was ready" in message.splitlines()[0]
+
+
+def test_a_megabyte_line_a_dying_sim_prints_is_cut_in_its_error(spawn: Spawn, tmp_path: Path) -> None:
+    """Before, one long stderr line went whole into the error of every row: grades.json grew to megabytes."""
+    from hud_pipelines.sim.child_diagnosis import STDERR_LINE_CHARS
+
+    factory = tmp_path / "loud.py"
+    factory.write_text(
+        "import sys\n\ndef make():\n    print('x' * 1_000_000, file=sys.stderr)\n    raise RuntimeError('loud and dead')\n"
+    )
+    with pytest.raises(SimStartError) as caught:
+        spawn(f"{factory}:make")
+    message = str(caught.value)
+    assert "loud and dead" in message
+    assert f"[... {1_000_000 - STDERR_LINE_CHARS} more characters]" in message
+    assert len(message) < 10 * STDERR_LINE_CHARS

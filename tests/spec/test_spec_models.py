@@ -148,6 +148,18 @@ def test_task_names_are_filled_by_position_and_must_be_unique() -> None:
     assert [t.name for t in spec(tasks=[{"name": "easy"}, {}]).tasks] == ["easy", "task1"]
 
 
+def test_names_that_no_file_can_hold_and_seeds_the_wire_cannot_carry_are_refused_at_load() -> None:
+    """Before, ``validate`` passed them and the run failed: "File name too long", or a seed of 2**64 and more
+    "cannot encode a value of type int on the wire" after the sim had started."""
+    with pytest.raises(ValidationError, match="at most 64 characters"):
+        spec(name="p" * 65)
+    with pytest.raises(ValidationError, match="at most 64 characters"):
+        spec(tasks=[{"name": "t" * 65}])
+    with pytest.raises(ValidationError, match="less than or equal to 9223372036854775807"):
+        spec(tasks=[{"seed": 2**63}])
+    assert spec(name="p" * 64, tasks=[{"name": "t" * 64, "seed": 2**63 - 1}]).tasks[0].seed == 2**63 - 1
+
+
 def test_relative_paths_resolve_against_the_yaml_file(tmp_path: Path) -> None:
     source = tmp_path / "pipelines" / "cartpole.yaml"
     s = spec(
