@@ -107,7 +107,10 @@ def test_a_megabyte_line_a_dying_sim_prints_is_cut_in_its_error(spawn: Spawn, tm
 
     factory = tmp_path / "loud.py"
     factory.write_text(
-        "import sys\n\ndef make():\n    print('x' * 1_000_000, file=sys.stderr)\n    raise RuntimeError('loud and dead')\n"
+        "import sys\n\n"
+        "def make():\n"
+        "    print('x' * 1_000_000, file=sys.stderr)\n"
+        "    raise RuntimeError('loud and dead')\n"
     )
     with pytest.raises(SimStartError) as caught:
         spawn(f"{factory}:make")
