@@ -96,6 +96,13 @@ def run_pipeline(
     spec = load_pipeline_to_run(path)
     refuse_misnamed(path, spec)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
+    try:  # a file where the folder goes, a path under /proc: said before any sim starts, not as a traceback after
+        outputs.base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        raise HudPipelinesError(
+            f"cannot write the outputs at {outputs.base}: {reason} (pick another --outputs or $HUD_PIPELINES_OUTPUTS)"
+        ) from exc
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)
     job = defs.resolve_job_def(spec.name)
     ordered, checkpoints = select_instances(spec, partitions, checkpoints)

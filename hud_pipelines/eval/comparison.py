@@ -201,8 +201,9 @@ def run_compare(args: argparse.Namespace) -> int:
     if pipelines[0] != pipelines[1]:
         mine, theirs = (", ".join(names) or "no pipeline" for names in pipelines)
         print(
-            f"note: {candidate.name} holds results of {mine} and {baseline.name} of {theirs}: their episodes "
-            "pair up by task name and seed alone, whatever their sims and graders",
+            f"note: the two sides hold results of other pipelines (candidate {candidate.name}: {mine}; baseline "
+            f"{baseline.name}: {theirs}): their episodes pair up by task name and seed alone, whatever their sims "
+            "and graders",
             file=sys.stderr,
         )
     for name in SETTINGS:
@@ -249,7 +250,7 @@ def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
     if result.score_difference is not None:
         p = f"p = {result.score_p:.3g}"
         interval = (
-            f"CI {result.score_interval[0]:+.3g} to {result.score_interval[1]:+.3g}"
+            f"{confidence_label(result.alpha)} CI {result.score_interval[0]:+.3g} to {result.score_interval[1]:+.3g}"
             if result.score_interval is not None
             else f"too few pairs for a {confidence_label(result.alpha)} interval"
         )

@@ -98,6 +98,14 @@ class Summary:
     errored: int
     mean_score: float | None
     mean_return: float | None
+    not_run: int = 0
+    """Of the errored, those no run of the current configuration produced (not run yet, or stale): a task
+    just added is that, not a failure of the sim or the policy."""
+
+    @property
+    def not_run_text(self) -> str:
+        """`` (4 of them not run with this configuration yet)`` after the errored count, or ``""``."""
+        return f" ({self.not_run} of them not run with this configuration yet)" if self.not_run else ""
 
     @property
     def graded(self) -> int:
@@ -176,6 +184,7 @@ def summarize(rows: Iterable[GradeRow]) -> Summary:
         errored=sum(r.status is EpisodeStatus.ERRORED for r in rows),
         mean_score=_mean([r.score for r in graded]),
         mean_return=_mean([r.total_reward for r in graded]),
+        not_run=sum(r.fault is Fault.NOT_RUN for r in rows),
     )
 
 

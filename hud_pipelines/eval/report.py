@@ -171,7 +171,7 @@ def render_markdown(
         *([f"Graded by {context.graded_by}.", ""] if context.graded_by else []),
         *(line for warning in context.warnings for line in (f"**Warning:** {warning}.", "")),
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
-        f"errored {total.errored} (error rate {total.error_rate:.1%}; errors are not failures).",
+        f"errored {total.errored}{total.not_run_text} (error rate {total.error_rate:.1%}; errors are not failures).",
         "",
         *([f"The rate leaves the errored episodes out; {bounds}.", ""] if (bounds := error_bounds_text(total)) else []),
         f"Mean score {_number(total.mean_score)}, mean return {_number(total.mean_return)}.",

@@ -8,6 +8,7 @@ configurations (their rows are left out, as the pipeline's checks leave them out
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -85,7 +86,7 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
     labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
     if checkpoint is None and len(labels) < 2:
         return ResultSet(rows, where, arms=len(arms), settings=_settings(path.parent, rows))
-    chosen = checkpoint or labels[-1]
+    chosen = _label_of(checkpoint, labels) if checkpoint is not None else labels[-1]
     if chosen not in labels:
         raise HudPipelinesError(
             f"{path} has no checkpoint {chosen!r}{did_you_mean(chosen, labels)}; its checkpoints: "
@@ -94,6 +95,14 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
     rows = [row for row in rows if row.checkpoint == chosen]
     member = path.parent / "checkpoints" / chosen
     return ResultSet(rows, where, chosen, labels, len(arms), settings=_settings(member, rows))
+
+
+def _label_of(asked: str, labels: Sequence[str]) -> str:
+    """The label ``asked`` names: itself, or the one numbered as a step number is (``500`` is ``000500``)."""
+    if asked in labels or not asked.isdigit():
+        return asked
+    numbered = [label for label in labels if label.isdigit() and int(label) == int(asked)]
+    return numbered[0] if len(numbered) == 1 else asked
 
 
 SETTINGS = ("sim_factory", "sim_args", "max_steps", "graders")

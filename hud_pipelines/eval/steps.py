@@ -126,6 +126,7 @@ def report_step(
     run_id: str | None = None,
     current: CurrentBy = LATEST,
     dataset: Path | None = None,
+    member: sweep.Member | None = None,
 ) -> ReportFiles:
     """``report.md`` with its plot ``report.png`` beside it, and ``report.html`` (episodes, videos, plots).
 
@@ -142,17 +143,20 @@ def report_step(
 
     rows = collect_rows(spec, outputs, current=current)
     scope, headline = headline_rows(spec, rows)
-    title = f"{spec.name} ({scope})" if scope else spec.name
-    plot = render_plot(spec.name, headline)
+    name = spec.name if member is None else f"{spec.name}: checkpoint {member.label}"  # ``member``: of a sweep
+    title = f"{name} ({scope})" if scope else name
+    plot = render_plot(name, headline)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
     member_of_sweep = spec.checkpoint_hash is not None
     checks = builtin_verdicts(rows, run_argument(spec)) if member_of_sweep else all_verdicts(spec, rows)
     members = sweep_members(spec, outputs, current) if spec.is_sweep else []
-    for member, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
-        folder = _member_dataset(dataset, member.label)
-        report_step(member.spec, member.outputs, run_id=run_id, current=expected, dataset=folder)
+    for checkpoint, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
+        folder = _member_dataset(dataset, checkpoint.label)
+        report_step(
+            checkpoint.spec, checkpoint.outputs, run_id=run_id, current=expected, dataset=folder, member=checkpoint
+        )
     seeded = seed_warning(outputs, current.resolve(spec, outputs)[0].pipeline)
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
     context = ReportContext(
@@ -161,7 +165,7 @@ def report_step(
         overrides=overrides,
         warnings=warned,
         graded_by=grader_text(spec.graders[0]),
-        description=spec.description or "",
+        description=spec.description if member is None else member.described(spec.name, spec.description),
         prompts={task.name: task.prompt for task in spec.tasks if task.prompt},
     )
     # the plot is a file beside the report: readable in a terminal, shown by a viewer
@@ -176,7 +180,7 @@ def report_step(
     markdown += provenance.markdown(recorded_provenance(outputs))
     write_atomically(outputs.report_md, markdown)
     page = write_html_report(
-        spec.name,
+        name,
         rows,
         outputs,
         context,

@@ -69,6 +69,12 @@ class Member:
     """Its files are not those its results were recorded with (other weights saved under the same label):
     its spec is of the weights there now, so those results are stale until it runs again."""
 
+    def described(self, sweep: str, description: str) -> str:
+        """Its own report's description: which weights it evaluated, and where they are, then the sweep's."""
+        step = f" (step {self.step})" if self.step is not None else ""
+        weights = f"Checkpoint {self.label}{step} of the sweep {sweep}: weights at {self.path}."
+        return f"{weights} {description}" if description else weights
+
     def partition_key(self, instance_key: str) -> str:
         """The Dagster partition of one of this checkpoint's instances: ``<label>|<task>-i<instance>``."""
         return f"{self.label}{PARTITION_SEPARATOR}{instance_key}"

@@ -135,6 +135,12 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert "missing.yaml:4:16: sim.factory: file " in err, err
     assert "my_envs.py does not exist (did you mean 'my_env.py'?)" in err
     assert not (outputs_dir / "missing").exists(), "nothing ran"
+    (tmp_path / "a_file").write_text("")  # where the outputs folder would go: said before any sim starts
+    assert main(["run", str(pipelines_dir / "strict.yaml"), "--quiet", "--outputs", str(tmp_path / "a_file")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"cannot write the outputs at {tmp_path / 'a_file' / 'strict'}: not a directory (pick another --outputs" in err
+    )
 
     unstartable = write_pipeline(
         "unstartable", group=1, sim={"factory": f"{SIMS}:faulty", "args": {"fault": "raise_build"}}

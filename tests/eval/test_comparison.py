@@ -263,6 +263,11 @@ def test_a_sweeps_results_are_compared_one_checkpoint_at_a_time_named(
     chosen = ["--candidate-checkpoint", "step_100"]
     assert main(["compare", str(tmp_path / "sweep.json"), str(tmp_path / "run.json"), *chosen]) == 0
     assert "(checkpoint step_100 of 2) vs" in capsys.readouterr().out
+    numbered = [dataclasses.replace(r, checkpoint=f"{500 * (1 + i // 12):06d}") for i, r in enumerate(sweep)]
+    (tmp_path / "steps.json").write_text(json.dumps([r.as_dict() for r in numbered]))
+    by_step = ["--candidate-checkpoint", "500"]  # a step number names the checkpoint numbered so
+    assert main(["compare", str(tmp_path / "steps.json"), str(tmp_path / "run.json"), *by_step]) == 0
+    assert "(checkpoint 000500 of 2) vs" in capsys.readouterr().out
     mistyped = ["--candidate-checkpoint", "step_10"]
     assert main(["compare", str(tmp_path / "sweep.json"), str(tmp_path / "run.json"), *mistyped]) != 0
     error = capsys.readouterr().err
@@ -344,8 +349,11 @@ def test_compare_notes_results_of_two_pipelines_and_never_says_a_p_of_zero(
     (tmp_path / "b.json").write_text(json.dumps([r.as_dict() for r in baseline]))
     assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     out, err = capsys.readouterr()
-    assert "holds results of cart and" in err
-    assert "b.json of p: their episodes pair up by task name and seed alone" in err
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert f"the two sides hold results of other pipelines (candidate {a}: cart; baseline {b}: p)" in err
+    assert "their episodes pair up by task name and seed alone" in err
+    assert "mean score difference" in out
+    assert "(95% CI " in out.split("mean score difference")[1], "the score interval says its level"
     assert compare(candidate, baseline).score_p == pytest.approx(1 / 4001), "no drawn flip is as extreme: 1 / (B + 1)"
     assert "p = 0.00025)" in out
     assert "p = 0)" not in out

@@ -101,6 +101,20 @@ def test_errors_are_reported_beside_the_rate_never_as_failures() -> None:
     assert summarize([_row(EpisodeStatus.ERRORED)]).success_rate is None
 
 
+def test_the_errored_count_says_how_many_have_not_run_with_this_configuration_yet() -> None:
+    """A task just added reads as ``errored 12 (error rate 50.0%)`` before its first run: it has not run."""
+    from hud_pipelines.eval.report_html.summary import summary_section
+
+    crashed = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.SIM_CRASHED)
+    not_run = dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=Fault.NOT_RUN)
+    rows = [_row(EpisodeStatus.SUCCEEDED), crashed, not_run, not_run]
+    assert (summarize(rows).errored, summarize(rows).not_run) == (3, 2)
+    said = "errored 3 (2 of them not run with this configuration yet) (error rate 75.0%"
+    assert said in render_markdown("p", rows)
+    assert "errored <b>3</b> (2 of them not run with this configuration yet)\n" in summary_section(summarize(rows))
+    assert "not run with" not in render_markdown("p", [_row(EpisodeStatus.SUCCEEDED), crashed])
+
+
 def _rows(succeeded: int, failed: int, errored: int = 0, score: float | None = None) -> list[GradeRow]:
     rows = [_row(EpisodeStatus.SUCCEEDED)] * succeeded + [_row(EpisodeStatus.FAILED)] * failed
     rows += [_row(EpisodeStatus.ERRORED)] * errored

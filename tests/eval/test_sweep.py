@@ -236,6 +236,8 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
         own = (tmp_path / "out" / "reach_sweep" / "checkpoints" / label / "report.md").read_text()
         assert "no_regression" not in own
         assert "instances_completed" in own
+        assert own.startswith(f"# reach_sweep: checkpoint {label}\n"), "a checkpoint's page says which it is"
+        assert f"Checkpoint {label} (step {int(label)}) of the sweep reach_sweep: weights at " in own
     page = browser.new_page()
     try:
         page.goto((tmp_path / "out" / "reach_sweep" / "report.html").as_uri())
@@ -266,6 +268,7 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
         page.wait_for_load_state()
         assert page.url.endswith("/checkpoints/001000/report.html")
         assert page.locator("#episodes article.episode").count() == 2
+        assert page.title() == "reach_sweep: checkpoint 001000: eval report"
     finally:
         page.close()
 

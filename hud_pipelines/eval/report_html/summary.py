@@ -32,8 +32,8 @@ def summary_section(summary: Summary, graded_by: str = "", scope: str = "") -> s
 <span class="interval">{interval}</span>
 <span class="denominator">success rate: {summary.succeeded} succeeded of {summary.graded} graded</span></div>
 {graded}<p class="counts">Scheduled <b>{summary.scheduled}</b> = succeeded <b>{summary.succeeded}</b> + failed
-<b>{summary.failed}</b> + errored <b>{summary.errored}</b> (error rate {percent(summary.error_rate)};
-errors are not failures).</p>{_bounds(summary)}
+<b>{summary.failed}</b> + errored <b>{summary.errored}</b>{summary.not_run_text}
+(error rate {percent(summary.error_rate)}; errors are not failures).</p>{_bounds(summary)}
 <p>Mean score {number(summary.mean_score)}, mean return {number(summary.mean_return)} (graded episodes).</p>
 </section>"""
 
