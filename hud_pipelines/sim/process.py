@@ -69,6 +69,8 @@ class SimProcess(Closeable):
         self._popen = popen
         self._terminated = False
         self._diagnosis = diagnosis
+        self._strays: set[int] = set()
+        """The child's descendants seen before it was stopped: any that left its process group are stopped too."""
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -218,8 +220,10 @@ class SimProcess(Closeable):
     def kill(self) -> None:
         """SIGKILL the child's whole process group now (a hung sim gets no grace)."""
         if self._popen is not None:
+            self._strays.update(_descendants(self._popen.pid))
             _signal_group(self._popen.pid, signal.SIGKILL)
             self._popen.wait()
+            self._kill_strays()
             self._release_pipes()
 
     @property
@@ -235,6 +239,7 @@ class SimProcess(Closeable):
         """
         if self._popen is not None and self._popen.poll() is None and not self._terminated:
             self._terminated = True  # once: a second SIGTERM interrupts the child's orderly exit
+            self._strays.update(_descendants(self._popen.pid))  # now: once the child is gone, so is their link to it
             _signal_group(self._popen.pid, signal.SIGTERM)
 
     def close(self, grace_s: float = DEFAULT_GRACE_S) -> None:
@@ -250,7 +255,16 @@ class SimProcess(Closeable):
                 log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, grace_s)
         _signal_group(popen.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
         popen.wait()
+        self._kill_strays()
         self._release_pipes()
+
+    def _kill_strays(self) -> None:
+        """SIGKILL the descendants that started sessions of their own (``start_new_session``, a daemon): the
+        group's signal never reaches them, and they would outlive the run."""
+        for pid in self._strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self._strays.clear()
 
     def _release_pipes(self) -> None:
         """Close our ends of the child's stdin (the parent-watch pipe) and stdout (the ready line)."""
@@ -297,6 +311,29 @@ def _with_package_root(pythonpath: str) -> str:
     if PACKAGE_ROOT.name in ("site-packages", "dist-packages"):
         return pythonpath
     return os.pathsep.join(p for p in (str(PACKAGE_ROOT), pythonpath) if p)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every living process below ``root``, read from ``/proc`` (none where there is no ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError), os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat_file:
+                    stat = stat_file.read()
+            except OSError:  # it exited while we looked
+                continue
+            parent = int(stat[stat.rindex(b")") + 2 :].split()[1])  # "pid (name) state ppid ...": name may hold ")"
+            children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    below = [root]
+    while below:
+        for child in children.get(below.pop(), []):
+            found.append(child)
+            below.append(child)
+    return found
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

@@ -126,6 +126,54 @@ def test_a_hung_child_misses_its_deadline_and_its_group_is_killed(spawn: Spawn, 
     wait_group_gone(sim.pid)  # the client's deadline killed the group, not the teardown
 
 
+DAEMON_ENV = """
+import subprocess, sys
+import gymnasium as gym
+
+def make(pids: str):
+    env = gym.make("CartPole-v1")
+    reset = env.reset
+
+    def reset_starting_a_daemon(**kwargs):
+        daemon = subprocess.Popen(["sleep", "1000"], start_new_session=True)  # a group and session of its own
+        with open(pids, "a") as log:
+            log.write(f"{daemon.pid}\\n")
+        return reset(**kwargs)
+
+    env.reset = reset_starting_a_daemon
+    return env
+"""
+
+
+@pytest.mark.parametrize("stop", ["close", "kill"])
+def test_a_process_the_sim_started_in_a_session_of_its_own_is_stopped_with_it(
+    spawn: Spawn, tmp_path: Any, stop: str
+) -> None:
+    """Before, the process group's signal never reached it, and it outlived the run."""
+    (tmp_path / "daemon_env.py").write_text(DAEMON_ENV)
+    pids = tmp_path / "pids"
+    sim = spawn(f"{tmp_path / 'daemon_env.py'}:make", build_args={"pids": str(pids)})
+    with sim.connect() as client:
+        client.reset({"seed": 0})
+    daemons = [int(line) for line in pids.read_text().split()]  # one per reset (the sim's start resets too)
+    assert daemons
+    assert all(os.getpgid(daemon) != sim.pid for daemon in daemons), "outside the sim's process group"
+    sim.close(grace_s=2.0) if stop == "close" else sim.kill()
+    deadline = time.monotonic() + 5
+    while any(map(_alive, daemons)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [d for d in daemons if _alive(d)], "started by the sim, they outlived it"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, waiting for init to reap it, has stopped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().split(b") ")[1][:1] != b"Z"
+    except OSError:
+        return False
+
+
 def test_a_served_sim_stuck_in_a_gone_clients_request_tells_the_next_client_so(spawn: Spawn) -> None:
     sim = spawn(FAULTY, build_args={"fault": "hang_step", "at_step": 1})
     client = SimClient(sim.url, sim.token, step_timeout_s=1.0)  # a served sim: no deadline kills it
