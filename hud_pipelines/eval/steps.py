@@ -158,7 +158,8 @@ def report_step(
             checkpoint.spec, checkpoint.outputs, run_id=run_id, current=expected, dataset=folder, member=checkpoint
         )
     seeded = seed_warning(outputs, current.resolve(spec, outputs)[0].pipeline)
-    warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded) if w]
+    mixed = sweep.mixed_policy_types(spec, outputs) if spec.is_sweep else None
+    warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded, mixed) if w]
     context = ReportContext(
         checks=checks,
         run_id=run_id,

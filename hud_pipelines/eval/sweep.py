@@ -226,6 +226,31 @@ def _content_now(checkpoint: Checkpoint, recorded: dict[str, Any]) -> str | None
         return None
 
 
+def mixed_policy_types(spec: PipelineSpec, outputs: EvalOutputs) -> str | None:
+    """A warning when the evaluated checkpoints are of several lerobot policy types (a diffusion folder copied
+    into an ACT run): their table reads as one training run's progress, and it is not. ``None`` otherwise."""
+    types: dict[str, list[str]] = {}
+    for member in evaluated(spec, outputs):
+        kind = _policy_type(member.path)
+        if kind is not None:
+            types.setdefault(kind, []).append(member.label)
+    if len(types) < 2:
+        return None
+    listed = "; ".join(f"{kind} ({', '.join(labels)})" for kind, labels in types.items())
+    return f"the checkpoints are of {len(types)} policy types, compared as one training run: {listed}"
+
+
+def _policy_type(path: Path) -> str | None:
+    """A lerobot checkpoint's policy type (``act``, ``diffusion``) from its ``config.json``; ``None`` for a torch
+    file, a folder that is gone or a config without one."""
+    try:
+        config: dict[str, object] = dict(json.loads((path / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):  # gone, not JSON, not an object
+        return None
+    kind = config.get("type")
+    return kind if isinstance(kind, str) else None
+
+
 def split_partition_key(key: str) -> tuple[str, str]:
     """``<label>|<instance key>`` -> (label, instance key); a ``KeyError`` for a key without a checkpoint."""
     label, separator, instance = key.rpartition(PARTITION_SEPARATOR)

@@ -171,6 +171,26 @@ def test_new_weights_under_an_evaluated_label_show_its_results_as_stale_until_it
     assert same["001000"] == same["000500"], "the same weights act the same on the same episodes"
 
 
+def test_checkpoints_of_several_policy_types_are_named_in_a_warning_of_the_report(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a diffusion folder copied into an ACT run read as the run's next step, its type named nowhere."""
+    from hud_pipelines.eval import sweep
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.steps import report_step
+
+    monkeypatch.chdir(REPO)
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    outputs = EvalOutputs(tmp_path / "out", "reach_sweep")
+    evaluate(spec, outputs_dir=tmp_path / "out", checkpoints=["000500", "001000"])
+    assert sweep.mixed_policy_types(spec, outputs) is None, "one type: nothing to say"
+    config = run.pretrained(1000) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "type": "diffusion"}))
+    said = "the checkpoints are of 2 policy types, compared as one training run: act (000500); diffusion (001000)"
+    assert sweep.mixed_policy_types(spec, outputs) == said
+    assert f"**Warning:** {said}." in report_step(spec, outputs).markdown
+
+
 def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
