@@ -188,6 +188,25 @@ def test_an_edited_type_survives_and_a_missing_feature_is_added_back(tmp_path: P
     assert "pos" in load_contract(path).features  # written back because the merge added it
 
 
+def test_action_bounds_edited_wider_than_the_envs_space_are_refused_narrower_ones_kept(tmp_path: Path) -> None:
+    """Before, bounds widened to [-10, 10] over an env's [-1, 1] were taken: the env got 5.0, its space said
+    no action beyond 1 exists, and actions are clipped to the file's bounds."""
+    path = tmp_path / "contract.json"
+    space, action = gym.spaces.Dict({"pos": Box(-1, 1, (2,), np.float32)}), Box(-1, 1, (2,), np.float32)
+    resolve_contract(derive(space, action), path)
+    raw = json.loads(path.read_text())
+    raw["features"]["action"] |= {"low": [-0.5, -1.0], "high": [0.5, 1.0]}  # a gentler controller: kept
+    path.write_text(json.dumps(raw))
+    assert resolve_contract(derive(space, action), path).action.high == [0.5, 1.0]
+    raw["features"]["action"] |= {"low": [-10.0, -1.0], "high": [10.0, 1.0]}
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ContractError) as caught:
+        resolve_contract(derive(space, action), path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: feature 'action' has action bounds wider than the env's action space ")
+    assert "([0] low -10 < -1, [0] high 10 > 1)" in message
+
+
 def test_a_shape_change_names_the_feature_the_file_and_both_shapes(tmp_path: Path) -> None:
     path = tmp_path / "contract.json"
     resolve_contract(derive(gym.spaces.Dict({"joints": Box(-1, 1, (3,), np.float32)})), path)

@@ -63,8 +63,35 @@ def merge_contract(edited: Contract, derived: Contract, *, source: Path | str, f
             raise ContractError(
                 f"{source}: feature {name!r} has {len(kept.names or [])} names for {fresh.size} values{hint}"
             )
+        wider = _wider_bounds(kept, fresh)
+        if wider:
+            raise ContractError(
+                f"{source}: feature {name!r} has action bounds wider than the env's action space ({wider}): "
+                "actions are clipped to the file's bounds, so the env would get actions outside its space; narrow "
+                "them to the env's or within"
+            )
         merged[name] = kept
     return edited.model_copy(update={"features": merged})
+
+
+def _wider_bounds(edited: Feature, env: Feature) -> str:
+    """Where an action feature's edited bounds reach past the env's finite ones (``[0] low -10 < -1``), or ``""``.
+    Narrower bounds are an edit like any other (a gentler controller); wider ones break the env's space."""
+    if edited.role != "action":
+        return ""
+    found: list[str] = []
+    for side, mine, theirs, past in (
+        ("low", edited.low, env.low, np.less),
+        ("high", edited.high, env.high, np.greater),
+    ):
+        if mine is None or theirs is None or len(mine) != len(theirs):
+            continue
+        ours, limit = np.asarray(mine, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+        outside = np.isfinite(limit) & past(ours, limit)
+        found += [
+            f"[{i}] {side} {ours[i]:g} {'<' if side == 'low' else '>'} {limit[i]:g}" for i in np.flatnonzero(outside)
+        ]
+    return ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
 
 
 def resolve_contract(derived: Contract, path: Path | None) -> Contract:
