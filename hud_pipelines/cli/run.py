@@ -348,6 +348,11 @@ def _print_summary(
             whole = [r for r in rows if r.checkpoint == label and (controls is None or r.task in controls)]
             if len(whole) != sum(r.run_id == run_id for r in whole):  # earlier runs' rows, or rows not run yet
                 console.print(Text(f"{_whole(whole, run_id, f' of {label}')}{whose}: {figures_line(whole)}"))
+    if sweep and (base / "comparison.json").is_file():  # the checkpoints compared, as the report's table has them
+        from hud_pipelines.eval.sweep_table import SweepComparison
+
+        for line in SweepComparison.from_json((base / "comparison.json").read_text()).summary_lines():
+            console.print(Text(line), soft_wrap=True)
     if not mine:
         console.print(Text("this run produced no graded rows"))
     elif controls is not None and not sweep:

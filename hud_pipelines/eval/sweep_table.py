@@ -332,6 +332,20 @@ class SweepComparison:
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join([*lines, "", self.conclusion()]) + "\n"
 
+    def summary_lines(self) -> list[str]:
+        """For a terminal: the candidate (the last checkpoint) against the previous one and the baseline, then
+        the best checkpoint (:meth:`conclusion`)."""
+        if not self.overall:
+            return []
+        candidate = self.overall[-1]
+        compared = [
+            f"vs {name}: {_versus_cell(versus)}"
+            for name, versus in (("previous", candidate.versus_previous), ("baseline", candidate.versus_baseline))
+            if versus.verdict is not None
+        ]
+        line = f"candidate {candidate.checkpoint}: {_rate_cell(candidate)}" + "".join(f"; {c}" for c in compared)
+        return [line, self.conclusion()]
+
     def conclusion(self) -> str:
         """``000300 is the best (62.0%, 95% CI 45.0%-77.0%, n=29); vs baseline 000100: better (+20.0%, p=0.012).``"""
         best = self.best

@@ -17,6 +17,7 @@ from hud_pipelines.cli.main import main
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.definitions import definitions_for_file
 from hud_pipelines.eval import sweep
+from hud_pipelines.eval.sweep_table import SweepComparison
 from hud_pipelines.spec.loader import load_pipeline
 from tests.agent.checkpoint_runs import (
     LeRobotRun,
@@ -151,6 +152,12 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     summary = [line for line in printed.out.splitlines() if line.startswith("this run")]
     assert [line.split(":")[0] for line in summary] == ["this run, 000500", "this run, 001500"], summary
     assert all("scheduled 4 = succeeded" in line for line in summary), "a rate per checkpoint, never one pooled"
+    compared = SweepComparison.from_json((local / "reach_sweep" / "comparison.json").read_text())
+    candidate = [line for line in printed.out.splitlines() if line.startswith("candidate ")]
+    assert candidate == [compared.summary_lines()[0]], "the checkpoints compared, as the report has them"
+    assert candidate[0].startswith("candidate 001500: ")
+    assert "; vs previous: " in candidate[0]
+    assert compared.conclusion() in printed.out
     ids = _run_ids(local)
     assert set(ids) == {"000500", "001000", "001500"}
     assert ids["000500"] == ids["001500"] != ids["001000"]
