@@ -55,6 +55,19 @@ class Entry:
     """The value is a block-style mapping or list that starts on a later line than its key."""
 
 
+EXTENSION_KEY = "^x-"
+"""Top-level keys of this pattern (``x-defaults: &defaults ...``) hold YAML anchors for the file to reuse, as
+in Compose files: the loader drops them before validation, so they are never settings (nor hashed)."""
+
+
+def without_extensions(data: object) -> object:
+    """A pipeline's top level without its ``x-`` keys (:data:`EXTENSION_KEY`); anything else as it is."""
+    if not isinstance(data, dict):
+        return data
+    items = cast(dict[object, object], data).items()
+    return {key: value for key, value in items if not (isinstance(key, str) and key.startswith("x-"))}
+
+
 @dataclass
 class YamlDocument:
     """Plain data (dicts, lists, str, int, float, bool, None) read from one file, with positions."""

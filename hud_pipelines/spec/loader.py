@@ -23,7 +23,7 @@ from typing import cast
 
 from pydantic import ValidationError
 
-from hud_pipelines.spec.document import YamlDocument, read_document
+from hud_pipelines.spec.document import YamlDocument, read_document, without_extensions
 from hud_pipelines.spec.models import SOURCE_CONTEXT, PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError, display_path
 from hud_pipelines.spec.validation import validation_problems
@@ -218,7 +218,7 @@ def _load_text(text: str, file: str, source: Path | None, *, deep: bool, env: Ma
         return Loaded(file, None, sorted(problems, key=Problem.sort_key), None)
     context = {SOURCE_CONTEXT: source} if source is not None else {}
     try:
-        spec = PipelineSpec.model_validate(document.data, context=context)
+        spec = PipelineSpec.model_validate(without_extensions(document.data), context=context)
     except ValidationError as exc:
         reported = [p.path for p in problems]
         problems += [p for p in validation_problems(exc, document) if not _covered(p.path, reported)]

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, cast
 
+from hud_pipelines.spec.document import EXTENSION_KEY
 from hud_pipelines.spec.models import PipelineSpec
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -27,6 +28,9 @@ def pipeline_json_schema() -> JsonObject:
     """The JSON Schema (2020-12) of one pipeline file."""
     schema = PipelineSpec.model_json_schema()
     _require_discriminators(schema)
+    schema["patternProperties"] = {
+        EXTENSION_KEY: {"description": "anchors to reuse below; no setting (the loader drops it)"}
+    }
     return {
         "$schema": JSON_SCHEMA_DIALECT,
         "title": "hud-pipelines pipeline",

@@ -151,6 +151,37 @@ def test_anchors_and_merge_keys_with_explicit_keys_winning(write_yaml: WriteYaml
     ]
 
 
+def test_top_level_x_keys_hold_anchors_and_are_no_settings(write_yaml: WriteYaml) -> None:
+    """As in Compose files; before, ``x-defaults`` was refused as an unknown key."""
+    import json
+
+    from jsonschema import Draft202012Validator
+    from ruamel.yaml import YAML
+
+    from hud_pipelines.spec.schema import pipeline_json_schema
+
+    text = """\
+        name: extended
+        x-task: &task {seed: 5, prompt: shared}
+        x-slots: &slots 4
+        sim: {factory: CartPole-v1, num_envs: *slots}
+        agent: {policy: {kind: random}}
+        tasks: [{<<: *task, name: a}, {<<: *task, name: b, seed: 9}]
+        """
+    spec = load_pipeline(write_yaml(text))
+    assert (spec.sim.num_envs, [(t.name, t.seed, t.prompt) for t in spec.tasks]) == (
+        4,
+        [("a", 5, "shared"), ("b", 9, "shared")],
+    )
+    plain = "name: extended\nsim: {factory: CartPole-v1, num_envs: 4}\nagent: {policy: {kind: random}}\n"
+    plain += "tasks: [{name: a, seed: 5, prompt: shared}, {name: b, seed: 9, prompt: shared}]\n"
+    assert spec.rollout_hash == load_pipeline_text(plain).rollout_hash, "nothing of them reaches the rollout"
+    document = json.loads(json.dumps(YAML(typ="safe").load(text.replace("        ", ""))))
+    assert not list(Draft202012Validator(pipeline_json_schema()).iter_errors(document)), "editors take them too"
+    with pytest.raises(SpecError, match="y-task"):
+        load_pipeline_text(plain + "y-task: {seed: 1}\n")
+
+
 def test_yaml_scalars_become_plain_python_values(write_yaml: WriteYaml) -> None:
     spec = load_pipeline(
         write_yaml(
