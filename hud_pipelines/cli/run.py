@@ -96,13 +96,12 @@ def run_pipeline(
     spec = load_pipeline_to_run(path)
     refuse_misnamed(path, spec)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
-    try:  # a file where the folder goes, a path under /proc: said before any sim starts, not as a traceback after
-        outputs.base.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        reason = (exc.strerror or str(exc)).lower()
+    unwritable = _unwritable(outputs.base)  # a file where the folder goes: said before any sim starts
+    if unwritable is not None:
         raise HudPipelinesError(
-            f"cannot write the outputs at {outputs.base}: {reason} (pick another --outputs or $HUD_PIPELINES_OUTPUTS)"
-        ) from exc
+            f"cannot write the outputs at {outputs.base}: {unwritable} (pick another --outputs or "
+            "$HUD_PIPELINES_OUTPUTS)"
+        )
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)
     job = defs.resolve_job_def(spec.name)
     ordered, checkpoints = select_instances(spec, partitions, checkpoints)
@@ -282,6 +281,17 @@ def _progress(console: Console, name: str, total: int, quiet: bool) -> Generator
         yield lambda result: bar.update(
             task, advance=1, description=f"{result.key} {'FAILED' if result.failed else 'ok'}"
         )
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why no folder can be made at ``path`` (its closest existing ancestor is a file, or read-only), or
+    ``None``; nothing is created, so a run refused later leaves no trace."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
 
 
 def _cut(text: str, width: int = 60) -> str:

@@ -159,7 +159,8 @@ def report_step(
         )
     seeded = seed_warning(outputs, current.resolve(spec, outputs)[0].pipeline)
     mixed = sweep.mixed_policy_types(spec, outputs) if spec.is_sweep else None
-    warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded, mixed) if w]
+    gone = sweep.gone_warning(spec, outputs, sweep.candidate_label(rows)) if spec.is_sweep else None
+    warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded, mixed, gone) if w]
     context = ReportContext(
         checks=checks,
         run_id=run_id,

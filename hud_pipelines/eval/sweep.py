@@ -240,6 +240,19 @@ def mixed_policy_types(spec: PipelineSpec, outputs: EvalOutputs) -> str | None:
     return f"the checkpoints are of {len(types)} policy types, compared as one training run: {listed}"
 
 
+def gone_warning(spec: PipelineSpec, outputs: EvalOutputs, candidate: str | None) -> str | None:
+    """A warning naming the evaluated checkpoints whose files are gone (a training run restarted elsewhere,
+    pruned): their results stand as evaluated, and the candidate may be one of them. ``None`` when none is."""
+    gone = [member.label for member in evaluated(spec, outputs) if not member.path.exists()]
+    if not gone:
+        return None
+    judged = f"; the candidate {candidate} is one of them" if candidate in gone else ""
+    return (
+        f"the files of checkpoint(s) {', '.join(gone)} are gone: their results are kept as evaluated{judged} "
+        f"(remove their folders under {outputs.checkpoints} to leave them out)"
+    )
+
+
 def _policy_type(path: Path) -> str | None:
     """A lerobot checkpoint's policy type (``act``, ``diffusion``) from its ``config.json``; ``None`` for a torch
     file, a folder that is gone or a config without one."""

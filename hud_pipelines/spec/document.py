@@ -60,11 +60,11 @@ EXTENSION_KEY = "^x-"
 in Compose files: the loader drops them before validation, so they are never settings (nor hashed)."""
 
 
-def without_extensions(data: object) -> object:
+def without_extensions(data: Any) -> Any:
     """A pipeline's top level without its ``x-`` keys (:data:`EXTENSION_KEY`); anything else as it is."""
-    if not isinstance(data, dict):
+    if not callable(getattr(data, "items", None)):  # not a mapping: the validation says what it is
         return data
-    items = cast(dict[object, object], data).items()
+    items: list[tuple[object, object]] = list(data.items())
     return {key: value for key, value in items if not (isinstance(key, str) and key.startswith("x-"))}
 
 

@@ -139,7 +139,7 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert main(["run", str(pipelines_dir / "strict.yaml"), "--quiet", "--outputs", str(tmp_path / "a_file")]) == 2
     err = capsys.readouterr().err
     assert (
-        f"cannot write the outputs at {tmp_path / 'a_file' / 'strict'}: not a directory (pick another --outputs" in err
+        f"cannot write the outputs at {tmp_path / 'a_file' / 'strict'}: {tmp_path / 'a_file'} is not a directory" in err
     )
 
     unstartable = write_pipeline(

@@ -136,6 +136,12 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     assert gone
     assert all("checkpoint 001500's files at" in (row.error or "") for row in gone)
     assert all("are gone: restore them to run it again" in (row.error or "") for row in gone)
+    from hud_pipelines.eval import sweep
+
+    warned = sweep.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), "002000") or ""
+    assert warned.startswith("the files of checkpoint(s) 001500 are gone: their results are kept as evaluated (")
+    said = sweep.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), "001500") or ""
+    assert "; the candidate 001500 is one of them" in said
 
 
 def test_new_weights_under_an_evaluated_label_show_its_results_as_stale_until_it_runs_again(
