@@ -18,7 +18,7 @@ train-demo: setup
 
 ## The Dagster UI with every pipeline in pipelines/ (http://127.0.0.1:3000).
 dev: setup
-	@mkdir -p $(DAGSTER_HOME) && [ -f $(DAGSTER_HOME)/dagster.yaml ] || printf 'telemetry:\n  enabled: false\n' > $(DAGSTER_HOME)/dagster.yaml
+	@.venv/bin/python -c 'from pathlib import Path; from hud_pipelines.cli.run import ensure_dagster_home; ensure_dagster_home(Path.cwd())'
 	.venv/bin/dagster dev -w workspace.yaml
 
 ## The test suite (what CI runs), on TEST_WORKERS processes (pytest-xdist): most tests wait on sims,

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
 LOCAL_DAGSTER_HOME = ".dagster_home"
+LOCAL_INSTANCE_SETTINGS = "telemetry:\n  enabled: false\nconcurrency:\n  runs:\n    max_concurrent_runs: 2\n"
+"""A new local instance's ``dagster.yaml``. A sweep's sensor requests a run per new checkpoint, and each runs its
+sims: two runs at a time suit a workstation (Dagster's default is ten); raise it there for a bigger machine."""
 STATUS_STYLE = {
     EpisodeStatus.SUCCEEDED: "green",
     EpisodeStatus.FAILED: "red",
@@ -45,13 +48,14 @@ STATUS_STYLE = {
 
 
 def ensure_dagster_home(project_dir: Path) -> Path:
-    """``$DAGSTER_HOME`` if set, else ``<project>/.dagster_home``; created with telemetry disabled."""
+    """``$DAGSTER_HOME`` if set, else ``<project>/.dagster_home``; created with telemetry disabled and two runs
+    at a time (:data:`LOCAL_INSTANCE_SETTINGS`)."""
     configured = os.environ.get(DAGSTER_HOME_ENV)
     home = Path(configured).expanduser().resolve() if configured else (project_dir / LOCAL_DAGSTER_HOME).resolve()
     home.mkdir(parents=True, exist_ok=True)
     settings = home / "dagster.yaml"
     if not settings.exists():
-        settings.write_text("telemetry:\n  enabled: false\n")
+        settings.write_text(LOCAL_INSTANCE_SETTINGS)
     os.environ[DAGSTER_HOME_ENV] = str(home)
     return home
 

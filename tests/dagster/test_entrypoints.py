@@ -462,3 +462,25 @@ def test_a_run_that_failed_where_no_step_says_why_is_said_by_its_own_failure() -
 
     [line] = _problems(cast(Any, Failed()), ["hud-pipelines", "run", "fleet"], [], None)
     assert line == "run failed: " + " / ".join(said.strip().splitlines()), "in one line, the cause at its end"
+
+
+def test_a_new_local_instance_runs_two_runs_at_a_time_without_telemetry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep's sensor requests a run per new checkpoint: with Dagster's default of ten at once, the trial
+    saw four runs, each with its sims, share two cores."""
+    import dagster as dg
+
+    from hud_pipelines.cli.run import ensure_dagster_home
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    home = ensure_dagster_home(tmp_path)
+    assert home == tmp_path / ".dagster_home"
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        queue = instance.get_concurrency_config().run_queue_config
+        assert queue is not None
+        assert queue.max_concurrent_runs == 2
+        assert not instance.telemetry_enabled
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # the user's own settings are kept
+    ensure_dagster_home(tmp_path)
+    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
