@@ -52,6 +52,8 @@ from hud_pipelines.spec.problems import did_you_mean
 
 PARTITION_SEPARATOR = "|"
 """Between the checkpoint and the instance in a sweep's partition keys (Dagster's multi-partition keys)."""
+_HASHED: dict[str, str] = {}
+"""A checkpoint's path and file signature -> its content hash, for the checkpoints changed since they ran."""
 
 
 @dataclass(frozen=True)
@@ -220,10 +222,13 @@ def _content_now(checkpoint: Checkpoint, recorded: dict[str, Any]) -> str | None
     signature = _signature(checkpoint.path)
     if not signature or signature == recorded.get("signature"):
         return None
-    try:
-        return checkpoint.content_hash()
-    except CheckpointError:
-        return None
+    key = f"{checkpoint.path}\0{json.dumps(signature)}"
+    if key not in _HASHED:  # once per version of the files in a process: a report reads the members often
+        try:
+            _HASHED[key] = checkpoint.content_hash()
+        except CheckpointError:
+            return None
+    return _HASHED[key]
 
 
 def mixed_policy_types(spec: PipelineSpec, outputs: EvalOutputs) -> str | None:
