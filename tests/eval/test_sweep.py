@@ -271,6 +271,7 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
         assert rows.count() == 3
         assert [rows.nth(i).locator("td").first.inner_text() for i in range(3)] == ["000500", "001000", "001500"]
         assert "2 pairs)" in rows.nth(1).inner_text(), "a verdict says how many paired episodes it stands on"
+        assert "(95% CI " in rows.nth(1).locator("td").nth(7).inner_text(), "and its difference's interval"
         plot_width = page.eval_on_selector("#checkpoints img", "img => img.complete ? img.naturalWidth : 0")
         assert plot_width > 0, "the success-by-step plot loads"
         markdown = (tmp_path / "out" / "reach_sweep" / "report.md").read_text()

@@ -309,6 +309,21 @@ def test_the_markdown_table_and_its_conclusion() -> None:
     assert compare_checkpoints(two, baseline="b").conclusion().endswith("; it is the baseline.")
 
 
+def test_the_pages_table_gives_each_difference_its_interval_and_no_baseline_column_without_a_baseline() -> None:
+    from hud_pipelines.eval.report_html.page import _checkpoints  # pyright: ignore[reportPrivateUsage]
+
+    with_baseline, without = _checkpoints(_sweep(), [], matrix=False), _checkpoints(_sweep(None), [], matrix=False)
+    versus = _find(_sweep(), "000300", ALL_TASKS).versus_baseline
+    assert versus.diff_low is not None
+    assert versus.diff_high is not None
+    assert f"(95% CI {versus.diff_low:+.1%} to {versus.diff_high:+.1%}, p={versus.p:.3g}, " in with_baseline
+    assert "<th>vs baseline</th>" in with_baseline
+    assert "<th>vs baseline</th>" not in without, "an always empty column"
+    assert without.count("<tr><td>") == with_baseline.count("<tr><td>")
+    first_row = without.split("<tbody>")[1].split("</tr>")[0]
+    assert first_row.count("<td>") == 8
+
+
 def test_what_would_make_a_wrong_table_is_refused_by_name() -> None:
     rows = _rows_of({"push": "SF"})
     with pytest.raises(ValueError, match=r"listed twice: a"):

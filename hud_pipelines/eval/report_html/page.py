@@ -232,14 +232,15 @@ def _checkpoints(table: SweepComparison, not_evaluated: Sequence[str], matrix: b
     waiting = f"<p>Not evaluated yet: {escape('; '.join(not_evaluated))}.</p>" if not_evaluated else ""
     waiting += f"<p>{escape(CONTROL_NOTE.strip().replace('`', ''))}</p>" if matrix else ""
     baseline = f" and baseline {escape(table.baseline)}" if table.baseline else ""
-    lines = "\n".join(_checkpoint_row(row) for row in table.overall)
+    lines = "\n".join(_checkpoint_row(row, with_baseline=table.baseline is not None) for row in table.overall)
+    versus_baseline = "<th>vs baseline</th>" if table.baseline is not None else ""  # no baseline: no column
     best = f'<p class="best">{escape(table.conclusion())}</p>' if table.best else ""
     return f"""<section id="checkpoints"><h2>Checkpoints</h2>
 <p>Every checkpoint on the same episodes; each compared with the previous one{baseline} by McNemar's exact
 test on the paired successes. Each checkpoint's page shows its episodes.</p>
 {best}
 <table><thead><tr><th>checkpoint</th><th>step</th><th>episodes</th><th>succeeded</th><th>failed</th>
-<th>errored</th><th>success rate (95% CI)</th><th>vs previous</th><th>vs baseline</th></tr></thead>
+<th>errored</th><th>success rate (95% CI)</th><th>vs previous</th>{versus_baseline}</tr></thead>
 <tbody>
 {lines}
 </tbody></table>
@@ -248,7 +249,7 @@ test on the paired successes. Each checkpoint's page shows its episodes.</p>
 </section>"""
 
 
-def _checkpoint_row(row: SweepRow) -> str:
+def _checkpoint_row(row: SweepRow, *, with_baseline: bool) -> str:
     cells = [
         f'<a href="checkpoints/{escape(row.checkpoint)}/{HTML_NAME}">{escape(row.checkpoint)}</a>',
         "" if row.step is None else str(row.step),
@@ -258,7 +259,7 @@ def _checkpoint_row(row: SweepRow) -> str:
         str(row.errored),
         escape(_rate(row.success_rate, row.ci_low, row.ci_high)),
         escape(_verdict(row.versus_previous)),
-        escape(_verdict(row.versus_baseline)),
+        *([escape(_verdict(row.versus_baseline))] if with_baseline else []),
     ]
     return "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
 
@@ -270,7 +271,12 @@ def _rate(rate: float | None, low: float | None, high: float | None) -> str:
 def _verdict(versus: Versus) -> str:
     if not versus.pairs or versus.diff is None or versus.p is None:
         return versus.outcome
-    return f"{versus.outcome} {versus.diff:+.1%} (p={versus.p:.3g}, {versus.pairs} pairs)"
+    interval = (  # the difference's exact interval, as comparison.csv has it
+        f"95% CI {versus.diff_low:+.1%} to {versus.diff_high:+.1%}, "
+        if versus.diff_low is not None and versus.diff_high is not None
+        else ""
+    )
+    return f"{versus.outcome} {versus.diff:+.1%} ({interval}p={versus.p:.3g}, {versus.pairs} pairs)"
 
 
 # -- episodes --------------------------------------------------------------------------------------------
