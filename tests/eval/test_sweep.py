@@ -285,6 +285,20 @@ def test_the_sweep_page_shows_every_checkpoint_linked_to_its_own_page(
         assert shown.evaluate_all("cs => cs.map(c => c.dataset.checkpoint)") == ["001000", "001000"]
         assert page.locator("article.episode:not([hidden]) .trace a").count() == 2, "each links to its trace"
         page.select_option('select[name="checkpoint"]', "")
+        seed = next(row.seed for row in evaluation.rows)
+        page.fill('input[name="seed"]', str(seed))  # one episode followed across the checkpoints
+        assert shown.evaluate_all("cs => cs.map(c => c.dataset.checkpoint)") == ["000500", "001000", "001500"]
+        assert set(shown.evaluate_all("cs => cs.map(c => c.dataset.seed)")) == {str(seed)}
+        page.fill('input[name="seed"]', "")
+        outcomes: dict[tuple[str, int | None], set[str]] = {}
+        for row in evaluation.rows:
+            if row.status.value != "errored":
+                outcomes.setdefault((row.task, row.seed), set()).add(row.status.value)
+        parting = sum(len(seen) > 1 for seen in outcomes.values())
+        page.check('input[name="differs"]')  # where the checkpoints part: succeeded under one, failed under another
+        assert shown.count() == 3 * parting
+        page.uncheck('input[name="differs"]')
+        assert shown.count() == 6
         per_task = page.locator("#tasks tbody tr")  # never one rate pooled over several weights
         assert [per_task.nth(i).locator("td").nth(0).inner_text() for i in range(per_task.count())] == [
             "000500",

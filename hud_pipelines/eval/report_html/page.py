@@ -293,15 +293,18 @@ def _episodes(views: Sequence[EpisodeView]) -> str:
     checkpoints = (
         '<label>checkpoint <select name="checkpoint"><option value="">all checkpoints</option>'
         + "".join(f'<option value="{escape(c)}">{escape(c)}</option>' for c in labels)
-        + "</select></label>"
+        + '</select></label> <label><input type="checkbox" name="differs"> only episodes whose outcome differs '
+        "between checkpoints</label>"
         if labels
         else ""
     )
-    cards = "\n".join(_card(v) for v in views)
+    differs = _differing(views)
+    cards = "\n".join(_card(v, (v.row.task, v.row.seed) in differs) for v in views)
     return f"""<section id="episodes"><h2>Episodes</h2>
 <form id="controls" onsubmit="return false">
 <fieldset class="statuses"><legend>status</legend>{statuses}</fieldset>
-<label>task <select name="task"><option value="">all tasks</option>{options}</select></label>{checkpoints}
+<label>task <select name="task"><option value="">all tasks</option>{options}</select></label>
+<label>seed <input name="seed" type="number" min="0" placeholder="any" size="8"></label>{checkpoints}
 <label>sort <select name="sort">
 <option value="">schedule order</option>
 <option value="score-desc">score, highest first</option><option value="score-asc">score, lowest first</option>
@@ -314,7 +317,16 @@ def _episodes(views: Sequence[EpisodeView]) -> str:
 </div></section>"""
 
 
-def _card(view: EpisodeView) -> str:
+def _differing(views: Sequence[EpisodeView]) -> set[tuple[str, int | None]]:
+    """The episodes (task, seed) that succeed under some checkpoints and fail under others: where they part."""
+    outcomes: dict[tuple[str, int | None], set[EpisodeStatus]] = {}
+    for view in views:
+        if view.row.checkpoint is not None and view.row.status is not EpisodeStatus.ERRORED:
+            outcomes.setdefault((view.row.task, view.row.seed), set()).add(view.row.status)
+    return {episode for episode, seen in outcomes.items() if len(seen) > 1}
+
+
+def _card(view: EpisodeView, differs: bool = False) -> str:
     row = view.row
     status = row.status.value
     fault = f'<span class="fault">{escape(row.fault.value)}</span>' if row.fault is not None else ""
@@ -330,6 +342,7 @@ def _card(view: EpisodeView) -> str:
     listed = "".join(f"<dt>{name}</dt><dd>{escape(value)}</dd>" for name, value in facts)
     return f"""<article class="episode {status}" id="episode-{view.index}" data-index="{view.index}"
  data-status="{status}" data-task="{escape(row.task)}" data-checkpoint="{escape(row.checkpoint or "")}"
+ data-seed="{"" if row.seed is None else row.seed}" data-differs="{int(differs)}"
  data-score="{_sortable(row.score if graded else None)}" data-return="{_sortable(row.total_reward)}">
 <h3><span class="badge {status}">{status}</span>{fault} {_where(row)}</h3>
 <dl>{listed}</dl>

@@ -190,13 +190,18 @@
       var task = form.elements.namedItem("task").value;
       var checkpointSelect = form.elements.namedItem("checkpoint");
       var checkpoint = checkpointSelect ? checkpointSelect.value : "";
+      var seed = form.elements.namedItem("seed").value.trim();
+      var differsBox = form.elements.namedItem("differs");
+      var differs = differsBox ? differsBox.checked : false;
       var cards = container.querySelectorAll("article.episode");
       var shown = 0;
       cards.forEach(function (card) {
         var visible =
           statuses[card.getAttribute("data-status")] === true &&
           (!task || card.getAttribute("data-task") === task) &&
-          (!checkpoint || card.getAttribute("data-checkpoint") === checkpoint);
+          (!checkpoint || card.getAttribute("data-checkpoint") === checkpoint) &&
+          (!seed || card.getAttribute("data-seed") === seed) &&
+          (!differs || card.getAttribute("data-differs") === "1");
         card.hidden = !visible;
         shown += visible ? 1 : 0;
       });
@@ -204,6 +209,7 @@
       sortCards(container, form.elements.namedItem("sort").value);
     }
     form.addEventListener("change", apply);
+    form.addEventListener("input", apply); // the seed, as it is typed
     apply();
   }
 
