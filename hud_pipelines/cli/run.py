@@ -81,6 +81,7 @@ def run_pipeline(
 
     import dagster as dg
 
+    from hud_pipelines.cli.overlap import launcher_tags, overlapping_runs
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
     from hud_pipelines.dagster.launch import execute_pipeline_job
@@ -129,6 +130,10 @@ def run_pipeline(
         raise HudPipelinesError(f"{spec.name} is not a sweep: --checkpoint and --rerun need agent.policy.checkpoints")
     if queue is not None:
         tags = {**tags, RUN_QUEUE_TAG: queue_for(spec.name, queue)}
+    with dg.DagsterInstance.get() as instance:  # another run of this pipeline at once does the same work again
+        for overlap in overlapping_runs(instance, spec.name):
+            console.print(Text(f"warning: {overlap}", style="yellow"), soft_wrap=True)
+    tags = {**tags, **launcher_tags()}
     if waiting:  # a checkpoint still being written, or missing a file: said, not silently left out
         console.print(Text(f"not evaluated yet (incomplete checkpoints): {waiting}", style="yellow"), soft_wrap=True)
     if kept:

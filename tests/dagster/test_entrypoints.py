@@ -14,9 +14,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any, cast
 
+import dagster as dg
 import pytest
 
 from hud_pipelines.cli.main import main
+from hud_pipelines.cli.overlap import PID_TAG
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.loader import load_pipeline
 from tests.dagster.support import REPO, SIMS, WritePipeline, sim_processes
@@ -103,6 +105,9 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert "succeeded 4" in out
     assert "run succeeded" in out
     assert (tmp_path / "home" / "history").is_dir()  # the run was recorded on the local instance
+    with dg.DagsterInstance.get() as instance:
+        [recorded] = instance.get_runs(limit=1)
+    assert recorded.tags[PID_TAG] == str(os.getpid()), "what tells a live run from one a killed process left"
 
     write_pipeline(
         "strict",
@@ -484,3 +489,32 @@ def test_a_new_local_instance_runs_two_runs_at_a_time_without_telemetry(
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # the user's own settings are kept
     ensure_dagster_home(tmp_path)
     assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+
+
+def test_a_run_says_when_another_live_run_of_its_pipeline_is_running() -> None:
+    """Two `hud-pipelines run` of one pipeline at once ran the same instances twice, each unaware of the other.
+    A run that a killed process left as STARTED is not one: its process is gone."""
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    from hud_pipelines.cli.overlap import HOST_TAG, PID_TAG, launcher_tags, overlapping_runs
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with dg.instance_for_test() as instance:
+        assert overlapping_runs(instance, "cart") == []
+        for run_id, pid, job in (
+            ("live", os.getpid(), "cart"),
+            ("dead", gone.pid, "cart"),
+            ("other", os.getpid(), "x"),
+        ):
+            tags = {**launcher_tags(), PID_TAG: str(pid)}
+            instance.add_run(DagsterRun(job_name=job, run_id=run_id, status=dg.DagsterRunStatus.STARTED, tags=tags))
+        elsewhere = {HOST_TAG: "another-host", PID_TAG: str(os.getpid())}
+        instance.add_run(DagsterRun(job_name="cart", run_id="away", status=dg.DagsterRunStatus.STARTED, tags=elsewhere))
+        done = DagsterRun(job_name="cart", run_id="done", status=dg.DagsterRunStatus.SUCCESS, tags=launcher_tags())
+        instance.add_run(done)
+        [said] = overlapping_runs(instance, "cart")
+    assert said.startswith(
+        f"run live of cart, started by another `hud-pipelines run` (process {os.getpid()}), is still"
+    )

@@ -1,0 +1,55 @@
+"""Runs of one pipeline that overlap: a ``hud-pipelines run`` says when another one of the same pipeline runs.
+
+Two runs of one pipeline at once run the same instances: each writes every instance's result whole, and the
+one that finishes an instance last keeps it, so nothing is mixed, but the work is done twice and each run's
+summary shows the other's rows as "earlier runs". A run started by ``hud-pipelines run`` carries its host and
+process id as tags, which tell a live run from one a killed process left as STARTED in the instance; runs
+launched elsewhere (the UI, a sensor) have their liveness watched by Dagster's daemon, not here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import dagster as dg
+
+HOST_TAG = "hud_pipelines/host"
+PID_TAG = "hud_pipelines/pid"
+IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+
+
+def launcher_tags() -> dict[str, str]:
+    """The tags that tell this process's run from a dead one's."""
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+
+
+def overlapping_runs(instance: dg.DagsterInstance, pipeline: str) -> list[str]:
+    """Warnings for the runs of ``pipeline`` that another live ``hud-pipelines run`` on this host is running."""
+    runs = instance.get_runs(filters=dg.RunsFilter(job_name=pipeline, statuses=IN_PROGRESS))
+    found: list[str] = []
+    for run in runs:
+        host, pid = run.tags.get(HOST_TAG), run.tags.get(PID_TAG)
+        if host != socket.gethostname() or pid is None or not pid.isdigit() or not _alive(int(pid)):
+            continue
+        found.append(
+            f"run {run.run_id} of {pipeline}, started by another `hud-pipelines run` (process {pid}), is still "
+            "running: both run the same instances, and the one that finishes an instance last keeps its result "
+            "(wait for it, or give this run other --partition's)"
+        )
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs here (one that exited, or a zombie, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b") ", 1)[1][:1] != b"Z"
+    except OSError:  # no /proc: signal 0 said it exists
+        return True
