@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from hud_pipelines.contract.observations import is_mapping, to_numpy
 
+_NUMBERS = (float, int)
 SUCCESS_KEYS = ("is_success", "success", "task_success")
 """``info`` keys probed for a success signal, in this order (also inside ``final_info``)."""
 
@@ -39,7 +40,13 @@ def vector_success(info: Mapping[str, Any], num_slots: int) -> npt.NDArray[np.in
     for key in reversed(SUCCESS_KEYS):  # first key in SUCCESS_KEYS wins
         if key in info:
             mask = np.asarray(info.get(f"_{key}", np.ones(num_slots, dtype=np.bool_)), dtype=np.bool_)
-            signal = _signal(np.asarray(info[key]).reshape(num_slots, -1)[mask], key, given=info[key])
+            values = np.asarray(info[key]).reshape(num_slots, -1)
+            if values.dtype == object:  # gymnasium keeps np.bool_ and None values in an object array: slot by slot
+                for slot in np.flatnonzero(mask).tolist():
+                    signal = _signal(values[slot, 0] if values.shape[1] == 1 else values[slot], key, given=info[key])
+                    result[slot] = -1 if signal is None else int(bool(signal.any()))
+                continue
+            signal = _signal(values[mask], key, given=info[key])
             if signal is not None:
                 result[mask] = signal.any(axis=1)
     final: object = info.get("final_info")
@@ -76,7 +83,7 @@ def _signal(value: object, key: str, given: object = None) -> npt.NDArray[np.boo
 
 def reward_of(value: object) -> float:
     """One slot's reward as a float; anything but one number is the env's error, said naming the reward."""
-    if isinstance(value, float | int):  # the usual cases, first: this runs for every slot of every step
+    if isinstance(value, _NUMBERS):  # the usual cases, first: this runs for every slot of every step
         return float(value)
     array = np.asarray(to_numpy(value))
     if array.size != 1 or array.dtype.kind not in "biuf":

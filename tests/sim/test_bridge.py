@@ -714,9 +714,33 @@ def test_a_success_signal_that_is_nan_or_text_or_a_reward_that_is_no_number_erro
     assert [s["score"] for s in slots if s["status"] == "done"] == [1.0, 1.0, 0.0], "no signal (None): the return"
 
 
+class _Signalling(gym.Env[np.ndarray, np.ndarray]):
+    """Reports ``success`` as given (a numpy bool, None) at every step."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, success: object) -> None:
+        self.success = success
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return np.zeros(1, np.float32), 0.0, False, False, {"success": self.success}
+
+
 def test_a_vector_envs_success_signal_is_checked_on_the_slots_its_mask_names() -> None:
     nan_elsewhere = {"is_success": np.array([1.0, np.nan]), "_is_success": np.array([True, False])}
     assert vector_success(nan_elsewhere, 2).tolist() == [1, -1]
+    vector = gym.vector.SyncVectorEnv([lambda: _Signalling(np.True_), lambda: _Signalling(None)])
+    vector.reset(seed=0)
+    *_, info = vector.step(np.zeros((2, 1), dtype=np.float32))
+    assert np.asarray(info["success"]).dtype == object, "gymnasium keeps np.bool_ and None in an object array"
+    assert vector_success(info, 2).tolist() == [1, -1], "np.bool_ is a signal, None is none"
     with pytest.raises(TypeError, match=r"info\['is_success'\]=array\(\[nan,  1\.\]\) \(ndarray\)"):
         vector_success({"is_success": np.array([np.nan, 1.0])}, 2)
 
