@@ -195,7 +195,7 @@ def _record_interrupted(
         if path.is_file():
             continue
         reason = f"the run was interrupted before instance {key} finished"
-        if fault_of(cause) is not Fault.INTERRUPTED:
+        if isinstance(cause, Exception) and fault_of(cause) is not Fault.INTERRUPTED:  # a Dagster termination too
             reason = (
                 f"the run's eval step failed before instance {key} finished: {type(cause).__name__}: {cause!s:.500}"
             )

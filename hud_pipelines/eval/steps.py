@@ -159,7 +159,7 @@ def report_step(
         )
     seeded = seed_warning(outputs, current.resolve(spec, outputs)[0].pipeline)
     mixed = sweep.mixed_policy_types(spec, outputs) if spec.is_sweep else None
-    gone = sweep.gone_warning(spec, outputs, sweep.candidate_label(rows)) if spec.is_sweep else None
+    gone = sweep.gone_warning(spec, outputs, rows) if spec.is_sweep else None
     warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded, mixed, gone) if w]
     context = ReportContext(
         checks=checks,
@@ -226,7 +226,8 @@ def _comparison(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRo
     from hud_pipelines.eval.sweep_stats import compare_checkpoints
     from hud_pipelines.eval.sweep_table import CheckpointRows
 
-    members = sweep.evaluated(spec, outputs)
+    shown = {row.checkpoint for row in rows}  # a checkpoint that left the table (never loaded, deleted) is not compared
+    members = [m for m in sweep.evaluated(spec, outputs) if m.label in shown]
     labels = {m.label for m in members}
     checkpoints = [
         CheckpointRows(m.label, m.step, [row for row in rows if row.checkpoint == m.label], m.run) for m in members

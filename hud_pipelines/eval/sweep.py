@@ -245,10 +245,13 @@ def mixed_policy_types(spec: PipelineSpec, outputs: EvalOutputs) -> str | None:
     return f"the checkpoints are of {len(types)} policy types, compared as one training run: {listed}"
 
 
-def gone_warning(spec: PipelineSpec, outputs: EvalOutputs, candidate: str | None) -> str | None:
-    """A warning naming the evaluated checkpoints whose files are gone (a training run restarted elsewhere,
-    pruned): their results stand as evaluated, and the candidate may be one of them. ``None`` when none is."""
-    gone = [member.label for member in evaluated(spec, outputs) if not member.path.exists()]
+def gone_warning(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> str | None:
+    """A warning naming the checkpoints of the table (``rows``) whose files are gone (a training run restarted
+    elsewhere, pruned): their results stand as evaluated, and the candidate may be one of them. ``None`` when
+    none is."""
+    shown = {row.checkpoint for row in rows}
+    candidate = candidate_label(rows)
+    gone = [m.label for m in evaluated(spec, outputs) if m.label in shown and not m.path.exists()]
     if not gone:
         return None
     judged = f"; the candidate {candidate} is one of them" if candidate in gone else ""

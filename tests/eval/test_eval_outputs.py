@@ -464,6 +464,12 @@ def test_an_interrupted_run_leaves_every_earlier_result_in_place_whatever_config
     assert (written.fault, written.run_id) == (Fault.INTERRUPTED, "cut"), "no result before: it says why"
     assert written.error == "the run was interrupted before instance task0-i2 finished"
 
+    from dagster._core.errors import DagsterExecutionInterruptedError
+
+    outputs.result(written.key).unlink()  # a termination from Dagster's UI is an interruption too
+    _record_interrupted(spec, outputs, "cut", [third], DagsterExecutionInterruptedError())
+    assert InstanceResult.read(outputs.result(written.key)).error == written.error
+
     outputs.result(written.key).unlink()  # a step that failed on a fault of its own was not interrupted: it says so
     _record_interrupted(spec, outputs, "cut", [third], OSError(36, "File name too long"))
     failed = InstanceResult.read(outputs.result(spec.partition_key(*third)))

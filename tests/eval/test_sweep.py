@@ -138,9 +138,11 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     assert all("are gone: restore them to run it again" in (row.error or "") for row in gone)
     from hud_pipelines.eval import sweep
 
-    warned = sweep.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), "002000") or ""
+    table = collect_rows(shorter, EvalOutputs(out, "reach_sweep"))
+    warned = sweep.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), table) or ""
     assert warned.startswith("the files of checkpoint(s) 001500 are gone: their results are kept as evaluated (")
-    said = sweep.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), "001500") or ""
+    without_last = [row for row in table if row.checkpoint != "002000"]  # 001500 the candidate
+    said = sweep.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), without_last) or ""
     assert "; the candidate 001500 is one of them" in said
 
 
@@ -420,6 +422,9 @@ def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_dele
     assert [row.checkpoint for row in after.rows] == ["000500"] * 2 + ["001000"] * 2
     assert after.passed, "the candidate is 001000 again"
     assert after.rows == [row for row in broken.rows if row.checkpoint != "001500"], "the others are kept as they were"
+    compared = (tmp_path / "out" / "reach_sweep" / "comparison.csv").read_text()
+    assert "001500" not in compared, "nor is it compared"
+    assert "001500" not in (tmp_path / "out" / "reach_sweep" / "report.md").read_text().split("## Checkpoints")[1]
 
 
 def test_one_sim_serves_every_checkpoint_and_each_policy_is_loaded_once(
