@@ -143,9 +143,8 @@ def _rerun_of(member: sweep.Member) -> Callable[[str], str]:
     """How to run one instance of a sweep's checkpoint again, or why it cannot be (its files are gone)."""
     if not member.path.exists():
         return lambda key: f"checkpoint {member.label}'s files at {member.path} are gone: restore them to run it again"
-    changed = (
-        f"checkpoint {member.label}'s files changed since it ran (other weights under its label); " * member.changed
-    )
+    changed = f"checkpoint {member.label}'s files changed since it ran (other weights under its label); "
+    changed = changed if member.changed else ""
     return lambda key: (
         f"{changed}run it with: hud-pipelines run {run_argument(member.spec)} --checkpoint {member.label} "
         f"--partition {key}"

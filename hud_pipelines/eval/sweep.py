@@ -200,7 +200,7 @@ def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
         label = str(data["label"])
         folder = Path(str(data["path"]))
         content_hash = str(data["content_hash"])
-        now = _content_now(Checkpoint(label, folder), data)
+        now = _content_now(Checkpoint(label, folder), data, path)
         found.append(
             Member(
                 label=label,
@@ -216,18 +216,27 @@ def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
     return sorted(found, key=sweep_order(run_names(sources(spec))))
 
 
-def _content_now(checkpoint: Checkpoint, recorded: dict[str, Any]) -> str | None:
+def _content_now(checkpoint: Checkpoint, recorded: dict[str, Any], record: Path) -> str | None:
     """The content hash of a recorded checkpoint's files as they are now, where they differ from the recorded
-    ones by name, size or time (``None``: unchanged, gone, or unreadable now; the recorded hash stands)."""
-    signature = _signature(checkpoint.path)
+    ones by name, size or time (``None``: unchanged, gone, or unreadable now; the recorded hash stands).
+
+    Files only touched (copied without their times) hash as before: ``record`` (the checkpoint's
+    ``checkpoint.json``) then takes their new signature, so no later process hashes them again.
+    """
+    try:
+        signature = _signature(checkpoint.path)
+    except OSError:  # a file pruned while we looked: as recorded, until the next look
+        return None
     if not signature or signature == recorded.get("signature"):
         return None
     key = f"{checkpoint.path}\0{json.dumps(signature)}"
     if key not in _HASHED:  # once per version of the files in a process: a report reads the members often
         try:
             _HASHED[key] = checkpoint.content_hash()
-        except CheckpointError:
+        except (CheckpointError, OSError):
             return None
+    if _HASHED[key] == recorded.get("content_hash"):
+        write_atomically(record, json.dumps({**recorded, "signature": signature}, indent=1))
     return _HASHED[key]
 
 

@@ -314,8 +314,11 @@ def _with_package_root(pythonpath: str) -> str:
 
 
 def _descendants(root: int) -> list[int]:
-    """Every living process below ``root``, read from ``/proc`` (none where there is no ``/proc``)."""
+    """Every living process below ``root`` outside its process group (the group's signal reaches the others),
+    read from ``/proc`` (none where there is no ``/proc``). Only those are kept to be killed by their id
+    later, so an id the system reuses meanwhile is rarely one of them."""
     children: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
     with contextlib.suppress(OSError), os.scandir("/proc") as entries:
         for entry in entries:
             if not entry.name.isdigit():
@@ -325,15 +328,16 @@ def _descendants(root: int) -> list[int]:
                     stat = stat_file.read()
             except OSError:  # it exited while we looked
                 continue
-            parent = int(stat[stat.rindex(b")") + 2 :].split()[1])  # "pid (name) state ppid ...": name may hold ")"
-            children.setdefault(parent, []).append(int(entry.name))
+            fields = stat[stat.rindex(b")") + 2 :].split()  # "pid (name) state ppid pgrp ...": name may hold ")"
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            groups[int(entry.name)] = int(fields[2])
     found: list[int] = []
     below = [root]
     while below:
         for child in children.get(below.pop(), []):
             found.append(child)
             below.append(child)
-    return found
+    return [pid for pid in found if groups.get(pid) != root]  # the child leads its own group (a new session)
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

@@ -55,7 +55,8 @@ class Entry:
     """The value is a block-style mapping or list that starts on a later line than its key."""
 
 
-EXTENSION_KEY = "^x-"
+EXTENSION_PREFIX = "x-"
+EXTENSION_KEY = f"^{EXTENSION_PREFIX}"
 """Top-level keys of this pattern (``x-defaults: &defaults ...``) hold YAML anchors for the file to reuse, as
 in Compose files: the loader drops them before validation, so they are never settings (nor hashed)."""
 
@@ -65,7 +66,7 @@ def without_extensions(data: Any) -> Any:
     if not callable(getattr(data, "items", None)):  # not a mapping: the validation says what it is
         return data
     items: list[tuple[object, object]] = list(data.items())
-    return {key: value for key, value in items if not (isinstance(key, str) and key.startswith("x-"))}
+    return {key: value for key, value in items if not (isinstance(key, str) and key.startswith(EXTENSION_PREFIX))}
 
 
 @dataclass
