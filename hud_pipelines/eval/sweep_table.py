@@ -321,14 +321,14 @@ class SweepComparison:
     def markdown(self) -> str:
         """A compact table for the report, then a one-line conclusion: the best checkpoint and its verdict."""
         many_tasks = len(self.tasks) > 1
-        baseline = f" ({markdown_cell(self.baseline)})" if self.baseline is not None else ""
         header = ["checkpoint", "step", *(["task"] if many_tasks else []), "success (95% CI, n)", "vs previous"]
-        header.append(f"vs baseline{baseline}")
+        header += [f"vs baseline ({markdown_cell(self.baseline)})"] if self.baseline is not None else []
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in self.rows if many_tasks else self.overall:
             cells = [markdown_cell(row.checkpoint), "" if row.step is None else str(row.step)]
             cells += [markdown_cell(row.task)] if many_tasks else []
-            cells += [_rate_cell(row), _versus_cell(row.versus_previous), _versus_cell(row.versus_baseline)]
+            cells += [_rate_cell(row), _versus_cell(row.versus_previous)]
+            cells += [_versus_cell(row.versus_baseline)] if self.baseline is not None else []  # none: no column
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join([*lines, "", self.conclusion()]) + "\n"
 
