@@ -14,6 +14,8 @@ import socket
 
 import dagster as dg
 
+from hud_pipelines.sim.process import proc_stat
+
 HOST_TAG = "hud_pipelines/host"
 PID_TAG = "hud_pipelines/pid"
 IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
@@ -48,8 +50,7 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's: it exists
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b") ", 1)[1][:1] != b"Z"
-    except OSError:  # no /proc: signal 0 said it exists
-        return True
+    fields = proc_stat(pid)
+    if fields is None:  # no /proc (signal 0 said it exists), or it exited since
+        return not os.path.isdir("/proc")
+    return fields[0] != b"Z"

@@ -313,6 +313,17 @@ def _with_package_root(pythonpath: str) -> str:
     return os.pathsep.join(p for p in (str(PACKAGE_ROOT), pythonpath) if p)
 
 
+def proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the process's name (state, ppid, pgrp, ...), or ``None`` when
+    there is no such process (or no ``/proc``). The name may hold spaces and ")": it is cut at the last one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
 def _descendants(root: int) -> list[int]:
     """Every living process below ``root`` outside its process group (the group's signal reaches the others),
     read from ``/proc`` (none where there is no ``/proc``). Only those are kept to be killed by their id
@@ -323,12 +334,9 @@ def _descendants(root: int) -> list[int]:
         for entry in entries:
             if not entry.name.isdigit():
                 continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as stat_file:
-                    stat = stat_file.read()
-            except OSError:  # it exited while we looked
+            fields = proc_stat(int(entry.name))
+            if fields is None:  # it exited while we looked
                 continue
-            fields = stat[stat.rindex(b")") + 2 :].split()  # "pid (name) state ppid pgrp ...": name may hold ")"
             children.setdefault(int(fields[1]), []).append(int(entry.name))
             groups[int(entry.name)] = int(fields[2])
     found: list[int] = []
