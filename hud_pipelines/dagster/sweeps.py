@@ -263,7 +263,7 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
         known = set(context.instance.get_dynamic_partitions(name))
         new = [c.label for c in found.complete if c.label not in known]
         complete = {c.label for c in found.complete}
-        changed = [m for m in sweep.evaluated(spec, outputs) if m.changed and m.label in known & complete]
+        changed = [m for m in sweep.evaluated(spec, outputs, settled=complete) if m.changed and m.label in known]
         waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
         if not new and not changed:
             return dg.SkipReason(
@@ -271,9 +271,7 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
             )
         if waiting:
             context.log.info(f"{spec.name}: waiting for {waiting}")
-        again = [  # keyed by content: one run per version of the weights, however often the sensor looks
-            dg.RunRequest(run_key=f"{m.label}@{m.content_hash[:16]}", tags=range_tags(spec, [m.label])) for m in changed
-        ]
+        again = [dg.RunRequest(run_key=sweep.rerun_key(m), tags=range_tags(spec, [m.label])) for m in changed]
         return dg.SensorResult(
             run_requests=[*(dg.RunRequest(run_key=label, tags=range_tags(spec, [label])) for label in new), *again],
             dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(partitions_def_name=name, partition_keys=new)],

@@ -20,8 +20,9 @@ baseline may name another checkpoint of the sweep by its label.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,14 +186,15 @@ def not_evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
     return [*waiting, *(f"{c.label}: complete, not run yet" for c in found.complete if c.label not in done)]
 
 
-def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
+def evaluated(spec: PipelineSpec, outputs: EvalOutputs, *, settled: Collection[str] | None = None) -> list[Member]:
     """The members with results on disk, in sweep order (runs as the YAML lists them, then step, then label),
     whether or not their folder remains.
 
     A member whose folder holds other files than it recorded (new weights saved under the same label, a
     training run restarted into the same directory) is the checkpoint as it is now: ``changed``, with the
     new content's hash, so its earlier results show as stale (the report, ``compare``) and the next run
-    or the sensor evaluates it again.
+    or the sensor evaluates it again. ``settled``: the only labels whose changed files are hashed (the
+    complete ones, for the sensor: one still being written would be hashed again at every look).
     """
     found: list[Member] = []
     for path in sorted(outputs.checkpoints.glob("**/checkpoint.json")):
@@ -200,7 +202,7 @@ def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
         label = str(data["label"])
         folder = Path(str(data["path"]))
         content_hash = str(data["content_hash"])
-        now = _content_now(Checkpoint(label, folder), data, path)
+        now = _content_now(Checkpoint(label, folder), data, path) if settled is None or label in settled else None
         found.append(
             Member(
                 label=label,
@@ -214,6 +216,18 @@ def evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[Member]:
             )
         )
     return sorted(found, key=sweep_order(run_names(sources(spec))))
+
+
+def rerun_key(member: Member) -> str:
+    """A key for evaluating a changed member again, one per write of its files: ``<label>@<content>.<files>``.
+
+    The content alone would not do: weights A, then B, then A and B again (two training runs taking turns in
+    one directory) would repeat a key, and a scheduler that runs each key once (Dagster's run keys) would
+    leave the last version unevaluated. The files' names, sizes and times change with every write, and
+    not while nothing writes, so one version of the files gets one key however often it is looked at.
+    """
+    files = hashlib.sha256(json.dumps(_signature(member.path)).encode()).hexdigest()
+    return f"{member.label}@{member.content_hash[:16]}.{files[:8]}"
 
 
 def _content_now(checkpoint: Checkpoint, recorded: dict[str, Any], record: Path) -> str | None:

@@ -17,6 +17,7 @@ from hud_pipelines.cli.main import main
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.definitions import definitions_for_file
 from hud_pipelines.eval import sweep
+from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.sweep_table import SweepComparison
 from hud_pipelines.spec.loader import load_pipeline
 from tests.agent.checkpoint_runs import (
@@ -258,7 +259,7 @@ def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_
 
 
 def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
-    run: LeRobotRun, tmp_path: Path, local: Path
+    run: LeRobotRun, tmp_path: Path, local: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _write_sweep(tmp_path, str(run.output_dir))
     spec = load_pipeline(path)
@@ -297,9 +298,34 @@ def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
 
         evaluate(spec, outputs_dir=local, checkpoints=["000500"])
         weights = run.pretrained(500) / "model.safetensors"
-        weights.write_bytes((run.pretrained(1000) / "model.safetensors").read_bytes())  # a restarted training run
-        age(run.output_dir, 60)
-        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
-        [request] = again.run_requests or []
+        first_weights, other_weights = weights.read_bytes(), (run.pretrained(1000) / "model.safetensors").read_bytes()
+
+        def rewritten(content: bytes) -> dg.RunRequest:
+            """The request the sensor makes once 000500's weights are rewritten (the run it asks for then starts)."""
+            weights.write_bytes(content)
+            age(run.output_dir, 60)
+            [request] = (
+                sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs)).run_requests or []
+            )
+            [changed] = [m for m in sweep.evaluated(spec, EvalOutputs(local, "reach_sweep")) if m.label == "000500"]
+            sweep.record(changed)
+            return request
+
+        request = rewritten(other_weights)  # a restarted training run
         assert (request.run_key or "").startswith("000500@"), "an evaluated checkpoint's new weights run again"
         assert request.tags[sweeps.RANGE_START_TAG] == "000500|near-i0"
+        keys = [request.run_key, *(rewritten(w).run_key for w in (first_weights, other_weights, first_weights))]
+        assert len(set(keys)) == 4, f"each write of the weights runs, even of content seen before: {keys}"
+        weights.write_bytes(other_weights)
+        age(run.output_dir, 60)
+        looks = [sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs)) for _ in range(2)]
+        [first_look, second_look] = [[r.run_key for r in look.run_requests or []] for look in looks]
+        assert len(first_look) == 1
+        assert first_look == second_look, "one write of the files is one key, however often seen"
+
+        hashed: list[Path] = []
+        monkeypatch.setattr(sweep.Checkpoint, "content_hash", lambda self: hashed.append(self.path) or "x")
+        weights.write_bytes(first_weights)  # being written now: not settled
+        writing = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert not writing.run_requests
+        assert not hashed, "a checkpoint still being written is not hashed at every look"
