@@ -81,10 +81,10 @@ def run_pipeline(
 
     import dagster as dg
 
-    from hud_pipelines.cli.overlap import launcher_tags, overlapping_runs
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
     from hud_pipelines.dagster.launch import execute_pipeline_job
+    from hud_pipelines.dagster.overlap import launcher_tags, overlapping_runs
     from hud_pipelines.dagster.step_recovery import retried_steps
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress

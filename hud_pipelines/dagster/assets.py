@@ -37,6 +37,7 @@ from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
+from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import (
     AGENT,
     CONTRACT,
@@ -195,6 +196,7 @@ def _build(
                     )
             if rollouts_key not in selected:
                 return
+            tag_running(context)  # a later `hud-pipelines run` of this pipeline then warns that this one runs
             run_id = context.run.run_id
 
             def on_result(result: InstanceResult) -> None:

@@ -41,6 +41,7 @@ from hud_pipelines.dagster.context import effective_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import UnitPlacement
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
+from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import (
     AGENT,
     CONTRACT,
@@ -99,6 +100,7 @@ def eval_units_asset(
     )
     def plan(context: OpExecutionContext) -> Iterator[dg.Output[Any] | dg.DynamicOutput[str]]:
         effective = effective_of(context, spec)
+        tag_running(context)
         overrides = record_configuration(effective, spec, outputs, run_id=context.run.run_id)
         outputs.seed_check.unlink(missing_ok=True)  # the run's first unit checks anew
         if overrides:

@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 
 from hud_pipelines.cli.main import main
-from hud_pipelines.cli.overlap import PID_TAG
+from hud_pipelines.dagster.overlap import PID_TAG
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.loader import load_pipeline
 from tests.dagster.support import REPO, SIMS, WritePipeline, sim_processes
@@ -497,7 +497,7 @@ def test_a_run_says_when_another_live_run_of_its_pipeline_is_running() -> None:
     import dagster as dg
     from dagster._core.storage.dagster_run import DagsterRun
 
-    from hud_pipelines.cli.overlap import HOST_TAG, PID_TAG, launcher_tags, overlapping_runs
+    from hud_pipelines.dagster.overlap import HOST_TAG, PID_TAG, launcher_tags, overlapping_runs
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -515,6 +515,13 @@ def test_a_run_says_when_another_live_run_of_its_pipeline_is_running() -> None:
         done = DagsterRun(job_name="cart", run_id="done", status=dg.DagsterRunStatus.SUCCESS, tags=launcher_tags())
         instance.add_run(done)
         [said] = overlapping_runs(instance, "cart")
-    assert said.startswith(
-        f"run live of cart, started by another `hud-pipelines run` (process {os.getpid()}), is still"
-    )
+        assert said.startswith(
+            f"run live of cart, started by another `hud-pipelines run` (process {os.getpid()}), is still"
+        )
+        worker = {HOST_TAG: launcher_tags()[HOST_TAG], PID_TAG: str(os.getpid())}  # what the eval step tags
+        sensed = {**worker, "dagster/sensor_name": "cart_sweep__checkpoints"}
+        for run_id, tags in (("sensed", sensed), ("ui", worker)):
+            instance.add_run(DagsterRun(job_name="cart", run_id=run_id, status=dg.DagsterRunStatus.STARTED, tags=tags))
+        said = sorted(overlapping_runs(instance, "cart"))
+    assert said[1].startswith("run sensed of cart, launched by the sensor cart_sweep__checkpoints (process")
+    assert said[2].startswith("run ui of cart, launched from Dagster (the UI, `dagster job execute` or `dg launch`)")

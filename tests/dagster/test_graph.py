@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
+from hud_pipelines.dagster.overlap import PID_TAG
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -55,6 +57,11 @@ def test_group_times_num_envs_gives_one_graded_row_per_slot(
     )
     result = _run(path, outputs_dir, instance)
     assert result.success
+    recorded = instance.get_run_by_id(result.run_id)
+    assert recorded is not None
+    assert recorded.tags[PID_TAG] == str(os.getpid()), (
+        "a run launched from Dagster names the process that ran its instances"
+    )
     rows = _grades(outputs_dir, "compose")
     assert len(rows) == 2 * 3 * 2
     assert len({(r.task, r.instance, r.slot) for r in rows}) == len(rows)
