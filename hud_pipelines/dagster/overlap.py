@@ -4,7 +4,7 @@ Two runs of one pipeline at once run the same instances: each writes every insta
 one that finishes an instance last keeps it, so nothing is mixed, but the work is done twice and each run's
 summary shows the other's rows as "earlier runs". A run carries the host and process id that run it as tags,
 which tell a live run from one a killed process left as STARTED in the instance: ``hud-pipelines run`` tags
-its run as it launches it, and the eval step tags a run launched anywhere else (the UI, a sensor, a
+its run as it launches it, and the eval step tags every run (launched from the CLI, the UI, a sensor, a
 schedule, ``dagster job execute``) with its own process when it starts.
 """
 
@@ -31,9 +31,9 @@ def launcher_tags() -> dict[str, str]:
 
 
 def tag_running(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> None:
-    """Tag the run with this process, the one that runs its instances, unless its launcher did."""
-    if PID_TAG not in context.run.tags:
-        tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+    """Tag the run with this process, the one that runs its instances (a re-execution may carry its parent's)."""
+    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+    if any(context.run.tags.get(key) != value for key, value in tags.items()):
         context.instance.add_run_tags(context.run.run_id, tags)
 
 
