@@ -222,6 +222,8 @@ class Fault(StrEnum):
     """A callable grader raised or returned something that is not a grade."""
     POLICY_TIMEOUT = "policy_timeout"
     """A policy forward ran past ``agent.forward_timeout_s``."""
+    POLICY_LINK = "policy_link"
+    """The remote policy server could not be reached, or its connection dropped (no episode's doing)."""
     ROLLOUT_TIMEOUT = "rollout_timeout"
     """The instance ran past ``rollout_timeout_s``; its sim was stopped."""
     SETUP = "setup"
@@ -258,6 +260,8 @@ def fault_of(exc: BaseException) -> Fault:
     match exc:
         case PolicyTimeoutError():
             return Fault.POLICY_TIMEOUT
+        case PolicyLinkError():
+            return Fault.POLICY_LINK
         case RolloutTimeoutError():
             return Fault.ROLLOUT_TIMEOUT
         case SimStartError(child_error_type="ContractError"):
@@ -284,6 +288,11 @@ def fault_of(exc: BaseException) -> Fault:
 
 class PolicyError(HudPipelinesError):
     """A policy cannot be built, or its output does not fit the contract."""
+
+
+class PolicyLinkError(PolicyError):
+    """The remote policy server cannot be reached, refused the connection or went away: the instance fails
+    (as when its sim dies), so a run that lost its server keeps the results it had instead of errored rows."""
 
 
 class GraderError(HudPipelinesError):

@@ -24,10 +24,7 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
     Fault,
     HudPipelinesError,
-    PolicyTimeoutError,
     RemoteError,
-    RolloutTimeoutError,
-    RunAborted,
     fault_of,
     raised_at,
 )
@@ -275,7 +272,7 @@ class LockstepRun:
     def _policy_failed(self, what: str, exc: Exception, slots: npt.NDArray[np.intp]) -> _PolicyFailed:
         """The failure a policy's exception ends the running episodes with: its deadline's, or its own words
         and the user's line that raised it (logged once per run)."""
-        if isinstance(exc, PolicyTimeoutError | RolloutTimeoutError | RunAborted):
+        if fault_of(exc).ends_instance:  # a deadline, the policy server lost, the run aborted: said as it is
             return _PolicyFailed(str(exc), fault_of(exc))
         where = raised_at(exc)  # the user's line, on the one line every report keeps
         reason = f"{what}: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")

@@ -30,7 +30,7 @@ from websockets.sync.client import ClientConnection, connect
 from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chunks
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import PolicyError, PolicyTimeoutError, WireError
+from hud_pipelines.errors import PolicyError, PolicyLinkError, PolicyTimeoutError, WireError
 from hud_pipelines.spec.agent import RemotePolicyConfig
 from hud_pipelines.spec.problems import did_you_mean
 from hud_pipelines.wire.codec import Layout, is_map, packb, unpackb
@@ -121,11 +121,11 @@ class RemotePolicy(BasePolicy, Closeable):
                 legacy=True,
             )
         except InvalidStatus as exc:
-            raise PolicyError(
+            raise PolicyLinkError(
                 f"the policy server at {self.url} refused the connection: HTTP {exc.response.status_code}"
             ) from exc
         except (OSError, TimeoutError, WebSocketException) as exc:
-            raise PolicyError(f"cannot connect to the policy server at {self.url}: {exc}") from exc
+            raise PolicyLinkError(f"cannot connect to the policy server at {self.url}: {exc}") from exc
         try:
             metadata = self._receive(self._ws, "the metadata frame")
         except BaseException as exc:
@@ -146,7 +146,7 @@ class RemotePolicy(BasePolicy, Closeable):
             try:
                 self._ws.send(packb(request, Layout.OPENPI))
             except (ConnectionClosed, OSError) as exc:
-                raise PolicyError(f"the policy server at {self.url} went away: {exc}") from exc
+                raise PolicyLinkError(f"the policy server at {self.url} went away: {exc}") from exc
             reply = self._receive(self._ws, "an inference reply")
         except BaseException:
             self._drop()
@@ -165,7 +165,9 @@ class RemotePolicy(BasePolicy, Closeable):
                 deadline_s=self.timeout_s,
             ) from exc
         except (ConnectionClosed, OSError) as exc:
-            raise PolicyError(f"the policy server at {self.url} went away while we waited for {what}: {exc}") from exc
+            raise PolicyLinkError(
+                f"the policy server at {self.url} went away while we waited for {what}: {exc}"
+            ) from exc
         if isinstance(frame, str):
             raise PolicyError(f"the policy server at {self.url} reported an error:\n{frame}")
         try:

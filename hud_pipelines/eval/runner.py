@@ -237,8 +237,8 @@ class EvalRunner:
                 failure = stop_cause() or _instance_failure(outcomes)
                 if failure is None and not live.process.alive():
                     failure = ("the sim process died", Fault.SIM_CRASHED)
-                if failure is not None and failure[1] is not Fault.POLICY_TIMEOUT:
-                    live.healthy = False  # a late forward leaves the sim sound; any other fault does not
+                if failure is not None and failure[1] not in (Fault.POLICY_TIMEOUT, Fault.POLICY_LINK):
+                    live.healthy = False  # a late or lost policy leaves the sim sound; any other fault does not
                     live.hung = failure[1] is Fault.SIM_HUNG
         except (SimError, HudPipelinesError) as exc:
             failure = self._failure(exc)

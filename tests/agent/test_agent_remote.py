@@ -49,12 +49,21 @@ def openpi_unpack(data: bytes) -> Any:
 class PolicyServer:
     """Metadata frame first, then ``infer(obs) -> {"actions": ...}`` per message; text frames on error."""
 
-    def __init__(self, infer: Callable[[dict[str, Any]], Any], api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        infer: Callable[[dict[str, Any]], Any],
+        api_key: str | None = None,
+        *,
+        answers: int | None = None,
+        port: int = 0,
+    ) -> None:
         self.infer = infer
+        self.answers = answers
+        """How many requests it answers before it goes away (its connections dropped unanswered): a crash."""
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
         self.headers: list[str | None] = []
-        self.server: Server = serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None)
+        self.server: Server = serve(self._handle, "127.0.0.1", port, compression=None, max_size=None)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -71,6 +80,8 @@ class PolicyServer:
             assert isinstance(message, bytes)
             observation = openpi_unpack(message)
             self.requests.append(observation)
+            if self.answers is not None and len(self.requests) > self.answers:
+                return  # the connection drops with the request unanswered
             try:
                 ws.send(openpi_pack({"actions": self.infer(observation), "server_timing": {"infer_ms": 1.0}}))
             except Exception as exc:
@@ -211,3 +222,53 @@ def test_a_policy_config_error_errors_every_instance_with_its_message_and_no_tra
     logged = [r for r in caplog.records if "could not be built" in r.getMessage()]
     assert logged
     assert all(r.exc_info is None for r in logged), "our own clear message, without a traceback burying it"
+
+
+def test_a_policy_server_that_goes_away_fails_its_instance_and_earlier_results_stand(tmp_path: Path) -> None:
+    """A server lost mid-run errored every later episode as the policy's fault: the run passed with 2 of 12
+    answered, and those errored rows replaced the complete results of an earlier run. Now the instance
+    fails (``policy_link``), as when its sim dies, and the earlier results of its configuration are kept."""
+    import json
+
+    from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.rollouts import kept_failure
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    def push(observation: dict[str, Any]) -> np.ndarray:
+        return np.ones((2, 1), dtype=np.float32)
+
+    def spec_for(url: str) -> Any:
+        policy = {"kind": "remote", "url": url, "rename": {"state": "observation/state"}, "timeout_s": 10}
+        text = {
+            "name": "remote_lost",
+            "sim": {"factory": "CartPole-v1", "num_envs": 2},
+            "agent": {"policy": policy},
+            "group": 2,
+            "max_concurrent": 1,
+            "max_steps": 30,
+            "graders": [{"kind": "return", "threshold": 5}],
+        }
+        return load_pipeline_text(json.dumps(text), source=tmp_path / "remote_lost.yaml")
+
+    healthy = PolicyServer(push)
+    url = healthy.url  # the same server is restarted below: the same configuration
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        first = evaluate(spec_for(url), outputs_dir=tmp_path / "out")
+    finally:
+        healthy.close()
+    assert first.passed
+    crashing = PolicyServer(push, answers=3, port=port)  # answers the first instance's first requests, then drops all
+    try:
+        spec = spec_for(url)
+        lost = evaluate(spec, outputs_dir=tmp_path / "out")
+    finally:
+        crashing.close()
+    assert [(r.key, r.fault) for r in lost.failed_instances] == [(f"task0-i{i}", Fault.POLICY_LINK) for i in (0, 1)]
+    assert all("went away" in (r.error or "") for r in lost.failed_instances)
+    assert not lost.passed
+    assert lost.rows == first.rows, "the earlier complete results stand"
+    said = kept_failure(spec, EvalOutputs(tmp_path / "out", "remote_lost"), lost.results) or ""
+    assert f"task0-i0, task0-i1 did not complete (policy_link: the policy server at {url} went away" in said
