@@ -10,8 +10,9 @@ The graph, under the key prefix ``<name>``::
   (``max_concurrent`` at a time) in one process. As each instance ends, an observation with its
   figures is logged for its partition, and the partition is materialized if the instance ran to its
   end. A failed instance is data, not a failed step: its slots are errored rows, ``instances`` is
-  always materialized, and the built-in blocking check ``instances_completed`` fails the run, so
-  exactly the failed partitions show as failed and can be re-run alone.
+  always materialized (by a run of no rollouts too: "Materialize all" runs them in a run of their own),
+  and the built-in blocking check ``instances_completed`` fails the run, so exactly the failed
+  partitions show as failed and can be re-run alone.
 - ``grades`` and ``report`` read the latest result of every partition: a partition that never ran
   shows its slots as errored (``not_run``), never as failed.
 - the ``dataset`` sits behind ``grades`` so a failing blocking check stops it from being published;
@@ -36,15 +37,9 @@ from hud_pipelines.dagster.checks import answered_check, instances_check, pipeli
 from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
-from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
+from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata, instances_on_disk
 from hud_pipelines.dagster.overlap import tag_running
-from hud_pipelines.dagster.resources import (
-    AGENT,
-    CONTRACT,
-    GRADERS,
-    SIM,
-    resource_key,
-)
+from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM, resource_key
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.configuration import record_configuration
@@ -194,7 +189,9 @@ def _build(
                     yield dg.MaterializeResult(
                         asset_key=contract_key, metadata=contract_metadata(effective, outputs, derived)
                     )
-            if rollouts_key not in selected:
+            if rollouts_key not in selected:  # "Materialize all": the rollouts ran in a run of their own
+                if instances_key in selected:
+                    yield dg.MaterializeResult(asset_key=instances_key, metadata=instances_on_disk(effective, outputs))
                 return
             tag_running(context)  # a later `hud-pipelines run` of this pipeline then warns that this one runs
             run_id = context.run.run_id

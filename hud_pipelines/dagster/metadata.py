@@ -50,7 +50,7 @@ def instance_metadata(result: InstanceResult) -> dict[str, Any]:
         "failed": counts[EpisodeStatus.FAILED.value],
         "errored": counts[EpisodeStatus.ERRORED.value],
         "wall_s": round(result.wall_s, 3),
-        "error": result.error or "",
+        **({"error": result.error} if result.error else {}),
     }
 
 
@@ -105,8 +105,23 @@ def instances_metadata(
         "episodes": totals.scheduled,
         "errored": totals.errored,
         "env_steps": sum(r.env_steps for r in results),
-        "wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
+        "longest_instance_wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
         "traces": dg.MetadataValue.path(str(outputs.traces(run_id))),
         "overrides": dg.MetadataValue.json(overrides),
         "provenance": dg.MetadataValue.json(recorded_provenance(outputs)),
+    }
+
+
+def instances_on_disk(spec: PipelineSpec, outputs: EvalOutputs) -> dict[str, Any]:
+    """The ``instances`` asset of a run that ran no rollouts: Dagster's "Materialize all" backfills the
+    partitioned rollouts in a run of their own and what follows them in another, which grades what those
+    left on disk; its table is each instance's current result there."""
+    found = [outputs.result(key) for key in ([] if spec.is_sweep else spec.partition_keys())]
+    results = [InstanceResult.read(path) for path in found if path.is_file()]
+    table = instances_metadata(outputs, "", results, {})
+    del table["traces"]
+    return {
+        **table,
+        "ran": 0,
+        "note": "no rollouts ran in this run: the instances' current results, which the grades judge",
     }

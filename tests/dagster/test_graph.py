@@ -113,6 +113,39 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
     assert {r.status for r in rows} == {EpisodeStatus.SUCCEEDED}
 
 
+def test_materialize_all_split_into_runs_as_dagsters_backfill_does_grades_reports_and_publishes(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
+) -> None:
+    """The UI's "Materialize all" backfills the contract, the partitioned rollouts and what follows them in
+    runs of their own; the last one ran no rollouts, yielded no ``instances``, and every step after it was
+    skipped: no grades, checks, report or dataset, with the run green."""
+    path = write_pipeline("split", group=2, checks=[{"kind": "min_success_rate", "value": 0.5}])
+    defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
+    job = defs.resolve_job_def("split")
+    key = lambda step: dg.AssetKey(["split", step])  # noqa: E731
+    assert job.execute_in_process(instance=instance, asset_selection=[key("contract")]).success
+    rolled = job.execute_in_process(
+        instance=instance,
+        asset_selection=[key("rollouts")],
+        tags={"dagster/asset_partition_range_start": "task0-i0", "dagster/asset_partition_range_end": "task0-i1"},
+    )
+    assert rolled.success
+    rest = job.execute_in_process(
+        instance=instance, asset_selection=[key(s) for s in ("instances", "grades", "report")]
+    )
+    assert rest.success
+    done = {
+        k for k in (key(s) for s in ("instances", "grades", "report")) if instance.get_latest_materialization_event(k)
+    }
+    assert done == {key(s) for s in ("instances", "grades", "report")}
+    [instances] = rest.asset_materializations_for_node("split__eval")
+    assert instances.metadata["ran"] == dg.IntMetadataValue(0)
+    assert len(_grades(outputs_dir, "split")) == 4
+    checks = [e for e in rest.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert checks, "the checks judged the grades"
+    assert EvalOutputs(outputs_dir, "split").report_md.is_file()
+
+
 def test_a_rollout_past_its_deadline_ends_errored_and_its_sim_is_killed(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
 ) -> None:
