@@ -37,6 +37,19 @@ def tag_running(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> No
         context.instance.add_run_tags(context.run.run_id, tags)
 
 
+def unfinished_runs(instance: dg.DagsterInstance, pipeline: str) -> list[dg.DagsterRun]:
+    """The runs of ``pipeline`` not ended, less those whose process on this host is known to be gone."""
+    runs = instance.get_runs(filters=dg.RunsFilter(job_name=pipeline, statuses=IN_PROGRESS))
+    here = socket.gethostname()
+    return [
+        run
+        for run in runs
+        if not (
+            run.tags.get(HOST_TAG) == here and (pid := run.tags.get(PID_TAG, "")).isdigit() and not _alive(int(pid))
+        )
+    ]
+
+
 def overlapping_runs(instance: dg.DagsterInstance, pipeline: str) -> list[str]:
     """Warnings for the runs of ``pipeline`` that a live process on this host is running."""
     runs = instance.get_runs(filters=dg.RunsFilter(job_name=pipeline, statuses=IN_PROGRESS))

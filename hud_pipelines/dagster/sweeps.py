@@ -26,6 +26,7 @@ import dagster as dg
 
 from hud_pipelines.agent.checkpoint_files import SETTLING
 from hud_pipelines.agent.checkpoints import DEFAULT_SETTLE_S, Discovery
+from hud_pipelines.dagster.overlap import unfinished_runs
 from hud_pipelines.errors import CheckpointError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -243,9 +244,10 @@ def run_selection(
 
 
 def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefinition:
-    """The sensor that registers the sweep's new complete checkpoints and runs each one's instances, and runs
-    again an evaluated checkpoint whose files changed (other weights under its label: a training run restarted
-    into the same directory), once per content."""
+    """The sensor that registers the sweep's new complete checkpoints and runs their instances, and runs again
+    an evaluated checkpoint whose files changed (other weights under its label: a training run restarted into
+    the same directory), once per write; all of them in one run, and never while another run of the sweep
+    has not ended (its checks would judge a candidate still being evaluated)."""
     name = checkpoints_partitions_name(spec.name)
 
     @dg.sensor(
@@ -260,7 +262,13 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
             found = sweep.discover(spec)
         except CheckpointError as exc:
             return dg.SkipReason(f"no checkpoint to evaluate: {exc}")
-        known = set(context.instance.get_dynamic_partitions(name))
+        busy = unfinished_runs(context.instance, spec.name)
+        if busy:  # its checks judge the candidate: another run still evaluating it would fail them
+            return dg.SkipReason(
+                f"run {busy[0].run_id} of {spec.name} has not ended: one run of a sweep at a time, so that each "
+                "judges a candidate it evaluated (what is new meanwhile runs next, in one run)"
+            )
+        known = context.instance.get_dynamic_partitions(name)
         new = [c.label for c in found.complete if c.label not in known]
         complete = {c.label for c in found.complete}
         changed = [m for m in sweep.evaluated(spec, outputs, settled=complete) if m.changed and m.label in known]
@@ -271,9 +279,14 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
             )
         if waiting:
             context.log.info(f"{spec.name}: waiting for {waiting}")
-        again = [dg.RunRequest(run_key=sweep.rerun_key(m), tags=range_tags(spec, [m.label])) for m in changed]
-        return dg.SensorResult(
-            run_requests=[*(dg.RunRequest(run_key=label, tags=range_tags(spec, [label])) for label in new), *again],
+        order = [*known, *new]  # a range runs in the order the checkpoints were registered
+        labels = sorted({*new, *(m.label for m in changed)}, key=order.index)
+        tags = {**range_tags(spec, labels), CHECKPOINTS_TAG: ",".join(labels)}
+        key = "+".join(
+            sorted([*new, *(sweep.rerun_key(m) for m in changed)], key=lambda k: order.index(k.split("@")[0]))
+        )
+        return dg.SensorResult(  # one run for all of them (a new label once, a write of a changed one once)
+            run_requests=[dg.RunRequest(run_key=key, tags=tags)],
             dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(partitions_def_name=name, partition_keys=new)],
         )
 

@@ -268,12 +268,22 @@ def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
     name = sweeps.checkpoints_partitions_name("reach_sweep")
     with dg.instance_for_test() as instance:
         first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
-        assert sorted(r.run_key or "" for r in first.run_requests or []) == ["000500", "001000", "001500"]
-        request = next(r for r in first.run_requests or [] if r.run_key == "001000")
-        assert request.tags[sweeps.RANGE_START_TAG] == "001000|near-i0"
-        assert request.tags[sweeps.RANGE_END_TAG] == "001000|near-i1"
+        [request] = first.run_requests or []  # one run: its checks judge a candidate it evaluates itself
+        assert request.run_key == "000500+001000+001500"
+        assert request.tags[sweeps.RANGE_START_TAG] == "000500|near-i0"
+        assert request.tags[sweeps.RANGE_END_TAG] == "001500|near-i1"
+        assert request.tags[sweeps.CHECKPOINTS_TAG] == "000500,001000,001500"
         added = [k for r in first.dynamic_partitions_requests or [] for k in getattr(r, "partition_keys", [])]
         instance.add_dynamic_partitions(name, added)
+
+        from dagster._core.storage.dagster_run import DagsterRun
+
+        running = DagsterRun(job_name="reach_sweep", run_id="evaluating", status=dg.DagsterRunStatus.STARTED)
+        instance.add_run(running)
+        busy = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert not busy.run_requests
+        assert "run evaluating of reach_sweep has not ended" in (busy.skip_message or "")
+        instance.report_run_failed(running)
 
         quiet = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
         assert not quiet.run_requests
