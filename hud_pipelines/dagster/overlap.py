@@ -31,10 +31,13 @@ def launcher_tags() -> dict[str, str]:
 
 
 def tag_running(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> None:
-    """Tag the run with this process, the one that runs its instances (a re-execution may carry its parent's)."""
+    """Tag the run with this process, the one that runs its instances (a re-execution may carry its parent's),
+    and warn in its log of another live run of the pipeline (launched from the UI twice, say)."""
     tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
     if any(context.run.tags.get(key) != value for key, value in tags.items()):
         context.instance.add_run_tags(context.run.run_id, tags)
+    for overlap in overlapping_runs(context.instance, context.run.job_name, excluding=context.run.run_id):
+        context.log.warning(overlap)
 
 
 def unfinished_runs(instance: dg.DagsterInstance, pipeline: str) -> list[dg.DagsterRun]:
@@ -50,18 +53,20 @@ def unfinished_runs(instance: dg.DagsterInstance, pipeline: str) -> list[dg.Dags
     ]
 
 
-def overlapping_runs(instance: dg.DagsterInstance, pipeline: str) -> list[str]:
-    """Warnings for the runs of ``pipeline`` that a live process on this host is running."""
+def overlapping_runs(instance: dg.DagsterInstance, pipeline: str, *, excluding: str | None = None) -> list[str]:
+    """Warnings for the runs of ``pipeline`` (but ``excluding``) that a live process on this host is running."""
     runs = instance.get_runs(filters=dg.RunsFilter(job_name=pipeline, statuses=IN_PROGRESS))
     found: list[str] = []
     for run in runs:
+        if run.run_id == excluding:
+            continue
         host, pid = run.tags.get(HOST_TAG), run.tags.get(PID_TAG)
         if host != socket.gethostname() or pid is None or not pid.isdigit() or not _alive(int(pid)):
             continue
         found.append(
             f"run {run.run_id} of {pipeline}, {_origin(run.tags)} (process {pid}), is still running: both run "
             "the same instances, and the one that finishes an instance last keeps its result (wait for it, or "
-            "give this run other --partition's)"
+            "give this run other partitions)"
         )
     return found
 

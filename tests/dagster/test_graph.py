@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
-from hud_pipelines.dagster.overlap import PID_TAG
+from hud_pipelines.dagster.overlap import HOST_TAG, PID_TAG
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -55,8 +56,14 @@ def test_group_times_num_envs_gives_one_graded_row_per_slot(
         group=3,
         max_concurrent=2,
     )
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    live = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}  # this process lives: a live run
+    instance.add_run(DagsterRun(job_name="compose", run_id="other", status=dg.DagsterRunStatus.STARTED, tags=live))
     result = _run(path, outputs_dir, instance)
     assert result.success
+    said = [e.message for e in instance.all_logs(result.run_id) if "run other of compose" in e.message]
+    assert said, "a run launched from Dagster warns of another live run of its pipeline"
     recorded = instance.get_run_by_id(result.run_id)
     assert recorded is not None
     assert recorded.tags[PID_TAG] == str(os.getpid()), (
