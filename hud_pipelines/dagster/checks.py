@@ -6,6 +6,7 @@ resource); the YAML's judge the control tasks, a sweep's its candidate
 (:func:`hud_pipelines.eval.judging.yaml_verdict`).
 """
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import dagster as dg
@@ -40,7 +41,7 @@ def pipeline_check(
         asset=grades_key,
         name=check.name,
         blocking=check.blocking,
-        description=type(check).__doc__,
+        description=check_description(check),
         required_resource_keys={key},
     )
     def run_check(context: AssetCheckExecutionContext) -> dg.AssetCheckResult:
@@ -118,3 +119,12 @@ def _check_result(verdict: CheckVerdict, rows: Sequence[GradeRow]) -> dg.AssetCh
             "errored": summary.errored,
         },
     )
+
+
+def check_description(check: CheckSpec) -> str:
+    """What a YAML check asserts, as its docs say, and how this pipeline sets it (the UI shows the docstring
+    as it is, indented like code, and without the threshold)."""
+    settings = check.model_dump(mode="json", exclude={"kind", "name"})
+    ordered = sorted(settings.items(), key=lambda item: item[0] == "blocking")  # its threshold first
+    configured = ", ".join(f"{key} = {value}" for key, value in ordered)
+    return f"{inspect.cleandoc(type(check).__doc__ or check.kind)}\n\nHere: {configured}."

@@ -87,7 +87,8 @@ class MinSuccessRateCheck(_Check):
     Errored slots are not failures (bound them with `max_error_rate`); no graded slot at all fails the check.
     Nor do they carry a pass: where the errored slots of the run could decide the verdict (the rate
     would pass had they all succeeded and fail had they all failed), the check fails as undecided,
-    with both figures.
+    with both figures. Instances not run with this configuration yet (a run of some partitions) are no
+    answer of the eval's and do not decide it: the verdict says where running them could change it.
     """
 
     kind: Literal["min_success_rate"] = Field(default="min_success_rate", description="selects this check")

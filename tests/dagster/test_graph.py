@@ -189,6 +189,11 @@ def test_blocking_checks_gate_the_run(
     }
     report = EvalOutputs(outputs_dir, "gated").report_md.read_text()
     assert "Scheduled 2 = succeeded" in report  # the report is written whether or not the checks pass
+    defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
+    described = {s.name: s.description or "" for c in defs.asset_checks or [] for s in c.check_specs}
+    said = described["min_success_rate"]
+    assert said.startswith("Passes when succeeded / (succeeded + failed) is at least `value`.\n\nErrored slots")
+    assert said.endswith(f"Here: value = {min(threshold, 1.0)}, blocking = True."), "the UI shows the threshold"
 
 
 def test_the_dataset_asset_publishes_every_instance_and_a_rerun_replaces_only_its_shard(
