@@ -14,7 +14,7 @@ from typing import Any
 
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import provenance, sweep
-from hud_pipelines.eval.configuration import LATEST, CurrentBy, RolloutHashes
+from hud_pipelines.eval.configuration import LATEST, CurrentBy, RolloutHashes, recorded_overrides
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_rows
@@ -42,6 +42,7 @@ def collect_rows(
     if spec.is_sweep:
         return _sweep_rows(spec, outputs, current)
     expected, environment = current.resolve(spec, outputs)
+    scheduled = slots_as_run(spec, outputs) if current.hashes is None else spec  # as the graded configuration runs
     rows: list[GradeRow] = []
     for partition in spec.partitions():
         result, stale = _latest(spec, outputs, partition, expected, environment, rerun)
@@ -50,8 +51,18 @@ def collect_rows(
             rows.extend(result.rows)
         else:
             run_id = "" if result is None else result.run_id
-            rows.extend(unreached_rows(spec, partition, stale, Fault.NOT_RUN, run_id=run_id))
+            rows.extend(unreached_rows(scheduled, partition, stale, Fault.NOT_RUN, run_id=run_id))
     return rows
+
+
+def slots_as_run(spec: PipelineSpec, outputs: EvalOutputs) -> PipelineSpec:
+    """``spec`` with the slots per instance of the latest run, which may set ``sim.num_envs`` in its run
+    configuration: an instance it did not run is still scheduled as that configuration runs it (its slots
+    and seeds), not as the YAML does."""
+    num_envs = recorded_overrides(outputs).get("sim.num_envs")
+    if not isinstance(num_envs, int) or num_envs == spec.sim.num_envs:
+        return spec
+    return spec.with_sections(sim=spec.sim.model_copy(update={"num_envs": num_envs}))
 
 
 def current_results(spec: PipelineSpec, outputs: EvalOutputs, current: CurrentBy = LATEST) -> dict[str, InstanceResult]:

@@ -94,6 +94,22 @@ def test_a_run_config_override_is_used_recorded_and_keeps_results_apart(
     assert {r.fault.value if r.fault else None for r in stale} == {"not_run"}
 
 
+def test_instances_a_run_with_more_slots_did_not_run_are_scheduled_as_it_runs_them(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
+) -> None:
+    """One instance run with ``num_envs: 3`` in the run config: the other instance's not-run rows came from
+    the YAML's 2 slots, so the table said 5 scheduled where the configuration it grades schedules 6."""
+    path = write_pipeline("widened", group=2)
+    assert _run(path, outputs_dir, instance).success
+    one = {"dagster/asset_partition_range_start": "task0-i1", "dagster/asset_partition_range_end": "task0-i1"}
+    run_config = {"resources": {"widened__sim": {"config": {"num_envs": 3}}}}
+    assert _run(path, outputs_dir, instance, run_config=run_config, tags=one).success
+    rows = _grades(outputs_dir, "widened")
+    assert [(r.instance, r.slot, r.seed) for r in rows] == [(i, s, i * 3 + s) for i in (0, 1) for s in range(3)]
+    assert [r.fault.value if r.fault else None for r in rows if r.instance == 0] == ["not_run"] * 3
+    assert "Scheduled 6 = succeeded 3" in EvalOutputs(outputs_dir, "widened").report_md.read_text()
+
+
 def test_an_invalid_override_is_refused_naming_the_key_before_any_sim_starts(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
 ) -> None:
