@@ -153,14 +153,26 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow]) -> str 
     """
     decides = isinstance(grader, SuccessGrader) or (isinstance(grader, ReturnGrader) and grader.threshold is None)
     answered = [row for row in rows if row.status is not EpisodeStatus.ERRORED and row.success_reported is not None]
-    if not decides or not answered or any(row.success_reported for row in answered):
+    if not decides or not answered:
+        return None
+    tasks: dict[str, list[GradeRow]] = {}
+    for row in answered:
+        tasks.setdefault(row.task, []).append(row)
+    silent = {task: len(found) for task, found in tasks.items() if not any(row.success_reported for row in found)}
+    if not silent:
         return None
     keys = ", ".join(f"info[{key!r}]" for key in SUCCESS_KEYS)
     name = grader.name or grader.kind
+    advice = "report success in the env's info, or grade on the return (graders: [{kind: return, threshold: ...}])"
+    if len(silent) == len(tasks):
+        return (
+            f"no episode reported a success signal ({keys}): the {name} grader counts all {len(answered)} "
+            f"answered episode(s) as failed; {advice}"
+        )
+    named = ", ".join(f"{task} ({count})" for task, count in silent.items())  # a benchmark env of its own keys
     return (
-        f"no episode reported a success signal ({keys}): the {name} grader counts all {len(answered)} "
-        "answered episode(s) as failed; report success in the env's info, or grade on the return "
-        "(graders: [{kind: return, threshold: ...}])"
+        f"no episode of task(s) {named} reported a success signal ({keys}), where other tasks' did: the {name} "
+        f"grader counts those answered episodes as failed; {advice}"
     )
 
 

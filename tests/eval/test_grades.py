@@ -228,6 +228,12 @@ def test_the_success_signal_warning_needs_a_grade_that_reads_the_signal_and_answ
     assert success_signal_warning(SuccessGrader(), signalled) is None
     assert success_signal_warning(SuccessGrader(), [_row(EpisodeStatus.FAILED)]) is None, "unknown: no warning"
 
+    other_task = [dataclasses.replace(row, task="nosig") for row in silent]  # a benchmark env of its own keys
+    mixed = success_signal_warning(SuccessGrader(), [*other_task, *signalled])
+    assert mixed is not None, "a task whose episodes never report success reads 0 % unexplained"
+    assert mixed.startswith("no episode of task(s) nosig (2) reported a success signal (info['is_success']")
+    assert "where other tasks' did: the success grader counts those answered episodes as failed" in mixed
+
 
 def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:
     status = status or (EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED)
