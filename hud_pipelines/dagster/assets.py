@@ -49,7 +49,7 @@ from hud_pipelines.eval.judging import headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.results import InstanceResult
-from hud_pipelines.eval.rollouts import kept_failure, sweep_rollouts_step
+from hud_pipelines.eval.rollouts import finished_by, kept_failure, sweep_rollouts_step
 from hud_pipelines.eval.steps import (
     comparison_step,
     contract_step,
@@ -211,15 +211,15 @@ def _build(
             if effective.is_sweep:
                 results = _run_sweep(context, effective, pool, outputs, rollouts_key)
             else:
-                selected_partitions = [spec.partition_for_key(k) for k in context.partition_keys]
-                results = rollouts_step(
-                    effective,
-                    pool,
-                    outputs,
-                    run_id=run_id,
-                    partitions=selected_partitions,
-                    on_result=on_result,
-                    keep_earlier=True,
+                chosen = [spec.partition_for_key(k) for k in context.partition_keys]
+                todo, done = finished_by(effective, outputs, chosen, units.re_executed(context))
+                if done:
+                    context.log.info(
+                        f"{name}: the instances {', '.join(r.key for r in done)} ran to their end in "
+                        f"run {done[0].run_id}, which this run re-executes: kept, not run again"
+                    )
+                results = done + rollouts_step(
+                    effective, pool, outputs, run_id=run_id, partitions=todo, on_result=on_result, keep_earlier=True
                 )
             if instances_key in selected:
                 yield dg.MaterializeResult(

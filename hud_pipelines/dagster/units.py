@@ -54,7 +54,7 @@ from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.rollouts import current, kept_failure, kept_result, rollouts_step
+from hud_pipelines.eval.rollouts import current, finished_by, kept_failure, kept_result, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
 from hud_pipelines.eval.steps import record_configuration, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool
@@ -105,7 +105,7 @@ def eval_units_asset(
         outputs.seed_check.unlink(missing_ok=True)  # the run's first unit checks anew
         if overrides:
             context.log.info(f"{spec.name} runs with overrides of its YAML: {overrides}")
-        keys = _sweep_plan(context, effective, outputs) if effective.is_sweep else list(context.partition_keys)
+        keys = _sweep_plan(context, effective, outputs) if effective.is_sweep else _resumed(context, effective, outputs)
         for index, key in enumerate(keys):
             yield dg.DynamicOutput(key, output_name=UNITS, mapping_key=mapping_key(index, key))
         yield dg.Output(None, output_name=PLANNED)
@@ -330,3 +330,19 @@ def _worker() -> str:
         return socket.gethostname()
     request = getattr(current_task, "request", None)
     return str(getattr(request, "hostname", None) or socket.gethostname())
+
+
+def _resumed(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
+    """The run's instances less those that the run it re-executes (Dagster's "from failure") ran to their end."""
+    chosen = [spec.partition_for_key(k) for k in context.partition_keys]
+    todo, done = finished_by(spec, outputs, chosen, re_executed(context))
+    if done:
+        context.log.info(
+            f"{spec.name}: {', '.join(r.key for r in done)} ran to their end in the run this one re-executes"
+        )
+    return [spec.partition_key(*partition) for partition in todo]
+
+
+def re_executed(context: OpExecutionContext | dg.AssetExecutionContext) -> set[str]:
+    """The runs this one re-executes (Dagster's parent and root run, by their tags; none for a plain run)."""
+    return {context.run.tags.get(f"dagster/{tag}_run_id", "") for tag in ("parent", "root")} - {""}

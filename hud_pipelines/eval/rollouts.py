@@ -9,7 +9,7 @@ a sweep resumes where it stopped and evaluates a new checkpoint alone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from hud_pipelines.contract import Contract
@@ -280,3 +280,28 @@ def kept_pairs(spec: PipelineSpec, outputs: EvalOutputs, labels: Sequence[str], 
     members = sweep.members(spec, outputs, settle_s=0.0, labels=evaluated)
     environment = provenance.for_run(spec, served_sim=latest_served_sim(outputs) if not spec.sim.spawned else None)
     return sum(current(member, partition, environment) for member in members for partition in partitions)
+
+
+def finished_by(
+    spec: PipelineSpec, outputs: EvalOutputs, partitions: Sequence[Partition], runs: Collection[str]
+) -> tuple[list[Partition], list[InstanceResult]]:
+    """The ``partitions`` still to run, and the results of those that one of ``runs`` ran to its end under this
+    configuration: a re-execution of a run that was cancelled or failed (Dagster's "from failure") resumes it
+    rather than run its finished instances again. A plain run runs them all: its results are fresh."""
+    todo: list[Partition] = []
+    kept: list[InstanceResult] = []
+    for partition in partitions:
+        path = outputs.result(spec.partition_key(*partition))
+        result = InstanceResult.read(path) if runs and path.is_file() else None
+        task = spec.tasks[partition.task_index].name
+        expected = RolloutHashes(spec.rollout_hash, {task: spec.task_rollout_hash(partition.task_index)})
+        if (
+            result is not None
+            and result.run_id in runs
+            and not result.failed
+            and expected.current(task, result.rollout_hash)
+        ):
+            kept.append(result)
+        else:
+            todo.append(partition)
+    return todo, kept

@@ -153,6 +153,30 @@ def test_materialize_all_split_into_runs_as_dagsters_backfill_does_grades_report
     assert EvalOutputs(outputs_dir, "split").report_md.is_file()
 
 
+def test_a_re_execution_of_a_failed_run_keeps_what_it_finished_and_runs_the_rest(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    """The UI's "Re-execute from failure" of a cancelled or failed run ran every instance again, the finished
+    ones too; a re-execution (Dagster's parent and root run tags) now resumes, and a plain run still runs all."""
+    marker = tmp_path / "crash-armed"
+    marker.touch()
+    path = write_pipeline("resumed", sim={"args": {"crash_seeds": [2], "crash_file": str(marker)}}, group=3)
+    first = _run(path, outputs_dir, instance)
+    assert not first.success
+    marker.unlink()
+    lineage = {"dagster/parent_run_id": first.run_id, "dagster/root_run_id": first.run_id}
+    again = _run(path, outputs_dir, instance, tags=lineage)
+    assert again.success
+    outputs = EvalOutputs(outputs_dir, "resumed")
+    ran_by = [InstanceResult.read(outputs.result(f"task0-i{i}")).run_id for i in range(3)]
+    assert ran_by == [first.run_id, again.run_id, first.run_id]
+    assert [r.status for r in _grades(outputs_dir, "resumed")] == [EpisodeStatus.SUCCEEDED] * 6
+    said = [e.message for e in instance.all_logs(again.run_id) if "which this run re-executes" in e.message]
+    assert said, "the run says which instances it kept"
+    plain = _run(path, outputs_dir, instance)
+    assert {InstanceResult.read(outputs.result(f"task0-i{i}")).run_id for i in range(3)} == {plain.run_id}
+
+
 def test_a_rollout_past_its_deadline_ends_errored_and_its_sim_is_killed(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
 ) -> None:
