@@ -18,9 +18,9 @@ The graph, under the key prefix ``<name>``::
 - the ``dataset`` sits behind ``grades`` so a failing blocking check stops it from being published;
   the ``report`` does not, so a failing eval still gets its report.
 
-The job (named like the pipeline) runs in process (one sim set for the whole run) and carries the
-full partition range as default tags, so ``dagster job execute -j <name>`` and ``dg launch --job
-<name>`` run the whole eval; ``--partition-range k...k`` re-runs one instance.
+The job (named like the pipeline) carries the full partition range as default tags, so ``dagster job
+execute -j <name>`` runs the whole eval; ``--partition-range k...k`` re-runs one instance. Each asset's code
+version is what decides it (:func:`~hud_pipelines.dagster.metadata.code_versions`).
 """
 
 import warnings
@@ -32,12 +32,12 @@ import dagster as dg
 from dagster import AssetCheckExecutionContext, AssetExecutionContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
+from hud_pipelines.dagster import metadata as asset_metadata
 from hud_pipelines.dagster import sweeps, units
 from hud_pipelines.dagster.checks import answered_check, instances_check, pipeline_check
 from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
-from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata, instances_on_disk
 from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM, resource_key
 from hud_pipelines.errors import HudPipelinesError
@@ -114,6 +114,7 @@ def _build(
         sweeps.partitions(spec) if spec.is_sweep else dg.StaticPartitionsDefinition(spec.partition_keys())
     )
     single_run = dg.BackfillPolicy.single_run()
+    rolled, judged = asset_metadata.code_versions(spec)
 
     def eval_asset(
         step: str, description: str, deps: Sequence[Any] = (), resources: set[str] | None = None, **extra: Any
@@ -126,6 +127,7 @@ def _build(
                 group_name=name,
                 deps=list(deps),
                 backfill_policy=single_run,
+                code_version=judged,
                 description=description,
                 required_resource_keys=resources or set(),
                 **extra,
@@ -145,6 +147,7 @@ def _build(
             contract_key,
             group_name=name,
             skippable=True,
+            code_version=rolled,
             description=f"The sim's contract (observation and action features) for {name}.",
         ),
         dg.AssetSpec(
@@ -153,6 +156,7 @@ def _build(
             deps=[contract_key],
             partitions_def=partitions,
             skippable=True,
+            code_version=rolled,
             description=f"Rollouts of {name}: one partition per task instance, each one sim of "
             f"{spec.sim.num_envs} slot(s). An instance that failed is not materialized (its partition "
             "shows as failed); its slots are errored rows in the grades.",
@@ -161,6 +165,7 @@ def _build(
             instances_key,
             group_name=name,
             deps=[rollouts_key],
+            code_version=rolled,
             description=f"What each instance of {name} selected in the run did: ran to its end, or failed "
             "and why. Always materialized, so grades, checks and the report follow every run.",
         ),
@@ -187,17 +192,19 @@ def _build(
                     context.log.error(f"the sim of {name} did not start: {exc}")
                 else:
                     yield dg.MaterializeResult(
-                        asset_key=contract_key, metadata=contract_metadata(effective, outputs, derived)
+                        asset_key=contract_key, metadata=asset_metadata.contract_metadata(effective, outputs, derived)
                     )
             if rollouts_key not in selected:  # "Materialize all": the rollouts ran in a run of their own
                 if instances_key in selected:
-                    yield dg.MaterializeResult(asset_key=instances_key, metadata=instances_on_disk(effective, outputs))
+                    yield dg.MaterializeResult(
+                        asset_key=instances_key, metadata=asset_metadata.instances_on_disk(effective, outputs)
+                    )
                 return
             tag_running(context)  # a later `hud-pipelines run` of this pipeline then warns that this one runs
             run_id = context.run.run_id
 
             def on_result(result: InstanceResult) -> None:
-                metadata = instance_metadata(result)
+                metadata = asset_metadata.instance_metadata(result)
                 context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=result.key, metadata=metadata))
                 if not result.failed:
                     context.log_event(
@@ -223,7 +230,8 @@ def _build(
                 )
             if instances_key in selected:
                 yield dg.MaterializeResult(
-                    asset_key=instances_key, metadata=instances_metadata(outputs, run_id, results, overrides)
+                    asset_key=instances_key,
+                    metadata=asset_metadata.instances_metadata(outputs, run_id, results, overrides),
                 )
             kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
             if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
@@ -330,7 +338,7 @@ def _run_sweep(
     chosen = sweeps.run_selection(context, spec, outputs)
 
     def on_result(member: sweep.Member, result: InstanceResult) -> None:
-        metadata = {**instance_metadata(result), "checkpoint": member.label}
+        metadata = {**asset_metadata.instance_metadata(result), "checkpoint": member.label}
         partition = member.partition_key(result.key)
         context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=partition, metadata=metadata))
         if not result.failed:

@@ -6,6 +6,7 @@ shows the same tables either way.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,3 +126,10 @@ def instances_on_disk(spec: PipelineSpec, outputs: EvalOutputs) -> dict[str, Any
         "ran": 0,
         "note": "no rollouts ran in this run: the instances' current results, which the grades judge",
     }
+
+
+def code_versions(spec: PipelineSpec) -> tuple[str, str]:
+    """The Dagster code versions of a pipeline's assets: of the contract, rollouts and instances, what decides
+    the episodes (the rollout hash); of the grades, report and dataset, the whole YAML (its checks, its
+    description, its dataset section too). Dagster shows an asset whose version changed as stale."""
+    return spec.rollout_hash[:16], hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]

@@ -177,6 +177,27 @@ def test_a_re_execution_of_a_failed_run_keeps_what_it_finished_and_runs_the_rest
     assert {InstanceResult.read(outputs.result(f"task0-i{i}")).run_id for i in range(3)} == {plain.run_id}
 
 
+def test_a_yaml_edit_changes_the_code_version_of_exactly_the_assets_it_decides(
+    write_pipeline: WritePipeline, outputs_dir: Path
+) -> None:
+    """Dagster shows an asset stale when its code version changes: an edit of max_steps changes the
+    rollouts and everything after them, an edit of a check only what judges them."""
+
+    def versions(**fields: object) -> dict[str, str | None]:
+        path = write_pipeline("versioned", **fields)
+        defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
+        keys = {step: dg.AssetKey(["versioned", step]) for step in ("contract", "rollouts", "grades", "report")}
+        return {step: defs.resolve_assets_def(key).code_versions_by_key[key] for step, key in keys.items()}
+
+    first = versions(max_steps=30, checks=[{"kind": "min_success_rate", "value": 0.5}])
+    assert all(first.values())
+    assert versions(max_steps=30, checks=[{"kind": "min_success_rate", "value": 0.5}]) == first
+    shorter = versions(max_steps=20, checks=[{"kind": "min_success_rate", "value": 0.5}])
+    assert all(shorter[step] != first[step] for step in first)
+    stricter = versions(max_steps=30, checks=[{"kind": "min_success_rate", "value": 0.9}])
+    assert [step for step in first if stricter[step] != first[step]] == ["grades", "report"]
+
+
 def test_a_rollout_past_its_deadline_ends_errored_and_its_sim_is_killed(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
 ) -> None:
