@@ -61,6 +61,7 @@ def for_run(
         "platform": platform.platform(),
         "sim_factory": spec.factory or ", ".join(sim.servers) or f"fleet {sim.fleet}",
         "sim_args": dict(sim.args),
+        "task_args": {task.name: dict(task.args) for task in spec.tasks if task.args},  # over sim_args, key by key
         "num_envs": sim.num_envs,
         "seeds": {task.name: task.seed for task in spec.tasks},
         "group": spec.group,
@@ -193,6 +194,7 @@ def markdown(record: dict[str, Any]) -> str:
         f"- packages: {packages}",
         f"- sim: `{record.get('sim_factory')}` with {json.dumps(record.get('sim_args', {}))}, "
         f"{record.get('num_envs')} slot(s), under `{record.get('sim_python')}` ({sim_packages}); renderer {renderer}",
+        *([f"- tasks' own args over those: {json.dumps(record['task_args'])}"] if record.get("task_args") else []),
         f"- policy: `{json.dumps(record.get('policy', {}))}` on {record.get('device') or 'the default device'}",
         f"- contract sha256 `{record.get('contract_hash') or 'unknown'}`; rollout hash `{record.get('rollout_hash')}`",
         f"- seeds: {json.dumps(record.get('seeds', {}))} x group {record.get('group')}",

@@ -109,6 +109,7 @@ def _latest(
 CONFIGURATION = (
     "sim_factory",
     "sim_args",
+    "task_args",
     "num_envs",
     "seeds",
     "group",

@@ -448,6 +448,21 @@ def _row(seed: int, status: EpisodeStatus, error: str | None = None) -> GradeRow
     return GradeRow("p", "t", 0, seed // 2, f"t-i{seed // 2}", seed % 2, seed, status, 0.0, False, 1.0, 3, error=error)
 
 
+def test_a_rate_over_the_few_episodes_that_did_not_error_does_not_read_as_the_result() -> None:
+    """A policy server lost mid-run: 1 graded, 11 errored, and the page's largest figure read "100.0%"."""
+    from hud_pipelines.eval.report_html.summary import summary_section
+
+    errored = [_row(seed, EpisodeStatus.ERRORED, "went away") for seed in range(1, 12)]
+    few = summary_section(summarize([_row(0, EpisodeStatus.SUCCEEDED), *errored]))
+    assert '<span class="rate few">100.0%</span>' in few
+    assert '<span class="errored-share">11 of 12 errored</span>' in few
+    most = summary_section(summarize([*(_row(s, EpisodeStatus.SUCCEEDED) for s in range(10)), *errored[:2]]))
+    assert '<span class="rate">100.0%</span>' in most
+    assert "2 of 12 errored" in most
+    clean = summary_section(summarize([_row(s, EpisodeStatus.SUCCEEDED) for s in range(4)]))
+    assert "errored-share" not in clean
+
+
 def test_an_interval_at_zero_or_one_reads_zero_or_one() -> None:
     nought = summarize([_row(seed, EpisodeStatus.FAILED) for seed in range(6)])
     everything = summarize([_row(seed, EpisodeStatus.SUCCEEDED) for seed in range(10)])
@@ -558,3 +573,6 @@ def test_long_episodes_are_sampled_down_and_non_finite_values_become_gaps(tmp_pa
     angle = series[0].values
     assert angle[0] is None, "NaN in the trace is a gap, not invalid JSON"
     assert angle[-1] == (steps_count - 1) / 10
+
+    path.write_text(json.dumps(lines[0]))  # errored at reset: a header and no step
+    assert sampled_series(trace_reader.read_trace(path)) == ([], []), "no empty plot per dimension on its card"

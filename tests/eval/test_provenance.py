@@ -39,6 +39,21 @@ def test_every_result_records_its_provenance_and_the_report_shows_it(
     assert "MUJOCO_GL=egl" in report
 
 
+def test_the_provenance_names_each_tasks_own_build_arguments(tmp_path: Path) -> None:
+    """A benchmark's tasks override ``sim.args`` (MetaWorld's task name): the report showed only sim.args."""
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    text = {
+        "name": "tasks",
+        "sim": {"factory": "CartPole-v1", "args": {"task": "reach"}},
+        "agent": {"policy": {"kind": "random"}},
+        "tasks": [{"name": "reach"}, {"name": "push", "args": {"task": "push"}}],
+    }
+    record = provenance.for_run(load_pipeline_text(json.dumps(text), source=tmp_path / "tasks.yaml"))
+    assert record["task_args"] == {"push": {"task": "push"}}
+    assert '- tasks\' own args over those: {"push": {"task": "push"}}' in provenance.markdown(record)
+
+
 def test_results_of_another_environment_are_not_merged_into_one_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -147,6 +147,8 @@ def sampled_series(trace: Trace, max_points: int = MAX_POINTS) -> tuple[list[int
     all_steps = sorted(set(states) | set(actions) | set(rewards))
     steps = _evenly(all_steps, max_points)
     series: list[Series] = []
+    if not steps:  # it ended before its first step (errored at reset): nothing to plot, no empty plots
+        return steps, series
     for feature, names in _state_names(trace, states).items():
         for name in names:
             values = [states.get(step, {}).get(feature, {}).get(name) for step in steps]

@@ -27,10 +27,14 @@ def summary_section(summary: Summary, graded_by: str = "", scope: str = "") -> s
     interval = "" if summary.success_rate is None else f"95% CI {percent(low)} to {percent(high)}"
     graded = f'<p class="graded-by">Graded by {escape(graded_by)}.</p>' if graded_by else ""
     graded += f'<p class="scope">{escape(scope)}.</p>' if scope else ""
+    # a rate over the few episodes that did not error must not read as the eval's result at a glance
+    errored = f'<span class="errored-share">{summary.errored} of {summary.scheduled} errored</span>'
+    rate = "rate few" if summary.errored >= summary.graded > 0 else "rate"
     return f"""<section id="summary">
-<div class="headline"><span class="rate">{percent(summary.success_rate)}</span>
+<div class="headline"><span class="{rate}">{percent(summary.success_rate)}</span>
 <span class="interval">{interval}</span>
-<span class="denominator">success rate: {summary.succeeded} succeeded of {summary.graded} graded</span></div>
+<span class="denominator">success rate: {summary.succeeded} succeeded of {summary.graded} graded</span>
+{errored if summary.errored else ""}</div>
 {graded}<p class="counts">Scheduled <b>{summary.scheduled}</b> = succeeded <b>{summary.succeeded}</b> + failed
 <b>{summary.failed}</b> + errored <b>{summary.errored}</b>{summary.not_run_text}
 (error rate {percent(summary.error_rate)}; errors are not failures).</p>{_bounds(summary)}
