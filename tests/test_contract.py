@@ -207,6 +207,34 @@ def test_action_bounds_edited_wider_than_the_envs_space_are_refused_narrower_one
     assert "([0] low -10 < -1, [0] high 10 > 1)" in message
 
 
+def test_a_channel_first_image_or_a_float_map_typed_a_camera_in_the_file_is_refused_saying_why(tmp_path: Path) -> None:
+    """Typed ``rgb`` or ``depth`` by hand, the error read "has 3 names for 9216 values": nothing about what a
+    camera must be, nor that the image was channel-first."""
+    Box = gym.spaces.Box
+    space = gym.spaces.Dict({"image": Box(0, 255, (3, 48, 64), np.uint8), "depth": Box(0, 10, (48, 64, 1), np.float32)})
+    path = tmp_path / "contract.json"
+    resolve_contract(derive(space), path)
+    raw = json.loads(path.read_text())
+    assert {raw["features"][n]["type"] for n in ("image", "depth")} == {"state"}, "neither is a uint8 HWC camera"
+    raw["features"]["image"] |= {"type": "rgb", "names": ["height", "width", "channel"]}
+    path.write_text(json.dumps(raw))
+    with pytest.raises(
+        ContractError,
+        match=r"'image' is typed rgb .* uint8\[3, 48, 64\], which is read as state "
+        r"\(9216 values\): it is channel-first: give it as \(height, width, channel\)",
+    ):
+        resolve_contract(derive(space), path)
+    raw["features"]["image"] |= {"type": "state", "names": None}
+    raw["features"]["depth"] |= {"type": "depth"}
+    path.write_text(json.dumps(raw))
+    with pytest.raises(
+        ContractError,
+        match=r"'depth' is typed depth .* float32\[48, 64, 1\], which is read as "
+        r"state \(3072 values\): a camera must be a uint8 array of \(height, width, channel\)",
+    ):
+        resolve_contract(derive(space), path)
+
+
 def test_a_shape_change_names_the_feature_the_file_and_both_shapes(tmp_path: Path) -> None:
     path = tmp_path / "contract.json"
     resolve_contract(derive(gym.spaces.Dict({"joints": Box(-1, 1, (3,), np.float32)})), path)

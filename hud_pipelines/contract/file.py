@@ -59,6 +59,8 @@ def merge_contract(edited: Contract, derived: Contract, *, source: Path | str, f
                 f"{source}: feature {name!r} is {kept.role} {_layout(kept)} in the contract file but "
                 f"{fresh.role} {_layout(fresh)} in the env{hint or '; fix the file or delete it to derive it again'}"
             )
+        if kept.is_camera != fresh.is_camera:
+            raise ContractError(f"{source}: {_camera_mismatch(name, kept, fresh)}{hint}")
         if not _names_fit(kept, fresh):
             raise ContractError(
                 f"{source}: feature {name!r} has {len(kept.names or [])} names for {fresh.size} values{hint}"
@@ -185,6 +187,24 @@ def _names_fit(kept: Feature, fresh: Feature) -> bool:
     if kept.is_camera or fresh.is_camera:
         return kept.is_camera and fresh.is_camera
     return len(kept.names) == fresh.size
+
+
+def _camera_mismatch(name: str, kept: Feature, fresh: Feature) -> str:
+    """Why a feature cannot change between state and camera in the file: cameras are what the env gives as
+    ``uint8`` ``HWC`` images, and the dataset and the traces store them as such (channel-first, or another
+    dtype, is read as state: transpose or convert it in the env)."""
+    if fresh.is_camera:
+        return f"feature {name!r} is a camera ({_layout(fresh)}) in the env; it cannot be typed {kept.type.value}"
+    channel_first = len(fresh.shape) == 3 and fresh.shape[0] in (1, 3, 4) and fresh.shape[-1] not in (1, 3, 4)
+    how = (
+        "it is channel-first: give it as (height, width, channel) in the env, e.g. np.transpose(image, (1, 2, 0))"
+        if channel_first
+        else "a camera must be a uint8 array of (height, width, channel) with 1, 3 or 4 channels"
+    )
+    return (
+        f"feature {name!r} is typed {kept.type.value} in the contract file, but the env gives {_layout(fresh)}, which "
+        f"is read as state ({fresh.size} values): {how}"
+    )
 
 
 def _layout(feature: Feature) -> str:
