@@ -216,23 +216,24 @@ def test_a_channel_first_image_or_a_float_map_typed_a_camera_in_the_file_is_refu
     resolve_contract(derive(space), path)
     raw = json.loads(path.read_text())
     assert {raw["features"][n]["type"] for n in ("image", "depth")} == {"state"}, "neither is a uint8 HWC camera"
-    raw["features"]["image"] |= {"type": "rgb", "names": ["height", "width", "channel"]}
-    path.write_text(json.dumps(raw))
-    with pytest.raises(
-        ContractError,
-        match=r"'image' is typed rgb .* uint8\[3, 48, 64\], which is read as state "
-        r"\(9216 values\): it is channel-first: give it as \(height, width, channel\)",
-    ):
-        resolve_contract(derive(space), path)
-    raw["features"]["image"] |= {"type": "state", "names": None}
-    raw["features"]["depth"] |= {"type": "depth"}
-    path.write_text(json.dumps(raw))
-    with pytest.raises(
-        ContractError,
-        match=r"'depth' is typed depth .* float32\[48, 64, 1\], which is read as "
-        r"state \(3072 values\): a camera must be a uint8 array of \(height, width, channel\)",
-    ):
-        resolve_contract(derive(space), path)
+    refused = {
+        "image": (
+            {"type": "rgb", "names": ["height", "width", "channel"]},
+            r"'image' is typed rgb .* uint8\[3, 48, 64\], which is read as state \(9216 values\): it is "
+            r"channel-first: give it as \(height, width, channel\)",
+        ),
+        "depth": (
+            {"type": "depth"},
+            r"'depth' is typed depth .* float32\[48, 64, 1\], which is read as state \(3072 values\): a camera "
+            r"must be a uint8 array of \(height, width, channel\)",
+        ),
+    }
+    for name, (edit, said) in refused.items():
+        edited = json.loads(json.dumps(raw))
+        edited["features"][name] |= edit
+        path.write_text(json.dumps(edited))
+        with pytest.raises(ContractError, match=said):
+            resolve_contract(derive(space), path)
 
 
 def test_a_shape_change_names_the_feature_the_file_and_both_shapes(tmp_path: Path) -> None:
