@@ -4,7 +4,11 @@ In lerobot's own vocabulary (its key constants are used, not retyped):
 
 - a camera -> ``observation.images.<name>``: ``rgb`` as is (an alpha channel is dropped), ``bgr``
   flipped to RGB, ``gray`` replicated to three channels (lerobot reads one channel as depth),
-  ``depth`` as a one-channel depth map; float pixels in [0, 1] become uint8;
+  ``depth`` as a one-channel depth map; float pixels in [0, 1] become uint8. An RGB camera stored
+  as video has an even height and width: an odd one is padded by one edge pixel
+  (:func:`~hud_pipelines.recording.even_frames.pad_to_even`), since its 4:2:0 video cannot be odd and
+  lerobot decodes what the video holds; the declared shape, the stats and the decoded frames then
+  agree (``LeRobotDataset(...)[i]`` gives the padded frame). Images (PNG) and depth maps keep their size;
 - a vector (a state part, another observation vector, the action) keeps its dtype and shape, one
   name per dimension.
 
@@ -24,6 +28,7 @@ import numpy.typing as npt
 
 from hud_pipelines.contract import FeatureType
 from hud_pipelines.errors import ContractError
+from hud_pipelines.recording.even_frames import even_size, pad_to_even
 from hud_pipelines.spec.dataset_options import CameraStorage
 
 CAMERA_AXES = ["height", "width", "channels"]
@@ -77,7 +82,16 @@ class CameraField:
     def stored_shape(self) -> tuple[int, int, int]:
         if self.source_shape is None:
             raise ContractError(f"camera {self.source!r} has no shape yet")
-        return _stored_camera_shape(self.source, self.kind, self.source_shape)
+        height, width, channels = _stored_camera_shape(self.source, self.kind, self.source_shape)
+        if self.padded:
+            height, width = even_size(height, width)
+        return (height, width, channels)
+
+    @property
+    def padded(self) -> bool:
+        """Whether frames are padded to an even size: RGB video (4:2:0) cannot be odd, while PNGs
+        can and lerobot encodes depth maps without chroma."""
+        return self.storage is CameraStorage.VIDEO and self.kind is not FeatureType.DEPTH
 
     def convert(self, value: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """Pixels as lerobot stores them (always a copy, so the caller's buffers stay its own)."""
@@ -89,10 +103,12 @@ class CameraField:
         if pixels.ndim == 2:
             pixels = pixels[..., None]
         if self.kind is FeatureType.GRAY:
-            return np.ascontiguousarray(np.repeat(pixels[..., :1], 3, axis=-1))
-        if self.kind is FeatureType.BGR:
-            return np.ascontiguousarray(pixels[..., 2::-1])
-        return np.array(pixels[..., :3], copy=True)
+            pixels = np.repeat(pixels[..., :1], 3, axis=-1)
+        elif self.kind is FeatureType.BGR:
+            pixels = pixels[..., 2::-1]
+        else:
+            pixels = np.array(pixels[..., :3], copy=True)
+        return pad_to_even(pixels) if self.padded else np.ascontiguousarray(pixels)
 
     def lerobot_feature(self) -> dict[str, Any]:
         feature: dict[str, Any] = {

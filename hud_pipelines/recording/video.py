@@ -8,8 +8,11 @@ For traces, H.264 (``libx264``) plays everywhere; ``mpeg4`` is the fallback when
 Frames are handed to one :class:`VideoEncoder` thread (FFmpeg encodes without the GIL), so the agent
 loop only copies a frame; the queue is bounded, so an encoder that falls behind slows the loop down
 instead of filling memory. Each stream encodes single-threaded so it does not compete with the sims
-for cores. Odd image sizes are padded by one pixel (4:2:0 chroma needs even dimensions); gray
-images are expanded to RGB.
+for cores. Gray images are expanded to RGB.
+
+Odd image sizes are padded by one edge pixel (:mod:`.even_frames`: 4:2:0 chroma needs even
+dimensions); :class:`Mp4Writer` pads every frame, so neither a trace nor a dataset video can hit
+libx264's refusal to open at an odd size.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import numpy as np
 import numpy.typing as npt
 from av.container import OutputContainer
 
+from hud_pipelines.recording.even_frames import even_size, pad_to_even
+
 log = logging.getLogger(__name__)
 CODECS = ("libx264", "mpeg4")
 
@@ -41,7 +46,8 @@ class Mp4Writer:
 
     ``codecs`` are tried in order; the first that FFmpeg builds is used (:attr:`codec`). Frames get
     consecutive ``pts`` in a time base of one frame. ``write`` and ``finish`` return the packets
-    they muxed, so a caller can tell that every frame reached the file.
+    they muxed, so a caller can tell that every frame reached the file. An odd ``width`` or
+    ``height`` makes a video one pixel larger (:func:`even_size`), its frames padded to match.
     """
 
     def __init__(
@@ -65,8 +71,7 @@ class Mp4Writer:
         except BaseException:
             self._container.close()
             raise
-        self._stream.width = width
-        self._stream.height = height
+        self._stream.height, self._stream.width = even_size(height, width)
         self._stream.pix_fmt = pix_fmt
         self._stream.time_base = self._time_base
         if threads is not None:
@@ -89,7 +94,7 @@ class Mp4Writer:
 
     def write(self, rgb: npt.NDArray[np.uint8]) -> int:
         """Encode one frame; returns the packets muxed (an encoder may hold some frames back)."""
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+        frame = av.VideoFrame.from_ndarray(pad_to_even(rgb), format="rgb24")
         frame.pts = self.frames
         frame.time_base = self._time_base
         self.frames += 1
@@ -228,7 +233,4 @@ def _as_rgb(image: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
         array = np.repeat(array, 3, axis=-1)
     elif array.shape[-1] == 4:
         array = array[:, :, :3]
-    pad_h, pad_w = array.shape[0] % 2, array.shape[1] % 2
-    if pad_h or pad_w:
-        array = np.pad(array, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
     return np.ascontiguousarray(array)

@@ -204,7 +204,11 @@ class DatasetSpec(StrictModel):
     """Where and how the rollouts are written as a LeRobot v3 dataset."""
 
     enabled: bool = Field(default=True, description="write the dataset; `false` keeps the section but skips the asset")
-    video: bool = Field(default=True, description="store cameras as video (`true`) or as PNG images (`false`)")
+    video: bool = Field(
+        default=True,
+        description="store cameras as video (`true`) or as PNG images (`false`); an RGB video camera of odd height "
+        "or width is stored one edge pixel larger (4:2:0 video needs an even size), and declared so",
+    )
     root: str | None = Field(
         default=None,
         min_length=1,

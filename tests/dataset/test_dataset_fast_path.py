@@ -218,6 +218,52 @@ def test_encoder_keeps_every_frame_fed_without_pause(tmp_path: Path) -> None:
         assert int(stats["count"][0]) == min(length, 100)
 
 
+def test_an_odd_sized_video_camera_loads_in_lerobot_as_declared(tmp_path: Path) -> None:
+    """libx264 refuses odd 4:2:0 sizes; stored padded, the declared shape is the one lerobot decodes."""
+    contract = Contract(
+        control_rate=10,
+        features={
+            "front": Feature(role="observation", type=FeatureType.RGB, dtype="uint8", shape=(37, 53, 3)),
+            "action": Feature(role="action", dtype="float32", shape=(1,)),
+        },
+    )
+    y, x = np.mgrid[0:37, 0:53]
+    images = [np.stack([x * 4 + step * 10, y * 6, 255 - x * 4], axis=-1).astype(np.uint8) for step in range(4)]
+    sink = LeRobotDatasetSink(contract, tmp_path / "shard")
+    with sink:
+        sink.begin(key(0), TASK)
+        for step, image in enumerate(images):
+            last = step == len(images) - 1
+            frame = Frame(step, {"front": image}, np.zeros(1, np.float32), 0.0, last, truncated=False, success=False)
+            sink.add(key(0), frame)
+        sink.end(key(0), outcome(EpisodeStatus.FAILED, len(images)))
+    assert sink.report.episodes_written == 1
+
+    dataset = load(tmp_path / "shard" / f"{PART_PREFIX}000")
+    feature = dataset.meta.features["observation.images.front"]
+    assert tuple(feature["shape"]) == (38, 54, 3)
+    assert (feature["info"]["video.height"], feature["info"]["video.width"]) == (38, 54)
+    for step in range(len(images)):
+        decoded = dataset[step]["observation.images.front"].numpy()
+        assert decoded.shape == (3, 38, 54)
+        pixels = decoded.transpose(1, 2, 0)[:37, :53] * 255.0
+        errors = [float(np.abs(pixels - image).mean()) for image in images]
+        assert int(np.argmin(errors)) == step, errors  # this frame, in its place
+        assert errors[step] < 5, errors  # lossy 4:2:0 at lerobot's crf (about 3 here)
+
+
+def test_the_episode_encoder_pads_odd_frames_as_trace_videos_are(tmp_path: Path) -> None:
+    """The one writer pads (lerobot's h264 is 4:2:0, which libx264 refuses to open at an odd size)."""
+    from lerobot.configs import RGBEncoderConfig
+
+    encoder = EpisodeVideoEncoder(10, RGBEncoderConfig(vcodec="h264", preset="ultrafast"))
+    encoder.start_episode(["cam"], tmp_path)
+    for step in range(3):
+        encoder.feed_frame("cam", scene(step, (37, 53), 0))
+    path, _ = encoder.finish_episode()["cam"]
+    assert [pixels.shape for _, pixels in decoded_frames(path)] == [(38, 54, 3)] * 3
+
+
 def test_the_mp4_writer_takes_the_first_codec_ffmpeg_builds_and_names_them_all_when_none(tmp_path: Path) -> None:
     frames = [scene(step, (24, 32), 0) for step in range(6)]
     with Mp4Writer(tmp_path / "a.mp4", width=32, height=24, fps=12, codecs=("no-such-codec", "mpeg4")) as video:

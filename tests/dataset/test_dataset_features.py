@@ -127,6 +127,36 @@ def test_float_pixels_become_uint8_and_depth_is_a_depth_map() -> None:
     assert out["observation.images.depth"].shape == (2, 2, 1)
 
 
+@pytest.mark.parametrize("kind", [FeatureType.RGB, FeatureType.BGR, FeatureType.GRAY])
+def test_odd_video_cameras_are_stored_padded_to_an_even_size_and_declared_so(kind: FeatureType) -> None:
+    """4:2:0 video cannot be odd: the frames lerobot gets (and decodes) are one edge pixel larger."""
+    shape = (5, 7) if kind is FeatureType.GRAY else (5, 7, 3)
+    contract = Contract(
+        control_rate=5,
+        features={
+            "cam": Feature(role="observation", type=kind, dtype="uint8", shape=shape),
+            "depth": Feature(role="observation", type=FeatureType.DEPTH, dtype="float32", shape=(5, 7)),
+            "action": Feature(role="action", dtype="float32", shape=(1,)),
+        },
+    )
+    image = np.arange(np.prod(shape), dtype=np.uint8).reshape(shape)
+    frame = _frame({"cam": image, "depth": np.ones((5, 7))}, action=[0.0])
+
+    video = DatasetLayout.build(contract)
+    assert video.lerobot_features()["observation.images.cam"]["shape"] == (6, 8, 3)
+    assert video.lerobot_features()["observation.images.depth"]["shape"] == (5, 7, 1)  # no chroma to subsample
+    out = video.lerobot_frame(frame)
+    stored = out["observation.images.cam"]
+    assert stored.shape == (6, 8, 3)
+    assert stored.flags.c_contiguous
+    np.testing.assert_array_equal(stored[5], stored[4])  # the last row again
+    np.testing.assert_array_equal(stored[:, 7], stored[:, 6])  # the last column again
+    unpadded = DatasetLayout.build(contract, DatasetOptions(cameras=CameraStorage.IMAGE))
+    np.testing.assert_array_equal(stored[:5, :7], unpadded.lerobot_frame(frame)["observation.images.cam"])
+    assert unpadded.lerobot_features()["observation.images.cam"]["shape"] == (5, 7, 3)  # PNGs keep their size
+    assert out["observation.images.depth"].shape == (5, 7, 1)
+
+
 def test_plain_dict_spec_with_lerobot_dtypes_and_missing_shapes() -> None:
     spec = {
         "features": {
