@@ -3,7 +3,8 @@
 - :class:`FaultyEnv` (factory :func:`faulty`): a tiny deterministic env that raises, hangs, crashes,
   prints to stdout or returns NaN at a chosen step, optionally only in the slot reset with
   ``fault_seed`` (so one slot of a batch misbehaves while the others go on); reset faults fire on
-  seeded resets only, so the sim still starts;
+  seeded resets only, so a sim started without a probe seed still starts (a pipeline's sim is probed
+  with its first task's seed: a ``fault_seed`` other than that one leaves its start alone);
 - :class:`ProbeEnv` (factory :func:`probe`): reports in its observation whether it runs on the
   main thread and how often its ``idle_hook`` ran, and reports success under a chosen ``info`` key;
 - :func:`broken_import`: a factory whose import fails, as a sim with a missing dependency would.
@@ -87,7 +88,7 @@ class FaultyEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
         self.t = 0
         self.seed_value = seed
         self._chatter("resetting")
-        seeded = seed is not None  # the bridge's unseeded sample reset at start-up stays healthy
+        seeded = seed is not None  # a start-up probe reset without a seed stays healthy
         if seeded and self._armed() and self.fault is Fault.RAISE_RESET:
             raise ValueError(f"FaultyEnv reset failed on purpose (seed {seed})")
         if seeded and self._armed() and self.fault is Fault.HANG_RESET:

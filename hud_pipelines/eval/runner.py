@@ -71,6 +71,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
     """
     sim = spec.sim
     build_args = dict(sim.args)
+    probe = (spec.tasks[0].seed, spec.tasks[0].options)  # the start-up reset's: an env's reset may need them
     return SimSettings(
         factory=spec.factory,
         build_args=build_args,
@@ -79,7 +80,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         startup_timeout_s=sim.startup_timeout_s,
         step_timeout_s=sim.step_timeout_s,
         busy_timeout_s=sim.busy_timeout_s,
-        options=tuple(sim.serve_options()) if sim.spawned else (),
+        options=tuple(sim.serve_options(probe)) if sim.spawned else (),
         servers=tuple(attached_servers(spec)),
         cwd=cwd,
         python=None if sim.python is None else spec.resolve_path(sim.python),

@@ -37,7 +37,7 @@ import numpy.typing as npt
 from hud_pipelines.contract import Contract, derive_env_contract, merge_contract, resolve_contract
 from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, TaskArgumentError, exception_line
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
-from hud_pipelines.sim.envs import ObservationBuffer, ReplicatedEnvs, SlotEnvs, VectorEnvs
+from hud_pipelines.sim.envs import ObservationBuffer, ProbeReset, ReplicatedEnvs, SlotEnvs, VectorEnvs
 from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
 from hud_pipelines.sim.screen import all_finite, screen_nonfinite
 from hud_pipelines.sim.slots import SlotBatch, every, some
@@ -51,7 +51,8 @@ class GymBridge:
     """Serve ``num_envs`` slots of the env that ``factory`` builds.
 
     ``hold`` is what a finished slot receives while the others keep stepping; ``bounds`` says what
-    happens to continuous actions outside the contract's bounds (see :mod:`hud_pipelines.sim.actions`).
+    happens to continuous actions outside the contract's bounds (see :mod:`hud_pipelines.sim.actions`);
+    ``probe`` is the reset whose observation the contract is derived from at start-up (:class:`ProbeReset`).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class GymBridge:
         contract_path: Path | None = None,
         hold: HoldMode = HoldMode.LAST,
         bounds: BoundsMode = BoundsMode.CLIP,
+        probe: ProbeReset | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -71,6 +73,7 @@ class GymBridge:
         self.contract_path = contract_path
         self.hold = hold
         self.bounds = bounds
+        self.probe = probe or ProbeReset()
         self.slots = SlotBatch(num_envs)
         self.operator_args: dict[str, Any] = dict(build_args or {})
         """The build arguments the sim was started with: every connection starts from these."""
@@ -118,7 +121,7 @@ class GymBridge:
 
     def start(self) -> Contract:
         """Build the envs and derive the contract (resolved against ``contract_path``)."""
-        self._build(self._build_args)
+        self._build(self._build_args, self.probe)
         return self.contract
 
     def close(self) -> None:
@@ -143,7 +146,7 @@ class GymBridge:
         if hook is not None:
             hook()
 
-    def _build(self, build_args: dict[str, Any]) -> None:
+    def _build(self, build_args: dict[str, Any], probe: ProbeReset) -> None:
         """(Re)build the envs; on any failure no envs are left half-built."""
         self.close()
         built: list[Any] = []
@@ -162,7 +165,7 @@ class GymBridge:
                 for _ in range(self.num_envs):
                     built.append(self.factory.build(build_args, 1))
                 envs = ReplicatedEnvs(built)
-            self._adopt(envs, build_args)
+            self._adopt(envs, build_args, probe)
         except BaseException:
             for env in built:
                 _close_quietly(env)
@@ -171,9 +174,9 @@ class GymBridge:
         self._build_args = build_args
         self._rebuild = False
 
-    def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any]) -> None:
+    def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any], probe: ProbeReset) -> None:
         """Derive the contract of freshly built envs and size every buffer from it."""
-        sample = envs.sample_observation()
+        sample = envs.probe(probe, when="at start-up" if self._contract is None else "of a rebuild")
         name = self.factory.name
         derived = derive_env_contract(
             envs.source, envs.single_observation_space, envs.single_action_space, sample, fallback_name=name
@@ -203,7 +206,7 @@ class GymBridge:
         """
         read = read_tasks(self.factory, self.num_envs, self.operator_args, tasks)
         # this reset's own arguments over the operator's: nothing an earlier reset asked for lingers
-        self._ensure_build({**self.operator_args, **read.build_args})
+        self._ensure_build({**self.operator_args, **read.build_args}, ProbeReset(read.seeds[0], read.options[0]))
         envs = self._require_envs()
         refuse_shared_seed(self.factory, envs, read.seeds)
         self.slots.begin(read.seeds)
@@ -319,14 +322,15 @@ class GymBridge:
             raise RuntimeError("the bridge has not started; call start() first")
         return self._envs
 
-    def _ensure_build(self, wanted: dict[str, Any]) -> None:
-        """Rebuild the envs when ``wanted`` differs from the current build (or after an env fault)."""
+    def _ensure_build(self, wanted: dict[str, Any], probe: ProbeReset) -> None:
+        """Rebuild the envs when ``wanted`` differs from the current build (or after an env fault), probed
+        with the reset's own first slot's arguments (the tasks it rebuilds for may need theirs)."""
         if self._envs is not None and not self._rebuild and wanted == self._build_args:
             return
         if wanted != self._build_args:
             log.info("rebuilding %s with %s", self.factory.name, wanted)
         try:
-            self._build(wanted)
+            self._build(wanted, probe)
         except BaseException:
             self.slots.fail_running(f"building the env with {wanted} failed")
             raise

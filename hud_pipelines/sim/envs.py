@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.contract.observations import flatten_observation, leaves, observation_row, to_numpy
-from hud_pipelines.errors import ContractError, TaskArgumentError
+from hud_pipelines.errors import ContractError, EnvFault, Phase, TaskArgumentError
 from hud_pipelines.sim.slots import every
 from hud_pipelines.sim.step_values import flag, flags, reward_of, success_of, vector_success
 
@@ -36,6 +36,23 @@ IDLE_HOOK = "idle_hook"
 """An env method of this name, if present, is run by the sim's main thread between requests."""
 
 ObservationBuffer = dict[str, npt.NDArray[Any]]
+
+
+@dataclass(frozen=True)
+class ProbeReset:
+    """The arguments of the reset that samples one observation of freshly built envs, to derive the contract from.
+
+    An env whose ``reset`` needs its task's options (``options["difficulty"]``) cannot start from a
+    reset without them: a pipeline's sim probes with its first task's seed and options (``hud-pipelines
+    serve --probe-seed --probe-options``), a reset that rebuilds the envs with its own first slot's.
+    Either way a sim is probed the same way every time it starts, so its contract is too.
+    """
+
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+
+    def __str__(self) -> str:
+        return f"env.reset(seed={self.seed!r}, options={self.options!r})"
 
 
 @dataclass
@@ -88,8 +105,23 @@ class SlotEnvs(ABC):
         """The torch device of a torch-native env (its observations are tensors), else ``None``."""
 
     @abstractmethod
-    def sample_observation(self) -> object:
-        """One unbatched observation (after an unseeded reset), for contract derivation."""
+    def sample_observation(self, probe: ProbeReset) -> object:
+        """One unbatched observation (after a reset with ``probe``'s arguments), for contract derivation."""
+
+    def probe(self, probe: ProbeReset, *, when: str) -> object:
+        """:meth:`sample_observation`; an error of the env's says it was the probe reset, ``when``, and its
+        arguments: the episodes' resets come later, with each slot's own seed and options."""
+        try:
+            return self.sample_observation(probe)
+        except Exception as exc:  # the env's own code: its traceback (formatted) says where
+            raise EnvFault(
+                Phase.RESET,
+                f"the probe reset {when}, {probe}, which samples one observation to derive the contract, raised "
+                f"{type(exc).__name__}: {exc} (a pipeline probes with its first task's seed and options; "
+                "hud-pipelines serve takes them as --probe-seed and --probe-options)",
+                slot=None,
+                formatted=traceback.format_exc(),
+            ) from exc
 
     @abstractmethod
     def reset(self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer) -> Started:
@@ -208,8 +240,8 @@ class ReplicatedEnvs(SlotEnvs):
         first = self.envs[0]
         return _idle_hook_of(first, getattr(first, "unwrapped", None))
 
-    def sample_observation(self) -> object:
-        observation, _ = self.envs[0].reset()
+    def sample_observation(self, probe: ProbeReset) -> object:
+        observation, _ = self.envs[0].reset(seed=probe.seed, options=probe.options)
         self.device = torch_device_of(self.envs[0], observation)
         return observation
 
@@ -263,8 +295,9 @@ class VectorEnvs(SlotEnvs):
     def idle_hook(self) -> Any:
         return _idle_hook_of(self.env, getattr(self.env, "unwrapped", None))
 
-    def sample_observation(self) -> object:
-        observation, _ = self.env.reset()
+    def sample_observation(self, probe: ProbeReset) -> object:
+        seeds = [probe.seed] * self.num_slots
+        observation, _ = self.env.reset(seed=self._seed_argument(seeds), options=probe.options)
         self.device = torch_device_of(self.env, observation)
         return observation_row(observation, 0)
 

@@ -33,11 +33,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import EnvFault, HudPipelinesError
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.sim.bridge import GymBridge
+from hud_pipelines.sim.envs import ProbeReset
 from hud_pipelines.sim.main_thread import MainThreadExecutor
 from hud_pipelines.sim.server import DEFAULT_IDLE_TIMEOUT_S, SimServer
+from hud_pipelines.sim.tasks import is_options
 from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
 
 log = logging.getLogger("hud_pipelines.sim")
@@ -86,6 +88,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a build argument for the factory (repeatable; JSON values)",
     )
     parser.add_argument(
+        "--probe-seed",
+        type=int,
+        default=None,
+        help="seed of the reset that samples one observation at start-up, for the contract (a pipeline gives its "
+        "first task's seed; default: none)",
+    )
+    parser.add_argument(
+        "--probe-options",
+        type=_probe_options,
+        default=None,
+        metavar="JSON",
+        help="reset options of that reset, a JSON object, for an env whose reset needs them (a pipeline gives its "
+        "first task's options)",
+    )
+    parser.add_argument(
         "--token", default=None, help=f"capability token clients must present (default ${TOKEN_ENV}, else random)"
     )
     parser.add_argument(
@@ -118,6 +135,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-level", default="INFO", help="of the server's log on stderr: DEBUG, INFO, WARNING, ERROR (default: INFO)"
     )
     parser.add_argument("--parent-watch", action="store_true", help=argparse.SUPPRESS)
+
+
+def _probe_options(text: str) -> dict[str, Any]:
+    """``--probe-options``: a JSON object (reset options are a map the env reads keys of)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
+    if not is_options(value):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _token(given: str | None) -> str:
@@ -155,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
             contract_path=args.contract,
             hold=HoldMode(args.hold),
             bounds=BoundsMode(args.bounds),
+            probe=ProbeReset(args.probe_seed, args.probe_options),
         )
         bridge.start()
         executor.idle_hook = bridge.run_idle_hook if bridge.idle_hook() is not None else None
@@ -186,6 +215,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.info("interrupted")
         return 0
+    except EnvFault as exc:  # the env's own code raised (its probe reset): the traceback says where
+        log.error("%s\n%s", exc, exc.formatted)
+        _report_fatal(exc)
+        return EXIT_FAILED
     except HudPipelinesError as exc:
         log.error("%s", exc)
         _report_fatal(exc)

@@ -98,11 +98,11 @@ def _seed(value: object, slot: int) -> int | None:
 
 
 def _options(value: object, slot: int) -> dict[str, Any] | None:
-    if value is None or _is_options(value):
+    if value is None or is_options(value):
         return value
     raise TaskArgumentError(f"slot {slot}: options must be a map or null, got {value!r}")
 
 
-def _is_options(value: object) -> TypeGuard[dict[str, Any]]:
+def is_options(value: object) -> TypeGuard[dict[str, Any]]:
     """Reset options are a map; the env reads its keys."""
     return isinstance(value, dict)

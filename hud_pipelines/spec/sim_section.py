@@ -10,6 +10,8 @@ dump as written) are the largest of any section and concern only the sim.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Self, cast
 
 from pydantic import Field, SecretStr, SerializerFunctionWrapHandler, model_serializer, model_validator
@@ -244,6 +246,12 @@ class SimSpec(StrictModel):
         """The pipeline starts (and owns) the sim, rather than attaching to one served elsewhere."""
         return self.factory is not None
 
-    def serve_options(self) -> list[str]:
-        """Command-line options of ``hud-pipelines serve`` that carry this spec's sim-side settings."""
-        return ["--hold", self.hold.value, "--bounds", self.bounds.value]
+    def serve_options(self, probe: tuple[int, Mapping[str, Any]] | None = None) -> list[str]:
+        """Command-line options of ``hud-pipelines serve`` that carry this spec's sim-side settings; ``probe``: the
+        seed and options of the start-up reset that samples an observation to derive the contract (a pipeline's
+        first task's, since an env's ``reset`` may need them)."""
+        options = ["--hold", self.hold.value, "--bounds", self.bounds.value]
+        if probe is not None:
+            seed, reset_options = probe
+            options += ["--probe-seed", str(seed), "--probe-options", json.dumps(dict(reset_options))]
+        return options

@@ -21,7 +21,7 @@ from hud_pipelines.contract import action_feature
 from hud_pipelines.errors import ActionError, ContractError, EnvFault, Phase, SlotStateError, TaskArgumentError
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.bridge import GymBridge
-from hud_pipelines.sim.envs import ReplicatedEnvs, VectorEnvs
+from hud_pipelines.sim.envs import ProbeReset, ReplicatedEnvs, SlotEnvs, VectorEnvs
 from hud_pipelines.sim.factory import resolve_factory
 from hud_pipelines.sim.slots import SlotState
 from hud_pipelines.sim.step_values import success_of, vector_success
@@ -37,6 +37,10 @@ from tests.conftest import (
     plain_vector_env,
 )
 from tests.seeding import FIRST, SEEDS, assert_honest_seeds
+from tests.sim.probe_sims import NeedsOptions
+
+NEEDS_OPTIONS = "tests.sim.probe_sims:needs_options"
+NEEDS_OPTIONS_VECTOR = "tests.sim.probe_sims:needs_options_vector"
 
 PUSHT = "gym_pusht/PushT-v0"
 PUSHT_ARGS = {"obs_type": "pixels_agent_pos", "max_episode_steps": 12}
@@ -494,6 +498,42 @@ def test_a_changed_build_argument_rebuilds_the_env() -> None:
         bridge.reset([{"seed": 1}])  # no build argument: back to the operator's build
         assert bridge.envs is not rebuilt
         assert bridge.build_args == {}
+
+
+def first_env_resets(envs: SlotEnvs) -> list[tuple[int | None, dict[str, Any] | None]]:
+    """The ``(seed, options)`` of every reset the first env of ``envs`` got (a vector env's first sub-env)."""
+    first = envs.envs[0] if isinstance(envs, ReplicatedEnvs) else cast(VectorEnvs, envs).env.envs[0]
+    assert isinstance(first, NeedsOptions)
+    return first.resets
+
+
+@pytest.mark.parametrize("factory", [NEEDS_OPTIONS, NEEDS_OPTIONS_VECTOR])
+def test_an_env_whose_reset_needs_options_starts_from_the_probe_reset_it_is_given(factory: str) -> None:
+    with GymBridge(factory, 2, probe=ProbeReset(seed=7, options={"difficulty": 0.3})) as bridge:
+        built = bridge.envs
+        assert first_env_resets(built) == [(7, {"difficulty": 0.3})]  # the probe, before any episode
+        reply = bridge.reset([{"seed": slot, "options": {"difficulty": 0.5}} for slot in range(2)])
+        assert reply.status == ["running", "running"]
+        np.testing.assert_array_equal(reply.observation["state"], np.full((2, 2), 0.5, np.float32))
+
+        # a reset that rebuilds the envs probes them with its own first slot's seed and options
+        bridge.reset([{"seed": 4 + slot, "size": 2, "options": {"difficulty": 0.9}} for slot in range(2)])
+        assert bridge.envs is not built
+        assert first_env_resets(bridge.envs)[0] == (4, {"difficulty": 0.9})
+
+
+def test_a_probe_reset_that_raises_says_it_was_the_probe_and_with_which_arguments() -> None:
+    bridge = GymBridge(NEEDS_OPTIONS, 2, probe=ProbeReset(seed=3, options={"level": 1}))
+    with pytest.raises(EnvFault) as caught:
+        bridge.start()
+    assert str(caught.value).startswith(
+        "the probe reset at start-up, env.reset(seed=3, options={'level': 1}), which samples one observation to "
+        "derive the contract, raised KeyError: \"reset needs options['difficulty']\""
+    )
+    assert "--probe-options" in str(caught.value)
+    assert "probe_sims.py" in caught.value.formatted  # the env's own traceback, for the line that raised
+    with pytest.raises(EnvFault, match=r"env\.reset\(seed=None, options=None\)"):
+        GymBridge(NEEDS_OPTIONS, 1).start()  # no probe given: the reset of old, without arguments
 
 
 def test_unknown_or_inconsistent_task_arguments_are_refused() -> None:

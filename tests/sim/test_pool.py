@@ -97,3 +97,25 @@ def test_what_runs_on_the_contracts_sim_may_fail_without_losing_the_contract_and
         assert pool.spawned == 2
     finally:
         pool.close()
+
+
+def test_a_pipelines_sim_whose_reset_needs_options_starts_probed_with_its_first_tasks() -> None:
+    """The child's start-up reset (it samples the contract's observation) gets the first task's seed and options."""
+    from pathlib import Path
+
+    from hud_pipelines.eval.runner import sim_settings
+    from hud_pipelines.spec.models import PipelineSpec
+
+    spec = PipelineSpec.model_validate(
+        {
+            "name": "needs_options",
+            "sim": {"factory": f"{Path(__file__).with_name('probe_sims.py')}:needs_options", "num_envs": 2},
+            "agent": {"policy": {"kind": "random"}},
+            "tasks": [{"seed": 3, "options": {"difficulty": 0.25}}],
+        }
+    )
+    with SimPool(sim_settings(spec)) as pool:
+        assert pool.contract().observation_features["state"].shape == (2,)
+        with pool.sim() as live:
+            reply = live.client.reset(spec.slot_tasks(0, 0))
+            assert reply.observation["state"].tolist() == [[0.25, 0.25], [0.25, 0.25]]

@@ -433,3 +433,26 @@ def test_the_server_never_negotiates_compression(probe_sim: SimProcess) -> None:
     with connect(probe_sim.url, additional_headers={"Authorization": f"Bearer {probe_sim.token}"}) as ws:
         assert ws.response is not None
         assert ws.response.headers.get("Sec-WebSocket-Extensions") is None  # the client offered permessage-deflate
+
+
+def test_a_served_sim_whose_reset_needs_options_takes_them_for_its_probe_and_says_so_without(spawn: Spawn) -> None:
+    """``hud-pipelines serve --probe-seed --probe-options``: what a pipeline gives the children it spawns."""
+    factory = f"{Path(__file__).with_name('probe_sims.py')}:needs_options"
+    sim = spawn(factory, options=("--probe-seed", "2", "--probe-options", '{"difficulty": 0.5}'))
+    with sim.connect() as client:
+        assert client.contract.observation_features["state"].shape == (2,)
+    with pytest.raises(SimStartError) as caught:
+        spawn(factory, options=("--probe-seed", "2"))
+    assert caught.value.child_error is not None
+    assert caught.value.child_error.startswith(
+        "EnvFault: the probe reset at start-up, env.reset(seed=2, options=None), which samples one observation to "
+        "derive the contract, raised KeyError: \"reset needs options['difficulty']\""
+    )
+    source = Path(factory.partition(":")[0]).read_text().splitlines()
+    line = next(number for number, text in enumerate(source, 1) if "raise KeyError" in text)
+    assert caught.value.child_error.endswith(f"probe_sims.py:{line} in reset)"), "the env's line, from its traceback"
+    refused = subprocess.run(
+        serve_command(factory, "--probe-options", "[1]"), capture_output=True, timeout=60, check=False
+    )
+    assert refused.returncode == 2
+    assert "--probe-options: expected a JSON object, got '[1]'" in refused.stderr.decode()

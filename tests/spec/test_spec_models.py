@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +242,20 @@ def test_spec_hash_is_stable_and_follows_content(tmp_path: Path) -> None:
 
 def test_serve_options_carry_hold_and_bounds() -> None:
     s = spec(sim={"factory": "CartPole-v1", "hold": "zero", "bounds": "error"})
-    assert s.sim.serve_options() == ["--hold", "zero", "--bounds", "error"]
+    assert s.sim.serve_options()[:4] == ["--hold", "zero", "--bounds", "error"]
+
+
+def test_a_spawned_sim_is_probed_with_the_first_tasks_seed_and_options_and_nothing_else_records_them() -> None:
+    """An env whose reset needs its task's options must get them in the reset that samples its contract."""
+    from hud_pipelines.eval.runner import sim_settings
+
+    tasks = [{"seed": 40, "options": {"difficulty": 0.3}}, {"name": "hard", "seed": 9, "options": {"difficulty": 1}}]
+    s = spec(tasks=tasks)
+    assert sim_settings(s).options[4:] == ("--probe-seed", "40", "--probe-options", '{"difficulty": 0.3}')
+    assert sim_settings(spec()).options[4:] == ("--probe-seed", "0", "--probe-options", "{}")
+    assert s.sim.serve_options() == ["--hold", s.sim.hold.value, "--bounds", s.sim.bounds.value], "no probe asked"
+    assert s.rollout_hash == spec(tasks=tasks).rollout_hash  # the tasks are hashed; the probe adds nothing
+    assert "probe" not in json.dumps(s.model_dump(mode="json"))
 
 
 def test_a_key_added_later_leaves_the_rollout_hash_of_a_pipeline_that_does_not_set_it_as_it_was() -> None:
