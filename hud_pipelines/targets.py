@@ -1,16 +1,20 @@
 """Load what a ``module:attribute`` or ``path/to/file.py:attribute`` target names.
 
 Pipelines name sim factories, scripted controllers, torch modules and graders this way. A relative
-file path is read from ``base_dir`` (the YAML's directory). A module that is not importable from
-``sys.path`` is looked up in ``base_dir``, its parents and the working directory, because a pipeline
-usually sits in a project whose own packages (``envs/`` for example) are not installed. Every
-failure is raised as the caller's error type, naming the target and, for a missing attribute, the
-closest names the module has. This module is light: the sim child imports it.
+file path is read from ``base_dir`` (the YAML's directory). A module is the project's own first: a
+pipeline usually sits in a project whose packages (``envs/`` for example) are not installed, and the
+folder among ``base_dir``, its parents and the working directory that holds the module's top-level
+package goes first on ``sys.path`` (:func:`project_first`), as ``python -m`` puts the working
+directory first; otherwise a package of the same name that ``sys.path`` already reaches (an editable
+install's checkout, an installed one) would win, in one process and not in another. Every failure
+is raised as the caller's error type, naming the target and, for a missing attribute, the closest
+names the module has. This module is light: the sim child imports it.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import hashlib
 import importlib
@@ -50,18 +54,55 @@ def load_target(
 
 
 def _import(module_name: str, spec: str, base: Path, error: type[HudPipelinesError], what: str) -> Any:
+    clash = project_first(module_name, base)
+    if clash is not None:
+        raise error(f"{what} {spec!r}: cannot import module {module_name!r}: {clash}")
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         top = module_name.split(".", 1)[0]
         if exc.name is None or exc.name.split(".", 1)[0] != top:
             raise error(f"{what} {spec!r}: importing {module_name!r} failed: {exc}") from exc
-        for root in (base, *base.parents, Path.cwd()):
-            if (root / top).is_dir() or (root / f"{top}.py").is_file():
-                if str(root) not in sys.path:
-                    sys.path.insert(0, str(root))
-                return importlib.import_module(module_name)
         raise error(f"{what} {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+
+
+def project_root(top: str, base: Path) -> Path | None:
+    """The project folder a target's top-level module ``top`` is found in: the first of ``base`` (the YAML's
+    folder), its parents and the working directory holding ``top.py`` or a ``top/`` package (``None``: none does)."""
+    for root in (base, *base.parents, Path.cwd()):
+        if (root / top).is_dir() or (root / f"{top}.py").is_file():
+            return root
+    return None
+
+
+def project_first(module_name: str, base: Path) -> str | None:
+    """Put the project folder of ``module_name`` (:func:`project_root`) first on ``sys.path``, so the project's
+    own package wins over one of the same name elsewhere; why the module this process already holds under its
+    top-level name is another one (``None``: it is the project's, none is held yet, or the project has none).
+
+    The process and the sim child import a target the same way, whatever imported first: ``hud-pipelines``
+    (a console script) puts no working directory on ``sys.path``, ``python -m`` does, and an editable install
+    puts its checkout there, whose own ``envs`` package would shadow a project's ``envs``.
+    """
+    top = module_name.split(".", 1)[0]
+    root = project_root(top, base)
+    if root is None:
+        return None
+    with contextlib.suppress(ValueError):
+        sys.path.remove(str(root))
+    sys.path.insert(0, str(root))
+    held = sys.modules.get(top)
+    own = root / top if (root / top / "__init__.py").is_file() else root / f"{top}.py"
+    if held is None or not own.exists():  # a namespace folder: any regular package of the name wins, as in Python
+        return None
+    places = [str(place) for place in getattr(held, "__path__", None) or [getattr(held, "__file__", None)] if place]
+    if any(Path(place).resolve() == own.resolve() for place in places):
+        return None
+    where = ", ".join(places) or "nowhere on disk"
+    return (
+        f"the project's {top!r} is {own}, but this process imported {top!r} from {where} before (one module per "
+        "name: an installed package or another checkout of that name); rename one of them"
+    )
 
 
 def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesError], what: str) -> Any:
@@ -106,7 +147,8 @@ def target_sources(spec: str, base_dir: Path) -> list[Path]:
     relative one within its package; package ``__init__`` files count. The standard library and installed
     packages are not followed (their versions are recorded instead), nor is code found nowhere here: ``[]``
     for a registry id or a module only a sim's own interpreter sees. Looked up as :func:`load_target`
-    imports: ``sys.path`` first, then ``base_dir``, its parents and the working directory.
+    imports: the project's folder of the module first (:func:`project_first`), then ``sys.path``, ``base_dir``,
+    its parents and the working directory.
     """
     module_part, sep, _ = spec.rpartition(":")
     if not sep or not module_part:
@@ -246,7 +288,14 @@ def code_digest(file: Path) -> str:
 
 
 def _module_file(parts: list[str], base: Path) -> Path | None:
-    for root in (*(Path(entry) for entry in sys.path), base, *base.parents, Path.cwd()):
+    project = project_root(parts[0], base)  # where the import finds it (project_first), so its file is digested
+    for root in (
+        *([project] if project else []),
+        *(Path(entry) for entry in sys.path),
+        base,
+        *base.parents,
+        Path.cwd(),
+    ):
         where = root.joinpath(*parts)
         for candidate in (where.parent / f"{where.name}.py", where / "__init__.py"):
             if candidate.is_file():

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hud_pipelines.targets import load_target
+from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.spec.target_check import target_problem
+from hud_pipelines.targets import load_target, target_sources
 
 
 @pytest.fixture(name="folder")
@@ -63,3 +69,64 @@ def _write(folder: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
+
+
+def _clashing_checkout(folder: Path) -> tuple[Path, Path]:
+    """A project with its own ``clash_pkg`` package, and another checkout on ``sys.path`` holding one of that name
+    (as an editable install's checkout holds ``envs``): ``(project, checkout)``."""
+    _write(
+        folder,
+        {
+            "checkout/clash_pkg/__init__.py": "",
+            "checkout/clash_pkg/controllers.py": "WHOSE = 'the checkout'\n",
+            "project/clash_pkg/__init__.py": "",
+            "project/clash_pkg/controllers.py": "WHOSE = 'the project'\n",
+            "project/clash_pkg/mine.py": "WHOSE = 'the project, only'\n",
+            "project/pipelines/.keep": "",
+        },
+    )
+    sys.path.append(str(folder / "checkout"))  # where a .pth file puts it: after the interpreter's own paths
+    return folder / "project", folder / "checkout"
+
+
+def test_a_projects_own_package_wins_over_one_of_the_same_name_already_on_sys_path(folder: Path) -> None:
+    """As ``python -m`` puts the working directory first; a console script does not, and the checkout won."""
+    project, _ = _clashing_checkout(folder)
+    pipelines = project / "pipelines"
+    assert load_target("clash_pkg.mine:WHOSE", base_dir=pipelines) == "the project, only"
+    assert load_target("clash_pkg.controllers:WHOSE", base_dir=pipelines) == "the project"
+    assert sys.path[0] == str(project)
+    assert target_sources("clash_pkg.controllers:WHOSE", pipelines)[0] == project / "clash_pkg" / "controllers.py"
+    assert target_problem("clash_pkg.mine:WHOSE", pipelines) is None, "validate finds what the run imports"
+
+
+def test_a_package_of_the_projects_name_imported_from_elsewhere_before_is_named_not_used(folder: Path) -> None:
+    project, checkout = _clashing_checkout(folder)
+    assert load_target("clash_pkg.controllers:WHOSE", base_dir=checkout) == "the checkout"
+    said = (
+        f"cannot import module 'clash_pkg.controllers': the project's 'clash_pkg' is {project / 'clash_pkg'}, but "
+        f"this process imported 'clash_pkg' from {checkout / 'clash_pkg'} before"
+    )
+    with pytest.raises(HudPipelinesError, match=re.escape(said)):
+        load_target("clash_pkg.controllers:WHOSE", base_dir=project / "pipelines")
+    assert target_problem("clash_pkg.controllers:WHOSE", project / "pipelines") == (
+        f"{said} (one module per name: an installed package or another checkout of that name); rename one of them"
+    )
+
+
+def test_a_console_script_sim_server_imports_the_projects_package_too(folder: Path) -> None:
+    """``hud-pipelines serve`` (a console script: no working directory on ``sys.path``) run in a project."""
+    project, checkout = _clashing_checkout(folder)
+    _write(
+        project, {"clash_pkg/sims.py": "import gymnasium as gym\n\n\ndef make():\n    return gym.make('CartPole-v1')\n"}
+    )
+    command = [str(Path(sys.executable).parent / "hud-pipelines"), "serve", "clash_pkg.sims:make"]
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    process = subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        ready = process.stdout.readline()
+        assert json.loads(ready or b"{}").get("url", "").startswith("ws://"), process.stderr and process.stderr.read()
+    finally:
+        process.kill()
+        process.communicate(timeout=20)

@@ -44,8 +44,6 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
     paths: list[Path] = list(args.paths) or [default_pipelines_dir()]  # where run and the code location look
     deep: bool = args.deep
-    if deep:
-        _put_cwd_on_path()
     specs, problems = collect_pipelines(paths, deep=deep)
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in problems]
     # the folder the code location serves, given or by default: every name of the deployment file must be one of its
@@ -124,14 +122,6 @@ def _episodes(spec: PipelineSpec) -> str:
     waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
     incomplete = f"; not complete yet: {waiting}" if waiting else ""
     return f"{per_checkpoint} x {count} checkpoint(s) found now = {spec.scheduled_slots * count}{incomplete}"
-
-
-def _put_cwd_on_path() -> None:
-    # `module:callable` targets name modules of the project (envs.controllers:...); a console script
-    # does not put the working directory on sys.path the way `python -m` does.
-    cwd = str(Path.cwd())
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
 
 
 def add_schema_arguments(parser: argparse.ArgumentParser) -> None:

@@ -325,7 +325,7 @@ def _policy_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem
     where: KeyPath = ("agent", "policy")
     problems: list[Problem] = []
     if isinstance(policy, ScriptedPolicyConfig | TorchPolicyConfig):
-        message = target_problem(policy.target)
+        message = target_problem(policy.target, spec.base_dir)
         if message is not None:
             problems.append(document.problem((*where, "target"), message))
         else:
@@ -364,7 +364,7 @@ def _grader_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem
     problems: list[Problem] = []
     for index, grader in enumerate(spec.resolved_graders()):
         if isinstance(grader, CallableGrader):
-            message = target_problem(grader.target)
+            message = target_problem(grader.target, spec.base_dir)
             if message is not None:
                 problems.append(document.problem(("graders", index, "target"), message))
     return problems

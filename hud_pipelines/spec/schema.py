@@ -94,9 +94,14 @@ resolves the sim factory, the policy and grader import paths and the files the s
   empty). `$${` writes a literal `${`. A value that must be a number may be a reference
   (`num_envs: ${N:-4}`); editors flag such a line, `validate` accepts it.
 - **Paths** (`sim.contract`, `path/to/file.py:callable` targets, checkpoints, LeRobot folders) are
-  relative to the YAML file's directory; `module:callable` targets are imported from the Python
-  path, which starts with the project root: the directory `hud-pipelines` runs from, which also
-  holds `outputs/`, `.dagster_home/` and a relative `dataset.root`. A `file.py:callable` target is
+  relative to the YAML file's directory; `module:callable` targets are the project's own first: the
+  nearest of the YAML file's directory, its parents and the project root (the directory
+  `hud-pipelines` runs from, which also holds `outputs/`, `.dagster_home/` and a relative
+  `dataset.root`) that holds the module's top-level package goes first on the Python path, as
+  `python -m` puts the working directory first, so the project's `envs/` wins over an `envs`
+  package installed (or of an editable install's checkout), in the run, its sim children and
+  `validate` alike; a process that imported another package of that name first refuses it, naming
+  both. Other modules come from the Python path. A `file.py:callable` target is
   loaded as a script is: the files beside it import too (its folder goes last on the path, so it
   shadows no installed module). A file beside it whose name another module already takes (an
   installed package, or the file of that name beside another pipeline loaded in the same process)

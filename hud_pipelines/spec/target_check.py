@@ -16,22 +16,24 @@ import pkgutil
 from pathlib import Path
 
 from hud_pipelines.spec.problems import did_you_mean
-from hud_pipelines.targets import shadowed_sibling
+from hud_pipelines.targets import project_first, shadowed_sibling
 
 _BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.With, ast.For, ast.While)
 
 
-def target_problem(target: str) -> str | None:
+def target_problem(target: str, base_dir: Path | None = None) -> str | None:
     """Why ``target`` cannot be imported, or ``None`` when it names an existing attribute.
 
-    A ``file.py`` part must already be absolute (see ``PipelineSpec.resolve_target``).
+    A ``file.py`` part must already be absolute (see ``PipelineSpec.resolve_target``). A module is looked
+    for as a run imports it (:func:`~hud_pipelines.targets.project_first`, from ``base_dir``: the YAML's
+    folder; default the working directory), so validation says what the run will meet.
     """
     module_part, sep, attribute = target.rpartition(":")
     if not sep or not module_part or not attribute.isidentifier():
         return f"expected 'module:attribute' or 'path/to/file.py:attribute', got {target!r}"
     if module_part.endswith(".py"):
         return _file_problem(Path(module_part), attribute)
-    return _module_problem(module_part, attribute)
+    return _module_problem(module_part, attribute, (base_dir or Path.cwd()).resolve())
 
 
 def missing_file_problem(path: Path) -> str | None:
@@ -65,7 +67,10 @@ def _file_problem(path: Path, attribute: str) -> str | None:
     return _attribute_problem(str(path), attribute, names)
 
 
-def _module_problem(module_name: str, attribute: str) -> str | None:
+def _module_problem(module_name: str, attribute: str, base: Path) -> str | None:
+    clash = project_first(module_name, base)
+    if clash is not None:
+        return f"cannot import module {module_name!r}: {clash}"
     try:
         spec = importlib.util.find_spec(module_name)
     except ModuleNotFoundError as exc:
