@@ -272,7 +272,7 @@ class LockstepRun:
     def _policy_failed(self, what: str, exc: Exception, slots: npt.NDArray[np.intp]) -> _PolicyFailed:
         """The failure a policy's exception ends the running episodes with: its deadline's, or its own words
         and the user's line that raised it (logged once per run)."""
-        if fault_of(exc).ends_instance:  # a deadline, the policy server lost, the run aborted: said as it is
+        if fault_of(exc) in _NOT_THE_POLICYS:  # a deadline, its server lost, the run aborted (a wire error is its)
             return _PolicyFailed(str(exc), fault_of(exc))
         where = raised_at(exc)  # the user's line, on the one line every report keeps
         reason = f"{what}: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
@@ -354,6 +354,9 @@ class LockstepRun:
         """The caller's own reason when it stopped the run on purpose, else the failure as seen."""
         cause = self.stop_cause() if self.stop_cause is not None else None
         return cause if cause is not None else (reason, fault)
+
+
+_NOT_THE_POLICYS = frozenset({Fault.POLICY_TIMEOUT, Fault.POLICY_LINK, Fault.ROLLOUT_TIMEOUT, Fault.INTERRUPTED})
 
 
 class _RunFailed(Exception):

@@ -133,7 +133,8 @@ def run_pipeline(
     with dg.DagsterInstance.get() as instance:  # another run of this pipeline at once does the same work again
         for overlap in overlapping_runs(instance, spec.name):
             console.print(Text(f"warning: {overlap}", style="yellow"), soft_wrap=True)
-    tags = {**tags, **launcher_tags()}
+    run_id = str(uuid.uuid4())
+    tags = {**tags, **launcher_tags(run_id)}
     if waiting:  # a checkpoint still being written, or missing a file: said, not silently left out
         console.print(Text(f"not evaluated yet (incomplete checkpoints): {waiting}", style="yellow"), soft_wrap=True)
     if kept:
@@ -143,7 +144,6 @@ def run_pipeline(
     # Dagster's console logger would print every failure with a stack trace; the summary below says
     # what failed in a line each, and the full event log stays in the instance (`dagster dev`).
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-    run_id = str(uuid.uuid4())
     finished: list[str] = []
     result: ExecutionResult | None = None
     with catching_interrupts() as received:

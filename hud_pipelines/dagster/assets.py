@@ -200,7 +200,7 @@ def _build(
                         asset_key=instances_key, metadata=asset_metadata.instances_on_disk(effective, outputs)
                     )
                 return
-            tag_running(context)  # a later `hud-pipelines run` of this pipeline then warns that this one runs
+            tag_running(context, name)  # a later `hud-pipelines run` of this pipeline then warns that this one runs
             run_id = context.run.run_id
 
             def on_result(result: InstanceResult) -> None:

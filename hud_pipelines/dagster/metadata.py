@@ -116,7 +116,7 @@ def instances_metadata(
 def instances_on_disk(spec: PipelineSpec, outputs: EvalOutputs) -> dict[str, Any]:
     """The ``instances`` asset of a run that ran no rollouts: Dagster's "Materialize all" backfills the
     partitioned rollouts in a run of their own and what follows them in another, which grades what those
-    left on disk; its table is each instance's current result there."""
+    left on disk; its table is each instance's latest result there (the grades judge which are current)."""
     found = [outputs.result(key) for key in ([] if spec.is_sweep else spec.partition_keys())]
     results = [InstanceResult.read(path) for path in found if path.is_file()]
     table = instances_metadata(outputs, "", results, {})
@@ -124,7 +124,7 @@ def instances_on_disk(spec: PipelineSpec, outputs: EvalOutputs) -> dict[str, Any
     return {
         **table,
         "ran": 0,
-        "note": "no rollouts ran in this run: the instances' current results, which the grades judge",
+        "note": "no rollouts ran in this run: each instance's latest result on disk (the grades judge which count)",
     }
 
 

@@ -1,11 +1,12 @@
-"""Runs of one pipeline that overlap: a ``hud-pipelines run`` says when another run of the same pipeline runs.
+"""Runs of one pipeline that overlap: a run says when another run of the same pipeline runs.
 
 Two runs of one pipeline at once run the same instances: each writes every instance's result whole, and the
 one that finishes an instance last keeps it, so nothing is mixed, but the work is done twice and each run's
 summary shows the other's rows as "earlier runs". A run carries the host and process id that run it as tags,
 which tell a live run from one a killed process left as STARTED in the instance: ``hud-pipelines run`` tags
 its run as it launches it, and the eval step tags every run (launched from the CLI, the UI, a sensor, a
-schedule, ``dagster job execute``) with its own process when it starts.
+schedule, ``dagster job execute``) with its pipeline and its own process when it starts. The tags name the
+run they were written for: a re-execution copies its parent's, which say nothing of it.
 """
 
 from __future__ import annotations
@@ -20,55 +21,65 @@ from hud_pipelines.sim.process import proc_stat
 
 HOST_TAG = "hud_pipelines/host"
 PID_TAG = "hud_pipelines/pid"
+PID_RUN_TAG = "hud_pipelines/pid_run"
+PIPELINE_TAG = "hud_pipelines/pipeline"
 LAUNCHER_TAG = "hud_pipelines/launcher"
 CLI_LAUNCHER = "hud-pipelines run"
 IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 
 
-def launcher_tags() -> dict[str, str]:
-    """The tags that tell this process's ``hud-pipelines run`` from a dead one's."""
-    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), LAUNCHER_TAG: CLI_LAUNCHER}
+def launcher_tags(run_id: str) -> dict[str, str]:
+    """The tags that tell this process's ``hud-pipelines run`` (of run ``run_id``) from a dead one's."""
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_RUN_TAG: run_id, LAUNCHER_TAG: CLI_LAUNCHER}
 
 
-def tag_running(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> None:
-    """Tag the run with this process, the one that runs its instances (a re-execution may carry its parent's),
-    and warn in its log of another live run of the pipeline (launched from the UI twice, say)."""
-    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+def tag_running(context: dg.OpExecutionContext | dg.AssetExecutionContext, pipeline: str) -> None:
+    """Tag the run with its pipeline and this process, the one that runs its instances (a backfill names its
+    runs for no pipeline), and warn in its log of another live run of the pipeline (two launches in the UI)."""
+    run_id = context.run.run_id
+    tags = {PIPELINE_TAG: pipeline, HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_RUN_TAG: run_id}
     if any(context.run.tags.get(key) != value for key, value in tags.items()):
-        context.instance.add_run_tags(context.run.run_id, tags)
-    for overlap in overlapping_runs(context.instance, context.run.job_name, excluding=context.run.run_id):
+        context.instance.add_run_tags(run_id, tags)
+    for overlap in overlapping_runs(context.instance, pipeline, excluding=run_id):
         context.log.warning(overlap)
 
 
 def unfinished_runs(instance: dg.DagsterInstance, pipeline: str) -> list[dg.DagsterRun]:
     """The runs of ``pipeline`` not ended, less those whose process on this host is known to be gone."""
-    runs = instance.get_runs(filters=dg.RunsFilter(job_name=pipeline, statuses=IN_PROGRESS))
-    here = socket.gethostname()
-    return [
-        run
-        for run in runs
-        if not (
-            run.tags.get(HOST_TAG) == here and (pid := run.tags.get(PID_TAG, "")).isdigit() and not _alive(int(pid))
-        )
-    ]
+    return [run for run in _in_progress(instance, pipeline) if _process_lives(run) is not False]
 
 
 def overlapping_runs(instance: dg.DagsterInstance, pipeline: str, *, excluding: str | None = None) -> list[str]:
     """Warnings for the runs of ``pipeline`` (but ``excluding``) that a live process on this host is running."""
-    runs = instance.get_runs(filters=dg.RunsFilter(job_name=pipeline, statuses=IN_PROGRESS))
-    found: list[str] = []
-    for run in runs:
-        if run.run_id == excluding:
-            continue
-        host, pid = run.tags.get(HOST_TAG), run.tags.get(PID_TAG)
-        if host != socket.gethostname() or pid is None or not pid.isdigit() or not _alive(int(pid)):
-            continue
-        found.append(
-            f"run {run.run_id} of {pipeline}, {_origin(run.tags)} (process {pid}), is still running: both run "
-            "the same instances, and the one that finishes an instance last keeps its result (wait for it, or "
-            "give this run other partitions)"
-        )
-    return found
+    return [
+        f"run {run.run_id} of {pipeline}, {_origin(run.tags)} (process {run.tags.get(PID_TAG)}), is still running: "
+        "both run the same instances, and the one that finishes an instance last keeps its result (wait for it, "
+        "or give this run other partitions)"
+        for run in _in_progress(instance, pipeline)
+        if run.run_id != excluding and _process_lives(run)
+    ]
+
+
+def _in_progress(instance: dg.DagsterInstance, pipeline: str) -> list[dg.DagsterRun]:
+    """The unfinished runs of ``pipeline``: its job's, those tagged with it, and a backfill's ("Materialize all"
+    names its runs for no job) whose assets are the pipeline's."""
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=IN_PROGRESS))
+    return [
+        run
+        for run in runs
+        if run.job_name == pipeline
+        or run.tags.get(PIPELINE_TAG) == pipeline
+        or any(key.path[0] == pipeline for key in run.asset_selection or ())
+    ]
+
+
+def _process_lives(run: dg.DagsterRun) -> bool | None:
+    """Whether the process that runs ``run`` here lives (``None``: unknown, it runs elsewhere or has no tags of
+    its own yet)."""
+    pid = run.tags.get(PID_TAG, "")
+    if run.tags.get(HOST_TAG) != socket.gethostname() or not pid.isdigit() or run.tags.get(PID_RUN_TAG) != run.run_id:
+        return None
+    return _alive(int(pid))
 
 
 def _origin(tags: Mapping[str, str]) -> str:

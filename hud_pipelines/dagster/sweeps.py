@@ -282,9 +282,8 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
         order = [*known, *new]  # a range runs in the order the checkpoints were registered
         labels = sorted({*new, *(m.label for m in changed)}, key=order.index)
         tags = {**range_tags(spec, labels), CHECKPOINTS_TAG: ",".join(labels)}
-        key = "+".join(
-            sorted([*new, *(sweep.rerun_key(m) for m in changed)], key=lambda k: order.index(k.split("@")[0]))
-        )
+        keys = {**{label: label for label in new}, **{m.label: sweep.rerun_key(m) for m in changed}}
+        key = "+".join(keys[label] for label in labels)  # a label may hold "@": each key found by its label
         return dg.SensorResult(  # one run for all of them (a new label once, a write of a changed one once)
             run_requests=[dg.RunRequest(run_key=key, tags=tags)],
             dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(partitions_def_name=name, partition_keys=new)],

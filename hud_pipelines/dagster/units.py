@@ -100,7 +100,7 @@ def eval_units_asset(
     )
     def plan(context: OpExecutionContext) -> Iterator[dg.Output[Any] | dg.DynamicOutput[str]]:
         effective = effective_of(context, spec)
-        tag_running(context)
+        tag_running(context, spec.name)
         overrides = record_configuration(effective, spec, outputs, run_id=context.run.run_id)
         outputs.seed_check.unlink(missing_ok=True)  # the run's first unit checks anew
         if overrides:
@@ -344,5 +344,12 @@ def _resumed(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOutpu
 
 
 def re_executed(context: OpExecutionContext | dg.AssetExecutionContext) -> set[str]:
-    """The runs this one re-executes (Dagster's parent and root run, by their tags; none for a plain run)."""
-    return {context.run.tags.get(f"dagster/{tag}_run_id", "") for tag in ("parent", "root")} - {""}
+    """The earlier runs a re-execution from failure resumes: every run of its group, whichever re-executed
+    which (none for a plain run, nor for "re-execute all", which asks for fresh results)."""
+    tags = context.run.tags
+    root = tags.get("dagster/root_run_id")
+    if not root or "true" not in (tags.get("dagster/is_resume_retry"), tags.get("dagster/is_asset_resume_retry")):
+        return set()
+    group = context.instance.get_run_group(root)  # the root and every run tagged with it
+    runs: Sequence[dg.DagsterRun] = group[1] if group else []
+    return {root, *(run.run_id for run in runs)} - {context.run.run_id}

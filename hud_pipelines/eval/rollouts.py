@@ -286,10 +286,12 @@ def finished_by(
     spec: PipelineSpec, outputs: EvalOutputs, partitions: Sequence[Partition], runs: Collection[str]
 ) -> tuple[list[Partition], list[InstanceResult]]:
     """The ``partitions`` still to run, and the results of those that one of ``runs`` ran to its end under this
-    configuration: a re-execution of a run that was cancelled or failed (Dagster's "from failure") resumes it
-    rather than run its finished instances again. A plain run runs them all: its results are fresh."""
+    configuration and in this environment (as the grades judge them: the run's recorded provenance, sources
+    included): a re-execution from failure of a run that was cancelled or failed resumes it rather than run
+    its finished instances again. A plain run runs them all: its results are fresh."""
     todo: list[Partition] = []
     kept: list[InstanceResult] = []
+    environment = recorded_provenance(outputs) if runs else {}  # recorded as this run started
     for partition in partitions:
         path = outputs.result(spec.partition_key(*partition))
         result = InstanceResult.read(path) if runs and path.is_file() else None
@@ -300,6 +302,7 @@ def finished_by(
             and result.run_id in runs
             and not result.failed
             and expected.current(task, result.rollout_hash)
+            and not provenance.other_environment(result.provenance, environment)
         ):
             kept.append(result)
         else:

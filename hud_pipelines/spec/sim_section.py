@@ -253,5 +253,5 @@ class SimSpec(StrictModel):
         options = ["--hold", self.hold.value, "--bounds", self.bounds.value]
         if probe is not None:
             seed, reset_options = probe
-            options += ["--probe-seed", str(seed), "--probe-options", json.dumps(dict(reset_options))]
+            options += ["--probe-seed", str(seed), "--probe-options", json.dumps(dict(reset_options), default=str)]
         return options

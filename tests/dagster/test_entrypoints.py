@@ -497,7 +497,14 @@ def test_a_run_says_when_another_live_run_of_its_pipeline_is_running() -> None:
     import dagster as dg
     from dagster._core.storage.dagster_run import DagsterRun
 
-    from hud_pipelines.dagster.overlap import HOST_TAG, PID_TAG, launcher_tags, overlapping_runs
+    from hud_pipelines.dagster.overlap import (
+        HOST_TAG,
+        PID_RUN_TAG,
+        PID_TAG,
+        PIPELINE_TAG,
+        launcher_tags,
+        overlapping_runs,
+    )
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -508,20 +515,32 @@ def test_a_run_says_when_another_live_run_of_its_pipeline_is_running() -> None:
             ("dead", gone.pid, "cart"),
             ("other", os.getpid(), "x"),
         ):
-            tags = {**launcher_tags(), PID_TAG: str(pid)}
+            tags = {**launcher_tags(run_id), PID_TAG: str(pid)}
             instance.add_run(DagsterRun(job_name=job, run_id=run_id, status=dg.DagsterRunStatus.STARTED, tags=tags))
         elsewhere = {HOST_TAG: "another-host", PID_TAG: str(os.getpid())}
         instance.add_run(DagsterRun(job_name="cart", run_id="away", status=dg.DagsterRunStatus.STARTED, tags=elsewhere))
-        done = DagsterRun(job_name="cart", run_id="done", status=dg.DagsterRunStatus.SUCCESS, tags=launcher_tags())
+        done = DagsterRun(
+            job_name="cart", run_id="done", status=dg.DagsterRunStatus.SUCCESS, tags=launcher_tags("done")
+        )
         instance.add_run(done)
         [said] = overlapping_runs(instance, "cart")
         assert said.startswith(
             f"run live of cart, started by another `hud-pipelines run` (process {os.getpid()}), is still"
         )
-        worker = {HOST_TAG: launcher_tags()[HOST_TAG], PID_TAG: str(os.getpid())}  # what the eval step tags
-        sensed = {**worker, "dagster/sensor_name": "cart_sweep__checkpoints"}
-        for run_id, tags in (("sensed", sensed), ("ui", worker)):
+        here = {HOST_TAG: launcher_tags("")[HOST_TAG], PID_TAG: str(os.getpid())}
+        sensed = {**here, PID_RUN_TAG: "sensed", "dagster/sensor_name": "cart_sweep__checkpoints"}
+        copied = {**launcher_tags("parent"), PIPELINE_TAG: "cart"}  # a re-execution's, copied from its parent run
+        backfill = DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id="ui",
+            status=dg.DagsterRunStatus.STARTED,
+            tags={**here, PID_RUN_TAG: "ui"},
+            asset_selection=frozenset({dg.AssetKey(["cart", "rollouts"])}),  # "Materialize all": a backfill's run
+        )
+        instance.add_run(backfill)
+        for run_id, tags in (("sensed", sensed), ("child", copied)):
             instance.add_run(DagsterRun(job_name="cart", run_id=run_id, status=dg.DagsterRunStatus.STARTED, tags=tags))
         said = sorted(overlapping_runs(instance, "cart"))
+        assert len(said) == 3, "a re-execution's copied tags name no process of its own"
     assert said[1].startswith("run sensed of cart, launched by the sensor cart_sweep__checkpoints (process")
     assert said[2].startswith("run ui of cart, launched from Dagster (the UI, `dagster job execute` or `dg launch`)")

@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
-from hud_pipelines.dagster.overlap import HOST_TAG, PID_TAG
+from hud_pipelines.dagster.overlap import HOST_TAG, PID_RUN_TAG, PID_TAG
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -58,7 +58,7 @@ def test_group_times_num_envs_gives_one_graded_row_per_slot(
     )
     from dagster._core.storage.dagster_run import DagsterRun
 
-    live = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}  # this process lives: a live run
+    live = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_RUN_TAG: "other"}  # this process lives
     instance.add_run(DagsterRun(job_name="compose", run_id="other", status=dg.DagsterRunStatus.STARTED, tags=live))
     result = _run(path, outputs_dir, instance)
     assert result.success
@@ -120,12 +120,13 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
     assert {r.status for r in rows} == {EpisodeStatus.SUCCEEDED}
 
 
-def test_materialize_all_split_into_runs_as_dagsters_backfill_does_grades_reports_and_publishes(
+def test_materialize_all_split_into_runs_as_dagsters_backfill_does_grades_checks_and_reports(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
 ) -> None:
     """The UI's "Materialize all" backfills the contract, the partitioned rollouts and what follows them in
-    runs of their own; the last one ran no rollouts, yielded no ``instances``, and every step after it was
-    skipped: no grades, checks, report or dataset, with the run green."""
+    runs of their own. The last runs no rollouts; it used to yield no ``instances``, and every step after it
+    was skipped (no grades, checks or report, the run green). It now materializes ``instances`` from the
+    results on disk, and the rest follows."""
     path = write_pipeline("split", group=2, checks=[{"kind": "min_success_rate", "value": 0.5}])
     defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
     job = defs.resolve_job_def("split")
@@ -157,7 +158,7 @@ def test_a_re_execution_of_a_failed_run_keeps_what_it_finished_and_runs_the_rest
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, tmp_path: Path
 ) -> None:
     """The UI's "Re-execute from failure" of a cancelled or failed run ran every instance again, the finished
-    ones too; a re-execution (Dagster's parent and root run tags) now resumes, and a plain run still runs all."""
+    ones too; it now resumes, and "re-execute all" (the same lineage tags, no resume flag) still runs all."""
     marker = tmp_path / "crash-armed"
     marker.touch()
     path = write_pipeline("resumed", sim={"args": {"crash_seeds": [2], "crash_file": str(marker)}}, group=3)
@@ -165,7 +166,7 @@ def test_a_re_execution_of_a_failed_run_keeps_what_it_finished_and_runs_the_rest
     assert not first.success
     marker.unlink()
     lineage = {"dagster/parent_run_id": first.run_id, "dagster/root_run_id": first.run_id}
-    again = _run(path, outputs_dir, instance, tags=lineage)
+    again = _run(path, outputs_dir, instance, tags={**lineage, "dagster/is_resume_retry": "true"})
     assert again.success
     outputs = EvalOutputs(outputs_dir, "resumed")
     ran_by = [InstanceResult.read(outputs.result(f"task0-i{i}")).run_id for i in range(3)]
@@ -173,8 +174,9 @@ def test_a_re_execution_of_a_failed_run_keeps_what_it_finished_and_runs_the_rest
     assert [r.status for r in _grades(outputs_dir, "resumed")] == [EpisodeStatus.SUCCEEDED] * 6
     said = [e.message for e in instance.all_logs(again.run_id) if "which this run re-executes" in e.message]
     assert said, "the run says which instances it kept"
-    plain = _run(path, outputs_dir, instance)
-    assert {InstanceResult.read(outputs.result(f"task0-i{i}")).run_id for i in range(3)} == {plain.run_id}
+    everything = {"dagster/parent_run_id": again.run_id, "dagster/root_run_id": first.run_id}  # "re-execute all"
+    fresh = _run(path, outputs_dir, instance, tags=everything)
+    assert {InstanceResult.read(outputs.result(f"task0-i{i}")).run_id for i in range(3)} == {fresh.run_id}
 
 
 def test_a_yaml_edit_changes_the_code_version_of_exactly_the_assets_it_decides(
