@@ -67,9 +67,9 @@ def contract_metadata(spec: PipelineSpec, outputs: EvalOutputs, derived: Contrac
 
 
 def instances_metadata(
-    outputs: EvalOutputs, run_id: str, results: Sequence[InstanceResult], overrides: dict[str, Any]
+    outputs: EvalOutputs, run_id: str | None, results: Sequence[InstanceResult], overrides: dict[str, Any]
 ) -> dict[str, Any]:
-    """The run's instances as a table (status, fault, reason), with totals."""
+    """The run's instances as a table (status, fault, reason), with totals (and its traces, when it ran them)."""
     schema = dg.TableSchema(
         columns=[
             dg.TableColumn(n, k)
@@ -107,7 +107,7 @@ def instances_metadata(
         "errored": totals.errored,
         "env_steps": sum(r.env_steps for r in results),
         "longest_instance_wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
-        "traces": dg.MetadataValue.path(str(outputs.traces(run_id))),
+        **({} if run_id is None else {"traces": dg.MetadataValue.path(str(outputs.traces(run_id)))}),
         "overrides": dg.MetadataValue.json(overrides),
         "provenance": dg.MetadataValue.json(recorded_provenance(outputs)),
     }
@@ -119,10 +119,8 @@ def instances_on_disk(spec: PipelineSpec, outputs: EvalOutputs) -> dict[str, Any
     left on disk; its table is each instance's latest result there (the grades judge which are current)."""
     found = [outputs.result(key) for key in ([] if spec.is_sweep else spec.partition_keys())]
     results = [InstanceResult.read(path) for path in found if path.is_file()]
-    table = instances_metadata(outputs, "", results, {})
-    del table["traces"]
     return {
-        **table,
+        **instances_metadata(outputs, None, results, {}),
         "ran": 0,
         "note": "no rollouts ran in this run: each instance's latest result on disk (the grades judge which count)",
     }

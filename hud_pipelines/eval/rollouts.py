@@ -254,17 +254,23 @@ def current(member: sweep.Member, partition: Partition, environment: dict[str, A
     """Whether the pair has a result of the member's configuration, made in ``environment`` (a run's
     provenance: packages, sim, the code and weights its targets read), that did not fail: it is not
     run again."""
-    path = member.outputs.result(member.spec.partition_key(*partition))
+    return current_result(member.spec, member.outputs, partition, environment) is not None
+
+
+def current_result(
+    spec: PipelineSpec, outputs: EvalOutputs, partition: Partition, environment: dict[str, Any]
+) -> InstanceResult | None:
+    """The instance's result when it is of ``spec``'s configuration, made in ``environment``, and did not fail."""
+    path = outputs.result(spec.partition_key(*partition))
     if not path.is_file():
-        return False
+        return None
     result = InstanceResult.read(path)
-    task, spec = member.spec.tasks[partition.task_index].name, member.spec
+    task = spec.tasks[partition.task_index].name
     expected = RolloutHashes(spec.rollout_hash, {task: spec.task_rollout_hash(partition.task_index)})
-    return (
-        expected.current(task, result.rollout_hash)
-        and not result.failed
-        and not provenance.other_environment(result.provenance, environment)
+    fits = expected.current(task, result.rollout_hash) and not provenance.other_environment(
+        result.provenance, environment
     )
+    return result if fits and not result.failed else None
 
 
 def kept_pairs(spec: PipelineSpec, outputs: EvalOutputs, labels: Sequence[str], instances: Sequence[str]) -> int:
@@ -293,17 +299,8 @@ def finished_by(
     kept: list[InstanceResult] = []
     environment = recorded_provenance(outputs) if runs else {}  # recorded as this run started
     for partition in partitions:
-        path = outputs.result(spec.partition_key(*partition))
-        result = InstanceResult.read(path) if runs and path.is_file() else None
-        task = spec.tasks[partition.task_index].name
-        expected = RolloutHashes(spec.rollout_hash, {task: spec.task_rollout_hash(partition.task_index)})
-        if (
-            result is not None
-            and result.run_id in runs
-            and not result.failed
-            and expected.current(task, result.rollout_hash)
-            and not provenance.other_environment(result.provenance, environment)
-        ):
+        result = current_result(spec, outputs, partition, environment) if runs else None
+        if result is not None and result.run_id in runs:
             kept.append(result)
         else:
             todo.append(partition)
