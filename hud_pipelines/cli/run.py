@@ -88,7 +88,7 @@ def run_pipeline(
     from hud_pipelines.dagster.step_recovery import retried_steps
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
-    from hud_pipelines.eval.checks import rerun_command, success_signal_warning
+    from hud_pipelines.eval.checks import episode_errors_warning, rerun_command, success_signal_warning
     from hud_pipelines.eval.configuration import current_rollout_hashes
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.perturbations import control_tasks
@@ -195,6 +195,7 @@ def run_pipeline(
     this_run = [row for row in rows if row.run_id == run_id]
     warned = [
         success_signal_warning(spec.graders[0], this_run),
+        episode_errors_warning(spec.checks, this_run),
         seed_warning(outputs, current_rollout_hashes(spec, outputs).pipeline),
     ]
     controls = control_tasks(spec)

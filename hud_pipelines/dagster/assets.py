@@ -256,14 +256,9 @@ def _build(
             metadata={
                 "grades": _grades_table(judged, rows),
                 "counted": scope or "every episode",
-                "scheduled": summary.scheduled,
-                "succeeded": summary.succeeded,
-                "failed": summary.failed,
-                "errored": summary.errored,
-                "success_rate": summary.success_rate if summary.success_rate is not None else float("nan"),
+                **_key_figures(summary),
                 "success_rate_ci95_low": low,
                 "success_rate_ci95_high": high,
-                "error_rate": summary.error_rate,
                 "mean_score": summary.mean_score if summary.mean_score is not None else float("nan"),
                 "path": dg.MetadataValue.path(str(outputs.grades_csv)),
             }
@@ -280,6 +275,8 @@ def _build(
             run_id=context.run.run_id,
             dataset=dataset_root(spec, outputs, project_dir),
         )
+        for warning in written.warnings:  # the run's log says what the report warns of
+            context.log.warning(warning)
         thumbnails = (
             {"last_frames": dg.MetadataValue.md(markdown_image(written.thumbnails_png, "how episodes ended"))}
             if written.thumbnails_png is not None

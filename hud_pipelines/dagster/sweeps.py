@@ -188,6 +188,9 @@ class Selection:
     unregistered: list[str] = field(default_factory=list[str])
     """Complete checkpoints outside every range, for not being registered: a run of the job's default
     range (``dagster job execute``) leaves them to the sensor or ``hud-pipelines run``."""
+    outside: list[str] = field(default_factory=list[str])
+    """Registered complete checkpoints that this run's range does not hold (the job's default range is read
+    as the code location loads: a checkpoint registered since stands past its end until a reload)."""
 
     @property
     def asked(self) -> int:
@@ -213,10 +216,12 @@ def selection(
     members = sweep.members(spec, outputs, settle_s=0.0, labels=list(pairs))
     gone = sorted(set(pairs) - {m.label for m in members})
     try:
-        unregistered = [c.label for c in sweep.discover(spec).complete if c.label not in known] if known else []
+        complete = [c.label for c in sweep.discover(spec).complete] if known else []
     except CheckpointError:
-        unregistered = []
-    return Selection(members, pairs, gone, rerun=tags.get(RERUN_TAG) == "true", unregistered=unregistered)
+        complete = []
+    unregistered = [label for label in complete if label not in known]
+    outside = [label for label in complete if label in known and label not in pairs] if wanted is None else []
+    return Selection(members, pairs, gone, tags.get(RERUN_TAG) == "true", unregistered, outside)
 
 
 def run_selection(
@@ -237,6 +242,12 @@ def run_selection(
             f"{spec.name}: complete checkpoint(s) {', '.join(chosen.unregistered)} are not registered, so no range "
             f"holds them: `hud-pipelines run {spec.name}` or the sensor {spec.name}__checkpoints registers and "
             "evaluates them"
+        )
+    if chosen.outside:
+        context.log.warning(
+            f"{spec.name}: registered checkpoint(s) {', '.join(chosen.outside)} are outside this run's range (a "
+            "job's default range is the one read when the code location loaded: reload it to take in checkpoints "
+            f"registered since, or launch `hud-pipelines run {spec.name}`)"
         )
     if chosen.gone:
         context.log.error(f"{spec.name}: checkpoint(s) {', '.join(chosen.gone)} are not (or no longer) complete")

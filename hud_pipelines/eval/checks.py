@@ -176,6 +176,30 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow]) -> str 
     )
 
 
+def episode_errors_warning(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]) -> str | None:
+    """A warning when episodes errored on their own (an env or policy raised, a refused action) and no
+    ``max_error_rate`` check looks at errors: no built-in check fails on them, so the run would pass with
+    its rate taken over fewer episodes than it scheduled, and say nothing.
+
+    Faults that end an instance already fail ``instances_completed``; ``not_run`` rows are not errors of a run.
+    """
+    if any(isinstance(check, MaxErrorRateCheck) for check in checks):
+        return None
+    faults = collections.Counter(
+        row.fault.value for row in rows if row.fault is not None and not row.fault.ends_instance
+    )
+    if not faults:
+        return None
+    counted = ", ".join(f"{fault} {count}" for fault, count in faults.most_common())
+    first = next(row.error for row in rows if row.fault is not None and not row.fault.ends_instance)
+    scheduled = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
+    return (
+        f"{faults.total()} of {scheduled} episode(s) errored ({counted}; the first: {one_line(first or '')}): errored "
+        "episodes are left out of the success rate and no check of this pipeline fails on them; add "
+        "{kind: max_error_rate, value: 0.0} to its checks to fail the run when an episode errors"
+    )
+
+
 def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
     """Whether a pipeline's check passes on the grade ``rows`` (no graded episode fails a rate check)."""
     if isinstance(check, NoRegressionCheck):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
-from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, success_signal_warning
+from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, episode_errors_warning, success_signal_warning
 from hud_pipelines.eval.configuration import (
     LATEST,
     CurrentBy,
@@ -117,6 +117,7 @@ class ReportFiles:
     summary: Summary
     thumbnails_png: bytes | None = None
     """The last frame of the first episodes' videos, failures first (none without videos)."""
+    warnings: tuple[str, ...] = ()  # what the report warns of: a Dagster run logs them as warnings too
 
 
 def report_step(
@@ -160,7 +161,8 @@ def report_step(
     seeded = seed_warning(outputs, current.resolve(spec, outputs)[0].pipeline)
     mixed = sweep.mixed_policy_types(spec, outputs) if spec.is_sweep else None
     gone = sweep.gone_warning(spec, outputs, rows) if spec.is_sweep else None
-    warned = [w for w in (success_signal_warning(spec.graders[0], headline), seeded, mixed, gone) if w]
+    errored = episode_errors_warning(spec.checks, headline)
+    warned = [w for w in (success_signal_warning(spec.graders[0], headline), errored, seeded, mixed, gone) if w]
     context = ReportContext(
         checks=checks,
         run_id=run_id,
@@ -195,7 +197,7 @@ def report_step(
         headline=headline,
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
-    return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views))
+    return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views), tuple(warned))
 
 
 def _member_dataset(dataset: Path | None, label: str) -> Path | None:

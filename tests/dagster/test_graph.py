@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from pathlib import Path
@@ -17,7 +18,7 @@ from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.recording.events import EpisodeStatus
-from tests.dagster.support import REPO, WritePipeline, sim_processes
+from tests.dagster.support import REPO, SIMS, WritePipeline, sim_processes
 
 
 def _run(path: Path, outputs: Path, instance: dg.DagsterInstance, **kwargs: object) -> dg.ExecuteInProcessResult:
@@ -213,6 +214,33 @@ def test_a_rollout_past_its_deadline_ends_errored_and_its_sim_is_killed(
     healthy = InstanceResult.read(EvalOutputs(outputs_dir, "stall").result("task0-i1"))
     assert not healthy.failed
     assert not sim_processes(label)
+
+
+def test_a_run_whose_episodes_errored_with_no_check_on_errors_passes_and_warns_in_its_log(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
+) -> None:
+    """No built-in check fails on an env raising in one slot: the run is green, so its log must say so."""
+    faulty = {"factory": f"{SIMS}:faulty", "args": {"fault": "raise_step", "fault_seed": 1}}
+    path = write_pipeline("oneraises", sim=faulty, group=1, agent={"policy": {"kind": "random"}})
+    result = _run(path, outputs_dir, instance)
+    assert result.success
+    assert [r.status for r in _grades(outputs_dir, "oneraises")] == [EpisodeStatus.FAILED, EpisodeStatus.ERRORED]
+    warned = [e.message for e in instance.all_logs(result.run_id) if e.level == logging.WARNING]
+    [said] = [m for m in warned if "episode(s) errored" in m]
+    assert "1 of 2 episode(s) errored (env 1; the first: " in said
+    assert "add {kind: max_error_rate, value: 0.0} to its checks" in said
+    assert said in EvalOutputs(outputs_dir, "oneraises").report_md.read_text(), "the report says the same"
+
+    gated = write_pipeline(
+        "gated",
+        sim=faulty,
+        group=1,
+        agent={"policy": {"kind": "random"}},
+        checks=[{"kind": "max_error_rate", "value": 0.5}],
+    )
+    result = _run(gated, outputs_dir, instance)
+    assert result.success
+    assert not [e for e in instance.all_logs(result.run_id) if "episode(s) errored" in e.message], "a check reads them"
 
 
 @pytest.mark.parametrize(("threshold", "passes"), [(0.5, True), (1.01, False)])

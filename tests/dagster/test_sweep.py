@@ -221,12 +221,15 @@ def test_a_run_of_one_partition_of_a_sweep_runs_it(run: LeRobotRun, tmp_path: Pa
     # nothing registered: no default range; the project is the repository, where the child imports the sim from
     defs = definitions_for_file(path, outputs_dir=local, project_dir=REPO)
     with dg.DagsterInstance.get() as instance:
-        sweeps.register(instance, load_pipeline(path), ["001000"])
+        sweeps.register(instance, load_pipeline(path), ["001000", "000500"])
         done = defs.resolve_job_def("reach_sweep").execute_in_process(
             instance=instance, partition_key="001000|near-i0", raise_on_error=False
         )
+        said = [e.message for e in instance.all_logs(done.run_id) if "outside this run's range" in e.message]
     assert done.success, [e.message for e in done.all_events if e.is_failure]
     assert set(_run_ids(local)) == {"001000"}
+    [warned] = said  # a stale default range leaves out what was registered since: the log says which
+    assert "registered checkpoint(s) 000500 are outside this run's range" in warned
 
 
 def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_names_the_others(

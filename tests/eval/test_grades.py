@@ -13,6 +13,7 @@ from hud_pipelines.eval import sweep
 from hud_pipelines.eval.checks import (
     answered_verdict,
     check_verdict,
+    episode_errors_warning,
     instances_verdict,
     rerun_command,
     success_signal_warning,
@@ -233,6 +234,21 @@ def test_the_success_signal_warning_needs_a_grade_that_reads_the_signal_and_answ
     assert mixed is not None, "a task whose episodes never report success reads 0 % unexplained"
     assert mixed.startswith("no episode of task(s) nosig (2) reported a success signal (info['is_success']")
     assert "where other tasks' did: the success grader counts those answered episodes as failed" in mixed
+
+
+def test_episodes_that_errored_on_their_own_are_warned_of_unless_a_check_reads_errors() -> None:
+    def errored(fault: Fault, error: str) -> GradeRow:
+        return dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=fault, error=error)
+
+    rows = [_row(EpisodeStatus.FAILED), errored(Fault.POLICY, "policy failed: boom"), errored(Fault.ENV, "env: x")]
+    not_run = errored(Fault.NOT_RUN, "not run with this configuration")
+    warned = episode_errors_warning([], [*rows, errored(Fault.POLICY, "again"), not_run])
+    assert warned is not None
+    assert warned.startswith("3 of 4 episode(s) errored (policy 2, env 1; the first: policy failed: boom)")
+    assert episode_errors_warning([MaxErrorRateCheck(value=0.5)], rows) is None, "the check decides on them"
+    assert episode_errors_warning([MinSuccessRateCheck(value=0.5)], rows) is not None
+    crashed = errored(Fault.SIM_CRASHED, "the sim died")  # instances_completed fails on it already
+    assert episode_errors_warning([], [_row(EpisodeStatus.FAILED), crashed, not_run]) is None
 
 
 def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:
