@@ -13,10 +13,12 @@ import numpy.typing as npt
 
 
 class SizedEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
-    """Observation ``[dim]`` of zeros, a one-dimensional Box action; episodes end after three steps."""
+    """Observation ``[dim]`` (or of shape ``dim``) of zeros, a one-dimensional Box action; episodes end after
+    three steps."""
 
-    def __init__(self, dim: int) -> None:
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (dim,), np.float32)
+    def __init__(self, dim: int | list[int]) -> None:
+        shape = tuple(dim) if isinstance(dim, list) else (dim,)
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape, np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.t = 0
 
@@ -32,5 +34,5 @@ class SizedEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
         return np.zeros(self.observation_space.shape, np.float32), 1.0, False, self.t >= 3, {}
 
 
-def sized(dim: int = 3) -> SizedEnv:
+def sized(dim: int | list[int] = 3) -> SizedEnv:
     return SizedEnv(dim)

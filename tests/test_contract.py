@@ -24,6 +24,7 @@ from hud_pipelines.contract import (
     merge_contract,
     refresh_contract,
     resolve_contract,
+    state_images,
 )
 from hud_pipelines.errors import ContractError
 from hud_pipelines.sim.bridge import GymBridge
@@ -98,6 +99,25 @@ def test_cameras_are_hwc_uint8_with_1_3_or_4_channels(shape: tuple[int, ...], dt
     if kind.is_camera:
         assert feature.names == CAMERA_NAMES
         assert contract.cameras == {name: feature}
+
+
+def test_an_observation_with_an_images_shape_read_as_state_is_warned_of_with_how_to_make_it_a_camera() -> None:
+    space = gym.spaces.Dict(
+        {
+            "depth": Box(0, 10, (48, 64), np.float32),  # a float map with no channel axis
+            "pixels": Box(0, 255, (3, 32, 32), np.uint8),  # channel-first
+            "camera": Box(0, 255, (32, 32, 3), np.uint8),  # a camera: not warned of
+            "poses": Box(-1, 1, (10, 3), np.float32),  # a table of ten objects: one axis under 8
+            "joints": Box(-1, 1, (7,), np.float32),
+        }
+    )
+    warned = state_images(derive(space))
+    assert len(warned) == 2, warned
+    depth, pixels = sorted(warned)
+    assert depth.startswith("observation 'depth' (float32 [48, 64]) has an image's shape but is read as state (3072 ")
+    assert "a camera must be a uint8 array of (height, width, channel)" in depth
+    assert pixels.startswith("observation 'pixels' (uint8 [3, 32, 32])")
+    assert "it is channel-first: give it as (height, width, channel) in the env" in pixels
 
 
 def test_action_features() -> None:

@@ -4,6 +4,7 @@ refresh it, and ``hud-pipelines contract`` refreshes it, keeping the edits that 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def write_pipeline(project: Path, dim: int) -> Path:
+def write_pipeline(project: Path, dim: int | list[int]) -> Path:
     path = project / "pipelines" / "sized.yaml"
     spec = {
         "name": "sized",
@@ -76,3 +77,16 @@ def test_a_shape_change_is_refused_by_the_eval_and_refreshed_by_the_contract_com
     assert not evaluation.failed_instances
     assert main(["contract", "sized"]) == 0
     assert f"{contract_file} is up to date" in capsys.readouterr().out
+
+
+def test_a_float_map_read_as_state_is_warned_of_by_the_contract_command_and_the_eval(
+    project: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_pipeline(project, dim=[16, 24])
+    assert main(["contract", "sized"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: observation 'state' (float32 [16, 24]) has an image's shape but is read as state (384 " in out
+    with caplog.at_level(logging.WARNING, logger="hud_pipelines"):
+        evaluate(load_pipeline(path), outputs_dir=project / "outputs", project_dir=project)
+    [said] = [r.getMessage() for r in caplog.records if "has an image's shape" in r.getMessage()]
+    assert said.startswith("sized: observation 'state' (float32 [16, 24])")

@@ -19,7 +19,7 @@ def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Pat
     from rich.console import Console
     from rich.table import Table
 
-    from hud_pipelines.contract import load_contract, refresh_contract
+    from hud_pipelines.contract import load_contract, refresh_contract, state_images
     from hud_pipelines.eval.runner import sim_settings
     from hud_pipelines.sim.pool import SimPool
     from hud_pipelines.spec.loader import load_pipeline
@@ -59,4 +59,6 @@ def write_contract(pipeline: str, *, pipelines_dir: Path | None = None, out: Pat
         )
     Console().print(table)
     print(outcome)
+    for warning in state_images(contract):
+        print(f"warning: {warning}")
     return 0

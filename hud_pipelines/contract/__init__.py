@@ -22,6 +22,7 @@ from hud_pipelines.contract.derive import (
     env_sources,
     looks_like_camera,
     robot_name,
+    state_images,
 )
 from hud_pipelines.contract.file import (
     load_contract,
@@ -62,5 +63,6 @@ __all__ = [
     "refresh_contract",
     "resolve_contract",
     "robot_name",
+    "state_images",
     "to_numpy",
 ]

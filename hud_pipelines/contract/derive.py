@@ -39,6 +39,28 @@ def looks_like_camera(array: npt.NDArray[Any]) -> bool:
     return array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in CAMERA_CHANNELS
 
 
+def camera_advice(shape: Sequence[int]) -> str:
+    """How to give an image of ``shape`` that is read as state as a camera instead."""
+    if len(shape) == 3 and shape[0] in CAMERA_CHANNELS and shape[-1] not in CAMERA_CHANNELS:
+        return "it is channel-first: give it as (height, width, channel) in the env (np.transpose(image, (1, 2, 0)))"
+    return "a camera must be a uint8 array of (height, width, channel) with 1, 3 or 4 channels"
+
+
+def state_images(contract: Contract) -> list[str]:
+    """A warning for each observation read as state that has an image's shape (two axes of 8 or more).
+
+    Such a feature is stored in the dataset as a vector of every value, with no video, and the policy gets
+    it flat: a depth map of floats or a channel-first image is most often meant as a camera.
+    """
+    return [
+        f"observation {name!r} ({feature.dtype} {list(feature.shape)}) has an image's shape but is read as state "
+        f"({feature.size} values a step, no video): {camera_advice(feature.shape)}; a depth map of floats "
+        "can be scaled to uint8 with one channel and typed depth in the contract file"
+        for name, feature in contract.state_features.items()
+        if sum(1 for axis in feature.shape if axis >= 8) >= 2
+    ]
+
+
 def _observation_feature(name: str, sample: npt.NDArray[Any], space: gym.Space[Any] | None) -> Feature:
     if looks_like_camera(sample):
         kind = FeatureType.GRAY if sample.shape[-1] == 1 else FeatureType.RGB

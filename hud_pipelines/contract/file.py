@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
+from hud_pipelines.contract.derive import camera_advice
 from hud_pipelines.contract.model import CAMERA_NAMES, Contract, Feature
 from hud_pipelines.errors import ContractError
 
@@ -195,15 +196,9 @@ def _camera_mismatch(name: str, kept: Feature, fresh: Feature) -> str:
     dtype, is read as state: transpose or convert it in the env)."""
     if fresh.is_camera:
         return f"feature {name!r} is a camera ({_layout(fresh)}) in the env; it cannot be typed {kept.type.value}"
-    channel_first = len(fresh.shape) == 3 and fresh.shape[0] in (1, 3, 4) and fresh.shape[-1] not in (1, 3, 4)
-    how = (
-        "it is channel-first: give it as (height, width, channel) in the env, e.g. np.transpose(image, (1, 2, 0))"
-        if channel_first
-        else "a camera must be a uint8 array of (height, width, channel) with 1, 3 or 4 channels"
-    )
     return (
         f"feature {name!r} is typed {kept.type.value} in the contract file, but the env gives {_layout(fresh)}, which "
-        f"is read as state ({fresh.size} values): {how}"
+        f"is read as state ({fresh.size} values): {camera_advice(fresh.shape)}"
     )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hud_pipelines.contract import Contract
+from hud_pipelines.contract import Contract, state_images
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, episode_errors_warning, success_signal_warning
@@ -63,6 +63,8 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
     and fingerprint).
     """
     contract = seed_checked_contract(spec, pool, outputs)
+    for warning in state_images(contract):
+        logger.warning("%s: %s", spec.name, warning)
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
     if pool.served_sim:
@@ -249,11 +251,8 @@ def _perturbations(
     write_atomically(outputs.perturbations_csv, perturbations.to_csv(table))
     write_atomically(outputs.perturbations_json, perturbations.to_json(table))
     controls = control_tasks(spec) or set()
-    return (
-        table,
-        f" of checkpoint {candidate}" if candidate is not None else "",
-        [row for row in judged if row.task not in controls],
-    )
+    whose = f" of checkpoint {candidate}" if candidate is not None else ""
+    return table, whose, [row for row in judged if row.task not in controls]
 
 
 def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str], matrix: bool) -> str:
