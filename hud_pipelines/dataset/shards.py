@@ -5,13 +5,15 @@ Each instance writes its episodes into its own shard (a
 instance ended, that shard replaces the instance's previous one under ``shards/<partition>``. So a
 re-run of one instance replaces exactly its episodes, and the ``dataset`` asset can merge the
 latest shard of every instance and publish the result atomically (the published path never holds
-a half-written dataset).
+a half-written dataset). A shard whose writer failed is marked incomplete with the reason: its
+instance's grades stand, and the dataset is not published until that instance runs again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import shutil
 import uuid
 from collections.abc import Iterable, Mapping
@@ -23,7 +25,7 @@ from hud_pipelines.dataset.publish import publish_shards
 from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import DatasetWriteError, HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.spec.dataset_options import DatasetOptions
@@ -31,6 +33,8 @@ from hud_pipelines.spec.models import PipelineSpec
 
 RUN_FILE = "run_id"
 """Beside a shard's parts: the run that wrote it."""
+INCOMPLETE_FILE = "incomplete"
+"""Beside a shard's parts, when its writer failed: why (it holds only the episodes written before)."""
 PUBLISHED_FROM = "meta/hud_published_from.json"
 """In a published dataset: the shards (instance -> the run that wrote it) and settings it was merged from."""
 
@@ -59,15 +63,18 @@ class ShardStore:
             robot_type=dataset_robot_type(contract.robot_type, self.spec.sim.factory),
         )
 
-    def commit(self, partition_key: str) -> None:
+    def commit(self, partition_key: str, *, failure: str | None = None) -> None:
         """Make this run's shard of ``partition_key`` the current one (call after its sink closed).
 
         The shard records the run that wrote it: a later run that writes none (its dataset disabled)
-        leaves it in place, and it must not then be published beside that run's results.
+        leaves it in place, and it must not then be published beside that run's results. ``failure``:
+        why its writer failed, which marks it incomplete (:meth:`publish` refuses it).
         """
         pending = self._pending(partition_key)
         if not pending.exists():
             return
+        if failure is not None:
+            (pending / INCOMPLETE_FILE).write_text(failure)
         (pending / RUN_FILE).write_text(self.run_id)
         current = self.outputs.shard(partition_key)
         if current.exists():
@@ -111,6 +118,7 @@ class ShardStore:
                 f"{self.spec.name}: no instance of this configuration has run yet{detail}; run the rollouts first"
             )
         shards = [self.outputs.shard(k) for k in written]
+        self._refuse_incomplete(written)
         if not find_parts(shards):
             raise HudPipelinesError(
                 f"{self.spec.name}: no episode to publish: every episode of the {len(shards)} instance(s) that ran "
@@ -128,6 +136,28 @@ class ShardStore:
         publish_shards(shards, target, repo_id=self.spec.dataset_repo_id)
         write_atomically(record, json.dumps(made_of, indent=1))  # after the swap: a crash before it publishes again
         return True
+
+    def _refuse_incomplete(self, keys: Iterable[str]) -> None:
+        """Refuse to publish when a shard's writer failed: the dataset would lack its episodes without a word."""
+        from hud_pipelines.eval.checks import rerun_command
+        from hud_pipelines.spec.loader import run_argument
+
+        marks = {k: self.outputs.shard(k) / INCOMPLETE_FILE for k in keys}
+        failed = {k: mark.read_text() for k, mark in marks.items() if mark.is_file()}
+        if not failed:
+            return
+        listed = "; ".join(f"{key}: {reason}" for key, reason in sorted(failed.items()))
+        command = ["hud-pipelines", "run", run_argument(self.spec)]
+        again = (
+            rerun_command(list(failed), command, self.spec.partition_keys())
+            if self.spec.checkpoint_hash is None
+            else f"{shlex.join(command)} --checkpoint {self.outputs.base.name} --rerun"  # a sweep's checkpoint
+        )
+        raise DatasetWriteError(
+            f"{self.spec.name}: the dataset writer of {len(failed)} instance(s) failed, so their shards hold only "
+            f"part of their episodes ({listed}); their grades stand, and the published dataset is left as it "
+            f"was; run them again: {again}"
+        )
 
     def summary(self, target: Path) -> DatasetSummary:
         """What the dataset published at ``target`` holds (it loads it with lerobot: seconds)."""

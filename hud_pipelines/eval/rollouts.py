@@ -25,6 +25,7 @@ from hud_pipelines.eval.configuration import (
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_result
 from hud_pipelines.eval.runner import EvalRunner
+from hud_pipelines.recording.contained import ContainedSink
 from hud_pipelines.recording.events import EpisodeSink
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
@@ -56,15 +57,17 @@ def rollouts_step(
 
     traces = outputs.traces(run_id)
     shards = ShardStore(outputs, spec, run_id=run_id) if spec.dataset_enabled else None
+    written: dict[str, ContainedSink] = {}  # each instance's dataset writer, until its shard is committed
 
     def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
         from hud_pipelines.recording.traces import TraceRecorder
 
-        recorders: list[EpisodeSink] = [
-            TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos)
-        ]
-        if shards is not None:
-            recorders.append(shards.sink(spec.partition_key(*partition), contract))
+        key = spec.partition_key(*partition)
+        recorder = TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos)
+        recorders: list[EpisodeSink] = [ContainedSink(recorder, f"{spec.name}: the traces of instance {key}")]
+        if shards is not None:  # its failure marks the shard incomplete (``_keep``), never the episodes
+            written[key] = ContainedSink(shards.sink(key, contract), f"{spec.name}: the dataset writer of {key}")
+            recorders.append(written[key])
         return recorders
 
     finished: set[str] = set()
@@ -110,7 +113,8 @@ def rollouts_step(
     def _keep(result: InstanceResult) -> None:
         result.write(outputs.result(result.key))
         if shards is not None:
-            shards.commit(result.key)
+            writer = written.pop(result.key, None)
+            shards.commit(result.key, failure=None if writer is None else writer.failure)
 
     job = episode_job(spec.name, run_id, checkpoint)
     runner = EvalRunner(spec, pool, job=job, run_id=run_id, sinks=sinks, on_result=ended)

@@ -1,0 +1,68 @@
+"""A dataset writer that fails mid-run (a full disk, a codec that refuses a frame) decides nothing of the
+episodes: their grades stand, the instance's shard is marked incomplete, and the dataset is not published
+until that instance runs again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hud_pipelines.dataset.part import FinishedEpisode, PartWriter
+from hud_pipelines.errors import DatasetWriteError
+from hud_pipelines.eval.steps import evaluate
+from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.spec.loader import load_pipeline
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_failed_dataset_writer_keeps_the_grades_and_holds_the_dataset_back_until_its_instance_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    path = tmp_path / "pipelines" / "full_disk.yaml"
+    path.parent.mkdir()
+    target = tmp_path / "published"
+    spec: dict[str, Any] = {
+        "name": "full_disk",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+        "group": 2,
+        "max_steps": 15,
+        "graders": [{"kind": "return", "threshold": 10}],
+        "dataset": {"root": str(target), "repo_id": "local/full_disk"},
+    }
+    path.write_text(json.dumps(spec))
+    pipeline = load_pipeline(path)
+    write = PartWriter.write
+
+    def full_disk_in_instance_1(self: PartWriter, item: FinishedEpisode, layout: Any) -> None:
+        if item.key.instance == 1:
+            raise OSError(28, "No space left on device")
+        write(self, item, layout)
+
+    monkeypatch.setattr(PartWriter, "write", full_disk_in_instance_1)
+    with pytest.raises(DatasetWriteError) as raised:
+        evaluate(pipeline, outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    said = str(raised.value)
+    assert "the dataset writer of 1 instance(s) failed, so their shards hold only part of their episodes" in said
+    assert "(task0-i1: OSError: [Errno 28] No space left on device)" in said
+    assert said.endswith(f"run them again: hud-pipelines run {path} --partition task0-i1"), said
+    assert not target.exists(), "nothing published without the episodes of task0-i1"
+    grades = json.loads((tmp_path / "outputs" / "full_disk" / "grades.json").read_text())
+    assert len(grades) == 4
+    assert {row["status"] for row in grades} == {EpisodeStatus.SUCCEEDED.value}, "recording decides no grade"
+
+    monkeypatch.setattr(PartWriter, "write", write)
+    again = evaluate(
+        pipeline,
+        outputs_dir=tmp_path / "outputs",
+        project_dir=REPO,
+        partitions=[pipeline.partition_for_key("task0-i1")],
+    )
+    assert again.dataset is not None
+    assert LeRobotDataset("local/full_disk", root=target).num_episodes == 4
