@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import redis
-from dagster import DagsterInstance
+from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.event_api import EventLogCursor
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.execution.context.system import PlanOrchestrationContext
@@ -299,9 +299,12 @@ def retried_steps(events: Iterable[DagsterEvent]) -> list[str]:
 
 
 def run_ended(instance_ref: InstanceRef | None, run_id: str) -> str | None:
-    """The status of run ``run_id`` when it has ended (``None`` while it runs, or where it cannot be read)."""
+    """The status of run ``run_id`` when it has ended or is being cancelled (``None`` while it runs, or where it
+    cannot be read): a step of a run being cancelled that reaches a worker (queued when the run was terminated;
+    a busy solo worker cannot take the revoke) must not start, or a re-execution would run its unit twice."""
     if instance_ref is None:
         return None
     with DagsterInstance.from_ref(instance_ref) as instance:
         run = instance.get_run_by_id(run_id)
-    return run.status.value if run is not None and run.is_finished else None
+    ending = run is not None and (run.is_finished or run.status is DagsterRunStatus.CANCELING)
+    return run.status.value if run is not None and ending else None

@@ -92,8 +92,11 @@ def eval_units_asset(
     control = {QUEUE_TAG: settings.control_queue}
     placement = UnitPlacement.of(settings)
 
+    # each op's definition is named for its pipeline: Dagster's job of every asset ("Materialize all", a
+    # backfill) holds every pipeline's graph, and one name may stand for one definition only; the nodes keep
+    # the short names (step keys ``<pipeline>__eval.unit[...]``)
     @dg.op(
-        name="plan",
+        name=f"{spec.name}__plan",
         out={UNITS: dg.DynamicOut(str), PLANNED: dg.Out(dg.Nothing)},
         required_resource_keys=resources,
         tags=control,
@@ -111,7 +114,7 @@ def eval_units_asset(
         yield dg.Output(None, output_name=PLANNED)
 
     @dg.op(
-        name="unit",
+        name=f"{spec.name}__unit",
         required_resource_keys=resources,
         tags={QUEUE_TAG: settings.queue, UNIT_TAG: "true", **placement.unit_tags},
         retry_policy=placement.unit_retry_policy,
@@ -141,7 +144,7 @@ def eval_units_asset(
         }
 
     @dg.op(
-        name="finish",
+        name=f"{spec.name}__finish",
         ins={"units": dg.In(), PLANNED: dg.In(dg.Nothing)},
         out={
             "contract": dg.Out(dg.Nothing, is_required=False),
@@ -173,8 +176,9 @@ def eval_units_asset(
         out={"contract": dg.GraphOut(), "rollouts": dg.GraphOut(), "instances": dg.GraphOut()},
     )
     def eval_graph() -> dict[str, Any]:
-        keys, planned = plan()
-        contract, rollouts, instances = finish(units=keys.map(unit).collect(), planned=planned)
+        keys, planned = plan.alias("plan")()
+        units = keys.map(unit.alias("unit")).collect()
+        contract, rollouts, instances = finish.alias("finish")(units=units, planned=planned)
         return {"contract": contract, "rollouts": rollouts, "instances": instances}
 
     return dg.AssetsDefinition(

@@ -120,11 +120,16 @@ def test_a_step_of_a_run_that_has_ended_is_not_run_again(tmp_path: Path) -> None
     from hud_pipelines.dagster.step_recovery import run_ended
 
     with _instance(tmp_path / "dagster_home") as instance:
-        for run_id, status in (("running", DagsterRunStatus.STARTED), ("failed", DagsterRunStatus.FAILURE)):
+        for run_id, status in (
+            ("running", DagsterRunStatus.STARTED),
+            ("failed", DagsterRunStatus.FAILURE),
+            ("terminated", DagsterRunStatus.CANCELING),
+        ):
             instance.add_run(DagsterRun(job_name="job", run_id=run_id, status=status))
         ref = instance.get_ref()
     assert run_ended(ref, "running") is None
     assert run_ended(ref, "failed") == "FAILURE"
+    assert run_ended(ref, "terminated") == "CANCELING", "a queued step of a run being cancelled does not start"
     assert run_ended(ref, "unknown") is None, "a run the instance does not know is left to dagster-celery's own check"
 
 
@@ -165,7 +170,7 @@ def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_
 def test_a_celery_deployment_gives_the_same_assets_with_one_unit_per_instance_on_its_queue(
     write_pipeline: WritePipeline, outputs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hud_pipelines.dagster.definitions import definitions_for_file
+    from hud_pipelines.dagster.definitions import build_definitions, definitions_for_file
 
     path = write_pipeline("spread", group=3)
     local = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
@@ -188,6 +193,16 @@ def test_a_celery_deployment_gives_the_same_assets_with_one_unit_per_instance_on
     assert ops["unit"].tags["dagster-celery/queue"] == "gpu"
     assert ops["plan"].tags["dagster-celery/queue"] == "cpu"
     assert ops["finish"].tags["dagster-celery/queue"] == "cpu"
+
+    other = write_pipeline("other", group=1)  # every pipeline's graph in one job: Dagster's "Materialize all"
+    both = build_definitions(other.parent, outputs_dir=outputs_dir)
+    dg.Definitions.validate_loadable(both)
+    every_asset = both.resolve_implicit_global_asset_job_def()
+    assert {"spread__eval.unit", "other__eval.unit"} <= {
+        f"{graph.name}.{node.name}"
+        for graph in every_asset.graph.nodes
+        for node in getattr(graph.definition, "nodes", [])
+    }
 
     with dg.DagsterInstance.ephemeral() as instance:
         with pytest.raises(DeploymentError) as refused:
