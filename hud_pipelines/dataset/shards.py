@@ -25,7 +25,7 @@ from hud_pipelines.dataset.publish import publish_shards
 from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
-from hud_pipelines.errors import DatasetWriteError, HudPipelinesError
+from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.spec.dataset_options import DatasetOptions
@@ -114,13 +114,13 @@ class ShardStore:
         if not written:
             stale = sum(self.outputs.shard(k).is_dir() for k in self.spec.partition_keys())
             detail = f" ({stale} instance(s) have only the shard of another run or configuration)" if stale else ""
-            raise HudPipelinesError(
+            raise EmptyDatasetError(
                 f"{self.spec.name}: no instance of this configuration has run yet{detail}; run the rollouts first"
             )
         shards = [self.outputs.shard(k) for k in written]
         self._refuse_incomplete(written)
         if not find_parts(shards):
-            raise HudPipelinesError(
+            raise EmptyDatasetError(
                 f"{self.spec.name}: no episode to publish: every episode of the {len(shards)} instance(s) that ran "
                 "errored, and errored episodes stay out of the dataset (`dataset.keep_errored: true` keeps them)"
             )

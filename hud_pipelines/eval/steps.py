@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract, state_images
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import EmptyDatasetError, HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, episode_errors_warning, success_signal_warning
 from hud_pipelines.eval.configuration import (
@@ -283,12 +283,12 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
     for member, expected in sweep_members(spec, outputs):  # a dataset per checkpoint: other weights, other data
         member_root = _member_dataset(root, member.label)
         assert member_root is not None
-        current = current_results(member.spec, member.outputs, expected)
-        if not current:  # its results are of an earlier configuration: its grades say not_run, it has no data
-            logger.warning("checkpoint %s of %s has no current instance: no dataset of it", member.label, spec.name)
-            continue
         store = ShardStore(member.outputs, member.spec, run_id=run_id)
-        store.publish(member_root, current)  # one the run did not evaluate again is kept as it is
+        try:  # one the run did not evaluate again is kept as it is
+            store.publish(member_root, current_results(member.spec, member.outputs, expected))
+        except EmptyDatasetError as exc:  # results of an earlier configuration, weights that never loaded: no data
+            logger.warning("checkpoint %s of %s has no dataset: %s", member.label, spec.name, exc)
+            continue
         write_dataset_links(member.outputs.base / ASSETS_DIR, member_root, member.spec.dataset_repo_id)
         published.append((store, member_root))
     if not published:

@@ -412,7 +412,10 @@ def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_dele
     config = run.pretrained(1500) / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "dim_model": 8}))  # weights of another shape
     age(run.output_dir, 60)
-    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
+    published = tmp_path / "datasets"
+    spec = sweep_spec(
+        tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1, dataset={"root": str(published)}
+    )
     broken = evaluate(spec, outputs_dir=tmp_path / "out")
     assert {row.status.value for row in broken.rows if row.checkpoint == "001500"} == {"errored"}
     assert not broken.passed, "the latest checkpoint could not be evaluated"
@@ -425,6 +428,10 @@ def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_dele
     compared = (tmp_path / "out" / "reach_sweep" / "comparison.csv").read_text()
     assert "001500" not in compared, "nor is it compared"
     assert "001500" not in (tmp_path / "out" / "reach_sweep" / "report.md").read_text().split("## Checkpoints")[1]
+    assert after.dataset is not None, (
+        "the checkpoints that ran publish their datasets; the one that never loaded has none"
+    )
+    assert sorted(p.name for p in published.iterdir()) == ["000500", "001000"]
 
 
 def test_one_sim_serves_every_checkpoint_and_each_policy_is_loaded_once(
