@@ -22,6 +22,7 @@ from hud_pipelines.eval.configuration import (
     read_served_sim,
     recorded_provenance,
 )
+from hud_pipelines.eval.grades import one_line
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_result
 from hud_pipelines.eval.runner import EvalRunner
@@ -167,14 +168,16 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
     kept = [(attempt, earlier) for attempt in results if (earlier := kept_result(attempt, outputs)) is not None]
     if not kept:
         return None
-    alike: dict[tuple[str, str, str], list[str]] = {}  # one line per reason and earlier run: a sim down says it once
+    # one line per fault and earlier run, with the first instance's reason in one line: a sim down says it once,
+    # and reasons that differ only by a port, a process or a stack dump do not push the command out of sight
+    alike: dict[tuple[str, str, str], list[InstanceResult]] = {}
     for attempt, earlier in kept:
         ended = "did not start" if attempt.fault in NEVER_STARTED else "did not complete"
-        alike.setdefault((ended, f"{attempt.fault}: {attempt.error}", earlier.run_id), []).append(attempt.key)
+        alike.setdefault((ended, str(attempt.fault), earlier.run_id), []).append(attempt)
     lines = [
-        f"instance(s) {', '.join(keys)} {ended} ({reason}); their results of run {run} are kept, as nothing "
-        "ran to replace them"
-        for (ended, reason, run), keys in alike.items()
+        f"instance(s) {', '.join(a.key for a in attempts)} {ended} ({fault}: {one_line(attempts[0].error)}); their "
+        f"results of run {run} are kept, as nothing ran to replace them"
+        for (ended, fault, run), attempts in alike.items()
     ]
     invocation = ["hud-pipelines", "run", run_argument(spec)]
     command = rerun_command([attempt.key for attempt, _ in kept], invocation, spec.partition_keys())

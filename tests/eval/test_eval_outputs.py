@@ -478,6 +478,32 @@ def test_an_interrupted_run_leaves_every_earlier_result_in_place_whatever_config
     )
 
 
+def test_instances_that_kept_their_results_are_said_in_a_line_a_fault_with_the_command_last(tmp_path: Path) -> None:
+    """Hung sims' reasons differ by port, process and stack dump: one line says them all, and the command stays."""
+    import dataclasses
+
+    from hud_pipelines.eval.results import unreached_result
+    from hud_pipelines.eval.rollouts import kept_failure
+
+    spec = _spec(tmp_path, group=3)
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    attempts = []
+    for index, partition in enumerate(spec.partitions()):
+        finished = unreached_result(spec, partition, "stand-in", Fault.ENV, run_id="first")
+        dataclasses.replace(finished, error=None, fault=None).write(outputs.result(finished.key))
+        dump = f"sim at 127.0.0.1:{4000 + index} (pid {900 + index}) hung\nstderr tail:\n  File 'x.py', line {index}"
+        attempts.append(unreached_result(spec, partition, dump, Fault.SIM_HUNG, run_id="second"))
+    said = kept_failure(spec, outputs, attempts)
+    assert said is not None
+    lines = said.splitlines()
+    assert lines == [
+        "instance(s) task0-i0, task0-i1, task0-i2 did not complete (sim_hung: sim at 127.0.0.1:4000 (pid 900) hung "
+        "(full reason in grades.json)); their results of run first are kept, as nothing ran to replace them",
+        f"once they can start: hud-pipelines run {tmp_path / 'placed.yaml'} --partition task0-i0 --partition task0-i1 "
+        "--partition task0-i2",
+    ]
+
+
 def test_a_stale_result_names_what_of_the_configuration_changed_where_the_runs_recorded_it(tmp_path: Path) -> None:
     import dataclasses
 
