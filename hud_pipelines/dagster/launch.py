@@ -11,7 +11,6 @@ part of the pointer, so a long-lived worker never reuses a job it built before a
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from hud_pipelines.dagster.deployment import (
     load_deployment,
     load_execution,
 )
+from hud_pipelines.dagster.location import files_digest
 from hud_pipelines.errors import DeploymentError
 from hud_pipelines.spec.loader import load_pipeline
 
@@ -71,14 +71,6 @@ def reconstructable_pipeline_job(
         "digest": files_digest(path, deployment),
     }
     return dg.build_reconstructable_job(__name__, pipeline_job.__name__, reconstructable_kwargs=kwargs)
-
-
-def files_digest(pipeline: Path, deployment: Path | None) -> str:
-    """A digest of the pipeline file and the deployment file, as this process reads them."""
-    digest = hashlib.sha256(pipeline.read_bytes())
-    if deployment is not None:
-        digest.update(b"\0" + deployment.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def distributed(pipeline: str, deployment: Path | None = None) -> bool:

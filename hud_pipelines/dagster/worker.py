@@ -31,6 +31,7 @@ from dagster_celery.config import TASK_EXECUTE_PLAN_NAME
 from hud_pipelines.dagster.celery_executor import celery_app
 from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, ExecutionSettings, deployment_path, load_execution
 from hud_pipelines.dagster.lease import LeaseKeeper, lease_url
+from hud_pipelines.dagster.location import load_as_run
 from hud_pipelines.dagster.step_recovery import run_ended
 from hud_pipelines.errors import DeploymentError
 
@@ -57,8 +58,11 @@ _dagster_execute_plan = cast(Any, tasks.create_task(app))._get_current_object()
 
 
 @app.task(bind=True, name=TASK_EXECUTE_PLAN_NAME)
-def execute_plan(self: Any, execute_step_args_packed: dict[str, Any], executable_dict: dict[str, Any]) -> list[str]:
-    """Run one step of a run (dagster-celery's task), unless that run has ended.
+def execute_plan(
+    self: Any, execute_step_args_packed: dict[str, Any], executable_dict: dict[str, Any], location_digest: str = ""
+) -> list[str]:
+    """Run one step of a run (dagster-celery's task), unless that run has ended, with the pipeline files the run
+    began with (``location_digest``, for a run of the code location: :func:`~.location.load_as_run`).
 
     The broker hands a step whose worker died to another worker once its visibility timeout passes (an
     hour by default), and a step revoked while queued can still reach a worker: the run it belongs to
@@ -69,6 +73,8 @@ def execute_plan(self: Any, execute_step_args_packed: dict[str, Any], executable
     if ended is not None:
         log.warning("not running steps %s: run %s has ended (%s)", args.step_keys_to_execute, args.run_id, ended)
         return []
+    if location_digest:
+        load_as_run(args.job_origin.job_name, location_digest)
     _dagster_execute_plan.push_request(hostname=self.request.hostname, id=self.request.id)
     try:
         return _dagster_execute_plan.run(execute_step_args_packed, executable_dict)
