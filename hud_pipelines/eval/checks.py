@@ -195,7 +195,7 @@ def episode_errors_warning(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]
     scheduled = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
     return (
         f"{faults.total()} of {scheduled} episode(s) errored ({counted}; the first: {one_line(first or '')}): errored "
-        "episodes are left out of the success rate and no check of this pipeline fails on them; add "
+        "episodes are left out of the success rate, and no max_error_rate check bounds them; add "
         "{kind: max_error_rate, value: 0.0} to its checks to fail the run when an episode errors"
     )
 
@@ -218,10 +218,12 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
                 passed, said = False, f"{said}, {undecided}"
             elif observed is not None:
                 note = _not_run_could(check, rows, summary.succeeded, summary.graded)
-        case MaxErrorRateCheck():
-            observed = summary.error_rate
+        case MaxErrorRateCheck():  # instances not run with this configuration yet are no errors of a run
+            errored, scheduled = summary.errored - summary.not_run, summary.scheduled - summary.not_run
+            observed = 0.0 if scheduled == 0 else errored / scheduled
             passed = observed <= check.value
-            said, threshold = f"{observed:.1%} ({summary.errored}/{summary.scheduled})", f"{check.value:.1%}"
+            said, threshold = f"{observed:.1%} ({errored}/{scheduled})", f"{check.value:.1%}"
+            note = f"; {summary.not_run} episode(s) not run with this configuration yet" if summary.not_run else ""
         case MinMeanScoreCheck():
             observed = summary.mean_score
             passed = observed is not None and observed >= check.value

@@ -96,7 +96,8 @@ class MinSuccessRateCheck(_Check):
 
 
 class MaxErrorRateCheck(_Check):
-    """Passes when the share of errored slots (sim or policy faults) is at most `value`."""
+    """Passes when the share of errored slots (sim or policy faults) is at most `value`. Instances not run with
+    this configuration yet (a run of some partitions) are no errors of the eval's and are left out of it."""
 
     kind: Literal["max_error_rate"] = Field(default="max_error_rate", description="selects this check")
     value: Float = Field(ge=0.0, le=1.0, description="highest acceptable error rate, 0..1")

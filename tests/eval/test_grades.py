@@ -153,6 +153,11 @@ def test_a_checks_description_gives_its_figure_as_people_read_it_with_its_denomi
         return check_verdict(check, rows).description
 
     assert said(MaxErrorRateCheck(value=0.0), _rows(1, 0, 2)) == "max_error_rate: observed 66.7% (2/3), threshold 0.0%"
+    not_run = [dataclasses.replace(r, fault=Fault.NOT_RUN) for r in _rows(0, 0, 3)]  # a run of some partitions
+    assert check_verdict(MaxErrorRateCheck(value=0.0), _rows(2, 1) + not_run).passed
+    assert said(MaxErrorRateCheck(value=0.0), _rows(1, 0, 2) + not_run) == (
+        "max_error_rate: observed 66.7% (2/3), threshold 0.0%; 3 episode(s) not run with this configuration yet"
+    )
     assert (
         said(MinSuccessRateCheck(value=0.7), _rows(2, 1)) == "min_success_rate: observed 66.7% (2/3), threshold 70.0%"
     )
