@@ -243,7 +243,12 @@ def run_selection(
             f"holds them: `hud-pipelines run {spec.name}` or the sensor {spec.name}__checkpoints registers and "
             "evaluates them"
         )
-    if chosen.outside:
+    default = [context.job_def.tags.get(tag) for tag in (RANGE_START_TAG, RANGE_END_TAG)]  # read at load
+    if (
+        chosen.outside
+        and None not in default
+        and default == [context.run.tags.get(RANGE_START_TAG), context.run.tags.get(RANGE_END_TAG)]
+    ):  # another range was chosen on purpose
         context.log.warning(
             f"{spec.name}: registered checkpoint(s) {', '.join(chosen.outside)} are outside this run's range (a "
             "job's default range is the one read when the code location loaded: reload it to take in checkpoints "

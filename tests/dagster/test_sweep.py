@@ -221,15 +221,27 @@ def test_a_run_of_one_partition_of_a_sweep_runs_it(run: LeRobotRun, tmp_path: Pa
     # nothing registered: no default range; the project is the repository, where the child imports the sim from
     defs = definitions_for_file(path, outputs_dir=local, project_dir=REPO)
     with dg.DagsterInstance.get() as instance:
-        sweeps.register(instance, load_pipeline(path), ["001000", "000500"])
+        sweeps.register(instance, load_pipeline(path), ["001000"])
         done = defs.resolve_job_def("reach_sweep").execute_in_process(
             instance=instance, partition_key="001000|near-i0", raise_on_error=False
         )
-        said = [e.message for e in instance.all_logs(done.run_id) if "outside this run's range" in e.message]
     assert done.success, [e.message for e in done.all_events if e.is_failure]
     assert set(_run_ids(local)) == {"001000"}
+
+    stale = definitions_for_file(path, outputs_dir=local, project_dir=REPO).resolve_job_def("reach_sweep")
+    assert stale.tags == sweeps.range_tags(load_pipeline(path), ["001000"]), "its default range, read at load"
+    with dg.DagsterInstance.get() as instance:
+        sweeps.register(instance, load_pipeline(path), ["000500"])  # registered since the code location loaded
+        stale_run = stale.execute_in_process(instance=instance, raise_on_error=False)
+        said = [e.message for e in instance.all_logs(stale_run.run_id) if "outside this run's range" in e.message]
+        again = defs.resolve_job_def("reach_sweep").execute_in_process(
+            instance=instance, partition_key="001000|near-i0", raise_on_error=False
+        )
+        picked = [e.message for e in instance.all_logs(again.run_id) if "outside this run's range" in e.message]
+    assert stale_run.success
     [warned] = said  # a stale default range leaves out what was registered since: the log says which
     assert "registered checkpoint(s) 000500 are outside this run's range" in warned
+    assert not picked, "a partition picked on purpose is no stale range"
 
 
 def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_names_the_others(
