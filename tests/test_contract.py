@@ -107,7 +107,9 @@ def test_an_observation_with_an_images_shape_read_as_state_is_warned_of_with_how
             "depth": Box(0, 10, (48, 64), np.float32),  # a float map with no channel axis
             "pixels": Box(0, 255, (3, 32, 32), np.uint8),  # channel-first
             "camera": Box(0, 255, (32, 32, 3), np.uint8),  # a camera: not warned of
-            "poses": Box(-1, 1, (10, 3), np.float32),  # a table of ten objects: one axis under 8
+            "poses": Box(-1, 1, (10, 3), np.float32),  # a table of ten objects
+            "history": Box(-1, 1, (10, 39), np.float32),  # ten steps of proprioception
+            "lidar": Box(0, 30, (16, 360), np.float32),  # a lidar's rings
             "joints": Box(-1, 1, (7,), np.float32),
         }
     )
@@ -118,6 +120,8 @@ def test_an_observation_with_an_images_shape_read_as_state_is_warned_of_with_how
     assert "a camera must be a uint8 array of (height, width, channel)" in depth
     assert pixels.startswith("observation 'pixels' (uint8 [3, 32, 32])")
     assert "it is channel-first: give it as (height, width, channel) in the env" in pixels
+    floats = state_images(derive(Box(0, 1, (3, 32, 32), np.float32)))
+    assert "give it as (height, width, channel), as uint8 (0-255) rather than float32 in the env" in floats[0]
 
 
 def test_action_features() -> None:

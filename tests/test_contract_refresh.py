@@ -82,11 +82,11 @@ def test_a_shape_change_is_refused_by_the_eval_and_refreshed_by_the_contract_com
 def test_a_float_map_read_as_state_is_warned_of_by_the_contract_command_and_the_eval(
     project: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = write_pipeline(project, dim=[16, 24])
+    path = write_pipeline(project, dim=[32, 48])
     assert main(["contract", "sized"]) == 0
     out = capsys.readouterr().out
-    assert "warning: observation 'state' (float32 [16, 24]) has an image's shape but is read as state (384 " in out
+    assert "warning: observation 'state' (float32 [32, 48]) has an image's shape but is read as state (1536 " in out
     with caplog.at_level(logging.WARNING, logger="hud_pipelines"):
         evaluate(load_pipeline(path), outputs_dir=project / "outputs", project_dir=project)
     [said] = [r.getMessage() for r in caplog.records if "has an image's shape" in r.getMessage()]
-    assert said.startswith("sized: observation 'state' (float32 [16, 24])")
+    assert said.startswith("sized: observation 'state' (float32 [32, 48])")

@@ -39,25 +39,37 @@ def looks_like_camera(array: npt.NDArray[Any]) -> bool:
     return array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in CAMERA_CHANNELS
 
 
-def camera_advice(shape: Sequence[int]) -> str:
-    """How to give an image of ``shape`` that is read as state as a camera instead."""
+def camera_advice(shape: Sequence[int], dtype: str = "uint8") -> str:
+    """How to give an image of ``shape`` and ``dtype`` that is read as state as a camera instead."""
+    as_bytes = "" if dtype == "uint8" else f", as uint8 (0-255) rather than {dtype}"
     if len(shape) == 3 and shape[0] in CAMERA_CHANNELS and shape[-1] not in CAMERA_CHANNELS:
-        return "it is channel-first: give it as (height, width, channel) in the env (np.transpose(image, (1, 2, 0)))"
+        return f"it is channel-first: give it as (height, width, channel){as_bytes} in the env"
     return "a camera must be a uint8 array of (height, width, channel) with 1, 3 or 4 channels"
 
 
+def _image_shaped(shape: Sequence[int]) -> bool:
+    """A 2-D map of at least 32 x 32, or 1, 3 or 4 channels (first or last) over at least 16 x 16: a state of
+    a few vectors (a history of joint angles, a lidar ring) stays unwarned."""
+    if len(shape) == 2:
+        return min(shape) >= 32
+    if len(shape) == 3:
+        spatial = shape[1:] if shape[0] in CAMERA_CHANNELS else shape[:2] if shape[2] in CAMERA_CHANNELS else ()
+        return len(spatial) == 2 and min(spatial) >= 16
+    return False
+
+
 def state_images(contract: Contract) -> list[str]:
-    """A warning for each observation read as state that has an image's shape (two axes of 8 or more).
+    """A warning for each observation read as state that has an image's shape (:func:`_image_shaped`).
 
     Such a feature is stored in the dataset as a vector of every value, with no video, and the policy gets
     it flat: a depth map of floats or a channel-first image is most often meant as a camera.
     """
     return [
         f"observation {name!r} ({feature.dtype} {list(feature.shape)}) has an image's shape but is read as state "
-        f"({feature.size} values a step, no video): {camera_advice(feature.shape)}; a depth map of floats "
-        "can be scaled to uint8 with one channel and typed depth in the contract file"
+        f"({feature.size} values a step, no video): {camera_advice(feature.shape, feature.dtype)}; a depth map of "
+        "floats can be scaled to uint8 with one channel and typed depth in the contract file"
         for name, feature in contract.state_features.items()
-        if sum(1 for axis in feature.shape if axis >= 8) >= 2
+        if _image_shaped(feature.shape)
     ]
 
 

@@ -198,7 +198,7 @@ def _camera_mismatch(name: str, kept: Feature, fresh: Feature) -> str:
         return f"feature {name!r} is a camera ({_layout(fresh)}) in the env; it cannot be typed {kept.type.value}"
     return (
         f"feature {name!r} is typed {kept.type.value} in the contract file, but the env gives {_layout(fresh)}, which "
-        f"is read as state ({fresh.size} values): {camera_advice(fresh.shape)}"
+        f"is read as state ({fresh.size} values): {camera_advice(fresh.shape, fresh.dtype)}"
     )
 
 

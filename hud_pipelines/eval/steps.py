@@ -63,8 +63,6 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
     and fingerprint).
     """
     contract = seed_checked_contract(spec, pool, outputs)
-    for warning in state_images(contract):
-        logger.warning("%s: %s", spec.name, warning)
     outputs.contract.parent.mkdir(parents=True, exist_ok=True)
     outputs.contract.write_text(contract.to_json())
     if pool.served_sim:
@@ -73,7 +71,8 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
 
 
 def seed_checked_contract(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs) -> Contract:
-    """The sim's contract, then its seeded reset checked on the first instance's tasks (``seed_check.json``).
+    """The sim's contract, then its seeded reset checked on the first instance's tasks (``seed_check.json``);
+    an observation of an image's shape read as state is warned of.
 
     The check runs once per run: in its contract step, or in the first unit of a run on workers.
     """
@@ -84,6 +83,8 @@ def seed_checked_contract(spec: PipelineSpec, pool: SimPool, outputs: EvalOutput
         then=lambda client: checked.append(check_seeded_reset(client, tasks, rollout_hash=spec.rollout_hash))
     )
     write_seed_check(outputs, checked[0] if checked else None)
+    for warning in state_images(contract):
+        logger.warning("%s: %s", spec.name, warning)
     return contract
 
 
