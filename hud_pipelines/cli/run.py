@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import shlex
 import signal
 import sys
 import uuid
@@ -217,6 +219,8 @@ def _counting(finished: list[str], then: Callable[[InstanceResult], None]) -> Ca
     return listener
 
 
+COMMAND = re.compile(r"hud-pipelines run (?:'[^']*'|\S+)")
+"""The start of a command a step's failure gives (the pipeline, quoted where it must be)."""
 DAGSTER_FAILURE = "dagster._core.definitions.events.Failure"  # heads a step's dg.Failure message
 INTERRUPTED_ERROR = "DagsterExecutionInterruptedError"  # said by the run's own line, in words
 
@@ -263,7 +267,8 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str], 
             continue  # a check: reported above; an interrupt: said by the run's own line
         cause = error.cause if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause else error
         lines = cause.message.strip().removeprefix(f"{DAGSTER_FAILURE}: ").splitlines()
-        problems.append(f"step {event.step_key} failed: {' / '.join(lines[:6])}")
+        said = " / ".join(lines[:6])  # a command it gives runs as this run was asked (its --outputs, ...)
+        problems.append(f"step {event.step_key} failed: {COMMAND.sub(lambda _: shlex.join(invocation), said)}")
     failures = [e.job_failure_data.error for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE"]
     said = [error for error in failures if error and INTERRUPTED_ERROR not in error.message]  # the run says it
     if not problems:  # no step says why: the run's own failure does (a step that died on a worker, say)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import shutil
 import uuid
 from collections.abc import Iterable, Mapping
@@ -42,7 +41,9 @@ PUBLISHED_FROM = "meta/hud_published_from.json"
 class ShardStore:
     """The shards of one pipeline under ``outputs/<name>/shards/``."""
 
-    def __init__(self, outputs: EvalOutputs, spec: PipelineSpec, *, run_id: str) -> None:
+    def __init__(self, outputs: EvalOutputs, spec: PipelineSpec, *, run_id: str, checkpoint: str | None = None) -> None:
+        self.checkpoint = checkpoint
+        """The label of the sweep's checkpoint ``spec`` is (its instances re-run as ``<label>|<instance>``)."""
         self.outputs = outputs
         self.spec = spec
         self.run_id = run_id
@@ -140,19 +141,19 @@ class ShardStore:
     def _refuse_incomplete(self, keys: Iterable[str]) -> None:
         """Refuse to publish when a shard's writer failed: the dataset would lack its episodes without a word."""
         from hud_pipelines.eval.checks import rerun_command
+        from hud_pipelines.eval.grades import one_line
         from hud_pipelines.spec.loader import run_argument
 
         marks = {k: self.outputs.shard(k) / INCOMPLETE_FILE for k in keys}
         failed = {k: mark.read_text() for k, mark in marks.items() if mark.is_file()}
         if not failed:
             return
-        listed = "; ".join(f"{key}: {reason}" for key, reason in sorted(failed.items()))
-        command = ["hud-pipelines", "run", run_argument(self.spec)]
-        again = (
-            rerun_command(list(failed), command, self.spec.partition_keys())
-            if self.spec.checkpoint_hash is None
-            else f"{shlex.join(command)} --checkpoint {self.outputs.base.name} --rerun"  # a sweep's checkpoint
-        )
+        listed = "; ".join(f"{key}: {one_line(reason)}" for key, reason in sorted(failed.items()))
+        command, order = ["hud-pipelines", "run", run_argument(self.spec)], self.spec.partition_keys()
+        if self.checkpoint is not None:  # a sweep's pairs run again only when asked to
+            failed = {f"{self.checkpoint}|{key}": reason for key, reason in failed.items()}
+            command, order = [*command, "--rerun"], [f"{self.checkpoint}|{key}" for key in order]
+        again = rerun_command(list(failed), command, order)
         raise DatasetWriteError(
             f"{self.spec.name}: the dataset writer of {len(failed)} instance(s) failed, so their shards hold only "
             f"part of their episodes ({listed}); their grades stand, and the published dataset is left as it "

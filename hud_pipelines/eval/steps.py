@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract, state_images
-from hud_pipelines.errors import EmptyDatasetError, HudPipelinesError
+from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, episode_errors_warning, success_signal_warning
 from hud_pipelines.eval.configuration import (
@@ -36,10 +36,11 @@ from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import all_verdicts, headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_tasks, has_matrix, perturbation_table
+from hud_pipelines.eval.publishing import dataset_root, dataset_step, member_dataset
 from hud_pipelines.eval.report import ReportContext, render_markdown, render_plot
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
-from hud_pipelines.eval.rows import collect_rows, current_results, sweep_members
+from hud_pipelines.eval.rows import collect_rows, sweep_members
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
@@ -157,7 +158,7 @@ def report_step(
     checks = builtin_verdicts(rows, run_argument(spec)) if member_of_sweep else all_verdicts(spec, rows)
     members = sweep_members(spec, outputs, current) if spec.is_sweep else []
     for checkpoint, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
-        folder = _member_dataset(dataset, checkpoint.label)
+        folder = member_dataset(dataset, checkpoint.label)
         report_step(
             checkpoint.spec, checkpoint.outputs, run_id=run_id, current=expected, dataset=folder, member=checkpoint
         )
@@ -201,11 +202,6 @@ def report_step(
     )
     embedded = markdown.replace(f"]({outputs.report_png.name})", f"]({png_data_uri(plot)})", 1)  # the UI: no folder
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views), tuple(warned))
-
-
-def _member_dataset(dataset: Path | None, label: str) -> Path | None:
-    """A sweep's checkpoint publishes its own dataset, in a folder named by its label (:func:`dataset_step`)."""
-    return None if dataset is None else dataset / label
 
 
 def comparison_step(
@@ -264,44 +260,6 @@ def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str], matrix:
         f"by McNemar's exact test on the paired successes.{CONTROL_NOTE if matrix else ''}\n\n"
         f"{table.markdown()}\n{waiting}\n![success rate by training step](comparison.png)\n"
     )
-
-
-# -- dataset ---------------------------------------------------------------------------------------------
-
-
-def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path, run_id: str) -> DatasetSummary:
-    """Merge every instance's latest shard and publish the dataset atomically."""
-    from hud_pipelines.dataset.shards import ShardStore
-    from hud_pipelines.eval.report_html import ASSETS_DIR, write_dataset_links
-
-    root = dataset_root(spec, outputs, project_dir)
-    if not spec.is_sweep:
-        store = ShardStore(outputs, spec, run_id=run_id)
-        store.publish(root, current_results(spec, outputs))
-        write_dataset_links(outputs.base / ASSETS_DIR, root, spec.dataset_repo_id)  # the report's cards link to it
-        return store.summary(root)
-    published: list[tuple[ShardStore, Path]] = []
-    for member, expected in sweep_members(spec, outputs):  # a dataset per checkpoint: other weights, other data
-        member_root = _member_dataset(root, member.label)
-        assert member_root is not None
-        store = ShardStore(member.outputs, member.spec, run_id=run_id)
-        try:  # one the run did not evaluate again is kept as it is
-            store.publish(member_root, current_results(member.spec, member.outputs, expected))
-        except EmptyDatasetError as exc:  # results of an earlier configuration, weights that never loaded: no data
-            logger.warning("checkpoint %s of %s has no dataset: %s", member.label, spec.name, exc)
-            continue
-        write_dataset_links(member.outputs.base / ASSETS_DIR, member_root, member.spec.dataset_repo_id)
-        published.append((store, member_root))
-    if not published:
-        raise HudPipelinesError(f"sweep {spec.name!r} has no evaluated checkpoint to publish")
-    store, last = published[-1]
-    return store.summary(last)  # the last checkpoint's, as the dataset asset shows (one load, not one each)
-
-
-def dataset_root(spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path) -> Path:
-    """``dataset.root`` (relative to the project) when the YAML sets it, else ``<outputs>/datasets/<name>``."""
-    configured = spec.dataset.root if spec.dataset is not None else None
-    return spec.dataset_root(project_dir) if configured else outputs.dataset
 
 
 # -- everything --------------------------------------------------------------------------------------------

@@ -434,6 +434,39 @@ def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_dele
     assert sorted(p.name for p in published.iterdir()) == ["000500", "001000"]
 
 
+def test_a_checkpoint_whose_dataset_writer_failed_holds_back_only_its_own_dataset_until_it_runs_again(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.dataset.part import FinishedEpisode, PartWriter
+    from hud_pipelines.errors import DatasetWriteError
+
+    monkeypatch.chdir(REPO)
+    published = tmp_path / "datasets"
+    spec = sweep_spec(
+        tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1, dataset={"root": str(published)}
+    )
+    write = PartWriter.write
+
+    def full_disk_for_001000(self: PartWriter, item: FinishedEpisode, layout: Any) -> None:
+        if "/001000/" in item.key.job:
+            raise OSError(28, "No space left on device")
+        write(self, item, layout)
+
+    monkeypatch.setattr(PartWriter, "write", full_disk_for_001000)
+    with pytest.raises(DatasetWriteError) as raised:
+        evaluate(spec, outputs_dir=tmp_path / "out")
+    said = str(raised.value)
+    assert said.startswith("checkpoint 001000: reach_sweep: the dataset writer of 1 instance(s) failed"), said
+    rerun = f"run them again: hud-pipelines run {tmp_path / 'reach_sweep.yaml'} --rerun --partition '001000|near-i0'"
+    assert said.endswith(rerun), said
+    assert sorted(p.name for p in published.iterdir()) == ["000500", "001500"], "the others are published"
+
+    monkeypatch.setattr(PartWriter, "write", write)
+    again = evaluate(spec, outputs_dir=tmp_path / "out", checkpoints=["001000"], rerun=True)
+    assert again.dataset is not None
+    assert sorted(p.name for p in published.iterdir()) == ["000500", "001000", "001500"]
+
+
 def test_one_sim_serves_every_checkpoint_and_each_policy_is_loaded_once(
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

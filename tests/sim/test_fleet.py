@@ -318,6 +318,8 @@ def test_a_run_that_meets_no_served_sim_keeps_every_earlier_result_and_fails_say
     printed = capsys.readouterr().out
     assert "step fleet__eval failed: instance(s) task0-i0, task0-i1, task0-i2, task0-i3 did not start" in printed
     assert "are kept, as nothing ran to replace them" in printed, printed[-3000:]
+    asked = f"hud-pipelines run {tmp_path / 'fleet.yaml'} --outputs {tmp_path / 'out'} --partition task0-i0"
+    assert f"once they can start: {asked}" in printed, "the command as this run was asked"
     grades = [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
     assert grades == first.rows, "the grades, written again after the failed step, are the kept results"
 
