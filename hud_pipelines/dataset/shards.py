@@ -72,10 +72,11 @@ class ShardStore:
         why its writer failed, which marks it incomplete (:meth:`publish` refuses it).
         """
         pending = self._pending(partition_key)
+        if failure is not None:  # also a writer that failed before it wrote anything: the mark says so
+            pending.mkdir(parents=True, exist_ok=True)
+            (pending / INCOMPLETE_FILE).write_text(failure)
         if not pending.exists():
             return
-        if failure is not None:
-            (pending / INCOMPLETE_FILE).write_text(failure)
         (pending / RUN_FILE).write_text(self.run_id)
         current = self.outputs.shard(partition_key)
         if current.exists():

@@ -64,10 +64,17 @@ def rollouts_step(
         from hud_pipelines.recording.traces import TraceRecorder
 
         key = spec.partition_key(*partition)
-        recorder = TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos)
-        recorders: list[EpisodeSink] = [ContainedSink(recorder, f"{spec.name}: the traces of instance {key}")]
+        recorders: list[EpisodeSink] = [
+            ContainedSink.built(
+                lambda: TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos),
+                f"{spec.name}: the traces of instance {key}",
+            )
+        ]
         if shards is not None:  # its failure marks the shard incomplete (``_keep``), never the episodes
-            written[key] = ContainedSink(shards.sink(key, contract), f"{spec.name}: the dataset writer of {key}")
+            store = shards
+            written[key] = ContainedSink.built(
+                lambda: store.sink(key, contract), f"{spec.name}: the dataset writer of instance {key}"
+            )
             recorders.append(written[key])
         return recorders
 

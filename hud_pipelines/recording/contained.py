@@ -28,6 +28,17 @@ class ContainedSink:
         self.failure: str | None = None
         """Why the sink stopped recording (``None`` while it records)."""
 
+    @classmethod
+    def built(cls, make: Callable[[], EpisodeSink], what: str) -> ContainedSink:
+        """The sink ``make`` builds, contained; one that fails to build (a full disk, a layout the contract does
+        not allow) is a sink failed from the start, which records nothing, instead of an error of the instance."""
+        try:
+            return cls(make(), what)
+        except Exception as exc:
+            contained = cls(_RecordsNothing(), what)
+            contained._failed(exc)
+            return contained
+
     def begin(self, key: EpisodeKey, prompt: str) -> None:
         self._forward(lambda: self.sink.begin(key, prompt))
 
@@ -68,3 +79,22 @@ class ContainedSink:
                 cause = cause.__cause__
             self.failure = f"{type(cause).__name__}: {cause}"
             log.error("%s stopped recording, the episodes' grades stand: %s", self.what, self.failure)
+
+
+class _RecordsNothing:
+    """What a sink that failed to build holds instead."""
+
+    def begin(self, key: EpisodeKey, prompt: str) -> None:
+        del key, prompt
+
+    def add_frames(self, batch: FrameBatch) -> None:
+        del batch
+
+    def add_inferences(self, batch: InferenceBatch) -> None:
+        del batch
+
+    def end(self, key: EpisodeKey, outcome: EpisodeOutcome) -> None:
+        del key, outcome
+
+    def close(self) -> None:
+        pass

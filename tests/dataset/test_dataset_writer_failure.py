@@ -66,3 +66,33 @@ def test_a_failed_dataset_writer_keeps_the_grades_and_holds_the_dataset_back_unt
     )
     assert again.dataset is not None
     assert LeRobotDataset("local/full_disk", root=target).num_episodes == 4
+
+
+def test_a_dataset_writer_that_cannot_even_start_leaves_the_instance_running_and_its_shard_marked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.dataset.shards import ShardStore
+
+    path = tmp_path / "no_start.yaml"
+    spec: dict[str, Any] = {
+        "name": "no_start",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+        "group": 2,
+        "max_steps": 15,
+        "graders": [{"kind": "return", "threshold": 10}],
+        "dataset": {"root": str(tmp_path / "published"), "repo_id": "local/no_start"},
+    }
+    path.write_text(json.dumps(spec))
+    sink = ShardStore.sink
+
+    def no_space_for_task0_i1(self: ShardStore, partition_key: str, contract: Any) -> Any:
+        if partition_key == "task0-i1":
+            raise OSError(28, "No space left on device")
+        return sink(self, partition_key, contract)
+
+    monkeypatch.setattr(ShardStore, "sink", no_space_for_task0_i1)
+    with pytest.raises(DatasetWriteError, match=r"\(task0-i1: OSError: \[Errno 28\] No space left on device\)"):
+        evaluate(load_pipeline(path), outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    grades = json.loads((tmp_path / "outputs" / "no_start" / "grades.json").read_text())
+    assert [row["status"] for row in grades] == [EpisodeStatus.SUCCEEDED.value] * 4, "the instance ran all the same"
