@@ -45,7 +45,7 @@ from dagster_celery.executor import CeleryExecutor
 from hud_pipelines.dagster.broker_watch import BrokerWatch, redis_client
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.lease import lease_url
-from hud_pipelines.dagster.location import run_digest
+from hud_pipelines.dagster.location import LOCATION_DIGEST, run_digest
 from hud_pipelines.dagster.step_recovery import LeasedResult
 from hud_pipelines.dagster.unit_tags import RESULT_METADATA, RUN_QUEUE_TAG, UNIT_TAG
 from hud_pipelines.eval import progress
@@ -164,9 +164,8 @@ def _send_step(
         known_state=known_state,
         print_serialized_events=True,
     )
-    signature = task.si(
-        execute_step_args_packed=pack_value(args), executable_dict=recon.to_dict(), location_digest=run_digest(recon)
-    )
+    executable = {**recon.to_dict(), LOCATION_DIGEST: run_digest(recon)}  # the worker takes its own key out
+    signature = task.si(execute_step_args_packed=pack_value(args), executable_dict=executable)
     return signature.apply_async(priority=priority, queue=queue, routing_key=f"{queue}.execute_plan")
 
 

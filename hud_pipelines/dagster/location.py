@@ -26,6 +26,8 @@ from hud_pipelines.errors import DeploymentError
 from hud_pipelines.spec.loader import collect_pipelines, default_pipelines_dir, pipeline_files
 
 LOCATION_MODULE = "hud_pipelines.definitions"
+LOCATION_DIGEST = "hud_pipelines_location_digest"
+"""The key of the run's digest in a step's job pointer (dagster-celery's task takes no other argument)."""
 
 
 def location_digests(directory: Path | None = None) -> dict[str, str]:

@@ -19,6 +19,10 @@ from a graph instead::
 - ``finish`` runs once every unit ended: it materializes ``contract`` (when a unit's sim started) and
   ``instances`` (what every unit of the run did), so grades, report, checks and the dataset follow,
   once.
+- The graph takes a subset of its three assets, as "Materialize all" asks (Dagster's backfill runs the
+  unpartitioned contract, the partitioned rollouts and the rest apart): a run without the rollouts
+  plans no unit, derives the contract in ``plan`` when it is selected, and materializes ``instances``
+  from the results on disk, as the in-process step does.
 
 The results are those of the in-process run: the same seeds per slot, and each instance's policy
 rows are forwarded on their own in both (``across_instances: false``).
@@ -40,7 +44,7 @@ from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.context import effective_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import UnitPlacement
-from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata
+from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata, instances_on_disk
 from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import (
     AGENT,
@@ -56,7 +60,7 @@ from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, 
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.rollouts import current, finished_by, kept_failure, kept_result, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
-from hud_pipelines.eval.steps import record_configuration, seed_checked_contract
+from hud_pipelines.eval.steps import contract_step, record_configuration, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -97,12 +101,15 @@ def eval_units_asset(
     # the short names (step keys ``<pipeline>__eval.unit[...]``)
     @dg.op(
         name=f"{spec.name}__plan",
-        out={UNITS: dg.DynamicOut(str), PLANNED: dg.Out(dg.Nothing)},
+        out={UNITS: dg.DynamicOut(str), PLANNED: dg.Out(bool)},
         required_resource_keys=resources,
         tags=control,
     )
     def plan(context: OpExecutionContext) -> Iterator[dg.Output[Any] | dg.DynamicOutput[str]]:
         effective = effective_of(context, spec)
+        if rollouts_key not in context.selected_asset_keys:  # a run of "Materialize all" that runs no rollouts
+            yield dg.Output(_contract_alone(context, effective, outputs, contract_key), output_name=PLANNED)
+            return
         tag_running(context, spec.name)
         overrides = record_configuration(effective, spec, outputs, run_id=context.run.run_id)
         outputs.seed_check.unlink(missing_ok=True)  # the run's first unit checks anew
@@ -111,7 +118,7 @@ def eval_units_asset(
         keys = _sweep_plan(context, effective, outputs) if effective.is_sweep else _resumed(context, effective, outputs)
         for index, key in enumerate(keys):
             yield dg.DynamicOutput(key, output_name=UNITS, mapping_key=mapping_key(index, key))
-        yield dg.Output(None, output_name=PLANNED)
+        yield dg.Output(False, output_name=PLANNED)
 
     @dg.op(
         name=f"{spec.name}__unit",
@@ -145,28 +152,35 @@ def eval_units_asset(
 
     @dg.op(
         name=f"{spec.name}__finish",
-        ins={"units": dg.In(), PLANNED: dg.In(dg.Nothing)},
+        ins={"units": dg.In(), PLANNED: dg.In(bool)},
         out={
             "contract": dg.Out(dg.Nothing, is_required=False),
             "rollouts": dg.Out(dg.Nothing, is_required=False),
-            "instances": dg.Out(dg.Nothing),
+            "instances": dg.Out(dg.Nothing, is_required=False),
         },
         required_resource_keys=resources,
         tags=control,
     )
-    def finish(context: OpExecutionContext, units: list[Any]) -> Iterator[dg.Output[None]]:
+    def finish(context: OpExecutionContext, units: list[Any], planned: bool) -> Iterator[dg.Output[None]]:
         effective = effective_of(context, spec)
         run_id = context.run.run_id
-        if any(u["contract"] for u in units) and outputs.contract.is_file():
-            derived = load_contract(outputs.contract)
-            yield dg.Output(None, output_name="contract", metadata=contract_metadata(effective, outputs, derived))
+        selected = context.selected_asset_keys  # "Materialize all" runs the three apart: each yields its own
+        derived = planned or any(u["contract"] for u in units)
+        if contract_key in selected and derived and outputs.contract.is_file():
+            metadata = contract_metadata(effective, outputs, load_contract(outputs.contract))
+            yield dg.Output(None, output_name="contract", metadata=metadata)
+        if rollouts_key not in selected:  # the instances from the results on disk, as in process
+            if instances_key in selected:
+                yield dg.Output(None, output_name="instances", metadata=instances_on_disk(effective, outputs))
+            return
         results = [
             InstanceResult.from_dict(u["kept"]) if u.get("kept") else InstanceResult.read(Path(u["result"]))
             for u in units
         ]
         # ``rollouts`` is never yielded here: each unit materialized its own partition, if it completed.
-        metadata = instances_metadata(outputs, run_id, results, effective.overrides(spec))
-        yield dg.Output(None, output_name="instances", metadata=metadata)
+        if instances_key in selected:
+            metadata = instances_metadata(outputs, run_id, results, effective.overrides(spec))
+            yield dg.Output(None, output_name="instances", metadata=metadata)
         kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
         if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
             raise dg.Failure(description=kept, allow_retries=False)
@@ -186,10 +200,24 @@ def eval_units_asset(
         keys_by_input_name={},
         keys_by_output_name={"contract": contract_key, "rollouts": rollouts_key, "instances": instances_key},
         specs=list(specs),
-        # the units are one graph: the three assets are materialized together
-        can_subset=False,
+        # "Materialize all" runs the contract, the rollouts and the rest apart (their partitions differ)
+        can_subset=True,
         backfill_policy=dg.BackfillPolicy.single_run(),
     )
+
+
+def _contract_alone(
+    context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOutputs, contract_key: dg.AssetKey
+) -> bool:
+    """The contract of a run that selects it without the rollouts, derived here; whether it was."""
+    if contract_key not in context.selected_asset_keys:
+        return False
+    try:
+        contract_step(spec, sim_of(context, spec).pool(spec), outputs, run_id=context.run.run_id)
+    except HudPipelinesError as exc:
+        context.log.error(f"the sim of {spec.name} did not start: {exc}")
+        return False
+    return True
 
 
 def mapping_key(index: int, partition_key: str) -> str:

@@ -22,6 +22,7 @@ import os
 import socket
 from typing import Any, cast
 
+from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_shutdown
 from dagster._grpc.types import ExecuteStepArgs
 from dagster._serdes import unpack_value
@@ -31,7 +32,7 @@ from dagster_celery.config import TASK_EXECUTE_PLAN_NAME
 from hud_pipelines.dagster.celery_executor import celery_app
 from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, ExecutionSettings, deployment_path, load_execution
 from hud_pipelines.dagster.lease import LeaseKeeper, lease_url
-from hud_pipelines.dagster.location import load_as_run
+from hud_pipelines.dagster.location import LOCATION_DIGEST, load_as_run
 from hud_pipelines.dagster.step_recovery import run_ended
 from hud_pipelines.errors import DeploymentError
 
@@ -52,17 +53,18 @@ def _settings() -> ExecutionSettings:
 
 settings = _settings()
 app = celery_app(settings)
-_dagster_execute_plan = cast(Any, tasks.create_task(app))._get_current_object()
-"""dagster-celery's task that runs one step of a run, the task object itself (a proxy would find
-:func:`execute_plan`, which takes its name, and call itself): :func:`execute_plan` calls it."""
+_dagster_execute_plan = cast(Any, tasks.create_task(Celery("dagster-celery-steps", set_as_current=False), shared=False))
+"""dagster-celery's task that runs one step of a run, which :func:`execute_plan` calls. It is made on an app of
+its own: on this app it would take the task's name first, and Celery keeps the first callable registered
+under a name (a later one under the same name is dropped with a ``DuplicateTaskNameWarning``), so the checks
+of :func:`execute_plan` would never run."""
 
 
 @app.task(bind=True, name=TASK_EXECUTE_PLAN_NAME)
-def execute_plan(
-    self: Any, execute_step_args_packed: dict[str, Any], executable_dict: dict[str, Any], location_digest: str = ""
-) -> list[str]:
+def execute_plan(self: Any, execute_step_args_packed: dict[str, Any], executable_dict: dict[str, Any]) -> list[str]:
     """Run one step of a run (dagster-celery's task), unless that run has ended, with the pipeline files the run
-    began with (``location_digest``, for a run of the code location: :func:`~.location.load_as_run`).
+    began with (the digest the run adds to ``executable_dict``, for a run of the code location:
+    :func:`~.location.load_as_run`).
 
     The broker hands a step whose worker died to another worker once its visibility timeout passes (an
     hour by default), and a step revoked while queued can still reach a worker: the run it belongs to
@@ -73,6 +75,8 @@ def execute_plan(
     if ended is not None:
         log.warning("not running steps %s: run %s has ended (%s)", args.step_keys_to_execute, args.run_id, ended)
         return []
+    executable_dict = dict(executable_dict)
+    location_digest = executable_dict.pop(LOCATION_DIGEST, "")
     if location_digest:
         load_as_run(args.job_origin.job_name, location_digest)
     _dagster_execute_plan.push_request(hostname=self.request.hostname, id=self.request.id)

@@ -8,6 +8,7 @@ configurations (their rows are left out, as the pipeline's checks leave them out
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,11 +99,15 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
 
 
 def _label_of(asked: str, labels: Sequence[str]) -> str:
-    """The label ``asked`` names: itself, or the one numbered as a step number is (``500`` is ``000500``)."""
+    """The label ``asked`` names: itself, or the one whose step is that number (``500`` is ``000500``, and
+    ``100`` is ``step_00100``: a torch checkpoint's step ends its file name)."""
     if asked in labels or not asked.isdigit():
         return asked
-    numbered = [label for label in labels if label.isdigit() and int(label) == int(asked)]
+    numbered = [label for label in labels if (step := _TRAILING_DIGITS.search(label)) and int(step[1]) == int(asked)]
     return numbered[0] if len(numbered) == 1 else asked
+
+
+_TRAILING_DIGITS = re.compile(r"(\d+)$")
 
 
 SETTINGS = ("sim_factory", "sim_args", "max_steps", "graders")

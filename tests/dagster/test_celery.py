@@ -133,6 +133,27 @@ def test_a_step_of_a_run_that_has_ended_is_not_run_again(tmp_path: Path) -> None
     assert run_ended(ref, "unknown") is None, "a run the instance does not know is left to dagster-celery's own check"
 
 
+def test_a_worker_runs_its_own_step_task_whose_checks_come_before_dagsters(tmp_path: Path) -> None:
+    """Celery keeps the first callable registered under a name: dagster-celery's task, registered on the workers'
+    app first, took the name, and the worker's checks (a run that ended, the files a run began with) never ran."""
+    import subprocess
+    import sys
+
+    deployment = _deployment(tmp_path, "redis://127.0.0.1:1/0")
+    probe = (
+        "from dagster_celery.config import TASK_EXECUTE_PLAN_NAME\n"
+        "from hud_pipelines.dagster import worker\n"
+        "task = worker.app.tasks[TASK_EXECUTE_PLAN_NAME]\n"
+        "print(task._decorated_fun.__module__, task._decorated_fun.__name__)\n"
+    )
+    env = {**os.environ, DEPLOYMENT_ENV: str(deployment), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", probe], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]  # no DuplicateTaskNameWarning either
+    assert done.stdout.split() == ["hud_pipelines.dagster.worker", "execute_plan"]
+
+
 def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -219,6 +240,41 @@ def test_a_celery_deployment_gives_the_same_assets_with_one_unit_per_instance_on
         assert not instance.get_runs(), "no run was started"
     assert "execution.broker: redis://127.0.0.1:1/0 does not answer" in str(refused.value)
     assert str(deployment) in str(refused.value)
+
+
+def test_materialize_all_under_a_celery_deployment_runs_as_dagsters_backfill_splits_it(
+    write_pipeline: WritePipeline, outputs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backfill of "Materialize all" runs the contract, the partitioned rollouts and the rest apart: the
+    units' graph must take each subset (it was refused as a non-subsettable multi-asset)."""
+    from hud_pipelines.dagster.definitions import definitions_for_file
+
+    path = write_pipeline("split", group=2)
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("execution: {executor: celery, broker: 'redis://127.0.0.1:1/0'}\n")
+    monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
+    job = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO).resolve_job_def("split")
+    assert job.executor_def.name == "hud_celery"
+    key = lambda step: dg.AssetKey(["split", step])  # noqa: E731
+    with dg.DagsterInstance.ephemeral() as instance:  # the steps in this process: the graph is the units'
+        contract = job.execute_in_process(instance=instance, asset_selection=[key("contract")])
+        assert instance.get_latest_materialization_event(key("contract")) is not None
+        assert contract.success
+        rolled = job.execute_in_process(
+            instance=instance,
+            asset_selection=[key("rollouts")],
+            tags={"dagster/asset_partition_range_start": "task0-i0", "dagster/asset_partition_range_end": "task0-i1"},
+        )
+        assert rolled.success
+        units = [e.step_key for e in rolled.all_events if e.event_type_value == "STEP_SUCCESS"]
+        assert sum((k or "").startswith("split__eval.unit[") for k in units) == 2
+        rest = job.execute_in_process(
+            instance=instance, asset_selection=[key(s) for s in ("instances", "grades", "report")]
+        )
+        assert rest.success
+        for step in ("instances", "grades", "report"):
+            assert instance.get_latest_materialization_event(key(step)) is not None, step
+    assert len(json.loads(EvalOutputs(outputs_dir, "split").grades_json.read_text())) == 4
 
 
 def test_a_unit_leaves_the_shards_other_units_of_its_run_are_writing(
@@ -411,6 +467,38 @@ def test_a_worker_runs_a_policy_file_edited_since_its_last_unit_as_edited(
     assert {row.steps for row in balanced} == {30}, "the PD controller balances to max_steps"
     assert {row.run_id for row in toppled} != {balanced[0].run_id}, "the edit made the results another environment's"
     assert max(row.steps for row in toppled) < 30, "the edited policy ran: it topples the pole"
+
+
+@needs_redis
+def test_a_worker_runs_a_run_launched_from_dagster_after_a_yaml_edit_with_the_edited_yaml(
+    write_pipeline: WritePipeline, pipelines_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dagster job execute -m hud_pipelines.definitions`` (as the UI launches a run): the worker imported the
+    code location at the first run's step and must reload it for the run after the edit."""
+    import subprocess
+    import sys
+
+    path = write_pipeline("yaml_edit", group=1, max_steps=30)
+    home, outputs = tmp_path / "dagster_home", tmp_path / "out"
+    _instance(home).dispose()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("HUD_PIPELINES_DIR", str(pipelines_dir))
+    monkeypatch.setenv("HUD_PIPELINES_OUTPUTS", str(outputs))
+    dagster = str(Path(sys.executable).parent / "dagster")
+    command = [dagster, "job", "execute", "-m", "hud_pipelines.definitions", "-j", "yaml_edit"]
+    with redis_server(tmp_path / "redis") as (broker, _):
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker)))
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1"], tmp_path / "logs"):
+            first = subprocess.run(command, check=False, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+            assert first.returncode == 0, first.stderr[-3000:]
+            assert {row.steps for row in _grades(outputs, "yaml_edit")} == {30}
+            path.write_text(path.read_text().replace('"max_steps": 30', '"max_steps": 12'))
+            edited = subprocess.run(
+                command, check=False, env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+            )
+            assert edited.returncode == 0, edited.stderr[-3000:]
+    assert {row.steps for row in _grades(outputs, "yaml_edit")} == {12}, "the worker ran the edited YAML"
 
 
 def _kill_the_held_worker(hold: Path, workers: list[Worker], killed: list[int]) -> None:

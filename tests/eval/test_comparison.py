@@ -268,6 +268,9 @@ def test_a_sweeps_results_are_compared_one_checkpoint_at_a_time_named(
     by_step = ["--candidate-checkpoint", "500"]  # a step number names the checkpoint numbered so
     assert main(["compare", str(tmp_path / "steps.json"), str(tmp_path / "run.json"), *by_step]) == 0
     assert "(checkpoint 000500 of 2) vs" in capsys.readouterr().out
+    by_file_step = ["--candidate-checkpoint", "100"]  # a torch sweep's labels end in their step: step_100
+    assert main(["compare", str(tmp_path / "sweep.json"), str(tmp_path / "run.json"), *by_file_step]) == 0
+    assert "(checkpoint step_100 of 2) vs" in capsys.readouterr().out
     mistyped = ["--candidate-checkpoint", "step_10"]
     assert main(["compare", str(tmp_path / "sweep.json"), str(tmp_path / "run.json"), *mistyped]) != 0
     error = capsys.readouterr().err
