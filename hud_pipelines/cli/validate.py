@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from hud_pipelines.spec.loader import collect_pipelines, declared_name, default_pipelines_dir
 from hud_pipelines.spec.models import PipelineSpec
@@ -42,7 +42,11 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
 def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Validate every given file; print each problem, or one line per valid pipeline; 1 when any problem exists."""
     stream = out or sys.stdout
-    paths: list[Path] = list(args.paths) or [default_pipelines_dir()]  # where run and the code location look
+    given: list[Path] = list(args.paths)
+    deployments = [path for path in given if _is_deployment_file(path)]  # checked as what they are
+    if deployments and len(deployments) == len(given):
+        return _validate_deployments(deployments, stream)
+    paths = [path for path in given if path not in deployments] or [default_pipelines_dir()]  # as run looks
     deep: bool = args.deep
     specs, problems = collect_pipelines(paths, deep=deep)
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in problems]
@@ -54,6 +58,8 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(SpecError(problems).render(), file=stream)
     if deployment is not None:
         print(deployment, file=stream)
+    if deployments and _validate_deployments(deployments, stream) != EXIT_OK:
+        return EXIT_PROBLEMS
     if problems or deployment is not None:
         return EXIT_PROBLEMS
     for spec in specs:
@@ -61,6 +67,51 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     checked = "deep" if deep else "shallow"
     print(f"{len(specs)} pipeline{'s' if len(specs) != 1 else ''} valid ({checked} check)", file=stream)
     return EXIT_OK
+
+
+DEPLOYMENT_KEYS = frozenset({"execution", "pipelines"})
+"""The top-level keys of a deployment file (a pipeline file has ``name``)."""
+
+
+def _is_deployment_file(path: Path) -> bool:
+    """Whether ``path`` is a YAML file whose top-level keys are a deployment file's (and not a pipeline's)."""
+    from ruamel.yaml import YAML, YAMLError
+
+    if not path.is_file() or path.suffix not in (".yaml", ".yml"):
+        return False
+    try:
+        loaded: Any = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, YAMLError):
+        return False
+    if not hasattr(loaded, "keys") or not loaded:  # a mapping (a list or a scalar is no deployment file)
+        return False
+    keys: set[str] = {str(key) for key in loaded}
+    return keys <= DEPLOYMENT_KEYS
+
+
+def _validate_deployments(paths: list[Path], stream: TextIO) -> int:
+    """Check each deployment file as ``$HUD_PIPELINES_DEPLOYMENT`` would be read: its fields, values and names."""
+    from hud_pipelines.dagster.deployment import load_deployment, load_execution, refuse_unknown_pipelines
+    from hud_pipelines.errors import DeploymentError
+
+    specs, broken = collect_pipelines([default_pipelines_dir()], deep=False)
+    known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in broken]
+    status = EXIT_OK
+    for path in paths:
+        try:
+            deployment = load_deployment(path)
+            execution = load_execution(path)
+            refuse_unknown_pipelines(deployment, known, path)
+        except DeploymentError as exc:
+            print(exc, file=stream)
+            status = EXIT_PROBLEMS
+            continue
+        configured = f"{len(deployment)} pipeline setting(s)" if deployment else "no pipeline settings"
+        print(
+            f"ok  {display_path(path)}: deployment file (executor {execution.default.executor}, {configured})",
+            file=stream,
+        )
+    return status
 
 
 def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec]) -> str | None:

@@ -269,6 +269,15 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     assert main(["validate", "--no-deep", str(pipelines_dir)]) == 1, "the folder named is the whole folder"
     assert "pipelines.remote_evl: no pipeline of that name" in capsys.readouterr().out
 
+    monkeypatch.delenv(DEPLOYMENT_ENV)  # a deployment file given to validate is checked as one, not as a pipeline
+    assert main(["validate", str(misspelled)]) == 1
+    said = capsys.readouterr().out
+    assert "pipelines.remote_evl: no pipeline of that name (did you mean 'remote_eval'?)" in said
+    assert "missing required key 'name'" not in said
+    misspelled.write_text("execution: {executor: celery, broker: 'redis://h/0'}\npipelines:\n  remote_eval: {}\n")
+    assert main(["validate", str(misspelled)]) == 0
+    assert "deployment file (executor celery, 1 pipeline setting(s))" in capsys.readouterr().out
+
 
 def test_every_setting_of_the_sim_and_agent_sections_is_a_field_of_its_resource() -> None:
     """A YAML key the resource lacks would fail every run, and the code location, of a pipeline that sets it."""
