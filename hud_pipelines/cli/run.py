@@ -94,8 +94,9 @@ def run_pipeline(
     from hud_pipelines.eval.configuration import current_rollout_hashes
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.perturbations import control_tasks
+    from hud_pipelines.eval.results import recording_warning
     from hud_pipelines.eval.rollouts import kept_pairs
-    from hud_pipelines.eval.rows import collect_rows
+    from hud_pipelines.eval.rows import collect_rows, current_results
     from hud_pipelines.eval.seed_check import seed_warning
     from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline_to_run
@@ -198,6 +199,7 @@ def run_pipeline(
     warned = [
         success_signal_warning(spec.graders[0], this_run),
         episode_errors_warning(spec.checks, this_run),
+        recording_warning(r for r in current_results(spec, outputs).values() if r.run_id == run_id),
         seed_warning(outputs, current_rollout_hashes(spec, outputs).pipeline),
     ]
     controls = control_tasks(spec)

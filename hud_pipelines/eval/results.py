@@ -8,6 +8,7 @@ stale ones. An instance that never reached its episodes still has a result: erro
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ class InstanceResult:
     """The served sim it ran on (``None`` for a spawned sim)."""
     provenance: dict[str, Any] = field(default_factory=dict[str, Any])
     """Where it came from (:mod:`hud_pipelines.eval.provenance`): code, packages, sim, policy, seeds."""
+    recording: tuple[str, ...] = ()
+    """Why a recorder of it stopped (its traces, or its dataset shard): they hold only part of its episodes,
+    whose grades stand (:mod:`hud_pipelines.recording.contained`)."""
 
     @classmethod
     def of(
@@ -55,6 +59,7 @@ class InstanceResult:
         wall_s: float = 0.0,
         env_steps: int = 0,
         server: str | None = None,
+        recording: Sequence[str] = (),
     ) -> InstanceResult:
         """The result of ``partition`` of ``spec``: its rows and, if it failed, why (reason and fault)."""
         return cls(
@@ -70,6 +75,7 @@ class InstanceResult:
             fault=None if failure is None else failure[1],
             run_id=run_id,
             server=server,
+            recording=tuple(recording),
         )
 
     @property
@@ -94,6 +100,7 @@ class InstanceResult:
             "run_id": self.run_id,
             "server": self.server,
             "provenance": self.provenance,
+            **({"recording": list(self.recording)} if self.recording else {}),
         }
 
     @classmethod
@@ -112,6 +119,7 @@ class InstanceResult:
             run_id=data.get("run_id", ""),
             server=data.get("server"),
             provenance=dict(data.get("provenance") or {}),
+            recording=tuple(data.get("recording") or ()),
         )
 
     def write(self, path: Path) -> None:
@@ -159,3 +167,11 @@ def unreached_result(
     ``server``: the served sim it tried, if any."""
     rows = unreached_rows(spec, partition, reason, fault, run_id=run_id)
     return InstanceResult.of(spec, partition, rows, failure=(reason, fault), run_id=run_id, server=server)
+
+
+def recording_warning(results: Iterable[InstanceResult]) -> str | None:
+    """A warning naming the instances whose traces or dataset shard a failed recorder left partial."""
+    stopped = [f"{result.key}: {'; '.join(result.recording)}" for result in results if result.recording]
+    if not stopped:
+        return None
+    return f"recording stopped in {len(stopped)} instance(s), whose grades stand: {' | '.join(stopped)}"

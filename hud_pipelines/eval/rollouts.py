@@ -67,13 +67,14 @@ def rollouts_step(
         recorders: list[EpisodeSink] = [
             ContainedSink.built(
                 lambda: TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos),
-                f"{spec.name}: the traces of instance {key}",
+                "traces",
+                f"{spec.name}, instance {key}",
             )
         ]
         if shards is not None:  # its failure marks the shard incomplete (``_keep``), never the episodes
             store = shards
             written[key] = ContainedSink.built(
-                lambda: store.sink(key, contract), f"{spec.name}: the dataset writer of instance {key}"
+                lambda: store.sink(key, contract), "dataset writer", f"{spec.name}, instance {key}"
             )
             recorders.append(written[key])
         return recorders

@@ -49,6 +49,7 @@ from hud_pipelines.eval.graders import Grader, build_graders
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.heap import release_free_heap
 from hud_pipelines.eval.results import InstanceResult, unreached_result, unreached_rows
+from hud_pipelines.recording.contained import ContainedSink
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
 from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
 from hud_pipelines.spec.fleet import attached_servers
@@ -265,8 +266,17 @@ class EvalRunner:
             rows = [_interrupted(row, failure[0]) for row in rows]
         elif failure is not None:
             log.error("instance %s of %s failed (%s): %s", key, spec.name, failure[1].value, failure[0])
+        stopped = [f"{sink.what}: {sink.failure}" for sink in sinks if isinstance(sink, ContainedSink) and sink.failure]
         return InstanceResult.of(
-            spec, partition, rows, failure=failure, run_id=self.run_id, wall_s=wall, env_steps=env_steps, server=server
+            spec,
+            partition,
+            rows,
+            failure=failure,
+            run_id=self.run_id,
+            wall_s=wall,
+            env_steps=env_steps,
+            server=server,
+            recording=stopped,
         )
 
     def _failure(self, exc: BaseException) -> tuple[str, Fault]:

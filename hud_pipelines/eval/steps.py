@@ -38,9 +38,9 @@ from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_tasks, has_matrix, perturbation_table
 from hud_pipelines.eval.publishing import dataset_root, dataset_step, member_dataset
 from hud_pipelines.eval.report import ReportContext, render_markdown, render_plot
-from hud_pipelines.eval.results import InstanceResult
+from hud_pipelines.eval.results import InstanceResult, recording_warning
 from hud_pipelines.eval.rollouts import rollouts_step, sweep_rollouts_step
-from hud_pipelines.eval.rows import collect_rows, sweep_members
+from hud_pipelines.eval.rows import collect_rows, current_results, sweep_members
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
@@ -166,7 +166,10 @@ def report_step(
     mixed = sweep.mixed_policy_types(spec, outputs) if spec.is_sweep else None
     gone = sweep.gone_warning(spec, outputs, rows) if spec.is_sweep else None
     errored = episode_errors_warning(spec.checks, headline)
-    warned = [w for w in (success_signal_warning(spec.graders[0], headline), errored, seeded, mixed, gone) if w]
+    recorded = None if spec.is_sweep else recording_warning(current_results(spec, outputs, current).values())
+    warned = [
+        w for w in (success_signal_warning(spec.graders[0], headline), errored, recorded, seeded, mixed, gone) if w
+    ]
     context = ReportContext(
         checks=checks,
         run_id=run_id,

@@ -20,22 +20,24 @@ log = logging.getLogger(__name__)
 
 
 class ContainedSink:
-    """``sink``, whose first exception ends its recording but nothing else; ``what`` names it in the log."""
+    """``sink``, whose first exception ends its recording but nothing else; ``what`` it records (``traces``),
+    ``where`` (the instance) name it in the log."""
 
-    def __init__(self, sink: EpisodeSink, what: str) -> None:
+    def __init__(self, sink: EpisodeSink, what: str, where: str = "") -> None:
         self.sink = sink
         self.what = what
+        self.where = where
         self.failure: str | None = None
         """Why the sink stopped recording (``None`` while it records)."""
 
     @classmethod
-    def built(cls, make: Callable[[], EpisodeSink], what: str) -> ContainedSink:
+    def built(cls, make: Callable[[], EpisodeSink], what: str, where: str = "") -> ContainedSink:
         """The sink ``make`` builds, contained; one that fails to build (a full disk, a layout the contract does
         not allow) is a sink failed from the start, which records nothing, instead of an error of the instance."""
         try:
-            return cls(make(), what)
+            return cls(make(), what, where)
         except Exception as exc:
-            contained = cls(_RecordsNothing(), what)
+            contained = cls(_RecordsNothing(), what, where)
             contained._failed(exc)
             return contained
 
@@ -78,7 +80,8 @@ class ContainedSink:
             while cause.__cause__ is not None:  # a writer's error wraps what failed (a full disk, a codec)
                 cause = cause.__cause__
             self.failure = f"{type(cause).__name__}: {cause}"
-            log.error("%s stopped recording, the episodes' grades stand: %s", self.what, self.failure)
+            said = "%s: the %s stopped recording, the episodes' grades stand: %s"
+            log.error(said, self.where, self.what, self.failure)
 
 
 class _RecordsNothing:

@@ -56,6 +56,9 @@ def test_a_failed_dataset_writer_keeps_the_grades_and_holds_the_dataset_back_unt
     grades = json.loads((tmp_path / "outputs" / "full_disk" / "grades.json").read_text())
     assert len(grades) == 4
     assert {row["status"] for row in grades} == {EpisodeStatus.SUCCEEDED.value}, "recording decides no grade"
+    stopped = "recording stopped in 1 instance(s), whose grades stand: task0-i1: dataset writer: OSError: [Errno 28]"
+    report = tmp_path / "outputs" / "full_disk" / "report.md"
+    assert stopped in report.read_text(), "the report says which instance's recording is partial"
 
     monkeypatch.setattr(PartWriter, "write", write)
     again = evaluate(
@@ -66,6 +69,38 @@ def test_a_failed_dataset_writer_keeps_the_grades_and_holds_the_dataset_back_unt
     )
     assert again.dataset is not None
     assert LeRobotDataset("local/full_disk", root=target).num_episodes == 4
+    assert "recording stopped" not in report.read_text(), "run again, the instance recorded whole"
+
+
+def test_a_trace_writer_that_fails_leaves_the_eval_passing_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.recording.traces import TraceRecorder
+
+    path = tmp_path / "traced.yaml"
+    spec: dict[str, Any] = {
+        "name": "traced",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+        "group": 2,
+        "max_steps": 15,
+        "graders": [{"kind": "return", "threshold": 10}],
+    }
+    path.write_text(json.dumps(spec))
+    add_frames = TraceRecorder.add_frames
+
+    def full_disk_in_instance_0(self: TraceRecorder, batch: Any) -> None:
+        if batch.keys[0].instance == 0 and int(batch.index[0]) >= 3:
+            raise OSError(28, "No space left on device")
+        add_frames(self, batch)
+
+    monkeypatch.setattr(TraceRecorder, "add_frames", full_disk_in_instance_0)
+    evaluation = evaluate(load_pipeline(path), outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    assert evaluation.passed
+    assert {row.status for row in evaluation.rows} == {EpisodeStatus.SUCCEEDED}
+    [partial] = [result for result in evaluation.results if result.recording]
+    assert (partial.key, partial.recording) == ("task0-i0", ("traces: OSError: [Errno 28] No space left on device",))
+    assert "task0-i0: traces: OSError" in (tmp_path / "outputs" / "traced" / "report.md").read_text()
 
 
 def test_a_dataset_writer_that_cannot_even_start_leaves_the_instance_running_and_its_shard_marked(
