@@ -309,14 +309,15 @@ def finished_by(
     """The ``partitions`` still to run, and the results of those that one of ``runs`` ran to its end under this
     configuration and in this environment (as the grades judge them: the run's recorded provenance, sources
     included): a re-execution from failure of a run that was cancelled or failed resumes it rather than run
-    its finished instances again. A plain run runs them all: its results are fresh."""
+    its finished instances again, except those whose recording stopped (their dataset shards are partial). A
+    plain run runs them all: its results are fresh."""
     todo: list[Partition] = []
     kept: list[InstanceResult] = []
     environment = recorded_provenance(outputs) if runs else {}  # recorded as this run started
     for partition in partitions:
         result = current_result(spec, outputs, partition, environment) if runs else None
-        if result is not None and result.run_id in runs:
-            kept.append(result)
+        if result is not None and result.run_id in runs and not (spec.dataset_enabled and result.recording):
+            kept.append(result)  # one whose dataset shard a failed writer left partial runs again
         else:
             todo.append(partition)
     return todo, kept

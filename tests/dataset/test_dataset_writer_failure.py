@@ -131,3 +131,31 @@ def test_a_dataset_writer_that_cannot_even_start_leaves_the_instance_running_and
         evaluate(load_pipeline(path), outputs_dir=tmp_path / "outputs", project_dir=REPO)
     grades = json.loads((tmp_path / "outputs" / "no_start" / "grades.json").read_text())
     assert [row["status"] for row in grades] == [EpisodeStatus.SUCCEEDED.value] * 4, "the instance ran all the same"
+
+
+def test_a_resumed_run_runs_again_the_instances_whose_dataset_shard_is_partial(tmp_path: Path) -> None:
+    """ "Re-execute from failure" keeps the instances its run finished; one whose writer failed must run again, or
+    the resumed run fails at the dataset step as its parent did."""
+    import dataclasses
+
+    from hud_pipelines.eval.results import InstanceResult
+    from hud_pipelines.eval.rollouts import finished_by
+
+    path = tmp_path / "resumed.yaml"
+    spec: dict[str, Any] = {
+        "name": "resumed",
+        "sim": {"factory": "CartPole-v1", "num_envs": 1},
+        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+        "group": 2,
+        "max_steps": 5,
+        "dataset": {"root": str(tmp_path / "published")},
+    }
+    path.write_text(json.dumps(spec))
+    pipeline = load_pipeline(path)
+    first = evaluate(pipeline, outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    partial = dataclasses.replace(first.results[1], recording=("dataset writer: OSError: [Errno 28] full",))
+    partial.write(first.outputs.result(partial.key))
+    assert InstanceResult.read(first.outputs.result(partial.key)).recording == partial.recording
+    todo, kept = finished_by(pipeline, first.outputs, pipeline.partitions(), {first.run_id})
+    assert [r.key for r in kept] == ["task0-i0"]
+    assert [pipeline.partition_key(*p) for p in todo] == ["task0-i1"]
