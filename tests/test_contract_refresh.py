@@ -90,3 +90,16 @@ def test_a_float_map_read_as_state_is_warned_of_by_the_contract_command_and_the_
         evaluate(load_pipeline(path), outputs_dir=project / "outputs", project_dir=project)
     [said] = [r.getMessage() for r in caplog.records if "has an image's shape" in r.getMessage()]
     assert said.startswith("sized: observation 'state' (float32 [32, 48])")
+
+    import dagster as dg
+
+    from hud_pipelines.dagster.definitions import definitions_for_file
+
+    job = definitions_for_file(path, outputs_dir=project / "outputs", project_dir=project).resolve_job_def("sized")
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert job.execute_in_process(instance=instance).success
+        event = instance.get_latest_materialization_event(dg.AssetKey(["sized", "contract"]))
+    assert event is not None
+    assert event.asset_materialization is not None
+    shown = str(event.asset_materialization.metadata["warnings"].value)
+    assert "observation 'state' (float32 [32, 48]) has an image's shape" in shown, "the UI shows it on the contract"

@@ -12,7 +12,7 @@ from typing import Any
 
 import dagster as dg
 
-from hud_pipelines.contract import Contract
+from hud_pipelines.contract import Contract, state_images
 from hud_pipelines.eval.configuration import recorded_provenance
 from hud_pipelines.eval.grades import summarize
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -56,13 +56,16 @@ def instance_metadata(result: InstanceResult) -> dict[str, Any]:
 
 
 def contract_metadata(spec: PipelineSpec, outputs: EvalOutputs, derived: Contract) -> dict[str, Any]:
+    """The contract as the UI shows it; ``warnings`` lists observations of an image's shape read as state."""
     seeded = read_seed_check(outputs)
+    warned = state_images(derived)
     return {
         "features": features_table(derived),
         "control_rate_hz": derived.control_rate,
         "robot_type": derived.robot_type,
         "path": dg.MetadataValue.path(str(spec.contract_path or outputs.contract)),
         **({} if seeded is None else {"repeats_start_for_seed": seeded.repeats}),
+        **({"warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in warned))} if warned else {}),
     }
 
 
