@@ -121,7 +121,8 @@ class ReportFiles:
     summary: Summary
     thumbnails_png: bytes | None = None
     """The last frame of the first episodes' videos, failures first (none without videos)."""
-    warnings: tuple[str, ...] = ()  # what the report warns of: a Dagster run logs them as warnings too
+    warnings: tuple[str, ...] = ()
+    """What the report warns of (a Dagster run logs them as warnings too)."""
 
 
 def report_step(
@@ -305,7 +306,8 @@ def evaluate(
 
     Grades, checks and the report are always written; the dataset is published only when every
     blocking check passed (the built-in ``instances_completed`` among them), exactly as the Dagster
-    job publishes it. The sim, contract, agent and graders are the Dagster job's own resources
+    job publishes it. A dataset that cannot be published (a writer failed: ``DatasetWriteError``) is
+    raised after them, as the Dagster job's dataset step fails. The sim, contract, agent and graders are the Dagster job's own resources
     (``deployment`` replaces their fields as a deployment file does).
     """
     from hud_pipelines.dagster.resources import effective_spec, pipeline_resources
