@@ -8,7 +8,7 @@ stale ones. An instance that never reached its episodes still has a result: erro
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,6 @@ class InstanceResult:
         wall_s: float = 0.0,
         env_steps: int = 0,
         server: str | None = None,
-        recording: Sequence[str] = (),
     ) -> InstanceResult:
         """The result of ``partition`` of ``spec``: its rows and, if it failed, why (reason and fault)."""
         return cls(
@@ -75,7 +74,6 @@ class InstanceResult:
             fault=None if failure is None else failure[1],
             run_id=run_id,
             server=server,
-            recording=tuple(recording),
         )
 
     @property

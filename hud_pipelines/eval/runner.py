@@ -267,17 +267,10 @@ class EvalRunner:
         elif failure is not None:
             log.error("instance %s of %s failed (%s): %s", key, spec.name, failure[1].value, failure[0])
         stopped = [f"{sink.what}: {sink.failure}" for sink in sinks if isinstance(sink, ContainedSink) and sink.failure]
-        return InstanceResult.of(
-            spec,
-            partition,
-            rows,
-            failure=failure,
-            run_id=self.run_id,
-            wall_s=wall,
-            env_steps=env_steps,
-            server=server,
-            recording=stopped,
+        result = InstanceResult.of(
+            spec, partition, rows, failure=failure, run_id=self.run_id, wall_s=wall, env_steps=env_steps, server=server
         )
+        return dataclasses.replace(result, recording=tuple(stopped)) if stopped else result
 
     def _failure(self, exc: BaseException) -> tuple[str, Fault]:
         """Why an instance failed, in a line, and its fault; a contract file the env outgrew says how to refresh it."""

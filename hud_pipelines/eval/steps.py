@@ -307,8 +307,8 @@ def evaluate(
     Grades, checks and the report are always written; the dataset is published only when every
     blocking check passed (the built-in ``instances_completed`` among them), exactly as the Dagster
     job publishes it. A dataset that cannot be published (a writer failed: ``DatasetWriteError``) is
-    raised after them, as the Dagster job's dataset step fails. The sim, contract, agent and graders are the Dagster job's own resources
-    (``deployment`` replaces their fields as a deployment file does).
+    raised after them, as the Dagster job's dataset step fails. The sim, contract, agent and graders are
+    the Dagster job's own resources (``deployment`` replaces their fields as a deployment file does).
     """
     from hud_pipelines.dagster.resources import effective_spec, pipeline_resources
 

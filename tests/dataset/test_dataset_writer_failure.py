@@ -19,24 +19,29 @@ from hud_pipelines.spec.loader import load_pipeline
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_a_failed_dataset_writer_keeps_the_grades_and_holds_the_dataset_back_until_its_instance_runs_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-    path = tmp_path / "pipelines" / "full_disk.yaml"
-    path.parent.mkdir()
-    target = tmp_path / "published"
+def _pipeline(path: Path, **fields: Any) -> Path:
+    """A CartPole eval of two instances of two slots, named for its file, with ``fields`` over it."""
     spec: dict[str, Any] = {
-        "name": "full_disk",
+        "name": path.stem,
         "sim": {"factory": "CartPole-v1", "num_envs": 2},
         "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
         "group": 2,
         "max_steps": 15,
         "graders": [{"kind": "return", "threshold": 10}],
-        "dataset": {"root": str(target), "repo_id": "local/full_disk"},
+        **fields,
     }
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec))
+    return path
+
+
+def test_a_failed_dataset_writer_keeps_the_grades_and_holds_the_dataset_back_until_its_instance_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    target = tmp_path / "published"
+    path = _pipeline(tmp_path / "pipelines" / "full_disk.yaml", dataset={"root": str(target), "repo_id": "local/fd"})
     pipeline = load_pipeline(path)
     write = PartWriter.write
 
@@ -68,7 +73,7 @@ def test_a_failed_dataset_writer_keeps_the_grades_and_holds_the_dataset_back_unt
         partitions=[pipeline.partition_for_key("task0-i1")],
     )
     assert again.dataset is not None
-    assert LeRobotDataset("local/full_disk", root=target).num_episodes == 4
+    assert LeRobotDataset("local/fd", root=target).num_episodes == 4
     assert "recording stopped" not in report.read_text(), "run again, the instance recorded whole"
 
 
@@ -77,16 +82,7 @@ def test_a_trace_writer_that_fails_leaves_the_eval_passing_and_says_so(
 ) -> None:
     from hud_pipelines.recording.traces import TraceRecorder
 
-    path = tmp_path / "traced.yaml"
-    spec: dict[str, Any] = {
-        "name": "traced",
-        "sim": {"factory": "CartPole-v1", "num_envs": 2},
-        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
-        "group": 2,
-        "max_steps": 15,
-        "graders": [{"kind": "return", "threshold": 10}],
-    }
-    path.write_text(json.dumps(spec))
+    path = _pipeline(tmp_path / "traced.yaml")
     add_frames = TraceRecorder.add_frames
 
     def full_disk_in_instance_0(self: TraceRecorder, batch: Any) -> None:
@@ -108,17 +104,7 @@ def test_a_dataset_writer_that_cannot_even_start_leaves_the_instance_running_and
 ) -> None:
     from hud_pipelines.dataset.shards import ShardStore
 
-    path = tmp_path / "no_start.yaml"
-    spec: dict[str, Any] = {
-        "name": "no_start",
-        "sim": {"factory": "CartPole-v1", "num_envs": 2},
-        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
-        "group": 2,
-        "max_steps": 15,
-        "graders": [{"kind": "return", "threshold": 10}],
-        "dataset": {"root": str(tmp_path / "published"), "repo_id": "local/no_start"},
-    }
-    path.write_text(json.dumps(spec))
+    path = _pipeline(tmp_path / "no_start.yaml", dataset={"root": str(tmp_path / "published")})
     sink = ShardStore.sink
 
     def no_space_for_task0_i1(self: ShardStore, partition_key: str, contract: Any) -> Any:
@@ -141,16 +127,7 @@ def test_a_resumed_run_runs_again_the_instances_whose_dataset_shard_is_partial(t
     from hud_pipelines.eval.results import InstanceResult
     from hud_pipelines.eval.rollouts import finished_by
 
-    path = tmp_path / "resumed.yaml"
-    spec: dict[str, Any] = {
-        "name": "resumed",
-        "sim": {"factory": "CartPole-v1", "num_envs": 1},
-        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
-        "group": 2,
-        "max_steps": 5,
-        "dataset": {"root": str(tmp_path / "published")},
-    }
-    path.write_text(json.dumps(spec))
+    path = _pipeline(tmp_path / "resumed.yaml", max_steps=5, dataset={"root": str(tmp_path / "published")})
     pipeline = load_pipeline(path)
     first = evaluate(pipeline, outputs_dir=tmp_path / "outputs", project_dir=REPO)
     partial = dataclasses.replace(first.results[1], recording=("dataset writer: OSError: [Errno 28] full",))
