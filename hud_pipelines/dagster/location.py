@@ -30,40 +30,56 @@ LOCATION_DIGEST = "hud_pipelines_location_digest"
 """The key of the run's digest in a step's job pointer (dagster-celery's task takes no other argument)."""
 
 
+EVERY_FILE = "*"
+"""The key of the whole location's digest (every pipeline file and the deployment file): a job that is no one
+pipeline's (Dagster's job of every asset, which "Materialize all" and asset selections run) is held to it."""
+
+
 def location_digests(directory: Path | None = None) -> dict[str, str]:
-    """Each valid pipeline's digest (its file and the deployment file, as read now) by pipeline name, of
-    ``directory`` (by default the code location's: ``$HUD_PIPELINES_DIR`` or ``./pipelines``)."""
+    """Each valid pipeline's digest (its file and the deployment file, as read now) by pipeline name, and the
+    whole location's under :data:`EVERY_FILE`, of ``directory`` (by default the code location's:
+    ``$HUD_PIPELINES_DIR`` or ``./pipelines``)."""
     directory = directory or default_pipelines_dir()
-    specs, _ = collect_pipelines(pipeline_files(directory) if directory.is_dir() else [])
+    files = pipeline_files(directory) if directory.is_dir() else []
+    specs, _ = collect_pipelines(files)
     deployment = deployment_path()
-    return {spec.name: files_digest(spec.source, deployment) for spec in specs if spec.source is not None}
+    digests = {spec.name: files_digest(spec.source, deployment) for spec in specs if spec.source is not None}
+    whole = hashlib.sha256("\0".join(files_digest(file, deployment) for file in sorted(files)).encode())
+    return {**digests, EVERY_FILE: whole.hexdigest()[:16]}
 
 
 def run_digest(job: ReconstructableJob) -> str:
-    """The digest of ``job``'s pipeline as this process loaded it, when the job comes from the code location
-    module (``""`` for a job of ``hud-pipelines run``, which carries its own, or a module not loaded here)."""
+    """The digest of ``job``'s pipeline (or of the whole location, for a job of no one pipeline) as this process
+    loaded it, when the job comes from the code location module (``""`` for a job of ``hud-pipelines run``,
+    which carries its own, or a module not loaded here)."""
     pointer = job.get_python_origin().get_repo_pointer()
     module = sys.modules.get(LOCATION_MODULE)
     if not isinstance(pointer, ModuleCodePointer) or pointer.module != LOCATION_MODULE or module is None:
         return ""
-    return _digests(module).get(job.job_name, "")
+    return _digest_of(_digests(module), job.job_name)
 
 
 def load_as_run(job_name: str, digest: str) -> None:
-    """Make this worker's code location the one the run of ``job_name`` loaded (its ``digest``): reload the
-    module when this worker loaded other files; refuse when the files now differ from the run's."""
+    """Make this worker's code location the one the run of ``job_name`` loaded (its ``digest``): refuse when the
+    files now differ from the run's (read first: a refused step costs no rebuild), else reload the module when
+    this worker loaded other files. The worker runs one step at a time (``--pool solo``): nothing else uses
+    the module while it is replaced."""
     module = importlib.import_module(LOCATION_MODULE)
-    if _digests(module).get(job_name) == digest:
+    if _digest_of(_digests(module), job_name) == digest:
         return
-    module = importlib.reload(module)
+    if _digest_of(location_digests(), job_name) != digest:
+        raise DeploymentError(
+            f"this worker sees the files of job {job_name!r} (its pipeline's or the deployment file) differently "
+            "from the run that sent the step (edited since the run began?); a run runs the configuration it "
+            "began with: launch a new run, and give every worker the same files"
+        )
     ReconstructableJob.get_repository_definition.cache_clear()  # Dagster keeps the last job it built
     ReconstructableJob.get_definition.cache_clear()
-    if _digests(module).get(job_name) != digest:
-        raise DeploymentError(
-            f"this worker sees the file of pipeline {job_name!r} or the deployment file differently from the run "
-            "that sent the step (edited since the run began?); a run runs the configuration it began with: "
-            "launch a new run, and give every worker the same files"
-        )
+    importlib.reload(module)  # a reload that fails leaves the module's digests as they were: it is tried again
+
+
+def _digest_of(digests: dict[str, str], job_name: str) -> str:
+    return digests.get(job_name) or digests.get(EVERY_FILE, "")
 
 
 def _digests(module: ModuleType) -> dict[str, str]:

@@ -311,12 +311,16 @@ def finished_by(
     included): a re-execution from failure of a run that was cancelled or failed resumes it rather than run
     its finished instances again, except those whose recording stopped (their dataset shards are partial). A
     plain run runs them all: its results are fresh."""
+    from hud_pipelines.dataset.shards import INCOMPLETE_FILE
+
     todo: list[Partition] = []
     kept: list[InstanceResult] = []
     environment = recorded_provenance(outputs) if runs else {}  # recorded as this run started
     for partition in partitions:
         result = current_result(spec, outputs, partition, environment) if runs else None
-        if result is not None and result.run_id in runs and not (spec.dataset_enabled and result.recording):
+        key = spec.partition_key(*partition)
+        partial = spec.dataset_enabled and (outputs.shard(key) / INCOMPLETE_FILE).is_file()
+        if result is not None and result.run_id in runs and not partial:
             kept.append(result)  # one whose dataset shard a failed writer left partial runs again
         else:
             todo.append(partition)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
-from hud_pipelines.dagster.location import LOCATION_MODULE, load_as_run, location_digests, run_digest
+from hud_pipelines.dagster.location import EVERY_FILE, LOCATION_MODULE, load_as_run, location_digests, run_digest
 from hud_pipelines.errors import DeploymentError
 from tests.dagster.support import WritePipeline
 
@@ -37,3 +37,12 @@ def test_a_worker_reloads_the_code_location_for_a_run_of_edited_files_and_refuse
 
     with pytest.raises(DeploymentError, match="differently from the run that sent the step"):
         load_as_run("edited", first)  # a step of the run from before the edit: not run with the edited file
+
+    every_asset = ReconstructableRepository.for_module(LOCATION_MODULE, "defs").get_reconstructable_job("__ASSET_JOB")
+    whole = run_digest(every_asset)  # "Materialize all" runs Dagster's job of every asset: no one pipeline's
+    assert whole == location_digests()[EVERY_FILE] != edited
+    write_pipeline("another", max_steps=30)  # another pipeline's file: the whole location changed
+    changed = location_digests()[EVERY_FILE]
+    load_as_run("__ASSET_JOB", changed)
+    assert run_digest(every_asset) == changed
+    assert "another" in location.digests, "the worker reloaded the location for the run of every asset"

@@ -124,15 +124,17 @@ def test_a_resumed_run_runs_again_the_instances_whose_dataset_shard_is_partial(t
     the resumed run fails at the dataset step as its parent did."""
     import dataclasses
 
+    from hud_pipelines.dataset.shards import INCOMPLETE_FILE
     from hud_pipelines.eval.results import InstanceResult
     from hud_pipelines.eval.rollouts import finished_by
 
     path = _pipeline(tmp_path / "resumed.yaml", max_steps=5, dataset={"root": str(tmp_path / "published")})
     pipeline = load_pipeline(path)
     first = evaluate(pipeline, outputs_dir=tmp_path / "outputs", project_dir=REPO)
-    partial = dataclasses.replace(first.results[1], recording=("dataset writer: OSError: [Errno 28] full",))
-    partial.write(first.outputs.result(partial.key))
-    assert InstanceResult.read(first.outputs.result(partial.key)).recording == partial.recording
+    traces_only = dataclasses.replace(first.results[0], recording=("traces: OSError: [Errno 28] full",))
+    traces_only.write(first.outputs.result(traces_only.key))  # its shard is whole: kept
+    assert InstanceResult.read(first.outputs.result(traces_only.key)).recording == traces_only.recording
+    (first.outputs.shard("task0-i1") / INCOMPLETE_FILE).write_text("OSError: [Errno 28] full")
     todo, kept = finished_by(pipeline, first.outputs, pipeline.partitions(), {first.run_id})
     assert [r.key for r in kept] == ["task0-i0"]
     assert [pipeline.partition_key(*p) for p in todo] == ["task0-i1"]
