@@ -45,7 +45,7 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     given: list[Path] = list(args.paths)
     deployments = [path for path in given if _is_deployment_file(path)]  # checked as what they are
     if deployments and len(deployments) == len(given):
-        return _validate_deployments(deployments, stream)
+        return _validate_deployments(deployments, [default_pipelines_dir()], stream)
     paths = [path for path in given if path not in deployments] or [default_pipelines_dir()]  # as run looks
     deep: bool = args.deep
     specs, problems = collect_pipelines(paths, deep=deep)
@@ -58,7 +58,7 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(SpecError(problems).render(), file=stream)
     if deployment is not None:
         print(deployment, file=stream)
-    if deployments and _validate_deployments(deployments, stream) != EXIT_OK:
+    if deployments and _validate_deployments(deployments, paths, stream) != EXIT_OK:
         return EXIT_PROBLEMS
     if problems or deployment is not None:
         return EXIT_PROBLEMS
@@ -89,12 +89,14 @@ def _is_deployment_file(path: Path) -> bool:
     return keys <= DEPLOYMENT_KEYS
 
 
-def _validate_deployments(paths: list[Path], stream: TextIO) -> int:
-    """Check each deployment file as ``$HUD_PIPELINES_DEPLOYMENT`` would be read: its fields, values and names."""
+def _validate_deployments(paths: list[Path], pipelines: list[Path], stream: TextIO) -> int:
+    """Check each deployment file as ``$HUD_PIPELINES_DEPLOYMENT`` would be read: its fields, values and the names
+    of its pipelines, which must be those of ``pipelines`` (the files and folders given beside it, or the
+    code location's folder)."""
     from hud_pipelines.dagster.deployment import load_deployment, load_execution, refuse_unknown_pipelines
     from hud_pipelines.errors import DeploymentError
 
-    specs, broken = collect_pipelines([default_pipelines_dir()], deep=False)
+    specs, broken = collect_pipelines(pipelines, deep=False)
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in broken]
     status = EXIT_OK
     for path in paths:

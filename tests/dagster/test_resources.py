@@ -277,6 +277,13 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     misspelled.write_text("execution: {executor: celery, broker: 'redis://h/0'}\npipelines:\n  remote_eval: {}\n")
     assert main(["validate", str(misspelled)]) == 0
     assert "deployment file (executor celery, 1 pipeline setting(s))" in capsys.readouterr().out
+    other = tmp_path / "other_pipelines"  # the folder given beside it holds the pipelines it names
+    other.mkdir()
+    (other / "other_eval.yaml").write_text(
+        (pipelines_dir / "remote_eval.yaml").read_text().replace("remote_eval", "other_eval")
+    )
+    misspelled.write_text("pipelines:\n  other_eval: {}\n")
+    assert main(["validate", "--no-deep", str(other), str(misspelled)]) == 0, capsys.readouterr().out
 
 
 def test_every_setting_of_the_sim_and_agent_sections_is_a_field_of_its_resource() -> None:
