@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from hud_pipelines.spec.loader import collect_pipelines, declared_name, default_pipelines_dir
 from hud_pipelines.spec.models import PipelineSpec
@@ -43,7 +43,11 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Validate every given file; print each problem, or one line per valid pipeline; 1 when any problem exists."""
     stream = out or sys.stdout
     given: list[Path] = list(args.paths)
-    deployments = [path for path in given if _is_deployment_file(path)]  # checked as what they are
+    deployments: list[Path] = []
+    if given:  # a file given may be a deployment file (dagster is imported only then)
+        from hud_pipelines.dagster.deployment import is_deployment_file
+
+        deployments = [path for path in given if is_deployment_file(path)]  # checked as what they are
     if deployments and len(deployments) == len(given):
         return _validate_deployments(deployments, [default_pipelines_dir()], stream)
     paths = [path for path in given if path not in deployments] or [default_pipelines_dir()]  # as run looks
@@ -69,57 +73,32 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return EXIT_OK
 
 
-DEPLOYMENT_KEYS = frozenset({"execution", "pipelines"})
-"""The top-level keys of a deployment file (a pipeline file has ``name``)."""
-
-
-def _is_deployment_file(path: Path) -> bool:
-    """Whether ``path`` is a YAML file whose top-level keys are a deployment file's (and not a pipeline's)."""
-    from ruamel.yaml import YAML, YAMLError
-
-    if not path.is_file() or path.suffix not in (".yaml", ".yml"):
-        return False
-    try:
-        loaded: Any = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, YAMLError):
-        return False
-    if not hasattr(loaded, "keys") or not loaded:  # a mapping (a list or a scalar is no deployment file)
-        return False
-    keys: set[str] = {str(key) for key in loaded}
-    return keys <= DEPLOYMENT_KEYS
-
-
 def _validate_deployments(paths: list[Path], pipelines: list[Path], stream: TextIO) -> int:
-    """Check each deployment file as ``$HUD_PIPELINES_DEPLOYMENT`` would be read: its fields, values and the names
-    of its pipelines, which must be those of ``pipelines`` (the files and folders given beside it, or the
-    code location's folder)."""
-    from hud_pipelines.dagster.deployment import load_deployment, load_execution, refuse_unknown_pipelines
-    from hud_pipelines.errors import DeploymentError
+    """Check each deployment file given as ``$HUD_PIPELINES_DEPLOYMENT`` would be read (:func:`_deployment_problem`),
+    its pipeline names against those of ``pipelines`` (the files and folders given beside it, or the code
+    location's folder)."""
+    from hud_pipelines.dagster.deployment import load_deployment, load_execution
 
     specs, broken = collect_pipelines(pipelines, deep=False)
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in broken]
     status = EXIT_OK
     for path in paths:
-        try:
-            deployment = load_deployment(path)
-            execution = load_execution(path)
-            refuse_unknown_pipelines(deployment, known, path)
-        except DeploymentError as exc:
-            print(exc, file=stream)
+        problem = _deployment_problem(known, specs, path)
+        if problem is not None:
+            print(problem, file=stream)
             status = EXIT_PROBLEMS
             continue
+        deployment, executor = load_deployment(path), load_execution(path).default.executor
         configured = f"{len(deployment)} pipeline setting(s)" if deployment else "no pipeline settings"
-        print(
-            f"ok  {display_path(path)}: deployment file (executor {execution.default.executor}, {configured})",
-            file=stream,
-        )
+        print(f"ok  {display_path(path)}: deployment file (executor {executor}, {configured})", file=stream)
     return status
 
 
-def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec]) -> str | None:
-    """What is wrong with the ``$HUD_PIPELINES_DEPLOYMENT`` file, if one is set: its fields and values, and
-    pipeline names that match no pipeline: when the whole pipelines folder was validated (``known``), any
-    such name; else a name one typo away from a validated pipeline's, as a run of that file refuses it."""
+def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec], path: Path | None = None) -> str | None:
+    """What is wrong with the deployment file at ``path`` (by default ``$HUD_PIPELINES_DEPLOYMENT``'s, if one is
+    set): its fields and values, and pipeline names that match no pipeline: when the whole pipelines folder was
+    validated (``known``), any such name; else a name one typo away from a validated pipeline's, as a run of
+    that file refuses it."""
     from hud_pipelines.dagster.deployment import (
         deployment_path,
         load_deployment,
@@ -130,7 +109,7 @@ def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec]) -> s
     from hud_pipelines.errors import DeploymentError
     from hud_pipelines.spec.loader import pipeline_files
 
-    path = deployment_path()
+    path = path or deployment_path()
     if path is None:
         return None
     try:

@@ -168,6 +168,21 @@ def _read(path: Path) -> dict[str, Any]:
     return cast(dict[str, Any], loaded)
 
 
+DEPLOYMENT_KEYS = frozenset({"pipelines", EXECUTION})
+"""The top-level keys of a deployment file (a pipeline file has ``name``)."""
+
+
+def is_deployment_file(path: Path) -> bool:
+    """Whether ``path`` reads as a deployment file: a YAML mapping of :data:`DEPLOYMENT_KEYS` only."""
+    if not path.is_file() or path.suffix not in (".yaml", ".yml"):
+        return False
+    try:
+        loaded = _read(path)
+    except DeploymentError:  # not a mapping, or not YAML: validated as what else it may be
+        return False
+    return bool(loaded) and {str(key) for key in loaded} <= DEPLOYMENT_KEYS
+
+
 def load_deployment(path: Path | None = None) -> Deployment:
     """The deployment file at ``path`` (default ``$HUD_PIPELINES_DEPLOYMENT``); ``{}`` when there is none."""
     if path is None:

@@ -318,10 +318,10 @@ def finished_by(
     environment = recorded_provenance(outputs) if runs else {}  # recorded as this run started
     for partition in partitions:
         result = current_result(spec, outputs, partition, environment) if runs else None
-        key = spec.partition_key(*partition)
-        partial = spec.dataset_enabled and (outputs.shard(key) / INCOMPLETE_FILE).is_file()
-        if result is not None and result.run_id in runs and not partial:
-            kept.append(result)  # one whose dataset shard a failed writer left partial runs again
-        else:
+        if result is None or result.run_id not in runs:
             todo.append(partition)
+        elif spec.dataset_enabled and (outputs.shard(result.key) / INCOMPLETE_FILE).is_file():
+            todo.append(partition)  # its dataset shard, which a failed writer left partial, is written again
+        else:
+            kept.append(result)
     return todo, kept

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Self
 
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, FrameBatch, InferenceBatch
 
@@ -52,12 +51,6 @@ class ContainedSink:
 
     def end(self, key: EpisodeKey, outcome: EpisodeOutcome) -> None:
         self._forward(lambda: self.sink.end(key, outcome))
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the sink it holds, failed or not: a writer finalizes what it had written."""
