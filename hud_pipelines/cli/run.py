@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
-import shlex
 import signal
 import sys
 import uuid
@@ -25,7 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from hud_pipelines.cli.interrupts import catching_interrupts, interrupted_line, was_interrupted
-from hud_pipelines.cli.selection import queue_for, refuse_misnamed, resolve_pipeline_file, select_instances
+from hud_pipelines.cli.selection import (
+    as_invoked,
+    asked_command,
+    queue_for,
+    refuse_misnamed,
+    resolve_pipeline_file,
+    select_instances,
+)
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow, not_run_parts
 from hud_pipelines.eval.report import figures_line
@@ -169,7 +174,7 @@ def run_pipeline(
         except KeyboardInterrupt:
             pass  # which signal it was is read when the block ends
     rows = collect_rows(spec, outputs)
-    invocation = _invocation(pipeline, pipelines_dir, outputs_dir, queue)
+    invocation = asked_command(pipeline, pipelines_dir, outputs_dir, queue)
     order = list(dict.fromkeys(row.group_id for row in rows))  # every partition, in order: ranges to re-run
     published = dataset_root(spec, outputs, project_dir) if spec.dataset_enabled else None
     problems = (
@@ -221,8 +226,6 @@ def _counting(finished: list[str], then: Callable[[InstanceResult], None]) -> Ca
     return listener
 
 
-COMMAND = re.compile(r"hud-pipelines run (?:'[^']*'|\S+)")
-"""The start of a command a step's failure gives (the pipeline, quoted where it must be)."""
 DAGSTER_FAILURE = "dagster._core.definitions.events.Failure"  # heads a step's dg.Failure message
 INTERRUPTED_ERROR = "DagsterExecutionInterruptedError"  # said by the run's own line, in words
 
@@ -231,15 +234,6 @@ def _eval_failed(result: ExecutionResult | None) -> bool:
     """Whether the step running the instances failed (one kept an earlier result): the grades after it did not run."""
     failed = [e.step_key or "" for e in result.all_events if e.event_type_value == "STEP_FAILURE"] if result else []
     return any(key.endswith("__eval") for key in failed)
-
-
-def _invocation(pipeline: str, pipelines_dir: Path | None, outputs_dir: Path | None, queue: str | None) -> list[str]:
-    """``hud-pipelines run`` as this run was asked for, without its partitions: what re-runs its failed instances."""
-    command = ["hud-pipelines", "run", pipeline]
-    for flag, value in (("--pipelines-dir", pipelines_dir), ("--outputs", outputs_dir), ("--queue", queue)):
-        if value is not None:
-            command += [flag, str(value)]
-    return command
 
 
 def _problems(result: ExecutionResult, invocation: list[str], order: list[str], dataset: Path | None) -> list[str]:
@@ -270,7 +264,7 @@ def _problems(result: ExecutionResult, invocation: list[str], order: list[str], 
         cause = error.cause if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause else error
         lines = cause.message.strip().removeprefix(f"{DAGSTER_FAILURE}: ").splitlines()
         said = " / ".join(lines[:6])  # a command it gives runs as this run was asked (its --outputs, ...)
-        problems.append(f"step {event.step_key} failed: {COMMAND.sub(lambda _: shlex.join(invocation), said)}")
+        problems.append(f"step {event.step_key} failed: {as_invoked(said, invocation)}")
     failures = [e.job_failure_data.error for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE"]
     said = [error for error in failures if error and INTERRUPTED_ERROR not in error.message]  # the run says it
     if not problems:  # no step says why: the run's own failure does (a step that died on a worker, say)

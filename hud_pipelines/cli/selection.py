@@ -6,6 +6,9 @@ late would fail a run after it spent its time.
 
 from __future__ import annotations
 
+import re
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -113,3 +116,22 @@ def queue_for(pipeline: str, queue: str) -> str:
     if not queue.strip():
         raise HudPipelinesError("--queue: expected a queue name (e.g. gpu)")
     return queue.strip()
+
+
+def asked_command(pipeline: str, pipelines_dir: Path | None, outputs_dir: Path | None, queue: str | None) -> list[str]:
+    """``hud-pipelines run`` as this run was asked for, without its partitions: what re-runs its failed instances."""
+    command = ["hud-pipelines", "run", pipeline]
+    for flag, value in (("--pipelines-dir", pipelines_dir), ("--outputs", outputs_dir), ("--queue", queue)):
+        if value is not None:
+            command += [flag, str(value)]
+    return command
+
+
+COMMAND = re.compile(r"""hud-pipelines run (?:'[^']*'|"(?:[^"\\]|\\.)*"|\\.|[^\s'"\\])+""")
+"""The start of a command a step's failure gives: the pipeline as one shell word, quoted where it must be
+(``shlex.quote`` writes a ``'`` inside a path as ``'"'"'``, so a word is a run of quoted and plain pieces)."""
+
+
+def as_invoked(said: str, invocation: Sequence[str]) -> str:
+    """``said`` with each ``hud-pipelines run <pipeline>`` it gives replaced by the run as it was asked for."""
+    return COMMAND.sub(lambda _: shlex.join(invocation), said)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -603,3 +604,19 @@ def test_the_grades_say_how_each_answered_episode_ended(tmp_path: Path, monkeypa
     assert [line["ended"] for line in table] == [str(row.ended) for row in evaluation.rows]
     stored = json.loads(evaluation.outputs.grades_json.read_text())
     assert [GradeRow.from_dict(row) for row in stored] == list(evaluation.rows)
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["cartpole_pd", "/tmp/my evals/cartpole.yaml", "/tmp/it's/cartpole.yaml", '/tmp/"quoted"/cartpole.yaml'],
+)
+def test_a_command_a_failure_gives_is_rewritten_whole_as_the_run_was_asked(given: str) -> None:
+    """The pipeline word of the printed command is replaced whole, however ``shlex`` quoted it."""
+    from hud_pipelines.cli.selection import as_invoked, asked_command
+
+    printed = shlex.join(["hud-pipelines", "run", given, "--partition", "a/0"])
+    said = f"1 instance(s) failed; re-run them with: {printed}"
+    asked = asked_command(given, None, Path("/tmp/out put"), "gpu")
+    rewritten = as_invoked(said, asked)
+    assert rewritten.endswith("re-run them with: " + shlex.join([*asked, "--partition", "a/0"]))
+    assert shlex.split(rewritten.split("re-run them with: ")[1]) == [*asked, "--partition", "a/0"]
