@@ -81,6 +81,11 @@ class WireError(HudPipelinesError):
     """A frame cannot be decoded, or breaks the protocol (type, version, sequence, size)."""
 
 
+class SimContractError(WireError, ContractError):
+    """A sim's frame does not fit the contract it announced (a feature's dtype or shape, a feature missing):
+    the connection is not trusted further, and its instance ends with the ``contract`` fault."""
+
+
 class SlotStateError(HudPipelinesError):
     """An operation is illegal in a slot's current lifecycle state."""
 

@@ -103,6 +103,7 @@ class SimClient(Closeable):
                 self._link.abort()
                 raise
             self.contract = Contract.model_validate(self.hello.contract)
+            self._session.hold_to({name: (f.dtype, f.shape) for name, f in self.contract.observation_features.items()})
         except BaseException:
             self._session.fail("the handshake failed")
             self._link.close(timeout_s=0.2)

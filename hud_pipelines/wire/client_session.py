@@ -11,7 +11,12 @@ nothing about sockets, threads or deadlines:
   a later request is kept until its caller asks (pipelined steps);
 - the broken state: after a reply that breaks these rules, or once the I/O layer reports a crash or
   a missed deadline (:meth:`fail`), a late reply could be taken for the answer to the next request,
-  so every later request is refused at once.
+  so every later request is refused at once;
+- the sim's word: once told the contract's observation features (:meth:`hold_to`), every observation
+  must carry exactly those features with the contract's dtype and per-slot shape, and a NaN or infinity
+  in a running slot's observation or reward must be flagged (``nonfinite``) as the protocol asks. A
+  server written elsewhere that does neither is not trusted on the rest: its frame breaks the session,
+  so its episodes end as errored instead of graded on values nobody checked.
 
 The I/O shell (:class:`~hud_pipelines.sim.client.SimClient`) moves the bytes, applies deadlines and
 turns transport failures into typed sim errors; this class is what the shell and a test can reason
@@ -26,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from hud_pipelines.errors import RemoteError, SimError, WireError
+from hud_pipelines.errors import RemoteError, SimContractError, SimError, WireError
 from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import (
     PROTOCOL_VERSION,
@@ -64,6 +69,8 @@ class ClientSession:
         """Sequence numbers sent whose replies have not been read, oldest first."""
         self._arrived: dict[int, Reply] = {}
         """Replies read while waiting for a later request, until their caller asks."""
+        self._features: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] | None = None
+        """The contract's observation features, ``{name: (dtype, per-slot shape)}``, once :meth:`hold_to` said."""
 
     # -- handshake ---------------------------------------------------------------------------------
 
@@ -92,6 +99,11 @@ class ClientSession:
         if self._hello is None:
             raise SimError("the handshake has not finished")
         return self._hello
+
+    def hold_to(self, features: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+        """Check every later observation against the contract's observation features (``{name: (dtype,
+        per-slot shape)}``, as the hello's contract gives them)."""
+        self._features = {name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in features.items()}
 
     @property
     def num_envs(self) -> int:
@@ -168,6 +180,8 @@ class ClientSession:
             raise self._break(f"error frame for request {reply_seq} while waiting for {expected}")
         if not isinstance(reply, ErrorFrame) and reply_seq != expected:
             raise self._break(f"reply numbered {reply_seq} to request {expected}: late or out-of-order reply")
+        if isinstance(reply, Observation) and self._features is not None:
+            self._check(reply, self._features)
         self._pending.popleft()
         self._arrived[expected] = reply
 
@@ -192,6 +206,40 @@ class ClientSession:
         """The server broke the protocol: this connection can no longer be trusted."""
         self.fail(message)
         return WireError(message)
+
+    def _check(self, reply: Observation, features: dict[str, tuple[np.dtype[Any], tuple[int, ...]]]) -> None:
+        """The sim's observation as its contract says, and its non-finite values flagged (the usual frame:
+        a dtype and a shape compared per feature, one ``isfinite`` per float feature and the reward)."""
+        observation = reply.observation
+        if observation.keys() != features.keys():
+            missing, extra = sorted(features.keys() - observation.keys()), sorted(observation.keys() - features)
+            raise self._breach(f"observation features {missing} missing, {extra} not in the contract")
+        for name, (dtype, shape) in features.items():
+            array = observation[name]
+            if array.dtype != dtype or array.shape[1:] != shape:
+                raise self._breach(
+                    f"observation feature {name!r} came as {array.dtype} {list(array.shape[1:])} per slot; "
+                    f"the contract says {dtype} {list(shape)}"
+                )
+        floats = [observation[name] for name, (dtype, _) in features.items() if dtype.kind == "f"]
+        if all(np.isfinite(values).all() for values in (reply.reward, *floats)):
+            return
+        flagged = {*reply.nonfinite, *(error.slot for error in reply.errors)}
+        for slot, status in enumerate(reply.status):
+            if status not in ("running", "done") or slot in flagged:
+                continue  # an ended slot's row stays as it ended; a flagged one ends in this frame
+            values = {"reward": reply.reward[slot], **{name: observation[name][slot] for name in features}}
+            for name, value in values.items():
+                if value.dtype.kind == "f" and not np.isfinite(value).all():
+                    raise self._break(
+                        f"the sim at {self.peer} sent slot {slot} as {status} with a non-finite {name} it did not "
+                        "flag (a NaN or infinity ends its slot, named in 'nonfinite' and 'errors': protocol 6.7)"
+                    )
+
+    def _breach(self, message: str) -> SimContractError:
+        """The sim's frame does not fit the contract it announced: this connection can no longer be trusted."""
+        self.fail(message)
+        return SimContractError(f"the sim at {self.peer} broke its contract: {message}")
 
     def _next(self) -> int:
         return next(self._seq)

@@ -262,7 +262,15 @@ def unpackb(frame: bytes | bytearray | memoryview | str) -> Any:
     except WireError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for malformed input
-        raise WireError(f"malformed msgpack frame ({type(exc).__name__}: {exc})") from exc
+        said = _UNSAID.get(type(exc).__name__, "") if not str(exc) else f": {exc}"
+        raise WireError(f"malformed msgpack frame ({type(exc).__name__}{said})") from exc
+
+
+_UNSAID = {
+    "FormatError": ": a byte that starts no msgpack object",
+    "StackError": ": containers nested too deep",
+}
+"""What msgpack's errors that come with no words of their own mean."""
 
 
 def peek_seq(frame: bytes | bytearray | memoryview | str) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,10 @@ def test_a_policy_that_raises_in_every_instance_is_logged_once_with_its_tracebac
     assert {row.error for row in evaluation.rows} == {
         f"policy failed: RuntimeError: the policy failed on purpose in every forward (at {line})"
     }, "each episode's error names the policy's line"
+
+
+def test_the_readmes_table_of_faults_names_every_fault_and_what_it_ends() -> None:
+    """A report's reader looks a fault up in the README: every fault is there, each with what it ends."""
+    rows = re.findall(r"^  \| `(\w+)` \| .+ \| the (slot|instance) \|$", (REPO / "README.md").read_text(), re.MULTILINE)
+    assert [name for name, _ in rows] == [fault.value for fault in Fault]
+    assert {name: ends == "instance" for name, ends in rows} == {fault.value: fault.ends_instance for fault in Fault}

@@ -14,7 +14,8 @@ import pytest
 
 from hud_pipelines.agent.builtin import scripted_policy
 from hud_pipelines.agent.runner import RobotAgent
-from hud_pipelines.errors import RemoteError, SimCrashedError, SimError, WireError
+from hud_pipelines.errors import Fault, RemoteError, SimCrashedError, SimError, WireError
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.in_process import InProcessLink
@@ -115,6 +116,44 @@ def test_a_reply_of_the_wrong_kind_drops_the_connection_and_ends_its_episodes() 
         assert link.aborted == 1, "a sim that broke the protocol is not talked to again, not even to say goodbye"
         assert [r.state for r in bridge.slots.records] == [SlotState.ERRORED] * 2
         client.close()
+
+
+class _BreaksItsWord(InProcessLink):
+    """A sim written elsewhere that, from its fifth step on, sends what its contract and the protocol forbid."""
+
+    def __init__(self, bridge: GymBridge, fault: str) -> None:
+        super().__init__(bridge)
+        self.fault = fault
+
+    def recv(self, timeout_s: float) -> bytes:
+        frame = unpackb(super().recv(timeout_s))
+        if frame.get("type") == "observation" and frame["seq"] > 5:
+            observation = frame["observation"]
+            if self.fault == "unflagged_nan":  # slot 1's reward, with no 'nonfinite' or 'errors' naming it
+                reward = frame["reward"].copy()
+                reward[1] = np.nan
+                frame["reward"] = reward
+            else:  # one column more than the contract's state
+                observation["state"] = np.hstack([observation["state"], observation["state"][:, :1]])
+        return packb(frame)
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"), [("unflagged_nan", "non-finite reward it did not flag"), ("shape", "broke its contract")]
+)
+def test_a_sim_that_breaks_its_contract_or_hides_a_nan_ends_its_episodes_as_errored_never_graded(
+    fault: str, said: str
+) -> None:
+    tasks = [{"seed": 3}, {"seed": 4}, {"seed": 5}]
+    with GymBridge("Pendulum-v1", 3) as bridge:
+        link = _BreaksItsWord(bridge, fault)
+        client = SimClient(link.url, "", link=link)
+        policy = scripted_policy("envs.controllers:PendulumSwingUp", client.contract, base_dir=Path())
+        outcomes = list(RobotAgent(policy, client.contract).run(client, tasks, max_steps=60, key=("p", 0, 0)))
+    assert [o.status for o in outcomes] == [EpisodeStatus.ERRORED] * 3
+    assert {o.fault for o in outcomes} == {Fault.SIM_LINK if fault == "unflagged_nan" else Fault.CONTRACT}
+    assert all(said in (o.error or "") for o in outcomes)
+    assert not any(np.isnan(o.total_reward) for o in outcomes)
 
 
 class _DiesAfterServing(InProcessLink):

@@ -101,3 +101,17 @@ def test_the_doc_names_the_current_version_and_every_message_type() -> None:
         assert f"`{kind.value}`" in text
     for phase in Phase:
         assert f"| `{phase.value}` |" in text
+
+
+def test_every_version_number_the_text_gives_is_the_protocols() -> None:
+    """The prose, the tables and the decoded examples say the version the frames carry (a server written from
+    the text alone must speak it)."""
+    text = DOC.read_text()
+    said = re.findall(
+        r"protocol, version (\d+)|\"protocol\": (\d+)|hud-pipelines/(\d+)|\| `protocol` \| int \| `(\d+)`|"
+        r"`protocol` is not (\d+)|positive fixint (\d+) \|",
+        text,
+    )
+    versions = [int(next(v for v in found if v)) for found in said]
+    assert len(versions) >= 9, versions
+    assert set(versions) == {PROTOCOL_VERSION}

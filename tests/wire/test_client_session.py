@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -204,3 +205,90 @@ def test_closing_says_goodbye_once(session: ClientSession) -> None:
     assert unpackb(goodbye) == {"type": "close"}
     assert session.close() is None
     assert not session.usable
+
+
+def held_to_the_contract(session: ClientSession) -> ClientSession:
+    session.hold_to({"state": ("float32", (3,))})
+    return session
+
+
+def observation_of(state: np.ndarray, reward: float = 0.0, **fields: object) -> bytes:
+    flags = np.zeros(SLOTS, dtype=np.bool_)
+    frame = {
+        "seq": 1,
+        "observation": {"state": state},
+        "reward": np.full(SLOTS, reward),
+        "terminated": flags,
+        "truncated": flags,
+        "success": flags,
+        "success_reported": flags,
+        "success_now": flags,
+        "status": ["running"] * SLOTS,
+    }
+    return packb(to_wire(Observation(**{**frame, **fields})))  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        (np.zeros((SLOTS, 4), np.float32), "'state' came as float32 [4] per slot; the contract says float32 [3]"),
+        (np.zeros((SLOTS, 3), np.float64), "'state' came as float64 [3] per slot; the contract says float32 [3]"),
+    ],
+)
+def test_an_observation_that_breaks_the_sims_own_contract_is_a_contract_fault_and_breaks_the_session(
+    session: ClientSession, state: np.ndarray, said: str
+) -> None:
+    from hud_pipelines.errors import Fault, fault_of
+
+    seq, _ = held_to_the_contract(session).step(np.zeros((SLOTS, 1)))
+    assert seq == 1
+    with pytest.raises(
+        WireError, match=re.escape(f"the sim at ws://sim broke its contract: observation feature {said}")
+    ) as info:
+        session.receive(observation_of(state))
+    assert fault_of(info.value) is Fault.CONTRACT
+    assert not session.usable
+
+
+def test_an_observation_missing_a_contract_feature_is_a_contract_fault(session: ClientSession) -> None:
+    held_to_the_contract(session).hold_to({"state": ("float32", (3,)), "image": ("uint8", (2, 2, 3))})
+    session.step(np.zeros((SLOTS, 1)))
+    with pytest.raises(WireError, match=r"observation features \['image'\] missing, \[\] not in the contract"):
+        session.receive(observation_of(np.zeros((SLOTS, 3), np.float32)))
+
+
+@pytest.mark.parametrize("where", ["reward", "state"])
+def test_a_non_finite_value_the_sim_did_not_flag_breaks_the_session_naming_the_slot(
+    session: ClientSession, where: str
+) -> None:
+    from hud_pipelines.errors import Fault, fault_of
+
+    state = np.zeros((SLOTS, 3), np.float32)
+    state[1, 2] = np.nan if where == "state" else 0.0
+    frame = observation_of(state, reward=np.nan) if where == "reward" else observation_of(state)
+    held_to_the_contract(session).step(np.zeros((SLOTS, 1)))
+    with pytest.raises(
+        WireError, match=f"sent slot {0 if where == 'reward' else 1} as running with a non-finite {where}"
+    ) as info:
+        session.receive(frame)
+    assert fault_of(info.value) is Fault.SIM_LINK
+    assert not session.usable
+
+
+def test_a_non_finite_value_the_sim_flagged_or_in_a_slot_that_ended_is_passed_on(session: ClientSession) -> None:
+    from hud_pipelines.wire.messages import SlotError
+
+    state = np.zeros((SLOTS, 3), np.float32)
+    state[:, 0] = np.nan  # slot 0 flagged in this frame, slot 1 errored earlier (its row frozen as it ended)
+    flagged = observation_of(
+        state,
+        status=["errored", "errored"],
+        nonfinite=[0],
+        errors=[SlotError(slot=0, message="observation 'state' is not finite at step 1 (slot 0)", cause="nonfinite")],
+    )
+    held_to_the_contract(session).step(np.zeros((SLOTS, 1)))
+    session.receive(flagged)
+    reply = session.take(1)
+    assert isinstance(reply, Observation)
+    assert reply.nonfinite == [0]
+    assert session.usable

@@ -169,6 +169,18 @@ def test_truncated_or_garbage_frames_are_wire_errors(frame: bytes) -> None:
         unpackb(frame)
 
 
+@pytest.mark.parametrize(
+    ("frame", "said"),
+    [
+        (b"\xc1\xc1\xc1", "a byte that starts no msgpack object"),
+        (b"\x91" * 2_000 + b"\x00", "containers nested too deep"),
+    ],
+)
+def test_a_malformed_frame_is_said_in_words_even_where_msgpack_gives_none(frame: bytes, said: str) -> None:
+    with pytest.raises(WireError, match=rf"malformed msgpack frame \(\w+: {said}\)"):
+        unpackb(frame)
+
+
 def test_a_text_frame_is_refused() -> None:
     with pytest.raises(WireError, match="text frame"):
         unpackb('{"type": "hello"}')
