@@ -84,3 +84,41 @@ def test_casts_and_ignore_pragmas_stay_below_where_they_were() -> None:
     pragmas = sum(len(re.findall(r"#\s*(?:type|pyright):\s*ignore", text)) for text in texts)
     assert casts <= MAX_CASTS, f"{casts} cast() calls"
     assert pragmas <= MAX_IGNORE_PRAGMAS, f"{pragmas} ignore pragmas"
+
+
+DOCS = [PACKAGE.parent / "README.md", *sorted((PACKAGE.parent / "docs").glob("*.md"))]
+DOC_IMPORT = re.compile(r"^from (hud_pipelines[\w.]*) import ([\w, ]+)$", re.MULTILINE)
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """What a module defines or imports at its top level (what ``from module import name`` finds there; the
+    package root's lazy exports are imported under ``TYPE_CHECKING`` for the type checker)."""
+    names: set[str] = set()
+    body = ast.parse(path.read_text()).body
+    for node in [*body, *(child for block in body if isinstance(block, ast.If) for child in block.body)]:
+        match node:
+            case ast.FunctionDef() | ast.AsyncFunctionDef() | ast.ClassDef():
+                names.add(node.name)
+            case ast.Assign():
+                names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+            case ast.AnnAssign(target=ast.Name(id=name)):
+                names.add(name)
+            case ast.Import() | ast.ImportFrom():
+                names |= {alias.asname or alias.name.partition(".")[0] for alias in node.names}
+            case _:
+                pass
+    return names
+
+
+def test_every_import_the_docs_show_names_what_the_package_has() -> None:
+    modules = _modules()
+    shown = [(doc.name, m[1], m[2]) for doc in DOCS for m in DOC_IMPORT.finditer(doc.read_text())]
+    assert len(shown) >= 5, shown
+    missing = [
+        f"{doc}: from {module} import {name}"
+        for doc, module, names in shown
+        for name in (n.strip() for n in names.split(","))
+        if module not in modules
+        or (name not in _top_level_names(modules[module]) and f"{module}.{name}" not in modules)
+    ]
+    assert not missing
