@@ -60,9 +60,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from hud_pipelines.cli.report import current_rows
     from hud_pipelines.eval.comparison import run_compare
 
-    return run_compare(args)
+    return run_compare(args, judge=current_rows)
 
 
 def _contract(args: argparse.Namespace) -> int:

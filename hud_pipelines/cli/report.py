@@ -5,9 +5,15 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hud_pipelines.cli.selection import resolve_pipeline_file
 from hud_pipelines.spec.models import PipelineSpec
+
+if TYPE_CHECKING:
+    from hud_pipelines.eval.configuration import CurrentBy
+    from hud_pipelines.eval.grades import GradeRow
+    from hud_pipelines.eval.outputs import EvalOutputs
 
 
 def write_report(
@@ -20,17 +26,13 @@ def write_report(
 ) -> int:
     """Write the pipeline's report, and its grades and checks, from the results on disk as the YAML and the
     code its targets name judge them now (no sim starts); open or serve ``report.html``."""
-    from hud_pipelines.eval.configuration import CurrentBy, recorded_provenance
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
-    from hud_pipelines.eval.provenance import with_current_code
     from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline_for_results
 
     spec = load_pipeline_for_results(resolve_pipeline_file(pipeline, pipelines_dir))
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
-    # the results as the YAML and the code judge them now (an edit since the last run shows at once): so do
-    # the grades and the checks
-    now = CurrentBy(environment=with_current_code(recorded_provenance(outputs), _as_deployed(spec)))
+    now = judged_now(spec, outputs)
     _, checks = grades_step(spec, outputs, now)
     written = report_step(spec, outputs, current=now, dataset=dataset_root(spec, outputs, Path.cwd()))
     print(f"wrote {written.html} and {outputs.report_md}, with grades.json and checks.json beside them")
@@ -62,6 +64,31 @@ def write_report(
         with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
     return code
+
+
+def judged_now(spec: PipelineSpec, outputs: EvalOutputs) -> CurrentBy:
+    """What a result must match to count now: the YAML and the code its targets name as they are (an edit
+    since the last run shows at once), in the environment the results recorded."""
+    from hud_pipelines.eval.configuration import CurrentBy, recorded_provenance
+    from hud_pipelines.eval.provenance import with_current_code
+
+    return CurrentBy(environment=with_current_code(recorded_provenance(outputs), _as_deployed(spec)))
+
+
+def current_rows(pipeline: str, outputs_root: Path) -> list[GradeRow] | None:
+    """The grade rows of ``pipeline`` (a name or file) as ``report`` judges them now, without writing them;
+    ``None`` when it names no pipeline file here (``compare`` then reads its grades as they were written)."""
+    from hud_pipelines.errors import HudPipelinesError
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.rows import collect_rows
+    from hud_pipelines.spec.loader import load_pipeline_for_results
+
+    try:
+        spec = load_pipeline_for_results(resolve_pipeline_file(pipeline, None))
+    except HudPipelinesError:
+        return None
+    outputs = EvalOutputs(outputs_root, spec.name)
+    return collect_rows(spec, outputs, current=judged_now(spec, outputs))
 
 
 def _open(url: str) -> None:

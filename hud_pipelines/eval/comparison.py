@@ -42,15 +42,15 @@ from typing import Any
 
 import numpy as np
 
-from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.eval.grades import GradeRow, one_line
 from hud_pipelines.eval.paired_tests import (
     mcnemar_exact,
     mcnemar_sample_size,
     paired_difference_interval,
     sign_flip_test,
 )
-from hud_pipelines.eval.result_sets import SETTINGS, read_result_set
+from hud_pipelines.eval.result_sets import SETTINGS, Judge, read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
 
 EpisodeId = tuple[str, int, int, int]
@@ -191,12 +191,22 @@ def episode_id(row: GradeRow) -> EpisodeId:
 # -- the command ----------------------------------------------------------------------------------------
 
 
-def run_compare(args: argparse.Namespace) -> int:
-    """``hud-pipelines compare CANDIDATE BASELINE``: the comparison, and exit 1 with ``--fail-if-worse``."""
+def run_compare(args: argparse.Namespace, judge: Judge | None = None) -> int:
+    """``hud-pipelines compare CANDIDATE BASELINE``: the comparison, and exit 1 with ``--fail-if-worse``.
+
+    A side that names a pipeline is judged by ``judge`` as ``report`` judges it (:func:`read_result_set`)."""
     outputs: Path | None = args.outputs
-    candidate = read_result_set(args.candidate, outputs_root=outputs, checkpoint=args.candidate_checkpoint)
-    baseline = read_result_set(args.baseline, outputs_root=outputs, checkpoint=args.baseline_checkpoint)
+    candidate = read_result_set(args.candidate, outputs_root=outputs, checkpoint=args.candidate_checkpoint, judge=judge)
+    baseline = read_result_set(args.baseline, outputs_root=outputs, checkpoint=args.baseline_checkpoint, judge=judge)
     result = compare(candidate.rows, baseline.rows, alpha=args.alpha, min_effect=args.min_effect)
+    for side in (candidate, baseline):
+        stale = [row for row in side.rows if row.fault is Fault.NOT_RUN]
+        if stale:
+            print(
+                f"note: {len(stale)} of {len(side.rows)} episode(s) of {side.name} have no current result and pair "
+                f"with nothing: {one_line(stale[0].error or 'not run')}",
+                file=sys.stderr,
+            )
     pipelines = [sorted({row.pipeline for row in side.rows}) for side in (candidate, baseline)]
     if pipelines[0] != pipelines[1]:
         mine, theirs = (", ".join(names) or "no pipeline" for names in pipelines)

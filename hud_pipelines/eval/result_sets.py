@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -48,9 +48,18 @@ class ResultSet:
         return f"{named} (control tasks; {self.arms} perturbed task(s) left out)" if self.arms else named
 
 
-def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint: str | None = None) -> ResultSet:
-    """Grade rows from a ``grades.json``, a directory holding one, or a pipeline name under the outputs root.
+type Judge = Callable[[str, Path], list[GradeRow] | None]
+"""The rows of the pipeline a side names (its name or file), as its YAML and code judge its results now
+(``None``: it names no pipeline file here); given an outputs root."""
 
+
+def read_result_set(
+    where: str, *, outputs_root: Path | None = None, checkpoint: str | None = None, judge: Judge | None = None
+) -> ResultSet:
+    """Grade rows from a ``grades.json``, a directory holding one, or a pipeline name or file under the outputs root.
+
+    A pipeline's rows are judged now by ``judge`` where one is given, as ``hud-pipelines report`` judges them
+    (results of code or a configuration since edited are ``not_run``), not read as its last run wrote them.
     A sweep's file holds every checkpoint's rows of the same episodes: one side of a comparison is one
     checkpoint, ``checkpoint`` or else the sweep's candidate (the last one of the table, as its checks
     judge), never a mix in which one checkpoint's rows would silently stand for the others.
@@ -59,29 +68,21 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
 
     root = (outputs_root or default_outputs_root()).resolve()
     path = Path(where)
+    pipeline = False
     if path.is_dir():
         path = path / "grades.json"
     elif path.suffix in (".yaml", ".yml") and path.is_file():  # a pipeline file: its results, as `report` finds them
         from hud_pipelines.spec.loader import declared_name
 
-        path = EvalOutputs(root, declared_name(path)).grades_json
+        path, pipeline = EvalOutputs(root, declared_name(path)).grades_json, True
     elif not path.exists() and path.suffix != ".json" and len(path.parts) == 1:  # a pipeline's name
-        path = EvalOutputs(root, where).grades_json
+        path, pipeline = EvalOutputs(root, where).grades_json, True
     if not path.is_file():
         raise HudPipelinesError(
             f"no grades at {path} (give a grades.json, an outputs/<name> folder or a pipeline name)"
         )
-    try:
-        loaded: object = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise HudPipelinesError(f"{path}: not a grades file ({exc})") from exc
-    if not isinstance(loaded, list):
-        raise HudPipelinesError(f"{path}: expected a list of grade rows")
-    try:
-        rows = [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON, but not grade rows
-        why = f"a row has no {exc} field" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
-        raise HudPipelinesError(f"{path}: not a grades file ({why})") from exc
+    judged = judge(where, root) if judge is not None and pipeline else None
+    rows = judged if judged is not None else _rows_of(path)
     arms = _perturbed_tasks(path.with_name("perturbations.json"))
     rows = [row for row in rows if row.task not in arms]
     labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
@@ -96,6 +97,21 @@ def read_result_set(where: str, *, outputs_root: Path | None = None, checkpoint:
     rows = [row for row in rows if row.checkpoint == chosen]
     member = path.parent / "checkpoints" / chosen
     return ResultSet(rows, where, chosen, labels, len(arms), settings=_settings(member, rows))
+
+
+def _rows_of(path: Path) -> list[GradeRow]:
+    """The rows of a ``grades.json`` as it was written."""
+    try:
+        loaded: object = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HudPipelinesError(f"{path}: not a grades file ({exc})") from exc
+    if not isinstance(loaded, list):
+        raise HudPipelinesError(f"{path}: expected a list of grade rows")
+    try:
+        return [GradeRow.from_dict(cast(dict[str, Any], row)) for row in cast(list[object], loaded)]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON, but not grade rows
+        why = f"a row has no {exc} field" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise HudPipelinesError(f"{path}: not a grades file ({why})") from exc
 
 
 def _label_of(asked: str, labels: Sequence[str]) -> str:

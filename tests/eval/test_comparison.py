@@ -434,3 +434,40 @@ def test_the_no_regression_check_does_not_pass_on_episodes_that_errored_in_the_b
     assert "errored on one side only (0 here, 6 in the baseline)" in verdict.description
     both = [_row(slot, slot < 6, errored=slot >= 6) for slot in range(12)]
     assert check_verdict(gate, both).passed, "an episode errored on both sides says nothing of the difference"
+
+
+def test_compare_judges_a_pipeline_it_is_given_by_name_or_file_as_report_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Results of a policy file edited since are stale: ``compare`` pairs nothing with them and says why, as
+    ``report`` would, instead of comparing results of code that no longer exists."""
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline
+
+    (tmp_path / "pipelines").mkdir()
+    policy = tmp_path / "pipelines" / "lean.py"
+    policy.write_text("import numpy as np\n\n\ndef act(observation):\n    return (observation['state'][:, 2] > 0)\n")
+    pipeline = tmp_path / "pipelines" / "leaning.yaml"
+    pipeline.write_text(
+        "name: leaning\nsim: {factory: CartPole-v1, num_envs: 2}\n"
+        "agent: {policy: {kind: scripted, target: lean.py:act}}\n"
+        "tasks: [{name: balance, seed: 5}]\ngroup: 2\nmax_steps: 30\ngraders: [{kind: return, threshold: 20}]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    outputs = tmp_path / "outputs"
+    evaluate(load_pipeline(pipeline), outputs_dir=outputs, project_dir=tmp_path)
+    kept = tmp_path / "before.json"
+    kept.write_bytes((outputs / "leaning" / "grades.json").read_bytes())
+    for side in ("leaning", str(pipeline)):
+        assert main(["compare", side, str(kept), "--outputs", str(outputs), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["pairs"] == 4
+    policy.write_text(policy.read_text() + "# tuned\n")
+    for side in ("leaning", str(pipeline)):
+        assert main(["compare", side, str(kept), "--outputs", str(outputs), "--json"]) == 0
+        said = capsys.readouterr()
+        assert json.loads(said.out)["pairs"] == 0
+        assert "note: 4 of 4 episode(s) of" in said.err
+        assert "lean.py" in said.err, "the note says what changed"
+    assert main(["compare", str(outputs / "leaning"), str(kept), "--json"]) == 0, "a folder is read as it was written"
+    assert json.loads(capsys.readouterr().out)["pairs"] == 4
