@@ -6,11 +6,15 @@ processes (the Celery workers of one run, or another run on the same fleet) are 
 server one of them drives refuses a connection with HTTP 409. That server is busy, not broken: the
 instance that met the refusal tries another free server, or waits for one, backing off, up to
 ``sim.busy_timeout_s``; the server is never lost for it. A server that cannot be reached at all is
-lost: the instance that tried it errors naming it, and no later instance is sent there.
+lost: the instance that tried it errors naming it, and no later instance is sent there. One that stops
+listening mid-run (its process died, or was restarted) may come back: it is probed again, at most once
+every :data:`PROBE_EVERY_S`, and takes instances again once it listens (a restart on the same address);
+while no other server is left, an instance waits up to :data:`RETURN_GRACE_S` from the loss for it.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
 import threading
@@ -20,10 +24,17 @@ from http import HTTPStatus
 
 from hud_pipelines.errors import SimError, SimRefusedError, SimStartError
 
+log = logging.getLogger(__name__)
+
 FIRST_BACKOFF_S = 0.1
 """How long a server that refused as busy is left alone first; it doubles at every refusal after."""
 MAX_BACKOFF_S = 2.0
 """The longest a busy server is left alone between two tries (so it is taken soon after it is let go)."""
+RETURN_GRACE_S = 5.0
+"""How long after a served sim stopped listening an instance with no other server waits for it to come back
+(a restart); after that, instances with no server error at once, and it is still taken back if it returns."""
+PROBE_EVERY_S = 0.25
+"""How often a served sim that stopped listening is probed again (a TCP connection), at most."""
 
 
 def is_busy(exc: SimError) -> bool:
@@ -47,22 +58,31 @@ class Fleet:
         """Servers that refused as busy, and when they may be tried again (monotonic clock)."""
         self._lost: dict[str, str] = {}
         """Each lost server and why it was lost (the first error that came from it)."""
+        self._may_return: dict[str, float] = {}
+        """Lost servers that stopped listening mid-run, and when (monotonic clock): they are probed again."""
+        self._probed: dict[str, float] = {}
+        """When each of those was last probed."""
         self._changed = threading.Condition()
 
     def take(self) -> str:
         with self._changed:
             while True:
+                now = time.monotonic()
+                self._take_back_returned(now)
                 if len(self._lost) == len(self._all):
+                    if any(now - since < RETURN_GRACE_S for since in self._may_return.values()):
+                        self._changed.wait(PROBE_EVERY_S)  # a restart may be on its way
+                        continue
                     error = SimStartError(self._every_one_lost())
                     error.server = self._all[0] if len(self._all) == 1 else None  # a fleet's: none in particular
                     raise error
-                now = time.monotonic()
                 ready = [server for server in self._free if self._not_before.get(server, 0.0) <= now]
                 if ready:
                     self._free.remove(ready[0])
                     return ready[0]
-                backing_off = [self._not_before[server] - now for server in self._free]
-                self._changed.wait(min(backing_off) if backing_off else None)
+                waits = [self._not_before[server] - now for server in self._free]
+                waits += [PROBE_EVERY_S] if self._may_return else []
+                self._changed.wait(min(waits) if waits else None)
 
     def give_back(self, server: str) -> None:
         with self._changed:
@@ -83,16 +103,35 @@ class Fleet:
                 self._free.append(server)
             self._changed.notify_all()
 
-    def lose(self, server: str, reason: str) -> None:
+    def lose(self, server: str, reason: str, *, may_return: bool = False) -> None:
+        """No later instance goes to ``server``; unless it listens again, where it ``may_return`` (it stopped
+        listening mid-run: died, or is being restarted)."""
         with self._changed:
             self._lost.setdefault(server, reason)
+            if may_return and self._lost[server] == reason:
+                self._may_return[server] = time.monotonic()
             self._changed.notify_all()
+
+    def _take_back_returned(self, now: float) -> None:
+        """Give the servers that stopped listening and listen again back to the instances (lock held)."""
+        for server, since in list(self._may_return.items()):
+            if now - self._probed.get(server, since) < PROBE_EVERY_S:
+                continue
+            self._probed[server] = now
+            if reachable(server, timeout_s=PROBE_EVERY_S):
+                del self._may_return[server], self._lost[server]
+                self._free.append(server)
+                log.warning("served sim %s listens again after it stopped mid-run: it takes instances again", server)
 
     def _every_one_lost(self) -> str:
         """Why no instance can have a served sim: each server's own first error, not just that it is gone."""
+        reasons = [
+            reason + (f" (and did not listen again within {RETURN_GRACE_S:g} s)" if server in self._may_return else "")
+            for server, reason in self._lost.items()
+        ]
         if len(self._all) == 1:
-            return f"the served sim cannot be used: {next(iter(self._lost.values()))}"
-        return f"none of the {len(self._all)} served sims can be used: " + "; ".join(self._lost.values())
+            return f"the served sim cannot be used: {reasons[0]}"
+        return f"none of the {len(self._all)} served sims can be used: " + "; ".join(reasons)
 
 
 def naming(exc: SimError, server: str) -> SimError:

@@ -237,7 +237,7 @@ class SimPool(Closeable):
                     self._servers.lose(server, f"served sim {server} stopped answering (a step or reset hung)")
                 elif server is not None and not live.healthy and not reachable(server):
                     # its server died with it: no later instance goes there
-                    self._servers.lose(server, f"served sim {server} stopped listening")
+                    self._servers.lose(server, f"served sim {server} stopped listening", may_return=True)
         finally:
             if server is not None:
                 self._servers.give_back(server)

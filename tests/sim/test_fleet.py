@@ -473,3 +473,54 @@ def test_an_instance_whose_served_sim_dies_under_it_keeps_its_earlier_complete_r
     said = kept_failure(spec, outputs, again.results) or ""
     assert said.startswith("instance(s) task0-i2 did not complete (sim_crashed: "), said
     assert f"their results of run {first.run_id} are kept" in said
+
+
+def test_a_served_sim_restarted_on_its_address_mid_run_takes_the_later_instances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The instance on it when it died fails; the next waits for it to listen again, instead of failing on a
+    server the run had written off the moment it went away."""
+    monkeypatch.chdir(REPO)
+    first, url = serve_cartpole("--arg", "crash_seeds=[4]")  # it kills itself in instance 2 (seeds 4 and 5)
+    servers = [first]
+
+    def restart() -> None:
+        first.wait(timeout=60)
+        time.sleep(0.3)  # the next instance has met the closed port by now
+        servers.append(serve_cartpole("--arg", "crash_seeds=[4]", "--port", url.rsplit(":", 1)[1])[0])
+
+    restarting = threading.Thread(target=restart, daemon=True)
+    restarting.start()
+    try:
+        spec = _spec(tmp_path, [url], monkeypatch)
+        evaluation = evaluate(spec.model_copy(update={"max_concurrent": 1}), outputs_dir=tmp_path / "out")
+        restarting.join(timeout=60)
+    finally:
+        for process in servers:
+            stop_served(process)
+    results = {r.instance: r for r in evaluation.results}
+    assert [results[i].failed for i in range(4)] == [False, False, True, False]
+    assert results[2].fault is Fault.SIM_CRASHED
+    assert results[3].server == url
+    assert {row.instance for row in evaluation.rows if row.fault is not None} == {2}
+
+
+def test_a_served_sim_that_stopped_listening_and_stays_down_errors_the_instances_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hud_pipelines.errors import SimStartError
+    from hud_pipelines.sim import fleet as fleet_module
+
+    monkeypatch.setattr(fleet_module, "RETURN_GRACE_S", 0.5)
+    servers = fleet_module.Fleet(["ws://127.0.0.1:9"])  # the discard port: nothing listens there
+    server = servers.take()
+    servers.lose(server, f"served sim {server} stopped listening", may_return=True)
+    servers.give_back(server)
+    started = time.monotonic()
+    with pytest.raises(SimStartError, match=r"stopped listening \(and did not listen again within 0.5 s\)"):
+        servers.take()
+    assert 0.4 <= time.monotonic() - started < 5, "it waited out the grace, and no more"
+    started = time.monotonic()
+    with pytest.raises(SimStartError):
+        servers.take()
+    assert time.monotonic() - started < 0.4, "once the grace is over, an instance with no server errors at once"
