@@ -81,6 +81,11 @@ class WireError(HudPipelinesError):
     """A frame cannot be decoded, or breaks the protocol (type, version, sequence, size)."""
 
 
+class DatasetFitError(ContractError):
+    """The pipeline's dataset section does not fit the sim's contract (``state_features`` it lacks): found at the
+    contract step, it stops the run before any rollout, where the dataset writer would refuse after every one."""
+
+
 class SimContractError(WireError, ContractError):
     """A sim's frame does not fit the contract it announced (a feature's dtype or shape, a feature missing):
     the connection is not trusted further, and its instance ends with the ``contract`` fault."""

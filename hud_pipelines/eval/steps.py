@@ -8,7 +8,6 @@ measures what Dagster adds. Everything a step produces is a file under ``outputs
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import uuid
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract, state_images
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import ContractError, DatasetFitError, HudPipelinesError
 from hud_pipelines.eval import perturbations, provenance, sweep
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, episode_errors_warning, success_signal_warning
 from hud_pipelines.eval.configuration import (
@@ -86,6 +85,13 @@ def seed_checked_contract(spec: PipelineSpec, pool: SimPool, outputs: EvalOutput
     write_seed_check(outputs, checked[0] if checked else None)
     for warning in state_images(contract):
         logger.warning("%s: %s", spec.name, warning)
+    if spec.dataset is not None and spec.dataset_enabled:  # refused now, not by the writer after every rollout
+        from hud_pipelines.dataset.features import DatasetLayout
+
+        try:
+            DatasetLayout.build(contract, spec.dataset.writer_options())
+        except ContractError as exc:
+            raise DatasetFitError(f"{spec.name}: the dataset section does not fit the sim's contract: {exc}") from exc
     return contract
 
 
@@ -319,8 +325,12 @@ def evaluate(
     effective = effective_spec(spec, parts.sim, parts.contract, parts.agent, parts.graders)
     try:
         pool = parts.sim.pool(effective)
-        with contextlib.suppress(HudPipelinesError):  # a sim that cannot start errors every instance below
+        try:
             contract_step(effective, pool, outputs, run_id=run_id)
+        except DatasetFitError:
+            raise
+        except HudPipelinesError:  # a sim that cannot start errors every instance below
+            pass
         record_configuration(effective, spec, outputs, run_id=run_id)
         if effective.is_sweep:
             members = sweep.select(sweep.members(effective, outputs, settle_s=settle_s), checkpoints)

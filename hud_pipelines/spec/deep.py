@@ -299,6 +299,14 @@ def _contract_problems(spec: PipelineSpec, document: YamlDocument) -> list[Probl
         contract = load_contract(path)
     except HudPipelinesError as exc:
         return [document.problem(("sim", "contract"), str(exc))]
+    asked = spec.dataset.state_features if spec.dataset is not None and spec.dataset_enabled else None
+    unknown = [name for name in asked or () if name not in contract.state_features]
+    if unknown:
+        message = (
+            f"{unknown} are not non-camera observation features of the contract {path} "
+            f"(those are {list(contract.state_features)})"
+        )
+        return [document.problem(("dataset", "state_features"), message)]
     policy = spec.resolved_agent().policy
     width = contract.action.size
     if isinstance(policy, ConstantPolicyConfig) and policy.value is not None and len(policy.value) != width:

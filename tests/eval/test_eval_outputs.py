@@ -620,3 +620,22 @@ def test_a_command_a_failure_gives_is_rewritten_whole_as_the_run_was_asked(given
     rewritten = as_invoked(said, asked)
     assert rewritten.endswith("re-run them with: " + shlex.join([*asked, "--partition", "a/0"]))
     assert shlex.split(rewritten.split("re-run them with: ")[1]) == [*asked, "--partition", "a/0"]
+
+
+def test_a_dataset_section_that_does_not_fit_the_sims_contract_is_refused_before_any_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.errors import ContractError
+
+    monkeypatch.chdir(REPO)
+    spec = _spec(tmp_path, dataset={"repo_id": "local/placed", "state_features": ["state", "joints"]})
+    with pytest.raises(ContractError, match=r"placed: the dataset section does not fit the sim's contract: .*'joints'"):
+        evaluate(spec, outputs_dir=tmp_path / "out", project_dir=REPO)
+    assert not list((tmp_path / "out").rglob("rollouts/*.json")), "no episode ran only for its dataset to be refused"
+    from hud_pipelines.cli.main import main
+
+    yaml = tmp_path / "placed.yaml"
+    yaml.write_text(json.dumps(spec.model_dump(mode="json", exclude_none=True, by_alias=True)))
+    assert main(["run", str(yaml), "--outputs", str(tmp_path / "dagster"), "--quiet"]) == 1
+    assert "the dataset section does not fit the sim's contract" in capsys.readouterr().out
+    assert not list((tmp_path / "dagster").rglob("rollouts/*.json")), "nor in a Dagster run"

@@ -259,6 +259,24 @@ def test_a_constant_action_that_does_not_fit_the_contract_file_is_reported(write
     assert "has 1 (names" in problem.message
 
 
+def test_dataset_state_features_the_contract_file_does_not_have_are_reported(write_yaml: WriteYaml) -> None:
+    from hud_pipelines.sim.bridge import GymBridge
+
+    with GymBridge("Pendulum-v1", 1) as bridge:
+        write_yaml(bridge.contract.to_json(), "contracts/pendulum.json")
+    spec = (
+        "name: deep\nsim: {factory: Pendulum-v1, contract: contracts/pendulum.json}\nagent:\n  policy: {kind: random}\n"
+        "dataset:\n  state_features: [{names}]\n"
+    )
+    assert load_pipeline(write_yaml(spec.replace("{names}", "state"), "fits.yaml"), deep=True).name == "deep"
+    with pytest.raises(SpecError) as raised:
+        load_pipeline(write_yaml(spec.replace("{names}", "state, joints"), "unknown.yaml"), deep=True)
+    [problem] = raised.value.problems
+    assert (problem.path, problem.line) == ("dataset.state_features", 6)
+    assert "['joints'] are not non-camera observation features of the contract" in problem.message
+    assert "(those are ['state'])" in problem.message
+
+
 def test_a_factory_module_that_fails_to_import_is_reported(write_yaml: WriteYaml) -> None:
     write_yaml("raise ValueError('broken factory module')\ndef make():\n    pass\n", "envs_broken.py")
     path = write_yaml("name: f\nsim: {factory: envs_broken.py:make}\nagent: {policy: {kind: random}}\n")
