@@ -52,6 +52,16 @@ DEFAULT_SETTLE_S = 5.0
 _DIGITS = re.compile(r"[0-9]+")
 _TRAILING_DIGITS = re.compile(r"([0-9]+)$")
 
+
+def label_named(asked: str, labels: Sequence[str]) -> str:
+    """The label among ``labels`` that ``asked`` names: itself, or the one whose step is that number (``500`` is
+    ``000500``, and ``100`` is ``step_00100``: a torch checkpoint's step ends its file name); else ``asked``."""
+    if asked in labels or not asked.isdigit():
+        return asked
+    numbered = [label for label in labels if (step := _TRAILING_DIGITS.search(label)) and int(step[1]) == int(asked)]
+    return numbered[0] if len(numbered) == 1 else asked
+
+
 CheckpointKind = Literal["lerobot", "torch"]
 """``lerobot``: ``save_pretrained`` folders; ``torch``: one module file (``torch.save``) per checkpoint."""
 

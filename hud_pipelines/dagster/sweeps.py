@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from hud_pipelines.agent.checkpoint_files import SETTLING
-from hud_pipelines.agent.checkpoints import DEFAULT_SETTLE_S, Discovery
+from hud_pipelines.agent.checkpoints import DEFAULT_SETTLE_S, Discovery, label_named
 from hud_pipelines.dagster.overlap import unfinished_runs
 from hud_pipelines.errors import CheckpointError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.models import Partition, PipelineSpec
+from hud_pipelines.spec.problems import did_you_mean
 
 CHECKPOINT_DIMENSION = "checkpoint"
 INSTANCE_DIMENSION = "instance"
@@ -154,10 +155,14 @@ def run_tags(
     found = _settled(spec, checkpoints or None, say)
     complete = [c.label for c in found.complete]
     waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
-    chosen = list(checkpoints) if checkpoints else complete
+    chosen = [label_named(label, complete) for label in checkpoints] if checkpoints else complete
     unknown = [label for label in chosen if label not in complete]
     if not complete or unknown:
-        what = f"no checkpoint labelled {', '.join(unknown)}" if unknown else "no complete checkpoint"
+        what = (
+            f"no checkpoint labelled {', '.join(unknown)}{did_you_mean(unknown[0], complete)}"
+            if unknown
+            else "no complete checkpoint"
+        )
         raise CheckpointError(
             f"{spec.name}: {what}; complete: {', '.join(complete) or 'none'}"
             + (f"; waiting: {waiting}" if waiting else "")

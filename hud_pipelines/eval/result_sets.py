@@ -8,14 +8,14 @@ configurations (their rows are left out, as the pipeline's checks leave them out
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 
+from hud_pipelines.agent.checkpoints import label_named
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.spec.problems import did_you_mean
@@ -88,7 +88,7 @@ def read_result_set(
     labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
     if checkpoint is None and len(labels) < 2:
         return ResultSet(rows, where, arms=len(arms), settings=_settings(path.parent, rows))
-    chosen = _label_of(checkpoint, labels) if checkpoint is not None else labels[-1]
+    chosen = label_named(checkpoint, labels) if checkpoint is not None else labels[-1]
     if chosen not in labels:
         raise HudPipelinesError(
             f"{path} has no checkpoint {chosen!r}{did_you_mean(chosen, labels)}; its checkpoints: "
@@ -112,18 +112,6 @@ def _rows_of(path: Path) -> list[GradeRow]:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON, but not grade rows
         why = f"a row has no {exc} field" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
         raise HudPipelinesError(f"{path}: not a grades file ({why})") from exc
-
-
-def _label_of(asked: str, labels: Sequence[str]) -> str:
-    """The label ``asked`` names: itself, or the one whose step is that number (``500`` is ``000500``, and
-    ``100`` is ``step_00100``: a torch checkpoint's step ends its file name)."""
-    if asked in labels or not asked.isdigit():
-        return asked
-    numbered = [label for label in labels if (step := _TRAILING_DIGITS.search(label)) and int(step[1]) == int(asked)]
-    return numbered[0] if len(numbered) == 1 else asked
-
-
-_TRAILING_DIGITS = re.compile(r"(\d+)$")
 
 
 SETTINGS = ("sim_factory", "sim_args", "max_steps", "graders")

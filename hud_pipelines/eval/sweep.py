@@ -33,6 +33,7 @@ from hud_pipelines.agent.checkpoints import (
     CheckpointSource,
     Discovery,
     discover_checkpoints,
+    label_named,
     run_names,
     sources_of,
     sweep_order,
@@ -149,10 +150,12 @@ def select(found: Sequence[Member], labels: Sequence[str] | None) -> list[Member
     if labels is None:
         return list(found)
     known = {m.label: m for m in found}
+    labels = [label_named(label, list(known)) for label in labels]
     unknown = [label for label in labels if label not in known]
     if unknown:
         listed = ", ".join(known) or "none complete yet"
-        raise CheckpointError(f"no checkpoint labelled {', '.join(map(repr, unknown))}; known: {listed}")
+        hint = did_you_mean(unknown[0], list(known))
+        raise CheckpointError(f"no checkpoint labelled {', '.join(map(repr, unknown))}{hint}; known: {listed}")
     return [m for m in found if m.label in labels]
 
 

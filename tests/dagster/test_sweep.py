@@ -200,6 +200,10 @@ def test_hud_pipelines_run_sweeps_every_checkpoint_then_only_what_is_missing(
     capsys.readouterr()
     assert main(["run", str(path), "--quiet", "--checkpoint", "009999"]) == 2
     assert "no checkpoint labelled 009999; complete: 000500, 001000, 001500" in capsys.readouterr().err
+    assert main(["run", str(path), "--quiet", "--checkpoint", "001550"]) == 2
+    assert "no checkpoint labelled 001550 (did you mean '001500'?); complete:" in capsys.readouterr().err
+    assert main(["run", str(path), "--quiet", "--checkpoint", "1000"]) == 0, "a step number names its checkpoint"
+    assert "2 of 2 (checkpoint, instance) pairs keep their current result" in capsys.readouterr().err, "one, not all"
 
 
 def test_the_jobs_default_range_is_the_registered_complete_checkpoints_in_their_order(
