@@ -76,6 +76,11 @@ def rerun_command(failed: Sequence[str], command: Sequence[str], order: Sequence
     return "; ".join(shlex.join([*command, *(arg for key in keys for arg in ("--partition", key))]) for keys in ranges)
 
 
+_NOT_FIXED_BY_RUNNING_AGAIN = {Fault.CONTRACT.value, Fault.SETUP.value}
+"""Faults of the configuration (the contract, the policy or a grader that cannot load): a run again alone
+meets them again."""
+
+
 def instances_verdict(rows: Sequence[GradeRow], pipeline: str | None = None) -> CheckVerdict:
     """``instances_completed``: passes when no row errored with a fault that ended its instance.
 
@@ -96,7 +101,9 @@ def instances_verdict(rows: Sequence[GradeRow], pipeline: str | None = None) -> 
         listed = "; ".join(f"{key}: {fault} ({one_line(reason)})" for key, (fault, reason) in sorted(failed.items()))
         order = list(dict.fromkeys(row.group_id for row in rows))
         command = rerun_command(sorted(failed), ["hud-pipelines", "run", pipeline or rows[0].pipeline], order)
-        description = f"{len(failed)} instance(s) failed: {listed}{RERUN_HINT}{command}"
+        fix_first = sorted({fault for fault, _ in failed.values()} & _NOT_FIXED_BY_RUNNING_AGAIN)
+        first = f"; fix what the {' and '.join(fix_first)} error says first" if fix_first else ""
+        description = f"{len(failed)} instance(s) failed: {listed}{first}{RERUN_HINT}{command}"
     else:
         description = "every instance that ran, ran to its end"
     if not_run:

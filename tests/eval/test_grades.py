@@ -179,6 +179,10 @@ def test_the_instances_check_fails_on_instance_faults_only() -> None:
     assert failing.failed_instances == ("t-i2",)
     assert "sim_crashed" in failing.description
     assert failing.description.endswith("re-run them with: hud-pipelines run p --partition t-i2")
+    assert "first" not in failing.description, "a crash may pass when run again"
+    misfit = dataclasses.replace(crashed, fault=Fault.CONTRACT, group_id="t-i3", error="fix contracts/c.json")
+    said = instances_verdict([crashed, misfit]).description
+    assert "; fix what the contract error says first; re-run them with: hud-pipelines run p --partition t-i2" in said
 
 
 def test_failed_instances_with_others_between_them_get_a_command_per_contiguous_range() -> None:
