@@ -199,6 +199,8 @@ def syntax_problem(exc: MarkedYAMLError, lines: list[str], file: str) -> Problem
     if mark is None:
         return Problem(file, 0, 0, "", message)
     line = lines[mark[0]] if mark[0] < len(lines) else ""
+    if line[max(mark[1] - 1, 0) : mark[1] + 1].count("${") and "flow" in message:
+        message += "; in a {...} or [...] mapping, quote an environment reference: '${VAR}'"
     return Problem(file, mark[0] + 1, mark[1] + 1, "", message, line)
 
 

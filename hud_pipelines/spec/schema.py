@@ -92,7 +92,8 @@ resolves the sim factory, the policy and grader import paths and the files the s
 - **Environment variables** are expanded only where written explicitly, inside strings:
   `${VAR}` (an error naming `VAR` when it is unset) or `${VAR:-default}` (the default when unset or
   empty). `$${` writes a literal `${`. A value that must be a number may be a reference
-  (`num_envs: ${N:-4}`); editors flag such a line, `validate` accepts it.
+  (`num_envs: ${N:-4}`); editors flag such a line, `validate` accepts it. In a flow mapping, quote it
+  (`sim: {num_envs: '${N:-4}'}`): there a bare `{` after `$` ends the line's YAML early.
 - **Paths** (`sim.contract`, `path/to/file.py:callable` targets, checkpoints, LeRobot folders) are
   relative to the YAML file's directory; `module:callable` targets are the project's own first: the
   nearest of the YAML file's directory, its parents and the project root (the directory
@@ -209,7 +210,7 @@ object with `infer(batch)`.
   (the task string of each row) and `batch.episodes` (an id per row, stable through an episode, to
   key per-episode state on), and returns the same shapes.
 
-For example `pipelines/controllers/balance.py`:
+For example (a file of your own, not one bundled) `pipelines/controllers/balance.py`:
 
 ```python
 {code}```

@@ -108,10 +108,13 @@ class SimSpec(StrictModel):
     )
     hold: HoldMode = Field(
         default=HoldMode.LAST,
-        description="action a finished slot receives while the others keep stepping: `last` or `zero`",
+        description="action a finished slot receives while the others keep stepping: `last` or `zero` (a spawned "
+        "sim's; a sim at `url` has its server's `--hold`)",
     )
     bounds: BoundsMode = Field(
-        default=BoundsMode.CLIP, description="out-of-bounds continuous actions: `clip` into the bounds, or `error`"
+        default=BoundsMode.CLIP,
+        description="out-of-bounds continuous actions: `clip` into the bounds, or `error` (a spawned sim's; a sim at "
+        "`url` has its server's `--bounds`)",
     )
     url: str | None = Field(
         default=None,

@@ -80,3 +80,17 @@ def test_reading_results_needs_no_credential_but_every_other_variable(
     (tmp_path / "argued.yaml").write_text(served.replace("num_envs: 2", "num_envs: 2, args: {x: '${HUDP_UNSET_ARG}'}"))
     with pytest.raises(SpecError, match="HUDP_UNSET_ARG is not set"):
         load_pipeline_for_results(tmp_path / "argued.yaml")  # a sim argument decides the results: never guessed
+
+
+def test_a_reference_left_bare_in_a_flow_mapping_is_a_syntax_error_that_says_to_quote_it(tmp_path: Path) -> None:
+    from hud_pipelines.spec.loader import load_pipeline
+
+    text = "name: flow\nsim: {factory: CartPole-v1, num_envs: ${N:-4}}\nagent: {policy: {kind: random}}\n"
+    (tmp_path / "bare.yaml").write_text(text)
+    with pytest.raises(SpecError) as raised:
+        load_pipeline(tmp_path / "bare.yaml")
+    [problem] = raised.value.problems
+    assert (problem.line, problem.column) == (2, 40)
+    assert problem.message.endswith("quote an environment reference: '${VAR}'")
+    (tmp_path / "quoted.yaml").write_text(text.replace("${N:-4}", "'${N:-4}'"))
+    assert load_pipeline(tmp_path / "quoted.yaml", env={"N": "3"}).sim.num_envs == 3
