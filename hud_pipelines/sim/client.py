@@ -256,9 +256,10 @@ class SimClient(Closeable):
                 "start the server with a larger --idle-timeout-s"
             )
         code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
+        went = "shut down" if isinstance(exc, LinkClosed) and exc.code == CloseCode.GOING_AWAY else "went away"
         diagnosis = self._diagnosis()
         return SimCrashedError(
-            f"the sim at {self.url} went away during {phase}{code}: {exc}{diagnosis}", returncode=self._exit_status()
+            f"the sim at {self.url} {went} during {phase}{code}: {exc}{diagnosis}", returncode=self._exit_status()
         )
 
     def _diagnosis(self) -> str:

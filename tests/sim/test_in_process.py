@@ -14,7 +14,7 @@ import pytest
 
 from hud_pipelines.agent.builtin import scripted_policy
 from hud_pipelines.agent.runner import RobotAgent
-from hud_pipelines.errors import Fault, RemoteError, SimCrashedError, SimError, WireError
+from hud_pipelines.errors import Fault, LinkClosed, RemoteError, SimCrashedError, SimError, WireError
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.client import SimClient
@@ -154,6 +154,25 @@ def test_a_sim_that_breaks_its_contract_or_hides_a_nan_ends_its_episodes_as_erro
     assert {o.fault for o in outcomes} == {Fault.SIM_LINK if fault == "unflagged_nan" else Fault.CONTRACT}
     assert all(said in (o.error or "") for o in outcomes)
     assert not any(np.isnan(o.total_reward) for o in outcomes)
+
+
+class _ShutsDown(InProcessLink):
+    """A sim whose operator stops it while the client waits: the server closes the connection with 1001."""
+
+    def recv(self, timeout_s: float) -> bytes:
+        frame = super().recv(timeout_s)
+        if unpackb(frame).get("type") == "observation" and unpackb(frame)["seq"] > 1:
+            raise LinkClosed("the peer closed the connection (1001 the sim is shutting down)", code=1001)
+        return frame
+
+
+def test_a_sim_stopped_by_its_operator_is_said_to_have_shut_down_not_to_have_gone_away() -> None:
+    with GymBridge("CartPole-v1", 2) as bridge:
+        link = _ShutsDown(bridge)
+        client = SimClient(link.url, "", link=link)
+        client.reset([{"seed": 0}, {"seed": 1}])
+        with pytest.raises(SimCrashedError, match=r"shut down during step \(close code 1001\): the peer closed"):
+            client.step(np.zeros((2, 1), dtype=np.int64))
 
 
 class _DiesAfterServing(InProcessLink):
