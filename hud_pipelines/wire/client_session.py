@@ -71,6 +71,8 @@ class ClientSession:
         """Replies read while waiting for a later request, until their caller asks."""
         self._features: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] | None = None
         """The contract's observation features, ``{name: (dtype, per-slot shape)}``, once :meth:`hold_to` said."""
+        self._floats: tuple[str, ...] = ()
+        """Those of them that can hold a NaN or infinity."""
 
     # -- handshake ---------------------------------------------------------------------------------
 
@@ -104,6 +106,7 @@ class ClientSession:
         """Check every later observation against the contract's observation features (``{name: (dtype,
         per-slot shape)}``, as the hello's contract gives them)."""
         self._features = {name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in features.items()}
+        self._floats = tuple(name for name, (dtype, _) in self._features.items() if dtype.kind == "f")
 
     @property
     def num_envs(self) -> int:
@@ -221,8 +224,7 @@ class ClientSession:
                     f"observation feature {name!r} came as {array.dtype} {list(array.shape[1:])} per slot; "
                     f"the contract says {dtype} {list(shape)}"
                 )
-        floats = [observation[name] for name, (dtype, _) in features.items() if dtype.kind == "f"]
-        if all(np.isfinite(values).all() for values in (reply.reward, *floats)):
+        if _finite(reply.reward) and all(_finite(observation[name]) for name in self._floats):
             return
         flagged = {*reply.nonfinite, *(error.slot for error in reply.errors)}
         for slot, status in enumerate(reply.status):
@@ -250,6 +252,11 @@ class ClientSession:
         frame = packb(to_wire(request, framing if isinstance(request, Reset | Step) else Framing.BATCHED))
         self._pending.append(request.seq)
         return request.seq, frame
+
+
+def _finite(values: np.ndarray[Any, Any]) -> bool:
+    """Whether every value is finite (``count_nonzero`` is a third of ``ndarray.all``'s cost on a small array)."""
+    return np.count_nonzero(np.isfinite(values)) == values.size
 
 
 def _remote_error(e: ErrorFrame) -> RemoteError:
