@@ -346,6 +346,11 @@ class ConfigurationError(HudPipelinesError):
 class DeploymentError(HudPipelinesError):
     """The deployment file cannot be read or names something that is not a resource field."""
 
+    def __init__(self, message: str, *, pipelines: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.pipelines = pipelines
+        """The pipelines a file whose fields are wrong names (their names can still be checked)."""
+
 
 class LinkError(HudPipelinesError):
     """Base class of the link's own failures."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from hud_pipelines.spec.loader import collect_pipelines, declared_name, default_pipelines_dir
 from hud_pipelines.spec.models import PipelineSpec
@@ -112,13 +112,21 @@ def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec], path
     path = path or deployment_path()
     if path is None:
         return None
+    problems: list[str] = []  # each check's, all at once
+    deployment: dict[str, Any] = {}
+    for check in (lambda: deployment.update(load_deployment(path)), lambda: load_execution(path)):
+        try:
+            check()
+        except DeploymentError as exc:
+            problems.append(str(exc))
+            deployment.update({name: {} for name in exc.pipelines})  # their names are checked all the same
     try:
-        deployment = load_deployment(path)
-        load_execution(path)
         if known is not None:
             refuse_unknown_pipelines(deployment, known, path)
     except DeploymentError as exc:
-        return str(exc)
+        problems.append(str(exc))
+    if problems:
+        return "\n".join(problems)
     misspelled: list[str] = []
     for spec in specs if known is None else []:  # each validated file, as a run of it would refuse the file
         folder = spec.source.parent if spec.source is not None else Path.cwd()

@@ -51,6 +51,7 @@ from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, RESOURCE_T
 from hud_pipelines.errors import DeploymentError
 from hud_pipelines.spec.document import syntax_problem
 from hud_pipelines.spec.problems import closest, did_you_mean
+from hud_pipelines.spec.validation import plain_message
 
 DEPLOYMENT_ENV = "HUD_PIPELINES_DEPLOYMENT"
 EVERY_PIPELINE = "*"
@@ -194,25 +195,29 @@ def load_deployment(path: Path | None = None) -> Deployment:
     if not isinstance(pipelines, dict):
         raise DeploymentError(f"deployment file {path}: expected a 'pipelines:' mapping of pipeline -> resources")
     deployment: Deployment = {}
+    problems: list[str] = []  # every one at once, as a pipeline file's
     for pipeline, parts in cast(dict[str, Any], pipelines).items():
-        if not isinstance(parts, dict):
-            raise DeploymentError(f"deployment file {path}: pipelines.{pipeline}: expected a mapping of resources")
         deployment[str(pipeline)] = {}
+        where = f"deployment file {_located(path, ('pipelines', str(pipeline)))}: pipelines.{pipeline}"
+        if not isinstance(parts, dict):
+            problems.append(f"{where}: expected a mapping of resources")
+            continue
         for part, fields in cast(dict[str, Any], parts).items():
             if part == EXECUTION:  # where it runs, not a resource: read by load_execution
                 continue
-            if part not in PARTS:
-                raise DeploymentError(
-                    f"deployment file {path}: pipelines.{pipeline}.{part}: not a resource; expected one of "
-                    f"{(*PARTS, EXECUTION)}"
-                )
-            if not isinstance(fields, dict):
-                raise DeploymentError(f"deployment file {path}: pipelines.{pipeline}.{part}: expected a mapping")
-            checked = {
-                str(name): _check_field(path, (str(pipeline), part, str(name)), value)
-                for name, value in cast(dict[str, Any], fields).items()
-            }
+            if part not in PARTS or not isinstance(fields, dict):
+                expected = f"not a resource; expected one of {(*PARTS, EXECUTION)}" if part not in PARTS else ""
+                problems.append(f"{where}.{part}: {expected or 'expected a mapping'}")
+                continue
+            checked: dict[str, object] = {}
+            for name, value in cast(dict[str, Any], fields).items():
+                try:
+                    checked[str(name)] = _check_field(path, (str(pipeline), part, str(name)), value)
+                except DeploymentError as exc:
+                    problems.append(str(exc))
             deployment[str(pipeline)][part] = {k: _value(v) for k, v in checked.items()}
+    if problems:  # with the pipelines it names, which a check of their names still reads
+        raise DeploymentError("\n".join(problems), pipelines=tuple(deployment))
     return deployment
 
 
@@ -269,8 +274,7 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> objec
     except ValidationError as exc:
         if isinstance(value, int) and not isinstance(value, bool) and _accepts(adapter, str(value)):
             return str(value)
-        reason = "; ".join(str(error["msg"]) for error in exc.errors())
-        raise DeploymentError(f"{where}: {reason}, got {value!r}") from exc
+        raise DeploymentError(f"{where}: {'; '.join(plain_message(error) for error in exc.errors())}") from exc
     return cast(object, value)
 
 
@@ -341,7 +345,7 @@ def _setting_problem(path: Path, where: str, error: ErrorDetails) -> str:
     elif error["type"] == "value_error":
         message = str(error["msg"]).removeprefix("Value error, ")
     else:
-        message = f"{error['msg']}, got {error.get('input')!r}"
+        message = plain_message(error)
     return f"{_located(path, keys)}: {key}: {message}"
 
 

@@ -165,6 +165,11 @@ def _problem(details: ErrorDetails, document: YamlDocument, root: type[BaseModel
     return document.problem(path, _message(kind, ctx, found, details["msg"]))
 
 
+def plain_message(error: ErrorDetails) -> str:
+    """A pydantic error of one value in the words a pipeline file's errors use (``expected a number >= 0, got -1``)."""
+    return _message(error["type"], dict(error.get("ctx") or {}), error.get("input"), str(error["msg"]))
+
+
 def _message(kind: str, ctx: dict[str, Any], found: Any, fallback: str) -> str:
     got = f", got {describe(found)}"
     if kind in _TYPE_EXPECTATIONS:

@@ -284,6 +284,18 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     )
     misspelled.write_text("pipelines:\n  other_eval: {}\n")
     assert main(["validate", "--no-deep", str(other), str(misspelled)]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    faults = "execution: {executor: celery, broker: 'redis://h/0', retries: -1}\npipelines:\n"
+    misspelled.write_text(faults + "  remote_evl:\n    sim: {num_env: 3}\n    agent: {horizon: 0.5}\n")
+    assert main(["validate", "--no-deep", str(pipelines_dir), str(misspelled)]) == 1
+    said = capsys.readouterr().out
+    for problem in (  # every one at once, each at its line, in a pipeline file's words
+        ":4:11: pipelines.remote_evl.sim.num_env: not a field of the sim resource (did you mean 'num_envs'?)",
+        ":5:13: pipelines.remote_evl.agent.horizon: expected a whole number, got 0.5",
+        ":1:54: execution.retries: expected a number >= 0, got -1",
+        ":3:3: pipelines.remote_evl: no pipeline of that name (did you mean 'remote_eval'?)",
+    ):
+        assert problem in said, said
 
 
 def test_every_setting_of_the_sim_and_agent_sections_is_a_field_of_its_resource() -> None:
