@@ -60,7 +60,7 @@ from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, 
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.rollouts import current, finished_by, kept_failure, kept_result, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
-from hud_pipelines.eval.steps import contract_step, record_configuration, seed_checked_contract
+from hud_pipelines.eval.steps import contract_step, record_configuration, refuse_misfit_dataset, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -276,6 +276,7 @@ def _derive_contract(
     partial = outputs.contract.with_name(f".{outputs.contract.name}.{os.getpid()}.partial")
     partial.write_text(contract.to_json())
     partial.replace(outputs.contract)
+    refuse_misfit_dataset(spec, contract)  # every unit: no rollout runs for a dataset that cannot take it
     return True
 
 

@@ -67,6 +67,7 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
     outputs.contract.write_text(contract.to_json())
     if pool.served_sim:
         pool.hold_to(claim_served_sim(outputs, run_id, pool.served_sim))
+    refuse_misfit_dataset(spec, contract)
     return contract
 
 
@@ -85,14 +86,19 @@ def seed_checked_contract(spec: PipelineSpec, pool: SimPool, outputs: EvalOutput
     write_seed_check(outputs, checked[0] if checked else None)
     for warning in state_images(contract):
         logger.warning("%s: %s", spec.name, warning)
-    if spec.dataset is not None and spec.dataset_enabled:  # refused now, not by the writer after every rollout
+    return contract
+
+
+def refuse_misfit_dataset(spec: PipelineSpec, contract: Contract) -> None:
+    """Refuse a dataset section that does not fit the sim's contract before any rollout (the writer would refuse
+    it after every one): the contract step and every unit on workers call it once the contract is written."""
+    if spec.dataset is not None and spec.dataset_enabled:
         from hud_pipelines.dataset.features import DatasetLayout
 
         try:
             DatasetLayout.build(contract, spec.dataset.writer_options())
         except ContractError as exc:
             raise DatasetFitError(f"{spec.name}: the dataset section does not fit the sim's contract: {exc}") from exc
-    return contract
 
 
 # -- grades and report -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import ContractError, HudPipelinesError
 from hud_pipelines.spec.agent import ConstantPolicyConfig, LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.document import KeyPath, YamlDocument
 from hud_pipelines.spec.grading import CallableGrader, NoRegressionCheck
@@ -299,14 +299,15 @@ def _contract_problems(spec: PipelineSpec, document: YamlDocument) -> list[Probl
         contract = load_contract(path)
     except HudPipelinesError as exc:
         return [document.problem(("sim", "contract"), str(exc))]
-    asked = spec.dataset.state_features if spec.dataset is not None and spec.dataset_enabled else None
-    unknown = [name for name in asked or () if name not in contract.state_features]
-    if unknown:
-        message = (
-            f"{unknown} are not non-camera observation features of the contract {path} "
-            f"(those are {list(contract.state_features)})"
-        )
-        return [document.problem(("dataset", "state_features"), message)]
+    problems: list[Problem] = []
+    if spec.dataset is not None and spec.dataset_enabled:  # as the run's contract step refuses it
+        from hud_pipelines.dataset.features import DatasetLayout
+
+        try:
+            DatasetLayout.build(contract, spec.dataset.writer_options())
+        except ContractError as exc:
+            where = ("dataset", "state_features") if spec.dataset.state_features is not None else ("dataset",)
+            problems.append(document.problem(where, f"does not fit the contract {path}: {exc}"))
     policy = spec.resolved_agent().policy
     width = contract.action.size
     if isinstance(policy, ConstantPolicyConfig) and policy.value is not None and len(policy.value) != width:
@@ -314,8 +315,8 @@ def _contract_problems(spec: PipelineSpec, document: YamlDocument) -> list[Probl
             f"the constant action has {len(policy.value)} entries; the contract {path} has {width} "
             f"(names {contract.action.names})"
         )
-        return [document.problem(("agent", "policy", "value"), message)]
-    return []
+        problems.append(document.problem(("agent", "policy", "value"), message))
+    return problems
 
 
 def _torch_checkpoint_problem(path: Path) -> str | None:

@@ -727,3 +727,35 @@ def test_ctrl_c_stops_a_celery_run_whose_units_no_worker_took(write_pipeline: Wr
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
                 run.wait()
+
+
+def test_units_on_workers_refuse_a_dataset_section_that_does_not_fit_the_contract_before_any_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hud_pipelines.dagster.definitions import definitions_for_file
+
+    monkeypatch.chdir(REPO)
+    spec = {
+        "name": "placed",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+        "group": 2,
+        "max_steps": 20,
+        "graders": [{"kind": "return", "threshold": 10}],
+        "dataset": {"repo_id": "local/placed", "state_features": ["state", "joints"]},
+    }
+    path = tmp_path / "placed.yaml"
+    path.write_text(json.dumps(spec))
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("execution: {executor: celery, broker: 'redis://127.0.0.1:1/0'}\n")
+    monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
+    out = tmp_path / "out"
+    job = definitions_for_file(path, outputs_dir=out, project_dir=REPO).resolve_job_def("placed")
+    selected = [dg.AssetKey(["placed", step]) for step in ("contract", "rollouts", "instances")]
+    tags = {"dagster/asset_partition_range_start": "task0-i0", "dagster/asset_partition_range_end": "task0-i1"}
+    with dg.DagsterInstance.ephemeral() as instance:
+        ran = job.execute_in_process(instance=instance, asset_selection=selected, tags=tags, raise_on_error=False)
+    assert not ran.success
+    failures = [e.step_failure_data.error for e in ran.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert any(error and "does not fit the sim's contract" in error.to_string() for error in failures), failures
+    assert not list(out.rglob("rollouts/*.json")), "no unit rolled out for a dataset that cannot take its episodes"

@@ -273,8 +273,8 @@ def test_dataset_state_features_the_contract_file_does_not_have_are_reported(wri
         load_pipeline(write_yaml(spec.replace("{names}", "state, joints"), "unknown.yaml"), deep=True)
     [problem] = raised.value.problems
     assert (problem.path, problem.line) == ("dataset.state_features", 6)
-    assert "['joints'] are not non-camera observation features of the contract" in problem.message
-    assert "(those are ['state'])" in problem.message
+    assert "does not fit the contract" in problem.message
+    assert "state_features ['joints'] are not non-camera observation features (those are ['state'])" in problem.message
 
 
 def test_a_factory_module_that_fails_to_import_is_reported(write_yaml: WriteYaml) -> None:
