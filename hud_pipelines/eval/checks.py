@@ -102,7 +102,8 @@ def instances_verdict(rows: Sequence[GradeRow], pipeline: str | None = None) -> 
         order = list(dict.fromkeys(row.group_id for row in rows))
         command = rerun_command(sorted(failed), ["hud-pipelines", "run", pipeline or rows[0].pipeline], order)
         fix_first = sorted({fault for fault, _ in failed.values()} & _NOT_FIXED_BY_RUNNING_AGAIN)
-        first = f"; fix what the {' and '.join(fix_first)} error says first" if fix_first else ""
+        said = f"{fix_first[0]} error says" if len(fix_first) == 1 else f"{' and '.join(fix_first)} errors say"
+        first = f"; fix what the {said} first" if fix_first else ""
         description = f"{len(failed)} instance(s) failed: {listed}{first}{RERUN_HINT}{command}"
     else:
         description = "every instance that ran, ran to its end"

@@ -37,6 +37,8 @@ class ResultSet:
     settings: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
     """What the runs of the rows recorded of :data:`SETTINGS` (as JSON, each distinct value once); a
     setting none of them recorded is absent."""
+    unjudged: bool = False
+    """A pipeline's rows read as its last run wrote them: no pipeline file of that name is found here to judge them."""
 
     @property
     def name(self) -> str:
@@ -82,12 +84,13 @@ def read_result_set(
             f"no grades at {path} (give a grades.json, an outputs/<name> folder or a pipeline name)"
         )
     judged = judge(where, root) if judge is not None and pipeline else None
+    unjudged = judge is not None and pipeline and judged is None
     rows = judged if judged is not None else _rows_of(path)
     arms = _perturbed_tasks(path.with_name("perturbations.json"))
     rows = [row for row in rows if row.task not in arms]
     labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
     if checkpoint is None and len(labels) < 2:
-        return ResultSet(rows, where, arms=len(arms), settings=_settings(path.parent, rows))
+        return ResultSet(rows, where, arms=len(arms), settings=_settings(path.parent, rows), unjudged=unjudged)
     chosen = label_named(checkpoint, labels) if checkpoint is not None else labels[-1]
     if chosen not in labels:
         raise HudPipelinesError(
@@ -96,7 +99,7 @@ def read_result_set(
         )
     rows = [row for row in rows if row.checkpoint == chosen]
     member = path.parent / "checkpoints" / chosen
-    return ResultSet(rows, where, chosen, labels, len(arms), settings=_settings(member, rows))
+    return ResultSet(rows, where, chosen, labels, len(arms), settings=_settings(member, rows), unjudged=unjudged)
 
 
 def _rows_of(path: Path) -> list[GradeRow]:

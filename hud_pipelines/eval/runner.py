@@ -40,6 +40,7 @@ from hud_pipelines.errors import (
     Fault,
     GraderError,
     HudPipelinesError,
+    SimContractError,
     SimError,
     SimStartError,
     fault_of,
@@ -276,7 +277,8 @@ class EvalRunner:
         """Why an instance failed, in a line, and its fault; a contract file the env outgrew says how to refresh it."""
         reason, fault = _first_line(exc), fault_of(exc)
         contract = self.spec.contract_path
-        if fault is Fault.CONTRACT and contract is not None and contract.is_file():
+        sims_own = isinstance(exc, SimContractError)  # its frames broke the contract it announced: no file fixes it
+        if fault is Fault.CONTRACT and not sims_own and contract is not None and contract.is_file():
             from hud_pipelines.spec.loader import refresh_hint
 
             reason = f"{reason}; {refresh_hint(contract)}"

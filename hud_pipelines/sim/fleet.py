@@ -65,10 +65,10 @@ class Fleet:
         self._changed = threading.Condition()
 
     def take(self) -> str:
-        with self._changed:
-            while True:
+        while True:
+            self._take_back_returned()  # probes outside the lock: a dead host must not hold up the others
+            with self._changed:
                 now = time.monotonic()
-                self._take_back_returned(now)
                 if len(self._lost) == len(self._all):
                     if any(now - since < RETURN_GRACE_S for since in self._may_return.values()):
                         self._changed.wait(PROBE_EVERY_S)  # a restart may be on its way
@@ -86,9 +86,7 @@ class Fleet:
 
     def give_back(self, server: str) -> None:
         with self._changed:
-            if server not in self._lost:
-                self._free.append(server)
-            self._changed.notify_all()
+            self._give(server)
 
     def busy(self, server: str, refusals: int) -> None:
         """Give ``server`` back after its ``refusals``-th busy refusal: it is not tried again for a while.
@@ -99,9 +97,7 @@ class Fleet:
         pause_s = min(FIRST_BACKOFF_S * 2 ** max(refusals - 1, 0), MAX_BACKOFF_S) * random.uniform(0.5, 1.0)
         with self._changed:
             self._not_before[server] = time.monotonic() + pause_s
-            if server not in self._lost:
-                self._free.append(server)
-            self._changed.notify_all()
+            self._give(server)
 
     def lose(self, server: str, reason: str, *, may_return: bool = False) -> None:
         """No later instance goes to ``server``; unless it listens again, where it ``may_return`` (it stopped
@@ -112,16 +108,27 @@ class Fleet:
                 self._may_return[server] = time.monotonic()
             self._changed.notify_all()
 
-    def _take_back_returned(self, now: float) -> None:
-        """Give the servers that stopped listening and listen again back to the instances (lock held)."""
-        for server, since in list(self._may_return.items()):
-            if now - self._probed.get(server, since) < PROBE_EVERY_S:
-                continue
-            self._probed[server] = now
-            if reachable(server, timeout_s=PROBE_EVERY_S):
-                del self._may_return[server], self._lost[server]
-                self._free.append(server)
-                log.warning("served sim %s listens again after it stopped mid-run: it takes instances again", server)
+    def _take_back_returned(self) -> None:
+        """Give the servers that stopped listening and listen again back to the instances."""
+        with self._changed:
+            now = time.monotonic()
+            due = [s for s, since in self._may_return.items() if now - self._probed.get(s, since) >= PROBE_EVERY_S]
+            self._probed.update(dict.fromkeys(due, now))
+        back = [server for server in due if reachable(server, timeout_s=PROBE_EVERY_S)]
+        with self._changed:
+            for server in back:
+                if self._may_return.pop(server, None) is not None:  # not taken back by another instance meanwhile
+                    del self._lost[server], self._probed[server]
+                    self._give(server)
+                    log.warning(
+                        "served sim %s listens again after it stopped mid-run: it takes instances again", server
+                    )
+
+    def _give(self, server: str) -> None:
+        """``server`` free for the next instance, once (lock held)."""
+        if server not in self._lost and server not in self._free:
+            self._free.append(server)
+        self._changed.notify_all()
 
     def _every_one_lost(self) -> str:
         """Why no instance can have a served sim: each server's own first error, not just that it is gone."""

@@ -178,6 +178,11 @@ class SimPool(Closeable):
                 f"it serves {describe(identity)}, but this run's served sim is {describe(expected)}: every served "
                 "sim of a pipeline must serve the same sim with the same arguments and package versions"
             )
+        if self._contract is not None and client.contract != self._contract:  # said nothing, yet serves another
+            raise SimStartError(
+                "its contract is not the one this run's served sim announced: every served sim of a pipeline must "
+                "serve the same sim (observations and actions alike)"
+            )
 
     def hold_to(self, identity: dict[str, Any]) -> None:
         """Hold every served sim of this pool to ``identity`` (the run's claim, which another process may

@@ -42,6 +42,7 @@ from hud_pipelines.errors import (
     ContractError,
     HudPipelinesError,
     RemoteError,
+    SimContractError,
     SimCrashedError,
     SimError,
     SimRefusedError,
@@ -369,8 +370,14 @@ def shard_error(exc: SimError | WireError, where: str, offset: int) -> HudPipeli
         case RemoteError():
             slot = None if exc.slot is None else exc.slot + offset
             return RemoteError(
-                f"{where}: {exc.message}", phase=exc.phase, slot=slot, remote_traceback=exc.remote_traceback
+                f"{where}: {exc.message}",
+                phase=exc.phase,
+                slot=slot,
+                remote_traceback=exc.remote_traceback,
+                cause=exc.cause,
             )
+        case SimContractError():
+            return SimContractError(f"{where}: {exc}")
         case WireError():
             return WireError(f"{where}: {exc}")
         case SimStartError():

@@ -226,17 +226,20 @@ class ClientSession:
                 )
         if _finite(reply.reward) and all(_finite(observation[name]) for name in self._floats):
             return
-        flagged = {*reply.nonfinite, *(error.slot for error in reply.errors)}
-        for slot, status in enumerate(reply.status):
-            if status not in ("running", "done") or slot in flagged:
-                continue  # an ended slot's row stays as it ended; a flagged one ends in this frame
-            values = {"reward": reply.reward[slot], **{name: observation[name][slot] for name in features}}
-            for name, value in values.items():
-                if value.dtype.kind == "f" and not np.isfinite(value).all():
-                    raise self._break(
-                        f"the sim at {self.peer} sent slot {slot} as {status} with a non-finite {name} it did not "
-                        "flag (a NaN or infinity ends its slot, named in 'nonfinite' and 'errors': protocol 6.7)"
-                    )
+        # a slot that ended keeps its last row (a non-finite one too); one flagged in this frame ends now
+        count = len(reply.status)
+        live = np.fromiter((status in ("running", "done") for status in reply.status), np.bool_, count)
+        live[[slot for slot in {*reply.nonfinite, *(error.slot for error in reply.errors)} if 0 <= slot < count]] = (
+            False
+        )
+        for name, values in (("reward", reply.reward), *((name, observation[name]) for name in self._floats)):
+            unflagged = np.flatnonzero(live & ~np.isfinite(values.reshape(count, -1)).all(axis=1))
+            if unflagged.size:
+                slot = int(unflagged[0])
+                raise self._break(
+                    f"the sim at {self.peer} sent slot {slot} as {reply.status[slot]} with a non-finite {name} it did "
+                    "not flag (a NaN or infinity ends its slot, named in 'errors': protocol 6.7)"
+                )
 
     def _breach(self, message: str) -> SimContractError:
         """The sim's frame does not fit the contract it announced: this connection can no longer be trusted."""

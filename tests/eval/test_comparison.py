@@ -471,3 +471,9 @@ def test_compare_judges_a_pipeline_it_is_given_by_name_or_file_as_report_does(
         assert "lean.py" in said.err, "the note says what changed"
     assert main(["compare", str(outputs / "leaning"), str(kept), "--json"]) == 0, "a folder is read as it was written"
     assert json.loads(capsys.readouterr().out)["pairs"] == 4
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # no pipelines folder here: the name's grades, as written, and said so
+    assert main(["compare", "leaning", str(kept), "--outputs", str(outputs), "--json"]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)["pairs"] == 4
+    assert "note: no pipeline file named leaning loads here" in said.err

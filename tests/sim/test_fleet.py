@@ -524,3 +524,58 @@ def test_a_served_sim_that_stopped_listening_and_stays_down_errors_the_instances
     with pytest.raises(SimStartError):
         servers.take()
     assert time.monotonic() - started < 0.4, "once the grace is over, an instance with no server errors at once"
+
+
+def test_a_lost_server_is_probed_outside_the_fleets_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that swallows connections costs the probe's timeout, never the other instances' hand-overs."""
+    from hud_pipelines.sim import fleet as fleet_module
+
+    def slow_unreachable(url: str, timeout_s: float = 2.0) -> bool:
+        time.sleep(0.5)
+        return False
+
+    monkeypatch.setattr(fleet_module, "reachable", slow_unreachable)
+    servers = fleet_module.Fleet(["ws://a:1", "ws://b:2"])
+    first, second = servers.take(), servers.take()
+    servers.lose(first, f"served sim {first} stopped listening", may_return=True)
+    servers.give_back(first)
+    time.sleep(fleet_module.PROBE_EVERY_S)  # its probe is due
+    taken: list[str] = []
+    taker = threading.Thread(target=lambda: taken.append(servers.take()))
+    taker.start()
+    time.sleep(0.1)  # the taker is probing the lost server now
+    started = time.monotonic()
+    servers.give_back(second)
+    assert time.monotonic() - started < 0.2, "handing a server over does not wait for a probe"
+    taker.join(timeout=5)
+    assert taken == [second]
+
+
+def test_a_served_sim_that_says_nothing_of_itself_is_held_to_the_runs_contract(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server written elsewhere may send no identity: one that serves other observations than the run's first
+    sim (a restart with other cameras, say) is refused all the same, not graded as the same sim."""
+    from hud_pipelines.errors import SimStartError
+    from hud_pipelines.sim import pool as pool_module
+    from tests.sim.fleet_support import serve_sim
+
+    monkeypatch.setattr(pool_module, "same_sim", lambda mine, theirs: True)  # as if neither said what it is
+    served = [serve_sim("CartPole-v1"), serve_sim("Pendulum-v1")]
+    try:
+        settings = pool_module.SimSettings(num_envs=2, servers=tuple((url, TOKEN) for _, url in served))
+        pool = pool_module.SimPool(settings)
+        assert "state" in pool.contract().features
+        refusals: list[str] = []
+        for _ in range(2):  # each server once: the one that gave the contract serves, the other is refused
+            try:
+                with pool.sim() as live:
+                    assert "state" in live.client.contract.features
+            except SimStartError as exc:
+                refusals.append(str(exc))
+        pool.close()
+        assert len(refusals) == 1
+        assert "its contract is not the one this run's served sim announced" in refusals[0]
+    finally:
+        for process, _ in served:
+            stop_served(process)

@@ -161,3 +161,15 @@ def test_the_children_of_a_sharded_sim_step_at_the_same_time(tmp_path: Path) -> 
     first, second = by_process.values()
     overlapping = [(a, b) for a in first for b in second if a[0] < b[1] and b[0] < a[1]]
     assert len(overlapping) >= 3, f"every step of one child overlaps one of the other's: {steps}"
+
+
+def test_a_shards_error_keeps_its_type_and_cause_so_its_fault_is_the_childs() -> None:
+    from hud_pipelines.errors import Fault, RemoteError, SimContractError, fault_of
+    from hud_pipelines.sim.sharded_sim import shard_error
+
+    env_raised = shard_error(RemoteError("step raised", phase="step", slot=1, cause="env"), "shard 1", 4)
+    assert isinstance(env_raised, RemoteError)
+    assert (env_raised.slot, fault_of(env_raised)) == (5, Fault.ENV), "the env's own fault, in the instance's slot"
+    misfit = shard_error(SimContractError("observation feature 'state' came as ..."), "shard 1", 4)
+    assert fault_of(misfit) is Fault.CONTRACT
+    assert str(misfit).startswith("shard 1: ")

@@ -292,3 +292,21 @@ def test_a_non_finite_value_the_sim_flagged_or_in_a_slot_that_ended_is_passed_on
     assert isinstance(reply, Observation)
     assert reply.nonfinite == [0]
     assert session.usable
+
+
+def test_a_slot_that_ended_keeps_its_non_finite_row_while_a_done_slot_must_still_be_finite(
+    session: ClientSession,
+) -> None:
+    state = np.zeros((SLOTS, 3), np.float32)
+    state[0] = np.nan  # slot 0 errored on it earlier: its row stays as it ended, in every later frame
+    reward = np.array([np.nan, 0.0])
+    frozen = observation_of(state, status=["errored", "done"])
+    held_to_the_contract(session).step(np.zeros((SLOTS, 1)))
+    session.receive(frozen)
+    assert session.usable
+    session.take(1)
+    frame = {**unpackb(observation_of(state, status=["errored", "done"])), "seq": 2}
+    frame["reward"] = reward[::-1].copy()  # now the done slot's reward is NaN, and nothing says so
+    session.step(np.zeros((SLOTS, 1)))
+    with pytest.raises(WireError, match="sent slot 1 as done with a non-finite reward it did not flag"):
+        session.receive(packb(frame))
