@@ -730,22 +730,11 @@ def test_ctrl_c_stops_a_celery_run_whose_units_no_worker_took(write_pipeline: Wr
 
 
 def test_units_on_workers_refuse_a_dataset_section_that_does_not_fit_the_contract_before_any_rollout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    write_pipeline: WritePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hud_pipelines.dagster.definitions import definitions_for_file
 
-    monkeypatch.chdir(REPO)
-    spec = {
-        "name": "placed",
-        "sim": {"factory": "CartPole-v1", "num_envs": 2},
-        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
-        "group": 2,
-        "max_steps": 20,
-        "graders": [{"kind": "return", "threshold": 10}],
-        "dataset": {"repo_id": "local/placed", "state_features": ["state", "joints"]},
-    }
-    path = tmp_path / "placed.yaml"
-    path.write_text(json.dumps(spec))
+    path = write_pipeline("placed", dataset={"repo_id": "local/placed", "state_features": ["state", "joints"]})
     deployment = tmp_path / "deployment.yaml"
     deployment.write_text("execution: {executor: celery, broker: 'redis://127.0.0.1:1/0'}\n")
     monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
