@@ -14,7 +14,7 @@ nothing about sockets, threads or deadlines:
   so every later request is refused at once;
 - the sim's word: once told the contract's observation features (:meth:`hold_to`), every observation
   must carry exactly those features with the contract's dtype and per-slot shape, and a NaN or infinity
-  in a running slot's observation or reward must be flagged (``nonfinite``) as the protocol asks. A
+  in a running slot's observation or reward must be flagged (``errors``) as the protocol asks. A
   server written elsewhere that does neither is not trusted on the rest: its frame breaks the session,
   so its episodes end as errored instead of graded on values nobody checked.
 
