@@ -186,8 +186,9 @@ def run_pipeline(
         received.setdefault("signal", signal.SIGINT)
     interrupted = received.get("signal")
     if interrupted is not None or _eval_failed(result):  # the job stopped before its grades: write them now
-        grades_step(spec, outputs)
-        report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir))
+        failure = " / ".join(p.removeprefix("step ") for p in problems if p.startswith("step ")) or None
+        grades_step(spec, outputs, run_failure=failure)
+        report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir), run_failure=failure)
     if interrupted is not None:
         unfinished = [key for key in ordered if key not in finished]
         rest = (  # a sweep's next run evaluates what is missing by itself

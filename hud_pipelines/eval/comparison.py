@@ -208,9 +208,11 @@ def run_compare(args: argparse.Namespace, judge: Judge | None = None) -> int:
             )
         stale = [row for row in side.rows if row.fault is Fault.NOT_RUN]
         if stale:
+            instances = len({row.group_id for row in stale})
+            why = one_line(stale[0].error or "not run").split("; run it with: ")[0]  # the first; run them all again
             print(
-                f"note: {len(stale)} of {len(side.rows)} episode(s) of {side.name} have no current result and pair "
-                f"with nothing: {one_line(stale[0].error or 'not run')}",
+                f"note: {len(stale)} of {len(side.rows)} episode(s) of {side.name} ({instances} instance(s)) have no "
+                f"current result and pair with nothing, e.g. {why}; run the pipeline again to compare them",
                 file=sys.stderr,
             )
     pipelines = [sorted({row.pipeline for row in side.rows}) for side in (candidate, baseline)]

@@ -20,10 +20,17 @@ from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import PipelineSpec
 
 
-def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow]) -> list[CheckVerdict]:
-    """The built-in checks on every row, then the YAML's (:func:`yaml_verdict`)."""
+def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow], run_failure: str | None = None) -> list[CheckVerdict]:
+    """The built-in checks on every row, then the YAML's (:func:`yaml_verdict`).
+
+    ``run_failure``: why the run writing them failed before its grades (instances that kept earlier runs'
+    results, a configuration refused before any rollout): ``instances_completed`` fails saying so, since the
+    rows alone (earlier runs' results) would pass it.
+    """
     named = run_argument(spec)
     builtin = [instances_verdict(rows, named), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows, named)
+    if run_failure is not None:
+        builtin[0] = replace(builtin[0], passed=False, description=f"this run failed: {run_failure}")
     return [*builtin, *(yaml_verdict(spec, check, rows) for check in spec.resolved_checks())]
 
 

@@ -108,18 +108,20 @@ def grades_step(
     spec: PipelineSpec,
     outputs: EvalOutputs,
     current: CurrentBy = LATEST,
+    run_failure: str | None = None,
 ) -> tuple[list[GradeRow], list[CheckVerdict]]:
     """``grades.json`` (full rows), ``grades.csv`` (flat columns) and ``checks.json`` (every check's verdict on
     them, the built-in ``instances_completed`` first), each replaced atomically; returns the rows and verdicts.
 
     ``current``: what a result must match to count (:func:`collect_rows`; by default the latest run's).
+    ``run_failure``: why the run writing them failed before its grades (:func:`all_verdicts`).
     """
     rows = collect_rows(spec, outputs, current=current)
     write_grades(spec, outputs, rows)
     if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
         for member, expected in sweep_members(spec, outputs, current):
             write_grades(member.spec, member.outputs, collect_rows(member.spec, member.outputs, current=expected))
-    checks = all_verdicts(spec, rows)
+    checks = all_verdicts(spec, rows, run_failure)
     write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in checks], indent=1))
     return rows, checks
 
@@ -145,6 +147,7 @@ def report_step(
     current: CurrentBy = LATEST,
     dataset: Path | None = None,
     member: sweep.Member | None = None,
+    run_failure: str | None = None,
 ) -> ReportFiles:
     """``report.md`` with its plot ``report.png`` beside it, and ``report.html`` (episodes, videos, plots).
 
@@ -168,7 +171,7 @@ def report_step(
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
     member_of_sweep = spec.checkpoint_hash is not None
-    checks = builtin_verdicts(rows, run_argument(spec)) if member_of_sweep else all_verdicts(spec, rows)
+    checks = builtin_verdicts(rows, run_argument(spec)) if member_of_sweep else all_verdicts(spec, rows, run_failure)
     members = sweep_members(spec, outputs, current) if spec.is_sweep else []
     for checkpoint, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = member_dataset(dataset, checkpoint.label)
@@ -180,9 +183,9 @@ def report_step(
     gone = sweep.gone_warning(spec, outputs, rows) if spec.is_sweep else None
     errored = episode_errors_warning(spec.checks, headline)
     recorded = None if spec.is_sweep else recording_warning(current_results(spec, outputs, current).values())
-    warned = [
-        w for w in (success_signal_warning(spec.graders[0], headline), errored, recorded, seeded, mixed, gone) if w
-    ]
+    failed = run_failure and f"this run failed, so these are the results it kept of earlier runs, if any: {run_failure}"
+    signal = success_signal_warning(spec.graders[0], headline)
+    warned = [w for w in (failed, signal, errored, recorded, seeded, mixed, gone) if w]
     context = ReportContext(
         checks=checks,
         run_id=run_id,

@@ -468,6 +468,8 @@ def test_compare_judges_a_pipeline_it_is_given_by_name_or_file_as_report_does(
         said = capsys.readouterr()
         assert json.loads(said.out)["pairs"] == 0
         assert "note: 4 of 4 episode(s) of" in said.err
+        assert "(2 instance(s)) have no current result" in said.err
+        assert "--partition" not in said.err, "every stale instance runs again, not the first alone"
         assert "lean.py" in said.err, "the note says what changed"
     assert main(["compare", str(outputs / "leaning"), str(kept), "--json"]) == 0, "a folder is read as it was written"
     assert json.loads(capsys.readouterr().out)["pairs"] == 4

@@ -322,6 +322,13 @@ def test_a_run_that_meets_no_served_sim_keeps_every_earlier_result_and_fails_say
     assert f"once they can start: {asked}" in printed, "the command as this run was asked"
     grades = [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
     assert grades == first.rows, "the grades, written again after the failed step, are the kept results"
+    completed = json.loads(outputs.checks_json.read_text())[0]  # those would pass it: the run's failure does not
+    assert (completed["name"], completed["passed"]) == ("instances_completed", False)
+    assert completed["description"].startswith("this run failed: fleet__eval failed: instance(s) task0-i0")
+    assert (
+        "**Warning:** this run failed, so these are the results it kept of earlier runs"
+        in outputs.report_md.read_text()
+    )
 
 
 def test_units_claiming_a_runs_served_sim_at_once_all_get_the_first_claim(tmp_path: Path) -> None:
