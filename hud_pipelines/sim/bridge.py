@@ -287,7 +287,9 @@ class GymBridge:
             slot, formatted = next(iter(tick.errors.items()))
             raise EnvFault(
                 Phase.STEP,
-                raised[slot] if len(tick.errors) == 1 else exception_line(formatted),
+                raised[slot]
+                if len(tick.errors) == 1
+                else f"all {len(tick.errors)} running slots raised; {raised[slot]}",
                 slot=slot if len(tick.errors) == 1 else None,
                 formatted=formatted,
             )

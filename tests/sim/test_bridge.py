@@ -621,6 +621,17 @@ def test_an_exception_with_no_usable_data_left_is_an_env_fault_with_the_tracebac
         assert bridge.slots.states == [SlotState.ERRORED]
 
 
+def test_every_slot_raising_at_once_is_one_fault_that_says_so_and_names_the_first() -> None:
+    """Its message ends every slot's episode: it must not read as slot 0's alone."""
+    with GymBridge(FAULTY, 3, build_args={"fault": "raise_step", "at_step": 1}) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}, {"seed": 2}])
+        with pytest.raises(EnvFault) as caught:
+            bridge.step(np.zeros((3, 1)))
+    assert caught.value.slot is None
+    assert str(caught.value).startswith("all 3 running slots raised; ")
+    assert "ZeroDivisionError" in str(caught.value)
+
+
 def test_a_reset_exception_errors_its_slot_only_and_the_next_reset_recovers() -> None:
     with GymBridge(FAULTY, 2, build_args={"fault": "raise_reset", "fault_seed": 1}) as bridge:
         reply = bridge.reset([{"seed": 0}, {"seed": 1}])
