@@ -289,7 +289,7 @@ class GymBridge:
                 Phase.STEP,
                 raised[slot]
                 if len(tick.errors) == 1
-                else f"all {len(tick.errors)} running slots raised; {raised[slot]}",
+                else f"all {len(tick.errors)} running slots raised, slot {slot} first: {exception_line(formatted)}",
                 slot=slot if len(tick.errors) == 1 else None,
                 formatted=formatted,
             )

@@ -184,5 +184,6 @@ def test_a_matrix_values_errors_are_counted_and_listed_in_the_report(
     assert "| reach | reach | far | n/a | 4/4 |" in section, "every episode of the value errored, and says so"
     assert "| reach | reach | 1.5 | " in section
     errored = section[section.index("## Errored episodes of the perturbations") :].split("\n## ", 1)[0]
-    assert "- reach-reach-far instance 0 slot 0 (env): TypeError: " in errored
+    said = "- reach-reach-far instance 0 slot 0 (env): all 4 running slots raised, slot 0 first: TypeError: "
+    assert said in errored
     assert "reach-reach-1.5" not in errored

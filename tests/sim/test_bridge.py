@@ -628,7 +628,8 @@ def test_every_slot_raising_at_once_is_one_fault_that_says_so_and_names_the_firs
         with pytest.raises(EnvFault) as caught:
             bridge.step(np.zeros((3, 1)))
     assert caught.value.slot is None
-    assert str(caught.value).startswith("all 3 running slots raised; ")
+    assert str(caught.value).startswith("all 3 running slots raised, slot 0 first: ZeroDivisionError")
+    assert ", step 1)" not in str(caught.value), "no one slot's seed and step: it ends every slot's episode"
     assert "ZeroDivisionError" in str(caught.value)
 
 
