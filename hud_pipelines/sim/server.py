@@ -280,7 +280,7 @@ class SimServer:
             try:
                 aborted = self.executor.submit(functools.partial(session.abort, left)).result()
                 if aborted and session.said_goodbye:
-                    log.info("client closed with slots %s running: it ended their episodes (at its max_steps)", aborted)
+                    log.info("client said goodbye with slots %s running: it ended their episodes itself", aborted)
                 elif aborted:
                     log.warning("client left with slots %s running: their episodes are marked errored", aborted)
             except SimShuttingDown:
