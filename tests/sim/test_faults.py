@@ -484,7 +484,8 @@ def test_a_client_that_says_goodbye_mid_episode_is_not_reported_as_one_that_vani
     with sim.connect() as client:
         client.reset({"seed": 0})
         client.step([[0.0]])
-    assert stderr_says(sim, "client closed with slots [0] running: it ended their episodes"), sim.diagnose(wait_s=0)
+    said = "client said goodbye with slots [0] running: it ended their episodes"
+    assert stderr_says(sim, said), sim.diagnose(wait_s=0)
     assert_serving(sim)
 
 
