@@ -40,7 +40,7 @@ from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM, resource_key
-from hud_pipelines.errors import DatasetFitError, HudPipelinesError
+from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.configuration import record_configuration
 from hud_pipelines.eval.grade_table import cell, grade_cell, grade_columns
@@ -56,6 +56,7 @@ from hud_pipelines.eval.steps import (
     dataset_root,
     dataset_step,
     grades_step,
+    refuse_misfit_dataset,
     report_step,
     rollouts_step,
 )
@@ -188,14 +189,13 @@ def _build(
             if contract_key in selected:
                 try:
                     derived = contract_step(effective, pool, outputs, run_id=context.run.run_id)
-                except DatasetFitError:
-                    raise
                 except HudPipelinesError as exc:  # every selected instance then errors with the reason
                     context.log.error(f"the sim of {name} did not start: {exc}")
                 else:
                     yield dg.MaterializeResult(
                         asset_key=contract_key, metadata=asset_metadata.contract_metadata(effective, outputs, derived)
                     )
+                    refuse_misfit_dataset(effective, derived)
             if rollouts_key not in selected:  # "Materialize all": the rollouts ran in a run of their own
                 if instances_key in selected:
                     yield dg.MaterializeResult(

@@ -54,7 +54,7 @@ from hud_pipelines.dagster.resources import (
     resource_key,
 )
 from hud_pipelines.dagster.unit_tags import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
-from hud_pipelines.errors import DatasetFitError, Fault, HudPipelinesError
+from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -213,12 +213,11 @@ def _contract_alone(
     if contract_key not in context.selected_asset_keys:
         return False
     try:
-        contract_step(spec, sim_of(context, spec).pool(spec), outputs, run_id=context.run.run_id)
-    except DatasetFitError:
-        raise
+        contract = contract_step(spec, sim_of(context, spec).pool(spec), outputs, run_id=context.run.run_id)
     except HudPipelinesError as exc:
         context.log.error(f"the sim of {spec.name} did not start: {exc}")
         return False
+    refuse_misfit_dataset(spec, contract)
     return True
 
 

@@ -67,7 +67,6 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
     outputs.contract.write_text(contract.to_json())
     if pool.served_sim:
         pool.hold_to(claim_served_sim(outputs, run_id, pool.served_sim))
-    refuse_misfit_dataset(spec, contract)
     return contract
 
 
@@ -91,7 +90,8 @@ def seed_checked_contract(spec: PipelineSpec, pool: SimPool, outputs: EvalOutput
 
 def refuse_misfit_dataset(spec: PipelineSpec, contract: Contract) -> None:
     """Refuse a dataset section that does not fit the sim's contract before any rollout (the writer would refuse
-    it after every one): the contract step and every unit on workers call it once the contract is written."""
+    it after every one): called once the contract is written, by whatever derived it (its contract step, every
+    unit on workers), outside the tolerance of a sim that does not start."""
     if spec.dataset is not None and spec.dataset_enabled:
         from hud_pipelines.dataset.features import DatasetLayout
 
@@ -335,11 +335,11 @@ def evaluate(
     try:
         pool = parts.sim.pool(effective)
         try:
-            contract_step(effective, pool, outputs, run_id=run_id)
-        except DatasetFitError:
-            raise
+            contract = contract_step(effective, pool, outputs, run_id=run_id)
         except HudPipelinesError:  # a sim that cannot start errors every instance below
             pass
+        else:
+            refuse_misfit_dataset(effective, contract)
         record_configuration(effective, spec, outputs, run_id=run_id)
         if effective.is_sweep:
             members = sweep.select(sweep.members(effective, outputs, settle_s=settle_s), checkpoints)
