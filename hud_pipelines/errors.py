@@ -11,8 +11,13 @@ from __future__ import annotations
 import re
 import signal
 import traceback
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 LIBRARY_FILE = re.compile(r"[/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|^<frozen ")
 """Files of an installed package or of the standard library (of any interpreter: a sim may run under its own)."""
@@ -341,6 +346,12 @@ class CheckpointError(HudPipelinesError):
 
 class ConfigurationError(HudPipelinesError):
     """A run's resource configuration (a launchpad or run-config override) is not a valid pipeline section."""
+
+    def __init__(self, message: str, *, errors: Sequence[ErrorDetails] = ()) -> None:
+        super().__init__(message)
+        self.errors = tuple(errors)
+        """pydantic's details of each problem; ``loc`` is its key in the pipeline (``("sim", "num_envs")``), so
+        whoever set the value (a deployment file) can name its own line."""
 
 
 class DeploymentError(HudPipelinesError):

@@ -27,7 +27,7 @@ from hud_pipelines.cli.selection import (
     as_invoked,
     asked_command,
     queue_for,
-    refuse_misnamed,
+    refuse_misconfigured,
     resolve_pipeline_file,
     select_instances,
 )
@@ -107,7 +107,7 @@ def run_pipeline(
     from hud_pipelines.spec.loader import load_pipeline_to_run
 
     spec = load_pipeline_to_run(path)
-    refuse_misnamed(path, spec)
+    refuse_misconfigured(path, spec)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     unwritable = _unwritable(outputs.base)  # a file where the folder goes: said before any sim starts
     if unwritable is not None:

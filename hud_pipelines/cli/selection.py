@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hud_pipelines.errors import HudPipelinesError
+from hud_pipelines.errors import DeploymentError, HudPipelinesError
 from hud_pipelines.spec.problems import Problem, did_you_mean
 
 if TYPE_CHECKING:
@@ -61,17 +61,24 @@ def _first_problem(problems: list[Problem]) -> str:
     return f"{first.path}: {first.message}" if first.path else first.message
 
 
-def refuse_misnamed(path: Path, spec: PipelineSpec) -> None:
-    """Refuse a pipeline the deployment file names one typo away, and a sweep baseline one typo from a label.
+def refuse_misconfigured(path: Path, spec: PipelineSpec) -> None:
+    """Refuse a pipeline the deployment file names one typo away or whose fields break the pipeline's rules,
+    and a sweep baseline one typo from a label.
 
     A sweep with a misspelled ``no_regression`` baseline would evaluate every checkpoint and then fail
-    its check; ``validate`` reports the same line.
+    its check, and a deployment's ``forward_timeout_s: -1`` would fail the run's first step without a line
+    of the file; ``validate`` reports the same lines.
     """
+    from hud_pipelines.dagster.deployed import deployment_misfit
     from hud_pipelines.dagster.deployment import load_deployment, refuse_misspelled
     from hud_pipelines.spec.deep import misspelled_baselines
     from hud_pipelines.spec.loader import declared_name, pipeline_files
 
-    refuse_misspelled(load_deployment(), spec.name, [declared_name(file) for file in pipeline_files(path.parent)])
+    deployment = load_deployment()
+    refuse_misspelled(deployment, spec.name, [declared_name(file) for file in pipeline_files(path.parent)])
+    misfit = deployment_misfit(spec, deployment)
+    if misfit is not None:
+        raise DeploymentError(misfit)
     for index, message in misspelled_baselines(spec):
         raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
 

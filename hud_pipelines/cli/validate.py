@@ -99,6 +99,7 @@ def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec], path
     set): its fields and values, and pipeline names that match no pipeline: when the whole pipelines folder was
     validated (``known``), any such name; else a name one typo away from a validated pipeline's, as a run of
     that file refuses it."""
+    from hud_pipelines.dagster.deployed import deployment_misfit
     from hud_pipelines.dagster.deployment import (
         deployment_path,
         load_deployment,
@@ -127,14 +128,16 @@ def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec], path
         problems.append(str(exc))
     if problems:
         return "\n".join(problems)
-    misspelled: list[str] = []
+    found: list[str] = []
     for spec in specs if known is None else []:  # each validated file, as a run of it would refuse the file
         folder = spec.source.parent if spec.source is not None else Path.cwd()
         try:
             refuse_misspelled(deployment, spec.name, [declared_name(file) for file in pipeline_files(folder)], path)
         except DeploymentError as exc:
-            misspelled.append(str(exc))
-    return "\n".join(dict.fromkeys(misspelled)) or None
+            found.append(str(exc))
+    for spec in specs:  # the sections its fields make with each pipeline's YAML, as the run will validate them
+        found += (deployment_misfit(spec, deployment, path) or "").splitlines()
+    return "\n".join(dict.fromkeys(found)) or None
 
 
 def _summary(spec: PipelineSpec) -> str:

@@ -20,6 +20,7 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from hud_pipelines.dagster.assets import build_pipeline_assets
+from hud_pipelines.dagster.deployed import deployment_misfit
 from hud_pipelines.dagster.deployment import (
     Deployment,
     Execution,
@@ -121,6 +122,11 @@ def build_definitions(directory: Path | None = None, *, outputs_dir: Path | None
     except DeploymentError as exc:  # the other pipelines still load; the UI shows the deployment file's marker
         log.error("%s", exc)
         problems = [*problems, Problem(str(deployment_path()), 0, 0, "", str(exc))]
+    for spec in specs:  # a field that breaks a pipeline's rule: its runs would fail their first step, lineless
+        misfit = deployment_misfit(spec, deployment)
+        if misfit is not None:
+            log.error("%s", misfit)
+            problems = [*problems, Problem(str(deployment_path()), 0, 0, "", misfit)]
     return definitions_for(
         specs, outputs_dir=outputs_dir, project_dir=directory.parent, broken=problems, deployment=deployment
     )

@@ -3,6 +3,11 @@
 A run judges its earlier results by this configuration (a result of another one is not current), so
 whatever the CLI says of those results before the run starts (the pairs a resumed sweep keeps) must
 be judged by it too. Dagster reads an ``{env: NAME}`` field when a run starts; here it is read now.
+
+The same sections are what a deployment's fields must make valid: a field of the right type can still
+break a pipeline's rule (a timeout of -1, an ``http://`` sim URL, a served sim beside the YAML's build
+``args``). :func:`deployment_misfit` names such a field at its line of the deployment file, for
+``validate`` and before a run starts, where the run itself would fail its first step with no line.
 """
 
 from __future__ import annotations
@@ -12,22 +17,98 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from pydantic_core import ErrorDetails
 
-from hud_pipelines.dagster.deployment import deployment_path, for_pipeline, load_deployment
+from hud_pipelines.dagster.deployment import (
+    CONTRACT,
+    EVERY_PIPELINE,
+    GRADERS,
+    Deployment,
+    deployment_path,
+    for_pipeline,
+    load_deployment,
+    located,
+)
 from hud_pipelines.dagster.resources import effective_spec, pipeline_resources
-from hud_pipelines.errors import DeploymentError
+from hud_pipelines.errors import ConfigurationError, DeploymentError
 from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.validation import error_key, plain_message
 
 
 def deployed_spec(spec: PipelineSpec, project_dir: Path) -> PipelineSpec:
     """``spec`` with the deployment file's fields for it, as the run's resources will be configured."""
-    fields = for_pipeline(load_deployment(), spec.name)
+    deployment = load_deployment()
+    fields = for_pipeline(deployment, spec.name)
     read = {
         part: {key: _read(spec.name, part, key, value) for key, value in given.items()}
         for part, given in fields.items()
     }
-    parts = pipeline_resources(spec, project_dir=project_dir, deployment=read)
-    return effective_spec(spec, parts.sim, parts.contract, parts.agent, parts.graders)
+    return _configured(spec, read, project_dir, deployment)
+
+
+def deployment_misfit(spec: PipelineSpec, deployment: Deployment, path: Path | None = None) -> str | None:
+    """What is wrong with the sections that ``deployment``'s fields make with ``spec``'s YAML, each problem at
+    its line of the file at ``path`` (default ``$HUD_PIPELINES_DEPLOYMENT``); ``None`` when they are valid.
+
+    Fields read from the environment (``{env: NAME}``) are left at the YAML's values: they are read when
+    a run starts, maybe on another machine.
+    """
+    given = for_pipeline(deployment, spec.name)
+    fields = {part: {k: v for k, v in own.items() if not isinstance(v, dg.EnvVar)} for part, own in given.items()}
+    if not any(fields.values()):
+        return None
+    try:
+        _configured(spec, fields, Path.cwd(), deployment, path)
+    except DeploymentError as exc:
+        return str(exc)
+    return None
+
+
+def _configured(
+    spec: PipelineSpec,
+    fields: dict[str, dict[str, Any]],
+    project_dir: Path,
+    deployment: Deployment,
+    path: Path | None = None,
+) -> PipelineSpec:
+    parts = pipeline_resources(spec, project_dir=project_dir, deployment=fields)
+    try:
+        return effective_spec(spec, parts.sim, parts.contract, parts.agent, parts.graders)
+    except ConfigurationError as exc:
+        where = path or deployment_path() or Path("deployment file")
+        problems = (_problem(spec.name, deployment, where, error) for error in exc.errors)
+        raise DeploymentError("\n".join(dict.fromkeys(problems)) or str(exc)) from None
+
+
+def _problem(pipeline: str, deployment: Deployment, path: Path, error: ErrorDetails) -> str:
+    """``deployment file path:line:column: pipelines.<name>.<part>.<field>: what is wrong``: the key that set the
+    value, under the pipeline's own name or under ``*``; the pipeline is named when the value broke a rule
+    only beside its YAML's other fields."""
+    part, field, rest = _resource_field(tuple(str(key) for key in error_key(error)))
+    names = (pipeline, EVERY_PIPELINE)
+    setters = [name for name in names if field and field in deployment.get(name, {}).get(part, {})]
+    if setters:
+        keys, beside = ("pipelines", setters[0], part, field, *rest), ""
+    else:  # a rule of the section as a whole, broken by the deployment's fields beside the YAML's
+        owner = next((name for name in names if part in deployment.get(name, {})), pipeline)
+        keys, beside = tuple(key for key in ("pipelines", owner, part) if key), f" (with pipeline {pipeline}'s YAML)"
+    return f"deployment file {located(path, keys)}: {'.'.join(keys)}: {plain_message(error)}{beside}"
+
+
+def _resource_field(loc: tuple[str, ...]) -> tuple[str, str, tuple[str, ...]]:
+    """The resource part, its field and the keys below it that hold a pipeline key ``loc`` (``("sim",
+    "contract")`` is the contract resource's ``file``; ``("checks", "0")`` the graders resource's ``checks``)."""
+    match loc:
+        case ("sim", "contract", *rest):
+            return CONTRACT, "file", tuple(rest)
+        case ("graders" | "checks" as field, *rest):
+            return GRADERS, field, tuple(rest)
+        case (part, field, *rest):
+            return part, field, tuple(rest)
+        case (part,):
+            return part, "", ()
+        case _:
+            return "", "", ()
 
 
 def _read(pipeline: str, part: str, key: str, value: Any) -> Any:

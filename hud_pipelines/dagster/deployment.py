@@ -198,7 +198,7 @@ def load_deployment(path: Path | None = None) -> Deployment:
     problems: list[str] = []  # every one at once, as a pipeline file's
     for pipeline, parts in cast(dict[str, Any], pipelines).items():
         deployment[str(pipeline)] = {}
-        where = f"deployment file {_located(path, ('pipelines', str(pipeline)))}: pipelines.{pipeline}"
+        where = f"deployment file {located(path, ('pipelines', str(pipeline)))}: pipelines.{pipeline}"
         if not isinstance(parts, dict):
             problems.append(f"{where}: expected a mapping of resources")
             continue
@@ -232,7 +232,7 @@ def refuse_unknown_pipelines(deployment: Deployment, known: Iterable[str], path:
         if pipeline != EVERY_PIPELINE and pipeline not in names:
             where = path or deployment_path() or Path(DEPLOYMENT_ENV)
             raise DeploymentError(
-                f"deployment file {_located(where, ('pipelines', pipeline))}: pipelines.{pipeline}: no pipeline of "
+                f"deployment file {located(where, ('pipelines', pipeline))}: pipelines.{pipeline}: no pipeline of "
                 f"that name{did_you_mean(pipeline, names)}; known: {', '.join(sorted(names)) or 'none'}"
             )
 
@@ -260,7 +260,7 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> objec
     """
     pipeline, part, name = keys
     declared = RESOURCE_TYPES[part].model_fields
-    where = f"deployment file {_located(path, ('pipelines', *keys))}: pipelines.{pipeline}.{part}.{name}"
+    where = f"deployment file {located(path, ('pipelines', *keys))}: pipelines.{pipeline}.{part}.{name}"
     if name not in declared:
         fields = ", ".join(sorted(set(declared) - {"project_dir"}))
         raise DeploymentError(
@@ -286,7 +286,7 @@ def _accepts(adapter: TypeAdapter[object], value: object) -> bool:
     return True
 
 
-def _located(path: Path, keys: tuple[str, ...]) -> str:
+def located(path: Path, keys: tuple[str, ...]) -> str:
     """``path:line:column`` of the deepest of ``keys`` the file holds (just ``path`` when it cannot be read)."""
     try:
         node: object = YAML(typ="rt").load(path.read_text(encoding="utf-8"))
@@ -346,7 +346,7 @@ def _setting_problem(path: Path, where: str, error: ErrorDetails) -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
     else:
         message = plain_message(error)
-    return f"{_located(path, keys)}: {key}: {message}"
+    return f"{located(path, keys)}: {key}: {message}"
 
 
 def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> ExecutionSettings:

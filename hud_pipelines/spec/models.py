@@ -363,7 +363,7 @@ class PipelineSpec(StrictModel):
                 f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
             )
             raise ConfigurationError(
-                f"pipeline {self.name!r}: the run's configuration is invalid: {problems}"
+                f"pipeline {self.name!r}: the run's configuration is invalid: {problems}", errors=exc.errors()
             ) from None
         spec._source = self._source
         return spec

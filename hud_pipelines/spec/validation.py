@@ -126,11 +126,10 @@ def _union_problem(path: KeyPath, options: list[ErrorDetails], document: YamlDoc
 
 
 def _problem(details: ErrorDetails, document: YamlDocument, root: type[BaseModel] = PipelineSpec) -> Problem:
-    loc: KeyPath = tuple(details["loc"])
+    loc = error_key(details)
     kind = details["type"]
     ctx: dict[str, Any] = dict(details.get("ctx") or {})
     if kind == "spec_rule":
-        loc = (*loc, *_parse_at(str(ctx.get("at", ""))))
         path, _ = _walk(loc, root)
         return document.problem(path, str(ctx["message"]))
     path, end_type = _walk(loc, root)
@@ -165,6 +164,12 @@ def _problem(details: ErrorDetails, document: YamlDocument, root: type[BaseModel
     return document.problem(path, _message(kind, ctx, found, details["msg"]))
 
 
+def error_key(error: ErrorDetails) -> KeyPath:
+    """The key ``error`` is about: its ``loc``, and below it the key a model's own rule names (``spec_rule``)."""
+    loc: KeyPath = tuple(error["loc"])
+    return (*loc, *_parse_at(str(error.get("ctx", {}).get("at", "")))) if error["type"] == "spec_rule" else loc
+
+
 def plain_message(error: ErrorDetails) -> str:
     """A pydantic error of one value in the words a pipeline file's errors use (``expected a number >= 0, got -1``)."""
     return _message(error["type"], dict(error.get("ctx") or {}), error.get("input"), str(error["msg"]))
@@ -184,6 +189,8 @@ def _message(kind: str, ctx: dict[str, Any], found: Any, fallback: str) -> str:
         return f"expected a non-empty string{got}"
     if kind == "too_short":
         return f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
+    if kind == "spec_rule":
+        return str(ctx["message"])
     if kind == "value_error":  # a model's own rule: its message says it all
         return fallback.removeprefix("Value error, ")
     if kind in ("enum", "literal_error"):

@@ -196,6 +196,64 @@ def test_a_bad_deployment_file_is_refused_naming_the_file_and_key(tmp_path: Path
         load_deployment(typed)
 
 
+def test_a_deployment_field_that_breaks_a_pipelines_rule_is_named_at_its_line_before_any_run(
+    tmp_path: Path,
+    write_pipeline: WritePipeline,
+    pipelines_dir: Path,
+    outputs_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    label: str,
+) -> None:
+    """Each field had the right type (a number, a text), so the file was read as valid, ``validate`` said ok,
+    and a run failed its first step saying ``agent.forward_timeout_s: Input should be greater than 0`` with no
+    line of the file that set it."""
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV
+
+    path = write_pipeline("remote_eval")
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text(
+        "pipelines:\n"
+        '  "*":\n'
+        "    agent: {send_ahead: -2}\n"
+        "  remote_eval:\n"
+        "    sim: {url: 'ws://127.0.0.1:9', token: {env: UNSET_TOKEN}, hold: lats}\n"
+        "    agent: {forward_timeout_s: -1}\n"
+    )
+    for key, value in {"HUD_PIPELINES_DIR": pipelines_dir, "HUD_PIPELINES_OUTPUTS": outputs_dir}.items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    expected = (  # every one at once, each at its line, in a pipeline file's words
+        ":3:13: pipelines.*.agent.send_ahead: expected a number >= 0, got -2",
+        ":5:63: pipelines.remote_eval.sim.hold: expected one of: last, zero, got 'lats' (did you mean 'last'?)",
+        ":6:13: pipelines.remote_eval.agent.forward_timeout_s: expected a number > 0, got -1",
+    )
+    assert main(["validate", "--no-deep", str(deployment)]) == 1
+    said = capsys.readouterr().out
+    for problem in expected:
+        assert f"deployment file {deployment}{problem}" in said, said
+    write_pipeline("other_eval")
+    monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
+    assert main(["validate", "--no-deep"]) == 1
+    assert capsys.readouterr().out.count("send_ahead") == 1, "a field set for every pipeline is named once"
+    assert main(["run", str(path), "--quiet"]) == 2, "refused before the run"
+    err = capsys.readouterr().err
+    for problem in expected:
+        assert f"deployment file {deployment}{problem}" in err, err
+    assert not sim_processes(label)
+    assert not outputs_dir.exists()
+    deployment.write_text(deployment.read_text().replace("-2", "2").replace("lats", "last").replace("-1", "1"))
+    assert main(["validate", "--no-deep"]) == 1, "a rule of the section, once its fields are valid"
+    said = capsys.readouterr().out
+    assert ":5:11: pipelines.remote_eval.sim.url: 'factory' and 'url' exclude each other" in said, said
+    defs = build_definitions(pipelines_dir)  # the code location: every pipeline loads, the file is marked
+    assert {"remote_eval", "other_eval"} <= {job.name for job in defs.resolve_all_job_defs()}
+    markers = [key.path for key in defs.resolve_asset_graph().get_all_asset_keys() if key.path[0] == "broken_pipelines"]
+    assert ["broken_pipelines", "deployment_yaml"] in markers, markers
+
+
 def test_a_pipeline_as_deployed_reads_its_env_fields_now_and_names_one_that_is_not_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
