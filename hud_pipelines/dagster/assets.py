@@ -37,13 +37,14 @@ from hud_pipelines.dagster import sweeps, units
 from hud_pipelines.dagster.checks import answered_check, instances_check, pipeline_check
 from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
 from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.eval_failure import graded_if_it_fails
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM, resource_key
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.configuration import record_configuration
-from hud_pipelines.eval.grade_table import cell, grade_cell, grade_columns
+from hud_pipelines.eval.grade_table import grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -60,8 +61,7 @@ from hud_pipelines.eval.steps import (
     report_step,
     rollouts_step,
 )
-from hud_pipelines.eval.sweep_table import COLUMNS, SweepComparison
-from hud_pipelines.recording.thumbnails import markdown_image, png_data_uri
+from hud_pipelines.recording.thumbnails import markdown_image
 from hud_pipelines.spec.models import PipelineSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -214,30 +214,31 @@ def _build(
                     )
                 progress.notify(result)
 
-            overrides = record_configuration(effective, spec, outputs, run_id=run_id)
-            if overrides:
-                context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
-            if effective.is_sweep:
-                results = _run_sweep(context, effective, pool, outputs, rollouts_key)
-            else:
-                chosen = [spec.partition_for_key(k) for k in context.partition_keys]
-                todo, done = finished_by(effective, outputs, chosen, units.re_executed(context))
-                if done:
-                    context.log.info(
-                        f"{name}: the instances {', '.join(r.key for r in done)} ran to their end in "
-                        f"run {done[0].run_id}, which this run re-executes: kept, not run again"
+            with graded_if_it_fails(context, spec, outputs, project_dir):  # else the grades would be an earlier run's
+                overrides = record_configuration(effective, spec, outputs, run_id=run_id)
+                if overrides:
+                    context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
+                if effective.is_sweep:
+                    results = _run_sweep(context, effective, pool, outputs, rollouts_key)
+                else:
+                    chosen = [spec.partition_for_key(k) for k in context.partition_keys]
+                    todo, done = finished_by(effective, outputs, chosen, units.re_executed(context))
+                    if done:
+                        context.log.info(
+                            f"{name}: the instances {', '.join(r.key for r in done)} ran to their end in "
+                            f"run {done[0].run_id}, which this run re-executes: kept, not run again"
+                        )
+                    results = done + rollouts_step(
+                        effective, pool, outputs, run_id=run_id, partitions=todo, on_result=on_result, keep_earlier=True
                     )
-                results = done + rollouts_step(
-                    effective, pool, outputs, run_id=run_id, partitions=todo, on_result=on_result, keep_earlier=True
-                )
-            if instances_key in selected:
-                yield dg.MaterializeResult(
-                    asset_key=instances_key,
-                    metadata=asset_metadata.instances_metadata(outputs, run_id, results, overrides),
-                )
-            kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
-            if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
-                raise dg.Failure(description=kept, allow_retries=False)
+                if instances_key in selected:
+                    yield dg.MaterializeResult(
+                        asset_key=instances_key,
+                        metadata=asset_metadata.instances_metadata(outputs, run_id, results, overrides),
+                    )
+                kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
+                if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
+                    raise dg.Failure(description=kept, allow_retries=False)
 
         return run_eval
 
@@ -370,30 +371,6 @@ def _comparison_asset(
     )
     def comparison(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
         table = comparison_step(judged_of(context, spec), outputs)
-        return dg.MaterializeResult(metadata=_comparison_metadata(table, outputs))
+        return dg.MaterializeResult(metadata=asset_metadata.comparison_metadata(table, outputs))
 
     return comparison
-
-
-def _comparison_metadata(table: SweepComparison, outputs: EvalOutputs) -> dict[str, Any]:
-    rows = [row.as_dict() for row in table.rows]
-    columns = [dg.TableColumn(name, _column_kind(rows, name)) for name in COLUMNS]
-    records = [dg.TableRecord({name: cell(row.get(name)) for name in COLUMNS}) for row in rows[:500]]
-    return {
-        "comparison": dg.MetadataValue.table(records, schema=dg.TableSchema(columns=columns)),
-        "summary": dg.MetadataValue.md(table.markdown()),
-        "best": table.best or "",
-        "checkpoints": len(table.overall),
-        "path": dg.MetadataValue.path(str(outputs.comparison_csv)),
-        "plot": dg.MetadataValue.path(str(outputs.comparison_png)),
-        "success_by_step": dg.MetadataValue.md(f"![success rate by training step]({png_data_uri(table.plot())})"),
-    }
-
-
-def _column_kind(rows: Sequence[dict[str, Any]], name: str) -> str:
-    values = [row.get(name) for row in rows if row.get(name) is not None]
-    if values and all(isinstance(v, bool) for v in values):
-        return "bool"
-    if values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-        return "float"
-    return "string"

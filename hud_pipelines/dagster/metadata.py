@@ -14,11 +14,14 @@ import dagster as dg
 
 from hud_pipelines.contract import Contract, state_images
 from hud_pipelines.eval.configuration import recorded_provenance
+from hud_pipelines.eval.grade_table import cell
 from hud_pipelines.eval.grades import summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.runner import InstanceResult
 from hud_pipelines.eval.seed_check import read_seed_check
+from hud_pipelines.eval.sweep_table import COLUMNS, SweepComparison
 from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.spec.models import PipelineSpec
 
 
@@ -134,3 +137,28 @@ def code_versions(spec: PipelineSpec) -> tuple[str, str]:
     the episodes (the rollout hash); of the grades, report and dataset, the whole YAML (its checks, its
     description, its dataset section too). Dagster shows an asset whose version changed as stale."""
     return spec.rollout_hash[:16], hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+
+
+def comparison_metadata(table: SweepComparison, outputs: EvalOutputs) -> dict[str, Any]:
+    """A sweep's comparison table, its summary and plot, for the ``comparison`` asset."""
+    rows = [row.as_dict() for row in table.rows]
+    columns = [dg.TableColumn(name, _column_kind(rows, name)) for name in COLUMNS]
+    records = [dg.TableRecord({name: cell(row.get(name)) for name in COLUMNS}) for row in rows[:500]]
+    return {
+        "comparison": dg.MetadataValue.table(records, schema=dg.TableSchema(columns=columns)),
+        "summary": dg.MetadataValue.md(table.markdown()),
+        "best": table.best or "",
+        "checkpoints": len(table.overall),
+        "path": dg.MetadataValue.path(str(outputs.comparison_csv)),
+        "plot": dg.MetadataValue.path(str(outputs.comparison_png)),
+        "success_by_step": dg.MetadataValue.md(f"![success rate by training step]({png_data_uri(table.plot())})"),
+    }
+
+
+def _column_kind(rows: Sequence[dict[str, Any]], name: str) -> str:
+    values = [row.get(name) for row in rows if row.get(name) is not None]
+    if values and all(isinstance(v, bool) for v in values):
+        return "bool"
+    if values and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return "float"
+    return "string"

@@ -67,6 +67,35 @@ def test_dagster_job_execute_runs_the_eval_and_fails_on_a_blocking_check(
     assert "min_success_rate" in failing.stdout + failing.stderr
 
 
+def test_a_dagster_run_cancelled_mid_eval_writes_grades_and_a_report_that_say_so(
+    write_pipeline: WritePipeline, pipelines_dir: Path, outputs_dir: Path, tmp_path: Path, label: str
+) -> None:
+    """A run cancelled outside ``hud-pipelines run`` (the UI's Terminate, or ^C on ``dagster job execute``) skipped
+    the grades and report: they kept an earlier run's green verdicts while the instances were ``interrupted``."""
+    write_pipeline("stopped", group=2, rollout_timeout_s=600, sim={"args": {"stall_seeds": [0, 2]}})
+    command = [str(BIN / "dagster"), "job", "execute", "-m", "hud_pipelines.definitions", "-j", "stopped"]
+    env = _env(pipelines_dir, outputs_dir, tmp_path / "home")
+    run = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(sim_processes(label)) < 2 and time.monotonic() < deadline:  # both instances are stalled
+            time.sleep(0.2)
+        assert len(sim_processes(label)) == 2
+        time.sleep(1.0)
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=60) != 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    outputs = EvalOutputs(outputs_dir, "stopped")
+    assert {row["fault"] for row in json.loads(outputs.grades_json.read_text())} == {"interrupted"}
+    completed = json.loads(outputs.checks_json.read_text())[0]
+    assert (completed["name"], completed["passed"]) == ("instances_completed", False)
+    assert completed["description"] == "this run failed: the run was cancelled before its instances ended"
+    assert "this run failed, so these are the results it kept" in outputs.report_md.read_text()
+
+
 def test_dg_launch_runs_a_job(
     write_pipeline: WritePipeline, pipelines_dir: Path, outputs_dir: Path, tmp_path: Path
 ) -> None:

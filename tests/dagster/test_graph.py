@@ -120,6 +120,20 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
     assert len(rows) == 6
     assert {r.status for r in rows} == {EpisodeStatus.SUCCEEDED}
 
+    marker.touch()  # the fault again: instance 1 crashes, its earlier result is kept and the eval step fails
+    again = _run(path, outputs_dir, instance)
+    assert not again.success
+    regraded = _grades(outputs_dir, "crashy")  # written again: instance 1's kept rows, the others' new ones
+    assert [(r.group_id, r.status, r.run_id) for r in regraded if r.instance == 1] == [
+        ("task0-i1", EpisodeStatus.SUCCEEDED, rerun.run_id)
+    ] * 2
+    assert {(r.status, r.run_id) for r in regraded if r.instance != 1} == {(EpisodeStatus.SUCCEEDED, again.run_id)}
+    outputs = EvalOutputs(outputs_dir, "crashy")
+    completed = json.loads(outputs.checks_json.read_text())[0]  # the kept results would pass it: the run does not
+    assert (completed["name"], completed["passed"]) == ("instances_completed", False)
+    assert "instance(s) task0-i1 did not complete (sim_crashed: " in completed["description"]
+    assert "**Warning:** this run failed, so these are the results it kept" in outputs.report_md.read_text()
+
 
 def test_materialize_all_split_into_runs_as_dagsters_backfill_does_grades_checks_and_reports(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance

@@ -1,0 +1,61 @@
+"""The grades and report of a run whose eval step failed or was cancelled, written by that step.
+
+A failed or cancelled eval step skips the ``grades`` and ``report`` steps after it, so the files on
+disk would keep saying what an earlier run measured, all green, while the instances' results already
+hold what this run did (``interrupted`` episodes, or the earlier results it kept: see
+:func:`~hud_pipelines.eval.rollouts.kept_failure`). The step writes them itself before it fails,
+saying why; ``instances_completed`` then fails with that reason. ``hud-pipelines run`` writes them
+once its run ends, with every failed step's line, so a run it launched is left to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+
+from hud_pipelines.dagster.context import judged_of
+from hud_pipelines.dagster.overlap import CLI_LAUNCHER, LAUNCHER_TAG
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
+from hud_pipelines.spec.models import PipelineSpec
+
+CANCELLED = "the run was cancelled before its instances ended"
+
+
+@contextmanager
+def graded_if_it_fails(
+    context: dg.AssetExecutionContext, spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path
+) -> Generator[None]:
+    """Around an eval step's instances: if they raise (a cancel, a kept earlier result, a fault of ours),
+    write the grades and report of what is on disk with the reason, then let the step fail as it would."""
+    try:
+        yield
+    except GeneratorExit:  # the step's generator closed: no failure
+        raise
+    except BaseException as exc:
+        if context.run.tags.get(LAUNCHER_TAG) != CLI_LAUNCHER:
+            _write(context, spec, outputs, project_dir, _reason(exc))
+        raise
+
+
+def _write(
+    context: dg.AssetExecutionContext, spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path, failure: str
+) -> None:
+    try:
+        judged = judged_of(context, spec)
+        grades_step(judged, outputs, run_failure=failure)
+        dataset = dataset_root(spec, outputs, project_dir)
+        report_step(judged, outputs, run_id=context.run.run_id, dataset=dataset, run_failure=failure)
+    except Exception as exc:  # the step's own failure is the one to report; this one is said beside it
+        context.log.warning(f"{spec.name}: the grades and report of this failed run could not be written: {exc}")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt | dg.DagsterExecutionInterruptedError):
+        return CANCELLED
+    if isinstance(exc, dg.Failure):
+        return exc.description or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}"
