@@ -1,4 +1,5 @@
-"""Two hooks into lerobot's ``save_episode`` that make it cheaper and leave its files as lerobot writes them.
+"""Hooks into lerobot's ``save_episode``: two make it cheaper and leave its files as lerobot writes them, one
+makes the stats of a one-frame episode merge with the others.
 
 A part writes through lerobot's public ``LeRobotDataset`` calls (``create``, ``add_frame``,
 ``save_episode``, ``finalize``). Profiled on a 96x96 camera, most of that time was not spent on the
@@ -20,6 +21,13 @@ data but on two fixed costs (``bench/dataset.md``), which these hooks remove:
 
 ``tests/dataset/test_dataset_fast_path.py`` writes the same episodes both ways and compares rows,
 stats and video frame counts.
+
+- **A one-frame episode's stats.** lerobot takes the ``min`` and ``max`` of a feature over an episode
+  of one frame in the feature's own dtype, and of a longer one as ``float64``: a boolean feature
+  (``next.done``, the ``errored`` flag) then gets ``bool`` stats in one episode and ``float64`` in
+  the others, and lerobot's own merge of parts (``aggregate_datasets``) fails on the mix ("Cannot mix
+  NumPy dtypes float64 and bool"), so an episode that ended at its first step, alone in its part,
+  failed the whole dataset. Inside :func:`uniform_episode_stats` such stats are ``float64`` too.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ import contextvars
 import functools
 import threading
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
 
 from hud_pipelines.dataset.episode_video import EpisodeVideoEncoder
 from hud_pipelines.dataset.lerobot_api import embed_table_storage, needs_embedding
@@ -38,9 +48,11 @@ if TYPE_CHECKING:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
 _WHOLE_EPISODE = contextvars.ContextVar("hud_whole_episode_embedding", default=False)
+_UNIFORM_STATS = contextvars.ContextVar("hud_uniform_episode_stats", default=False)
 _INSTALL_LOCK = threading.Lock()
 _hook_installed = False
-"""Whether ``embed_images`` is wrapped already (once per process: a second wrap would nest)."""
+"""Whether ``embed_images`` and ``compute_episode_stats`` are wrapped already (once per process: a second
+wrap would nest)."""
 
 
 @functools.cache
@@ -82,12 +94,38 @@ def check_in_memory_video(dataset: LeRobotDataset) -> None:
 @contextlib.contextmanager
 def whole_episode_embedding() -> Generator[None]:
     """Within this block (this thread only), ``save_episode`` embeds an episode's rows in one call."""
-    _install_embedding_hook()
-    token = _WHOLE_EPISODE.set(True)
+    with _hooked(_WHOLE_EPISODE):
+        yield
+
+
+@contextlib.contextmanager
+def uniform_episode_stats() -> Generator[None]:
+    """Within this block (this thread only), ``save_episode`` gives a one-frame episode ``float64`` stats, as
+    it gives a longer one."""
+    with _hooked(_UNIFORM_STATS):
+        yield
+
+
+@contextlib.contextmanager
+def _hooked(flag: contextvars.ContextVar[bool]) -> Generator[None]:
+    _install_hooks()
+    token = flag.set(True)
     try:
         yield
     finally:
-        _WHOLE_EPISODE.reset(token)
+        flag.reset(token)
+
+
+def as_float_stats(stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``stats`` with every boolean array (a one-frame episode's ``min`` or ``max``) as ``float64``."""
+    return {
+        feature: {name: value.astype(np.float64) if _is_bool_array(value) else value for name, value in by.items()}
+        for feature, by in stats.items()
+    }
+
+
+def _is_bool_array(value: object) -> bool:
+    return str(getattr(value, "dtype", "")) == "bool"  # a numpy array of booleans (numpy scalars have no place here)
 
 
 def embed_whole_episode(dataset: Any) -> Any:
@@ -98,7 +136,7 @@ def embed_whole_episode(dataset: Any) -> Any:
     return dataset.with_format("arrow").map(embed_table_storage, batched=True).with_format(**format_)
 
 
-def _install_embedding_hook() -> None:
+def _install_hooks() -> None:
     from lerobot.datasets import dataset_writer
 
     global _hook_installed
@@ -106,9 +144,15 @@ def _install_embedding_hook() -> None:
         if _hook_installed:
             return
         original: Callable[[Any], Any] = dataset_writer.embed_images
+        original_stats = cast(Callable[..., dict[str, dict[str, Any]]], dataset_writer.compute_episode_stats)
 
         def embed_images(dataset: Any) -> Any:
             return embed_whole_episode(dataset) if _WHOLE_EPISODE.get() else original(dataset)
 
+        def compute_episode_stats(*args: Any, **kwargs: Any) -> dict[str, dict[str, Any]]:
+            stats = original_stats(*args, **kwargs)
+            return as_float_stats(stats) if _UNIFORM_STATS.get() else stats
+
         dataset_writer.embed_images = embed_images
+        dataset_writer.compute_episode_stats = compute_episode_stats
         _hook_installed = True

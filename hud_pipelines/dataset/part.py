@@ -27,7 +27,12 @@ import numpy as np
 from hud_pipelines.contract import FeatureType
 from hud_pipelines.dataset.features import ERRORED, DatasetLayout, FrameDict
 from hud_pipelines.dataset.lerobot_api import Stats, stats_of, write_stats
-from hud_pipelines.dataset.lerobot_hooks import check_in_memory_video, in_memory_video_dataset, whole_episode_embedding
+from hud_pipelines.dataset.lerobot_hooks import (
+    check_in_memory_video,
+    in_memory_video_dataset,
+    uniform_episode_stats,
+    whole_episode_embedding,
+)
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
 from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions, VideoCodec
 
@@ -90,7 +95,7 @@ class PartWriter:
                     row[ERRORED] = flag
                 dataset.add_frame(row)
             index = int(dataset.meta.total_episodes)
-            with whole_episode_embedding():
+            with whole_episode_embedding(), uniform_episode_stats():
                 dataset.save_episode()
             if not episode.in_stats:
                 _restore_stats(dataset, stats_before)

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hud_pipelines.dataset.merge import find_parts, read_episode_records
@@ -54,6 +55,24 @@ def test_two_instances_shards_merge_into_one_dataset(tmp_path: Path) -> None:
     assert sorted(r["instance"] for r in records) == [0, 0, 0, 0, 1, 1, 1]
     for record in records:  # the sidecar's offsets follow lerobot's merge order
         assert record["frames"] == dataset.meta.episodes[record["episode_index"]]["length"]
+
+
+@pytest.mark.parametrize("keep_errored", [False, True])
+def test_an_episode_of_one_frame_alone_in_its_part_merges_with_longer_ones(tmp_path: Path, keep_errored: bool) -> None:
+    """lerobot gives a one-frame episode ``bool`` min/max stats of a boolean feature and a longer one ``float64``:
+    its merge of the parts failed on the mix ("Cannot mix NumPy dtypes float64 and bool") and the whole dataset
+    with it, whenever such an episode (an env that ends at its first step, an errored one kept) had a part alone."""
+    target = tmp_path / "short"
+    with DatasetBuild(target, SPEC, fps=10, options=DatasetOptions(keep_errored=keep_errored)) as build:
+        write_episodes(build.sink("instance-0"), 2, steps=4)
+        write_episodes(build.sink("instance-1"), 1, steps=1, instance=1)
+        published = build.publish()
+    dataset = load(target)
+    assert published.episodes == dataset.num_episodes == 3
+    assert sorted(check_episodes(dataset)) == [1, 4, 4]
+    done = dataset.meta.stats["next.done"]
+    assert (done["min"].dtype, done["max"].dtype) == (np.float64, np.float64)
+    assert (float(done["min"][0]), float(done["max"][0])) == (0.0, 1.0)
 
 
 def test_a_new_materialization_replaces_the_old_one_whole(tmp_path: Path) -> None:
