@@ -148,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     paired.add_argument("--json", action="store_true", help="print the comparison as JSON")
     paired.add_argument(
-        "--fail-if-worse", action="store_true", help="exit 1 when the candidate is significantly worse (a CI gate)"
+        "--fail-if-worse",
+        action="store_true",
+        help="exit 1 when the candidate is significantly worse, or would be had its errored episodes failed (CI)",
     )
     paired.set_defaults(handler=_compare)
 

@@ -37,12 +37,12 @@ import contextvars
 import functools
 import threading
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hud_pipelines.dataset.episode_video import EpisodeVideoEncoder
-from hud_pipelines.dataset.lerobot_api import embed_table_storage, needs_embedding
+from hud_pipelines.dataset.lerobot_api import Stats, embed_table_storage, episode_stats, needs_embedding
 
 if TYPE_CHECKING:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -116,7 +116,7 @@ def _hooked(flag: contextvars.ContextVar[bool]) -> Generator[None]:
         flag.reset(token)
 
 
-def as_float_stats(stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def as_float_stats(stats: Stats) -> Stats:
     """``stats`` with every boolean array (a one-frame episode's ``min`` or ``max``) as ``float64``."""
     return {
         feature: {name: value.astype(np.float64) if _is_bool_array(value) else value for name, value in by.items()}
@@ -144,13 +144,12 @@ def _install_hooks() -> None:
         if _hook_installed:
             return
         original: Callable[[Any], Any] = dataset_writer.embed_images
-        original_stats = cast(Callable[..., dict[str, dict[str, Any]]], dataset_writer.compute_episode_stats)
 
         def embed_images(dataset: Any) -> Any:
             return embed_whole_episode(dataset) if _WHOLE_EPISODE.get() else original(dataset)
 
-        def compute_episode_stats(*args: Any, **kwargs: Any) -> dict[str, dict[str, Any]]:
-            stats = original_stats(*args, **kwargs)
+        def compute_episode_stats(episode_data: Any, features: Any) -> Stats:  # as save_episode calls it
+            stats = episode_stats(episode_data, features)  # lerobot's own
             return as_float_stats(stats) if _UNIFORM_STATS.get() else stats
 
         dataset_writer.embed_images = embed_images

@@ -10,14 +10,13 @@ rather than pass or fail on noise. Errored episodes never count as failed ones.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval.comparison import Verdict, compare, episode_id
+from hud_pipelines.eval.comparison import Verdict, compare, errors_against
 from hud_pipelines.eval.grades import GradeRow, one_line, summarize
 from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
@@ -208,8 +207,14 @@ def episode_errors_warning(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]
     )
 
 
-def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
-    """Whether a pipeline's check passes on the grade ``rows`` (no graded episode fails a rate check)."""
+def check_verdict(
+    check: CheckSpec, rows: Sequence[GradeRow], score_bounds: tuple[float, float] | None = None
+) -> CheckVerdict:
+    """Whether a pipeline's check passes on the grade ``rows`` (no graded episode fails a rate check).
+
+    ``score_bounds``: the lowest and highest score the first grader gives (a success grader's 0 and 1), with
+    which ``min_mean_score`` knows whether the errored episodes could decide it; ``None``: unbounded (a return).
+    """
     if isinstance(check, NoRegressionCheck):
         return _regression_verdict(check, rows)
     summary = summarize(rows)
@@ -222,7 +227,7 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
             said = f"{observed:.1%} ({summary.succeeded}/{summary.graded})" if observed is not None else ""
             threshold = f"{check.value:.1%}"
             undecided = _errors_decide(check, rows, summary.succeeded, summary.graded)
-            if passed and undecided:
+            if undecided and observed is not None:  # a pass they could take away, or a failure they could turn
                 passed, said = False, f"{said}, {undecided}"
             elif observed is not None:
                 note = _not_run_could(check, rows, summary.succeeded, summary.graded)
@@ -236,6 +241,9 @@ def check_verdict(check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
             observed = summary.mean_score
             passed = observed is not None and observed >= check.value
             said, threshold = f"{observed:.4g}" if observed is not None else "", f"{check.value:g}"
+            undecided, note = _errors_decide_mean(check, rows, score_bounds) if observed is not None else ("", "")
+            if undecided:
+                passed, said = False, f"{said}, {undecided}"
     return CheckVerdict(
         name=check.name,
         passed=passed,
@@ -259,6 +267,28 @@ def _errors_decide(check: MinSuccessRateCheck, rows: Sequence[GradeRow], succeed
         f"but undecided: {errored} errored episode(s) decide it ({worst:.1%} had they failed, {best:.1%} had they "
         "succeeded); errors are not failures, nor do they carry a pass: fix what errored and run them again"
     )
+
+
+def _errors_decide_mean(
+    check: MinMeanScoreCheck, rows: Sequence[GradeRow], bounds: tuple[float, float] | None
+) -> tuple[str, str]:
+    """Why the errored episodes could decide ``check`` (as :func:`_errors_decide`), and else a note of how many
+    the mean leaves out where the scores are unbounded (a return could be anything)."""
+    errored = sum(_errored(row) for row in rows)
+    if not errored:
+        return "", ""
+    if bounds is None:
+        return "", f"; {errored} errored episode(s) left out of the mean"
+    scores = [row.score for row in rows if row.status is not EpisodeStatus.ERRORED]
+    low, high = bounds
+    worst, best = [(sum(scores) + errored * bound) / (len(scores) + errored) for bound in bounds]
+    if worst >= check.value or best < check.value:
+        return "", ""
+    return (
+        f"but undecided: {errored} errored episode(s) decide it ({worst:.4g} had they scored {low:g}, {best:.4g} "
+        f"had they scored {high:g}); errors are not failures, nor do they carry a pass: fix what errored and run "
+        "them again"
+    ), ""
 
 
 def _not_run_could(check: MinSuccessRateCheck, rows: Sequence[GradeRow], succeeded: int, graded: int) -> str:
@@ -331,29 +361,12 @@ def regression_verdict(
 def _errors_decide_regression(check: NoRegressionCheck, rows: Sequence[GradeRow], baseline: Sequence[GradeRow]) -> str:
     """Why episodes that errored on one side only could make this eval a regression (``""``: they could
     not): had each gone against it (failed here, succeeded in the baseline), it would be worse by more
-    than ``max_drop``. An episode errored on both sides says nothing of the difference, as one both
-    failed."""
-    mine = {episode_id(row): row for row in rows}
-    theirs = {episode_id(row): row for row in baseline}
-    shared = mine.keys() & theirs.keys()
-    here = {key for key in shared if _errored(mine[key]) and theirs[key].status is not EpisodeStatus.ERRORED}
-    there = {key for key in shared if _errored(theirs[key]) and mine[key].status is not EpisodeStatus.ERRORED}
-    if not here and not there:
+    than ``max_drop``."""
+    errors = errors_against(rows, baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
+    if errors is None or not (errors.worst.verdict is Verdict.WORSE and errors.drop() > check.max_drop):
         return ""
-    failed = {"status": EpisodeStatus.FAILED, "success": False, "fault": None, "error": None}
-    succeeded = {"status": EpisodeStatus.SUCCEEDED, "success": True, "fault": None, "error": None}
-    worst_rows = [dataclasses.replace(r, **failed) if episode_id(r) in here else r for r in rows]
-    worst_baseline = [dataclasses.replace(r, **succeeded) if episode_id(r) in there else r for r in baseline]
-    worst = compare(worst_rows, worst_baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
-    worst_drop = -(worst.success_difference or 0.0)
-    if not (worst.verdict is Verdict.WORSE and worst_drop > check.max_drop):
-        return ""
-    return (
-        f"undecided: {len(here) + len(there)} episode(s) errored on one side only ({len(here)} here, "
-        f"{len(there)} in the baseline); had they gone against this eval, success {-worst_drop:+.1%} (McNemar p = "
-        f"{worst.mcnemar_p:.3g}) over {worst.pairs} paired episodes would be a regression: errors are not "
-        "failures, nor do they carry a pass"
-    )
+    said = errors.describe("this eval")
+    return f"undecided: {said} would be a regression: errors are not failures, nor do they carry a pass"
 
 
 def _errored(row: GradeRow) -> bool:

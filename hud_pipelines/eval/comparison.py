@@ -35,7 +35,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -180,6 +180,53 @@ def compare(
     )
 
 
+@dataclass(frozen=True)
+class ErrorsAgainst:
+    """Episodes that errored on one side only, and the comparison had each gone against the candidate."""
+
+    here: int
+    """Errored in the candidate, answered in the baseline (had they gone against it: failed)."""
+    there: int
+    """Errored in the baseline, answered in the candidate (had they gone against it: succeeded there)."""
+    worst: PairedComparison
+
+    def drop(self) -> float:
+        return -(self.worst.success_difference or 0.0)
+
+    def describe(self, candidate: str = "the candidate") -> str:
+        return (
+            f"{self.here + self.there} episode(s) errored on one side only ({self.here} in {candidate}, "
+            f"{self.there} in the baseline); had they gone against {candidate}, success {-self.drop():+.1%} "
+            f"(McNemar p = {self.worst.mcnemar_p:.3g}) over {self.worst.pairs} paired episodes"
+        )
+
+
+def errors_against(
+    candidate: Sequence[GradeRow], baseline: Sequence[GradeRow], *, alpha: float, min_effect: float
+) -> ErrorsAgainst | None:
+    """What the episodes that errored on one side only could make of the comparison (``None``: there are none).
+    An episode errored on both sides says nothing of the difference, as one both failed. Errors are not
+    failures, nor do they carry a pass: a gate that passes only because they were left out is undecided."""
+    mine = {episode_id(row): row for row in candidate}
+    theirs = {episode_id(row): row for row in baseline}
+    shared = mine.keys() & theirs.keys()
+    here = {key for key in shared if _errored(mine[key]) and theirs[key].status is not EpisodeStatus.ERRORED}
+    there = {key for key in shared if _errored(theirs[key]) and mine[key].status is not EpisodeStatus.ERRORED}
+    if not here and not there:
+        return None
+    failed = {"status": EpisodeStatus.FAILED, "success": False, "fault": None, "error": None}
+    succeeded = {"status": EpisodeStatus.SUCCEEDED, "success": True, "fault": None, "error": None}
+    worst_rows = [replace(r, **failed) if episode_id(r) in here else r for r in candidate]
+    worst_baseline = [replace(r, **succeeded) if episode_id(r) in there else r for r in baseline]
+    worst = compare(worst_rows, worst_baseline, alpha=alpha, min_effect=min_effect)
+    return ErrorsAgainst(len(here), len(there), worst)
+
+
+def _errored(row: GradeRow) -> bool:
+    """Errored in a run (an instance not run yet is no answer of any run)."""
+    return row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN
+
+
 def episode_id(row: GradeRow) -> EpisodeId:
     """The episode a row answers: its task and seed, the same whatever ``num_envs`` the eval ran with
     (slot ``j`` of instance ``i`` gets ``seed + i * num_envs + j``)."""
@@ -232,11 +279,17 @@ def run_compare(args: argparse.Namespace, judge: Judge | None = None) -> int:
                 f"{' or '.join(theirs)}: their episodes pair up by task and seed, but were run or scored otherwise",
                 file=sys.stderr,
             )
+    errors = errors_against(candidate.rows, baseline.rows, alpha=args.alpha, min_effect=args.min_effect)
+    undecided = result.verdict is not Verdict.WORSE and errors is not None and errors.worst.verdict is Verdict.WORSE
     if args.json:
         sides = {"candidate": candidate.name, "baseline": baseline.name}
-        print(json.dumps({**sides, **result.as_dict()}, indent=1))
+        print(json.dumps({**sides, **result.as_dict(), "undecided_by_errors": undecided}, indent=1))
     else:
         print(describe(result, candidate.name, baseline.name))
+    if undecided and errors is not None:  # errors are not failures, nor do they carry a pass: no_regression's rule
+        print(f"undecided: {errors.describe()} would be worse", file=sys.stderr if args.json else sys.stdout)
+        if args.fail_if_worse:
+            return 1
     if args.fail_if_worse and result.pairs == 0:  # a gate never passes on nothing, as no_regression does not
         print(
             f"--fail-if-worse: no episode of {candidate.name} pairs up with one of {baseline.name} "

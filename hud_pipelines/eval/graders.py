@@ -73,6 +73,12 @@ class _Callable:
         )
 
 
+def score_bounds(spec: GraderSpec) -> tuple[float, float] | None:
+    """The lowest and highest score ``spec`` gives: a success grader's 0 and 1; ``None`` where a score can be
+    anything (a return, a function's float)."""
+    return (0.0, 1.0) if isinstance(spec, SuccessGrader) else None
+
+
 def grader_text(spec: GraderSpec) -> str:
     """What the grader that decides an episode counts as success, in words for a report."""
     match spec:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, check_verdict, instances_verdict
+from hud_pipelines.eval.graders import score_bounds
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.perturbations import control_rows
 from hud_pipelines.spec.grading import CheckSpec
@@ -37,7 +38,8 @@ def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow], run_failure: str 
 def yaml_verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
     """One YAML check on the control tasks' rows (a sweep's: of its candidate checkpoint), as its description says."""
     judged = control_rows(spec, rows)
-    found = sweep.verdict(spec, check, judged) if spec.is_sweep else check_verdict(check, judged)
+    bounds = score_bounds(spec.graders[0])
+    found = sweep.verdict(spec, check, judged, bounds) if spec.is_sweep else check_verdict(check, judged, bounds)
     return found if len(judged) == len(rows) else replace(found, description=f"control tasks: {found.description}")
 
 

@@ -324,7 +324,9 @@ def answered(rows: Sequence[GradeRow]) -> CheckVerdict:
     return dataclasses.replace(judged, description=f"{candidate}: {judged.description}")
 
 
-def verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow]) -> CheckVerdict:
+def verdict(
+    spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow], score_bounds: tuple[float, float] | None = None
+) -> CheckVerdict:
     """One YAML check on the candidate's rows; a ``no_regression`` baseline naming a label is that checkpoint."""
     candidate = candidate_label(rows)
     mine = [row for row in rows if row.checkpoint == candidate]
@@ -334,7 +336,7 @@ def verdict(spec: PipelineSpec, check: CheckSpec, rows: Sequence[GradeRow]) -> C
             return _against_label(check, mine, [row for row in rows if row.checkpoint == label], candidate, label)
         if not Path(check.baseline).exists():  # neither a checkpoint nor a file: most likely a mistyped label
             return CheckVerdict(check.name, False, check.blocking, _no_baseline(spec, check, rows))
-    judged = check_verdict(check, mine)
+    judged = check_verdict(check, mine, score_bounds)
     return dataclasses.replace(judged, description=f"{candidate}: {judged.description}")
 
 

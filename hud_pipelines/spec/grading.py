@@ -87,8 +87,9 @@ class MinSuccessRateCheck(_Check):
     Errored slots are not failures (bound them with `max_error_rate`); no graded slot at all fails the check.
     Nor do they carry a pass: where the errored slots of the run could decide the verdict (the rate
     would pass had they all succeeded and fail had they all failed), the check fails as undecided,
-    with both figures. Instances not run with this configuration yet (a run of some partitions) are no
-    answer of the eval's and do not decide it: the verdict says where running them could change it.
+    with both figures, whichever side the answered slots alone fall on. Instances not run with this
+    configuration yet (a run of some partitions) are no answer of the eval's and do not decide it: the
+    verdict says where running them could change it.
     """
 
     kind: Literal["min_success_rate"] = Field(default="min_success_rate", description="selects this check")
@@ -104,7 +105,13 @@ class MaxErrorRateCheck(_Check):
 
 
 class MinMeanScoreCheck(_Check):
-    """Passes when the mean score of the graded (non-errored) slots is at least `value`."""
+    """Passes when the mean score of the graded (non-errored) slots is at least `value`.
+
+    Errored slots are left out of the mean. Where the first grader's scores are bounded (a `success`
+    grader's 0 or 1) and the errored slots could decide the verdict (it would pass had they all scored
+    the highest and fail had they all scored the lowest), the check fails as undecided, as
+    `min_success_rate` does; where they are not (a return), the verdict says how many the mean left out.
+    """
 
     kind: Literal["min_mean_score"] = Field(default="min_mean_score", description="selects this check")
     value: Float = Field(description="lowest acceptable mean score (in the first grader's units)")

@@ -403,12 +403,40 @@ def test_the_no_regression_check_does_not_pass_on_episodes_that_errored_where_th
     diverged = [_row(slot, True, errored=slot >= 2) for slot in range(12)]  # answers 2, both succeed
     verdict = check_verdict(gate, diverged)
     assert not verdict.passed, "as answered it is inconclusive over 2 pairs; the 10 errored ones decide it"
-    assert "undecided: 10 episode(s) errored on one side only (10 here, 0 in the baseline); had they gone" in (
+    assert "undecided: 10 episode(s) errored on one side only (10 in this eval, 0 in the baseline); had they gone" in (
         verdict.description
     )
     assert "success -83.3%" in verdict.description
     steady = [_row(slot, True, errored=slot == 11) for slot in range(12)]
     assert check_verdict(gate, steady).passed, "one errored episode cannot make a regression of it"
+
+
+def test_compare_fail_if_worse_does_not_pass_on_episodes_that_errored_where_the_baseline_answered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same numbers that fail ``no_regression`` as undecided passed ``compare --fail-if-worse`` (exit 0:
+    "no detectable difference" over the 2 answered pairs), so a CI gate's verdict hung on which command it used."""
+    from hud_pipelines.cli.main import main
+
+    baseline = [_row(slot, True) for slot in range(12)]
+    diverged = [_row(slot, True, errored=slot >= 2) for slot in range(12)]
+    for name, rows in (("baseline", baseline), ("diverged", diverged)):
+        (tmp_path / f"{name}.json").write_text(json.dumps([r.as_dict() for r in rows]))
+    sides = [str(tmp_path / "diverged.json"), str(tmp_path / "baseline.json")]
+    assert main(["compare", *sides, "--fail-if-worse"]) == 1
+    out = capsys.readouterr().out
+    assert "no detectable difference" in out, "as answered"
+    assert "undecided: 10 episode(s) errored on one side only (10 in the candidate, 0 in the baseline); had they " in (
+        out
+    )
+    assert main(["compare", *sides]) == 0, "a gate only with --fail-if-worse"
+    assert "undecided: 10 episode(s)" in capsys.readouterr().out, "said all the same"
+    assert main(["compare", *sides, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["undecided_by_errors"] is True
+    steady = [_row(slot, True, errored=slot == 11) for slot in range(12)]
+    (tmp_path / "diverged.json").write_text(json.dumps([r.as_dict() for r in steady]))
+    assert main(["compare", *sides, "--fail-if-worse"]) == 0, "one errored episode cannot make it worse"
+    assert "undecided" not in capsys.readouterr().out
 
 
 def test_a_missing_grades_file_is_named_as_given(tmp_path: Path) -> None:
@@ -431,7 +459,7 @@ def test_the_no_regression_check_does_not_pass_on_episodes_that_errored_in_the_b
     candidate = [_row(slot, slot < 6) for slot in range(12)]  # fails every episode the baseline did not answer
     verdict = check_verdict(gate, candidate)
     assert not verdict.passed, "had the baseline's 6 errored episodes succeeded, this is a regression"
-    assert "errored on one side only (0 here, 6 in the baseline)" in verdict.description
+    assert "errored on one side only (0 in this eval, 6 in the baseline)" in verdict.description
     both = [_row(slot, slot < 6, errored=slot >= 6) for slot in range(12)]
     assert check_verdict(gate, both).passed, "an episode errored on both sides says nothing of the difference"
 

@@ -19,7 +19,7 @@ from hud_pipelines.eval.checks import (
     success_signal_warning,
     verdicts,
 )
-from hud_pipelines.eval.graders import build_graders, grader_text
+from hud_pipelines.eval.graders import build_graders, grader_text, score_bounds
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task, wilson_interval
 from hud_pipelines.eval.report import figures_line, render_markdown
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
@@ -120,6 +120,31 @@ def _rows(succeeded: int, failed: int, errored: int = 0, score: float | None = N
     rows = [_row(EpisodeStatus.SUCCEEDED)] * succeeded + [_row(EpisodeStatus.FAILED)] * failed
     rows += [_row(EpisodeStatus.ERRORED)] * errored
     return [dataclasses.replace(r, score=score) for r in rows] if score is not None else rows
+
+
+def test_errored_episodes_that_could_turn_a_failure_or_decide_a_mean_score_say_so() -> None:
+    """13 succeeded, 20 failed, 7 errored: at 0.4 the rate failed without a word of the 7 that could pass it
+    (50.0% had they succeeded), and ``min_mean_score: 0.39`` of a success grader passed on 0.394 where it is
+    0.325 had the errored ones scored 0, the verdict ``min_success_rate: 0.39`` refuses on the same numbers."""
+    rows = _rows(13, 20) + [dataclasses.replace(r, fault=Fault.ENV) for r in _rows(0, 0, 7)]
+    below = check_verdict(MinSuccessRateCheck(value=0.4), rows)
+    assert not below.passed
+    assert below.description.startswith(
+        "min_success_rate: observed 39.4% (13/33), but undecided: 7 errored episode(s) decide it (32.5% had they "
+        "failed, 50.0% had they succeeded)"
+    )
+    success_scores = score_bounds(SuccessGrader())
+    mean = check_verdict(MinMeanScoreCheck(value=0.39), rows, success_scores)
+    assert not mean.passed
+    assert mean.observed == 13 / 33, "the mean stays the answered episodes' one"
+    assert "observed 0.3939, but undecided: 7 errored episode(s) decide it (0.325 had they scored 0, 0.5 had" in (
+        mean.description
+    )
+    assert check_verdict(MinMeanScoreCheck(value=0.3), rows, success_scores).passed, "0.325 even had they scored 0"
+    assert not check_verdict(MinMeanScoreCheck(value=0.6), rows, success_scores).passed, "0.5 at best: fails"
+    returns = check_verdict(MinMeanScoreCheck(value=0.39), rows, score_bounds(ReturnGrader()))
+    assert returns.passed, "a return can be anything: the mean of the answered episodes decides"
+    assert returns.description.endswith("; 7 errored episode(s) left out of the mean")
 
 
 def test_the_rate_comes_with_where_the_errored_episodes_could_have_moved_it() -> None:
