@@ -18,9 +18,8 @@ raises (same type, so the same :class:`~hud_pipelines.errors.Fault`), naming the
 slots, and every other child is stopped with it.
 
 It is apart from the children's processes because joining is the wire side of sharding (the order
-of replies, held rows, errored slices) and changes for other reasons than process lifetime; how
-errors name a child (:func:`describe`, :func:`shard_error`) lives here, with the client that raises
-most of them.
+of replies, held rows, errored slices) and changes for other reasons than process lifetime; how its
+errors name a child and its slots is :mod:`hud_pipelines.sim.shard_naming`.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -42,27 +41,17 @@ from hud_pipelines.errors import (
     ContractError,
     HudPipelinesError,
     RemoteError,
-    SimContractError,
-    SimCrashedError,
     SimError,
-    SimRefusedError,
-    SimStartError,
-    SimTimeoutError,
     WireError,
     exception_line,
 )
 from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.shard_naming import contract_difference, describe, instance_slots, shard_error
 from hud_pipelines.wire.messages import Observation, Result, SlotError
 
 RUNNING = "running"
 ERRORED = "errored"
 ENV_FAULT_PHASES = ("reset", "step")
-
-
-def describe(shard: int, slots: range, shards: int) -> str:
-    """``shard 1 of 2 (slots 2-3)``: how errors name a child."""
-    span = f"slot {slots.start}" if len(slots) == 1 else f"slots {slots.start}-{slots.stop - 1}"
-    return f"shard {shard} of {shards} ({span})"
 
 
 @dataclass
@@ -259,7 +248,7 @@ class ShardedSim(Closeable):
             if all(p is None for p in prompts)
             else [text for f, p in zip(frames, prompts, strict=True) for text in (p or [""] * f.num_slots)],
             errors=[
-                dataclasses.replace(error, slot=error.slot + offset)
+                dataclasses.replace(error, slot=error.slot + offset, message=instance_slots(error.message, offset))
                 for f, offset in zip(frames, offsets, strict=True)
                 for error in f.errors
             ],
@@ -280,7 +269,9 @@ class ShardedSim(Closeable):
         ran = [True] * count if phase == "reset" or last is None else [s == RUNNING for s in last.status]
         # one slot raised: the child's message says which episode; several: the exception their traceback ends with
         said = exception_line(fault.remote_traceback or "")
-        message = fault.message if fault.slot is not None else said or fault.message
+        message = instance_slots(
+            fault.message if fault.slot is not None else said or fault.message, self.slots[shard].start
+        )
         if last is None or phase == "reset":
             observation = {
                 name: np.zeros((count, *feature.shape), dtype=feature.dtype)
@@ -332,7 +323,7 @@ class ShardedSim(Closeable):
                 self.close()
                 raise ContractError(
                     f"{self._name(shard)} serves another contract than {self._name(0)} "
-                    f"({_contract_difference(first, client.contract)}): every shard of an instance must serve "
+                    f"({contract_difference(first, client.contract)}): every shard of an instance must serve "
                     "the same features"
                 )
 
@@ -346,50 +337,4 @@ def _env_fault(exc: RemoteError, phase: str) -> bool:
     return exc.phase in ENV_FAULT_PHASES and exc.phase == phase and exc.remote_traceback is not None
 
 
-def _contract_difference(first: Contract, other: Contract) -> str:
-    """What differs between two contracts, in a few words (the first difference found)."""
-    for name in sorted(set(first.features) | set(other.features)):
-        mine, theirs = first.features.get(name), other.features.get(name)
-        if mine is None or theirs is None:
-            return f"feature {name!r} only in {'the first' if theirs is None else 'the other'}"
-        if mine != theirs:
-            fields = [k for k, v in mine.model_dump().items() if theirs.model_dump()[k] != v]
-            return f"feature {name!r} differs in {', '.join(fields)}"
-    mine_top: Mapping[str, Any] = first.model_dump(exclude={"features"})
-    theirs_top: Mapping[str, Any] = other.model_dump(exclude={"features"})
-    fields = [k for k, v in mine_top.items() if theirs_top.get(k) != v]
-    return f"{', '.join(fields)} differ" if fields else "they differ"
-
-
-def shard_error(exc: SimError | WireError, where: str, offset: int) -> HudPipelinesError:
-    """The same error (type and details, hence the same fault), its message led by the child it came from.
-
-    A remote error's slot is renumbered as the instance's (``offset``: the child's first slot).
-    """
-    match exc:
-        case RemoteError():
-            slot = None if exc.slot is None else exc.slot + offset
-            return RemoteError(
-                f"{where}: {exc.message}",
-                phase=exc.phase,
-                slot=slot,
-                remote_traceback=exc.remote_traceback,
-                cause=exc.cause,
-            )
-        case SimContractError():
-            return SimContractError(f"{where}: {exc}")
-        case WireError():
-            return WireError(f"{where}: {exc}")
-        case SimStartError():
-            return SimStartError(f"{where}: {exc}", child_error=exc.child_error, signalled=exc.signalled)
-        case SimCrashedError():
-            return SimCrashedError(f"{where}: {exc}", returncode=exc.returncode)
-        case SimTimeoutError():
-            return SimTimeoutError(f"{where}: {exc}", deadline_s=exc.deadline_s)
-        case SimRefusedError():
-            return SimRefusedError(f"{where}: {exc}", status=exc.status)
-        case _:
-            return SimError(f"{where}: {exc}")
-
-
-__all__ = ["ShardedSim", "describe", "shard_error"]
+__all__ = ["ShardedSim"]

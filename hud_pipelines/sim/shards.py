@@ -19,7 +19,8 @@ from typing import Any
 from hud_pipelines.errors import SimError, SimStartError, WireError
 from hud_pipelines.sim.client import DEFAULT_STEP_TIMEOUT_S, SimClient
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
-from hud_pipelines.sim.sharded_sim import ShardedSim, describe, shard_error
+from hud_pipelines.sim.shard_naming import describe, shard_error
+from hud_pipelines.sim.sharded_sim import ShardedSim
 from hud_pipelines.wire.messages import Framing
 
 

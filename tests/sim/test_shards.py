@@ -111,6 +111,21 @@ def test_a_child_whose_env_raises_in_every_slot_ends_those_slots_as_one_sim_woul
         wait_group_gone(group)
 
 
+def test_a_childs_error_names_the_slot_as_the_instance_numbers_it() -> None:
+    """Slot 3's reward turns NaN: sharded, its child (slots 2-3) said "(slot 1)" beside the grade row of slot 3."""
+    settings = SimSettings(factory=FAULTY, num_envs=4, build_args={"fault": "nan_reward_step", "fault_seed": 13})
+    tasks = [{"seed": seed} for seed in range(10, 14)]
+    actions = [np.zeros((4, 1), dtype=np.float32) for _ in range(3)]
+    single, _, _ = _drive(settings, tasks, actions, ahead=0)
+    sharded, _, groups = _drive(dataclasses.replace(settings, shards=2), tasks, actions, ahead=0)
+    [(slot, message, _)] = [error for frame in single for error in frame["errors"]]
+    assert slot == 3
+    assert message.endswith("(slot 3)"), message
+    assert sharded == single
+    for group in groups:
+        wait_group_gone(group)
+
+
 @pytest.mark.parametrize(
     ("fault", "error"),
     [pytest.param("crash_step", SimCrashedError, id="crash"), pytest.param("hang_step", SimTimeoutError, id="hang")],
@@ -165,7 +180,7 @@ def test_the_children_of_a_sharded_sim_step_at_the_same_time(tmp_path: Path) -> 
 
 def test_a_shards_error_keeps_its_type_and_cause_so_its_fault_is_the_childs() -> None:
     from hud_pipelines.errors import Fault, RemoteError, SimContractError, fault_of
-    from hud_pipelines.sim.sharded_sim import shard_error
+    from hud_pipelines.sim.shard_naming import shard_error
 
     env_raised = shard_error(RemoteError("step raised", phase="step", slot=1, cause="env"), "shard 1", 4)
     assert isinstance(env_raised, RemoteError)
