@@ -309,8 +309,8 @@ class LockstepRun:
         """Queue each slot's chunk in one batched write; a slot whose chunk is not finite errors instead."""
         finite = np.isfinite(chunks).reshape(slots.size, -1).all(axis=1)
         for slot in slots[~finite].tolist():  # never sent: these slots error, their siblings go on
-            step = int(self.slots.counts.steps[slot])
-            self.slots.error(slot, f"the policy returned a non-finite action at step {step}", Fault.POLICY)
+            step = int(self.slots.counts.steps[slot]) + 1  # the step it was for, counted from 1 as the env's faults
+            self.slots.error(slot, f"the policy returned a non-finite action for step {step}", Fault.POLICY)
         loaded, kept = slots[finite], chunks[finite]
         self.slots.load_many(loaded, kept)
         self.slots.inferences(loaded, kept, latency, rows)

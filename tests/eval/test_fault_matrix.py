@@ -159,7 +159,7 @@ CASES = {
         {},
         policy={"kind": "scripted", "target": "tests.eval.faulty_policies:Faulty", "args": {"mode": "nan", "seed": 3}},
         errored={ONE_SLOT: Fault.POLICY},
-        reason="non-finite action",
+        reason="non-finite action for step 1",  # steps count from 1, as an env's faults say them
     ),
     "forward/hang/instance": Case(
         {},
