@@ -31,8 +31,8 @@ from hud_pipelines.dagster.deployment import (
 )
 from hud_pipelines.dagster.resources import effective_spec, pipeline_resources
 from hud_pipelines.errors import ConfigurationError, DeploymentError
+from hud_pipelines.spec.messages import error_key, plain_message
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.validation import error_key, plain_message
 
 
 def deployed_spec(spec: PipelineSpec, project_dir: Path) -> PipelineSpec:

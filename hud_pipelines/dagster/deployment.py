@@ -50,8 +50,8 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, RESOURCE_TYPES, SIM
 from hud_pipelines.errors import DeploymentError
 from hud_pipelines.spec.document import syntax_problem
+from hud_pipelines.spec.messages import plain_message
 from hud_pipelines.spec.problems import closest, did_you_mean
-from hud_pipelines.spec.validation import plain_message
 
 DEPLOYMENT_ENV = "HUD_PIPELINES_DEPLOYMENT"
 EVERY_PIPELINE = "*"

@@ -55,8 +55,10 @@ from hud_pipelines.spec.hashing import (
     flat,
     without_later_defaults,
 )
+from hud_pipelines.spec.messages import error_key, plain_message
 from hud_pipelines.spec.sections import (
     DEFAULT_DATASET_DIR,
+    NAME_PATTERN,
     DatasetSpec,
     TaskSpec,
     TracesSpec,
@@ -66,9 +68,6 @@ from hud_pipelines.spec.sections import (
     require_unique,
 )
 from hud_pipelines.spec.sim_section import SimSpec
-
-NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
-"""Pipeline names become Dagster key prefixes and job names."""
 
 SOURCE_CONTEXT = "source"
 """Validation-context key under which the loader passes the YAML file's path."""
@@ -360,7 +359,7 @@ class PipelineSpec(StrictModel):
             spec = PipelineSpec.model_validate({**kept, **sections}, context={SOURCE_CONTEXT: self._source})
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
+                f"{'.'.join(str(part) for part in error_key(error))}: {plain_message(error)}" for error in exc.errors()
             )
             raise ConfigurationError(
                 f"pipeline {self.name!r}: the run's configuration is invalid: {problems}", errors=exc.errors()

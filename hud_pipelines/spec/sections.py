@@ -24,7 +24,9 @@ MAX_SEED = 2**63 - 1
 TASK_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 """Task names appear in partition keys (``<task>-i<instance>``)."""
 
-CHECK_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
+NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
+"""A pipeline's, a check's or a column's name: lowercase letters, digits and '_', starting with a letter."""
+CHECK_NAME_PATTERN = NAME_PATTERN
 """Grader and check names become Dagster check names and grade-table columns."""
 
 DEFAULT_DATASET_DIR = Path("outputs") / "datasets"

@@ -122,7 +122,9 @@ def test_an_invalid_override_is_refused_naming_the_key_before_any_sim_starts(
         for e in failures
         if e.step_failure_data.error
     )
-    assert "the run's configuration is invalid: sim.num_envs" in message
+    assert "the run's configuration is invalid: sim.num_envs: expected a number >= 1, got 0" in message, (
+        "as a file says"
+    )
     assert not sim_processes(label)
     assert not EvalOutputs(outputs_dir, "refused").result("task0-i0").exists()
 
