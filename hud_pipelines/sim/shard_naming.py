@@ -12,18 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from hud_pipelines import errors
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import (
-    HudPipelinesError,
-    RemoteError,
-    SimContractError,
-    SimCrashedError,
-    SimError,
-    SimRefusedError,
-    SimStartError,
-    SimTimeoutError,
-    WireError,
-)
 
 
 def describe(shard: int, slots: range, shards: int) -> str:
@@ -56,33 +46,33 @@ def contract_difference(first: Contract, other: Contract) -> str:
     return f"{', '.join(fields)} differ" if fields else "they differ"
 
 
-def shard_error(exc: SimError | WireError, where: str, offset: int) -> HudPipelinesError:
+def shard_error(exc: errors.SimError | errors.WireError, where: str, offset: int) -> errors.HudPipelinesError:
     """The same error (type and details, hence the same fault), its message led by the child it came from.
 
     A remote error's slot, and the slots its message names, are renumbered as the instance's (``offset``: the
     child's first slot).
     """
     match exc:
-        case RemoteError():
+        case errors.RemoteError():
             slot = None if exc.slot is None else exc.slot + offset
-            return RemoteError(
+            return errors.RemoteError(
                 f"{where}: {instance_slots(exc.message, offset)}",
                 phase=exc.phase,
                 slot=slot,
                 remote_traceback=exc.remote_traceback,
                 cause=exc.cause,
             )
-        case SimContractError():
-            return SimContractError(f"{where}: {exc}")
-        case WireError():
-            return WireError(f"{where}: {exc}")
-        case SimStartError():
-            return SimStartError(f"{where}: {exc}", child_error=exc.child_error, signalled=exc.signalled)
-        case SimCrashedError():
-            return SimCrashedError(f"{where}: {exc}", returncode=exc.returncode)
-        case SimTimeoutError():
-            return SimTimeoutError(f"{where}: {exc}", deadline_s=exc.deadline_s)
-        case SimRefusedError():
-            return SimRefusedError(f"{where}: {exc}", status=exc.status)
+        case errors.SimContractError():
+            return errors.SimContractError(f"{where}: {exc}")
+        case errors.WireError():
+            return errors.WireError(f"{where}: {exc}")
+        case errors.SimStartError():
+            return errors.SimStartError(f"{where}: {exc}", child_error=exc.child_error, signalled=exc.signalled)
+        case errors.SimCrashedError():
+            return errors.SimCrashedError(f"{where}: {exc}", returncode=exc.returncode)
+        case errors.SimTimeoutError():
+            return errors.SimTimeoutError(f"{where}: {exc}", deadline_s=exc.deadline_s)
+        case errors.SimRefusedError():
+            return errors.SimRefusedError(f"{where}: {exc}", status=exc.status)
         case _:
-            return SimError(f"{where}: {exc}")
+            return errors.SimError(f"{where}: {exc}")
