@@ -111,7 +111,8 @@ def select_instances(
 
 def queue_for(pipeline: str, queue: str) -> str:
     """``queue``, once the deployment is known to run ``pipeline``'s units on Celery (where queues exist)."""
-    from hud_pipelines.dagster.deployment import CELERY, DEPLOYMENT_ENV, deployment_path, load_execution
+    from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, deployment_path
+    from hud_pipelines.dagster.execution import CELERY, load_execution
 
     where = deployment_path()
     executor = load_execution(where).for_pipeline(pipeline).executor if where else "in_process"

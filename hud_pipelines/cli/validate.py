@@ -77,7 +77,8 @@ def _validate_deployments(paths: list[Path], pipelines: list[Path], stream: Text
     """Check each deployment file given as ``$HUD_PIPELINES_DEPLOYMENT`` would be read (:func:`_deployment_problem`),
     its pipeline names against those of ``pipelines`` (the files and folders given beside it, or the code
     location's folder)."""
-    from hud_pipelines.dagster.deployment import load_deployment, load_execution
+    from hud_pipelines.dagster.deployment import load_deployment
+    from hud_pipelines.dagster.execution import load_execution
 
     specs, broken = collect_pipelines(pipelines, deep=False)
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in broken]
@@ -103,10 +104,10 @@ def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec], path
     from hud_pipelines.dagster.deployment import (
         deployment_path,
         load_deployment,
-        load_execution,
         refuse_misspelled,
         refuse_unknown_pipelines,
     )
+    from hud_pipelines.dagster.execution import load_execution
     from hud_pipelines.errors import DeploymentError
     from hud_pipelines.spec.loader import pipeline_files
 

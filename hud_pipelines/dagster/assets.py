@@ -36,8 +36,8 @@ from hud_pipelines.dagster import metadata as asset_metadata
 from hud_pipelines.dagster import sweeps, units
 from hud_pipelines.dagster.checks import answered_check, instances_check, pipeline_check
 from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
-from hud_pipelines.dagster.deployment import ExecutionSettings
 from hud_pipelines.dagster.eval_failure import graded_if_it_fails
+from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM, resource_key

@@ -43,7 +43,7 @@ from dagster_celery.config import DEFAULT_CONFIG
 from dagster_celery.executor import CeleryExecutor
 
 from hud_pipelines.dagster.broker_watch import BrokerWatch, redis_client
-from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.lease import lease_url
 from hud_pipelines.dagster.location import LOCATION_DIGEST, run_digest
 from hud_pipelines.dagster.step_recovery import LeasedResult

@@ -23,13 +23,12 @@ from hud_pipelines.dagster.assets import build_pipeline_assets
 from hud_pipelines.dagster.deployed import deployment_misfit
 from hud_pipelines.dagster.deployment import (
     Deployment,
-    Execution,
     deployment_path,
     for_pipeline,
     load_deployment,
-    load_execution,
     refuse_unknown_pipelines,
 )
+from hud_pipelines.dagster.execution import Execution, load_execution
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.resources import pipeline_resources
 from hud_pipelines.dagster.sweeps import checkpoint_sensor
@@ -122,11 +121,11 @@ def build_definitions(directory: Path | None = None, *, outputs_dir: Path | None
     except DeploymentError as exc:  # the other pipelines still load; the UI shows the deployment file's marker
         log.error("%s", exc)
         problems = [*problems, Problem(str(deployment_path()), 0, 0, "", str(exc))]
-    for spec in specs:  # a field that breaks a pipeline's rule: its runs would fail their first step, lineless
-        misfit = deployment_misfit(spec, deployment)
-        if misfit is not None:
-            log.error("%s", misfit)
-            problems = [*problems, Problem(str(deployment_path()), 0, 0, "", misfit)]
+    # a field that breaks a pipeline's rule: its runs would fail their first step, lineless (a "*" field: said once)
+    misfits = dict.fromkeys(line for spec in specs for line in (deployment_misfit(spec, deployment) or "").splitlines())
+    if misfits:
+        log.error("%s", "\n".join(misfits))
+        problems = [*problems, *(Problem(str(deployment_path()), 0, 0, "", line) for line in misfits)]
     return definitions_for(
         specs, outputs_dir=outputs_dir, project_dir=directory.parent, broken=problems, deployment=deployment
     )
@@ -145,9 +144,14 @@ def broken_file_assets(problems: Sequence[Problem]) -> list[dg.AssetsDefinition]
 
 def _marker(file: str, name: str, error: SpecError) -> dg.AssetsDefinition:
     rendered = error.render()
+    deployment = deployment_path()
+    what = (  # the deployment file's pipelines still load: their runs are refused or fail until it is fixed
+        "is not a valid deployment file**: the runs it configures fail until it is fixed"
+        if deployment is not None and file == str(deployment)
+        else "is not a valid pipeline**: it is left out of this code location until it is fixed"
+    )
     description = (
-        f"**{file} is not a valid pipeline**: it is left out of this code location until it is fixed "
-        f"(check it with `hud-pipelines validate {file}`, then reload).\n\n```\n{rendered}\n```"
+        f"**{file} {what} (check it with `hud-pipelines validate {file}`, then reload).\n\n```\n{rendered}\n```"
     )
 
     @dg.asset(

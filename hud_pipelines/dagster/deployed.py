@@ -50,18 +50,28 @@ def deployment_misfit(spec: PipelineSpec, deployment: Deployment, path: Path | N
     """What is wrong with the sections that ``deployment``'s fields make with ``spec``'s YAML, each problem at
     its line of the file at ``path`` (default ``$HUD_PIPELINES_DEPLOYMENT``); ``None`` when they are valid.
 
-    Fields read from the environment (``{env: NAME}``) are left at the YAML's values: they are read when
-    a run starts, maybe on another machine.
+    A field read from the environment (``{env: NAME}``) is read when a run starts, maybe on another machine:
+    it stands here as a text of its own (a ``token`` given), and what is said of its value alone is left out.
     """
     given = for_pipeline(deployment, spec.name)
-    fields = {part: {k: v for k, v in own.items() if not isinstance(v, dg.EnvVar)} for part, own in given.items()}
-    if not any(fields.values()):
+    if not any(given.values()):
         return None
+    placeholders = {
+        part: {k: _stand_in(k, v.env_var_name) if isinstance(v, dg.EnvVar) else v for k, v in own.items()}
+        for part, own in given.items()
+    }
+    from_env = {(part, k) for part, own in given.items() for k, v in own.items() if isinstance(v, dg.EnvVar)}
     try:
-        _configured(spec, fields, Path.cwd(), deployment, path)
+        _configured(spec, placeholders, Path.cwd(), deployment, path, frozenset(from_env))
     except DeploymentError as exc:
         return str(exc)
     return None
+
+
+def _stand_in(field: str, variable: str) -> str:
+    """What a field read from the environment stands as until it is read: a text naming the variable, a URL for
+    ``url`` (so that the rules of a served sim, a factory beside it, are still judged)."""
+    return f"ws://${{{variable}}}" if field == "url" else f"${{{variable}}}"
 
 
 def _configured(
@@ -70,13 +80,20 @@ def _configured(
     project_dir: Path,
     deployment: Deployment,
     path: Path | None = None,
+    unread: frozenset[tuple[str, str]] = frozenset(),
 ) -> PipelineSpec:
+    """``spec`` with ``fields`` over its YAML; a problem names the deployment file's line. ``unread``: the
+    (part, field) pairs whose value is not known yet (read from the environment later): their values are not
+    judged, the rules of their section (a ``url`` beside the YAML's ``factory``) are."""
     parts = pipeline_resources(spec, project_dir=project_dir, deployment=fields)
     try:
         return effective_spec(spec, parts.sim, parts.contract, parts.agent, parts.graders)
     except ConfigurationError as exc:
+        judged = [e for e in exc.errors if e["type"] == "spec_rule" or _resource_field(e)[:2] not in unread]
+        if exc.errors and not judged:
+            return spec  # only values to be read later were found wanting: the run judges them
         where = path or deployment_path() or Path("deployment file")
-        problems = (_problem(spec.name, deployment, where, error) for error in exc.errors)
+        problems = (_problem(spec.name, deployment, where, error) for error in judged)
         raise DeploymentError("\n".join(dict.fromkeys(problems)) or str(exc)) from None
 
 
@@ -84,7 +101,7 @@ def _problem(pipeline: str, deployment: Deployment, path: Path, error: ErrorDeta
     """``deployment file path:line:column: pipelines.<name>.<part>.<field>: what is wrong``: the key that set the
     value, under the pipeline's own name or under ``*``; the pipeline is named when the value broke a rule
     only beside its YAML's other fields."""
-    part, field, rest = _resource_field(tuple(str(key) for key in error_key(error)))
+    part, field, rest = _resource_field(error)
     names = (pipeline, EVERY_PIPELINE)
     setters = [name for name in names if field and field in deployment.get(name, {}).get(part, {})]
     if setters:
@@ -95,10 +112,10 @@ def _problem(pipeline: str, deployment: Deployment, path: Path, error: ErrorDeta
     return f"deployment file {located(path, keys)}: {'.'.join(keys)}: {plain_message(error)}{beside}"
 
 
-def _resource_field(loc: tuple[str, ...]) -> tuple[str, str, tuple[str, ...]]:
-    """The resource part, its field and the keys below it that hold a pipeline key ``loc`` (``("sim",
-    "contract")`` is the contract resource's ``file``; ``("checks", "0")`` the graders resource's ``checks``)."""
-    match loc:
+def _resource_field(error: ErrorDetails) -> tuple[str, str, tuple[str, ...]]:
+    """The resource part, its field and the keys below it that hold the pipeline key ``error`` is about
+    (``sim.contract`` is the contract resource's ``file``; ``checks.0`` the graders resource's ``checks``)."""
+    match tuple(str(key) for key in error_key(error)):
         case ("sim", "contract", *rest):
             return CONTRACT, "file", tuple(rest)
         case ("graders" | "checks" as field, *rest):

@@ -16,7 +16,7 @@ The eval's YAML stays the one file that says *what* is evaluated; the deployment
 and *with what* it runs (a served sim fleet, a GPU agent). Fields are those of the resources in
 :mod:`hud_pipelines.dagster.resources`; a run's configuration is validated as the YAML is.
 
-An ``execution:`` section says where the steps run (:class:`ExecutionSettings`): in the process of the
+An ``execution:`` section says where the steps run (:mod:`hud_pipelines.dagster.execution`): in the process of the
 run (the default: no broker, no workers), or each instance as a unit of work on Celery workers. At the
 top level it holds for every pipeline; under a pipeline it replaces fields for that one::
 
@@ -41,8 +41,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
-from pydantic_core import ErrorDetails
+from pydantic import TypeAdapter, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
@@ -58,95 +57,8 @@ EVERY_PIPELINE = "*"
 PARTS = (SIM, CONTRACT, AGENT, GRADERS)
 
 EXECUTION = "execution"
-IN_PROCESS, CELERY, K8S = "in_process", "celery", "k8s"
-EXECUTORS = (IN_PROCESS, CELERY, K8S)
-RESOURCE_REQUIREMENTS = ("limits", "requests")
-"""The fields of a Kubernetes container's resources block (``unit_resources``)."""
-FLEET_SETTINGS = frozenset({"broker", "backend", "lease_s"})
-"""Execution settings of the whole deployment (the workers read them too), never set per pipeline."""
-
 Deployment = dict[str, dict[str, dict[str, Any]]]
 """pipeline (or ``*``) -> resource part -> fields."""
-
-
-class ExecutionSettings(BaseModel):
-    """Where a pipeline's steps run: the ``execution:`` section of a deployment file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    executor: str = Field(
-        default=IN_PROCESS,
-        description="in_process: every step in the run's process (one sim set for the run); celery: every "
-        "instance is a unit of work on a Celery worker, with its own sim set; k8s: every step is a Kubernetes "
-        "Job (a pod per unit)",
-    )
-    broker: str | None = Field(default=None, description="redis://host:port/db of the Celery broker (celery only)")
-    backend: str | None = Field(default=None, description="Celery result backend; default: the broker")
-    queue: str = Field(default="cpu", description="the Celery queue of the pipeline's units (e.g. cpu or gpu)")
-    control_queue: str = Field(
-        default="cpu", description="the queue of the other steps: planning, collecting, grades, report, dataset, checks"
-    )
-    retries: int = Field(default=0, ge=0, description="times a unit whose worker was lost runs again")
-    lease_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="a running unit whose worker has not renewed its lease for this long is taken as lost",
-    )
-
-    image: str | None = Field(default=None, description="k8s: the image of the step pods (default: the run's)")
-    namespace: str | None = Field(default=None, description="k8s: the namespace of the step Jobs")
-    unit_resources: dict[str, dict[str, str | int]] = Field(
-        default_factory=dict[str, dict[str, str | int]],
-        description="k8s: the resources of each unit's container, e.g. {limits: {nvidia.com/gpu: 1}}",
-    )
-    env_secrets: list[str] = Field(
-        default_factory=list[str], description="k8s: Secrets whose keys become the step pods' environment"
-    )
-    max_concurrent: int | None = Field(default=None, ge=1, description="k8s: step pods running at once at most")
-
-    @field_validator("executor")
-    @classmethod
-    def _known_executor(cls, value: str) -> str:
-        if value not in EXECUTORS:
-            raise ValueError(
-                f"unknown executor {value!r}{did_you_mean(value, EXECUTORS)}; expected one of {', '.join(EXECUTORS)}"
-            )
-        return value
-
-    @field_validator("unit_resources")
-    @classmethod
-    def _resource_requirements(cls, value: dict[str, dict[str, str | int]]) -> dict[str, dict[str, str | int]]:
-        unknown = sorted(set(value) - set(RESOURCE_REQUIREMENTS))
-        if unknown:
-            expected = " or ".join(RESOURCE_REQUIREMENTS)
-            raise ValueError(f"{unknown[0]!r} is not a Kubernetes resource requirement; expected {expected}")
-        return value
-
-    @property
-    def distributed(self) -> bool:
-        """Whether units run on workers or pods of their own (rather than in the run's process)."""
-        return self.executor != IN_PROCESS
-
-    @property
-    def result_backend(self) -> str | None:
-        return self.backend or self.broker
-
-
-class Execution(BaseModel):
-    """The execution settings of a deployment: for every pipeline, and replaced fields per pipeline."""
-
-    model_config = ConfigDict(frozen=True)
-
-    default: ExecutionSettings = ExecutionSettings()
-    pipelines: dict[str, dict[str, Any]] = Field(default_factory=dict[str, dict[str, Any]])
-
-    def for_pipeline(self, pipeline: str) -> ExecutionSettings:
-        """The settings of ``pipeline``: its own fields over those for every pipeline."""
-        every = self.pipelines.get(EVERY_PIPELINE, {})
-        own = self.pipelines.get(pipeline, {})
-        if not every and not own:
-            return self.default
-        return ExecutionSettings.model_validate({**self.default.model_dump(), **every, **own})
 
 
 def deployment_path() -> Path | None:
@@ -155,7 +67,20 @@ def deployment_path() -> Path | None:
     return Path(configured).expanduser().resolve() if configured else None
 
 
-def _read(path: Path) -> dict[str, Any]:
+def read_file(path: Path) -> dict[str, Any]:
+    """The file's mapping; a top-level key it does not know is refused (a misspelled ``execution:`` would
+    otherwise leave every run in process, silently)."""
+    loaded = _load(path)
+    for key in map(str, loaded):
+        if key not in DEPLOYMENT_KEYS:
+            raise DeploymentError(
+                f"deployment file {located(path, (key,))}: {key}: unknown key{did_you_mean(key, DEPLOYMENT_KEYS)}; "
+                f"expected one of: {', '.join(sorted(DEPLOYMENT_KEYS))}"
+            )
+    return loaded
+
+
+def _load(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -174,14 +99,15 @@ DEPLOYMENT_KEYS = frozenset({"pipelines", EXECUTION})
 
 
 def is_deployment_file(path: Path) -> bool:
-    """Whether ``path`` reads as a deployment file: a YAML mapping of :data:`DEPLOYMENT_KEYS` only."""
+    """Whether ``path`` reads as a deployment file: a YAML mapping with no ``name`` whose keys are
+    :data:`DEPLOYMENT_KEYS` or one typo from one (``exectuion:`` is then refused as a deployment file's key)."""
     if not path.is_file() or path.suffix not in (".yaml", ".yml"):
         return False
     try:
-        loaded = _read(path)
+        keys = {str(key) for key in _load(path)}
     except DeploymentError:  # not a mapping, or not YAML: validated as what else it may be
         return False
-    return bool(loaded) and {str(key) for key in loaded} <= DEPLOYMENT_KEYS
+    return bool(keys) and "name" not in keys and all(closest(key, DEPLOYMENT_KEYS) is not None for key in keys)
 
 
 def load_deployment(path: Path | None = None) -> Deployment:
@@ -190,7 +116,7 @@ def load_deployment(path: Path | None = None) -> Deployment:
         path = deployment_path()
         if path is None:
             return {}
-    loaded = _read(path)
+    loaded = read_file(path)
     pipelines = loaded.get("pipelines", {} if EXECUTION in loaded else None)
     if not isinstance(pipelines, dict):
         raise DeploymentError(f"deployment file {path}: expected a 'pipelines:' mapping of pipeline -> resources")
@@ -266,6 +192,11 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> objec
         raise DeploymentError(
             f"{where}: not a field of the {part} resource{did_you_mean(name, declared)}; its fields: {fields}"
         )
+    if "${" in str(value):  # a pipeline file's interpolation, sent as it is written: a token of '${SIM_TOKEN}'
+        raise DeploymentError(
+            f"{where}: '${{...}}' is not expanded in a deployment file; read the environment with {{env: NAME}} "
+            "(read when the run starts, never stored)"
+        )
     if isinstance(value, dict) and set(cast(dict[str, Any], value)) == {"env"}:
         return cast(object, value)  # read from the environment when the run starts
     adapter = TypeAdapter[object](cast(Any, declared[name].annotation))
@@ -301,82 +232,6 @@ def located(path: Path, keys: tuple[str, ...]) -> str:
         found = f":{line + 1}:{column + 1}"
         node = cast(object, mapping[key])
     return f"{path}{found}"
-
-
-def load_execution(path: Path | None = None) -> Execution:
-    """The ``execution:`` sections of the deployment file at ``path`` (default ``$HUD_PIPELINES_DEPLOYMENT``).
-
-    Without a file, or without the section, everything runs in process as it always has. Each
-    section is validated here, so a bad value is refused naming the file and the key.
-    """
-    if path is None:
-        path = deployment_path()
-        if path is None:
-            return Execution()
-    loaded = _read(path)
-    default = _settings(path, EXECUTION, loaded.get(EXECUTION) or {}, {})
-    per_pipeline: dict[str, dict[str, Any]] = {}
-    pipelines = loaded.get("pipelines")
-    for pipeline, parts in cast(dict[str, Any], pipelines if isinstance(pipelines, dict) else {}).items():
-        own = cast(dict[str, Any], parts).get(EXECUTION) if isinstance(parts, dict) else None
-        if own is None:
-            continue
-        where = f"pipelines.{pipeline}.{EXECUTION}"
-        shared = sorted(set(cast(dict[str, Any], own) if isinstance(own, dict) else {}) & FLEET_SETTINGS)
-        if shared:
-            raise DeploymentError(
-                f"deployment file {path}: {where}.{shared[0]}: set under the top-level 'execution:' only "
-                "(every run and worker of a deployment share one broker and one lease)"
-            )
-        section = cast(dict[str, Any], own) if isinstance(own, dict) else own
-        settings = _settings(path, where, section, default.model_dump())
-        per_pipeline[str(pipeline)] = settings.model_dump(include=set(cast(dict[str, Any], own)))
-    return Execution(default=default, pipelines=per_pipeline)
-
-
-def _setting_problem(path: Path, where: str, error: ErrorDetails) -> str:
-    """``file:line:column: key: what is wrong``, in the words the pipeline files' errors use."""
-    keys = (*where.split("."), *(str(part) for part in error["loc"]))
-    key = ".".join(keys)
-    if error["type"] == "extra_forbidden":
-        known = sorted(ExecutionSettings.model_fields)
-        name = keys[-1]
-        message = f"unknown key {name!r}{did_you_mean(name, known)}; expected one of: {', '.join(known)}"
-    elif error["type"] == "value_error":
-        message = str(error["msg"]).removeprefix("Value error, ")
-    else:
-        message = plain_message(error)
-    return f"{located(path, keys)}: {key}: {message}"
-
-
-def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> ExecutionSettings:
-    """One ``execution:`` section over ``base``, validated; errors name the file and the key."""
-    if not isinstance(section, dict):
-        raise DeploymentError(f"deployment file {path}: {where}: expected a mapping of execution settings")
-    fields = {k: _resolved(path, f"{where}.{k}", v) for k, v in cast(dict[str, Any], section).items()}
-    try:
-        settings = ExecutionSettings.model_validate({**base, **fields})
-    except ValidationError as exc:
-        problems = "\n".join(f"deployment file {_setting_problem(path, where, error)}" for error in exc.errors())
-        raise DeploymentError(problems) from exc
-    if settings.executor == CELERY and not (settings.broker or "").startswith(("redis://", "rediss://")):
-        whose = "" if where == EXECUTION else f" ({where} runs on celery)"
-        raise DeploymentError(
-            f"deployment file {path}: {EXECUTION}.broker: the celery executor needs a Redis broker "
-            f"(redis://host:port/db){whose}, got {settings.broker!r}"
-        )
-    return settings
-
-
-def _resolved(path: Path, where: str, value: object) -> object:
-    """``{env: NAME}`` read from the environment now (the broker's address must be the same on every side)."""
-    mapping = cast(dict[str, Any], value) if isinstance(value, dict) else None
-    if mapping is not None and set(mapping) == {"env"}:
-        name = str(mapping["env"])
-        if name not in os.environ:
-            raise DeploymentError(f"deployment file {path}: {where}: environment variable {name} is not set")
-        return os.environ[name]
-    return cast(object, value)
 
 
 def for_pipeline(deployment: Deployment, pipeline: str) -> dict[str, dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any, cast
 import dagster as dg
 
 from hud_pipelines.dagster import k8s
-from hud_pipelines.dagster.deployment import K8S, ExecutionSettings
+from hud_pipelines.dagster.execution import K8S, ExecutionSettings
 
 EXECUTOR_CONFIG: dict[str, Any] = {
     "broker": dg.Field(str, description="redis://host:port/db of the broker the workers listen to"),

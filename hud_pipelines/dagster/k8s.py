@@ -19,7 +19,7 @@ from typing import Any
 
 import dagster as dg
 
-from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.errors import DeploymentError
 
 K8S_CONFIG_TAG = "dagster-k8s/config"

@@ -20,13 +20,8 @@ from dagster._core.definitions.reconstruct import ReconstructableJob
 from dagster._core.execution.api import execute_run
 from dagster._core.execution.execution_result import ExecutionResult
 
-from hud_pipelines.dagster.deployment import (
-    Execution,
-    ExecutionSettings,
-    deployment_path,
-    load_deployment,
-    load_execution,
-)
+from hud_pipelines.dagster.deployment import deployment_path, load_deployment
+from hud_pipelines.dagster.execution import Execution, ExecutionSettings, load_execution
 from hud_pipelines.dagster.location import files_digest
 from hud_pipelines.errors import DeploymentError
 from hud_pipelines.spec.loader import load_pipeline

@@ -42,7 +42,7 @@ from dagster import OpExecutionContext
 from hud_pipelines.contract import Contract, load_contract
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.context import effective_of, sim_of
-from hud_pipelines.dagster.deployment import ExecutionSettings
+from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.executors import UnitPlacement
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata, instances_on_disk
 from hud_pipelines.dagster.overlap import tag_running

@@ -30,7 +30,8 @@ from dagster_celery import tasks
 from dagster_celery.config import TASK_EXECUTE_PLAN_NAME
 
 from hud_pipelines.dagster.celery_executor import celery_app
-from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, ExecutionSettings, deployment_path, load_execution
+from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, deployment_path
+from hud_pipelines.dagster.execution import ExecutionSettings, load_execution
 from hud_pipelines.dagster.lease import LeaseKeeper, lease_url
 from hud_pipelines.dagster.location import LOCATION_DIGEST, load_as_run
 from hud_pipelines.dagster.step_recovery import run_ended

@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_deployment, load_execution
+from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_deployment
+from hud_pipelines.dagster.execution import load_execution
 from hud_pipelines.dagster.launch import execute_pipeline_job
 from hud_pipelines.dagster.step_recovery import retried_steps
 from hud_pipelines.errors import Fault
@@ -180,6 +181,12 @@ def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_
         "pipelines:\n  a: {execution: {broker: 'redis://h/0'}}\n": r"pipelines\.a\.execution\.broker: set under",
         "execution: {broker: {env: NOT_SET_ANYWHERE}}\n": r"execution\.broker: environment variable NOT_SET_ANYWHERE",
         "execution:\n  executor: celery\n   retries: 1\n": r"yaml:3:\d+: invalid YAML: mapping values are not allowed",
+        # each of these used to pass validate and fail every run, at its first connection or with a traceback
+        "execution: {executor: celery, broker: 'redis://h:99999/0'}\n": r"yaml:1:31: execution\.broker: .* Port out of",
+        "execution: {executor: celery, broker: 'redis://h/0', backend: not a url}\n": r"execution\.backend: 'not a u",
+        "execution: {executor: celery, broker: 'redis://h/0', queue: ''}\n": r"execution\.queue: expected a non-empty",
+        "execution: {executor: celery, broker: 'redis://h/0', image: 'x:1'}\n": r"image: k8s setting\(s\), and the ex",
+        "exectuion: {executor: celery}\n": r"yaml:1:1: exectuion: unknown key \(did you mean 'execution'\?\)",
     }
     for text, message in refused.items():
         path.write_text(text)

@@ -17,7 +17,8 @@ from dagster_k8s import k8s_job_executor
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
 from hud_pipelines.dagster import k8s
-from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_execution
+from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError
+from hud_pipelines.dagster.execution import load_execution
 from hud_pipelines.errors import HudPipelinesError
 from tests.dagster.support import REPO, WritePipeline
 

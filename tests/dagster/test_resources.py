@@ -250,10 +250,53 @@ def test_a_deployment_field_that_breaks_a_pipelines_rule_is_named_at_its_line_be
     assert main(["validate", "--no-deep"]) == 1, "a rule of the section, once its fields are valid"
     said = capsys.readouterr().out
     assert ":5:11: pipelines.remote_eval.sim.url: 'factory' and 'url' exclude each other" in said, said
+    deployment.write_text(deployment.read_text().replace("send_ahead: 2", "send_ahead: -2"))
     defs = build_definitions(pipelines_dir)  # the code location: every pipeline loads, the file is marked
     assert {"remote_eval", "other_eval"} <= {job.name for job in defs.resolve_all_job_defs()}
-    markers = [key.path for key in defs.resolve_asset_graph().get_all_asset_keys() if key.path[0] == "broken_pipelines"]
-    assert ["broken_pipelines", "deployment_yaml"] in markers, markers
+    marker = defs.resolve_assets_def(dg.AssetKey(["broken_pipelines", "deployment_yaml"]))
+    description = marker.descriptions_by_key[marker.key] or ""
+    assert "is not a valid deployment file**: the runs it configures fail until it is fixed" in description
+    assert description.count("send_ahead") == 1, "a field set for every pipeline is said once"
+
+
+def test_a_deployment_file_refuses_a_misspelled_top_level_key_and_unexpanded_interpolation_but_takes_env_fields(
+    tmp_path: Path, write_pipeline: WritePipeline, pipelines_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``exectuion:`` left every run in process, silently (and ``validate`` read the file as a broken pipeline);
+    ``token: ${SIM_TOKEN}`` was sent as written; a served sim whose url or token comes from the environment was
+    refused for lacking them."""
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.dagster.deployed import deployment_misfit
+    from hud_pipelines.dagster.deployment import DeploymentError, load_deployment
+    from hud_pipelines.spec.loader import load_pipeline
+
+    path = write_pipeline("served_eval")
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("exectuion:\n  executor: celery\npipelines:\n  served_eval: {}\n")
+    with pytest.raises(
+        DeploymentError, match=r"deployment.yaml:1:1: exectuion: unknown key \(did you mean 'execution'"
+    ):
+        load_deployment(deployment)
+    assert main(["validate", "--no-deep", str(deployment)]) == 1
+    said = capsys.readouterr().out
+    assert "exectuion: unknown key (did you mean 'execution'?)" in said
+    assert "missing required key 'name'" not in said, "read as the deployment file it is"
+    deployment.write_text(
+        "pipelines:\n  served_eval:\n    sim: {factory: null, url: 'ws://h:1', token: '${SIM_TOKEN}'}\n"
+    )
+    with pytest.raises(DeploymentError, match=r":3:43: pipelines.served_eval.sim.token: '\$\{...\}' is not expanded"):
+        load_deployment(deployment)
+    spec = load_pipeline(path)
+    for fields in (
+        "{factory: null, args: {}, url: {env: SIM_URL}, token: {env: SIM_TOKEN}}",
+        "{factory: null, args: {}, url: 'ws://h:1', token: {env: T}}",
+    ):
+        deployment.write_text(f"pipelines:\n  served_eval:\n    sim: {fields}\n")
+        assert deployment_misfit(spec, load_deployment(deployment), deployment) is None, fields
+    deployment.write_text("pipelines:\n  served_eval:\n    sim: {url: {env: SIM_URL}, token: {env: SIM_TOKEN}}\n")
+    misfit = deployment_misfit(spec, load_deployment(deployment), deployment)
+    assert misfit is not None, "beside the YAML's factory"
+    assert "'factory' and 'url' exclude each other" in misfit
 
 
 def test_a_pipeline_as_deployed_reads_its_env_fields_now_and_names_one_that_is_not_set(

@@ -1,0 +1,221 @@
+"""Where a pipeline's steps run: the ``execution:`` sections of a deployment file.
+
+In the process of the run (the default: no broker, no workers), each instance as a unit of work on
+Celery workers, or each step as a Kubernetes Job. At the top level of the deployment file a section
+holds for every pipeline; under a pipeline it replaces fields for that one (``queue: gpu``), except
+the settings the whole fleet shares (:data:`FLEET_SETTINGS`). Each section is validated when it is
+read, every problem at its line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Self, cast
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
+
+from hud_pipelines.dagster.deployment import EVERY_PIPELINE, EXECUTION, deployment_path, located, read_file
+from hud_pipelines.errors import DeploymentError
+from hud_pipelines.spec.messages import plain_message
+from hud_pipelines.spec.problems import did_you_mean
+
+IN_PROCESS, CELERY, K8S = "in_process", "celery", "k8s"
+EXECUTORS = (IN_PROCESS, CELERY, K8S)
+RESOURCE_REQUIREMENTS = ("limits", "requests")
+"""The fields of a Kubernetes container's resources block (``unit_resources``)."""
+K8S_SETTINGS = ("image", "namespace", "unit_resources", "env_secrets", "max_concurrent")
+"""Execution settings only the k8s executor reads."""
+FLEET_SETTINGS = frozenset({"broker", "backend", "lease_s"})
+"""Execution settings of the whole deployment (the workers read them too), never set per pipeline."""
+
+
+class ExecutionSettings(BaseModel):
+    """Where a pipeline's steps run: the ``execution:`` section of a deployment file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    executor: str = Field(
+        default=IN_PROCESS,
+        description="in_process: every step in the run's process (one sim set for the run); celery: every "
+        "instance is a unit of work on a Celery worker, with its own sim set; k8s: every step is a Kubernetes "
+        "Job (a pod per unit)",
+    )
+    broker: str | None = Field(default=None, description="redis://host:port/db of the Celery broker (celery only)")
+    backend: str | None = Field(default=None, description="Celery result backend; default: the broker")
+    queue: str = Field(
+        default="cpu", min_length=1, description="the Celery queue of the pipeline's units (e.g. cpu or gpu)"
+    )
+    control_queue: str = Field(
+        default="cpu",
+        min_length=1,
+        description="the queue of the other steps: planning, collecting, grades, report, dataset, checks",
+    )
+    retries: int = Field(default=0, ge=0, description="times a unit whose worker was lost runs again")
+    lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a running unit whose worker has not renewed its lease for this long is taken as lost",
+    )
+
+    image: str | None = Field(default=None, description="k8s: the image of the step pods (default: the run's)")
+    namespace: str | None = Field(default=None, description="k8s: the namespace of the step Jobs")
+    unit_resources: dict[str, dict[str, str | int]] = Field(
+        default_factory=dict[str, dict[str, str | int]],
+        description="k8s: the resources of each unit's container, e.g. {limits: {nvidia.com/gpu: 1}}",
+    )
+    env_secrets: list[str] = Field(
+        default_factory=list[str], description="k8s: Secrets whose keys become the step pods' environment"
+    )
+    max_concurrent: int | None = Field(default=None, ge=1, description="k8s: step pods running at once at most")
+
+    @field_validator("executor")
+    @classmethod
+    def _known_executor(cls, value: str) -> str:
+        if value not in EXECUTORS:
+            raise ValueError(
+                f"unknown executor {value!r}{did_you_mean(value, EXECUTORS)}; expected one of {', '.join(EXECUTORS)}"
+            )
+        return value
+
+    @field_validator("broker", "backend")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        """A URL with a scheme and a port in range: Celery would otherwise import ``not a url`` as a module, and
+        a port of 99999 fail the run at its first connection, with a traceback."""
+        if value is None:
+            return value
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises on a port out of range
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a URL: {exc}") from None
+        if not parts.scheme or not parts.netloc:
+            raise ValueError(f"{value!r} is not a URL (e.g. redis://host:6379/0)")
+        return value
+
+    @model_validator(mode="after")
+    def _k8s_settings_under_k8s(self) -> Self:
+        """A k8s setting under another executor would be ignored: most likely the executor is not the one meant."""
+        given = [
+            name
+            for name in K8S_SETTINGS
+            if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)
+        ]
+        if given and self.executor != K8S:
+            raise ValueError(f"{', '.join(given)}: k8s setting(s), and the executor here is {self.executor}")
+        return self
+
+    @field_validator("unit_resources")
+    @classmethod
+    def _resource_requirements(cls, value: dict[str, dict[str, str | int]]) -> dict[str, dict[str, str | int]]:
+        unknown = sorted(set(value) - set(RESOURCE_REQUIREMENTS))
+        if unknown:
+            expected = " or ".join(RESOURCE_REQUIREMENTS)
+            raise ValueError(f"{unknown[0]!r} is not a Kubernetes resource requirement; expected {expected}")
+        return value
+
+    @property
+    def distributed(self) -> bool:
+        """Whether units run on workers or pods of their own (rather than in the run's process)."""
+        return self.executor != IN_PROCESS
+
+    @property
+    def result_backend(self) -> str | None:
+        return self.backend or self.broker
+
+
+class Execution(BaseModel):
+    """The execution settings of a deployment: for every pipeline, and replaced fields per pipeline."""
+
+    model_config = ConfigDict(frozen=True)
+
+    default: ExecutionSettings = ExecutionSettings()
+    pipelines: dict[str, dict[str, Any]] = Field(default_factory=dict[str, dict[str, Any]])
+
+    def for_pipeline(self, pipeline: str) -> ExecutionSettings:
+        """The settings of ``pipeline``: its own fields over those for every pipeline."""
+        every = self.pipelines.get(EVERY_PIPELINE, {})
+        own = self.pipelines.get(pipeline, {})
+        if not every and not own:
+            return self.default
+        return ExecutionSettings.model_validate({**self.default.model_dump(), **every, **own})
+
+
+def load_execution(path: Path | None = None) -> Execution:
+    """The ``execution:`` sections of the deployment file at ``path`` (default ``$HUD_PIPELINES_DEPLOYMENT``).
+
+    Without a file, or without the section, everything runs in process as it always has. Each
+    section is validated here, so a bad value is refused naming the file and the key.
+    """
+    if path is None:
+        path = deployment_path()
+        if path is None:
+            return Execution()
+    loaded = read_file(path)
+    default = _settings(path, EXECUTION, loaded.get(EXECUTION) or {}, {})
+    per_pipeline: dict[str, dict[str, Any]] = {}
+    pipelines = loaded.get("pipelines")
+    for pipeline, parts in cast(dict[str, Any], pipelines if isinstance(pipelines, dict) else {}).items():
+        own = cast(dict[str, Any], parts).get(EXECUTION) if isinstance(parts, dict) else None
+        if own is None:
+            continue
+        where = f"pipelines.{pipeline}.{EXECUTION}"
+        shared = sorted(set(cast(dict[str, Any], own) if isinstance(own, dict) else {}) & FLEET_SETTINGS)
+        if shared:
+            raise DeploymentError(
+                f"deployment file {path}: {where}.{shared[0]}: set under the top-level 'execution:' only "
+                "(every run and worker of a deployment share one broker and one lease)"
+            )
+        section = cast(dict[str, Any], own) if isinstance(own, dict) else own
+        settings = _settings(path, where, section, default.model_dump())
+        per_pipeline[str(pipeline)] = settings.model_dump(include=set(cast(dict[str, Any], own)))
+    return Execution(default=default, pipelines=per_pipeline)
+
+
+def _setting_problem(path: Path, where: str, error: ErrorDetails) -> str:
+    """``file:line:column: key: what is wrong``, in the words the pipeline files' errors use."""
+    keys = (*where.split("."), *(str(part) for part in error["loc"]))
+    key = ".".join(keys)
+    if error["type"] == "extra_forbidden":
+        known = sorted(ExecutionSettings.model_fields)
+        name = keys[-1]
+        message = f"unknown key {name!r}{did_you_mean(name, known)}; expected one of: {', '.join(known)}"
+    elif error["type"] == "value_error":
+        message = str(error["msg"]).removeprefix("Value error, ")
+    else:
+        message = plain_message(error)
+    return f"{located(path, keys)}: {key}: {message}"
+
+
+def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> ExecutionSettings:
+    """One ``execution:`` section over ``base``, validated; errors name the file and the key."""
+    if not isinstance(section, dict):
+        raise DeploymentError(f"deployment file {path}: {where}: expected a mapping of execution settings")
+    fields = {k: _resolved(path, f"{where}.{k}", v) for k, v in cast(dict[str, Any], section).items()}
+    try:
+        settings = ExecutionSettings.model_validate({**base, **fields})
+    except ValidationError as exc:
+        problems = "\n".join(f"deployment file {_setting_problem(path, where, error)}" for error in exc.errors())
+        raise DeploymentError(problems) from exc
+    if settings.executor == CELERY and not (settings.broker or "").startswith(("redis://", "rediss://")):
+        whose = "" if where == EXECUTION else f" ({where} runs on celery)"
+        raise DeploymentError(
+            f"deployment file {located(path, (EXECUTION, 'broker'))}: {EXECUTION}.broker: the celery executor needs "
+            "a Redis broker "
+            f"(redis://host:port/db){whose}, got {settings.broker!r}"
+        )
+    return settings
+
+
+def _resolved(path: Path, where: str, value: object) -> object:
+    """``{env: NAME}`` read from the environment now (the broker's address must be the same on every side)."""
+    mapping = cast(dict[str, Any], value) if isinstance(value, dict) else None
+    if mapping is not None and set(mapping) == {"env"}:
+        name = str(mapping["env"])
+        if name not in os.environ:
+            raise DeploymentError(f"deployment file {path}: {where}: environment variable {name} is not set")
+        return os.environ[name]
+    return cast(object, value)
