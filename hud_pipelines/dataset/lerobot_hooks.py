@@ -23,11 +23,13 @@ data but on two fixed costs (``bench/dataset.md``), which these hooks remove:
 stats and video frame counts.
 
 - **A one-frame episode's stats.** lerobot takes the ``min`` and ``max`` of a feature over an episode
-  of one frame in the feature's own dtype, and of a longer one as ``float64``: a boolean feature
-  (``next.done``, the ``errored`` flag) then gets ``bool`` stats in one episode and ``float64`` in
+  of one frame in the feature's own dtype, and of a longer one as a float: a boolean feature
+  (``next.done``, the ``errored`` flag) then gets ``bool`` stats in one episode and float ones in
   the others, and lerobot's own merge of parts (``aggregate_datasets``) fails on the mix ("Cannot mix
   NumPy dtypes float64 and bool"), so an episode that ended at its first step, alone in its part,
-  failed the whole dataset. Inside :func:`uniform_episode_stats` such stats are ``float64`` too.
+  failed the whole dataset. Inside :func:`uniform_episode_stats` such stats are ``float64`` (any float
+  merges with the others). The hook calls lerobot's ``compute_episode_stats`` itself (through
+  :mod:`.lerobot_api`), not whatever ``dataset_writer`` held before it was installed.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval.comparison import Verdict, compare, errors_against
+from hud_pipelines.eval.comparison import Verdict, compare, errored_in_a_run, errors_against
 from hud_pipelines.eval.grades import GradeRow, one_line, summarize
 from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
@@ -228,8 +228,8 @@ def check_verdict(
             threshold = f"{check.value:.1%}"
             undecided = _errors_decide(check, rows, summary.succeeded, summary.graded)
             if undecided and observed is not None:  # a pass they could take away, or a failure they could turn
-                passed, said = False, f"{said}, {undecided}"
-            elif observed is not None:
+                passed, said = False, f"{said}, {'but ' if passed else ''}{undecided}"
+            if observed is not None:
                 note = _not_run_could(check, rows, summary.succeeded, summary.graded)
         case MaxErrorRateCheck():  # instances not run with this configuration yet are no errors of a run
             errored, scheduled = summary.errored - summary.not_run, summary.scheduled - summary.not_run
@@ -243,7 +243,7 @@ def check_verdict(
             said, threshold = f"{observed:.4g}" if observed is not None else "", f"{check.value:g}"
             undecided, note = _errors_decide_mean(check, rows, score_bounds) if observed is not None else ("", "")
             if undecided:
-                passed, said = False, f"{said}, {undecided}"
+                passed, said = False, f"{said}, {'but ' if passed else ''}{undecided}"
     return CheckVerdict(
         name=check.name,
         passed=passed,
@@ -257,14 +257,14 @@ def check_verdict(
 def _errors_decide(check: MinSuccessRateCheck, rows: Sequence[GradeRow], succeeded: int, graded: int) -> str:
     """Why the run's errored episodes could decide ``check`` (``""``: they could not). Instances not run
     with this configuration yet are no answer of this eval's, and are left out."""
-    errored = sum(_errored(row) for row in rows)
+    errored = sum(errored_in_a_run(row) for row in rows)
     if not errored:
         return ""
     worst, best = succeeded / (graded + errored), (succeeded + errored) / (graded + errored)
     if worst >= check.value or best < check.value:
         return ""
     return (
-        f"but undecided: {errored} errored episode(s) decide it ({worst:.1%} had they failed, {best:.1%} had they "
+        f"undecided: {errored} errored episode(s) decide it ({worst:.1%} had they failed, {best:.1%} had they "
         "succeeded); errors are not failures, nor do they carry a pass: fix what errored and run them again"
     )
 
@@ -274,7 +274,7 @@ def _errors_decide_mean(
 ) -> tuple[str, str]:
     """Why the errored episodes could decide ``check`` (as :func:`_errors_decide`), and else a note of how many
     the mean leaves out where the scores are unbounded (a return could be anything)."""
-    errored = sum(_errored(row) for row in rows)
+    errored = sum(errored_in_a_run(row) for row in rows)
     if not errored:
         return "", ""
     if bounds is None:
@@ -285,7 +285,7 @@ def _errors_decide_mean(
     if worst >= check.value or best < check.value:
         return "", ""
     return (
-        f"but undecided: {errored} errored episode(s) decide it ({worst:.4g} had they scored {low:g}, {best:.4g} "
+        f"undecided: {errored} errored episode(s) decide it ({worst:.4g} had they scored {low:g}, {best:.4g} "
         f"had they scored {high:g}); errors are not failures, nor do they carry a pass: fix what errored and run "
         "them again"
     ), ""
@@ -297,7 +297,7 @@ def _not_run_could(check: MinSuccessRateCheck, rows: Sequence[GradeRow], succeed
     unrun = sum(row.fault is Fault.NOT_RUN for row in rows)
     if not unrun:
         return ""
-    errored = sum(_errored(row) for row in rows)
+    errored = sum(errored_in_a_run(row) for row in rows)
     scheduled = graded + errored + unrun
     worst, best = succeeded / scheduled, (succeeded + errored + unrun) / scheduled
     if worst >= check.value or best < check.value:
@@ -369,17 +369,15 @@ def _errors_decide_regression(check: NoRegressionCheck, rows: Sequence[GradeRow]
     return f"undecided: {said} would be a regression: errors are not failures, nor do they carry a pass"
 
 
-def _errored(row: GradeRow) -> bool:
-    """Errored in a run (an instance not run yet is no answer of any run)."""
-    return row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN
-
-
 def _regression(
     check: NoRegressionCheck, passed: bool, description: str, observed: float | None = None
 ) -> CheckVerdict:
     return CheckVerdict(check.name, passed, check.blocking, f"no_regression: {description}", observed, -check.max_drop)
 
 
-def verdicts(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]) -> list[CheckVerdict]:
-    """Every check of a pipeline on its grade table: the built-in ones first, then the YAML's."""
-    return [*builtin_verdicts(rows), *(check_verdict(check, rows) for check in checks)]
+def verdicts(
+    checks: Sequence[CheckSpec], rows: Sequence[GradeRow], score_bounds: tuple[float, float] | None = None
+) -> list[CheckVerdict]:
+    """Every check of a pipeline on its grade table: the built-in ones first, then the YAML's (``score_bounds``:
+    the first grader's, as :func:`check_verdict` takes them)."""
+    return [*builtin_verdicts(rows), *(check_verdict(check, rows, score_bounds) for check in checks)]

@@ -210,8 +210,8 @@ def errors_against(
     mine = {episode_id(row): row for row in candidate}
     theirs = {episode_id(row): row for row in baseline}
     shared = mine.keys() & theirs.keys()
-    here = {key for key in shared if _errored(mine[key]) and theirs[key].status is not EpisodeStatus.ERRORED}
-    there = {key for key in shared if _errored(theirs[key]) and mine[key].status is not EpisodeStatus.ERRORED}
+    here = {key for key in shared if errored_in_a_run(mine[key]) and theirs[key].status is not EpisodeStatus.ERRORED}
+    there = {key for key in shared if errored_in_a_run(theirs[key]) and mine[key].status is not EpisodeStatus.ERRORED}
     if not here and not there:
         return None
     failed = {"status": EpisodeStatus.FAILED, "success": False, "fault": None, "error": None}
@@ -222,7 +222,7 @@ def errors_against(
     return ErrorsAgainst(len(here), len(there), worst)
 
 
-def _errored(row: GradeRow) -> bool:
+def errored_in_a_run(row: GradeRow) -> bool:
     """Errored in a run (an instance not run yet is no answer of any run)."""
     return row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN
 

@@ -269,9 +269,7 @@ class ShardedSim(Closeable):
         ran = [True] * count if phase == "reset" or last is None else [s == RUNNING for s in last.status]
         # one slot raised: the child's message says which episode; several: the exception their traceback ends with
         said = exception_line(fault.remote_traceback or "")
-        message = instance_slots(
-            fault.message if fault.slot is not None else said or fault.message, self.slots[shard].start
-        )
+        message = fault.message if fault.slot is not None else said or fault.message  # renumbered when joined
         if last is None or phase == "reset":
             observation = {
                 name: np.zeros((count, *feature.shape), dtype=feature.dtype)

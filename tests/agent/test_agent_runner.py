@@ -184,6 +184,21 @@ def test_a_policy_failure_errors_the_running_slots() -> None:
     assert "the model ran out of memory" in outcomes[1].error
 
 
+def test_a_non_finite_action_names_the_step_it_was_for_and_errors_only_its_slot() -> None:
+    """A chunk of 4 whose third action is NaN was said to be "at step 0", the chunk's first, counted from 0."""
+
+    def chunk(observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        actions = np.zeros((observation["state"].shape[0], 4, 1), dtype=np.float32)
+        actions[1:, 2] = np.nan  # slot 1's, while it runs
+        return actions
+
+    sim = CountdownSim([10, 10])
+    _, outcomes = run(sim, FunctionPolicy(chunk, sim.contract), max_steps=50)
+    assert outcomes[0].status is not EpisodeStatus.ERRORED
+    assert outcomes[1].status is EpisodeStatus.ERRORED
+    assert outcomes[1].error == "the policy returned a non-finite action for step 3"
+
+
 def test_a_wrongly_shaped_chunk_is_an_error_naming_the_shape() -> None:
     sim = CountdownSim([4, 4])
     _, outcomes = run(sim, FunctionPolicy(lambda obs: np.zeros((2, 3, 5)), sim.contract), max_steps=5)

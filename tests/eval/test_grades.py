@@ -130,7 +130,7 @@ def test_errored_episodes_that_could_turn_a_failure_or_decide_a_mean_score_say_s
     below = check_verdict(MinSuccessRateCheck(value=0.4), rows)
     assert not below.passed
     assert below.description.startswith(
-        "min_success_rate: observed 39.4% (13/33), but undecided: 7 errored episode(s) decide it (32.5% had they "
+        "min_success_rate: observed 39.4% (13/33), undecided: 7 errored episode(s) decide it (32.5% had they "
         "failed, 50.0% had they succeeded)"
     )
     success_scores = score_bounds(SuccessGrader())

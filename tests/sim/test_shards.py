@@ -126,6 +126,22 @@ def test_a_childs_error_names_the_slot_as_the_instance_numbers_it() -> None:
         wait_group_gone(group)
 
 
+def test_a_childs_messages_renumber_the_slots_the_sim_names_and_leave_the_envs_own_words() -> None:
+    from hud_pipelines.sim.shard_naming import instance_slots
+
+    said = {
+        "reward nan is not finite at step 2 (slot 1)": "reward nan is not finite at step 2 (slot 3)",
+        "slot 0: action [2.0] is out of bounds; expected": "slot 2: action [2.0] is out of bounds; expected",
+        "ContractError: slot 1 step: observation 'x' is": "ContractError: slot 3 step: observation 'x' is",
+        "all 2 running slots raised, slot 1 first: RuntimeError: gripper slot 0 jammed": (
+            "all 2 running slots raised, slot 3 first: RuntimeError: gripper slot 0 jammed"
+        ),
+        "RuntimeError: slot 1 of the rack is empty": "RuntimeError: slot 1 of the rack is empty",
+    }
+    assert {message: instance_slots(message, 2) for message in said} == said
+    assert instance_slots("reward nan is not finite at step 2 (slot 1)", 0).endswith("(slot 1)"), "the first child's"
+
+
 @pytest.mark.parametrize(
     ("fault", "error"),
     [pytest.param("crash_step", SimCrashedError, id="crash"), pytest.param("hang_step", SimTimeoutError, id="hang")],
