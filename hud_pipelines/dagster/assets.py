@@ -183,6 +183,10 @@ def _build(
             required_resource_keys={resource_key(name, part) for part in (SIM, CONTRACT, AGENT, GRADERS)},
         )
         def run_eval(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
+            with graded_if_it_fails(context, spec, outputs):  # else the files would say an earlier run's verdict
+                yield from evaluate(context)
+
+        def evaluate(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
             effective = effective_of(context, spec)
             pool = sim_of(context, spec).pool(effective)
             selected = context.selected_asset_keys
@@ -193,7 +197,8 @@ def _build(
                     context.log.error(f"the sim of {name} did not start: {exc}")
                 else:
                     yield dg.MaterializeResult(
-                        asset_key=contract_key, metadata=asset_metadata.contract_metadata(effective, outputs, derived)
+                        asset_key=contract_key,
+                        metadata=asset_metadata.contract_metadata(effective, outputs, derived),
                     )
                     refuse_misfit_dataset(effective, derived)
             if rollouts_key not in selected:  # "Materialize all": the rollouts ran in a run of their own
@@ -214,31 +219,30 @@ def _build(
                     )
                 progress.notify(result)
 
-            with graded_if_it_fails(context, spec, outputs, project_dir):  # else the grades would be an earlier run's
-                overrides = record_configuration(effective, spec, outputs, run_id=run_id)
-                if overrides:
-                    context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
-                if effective.is_sweep:
-                    results = _run_sweep(context, effective, pool, outputs, rollouts_key)
-                else:
-                    chosen = [spec.partition_for_key(k) for k in context.partition_keys]
-                    todo, done = finished_by(effective, outputs, chosen, units.re_executed(context))
-                    if done:
-                        context.log.info(
-                            f"{name}: the instances {', '.join(r.key for r in done)} ran to their end in "
-                            f"run {done[0].run_id}, which this run re-executes: kept, not run again"
-                        )
-                    results = done + rollouts_step(
-                        effective, pool, outputs, run_id=run_id, partitions=todo, on_result=on_result, keep_earlier=True
+            overrides = record_configuration(effective, spec, outputs, run_id=run_id)
+            if overrides:
+                context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
+            if effective.is_sweep:
+                results = _run_sweep(context, effective, pool, outputs, rollouts_key)
+            else:
+                chosen = [spec.partition_for_key(k) for k in context.partition_keys]
+                todo, done = finished_by(effective, outputs, chosen, units.re_executed(context))
+                if done:
+                    context.log.info(
+                        f"{name}: the instances {', '.join(r.key for r in done)} ran to their end in "
+                        f"run {done[0].run_id}, which this run re-executes: kept, not run again"
                     )
-                if instances_key in selected:
-                    yield dg.MaterializeResult(
-                        asset_key=instances_key,
-                        metadata=asset_metadata.instances_metadata(outputs, run_id, results, overrides),
-                    )
-                kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
-                if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
-                    raise dg.Failure(description=kept, allow_retries=False)
+                results = done + rollouts_step(
+                    effective, pool, outputs, run_id=run_id, partitions=todo, on_result=on_result, keep_earlier=True
+                )
+            if instances_key in selected:
+                yield dg.MaterializeResult(
+                    asset_key=instances_key,
+                    metadata=asset_metadata.instances_metadata(outputs, run_id, results, overrides),
+                )
+            kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
+            if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
+                raise dg.Failure(description=kept, allow_retries=False)
 
         return run_eval
 

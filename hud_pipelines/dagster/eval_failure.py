@@ -16,45 +16,50 @@ from pathlib import Path
 
 import dagster as dg
 
-from hud_pipelines.dagster.context import judged_of
-from hud_pipelines.dagster.overlap import CLI_LAUNCHER, LAUNCHER_TAG
+from hud_pipelines.dagster.context import judged_of, sim_of
+from hud_pipelines.dagster.overlap import CLI_LAUNCHER, LAUNCHER_TAG, PID_RUN_TAG
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
 from hud_pipelines.spec.models import PipelineSpec
 
 CANCELLED = "the run was cancelled before its instances ended"
 
+EvalContext = dg.AssetExecutionContext | dg.OpExecutionContext
+"""The eval step's context: the asset of a run in one process, or the op that collects the units of workers."""
+
 
 @contextmanager
-def graded_if_it_fails(
-    context: dg.AssetExecutionContext, spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path
-) -> Generator[None]:
-    """Around an eval step's instances: if they raise (a cancel, a kept earlier result, a fault of ours),
-    write the grades and report of what is on disk with the reason, then let the step fail as it would."""
+def graded_if_it_fails(context: EvalContext, spec: PipelineSpec, outputs: EvalOutputs) -> Generator[None]:
+    """Around an eval step's work: if it raises (a cancel, a kept earlier result, a fault of ours) or is closed
+    before its end (Dagster abandons a step it interrupted), write the grades and report of what is on disk with
+    the reason, then let the step fail as it would."""
     try:
         yield
-    except GeneratorExit:  # the step's generator closed: no failure
-        raise
     except BaseException as exc:
-        if context.run.tags.get(LAUNCHER_TAG) != CLI_LAUNCHER:
-            _write(context, spec, outputs, project_dir, _reason(exc))
+        if not launched_by_the_cli(context):
+            _write(context, spec, outputs, _reason(exc))
         raise
 
 
-def _write(
-    context: dg.AssetExecutionContext, spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path, failure: str
-) -> None:
+def launched_by_the_cli(context: EvalContext) -> bool:
+    """Whether ``hud-pipelines run`` launched this run (it writes the grades itself when the run ends). A run
+    the UI re-executes from one copies that run's tags, but not its run id."""
+    tags = context.run.tags
+    return tags.get(LAUNCHER_TAG) == CLI_LAUNCHER and tags.get(PID_RUN_TAG) == context.run.run_id
+
+
+def _write(context: EvalContext, spec: PipelineSpec, outputs: EvalOutputs, failure: str) -> None:
     try:
         judged = judged_of(context, spec)
         grades_step(judged, outputs, run_failure=failure)
-        dataset = dataset_root(spec, outputs, project_dir)
+        dataset = dataset_root(spec, outputs, Path(sim_of(context, spec).project_dir))
         report_step(judged, outputs, run_id=context.run.run_id, dataset=dataset, run_failure=failure)
     except Exception as exc:  # the step's own failure is the one to report; this one is said beside it
         context.log.warning(f"{spec.name}: the grades and report of this failed run could not be written: {exc}")
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, KeyboardInterrupt | dg.DagsterExecutionInterruptedError):
+    if isinstance(exc, KeyboardInterrupt | GeneratorExit | dg.DagsterExecutionInterruptedError):
         return CANCELLED
     if isinstance(exc, dg.Failure):
         return exc.description or type(exc).__name__

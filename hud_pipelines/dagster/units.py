@@ -42,6 +42,7 @@ from dagster import OpExecutionContext
 from hud_pipelines.contract import Contract, load_contract
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.context import effective_of, sim_of
+from hud_pipelines.dagster.eval_failure import graded_if_it_fails
 from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.executors import UnitPlacement
 from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata, instances_on_disk
@@ -162,6 +163,10 @@ def eval_units_asset(
         tags=control,
     )
     def finish(context: OpExecutionContext, units: list[Any], planned: bool) -> Iterator[dg.Output[None]]:
+        with graded_if_it_fails(context, spec, outputs):  # a kept earlier result fails it: else the files say that one
+            yield from collect(context, units, planned)
+
+    def collect(context: OpExecutionContext, units: list[Any], planned: bool) -> Iterator[dg.Output[None]]:
         effective = effective_of(context, spec)
         run_id = context.run.run_id
         selected = context.selected_asset_keys  # "Materialize all" runs the three apart: each yields its own

@@ -406,9 +406,20 @@ def test_celery_units_whose_served_sim_is_down_keep_the_earlier_results_and_fail
         with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1"], tmp_path / "logs"), listening(heard.append):
             capsys.readouterr()
             code = main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "out")])
+            bar = sorted((r.key, r.failed) for r in heard)
+            outputs = EvalOutputs(tmp_path / "out", "down")
+            for written in (outputs.checks_json, outputs.report_md):  # what a run without the CLI writes itself
+                written.unlink()
+            with _instance(tmp_path / "dagster_home") as instance:
+                launched = _execute(path, tmp_path / "out", instance)
+            assert launched.status is dg.DagsterRunStatus.FAILURE
+    completed = json.loads(outputs.checks_json.read_text())[0]  # the kept results would pass it: the run does not
+    assert (completed["name"], completed["passed"]) == ("instances_completed", False)
+    assert "instance(s) task0-i0, task0-i1 did not start (sim_start: " in completed["description"]
+    assert "this run failed, so these are the results it kept" in outputs.report_md.read_text()
     printed = capsys.readouterr().out
     assert code == 1, printed[-3000:]
-    assert sorted((r.key, r.failed) for r in heard) == [("task0-i0", True), ("task0-i1", True)], "the bar: FAILED"
+    assert bar == [("task0-i0", True), ("task0-i1", True)], "the bar: FAILED"
     assert "instance(s) task0-i0, task0-i1 did not start (sim_start: " in printed, printed[-3000:]
     assert f"their results of run {first.run_id} are kept" in printed
     assert _grades(tmp_path / "out", "down") == first.rows, "every result as the first run left it"
