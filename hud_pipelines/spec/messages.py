@@ -50,6 +50,11 @@ def error_key(error: ErrorDetails) -> KeyPath:
 
 def plain_message(error: ErrorDetails) -> str:
     """A pydantic error of one value in the words a pipeline file's errors use (``expected a number >= 0, got -1``)."""
+    key = str(error["loc"][-1]) if error["loc"] else ""
+    if error["type"] == "missing":
+        return f"missing required key {key!r}"
+    if error["type"] == "extra_forbidden":
+        return f"unknown key {key!r}"
     return message_for(error["type"], dict(error.get("ctx") or {}), error.get("input"), str(error["msg"]))
 
 

@@ -143,6 +143,12 @@ def _problem(details: ErrorDetails, document: YamlDocument, root: type[BaseModel
 # -- walking the model types along a pydantic location ---------------------------------------------
 
 
+def key_path(error: ErrorDetails, root: type[BaseModel] = PipelineSpec) -> KeyPath:
+    """The YAML key path ``error`` is about (union tags dropped: ``checks.0.value``, not
+    ``checks.0.min_success_rate.value``)."""
+    return _walk(error_key(error), root)[0]
+
+
 def _walk(loc: KeyPath, root: type[BaseModel] = PipelineSpec) -> tuple[KeyPath, Any]:
     """The YAML key path of a pydantic location (union tags dropped) and the type found at its end."""
     located = _locate(loc, root)

@@ -293,6 +293,12 @@ def test_a_deployment_file_refuses_a_misspelled_top_level_key_and_unexpanded_int
     ):
         deployment.write_text(f"pipelines:\n  served_eval:\n    sim: {fields}\n")
         assert deployment_misfit(spec, load_deployment(deployment), deployment) is None, fields
+    deployment.write_text(
+        "pipelines:\n  served_eval:\n    graders: {checks: [{kind: min_success_rate, threshold: 2}]}\n"
+    )
+    misfit = deployment_misfit(spec, load_deployment(deployment), deployment) or ""
+    assert "pipelines.served_eval.graders.checks.0.value: missing required key 'value'" in misfit, "a file's words"
+    assert "pipelines.served_eval.graders.checks.0.threshold: unknown key 'threshold'" in misfit
     deployment.write_text("pipelines:\n  served_eval:\n    sim: {url: {env: SIM_URL}, token: {env: SIM_TOKEN}}\n")
     misfit = deployment_misfit(spec, load_deployment(deployment), deployment)
     assert misfit is not None, "beside the YAML's factory"
