@@ -52,6 +52,18 @@ def _settings() -> ExecutionSettings:
     return settings
 
 
+def _keep_sigterm_a_warm_shutdown() -> None:
+    """Keep SIGTERM what Celery makes it in a worker: a warm shutdown (the running step finishes, no other is
+    taken). Every time Dagster's step code sets its SIGINT handler, it points SIGTERM at it too
+    (``setup_interrupt_handlers``: a pod's SIGTERM should interrupt its run), so after the first step a
+    worker stopped the usual way (systemd, ``docker stop``, a deploy) interrupted its unit as cancelled, crashed
+    on Celery's own handling of that, and the run failed with nothing retried."""
+    from dagster._utils import interrupts
+
+    interrupts.setup_interrupt_handlers = lambda: None
+
+
+_keep_sigterm_a_warm_shutdown()
 settings = _settings()
 app = celery_app(settings)
 _dagster_execute_plan = cast(Any, tasks.create_task(Celery("dagster-celery-steps", set_as_current=False), shared=False))

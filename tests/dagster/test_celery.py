@@ -519,8 +519,10 @@ def test_a_worker_runs_a_run_launched_from_dagster_after_a_yaml_edit_with_the_ed
     assert {row.steps for row in _grades(outputs, "yaml_edit")} == {12}, "the worker ran the edited YAML"
 
 
-def _kill_the_held_worker(hold: Path, workers: list[Worker], killed: list[int]) -> None:
-    """Wait for the held sim to say which worker runs it, SIGKILL that worker, release the hold."""
+def _kill_the_held_worker(
+    hold: Path, workers: list[Worker], killed: list[int], signum: signal.Signals = signal.SIGKILL
+) -> None:
+    """Wait for the held sim to say which worker runs it, SIGKILL (or ``signum``) that worker, release the hold."""
     held = hold.with_name(hold.name + ".held")
     deadline = time.monotonic() + 120
     while not held.is_file() or not held.read_text().strip():
@@ -529,7 +531,7 @@ def _kill_the_held_worker(hold: Path, workers: list[Worker], killed: list[int]) 
         time.sleep(0.05)
     pid = int(held.read_text())
     assert pid in {w.pid for w in workers}, "the held instance runs in a worker process"
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signum)
     killed.append(pid)
     hold.unlink()
 
@@ -540,6 +542,7 @@ def _run_and_kill(
     home: dg.DagsterInstance,
     monkeypatch: pytest.MonkeyPatch,
     retries: int,
+    signum: signal.Signals = signal.SIGKILL,
 ) -> tuple[Path, dg.DagsterRun, list[Worker], list[int]]:
     hold = tmp_path / "hold"
     hold.touch()
@@ -555,7 +558,7 @@ def _run_and_kill(
         monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker, retries=retries)))
         with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1", "w2"], tmp_path / "logs") as workers:
             killed: list[int] = []
-            killer = threading.Thread(target=_kill_the_held_worker, args=(hold, workers, killed), daemon=True)
+            killer = threading.Thread(target=_kill_the_held_worker, args=(hold, workers, killed, signum), daemon=True)
             killer.start()
             run = _execute(path, outputs, home)
             killer.join(timeout=5)
@@ -620,6 +623,22 @@ def test_celery_worker_killed_mid_instance_is_retried_once_and_counted_once(
     frames = _frames(dataset)
     assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(8)), "eight episodes, none twice"
     assert len(frames) == 8 * 30
+
+
+@needs_redis
+def test_a_worker_stopped_with_sigterm_finishes_the_unit_it_runs_and_takes_no_other(
+    write_pipeline: WritePipeline, tmp_path: Path, home: dg.DagsterInstance, label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM is how a worker is stopped (systemd, docker stop, a deploy): Celery's warm shutdown. It used to
+    interrupt the unit, fail the run as if it had been cancelled and crash the worker, with nothing retried."""
+    outputs, run, _, [stopped] = _run_and_kill(write_pipeline, tmp_path, home, monkeypatch, 0, signal.SIGTERM)
+    assert not sim_processes(label)
+    assert run.status is dg.DagsterRunStatus.SUCCESS
+    rows = _grades(outputs, "lossy")
+    assert {(r.status, r.run_id) for r in rows} == {(EpisodeStatus.SUCCEEDED, run.run_id)}
+    finished = _observations(home, run.run_id)
+    held = [e for e in finished if e.dagster_event and e.dagster_event.partition == "task0-i2"]  # type: ignore[union-attr]
+    assert held[0].asset_observation.metadata["worker_pid"].value == stopped, "it finished where it ran"  # type: ignore[union-attr]
 
 
 @needs_redis
