@@ -30,9 +30,7 @@ rows are forwarded on their own in both (``across_instances: false``).
 
 import os
 import re
-import socket
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,7 @@ from hud_pipelines.dagster.context import effective_of, sim_of
 from hud_pipelines.dagster.eval_failure import graded_if_it_fails
 from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.executors import UnitPlacement
-from hud_pipelines.dagster.metadata import contract_metadata, instance_metadata, instances_metadata, instances_on_disk
+from hud_pipelines.dagster.metadata import contract_metadata, instances_metadata, instances_on_disk
 from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import (
     AGENT,
@@ -54,35 +52,19 @@ from hud_pipelines.dagster.resources import (
     SIM,
     resource_key,
 )
-from hud_pipelines.dagster.unit_tags import QUEUE_TAG, RESULT_METADATA, UNIT_TAG
-from hud_pipelines.errors import Fault, HudPipelinesError
+from hud_pipelines.dagster.unit_attempts import Unit, record_lost, report_attempt
+from hud_pipelines.dagster.unit_tags import QUEUE_TAG, UNIT_TAG
+from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.rollouts import current, finished_by, kept_failure, kept_result, rollouts_step
-from hud_pipelines.eval.runner import InstanceResult, unreached_result
+from hud_pipelines.eval.runner import InstanceResult
 from hud_pipelines.eval.steps import contract_step, record_configuration, refuse_misfit_dataset, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool
-from hud_pipelines.spec.models import Partition, PipelineSpec
+from hud_pipelines.spec.models import PipelineSpec
 
 PLANNED, UNITS = "planned", "units"
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One unit of a run: which instance of which eval (a sweep member's, or the pipeline's) it runs."""
-
-    spec: PipelineSpec
-    outputs: EvalOutputs
-    partition: Partition
-    partition_key: str
-    """The unit's Dagster partition: ``<task>-i<k>``, or ``<label>|<task>-i<k>`` in a sweep."""
-    checkpoint: str | None = None
-    """The sweep member's label (None outside a sweep)."""
-
-    @property
-    def result_path(self) -> Path:
-        return self.outputs.result(self.spec.partition_key(*self.partition))
 
 
 def eval_units_asset(
@@ -133,7 +115,7 @@ def eval_units_asset(
         planned = resolve_unit(effective, outputs, key)
         lost = context.retry_number  # a unit only ever retries because its worker was lost
         if lost > settings.retries:
-            result = _record_lost(context, planned, lost, rollouts_key)
+            result = record_lost(context, planned, lost, rollouts_key)
             derived = False
         else:
             if lost:
@@ -303,72 +285,9 @@ def _run(
         claims=claims,
         keep_earlier=unit.checkpoint is None,  # as in process: a sweep's pairs record every attempt
         checkpoint=unit.checkpoint,
-        on_result=lambda result: _report(context, unit, result, rollouts_key, attempt),
+        on_result=lambda result: report_attempt(context, unit, result, rollouts_key, attempt),
     )
     return results[0]
-
-
-def _record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key: dg.AssetKey) -> InstanceResult:
-    """Record the unit's instance as failed: its worker was lost ``lost`` time(s) and no retry is left."""
-    from hud_pipelines.dataset.shards import ShardStore
-
-    reason = (
-        f"the worker running instance {unit.partition_key} was lost {lost} time(s) "
-        f"({_last_loss(context) or 'its lease expired'}); not retried again"
-    )
-    result = unreached_result(unit.spec, unit.partition, reason, Fault.WORKER_LOST, run_id=context.run.run_id)
-    result.write(unit.result_path)
-    if unit.spec.dataset_enabled:  # what the lost attempt had written of its shard is not the instance's
-        ShardStore(unit.outputs, unit.spec, run_id=context.run.run_id).discard_pending(
-            [unit.spec.partition_key(*unit.partition)]
-        )
-    context.log.error(reason)
-    _report(context, unit, result, rollouts_key, lost)
-    return result
-
-
-def _last_loss(context: OpExecutionContext) -> str | None:
-    """Why the previous attempt of this step ended, as the run recorded it (the worker and its lease)."""
-    mapping = context.get_mapping_key()
-    step_key = f"{context.op_handle}[{mapping}]" if mapping else str(context.op_handle)
-    records = context.instance.get_records_for_run(
-        context.run.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY
-    ).records
-    for record in reversed(records):
-        event = record.event_log_entry.dagster_event
-        if event is not None and event.step_key == step_key:
-            return event.step_retry_data.error.message
-    return None
-
-
-def _report(
-    context: OpExecutionContext, unit: Unit, result: InstanceResult, rollouts_key: dg.AssetKey, attempt: int
-) -> None:
-    """The unit's partition: observed with its figures and its worker, materialized if the instance completed."""
-    metadata: dict[str, Any] = {
-        **instance_metadata(result),
-        "worker": _worker(),
-        "worker_pid": os.getpid(),
-        "attempt": attempt + 1,
-        RESULT_METADATA: dg.MetadataValue.path(str(unit.result_path)),
-    }
-    if unit.checkpoint is not None:
-        metadata["checkpoint"] = unit.checkpoint
-    context.log_event(dg.AssetObservation(asset_key=rollouts_key, partition=unit.partition_key, metadata=metadata))
-    if not result.failed:
-        context.log_event(
-            dg.AssetMaterialization(asset_key=rollouts_key, partition=unit.partition_key, metadata=metadata)
-        )
-
-
-def _worker() -> str:
-    """The Celery worker running this step (its node name), else this host."""
-    try:
-        from celery import current_task
-    except ImportError:  # pragma: no cover - celery is a dependency; kept for a trimmed install
-        return socket.gethostname()
-    request = getattr(current_task, "request", None)
-    return str(getattr(request, "hostname", None) or socket.gethostname())
 
 
 def _resumed(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:

@@ -87,7 +87,7 @@ class ShardStore:
         else:
             pending.rename(current)
 
-    def _written_by(self, partition_key: str, run_id: str) -> bool:
+    def written_by(self, partition_key: str, run_id: str) -> bool:
         """Whether the instance's shard exists and is the one ``run_id`` wrote (a shard from before runs were
         recorded counts as its result's)."""
         shard = self.outputs.shard(partition_key)
@@ -112,7 +112,7 @@ class ShardStore:
         so does a shard of another run than its instance's result. A sweep publishes a dataset per
         checkpoint on every run; the checkpoints a run did not evaluate again keep theirs as they are.
         """
-        written = {k: result.run_id for k, result in current.items() if self._written_by(k, result.run_id)}
+        written = {k: result.run_id for k, result in current.items() if self.written_by(k, result.run_id)}
         if not written:
             stale = sum(self.outputs.shard(k).is_dir() for k in self.spec.partition_keys())
             detail = f" ({stale} instance(s) have only the shard of another run or configuration)" if stale else ""

@@ -146,11 +146,11 @@ def episode_job(pipeline: str, run_id: str, checkpoint: str | None = None) -> st
 
 NEVER_STARTED = frozenset({Fault.SIM_START, Fault.SETUP})
 """The faults of an instance that reached no episode: it had no sim, or no policy, to run on."""
-KEEPS_EARLIER = NEVER_STARTED | {Fault.SIM_CRASHED, Fault.SIM_HUNG, Fault.POLICY_LINK}
+KEEPS_EARLIER = NEVER_STARTED | {Fault.SIM_CRASHED, Fault.SIM_HUNG, Fault.POLICY_LINK, Fault.WORKER_LOST}
 """The faults of an attempt that leaves an earlier complete result of its configuration in place: it measured
-nothing (it never started), or its sim died or hung under it, or its remote policy server went away, which the
-earlier run of the same configuration shows was not the configuration's doing (a served machine lost, a flaky
-sim, a policy server restarted)."""
+nothing (it never started), or its sim died or hung under it, or its remote policy server or its Celery worker
+went away, which the earlier run of the same configuration shows was not the configuration's doing (a served
+machine lost, a flaky sim, a policy server restarted, a worker killed)."""
 
 
 def kept_result(attempt: InstanceResult, outputs: EvalOutputs) -> InstanceResult | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -623,6 +624,61 @@ def test_celery_worker_killed_mid_instance_is_retried_once_and_counted_once(
     frames = _frames(dataset)
     assert sorted(set(frames.column("episode_index").to_pylist())) == list(range(8)), "eight episodes, none twice"
     assert len(frames) == 8 * 30
+
+
+def test_an_instance_its_lost_worker_had_finished_keeps_the_result_it_wrote(
+    write_pipeline: WritePipeline, tmp_path: Path
+) -> None:
+    """A worker killed after its unit wrote the result (and the dataset shard) but before the step reported:
+    the next attempt recorded ``worker_lost`` over a complete result of the same run."""
+    from hud_pipelines.dagster.unit_attempts import Unit, finished_before_the_loss
+    from hud_pipelines.dataset.shards import ShardStore
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline
+
+    spec = load_pipeline(write_pipeline("finished", group=1, dataset={"repo_id": "local/finished"}))
+    done = evaluate(spec, outputs_dir=tmp_path / "out")
+    outputs = EvalOutputs(tmp_path / "out", "finished")
+    unit = Unit(spec, outputs, (0, 0), "task0-i0")
+    shards = ShardStore(outputs, spec, run_id=done.run_id)
+    finished = finished_before_the_loss(unit, done.run_id, shards)
+    assert finished is not None
+    assert (finished.run_id, finished.failed) == (done.run_id, False)
+    assert finished_before_the_loss(unit, "a-later-run", ShardStore(outputs, spec, run_id="a-later-run")) is None
+    shutil.rmtree(outputs.shard("task0-i0"))  # the worker went after the result, before the shard was committed
+    assert finished_before_the_loss(unit, done.run_id, shards) is None, "its dataset episodes would be missing"
+
+
+@needs_redis
+def test_a_worker_lost_past_its_retries_keeps_the_earlier_complete_result_of_its_instance(
+    write_pipeline: WritePipeline, tmp_path: Path, home: dg.DagsterInstance, label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost worker measured nothing: as a sim that died under an instance, it must not wipe the result an
+    earlier run of the same configuration completed (it wrote ``worker_lost`` over it)."""
+    hold = tmp_path / "hold"
+    sim = {"factory": f"{HELD_SIM}:held_cartpole", "args": {"hold_file": str(hold), "hold_seeds": [4]}}
+    path = write_pipeline("lossy", sim=sim, group=4, dataset={"repo_id": "local/lossy"})
+    outputs = tmp_path / "outputs"
+    killed: list[int] = []
+    with redis_server(tmp_path / "redis") as (broker, _):
+        monkeypatch.setenv(DEPLOYMENT_ENV, str(_deployment(tmp_path, broker, retries=0)))
+        with celery_workers(Path(os.environ[DEPLOYMENT_ENV]), ["w1", "w2"], tmp_path / "logs") as workers:
+            first = _execute(path, outputs, home)  # no hold file yet: every instance completes
+            hold.touch()
+            killer = threading.Thread(target=_kill_the_held_worker, args=(hold, workers, killed), daemon=True)
+            killer.start()
+            second = _execute(path, outputs, home)
+            killer.join(timeout=5)
+    assert killed, "the held instance was reached and its worker killed"
+    assert not sim_processes(label)
+    assert (first.status, second.status) == (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)
+    kept = InstanceResult.read(EvalOutputs(outputs, "lossy").result("task0-i2"))
+    assert (kept.run_id, kept.fault) == (first.run_id, None), "the earlier complete result stands"
+    assert {r.status for r in _grades(outputs, "lossy")} == {EpisodeStatus.SUCCEEDED}
+    completed = json.loads(EvalOutputs(outputs, "lossy").checks_json.read_text())[0]
+    assert (completed["name"], completed["passed"]) == ("instances_completed", False), "the run failed, saying why"
+    assert "instance(s) task0-i2 did not complete (worker_lost: " in completed["description"]
+    assert f"their results of run {first.run_id} are kept" in completed["description"]
 
 
 @needs_redis
