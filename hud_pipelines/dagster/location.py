@@ -68,10 +68,12 @@ def load_as_run(job_name: str, digest: str) -> None:
     if _digest_of(_digests(module), job_name) == digest:
         return
     if _digest_of(location_digests(), job_name) != digest:
+        worker_file = deployment_path()
         raise DeploymentError(
-            f"this worker sees the files of job {job_name!r} (its pipeline's or the deployment file) differently "
-            "from the run that sent the step (edited since the run began?); a run runs the configuration it "
-            "began with: launch a new run, and give every worker the same files"
+            f"this worker sees the files of job {job_name!r} (its pipeline's or the deployment file, here "
+            f"{worker_file or 'none: $HUD_PIPELINES_DEPLOYMENT is not set'}) differently from the run that sent "
+            "the step: the run was launched with another deployment file, or a file was edited since it began; a "
+            "run runs the configuration it began with: launch it with the workers' deployment file and files"
         )
     ReconstructableJob.get_repository_definition.cache_clear()  # Dagster keeps the last job it built
     ReconstructableJob.get_definition.cache_clear()

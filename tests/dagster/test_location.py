@@ -35,7 +35,7 @@ def test_a_worker_reloads_the_code_location_for_a_run_of_edited_files_and_refuse
     assert location.defs is not before
     assert run_digest(job) == edited
 
-    with pytest.raises(DeploymentError, match="differently from the run that sent the step"):
+    with pytest.raises(DeploymentError, match="differently from the run that sent the step: the run was launched with"):
         load_as_run("edited", first)  # a step of the run from before the edit: not run with the edited file
 
     every_asset = ReconstructableRepository.for_module(LOCATION_MODULE, "defs").get_reconstructable_job("__ASSET_JOB")
