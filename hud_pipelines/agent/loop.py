@@ -302,10 +302,10 @@ class LockstepRun:
     def _load(self, slots: npt.NDArray[np.intp], chunks: npt.NDArray[np.float32], latency: float, rows: int) -> None:
         """Queue each slot's chunk in one batched write; a slot whose chunk is not finite errors instead."""
         finite = np.asarray(np.isfinite(chunks).reshape(slots.size, -1).all(axis=1), dtype=np.bool_)
-        for index, slot in enumerate(slots.tolist()):  # one never sent errors its slot, its siblings go on
-            if not finite[index]:  # the step of its first bad action, counted from 1 as the env's faults are
-                bad = int(self.slots.counts.steps[slot]) + 1 + int(np.argmin(np.isfinite(chunks[index]).all(axis=-1)))
-                self.slots.error(slot, f"the policy returned a non-finite action for step {bad}", Fault.POLICY)
+        for index in np.flatnonzero(~finite).tolist():  # never sent: these slots error, their siblings go on
+            slot = int(slots[index])  # the step of its first bad action, counted from 1 as the env's faults are
+            bad = int(self.slots.counts.steps[slot]) + 1 + int(np.argmin(np.isfinite(chunks[index]).all(axis=-1)))
+            self.slots.error(slot, f"the policy returned a non-finite action for step {bad}", Fault.POLICY)
         loaded, kept = slots[finite], chunks[finite]
         self.slots.load_many(loaded, kept)
         self.slots.inferences(loaded, kept, latency, rows)

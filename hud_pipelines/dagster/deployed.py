@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from hud_pipelines.dagster.deployment import (
@@ -24,7 +25,9 @@ from hud_pipelines.dagster.deployment import (
     EVERY_PIPELINE,
     GRADERS,
     Deployment,
+    accepts,
     deployment_path,
+    field_adapter,
     for_pipeline,
     load_deployment,
     located,
@@ -57,8 +60,12 @@ def deployment_misfit(spec: PipelineSpec, deployment: Deployment, path: Path | N
     given = for_pipeline(deployment, spec.name)
     if not any(given.values()):
         return None
-    placeholders = {
-        part: {k: _stand_in(k, v.env_var_name) if isinstance(v, dg.EnvVar) else v for k, v in own.items()}
+    placeholders = {  # a field of another type (a number) is left at the YAML's value until it is read
+        part: {
+            k: _stand_in(k, v.env_var_name) if isinstance(v, dg.EnvVar) else v
+            for k, v in own.items()
+            if not isinstance(v, dg.EnvVar) or accepts(field_adapter(part, k), "text")
+        }
         for part, own in given.items()
     }
     from_env = {(part, k) for part, own in given.items() for k, v in own.items() if isinstance(v, dg.EnvVar)}
@@ -139,4 +146,11 @@ def _read(pipeline: str, part: str, key: str, value: Any) -> Any:
             f"deployment file {deployment_path()}: pipelines.{pipeline}.{part}.{key}: environment variable {name} "
             "is not set"
         )
-    return os.environ[name]
+    text = os.environ[name]
+    try:  # a number read for a number field ("3" for num_envs), as Dagster's EnvVar would give it
+        return field_adapter(part, key).validate_python(text)
+    except ValidationError as exc:
+        raise DeploymentError(
+            f"deployment file {deployment_path()}: pipelines.{pipeline}.{part}.{key}: environment variable {name} "
+            f"holds {text!r}: {'; '.join(plain_message(error) for error in exc.errors())}"
+        ) from None

@@ -36,6 +36,7 @@ pod died runs again through a retry policy instead of a lease (:mod:`hud_pipelin
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -57,6 +58,9 @@ EVERY_PIPELINE = "*"
 PARTS = (SIM, CONTRACT, AGENT, GRADERS)
 
 EXECUTION = "execution"
+INTERPOLATION = re.compile(r"(?<!\$)\$\{[A-Za-z_]\w*(?::-[^}]*)?\}")
+"""A pipeline file's ``${VAR}`` or ``${VAR:-default}`` (``$${`` is a literal ``${`` there): not expanded here."""
+
 Deployment = dict[str, dict[str, dict[str, Any]]]
 """pipeline (or ``*``) -> resource part -> fields."""
 
@@ -192,24 +196,29 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> objec
         raise DeploymentError(
             f"{where}: not a field of the {part} resource{did_you_mean(name, declared)}; its fields: {fields}"
         )
-    if "${" in str(value):  # a pipeline file's interpolation, sent as it is written: a token of '${SIM_TOKEN}'
+    if INTERPOLATION.search(str(value)):  # a pipeline file's interpolation, sent as written: a token '${SIM_TOKEN}'
         raise DeploymentError(
             f"{where}: '${{...}}' is not expanded in a deployment file; read the environment with {{env: NAME}} "
             "(read when the run starts, never stored)"
         )
     if isinstance(value, dict) and set(cast(dict[str, Any], value)) == {"env"}:
         return cast(object, value)  # read from the environment when the run starts
-    adapter = TypeAdapter[object](cast(Any, declared[name].annotation))
+    adapter = field_adapter(part, name)
     try:
         adapter.validate_python(value)
     except ValidationError as exc:
-        if isinstance(value, int) and not isinstance(value, bool) and _accepts(adapter, str(value)):
+        if isinstance(value, int) and not isinstance(value, bool) and accepts(adapter, str(value)):
             return str(value)
         raise DeploymentError(f"{where}: {'; '.join(plain_message(error) for error in exc.errors())}") from exc
     return cast(object, value)
 
 
-def _accepts(adapter: TypeAdapter[object], value: object) -> bool:
+def field_adapter(part: str, name: str) -> TypeAdapter[object]:
+    """What validates a value of the resource ``part``'s field ``name`` (a number for ``num_envs``)."""
+    return TypeAdapter[object](cast(Any, RESOURCE_TYPES[part].model_fields[name].annotation))
+
+
+def accepts(adapter: TypeAdapter[object], value: object) -> bool:
     try:
         adapter.validate_python(value)
     except ValidationError:

@@ -17,12 +17,13 @@ from pathlib import Path
 import dagster as dg
 
 from hud_pipelines.dagster.context import judged_of, sim_of
-from hud_pipelines.dagster.overlap import CLI_LAUNCHER, LAUNCHER_TAG, PID_RUN_TAG
+from hud_pipelines.dagster.overlap import LAUNCHED_RUN_TAG
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
 from hud_pipelines.spec.models import PipelineSpec
 
 CANCELLED = "the run was cancelled before its instances ended"
+STOPPED = "the eval step was stopped before it ended"
 
 EvalContext = dg.AssetExecutionContext | dg.OpExecutionContext
 """The eval step's context: the asset of a run in one process, or the op that collects the units of workers."""
@@ -43,9 +44,8 @@ def graded_if_it_fails(context: EvalContext, spec: PipelineSpec, outputs: EvalOu
 
 def launched_by_the_cli(context: EvalContext) -> bool:
     """Whether ``hud-pipelines run`` launched this run (it writes the grades itself when the run ends). A run
-    the UI re-executes from one copies that run's tags, but not its run id."""
-    tags = context.run.tags
-    return tags.get(LAUNCHER_TAG) == CLI_LAUNCHER and tags.get(PID_RUN_TAG) == context.run.run_id
+    the UI re-executes from one copies that run's tags, with the run id of the run the CLI launched."""
+    return context.run.tags.get(LAUNCHED_RUN_TAG) == context.run.run_id
 
 
 def _write(context: EvalContext, spec: PipelineSpec, outputs: EvalOutputs, failure: str) -> None:
@@ -59,8 +59,10 @@ def _write(context: EvalContext, spec: PipelineSpec, outputs: EvalOutputs, failu
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, KeyboardInterrupt | GeneratorExit | dg.DagsterExecutionInterruptedError):
+    if isinstance(exc, KeyboardInterrupt | dg.DagsterExecutionInterruptedError):
         return CANCELLED
+    if isinstance(exc, GeneratorExit):
+        return STOPPED
     if isinstance(exc, dg.Failure):
         return exc.description or type(exc).__name__
     return f"{type(exc).__name__}: {exc}"

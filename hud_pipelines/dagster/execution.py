@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Self, cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
 from hud_pipelines.dagster.deployment import EVERY_PIPELINE, EXECUTION, deployment_path, located, read_file
@@ -83,30 +83,21 @@ class ExecutionSettings(BaseModel):
     @field_validator("broker", "backend")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        """A URL with a scheme and a port in range: Celery would otherwise import ``not a url`` as a module, and
-        a port of 99999 fail the run at its first connection, with a traceback."""
+        """A URL with a scheme, and ports in range (a sentinel list is ``;``-separated URLs): Celery would otherwise
+        import ``not a url`` as a module, and a port of 99999 fail the run at its first connection."""
         if value is None:
             return value
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 - raises on a port out of range
-        except ValueError as exc:
-            raise ValueError(f"{value!r} is not a URL: {exc}") from None
-        if not parts.scheme or not parts.netloc:
+        if "://" not in value:
             raise ValueError(f"{value!r} is not a URL (e.g. redis://host:6379/0)")
+        if "${" in value:
+            raise ValueError(f"{value!r}: '${{...}}' is not expanded in a deployment file; write {{env: NAME}}")
+        for url in value.split(";"):
+            try:
+                urlsplit(url).port  # noqa: B018 - raises on a port out of range or not a number
+            except ValueError as exc:
+                encode = " (percent-encode a password's special characters)" if "cast" in str(exc) else ""
+                raise ValueError(f"{value!r}: {exc}{encode}") from None
         return value
-
-    @model_validator(mode="after")
-    def _k8s_settings_under_k8s(self) -> Self:
-        """A k8s setting under another executor would be ignored: most likely the executor is not the one meant."""
-        given = [
-            name
-            for name in K8S_SETTINGS
-            if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)
-        ]
-        if given and self.executor != K8S:
-            raise ValueError(f"{', '.join(given)}: k8s setting(s), and the executor here is {self.executor}")
-        return self
 
     @field_validator("unit_resources")
     @classmethod
@@ -200,6 +191,12 @@ def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> 
     except ValidationError as exc:
         problems = "\n".join(f"deployment file {_setting_problem(path, where, error)}" for error in exc.errors())
         raise DeploymentError(problems) from exc
+    k8s_only = [name for name in K8S_SETTINGS if name in fields]  # inherited ones: an executor set per pipeline
+    if k8s_only and settings.executor != K8S:
+        raise DeploymentError(
+            f"deployment file {located(path, (*where.split('.'), k8s_only[0]))}: {where}.{k8s_only[0]}: "
+            f"{', '.join(k8s_only)}: k8s setting(s), and the executor here is {settings.executor}"
+        )
     if settings.executor == CELERY and not (settings.broker or "").startswith(("redis://", "rediss://")):
         whose = "" if where == EXECUTION else f" ({where} runs on celery)"
         raise DeploymentError(

@@ -25,12 +25,20 @@ PID_RUN_TAG = "hud_pipelines/pid_run"
 PIPELINE_TAG = "hud_pipelines/pipeline"
 LAUNCHER_TAG = "hud_pipelines/launcher"
 CLI_LAUNCHER = "hud-pipelines run"
+LAUNCHED_RUN_TAG = "hud_pipelines/launched_run"
+"""The run ``hud-pipelines run`` launched, which nothing else writes (a re-execution copies it unchanged)."""
 IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 
 
 def launcher_tags(run_id: str) -> dict[str, str]:
     """The tags that tell this process's ``hud-pipelines run`` (of run ``run_id``) from a dead one's."""
-    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_RUN_TAG: run_id, LAUNCHER_TAG: CLI_LAUNCHER}
+    return {
+        HOST_TAG: socket.gethostname(),
+        PID_TAG: str(os.getpid()),
+        PID_RUN_TAG: run_id,
+        LAUNCHER_TAG: CLI_LAUNCHER,
+        LAUNCHED_RUN_TAG: run_id,
+    }
 
 
 def tag_running(context: dg.OpExecutionContext | dg.AssetExecutionContext, pipeline: str) -> None:

@@ -44,20 +44,15 @@ class Unit:
 
 
 def record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key: dg.AssetKey) -> InstanceResult:
-    """Record the unit's instance as failed: its worker was lost ``lost`` time(s) and no retry is left.
+    """Record the unit's instance as failed: its worker was lost ``lost`` time(s), no retry is left, and the lost
+    attempt wrote no result of it (:func:`stands_after_the_loss`, asked first).
 
-    Unless the lost attempt had finished it (this run's complete result, and its shard, were written before
-    the worker went), or an earlier run of the same configuration completed it: that result stays, as it
-    stays when a sim dies under an instance (:data:`~hud_pipelines.eval.rollouts.KEEPS_EARLIER`), and the
-    finish step fails the run saying so.
+    Unless an earlier run of the same configuration completed it: that result stays, as it stays when a sim
+    dies under an instance (:data:`~hud_pipelines.eval.rollouts.KEEPS_EARLIER`), and the finish step fails the
+    run saying so.
     """
     run_id = context.run.run_id
     shards = ShardStore(unit.outputs, unit.spec, run_id=run_id) if unit.spec.dataset_enabled else None
-    finished = finished_before_the_loss(unit, run_id, shards)
-    if finished is not None:
-        context.log.warning(f"{unit.partition_key}: the lost worker had finished the instance: its result stands")
-        report_attempt(context, unit, finished, rollouts_key, lost)
-        return finished
     reason = (
         f"the worker running instance {unit.partition_key} was lost {lost} time(s) "
         f"({_last_loss(context) or 'its lease expired'}); not retried again"
@@ -72,14 +67,29 @@ def record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key
     return result
 
 
+def stands_after_the_loss(
+    context: OpExecutionContext, unit: Unit, lost: int, rollouts_key: dg.AssetKey
+) -> InstanceResult | None:
+    """The result a lost attempt had written of its instance, which stands (reported for this attempt): the
+    attempt after a loss, a retry or the last one, does not run the instance again or record it as lost."""
+    run_id = context.run.run_id
+    shards = ShardStore(unit.outputs, unit.spec, run_id=run_id) if unit.spec.dataset_enabled else None
+    finished = finished_before_the_loss(unit, run_id, shards)
+    if finished is not None:
+        context.log.warning(f"{unit.partition_key}: the lost worker had ended the instance: its result stands")
+        report_attempt(context, unit, finished, rollouts_key, lost)
+    return finished
+
+
 def finished_before_the_loss(unit: Unit, run_id: str, shards: ShardStore | None) -> InstanceResult | None:
-    """This run's complete result of the unit's instance, with its committed shard, if the lost attempt wrote
-    them before its worker went (the lease is dropped only after the step reports)."""
+    """This run's result of the unit's instance, with its committed shard, if the lost attempt wrote them before
+    its worker went (the lease is dropped only after the step reports): what it measured, complete or not
+    (a sim that crashed under it), but not a cut short attempt's ``interrupted``."""
     try:
         written = InstanceResult.read(unit.result_path)
     except (OSError, ValueError, KeyError):
         return None
-    if written.run_id != run_id or written.failed:
+    if written.run_id != run_id or written.fault is Fault.INTERRUPTED:
         return None
     return written if shards is None or shards.written_by(unit.spec.partition_key(*unit.partition), run_id) else None
 

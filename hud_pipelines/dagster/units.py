@@ -52,7 +52,7 @@ from hud_pipelines.dagster.resources import (
     SIM,
     resource_key,
 )
-from hud_pipelines.dagster.unit_attempts import Unit, record_lost, report_attempt
+from hud_pipelines.dagster.unit_attempts import Unit, record_lost, report_attempt, stands_after_the_loss
 from hud_pipelines.dagster.unit_tags import QUEUE_TAG, UNIT_TAG
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sweep
@@ -114,8 +114,9 @@ def eval_units_asset(
         effective = effective_of(context, spec)
         planned = resolve_unit(effective, outputs, key)
         lost = context.retry_number  # a unit only ever retries because its worker was lost
-        if lost > settings.retries:
-            result = record_lost(context, planned, lost, rollouts_key)
+        ended = stands_after_the_loss(context, planned, lost, rollouts_key) if lost else None
+        if ended is not None or lost > settings.retries:
+            result = ended or record_lost(context, planned, lost, rollouts_key)
             derived = False
         else:
             if lost:

@@ -188,7 +188,16 @@ def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_
         "execution: {executor: celery, broker: 'redis://h/0', queue: ''}\n": r"execution\.queue: expected a non-empty",
         "execution: {executor: celery, broker: 'redis://h/0', image: 'x:1'}\n": r"image: k8s setting\(s\), and the ex",
         "exectuion: {executor: celery}\n": r"yaml:1:1: exectuion: unknown key \(did you mean 'execution'\?\)",
+        "execution: {executor: celery, broker: 'redis://${REDIS}:6379/0'}\n": r"execution\.broker: .* is not expanded",
     }
+    path.write_text(  # a k8s deployment with one pipeline in process: the k8s settings it inherits are no mistake
+        "execution: {executor: k8s, image: 'x:1', namespace: evals}\n"
+        "pipelines:\n  light: {execution: {executor: in_process}}\n"
+    )
+    assert not load_execution(path).for_pipeline("light").distributed
+    for backend in ("redis+socket:///tmp/r.sock", "rpc://", "sentinel://h1:26379;sentinel://h2:26379"):
+        path.write_text(f"execution: {{executor: celery, broker: 'redis://h/0', backend: '{backend}'}}\n")
+        assert load_execution(path).default.backend == backend, "a result backend Celery takes"
     for text, message in refused.items():
         path.write_text(text)
         with pytest.raises(DeploymentError, match=message) as caught:
@@ -633,18 +642,22 @@ def test_an_instance_its_lost_worker_had_finished_keeps_the_result_it_wrote(
     the next attempt recorded ``worker_lost`` over a complete result of the same run."""
     from hud_pipelines.dagster.unit_attempts import Unit, finished_before_the_loss
     from hud_pipelines.dataset.shards import ShardStore
+    from hud_pipelines.eval.results import unreached_result
     from hud_pipelines.eval.steps import evaluate
     from hud_pipelines.spec.loader import load_pipeline
 
     spec = load_pipeline(write_pipeline("finished", group=1, dataset={"repo_id": "local/finished"}))
     done = evaluate(spec, outputs_dir=tmp_path / "out")
     outputs = EvalOutputs(tmp_path / "out", "finished")
-    unit = Unit(spec, outputs, (0, 0), "task0-i0")
+    unit = Unit(spec, outputs, spec.partition_for_key("task0-i0"), "task0-i0")
     shards = ShardStore(outputs, spec, run_id=done.run_id)
     finished = finished_before_the_loss(unit, done.run_id, shards)
     assert finished is not None
     assert (finished.run_id, finished.failed) == (done.run_id, False)
     assert finished_before_the_loss(unit, "a-later-run", ShardStore(outputs, spec, run_id="a-later-run")) is None
+    for fault, stands in ((Fault.SIM_CRASHED, True), (Fault.INTERRUPTED, False)):  # measured, or cut short
+        unreached_result(spec, unit.partition, "it ended", fault, run_id=done.run_id).write(unit.result_path)
+        assert (finished_before_the_loss(unit, done.run_id, shards) is not None) is stands, fault
     shutil.rmtree(outputs.shard("task0-i0"))  # the worker went after the result, before the shard was committed
     assert finished_before_the_loss(unit, done.run_id, shards) is None, "its dataset episodes would be missing"
 

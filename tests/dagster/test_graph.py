@@ -121,9 +121,9 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
     assert {r.status for r in rows} == {EpisodeStatus.SUCCEEDED}
 
     marker.touch()  # the fault again: instance 1 crashes, its earlier result is kept and the eval step fails
-    from hud_pipelines.dagster.overlap import CLI_LAUNCHER, LAUNCHER_TAG, PID_RUN_TAG
+    from hud_pipelines.dagster.overlap import launcher_tags
 
-    copied = {LAUNCHER_TAG: CLI_LAUNCHER, PID_RUN_TAG: rerun.run_id}  # the UI re-executing a CLI's run copies its tags
+    copied = launcher_tags(rerun.run_id)  # the UI re-executing a run hud-pipelines run launched copies its tags
     again = _run(path, outputs_dir, instance, tags=copied)
     assert not again.success
     regraded = _grades(outputs_dir, "crashy")  # written again: instance 1's kept rows, the others' new ones

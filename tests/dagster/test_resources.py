@@ -260,13 +260,17 @@ def test_a_deployment_field_that_breaks_a_pipelines_rule_is_named_at_its_line_be
 
 
 def test_a_deployment_file_refuses_a_misspelled_top_level_key_and_unexpanded_interpolation_but_takes_env_fields(
-    tmp_path: Path, write_pipeline: WritePipeline, pipelines_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    write_pipeline: WritePipeline,
+    pipelines_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``exectuion:`` left every run in process, silently (and ``validate`` read the file as a broken pipeline);
     ``token: ${SIM_TOKEN}`` was sent as written; a served sim whose url or token comes from the environment was
     refused for lacking them."""
     from hud_pipelines.cli.main import main
-    from hud_pipelines.dagster.deployed import deployment_misfit
+    from hud_pipelines.dagster.deployed import deployed_spec, deployment_misfit
     from hud_pipelines.dagster.deployment import DeploymentError, load_deployment
     from hud_pipelines.spec.loader import load_pipeline
 
@@ -293,6 +297,17 @@ def test_a_deployment_file_refuses_a_misspelled_top_level_key_and_unexpanded_int
     ):
         deployment.write_text(f"pipelines:\n  served_eval:\n    sim: {fields}\n")
         assert deployment_misfit(spec, load_deployment(deployment), deployment) is None, fields
+    deployment.write_text("pipelines:\n  served_eval:\n    sim: {num_envs: {env: NENV}}\n")  # a number, read later
+    assert deployment_misfit(spec, load_deployment(deployment), deployment) is None
+    monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
+    monkeypatch.setenv("NENV", "3")
+    assert deployed_spec(spec, tmp_path).sim.num_envs == 3, "read as the number it is"
+    monkeypatch.setenv("NENV", "many")
+    with pytest.raises(
+        DeploymentError, match=r"sim\.num_envs: environment variable NENV holds 'many': expected an int"
+    ):
+        deployed_spec(spec, tmp_path)
+    monkeypatch.delenv("HUD_PIPELINES_DEPLOYMENT")
     deployment.write_text(
         "pipelines:\n  served_eval:\n    graders: {checks: [{kind: min_success_rate, threshold: 2}]}\n"
     )
