@@ -146,7 +146,12 @@ def load_execution(path: Path | None = None) -> Execution:
         if path is None:
             return Execution()
     loaded = read_file(path)
-    default = _settings(path, EXECUTION, loaded.get(EXECUTION) or {}, {})
+    problems: list[str] = []  # every section's, all at once, as a pipeline file's
+    try:
+        default = _settings(path, EXECUTION, loaded.get(EXECUTION) or {}, {})
+    except DeploymentError as exc:
+        problems.append(str(exc))
+        default = ExecutionSettings()  # the pipelines' sections are still checked, over the defaults
     per_pipeline: dict[str, dict[str, Any]] = {}
     pipelines = loaded.get("pipelines")
     for pipeline, parts in cast(dict[str, Any], pipelines if isinstance(pipelines, dict) else {}).items():
@@ -156,13 +161,19 @@ def load_execution(path: Path | None = None) -> Execution:
         where = f"pipelines.{pipeline}.{EXECUTION}"
         shared = sorted(set(cast(dict[str, Any], own) if isinstance(own, dict) else {}) & FLEET_SETTINGS)
         if shared:
-            raise DeploymentError(
-                f"deployment file {path}: {where}.{shared[0]}: set under the top-level 'execution:' only "
-                "(every run and worker of a deployment share one broker and one lease)"
+            problems.append(
+                f"deployment file {located(path, (*where.split('.'), shared[0]))}: {where}.{shared[0]}: set under the "
+                "top-level 'execution:' only (every run and worker of a deployment share one broker and one lease)"
             )
-        section = cast(dict[str, Any], own) if isinstance(own, dict) else own
-        settings = _settings(path, where, section, default.model_dump())
+            continue
+        try:
+            settings = _settings(path, where, cast(object, own), default.model_dump())
+        except DeploymentError as exc:
+            problems.append(str(exc))
+            continue
         per_pipeline[str(pipeline)] = settings.model_dump(include=set(cast(dict[str, Any], own)))
+    if problems:
+        raise DeploymentError("\n".join(problems))
     return Execution(default=default, pipelines=per_pipeline)
 
 

@@ -198,6 +198,18 @@ def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_
     for backend in ("redis+socket:///tmp/r.sock", "rpc://", "sentinel://h1:26379;sentinel://h2:26379"):
         path.write_text(f"execution: {{executor: celery, broker: 'redis://h/0', backend: '{backend}'}}\n")
         assert load_execution(path).default.backend == backend, "a result backend Celery takes"
+    path.write_text(  # every section's problem at once, each at its line
+        "execution: {executor: celery, broker: 'redis://h/0', retires: 1}\n"
+        "pipelines:\n  a: {execution: {queu: gpu}}\n  b: {execution: {broker: 'redis://h/0'}}\n"
+    )
+    with pytest.raises(DeploymentError) as every:
+        load_execution(path)
+    for said in (
+        ":1:54: execution.retires: unknown key",
+        "pipelines.a.execution.queu: unknown key",
+        ":4:19: pipelines.b",
+    ):
+        assert said in str(every.value), str(every.value)
     for text, message in refused.items():
         path.write_text(text)
         with pytest.raises(DeploymentError, match=message) as caught:
