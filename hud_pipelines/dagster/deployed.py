@@ -35,8 +35,8 @@ from hud_pipelines.dagster.deployment import (
 from hud_pipelines.dagster.resources import effective_spec, pipeline_resources
 from hud_pipelines.errors import ConfigurationError, DeploymentError
 from hud_pipelines.spec.messages import plain_message
+from hud_pipelines.spec.model_paths import key_path
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.validation import key_path
 
 
 def deployed_spec(spec: PipelineSpec, project_dir: Path) -> PipelineSpec:
@@ -123,7 +123,7 @@ def _problem(pipeline: str, deployment: Deployment, path: Path, error: ErrorDeta
 def _resource_field(error: ErrorDetails) -> tuple[str, str, tuple[str, ...]]:
     """The resource part, its field and the keys below it that hold the pipeline key ``error`` is about
     (``sim.contract`` is the contract resource's ``file``; ``checks.0`` the graders resource's ``checks``)."""
-    match tuple(str(key) for key in key_path(error)):
+    match tuple(str(key) for key in key_path(error, PipelineSpec)):
         case ("sim", "contract", *rest):
             return CONTRACT, "file", tuple(rest)
         case ("graders" | "checks" as field, *rest):

@@ -55,7 +55,8 @@ from hud_pipelines.spec.hashing import (
     flat,
     without_later_defaults,
 )
-from hud_pipelines.spec.messages import error_key, plain_message
+from hud_pipelines.spec.messages import plain_message
+from hud_pipelines.spec.model_paths import key_path
 from hud_pipelines.spec.sections import (
     DEFAULT_DATASET_DIR,
     NAME_PATTERN,
@@ -359,7 +360,8 @@ class PipelineSpec(StrictModel):
             spec = PipelineSpec.model_validate({**kept, **sections}, context={SOURCE_CONTEXT: self._source})
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(part) for part in error_key(error))}: {plain_message(error)}" for error in exc.errors()
+                f"{'.'.join(str(part) for part in key_path(error, type(self)))}: {plain_message(error)}"
+                for error in exc.errors()
             )
             raise ConfigurationError(
                 f"pipeline {self.name!r}: the run's configuration is invalid: {problems}", errors=exc.errors()

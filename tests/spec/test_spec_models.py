@@ -278,3 +278,20 @@ def test_a_key_added_later_leaves_the_rollout_hash_of_a_pipeline_that_does_not_s
     assert explicit.rollout_hash == spec.rollout_hash
     at_end = load_pipeline_text(json.dumps({**text, "graders": [{"kind": "success", "at": "end"}, text["graders"][1]]}))
     assert at_end.rollout_hash != spec.rollout_hash, "grading at the end is another verdict"
+
+
+def test_a_run_configuration_is_refused_with_the_keys_and_words_of_a_pipeline_file() -> None:
+    """A launchpad or run-config override said ``checks.0.min_success_rate.value: Field required``: a union's tag
+    in the key and pydantic's words."""
+    from hud_pipelines.errors import ConfigurationError
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    spec = load_pipeline_text(
+        '{"name": "p", "sim": {"factory": "CartPole-v1"}, "agent": {"policy": {"kind": "random"}}}'
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        spec.with_sections(checks=[{"kind": "min_success_rate", "threshold": 2}], sim={"factory": "x", "num_envs": 0})
+    said = str(refused.value)
+    assert "checks.0.value: missing required key 'value'" in said
+    assert "checks.0.threshold: unknown key 'threshold'" in said
+    assert "sim.num_envs: expected a number >= 1, got 0" in said
