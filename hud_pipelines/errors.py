@@ -357,10 +357,11 @@ class ConfigurationError(HudPipelinesError):
 class DeploymentError(HudPipelinesError):
     """The deployment file cannot be read or names something that is not a resource field."""
 
-    def __init__(self, message: str, *, pipelines: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, *, checked: dict[str, dict[str, dict[str, object]]] | None = None) -> None:
         super().__init__(message)
-        self.pipelines = pipelines
-        """The pipelines a file whose fields are wrong names (their names can still be checked)."""
+        self.checked = checked or {}
+        """What of a file whose fields are wrong was read right (pipeline -> part -> fields): its pipeline names,
+        and its sections as far as they go, can still be checked, so that every problem is said at once."""
 
 
 class LinkError(HudPipelinesError):

@@ -186,7 +186,9 @@ def run_pipeline(
         received.setdefault("signal", signal.SIGINT)
     interrupted = received.get("signal")
     if interrupted is not None or _eval_failed(result):  # the job stopped before its grades: write them now
-        failure = " / ".join(p.removeprefix("step ") for p in problems if p.startswith("step ")) or None
+        failure = " / ".join(p.removeprefix("step ") for p in problems if p.startswith("step ")) or (
+            f"the run was interrupted by {interrupted.name} before its instances ended" if interrupted else None
+        )  # an interrupt's instances keep their earlier results, which would pass every check
         grades_step(spec, outputs, run_failure=failure)
         report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir), run_failure=failure)
     if interrupted is not None:

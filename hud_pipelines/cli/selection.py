@@ -69,7 +69,7 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec) -> None:
     its check, and a deployment's ``forward_timeout_s: -1`` would fail the run's first step without a line
     of the file; ``validate`` reports the same lines.
     """
-    from hud_pipelines.dagster.deployed import deployment_misfit
+    from hud_pipelines.dagster.deployed import deployed_spec, deployment_misfit
     from hud_pipelines.dagster.deployment import load_deployment, refuse_misspelled
     from hud_pipelines.spec.deep import misspelled_baselines
     from hud_pipelines.spec.loader import declared_name, pipeline_files
@@ -79,6 +79,7 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec) -> None:
     misfit = deployment_misfit(spec, deployment)
     if misfit is not None:
         raise DeploymentError(misfit)
+    deployed_spec(spec, path.parent)  # its {env: NAME} fields read now: an unset one is refused, not a traceback
     for index, message in misspelled_baselines(spec):
         raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
 

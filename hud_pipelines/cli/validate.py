@@ -121,15 +121,13 @@ def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec], path
             check()
         except DeploymentError as exc:
             problems.append(str(exc))
-            deployment.update({name: {} for name in exc.pipelines})  # their names are checked all the same
+            deployment.update(exc.checked)  # what was read right is checked all the same
     try:
         if known is not None:
             refuse_unknown_pipelines(deployment, known, path)
     except DeploymentError as exc:
         problems.append(str(exc))
-    if problems:
-        return "\n".join(problems)
-    found: list[str] = []
+    found: list[str] = [line for problem in problems for line in problem.splitlines()]
     for spec in specs if known is None else []:  # each validated file, as a run of it would refuse the file
         folder = spec.source.parent if spec.source is not None else Path.cwd()
         try:

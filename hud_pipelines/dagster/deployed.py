@@ -116,7 +116,8 @@ def _problem(pipeline: str, deployment: Deployment, path: Path, error: ErrorDeta
         keys, beside = ("pipelines", setters[0], part, field, *rest), ""
     else:  # a rule of the section as a whole, broken by the deployment's fields beside the YAML's
         owner = next((name for name in names if part in deployment.get(name, {})), pipeline)
-        keys, beside = tuple(key for key in ("pipelines", owner, part) if key), f" (with pipeline {pipeline}'s YAML)"
+        keys, beside = tuple(key for key in ("pipelines", owner, part) if key), f" (with pipeline {pipeline}'s YAML"
+        beside += f"; set {part}: {{{field}: ...}} under pipelines.{pipeline} to replace its value)" if field else ")"
     return f"deployment file {located(path, keys)}: {'.'.join(keys)}: {plain_message(error)}{beside}"
 
 

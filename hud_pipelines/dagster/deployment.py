@@ -7,8 +7,10 @@ pipeline under ``"*"``), the way Dagster projects pick resources by deployment n
       cartpole_pd:
         sim:                      # attach to a sim served on another machine instead of spawning one
           factory: null
+          args: {}
           url: ws://simhost:8765
           token: {env: SIM_TOKEN}  # read from the environment when the run starts (a Dagster EnvVar)
+        contract: {file: null}    # a served sim announces its contract
         agent:
           torch_threads: 4
 
@@ -75,12 +77,14 @@ def read_file(path: Path) -> dict[str, Any]:
     """The file's mapping; a top-level key it does not know is refused (a misspelled ``execution:`` would
     otherwise leave every run in process, silently)."""
     loaded = _load(path)
-    for key in map(str, loaded):
-        if key not in DEPLOYMENT_KEYS:
-            raise DeploymentError(
-                f"deployment file {located(path, (key,))}: {key}: unknown key{did_you_mean(key, DEPLOYMENT_KEYS)}; "
-                f"expected one of: {', '.join(sorted(DEPLOYMENT_KEYS))}"
-            )
+    unknown = [
+        f"deployment file {located(path, (key,))}: {key}: unknown key{did_you_mean(key, DEPLOYMENT_KEYS)}; "
+        f"expected one of: {', '.join(sorted(DEPLOYMENT_KEYS))}"
+        for key in map(str, loaded)
+        if key not in DEPLOYMENT_KEYS
+    ]
+    if unknown:
+        raise DeploymentError("\n".join(unknown))
     return loaded
 
 
@@ -147,7 +151,7 @@ def load_deployment(path: Path | None = None) -> Deployment:
                     problems.append(str(exc))
             deployment[str(pipeline)][part] = {k: _value(v) for k, v in checked.items()}
     if problems:  # with the pipelines it names, which a check of their names still reads
-        raise DeploymentError("\n".join(problems), pipelines=tuple(deployment))
+        raise DeploymentError("\n".join(problems), checked=deployment)
     return deployment
 
 
@@ -158,13 +162,15 @@ def refuse_unknown_pipelines(deployment: Deployment, known: Iterable[str], path:
     sim instead of the served fleet), silently.
     """
     names = set(known)
-    for pipeline in deployment:
-        if pipeline != EVERY_PIPELINE and pipeline not in names:
-            where = path or deployment_path() or Path(DEPLOYMENT_ENV)
-            raise DeploymentError(
-                f"deployment file {located(where, ('pipelines', pipeline))}: pipelines.{pipeline}: no pipeline of "
-                f"that name{did_you_mean(pipeline, names)}; known: {', '.join(sorted(names)) or 'none'}"
-            )
+    where = path or deployment_path() or Path(DEPLOYMENT_ENV)
+    unknown = [
+        f"deployment file {located(where, ('pipelines', pipeline))}: pipelines.{pipeline}: no pipeline of "
+        f"that name{did_you_mean(pipeline, names)}; known: {', '.join(sorted(names)) or 'none'}"
+        for pipeline in deployment
+        if pipeline != EVERY_PIPELINE and pipeline not in names
+    ]
+    if unknown:  # every one at once
+        raise DeploymentError("\n".join(unknown))
 
 
 def refuse_misspelled(deployment: Deployment, pipeline: str, beside: Iterable[str], path: Path | None = None) -> None:

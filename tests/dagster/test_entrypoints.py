@@ -390,6 +390,47 @@ def test_cancelling_a_run_leaves_no_sim_behind(
             run.wait()
 
 
+def test_an_interrupted_cli_run_whose_instances_keep_earlier_results_writes_checks_that_fail(
+    write_pipeline: WritePipeline, pipelines_dir: Path, outputs_dir: Path, tmp_path: Path, label: str
+) -> None:
+    """The instances an interrupt cuts short keep their earlier complete results, which pass every check: the
+    run said FAILED while its checks.json and report were all green, without a word of the interrupt."""
+    hold = tmp_path / "hold"
+    held = Path(__file__).with_name("celery_sims.py").resolve()
+    sim = {"factory": f"{held}:held_cartpole", "args": {"hold_file": str(hold), "hold_seeds": [0, 2]}}
+    write_pipeline("kept", group=2, rollout_timeout_s=600, dataset={"enabled": False}, sim=sim)
+    home = tmp_path / "home"
+    first = subprocess.run(
+        [str(BIN / "hud-pipelines"), "run", "kept", "--quiet"],
+        check=False,
+        env=_env(pipelines_dir, outputs_dir, home),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert first.returncode == 0, first.stdout[-3000:]
+    hold.touch()  # the same configuration, now held at its fifth step
+    log = tmp_path / "run.log"
+    run = _run_in_background("kept", log, pipelines_dir, outputs_dir, home)
+    try:
+        deadline = time.monotonic() + 120
+        while not hold.with_name("hold.held").is_file() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    outputs = EvalOutputs(outputs_dir, "kept")
+    completed = json.loads(outputs.checks_json.read_text())[0]
+    assert (completed["name"], completed["passed"]) == ("instances_completed", False), log.read_text()[-3000:]
+    assert "the run was interrupted by SIGTERM before its instances ended" in completed["description"]
+    assert "**Warning:** this run failed" in outputs.report_md.read_text()
+
+
 def test_an_instance_the_interrupt_cuts_short_keeps_the_episodes_it_had_finished(
     write_pipeline: WritePipeline, pipelines_dir: Path, outputs_dir: Path, tmp_path: Path, label: str
 ) -> None:

@@ -307,7 +307,21 @@ def test_a_deployment_file_refuses_a_misspelled_top_level_key_and_unexpanded_int
         DeploymentError, match=r"sim\.num_envs: environment variable NENV holds 'many': expected an int"
     ):
         deployed_spec(spec, tmp_path)
+    from hud_pipelines.cli.selection import refuse_misconfigured
+
+    deployment.write_text(  # a run reads an {env: NAME} field when it starts: unset, it is refused in a line
+        "pipelines:\n  served_eval:\n    sim: {factory: null, args: {}, url: 'ws://h:1', token: {env: UNSET_TOKEN}}\n"
+    )
+    with pytest.raises(DeploymentError, match=r"sim\.token: environment variable UNSET_TOKEN is not set"):
+        refuse_misconfigured(path, spec)
     monkeypatch.delenv("HUD_PIPELINES_DEPLOYMENT")
+    deployment.write_text(  # every problem at once: a name no pipeline has beside another pipeline's bad value
+        "pipelines:\n  served_evl: {sim: {num_envs: 2}}\n  served_eval: {sim: {num_envs: 0, bogus: 1}}\n"
+    )
+    assert main(["validate", "--no-deep", str(deployment), str(pipelines_dir)]) == 1
+    said = capsys.readouterr().out
+    for problem in ("pipelines.served_evl: no pipeline", "served_eval.sim.bogus: not a field", "num_envs: expected"):
+        assert problem in said, said
     deployment.write_text(
         "pipelines:\n  served_eval:\n    graders: {checks: [{kind: min_success_rate, threshold: 2}]}\n"
     )
@@ -444,3 +458,18 @@ def test_a_served_sims_busy_timeout_reaches_the_pool_through_the_resources(tmp_p
     resources = pipeline_resources(spec, project_dir=REPO)
     assert resources.sim.busy_timeout_s == 3
     assert resources.sim.pool(spec).settings.busy_timeout_s == 3
+
+
+def test_the_readmes_deployment_example_is_a_valid_deployment_of_the_bundled_pipeline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's example attached cartpole_pd to a served sim beside the YAML's contract file, which a
+    served sim may not have: every run of it failed its first step."""
+    from hud_pipelines.cli.main import main
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("for example a sim fleet served elsewhere:\n\n```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "deployment.yaml").write_text(block)
+    assert main(["validate", "--no-deep", str(tmp_path / "deployment.yaml"), str(REPO / "pipelines")]) == 0, (
+        capsys.readouterr().out
+    )
