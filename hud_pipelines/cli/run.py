@@ -103,7 +103,7 @@ def run_pipeline(
     from hud_pipelines.eval.rollouts import kept_pairs
     from hud_pipelines.eval.rows import collect_rows, current_results
     from hud_pipelines.eval.seed_check import seed_warning
-    from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
+    from hud_pipelines.eval.steps import dataset_root, failed_run_step
     from hud_pipelines.spec.loader import load_pipeline_to_run
 
     spec = load_pipeline_to_run(path)
@@ -189,8 +189,7 @@ def run_pipeline(
         failure = " / ".join(p.removeprefix("step ") for p in problems if p.startswith("step ")) or (
             f"the run was interrupted by {interrupted.name} before its instances ended" if interrupted else None
         )  # an interrupt's instances keep their earlier results, which would pass every check
-        grades_step(spec, outputs, run_failure=failure)
-        report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir), run_failure=failure)
+        failed_run_step(spec, outputs, run_id=run_id, project_dir=project_dir, failure=failure)
     if interrupted is not None:
         unfinished = [key for key in ordered if key not in finished]
         rest = (  # a sweep's next run evaluates what is missing by itself

@@ -19,7 +19,7 @@ import dagster as dg
 from hud_pipelines.dagster.context import judged_of, sim_of
 from hud_pipelines.dagster.overlap import LAUNCHED_RUN_TAG
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
+from hud_pipelines.eval.steps import failed_run_step
 from hud_pipelines.spec.models import PipelineSpec
 
 CANCELLED = "the run was cancelled before its instances ended"
@@ -50,10 +50,10 @@ def launched_by_the_cli(context: EvalContext) -> bool:
 
 def _write(context: EvalContext, spec: PipelineSpec, outputs: EvalOutputs, failure: str) -> None:
     try:
-        judged = judged_of(context, spec)
-        grades_step(judged, outputs, run_failure=failure)
-        dataset = dataset_root(spec, outputs, Path(sim_of(context, spec).project_dir))
-        report_step(judged, outputs, run_id=context.run.run_id, dataset=dataset, run_failure=failure)
+        project_dir = Path(sim_of(context, spec).project_dir)
+        failed_run_step(
+            judged_of(context, spec), outputs, run_id=context.run.run_id, project_dir=project_dir, failure=failure
+        )
     except Exception as exc:  # the step's own failure is the one to report; this one is said beside it
         context.log.warning(f"{spec.name}: the grades and report of this failed run could not be written: {exc}")
 

@@ -223,6 +223,15 @@ def report_step(
     return ReportFiles(embedded, page.path, summarize(headline), episode_thumbnails(page.views), tuple(warned))
 
 
+def failed_run_step(
+    spec: PipelineSpec, outputs: EvalOutputs, *, run_id: str, project_dir: Path, failure: str | None
+) -> None:
+    """The grades and report of a run that failed or was cancelled before its grades step, saying ``failure``:
+    else the files keep an earlier run's verdict while the results hold what this run did."""
+    grades_step(spec, outputs, run_failure=failure)
+    report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir), run_failure=failure)
+
+
 def comparison_step(
     spec: PipelineSpec,
     outputs: EvalOutputs,
