@@ -246,13 +246,13 @@ def run_compare(args: argparse.Namespace, judge: Judge | None = None) -> int:
     candidate = read_result_set(args.candidate, outputs_root=outputs, checkpoint=args.candidate_checkpoint, judge=judge)
     baseline = read_result_set(args.baseline, outputs_root=outputs, checkpoint=args.baseline_checkpoint, judge=judge)
     result = compare(candidate.rows, baseline.rows, alpha=args.alpha, min_effect=args.min_effect)
+    for where in dict.fromkeys(side.where for side in (candidate, baseline) if side.unjudged):  # once a name
+        print(
+            f"note: no pipeline file named {where} loads here (./pipelines or $HUD_PIPELINES_DIR): its "
+            "grades are read as its last run wrote them, not judged against the code as it is now",
+            file=sys.stderr,
+        )
     for side in (candidate, baseline):
-        if side.unjudged:
-            print(
-                f"note: no pipeline file named {side.where} loads here (./pipelines or $HUD_PIPELINES_DIR): its "
-                "grades are read as its last run wrote them, not judged against the code as it is now",
-                file=sys.stderr,
-            )
         stale = [row for row in side.rows if row.fault is Fault.NOT_RUN]
         if stale:
             instances = len({row.group_id for row in stale})

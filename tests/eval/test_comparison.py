@@ -507,3 +507,5 @@ def test_compare_judges_a_pipeline_it_is_given_by_name_or_file_as_report_does(
     said = capsys.readouterr()
     assert json.loads(said.out)["pairs"] == 4
     assert "note: no pipeline file named leaning loads here" in said.err
+    assert main(["compare", "leaning", "leaning", "--outputs", str(outputs), "--json"]) == 0
+    assert capsys.readouterr().err.count("no pipeline file named leaning") == 1, "one name, one note"
