@@ -68,6 +68,8 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return EXIT_PROBLEMS
     for spec in specs:
         print(f"ok  {_summary(spec)}", file=stream)
+    if not deployments:  # $HUD_PIPELINES_DEPLOYMENT's file, checked with them (a file given says its own line)
+        _say_deployment(stream)
     checked = "deep" if deep else "shallow"
     print(f"{len(specs)} pipeline{'s' if len(specs) != 1 else ''} valid ({checked} check)", file=stream)
     return EXIT_OK
@@ -77,9 +79,6 @@ def _validate_deployments(paths: list[Path], pipelines: list[Path], stream: Text
     """Check each deployment file given as ``$HUD_PIPELINES_DEPLOYMENT`` would be read (:func:`_deployment_problem`),
     its pipeline names against those of ``pipelines`` (the files and folders given beside it, or the code
     location's folder)."""
-    from hud_pipelines.dagster.deployment import load_deployment
-    from hud_pipelines.dagster.execution import load_execution
-
     specs, broken = collect_pipelines(pipelines, deep=False)
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in broken]
     status = EXIT_OK
@@ -89,10 +88,21 @@ def _validate_deployments(paths: list[Path], pipelines: list[Path], stream: Text
             print(problem, file=stream)
             status = EXIT_PROBLEMS
             continue
-        deployment, executor = load_deployment(path), load_execution(path).default.executor
-        configured = f"{len(deployment)} pipeline setting(s)" if deployment else "no pipeline settings"
-        print(f"ok  {display_path(path)}: deployment file (executor {executor}, {configured})", file=stream)
+        _say_deployment(stream, path)
     return status
+
+
+def _say_deployment(stream: TextIO, path: Path | None = None) -> None:
+    """The line of a valid deployment file (by default ``$HUD_PIPELINES_DEPLOYMENT``'s; none when unset)."""
+    from hud_pipelines.dagster.deployment import deployment_path, load_deployment
+    from hud_pipelines.dagster.execution import load_execution
+
+    path = path or deployment_path()
+    if path is None:
+        return
+    deployment, executor = load_deployment(path), load_execution(path).default.executor
+    configured = f"{len(deployment)} pipeline setting(s)" if deployment else "no pipeline settings"
+    print(f"ok  {display_path(path)}: deployment file (executor {executor}, {configured})", file=stream)
 
 
 def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec], path: Path | None = None) -> str | None:
@@ -139,13 +149,34 @@ def _deployment_problem(known: list[str] | None, specs: list[PipelineSpec], path
     return "\n".join(dict.fromkeys(found)) or None
 
 
-def _summary(spec: PipelineSpec) -> str:
-    where = display_path(spec.source) if spec.source is not None else spec.name
+def _summary(yaml: PipelineSpec) -> str:
+    """The pipeline's line, with the figures a run has: under the deployment file's settings, if one is set."""
+    where = display_path(yaml.source) if yaml.source is not None else yaml.name
+    spec, deployed = _deployed(yaml)
     partitions = len(spec.partitions())
     return (
         f"{where}: {spec.name} ({len(spec.tasks)} task(s) x group {spec.group} = {partitions} partition(s) "
-        f"of {spec.sim.num_envs} slot(s), {_episodes(spec)})"
+        f"of {spec.sim.num_envs} slot(s), {_episodes(spec)}){deployed}"
     )
+
+
+def _deployed(yaml: PipelineSpec) -> tuple[PipelineSpec, str]:
+    """``yaml`` as a run configures it under ``$HUD_PIPELINES_DEPLOYMENT``'s file, and what that file sets for
+    it (in words; empty when nothing). A field read from an unset variable leaves the YAML's figures."""
+    from hud_pipelines.dagster.deployment import deployment_path
+
+    path = deployment_path()
+    if path is None:
+        return yaml, ""
+    from hud_pipelines.dagster.deployed import deployed_spec
+    from hud_pipelines.errors import DeploymentError
+
+    try:
+        spec = deployed_spec(yaml, yaml.base_dir)
+    except DeploymentError:
+        return yaml, ""
+    fields = ", ".join(spec.overrides(yaml))
+    return spec, f"; {display_path(path)} sets {fields}" if fields else ""
 
 
 def _episodes(spec: PipelineSpec) -> str:

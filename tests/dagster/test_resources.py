@@ -361,6 +361,30 @@ def test_a_pipeline_as_deployed_reads_its_env_fields_now_and_names_one_that_is_n
         deployed_spec(spec, tmp_path)
 
 
+def test_validate_under_a_deployment_file_shows_the_figures_a_run_has_and_says_it_checked_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    pipeline = tmp_path / "a.yaml"
+    pipeline.write_text(
+        json.dumps(
+            {"name": "a", "sim": {"factory": "CartPole-v1", "num_envs": 4}, "agent": {"policy": {"kind": "random"}}}
+        )
+    )
+    assert main(["validate", "--no-deep", str(pipeline)]) == 0
+    said = capsys.readouterr().out
+    assert "of 4 slot(s), 4 episodes)" in said
+    assert "deployment file" not in said, "none is set: none is named"
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("pipelines:\n  a: {sim: {num_envs: 2}, agent: {horizon: 3}}\n")
+    monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
+    assert main(["validate", "--no-deep", str(pipeline)]) == 0
+    said = capsys.readouterr().out
+    assert f"of 2 slot(s), 2 episodes); {deployment} sets sim.num_envs, agent.horizon" in said, said
+    assert f"ok  {deployment}: deployment file (executor in_process, 1 pipeline setting(s))" in said, said
+
+
 def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_closest_name(
     tmp_path: Path,
     write_pipeline: WritePipeline,
