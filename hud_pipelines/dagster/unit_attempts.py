@@ -61,7 +61,7 @@ def record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key
     if unit.checkpoint is not None or kept_result(result, unit.outputs) is None:  # a sweep records every attempt
         result.write(unit.result_path)
     if shards is not None:  # what the lost attempt had written of its shard is not the instance's
-        shards.discard_pending([unit.spec.partition_key(*unit.partition)])
+        shards.discard_abandoned([unit.spec.partition_key(*unit.partition)])
     context.log.error(reason)
     report_attempt(context, unit, result, rollouts_key, lost)
     return result

@@ -48,9 +48,12 @@ class ShardStore:
         self.spec = spec
         self.run_id = run_id
         self.options = spec.dataset.writer_options() if spec.dataset is not None else DatasetOptions()
+        self.attempt = uuid.uuid4().hex[:8]
+        """This store's writes: two attempts of one instance in one run (a retry while the worker taken for lost
+        still runs) write apart, and the one that commits last leaves a whole shard, not a mix of the two."""
 
     def _pending(self, partition_key: str) -> Path:
-        return self.outputs.shard(partition_key).with_name(f".{partition_key}.run-{self.run_id}")
+        return self.outputs.shard(partition_key).with_name(f".{partition_key}.run-{self.run_id}.{self.attempt}")
 
     def sink(self, partition_key: str, contract: Contract) -> LeRobotDatasetSink:
         """A fresh shard sink for one instance of this run."""
@@ -79,13 +82,25 @@ class ShardStore:
             return
         (pending / RUN_FILE).write_text(self.run_id)
         current = self.outputs.shard(partition_key)
-        if current.exists():
+        while True:  # ends: a collision needs another attempt's commit, and each attempt commits once
             retired = current.with_name(f".{partition_key}.old-{uuid.uuid4().hex[:8]}")
-            current.rename(retired)
-            pending.rename(current)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            pending.rename(current)
+            with contextlib.suppress(FileNotFoundError):  # none yet, or another attempt retired it first
+                current.rename(retired)
+            try:
+                pending.rename(current)
+                return
+            except OSError:
+                if not current.exists():
+                    raise
+                # another attempt of this instance put its shard there in between: a whole one of this run holds
+                # the same episodes, and stands over ours unless ours is whole and it is not
+                if self.written_by(partition_key, self.run_id) and (
+                    failure is not None or not (current / INCOMPLETE_FILE).exists()
+                ):
+                    shutil.rmtree(pending, ignore_errors=True)
+                    return
+            finally:
+                shutil.rmtree(retired, ignore_errors=True)
 
     def written_by(self, partition_key: str, run_id: str) -> bool:
         """Whether the instance's shard exists and is the one ``run_id`` wrote (a shard from before runs were
@@ -102,6 +117,13 @@ class ShardStore:
         """
         for key in self.spec.partition_keys() if keys is None else keys:
             shutil.rmtree(self._pending(key), ignore_errors=True)
+
+    def discard_abandoned(self, keys: Iterable[str]) -> None:
+        """Remove what every attempt of this run wrote of ``keys`` and never committed: the attempt that records
+        them as lost leaves no staging dirs of the attempts whose workers went."""
+        for key in keys:
+            for pending in self.outputs.shard(key).parent.glob(f".{key}.run-{self.run_id}.*"):
+                shutil.rmtree(pending, ignore_errors=True)
 
     def publish(self, target: Path, current: Mapping[str, InstanceResult]) -> bool:
         """Merge the shards of the ``current`` results' instances and swap the result in at ``target``; whether it
