@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.agent.episodes import ObservationRow, OutcomeGrader, SlotEpisodes, errored, row
-from hud_pipelines.agent.policy import BasePolicy, Forwards, PolicyBatch, as_chunks
+from hud_pipelines.agent.policy import SEEDED_STREAM, BasePolicy, Forwards, PolicyBatch, as_chunks
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError, fault_of, raised_at
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink
@@ -322,11 +322,14 @@ class LockstepRun:
             raise _PolicyFailed(reason, Fault.POLICY) from exc
 
     def _stream(self, slot: int) -> tuple[int, ...]:
-        """The random stream of ``slot``'s next forward: its episode's key and how many forwards it had."""
+        """The random stream of ``slot``'s next forward: its episode (by task and seed where it has one, wherever
+        ``num_envs`` placed it) and how many forwards it had (:data:`~.policy.RandomStream`)."""
         key = self.keys[slot]
         forward = int(self.forwards[slot])
         self.forwards[slot] += 1
-        return (key.task, key.instance, key.slot, key.episode, forward)
+        if key.seed is None:
+            return (key.task, key.instance, key.slot, key.episode, forward)
+        return (SEEDED_STREAM, key.task, key.seed, key.episode, forward)
 
     def _policy_rows(self, observation: Observation, need: npt.NDArray[np.intp]) -> dict[str, npt.NDArray[Any]]:
         source = self.history or observation.observation

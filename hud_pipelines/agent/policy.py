@@ -43,14 +43,20 @@ Actions = npt.NDArray[np.float32]
 """``[B, T, A]`` action chunks in contract order."""
 
 RandomStream = tuple[int, ...]
-"""Which random stream a row draws from: ``(task, instance, slot, episode, forward)``, where ``forward``
-counts the policy calls made for that episode so far.
+"""Which random stream a row draws from: ``(SEEDED_STREAM, task, seed, episode, forward)`` for an episode
+with a seed, else ``(task, instance, slot, episode, forward)``, where ``forward`` counts the policy calls
+made for that episode so far.
 
 A stochastic policy seeds one generator per row from its own seed and the row's stream
 (:meth:`PolicyBatch.generators`), so what a row draws depends only on which episode it belongs to and
 how far that episode has come: never on which other rows share the forward, how many instances run at
-once or how the threads were timed. That is what makes an eval with a sampling policy bit-identical
-under any ``max_concurrent``, ``send_ahead`` or batch composition."""
+once, how many slots a sim has (``num_envs`` moves a seed to another instance and slot) or how the threads
+were timed. That is what makes an eval with a sampling policy bit-identical under any ``max_concurrent``,
+``send_ahead``, ``num_envs`` or batch composition, and its episodes pair by task and seed in ``compare``."""
+
+SEEDED_STREAM = 2**32 - 2
+"""The first entry of a seeded episode's stream: no task index reaches it, so the two forms never meet (a
+``SeedSequence`` ignores trailing zeros, so streams of unequal length are not told apart by length)."""
 
 
 @dataclass(frozen=True)

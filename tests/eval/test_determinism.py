@@ -1,10 +1,11 @@
 """The same pipeline and seeds give bit-identical grades and dataset content however it is scheduled.
 
 Every stochastic policy draws each episode's randomness from its own stream (policy seed, task,
-instance, slot, episode), so neither ``max_concurrent`` (which instances share the process and,
-with ``across_instances``, a forward), ``send_ahead`` (how far steps run ahead of observations) nor
-thread timing may change a single action. Runs are compared column by column: the grades (run ids
-and trace ids aside: they name the run) and every parquet column of the published dataset.
+episode seed), so neither ``max_concurrent`` (which instances share the process and, with
+``across_instances``, a forward), ``send_ahead`` (how far steps run ahead of observations),
+``num_envs`` (which instance and slot a seed runs in) nor thread timing may change a single action.
+Runs are compared column by column: the grades (run ids and trace ids aside: they name the run) and
+every parquet column of the published dataset.
 """
 
 from __future__ import annotations
@@ -132,6 +133,17 @@ def test_a_stochastic_policy_gives_the_same_episodes_under_any_schedule(
     _assert_identical(runs[0], alone, traces=False)
     steps = [row["steps"] for row in _grades(runs[0])]
     assert len(set(steps)) > 1, "the episodes differ from one another (the streams are not all the same)"
+    # the same 12 seeds on sims of 3 slots: each seed in another instance and slot, the same episode
+    text = json.loads(path.read_text())
+    regrouped = path.with_name("regrouped.yaml")
+    regrouped.write_text(json.dumps({**text, "sim": {**text["sim"], "num_envs": 3}, "group": 4}))
+    other = evaluate(load_pipeline(regrouped), outputs_dir=tmp_path / "regrouped", project_dir=REPO)
+    placed = ("instance", "slot", "partition", "group_id")
+    by_seed = [
+        sorted(({k: v for k, v in r.items() if k not in placed} for r in _grades(e)), key=lambda r: r["seed"])
+        for e in (runs[0], other)
+    ]
+    assert by_seed[0] == by_seed[1], "num_envs moved the seeds, not their episodes"
 
 
 @pytest.mark.slow
