@@ -49,10 +49,10 @@ def record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key
 
     Unless an earlier run of the same configuration completed it: that result stays, as it stays when a sim
     dies under an instance (:data:`~hud_pipelines.eval.rollouts.KEEPS_EARLIER`), and the finish step fails the
-    run saying so.
+    run saying so. What the lost attempt staged of its shard is left: its worker may only be cut off and run on
+    (its result and shard then stand as any attempt's); a later run's commit of the instance clears it.
     """
     run_id = context.run.run_id
-    shards = ShardStore(unit.outputs, unit.spec, run_id=run_id) if unit.spec.dataset_enabled else None
     reason = (
         f"the worker running instance {unit.partition_key} was lost {lost} time(s) "
         f"({_last_loss(context) or 'its lease expired'}); not retried again"
@@ -60,8 +60,6 @@ def record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key
     result = unreached_result(unit.spec, unit.partition, reason, Fault.WORKER_LOST, run_id=run_id)
     if unit.checkpoint is not None or kept_result(result, unit.outputs) is None:  # a sweep records every attempt
         result.write(unit.result_path)
-    if shards is not None:  # what the lost attempt had written of its shard is not the instance's
-        shards.discard_abandoned([unit.spec.partition_key(*unit.partition)])
     context.log.error(reason)
     report_attempt(context, unit, result, rollouts_key, lost)
     return result

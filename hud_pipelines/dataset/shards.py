@@ -12,6 +12,7 @@ instance's grades stand, and the dataset is not published until that instance ru
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import shutil
 import uuid
@@ -82,25 +83,40 @@ class ShardStore:
             return
         (pending / RUN_FILE).write_text(self.run_id)
         current = self.outputs.shard(partition_key)
-        while True:  # ends: a collision needs another attempt's commit, and each attempt commits once
+        while not self._stands_over_ours(partition_key, failure):  # ends: only another attempt's commit loops
             retired = current.with_name(f".{partition_key}.old-{uuid.uuid4().hex[:8]}")
             with contextlib.suppress(FileNotFoundError):  # none yet, or another attempt retired it first
                 current.rename(retired)
             try:
                 pending.rename(current)
-                return
             except OSError:
                 if not current.exists():
                     raise
-                # another attempt of this instance put its shard there in between: a whole one of this run holds
-                # the same episodes, and stands over ours unless ours is whole and it is not
-                if self.written_by(partition_key, self.run_id) and (
-                    failure is not None or not (current / INCOMPLETE_FILE).exists()
-                ):
-                    shutil.rmtree(pending, ignore_errors=True)
-                    return
+                continue  # another attempt of this instance put its shard there in between: judged again
+            else:
+                self._clear_other_runs_staging(partition_key)
+                return
             finally:
                 shutil.rmtree(retired, ignore_errors=True)
+        shutil.rmtree(pending, ignore_errors=True)
+
+    def _stands_over_ours(self, partition_key: str, failure: str | None) -> bool:
+        """Whether the shard in place stays over this attempt's: another attempt of this run wrote it (a retry, or
+        the worker taken for lost, of the same episodes), and it is whole or ours is not."""
+        shard = self.outputs.shard(partition_key)
+        try:
+            ours = (shard / RUN_FILE).read_text() == self.run_id
+        except OSError:
+            return False
+        return ours and (failure is not None or not (shard / INCOMPLETE_FILE).exists())
+
+    def _clear_other_runs_staging(self, partition_key: str) -> None:
+        """Remove what attempts of earlier runs left of this instance uncommitted (a worker lost for good): this
+        run's other attempts may still be writing theirs (a worker taken for lost that runs on)."""
+        mine = f".{partition_key}.run-{self.run_id}."
+        for staging in self.outputs.shard(partition_key).parent.glob(f"{glob.escape(f'.{partition_key}.run-')}*"):
+            if not staging.name.startswith(mine):
+                shutil.rmtree(staging, ignore_errors=True)
 
     def written_by(self, partition_key: str, run_id: str) -> bool:
         """Whether the instance's shard exists and is the one ``run_id`` wrote (a shard from before runs were
@@ -117,13 +133,6 @@ class ShardStore:
         """
         for key in self.spec.partition_keys() if keys is None else keys:
             shutil.rmtree(self._pending(key), ignore_errors=True)
-
-    def discard_abandoned(self, keys: Iterable[str]) -> None:
-        """Remove what every attempt of this run wrote of ``keys`` and never committed: the attempt that records
-        them as lost leaves no staging dirs of the attempts whose workers went."""
-        for key in keys:
-            for pending in self.outputs.shard(key).parent.glob(f".{key}.run-{self.run_id}.*"):
-                shutil.rmtree(pending, ignore_errors=True)
 
     def publish(self, target: Path, current: Mapping[str, InstanceResult]) -> bool:
         """Merge the shards of the ``current`` results' instances and swap the result in at ``target``; whether it

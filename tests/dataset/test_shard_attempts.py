@@ -45,7 +45,7 @@ def _staged(store: ShardStore) -> list[str]:
     return sorted(p.name for p in store.outputs.shard(KEY).parent.iterdir() if p.name.startswith("."))
 
 
-def test_a_retry_writes_apart_from_the_lost_attempt_and_the_last_whole_commit_stands(
+def test_a_retry_writes_apart_from_the_lost_attempt_and_the_first_whole_commit_stands(
     stores: tuple[ShardStore, ShardStore],
 ) -> None:
     lost, retry = stores
@@ -53,8 +53,8 @@ def test_a_retry_writes_apart_from_the_lost_attempt_and_the_last_whole_commit_st
     _write(retry, "retry")  # the retry starts while the lost attempt still writes
     assert (lost._pending(KEY) / "part").read_text() == "lost attempt", "the retry did not clear it"
     retry.commit(KEY)
-    lost.commit(KEY)  # the worker taken for lost ends after all: its whole shard of the same episodes
-    assert (retry.outputs.shard(KEY) / "part").read_text() == "lost attempt"
+    lost.commit(KEY)  # the worker taken for lost ends after all: a whole shard of the same episodes is in place
+    assert (retry.outputs.shard(KEY) / "part").read_text() == "retry"
     assert _staged(retry) == [], "no staging or retired dir is left"
 
 
@@ -84,12 +84,43 @@ def test_a_commit_that_meets_another_attempts_shard_leaves_a_whole_one(
     assert _staged(retry) == [], "no staging or retired dir is left"
 
 
-def test_the_attempt_that_records_the_instance_lost_clears_every_attempts_staging(
+def test_an_incomplete_shard_committed_after_a_whole_one_of_the_same_run_leaves_the_whole_one(
     stores: tuple[ShardStore, ShardStore],
 ) -> None:
-    lost, recorder = stores
-    _write(lost, "lost attempt")
-    recorder.discard_pending([KEY])
-    assert _staged(lost) != [], "its own staging alone: the other attempt's may still be written"
-    recorder.discard_abandoned([KEY])
-    assert _staged(lost) == []
+    lost, retry = stores
+    _write(lost, "lost attempt, cut short")
+    _write(retry, "retry")
+    retry.commit(KEY)
+    lost.commit(KEY, failure="OSError: [Errno 28] No space left on device")
+    shard = retry.outputs.shard(KEY)
+    assert (shard / "part").read_text() == "retry"
+    assert not (shard / INCOMPLETE_FILE).exists()
+    assert _staged(retry) == []
+
+
+def test_a_later_run_replaces_an_earlier_runs_whole_shard_even_with_an_incomplete_one(
+    stores: tuple[ShardStore, ShardStore],
+) -> None:
+    earlier, _ = stores
+    _write(earlier, "earlier run")
+    earlier.commit(KEY)
+    later = ShardStore(earlier.outputs, earlier.spec, run_id="later")
+    _write(later, "later run, cut short")
+    later.commit(KEY, failure="OSError: [Errno 28] No space left on device")
+    shard = later.outputs.shard(KEY)
+    assert (shard / "part").read_text() == "later run, cut short", "the instance's result is the later run's now"
+    assert (shard / INCOMPLETE_FILE).exists()
+
+
+def test_staging_of_a_lost_attempt_stays_through_its_run_and_goes_with_a_later_runs_commit(
+    stores: tuple[ShardStore, ShardStore],
+) -> None:
+    lost, retry = stores
+    _write(lost, "lost attempt")  # its worker may only be cut off and still be writing
+    _write(retry, "retry")
+    retry.commit(KEY)
+    assert len(_staged(retry)) == 1, "this run's other attempt keeps its staging"
+    later = ShardStore(retry.outputs, retry.spec, run_id="later")
+    _write(later, "later run")
+    later.commit(KEY)
+    assert _staged(later) == [], "an earlier run's leftovers are cleared"
