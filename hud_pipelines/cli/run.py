@@ -233,9 +233,12 @@ INTERRUPTED_ERROR = "DagsterExecutionInterruptedError"  # said by the run's own 
 
 
 def _eval_failed(result: ExecutionResult | None) -> bool:
-    """Whether the step running the instances failed (one kept an earlier result): the grades after it did not run."""
+    """Whether the step running the instances failed (one kept an earlier result), or one of its steps on workers:
+    the grades after it did not run."""
+    from hud_pipelines.dagster.eval_failure import is_eval_step
+
     failed = [e.step_key or "" for e in result.all_events if e.event_type_value == "STEP_FAILURE"] if result else []
-    return any(key.endswith("__eval") for key in failed)
+    return any(is_eval_step(key) for key in failed)
 
 
 def _problems(result: ExecutionResult, invocation: list[str], order: list[str], dataset: Path | None) -> list[str]:

@@ -36,7 +36,7 @@ from hud_pipelines.dagster import metadata as asset_metadata
 from hud_pipelines.dagster import sweeps, units
 from hud_pipelines.dagster.checks import answered_check, instances_check, pipeline_check
 from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
-from hud_pipelines.dagster.eval_failure import graded_if_it_fails
+from hud_pipelines.dagster.eval_failure import eval_step_name, graded_if_it_fails
 from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.overlap import tag_running
@@ -176,7 +176,7 @@ def _build(
         """The eval step in the run's process: every instance of the run on threads, one sim pool."""
 
         @dg.multi_asset(
-            name=f"{name}__eval",
+            name=eval_step_name(name),
             specs=eval_specs,
             can_subset=True,
             backfill_policy=single_run,

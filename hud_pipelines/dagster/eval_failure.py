@@ -22,6 +22,20 @@ from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.steps import failed_run_step
 from hud_pipelines.spec.models import PipelineSpec
 
+EVAL_STEP_SUFFIX = "__eval"
+"""The eval step's name after its pipeline's: one step in one process; on workers, the graph of its ``plan``,
+``unit[...]`` and ``finish`` steps (step keys ``<pipeline>__eval.plan``, ...)."""
+
+
+def eval_step_name(pipeline: str) -> str:
+    return f"{pipeline}{EVAL_STEP_SUFFIX}"
+
+
+def is_eval_step(step_key: str) -> bool:
+    """Whether ``step_key`` is (a step of) a pipeline's eval step, in one process or on workers."""
+    return step_key.split(".", 1)[0].endswith(EVAL_STEP_SUFFIX)
+
+
 CANCELLED = "the run was cancelled before its instances ended"
 STOPPED = "the eval step was stopped before it ended"
 

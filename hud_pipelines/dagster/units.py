@@ -40,7 +40,7 @@ from dagster import OpExecutionContext
 from hud_pipelines.contract import Contract, load_contract
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.context import effective_of, sim_of
-from hud_pipelines.dagster.eval_failure import graded_if_it_fails
+from hud_pipelines.dagster.eval_failure import eval_step_name, graded_if_it_fails
 from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.executors import UnitPlacement
 from hud_pipelines.dagster.metadata import contract_metadata, instances_metadata, instances_on_disk
@@ -174,7 +174,7 @@ def eval_units_asset(
             raise dg.Failure(description=kept, allow_retries=False)
 
     @dg.graph(
-        name=f"{spec.name}__eval",
+        name=eval_step_name(spec.name),
         out={"contract": dg.GraphOut(), "rollouts": dg.GraphOut(), "instances": dg.GraphOut()},
     )
     def eval_graph() -> dict[str, Any]:

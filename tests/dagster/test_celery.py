@@ -430,6 +430,9 @@ def test_celery_units_whose_served_sim_is_down_keep_the_earlier_results_and_fail
             code = main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "out")])
             bar = sorted((r.key, r.failed) for r in heard)
             outputs = EvalOutputs(tmp_path / "out", "down")
+            by_the_cli = json.loads(outputs.checks_json.read_text())[0]  # its finish step failed on a worker
+            assert (by_the_cli["name"], by_the_cli["passed"]) == ("instances_completed", False), by_the_cli
+            assert "this run failed, so these are the results it kept" in outputs.report_md.read_text()
             for written in (outputs.checks_json, outputs.report_md):  # what a run without the CLI writes itself
                 written.unlink()
             with _instance(tmp_path / "dagster_home") as instance:
