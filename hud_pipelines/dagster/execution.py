@@ -17,7 +17,14 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
-from hud_pipelines.dagster.deployment import EVERY_PIPELINE, EXECUTION, deployment_path, located, read_file
+from hud_pipelines.dagster.deployment import (
+    EVERY_PIPELINE,
+    EXECUTION,
+    INTERPOLATION,
+    deployment_path,
+    located,
+    read_file,
+)
 from hud_pipelines.errors import DeploymentError
 from hud_pipelines.spec.messages import plain_message
 from hud_pipelines.spec.problems import did_you_mean
@@ -89,8 +96,6 @@ class ExecutionSettings(BaseModel):
             return value
         if "://" not in value:
             raise ValueError(f"{value!r} is not a URL (e.g. redis://host:6379/0)")
-        if "${" in value:
-            raise ValueError(f"{value!r}: '${{...}}' is not expanded in a deployment file; write {{env: NAME}}")
         for url in value.split(";"):
             try:
                 urlsplit(url).port  # noqa: B018 - raises on a port out of range or not a number
@@ -153,8 +158,10 @@ def load_execution(path: Path | None = None) -> Execution:
         problems.append(str(exc))
         default = ExecutionSettings()  # the pipelines' sections are still checked, over the defaults
     per_pipeline: dict[str, dict[str, Any]] = {}
-    pipelines = loaded.get("pipelines")
-    for pipeline, parts in cast(dict[str, Any], pipelines if isinstance(pipelines, dict) else {}).items():
+    pipelines = cast(dict[str, Any], loaded.get("pipelines") if isinstance(loaded.get("pipelines"), dict) else {})
+    every_first = sorted(pipelines, key=lambda name: name != EVERY_PIPELINE)  # the others' sections go over its
+    for pipeline in every_first:
+        parts = pipelines[pipeline]
         own = cast(dict[str, Any], parts).get(EXECUTION) if isinstance(parts, dict) else None
         if own is None:
             continue
@@ -166,8 +173,9 @@ def load_execution(path: Path | None = None) -> Execution:
                 "top-level 'execution:' only (every run and worker of a deployment share one broker and one lease)"
             )
             continue
-        try:
-            settings = _settings(path, where, cast(object, own), default.model_dump())
+        base = {**default.model_dump(), **(per_pipeline.get(EVERY_PIPELINE, {}) if pipeline != EVERY_PIPELINE else {})}
+        try:  # over what the pipeline gets otherwise, as :meth:`Execution.for_pipeline` merges them
+            settings = _settings(path, where, cast(object, own), base)
         except DeploymentError as exc:
             problems.append(str(exc))
             continue
@@ -197,6 +205,15 @@ def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> 
     if not isinstance(section, dict):
         raise DeploymentError(f"deployment file {path}: {where}: expected a mapping of execution settings")
     fields = {k: _resolved(path, f"{where}.{k}", v) for k, v in cast(dict[str, Any], section).items()}
+    written = [k for k, v in cast(dict[str, Any], section).items() if INTERPOLATION.search(str(v))]
+    if written:  # a pipeline file's interpolation, taken as written: a queue named '${QUEUE}' no worker reads
+        raise DeploymentError(
+            "\n".join(
+                f"deployment file {located(path, (*where.split('.'), k))}: {where}.{k}: '${{...}}' is not expanded in "
+                "a deployment file; read the environment with {env: NAME}"
+                for k in written
+            )
+        )
     try:
         settings = ExecutionSettings.model_validate({**base, **fields})
     except ValidationError as exc:

@@ -189,7 +189,20 @@ def test_execution_settings_come_from_the_deployment_file_and_bad_ones_name_the_
         "execution: {executor: celery, broker: 'redis://h/0', image: 'x:1'}\n": r"image: k8s setting\(s\), and the ex",
         "exectuion: {executor: celery}\n": r"yaml:1:1: exectuion: unknown key \(did you mean 'execution'\?\)",
         "execution: {executor: celery, broker: 'redis://${REDIS}:6379/0'}\n": r"execution\.broker: .* is not expanded",
+        "execution: {executor: celery, broker: 'redis://h/0', queue: '${QUEUE}'}\n": r"1:54: execution\.queue: '\$",
+        "pipelines:\n  a: {execution: {control_queue: '${Q}'}}\n": r"pipelines\.a\.execution\.control_queue: '\$\{",
+        (
+            "execution: {broker: 'redis://h/0'}\n"
+            "pipelines:\n  '*': {execution: {executor: celery}}\n  a: {execution: {image: 'x:1'}}\n"
+        ): (r"4:19: pipelines\.a\.execution\.image: image: k8s setting\(s\), and the executor here is celery"),
     }
+    path.write_text(  # a section for every pipeline, under which another pipeline's fields go, as it runs
+        "pipelines:\n  '*': {execution: {executor: k8s}}\n  a: {execution: {image: 'x:1'}}\n"
+    )
+    assert (load_execution(path).for_pipeline("a").executor, load_execution(path).for_pipeline("a").image) == (
+        "k8s",
+        "x:1",
+    )
     path.write_text(  # a k8s deployment with one pipeline in process: the k8s settings it inherits are no mistake
         "execution: {executor: k8s, image: 'x:1', namespace: evals}\n"
         "pipelines:\n  light: {execution: {executor: in_process}}\n"
