@@ -44,10 +44,16 @@ def deployed_spec(spec: PipelineSpec, project_dir: Path) -> PipelineSpec:
     deployment = load_deployment()
     fields = for_pipeline(deployment, spec.name)
     read = {
-        part: {key: _read(spec.name, part, key, value) for key, value in given.items()}
+        part: {key: _read(_setting_key(deployment, spec.name, part, key), value) for key, value in given.items()}
         for part, given in fields.items()
     }
     return _configured(spec, read, project_dir, deployment)
+
+
+def _setting_key(deployment: Deployment, pipeline: str, part: str, key: str) -> tuple[str, ...]:
+    """The keys of the deployment file that set ``part.key`` for ``pipeline``: under its name, or under ``*``."""
+    setter = pipeline if key in deployment.get(pipeline, {}).get(part, {}) else EVERY_PIPELINE
+    return ("pipelines", setter, part, key)
 
 
 def deployment_misfit(spec: PipelineSpec, deployment: Deployment, path: Path | None = None) -> str | None:
@@ -137,21 +143,20 @@ def _resource_field(error: ErrorDetails) -> tuple[str, str, tuple[str, ...]]:
             return "", "", ()
 
 
-def _read(pipeline: str, part: str, key: str, value: Any) -> Any:
-    """An ``{env: NAME}`` field's value from the environment now (a run reads it when it starts)."""
+def _read(keys: tuple[str, ...], value: Any) -> Any:
+    """An ``{env: NAME}`` field's value from the environment now (a run reads it when it starts); a problem names
+    the line of the file that set it (``keys``)."""
     if not isinstance(value, dg.EnvVar):
         return value
     name = value.env_var_name
+    where = f"deployment file {located(deployment_path() or Path('deployment file'), keys)}: {'.'.join(keys)}"
     if name not in os.environ:
-        raise DeploymentError(
-            f"deployment file {deployment_path()}: pipelines.{pipeline}.{part}.{key}: environment variable {name} "
-            "is not set"
-        )
+        raise DeploymentError(f"{where}: environment variable {name} is not set")
     text = os.environ[name]
     try:  # a number read for a number field ("3" for num_envs), as Dagster's EnvVar would give it
-        return field_adapter(part, key).validate_python(text)
+        return field_adapter(keys[-2], keys[-1]).validate_python(text)
     except ValidationError as exc:
         raise DeploymentError(
-            f"deployment file {deployment_path()}: pipelines.{pipeline}.{part}.{key}: environment variable {name} "
-            f"holds {text!r}: {'; '.join(plain_message(error) for error in exc.errors())}"
+            f"{where}: environment variable {name} holds {text!r}: "
+            f"{'; '.join(plain_message(error) for error in exc.errors())}"
         ) from None

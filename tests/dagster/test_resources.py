@@ -357,8 +357,16 @@ def test_a_pipeline_as_deployed_reads_its_env_fields_now_and_names_one_that_is_n
     assert deployed.agent.horizon == 3
     assert deployed.rollout_hash != spec.rollout_hash
     monkeypatch.delenv("SIM_URL")
-    with pytest.raises(DeploymentError, match=r"pipelines\.a\.sim\.url: environment variable SIM_URL is not set"):
+    with pytest.raises(DeploymentError, match=r":2:\d+: pipelines\.a\.sim\.url: environment variable SIM_URL is not"):
         deployed_spec(spec, tmp_path)
+    deployment.write_text(  # set for every pipeline: the key that set it, at its line
+        "pipelines:\n  a: {sim: {factory: null}, agent: {horizon: 3}}\n"
+        "  '*': {sim: {url: {env: SIM_URL}, token: {env: SIM_TOKEN}}}\n"
+    )
+    with pytest.raises(DeploymentError, match=r":3:\d+: pipelines\.\*\.sim\.url: environment variable SIM_URL is not"):
+        deployed_spec(spec, tmp_path)
+    monkeypatch.setenv("SIM_URL", "ws://127.0.0.1:9")
+    assert deployed_spec(spec, tmp_path).sim.url == "ws://127.0.0.1:9"
 
 
 def test_validate_under_a_deployment_file_shows_the_figures_a_run_has_and_says_it_checked_the_file(
