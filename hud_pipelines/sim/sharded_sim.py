@@ -296,12 +296,14 @@ class ShardedSim(Closeable):
         return last is not None and RUNNING not in last.status
 
     def _fail(self, shard: int, exc: SimError | WireError) -> HudPipelinesError:
-        """``shard`` failed the instance: stop every child, and return its error naming it."""
-        self._broken = f"{self._name(shard)} failed: {exc}"
+        """``shard`` failed the instance: stop every child, and return its error naming it (slots as the instance's,
+        as later requests say it too)."""
+        renamed = self._renamed(exc, shard)
+        self._broken = str(renamed)
         with contextlib.suppress(Exception):
             self._on_failure()
         self.close()
-        return self._renamed(exc, shard)
+        return renamed
 
     def _renamed(self, exc: SimError | WireError, shard: int) -> HudPipelinesError:
         return shard_error(exc, self._name(shard), self.slots[shard].start)

@@ -157,12 +157,13 @@ def test_a_child_that_crashes_or_hangs_fails_the_sim_naming_it_and_no_child_is_l
         groups = live.process.pgids
         live.client.reset([{"seed": 10 + slot} for slot in range(4)])
         live.client.step(np.zeros((4, 1), dtype=np.float32))  # the fault fires at step 2
-        with pytest.raises(error, match=re.escape("shard 1 of 2 (slots 2-3): ")):
+        with pytest.raises(error, match=re.escape("shard 1 of 2 (slots 2-3): ")) as failed:
             live.client.step(np.zeros((4, 1), dtype=np.float32))
         assert not live.process.alive()
         assert [p.alive() for p in live.process.processes] == [False, False], "the healthy child is stopped too"
-        with pytest.raises(SimError, match="the sharded sim is unusable: shard 1 of 2"):
+        with pytest.raises(SimError, match="the sharded sim is unusable: shard 1 of 2") as later:
             live.client.step(np.zeros((4, 1), dtype=np.float32))
+        assert str(later.value).endswith(str(failed.value)), "later requests say the failure in the same words"
     for group in groups:
         wait_group_gone(group)
 
