@@ -189,14 +189,10 @@ def _setting_problem(path: Path, where: str, error: ErrorDetails) -> str:
     """``file:line:column: key: what is wrong``, in the words the pipeline files' errors use."""
     keys = (*where.split("."), *(str(part) for part in error["loc"]))
     key = ".".join(keys)
+    message = plain_message(error)
     if error["type"] == "extra_forbidden":
         known = sorted(ExecutionSettings.model_fields)
-        name = keys[-1]
-        message = f"unknown key {name!r}{did_you_mean(name, known)}; expected one of: {', '.join(known)}"
-    elif error["type"] == "value_error":
-        message = str(error["msg"]).removeprefix("Value error, ")
-    else:
-        message = plain_message(error)
+        message += f"{did_you_mean(keys[-1], known)}; expected one of: {', '.join(known)}"
     return f"{located(path, keys)}: {key}: {message}"
 
 

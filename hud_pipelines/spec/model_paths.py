@@ -46,7 +46,7 @@ class Located:
 
 
 def locate(loc: KeyPath, root: type[BaseModel]) -> Located:
-    """:func:`_walk`, and where the location went through an option of a plain union."""
+    """:func:`walk`, and where the location went through an option of a plain union."""
     current: Any = root
     path: list[str | int] = []
     unions: list[KeyPath] = []
