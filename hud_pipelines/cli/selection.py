@@ -79,7 +79,7 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec) -> None:
     misfit = deployment_misfit(spec, deployment)
     if misfit is not None:
         raise DeploymentError(misfit)
-    deployed_spec(spec, path.parent)  # its {env: NAME} fields read now: an unset one is refused, not a traceback
+    deployed_spec(spec, Path.cwd())  # its {env: NAME} fields read now: an unset one is refused, not a traceback
     for index, message in misspelled_baselines(spec):
         raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
 

@@ -172,7 +172,7 @@ def _deployed(yaml: PipelineSpec) -> tuple[PipelineSpec, str]:
     from hud_pipelines.errors import DeploymentError
 
     try:
-        spec = deployed_spec(yaml, yaml.base_dir)
+        spec = deployed_spec(yaml, Path.cwd())  # the project directory, as a run from here has it
     except DeploymentError:
         return yaml, ""
     fields = ", ".join(spec.overrides(yaml))
