@@ -200,8 +200,9 @@ def _settings(path: Path, where: str, section: object, base: dict[str, Any]) -> 
     """One ``execution:`` section over ``base``, validated; errors name the file and the key."""
     if not isinstance(section, dict):
         raise DeploymentError(f"deployment file {path}: {where}: expected a mapping of execution settings")
-    fields = {k: _resolved(path, f"{where}.{k}", v) for k, v in cast(dict[str, Any], section).items()}
-    written = [k for k, v in cast(dict[str, Any], section).items() if INTERPOLATION.search(str(v))]
+    given = cast(dict[str, Any], section)
+    fields = {k: _resolved(path, f"{where}.{k}", v) for k, v in given.items()}
+    written = [k for k, v in given.items() if INTERPOLATION.search(str(v))]
     if written:  # a pipeline file's interpolation, taken as written: a queue named '${QUEUE}' no worker reads
         raise DeploymentError(
             "\n".join(
