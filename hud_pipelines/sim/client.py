@@ -4,7 +4,8 @@ Every request carries a sequence number and waits for its reply under a deadline
 the internal (batched) form whatever framing the wire uses, so callers always see ``[N, ...]``
 arrays (writable, native byte order). Failures are typed:
 
-- an error frame from the sim -> :class:`RemoteError` (the connection stays usable);
+- an error frame from the sim -> :class:`RemoteError` (the connection stays usable), except one of
+  phase ``server``: the sim is shutting down, as if its connection had closed (``SimCrashedError``);
 - the connection refused (wrong token, sim busy) -> :class:`SimRefusedError` with the HTTP status;
 - the connection dropped (the child died) -> :class:`SimCrashedError` with the owner's diagnosis
   (exit status and stderr tail when the sim was spawned by us) and, once the child exited, its
@@ -38,6 +39,8 @@ from hud_pipelines.errors import (
     LinkClosed,
     LinkError,
     LinkRefused,
+    Phase,
+    RemoteError,
     SimCrashedError,
     SimError,
     SimRefusedError,
@@ -195,7 +198,7 @@ class SimClient(Closeable):
 
     def _await(self, seq: int, phase: str, timeout_s: float) -> Reply:
         """The reply to request ``seq``: replies arrive in request order, earlier ones are kept."""
-        while (reply := self._session.take(seq)) is None:
+        while (reply := self._take(seq, phase)) is None:
             frame = self._receive(phase, timeout_s)
             try:
                 self._session.receive(frame)
@@ -203,6 +206,14 @@ class SimClient(Closeable):
                 self._link.abort()
                 raise
         return reply
+
+    def _take(self, seq: int, phase: str) -> Reply | None:
+        try:
+            return self._session.take(seq)
+        except RemoteError as exc:
+            if exc.phase == Phase.SERVER:  # it answers before its 1001 close: the sim went, as when the close wins
+                raise self._crashed(phase, exc) from exc
+            raise
 
     def _expect[R: Observation | Result](self, reply: Reply, kind: type[R]) -> R:
         try:
@@ -256,10 +267,12 @@ class SimClient(Closeable):
                 "start the server with a larger --idle-timeout-s"
             )
         code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
-        went = "shut down" if isinstance(exc, LinkClosed) and exc.code == CloseCode.GOING_AWAY else "went away"
+        shut = isinstance(exc, RemoteError) or (isinstance(exc, LinkClosed) and exc.code == CloseCode.GOING_AWAY)
+        said = exc.message if isinstance(exc, RemoteError) else str(exc)
         diagnosis = self._diagnosis()
         return SimCrashedError(
-            f"the sim at {self.url} {went} during {phase}{code}: {exc}{diagnosis}", returncode=self._exit_status()
+            f"the sim at {self.url} {'shut down' if shut else 'went away'} during {phase}{code}: {said}{diagnosis}",
+            returncode=self._exit_status(),
         )
 
     def _diagnosis(self) -> str:

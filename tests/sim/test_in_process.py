@@ -14,7 +14,15 @@ import pytest
 
 from hud_pipelines.agent.builtin import scripted_policy
 from hud_pipelines.agent.runner import RobotAgent
-from hud_pipelines.errors import Fault, LinkClosed, RemoteError, SimCrashedError, SimError, WireError
+from hud_pipelines.errors import (
+    Fault,
+    LinkClosed,
+    Phase,
+    RemoteError,
+    SimCrashedError,
+    SimError,
+    WireError,
+)
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.client import SimClient
@@ -22,7 +30,7 @@ from hud_pipelines.sim.in_process import InProcessLink
 from hud_pipelines.sim.process import SimProcess
 from hud_pipelines.sim.slots import SlotState
 from hud_pipelines.wire.codec import packb, unpackb
-from hud_pipelines.wire.messages import Framing, Result, to_wire
+from hud_pipelines.wire.messages import ErrorFrame, Framing, Result, to_wire
 from tests.agent.agent_helpers import RecordingSink
 from tests.conftest import action_frames, assert_same_trajectory, driven
 from tests.sim.test_bridge import CASES, Case
@@ -173,6 +181,32 @@ def test_a_sim_stopped_by_its_operator_is_said_to_have_shut_down_not_to_have_gon
         client.reset([{"seed": 0}, {"seed": 1}])
         with pytest.raises(SimCrashedError, match=r"shut down during step \(close code 1001\): the peer closed"):
             client.step(np.zeros((2, 1), dtype=np.int64))
+
+
+class _SaysItShutsDown(InProcessLink):
+    """A sim stopped while a step runs: it answers that step with an error of phase ``server``, then closes."""
+
+    def recv(self, timeout_s: float) -> bytes:
+        frame = super().recv(timeout_s)
+        if unpackb(frame).get("type") == "observation" and unpackb(frame)["seq"] > 1:
+            self._closed = LinkClosed("the peer closed the connection (1001 the sim is shutting down)", code=1001)
+            return packb(to_wire(ErrorFrame(phase=Phase.SERVER, message="the sim is shutting down")))
+        return frame
+
+
+def test_a_sim_that_answers_that_it_shuts_down_ends_its_episodes_as_crashed_as_when_its_close_comes_first() -> None:
+    tasks = [{"seed": 3}, {"seed": 4}]
+    with GymBridge("Pendulum-v1", 2) as bridge:
+        link = _SaysItShutsDown(bridge)
+        client = SimClient(link.url, "", link=link)
+        client.reset(tasks)
+        with pytest.raises(SimCrashedError, match=r"shut down during step: the sim is shutting down$"):
+            client.step(np.zeros((2, 1), dtype=np.float32))
+        link = _SaysItShutsDown(bridge)
+        client = SimClient(link.url, "", link=link)
+        policy = scripted_policy("envs.controllers:PendulumSwingUp", client.contract, base_dir=Path())
+        outcomes = list(RobotAgent(policy, client.contract).run(client, tasks, max_steps=60, key=("p", 0, 0)))
+    assert {(o.status, o.fault) for o in outcomes} == {(EpisodeStatus.ERRORED, Fault.SIM_CRASHED)}, outcomes
 
 
 class _DiesAfterServing(InProcessLink):
