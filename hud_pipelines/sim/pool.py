@@ -27,7 +27,7 @@ from typing import Any
 
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import HudPipelinesError, SimCrashedError, SimError, SimStartError
+from hud_pipelines.errors import HudPipelinesError, SimError, SimStartError
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.fleet import Fleet, is_busy, naming, reachable
 from hud_pipelines.sim.identity import describe, same_sim
@@ -303,7 +303,7 @@ class SimPool(Closeable):
             if server is None or is_busy(exc):
                 raise
             named = naming(exc, server)
-            if isinstance(named, SimCrashedError):  # nothing was in flight: it never served this run
+            if not isinstance(named, SimStartError):  # refused, gone or silent before any request: it served nothing
                 named = SimStartError(str(named))
             named.server = server
             self._servers.lose(server, str(named))

@@ -166,7 +166,7 @@ def test_a_fleet_file_reaches_each_server_with_its_own_token_and_a_wrong_one_is_
         [refused] = [r for r in evaluation.results if r.failed]  # only the instance sent to b
         assert f"served sim {url_b}: " in (refused.error or "")
         assert "HTTP 401" in (refused.error or "")
-        assert refused.fault is Fault.SIM_LINK
+        assert refused.fault is Fault.SIM_START, "refused before any request: it never started (an earlier result stays)"
         [served] = [r for r in evaluation.results if not r.failed]
         assert served.server == url_a
 
