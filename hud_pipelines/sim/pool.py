@@ -28,7 +28,7 @@ from typing import Any
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError, SimError, SimStartError
-from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, SimClient
 from hud_pipelines.sim.fleet import Fleet, is_busy, naming, reachable
 from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
@@ -142,7 +142,11 @@ class SimPool(Closeable):
                 raise
             self.spawned += 1
         try:
-            client = process.connect(framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s)
+            # a server that does not answer its handshake is given a step's deadline, at most the default's
+            connect_timeout_s = min(settings.step_timeout_s, DEFAULT_CONNECT_TIMEOUT_S)
+            client = process.connect(
+                framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s, connect_timeout_s=connect_timeout_s
+            )
             try:
                 self._require_same_sim(client, attached=server is not None)
             except BaseException:

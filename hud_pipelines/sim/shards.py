@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hud_pipelines.errors import SimError, SimStartError, WireError
-from hud_pipelines.sim.client import DEFAULT_STEP_TIMEOUT_S, SimClient
+from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, SimClient
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.shard_naming import describe, shard_error
 from hud_pipelines.sim.sharded_sim import ShardedSim
@@ -128,14 +128,22 @@ class ShardedProcess:
             process.close(grace_s=grace_s)
 
     def connect(
-        self, *, framing: Framing | None = Framing.BATCHED, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
+        self,
+        *,
+        framing: Framing | None = Framing.BATCHED,
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> ShardedSim:
         """One client over every child; a failure of one child kills them all."""
         clients: list[SimClient] = []
         try:
             for shard, process in enumerate(self.processes):
                 try:
-                    clients.append(process.connect(framing=framing, step_timeout_s=step_timeout_s))
+                    clients.append(
+                        process.connect(
+                            framing=framing, step_timeout_s=step_timeout_s, connect_timeout_s=connect_timeout_s
+                        )
+                    )
                 except (SimError, WireError) as exc:
                     raise shard_error(exc, describe(shard, self.slots[shard], len(self.slots)), 0) from exc
             return ShardedSim(clients, on_failure=self.kill)

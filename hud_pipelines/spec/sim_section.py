@@ -87,7 +87,11 @@ class SimSpec(StrictModel):
     startup_timeout_s: Float = Field(
         default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"
     )
-    step_timeout_s: Float = Field(default=60.0, gt=0, description="deadline of one reset or step request")
+    step_timeout_s: Float = Field(
+        default=60.0,
+        gt=0,
+        description="deadline of one reset or step request, and of the connection's handshake (at most 30 s)",
+    )
     busy_timeout_s: Float = Field(
         default=DEFAULT_BUSY_TIMEOUT_S,
         gt=0,

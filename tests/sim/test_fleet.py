@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -166,7 +167,9 @@ def test_a_fleet_file_reaches_each_server_with_its_own_token_and_a_wrong_one_is_
         [refused] = [r for r in evaluation.results if r.failed]  # only the instance sent to b
         assert f"served sim {url_b}: " in (refused.error or "")
         assert "HTTP 401" in (refused.error or "")
-        assert refused.fault is Fault.SIM_START, "refused before any request: it never started (an earlier result stays)"
+        assert refused.fault is Fault.SIM_START, (
+            "refused before any request: it never started (an earlier result stays)"
+        )
         [served] = [r for r in evaluation.results if not r.failed]
         assert served.server == url_a
 
@@ -586,3 +589,25 @@ def test_a_served_sim_that_says_nothing_of_itself_is_held_to_the_runs_contract(
     finally:
         for process, _ in served:
             stop_served(process)
+
+
+def test_a_server_that_does_not_answer_its_handshake_is_given_a_steps_deadline_not_half_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused server (its host frozen, SIGSTOP) accepts the TCP connection and never answers the upgrade: the
+    instance errors as ``sim_start`` after ``step_timeout_s``, and an interrupt is not held up for 30 s."""
+    monkeypatch.chdir(REPO)
+    process, url = serve_cartpole()
+    try:
+        process.send_signal(signal.SIGSTOP)
+        text = json.loads(_text([url]))
+        text["sim"]["step_timeout_s"] = 1.5
+        text["group"] = 1
+        monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
+        spec = load_pipeline_text(json.dumps(text), source=tmp_path / "fleet.yaml")
+        evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    finally:
+        process.send_signal(signal.SIGCONT)
+        stop_served(process)
+    assert {r.fault for r in evaluation.results} == {Fault.SIM_START}
+    assert "waited 1.5 s for the connection and its handshake" in (evaluation.results[0].error or "")
