@@ -79,7 +79,11 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec) -> None:
     misfit = deployment_misfit(spec, deployment)
     if misfit is not None:
         raise DeploymentError(misfit)
-    deployed_spec(spec, Path.cwd())  # its {env: NAME} fields read now: an unset one is refused, not a traceback
+    deployed = deployed_spec(spec, Path.cwd())  # its {env: NAME} fields read now: an unset one is refused here
+    if deployed.sim.fleet is not None:  # so is the fleet file's unset ${VAR} token, not in the run's first step
+        from hud_pipelines.spec.fleet import load_fleet
+
+        load_fleet(deployed.resolve_path(deployed.sim.fleet))
     for index, message in misspelled_baselines(spec):
         raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
 

@@ -611,3 +611,20 @@ def test_a_server_that_does_not_answer_its_handshake_is_given_a_steps_deadline_n
         stop_served(process)
     assert {r.fault for r in evaluation.results} == {Fault.SIM_START}
     assert "waited 1.5 s for the connection and its handshake" in (evaluation.results[0].error or "")
+
+
+def test_a_run_whose_fleet_file_reads_an_unset_variable_is_refused_before_it_starts_at_the_files_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HUD_TEST_UNSET_FLEET_TOKEN", raising=False)
+    (tmp_path / "lab.yaml").write_text("token: ${HUD_TEST_UNSET_FLEET_TOKEN}\nservers:\n  - ws://127.0.0.1:9\n")
+    pipeline = tmp_path / "lab_eval.yaml"
+    pipeline.write_text("name: lab_eval\nsim: {fleet: lab.yaml, num_envs: 2}\nagent: {policy: {kind: random}}\n")
+    assert main(["run", str(pipeline), "--outputs", str(tmp_path / "out")]) == 2
+    said = capsys.readouterr().err
+    assert "lab.yaml:1:8: token: environment variable HUD_TEST_UNSET_FLEET_TOKEN is not set" in said, said
+    assert not (tmp_path / "out").exists(), "no run started"
