@@ -103,6 +103,8 @@ class SimPool(Closeable):
         self._contract: Contract | None = None
         self.served_sim: dict[str, Any] | None = None
         """What the first served sim said it is (:mod:`.identity`); every other one must be the same sim."""
+        self._served_by: str | None = None
+        """The server that said it first in this process (None: the run's claim, made by another process)."""
         self._start_failure: SimStartError | None = None
         """Why a sim of this pool did not start: later instances fail at once, not after the deadline again."""
         self.spawned = 0
@@ -175,12 +177,14 @@ class SimPool(Closeable):
         identity = client.hello.sim
         with self._lock:
             if self.served_sim is None:
-                self.served_sim = identity
-            expected = self.served_sim
+                self.served_sim, self._served_by = identity, client.url
+            expected, first = self.served_sim, self._served_by
         if identity and expected and not same_sim(identity, expected):  # a sim saying nothing is not compared
+            met = f" (served by {first}, the first this run met)" if first and first != client.url else ""
             raise SimStartError(
-                f"it serves {describe(identity)}, but this run's served sim is {describe(expected)}: every served "
-                "sim of a pipeline must serve the same sim with the same arguments and package versions"
+                f"it serves {describe(identity)}, but this run's served sim is {describe(expected)}{met}: every "
+                "served sim of a pipeline must serve the same sim with the same arguments and package versions; "
+                "start them alike, or list only the servers of the sim to evaluate"
             )
         if self._contract is not None and client.contract != self._contract:  # said nothing, yet serves another
             raise SimStartError(
@@ -193,6 +197,8 @@ class SimPool(Closeable):
         have made first): an idle one of another sim is stopped, so the instance that would reuse it
         connects anew and meets the refusal."""
         with self._lock:
+            if self.served_sim is None or not same_sim(self.served_sim, identity):
+                self._served_by = None  # another process's claim: the server it came from is not known here
             self.served_sim = identity
             other = [live for live in self._idle if _identity(live) and not same_sim(_identity(live), identity)]
             for live in other:

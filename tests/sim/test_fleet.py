@@ -213,6 +213,8 @@ def test_a_fleet_server_started_with_other_arguments_errors_its_instances_naming
     ran = {r.server for r in evaluation.results if not r.failed}
     assert len(ran) == 1
     assert failed[0].server not in ran
+    assert f"(served by {next(iter(ran))}, the first this run met)" in error, "the server it is compared with"
+    assert "start them alike, or list only the servers of the sim to evaluate" in error
     [claim] = (tmp_path / "out" / "fleet" / "served_sims").glob("*.json")
     served = json.loads(claim.read_text())
     assert f"this run's served sim is sims.py:cartpole with {json.dumps(served['args'])}" in error, "the contract's"
