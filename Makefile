@@ -23,9 +23,10 @@ dev: setup
 
 ## The test suite (what CI runs), on TEST_WORKERS processes (pytest-xdist): most tests wait on sims,
 ## brokers and workers of their own, so two share two cores well. TEST_WORKERS=0 runs it in one process.
+## The slowest tests are listed at the end, to keep the suite fast.
 TEST_WORKERS ?= 2
 test: setup
-	.venv/bin/pytest -q -n $(TEST_WORKERS)
+	.venv/bin/pytest -q -n $(TEST_WORKERS) --durations=15
 
 lint: setup
 	.venv/bin/ruff check .
