@@ -117,9 +117,8 @@ def _problem(pipeline: str, deployment: Deployment, path: Path, error: ErrorDeta
     only beside its YAML's other fields."""
     part, field, rest = _resource_field(error)
     names = (pipeline, EVERY_PIPELINE)
-    setters = [name for name in names if field and field in deployment.get(name, {}).get(part, {})]
-    if setters:
-        keys, beside = ("pipelines", setters[0], part, field, *rest), ""
+    if field and any(field in deployment.get(name, {}).get(part, {}) for name in names):
+        keys, beside = (*_setting_key(deployment, pipeline, part, field), *rest), ""
     else:  # a rule of the section as a whole, broken by the deployment's fields beside the YAML's
         owner = next((name for name in names if part in deployment.get(name, {})), pipeline)
         keys, beside = tuple(key for key in ("pipelines", owner, part) if key), f" (with pipeline {pipeline}'s YAML"
