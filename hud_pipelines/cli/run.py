@@ -107,8 +107,8 @@ def run_pipeline(
     from hud_pipelines.spec.loader import load_pipeline_to_run
 
     spec = load_pipeline_to_run(path)
-    refuse_misconfigured(path, spec)
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
+    refuse_misconfigured(path, spec, outputs)
     unwritable = _unwritable(outputs.base)  # a file where the folder goes: said before any sim starts
     if unwritable is not None:
         raise HudPipelinesError(

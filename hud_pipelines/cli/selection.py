@@ -16,6 +16,7 @@ from hud_pipelines.errors import DeploymentError, HudPipelinesError
 from hud_pipelines.spec.problems import Problem, did_you_mean
 
 if TYPE_CHECKING:
+    from hud_pipelines.eval.outputs import EvalOutputs
     from hud_pipelines.spec.models import PipelineSpec
 
 
@@ -61,13 +62,14 @@ def _first_problem(problems: list[Problem]) -> str:
     return f"{first.path}: {first.message}" if first.path else first.message
 
 
-def refuse_misconfigured(path: Path, spec: PipelineSpec) -> None:
+def refuse_misconfigured(path: Path, spec: PipelineSpec, outputs: EvalOutputs) -> None:
     """Refuse a pipeline the deployment file names one typo away or whose fields break the pipeline's rules,
     and a sweep baseline one typo from a label.
 
     A sweep with a misspelled ``no_regression`` baseline would evaluate every checkpoint and then fail
     its check, and a deployment's ``forward_timeout_s: -1`` would fail the run's first step without a line
-    of the file; ``validate`` reports the same lines.
+    of the file; ``validate`` reports the same lines. A baseline with results in ``outputs`` is no typo, though
+    its files are gone since.
     """
     from hud_pipelines.dagster.deployed import deployed_spec, deployment_misfit
     from hud_pipelines.dagster.deployment import load_deployment, refuse_misspelled
@@ -84,7 +86,10 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec) -> None:
         from hud_pipelines.spec.fleet import load_fleet
 
         load_fleet(deployed.resolve_path(deployed.sim.fleet))
-    for index, message in misspelled_baselines(spec):
+    from hud_pipelines.eval import sweep
+
+    evaluated = [member.label for member in sweep.evaluated(spec, outputs, settled=())] if spec.is_sweep else []
+    for index, message in misspelled_baselines(spec, evaluated=evaluated):
         raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
 
 

@@ -165,14 +165,18 @@ def _sweep_discovery(spec: PipelineSpec) -> Discovery | None:
     return discover_checkpoints(sources_of(policy.checkpoints, kind, spec.resolve_path), settle_s=0)
 
 
-def misspelled_baselines(spec: PipelineSpec, labels: Sequence[str] | None = None) -> list[tuple[int, str]]:
+def misspelled_baselines(
+    spec: PipelineSpec, labels: Sequence[str] | None = None, *, evaluated: Sequence[str] = ()
+) -> list[tuple[int, str]]:
     """``(index in checks, message)`` of each sweep ``no_regression`` baseline that is a typo of a label.
 
-    ``labels``: the sweep's checkpoints found now, when the caller looked already. A baseline that
-    names no file, or a checkpoint not saved yet, is left to the run (training may still be going,
-    the baseline's grades may come from an earlier step of the pipeline's CI): the check then fails
-    saying why. One edit away from a label found now, it is a misspelled label, which ``validate``
-    reports and a run refuses before evaluating anything.
+    ``labels``: the sweep's checkpoints found now, when the caller looked already; ``evaluated``: the
+    labels with results on disk (a checkpoint whose files are gone keeps them: it is a baseline still). A
+    baseline that names no file, a checkpoint not saved yet or one saved before every checkpoint found now
+    (training runs delete their old ones) is left to the run (training may still be going, the baseline's
+    grades may come from an earlier step of the pipeline's CI): the check then fails saying why. One edit
+    away from a label found now, it is a misspelled label, which ``validate`` reports and a run refuses
+    before evaluating anything.
     """
     baselines = [(index, c) for index, c in enumerate(spec.checks) if isinstance(c, NoRegressionCheck)]
     if not baselines:
@@ -183,21 +187,21 @@ def misspelled_baselines(spec: PipelineSpec, labels: Sequence[str] | None = None
     known = list(labels or ())
     found: list[tuple[int, str]] = []
     for index, check in baselines:
-        hint = (
-            "" if check.baseline in known or _later_step(check.baseline, known) else did_you_mean(check.baseline, known)
-        )
+        unsaved = check.baseline in evaluated or _outside_saved_steps(check.baseline, known)
+        hint = "" if check.baseline in known or unsaved else did_you_mean(check.baseline, known)
         if hint and not spec.resolve_path(check.baseline).exists():
             message = f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(known)}"
             found.append((index, message))
     return found
 
 
-def _later_step(baseline: str, labels: Sequence[str]) -> bool:
+def _outside_saved_steps(baseline: str, labels: Sequence[str]) -> bool:
     """Whether ``baseline`` names a step after every saved one of its naming (``002000`` while ``001500`` is
-    the last): a checkpoint not saved yet, never a typo of a saved one."""
+    the last: a checkpoint not saved yet) or before every one (``000100`` while ``000500`` is the first: one
+    the training run deleted since), never a typo of a saved one."""
     naming = _STEP_NUMBER.sub("#", baseline)
     saved = [_numbers(label) for label in labels if _STEP_NUMBER.sub("#", label) == naming]
-    return bool(saved) and naming != baseline and _numbers(baseline) > max(saved)
+    return bool(saved) and naming != baseline and not min(saved) <= _numbers(baseline) <= max(saved)
 
 
 def _numbers(label: str) -> list[int]:

@@ -313,7 +313,7 @@ def test_a_deployment_file_refuses_a_misspelled_top_level_key_and_unexpanded_int
         "pipelines:\n  served_eval:\n    sim: {factory: null, args: {}, url: 'ws://h:1', token: {env: UNSET_TOKEN}}\n"
     )
     with pytest.raises(DeploymentError, match=r"sim\.token: environment variable UNSET_TOKEN is not set"):
-        refuse_misconfigured(path, spec)
+        refuse_misconfigured(path, spec, EvalOutputs(tmp_path / "outputs", spec.name))
     monkeypatch.delenv("HUD_PIPELINES_DEPLOYMENT")
     deployment.write_text(  # every problem at once: a name no pipeline has beside another pipeline's bad value
         "pipelines:\n  served_evl: {sim: {num_envs: 2}}\n  served_eval: {sim: {num_envs: 0, bogus: 1}}\n"

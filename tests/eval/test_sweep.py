@@ -374,6 +374,7 @@ def test_validate_finds_a_baseline_label_one_typo_from_a_checkpoints_and_leaves_
         (labels[0][:-1] + "O", False),  # one edit away: a misspelled label
         (labels[0][:-1] + "1", False),  # a digit off, before the last saved step: misspelled too
         ("final", True),  # not saved yet, maybe: the run's check says so if it never comes
+        (f"{int(labels[0]) - 100:0{len(labels[0])}d}", True),  # one edit away, but before every saved: deleted
         (f"{int(labels[-1]) + 1:0{len(labels[-1])}d}", True),  # a later step: one edit away, but not saved yet
         (str(tmp_path / "baseline.json"), True),  # grades an earlier step may write
     ]
@@ -389,6 +390,28 @@ def test_validate_finds_a_baseline_label_one_typo_from_a_checkpoints_and_leaves_
             assert f"is no checkpoint of the sweep (did you mean '{labels[0]}'?); found now: {', '.join(labels)}" in out
             assert main(["run", str(path), "--quiet"]) == 2, "refused before any checkpoint is evaluated"
             assert "checks[0].baseline" in capsys.readouterr().err
+
+
+def test_a_baseline_whose_files_are_gone_since_it_was_evaluated_is_no_typo_to_a_run(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a run refused the sweep once training deleted the baseline's folder: its label, one edit from a
+    label found now, was taken for a typo, though its results were kept and ``report`` judged against them."""
+    from hud_pipelines.cli.selection import refuse_misconfigured
+    from hud_pipelines.errors import HudPipelinesError
+    from hud_pipelines.eval.outputs import EvalOutputs
+
+    monkeypatch.chdir(REPO)
+    gate = [{"kind": "no_regression", "baseline": "001000"}]
+    spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1, checks=gate)
+    evaluate(spec, outputs_dir=tmp_path / "out", checkpoints=["001000"])
+    shutil.rmtree(run.step_dirs[1000])  # 000500 and 001500 remain: 001000 is one edit from 001500
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    path = tmp_path / "reach_sweep.yaml"
+    refuse_misconfigured(path, spec, outputs)  # evaluated, so a baseline still
+    mistyped = sweep_spec(tmp_path, str(run.output_dir), checks=[{**gate[0], "baseline": "001100"}])
+    with pytest.raises(HudPipelinesError, match=r"checks\[0\]\.baseline: '001100' is no checkpoint of the sweep"):
+        refuse_misconfigured(path, mistyped, outputs)
 
 
 def test_a_checkpoint_the_sim_cannot_feed_errors_its_rows_with_the_features_named(
