@@ -33,18 +33,20 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from hud_pipelines.cli.log_lines import plain_package_log
     from hud_pipelines.cli.run import run_pipeline
 
-    return run_pipeline(
-        args.pipeline,
-        pipelines_dir=args.pipelines_dir,
-        outputs_dir=args.outputs,
-        partitions=args.partition or None,
-        quiet=args.quiet,
-        checkpoints=args.checkpoint or None,
-        rerun=args.rerun,
-        queue=args.queue,
-    )
+    with plain_package_log():  # an instance's failure is a line of the run's output, as it happens
+        return run_pipeline(
+            args.pipeline,
+            pipelines_dir=args.pipelines_dir,
+            outputs_dir=args.outputs,
+            partitions=args.partition or None,
+            quiet=args.quiet,
+            checkpoints=args.checkpoint or None,
+            rerun=args.rerun,
+            queue=args.queue,
+        )
 
 
 def _report(args: argparse.Namespace) -> int:

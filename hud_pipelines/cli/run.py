@@ -13,7 +13,6 @@ summary says the run was interrupted and how far it got.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import sys
@@ -148,7 +147,6 @@ def run_pipeline(
     if kept:
         pairs = f"{kept} of {kept + units} (checkpoint, instance) pairs"
         console.print(Text(f"{pairs} keep their current result (--rerun evaluates them again)", style="dim"))
-    logging.getLogger("hud_pipelines").setLevel(logging.WARNING)
     # Dagster's console logger would print every failure with a stack trace; the summary below says
     # what failed in a line each, and the full event log stays in the instance (`dagster dev`).
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import signal
@@ -180,8 +181,18 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
         "unstartable", group=1, sim={"factory": f"{SIMS}:faulty", "args": {"fault": "raise_build"}}
     )
     elsewhere = tmp_path / "elsewhere outputs"
-    assert main(["run", str(unstartable), "--outputs", str(elsewhere), "--quiet"]) == 1
-    lines = capsys.readouterr().out.splitlines()
+    root = logging.getLogger()
+    configured = logging.StreamHandler(sys.stderr)  # as a library's module-level logging.info() sets up the root
+    configured.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    root.addHandler(configured)
+    try:
+        assert main(["run", str(unstartable), "--outputs", str(elsewhere), "--quiet"]) == 1
+    finally:
+        root.removeHandler(configured)
+    said = capsys.readouterr()
+    assert "\ninstance task0-i0 of unstartable failed (sim_start): the sim did not start" in f"\n{said.err}", said.err
+    assert "ERROR:hud_pipelines" not in said.err, "the run's lines read the same however logging was set up"
+    lines = said.out.splitlines()
     rerun = shlex.join(
         ["hud-pipelines", "run", str(unstartable), "--outputs", str(elsewhere), "--partition", "task0-i0"]
     )
