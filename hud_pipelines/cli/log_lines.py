@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator
 
 PACKAGE_LOGGER = "hud_pipelines"
 
 
 @contextlib.contextmanager
-def plain_package_log(level: int = logging.WARNING) -> Iterator[None]:
+def plain_package_log(level: int = logging.WARNING) -> Generator[None]:
     """While it lasts, the package's records of ``level`` and above go to stderr as their message alone (with
     a traceback where one was logged), and nowhere else; the logger is as it was afterwards."""
     logger = logging.getLogger(PACKAGE_LOGGER)
