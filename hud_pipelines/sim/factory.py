@@ -198,6 +198,15 @@ def _callable_factory(spec: str, target: Callable[..., Any]) -> Factory:
     return _factory(spec, FactoryKind.CALLABLE, target, signature, signature.names)
 
 
+def unknown_registry_id(env_id: str) -> str | None:
+    """Why gymnasium's registry, as it stands, holds no ``env_id`` (with the closest ids), or ``None``."""
+    if env_id in gym.registry:
+        return None
+    hint = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+    suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
+    return f"unknown gymnasium registry id {env_id!r}{suggestion}"
+
+
 def _registry_factory(env_id: str) -> Factory:
     if env_id not in gym.registry and "/" in env_id:
         namespace = env_id.split("/", 1)[0]
@@ -208,10 +217,9 @@ def _registry_factory(env_id: str) -> Factory:
                 f"registry id {env_id!r}: namespace {namespace!r} is not registered and no package of "
                 f"that name can be imported ({exc})"
             ) from exc
-    if env_id not in gym.registry:
-        hint = difflib.get_close_matches(env_id, list(gym.registry), n=3)
-        suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
-        raise FactoryError(f"unknown gymnasium registry id {env_id!r}{suggestion}")
+    unknown = unknown_registry_id(env_id)
+    if unknown is not None:
+        raise FactoryError(unknown)
     env_spec = gym.spec(env_id)
     entry = env_spec.entry_point
     creator: Callable[..., Any] | None = None

@@ -26,7 +26,7 @@ from hud_pipelines.spec.grading import CallableGrader, NoRegressionCheck
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, did_you_mean
 from hud_pipelines.spec.sections import is_file_target
-from hud_pipelines.spec.target_check import missing_file_problem, target_parameters, target_problem
+from hud_pipelines.spec.target_check import target_parameters, target_problem
 
 if TYPE_CHECKING:
     from hud_pipelines.agent.checkpoints import Discovery
@@ -39,37 +39,14 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     """Everything that shape validation cannot see; imports print to stderr so stdout stays the caller's."""
     with contextlib.redirect_stdout(sys.stderr):
         return [
-            *_python_problems(spec, document),
+            *python_problems(spec, document),
             *_fleet_problems(spec),
             *_factory_problems(spec, document),
-            *_contract_problems(spec, document),
-            *_policy_problems(spec, document),
+            *contract_problems(spec, document),
+            *policy_problems(spec, document),
             *_checkpoint_problems(spec, document),
-            *_grader_problems(spec, document),
+            *grader_problems(spec, document),
         ]
-
-
-def missing_target_files(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    """The ``file.py:callable`` targets (the sim's factory, the policy, the graders) whose file does not exist.
-
-    Found by ``run`` before it starts anything, without importing a file: otherwise every instance
-    would start its sim only to fail on the same missing file, and say so once per instance.
-    """
-    policy = spec.agent.policy
-    targets: list[tuple[KeyPath, str]] = [(("sim", "factory"), spec.sim.factory or "")]
-    if isinstance(policy, ScriptedPolicyConfig | TorchPolicyConfig):
-        targets.append((("agent", "policy", "target"), policy.target))
-    targets += [
-        (("graders", index, "target"), grader.target)
-        for index, grader in enumerate(spec.graders)
-        if isinstance(grader, CallableGrader)
-    ]
-    return [
-        document.problem(where, missing)
-        for where, target in targets
-        if is_file_target(target)
-        and (missing := missing_file_problem(Path(spec.resolve_target(target).rpartition(":")[0]))) is not None
-    ]
 
 
 def unmodelled_factory_problems(document: YamlDocument, source: Path | None, reported: Sequence[str]) -> list[Problem]:
@@ -112,7 +89,7 @@ def _section(value: object) -> dict[str, object] | None:
     return cast(dict[str, object], value) if isinstance(value, dict) else None
 
 
-def _python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+def python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     """A ``sim.python`` that names no interpreter (a uv project not set up yet) is found before a run."""
     if spec.sim.python is None:
         return []
@@ -291,7 +268,8 @@ def _argument_problems(
     return problems
 
 
-def _contract_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+def contract_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """A contract file that does not load, or that the dataset section or a constant action does not fit."""
     path = spec.contract_path
     if path is None or not path.exists():
         return []  # written from the derived contract on first use
@@ -333,12 +311,13 @@ def _torch_checkpoint_problem(path: Path) -> str | None:
     return None if problem is None else f"checkpoint {path}: {problem}"
 
 
-def _policy_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+def policy_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: bool = True) -> list[Problem]:
+    """The policy's target, arguments, checkpoint file or folder (``run_code``: as :func:`target_problem`)."""
     policy = spec.resolved_agent().policy
     where: KeyPath = ("agent", "policy")
     problems: list[Problem] = []
     if isinstance(policy, ScriptedPolicyConfig | TorchPolicyConfig):
-        message = target_problem(policy.target, spec.base_dir)
+        message = target_problem(policy.target, spec.base_dir, run_code=run_code)
         if message is not None:
             problems.append(document.problem((*where, "target"), message))
         else:
@@ -373,11 +352,12 @@ def _target_argument_problems(
     ]
 
 
-def _grader_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+def grader_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: bool = True) -> list[Problem]:
+    """The callable graders' targets (``run_code``: as :func:`target_problem`)."""
     problems: list[Problem] = []
     for index, grader in enumerate(spec.resolved_graders()):
         if isinstance(grader, CallableGrader):
-            message = target_problem(grader.target, spec.base_dir)
+            message = target_problem(grader.target, spec.base_dir, run_code=run_code)
             if message is not None:
                 problems.append(document.problem(("graders", index, "target"), message))
     return problems

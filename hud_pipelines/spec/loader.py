@@ -51,16 +51,16 @@ def load_pipeline(path: Path | str, *, deep: bool = False, env: Mapping[str, str
 
 
 def load_pipeline_to_run(path: Path | str) -> PipelineSpec:
-    """Load one pipeline file to run it: as :func:`load_pipeline`, and the ``file.py`` targets it names must
-    exist (a cheap look, no import: the deep checks are ``validate``'s)."""
-    from hud_pipelines.spec.deep import missing_target_files
+    """Load one pipeline file to run it: as :func:`load_pipeline`, and what it names must be there as far as
+    reading tells, without running any of its code (:mod:`hud_pipelines.spec.preflight`)."""
+    from hud_pipelines.spec.preflight import runnable_problems
 
     loaded = load_file(Path(path))
     if loaded.spec is None or loaded.problems or loaded.document is None:
         raise SpecError(loaded.problems)
-    missing = missing_target_files(loaded.spec, loaded.document)
-    if missing:
-        raise SpecError(missing)
+    problems = runnable_problems(loaded.spec, loaded.document)
+    if problems:
+        raise SpecError(problems)
     return loaded.spec
 
 

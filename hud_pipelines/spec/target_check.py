@@ -21,19 +21,20 @@ from hud_pipelines.targets import project_first, shadowed_sibling
 _BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.With, ast.For, ast.While)
 
 
-def target_problem(target: str, base_dir: Path | None = None) -> str | None:
+def target_problem(target: str, base_dir: Path | None = None, *, run_code: bool = True) -> str | None:
     """Why ``target`` cannot be imported, or ``None`` when it names an existing attribute.
 
     A ``file.py`` part must already be absolute (see ``PipelineSpec.resolve_target``). A module is looked
     for as a run imports it (:func:`~hud_pipelines.targets.project_first`, from ``base_dir``: the YAML's
-    folder; default the working directory), so validation says what the run will meet.
+    folder; default the working directory), so validation says what the run will meet. ``run_code=False``
+    never imports the module itself: one whose names cannot be read from its source passes.
     """
     module_part, sep, attribute = target.rpartition(":")
     if not sep or not module_part or not attribute.isidentifier():
         return f"expected 'module:attribute' or 'path/to/file.py:attribute', got {target!r}"
     if module_part.endswith(".py"):
-        return _file_problem(Path(module_part), attribute)
-    return _module_problem(module_part, attribute, (base_dir or Path.cwd()).resolve())
+        return _file_problem(Path(module_part), attribute, run_code)
+    return _module_problem(module_part, attribute, (base_dir or Path.cwd()).resolve(), run_code)
 
 
 def missing_file_problem(path: Path) -> str | None:
@@ -44,7 +45,7 @@ def missing_file_problem(path: Path) -> str | None:
     return f"file {path} does not exist{did_you_mean(path.name, siblings)}"
 
 
-def _file_problem(path: Path, attribute: str) -> str | None:
+def _file_problem(path: Path, attribute: str, run_code: bool) -> str | None:
     missing = missing_file_problem(path)
     if missing is not None:
         return missing
@@ -54,6 +55,8 @@ def _file_problem(path: Path, attribute: str) -> str | None:
     names = _static_names(path)
     if isinstance(names, str):
         return names
+    if names is None and not run_code:
+        return None
     if names is None:
         spec = importlib.util.spec_from_file_location(f"_hud_target_{path.stem}", path)
         if spec is None or spec.loader is None:
@@ -67,7 +70,7 @@ def _file_problem(path: Path, attribute: str) -> str | None:
     return _attribute_problem(str(path), attribute, names)
 
 
-def _module_problem(module_name: str, attribute: str, base: Path) -> str | None:
+def _module_problem(module_name: str, attribute: str, base: Path, run_code: bool) -> str | None:
     clash = project_first(module_name, base)
     if clash is not None:
         return f"cannot import module {module_name!r}: {clash}"
@@ -85,6 +88,8 @@ def _module_problem(module_name: str, attribute: str, base: Path) -> str | None:
         names = _static_names(Path(spec.origin))
         if isinstance(names, str):
             return names
+    if names is None and not run_code:
+        return None
     if names is None:
         try:
             module = importlib.import_module(module_name)

@@ -1,0 +1,48 @@
+"""What ``hud-pipelines run`` checks of a pipeline before it starts anything: the deep checks that run none of
+the user's code.
+
+``validate`` resolves the sim factory, which imports its module in the calling process; a run leaves that to
+the sim's own process (a sim may want the process to itself, or run under another interpreter), where an
+unknown factory is the sim's start-up error, one per instance. Everything that reading can tell is checked
+here instead, at the YAML line that names it, so that a typo does not start a Dagster run and a sim per
+instance to end in an errored row per slot: a ``file.py:callable`` or ``module:callable`` target's file and
+name, read from its source (a module whose names cannot be read is left to the run); a registry id that
+gymnasium's own registry does not hold (a namespaced one, ``gym_pusht/PushT-v0``, is registered by its
+package in the sim: left to it); the arguments of a scripted or torch policy; a checkpoint file or policy
+folder that is not there; the contract file against the dataset section and a constant action; the sim's
+interpreter.
+"""
+
+from __future__ import annotations
+
+from hud_pipelines.spec.deep import contract_problems, grader_problems, policy_problems, python_problems
+from hud_pipelines.spec.document import YamlDocument
+from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.problems import Problem
+from hud_pipelines.spec.target_check import target_problem
+
+
+def runnable_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """The problems of a valid spec that would fail its run, as far as they show without running its code."""
+    return [
+        *python_problems(spec, document),
+        *_factory_problems(spec, document),
+        *contract_problems(spec, document),
+        *policy_problems(spec, document, run_code=False),
+        *grader_problems(spec, document, run_code=False),
+    ]
+
+
+def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    factory = spec.factory
+    if factory is None or spec.sim.python is not None or spec.sim.lerobot_env is not None:
+        return []  # a sim of its own interpreter, or a lerobot env config (resolved while loading), is the sim's
+    if ":" in factory:
+        message = target_problem(spec.resolve_target(factory), spec.base_dir, run_code=False)
+    elif "/" in factory:
+        return []
+    else:
+        from hud_pipelines.sim.factory import unknown_registry_id
+
+        message = unknown_registry_id(factory)
+    return [] if message is None else [document.problem(("sim", "factory"), message)]

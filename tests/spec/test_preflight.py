@@ -1,0 +1,104 @@
+"""What ``hud-pipelines run`` refuses before it starts anything: the deep checks that run none of the user's code."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hud_pipelines.spec import SpecError
+from hud_pipelines.spec.loader import load_pipeline_to_run
+
+WriteYaml = Callable[..., Path]
+
+ENV_MODULE = """\
+import gymnasium as gym
+
+open(__file__ + ".ran", "w").close()  # marks that the module was run
+
+
+def make_env(num_envs=1):
+    return gym.make("CartPole-v1")
+"""
+
+POLICY_MODULE = """\
+class Gain:
+    def __init__(self, gain: float = 1.0) -> None:
+        self.gain = gain
+
+    def __call__(self, observation):
+        return observation
+
+
+def passes(rows, trace=None):
+    return True
+"""
+
+
+def _refused(path: Path) -> tuple[str, int, str]:
+    with pytest.raises(SpecError) as raised:
+        load_pipeline_to_run(path)
+    [problem] = raised.value.problems
+    return problem.path, problem.line, problem.message
+
+
+def test_a_run_refuses_at_the_yamls_line_what_validate_finds_without_running_the_users_code(
+    write_yaml: WriteYaml,
+) -> None:
+    """Before, a run checked only that ``file.py`` targets exist: a misspelled factory name or registry id, a
+    policy argument or a grader target started a Dagster run and a sim per instance, and ended in errored rows
+    (``sim_start``, ``setup``) with no line of the file, exit status 1 where ``validate`` said the line."""
+    module = write_yaml(ENV_MODULE, "my_envs.py")
+    write_yaml(POLICY_MODULE, "my_policies.py")
+    head = "name: p\nsim: {factory: FACTORY}\n"
+    policy = "agent: {policy: {kind: scripted, target: my_policies.py:Gain, args: {gain: 2}}}\n"
+    graders = "graders: [{kind: callable, target: my_policies.py:passes}]\n"
+
+    def pipeline(factory: str = "my_envs.py:make_env", policy: str = policy, graders: str = graders) -> Path:
+        return write_yaml(head.replace("FACTORY", factory) + policy + graders, "p.yaml")
+
+    assert load_pipeline_to_run(pipeline()).name == "p"
+    assert load_pipeline_to_run(pipeline("CartPole-v1")).name == "p"
+    path, line, message = _refused(pipeline("my_envs.py:make_envv"))
+    assert (path, line) == ("sim.factory", 2)
+    assert message.endswith("has no attribute 'make_envv' (did you mean 'make_env'?)"), message
+    path, line, message = _refused(pipeline("CartPol-v1"))
+    assert (path, line) == ("sim.factory", 2)
+    assert message.startswith("unknown gymnasium registry id 'CartPol-v1'; did you mean CartPole-v1"), message
+    assert _refused(pipeline(policy=policy.replace("{gain: 2}", "{gainn: 2}")))[:2] == ("agent.policy.args.gainn", 3)
+    path, line, message = _refused(pipeline(graders=graders.replace("passes", "pases")))
+    assert (path, line) == ("graders[0].target", 4)
+    assert "has no attribute 'pases' (did you mean 'passes'?)" in message
+    assert not Path(f"{module}.ran").exists(), "the sim's module is the sim's to run: read, never imported here"
+
+
+def test_what_cannot_be_read_without_running_it_is_left_to_the_run(
+    write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module whose names are made at run time, a namespaced registry id (its package registers it in the sim)
+    and a sim of another interpreter are the sim's to resolve: a run does not import them to look."""
+    write_yaml("def __getattr__(name):\n    raise AttributeError(name)\n", "dynamic/lazy_envs.py")
+    monkeypatch.syspath_prepend(str(write_yaml("", "dynamic/.keep").parent))
+    for factory in ("lazy_envs:make", "not_imported_pkg/Env-v0"):
+        path = write_yaml(f"name: p\nsim: {{factory: '{factory}'}}\nagent: {{policy: {{kind: random}}}}\n")
+        assert load_pipeline_to_run(path).factory == factory
+    assert "lazy_envs" not in sys.modules
+    assert "not_imported_pkg" not in sys.modules
+
+
+def test_a_dataset_section_the_contract_file_does_not_fit_is_refused_before_the_run(write_yaml: WriteYaml) -> None:
+    """Before, the run's first step failed with a chained DatasetFitError (a raw traceback under ``dagster job
+    execute``), naming no key."""
+    from hud_pipelines.sim.bridge import GymBridge
+
+    with GymBridge("Pendulum-v1", 1) as bridge:
+        write_yaml(bridge.contract.to_json(), "contracts/pendulum.json")
+    path = write_yaml(
+        "name: p\nsim: {factory: Pendulum-v1, contract: contracts/pendulum.json}\nagent: {policy: {kind: random}}\n"
+        "dataset: {state_features: [nope]}\n"
+    )
+    where, line, message = _refused(path)
+    assert (where, line) == ("dataset.state_features", 4)
+    assert "state_features ['nope'] are not non-camera observation features" in message
