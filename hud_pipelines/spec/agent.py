@@ -143,6 +143,8 @@ class LeRobotPolicyConfig(StrictModel):
     def _one_weights_source(self) -> LeRobotPolicyConfig:
         if self.checkpoints is not None and (self.path is not None or self.type is not None):
             raise spec_rule("checkpoints", "give 'checkpoints' (a sweep) or 'path' / 'type' (one policy), not both")
+        if self.checkpoints is None and self.path is None and self.type is None:  # nothing to load: said at the YAML
+            raise spec_rule("path", "give 'path' (a pretrained folder), 'type' (random weights) or 'checkpoints'")
         return self
 
 
