@@ -261,7 +261,8 @@ def _definition_order(schema: JsonObject, defs: JsonObject) -> list[tuple[str, l
                 if target not in used_at:
                     order.append(target)
                     used_at[target] = []
-                used_at[target].append(f"{path}{suffix}")
+                if f"{path}{suffix}" not in used_at[target]:  # two policy kinds' checkpoints are one place
+                    used_at[target].append(f"{path}{suffix}")
     return [(name, used_at[name]) for name in order]
 
 

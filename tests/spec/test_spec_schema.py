@@ -50,6 +50,15 @@ def test_committed_reference_is_up_to_date() -> None:
     assert committed == render_markdown(), f"regenerate with: hud-pipelines schema --markdown -o {REFERENCE_FILE}"
 
 
+def test_the_reference_names_each_place_a_section_is_used_at_once() -> None:
+    """Both sweepable policy kinds have ``checkpoints``: their entries were said to be used at the same key twice."""
+    for line in render_markdown().splitlines():
+        if line.startswith("Used at: "):
+            places = line.removeprefix("Used at: ").rstrip(".").split(", ")
+            assert len(places) == len(set(places)), line
+    assert "Used at: `agent.policy.checkpoints[]`." in render_markdown()
+
+
 def test_there_are_valid_examples_and_each_names_the_committed_schema() -> None:
     assert len(VALID_FILES) >= 3
     for path in VALID_FILES:
