@@ -40,7 +40,8 @@ CheckpointSources = str | list[str | CheckpointEntry]
 CHECKPOINTS_DESCRIPTION = (
     "evaluate every checkpoint of a training run on the same episodes (a sweep): the run's directory as "
     "lerobot-train writes it (<dir>/checkpoints/<step>/pretrained_model/), a folder of save_pretrained folders, "
-    "several run directories, or a list of {label, path, step (optional)}; checkpoints are picked up as they appear, once complete"
+    "several run directories, or a list of {label, path, step (optional)}; checkpoints are picked up as they "
+    "appear, once complete"
 )
 
 

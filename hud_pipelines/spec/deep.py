@@ -40,7 +40,7 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     with contextlib.redirect_stdout(sys.stderr):
         return [
             *python_problems(spec, document),
-            *_fleet_problems(spec),
+            *fleet_file_problems(spec, document),
             *_factory_problems(spec, document),
             *contract_problems(spec, document),
             *policy_problems(spec, document),
@@ -102,13 +102,17 @@ def python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]
     return []
 
 
-def _fleet_problems(spec: PipelineSpec) -> list[Problem]:
-    """A ``sim.fleet`` file that does not load: its own problems, at their lines in that file."""
+def fleet_file_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """A ``sim.fleet`` file that does not load: its own problems, at their lines in that file; one that is not
+    there, at the pipeline's ``sim.fleet``."""
     if spec.sim.fleet is None:
         return []
     from hud_pipelines.spec.fleet import fleet_problems
 
-    return fleet_problems(spec.resolve_path(spec.sim.fleet))
+    path = spec.resolve_path(spec.sim.fleet)
+    if not path.is_file():
+        return [document.problem(("sim", "fleet"), f"no fleet file at {path}")]
+    return fleet_problems(path)
 
 
 def _checkpoint_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:

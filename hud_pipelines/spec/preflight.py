@@ -10,12 +10,18 @@ name, read from its source (a module whose names cannot be read is left to the r
 gymnasium's own registry does not hold (a namespaced one, ``gym_pusht/PushT-v0``, is registered by its
 package in the sim: left to it); the arguments of a scripted or torch policy; a checkpoint file or policy
 folder that is not there; the contract file against the dataset section and a constant action; the sim's
-interpreter.
+interpreter; the fleet file.
 """
 
 from __future__ import annotations
 
-from hud_pipelines.spec.deep import contract_problems, grader_problems, policy_problems, python_problems
+from hud_pipelines.spec.deep import (
+    contract_problems,
+    fleet_file_problems,
+    grader_problems,
+    policy_problems,
+    python_problems,
+)
 from hud_pipelines.spec.document import YamlDocument
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem
@@ -26,6 +32,7 @@ def runnable_problems(spec: PipelineSpec, document: YamlDocument) -> list[Proble
     """The problems of a valid spec that would fail its run, as far as they show without running its code."""
     return [
         *python_problems(spec, document),
+        *fleet_file_problems(spec, document),
         *_factory_problems(spec, document),
         *contract_problems(spec, document),
         *policy_problems(spec, document, run_code=False),

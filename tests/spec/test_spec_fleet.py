@@ -9,8 +9,8 @@ import pytest
 
 from hud_pipelines.eval.runner import sim_settings
 from hud_pipelines.spec.fleet import fleet_problems, load_fleet
-from hud_pipelines.spec.loader import load_file, load_pipeline_text
-from hud_pipelines.spec.problems import SpecError
+from hud_pipelines.spec.loader import load_file, load_pipeline_text, load_pipeline_to_run
+from hud_pipelines.spec.problems import SpecError, display_path
 
 ENV = {"LAB_TOKEN": "lab-secret", "B_TOKEN": "b-secret"}
 FLEET = """\
@@ -80,8 +80,14 @@ def test_a_fleet_file_problem_is_named_at_its_line(tmp_path: Path, text: str, li
 
 
 def test_validate_reports_a_missing_fleet_file_and_a_fleet_with_a_pipeline_token(tmp_path: Path) -> None:
-    missing = load_file(Path(_pipeline(tmp_path, fleet="fleets/none.yaml")), deep=True)
-    assert [p.message for p in missing.problems] == ["cannot read the fleet file: No such file or directory"]
+    pipeline = Path(_pipeline(tmp_path, fleet="fleets/none.yaml"))
+    missing = load_file(pipeline, deep=True)  # said at the pipeline's key, not as the missing file's own problem
+    [problem] = missing.problems
+    assert (problem.file, problem.path) == (display_path(pipeline), "sim.fleet"), problem
+    assert problem.line > 0
+    assert problem.message == f"no fleet file at {tmp_path / 'fleets' / 'none.yaml'}"
+    with pytest.raises(SpecError, match=r"sim\.fleet: no fleet file at "):
+        load_pipeline_to_run(pipeline)  # as a run refuses it, before it starts
     both = load_file(Path(_pipeline(tmp_path, fleet="lab.yaml", token="t")), deep=False)
     assert any("a sim fleet's tokens are in its file" in p.message for p in both.problems)
     with_url = load_file(Path(_pipeline(tmp_path, fleet="lab.yaml", url="ws://a:1", token="t")), deep=False)
