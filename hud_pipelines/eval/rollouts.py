@@ -189,7 +189,7 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
     ]
     invocation = ["hud-pipelines", "run", run_argument(spec)]
     command = rerun_command([attempt.key for attempt, _ in kept], invocation, spec.partition_keys())
-    return "\n".join([*lines, f"once they can start: {command}"])
+    return "\n".join([*lines, f"run them again once they can start: {command}"])
 
 
 def _record_interrupted(

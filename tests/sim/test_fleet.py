@@ -311,7 +311,9 @@ def test_a_run_that_meets_no_served_sim_keeps_every_earlier_result_and_fails_say
     assert "instance(s) task0-i1 did not start (sim_start: " in said
     assert f"cannot connect to the sim at {url}" in said
     assert f"their results of run {first.run_id} are kept" in said
-    assert said.endswith(f"once they can start: hud-pipelines run {tmp_path / 'fleet.yaml'} --partition task0-i1")
+    assert said.endswith(
+        f"\nrun them again once they can start: hud-pipelines run {tmp_path / 'fleet.yaml'} --partition task0-i1"
+    )
 
     home = tmp_path / "home"  # the CLI's run: a Dagster run that fails with that reason, the grades as they were
     home.mkdir()
@@ -324,7 +326,7 @@ def test_a_run_that_meets_no_served_sim_keeps_every_earlier_result_and_fails_say
     assert "step fleet__eval failed: instance(s) task0-i0, task0-i1, task0-i2, task0-i3 did not start" in printed
     assert "are kept, as nothing ran to replace them" in printed, printed[-3000:]
     asked = f"hud-pipelines run {tmp_path / 'fleet.yaml'} --outputs {tmp_path / 'out'} --partition task0-i0"
-    assert f"once they can start: {asked}" in printed, "the command as this run was asked"
+    assert f"replace them / run them again once they can start: {asked}" in printed, "as this run was asked"
     grades = [GradeRow.from_dict(row) for row in json.loads(outputs.grades_json.read_text())]
     assert grades == first.rows, "the grades, written again after the failed step, are the kept results"
     completed = json.loads(outputs.checks_json.read_text())[0]  # those would pass it: the run's failure does not
