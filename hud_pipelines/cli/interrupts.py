@@ -59,7 +59,9 @@ def interrupted_line(interrupted: signal.Signals, finished: int, units: int, res
 
     ``on_workers``: the run's units ran on Celery workers, where the ones already running finish.
     """
-    if on_workers:
+    if finished >= units:  # it came after the last instance ended, while the grades or the dataset were made
+        kept = "every instance had ended, and their results are kept and graded"
+    elif on_workers:
         kept = (
             "the units already running on workers finish there and write their results (then `hud-pipelines "
             "report` brings the grades up to date); the other instances keep their earlier results"

@@ -625,3 +625,18 @@ def test_a_run_says_when_another_live_run_of_its_pipeline_is_running() -> None:
         assert len(said) == 3, "a re-execution's copied tags name no process of its own"
     assert said[1].startswith("run sensed of cart, launched by the sensor cart_sweep__checkpoints (process")
     assert said[2].startswith("run ui of cart, launched from Dagster (the UI, `dagster job execute` or `dg launch`)")
+
+
+def test_an_interrupt_after_the_last_instance_ended_says_so_rather_than_what_unfinished_ones_keep() -> None:
+    """Before, a Ctrl-C while the grades were written said "after 2 of 2 instance(s); the instances it did not
+    finish keep their earlier results", of instances that had all finished."""
+    from hud_pipelines.cli.interrupts import interrupted_line
+
+    done = interrupted_line(signal.SIGINT, 2, 2, "", on_workers=False)
+    assert done == (
+        "run interrupted by SIGINT after 2 of 2 instance(s); every instance had ended, and their results are kept "
+        "and graded"
+    )
+    cut = interrupted_line(signal.SIGINT, 1, 2, "; to run only those: x", on_workers=False)
+    assert cut.startswith("run interrupted by SIGINT after 1 of 2 instance(s); the instances it did not finish keep ")
+    assert cut.endswith("; to run only those: x")
