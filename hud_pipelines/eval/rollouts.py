@@ -126,7 +126,7 @@ def rollouts_step(
             shards.commit(result.key, failure=None if writer is None else writer.failure)
 
     job = episode_job(spec.name, run_id, checkpoint)
-    runner = EvalRunner(spec, pool, job=job, run_id=run_id, sinks=sinks, on_result=ended)
+    runner = EvalRunner(spec, pool, job=job, run_id=run_id, sinks=sinks, on_result=ended, checkpoint=checkpoint)
     try:
         return runner.run(partitions)
     except BaseException as exc:  # interrupted, or a fault of ours: say so for every instance it cut short

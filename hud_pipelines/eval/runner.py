@@ -100,7 +100,10 @@ class EvalRunner:
     run_id: str = ""
     sinks: SinkFactory | None = None
     on_result: ResultCallback | None = None
+    checkpoint: str | None = None
+    """The label of the sweep member ``spec`` is: its instances are named ``<label>|<instance>`` in the log."""
     _graders: list[Grader] = field(default_factory=list[Grader], init=False)
+    _said: dict[tuple[Fault, str], str] = field(default_factory=dict[tuple[Fault, str], str], init=False)
     _contract: Contract | None = field(default=None, init=False)
     _interrupted: bool = field(default=False, init=False)
 
@@ -266,7 +269,7 @@ class EvalRunner:
             failure = (f"the run was interrupted before instance {key} finished", Fault.INTERRUPTED)
             rows = [_interrupted(row, failure[0]) for row in rows]
         elif failure is not None:
-            log.error("instance %s of %s failed (%s): %s", key, spec.name, failure[1].value, failure[0])
+            self._say_failed(key, failure[1], failure[0])
         stopped = [f"{sink.what}: {sink.failure}" for sink in sinks if isinstance(sink, ContainedSink) and sink.failure]
         result = InstanceResult.of(
             spec, partition, rows, failure=failure, run_id=self.run_id, wall_s=wall, env_steps=env_steps, server=server
@@ -289,10 +292,18 @@ class EvalRunner:
         spec = self.spec
         key = spec.partition_key(*partition)
         result = unreached_result(spec, partition, reason, fault, run_id=self.run_id, server=server)
-        log.error("instance %s of %s failed (%s): %s", key, spec.name, fault.value, reason)
+        self._say_failed(key, fault, reason)
         if self.on_result is not None:
             self.on_result(result)
         return result
+
+    def _say_failed(self, key: str, fault: Fault, reason: str) -> None:
+        """A line per failed instance; one that failed as an earlier one did points at it (a policy that cannot
+        be built, a sim that is down, fails every instance alike: the reason once, not once per instance)."""
+        named = f"{self.checkpoint}|{key}" if self.checkpoint else key
+        first = self._said.setdefault((fault, reason), named)
+        said = reason if first == named else f"as instance {first}"
+        log.error("instance %s of %s failed (%s): %s", named, self.spec.name, fault.value, said)
 
     def _grade(self, key: EpisodeKey, outcome: EpisodeOutcome) -> EpisodeOutcome:
         """The pipeline's verdict on an answered episode: the first grader decides, the others add metrics."""

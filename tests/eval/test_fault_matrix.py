@@ -294,3 +294,44 @@ def test_the_readmes_table_of_faults_names_every_fault_and_what_it_ends() -> Non
     rows = re.findall(r"^  \| `(\w+)` \| .+ \| the (slot|instance) \|$", (REPO / "README.md").read_text(), re.MULTILINE)
     assert [name for name, _ in rows] == [fault.value for fault in Fault]
     assert {name: ends == "instance" for name, ends in rows} == {fault.value: fault.ends_instance for fault in Fault}
+
+
+def test_instances_that_fail_alike_say_the_reason_once_and_name_their_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a checkpoint whose policy could not be built logged its whole reason once per instance, naming
+    the instance without the checkpoint: eight like lines, which of the sweep's checkpoints unsaid."""
+    from hud_pipelines.dagster.resources import pipeline_resources
+    from hud_pipelines.eval.rollouts import rollouts_step
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    monkeypatch.chdir(REPO)
+    text = {
+        "name": "unbuilt",
+        "sim": {"factory": f"{SIMS}:cartpole", "num_envs": 1},
+        "agent": {"policy": {"kind": "scripted", "target": "tests.eval.faulty_policies:RefusesToBuild"}},
+        "group": 3,
+    }
+    spec = load_pipeline_text(json.dumps(text), source=tmp_path / "unbuilt.yaml")
+    parts = pipeline_resources(spec, project_dir=REPO)
+    try:
+        with caplog.at_level("ERROR", logger="hud_pipelines.eval.runner"):
+            results = rollouts_step(
+                spec,
+                parts.sim.pool(spec),
+                EvalOutputs(tmp_path, spec.name),
+                run_id="r",
+                partitions=spec.partitions(),
+                checkpoint="step_9",
+            )
+    finally:
+        parts.sim.close()
+    assert {result.fault for result in results} == {Fault.SETUP}
+    said = [
+        r.getMessage() for r in caplog.records if r.name == "hud_pipelines.eval.runner" and "failed" in r.getMessage()
+    ]
+    first = "instance step_9|task0-i0 of unbuilt failed (setup): the policy could not be built: FileNotFoundError: "
+    assert said[0].startswith(first), said
+    assert said[1:] == [
+        f"instance step_9|task0-i{i} of unbuilt failed (setup): as instance step_9|task0-i0" for i in (1, 2)
+    ], said
