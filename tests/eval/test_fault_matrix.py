@@ -26,6 +26,7 @@ from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.spec.models import PipelineSpec
 from tests.dagster.support import REPO, SIMS, sim_label, sim_processes
 
 NUM_ENVS = 2
@@ -262,21 +263,11 @@ def test_a_policy_that_raises_in_every_instance_is_logged_once_with_its_tracebac
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hud_pipelines.eval.steps import evaluate
-    from hud_pipelines.spec.loader import load_pipeline_text
 
     monkeypatch.chdir(REPO)
-    text = {
-        "name": "raises",
-        "sim": {"factory": f"{SIMS}:cartpole", "num_envs": 2},
-        "agent": {"policy": {"kind": "scripted", "target": "tests.eval.faulty_policies:AlwaysRaises"}},
-        "group": 3,
-        "max_concurrent": 1,
-        "max_steps": 5,
-    }
+    spec = _scripted_cartpole(tmp_path, "raises", "AlwaysRaises", num_envs=2, max_concurrent=1, max_steps=5)
     with caplog.at_level("DEBUG", logger="hud_pipelines.agent.loop"):
-        evaluation = evaluate(
-            load_pipeline_text(json.dumps(text), source=tmp_path / "raises.yaml"), outputs_dir=tmp_path
-        )
+        evaluation = evaluate(spec, outputs_dir=tmp_path)
     said = [r for r in caplog.records if r.name == "hud_pipelines.agent.loop" and "policy failed" in r.getMessage()]
     assert [(r.levelname, bool(r.exc_info)) for r in said] == [
         ("ERROR", True),
@@ -303,16 +294,9 @@ def test_instances_that_fail_alike_say_the_reason_once_and_name_their_checkpoint
     the instance without the checkpoint: eight like lines, which of the sweep's checkpoints unsaid."""
     from hud_pipelines.dagster.resources import pipeline_resources
     from hud_pipelines.eval.rollouts import rollouts_step
-    from hud_pipelines.spec.loader import load_pipeline_text
 
     monkeypatch.chdir(REPO)
-    text = {
-        "name": "unbuilt",
-        "sim": {"factory": f"{SIMS}:cartpole", "num_envs": 1},
-        "agent": {"policy": {"kind": "scripted", "target": "tests.eval.faulty_policies:RefusesToBuild"}},
-        "group": 3,
-    }
-    spec = load_pipeline_text(json.dumps(text), source=tmp_path / "unbuilt.yaml")
+    spec = _scripted_cartpole(tmp_path, "unbuilt", "RefusesToBuild", num_envs=1)
     parts = pipeline_resources(spec, project_dir=REPO)
     try:
         with caplog.at_level("ERROR", logger="hud_pipelines.eval.runner"):
@@ -335,3 +319,17 @@ def test_instances_that_fail_alike_say_the_reason_once_and_name_their_checkpoint
     assert said[1:] == [
         f"instance step_9|task0-i{i} of unbuilt failed (setup): as instance step_9|task0-i0" for i in (1, 2)
     ], said
+
+
+def _scripted_cartpole(tmp_path: Path, name: str, policy: str, **fields: Any) -> PipelineSpec:
+    """Three instances of CartPole driven by a policy of ``tests/eval/faulty_policies.py``."""
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    text = {
+        "name": name,
+        "sim": {"factory": f"{SIMS}:cartpole", "num_envs": fields.pop("num_envs")},
+        "agent": {"policy": {"kind": "scripted", "target": f"tests.eval.faulty_policies:{policy}"}},
+        "group": 3,
+        **fields,
+    }
+    return load_pipeline_text(json.dumps(text), source=tmp_path / f"{name}.yaml")
