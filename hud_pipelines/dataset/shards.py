@@ -166,7 +166,10 @@ class ShardStore:
         with contextlib.suppress(OSError, ValueError):
             if json.loads(record.read_text()) == made_of:
                 return False
-        publish_shards(shards, target, repo_id=self.spec.dataset_repo_id)
+        try:
+            publish_shards(shards, target, repo_id=self.spec.dataset_repo_id)
+        except OSError as exc:  # a folder that cannot be made there: the place said, not a bare errno
+            raise DatasetWriteError(f"{self.spec.name}: cannot write the dataset at {target}: {exc}") from exc
         write_atomically(record, json.dumps(made_of, indent=1))  # after the swap: a crash before it publishes again
         return True
 

@@ -138,3 +138,16 @@ def test_a_resumed_run_runs_again_the_instances_whose_dataset_shard_is_partial(t
     todo, kept = finished_by(pipeline, first.outputs, pipeline.partitions(), {first.run_id})
     assert [r.key for r in kept] == ["task0-i0"]
     assert [pipeline.partition_key(*p) for p in todo] == ["task0-i1"]
+
+
+def test_a_dataset_root_where_no_folder_can_be_made_is_named_with_the_grades_kept(tmp_path: Path) -> None:
+    """Before, the dataset step failed with a bare ``NotADirectoryError`` of the first folder it could not make."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    target = blocker / "datasets" / "cartpole"
+    path = _pipeline(tmp_path / "pipelines" / "blocked.yaml", dataset={"root": str(target)})
+    with pytest.raises(DatasetWriteError, match=f"blocked: cannot write the dataset at {target}: ") as raised:
+        evaluate(load_pipeline(path), outputs_dir=tmp_path / "outputs", project_dir=REPO)
+    assert "Not a directory" in str(raised.value)
+    grades = json.loads((tmp_path / "outputs" / "blocked" / "grades.json").read_text())
+    assert {row["status"] for row in grades} == {EpisodeStatus.SUCCEEDED.value}, "the grades stand"
