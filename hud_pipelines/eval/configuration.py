@@ -76,10 +76,15 @@ def current_rollout_hashes(spec: PipelineSpec, outputs: EvalOutputs) -> RolloutH
     """The hashes results must carry to be current: the latest run's (with its overrides of the YAML),
     unless the YAML's configuration changed since; then the YAML's own."""
     record = _record(outputs)
-    if record and record.get("yaml_rollout_hash") == spec.rollout_hash:
+    if record and not _edited_since(spec, record):
         recorded = cast(dict[str, str], record.get("task_rollout_hashes") or {})  # a record before task hashes
         return RolloutHashes(str(record["rollout_hash"]), dict(recorded))
     return RolloutHashes.of(spec)
+
+
+def _edited_since(spec: PipelineSpec, record: dict[str, Any] | None) -> bool:
+    """Whether the YAML's configuration changed since the run of ``record`` (``None``: no run yet, no change)."""
+    return bool(record) and record.get("yaml_rollout_hash") != spec.rollout_hash
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,17 @@ class CurrentBy:
     environment: dict[str, Any] | None = None
 
     def resolve(self, spec: PipelineSpec, outputs: EvalOutputs) -> tuple[RolloutHashes, dict[str, Any]]:
-        """Both, the latest run's of ``spec`` where left ``None``."""
+        """Both, the latest run's of ``spec`` where left ``None``.
+
+        Where the YAML changed since that run, the hashes are the YAML's, and so is the configuration in the
+        environment (:func:`~hud_pipelines.eval.provenance.configured`): a stale result's reason names what
+        differs from the pipeline as it is now, not from the run before the edit.
+        """
         hashes = self.hashes or current_rollout_hashes(spec, outputs)
-        return hashes, self.environment if self.environment is not None else recorded_provenance(outputs)
+        environment = self.environment if self.environment is not None else recorded_provenance(outputs)
+        if self.hashes is None and environment and _edited_since(spec, _record(outputs)):
+            environment = provenance.configured(environment, spec)
+        return hashes, environment
 
     def of_checkpoint(self, sweep: PipelineSpec, outputs: EvalOutputs, content_hash: str) -> CurrentBy:
         """What one checkpoint's results must match: the sweep's hashes with the weights' content, in the

@@ -53,12 +53,27 @@ def for_run(
     results of a server started otherwise are never merged with these. ``code``: the sources as digested
     before the run loaded them (:func:`hud_pipelines.eval.sources.digests`), else digested now.
     """
-    sim = spec.sim
     record: dict[str, Any] = {
         **environment(spec, code),
         "hud_pipelines_revision": _git_revision(PACKAGE_DIR),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        **configuration(spec),
+        "device": getattr(spec.agent.policy, "device", None),
+        "contract_hash": None if contract_json is None else hashlib.sha256(contract_json.encode()).hexdigest(),
+        "rollout_hash": spec.rollout_hash,
+    }
+    return with_served_sim(record, served_sim) if served_sim else record | {"fingerprint": fingerprint(record)}
+
+
+def configuration(spec: PipelineSpec) -> dict[str, Any]:
+    """The fields of a provenance that are ``spec``'s configuration (a sweep member's: its own policy and weights).
+
+    One expression for what a run records and what a stale result's reason holds it against
+    (:mod:`hud_pipelines.eval.rows`): two copies would drift, and name fields that did not change.
+    """
+    sim = spec.sim
+    return {
         "sim_factory": spec.factory or ", ".join(sim.servers) or f"fleet {sim.fleet}",
         "sim_args": dict(sim.args),
         "task_args": {task.name: dict(task.args) for task in spec.tasks if task.args},  # over sim_args, key by key
@@ -68,12 +83,19 @@ def for_run(
         "max_steps": spec.max_steps,
         "graders": spec.model_dump(mode="json", include={"graders"})["graders"],
         "policy": spec.model_dump(mode="json", include={"agent"}, exclude=CREDENTIALS)["agent"]["policy"],
-        "device": getattr(spec.agent.policy, "device", None),
         "checkpoint_hash": spec.checkpoint_hash,
-        "contract_hash": None if contract_json is None else hashlib.sha256(contract_json.encode()).hexdigest(),
-        "rollout_hash": spec.rollout_hash,
     }
-    return with_served_sim(record, served_sim) if served_sim else record | {"fingerprint": fingerprint(record)}
+
+
+def configured(record: dict[str, Any], spec: PipelineSpec) -> dict[str, Any]:
+    """``record`` (a run's provenance) with ``spec``'s configuration over the run's: what results are held against
+    once the YAML changed since that run (its rollout hashes are then the YAML's, and so must the fields a stale
+    result's reason names be). A served sim's factory and arguments stay as its server said them: the YAML names
+    only where it is."""
+    now = configuration(spec)
+    if not spec.sim.spawned:
+        del now["sim_factory"], now["sim_args"]
+    return record | now
 
 
 def with_served_sim(record: dict[str, Any], served_sim: dict[str, Any]) -> dict[str, Any]:

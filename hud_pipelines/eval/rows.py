@@ -85,7 +85,16 @@ def _latest(
     current: dict[str, Any],
     how: Callable[[str], str] | None = None,
 ) -> tuple[InstanceResult | None, str | None]:
-    """A partition's latest result, and why it is not current (``None`` when it is)."""
+    """A partition's latest result, and why it is not current (``None`` when it is).
+
+    For a checkpoint of a sweep (``spec.checkpoint_hash`` set) ``current`` is the sweep's provenance, whose policy
+    is the list of checkpoints and which has no weights: a reason holds the checkpoint's recorded policy and weights
+    against its own (:func:`~hud_pipelines.eval.provenance.configuration`), or every stale checkpoint would say
+    its policy and weights changed, whatever did.
+    """
+    if spec.checkpoint_hash is not None and current:
+        own = provenance.configuration(spec)
+        current = current | {name: own[name] for name in ("policy", "checkpoint_hash")}
     key = spec.partition_key(*partition)
     path = outputs.result(key)
     result = InstanceResult.read(path) if path.exists() else None

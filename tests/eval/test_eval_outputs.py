@@ -530,6 +530,28 @@ def test_a_stale_result_names_what_of_the_configuration_changed_where_the_runs_r
     assert all("before the pipeline's sim, agent, tasks, max_steps or graders changed" in (r.error or "") for r in rows)
 
 
+def test_a_stale_result_names_what_the_yaml_changed_since_the_latest_run(tmp_path: Path) -> None:
+    """Before, the reason held a result against the latest run's configuration, which the edit left as it was: an
+    edit of max_steps read "sim, agent, tasks, max_steps or graders changed", naming nothing."""
+    import dataclasses
+
+    from hud_pipelines.eval import provenance
+    from hud_pipelines.eval.configuration import record_configuration
+    from hud_pipelines.eval.results import unreached_result
+    from hud_pipelines.eval.rows import collect_rows
+
+    spec = _spec(tmp_path)
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    record_configuration(spec, spec, outputs, run_id="old")
+    (partition,) = spec.partitions()
+    ran = unreached_result(spec, partition, "a stand-in", Fault.ENV, run_id="old")
+    dataclasses.replace(ran, provenance=provenance.for_run(spec)).write(outputs.result(ran.key))
+    assert {row.fault for row in collect_rows(spec, outputs)} == {Fault.ENV}, "its own rows: current before the edit"
+    rows = collect_rows(_spec(tmp_path, max_steps=21), outputs)
+    assert {row.fault for row in rows} == {Fault.NOT_RUN}
+    assert all("last ran (run old) before the pipeline's max_steps changed; " in (row.error or "") for row in rows)
+
+
 def test_a_run_records_the_episode_length_and_the_graders_it_scored_with(tmp_path: Path) -> None:
     from hud_pipelines.eval import provenance
 

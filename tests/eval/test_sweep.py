@@ -618,3 +618,30 @@ def test_a_task_added_to_a_sweep_is_evaluated_alone_on_every_checkpoint(
         *((label, task, None, first.run_id) for label in labels for task in ("near", "mid")),
         *((label, "far", None, second.run_id) for label in labels),
     }, "every checkpoint keeps its results on the tasks it was evaluated on and runs the new one alone"
+
+
+def test_a_stale_checkpoints_reason_names_only_what_changed_of_the_sweep(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a checkpoint's recorded policy and weights' hash were held against the whole sweep's (its list of
+    checkpoints, no hash of its own): a change of max_steps alone read "policy, checkpoint_hash changed"."""
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.eval.rows import collect_rows
+
+    monkeypatch.chdir(REPO)
+    near = [{"name": "near", "seed": 10}]
+    out, outputs = tmp_path / "out", EvalOutputs(tmp_path / "out", "reach_sweep")
+    evaluate(sweep_spec(tmp_path, str(run.output_dir), tasks=near, group=1), outputs_dir=out)
+    longer = sweep_spec(tmp_path, str(run.output_dir), tasks=near, group=1, max_steps=7)
+
+    def reasons(rows: list[GradeRow]) -> dict[str, str]:
+        return {row.checkpoint or "": (row.error or "").split(" before ")[-1] for row in rows if row.error}
+
+    said = "the pipeline's max_steps changed; run it with: hud-pipelines run"
+    edited = reasons(collect_rows(longer, outputs))  # as `report` judges it: the YAML edited, nothing run since
+    assert list(edited) == ["000500", "001000", "001500"]
+    assert all(reason.startswith(said) for reason in edited.values()), edited
+    evaluate(longer, outputs_dir=out, checkpoints=["000500"])  # the latest run is of the new max_steps
+    ran = reasons(collect_rows(longer, outputs))
+    assert list(ran) == ["001000", "001500"]
+    assert all(reason.startswith(said) for reason in ran.values()), ran
