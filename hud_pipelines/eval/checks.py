@@ -156,7 +156,8 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow]) -> str 
     """A warning when the env's success signal decides every grade but no answered episode ever gave one.
 
     Such an eval reads 0 % without anything being wrong with the policy: the env reports success
-    under a key the sim does not read, or not at all.
+    under a key the sim does not read, or not at all. The way out it names is the grader's own: a success
+    grader can grade on the return instead, a return grader does already and lacks only its ``threshold``.
     """
     decides = isinstance(grader, SuccessGrader) or (isinstance(grader, ReturnGrader) and grader.threshold is None)
     answered = [row for row in rows if row.status is not EpisodeStatus.ERRORED and row.success_reported is not None]
@@ -170,7 +171,12 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow]) -> str 
         return None
     keys = ", ".join(f"info[{key!r}]" for key in SUCCESS_KEYS)
     name = grader.name or grader.kind
-    advice = "report success in the env's info, or grade on the return (graders: [{kind: return, threshold: ...}])"
+    advice = "report success in the env's info, or " + (
+        f"give the {name} grader a threshold the return must reach to succeed"
+        if isinstance(grader, ReturnGrader)
+        else "grade on the return"
+    )
+    advice += " (graders: [{kind: return, threshold: ...}])"
     if len(silent) == len(tasks):
         return (
             f"no episode reported a success signal ({keys}): the {name} grader counts all {len(answered)} "
@@ -188,21 +194,23 @@ def episode_errors_warning(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]
     ``max_error_rate`` check looks at errors: no built-in check fails on them, so the run would pass with
     its rate taken over fewer episodes than it scheduled, and say nothing.
 
-    Faults that end an instance already fail ``instances_completed``; ``not_run`` rows are not errors of a run.
+    Only those trigger it: faults that end an instance already fail ``instances_completed``. Once it is said,
+    its count and its count per fault are of every errored episode, those of failed instances too (a checkpoint
+    that never loaded), as the ``max_error_rate`` it advises would count them: the rate is taken without all of
+    them. ``not_run`` rows are not errors of a run, there as in ``max_error_rate``: left out of both figures.
+    The first error quoted is of an episode that errored on its own (``instances_completed`` quotes the others).
     """
     if any(isinstance(check, MaxErrorRateCheck) for check in checks):
         return None
-    faults = collections.Counter(
-        row.fault.value for row in rows if row.fault is not None and not row.fault.ends_instance
-    )
-    if not faults:
+    own = next((row for row in rows if row.fault is not None and not row.fault.ends_instance), None)
+    if own is None:
         return None
+    faults = collections.Counter(row.fault.value for row in rows if row.fault not in (None, Fault.NOT_RUN))
     counted = ", ".join(f"{fault} {count}" for fault, count in faults.most_common())
-    first = next(row.error for row in rows if row.fault is not None and not row.fault.ends_instance)
     scheduled = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
     return (
-        f"{faults.total()} of {scheduled} episode(s) errored ({counted}; the first: {one_line(first or '')}): errored "
-        "episodes are left out of the success rate, and no max_error_rate check bounds them; add "
+        f"{faults.total()} of {scheduled} episode(s) errored ({counted}; the first: {one_line(own.error or '')}): "
+        "errored episodes are left out of the success rate, and no max_error_rate check bounds them; add "
         "{kind: max_error_rate, value: 0.0} to its checks to fail the run when an episode errors"
     )
 

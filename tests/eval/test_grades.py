@@ -270,6 +270,19 @@ def test_the_success_signal_warning_needs_a_grade_that_reads_the_signal_and_answ
     assert "where other tasks' did: the success grader counts those answered episodes as failed" in mixed
 
 
+def test_the_success_signal_warning_tells_a_return_grader_to_add_its_threshold() -> None:
+    """Before, a grader already ``{kind: return}`` was told to grade on the return, as if it did not."""
+    silent = [dataclasses.replace(_row(EpisodeStatus.FAILED), success_reported=False) for _ in range(2)]
+    warned = success_signal_warning(ReturnGrader(), silent) or ""
+    assert warned.endswith(
+        "report success in the env's info, or give the return grader a threshold the return must reach to succeed "
+        "(graders: [{kind: return, threshold: ...}])"
+    ), warned
+    assert "or grade on the return" not in warned
+    advised = success_signal_warning(SuccessGrader(), silent) or ""
+    assert advised.endswith("or grade on the return (graders: [{kind: return, threshold: ...}])"), advised
+
+
 def test_episodes_that_errored_on_their_own_are_warned_of_unless_a_check_reads_errors() -> None:
     def errored(fault: Fault, error: str) -> GradeRow:
         return dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=fault, error=error)
@@ -283,6 +296,21 @@ def test_episodes_that_errored_on_their_own_are_warned_of_unless_a_check_reads_e
     assert episode_errors_warning([MinSuccessRateCheck(value=0.5)], rows) is not None
     crashed = errored(Fault.SIM_CRASHED, "the sim died")  # instances_completed fails on it already
     assert episode_errors_warning([], [_row(EpisodeStatus.FAILED), crashed, not_run]) is None
+
+
+def test_the_episode_errors_warning_counts_every_errored_episode_those_of_failed_instances_too() -> None:
+    """Before, a sweep whose checkpoint never loaded (32 episodes of fault setup) and with 2 env errors said
+    "2 of 64 episode(s) errored (env 2; ...)": the episodes of failed instances were left out of the count."""
+
+    def errored(fault: Fault, error: str) -> GradeRow:
+        return dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=fault, error=error)
+
+    never_loaded = [errored(Fault.SETUP, "cannot load the checkpoint: size mismatch")] * 32
+    rows = [*never_loaded, *[_row(EpisodeStatus.SUCCEEDED)] * 30, *[errored(Fault.ENV, "env: x")] * 2]
+    warned = episode_errors_warning([], [*rows, errored(Fault.NOT_RUN, "not run with this configuration")])
+    assert warned is not None
+    assert warned.startswith("34 of 64 episode(s) errored (setup 32, env 2; the first: env: x): "), warned
+    assert episode_errors_warning([], [*never_loaded, _row(EpisodeStatus.FAILED)]) is None, "instances_completed fails"
 
 
 def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:
