@@ -90,6 +90,11 @@ class RateFigures:
     ci_low: float | None
     ci_high: float | None
 
+    @property
+    def answered(self) -> int:
+        """The episodes the rate is over: ``succeeded + failed``."""
+        return self.succeeded + self.failed
+
 
 def rate_columns(summary: Summary) -> dict[str, Any]:
     """The :class:`RateFigures` of ``summary``, as keywords for a row that extends it.
@@ -251,9 +256,13 @@ def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:
 
 def render_plot(pipeline: str, rows: Sequence[GradeRow]) -> bytes:
     """A PNG of per-slot returns, coloured by outcome, grouped by task and instance."""
+    return png_bytes(plot_figure(pipeline, rows))
+
+
+def png_bytes(figure: Figure) -> bytes:
+    """``figure`` as PNG bytes; the figure is closed (pyplot keeps every open one alive, a report draws many)."""
     import matplotlib.pyplot as plt
 
-    figure = plot_figure(pipeline, rows)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     plt.close(figure)

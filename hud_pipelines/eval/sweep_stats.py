@@ -36,7 +36,7 @@ def compare_checkpoints(
     pooled: Collection[str] | None = None,
 ) -> SweepComparison:
     """The sweep table of ``checkpoints`` (in training order), compared with the previous one of the same
-    training run and with ``baseline``.
+    training run (:func:`_previous`) and with ``baseline``.
 
     ``baseline`` is one of the labels (its own ``vs_baseline`` columns stay empty), or ``None`` for no
     baseline columns. ``pooled``: the tasks the all-tasks row counts (a matrix's control tasks: a
@@ -48,13 +48,13 @@ def compare_checkpoints(
         for checkpoint in checkpoints
     ]
     _check_inputs(sweep, baseline, alpha, min_effect)
-    baseline_rows = next((c.rows for c in sweep if c.label == baseline), None)
+    baseline_checkpoint = next((c for c in sweep if c.label == baseline), None)
     rows: list[SweepRow] = []
     for index, checkpoint in enumerate(sweep):
-        previous = sweep[index - 1].rows if index > 0 and sweep[index - 1].run == checkpoint.run else None
-        against = None if checkpoint.label == baseline else baseline_rows
+        against = None if checkpoint.label == baseline else baseline_checkpoint
         for task in [*_tasks(checkpoint.rows), ALL_TASKS]:
             mine = _of_task(checkpoint.rows, task, pooled)
+            previous = _previous(sweep, index, task, pooled)
             rows.append(
                 _figures(
                     checkpoint,
@@ -100,9 +100,31 @@ def _of_task(rows: Sequence[GradeRow], task: str, pooled: Collection[str] | None
     return list(rows) if pooled is None else [row for row in rows if row.task in pooled]
 
 
+def _previous(
+    sweep: Sequence[CheckpointRows], index: int, task: str, pooled: Collection[str] | None
+) -> CheckpointRows | None:
+    """What checkpoint ``index`` is compared with on ``task`` as its previous: the last one before it, of its own
+    training run, that answered an episode of that task; ``None`` for the first of a run.
+
+    One whose every episode errored (it never loaded: weights of another shape) has nothing to pair with, so the
+    next is compared with the last one that has: a "no paired episodes" there would hide whether training
+    helped since. When no earlier checkpoint of the run answered one, it is the one just before, whose
+    comparison then says it has no paired episodes.
+    """
+    earlier: list[CheckpointRows] = []
+    for checkpoint in reversed(sweep[:index]):
+        if checkpoint.run != sweep[index].run:
+            break
+        earlier.append(checkpoint)
+    answered = (
+        c for c in earlier if any(r.status is not EpisodeStatus.ERRORED for r in _of_task(c.rows, task, pooled))
+    )
+    return next(answered, earlier[0] if earlier else None)
+
+
 def _versus(
     mine: list[GradeRow],
-    other: Sequence[GradeRow] | None,
+    other: CheckpointRows | None,
     task: str,
     pooled: Collection[str] | None,
     *,
@@ -112,7 +134,8 @@ def _versus(
     """The paired comparison of ``mine`` with the same task of ``other`` (none without another checkpoint)."""
     if other is None:
         return NO_COMPARISON
-    return Versus.of(compare(mine, _of_task(other, task, pooled), alpha=alpha, min_effect=min_effect))
+    compared = compare(mine, _of_task(other.rows, task, pooled), alpha=alpha, min_effect=min_effect)
+    return Versus.of(compared, other.label)
 
 
 def _figures(

@@ -11,11 +11,12 @@ help, and which checkpoint do we keep?":
 - each row's denominators (scheduled = succeeded + failed + errored), its success rate over the
   answered episodes with the 95% Wilson interval, and its mean score with a 95% bootstrap interval
   (the Wilson one where every score is the success, none for a single answered episode);
-- the paired comparison with the previous checkpoint (in the order given, which is the training
-  order) and with a baseline checkpoint, at the ``alpha`` and ``min_effect`` given: McNemar's exact
-  test, the paired success difference with its exact interval (coherent with that test), and the
-  episodes a ``min_effect`` difference would need. Errored episodes are never failures:
-  :func:`compare` pairs only episodes answered on both sides.
+- the paired comparison with the previous checkpoint (in the order given, which is the training order; the
+  last before it that answered an episode, named where it is not the one listed before) and with a baseline
+  checkpoint, at the ``alpha`` and ``min_effect`` given: McNemar's exact test, the paired success difference
+  with its exact interval (coherent with that test), and the episodes a ``min_effect`` difference would need.
+  Errored episodes are never failures: :func:`compare` pairs only episodes answered on both sides, and a
+  comparison without a pair says so (``no paired episodes``), never a direction.
 
 Every bootstrap draws from a fixed seed over rows in episode order, so the same rows (in any order)
 give the same table, CSV and JSON byte for byte. A rate with no answered episode is ``None`` (null in
@@ -37,7 +38,7 @@ import numpy as np
 
 from hud_pipelines.eval.comparison import PairedComparison, Verdict
 from hud_pipelines.eval.grades import GradeRow, markdown_cell
-from hud_pipelines.eval.report import RateFigures
+from hud_pipelines.eval.report import RateFigures, png_bytes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -49,10 +50,8 @@ SCORE_CONFIDENCE = 0.95
 
 
 class CheckpointRows(NamedTuple):
-    """One checkpoint of a sweep: its label, its training step (``None`` when unknown) and its grade rows.
-
-    A plain ``(label, step, rows)`` tuple is accepted wherever this is.
-    """
+    """One checkpoint of a sweep: its label, its training step (``None`` when unknown) and its grade rows (a plain
+    ``(label, step, rows)`` tuple is accepted wherever this is)."""
 
     label: str
     step: int | None
@@ -82,9 +81,11 @@ class Versus:
     """Paired episodes that a ``min_effect`` difference would need for 80% power."""
     min_effect: float | None = None
     """The success difference ``episodes_needed`` is sized for (not the one observed)."""
+    checkpoint: str | None = None
+    """The checkpoint compared with (``None`` in a table written before it was recorded)."""
 
     @classmethod
-    def of(cls, comparison: PairedComparison) -> Versus:
+    def of(cls, comparison: PairedComparison, checkpoint: str | None = None) -> Versus:
         low, high = comparison.success_interval or (None, None)
         return cls(
             verdict=comparison.verdict,
@@ -95,6 +96,7 @@ class Versus:
             p=comparison.mcnemar_p,
             episodes_needed=comparison.episodes_needed,
             min_effect=comparison.min_effect,
+            checkpoint=checkpoint,
         )
 
     @property
@@ -117,7 +119,7 @@ class Versus:
         verdict = row[f"vs_{prefix}"]
         return cls(
             verdict=None if verdict is None else Verdict.NO_DIFFERENCE if verdict == NO_PAIRS else Verdict(verdict),
-            **{f.name: row[f"{prefix}_{f.name}"] for f in fields(cls) if f.name != "verdict"},
+            **{f.name: row.get(f"{prefix}_{f.name}") for f in fields(cls) if f.name != "verdict"},
         )
 
 
@@ -138,10 +140,6 @@ class SweepRow(RateFigures):
     versus_baseline: Versus = field(default=NO_COMPARISON)
     run: str | None = None
     """The training run, where the sweep watches several (``None`` otherwise)."""
-
-    @property
-    def answered(self) -> int:
-        return self.succeeded + self.failed
 
     def as_dict(self) -> dict[str, Any]:
         """The row's flat columns, in table order (the comparisons as ``vs_previous``, ``previous_diff``...)."""
@@ -170,6 +168,7 @@ COLUMNS: tuple[str, ...] = (
     *NO_COMPARISON.columns("baseline"),
 )
 """The table's columns, in order (the CSV header)."""
+_LATER_COLUMNS = ("run", "previous_checkpoint", "baseline_checkpoint")  # a table written before them still reads
 
 
 @dataclass(frozen=True)
@@ -199,17 +198,29 @@ class SweepComparison:
 
         Where checkpoints answered as many episodes, that is the highest rate; one that answered fewer
         (its other episodes errored) must do better to count: 1 success of 1 answered (lower bound 21%)
-        is not ahead of 5 of 9 (27%). Ties go to the higher rate, then to the later step (training
-        went further for the same result); when a tied checkpoint has no step, to the one listed later.
+        is not ahead of 5 of 9 (27%). Ties (:attr:`tied`) go to the later step (training went further for
+        the same result); when a tied checkpoint has no step, to the one listed later.
         """
-        rated = [(index, row) for index, row in enumerate(self.overall) if row.ci_low is not None]
-        if not rated:
-            return None
-        top = max((row.ci_low or 0.0, row.success_rate or 0.0) for _, row in rated)
-        tied = [(index, row) for index, row in rated if (row.ci_low, row.success_rate) == top]
-        if all(row.step is not None for _, row in tied):
+        labels = self.tied
+        tied = [(index, row) for index, row in enumerate(self.overall) if row.checkpoint in labels]
+        if tied and all(row.step is not None for _, row in tied):
             return max(tied, key=lambda pair: (pair[1].step or 0, pair[0]))[1].checkpoint
-        return tied[-1][1].checkpoint
+        return tied[-1][1].checkpoint if tied else None
+
+    @property
+    def tied(self) -> list[str]:
+        """The checkpoints with the best all-tasks figures (the highest lower bound, then rate), in table order:
+        one unless several are tied, which the conclusion says rather than call the latest of them the best."""
+        rated = [row for row in self.overall if row.ci_low is not None]
+        top = max(((row.ci_low or 0.0, row.success_rate or 0.0) for row in rated), default=None)
+        return [row.checkpoint for row in rated if (row.ci_low, row.success_rate) == top]
+
+    def named_previous(self, row: SweepRow) -> str | None:
+        """The checkpoint ``row`` is compared with as its previous where that is not the one listed just before it
+        (which answered no episode of its task, so an earlier one stands in), to be named beside the verdict."""
+        labels, against = [overall.checkpoint for overall in self.overall], row.versus_previous.checkpoint
+        before = labels[labels.index(row.checkpoint) - 1] if labels.index(row.checkpoint) else None
+        return against if against not in (None, before) else None
 
     def to_csv(self) -> str:
         """One line per row, ``COLUMNS`` as the header; ``None`` is an empty cell, floats round-trip exactly."""
@@ -222,14 +233,9 @@ class SweepComparison:
 
     def to_json(self) -> str:
         """The table as JSON with a fixed key order; non-finite numbers and ``None`` are ``null``."""
-        document = {
-            "baseline": self.baseline,
-            "alpha": self.alpha,
-            "min_effect": self.min_effect,
-            "best": self.best,
-            "rows": [{key: _finite(value) for key, value in row.as_dict().items()} for row in self.rows],
-        }
-        return json.dumps(document, indent=1, allow_nan=False) + "\n"
+        rows = [{key: _finite(value) for key, value in row.as_dict().items()} for row in self.rows]
+        document = {"baseline": self.baseline, "alpha": self.alpha, "min_effect": self.min_effect, "best": self.best}
+        return json.dumps(document | {"rows": rows}, indent=1, allow_nan=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> SweepComparison:
@@ -240,25 +246,15 @@ class SweepComparison:
             raise ValueError(f"not a sweep table: the JSON lacks {', '.join(missing)}")
         rows = cast(list[dict[str, Any]], document["rows"])
         for index, row in enumerate(rows):
-            absent = [column for column in COLUMNS if column not in row and column != "run"]  # older tables lack it
+            absent = [column for column in COLUMNS if column not in row and column not in _LATER_COLUMNS]
             if absent:
                 raise ValueError(f"sweep table row {index}: missing column(s) {', '.join(absent)}")
-        return cls(
-            rows=[SweepRow.from_dict(row) for row in rows],
-            baseline=document["baseline"],
-            alpha=document["alpha"],
-            min_effect=document["min_effect"],
-        )
+        baseline, alpha, min_effect = document["baseline"], document["alpha"], document["min_effect"]
+        return cls([SweepRow.from_dict(row) for row in rows], baseline, alpha, min_effect)
 
     def plot(self, path: Path | None = None) -> bytes:
         """The success-rate-vs-step figure as PNG bytes, also written to ``path`` when given."""
-        import matplotlib.pyplot as plt
-
-        figure = self.figure()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        plt.close(figure)
-        png = buffer.getvalue()
+        png = png_bytes(self.figure())
         if path is not None:
             path.write_bytes(png)
         return png
@@ -327,7 +323,7 @@ class SweepComparison:
         for row in self.rows if many_tasks else self.overall:
             cells = [markdown_cell(row.checkpoint), "" if row.step is None else str(row.step)]
             cells += [markdown_cell(row.task)] if many_tasks else []
-            cells += [_rate_cell(row), _versus_cell(row.versus_previous)]
+            cells += [_rate_cell(row), _versus_cell(row.versus_previous, self.named_previous(row))]
             cells += [_versus_cell(row.versus_baseline)] if self.baseline is not None else []  # none: no column
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join([*lines, "", self.conclusion()]) + "\n"
@@ -338,25 +334,25 @@ class SweepComparison:
         if not self.overall:
             return []
         candidate = self.overall[-1]
-        compared = [
-            f"vs {name}: {_versus_cell(versus)}"
-            for name, versus in (("previous", candidate.versus_previous), ("baseline", candidate.versus_baseline))
-            if versus.verdict is not None
-        ]
+        sides = [("previous", candidate.versus_previous, self.named_previous(candidate))]
+        sides.append(("baseline", candidate.versus_baseline, None))
+        compared = [f"vs {name}: {_versus_cell(versus, named)}" for name, versus, named in sides if versus.verdict]
         line = f"candidate {candidate.checkpoint}: {_rate_cell(candidate)}" + "".join(f"; {c}" for c in compared)
         return [line, self.conclusion()]
 
     def conclusion(self) -> str:
-        """``000300 is the best (62.0%, 95% CI 45.0%-77.0%, n=29); vs baseline 000100: better (+20.0%, p=0.012).``"""
-        best = self.best
+        """``000300 is the best (62.0%, 95% CI 45.0%-77.0%, n=29); vs baseline 000100: better (+20.0%, p=0.012).``
+
+        Checkpoints tied for the best are named together (``A, B and C tie for the best (...); the latest, C, is
+        taken as the best``): to call the latest of them the best alone would claim that it did better."""
+        best, tied = self.best, self.tied
         if best is None:
             return "No checkpoint has an answered episode: there is no best one."
         row = next(row for row in self.overall if row.checkpoint == best)
         errored = f", {row.errored} errored" if row.errored else ""
-        sentence = (
-            f"{best} is the best ({row.success_rate:.1%}, 95% CI {row.ci_low:.1%}-{row.ci_high:.1%}, "
-            f"n={row.answered}{errored})"
-        )
+        figures = f"({row.success_rate:.1%}, 95% CI {row.ci_low:.1%}-{row.ci_high:.1%}, n={row.answered}{errored})"
+        listed = f"{', '.join(tied[:-1])} and {tied[-1]} tie for the best" if len(tied) > 1 else f"{best} is the best"
+        sentence = f"{listed} {figures}" + (f"; the latest, {best}, is taken as the best" if len(tied) > 1 else "")
         if self.baseline is None:
             return sentence + "."
         if best == self.baseline:
@@ -372,9 +368,8 @@ def _finite(value: object) -> object:
 
 
 def _csv_cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return ""
-    return repr(value) if isinstance(value, float) else str(value)
+    value = _finite(value)
+    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
 
 
 def _or_nan(value: float | None) -> float:
@@ -388,12 +383,14 @@ def _rate_cell(row: SweepRow) -> str:
     return f"{row.success_rate:.1%} ({row.ci_low:.1%}-{row.ci_high:.1%}, {row.succeeded}/{row.answered}{errored})"
 
 
-def _versus_cell(versus: Versus) -> str:
+def _versus_cell(versus: Versus, named: str | None = None) -> str:
+    """The verdict, its difference and p, and the pairs (``with`` the checkpoint compared, where ``named``)."""
     if versus.verdict is None:
         return ""
+    with_named = "" if named is None else f" with {named}"
     if not versus.pairs or versus.diff is None or versus.p is None:
-        return NO_PAIRS
-    text = f"{versus.verdict} {versus.diff:+.1%} (p={versus.p:.3g}, {versus.pairs} pairs"
+        return NO_PAIRS + with_named
+    text = f"{versus.verdict} {versus.diff:+.1%} (p={versus.p:.3g}, {versus.pairs} pairs{with_named}"
     if versus.verdict is Verdict.NO_DIFFERENCE and versus.episodes_needed is not None:
         effect = "" if versus.min_effect is None else f" to detect a {versus.min_effect:.0%} difference at 80% power"
         text += f"; ~{versus.episodes_needed} pairs needed{effect}"

@@ -236,7 +236,7 @@ def test_a_checkpoint_without_an_answered_episode_has_no_rates_and_breaks_nothin
         assert (row.episodes, row.errored, row.succeeded, row.failed) == (row.errored, row.episodes, 0, 0)
         assert (row.success_rate, row.ci_low, row.ci_high, row.mean_score, row.score_ci_low) == (None,) * 5
         assert row.versus_previous.pairs == 0
-        assert _find(table, "000300", task).versus_previous.pairs == 0
+        assert _find(table, "000300", task).versus_previous.checkpoint == "000100", "the last that answered"
     assert table.best == "000300"
     document = json.loads(table.to_json())
     broken_all = next(r for r in document["rows"] if r["checkpoint"] == "broken" and r["task"] == ALL_TASKS)
@@ -245,9 +245,9 @@ def test_a_checkpoint_without_an_answered_episode_has_no_rates_and_breaks_nothin
     assert "n/a (no answered episode, 48 errored)" in table.markdown()
     assert "vs baseline broken: no paired episodes" in table.conclusion()
     written = {(line["checkpoint"], line["task"]): line for line in csv.DictReader(io.StringIO(table.to_csv()))}
-    for label in ("broken", "000300"):  # no pairs: the test's "no difference" would say nothing
-        assert written[label, ALL_TASKS]["vs_previous"] == "no paired episodes"
-        assert written[label, ALL_TASKS]["previous_pairs"] == "0"
+    for label, side in (("broken", "previous"), ("000300", "baseline")):  # no pairs: "no difference" says nothing
+        assert written[label, ALL_TASKS][f"vs_{side}"] == "no paired episodes"
+        assert written[label, ALL_TASKS][f"{side}_pairs"] == "0"
     assert written["000100", ALL_TASKS]["vs_previous"] == "", "nothing to compare with"
     assert "no detectable difference" not in table.markdown()
     assert _is_png(table.plot(tmp_path / "broken.png"))
@@ -393,3 +393,78 @@ def test_a_sweep_of_several_runs_compares_each_checkpoint_with_its_own_runs_prev
     assert axis.get_legend_handles_labels()[1] == ["run zeta", "run alpha"]
     assert [tick.get_text() for tick in axis.get_xticklabels()] == ["100", "200"]
     assert [list(line.get_xdata()) for line in axis.get_lines()] == [[100.0, 200.0], [100.0, 200.0]]
+
+
+def test_a_checkpoint_after_one_that_never_loaded_is_compared_with_the_last_one_that_answered() -> None:
+    """Before, the checkpoint after one whose every episode errored (weights of another shape) was compared with it:
+    its ``vs previous`` read "no paired episodes", and whether training helped since went unsaid."""
+    from hud_pipelines.eval.report import ReportContext
+    from hud_pipelines.eval.report_html.page import render_page
+
+    broken = CheckpointRows("000200", 200, _rows_of({"push": "E" * EPISODES, "lift": "E" * EPISODES}))
+    half_outcomes = {"push": _outcomes("000200", "push"), "lift": "E" * EPISODES}  # every lift episode errored
+    half = CheckpointRows("000250", 250, _rows_of(half_outcomes))
+    half_outcomes[ALL_TASKS] = half_outcomes["push"] + half_outcomes["lift"]
+    table = compare_checkpoints([_checkpoint("000100"), broken, half, _checkpoint("000300")])
+    for task in (*TASKS, ALL_TASKS):
+        versus = _find(table, "000300", task).versus_previous
+        against = "000100" if task == "lift" else "000250"  # 000250 answered push, not lift
+        theirs = _outcomes_of("000100", task) if task == "lift" else half_outcomes[task]
+        pairs, diff, p = _paired_reference(_outcomes_of("000300", task), theirs)
+        assert (versus.checkpoint, versus.pairs, versus.diff) == (against, pairs, pytest.approx(diff)), task
+        assert versus.p == pytest.approx(p)
+        assert _find(table, "000250", task).versus_previous.checkpoint == "000100", "000200 answered nothing"
+    assert _find(table, "000200", ALL_TASKS).versus_previous.outcome == "no paired episodes", "not a direction"
+    lines = {line.split(" | ")[0] + " | " + line.split(" | ")[2]: line for line in table.markdown().splitlines()[2:-2]}
+    assert lines["| 000200 | push"].endswith("| no paired episodes |"), "the row above: not named"
+    assert " pairs with 000100" in lines["| 000300 | lift"], "an earlier one than the row above: named"
+    assert " pairs with 000100" in lines["| 000250 | push"]
+    assert "pairs with" not in lines["| 000300 | push"], "000250, the row above, answered push"
+    assert "pairs with" not in lines["| 000100 | push"] + lines["| 000200 | push"]
+    single = compare_checkpoints([_checkpoint("000100"), broken, _checkpoint("000300")])
+    said = _find(single, "000300", ALL_TASKS).versus_previous
+    assert said.checkpoint == "000100"
+    assert said.pairs == _paired_reference(_all_outcomes("000300"), _all_outcomes("000100"))[0]
+    assert (
+        f"vs previous: {said.verdict} {said.diff:+.1%} (p={said.p:.3g}, {said.pairs} pairs with 000100"
+        in (single.summary_lines()[0])
+    )
+    written = {(r["checkpoint"], r["task"]): r for r in csv.DictReader(io.StringIO(single.to_csv()))}
+    assert written["000300", ALL_TASKS]["previous_checkpoint"] == "000100"
+    assert written["000300", ALL_TASKS]["vs_previous"] == said.verdict.value
+    assert SweepComparison.from_json(single.to_json()) == single
+    document = json.loads(single.to_json())
+    for row in document["rows"]:
+        del row["previous_checkpoint"], row["baseline_checkpoint"]  # a table written before they were recorded
+    assert SweepComparison.from_json(json.dumps(document)).rows[-1].versus_previous.checkpoint is None
+    page = render_page("sweep", [], [], ReportContext(), sweep=single)
+    assert f"{said.pairs} pairs with 000100" in page, "the page names it too"
+    assert page.count(" pairs with ") == 1
+    first_broken = compare_checkpoints([broken, _checkpoint("000300")])  # no earlier one answered: the one before
+    assert _find(first_broken, "000300", ALL_TASKS).versus_previous.checkpoint == "000200"
+    assert "| no paired episodes |" in first_broken.markdown()
+
+
+def test_checkpoints_tied_for_the_best_are_named_together() -> None:
+    """Before, three checkpoints at 7 of 12 read "000300 is the best": the latest of them, no better than the others."""
+    same = _rows_of({"push": "SSSSSSSFFFFF"})
+    tied = compare_checkpoints([("000100", 100, same), ("000200", 200, same), ("000300", 300, same)])
+    assert tied.best == "000300", "the latest stands for them, as documented"
+    assert tied.tied == ["000100", "000200", "000300"]
+    assert tied.conclusion() == (
+        "000100, 000200 and 000300 tie for the best (58.3%, 95% CI 32.0%-80.7%, n=12); the latest, 000300, is "
+        "taken as the best."
+    )
+    assert tied.summary_lines()[1] == tied.conclusion()
+    assert tied.markdown().endswith(tied.conclusion() + "\n")
+    lower = _rows_of({"push": "SSSSSSFFFFFF"})
+    two = compare_checkpoints([("000100", 100, same), ("000200", 200, lower), ("000300", 300, same)], baseline="000200")
+    assert two.tied == ["000100", "000300"]
+    assert two.conclusion().startswith("000100 and 000300 tie for the best (58.3%, 95% CI 32.0%-80.7%, n=12); the ")
+    assert "; the latest, 000300, is taken as the best; vs baseline 000200: no detectable difference" in (
+        two.conclusion()
+    )
+    alone = compare_checkpoints([("000100", 100, lower), ("000200", 200, same)])
+    assert alone.tied == ["000200"]
+    assert alone.conclusion() == "000200 is the best (58.3%, 95% CI 32.0%-80.7%, n=12)."
+    assert compare_checkpoints([("x", 1, _rows_of({"push": "EE"}))]).tied == []

@@ -232,7 +232,7 @@ def _checkpoints(table: SweepComparison, not_evaluated: Sequence[str], matrix: b
     waiting = f"<p>Not evaluated yet: {escape('; '.join(not_evaluated))}.</p>" if not_evaluated else ""
     waiting += f"<p>{escape(CONTROL_NOTE.strip().replace('`', ''))}</p>" if matrix else ""
     baseline = f" and baseline {escape(table.baseline)}" if table.baseline else ""
-    lines = "\n".join(_checkpoint_row(row, with_baseline=table.baseline is not None) for row in table.overall)
+    lines = "\n".join(_checkpoint_row(table, row) for row in table.overall)
     versus_baseline = "<th>vs baseline</th>" if table.baseline is not None else ""  # no baseline: no column
     best = f'<p class="best">{escape(table.conclusion())}</p>' if table.best else ""
     return f"""<section id="checkpoints"><h2>Checkpoints</h2>
@@ -249,7 +249,8 @@ test on the paired successes. Each checkpoint's page shows its episodes.</p>
 </section>"""
 
 
-def _checkpoint_row(row: SweepRow, *, with_baseline: bool) -> str:
+def _checkpoint_row(table: SweepComparison, row: SweepRow) -> str:
+    """A checkpoint's cells (its ``vs previous`` names the checkpoint it is with where that is not the row above)."""
     cells = [
         f'<a href="checkpoints/{escape(row.checkpoint)}/{HTML_NAME}">{escape(row.checkpoint)}</a>',
         "" if row.step is None else str(row.step),
@@ -258,8 +259,8 @@ def _checkpoint_row(row: SweepRow, *, with_baseline: bool) -> str:
         str(row.failed),
         str(row.errored),
         escape(_rate(row.success_rate, row.ci_low, row.ci_high)),
-        escape(_verdict(row.versus_previous)),
-        *([escape(_verdict(row.versus_baseline))] if with_baseline else []),
+        escape(_verdict(row.versus_previous, table.named_previous(row))),
+        *([escape(_verdict(row.versus_baseline))] if table.baseline is not None else []),
     ]
     return "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
 
@@ -268,15 +269,16 @@ def _rate(rate: float | None, low: float | None, high: float | None) -> str:
     return "n/a" if rate is None or low is None or high is None else f"{rate:.1%} ({low:.1%}-{high:.1%})"
 
 
-def _verdict(versus: Versus) -> str:
+def _verdict(versus: Versus, named: str | None = None) -> str:
+    with_named = "" if named is None else f" with {named}"
     if not versus.pairs or versus.diff is None or versus.p is None:
-        return versus.outcome
+        return versus.outcome + with_named
     interval = (  # the difference's exact interval, as comparison.csv has it
         f"95% CI {versus.diff_low:+.1%} to {versus.diff_high:+.1%}, "
         if versus.diff_low is not None and versus.diff_high is not None
         else ""
     )
-    return f"{versus.outcome} {versus.diff:+.1%} ({interval}p={versus.p:.3g}, {versus.pairs} pairs)"
+    return f"{versus.outcome} {versus.diff:+.1%} ({interval}p={versus.p:.3g}, {versus.pairs} pairs{with_named})"
 
 
 # -- episodes --------------------------------------------------------------------------------------------
