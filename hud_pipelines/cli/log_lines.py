@@ -14,8 +14,18 @@ import contextlib
 import logging
 import sys
 from collections.abc import Generator
+from typing import TextIO
 
 PACKAGE_LOGGER = "hud_pipelines"
+
+
+class _StderrNow(logging.StreamHandler[TextIO]):
+    """Writes to ``sys.stderr`` as it is when a record comes: a progress bar (rich's) puts a proxy there that
+    prints the line above the bar; the stream of the moment the run began would write into the bar's line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
 
 
 @contextlib.contextmanager
@@ -23,7 +33,7 @@ def plain_package_log(level: int = logging.WARNING) -> Generator[None]:
     """While it lasts, the package's records of ``level`` and above go to stderr as their message alone (with
     a traceback where one was logged), and nowhere else; the logger is as it was afterwards."""
     logger = logging.getLogger(PACKAGE_LOGGER)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrNow(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     level_before, propagated = logger.level, logger.propagate
     logger.setLevel(level)

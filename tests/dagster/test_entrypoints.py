@@ -640,3 +640,23 @@ def test_an_interrupt_after_the_last_instance_ended_says_so_rather_than_what_unf
     cut = interrupted_line(signal.SIGINT, 1, 2, "; to run only those: x", on_workers=False)
     assert cut.startswith("run interrupted by SIGINT after 1 of 2 instance(s); the instances it did not finish keep ")
     assert cut.endswith("; to run only those: x")
+
+
+def test_the_runs_log_lines_go_to_stderr_as_it_is_when_they_come_and_leave_logging_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A progress bar puts a proxy on ``sys.stderr`` that prints a line above the bar: a handler holding the stream
+    of the moment the run began wrote into the bar's line instead."""
+    import io
+
+    from hud_pipelines.cli.log_lines import plain_package_log
+
+    logger = logging.getLogger("hud_pipelines")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    with plain_package_log():
+        swapped = io.StringIO()  # as rich's Progress swaps in its proxy once the bar starts
+        monkeypatch.setattr(sys, "stderr", swapped)
+        logging.getLogger("hud_pipelines.eval.runner").error("instance %s failed", "task0-i0")
+        logging.getLogger("hud_pipelines.eval.runner").info("not at this level")
+    assert swapped.getvalue() == "instance task0-i0 failed\n"
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before
