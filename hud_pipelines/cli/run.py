@@ -185,8 +185,10 @@ def run_pipeline(
     interrupted = received.get("signal")
     if interrupted is not None or _eval_failed(result):  # the job stopped before its grades: write them now
         failure = " / ".join(p.removeprefix("step ") for p in problems if p.startswith("step ")) or (
-            f"the run was interrupted by {interrupted.name} before its instances ended" if interrupted else None
-        )  # an interrupt's instances keep their earlier results, which would pass every check
+            f"the run was interrupted by {interrupted.name} before its instances ended"
+            if interrupted and len(finished) < units
+            else None
+        )  # an interrupt's unfinished instances keep their earlier results, which would pass every check
         failed_run_step(spec, outputs, run_id=run_id, project_dir=project_dir, failure=failure)
     if interrupted is not None:
         unfinished = [key for key in ordered if key not in finished]

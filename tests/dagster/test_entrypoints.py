@@ -627,19 +627,34 @@ def test_a_run_says_when_another_live_run_of_its_pipeline_is_running() -> None:
     assert said[2].startswith("run ui of cart, launched from Dagster (the UI, `dagster job execute` or `dg launch`)")
 
 
-def test_an_interrupt_after_the_last_instance_ended_says_so_rather_than_what_unfinished_ones_keep() -> None:
-    """Before, a Ctrl-C while the grades were written said "after 2 of 2 instance(s); the instances it did not
-    finish keep their earlier results", of instances that had all finished."""
-    from hud_pipelines.cli.interrupts import interrupted_line
+def test_an_interrupt_after_the_last_instance_ended_says_so_and_the_checks_judge_this_runs_results(
+    write_pipeline: WritePipeline,
+    pipelines_dir: Path,
+    outputs_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before, a Ctrl-C while the dataset was written said "after 2 of 2 instance(s); the instances it did not
+    finish keep their earlier results", and the checks and report said the run failed before its instances
+    ended, of instances that had all ended in this run."""
+    for key, value in _env(pipelines_dir, outputs_dir, tmp_path / "home").items():
+        monkeypatch.setenv(key, value)
+    write_pipeline("late", group=2, dataset={"repo_id": "local/late"})
 
-    done = interrupted_line(signal.SIGINT, 2, 2, "", on_workers=False)
-    assert done == (
-        "run interrupted by SIGINT after 2 of 2 instance(s); every instance had ended, and their results are kept "
-        "and graded"
-    )
-    cut = interrupted_line(signal.SIGINT, 1, 2, "; to run only those: x", on_workers=False)
-    assert cut.startswith("run interrupted by SIGINT after 1 of 2 instance(s); the instances it did not finish keep ")
-    assert cut.endswith("; to run only those: x")
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C while the dataset is written
+        time.sleep(5)
+
+    monkeypatch.setattr("hud_pipelines.dagster.assets.dataset_step", interrupted)
+    assert main(["run", "late", "--quiet"]) == 130
+    printed = " ".join(capsys.readouterr().out.split())
+    said = "run interrupted by SIGINT after 2 of 2 instance(s); every instance had ended, and their results are kept"
+    assert said in printed, printed[-3000:]
+    outputs = EvalOutputs(outputs_dir, "late")
+    checks = {check["name"]: check for check in json.loads(outputs.checks_json.read_text())}
+    assert checks["instances_completed"]["passed"], checks["instances_completed"]["description"]
+    assert "this run failed" not in outputs.report_md.read_text()
 
 
 def test_the_runs_log_lines_go_to_stderr_as_it_is_when_they_come_and_leave_logging_as_it_was(
