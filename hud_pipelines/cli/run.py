@@ -89,6 +89,7 @@ def run_pipeline(
 
     from hud_pipelines.dagster.assets import RANGE_END_TAG, RANGE_START_TAG
     from hud_pipelines.dagster.definitions import definitions_for_file
+    from hud_pipelines.dagster.deployed import deployed_spec
     from hud_pipelines.dagster.launch import execute_pipeline_job
     from hud_pipelines.dagster.overlap import launcher_tags, overlapping_runs
     from hud_pipelines.dagster.step_recovery import retried_steps
@@ -105,7 +106,7 @@ def run_pipeline(
     from hud_pipelines.eval.steps import dataset_root, failed_run_step
     from hud_pipelines.spec.loader import load_pipeline_to_run
 
-    spec = load_pipeline_to_run(path)
+    spec = load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, project_dir))  # as it runs
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     refuse_misconfigured(path, spec, outputs)
     unwritable = _unwritable(outputs.base)  # a file where the folder goes: said before any sim starts

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 from pydantic import ValidationError
 
+from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.spec.document import YamlDocument, read_document, without_extensions
 from hud_pipelines.spec.models import SOURCE_CONTEXT, PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError, display_path
@@ -50,15 +51,23 @@ def load_pipeline(path: Path | str, *, deep: bool = False, env: Mapping[str, str
     return loaded.spec
 
 
-def load_pipeline_to_run(path: Path | str) -> PipelineSpec:
+def load_pipeline_to_run(
+    path: Path | str, *, as_deployed: Callable[[PipelineSpec], PipelineSpec] | None = None
+) -> PipelineSpec:
     """Load one pipeline file to run it: as :func:`load_pipeline`, and what it names must be there as far as
-    reading tells, without running any of its code (:mod:`hud_pipelines.spec.preflight`)."""
+    reading tells, without running any of its code (:mod:`hud_pipelines.spec.preflight`). ``as_deployed``: the
+    spec as the run will have it (a deployment file's fields applied); what that replaces is not the YAML's to
+    judge."""
     from hud_pipelines.spec.preflight import runnable_problems
 
     loaded = load_file(Path(path))
     if loaded.spec is None or loaded.problems or loaded.document is None:
         raise SpecError(loaded.problems)
-    problems = runnable_problems(loaded.spec, loaded.document)
+    try:
+        deployed = loaded.spec if as_deployed is None else as_deployed(loaded.spec)
+    except HudPipelinesError:  # refused in its own words by the caller's checks of the deployment file
+        deployed = None
+    problems = runnable_problems(loaded.spec, loaded.document, deployed)
     if problems:
         raise SpecError(problems)
     return loaded.spec

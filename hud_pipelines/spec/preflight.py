@@ -25,29 +25,44 @@ from hud_pipelines.spec.deep import (
 from hud_pipelines.spec.document import YamlDocument
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem
+from hud_pipelines.spec.sections import is_file_target
 from hud_pipelines.spec.target_check import target_problem
 
 
-def runnable_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    """The problems of a valid spec that would fail its run, as far as they show without running its code."""
-    return [
-        *python_problems(spec, document),
-        *fleet_file_problems(spec, document),
-        *_factory_problems(spec, document),
-        *contract_problems(spec, document),
-        *policy_problems(spec, document, run_code=False),
-        *grader_problems(spec, document, run_code=False),
-    ]
+def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: PipelineSpec | None) -> list[Problem]:
+    """The problems of a valid spec that would fail its run, as far as they show without running its code.
+
+    ``deployed``: the spec as the run will have it. A section a deployment file replaces (a sim served elsewhere
+    in place of the YAML's spawned one, whose module and files are on that machine) is not judged here; ``None``
+    (the deployment could not be applied, which the run refuses in its own words) judges none that it may.
+    """
+
+    def kept(*sections: str) -> bool:
+        return deployed is not None and all(getattr(deployed, s) == getattr(spec, s) for s in sections)
+
+    problems: list[Problem] = []
+    if kept("sim"):
+        problems += [*python_problems(spec, document), *fleet_file_problems(spec, document)]
+        problems += _factory_problems(spec, document)
+    if kept("sim", "agent"):
+        problems += contract_problems(spec, document)
+    if kept("agent"):
+        problems += policy_problems(spec, document, run_code=False)
+    if kept("graders"):
+        problems += grader_problems(spec, document, run_code=False)
+    return problems
 
 
 def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     factory = spec.factory
-    if factory is None or spec.sim.python is not None or spec.sim.lerobot_env is not None:
-        return []  # a sim of its own interpreter, or a lerobot env config (resolved while loading), is the sim's
-    if ":" in factory:
+    if factory is None or spec.sim.lerobot_env is not None:
+        return []  # a lerobot env config is resolved while loading; its registry id is its package's, in the sim
+    if is_file_target(factory):  # read, whichever interpreter runs it
         message = target_problem(spec.resolve_target(factory), spec.base_dir, run_code=False)
-    elif "/" in factory:
-        return []
+    elif spec.sim.python is not None or "/" in factory:
+        return []  # a module of the sim's own interpreter, or a namespaced id its package registers: the sim's
+    elif ":" in factory:
+        message = target_problem(factory, spec.base_dir, run_code=False)
     else:
         from hud_pipelines.sim.factory import unknown_registry_id
 

@@ -13,6 +13,8 @@ import ast
 import importlib
 import importlib.util
 import pkgutil
+import sys
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from hud_pipelines.spec.problems import did_you_mean
@@ -75,10 +77,14 @@ def _module_problem(module_name: str, attribute: str, base: Path, run_code: bool
     if clash is not None:
         return f"cannot import module {module_name!r}: {clash}"
     try:
-        spec = importlib.util.find_spec(module_name)
+        spec = _find_spec(module_name, run_code)
+    except _Unseen:
+        return None
     except ModuleNotFoundError as exc:
         missing = exc.name or module_name
-        return f"cannot import module {module_name!r}: no module named {missing!r}{_module_hint(missing)}"
+        leaf = missing.rpartition(".")[2]
+        hint = did_you_mean(leaf, exc.beside) if isinstance(exc, _NotThere) else _module_hint(missing)
+        return f"cannot import module {module_name!r}: no module named {missing!r}{hint}"
     except Exception as exc:  # a parent package's __init__ failed, or the name is not a module name
         return f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
     if spec is None:
@@ -99,18 +105,78 @@ def _module_problem(module_name: str, attribute: str, base: Path, run_code: bool
     return _attribute_problem(module_name, attribute, names)
 
 
-def target_parameters(target: str) -> frozenset[str] | None:
+class _Unseen(Exception):
+    """A module that only running a parent package could find (it may extend its ``__path__`` when it runs)."""
+
+
+def _find_spec(module_name: str, run_code: bool) -> ModuleSpec | None:
+    """``importlib.util.find_spec(module_name)``, which imports the parent packages (runs their ``__init__``).
+
+    Without ``run_code`` a parent not imported yet is not run: each level is asked of the import system's
+    finders (``sys.meta_path``) with its parent's search locations, as an import would ask them. A level that
+    nothing finds raises :class:`_NotThere` (a ``ModuleNotFoundError``, as ``find_spec`` raises), unless its
+    parent's ``__init__`` touches ``__path__`` (it may add locations when it runs): :class:`_Unseen`, left to
+    the run.
+    """
+    parent = module_name.rpartition(".")[0]
+    if run_code or not parent or parent in sys.modules:
+        return importlib.util.find_spec(module_name)
+    found: ModuleSpec | None = None
+    name = ""
+    for part in module_name.split("."):
+        if found is not None and found.submodule_search_locations is None:
+            raise _NotThere(f"{name}.{part}", [])  # a module, not a package: nothing is below it
+        above, locations = found, None if found is None else list[str](found.submodule_search_locations or ())
+        name = f"{name}.{part}" if name else part
+        found = next((spec for finder in sys.meta_path if (spec := _ask(finder, name, locations)) is not None), None)
+        if found is None and above is not None and above.origin and "__path__" in _text(above.origin):
+            raise _Unseen(name)
+        if found is None:
+            raise _NotThere(name, [module.name for module in pkgutil.iter_modules(locations)])
+    return found
+
+
+class _NotThere(ModuleNotFoundError):
+    """A level of a module path that no finder has, with the names beside it (its parent's folders')."""
+
+    def __init__(self, name: str, beside: list[str]) -> None:
+        super().__init__(f"no module named {name!r}", name=name)
+        self.beside = beside
+
+
+def _text(origin: str) -> str:
+    """A module's source, or nothing where it has none to read."""
+    try:
+        return Path(origin).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _ask(finder: object, name: str, locations: list[str] | None) -> ModuleSpec | None:
+    """One meta path finder's spec of ``name`` (``None``: it has none, or is of the old protocol)."""
+    find = getattr(finder, "find_spec", None)
+    if find is None:
+        return None
+    try:
+        spec: object = find(name, locations)
+    except (ImportError, ValueError, TypeError):
+        return None
+    return spec if isinstance(spec, ModuleSpec) else None
+
+
+def target_parameters(target: str, *, run_code: bool = True) -> frozenset[str] | None:
     """The keyword arguments ``target`` takes, read from its source; ``None`` when that cannot be known.
 
     A top-level function, or a class whose own body defines ``__init__``, says its parameters; ``*args``,
     ``**kwargs``, decorators, inherited constructors and modules without Python source leave them open.
+    ``run_code=False``: the module is found without importing a parent package (:func:`_find_spec`).
     """
     module_part, _, attribute = target.rpartition(":")
     if module_part.endswith(".py"):
         source: Path | None = Path(module_part)
     else:
         try:
-            spec = importlib.util.find_spec(module_part)
+            spec = _find_spec(module_part, run_code)
         except Exception:
             return None
         source = Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None

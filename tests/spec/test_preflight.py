@@ -102,3 +102,62 @@ def test_a_dataset_section_the_contract_file_does_not_fit_is_refused_before_the_
     where, line, message = _refused(path)
     assert (where, line) == ("dataset.state_features", 4)
     assert "state_features ['nope'] are not non-camera observation features" in message
+
+
+def test_a_module_in_a_package_is_read_without_running_the_packages_init(
+    write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, finding ``my_tasks.envs`` imported ``my_tasks`` (``importlib.util.find_spec``), whose ``__init__``
+    may import the sim's own stack (MuJoCo, Isaac) into the process that runs the eval."""
+    init = write_yaml('open(__file__ + ".ran", "w").close()\n', "project/my_tasks/__init__.py")
+    envs = write_yaml(ENV_MODULE, "project/my_tasks/envs.py")
+    write_yaml(POLICY_MODULE, "project/my_tasks/policies.py")
+    monkeypatch.syspath_prepend(str(init.parent.parent))
+    policy = "agent: {policy: {kind: scripted, target: 'my_tasks.policies:Gain', args: {gain: 2}}}\n"
+
+    def pipeline(factory: str, args: str = "{gain: 2}") -> Path:
+        text = f"name: p\nsim: {{factory: '{factory}'}}\n" + policy.replace("{gain: 2}", args)
+        return write_yaml(text, "project/p.yaml")
+
+    assert load_pipeline_to_run(pipeline("my_tasks.envs:make_env")).name == "p"
+    path, _, message = _refused(pipeline("my_tasks.envs:make_envv"))
+    assert (path, message) == ("sim.factory", "my_tasks.envs has no attribute 'make_envv' (did you mean 'make_env'?)")
+    assert _refused(pipeline("my_tasks.envs:make_env", "{gainn: 2}"))[0] == "agent.policy.args.gainn"
+    assert _refused(pipeline("my_tasks.envz:make_env"))[2] == (
+        "cannot import module 'my_tasks.envz': no module named 'my_tasks.envz' (did you mean 'envs'?)"
+    )
+    assert _refused(pipeline("my_taskz.envs:make_env"))[2].startswith("cannot import module 'my_taskz.envs': no ")
+    init.write_text("__path__.append('/elsewhere')\n" + init.read_text())  # it may add places when it runs
+    assert load_pipeline_to_run(pipeline("my_tasks.envz:make_env")).name == "p", "left to the run, which runs it"
+    assert not Path(f"{init}.ran").exists(), "the package's __init__ never ran"
+    assert not Path(f"{envs}.ran").exists(), "nor its module"
+    assert "my_tasks" not in sys.modules
+
+
+def test_a_sim_of_its_own_interpreter_still_needs_its_factory_file(write_yaml: WriteYaml) -> None:
+    path = write_yaml(
+        f"name: p\nsim: {{factory: ./nowhere.py:make, python: {sys.executable}}}\nagent: {{policy: {{kind: random}}}}\n"
+    )
+    where, _, message = _refused(path)
+    assert where == "sim.factory"
+    assert message.startswith("file "), message
+    assert message.endswith("nowhere.py does not exist"), message
+
+
+def test_what_a_deployment_file_replaces_is_not_the_yamls_to_judge(
+    write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A YAML's spawned sim whose module lives on the sim host, served there by the deployment file's ``url``:
+    the run has no such module to read, and needs none."""
+    from hud_pipelines.dagster.deployed import deployed_spec
+
+    path = write_yaml("name: p\nsim: {factory: 'isaac_tasks:make'}\nagent: {policy: {kind: random}}\n")
+    assert _refused(path)[2].startswith("cannot import module 'isaac_tasks'")
+    deployment = write_yaml(
+        "pipelines:\n  p:\n    sim: {factory: null, args: {}, url: 'ws://isaac-box:8765', token: t}\n"
+        "    contract: {file: null}\n",
+        "deployment.yaml",
+    )
+    monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
+    spec = load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, path.parent))
+    assert spec.factory == "isaac_tasks:make", "the YAML's spec, as it is"
