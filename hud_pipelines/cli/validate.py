@@ -9,13 +9,14 @@ line and a caret) so that editors and CI logs link them; the exit status says wh
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 from hud_pipelines.spec.loader import collect_pipelines, declared_name, default_pipelines_dir
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.problems import SpecError, display_path
+from hud_pipelines.spec.problems import Problem, SpecError, display_path
 from hud_pipelines.spec.schema import render_json_schema, render_markdown
 
 EXIT_OK = 0
@@ -53,6 +54,8 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     paths = [path for path in given if path not in deployments] or [default_pipelines_dir()]  # as run looks
     deep: bool = args.deep
     specs, problems = collect_pipelines(paths, deep=deep)
+    problems, evaluated = _drop_evaluated_baselines(problems)
+    specs += evaluated
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in problems]
     # the folder the code location serves, given or by default: every name of the deployment file must be one of its
     served = default_pipelines_dir()
@@ -73,6 +76,34 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     checked = "deep" if deep else "shallow"
     print(f"{len(specs)} pipeline{'s' if len(specs) != 1 else ''} valid ({checked} check)", file=stream)
     return EXIT_OK
+
+
+def _drop_evaluated_baselines(problems: list[Problem]) -> tuple[list[Problem], list[PipelineSpec]]:
+    """``problems`` less a sweep baseline taken for a typo that has results on disk (in the outputs a run writes
+    to), whose files training deleted since: a baseline still, as a run takes it. With them, the specs of the
+    files that had no other problem."""
+    from hud_pipelines.eval import sweep
+    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.spec.grading import NoRegressionCheck
+    from hud_pipelines.spec.loader import load_file
+
+    files = {problem.file for problem in problems if re.fullmatch(r"checks\[\d+\]\.baseline", problem.path)}
+    dropped: set[tuple[str, str]] = set()
+    valid: list[PipelineSpec] = []
+    for file in files:
+        spec = load_file(Path(file)).spec
+        if spec is None or not spec.is_sweep:
+            continue
+        outputs = EvalOutputs(default_outputs_root().resolve(), spec.name)
+        labels = {member.label for member in sweep.evaluated(spec, outputs, settled=())}
+        dropped |= {
+            (file, f"checks[{index}].baseline")
+            for index, check in enumerate(spec.checks)
+            if isinstance(check, NoRegressionCheck) and check.baseline in labels
+        }
+        if all((file, problem.path) in dropped for problem in problems if problem.file == file):
+            valid.append(spec)
+    return [problem for problem in problems if (problem.file, problem.path) not in dropped], valid
 
 
 def _validate_deployments(paths: list[Path], pipelines: list[Path], stream: TextIO) -> int:

@@ -153,11 +153,10 @@ def misspelled_baselines(
 
     ``labels``: the sweep's checkpoints found now, when the caller looked already; ``evaluated``: the
     labels with results on disk (a checkpoint whose files are gone keeps them: it is a baseline still). A
-    baseline that names no file, a checkpoint not saved yet or one saved before every checkpoint found now
-    (training runs delete their old ones) is left to the run (training may still be going, the baseline's
-    grades may come from an earlier step of the pipeline's CI): the check then fails saying why. One edit
-    away from a label found now, it is a misspelled label, which ``validate`` reports and a run refuses
-    before evaluating anything.
+    baseline that names no file, or a checkpoint not saved yet, is left to the run (training may still be
+    going, the baseline's grades may come from an earlier step of the pipeline's CI): the check then fails
+    saying why. One edit away from a label found now, it is a misspelled label, which ``validate`` reports
+    and a run refuses before evaluating anything.
     """
     baselines = [(index, c) for index, c in enumerate(spec.checks) if isinstance(c, NoRegressionCheck)]
     if not baselines:
@@ -168,21 +167,20 @@ def misspelled_baselines(
     known = list(labels or ())
     found: list[tuple[int, str]] = []
     for index, check in baselines:
-        unsaved = check.baseline in evaluated or _outside_saved_steps(check.baseline, known)
-        hint = "" if check.baseline in known or unsaved else did_you_mean(check.baseline, known)
+        taken = check.baseline in (*known, *evaluated) or _later_step(check.baseline, known)
+        hint = "" if taken else did_you_mean(check.baseline, known)
         if hint and not spec.resolve_path(check.baseline).exists():
             message = f"{check.baseline!r} is no checkpoint of the sweep{hint}; found now: {', '.join(known)}"
             found.append((index, message))
     return found
 
 
-def _outside_saved_steps(baseline: str, labels: Sequence[str]) -> bool:
+def _later_step(baseline: str, labels: Sequence[str]) -> bool:
     """Whether ``baseline`` names a step after every saved one of its naming (``002000`` while ``001500`` is
-    the last: a checkpoint not saved yet) or before every one (``000100`` while ``000500`` is the first: one
-    the training run deleted since), never a typo of a saved one."""
+    the last): a checkpoint not saved yet, never a typo of a saved one."""
     naming = _STEP_NUMBER.sub("#", baseline)
     saved = [_numbers(label) for label in labels if _STEP_NUMBER.sub("#", label) == naming]
-    return bool(saved) and naming != baseline and not min(saved) <= _numbers(baseline) <= max(saved)
+    return bool(saved) and naming != baseline and _numbers(baseline) > max(saved)
 
 
 def _numbers(label: str) -> list[int]:
@@ -325,7 +323,7 @@ def policy_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: boo
         if message is not None:
             problems.append(document.problem((*where, "target"), message))
         else:
-            problems += _target_argument_problems(policy.target, policy.args, (*where, "args"), document)
+            problems += _target_argument_problems(policy.target, policy.args, (*where, "args"), document, run_code)
     checkpoint = policy.checkpoint if isinstance(policy, TorchPolicyConfig) else None
     if checkpoint is not None:
         problem = _torch_checkpoint_problem(Path(checkpoint))
@@ -337,10 +335,10 @@ def policy_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: boo
 
 
 def _target_argument_problems(
-    target: str, args: Mapping[str, Any], path: KeyPath, document: YamlDocument
+    target: str, args: Mapping[str, Any], path: KeyPath, document: YamlDocument, run_code: bool
 ) -> list[Problem]:
     """An argument the target's signature does not take, found from its source before a run calls it."""
-    accepted = target_parameters(target)
+    accepted = target_parameters(target, run_code=run_code)
     if accepted is None:
         return []
     name = target.rpartition(":")[2]

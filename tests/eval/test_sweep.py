@@ -374,7 +374,6 @@ def test_validate_finds_a_baseline_label_one_typo_from_a_checkpoints_and_leaves_
         (labels[0][:-1] + "O", False),  # one edit away: a misspelled label
         (labels[0][:-1] + "1", False),  # a digit off, before the last saved step: misspelled too
         ("final", True),  # not saved yet, maybe: the run's check says so if it never comes
-        (f"{int(labels[0]) - 100:0{len(labels[0])}d}", True),  # one edit away, but before every saved: deleted
         (f"{int(labels[-1]) + 1:0{len(labels[-1])}d}", True),  # a later step: one edit away, but not saved yet
         (str(tmp_path / "baseline.json"), True),  # grades an earlier step may write
     ]
@@ -393,10 +392,11 @@ def test_validate_finds_a_baseline_label_one_typo_from_a_checkpoints_and_leaves_
 
 
 def test_a_baseline_whose_files_are_gone_since_it_was_evaluated_is_no_typo_to_a_run(
-    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Before, a run refused the sweep once training deleted the baseline's folder: its label, one edit from a
-    label found now, was taken for a typo, though its results were kept and ``report`` judged against them."""
+    """Before, a run (and ``validate``) refused the sweep once training deleted the baseline's folder: its label,
+    one edit from a label found now, was taken for a typo, though its results were kept and ``report`` judged
+    against them."""
     from hud_pipelines.cli.selection import refuse_misconfigured
     from hud_pipelines.errors import HudPipelinesError
     from hud_pipelines.eval.outputs import EvalOutputs
@@ -412,6 +412,17 @@ def test_a_baseline_whose_files_are_gone_since_it_was_evaluated_is_no_typo_to_a_
     mistyped = sweep_spec(tmp_path, str(run.output_dir), checks=[{**gate[0], "baseline": "001100"}])
     with pytest.raises(HudPipelinesError, match=r"checks\[0\]\.baseline: '001100' is no checkpoint of the sweep"):
         refuse_misconfigured(path, mistyped, outputs)
+
+    from hud_pipelines.cli.main import main
+
+    monkeypatch.setenv("HUD_PIPELINES_OUTPUTS", str(tmp_path / "out"))  # where validate looks for results, as run
+    path.write_text(json.dumps(spec.model_dump(mode="json", exclude_unset=True)))
+    capsys.readouterr()
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().out
+    assert "1 pipeline valid (deep check)" in capsys.readouterr().out
+    path.write_text(json.dumps(mistyped.model_dump(mode="json", exclude_unset=True)))
+    assert main(["validate", str(path)]) == 1
+    assert "checks[0].baseline: '001100' is no checkpoint of the sweep" in capsys.readouterr().out
 
 
 def test_a_checkpoint_the_sim_cannot_feed_errors_its_rows_with_the_features_named(
