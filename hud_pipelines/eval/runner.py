@@ -104,6 +104,7 @@ class EvalRunner:
     """The label of the sweep member ``spec`` is: its instances are named ``<label>|<instance>`` in the log."""
     _graders: list[Grader] = field(default_factory=list[Grader], init=False)
     _said: dict[tuple[Fault, str], str] = field(default_factory=dict[tuple[Fault, str], str], init=False)
+    _saying: threading.Lock = field(default_factory=threading.Lock, init=False)
     _contract: Contract | None = field(default=None, init=False)
     _interrupted: bool = field(default=False, init=False)
 
@@ -142,10 +143,11 @@ class EvalRunner:
         except Exception as exc:  # no policy: every instance errors with the reason
             where = raised_at(exc)  # the user's line, on the one line every report keeps, as a sim factory's
             reason = f"the policy could not be built: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+            of = f"{self.spec.name} (checkpoint {self.checkpoint})" if self.checkpoint else self.spec.name
             if isinstance(exc, HudPipelinesError):  # a clear message of ours: a traceback would bury it
-                log.error("the policy of %s could not be built: %s", self.spec.name, exc)
+                log.error("the policy of %s could not be built: %s", of, exc)
             else:
-                log.exception("the policy of %s could not be built", self.spec.name)
+                log.exception("the policy of %s could not be built", of)
             return [self._unstarted(partition, reason, Fault.SETUP) for partition in partitions]
         workers = min(self.spec.max_concurrent, len(partitions))
         model = BatchedModel.from_config(
@@ -301,9 +303,10 @@ class EvalRunner:
         """A line per failed instance; one that failed as an earlier one did points at it (a policy that cannot
         be built, a sim that is down, fails every instance alike: the reason once, not once per instance)."""
         named = f"{self.checkpoint}|{key}" if self.checkpoint else key
-        first = self._said.setdefault((fault, reason), named)
-        said = reason if first == named else f"as instance {first}"
-        log.error("instance %s of %s failed (%s): %s", named, self.spec.name, fault.value, said)
+        with self._saying:  # the first instance's line, with the reason, comes before those that point at it
+            first = self._said.setdefault((fault, reason), named)
+            said = reason if first == named else f"as instance {first}"
+            log.error("instance %s of %s failed (%s): %s", named, self.spec.name, fault.value, said)
 
     def _grade(self, key: EpisodeKey, outcome: EpisodeOutcome) -> EpisodeOutcome:
         """The pipeline's verdict on an answered episode: the first grader decides, the others add metrics."""

@@ -343,16 +343,17 @@ class SweepComparison:
     def conclusion(self) -> str:
         """``000300 is the best (62.0%, 95% CI 45.0%-77.0%, n=29); vs baseline 000100: better (+20.0%, p=0.012).``
 
-        Checkpoints tied for the best are named together (``A, B and C tie for the best (...); the latest, C, is
-        taken as the best``): to call the latest of them the best alone would claim that it did better."""
+        Checkpoints tied for the best are named together (``A, B and C tie for the best; C is taken (...)``, by
+        :attr:`best`'s rule), the figures being the one taken's: to call it the best alone would claim that it did
+        better, and at 0% checkpoints of different numbers of episodes tie."""
         best, tied = self.best, self.tied
         if best is None:
             return "No checkpoint has an answered episode: there is no best one."
         row = next(row for row in self.overall if row.checkpoint == best)
         errored = f", {row.errored} errored" if row.errored else ""
         figures = f"({row.success_rate:.1%}, 95% CI {row.ci_low:.1%}-{row.ci_high:.1%}, n={row.answered}{errored})"
-        listed = f"{', '.join(tied[:-1])} and {tied[-1]} tie for the best" if len(tied) > 1 else f"{best} is the best"
-        sentence = f"{listed} {figures}" + (f"; the latest, {best}, is taken as the best" if len(tied) > 1 else "")
+        listed = f"{', '.join(tied[:-1])} and {tied[-1]} tie for the best; {best} is taken" if len(tied) > 1 else ""
+        sentence = f"{listed or f'{best} is the best'} {figures}"
         if self.baseline is None:
             return sentence + "."
         if best == self.baseline:

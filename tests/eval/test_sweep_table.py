@@ -452,18 +452,17 @@ def test_checkpoints_tied_for_the_best_are_named_together() -> None:
     assert tied.best == "000300", "the latest stands for them, as documented"
     assert tied.tied == ["000100", "000200", "000300"]
     assert tied.conclusion() == (
-        "000100, 000200 and 000300 tie for the best (58.3%, 95% CI 32.0%-80.7%, n=12); the latest, 000300, is "
-        "taken as the best."
+        "000100, 000200 and 000300 tie for the best; 000300 is taken (58.3%, 95% CI 32.0%-80.7%, n=12)."
     )
     assert tied.summary_lines()[1] == tied.conclusion()
     assert tied.markdown().endswith(tied.conclusion() + "\n")
     lower = _rows_of({"push": "SSSSSSFFFFFF"})
     two = compare_checkpoints([("000100", 100, same), ("000200", 200, lower), ("000300", 300, same)], baseline="000200")
     assert two.tied == ["000100", "000300"]
-    assert two.conclusion().startswith("000100 and 000300 tie for the best (58.3%, 95% CI 32.0%-80.7%, n=12); the ")
-    assert "; the latest, 000300, is taken as the best; vs baseline 000200: no detectable difference" in (
-        two.conclusion()
-    )
+    assert two.conclusion().startswith(
+        "000100 and 000300 tie for the best; 000300 is taken (58.3%, 95% CI 32.0%-80.7%, n=12); vs baseline 000200: "
+        "no detectable difference"
+    ), two.conclusion()
     alone = compare_checkpoints([("000100", 100, lower), ("000200", 200, same)])
     assert alone.tied == ["000200"]
     assert alone.conclusion() == "000200 is the best (58.3%, 95% CI 32.0%-80.7%, n=12)."
