@@ -62,6 +62,7 @@ from hud_pipelines.eval.steps import (
     rollouts_step,
 )
 from hud_pipelines.recording.thumbnails import markdown_image
+from hud_pipelines.spec.loader import refuse_unrunnable
 from hud_pipelines.spec.models import PipelineSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -191,6 +192,7 @@ def _build(
 
         def evaluate(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
             effective = effective_of(context, spec)
+            refuse_unrunnable(spec, effective)  # before any sim starts, as `hud-pipelines run` refuses
             pool = sim_of(context, spec).pool(effective)
             selected = context.selected_asset_keys
             if contract_key in selected:

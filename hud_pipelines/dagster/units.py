@@ -62,6 +62,7 @@ from hud_pipelines.eval.rollouts import current, finished_by, kept_failure, kept
 from hud_pipelines.eval.runner import InstanceResult
 from hud_pipelines.eval.steps import contract_step, record_configuration, refuse_misfit_dataset, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool
+from hud_pipelines.spec.loader import refuse_unrunnable
 from hud_pipelines.spec.models import PipelineSpec
 
 PLANNED, UNITS = "planned", "units"
@@ -90,6 +91,9 @@ def eval_units_asset(
     )
     def plan(context: OpExecutionContext) -> Iterator[dg.Output[Any] | dg.DynamicOutput[str]]:
         effective = effective_of(context, spec)
+        if rollouts_key in context.selected_asset_keys:  # before any unit starts a sim: said at the YAML's line
+            with graded_if_it_fails(context, spec, outputs):
+                refuse_unrunnable(spec, effective)
         if rollouts_key not in context.selected_asset_keys:  # a run of "Materialize all" that runs no rollouts
             yield dg.Output(_contract_alone(context, effective, outputs, contract_key), output_name=PLANNED)
             return

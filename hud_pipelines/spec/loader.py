@@ -73,6 +73,25 @@ def load_pipeline_to_run(
     return loaded.spec
 
 
+def refuse_unrunnable(spec: PipelineSpec, as_run: PipelineSpec) -> None:
+    """Raise :class:`SpecError` with what a run of ``spec`` would fail on, read from its file as
+    :func:`load_pipeline_to_run` reads it (``as_run``: the spec as the run's resources configure it; what they
+    change is not the file's to judge). Where a Dagster run starts (the UI, ``dagster job execute``, a sensor),
+    as ``hud-pipelines run`` refuses before it starts one: a misspelled factory or argument is said at its line
+    rather than as an error of every instance. A spec without a file, or whose file was edited since, is not
+    judged here."""
+    from hud_pipelines.spec.preflight import runnable_problems
+
+    if spec.source is None or not spec.source.is_file():
+        return
+    loaded = load_file(spec.source)
+    if loaded.spec is None or loaded.document is None or loaded.problems or loaded.spec != spec:
+        return
+    problems = runnable_problems(loaded.spec, loaded.document, as_run)
+    if problems:
+        raise SpecError(problems)
+
+
 CREDENTIAL_PATHS = ("sim.token", "agent.policy.api_key")
 """Where a pipeline holds credentials: what reads results alone (``report``) needs none of them."""
 _UNSET = re.compile(r"environment variable (?P<name>[A-Za-z_][A-Za-z0-9_]*) is not set")

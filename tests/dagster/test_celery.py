@@ -882,3 +882,26 @@ def test_units_on_workers_refuse_a_dataset_section_that_does_not_fit_the_contrac
     failures = [e.step_failure_data.error for e in ran.all_events if e.event_type_value == "STEP_FAILURE"]
     assert any(error and "does not fit the sim's contract" in error.to_string() for error in failures), failures
     assert not list(out.rglob("rollouts/*.json")), "no unit rolled out for a dataset that cannot take its episodes"
+
+
+def test_the_plan_of_a_run_on_workers_refuses_a_misspelled_name_at_the_yamls_line_before_any_unit(
+    write_pipeline: WritePipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a run in process does: before, every unit started a sim and errored every slot of its instance."""
+    from hud_pipelines.dagster.definitions import definitions_for_file
+
+    policy = {"kind": "scripted", "target": "envs.controllers:CartPolePDD"}
+    path = write_pipeline("misspelled", agent={"policy": policy}, dataset={"enabled": False})
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("execution: {executor: celery, broker: 'redis://127.0.0.1:1/0'}\n")
+    monkeypatch.setenv(DEPLOYMENT_ENV, str(deployment))
+    out = tmp_path / "out"
+    job = definitions_for_file(path, outputs_dir=out, project_dir=REPO).resolve_job_def("misspelled")
+    with dg.DagsterInstance.ephemeral() as instance:
+        ran = job.execute_in_process(instance=instance, raise_on_error=False)
+    assert not ran.success
+    failures = [e for e in ran.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert [e.step_key for e in failures] == ["misspelled__eval.plan"], [e.step_key for e in failures]
+    said = str(failures[0].step_failure_data.error)
+    assert "agent.policy.target: envs.controllers has no attribute 'CartPolePDD'" in said, said
+    assert not list(out.rglob("rollouts/*.json")), "no unit ran"

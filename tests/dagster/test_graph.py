@@ -447,3 +447,26 @@ def test_results_of_another_configuration_are_never_mixed_into_the_grades(
     assert f"hud-pipelines run {display_path(path)} --partition task0-i1" in (rows[-1].error or "")
     assert {r.run_id for r in rows} != {""}  # the rows name the run whose results went stale
     assert [r.seed for r in rows] == [40, 41, 42, 43]
+
+
+def test_a_dagster_run_refuses_a_misspelled_name_at_the_yamls_line_before_any_sim_starts(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
+) -> None:
+    """Before, only ``hud-pipelines run`` read the names a YAML gives before it started: a run from the UI or
+    ``dagster job execute`` started a sim per instance and errored every slot of a misspelled policy argument."""
+    from hud_pipelines.recording.events import EpisodeStatus
+
+    path = write_pipeline(
+        "misspelled", agent={"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePDD"}}
+    )
+    result = _run(path, outputs_dir, instance)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    said = str(failure.step_failure_data.error)
+    assert "misspelled.yaml:" in said, said
+    assert "agent.policy.target: envs.controllers has no attribute 'CartPolePDD' (did you mean 'CartPolePD'?)" in said
+    assert not sim_processes(label), "no sim was started"
+    rows = _grades(outputs_dir, "misspelled")  # the grades say so, not an earlier run's verdict
+    assert {row.status for row in rows} == {EpisodeStatus.ERRORED}
+    checks = json.loads(EvalOutputs(outputs_dir, "misspelled").checks_json.read_text())
+    assert "agent.policy.target" in checks[0]["description"], checks[0]
