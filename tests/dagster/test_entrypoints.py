@@ -118,23 +118,29 @@ def test_dg_launch_runs_a_job(
     ]
 
 
+@pytest.fixture(name="cli_home")
+def cli_home_fixture(pipelines_dir: Path, outputs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The environment of an in-process ``hud-pipelines run`` (its pipelines, outputs and Dagster home)."""
+    for key, value in _env(pipelines_dir, outputs_dir, tmp_path / "home").items():
+        monkeypatch.setenv(key, value)
+    return tmp_path / "home"
+
+
 def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     write_pipeline: WritePipeline,
     pipelines_dir: Path,
     outputs_dir: Path,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    cli_home: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for key, value in _env(pipelines_dir, outputs_dir, tmp_path / "home").items():
-        monkeypatch.setenv(key, value)
     write_pipeline("summarised", group=2, checks=[{"kind": "min_success_rate", "value": 0.5}])
     assert main(["run", "summarised", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "summarised: per-slot grades" in out
     assert "succeeded 4" in out
     assert "run succeeded" in out
-    assert (tmp_path / "home" / "history").is_dir()  # the run was recorded on the local instance
+    assert (cli_home / "history").is_dir()  # the run was recorded on the local instance
     with dg.DagsterInstance.get() as instance:
         [recorded] = instance.get_runs(limit=1)
     assert recorded.tags[PID_TAG] == str(os.getpid()), "what tells a live run from one a killed process left"
@@ -629,17 +635,14 @@ def test_a_run_says_when_another_live_run_of_its_pipeline_is_running() -> None:
 
 def test_an_interrupt_after_the_last_instance_ended_says_so_and_the_checks_judge_this_runs_results(
     write_pipeline: WritePipeline,
-    pipelines_dir: Path,
     outputs_dir: Path,
-    tmp_path: Path,
+    cli_home: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Before, a Ctrl-C while the dataset was written said "after 2 of 2 instance(s); the instances it did not
     finish keep their earlier results", and the checks and report said the run failed before its instances
     ended, of instances that had all ended in this run."""
-    for key, value in _env(pipelines_dir, outputs_dir, tmp_path / "home").items():
-        monkeypatch.setenv(key, value)
     write_pipeline("late", group=2, dataset={"repo_id": "local/late"})
 
     def interrupted(*args: Any, **kwargs: Any) -> None:
