@@ -64,7 +64,7 @@ CASES = {
     ),
     "start-up/policy/every": Case(
         {},
-        policy={"kind": "scripted", "target": "tests.eval.no_such_module:Policy"},
+        policy={"kind": "scripted", "target": "tests.eval.dynamic_targets:Policy"},  # one only the run can tell
         errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
         reason="the policy could not be built",
     ),
@@ -86,8 +86,8 @@ CASES = {
     "start-up/grader/every": Case(
         {},
         errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
-        reason="nofile.py",
-        fields={"graders": [{"kind": "callable", "target": "nofile.py:grade"}]},
+        reason="dynamic_targets has no attribute 'grade'",
+        fields={"graders": [{"kind": "callable", "target": "tests.eval.dynamic_targets:grade"}]},
     ),
     "grade/nan-score/slot": Case(
         {},
