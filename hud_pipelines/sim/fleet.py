@@ -6,7 +6,8 @@ processes (the Celery workers of one run, or another run on the same fleet) are 
 server one of them drives refuses a connection with HTTP 409. That server is busy, not broken: the
 instance that met the refusal tries another free server, or waits for one, backing off, up to
 ``sim.busy_timeout_s``; the server is never lost for it. A server that cannot be reached at all is
-lost: the instance that tried it errors naming it, and no later instance is sent there. One that stops
+lost: the instance that tried it goes on to another server (it errors naming it where none is left), and no
+later instance is sent there. One that stops
 listening mid-run (its process died, or was restarted) may come back: it is probed again, at most once
 every :data:`PROBE_EVERY_S`, and takes instances again once it listens (a restart on the same address);
 while no other server is left, an instance waits up to :data:`RETURN_GRACE_S` from the loss for it.
@@ -35,6 +36,11 @@ RETURN_GRACE_S = 5.0
 (a restart); after that, instances with no server error at once, and it is still taken back if it returns."""
 PROBE_EVERY_S = 0.25
 """How often a served sim that stopped listening is probed again (a TCP connection), at most."""
+
+
+class ServerUnreachable(SimStartError):
+    """A served sim of the fleet that could not be reached (connection refused, no route, no handshake): it
+    served nothing, so the instance that tried it goes on to another server while one is left."""
 
 
 def is_busy(exc: SimError) -> bool:
@@ -83,6 +89,11 @@ class Fleet:
                 waits = [self._not_before[server] - now for server in self._free]
                 waits += [PROBE_EVERY_S] if self._may_return else []
                 self._changed.wait(min(waits) if waits else None)
+
+    def any_left(self) -> bool:
+        """Whether a server is not lost: one an instance may still be sent to."""
+        with self._changed:
+            return len(self._lost) < len(self._all)
 
     def give_back(self, server: str) -> None:
         with self._changed:

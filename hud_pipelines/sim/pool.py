@@ -27,9 +27,9 @@ from typing import Any
 
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import HudPipelinesError, SimError, SimStartError
+from hud_pipelines.errors import HudPipelinesError, SimCrashedError, SimError, SimStartError, SimTimeoutError
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, SimClient
-from hud_pipelines.sim.fleet import Fleet, is_busy, naming, reachable
+from hud_pipelines.sim.fleet import Fleet, ServerUnreachable, is_busy, naming, reachable
 from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.sharded_sim import ShardedSim
@@ -269,6 +269,10 @@ class SimPool(Closeable):
             server = self._servers.take() if self._servers.attached else None  # waits for one no instance holds
             try:
                 return server, self._connected(server)
+            except ServerUnreachable as exc:  # it served nothing: another server of the fleet, while one is left
+                if not self._servers.any_left():
+                    raise
+                log.warning("%s; the instance goes on to another server of the fleet", exc)
             except BaseException as exc:
                 if server is None:
                     raise
@@ -313,7 +317,9 @@ class SimPool(Closeable):
             if server is None or is_busy(exc):
                 raise
             named = naming(exc, server)
-            if not isinstance(named, SimStartError):  # refused, gone or silent before any request: it served nothing
+            if isinstance(exc, SimCrashedError | SimTimeoutError):  # not reached, or silent before any request
+                named = ServerUnreachable(str(named))
+            elif not isinstance(named, SimStartError):  # refused (a token): it served nothing either
                 named = SimStartError(str(named))
             named.server = server
             self._servers.lose(server, str(named))

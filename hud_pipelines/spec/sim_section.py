@@ -130,7 +130,7 @@ class SimSpec(StrictModel):
         default=None,
         min_length=1,
         description="a fleet: `ws://host:port` of several sims served elsewhere, one instance on each at a time; a "
-        "server that cannot be reached errors the instance that tried it, naming it, and gets no more",
+        "server that cannot be reached gets no more instances, and the one that tried it goes on to another",
     )
     fleet: str | None = Field(
         default=None,
