@@ -192,9 +192,10 @@ def _build(
 
         def evaluate(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
             effective = effective_of(context, spec)
-            refuse_unrunnable(spec, effective)  # before any sim starts, as `hud-pipelines run` refuses
-            pool = sim_of(context, spec).pool(effective)
             selected = context.selected_asset_keys
+            if rollouts_key in selected:  # before any sim starts, as `hud-pipelines run` refuses
+                refuse_unrunnable(spec, effective)
+            pool = sim_of(context, spec).pool(effective)
             if contract_key in selected:
                 try:
                     derived = contract_step(effective, pool, outputs, run_id=context.run.run_id)
