@@ -86,11 +86,16 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec, outputs: EvalOutputs) -
         from hud_pipelines.spec.fleet import load_fleet
 
         load_fleet(deployed.resolve_path(deployed.sim.fleet))
+    for index, message in misspelled_baselines(spec, evaluated=evaluated_labels(spec, outputs)):
+        raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
+
+
+def evaluated_labels(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
+    """The labels of a sweep's checkpoints with results in ``outputs``, whether or not their files remain (none
+    for a single policy); nothing is hashed."""
     from hud_pipelines.eval import sweep
 
-    evaluated = [member.label for member in sweep.evaluated(spec, outputs, settled=())] if spec.is_sweep else []
-    for index, message in misspelled_baselines(spec, evaluated=evaluated):
-        raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
+    return [member.label for member in sweep.evaluated(spec, outputs, settled=())] if spec.is_sweep else []
 
 
 def select_instances(

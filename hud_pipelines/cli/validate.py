@@ -82,7 +82,7 @@ def _drop_evaluated_baselines(problems: list[Problem]) -> tuple[list[Problem], l
     """``problems`` less a sweep baseline taken for a typo that has results on disk (in the outputs a run writes
     to), whose files training deleted since: a baseline still, as a run takes it. With them, the specs of the
     files that had no other problem."""
-    from hud_pipelines.eval import sweep
+    from hud_pipelines.cli.selection import evaluated_labels
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.spec.grading import NoRegressionCheck
     from hud_pipelines.spec.loader import load_file
@@ -92,10 +92,9 @@ def _drop_evaluated_baselines(problems: list[Problem]) -> tuple[list[Problem], l
     valid: list[PipelineSpec] = []
     for file in files:
         spec = load_file(Path(file)).spec
-        if spec is None or not spec.is_sweep:
+        if spec is None:
             continue
-        outputs = EvalOutputs(default_outputs_root().resolve(), spec.name)
-        labels = {member.label for member in sweep.evaluated(spec, outputs, settled=())}
+        labels = evaluated_labels(spec, EvalOutputs(default_outputs_root().resolve(), spec.name))
         dropped |= {
             (file, f"checks[{index}].baseline")
             for index, check in enumerate(spec.checks)

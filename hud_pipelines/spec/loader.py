@@ -58,8 +58,6 @@ def load_pipeline_to_run(
     reading tells, without running any of its code (:mod:`hud_pipelines.spec.preflight`). ``as_deployed``: the
     spec as the run will have it (a deployment file's fields applied); what that replaces is not the YAML's to
     judge."""
-    from hud_pipelines.spec.preflight import runnable_problems
-
     loaded = load_file(Path(path))
     if loaded.spec is None or loaded.problems or loaded.document is None:
         raise SpecError(loaded.problems)
@@ -67,9 +65,7 @@ def load_pipeline_to_run(
         deployed = loaded.spec if as_deployed is None else as_deployed(loaded.spec)
     except HudPipelinesError:  # refused in its own words by the caller's checks of the deployment file
         deployed = None
-    problems = runnable_problems(loaded.spec, loaded.document, deployed)
-    if problems:
-        raise SpecError(problems)
+    _refuse(loaded.spec, loaded.document, deployed)
     return loaded.spec
 
 
@@ -80,14 +76,18 @@ def refuse_unrunnable(spec: PipelineSpec, as_run: PipelineSpec) -> None:
     as ``hud-pipelines run`` refuses before it starts one: a misspelled factory or argument is said at its line
     rather than as an error of every instance. A spec without a file, or whose file was edited since, is not
     judged here."""
-    from hud_pipelines.spec.preflight import runnable_problems
-
     if spec.source is None or not spec.source.is_file():
         return
     loaded = load_file(spec.source)
-    if loaded.spec is None or loaded.document is None or loaded.problems or loaded.spec != spec:
-        return
-    problems = runnable_problems(loaded.spec, loaded.document, as_run)
+    if loaded.spec is not None and loaded.document is not None and not loaded.problems and loaded.spec == spec:
+        _refuse(loaded.spec, loaded.document, as_run)
+
+
+def _refuse(spec: PipelineSpec, document: YamlDocument, as_run: PipelineSpec | None) -> None:
+    """Raise :class:`SpecError` with :func:`~hud_pipelines.spec.preflight.runnable_problems`, if any."""
+    from hud_pipelines.spec.preflight import runnable_problems
+
+    problems = runnable_problems(spec, document, as_run)
     if problems:
         raise SpecError(problems)
 

@@ -57,12 +57,12 @@ def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Proble
     factory = spec.factory
     if factory is None or spec.sim.lerobot_env is not None:
         return []  # a lerobot env config is resolved while loading; its registry id is its package's, in the sim
-    if is_file_target(factory):  # read, whichever interpreter runs it
+    if ":" in factory:  # a file is read whichever interpreter runs it; a module of the sim's own one is the sim's
+        if spec.sim.python is not None and not is_file_target(factory):
+            return []
         message = target_problem(spec.resolve_target(factory), spec.base_dir, run_code=False)
-    elif spec.sim.python is not None or "/" in factory:
-        return []  # a module of the sim's own interpreter, or a namespaced id its package registers: the sim's
-    elif ":" in factory:
-        message = target_problem(factory, spec.base_dir, run_code=False)
+    elif "/" in factory:
+        return []  # a namespaced id, registered by its package in the sim
     else:
         from hud_pipelines.sim.factory import unknown_registry_id
 
