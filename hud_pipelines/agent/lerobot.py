@@ -323,11 +323,9 @@ def make_adapter(
 
     from hud_pipelines.spec.lerobot_env import lerobot_env_config
 
-    env_preprocessor, env_postprocessor = make_env_pre_post_processors(lerobot_env_config(lerobot_env), policy_config)
     return LeRobotEnvAdapter(
         contract,
-        env_preprocessor=env_preprocessor,
-        env_postprocessor=env_postprocessor,
+        processors=make_env_pre_post_processors(lerobot_env_config(lerobot_env), policy_config),
         device=device,
         expected_inputs=expected_inputs,
         rename=rename,

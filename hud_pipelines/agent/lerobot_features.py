@@ -211,14 +211,13 @@ class LeRobotEnvAdapter(LeRobotAdapter):
         self,
         contract: Contract,
         *,
-        env_preprocessor: Any,
-        env_postprocessor: Any,
+        processors: tuple[Any, Any],
         device: torch.device | str = "cpu",
         expected_inputs: Mapping[str, Any] | None = None,
         rename: Mapping[str, str] | None = None,
     ) -> None:
-        self.env_preprocessor = env_preprocessor
-        self.env_postprocessor = env_postprocessor
+        # the env's pre- and post-processor, as lerobot's make_env_pre_post_processors gives them
+        self.env_preprocessor, self.env_postprocessor = processors
         self.lerobot_keys = lerobot_keys(contract)
         """Contract feature -> the key lerobot's ``preprocess_observation`` gives it."""
         super().__init__(

@@ -112,6 +112,7 @@ class SimClient(Closeable):
             self._link.close(timeout_s=0.2)
             raise
         self.framing = self.hello.framing
+        self.num_envs = self.hello.num_envs
 
     @classmethod
     def in_process(cls, bridge: GymBridge, *, framing: Framing | None = Framing.BATCHED) -> SimClient:
@@ -138,10 +139,6 @@ class SimClient(Closeable):
             raise SimCrashedError(
                 f"cannot connect to the sim at {self.url}: {exc}{waited}{diagnosis}", returncode=self._exit_status()
             ) from exc
-
-    @property
-    def num_envs(self) -> int:
-        return self.hello.num_envs
 
     @property
     def in_flight(self) -> int:

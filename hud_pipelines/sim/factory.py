@@ -52,6 +52,8 @@ ENV_MEMBERS = ("reset", "step", "observation_space", "action_space")
 
 
 class FactoryKind(StrEnum):
+    """How a factory names its env: a gymnasium registry id, or a callable by import path."""
+
     REGISTRY = "registry"
     CALLABLE = "callable"
 

@@ -32,23 +32,9 @@ from typing import Any
 import numpy as np
 
 from hud_pipelines.errors import RemoteError, SimContractError, SimError, WireError
+from hud_pipelines.wire import messages
 from hud_pipelines.wire.codec import packb, unpackb
-from hud_pipelines.wire.messages import (
-    PROTOCOL_VERSION,
-    Close,
-    ErrorFrame,
-    Framing,
-    Hello,
-    Observation,
-    Reply,
-    Reset,
-    Result,
-    ResultRequest,
-    ServerHello,
-    SessionState,
-    Step,
-    to_wire,
-)
+from hud_pipelines.wire.messages import ErrorFrame, Framing, Observation, Reply, Result, ServerHello, SessionState
 from hud_pipelines.wire.parse import parse_reply
 
 
@@ -78,7 +64,9 @@ class ClientSession:
 
     def hello(self) -> bytes:
         """The first frame to send."""
-        return packb(to_wire(Hello(protocol=PROTOCOL_VERSION, framing=self.requested_framing)))
+        return packb(
+            messages.to_wire(messages.Hello(protocol=messages.PROTOCOL_VERSION, framing=self.requested_framing))
+        )
 
     def receive_hello(self, frame: bytes | bytearray | memoryview | str) -> ServerHello:
         """Take the server's answer to the hello; the session serves from here on."""
@@ -112,32 +100,28 @@ class ClientSession:
     def num_envs(self) -> int:
         return self.server_hello.num_envs
 
-    @property
-    def framing(self) -> Framing:
-        return self.server_hello.framing
-
     # -- requests ----------------------------------------------------------------------------------
 
     def reset(self, tasks: list[dict[str, Any]]) -> tuple[int, bytes]:
         """``(seq, frame)`` of a reset with one task per slot."""
         if len(tasks) != self.num_envs:
             raise SimError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
-        return self._post(Reset(seq=self._next(), tasks=tasks))
+        return self._post(messages.Reset(seq=self._next(), tasks=tasks))
 
     def step(self, action: Any) -> tuple[int, bytes]:
         """``(seq, frame)`` of a step with an ``[N, A]`` action (an ``[A]`` row for a single slot)."""
         array = np.asarray(action)
         if self.num_envs == 1 and array.ndim <= 1:
             array = array.reshape(1, -1)
-        return self._post(Step(seq=self._next(), action=array))
+        return self._post(messages.Step(seq=self._next(), action=array))
 
     def result(self) -> tuple[int, bytes]:
         """``(seq, frame)`` of a result request."""
-        return self._post(ResultRequest(seq=self._next()))
+        return self._post(messages.ResultRequest(seq=self._next()))
 
     def close(self) -> bytes | None:
         """The goodbye frame to send (``None`` once broken: there is nobody to say it to); ends the session."""
-        frame = packb(to_wire(Close())) if self.broken is None else None
+        frame = packb(messages.to_wire(messages.Close())) if self.broken is None else None
         self.fail("the client was closed")
         return frame
 
@@ -173,7 +157,8 @@ class ClientSession:
         if not self._pending:
             raise self._break("a reply arrived while no request was waiting")
         try:
-            reply = parse_reply(unpackb(frame), self.framing, self.num_envs)
+            hello = self.server_hello
+            reply = parse_reply(unpackb(frame), hello.framing, hello.num_envs)
         except WireError as exc:
             self.fail(f"undecodable reply: {exc}")
             raise
@@ -249,10 +234,14 @@ class ClientSession:
     def _next(self) -> int:
         return next(self._seq)
 
-    def _post(self, request: Reset | Step | ResultRequest) -> tuple[int, bytes]:
+    def _post(self, request: messages.Reset | messages.Step | messages.ResultRequest) -> tuple[int, bytes]:
         self.require_usable()
-        framing = self.framing
-        frame = packb(to_wire(request, framing if isinstance(request, Reset | Step) else Framing.BATCHED))
+        framing = self.server_hello.framing
+        frame = packb(
+            messages.to_wire(
+                request, framing if isinstance(request, messages.Reset | messages.Step) else Framing.BATCHED
+            )
+        )
         self._pending.append(request.seq)
         return request.seq, frame
 

@@ -73,7 +73,11 @@ def test_the_hello_asks_for_the_framing_and_the_answer_starts_serving() -> None:
     assert unpackb(session.hello()) == {"type": "hello", "protocol": PROTOCOL_VERSION, "framing": "scalar"}
     assert session.state is SessionState.HANDSHAKE
     hello = session.receive_hello(server_hello(Framing.SCALAR, num_envs=1))
-    assert (session.state, session.framing, session.num_envs) == (SessionState.SERVING, Framing.SCALAR, 1)
+    assert (session.state, session.server_hello.framing, session.num_envs) == (
+        SessionState.SERVING,
+        Framing.SCALAR,
+        1,
+    )
     assert hello.server == "test"
 
 
