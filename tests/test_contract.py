@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from hud_pipelines.contract import (
     action_feature,
     control_rate_of,
     derive_contract,
+    derive_env_contract,
     load_contract,
     merge_contract,
     refresh_contract,
@@ -122,6 +124,41 @@ def test_an_observation_with_an_images_shape_read_as_state_is_warned_of_with_how
     assert "it is channel-first: give it as (height, width, channel) in the env" in pixels
     floats = state_images(derive(Box(0, 1, (3, 32, 32), np.float32)))
     assert "give it as (height, width, channel), as uint8 (0-255) rather than float32 in the env" in floats[0]
+
+
+class _DeclaredEnv:
+    """Stands for an env whose spaces are declared apart from what it returns."""
+
+    def __init__(self, observation_space: gym.Space[Any]) -> None:
+        self.observation_space = observation_space
+        self.metadata = {"robot_type": "declared"}
+
+
+def test_an_observation_space_that_disagrees_with_the_observation_is_warned_of_naming_the_feature_and_both_shapes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    liar = Box(-1, 1, (4,), np.float32)
+    with caplog.at_level(logging.WARNING, logger="hud_pipelines.contract"):
+        derived = derive_env_contract(_DeclaredEnv(liar), liar, Box(-1, 1, (1,)), np.zeros(5), fallback_name="f")
+    assert derived.contract.features["state"].shape == (5,)  # the contract follows the observation
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        "env declared: its observation_space declares 'state' with shape (4,), but its observation has shape (5,)"
+    )
+    caplog.clear()
+    nested = gym.spaces.Dict({"joints": Box(-1, 1, (7,)), "camera": Box(0, 255, (8, 8, 3), np.uint8)})
+    sample = {"joints": np.zeros(7), "camera": np.zeros((3, 8, 8), np.uint8)}
+    with caplog.at_level(logging.WARNING, logger="hud_pipelines.contract"):
+        derive_env_contract(_DeclaredEnv(nested), nested, Box(-1, 1, (1,)), sample, fallback_name="f")
+    assert [r.getMessage().split(":")[1] for r in caplog.records] == [
+        " its observation_space declares 'camera' with shape (8, 8, 3), but its observation has shape (3, 8, 8)"
+    ]
+    caplog.clear()
+    nested.seed(0)
+    with caplog.at_level(logging.WARNING, logger="hud_pipelines.contract"):
+        derive_env_contract(_DeclaredEnv(nested), nested, Box(-1, 1, (1,)), nested.sample(), fallback_name="f")
+        derive_env_contract(_DeclaredEnv(Discrete(3)), Discrete(3), Discrete(2), np.int64(1), fallback_name="f")
+    assert caplog.records == []
 
 
 def test_action_features() -> None:

@@ -14,6 +14,7 @@ its slots) and ``wrap(env)`` (a user's env) both call it, so the same env gets t
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ import numpy.typing as npt
 from hud_pipelines.contract.model import ACTION, CAMERA_NAMES, Contract, Feature, FeatureType
 from hud_pipelines.contract.observations import flatten_observation
 from hud_pipelines.errors import ContractError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONTROL_RATE = 30.0
 """Hz, used when the env states neither ``metadata["render_fps"]`` nor a ``dt``."""
@@ -239,7 +242,19 @@ def derive_env_contract(
         robot_type=robot_type,
     )
     default_name = next(iter(contract.observation_features))
-    names = {name: name or default_name for name in flatten_observation(sample_observation)}
+    flat = flatten_observation(sample_observation)
+    names = {name: name or default_name for name in flat}
+    for name, sample in flat.items():
+        declared = getattr(_subspace(observation_space, name), "shape", None)
+        if declared is not None and tuple(declared) != sample.shape:
+            log.warning(
+                "env %s: its observation_space declares %r with shape %s, but its observation has shape %s: the "
+                "contract follows the observation; correct the space if the observation is right",
+                robot_type,
+                names[name],
+                tuple(declared),
+                sample.shape,
+            )
     return EnvContract(contract, names)
 
 

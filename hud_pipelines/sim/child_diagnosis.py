@@ -55,6 +55,11 @@ TRACEBACK_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
 """The last line of a Python traceback (``ModuleNotFoundError: No module named 'x'``)."""
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+ADVICE_LINE = re.compile(r"^\S+ \S+ WARNING \[sim \d+\] hud_pipelines\.contract[\w.]*: (?P<message>.*)$")
+"""A warning of the child's contract derivation (its log format is ``serve``'s): advice about the sim itself
+(its declared spaces) that the user should read, so it is logged here as a warning, once per message."""
+_advice_given: set[str] = set()
+_advice_lock = threading.Lock()
 
 
 class ChildDiagnosis:
@@ -213,4 +218,16 @@ def _pump_stderr(stream: IO[bytes], tail: collections.deque[str], pid: int) -> N
             line = f"{line[:STDERR_LINE_CHARS]} [... {len(line) - STDERR_LINE_CHARS} more characters]"
         tail.append(line)
         child_log.info("[%d] %s", pid, line)
+        advice = ADVICE_LINE.match(line)
+        if advice is not None:
+            _advise(advice["message"])
     stream.close()
+
+
+def _advise(message: str) -> None:
+    """Warn with a child's advice once: every sim of a run (one per instance, one per shard) derives the same."""
+    with _advice_lock:
+        if message in _advice_given:
+            return
+        _advice_given.add(message)
+    child_log.warning("%s", message)

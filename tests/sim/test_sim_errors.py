@@ -6,6 +6,8 @@ matching message strings; the messages stay readable and the constructors stay c
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -118,3 +120,34 @@ def test_a_megabyte_line_a_dying_sim_prints_is_cut_in_its_error(spawn: Spawn, tm
     assert "loud and dead" in message
     assert f"[... {1_000_000 - STDERR_LINE_CHARS} more characters]" in message
     assert len(message) < 10 * STDERR_LINE_CHARS
+
+
+def test_a_sims_advice_about_its_declared_spaces_is_a_warning_of_the_parent_once_for_all_its_sims(
+    spawn: Spawn, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child derives the contract and warns on its stderr, which the parent otherwise logs at INFO only."""
+    from hud_pipelines.sim import child_diagnosis
+
+    monkeypatch.setattr(child_diagnosis, "_advice_given", set())
+    factory = tmp_path / "liar.py"
+    factory.write_text(
+        "import gymnasium as gym\nimport numpy as np\n\n"
+        "class Liar(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(-1, 1, (4,))\n"
+        "    action_space = gym.spaces.Box(-1, 1, (1,))\n\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        return np.zeros(5), {}\n\n"
+        "    def step(self, action):\n"
+        "        return np.zeros(5), 0.0, True, False, {}\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="hud_pipelines.sim.child"):
+        for _ in range(2):
+            sim = spawn(f"{factory}:Liar")
+            sim.close(grace_s=2.0)
+            for pump in [t for t in threading.enumerate() if t.name == f"hud-sim-{sim.pid}-stderr"]:
+                pump.join(timeout=10)  # its stderr read to the end
+        advice = [r.getMessage() for r in caplog.records if r.name == "hud_pipelines.sim.child"]
+    assert advice == [
+        "env Liar: its observation_space declares 'state' with shape (4,), but its observation has shape (5,): "
+        "the contract follows the observation; correct the space if the observation is right"
+    ]
