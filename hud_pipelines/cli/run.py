@@ -43,9 +43,12 @@ if TYPE_CHECKING:
 
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
 LOCAL_DAGSTER_HOME = ".dagster_home"
-LOCAL_INSTANCE_SETTINGS = "telemetry:\n  enabled: false\nconcurrency:\n  runs:\n    max_concurrent_runs: 2\n"
-"""A new local instance's ``dagster.yaml``. A sweep's sensor requests a run per new checkpoint, and each runs its
-sims: two runs at a time suit a workstation (Dagster's default is ten); raise it there for a bigger machine."""
+LOCAL_INSTANCE_SETTINGS = (
+    "telemetry:\n  enabled: false\nconcurrency:\n  runs:\n    max_concurrent_runs: 2\n"
+    "compute_logs:\n  module: hud_pipelines.dagster.compute_logs\n  class: InterruptSafeComputeLogManager\n"
+)
+"""A new local instance's ``dagster.yaml``: two runs at a time suit a workstation's sims (a sweep's sensor requests a
+run per new checkpoint; Dagster's default is ten), and :mod:`hud_pipelines.dagster.compute_logs` for step logs."""
 STATUS_STYLE = {
     EpisodeStatus.SUCCEEDED: "green",
     EpisodeStatus.FAILED: "red",

@@ -28,9 +28,11 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 
 
-def _env(pipelines_dir: Path, outputs_dir: Path, home: Path) -> dict[str, str]:
-    home.mkdir(exist_ok=True)
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+def _env(pipelines_dir: Path, outputs_dir: Path, home: Path, *, new_home: bool = False) -> dict[str, str]:
+    """The environment of a CLI run; ``new_home`` leaves the instance's settings to the CLI, as on a new machine."""
+    if not new_home:
+        home.mkdir(exist_ok=True)
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     return {
         **os.environ,
         "HUD_PIPELINES_DIR": str(pipelines_dir),
@@ -339,13 +341,13 @@ def test_the_webserver_serves_every_pipelines_assets_and_launches_a_run(
 
 
 def _run_in_background(
-    name: str, log: Path, pipelines_dir: Path, outputs_dir: Path, home: Path
+    name: str, log: Path, pipelines_dir: Path, outputs_dir: Path, home: Path, *, new_home: bool = False
 ) -> subprocess.Popen[bytes]:
     """``hud-pipelines run <name>`` in a session of its own (a signal reaches it alone), its output in ``log``."""
     with log.open("w") as output:
         return subprocess.Popen(
             [str(BIN / "hud-pipelines"), "run", name, "--quiet"],
-            env=_env(pipelines_dir, outputs_dir, home),
+            env=_env(pipelines_dir, outputs_dir, home, new_home=new_home),
             cwd=REPO,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -372,7 +374,7 @@ def test_cancelling_a_run_leaves_no_sim_behind(
     )
     write_pipeline("cancelled", group=2, rollout_timeout_s=600, dataset={"repo_id": "local/cancelled"}, **stall)
     log = tmp_path / "run.log"
-    run = _run_in_background("cancelled", log, pipelines_dir, outputs_dir, tmp_path / "home")
+    run = _run_in_background("cancelled", log, pipelines_dir, outputs_dir, tmp_path / "home", new_home=True)
     try:
         deadline = time.monotonic() + 120
         while len(sim_processes(label)) < 2 and time.monotonic() < deadline:  # both instances are stalled
@@ -380,7 +382,10 @@ def test_cancelling_a_run_leaves_no_sim_behind(
         assert len(sim_processes(label)) == 2, log.read_text()[-3000:]
         time.sleep(1.0)
         signalled = time.monotonic()
-        run.send_signal(signum)
+        if signum == signal.SIGINT:
+            os.killpg(run.pid, signum)  # as a terminal's Ctrl-C: to the run's whole process group
+        else:
+            run.send_signal(signum)  # as `kill` or `docker stop`: to the run alone
         assert run.wait(timeout=60) == 128 + signum  # 130 for SIGINT, 143 for SIGTERM
         assert time.monotonic() - signalled < 20
         deadline = time.monotonic() + 15  # a sim whose parent is gone stops within its grace period
@@ -390,6 +395,7 @@ def test_cancelling_a_run_leaves_no_sim_behind(
         printed = log.read_text()
         assert f"run interrupted by {signum.name} after 0 of 2 instance(s)" in printed, printed[-3000:]
         assert "DagsterExecutionInterruptedError" not in printed, "the interrupt is said once, in words"
+        assert "Traceback" not in printed, "Dagster's log helpers in the run's group are not interrupted"
         assert "the instances it did not finish keep their earlier results" in " ".join(printed.split())
         assert "to run only those: hud-pipelines run cancelled --partition task0-i0 --partition task0-i1" in printed
         assert "this run: success rate n/a; scheduled 4 = succeeded 0 + failed 0 + errored 4" in printed
