@@ -179,6 +179,8 @@ class BatchedModel(BasePolicy, Closeable):
                 self._work.put(None)  # after the forwards already queued for it
                 self._work = queue.SimpleQueue()
                 self._worker = None
+        if isinstance(self.policy, Closeable):  # a remote policy's connection; a later call opens another
+            self.policy.close()
 
     def abort(self, reason: str) -> None:
         """Fail every waiting and later call with ``reason`` at once (the run is being cancelled)."""
@@ -266,6 +268,7 @@ class BatchedModel(BasePolicy, Closeable):
         call.abandoned = True
         if call in self._running and isinstance(error, PolicyTimeoutError):
             self._replace_worker()  # the next forwards must not queue behind the one that is stuck
+            self.policy.abandon()  # nor wait for what it holds (a remote policy's connection)
         raise error
 
     def _replace_worker(self) -> None:

@@ -18,7 +18,10 @@ directly, never by probing:
   enters around a forward that every sim waits on; torch-backed policies run that forward on the
   idle sims' cores (``lockstep_threads``);
 - ``last_forward_rows()``: the rows of the forward that served this thread's last call (larger
-  than the call under ``BatchedModel``, which stacks callers).
+  than the call under ``BatchedModel``, which stacks callers);
+- ``abandon()``: called from another thread when ``BatchedModel`` gives up on a forward that is late
+  (``forward_timeout_s``): a policy that can cut short what that forward waits on (a remote one's
+  connection) does, so that the forwards after it need not wait for it.
 
 A user's object with an ``infer`` (a scripted target) is any :class:`Policy`; :func:`as_base_policy`
 adapts it once, at that boundary, reading whichever optional members it has.
@@ -181,6 +184,9 @@ class BasePolicy(ABC):
     def last_forward_rows(self) -> int | None:
         """Rows of the forward that served this thread's last call, when that differs from the call's."""
         return None
+
+    def abandon(self) -> None:  # noqa: B027 - optional, with a default that does nothing
+        """Cut short a forward that was given up on, from another thread (nothing by default)."""
 
 
 class _UserPolicy(BasePolicy):

@@ -18,6 +18,7 @@ row (``batched=False``); a server that accepts a leading batch axis gets the who
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -66,7 +67,9 @@ class RemotePolicy(BasePolicy, Closeable):
         self._lock = threading.Lock()
         self._headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
         self._ws: ClientConnection | None = None
-        self.metadata: dict[str, Any] = self._connect()
+        self.metadata: dict[str, Any] = {}
+        """What the server says of its policy (its first frame on each connection)."""
+        self._connect()
 
     @classmethod
     def from_config(cls, config: RemotePolicyConfig, contract: Contract) -> RemotePolicy:
@@ -99,7 +102,16 @@ class RemotePolicy(BasePolicy, Closeable):
         return _stack_chunks(chunks)
 
     def close(self) -> None:
-        self._drop()
+        self._drop(self._ws)
+
+    def abandon(self) -> None:
+        """Cut the connection under a forward that was given up on: its read ends at once (so the next
+        forward, which waits for the lock it holds, need not wait out ``timeout_s``) and opens a new one,
+        on which no late reply of the abandoned request can be taken for its own."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(OSError):
+                ws.socket.shutdown(socket.SHUT_RDWR)
 
     # -- plumbing ------------------------------------------------------------------------------------
 
@@ -108,10 +120,10 @@ class RemotePolicy(BasePolicy, Closeable):
         request[self.prompt_key] = prompt
         return request
 
-    def _connect(self) -> dict[str, Any]:
+    def _connect(self) -> ClientConnection:
         """Open the connection and read its metadata frame (what the server says of its policy)."""
         try:
-            self._ws = connect(
+            ws = connect(
                 self.url,
                 additional_headers=self._headers,
                 compression=None,
@@ -127,29 +139,29 @@ class RemotePolicy(BasePolicy, Closeable):
         except (OSError, TimeoutError, WebSocketException) as exc:
             raise PolicyLinkError(f"cannot connect to the policy server at {self.url}: {exc}") from exc
         try:
-            metadata = self._receive(self._ws, "the metadata frame")
+            metadata = self._receive(ws, "the metadata frame")
         except BaseException as exc:
-            self._drop()
+            self._drop(ws)
             if isinstance(exc, PolicyTimeoutError):  # a server that never says what it serves is unusable
                 raise PolicyError(str(exc)) from exc
             raise
-        return metadata if is_map(metadata) else {"metadata": metadata}
+        self.metadata = metadata if is_map(metadata) else {"metadata": metadata}
+        self._ws = ws
+        return ws
 
     def _call(self, request: dict[str, Any]) -> npt.NDArray[np.float32]:
         """One request and its reply. The protocol numbers nothing, so a call that did not read its own reply
         (a timeout, an error frame, a broken frame) leaves the connection one reply behind: it is dropped, and
         the next call opens a new one, rather than take the late reply of this one for its own."""
-        if self._ws is None:
-            self._connect()
-        assert self._ws is not None
+        ws = self._ws or self._connect()  # its own reference: abandon() may clear the attribute meanwhile
         try:
             try:
-                self._ws.send(packb(request, Layout.OPENPI))
+                ws.send(packb(request, Layout.OPENPI))
             except (ConnectionClosed, OSError) as exc:
                 raise PolicyLinkError(f"the policy server at {self.url} went away: {exc}") from exc
-            reply = self._receive(self._ws, "an inference reply")
+            reply = self._receive(ws, "an inference reply")
         except BaseException:
-            self._drop()
+            self._drop(ws)
             raise
         if not is_map(reply) or "actions" not in reply:
             keys = sorted(map(str, reply)) if is_map(reply) else type(reply).__name__
@@ -175,8 +187,10 @@ class RemotePolicy(BasePolicy, Closeable):
         except WireError as exc:
             raise PolicyError(f"the policy server at {self.url} sent a malformed frame: {exc}") from exc
 
-    def _drop(self) -> None:
-        ws, self._ws = self._ws, None
+    def _drop(self, ws: ClientConnection | None) -> None:
+        """Close ``ws``, and forget it when it is the current connection."""
+        if ws is self._ws:
+            self._ws = None
         if ws is not None:
             with contextlib.suppress(OSError, WebSocketException):
                 ws.close()

@@ -24,6 +24,8 @@ from dagster._core.storage.compute_log_manager import CapturedLogContext
 from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
 from dagster._serdes import ConfigurableClassData
 
+from hud_pipelines.errors import HudPipelinesError
+
 
 class InterruptSafeComputeLogManager(LocalComputeLogManager):
     """Dagster's local compute logs, whose helper processes ignore the SIGINT a terminal sends the run's group."""
@@ -40,7 +42,15 @@ class InterruptSafeComputeLogManager(LocalComputeLogManager):
         cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
     ) -> InterruptSafeComputeLogManager:
         settings = dict(config_value)
-        base_dir = settings.pop("base_dir", None) or compute_logs_directory(os.environ["DAGSTER_HOME"])
+        base_dir = settings.pop("base_dir", None)
+        if base_dir is None:
+            home = os.environ.get("DAGSTER_HOME")
+            if not home:
+                raise HudPipelinesError(
+                    f"{cls.__name__} keeps step logs under $DAGSTER_HOME/storage, and DAGSTER_HOME is not set "
+                    "here: set it, or give compute_logs.config.base_dir in dagster.yaml"
+                )
+            base_dir = compute_logs_directory(home)
         return cls(base_dir, inst_data=inst_data, **settings)
 
     @contextlib.contextmanager

@@ -148,7 +148,8 @@ class EvalRunner:
                 log.error("the policy of %s could not be built: %s", of, exc)
             else:
                 log.exception("the policy of %s could not be built", of)
-            return [self._unstarted(partition, reason, Fault.SETUP) for partition in partitions]
+            fault = Fault.POLICY_LINK if fault_of(exc) is Fault.POLICY_LINK else Fault.SETUP  # its server is down
+            return [self._unstarted(partition, reason, fault) for partition in partitions]
         workers = min(self.spec.max_concurrent, len(partitions))
         model = BatchedModel.from_config(
             policy, agent.batching, expected_callers=workers, forward_timeout_s=agent.forward_timeout_s
@@ -291,10 +292,8 @@ class EvalRunner:
 
     def _unstarted(self, partition: Partition, reason: str, fault: Fault, server: str | None = None) -> InstanceResult:
         """The result of an instance whose sim or policy could not be had (reported like any other result)."""
-        spec = self.spec
-        key = spec.partition_key(*partition)
-        result = unreached_result(spec, partition, reason, fault, run_id=self.run_id, server=server)
-        self._say_failed(key, fault, reason)
+        result = unreached_result(self.spec, partition, reason, fault, run_id=self.run_id, server=server)
+        self._say_failed(self.spec.partition_key(*partition), fault, reason)
         if self.on_result is not None:
             self.on_result(result)
         return result

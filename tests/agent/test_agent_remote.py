@@ -15,6 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 from agent_helpers import countdown_contract
+from websockets.exceptions import ConnectionClosedError
 from websockets.sync.server import Server, ServerConnection, serve
 
 from hud_pipelines.agent.factory import build_policy
@@ -63,6 +64,8 @@ class PolicyServer:
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
         self.headers: list[str | None] = []
+        self.ends: list[str] = []
+        """How each connection ended: ``closed`` (a close frame came), ``dropped`` (none came) or ``served``."""
         self.server: Server = serve(self._handle, "127.0.0.1", port, compression=None, max_size=None)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -76,16 +79,22 @@ class PolicyServer:
         assert ws.request is not None
         self.headers.append(ws.request.headers.get("Authorization"))
         ws.send(openpi_pack({"policy": "test", "action_horizon": 3}))
-        for message in ws:
-            assert isinstance(message, bytes)
-            observation = openpi_unpack(message)
-            self.requests.append(observation)
-            if self.answers is not None and len(self.requests) > self.answers:
-                return  # the connection drops with the request unanswered
-            try:
-                ws.send(openpi_pack({"actions": self.infer(observation), "server_timing": {"infer_ms": 1.0}}))
-            except Exception as exc:
-                ws.send(f"Traceback (most recent call last):\n  {type(exc).__name__}: {exc}")
+        try:
+            for message in ws:
+                assert isinstance(message, bytes)
+                observation = openpi_unpack(message)
+                self.requests.append(observation)
+                if self.answers is not None and len(self.requests) > self.answers:
+                    self.ends.append("served")
+                    return  # the connection drops with the request unanswered
+                try:
+                    ws.send(openpi_pack({"actions": self.infer(observation), "server_timing": {"infer_ms": 1.0}}))
+                except Exception as exc:
+                    ws.send(f"Traceback (most recent call last):\n  {type(exc).__name__}: {exc}")
+        except ConnectionClosedError:
+            self.ends.append("dropped")
+            raise
+        self.ends.append("closed")
 
     def close(self) -> None:
         self.server.shutdown()
@@ -229,6 +238,7 @@ def test_a_policy_server_that_goes_away_fails_its_instance_and_earlier_results_s
     answered, and those errored rows replaced the complete results of an earlier run. Now the instance
     fails (``policy_link``), as when its sim dies, and the earlier results of its configuration are kept."""
     import json
+    import time
 
     from hud_pipelines.errors import Fault
     from hud_pipelines.eval.outputs import EvalOutputs
@@ -257,6 +267,10 @@ def test_a_policy_server_that_goes_away_fails_its_instance_and_earlier_results_s
     port = int(url.rsplit(":", 1)[1])
     try:
         first = evaluate(spec_for(url), outputs_dir=tmp_path / "out")
+        deadline = time.monotonic() + 5
+        while not healthy.ends and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert healthy.ends == ["closed"], "the run ends its connection with a close frame (it left it open)"
     finally:
         healthy.close()
     assert first.passed
@@ -272,3 +286,54 @@ def test_a_policy_server_that_goes_away_fails_its_instance_and_earlier_results_s
     assert lost.rows == first.rows, "the earlier complete results stand"
     said = kept_failure(spec, EvalOutputs(tmp_path / "out", "remote_lost"), lost.results) or ""
     assert f"task0-i0, task0-i1 did not complete (policy_link: the policy server at {url} went away" in said
+
+
+def test_a_forward_given_up_on_frees_the_connection_for_the_next_at_once() -> None:
+    """A forward past ``forward_timeout_s`` held the policy's lock while its read waited out ``timeout_s``: the next
+    forwards queued behind it timed out too, failing instances that never reached the server. Now the connection
+    under it is cut, and the next forward gets its own reply on a new one."""
+    import time
+
+    from hud_pipelines.agent.batching import BatchedModel
+    from hud_pipelines.errors import PolicyTimeoutError
+
+    def infer(observation: dict[str, Any]) -> np.ndarray:
+        if observation["state"][0] == 7:
+            time.sleep(3)  # past forward_timeout_s, well within the policy's own timeout_s
+        return np.full((1, 1), observation["state"][0], dtype=np.float32)
+
+    server = PolicyServer(infer)
+    try:
+        remote = RemotePolicy(server.url, countdown_contract(), timeout_s=60)
+        with BatchedModel(remote, forward_timeout_s=1.0, max_wait_s=0.0) as model:
+
+            def ask(value: float) -> float:
+                batch = PolicyBatch(observation={"state": np.full((1, 2), value, np.float32)}, prompts=[""])
+                return float(model.infer(batch)[0, 0, 0])
+
+            with pytest.raises(PolicyTimeoutError, match="forward_timeout_s=1"):
+                ask(7)
+            asked = time.monotonic()
+            assert ask(2) == 2, "its own reply, not the late one"
+            assert time.monotonic() - asked < 1.0, "not queued behind the abandoned forward"
+    finally:
+        server.close()
+    assert len(server.headers) == 2, "a new connection after the abandoned one"
+
+
+def test_a_policy_server_that_cannot_be_reached_at_the_start_is_a_policy_link_fault(tmp_path: Path) -> None:
+    import json
+    import socket
+
+    from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        url = f"ws://127.0.0.1:{unused.getsockname()[1]}"
+    policy = {"kind": "remote", "url": url, "timeout_s": 5}
+    text = {"name": "remote_down", "sim": {"factory": "CartPole-v1"}, "agent": {"policy": policy}, "max_steps": 5}
+    evaluation = evaluate(load_pipeline_text(json.dumps(text), source=tmp_path / "down.yaml"), outputs_dir=tmp_path)
+    assert {row.fault for row in evaluation.rows} == {Fault.POLICY_LINK}, "as when it goes away later, not setup"
+    assert all(f"cannot connect to the policy server at {url}" in (row.error or "") for row in evaluation.rows)
