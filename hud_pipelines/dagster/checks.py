@@ -57,13 +57,14 @@ def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.Ass
     """The built-in blocking check: a failed instance fails the run (and holds the dataset back)."""
 
     def judge(rows: list[GradeRow]) -> dg.AssetCheckResult:
-        verdict = instances_verdict(rows, run_argument(spec))
+        command = outputs.run_command(run_argument(spec))
+        verdict = instances_verdict(rows, command)
         result = _check_result(verdict, rows)
         if not verdict.failed_instances:
             return result
         keys = verdict.failed_instances
         order = list(dict.fromkeys(row.group_id for row in rows))
-        rerun = rerun_command(keys, ["hud-pipelines", "run", run_argument(spec)], order)
+        rerun = rerun_command(keys, command, order)
         metadata = {**result.metadata, "failed_instances": dg.MetadataValue.json(list(keys)), "rerun": rerun}
         return dg.AssetCheckResult(
             passed=False, severity=result.severity, description=result.description, metadata=metadata

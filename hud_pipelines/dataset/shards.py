@@ -184,7 +184,7 @@ class ShardStore:
         if not failed:
             return
         listed = "; ".join(f"{key}: {one_line(reason)}" for key, reason in sorted(failed.items()))
-        command, order = ["hud-pipelines", "run", run_argument(self.spec)], self.spec.partition_keys()
+        command, order = self.outputs.run_command(run_argument(self.spec)), self.spec.partition_keys()
         if self.checkpoint is not None:  # a sweep's pairs run again only when asked to
             failed = {f"{self.checkpoint}|{key}": reason for key, reason in failed.items()}
             command, order = [*command, "--rerun"], [f"{self.checkpoint}|{key}" for key in order]

@@ -80,11 +80,12 @@ _NOT_FIXED_BY_RUNNING_AGAIN = {Fault.CONTRACT.value, Fault.SETUP.value}
 meets them again."""
 
 
-def instances_verdict(rows: Sequence[GradeRow], pipeline: str | None = None) -> CheckVerdict:
+def instances_verdict(rows: Sequence[GradeRow], command: Sequence[str] | None = None) -> CheckVerdict:
     """``instances_completed``: passes when no row errored with a fault that ended its instance.
 
-    ``pipeline`` names it to the re-run command (:func:`~hud_pipelines.spec.loader.run_argument`: a file
-    outside the pipelines directory is named by its path); by default, its rows' pipeline name.
+    ``command`` runs the pipeline again (:meth:`~hud_pipelines.eval.outputs.EvalOutputs.run_command`: a file
+    outside the pipelines directory named by its path, outputs elsewhere by ``--outputs``); by default,
+    ``hud-pipelines run`` and its rows' pipeline name.
 
     Instances that have not run yet (``not_run``) do not fail it: a run of a few partitions is
     complete when those ran; the grades still show the others as errored.
@@ -99,11 +100,11 @@ def instances_verdict(rows: Sequence[GradeRow], pipeline: str | None = None) -> 
     if failed:
         listed = "; ".join(f"{key}: {fault} ({one_line(reason)})" for key, (fault, reason) in sorted(failed.items()))
         order = list(dict.fromkeys(row.group_id for row in rows))
-        command = rerun_command(sorted(failed), ["hud-pipelines", "run", pipeline or rows[0].pipeline], order)
+        again = rerun_command(sorted(failed), command or ["hud-pipelines", "run", rows[0].pipeline], order)
         fix_first = sorted({fault for fault, _ in failed.values()} & _NOT_FIXED_BY_RUNNING_AGAIN)
         said = f"{fix_first[0]} error says" if len(fix_first) == 1 else f"{' and '.join(fix_first)} errors say"
         first = f"; fix what the {said} first" if fix_first else ""
-        description = f"{len(failed)} instance(s) failed: {listed}{first}{RERUN_HINT}{command}"
+        description = f"{len(failed)} instance(s) failed: {listed}{first}{RERUN_HINT}{again}"
     else:
         description = "every instance that ran, ran to its end"
     if not_run:
@@ -147,9 +148,9 @@ def answered_verdict(rows: Sequence[GradeRow]) -> CheckVerdict:
     )
 
 
-def builtin_verdicts(rows: Sequence[GradeRow], pipeline: str | None = None) -> list[CheckVerdict]:
+def builtin_verdicts(rows: Sequence[GradeRow], command: Sequence[str] | None = None) -> list[CheckVerdict]:
     """The checks every eval gets, whatever its YAML says: ``instances_completed``, ``episodes_answered``."""
-    return [instances_verdict(rows, pipeline), answered_verdict(rows)]
+    return [instances_verdict(rows, command), answered_verdict(rows)]
 
 
 def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow]) -> str | None:

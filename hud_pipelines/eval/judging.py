@@ -15,21 +15,26 @@ from hud_pipelines.eval import sweep
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, check_verdict, instances_verdict
 from hud_pipelines.eval.graders import score_bounds
 from hud_pipelines.eval.grades import GradeRow
+from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.perturbations import control_rows
 from hud_pipelines.spec.grading import CheckSpec
 from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import PipelineSpec
 
 
-def all_verdicts(spec: PipelineSpec, rows: Sequence[GradeRow], run_failure: str | None = None) -> list[CheckVerdict]:
+def all_verdicts(
+    spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow], run_failure: str | None = None
+) -> list[CheckVerdict]:
     """The built-in checks on every row, then the YAML's (:func:`yaml_verdict`).
 
     ``run_failure``: why the run writing them failed before its grades (instances that kept earlier runs'
     results, a configuration refused before any rollout): ``instances_completed`` fails saying so, since the
     rows alone (earlier runs' results) would pass it.
     """
-    named = run_argument(spec)
-    builtin = [instances_verdict(rows, named), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows, named)
+    command = outputs.run_command(run_argument(spec))  # as the check step's (``--outputs`` where not the default)
+    builtin = (
+        [instances_verdict(rows, command), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows, command)
+    )
     if run_failure is not None:
         builtin[0] = replace(builtin[0], passed=False, description=f"this run failed: {run_failure}")
     return [*builtin, *(yaml_verdict(spec, check, rows) for check in spec.resolved_checks())]

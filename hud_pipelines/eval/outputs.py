@@ -62,6 +62,15 @@ class EvalOutputs:
     served_sims = _Entry("served_sims")
     """``<run id>.json`` per run that met a served sim: what the sim that run holds its sims to says it is."""
 
+    def run_command(self, pipeline: str) -> list[str]:
+        """``hud-pipelines run <pipeline>`` writing here: with ``--outputs`` where this is not the default root, so
+        a command copied from a report or a check runs where the results it speaks of are, not into ./outputs."""
+        from hud_pipelines.spec.problems import display_path
+
+        command = ["hud-pipelines", "run", pipeline]
+        root = self.root.expanduser().resolve()
+        return command if root == default_outputs_root() else [*command, "--outputs", display_path(root)]
+
     def result(self, partition_key: str) -> Path:
         return self.base / "rollouts" / f"{partition_key}.json"
 

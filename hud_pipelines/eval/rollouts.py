@@ -187,7 +187,7 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
         f"results of run {run} are kept, as nothing ran to replace them"
         for (ended, fault, run), attempts in alike.items()
     ]
-    invocation = ["hud-pipelines", "run", run_argument(spec)]
+    invocation = outputs.run_command(run_argument(spec))
     command = rerun_command([attempt.key for attempt, _ in kept], invocation, spec.partition_keys())
     return "\n".join([*lines, f"run them again once they can start: {command}"])
 

@@ -9,6 +9,7 @@ checkpoint's, labelled, in sweep order.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -98,7 +99,11 @@ def _latest(
     key = spec.partition_key(*partition)
     path = outputs.result(key)
     result = InstanceResult.read(path) if path.exists() else None
-    rerun = how(key) if how is not None else f"run it with: hud-pipelines run {run_argument(spec)} --partition {key}"
+    rerun = (
+        how(key)
+        if how is not None
+        else f"run it with: {shlex.join(outputs.run_command(run_argument(spec)))} --partition {key}"
+    )
     if result is None:
         return None, f"instance {key} has not run yet; {rerun}"
     if not expected.current(spec.tasks[partition.task_index].name, result.rollout_hash):
@@ -166,7 +171,5 @@ def _rerun_of(member: sweep.Member) -> Callable[[str], str]:
         return lambda key: f"checkpoint {member.label}'s files at {member.path} are gone: restore them to run it again"
     changed = f"checkpoint {member.label}'s files changed since it ran (other weights under its label); "
     changed = changed if member.changed else ""
-    return lambda key: (
-        f"{changed}run it with: hud-pipelines run {run_argument(member.spec)} --checkpoint {member.label} "
-        f"--partition {key}"
-    )
+    command = shlex.join(member.outputs.run_command(run_argument(member.spec)))
+    return lambda key: f"{changed}run it with: {command} --checkpoint {member.label} --partition {key}"

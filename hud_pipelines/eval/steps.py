@@ -121,7 +121,7 @@ def grades_step(
     if spec.is_sweep:  # each checkpoint's own grades beside its report: `hud-pipelines compare` takes two folders
         for member, expected in sweep_members(spec, outputs, current):
             write_grades(member.spec, member.outputs, collect_rows(member.spec, member.outputs, current=expected))
-    checks = all_verdicts(spec, rows, run_failure)
+    checks = all_verdicts(spec, outputs, rows, run_failure)
     write_atomically(outputs.checks_json, json.dumps([v.as_dict() for v in checks], indent=1))
     return rows, checks
 
@@ -171,7 +171,8 @@ def report_step(
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
     member_of_sweep = spec.checkpoint_hash is not None
-    checks = builtin_verdicts(rows, run_argument(spec)) if member_of_sweep else all_verdicts(spec, rows, run_failure)
+    command = outputs.run_command(run_argument(spec))
+    checks = builtin_verdicts(rows, command) if member_of_sweep else all_verdicts(spec, outputs, rows, run_failure)
     members = sweep_members(spec, outputs, current) if spec.is_sweep else []
     for checkpoint, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = member_dataset(dataset, checkpoint.label)

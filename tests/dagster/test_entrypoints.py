@@ -206,6 +206,10 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     )
     [failed] = [line for line in lines if "check instances_completed failed" in line]  # one line, never folded
     assert failed.endswith(f"re-run them with: {rerun}"), "the command as this run was asked, quoted for a shell"
+    written = json.loads(EvalOutputs(elsewhere, load_pipeline(unstartable).name).checks_json.read_text())
+    [completed] = [check for check in written if check["name"] == "instances_completed"]
+    kept = shlex.join(["hud-pipelines", "run", "unstartable", "--outputs", str(elsewhere), "--partition", "task0-i0"])
+    assert completed["description"].endswith(f"re-run them with: {kept}"), "the file's runs where its results are"
     table = "\n".join(line for line in lines if line.startswith("│"))
     assert "the sim did not" in table
     assert "…" in table, "a reason cut to the table's cell says it was cut"

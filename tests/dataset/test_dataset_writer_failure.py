@@ -56,7 +56,8 @@ def test_a_failed_dataset_writer_keeps_the_grades_and_holds_the_dataset_back_unt
     said = str(raised.value)
     assert "the dataset writer of 1 instance(s) failed, so their shards hold only part of their episodes" in said
     assert "(task0-i1: OSError: [Errno 28] No space left on device)" in said
-    assert said.endswith(f"run them again: hud-pipelines run {path} --partition task0-i1"), said
+    command = f"hud-pipelines run {path} --outputs {tmp_path / 'outputs'}"  # where its results are
+    assert said.endswith(f"run them again: {command} --partition task0-i1"), said
     assert not target.exists(), "nothing published without the episodes of task0-i1"
     grades = json.loads((tmp_path / "outputs" / "full_disk" / "grades.json").read_text())
     assert len(grades) == 4

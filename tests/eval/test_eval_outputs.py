@@ -500,8 +500,8 @@ def test_instances_that_kept_their_results_are_said_in_a_line_a_fault_with_the_c
     assert lines == [
         "instance(s) task0-i0, task0-i1, task0-i2 did not complete (sim_hung: sim at 127.0.0.1:4000 (pid 900) hung "
         "(full reason in grades.json)); their results of run first are kept, as nothing ran to replace them",
-        f"run them again once they can start: hud-pipelines run {tmp_path / 'placed.yaml'} --partition task0-i0 "
-        "--partition task0-i1 --partition task0-i2",
+        f"run them again once they can start: hud-pipelines run {tmp_path / 'placed.yaml'} --outputs {outputs.root} "
+        "--partition task0-i0 --partition task0-i1 --partition task0-i2",  # where its results are
     ]
 
 

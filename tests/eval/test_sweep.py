@@ -126,7 +126,10 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     assert fifth.dataset.path.name == "002000"
     stale = {row.checkpoint: row.error or "" for row in fifth.rows if row.status.value == "errored"}
     named = display_path(tmp_path / "reach_sweep.yaml")  # not in the pipelines directory: named by its path
-    assert f"run it with: hud-pipelines run {named} --checkpoint 000500 --partition near-i0" in stale["000500"]
+    rerun = (
+        f"run it with: hud-pipelines run {named} --outputs {display_path(out)} --checkpoint 000500 --partition near-i0"
+    )
+    assert rerun in stale["000500"]
 
     shutil.rmtree(run.step_dirs[1500])  # where its results say it was: a stale checkpoint whose files are gone
     from hud_pipelines.eval.outputs import EvalOutputs
@@ -491,7 +494,8 @@ def test_a_checkpoint_whose_dataset_writer_failed_holds_back_only_its_own_datase
         evaluate(spec, outputs_dir=tmp_path / "out")
     said = str(raised.value)
     assert said.startswith("checkpoint 001000: reach_sweep: the dataset writer of 1 instance(s) failed"), said
-    rerun = f"run them again: hud-pipelines run {tmp_path / 'reach_sweep.yaml'} --rerun --partition '001000|near-i0'"
+    command = f"hud-pipelines run {tmp_path / 'reach_sweep.yaml'} --outputs {tmp_path / 'out'}"
+    rerun = f"run them again: {command} --rerun --partition '001000|near-i0'"
     assert said.endswith(rerun), said
     assert sorted(p.name for p in published.iterdir()) == ["000500", "001500"], "the others are published"
 
