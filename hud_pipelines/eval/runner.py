@@ -55,6 +55,7 @@ from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSi
 from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
 from hud_pipelines.spec.fleet import attached_servers
 from hud_pipelines.spec.models import Partition, PipelineSpec
+from hud_pipelines.spec.sim_section import PROBED_TASKS
 
 log = logging.getLogger(__name__)
 METRICS = "metrics"
@@ -73,7 +74,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
     """
     sim = spec.sim
     build_args = dict(sim.args)
-    probe = (spec.tasks[0].seed, spec.tasks[0].options)  # the start-up reset's: an env's reset may need them
+    probes = [(task.seed, task.options) for task in spec.tasks[:PROBED_TASKS]]  # an env's reset may need them
     return SimSettings(
         factory=spec.factory,
         build_args=build_args,
@@ -82,7 +83,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         startup_timeout_s=sim.startup_timeout_s,
         step_timeout_s=sim.step_timeout_s,
         busy_timeout_s=sim.busy_timeout_s,
-        options=tuple(sim.serve_options(probe)) if sim.spawned else (),
+        options=tuple(sim.serve_options(probes)) if sim.spawned else (),
         servers=tuple(attached_servers(spec)),
         cwd=cwd,
         python=None if sim.python is None else spec.resolve_path(sim.python),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,15 @@ import numpy.typing as npt
 from hud_pipelines.contract import Contract, derive_env_contract, merge_contract, resolve_contract
 from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, TaskArgumentError, exception_line
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
-from hud_pipelines.sim.envs import ObservationBuffer, ProbeReset, ReplicatedEnvs, SlotEnvs, VectorEnvs
+from hud_pipelines.sim.envs import (
+    REBUILD,
+    START_UP,
+    ObservationBuffer,
+    ProbeReset,
+    ReplicatedEnvs,
+    SlotEnvs,
+    VectorEnvs,
+)
 from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
 from hud_pipelines.sim.screen import all_finite, screen_nonfinite
 from hud_pipelines.sim.slots import SlotBatch, every, some
@@ -52,7 +60,8 @@ class GymBridge:
 
     ``hold`` is what a finished slot receives while the others keep stepping; ``bounds`` says what
     happens to continuous actions outside the contract's bounds (see :mod:`hud_pipelines.sim.actions`);
-    ``probe`` is the reset whose observation the contract is derived from at start-up (:class:`ProbeReset`).
+    ``probes``: the resets tried in turn at start-up, the first that works giving the observation the contract is
+    derived from (:class:`ProbeReset`; by default one without arguments).
     """
 
     def __init__(
@@ -64,7 +73,7 @@ class GymBridge:
         contract_path: Path | None = None,
         hold: HoldMode = HoldMode.LAST,
         bounds: BoundsMode = BoundsMode.CLIP,
-        probe: ProbeReset | None = None,
+        probes: Sequence[ProbeReset] = (),
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -73,7 +82,7 @@ class GymBridge:
         self.contract_path = contract_path
         self.hold = hold
         self.bounds = bounds
-        self.probe = probe or ProbeReset()
+        self.probes = tuple(probes) or (ProbeReset(),)
         self.slots = SlotBatch(num_envs)
         self.operator_args: dict[str, Any] = dict(build_args or {})
         """The build arguments the sim was started with: every connection starts from these."""
@@ -121,7 +130,7 @@ class GymBridge:
 
     def start(self) -> Contract:
         """Build the envs and derive the contract (resolved against ``contract_path``)."""
-        self._build(self._build_args, self.probe)
+        self._build(self._build_args, self.probes)
         return self.contract
 
     def close(self) -> None:
@@ -146,7 +155,7 @@ class GymBridge:
         if hook is not None:
             hook()
 
-    def _build(self, build_args: dict[str, Any], probe: ProbeReset) -> None:
+    def _build(self, build_args: dict[str, Any], probes: Sequence[ProbeReset]) -> None:
         """(Re)build the envs; on any failure no envs are left half-built."""
         self.close()
         built: list[Any] = []
@@ -165,7 +174,7 @@ class GymBridge:
                 for _ in range(self.num_envs):
                     built.append(self.factory.build(build_args, 1))
                 envs = ReplicatedEnvs(built)
-            self._adopt(envs, build_args, probe)
+            self._adopt(envs, build_args, probes)
         except BaseException:
             for env in built:
                 _close_quietly(env)
@@ -174,9 +183,9 @@ class GymBridge:
         self._build_args = build_args
         self._rebuild = False
 
-    def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any], probe: ProbeReset) -> None:
+    def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any], probes: Sequence[ProbeReset]) -> None:
         """Derive the contract of freshly built envs and size every buffer from it."""
-        sample = envs.probe(probe, when="at start-up" if self._contract is None else "of a rebuild")
+        sample = envs.probe(probes, when=START_UP if self._contract is None else REBUILD)
         name = self.factory.name
         derived = derive_env_contract(
             envs.source, envs.single_observation_space, envs.single_action_space, sample, fallback_name=name
@@ -332,7 +341,7 @@ class GymBridge:
         if wanted != self._build_args:
             log.info("rebuilding %s with %s", self.factory.name, wanted)
         try:
-            self._build(wanted, probe)
+            self._build(wanted, (probe,))
         except BaseException:
             self.slots.fail_running(f"building the env with {wanted} failed")
             raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import traceback
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,9 @@ from hud_pipelines.sim.step_values import flag, flags, reward_of, success_of, ve
 
 log = logging.getLogger(__name__)
 
+START_UP = "at start-up"
+REBUILD = "of a rebuild"
+
 IDLE_HOOK = "idle_hook"
 """An env method of this name, if present, is run by the sim's main thread between requests."""
 
@@ -43,9 +47,11 @@ class ProbeReset:
     """The arguments of the reset that samples one observation of freshly built envs, to derive the contract from.
 
     An env whose ``reset`` needs its task's options (``options["difficulty"]``) cannot start from a
-    reset without them: a pipeline's sim probes with its first task's seed and options (``hud-pipelines
-    serve --probe-seed --probe-options``), a reset that rebuilds the envs with its own first slot's.
-    Either way a sim is probed the same way every time it starts, so its contract is too.
+    reset without them: a pipeline's sim probes with its first tasks' seeds and options in turn, the
+    first reset that works giving the sample (``hud-pipelines serve --probe-seed --probe-options``, each
+    repeatable), so one task whose options break ``reset`` errors its own episodes and no others'; a
+    reset that rebuilds the envs probes with its own first slot's. Either way a sim is probed the same
+    way every time it starts, so its contract is too.
     """
 
     seed: int | None = None
@@ -108,20 +114,33 @@ class SlotEnvs(ABC):
     def sample_observation(self, probe: ProbeReset) -> object:
         """One unbatched observation (after a reset with ``probe``'s arguments), for contract derivation."""
 
-    def probe(self, probe: ProbeReset, *, when: str) -> object:
-        """:meth:`sample_observation`; an error of the env's says it was the probe reset, ``when``, and its
-        arguments: the episodes' resets come later, with each slot's own seed and options."""
-        try:
-            return self.sample_observation(probe)
-        except Exception as exc:  # the env's own code: its traceback (formatted) says where
-            raise EnvFault(
-                Phase.RESET,
-                f"the probe reset {when}, {probe}, which samples one observation to derive the contract, raised "
-                f"{type(exc).__name__}: {exc} (a pipeline probes with its first task's seed and options; "
-                "hud-pipelines serve takes them as --probe-seed and --probe-options)",
-                slot=None,
-                formatted=traceback.format_exc(),
-            ) from exc
+    def probe(self, probes: Sequence[ProbeReset], *, when: str) -> object:
+        """:meth:`sample_observation` after the first of ``probes`` whose reset works. When none does, the error
+        of the first, which says it was the probe reset, ``when``, and its arguments: the episodes' resets come
+        later, with each slot's own seed and options."""
+        first: tuple[ProbeReset, Exception, str] | None = None
+        for probe in probes:
+            try:
+                return self.sample_observation(probe)
+            except Exception as exc:  # the env's own code: its traceback (formatted) says where
+                log.info("the probe reset %s, %s, raised %s: %s", when, probe, type(exc).__name__, exc)
+                first = first or (probe, exc, traceback.format_exc())
+        assert first is not None, "at least one probe"
+        probe, exc, formatted = first
+        hint = (
+            "a rebuild probes with its first slot's seed and options"
+            if when == REBUILD
+            else "a pipeline probes with its first tasks' seeds and options in turn; hud-pipelines serve takes them "
+            "as --probe-seed and --probe-options"
+        )
+        others = f"; the {len(probes) - 1} other probe reset(s) given raised too" if len(probes) > 1 else ""
+        raise EnvFault(
+            Phase.RESET,
+            f"the probe reset {when}, {probe}, which samples one observation to derive the contract, raised "
+            f"{type(exc).__name__}: {exc} ({hint}){others}",
+            slot=None,
+            formatted=formatted,
+        ) from exc
 
     @abstractmethod
     def reset(self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer) -> Started:

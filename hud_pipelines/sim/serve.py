@@ -20,6 +20,7 @@ This module imports neither torch, lerobot nor dagster.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -90,17 +91,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--probe-seed",
         type=int,
-        default=None,
-        help="seed of the reset that samples one observation at start-up, for the contract (a pipeline gives its "
-        "first task's seed; default: none)",
+        action="append",
+        default=[],
+        help="seed of the reset that samples one observation at start-up, for the contract (default: none); "
+        "repeated with --probe-options, the resets are tried in turn until one works (a pipeline gives its first "
+        "tasks')",
     )
     parser.add_argument(
         "--probe-options",
         type=_probe_options,
-        default=None,
+        action="append",
+        default=[],
         metavar="JSON",
-        help="reset options of that reset, a JSON object, for an env whose reset needs them (a pipeline gives its "
-        "first task's options)",
+        help="reset options of that reset, a JSON object, for an env whose reset needs them (the n-th goes with "
+        "the n-th --probe-seed)",
     )
     parser.add_argument(
         "--token", default=None, help=f"capability token clients must present (default ${TOKEN_ENV}, else random)"
@@ -135,6 +139,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-level", default="INFO", help="of the server's log on stderr: DEBUG, INFO, WARNING, ERROR (default: INFO)"
     )
     parser.add_argument("--parent-watch", action="store_true", help=argparse.SUPPRESS)
+
+
+def probes_of(seeds: list[int], options: list[dict[str, Any]]) -> list[ProbeReset]:
+    """The start-up probe resets ``--probe-seed`` and ``--probe-options`` give, paired in order."""
+    return [ProbeReset(seed, option) for seed, option in itertools.zip_longest(seeds, options)]
 
 
 def _probe_options(text: str) -> dict[str, Any]:
@@ -183,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
             contract_path=args.contract,
             hold=HoldMode(args.hold),
             bounds=BoundsMode(args.bounds),
-            probe=ProbeReset(args.probe_seed, args.probe_options),
+            probes=probes_of(args.probe_seed, args.probe_options),
         )
         bridge.start()
         executor.idle_hook = bridge.run_idle_hook if bridge.idle_hook() is not None else None

@@ -11,7 +11,7 @@ dump as written) are the largest of any section and concern only the sim.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Self, cast
 
 from pydantic import Field, SecretStr, SerializerFunctionWrapHandler, model_serializer, model_validator
@@ -22,6 +22,9 @@ from hud_pipelines.spec.sections import spec_rule, spec_rules
 
 SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
+PROBED_TASKS = 3
+"""How many of a pipeline's first tasks a spawned sim's start-up probe tries in turn: enough that one task whose
+options break ``reset`` does not stop every task's sims, few enough that a sim whose every reset fails says so soon."""
 DEFAULT_BUSY_TIMEOUT_S = 600.0
 """How long an instance waits for served sims that other clients drive, unless ``sim.busy_timeout_s`` says."""
 ATTACH_SOURCES = ("factory", "url", "urls", "fleet")
@@ -253,12 +256,11 @@ class SimSpec(StrictModel):
         """The pipeline starts (and owns) the sim, rather than attaching to one served elsewhere."""
         return self.factory is not None
 
-    def serve_options(self, probe: tuple[int, Mapping[str, Any]] | None = None) -> list[str]:
-        """Command-line options of ``hud-pipelines serve`` that carry this spec's sim-side settings; ``probe``: the
-        seed and options of the start-up reset that samples an observation to derive the contract (a pipeline's
-        first task's, since an env's ``reset`` may need them)."""
+    def serve_options(self, probes: Sequence[tuple[int, Mapping[str, Any]]] = ()) -> list[str]:
+        """Command-line options of ``hud-pipelines serve`` that carry this spec's sim-side settings; ``probes``: the
+        seeds and options of the start-up resets, tried in turn, that sample an observation to derive the contract
+        (a pipeline's first tasks', since an env's ``reset`` may need them)."""
         options = ["--hold", self.hold.value, "--bounds", self.bounds.value]
-        if probe is not None:
-            seed, reset_options = probe
+        for seed, reset_options in probes:
             options += ["--probe-seed", str(seed), "--probe-options", json.dumps(dict(reset_options), default=str)]
         return options

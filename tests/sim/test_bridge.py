@@ -509,7 +509,7 @@ def first_env_resets(envs: SlotEnvs) -> list[tuple[int | None, dict[str, Any] | 
 
 @pytest.mark.parametrize("factory", [NEEDS_OPTIONS, NEEDS_OPTIONS_VECTOR])
 def test_an_env_whose_reset_needs_options_starts_from_the_probe_reset_it_is_given(factory: str) -> None:
-    with GymBridge(factory, 2, probe=ProbeReset(seed=7, options={"difficulty": 0.3})) as bridge:
+    with GymBridge(factory, 2, probes=[ProbeReset(seed=7, options={"difficulty": 0.3})]) as bridge:
         built = bridge.envs
         assert first_env_resets(built) == [(7, {"difficulty": 0.3})]  # the probe, before any episode
         reply = bridge.reset([{"seed": slot, "options": {"difficulty": 0.5}} for slot in range(2)])
@@ -523,7 +523,7 @@ def test_an_env_whose_reset_needs_options_starts_from_the_probe_reset_it_is_give
 
 
 def test_a_probe_reset_that_raises_says_it_was_the_probe_and_with_which_arguments() -> None:
-    bridge = GymBridge(NEEDS_OPTIONS, 2, probe=ProbeReset(seed=3, options={"level": 1}))
+    bridge = GymBridge(NEEDS_OPTIONS, 2, probes=[ProbeReset(seed=3, options={"level": 1})])
     with pytest.raises(EnvFault) as caught:
         bridge.start()
     assert str(caught.value).startswith(
@@ -534,6 +534,13 @@ def test_a_probe_reset_that_raises_says_it_was_the_probe_and_with_which_argument
     assert "probe_sims.py" in caught.value.formatted  # the env's own traceback, for the line that raised
     with pytest.raises(EnvFault, match=r"env\.reset\(seed=None, options=None\)"):
         GymBridge(NEEDS_OPTIONS, 1).start()  # no probe given: the reset of old, without arguments
+    tried = [ProbeReset(seed=3, options={"level": 1}), ProbeReset(seed=4, options={"difficulty": 0.5})]
+    with GymBridge(NEEDS_OPTIONS, 2, probes=tried) as bridge:  # the first that works gives the sample
+        assert first_env_resets(bridge.envs) == [(3, {"level": 1}), (4, {"difficulty": 0.5})]
+    with pytest.raises(EnvFault) as caught:
+        GymBridge(NEEDS_OPTIONS, 2, probes=[tried[0], tried[0]]).start()
+    assert "env.reset(seed=3, options={'level': 1})" in str(caught.value)
+    assert str(caught.value).endswith("; the 1 other probe reset(s) given raised too")
 
 
 def test_unknown_or_inconsistent_task_arguments_are_refused() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hud_pipelines.errors import SimStartError
+from hud_pipelines.errors import RemoteError, SimStartError
 from hud_pipelines.sim.pool import SimPool, SimSettings
 from hud_pipelines.sim.process import SimProcess
 from tests.conftest import wait_group_gone
@@ -100,7 +100,9 @@ def test_what_runs_on_the_contracts_sim_may_fail_without_losing_the_contract_and
 
 
 def test_a_pipelines_sim_whose_reset_needs_options_starts_probed_with_its_first_tasks() -> None:
-    """The child's start-up reset (it samples the contract's observation) gets the first task's seed and options."""
+    """The child's start-up reset (it samples the contract's observation) gets the first tasks' seeds and options
+    in turn: a first task whose options break reset errors its own episodes, and every task's sims start (they
+    all failed to start, so that the results depended on the order of the tasks)."""
     from pathlib import Path
 
     from hud_pipelines.eval.runner import sim_settings
@@ -111,11 +113,17 @@ def test_a_pipelines_sim_whose_reset_needs_options_starts_probed_with_its_first_
             "name": "needs_options",
             "sim": {"factory": f"{Path(__file__).with_name('probe_sims.py')}:needs_options", "num_envs": 2},
             "agent": {"policy": {"kind": "random"}},
-            "tasks": [{"seed": 3, "options": {"difficulty": 0.25}}],
+            "tasks": [
+                {"name": "broken", "seed": 1, "options": {"level": 2}},
+                {"seed": 3, "options": {"difficulty": 0.25}},
+            ],
         }
     )
     with SimPool(sim_settings(spec)) as pool:
         assert pool.contract().observation_features["state"].shape == (2,)
         with pool.sim() as live:
-            reply = live.client.reset(spec.slot_tasks(0, 0))
+            reply = live.client.reset(spec.slot_tasks(1, 0))
             assert reply.observation["state"].tolist() == [[0.25, 0.25], [0.25, 0.25]]
+            with pytest.raises(RemoteError, match=r"needs options\['difficulty'\]") as broken:
+                live.client.reset(spec.slot_tasks(0, 0))  # the task whose options break reset errors its own
+            assert broken.value.cause == "env"

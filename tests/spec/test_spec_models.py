@@ -245,13 +245,18 @@ def test_serve_options_carry_hold_and_bounds() -> None:
     assert s.sim.serve_options()[:4] == ["--hold", "zero", "--bounds", "error"]
 
 
-def test_a_spawned_sim_is_probed_with_the_first_tasks_seed_and_options_and_nothing_else_records_them() -> None:
-    """An env whose reset needs its task's options must get them in the reset that samples its contract."""
+def test_a_spawned_sim_is_probed_with_the_first_tasks_seeds_and_options_and_nothing_else_records_them() -> None:
+    """An env whose reset needs its task's options must get them in the reset that samples its contract; the
+    first tasks' are tried in turn, so one task whose options break reset does not stop the others' sims."""
     from hud_pipelines.eval.runner import sim_settings
+    from hud_pipelines.spec.sim_section import PROBED_TASKS
 
     tasks = [{"seed": 40, "options": {"difficulty": 0.3}}, {"name": "hard", "seed": 9, "options": {"difficulty": 1}}]
     s = spec(tasks=tasks)
-    assert sim_settings(s).options[4:] == ("--probe-seed", "40", "--probe-options", '{"difficulty": 0.3}')
+    first, second = ("--probe-seed", "40", "--probe-options", '{"difficulty": 0.3}'), ("--probe-seed", "9")
+    assert sim_settings(s).options[4:] == (*first, *second, "--probe-options", '{"difficulty": 1}')
+    many = spec(tasks=[{"name": f"t{i}", "seed": i} for i in range(PROBED_TASKS + 2)])
+    assert sim_settings(many).options[4:].count("--probe-seed") == PROBED_TASKS, "a sim that cannot reset says so soon"
     assert sim_settings(spec()).options[4:] == ("--probe-seed", "0", "--probe-options", "{}")
     assert s.sim.serve_options() == ["--hold", s.sim.hold.value, "--bounds", s.sim.bounds.value], "no probe asked"
     assert s.rollout_hash == spec(tasks=tasks).rollout_hash  # the tasks are hashed; the probe adds nothing
