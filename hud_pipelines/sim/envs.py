@@ -29,7 +29,15 @@ from hud_pipelines.contract import Contract
 from hud_pipelines.contract.observations import flatten_observation, leaves, observation_row, to_numpy
 from hud_pipelines.errors import ContractError, EnvFault, Phase, TaskArgumentError
 from hud_pipelines.sim.slots import every
-from hud_pipelines.sim.step_values import flag, flags, reward_of, success_of, vector_success
+from hud_pipelines.sim.step_values import (
+    flag,
+    flags,
+    reset_observation,
+    reward_of,
+    step_returns,
+    success_of,
+    vector_success,
+)
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +268,7 @@ class ReplicatedEnvs(SlotEnvs):
         return _idle_hook_of(first, getattr(first, "unwrapped", None))
 
     def sample_observation(self, probe: ProbeReset) -> object:
-        observation, _ = self.envs[0].reset(seed=probe.seed, options=probe.options)
+        observation = reset_observation(self.envs[0].reset(seed=probe.seed, options=probe.options))
         self.device = torch_device_of(self.envs[0], observation)
         return observation
 
@@ -268,7 +276,7 @@ class ReplicatedEnvs(SlotEnvs):
         started = Started(prompts=[None] * self.num_slots)
         for slot, env in enumerate(self.envs):
             try:
-                observation, _ = env.reset(seed=seeds[slot], options=options[slot])
+                observation = reset_observation(env.reset(seed=seeds[slot], options=options[slot]))
                 self.write(out, flatten_observation(observation), slot, f"slot {slot} reset")
             except Exception:  # this slot's env failed (or returned what the contract refuses): it errors alone
                 started.errors[slot] = traceback.format_exc()
@@ -280,8 +288,8 @@ class ReplicatedEnvs(SlotEnvs):
         tick = Tick.empty(self.num_slots)
         for slot in np.flatnonzero(active).tolist():
             try:
-                observation, reward, terminated, truncated, info = self.envs[slot].step(
-                    to_env_action(actions[slot], self.device)
+                observation, reward, terminated, truncated, info = step_returns(
+                    self.envs[slot].step(to_env_action(actions[slot], self.device))
                 )
                 self.write(out, flatten_observation(observation), slot, f"slot {slot} step")
                 tick.reward[slot] = reward_of(reward)
@@ -316,7 +324,7 @@ class VectorEnvs(SlotEnvs):
 
     def sample_observation(self, probe: ProbeReset) -> object:
         seeds = [probe.seed] * self.num_slots
-        observation, _ = self.env.reset(seed=self._seed_argument(seeds), options=probe.options)
+        observation = reset_observation(self.env.reset(seed=self._seed_argument(seeds), options=probe.options))
         self.device = torch_device_of(self.env, observation)
         return observation_row(observation, 0)
 
@@ -334,12 +342,14 @@ class VectorEnvs(SlotEnvs):
             raise TaskArgumentError(
                 "a vector env takes one options dict for all slots; the tasks of this reset differ in 'options'"
             )
-        observation, _ = self.env.reset(seed=self._seed_argument(seeds), options=options[0])
+        observation = reset_observation(self.env.reset(seed=self._seed_argument(seeds), options=options[0]))
         self.write(out, flatten_observation(observation), slice(None), "reset")
         return Started(prompts=[prompt_of(self.env)] * self.num_slots)
 
     def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
-        observation, reward, terminated, truncated, info = self.env.step(to_env_action(actions, self.device))
+        observation, reward, terminated, truncated, info = step_returns(
+            self.env.step(to_env_action(actions, self.device))
+        )
         flat = flatten_observation(observation)
         if every(active):
             self.write(out, flat, slice(None), "step")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.contract.observations import is_mapping, to_numpy
+from hud_pipelines.contract.observations import is_mapping, is_tuple, to_numpy
 
 _NUMBERS = (float, int)
 SUCCESS_KEYS = ("is_success", "success", "task_success")
@@ -108,3 +108,35 @@ def flags(value: object, name: str) -> npt.NDArray[np.bool_]:
     if array.dtype.kind in "iuf" and np.isin(array, (0, 1)).all():  # 0 or 1 (float dones, as Brax gives)
         return array.astype(np.bool_)
     raise TypeError(f"env.step returned {name}={value!r:.80} ({type(value).__name__}): it must be a bool")
+
+
+def reset_observation(returned: object) -> Any:
+    """The observation of what ``env.reset`` returned, which gymnasium's API makes ``(observation, info)``.
+
+    An old gym-style ``reset`` returns the observation alone: unpacked as a pair, a 2-vector became an
+    observation of its first value and an ``info`` of its second, and the run went on with them.
+    """
+    if is_tuple(returned) and len(returned) == 2 and is_mapping(returned[1]):
+        return returned[0]
+    raise TypeError(
+        f"env.reset must return (observation, info), as gymnasium's API says; it returned {_shown(returned)}"
+    )
+
+
+def step_returns(returned: object) -> tuple[Any, Any, Any, Any, Mapping[Any, object]]:
+    """``(observation, reward, terminated, truncated, info)`` of what ``env.step`` returned, or an error saying what
+    came instead (an old gym-style ``step`` returns four values, with one ``done``)."""
+    if is_tuple(returned) and len(returned) == 5 and is_mapping(info := returned[4]):
+        observation, reward, terminated, truncated = returned[:4]
+        return observation, reward, terminated, truncated, info
+    raise TypeError(
+        "env.step must return (observation, reward, terminated, truncated, info), as gymnasium's API says; it "
+        f"returned {_shown(returned)}"
+    )
+
+
+def _shown(value: object) -> str:
+    if is_tuple(value):
+        return f"a tuple of {len(value)}: ({', '.join(_shown(item) for item in value)})"
+    array = to_numpy(value) if hasattr(value, "shape") and hasattr(value, "dtype") else None  # numpy's or torch's
+    return type(value).__name__ if array is None else f"an array {array.dtype}{list(array.shape)}"

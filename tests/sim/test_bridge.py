@@ -876,3 +876,49 @@ def test_a_terminated_flag_that_is_no_bool_is_the_envs_error_not_an_end() -> Non
         with pytest.raises(EnvFault, match=r"terminated='no' \(str\): it must be a bool"):
             bridge.step(np.zeros((1, 1)))
         assert bridge.slots.states == [SlotState.ERRORED]
+
+
+OLD_API_ENVS = """
+import gymnasium as gym
+import numpy as np
+
+
+class OldReset(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        return np.array([0.5, 0.25], np.float32)  # gym's old API: the observation alone
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+class OldStep(OldReset):
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, {}  # gym's old API: one done flag
+"""
+
+
+def test_an_env_of_gyms_old_api_is_named_for_what_it_returned_not_misread(tmp_path: Any) -> None:
+    """A reset returning the observation alone was unpacked as (observation, info): a 2-vector became an
+    observation of its first value, and the run went on; a 4-value step failed on the unpacking, as the env's."""
+    module = tmp_path / "old_api.py"
+    module.write_text(OLD_API_ENVS)
+    with pytest.raises(EnvFault) as caught:
+        GymBridge(f"{module}:OldReset", 1).start()
+    assert (
+        "raised TypeError: env.reset must return (observation, info), as gymnasium's API says; it returned an array "
+        "float32[2]"
+    ) in str(caught.value)
+    with GymBridge(f"{module}:OldStep", 2) as bridge:
+        bridge.reset([{"seed": 0}, {"seed": 1}])
+        with pytest.raises(EnvFault) as caught:
+            bridge.step(np.zeros((2, 1)))
+    assert (
+        "TypeError: env.step must return (observation, reward, terminated, truncated, info), as gymnasium's API "
+        "says; it returned a tuple of 4: (an array float32[2], float, bool, dict)"
+    ) in str(caught.value)
