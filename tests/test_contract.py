@@ -179,6 +179,11 @@ def test_derivation_refuses_bad_observations() -> None:
         derive_contract(None, Discrete(2), {"action": np.zeros(2)}, control_rate=1)
     with pytest.raises(ContractError, match="'state' has dtype <U3"):
         derive_contract(None, Discrete(2), np.array(["abc"]), control_rate=1)
+    # an empty feature passed grading, then broke the dataset's statistics with "cannot reshape array of size 0"
+    with pytest.raises(ContractError, match=r"observation 'b' has shape \[2, 0\], which holds no value"):
+        derive_contract(None, Discrete(2), {"a": np.zeros(2), "b": np.zeros((2, 0))}, control_rate=1)
+    with pytest.raises(ContractError, match="holds no value: a policy would have nothing to give"):
+        derive_contract(None, Box(-1, 1, (0,)), np.zeros(2), control_rate=1)
 
 
 def test_control_rate_from_render_fps_then_dt_then_default() -> None:
@@ -335,6 +340,11 @@ def test_wrong_name_count_bad_json_and_unknown_keys_are_errors_naming_the_file(t
     raw["features"]["state"]["colour"] = "blue"
     path.write_text(json.dumps(raw))
     with pytest.raises(ContractError, match=f"{path}: invalid contract: features.state.colour"):
+        resolve_contract(derived, path)
+    raw = json.loads(derived.to_json())
+    raw["features"]["state"]["shape"] = [0]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ContractError, match=r"features.state.shape.*\[0\] holds no value"):
         resolve_contract(derived, path)
 
 

@@ -154,6 +154,8 @@ def action_feature(space: gym.Space[Any]) -> Feature:
         size, dtype = math.prod(space.shape), "int64"
     else:
         raise ContractError(f"unsupported action space {space!r}: use Box, Discrete, MultiDiscrete or MultiBinary")
+    if size == 0:
+        raise ContractError(f"the action space {space!r} holds no value: a policy would have nothing to give")
     low, high = _bounds(whole, size)
     return Feature(
         role="action", dtype=dtype, shape=(size,), names=[f"{ACTION}_{i}" for i in range(size)], low=low, high=high
@@ -195,6 +197,11 @@ def derive_contract(
         if key == ACTION:
             raise ContractError(f"an observation feature may not be called {ACTION!r}")
         check_dtype_name(sample.dtype, key)
+        if sample.size == 0:  # it passed every check, then broke the dataset's statistics
+            raise ContractError(
+                f"observation {key!r} has shape {list(sample.shape)}, which holds no value: leave it out of the "
+                "env's observations"
+            )
         features[key] = _observation_feature(key, sample, _subspace(observation_space, name))
     features[ACTION] = action_feature(action_space)
     return Contract(control_rate=control_rate, robot_type=robot_type, features=features)

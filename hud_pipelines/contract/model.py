@@ -17,7 +17,7 @@ import math
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 CONTRACT_VERSION = 1
 ACTION = "action"
@@ -54,6 +54,13 @@ class Feature(BaseModel):
     description: str | None = None
     low: list[float] | None = Field(default=None, description="flat lower bounds, when known")
     high: list[float] | None = Field(default=None, description="flat upper bounds, when known")
+
+    @field_validator("shape")
+    @classmethod
+    def _holds_values(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if any(axis < 1 for axis in shape):
+            raise ValueError(f"every axis of a feature's shape is at least 1: {list(shape)} holds no value")
+        return shape
 
     @property
     def size(self) -> int:
