@@ -130,6 +130,21 @@ DAEMON_ENV = """
 import subprocess, sys
 import gymnasium as gym
 
+DOUBLE_FORK = (
+    "import os, sys, time\\n"
+    "middle = os.fork()\\n"
+    "if middle:\\n"
+    "    os.waitpid(middle, 0)\\n"
+    "else:\\n"
+    "    os.setsid()\\n"
+    "    daemon = os.fork()\\n"
+    "    if daemon == 0:\\n"
+    "        time.sleep(1000)\\n"
+    "    with open(sys.argv[1], 'a') as log:\\n"
+    "        log.write(f'{daemon}\\\\n')\\n"
+    "    os._exit(0)\\n"
+)
+
 def make(pids: str):
     env = gym.make("CartPole-v1")
     reset = env.reset
@@ -138,6 +153,8 @@ def make(pids: str):
         daemon = subprocess.Popen(["sleep", "1000"], start_new_session=True)  # a group and session of its own
         with open(pids, "a") as log:
             log.write(f"{daemon.pid}\\n")
+        # a daemon by a double fork (a render server's way): its parent is gone when the sim is stopped
+        subprocess.run([sys.executable, "-c", DOUBLE_FORK, pids], check=True)
         return reset(**kwargs)
 
     env.reset = reset_starting_a_daemon
