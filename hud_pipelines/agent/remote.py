@@ -89,17 +89,22 @@ class RemotePolicy(BasePolicy, Closeable):
                 reply = self._call(self._request(batch.observation, batch.prompts))
                 return as_chunks(reply, batch.size, self.width, source=f"the policy server at {self.url}")
             chunks = [
-                as_chunks(
-                    self._call(self._request({k: v[row] for k, v in batch.observation.items()}, batch.prompts[row]))[
-                        None
-                    ],
-                    1,
-                    self.width,
-                    source=f"the policy server at {self.url}",
-                )[0]
+                self._chunk(
+                    self._call(self._request({k: v[row] for k, v in batch.observation.items()}, batch.prompts[row]))
+                )
                 for row in range(batch.size)
             ]
         return _stack_chunks(chunks)
+
+    def _chunk(self, reply: npt.NDArray[np.float32]) -> Actions:
+        """``[T, A]`` of the reply to one observation (``[A]`` means ``T = 1``), or an error in the server's terms."""
+        chunk = reply.reshape(1, -1) if reply.ndim <= 1 else reply
+        if chunk.ndim == 2 and chunk.shape[0] >= 1 and chunk.shape[1] == self.width:
+            return chunk
+        raise PolicyError(
+            f"the policy server at {self.url} returned actions of shape {list(reply.shape)} for one observation; "
+            f"expected [T, A={self.width}] or [A={self.width}]"
+        )
 
     def close(self) -> None:
         self._drop(self._ws)

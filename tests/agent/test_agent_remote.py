@@ -161,7 +161,8 @@ def test_server_errors_and_bad_replies_are_policy_errors() -> None:
     try:
         with RemotePolicy(url, contract, timeout_s=10) as policy:
             good = PolicyBatch(observation={"state": np.zeros((1, 2), dtype=np.float32)}, prompts=[""])
-            with pytest.raises(PolicyError, match=r"returned actions of shape \[1, 5, 2\]"):
+            said = r"returned actions of shape \[5, 2\] for one observation; expected \[T, A=1\] or \[A=1\]"
+            with pytest.raises(PolicyError, match=said):  # the server's own shape, not one with a batch axis added
                 policy.infer(good)
             bad = PolicyBatch(observation={"state": np.ones((1, 2), dtype=np.float32)}, prompts=[""])
             with pytest.raises(PolicyError, match=r"reported an error:\nTraceback(.|\n)*the model is not loaded"):
