@@ -158,6 +158,8 @@ def test_an_observation_space_that_disagrees_with_the_observation_is_warned_of_n
     with caplog.at_level(logging.WARNING, logger="hud_pipelines.contract"):
         derive_env_contract(_DeclaredEnv(nested), nested, Box(-1, 1, (1,)), nested.sample(), fallback_name="f")
         derive_env_contract(_DeclaredEnv(Discrete(3)), Discrete(3), Discrete(2), np.int64(1), fallback_name="f")
+        one = Box(-1, 1, (1,))  # a scalar observation is read as the one value the space declares
+        derive_env_contract(_DeclaredEnv(one), one, Discrete(2), np.float32(0.5), fallback_name="f")
     assert caplog.records == []
 
 

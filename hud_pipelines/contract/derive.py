@@ -253,7 +253,8 @@ def derive_env_contract(
     names = {name: name or default_name for name in flat}
     for name, sample in flat.items():
         declared = getattr(_subspace(observation_space, name), "shape", None)
-        if declared is not None and tuple(declared) != sample.shape:
+        read_as = sample.shape if sample.ndim else (1,)  # a scalar is a feature of one value
+        if declared is not None and tuple(declared) not in (sample.shape, read_as):
             log.warning(
                 "env %s: its observation_space declares %r with shape %s, but its observation has shape %s: the "
                 "contract follows the observation; correct the space if the observation is right",

@@ -63,9 +63,18 @@ class InterruptSafeComputeLogManager(LocalComputeLogManager):
 
 @contextlib.contextmanager
 def _sigint_blocked() -> Generator[None]:
-    """SIGINT blocked in this thread while it lasts (and in the processes it starts, for good)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """SIGINT blocked in this thread while it lasts (and in the processes it starts, for good); nothing where
+    threads have no signal mask (Windows).
+
+    The mask is read before it is changed, so that a Ctrl-C that Python raises as the block begins (one that came
+    just before) still finds the mask restored on its way out.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set())
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,22 @@ class GymBridge:
             hook()
 
     def _build(self, build_args: dict[str, Any], probes: Sequence[ProbeReset]) -> None:
-        """(Re)build the envs; on any failure no envs are left half-built."""
+        """(Re)build the envs, probed with the first of ``probes`` whose reset works, each tried on envs built anew:
+        an env whose reset raised may be broken for good (a worker of gymnasium's ``AsyncVectorEnv`` exits)."""
+        assert probes, "at least one probe reset"
+        failed: list[EnvFault] = []
+        for probe in probes:
+            try:
+                return self._build_probed(build_args, probe)
+            except EnvFault as fault:  # the probe's reset raised: the next one may work
+                log.info("%s", fault)
+                failed.append(fault)
+        first = failed[0]
+        others = f"; the {len(failed) - 1} other probe reset(s) given raised too" if len(failed) > 1 else ""
+        raise EnvFault(first.phase, f"{first}{others}", slot=None, formatted=first.formatted) from first.__cause__
+
+    def _build_probed(self, build_args: dict[str, Any], probe: ProbeReset) -> None:
+        """Build the envs and derive the contract from ``probe``'s reset; on any failure none are left half-built."""
         self.close()
         built: list[Any] = []
         try:
@@ -174,7 +190,7 @@ class GymBridge:
                 for _ in range(self.num_envs):
                     built.append(self.factory.build(build_args, 1))
                 envs = ReplicatedEnvs(built)
-            self._adopt(envs, build_args, probes)
+            self._adopt(envs, build_args, probe)
         except BaseException:
             for env in built:
                 _close_quietly(env)
@@ -183,9 +199,9 @@ class GymBridge:
         self._build_args = build_args
         self._rebuild = False
 
-    def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any], probes: Sequence[ProbeReset]) -> None:
+    def _adopt(self, envs: SlotEnvs, build_args: dict[str, Any], probe: ProbeReset) -> None:
         """Derive the contract of freshly built envs and size every buffer from it."""
-        sample = envs.probe(probes, when=START_UP if self._contract is None else REBUILD)
+        sample = envs.probe(probe, when=START_UP if self._contract is None else REBUILD)
         name = self.factory.name
         derived = derive_env_contract(
             envs.source, envs.single_observation_space, envs.single_action_space, sample, fallback_name=name
@@ -395,7 +411,11 @@ class _ResetRaised(Exception):
 
 
 def _close_quietly(env: Any) -> None:
+    """Close an env whose build or probe failed; its warnings (gymnasium's async env warns of the reset it was
+    waiting for) and errors are beside the point: the build's error is the one to report."""
     try:
-        env.close()
-    except Exception:  # the build already failed; that error is the one to report
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            env.close()
+    except Exception:
         log.debug("closing a half-built env failed", exc_info=True)

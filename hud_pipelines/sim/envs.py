@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,33 +121,25 @@ class SlotEnvs(ABC):
     def sample_observation(self, probe: ProbeReset) -> object:
         """One unbatched observation (after a reset with ``probe``'s arguments), for contract derivation."""
 
-    def probe(self, probes: Sequence[ProbeReset], *, when: str) -> object:
-        """:meth:`sample_observation` after the first of ``probes`` whose reset works. When none does, the error
-        of the first, which says it was the probe reset, ``when``, and its arguments: the episodes' resets come
-        later, with each slot's own seed and options."""
-        first: tuple[ProbeReset, Exception, str] | None = None
-        for probe in probes:
-            try:
-                return self.sample_observation(probe)
-            except Exception as exc:  # the env's own code: its traceback (formatted) says where
-                log.info("the probe reset %s, %s, raised %s: %s", when, probe, type(exc).__name__, exc)
-                first = first or (probe, exc, traceback.format_exc())
-        assert first is not None, "at least one probe"
-        probe, exc, formatted = first
-        hint = (
-            "a rebuild probes with its first slot's seed and options"
-            if when == REBUILD
-            else "a pipeline probes with its first tasks' seeds and options in turn; hud-pipelines serve takes them "
-            "as --probe-seed and --probe-options"
-        )
-        others = f"; the {len(probes) - 1} other probe reset(s) given raised too" if len(probes) > 1 else ""
-        raise EnvFault(
-            Phase.RESET,
-            f"the probe reset {when}, {probe}, which samples one observation to derive the contract, raised "
-            f"{type(exc).__name__}: {exc} ({hint}){others}",
-            slot=None,
-            formatted=formatted,
-        ) from exc
+    def probe(self, probe: ProbeReset, *, when: str) -> object:
+        """:meth:`sample_observation`; an error of the env's says it was the probe reset, ``when``, and its
+        arguments: the episodes' resets come later, with each slot's own seed and options."""
+        try:
+            return self.sample_observation(probe)
+        except Exception as exc:  # the env's own code: its traceback (formatted) says where
+            hint = (
+                "a rebuild probes with its first slot's seed and options"
+                if when == REBUILD
+                else "a pipeline probes with its first tasks' seeds and options in turn; hud-pipelines serve takes "
+                "them as --probe-seed and --probe-options"
+            )
+            raise EnvFault(
+                Phase.RESET,
+                f"the probe reset {when}, {probe}, which samples one observation to derive the contract, raised "
+                f"{type(exc).__name__}: {exc} ({hint})",
+                slot=None,
+                formatted=traceback.format_exc(),
+            ) from exc
 
     @abstractmethod
     def reset(self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer) -> Started:

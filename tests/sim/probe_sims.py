@@ -48,3 +48,8 @@ def needs_options(size: int = 2) -> NeedsOptions:
 def needs_options_vector(num_envs: int, size: int = 2) -> gym.vector.SyncVectorEnv:
     """The same env as one vector env of ``num_envs`` (a factory that batches natively)."""
     return gym.vector.SyncVectorEnv([lambda: NeedsOptions(size) for _ in range(num_envs)])
+
+
+def needs_options_async(num_envs: int, size: int = 2) -> gym.vector.AsyncVectorEnv:
+    """The same env in worker processes: a worker whose reset raised exits, so a later probe needs envs built anew."""
+    return gym.vector.AsyncVectorEnv([lambda: NeedsOptions(size) for _ in range(num_envs)], context="spawn")

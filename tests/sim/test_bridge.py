@@ -535,12 +535,22 @@ def test_a_probe_reset_that_raises_says_it_was_the_probe_and_with_which_argument
     with pytest.raises(EnvFault, match=r"env\.reset\(seed=None, options=None\)"):
         GymBridge(NEEDS_OPTIONS, 1).start()  # no probe given: the reset of old, without arguments
     tried = [ProbeReset(seed=3, options={"level": 1}), ProbeReset(seed=4, options={"difficulty": 0.5})]
-    with GymBridge(NEEDS_OPTIONS, 2, probes=tried) as bridge:  # the first that works gives the sample
-        assert first_env_resets(bridge.envs) == [(3, {"level": 1}), (4, {"difficulty": 0.5})]
+    with GymBridge(NEEDS_OPTIONS, 2, probes=tried) as bridge:  # the first that works gives the sample, on envs anew
+        assert first_env_resets(bridge.envs) == [(4, {"difficulty": 0.5})]
     with pytest.raises(EnvFault) as caught:
         GymBridge(NEEDS_OPTIONS, 2, probes=[tried[0], tried[0]]).start()
     assert "env.reset(seed=3, options={'level': 1})" in str(caught.value)
     assert str(caught.value).endswith("; the 1 other probe reset(s) given raised too")
+
+
+@pytest.mark.filterwarnings("ignore:.*ERROR:UserWarning")  # gymnasium's own lines about its failed workers
+def test_a_later_probe_reset_runs_on_envs_built_anew_as_a_failed_async_worker_is_gone() -> None:
+    """gymnasium's AsyncVectorEnv shuts down a worker whose reset raised: a second probe on the same env failed."""
+    tried = [ProbeReset(seed=3, options={"level": 1}), ProbeReset(seed=4, options={"difficulty": 0.5})]
+    with GymBridge("tests.sim.probe_sims:needs_options_async", 2, probes=tried) as bridge:
+        assert bridge.contract.observation_features["state"].shape == (2,)
+        reply = bridge.reset([{"seed": slot, "options": {"difficulty": 0.5}} for slot in range(2)])
+        assert reply.status == ["running", "running"]
 
 
 def test_unknown_or_inconsistent_task_arguments_are_refused() -> None:
