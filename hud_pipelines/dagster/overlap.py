@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from hud_pipelines.sim.process import proc_stat
+from hud_pipelines.sim.proc import proc_stat
 
 HOST_TAG = "hud_pipelines/host"
 PID_TAG = "hud_pipelines/pid"

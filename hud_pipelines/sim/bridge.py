@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import traceback
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,18 +35,18 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, merge_contract, resolve_contract
-from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, TaskArgumentError, exception_line
+from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, exception_line
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
+from hud_pipelines.sim.building import built_envs
 from hud_pipelines.sim.envs import (
     REBUILD,
     START_UP,
     ObservationBuffer,
     ProbeReset,
-    ReplicatedEnvs,
     SlotEnvs,
     VectorEnvs,
 )
-from hud_pipelines.sim.factory import Factory, FactoryKind, resolve_factory
+from hud_pipelines.sim.factory import Factory, resolve_factory
 from hud_pipelines.sim.screen import all_finite, screen_nonfinite
 from hud_pipelines.sim.slots import SlotBatch, every, some
 from hud_pipelines.sim.tasks import read_tasks, refuse_shared_seed, task_prompt
@@ -174,27 +173,8 @@ class GymBridge:
     def _build_probed(self, build_args: dict[str, Any], probe: ProbeReset) -> None:
         """Build the envs and derive the contract from ``probe``'s reset; on any failure none are left half-built."""
         self.close()
-        built: list[Any] = []
-        try:
-            if self.factory.builds_vector(build_args, self.num_envs):
-                built.append(self.factory.build(build_args, self.num_envs))
-                # a project's vector env gets the per-slot seed list (the gymnasium vector API allows
-                # one); a registry id's native vector_entry_point env takes one int
-                envs: SlotEnvs = VectorEnvs(built[0], per_slot_seeds=self.factory.kind is FactoryKind.CALLABLE)
-                if envs.num_slots != self.num_envs:
-                    raise TaskArgumentError(
-                        f"factory {self.factory.name} was asked for num_envs={self.num_envs} but built "
-                        f"{envs.num_slots} slots"
-                    )
-            else:
-                for _ in range(self.num_envs):
-                    built.append(self.factory.build(build_args, 1))
-                envs = ReplicatedEnvs(built)
+        with built_envs(self.factory, build_args, self.num_envs) as envs:
             self._adopt(envs, build_args, probe)
-        except BaseException:
-            for env in built:
-                _close_quietly(env)
-            raise
         self._envs = envs
         self._build_args = build_args
         self._rebuild = False
@@ -408,14 +388,3 @@ class _ResetRaised(Exception):
     def __init__(self, formatted: str) -> None:
         super().__init__(formatted)
         self.formatted = formatted
-
-
-def _close_quietly(env: Any) -> None:
-    """Close an env whose build or probe failed; its warnings (gymnasium's async env warns of the reset it was
-    waiting for) and errors are beside the point: the build's error is the one to report."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            env.close()
-    except Exception:
-        log.debug("closing a half-built env failed", exc_info=True)

@@ -40,6 +40,7 @@ from hud_pipelines.closing import Closeable
 from hud_pipelines.errors import SimStartError
 from hud_pipelines.sim.child_diagnosis import ChildDiagnosis
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, SimClient
+from hud_pipelines.sim.proc import MARK_ENV, descendants
 from hud_pipelines.sim.serve import TOKEN_ENV
 from hud_pipelines.wire.codec import is_map
 from hud_pipelines.wire.messages import Framing
@@ -63,12 +64,15 @@ class SimProcess(Closeable):
         *,
         popen: subprocess.Popen[bytes] | None = None,
         diagnosis: ChildDiagnosis | None = None,
+        mark: str | None = None,
     ) -> None:
         self.url = url
         self.token = token
         self._popen = popen
         self._terminated = False
         self._diagnosis = diagnosis
+        self._mark = mark
+        """The value of :data:`MARK_ENV` in the child's environment, which every process it starts inherits."""
         self._strays: set[int] = set()
         """The child's descendants seen before it was stopped: any that left its process group are stopped too."""
 
@@ -125,7 +129,8 @@ class SimProcess(Closeable):
             command += ["--contract", str(contract_path)]
         for key, value in (build_args or {}).items():
             command += ["--arg", f"{key}={json.dumps(value)}"]
-        child_env = {**os.environ, **(env or {}), TOKEN_ENV: token}
+        mark = secrets.token_hex(8)
+        child_env = {**os.environ, **(env or {}), TOKEN_ENV: token, MARK_ENV: mark}
         if python is not None:
             child_env["PYTHONPATH"] = _with_package_root(child_env.get("PYTHONPATH", ""))
         try:
@@ -137,7 +142,7 @@ class SimProcess(Closeable):
             raise SimStartError(f"cannot run the sim interpreter {interpreter}: {exc} (sim {factory!r})") from exc
         assert popen.stdout is not None
         diagnosis = ChildDiagnosis(popen)
-        handle = cls("", token, popen=popen, diagnosis=diagnosis)
+        handle = cls("", token, popen=popen, diagnosis=diagnosis, mark=mark)
         try:
             ready = _read_ready_line(popen, startup_timeout_s)
         except SimStartError as exc:
@@ -220,7 +225,7 @@ class SimProcess(Closeable):
     def kill(self) -> None:
         """SIGKILL the child's whole process group now (a hung sim gets no grace)."""
         if self._popen is not None:
-            self._strays.update(_descendants(self._popen.pid))
+            self._strays.update(descendants(self._popen.pid, self._mark))
             _signal_group(self._popen.pid, signal.SIGKILL)
             self._popen.wait()
             self._kill_strays()
@@ -239,7 +244,7 @@ class SimProcess(Closeable):
         """
         if self._popen is not None and self._popen.poll() is None and not self._terminated:
             self._terminated = True  # once: a second SIGTERM interrupts the child's orderly exit
-            self._strays.update(_descendants(self._popen.pid))  # now: once the child is gone, so is their link to it
+            self._strays.update(descendants(self._popen.pid, self._mark))  # now: once it is gone, so is their link
             _signal_group(self._popen.pid, signal.SIGTERM)
 
     def close(self, grace_s: float = DEFAULT_GRACE_S) -> None:
@@ -311,41 +316,6 @@ def _with_package_root(pythonpath: str) -> str:
     if PACKAGE_ROOT.name in ("site-packages", "dist-packages"):
         return pythonpath
     return os.pathsep.join(p for p in (str(PACKAGE_ROOT), pythonpath) if p)
-
-
-def proc_stat(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/<pid>/stat`` after the process's name (state, ppid, pgrp, ...), or ``None`` when
-    there is no such process (or no ``/proc``). The name may hold spaces and ")": it is cut at the last one."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            stat = stat_file.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(b")") + 2 :].split()
-
-
-def _descendants(root: int) -> list[int]:
-    """Every living process below ``root`` outside its process group (the group's signal reaches the others),
-    read from ``/proc`` (none where there is no ``/proc``). Only those are kept to be killed by their id
-    later, so an id the system reuses meanwhile is rarely one of them."""
-    children: dict[int, list[int]] = {}
-    groups: dict[int, int] = {}
-    with contextlib.suppress(OSError), os.scandir("/proc") as entries:
-        for entry in entries:
-            if not entry.name.isdigit():
-                continue
-            fields = proc_stat(int(entry.name))
-            if fields is None:  # it exited while we looked
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-            groups[int(entry.name)] = int(fields[2])
-    found: list[int] = []
-    below = [root]
-    while below:
-        for child in children.get(below.pop(), []):
-            found.append(child)
-            below.append(child)
-    return [pid for pid in found if groups.get(pid) != root]  # the child leads its own group (a new session)
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

@@ -141,17 +141,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parent-watch", action="store_true", help=argparse.SUPPRESS)
 
 
-def _adopt_orphans() -> None:
-    """Become the subreaper of the env's processes (Linux): one that daemonizes by a double fork (a render or X
-    server) is then re-parented to this process rather than to init, so it stays among the descendants that
-    are stopped with the sim (:meth:`hud_pipelines.sim.process.SimProcess.close`); it outlived every run before."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_child_subreaper = 36  # <linux/prctl.h>
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
-
-
 def probes_of(seeds: list[int], options: list[dict[str, Any]]) -> list[ProbeReset]:
     """The start-up probe resets ``--probe-seed`` and ``--probe-options`` give, paired in order."""
     return [ProbeReset(seed, option) for seed, option in itertools.zip_longest(seeds, options)]
@@ -183,7 +172,6 @@ def _token(given: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     """Serve until told to stop; returns the process exit code."""
     ready_out = _claim_stdout()
-    _adopt_orphans()
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
