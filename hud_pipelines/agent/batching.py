@@ -169,7 +169,9 @@ class BatchedModel(BasePolicy, Closeable):
             self._cond.notify_all()
 
     def close(self) -> None:
-        """Let the forward thread go once it is idle; a later call starts a new one.
+        """Let the forward thread go once it is idle, and close the policy where it holds a resource (a remote
+        one's connection); a later call starts a new thread (and connection). For when no caller is left: a
+        forward still running loses its connection.
 
         The thread holds the model and so the policy's weights: an eval that ends without closing
         its model would keep both for the life of the process (a code server, a sweep's members).

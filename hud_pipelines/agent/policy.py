@@ -20,8 +20,8 @@ directly, never by probing:
 - ``last_forward_rows()``: the rows of the forward that served this thread's last call (larger
   than the call under ``BatchedModel``, which stacks callers);
 - ``abandon()``: called from another thread when ``BatchedModel`` gives up on a forward that is late
-  (``forward_timeout_s``): a policy that can cut short what that forward waits on (a remote one's
-  connection) does, so that the forwards after it need not wait for it.
+  (``forward_timeout_s``), with its lock held, so it must not block: a policy that can cut short what
+  that forward waits on (a remote one's connection) does, so that the forwards after it need not wait.
 
 A user's object with an ``infer`` (a scripted target) is any :class:`Policy`; :func:`as_base_policy`
 adapts it once, at that boundary, reading whichever optional members it has.
@@ -186,7 +186,7 @@ class BasePolicy(ABC):
         return None
 
     def abandon(self) -> None:  # noqa: B027 - optional, with a default that does nothing
-        """Cut short a forward that was given up on, from another thread (nothing by default)."""
+        """Cut short a forward that was given up on, from another thread, without blocking (nothing by default)."""
 
 
 class _UserPolicy(BasePolicy):
@@ -197,8 +197,10 @@ class _UserPolicy(BasePolicy):
         self.horizon = _positive_int(getattr(policy, "horizon", None))
         self.observation_steps = _positive_int(getattr(policy, "observation_steps", None)) or 1
         reset, lockstep = getattr(policy, "reset", None), getattr(policy, "lockstep", None)
+        abandon = getattr(policy, "abandon", None)
         self._reset = reset if callable(reset) else None
         self._lockstep = lockstep if callable(lockstep) else None
+        self._abandon = abandon if callable(abandon) else None
 
     def infer(self, batch: PolicyBatch) -> Actions:
         return self.policy.infer(batch)
@@ -211,6 +213,10 @@ class _UserPolicy(BasePolicy):
         if self._lockstep is None:
             return contextlib.nullcontext()
         return cast(AbstractContextManager[object], self._lockstep(idle_sims))
+
+    def abandon(self) -> None:
+        if self._abandon is not None:
+            self._abandon()
 
 
 def as_base_policy(policy: Policy | BasePolicy) -> BasePolicy:

@@ -65,11 +65,18 @@ class RemotePolicy(BasePolicy, Closeable):
         self.keys = {name: dict(rename or {}).get(name, name) for name in features}
         self.prompt_key = prompt_key
         self._lock = threading.Lock()
+        """Held by a forward for all its requests: the protocol numbers nothing, so one request at a time."""
+        self._state = threading.Lock()
+        """Guards the connection and the epoch against :meth:`abandon`, which comes from another thread."""
+        self._epoch = 0
+        """Bumped by :meth:`abandon`: a forward of an earlier epoch stops at its next request."""
+        self._open: ClientConnection | None = None
+        """A connection whose metadata frame is being read: not yet the current one, but cut by :meth:`abandon`."""
         self._headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
         self._ws: ClientConnection | None = None
         self.metadata: dict[str, Any] = {}
         """What the server says of its policy (its first frame on each connection)."""
-        self._connect()
+        self._connect(self._epoch)
 
     @classmethod
     def from_config(cls, config: RemotePolicyConfig, contract: Contract) -> RemotePolicy:
@@ -85,12 +92,15 @@ class RemotePolicy(BasePolicy, Closeable):
 
     def infer(self, batch: PolicyBatch) -> Actions:
         with self._lock:
+            epoch = self._epoch
             if self.batched:
-                reply = self._call(self._request(batch.observation, batch.prompts))
+                reply = self._call(self._request(batch.observation, batch.prompts), epoch)
                 return as_chunks(reply, batch.size, self.width, source=f"the policy server at {self.url}")
             chunks = [
                 self._chunk(
-                    self._call(self._request({k: v[row] for k, v in batch.observation.items()}, batch.prompts[row]))
+                    self._call(
+                        self._request({k: v[row] for k, v in batch.observation.items()}, batch.prompts[row]), epoch
+                    )
                 )
                 for row in range(batch.size)
             ]
@@ -107,14 +117,22 @@ class RemotePolicy(BasePolicy, Closeable):
         )
 
     def close(self) -> None:
-        self._drop(self._ws)
+        """Close the connection with a close frame; a later forward opens a new one."""
+        with self._state:
+            self._epoch += 1
+            ws, self._ws = self._ws, None
+        self._drop(ws)
 
     def abandon(self) -> None:
-        """Cut the connection under a forward that was given up on: its read ends at once (so the next
-        forward, which waits for the lock it holds, need not wait out ``timeout_s``) and opens a new one,
-        on which no late reply of the abandoned request can be taken for its own."""
-        ws, self._ws = self._ws, None
-        if ws is not None:
+        """Cut short a forward that was given up on, from another thread: its read ends at once, and it stops
+        before its next request, so the next forward (waiting for the lock it holds) need not wait out
+        ``timeout_s``; that one connects anew, where no late reply of the abandoned request can be taken for
+        its own. A TCP or HTTP handshake under way is not cut: ``timeout_s`` bounds it."""
+        with self._state:
+            self._epoch += 1
+            cut = [ws for ws in (self._ws, self._open) if ws is not None]
+            self._ws = None
+        for ws in cut:
             with contextlib.suppress(OSError):
                 ws.socket.shutdown(socket.SHUT_RDWR)
 
@@ -125,8 +143,9 @@ class RemotePolicy(BasePolicy, Closeable):
         request[self.prompt_key] = prompt
         return request
 
-    def _connect(self) -> ClientConnection:
-        """Open the connection and read its metadata frame (what the server says of its policy)."""
+    def _connect(self, epoch: int) -> ClientConnection:
+        """Open the connection and read its metadata frame (what the server says of its policy); it becomes the
+        current one unless :meth:`abandon` came meanwhile."""
         try:
             ws = connect(
                 self.url,
@@ -144,21 +163,34 @@ class RemotePolicy(BasePolicy, Closeable):
         except (OSError, TimeoutError, WebSocketException) as exc:
             raise PolicyLinkError(f"cannot connect to the policy server at {self.url}: {exc}") from exc
         try:
+            with self._state:
+                self._open = ws
+            self._given_up(epoch)
             metadata = self._receive(ws, "the metadata frame")
+            with self._state:
+                self._open = None
+                if epoch == self._epoch:
+                    self._ws = ws
+            self._given_up(epoch)
         except BaseException as exc:
             self._drop(ws)
             if isinstance(exc, PolicyTimeoutError):  # a server that never says what it serves is unusable
                 raise PolicyError(str(exc)) from exc
             raise
         self.metadata = metadata if is_map(metadata) else {"metadata": metadata}
-        self._ws = ws
         return ws
 
-    def _call(self, request: dict[str, Any]) -> npt.NDArray[np.float32]:
+    def _given_up(self, epoch: int) -> None:
+        """Stop a forward that :meth:`abandon` gave up on (its result is thrown away)."""
+        if epoch != self._epoch:
+            raise PolicyLinkError(f"the forward was given up on; its connection to {self.url} was cut")
+
+    def _call(self, request: dict[str, Any], epoch: int) -> npt.NDArray[np.float32]:
         """One request and its reply. The protocol numbers nothing, so a call that did not read its own reply
         (a timeout, an error frame, a broken frame) leaves the connection one reply behind: it is dropped, and
         the next call opens a new one, rather than take the late reply of this one for its own."""
-        ws = self._ws or self._connect()  # its own reference: abandon() may clear the attribute meanwhile
+        self._given_up(epoch)
+        ws = self._ws or self._connect(epoch)  # its own reference: abandon() may clear the attribute meanwhile
         try:
             try:
                 ws.send(packb(request, Layout.OPENPI))
@@ -194,8 +226,11 @@ class RemotePolicy(BasePolicy, Closeable):
 
     def _drop(self, ws: ClientConnection | None) -> None:
         """Close ``ws``, and forget it when it is the current connection."""
-        if ws is self._ws:
-            self._ws = None
+        with self._state:
+            if ws is self._ws:
+                self._ws = None
+            if ws is self._open:
+                self._open = None
         if ws is not None:
             with contextlib.suppress(OSError, WebSocketException):
                 ws.close()

@@ -150,9 +150,11 @@ def asked_command(pipeline: str, pipelines_dir: Path | None, outputs_dir: Path |
     return command
 
 
-COMMAND = re.compile(r"""hud-pipelines run (?:'[^']*'|"(?:[^"\\]|\\.)*"|\\.|[^\s'"\\])+""")
+_WORD = r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|\\.|[^\s'"\\])+"""
+COMMAND = re.compile(rf"hud-pipelines run {_WORD}(?: --outputs {_WORD})?")
 """The start of a command a step's failure gives: the pipeline as one shell word, quoted where it must be
-(``shlex.quote`` writes a ``'`` inside a path as ``'"'"'``, so a word is a run of quoted and plain pieces)."""
+(``shlex.quote`` writes a ``'`` inside a path as ``'"'"'``, so a word is a run of quoted and plain pieces), and
+the outputs it names where they are not ``./outputs``."""
 
 
 def as_invoked(said: str, invocation: Sequence[str]) -> str:

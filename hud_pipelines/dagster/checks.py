@@ -28,7 +28,6 @@ from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.judging import yaml_verdict
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.grading import CheckSpec
-from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import PipelineSpec
 
 
@@ -57,7 +56,7 @@ def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.Ass
     """The built-in blocking check: a failed instance fails the run (and holds the dataset back)."""
 
     def judge(rows: list[GradeRow]) -> dg.AssetCheckResult:
-        command = outputs.run_command(run_argument(spec))
+        command = outputs.run_command(spec)
         verdict = instances_verdict(rows, command)
         result = _check_result(verdict, rows)
         if not verdict.failed_instances:

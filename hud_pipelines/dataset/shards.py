@@ -177,14 +177,13 @@ class ShardStore:
         """Refuse to publish when a shard's writer failed: the dataset would lack its episodes without a word."""
         from hud_pipelines.eval.checks import rerun_command
         from hud_pipelines.eval.grades import one_line
-        from hud_pipelines.spec.loader import run_argument
 
         marks = {k: self.outputs.shard(k) / INCOMPLETE_FILE for k in keys}
         failed = {k: mark.read_text() for k, mark in marks.items() if mark.is_file()}
         if not failed:
             return
         listed = "; ".join(f"{key}: {one_line(reason)}" for key, reason in sorted(failed.items()))
-        command, order = self.outputs.run_command(run_argument(self.spec)), self.spec.partition_keys()
+        command, order = self.outputs.run_command(self.spec), self.spec.partition_keys()
         if self.checkpoint is not None:  # a sweep's pairs run again only when asked to
             failed = {f"{self.checkpoint}|{key}": reason for key, reason in failed.items()}
             command, order = [*command, "--rerun"], [f"{self.checkpoint}|{key}" for key in order]

@@ -18,7 +18,6 @@ from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.perturbations import control_rows
 from hud_pipelines.spec.grading import CheckSpec
-from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import PipelineSpec
 
 
@@ -31,7 +30,7 @@ def all_verdicts(
     results, a configuration refused before any rollout): ``instances_completed`` fails saying so, since the
     rows alone (earlier runs' results) would pass it.
     """
-    command = outputs.run_command(run_argument(spec))  # as the check step's (``--outputs`` where not the default)
+    command = outputs.run_command(spec)  # as the check step's (``--outputs`` where not the default)
     builtin = (
         [instances_verdict(rows, command), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows, command)
     )

@@ -16,7 +16,10 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, overload
+
+if TYPE_CHECKING:
+    from hud_pipelines.spec.models import PipelineSpec
 
 OUTPUTS_ENV = "HUD_PIPELINES_OUTPUTS"
 
@@ -62,14 +65,17 @@ class EvalOutputs:
     served_sims = _Entry("served_sims")
     """``<run id>.json`` per run that met a served sim: what the sim that run holds its sims to says it is."""
 
-    def run_command(self, pipeline: str) -> list[str]:
-        """``hud-pipelines run <pipeline>`` writing here: with ``--outputs`` where this is not the default root, so
-        a command copied from a report or a check runs where the results it speaks of are, not into ./outputs."""
+    def run_command(self, spec: PipelineSpec) -> list[str]:
+        """``hud-pipelines run`` of ``spec`` (:func:`~hud_pipelines.spec.loader.run_argument`) writing here: with
+        ``--outputs`` unless this is ``./outputs`` (the root without ``$HUD_PIPELINES_OUTPUTS``), so a command copied
+        from a report or a check runs where the results it speaks of are, whatever the shell's environment."""
+        from hud_pipelines.spec.loader import run_argument
         from hud_pipelines.spec.problems import display_path
 
-        command = ["hud-pipelines", "run", pipeline]
+        command = ["hud-pipelines", "run", run_argument(spec)]
         root = self.root.expanduser().resolve()
-        return command if root == default_outputs_root() else [*command, "--outputs", display_path(root)]
+        plain = (Path.cwd() / "outputs").resolve()
+        return command if root == plain else [*command, "--outputs", display_path(root)]
 
     def result(self, partition_key: str) -> Path:
         return self.base / "rollouts" / f"{partition_key}.json"

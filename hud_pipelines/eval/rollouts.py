@@ -171,7 +171,6 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
     """Why a run whose instances did not start or complete, but kept their earlier results, failed (``None``:
     none did), with the command that runs them again."""
     from hud_pipelines.eval.checks import rerun_command
-    from hud_pipelines.spec.loader import run_argument
 
     kept = [(attempt, earlier) for attempt in results if (earlier := kept_result(attempt, outputs)) is not None]
     if not kept:
@@ -187,7 +186,7 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
         f"results of run {run} are kept, as nothing ran to replace them"
         for (ended, fault, run), attempts in alike.items()
     ]
-    invocation = outputs.run_command(run_argument(spec))
+    invocation = outputs.run_command(spec)
     command = rerun_command([attempt.key for attempt, _ in kept], invocation, spec.partition_keys())
     return "\n".join([*lines, f"run them again once they can start: {command}"])
 

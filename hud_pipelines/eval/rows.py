@@ -20,7 +20,6 @@ from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import InstanceResult, unreached_rows
 from hud_pipelines.recording.events import EpisodeStatus
-from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 
@@ -99,11 +98,7 @@ def _latest(
     key = spec.partition_key(*partition)
     path = outputs.result(key)
     result = InstanceResult.read(path) if path.exists() else None
-    rerun = (
-        how(key)
-        if how is not None
-        else f"run it with: {shlex.join(outputs.run_command(run_argument(spec)))} --partition {key}"
-    )
+    rerun = how(key) if how is not None else f"run it with: {shlex.join(outputs.run_command(spec))} --partition {key}"
     if result is None:
         return None, f"instance {key} has not run yet; {rerun}"
     if not expected.current(spec.tasks[partition.task_index].name, result.rollout_hash):
@@ -171,5 +166,5 @@ def _rerun_of(member: sweep.Member) -> Callable[[str], str]:
         return lambda key: f"checkpoint {member.label}'s files at {member.path} are gone: restore them to run it again"
     changed = f"checkpoint {member.label}'s files changed since it ran (other weights under its label); "
     changed = changed if member.changed else ""
-    command = shlex.join(member.outputs.run_command(run_argument(member.spec)))
+    command = shlex.join(member.outputs.run_command(member.spec))
     return lambda key: f"{changed}run it with: {command} --checkpoint {member.label} --partition {key}"

@@ -43,7 +43,6 @@ from hud_pipelines.eval.rows import collect_rows, current_results, sweep_members
 from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset, seed_warning, write_seed_check
 from hud_pipelines.recording.thumbnails import png_data_uri
 from hud_pipelines.sim.pool import SimPool
-from hud_pipelines.spec.loader import run_argument
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
 if TYPE_CHECKING:
@@ -171,8 +170,8 @@ def report_step(
     outputs.report_png.write_bytes(plot)
     overrides = recorded_overrides(outputs)
     member_of_sweep = spec.checkpoint_hash is not None
-    command = outputs.run_command(run_argument(spec))
-    checks = builtin_verdicts(rows, command) if member_of_sweep else all_verdicts(spec, outputs, rows, run_failure)
+    own = builtin_verdicts(rows, outputs.run_command(spec)) if member_of_sweep else None  # a sweep's member's
+    checks = own or all_verdicts(spec, outputs, rows, run_failure)
     members = sweep_members(spec, outputs, current) if spec.is_sweep else []
     for checkpoint, expected in members:  # every checkpoint's own report (episodes, videos, plots) beside the sweep's
         folder = member_dataset(dataset, checkpoint.label)

@@ -435,3 +435,27 @@ def test_the_inner_policy_is_reset_before_each_run_of_episodes_no_other_caller_i
     for _ in range(3):
         model.reset()
     assert alone.resets == 3
+
+
+def test_a_late_forward_is_abandoned_through_a_users_policy_abandon_member() -> None:
+    """A user's policy object with ``abandon()`` hears of the forward given up on, as the built-in kinds do."""
+    from hud_pipelines.errors import PolicyTimeoutError
+
+    class Cancellable:
+        def __init__(self) -> None:
+            self.cut = threading.Event()
+
+        def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+            if not self.cut.wait(timeout=30):  # waits on a server that never answers, until told to stop
+                raise AssertionError("never abandoned")
+            return np.zeros((len(batch.prompts), 1, 1), np.float32)
+
+        def abandon(self) -> None:
+            self.cut.set()
+
+    policy = Cancellable()
+    with BatchedModel(policy, forward_timeout_s=0.3, max_wait_s=0.0) as model:
+        batch = PolicyBatch(observation={"state": np.zeros((1, 2), np.float32)}, prompts=[""])
+        with pytest.raises(PolicyTimeoutError):
+            model.infer(batch)
+    assert policy.cut.is_set()

@@ -7,6 +7,7 @@ independently of the client's own codec, so the round trip proves the two layout
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,11 @@ class PolicyServer:
         *,
         answers: int | None = None,
         port: int = 0,
+        late_metadata: dict[int, float] | None = None,
     ) -> None:
         self.infer = infer
+        self.late_metadata = late_metadata or {}
+        """Connection number -> seconds its metadata frame is held back (a server busy when a client connects)."""
         self.answers = answers
         """How many requests it answers before it goes away (its connections dropped unanswered): a crash."""
         self.api_key = api_key
@@ -78,6 +82,7 @@ class PolicyServer:
     def _handle(self, ws: ServerConnection) -> None:
         assert ws.request is not None
         self.headers.append(ws.request.headers.get("Authorization"))
+        time.sleep(self.late_metadata.get(len(self.headers) - 1, 0.0))
         ws.send(openpi_pack({"policy": "test", "action_horizon": 3}))
         try:
             for message in ws:
@@ -338,3 +343,32 @@ def test_a_policy_server_that_cannot_be_reached_at_the_start_is_a_policy_link_fa
     evaluation = evaluate(load_pipeline_text(json.dumps(text), source=tmp_path / "down.yaml"), outputs_dir=tmp_path)
     assert {row.fault for row in evaluation.rows} == {Fault.POLICY_LINK}, "as when it goes away later, not setup"
     assert all(f"cannot connect to the policy server at {url}" in (row.error or "") for row in evaluation.rows)
+
+
+def test_a_forward_given_up_on_while_it_connects_frees_the_next_at_once() -> None:
+    """A forward abandoned while it read a new connection's metadata frame kept the lock until ``timeout_s``."""
+    from hud_pipelines.agent.batching import BatchedModel
+    from hud_pipelines.errors import PolicyTimeoutError
+
+    def infer(observation: dict[str, Any]) -> np.ndarray:
+        if observation["state"][0] == 7:
+            time.sleep(2)  # past forward_timeout_s: its connection is cut
+        return np.full((1, 1), observation["state"][0], dtype=np.float32)
+
+    server = PolicyServer(infer, late_metadata={1: 3.0})  # the second connection's metadata comes late
+    try:
+        remote = RemotePolicy(server.url, countdown_contract(), timeout_s=60)
+        with BatchedModel(remote, forward_timeout_s=1.0, max_wait_s=0.0) as model:
+
+            def ask(value: float) -> float:
+                batch = PolicyBatch(observation={"state": np.full((1, 2), value, np.float32)}, prompts=[""])
+                return float(model.infer(batch)[0, 0, 0])
+
+            with pytest.raises(PolicyTimeoutError):
+                ask(7)
+            with pytest.raises(PolicyTimeoutError):
+                ask(2)  # given up on while it waits for the second connection's metadata
+            assert ask(3) == 3, "on a third connection, not behind the forward that waited for the metadata"
+    finally:
+        server.close()
+    assert len(server.headers) == 3

@@ -222,7 +222,8 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     name = load_pipeline(outside).name
     checks = json.loads(EvalOutputs(outputs_dir, name).checks_json.read_text())
     [completed] = [check for check in checks if check["name"] == "instances_completed"]
-    assert completed["description"].endswith(f"re-run them with: hud-pipelines run {outside} --partition task0-i0")
+    again = f"re-run them with: hud-pipelines run {outside} --outputs {outputs_dir} --partition task0-i0"
+    assert completed["description"].endswith(again), "named where $HUD_PIPELINES_OUTPUTS put them: a shell may lack it"
 
 
 LAUNCH = """

@@ -444,7 +444,8 @@ def test_results_of_another_configuration_are_never_mixed_into_the_grades(
     assert {r.status for r in rows} == {EpisodeStatus.ERRORED}
     assert {r.fault for r in rows} == {Fault.NOT_RUN}
     assert all("before the pipeline's seeds changed" in (r.error or "") for r in rows), "what changed, by name"
-    assert f"hud-pipelines run {display_path(path)} --partition task0-i1" in (rows[-1].error or "")
+    rerun = f"hud-pipelines run {display_path(path)} --outputs {display_path(outputs_dir)} --partition task0-i1"
+    assert rerun in (rows[-1].error or "")
     assert {r.run_id for r in rows} != {""}  # the rows name the run whose results went stale
     assert [r.seed for r in rows] == [40, 41, 42, 43]
 

@@ -636,12 +636,12 @@ def test_a_command_a_failure_gives_is_rewritten_whole_as_the_run_was_asked(given
     """The pipeline word of the printed command is replaced whole, however ``shlex`` quoted it."""
     from hud_pipelines.cli.selection import as_invoked, asked_command
 
-    printed = shlex.join(["hud-pipelines", "run", given, "--partition", "a/0"])
-    said = f"1 instance(s) failed; re-run them with: {printed}"
     asked = asked_command(given, None, Path("/tmp/out put"), "gpu")
-    rewritten = as_invoked(said, asked)
-    assert rewritten.endswith("re-run them with: " + shlex.join([*asked, "--partition", "a/0"]))
-    assert shlex.split(rewritten.split("re-run them with: ")[1]) == [*asked, "--partition", "a/0"]
+    for written in ([given], [given, "--outputs", "/tmp/out put"]):  # the outputs it names are the run's too
+        printed = shlex.join(["hud-pipelines", "run", *written, "--partition", "a/0"])
+        rewritten = as_invoked(f"1 instance(s) failed; re-run them with: {printed}", asked)
+        assert rewritten.endswith("re-run them with: " + shlex.join([*asked, "--partition", "a/0"]))
+        assert shlex.split(rewritten.split("re-run them with: ")[1]) == [*asked, "--partition", "a/0"]
 
 
 def test_a_dataset_section_that_does_not_fit_the_sims_contract_is_refused_before_any_rollout(

@@ -319,7 +319,8 @@ def test_a_run_that_meets_no_served_sim_keeps_every_earlier_result_and_fails_say
     assert f"cannot connect to the sim at {url}" in said
     assert f"their results of run {first.run_id} are kept" in said
     assert said.endswith(
-        f"\nrun them again once they can start: hud-pipelines run {tmp_path / 'fleet.yaml'} --partition task0-i1"
+        f"\nrun them again once they can start: hud-pipelines run {tmp_path / 'fleet.yaml'} --outputs {outputs.root} "
+        "--partition task0-i1"
     )
 
     home = tmp_path / "home"  # the CLI's run: a Dagster run that fails with that reason, the grades as they were
