@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosedError
 from websockets.sync.server import Server, ServerConnection, serve
 
 from hud_pipelines.agent.factory import build_policy
-from hud_pipelines.agent.policy import PolicyBatch
+from hud_pipelines.agent.policy import Policy, PolicyBatch
 from hud_pipelines.agent.remote import RemotePolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.errors import PolicyError
@@ -298,29 +298,17 @@ def test_a_forward_given_up_on_frees_the_connection_for_the_next_at_once() -> No
     """A forward past ``forward_timeout_s`` held the policy's lock while its read waited out ``timeout_s``: the next
     forwards queued behind it timed out too, failing instances that never reached the server. Now the connection
     under it is cut, and the next forward gets its own reply on a new one."""
-    import time
-
     from hud_pipelines.agent.batching import BatchedModel
     from hud_pipelines.errors import PolicyTimeoutError
 
-    def infer(observation: dict[str, Any]) -> np.ndarray:
-        if observation["state"][0] == 7:
-            time.sleep(3)  # past forward_timeout_s, well within the policy's own timeout_s
-        return np.full((1, 1), observation["state"][0], dtype=np.float32)
-
-    server = PolicyServer(infer)
+    server = PolicyServer(_echo(slow_on=7, seconds=3))  # past forward_timeout_s, well within the policy's timeout_s
     try:
         remote = RemotePolicy(server.url, countdown_contract(), timeout_s=60)
         with BatchedModel(remote, forward_timeout_s=1.0, max_wait_s=0.0) as model:
-
-            def ask(value: float) -> float:
-                batch = PolicyBatch(observation={"state": np.full((1, 2), value, np.float32)}, prompts=[""])
-                return float(model.infer(batch)[0, 0, 0])
-
             with pytest.raises(PolicyTimeoutError, match="forward_timeout_s=1"):
-                ask(7)
+                _ask(model, 7)
             asked = time.monotonic()
-            assert ask(2) == 2, "its own reply, not the late one"
+            assert _ask(model, 2) == 2, "its own reply, not the late one"
             assert time.monotonic() - asked < 1.0, "not queued behind the abandoned forward"
     finally:
         server.close()
@@ -350,25 +338,32 @@ def test_a_forward_given_up_on_while_it_connects_frees_the_next_at_once() -> Non
     from hud_pipelines.agent.batching import BatchedModel
     from hud_pipelines.errors import PolicyTimeoutError
 
-    def infer(observation: dict[str, Any]) -> np.ndarray:
-        if observation["state"][0] == 7:
-            time.sleep(2)  # past forward_timeout_s: its connection is cut
-        return np.full((1, 1), observation["state"][0], dtype=np.float32)
-
-    server = PolicyServer(infer, late_metadata={1: 3.0})  # the second connection's metadata comes late
+    server = PolicyServer(_echo(slow_on=7, seconds=2), late_metadata={1: 3.0})  # the 2nd connection's comes late
     try:
         remote = RemotePolicy(server.url, countdown_contract(), timeout_s=60)
         with BatchedModel(remote, forward_timeout_s=1.0, max_wait_s=0.0) as model:
-
-            def ask(value: float) -> float:
-                batch = PolicyBatch(observation={"state": np.full((1, 2), value, np.float32)}, prompts=[""])
-                return float(model.infer(batch)[0, 0, 0])
-
             with pytest.raises(PolicyTimeoutError):
-                ask(7)
+                _ask(model, 7)
             with pytest.raises(PolicyTimeoutError):
-                ask(2)  # given up on while it waits for the second connection's metadata
-            assert ask(3) == 3, "on a third connection, not behind the forward that waited for the metadata"
+                _ask(model, 2)  # given up on while it waits for the second connection's metadata
+            assert _ask(model, 3) == 3, "on a third connection, not behind the forward that waited for the metadata"
     finally:
         server.close()
     assert len(server.headers) == 3
+
+
+def _echo(*, slow_on: float, seconds: float) -> Callable[[dict[str, Any]], np.ndarray]:
+    """A server's policy answering each observation with its first value, ``seconds`` late for ``slow_on``."""
+
+    def infer(observation: dict[str, Any]) -> np.ndarray:
+        if observation["state"][0] == slow_on:
+            time.sleep(seconds)
+        return np.full((1, 1), observation["state"][0], dtype=np.float32)
+
+    return infer
+
+
+def _ask(policy: Policy, value: float) -> float:
+    """The one action ``policy`` gives for a one-row batch of state ``[value, value]``."""
+    batch = PolicyBatch(observation={"state": np.full((1, 2), value, np.float32)}, prompts=[""])
+    return float(policy.infer(batch)[0, 0, 0])
