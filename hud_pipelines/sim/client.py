@@ -33,6 +33,8 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pydantic
+
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
@@ -41,6 +43,7 @@ from hud_pipelines.errors import (
     LinkRefused,
     Phase,
     RemoteError,
+    SimContractError,
     SimCrashedError,
     SimError,
     SimRefusedError,
@@ -105,7 +108,10 @@ class SimClient(Closeable):
             except WireError:  # the sim broke the protocol: the connection can no longer be trusted
                 self._link.abort()
                 raise
-            self.contract = Contract.model_validate(self.hello.contract)
+            try:
+                self.contract = Contract.model_validate(self.hello.contract)
+            except pydantic.ValidationError as exc:  # a sim written elsewhere, or of another version
+                raise SimContractError(f"the sim at {url} announced a contract that is not one: {exc}") from None
             self._session.hold_to({name: (f.dtype, f.shape) for name, f in self.contract.observation_features.items()})
         except BaseException:
             self._session.fail("the handshake failed")

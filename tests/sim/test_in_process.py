@@ -243,3 +243,26 @@ def test_replies_already_sent_by_a_sim_that_died_are_read_before_its_crash_is_re
         assert not client.usable
         with pytest.raises(SimError):
             client.send_step(np.zeros((2, 1), dtype=np.int64))
+
+
+class _AnnouncesAnEmptyFeature(InProcessLink):
+    """A sim written elsewhere whose hello announces a feature of no value (another version's contract)."""
+
+    def recv(self, timeout_s: float) -> bytes:
+        frame = unpackb(super().recv(timeout_s))
+        if frame.get("type") == "hello":
+            frame["contract"]["features"]["state"]["shape"] = [0]
+        return packb(frame)
+
+
+def test_a_hello_whose_contract_is_not_one_is_a_contract_fault_naming_the_sim() -> None:
+    """It raised pydantic's error, which no fault maps: the instance failed as if its env had raised."""
+    from hud_pipelines.errors import Fault, SimContractError, fault_of
+
+    with GymBridge("CartPole-v1", 2) as bridge:
+        link = _AnnouncesAnEmptyFeature(bridge)
+        with pytest.raises(SimContractError) as caught:
+            SimClient(link.url, "", link=link)
+    assert str(caught.value).startswith(f"the sim at {link.url} announced a contract that is not one: ")
+    assert "features.state.shape" in str(caught.value)
+    assert fault_of(caught.value) is Fault.CONTRACT
