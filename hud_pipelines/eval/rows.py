@@ -98,19 +98,24 @@ def _latest(
     key = spec.partition_key(*partition)
     path = outputs.result(key)
     result = InstanceResult.read(path) if path.exists() else None
-    rerun = how(key) if how is not None else f"run it with: {shlex.join(outputs.run_command(spec))} --partition {key}"
+
+    def rerun() -> str:  # only for a row that is not current: the command resolves paths
+        return (
+            how(key) if how is not None else f"run it with: {shlex.join(outputs.run_command(spec))} --partition {key}"
+        )
+
     if result is None:
-        return None, f"instance {key} has not run yet; {rerun}"
+        return None, f"instance {key} has not run yet; {rerun()}"
     if not expected.current(spec.tasks[partition.task_index].name, result.rollout_hash):
         ran = result.provenance  # named where both runs recorded it (older results lack max_steps and graders)
         changed = [name for name in CONFIGURATION if name in ran and name in current and ran[name] != current[name]]
         what = ", ".join(changed) if changed else "sim, agent, tasks, max_steps or graders"
         run = result.run_id or "unknown"
-        return result, f"instance {key} last ran (run {run}) before the pipeline's {what} changed; {rerun}"
+        return result, f"instance {key} last ran (run {run}) before the pipeline's {what} changed; {rerun()}"
     if provenance.other_environment(result.provenance, current):
         return result, (
             f"instance {key} last ran (run {result.run_id or 'unknown'}) in another environment "
-            f"({provenance.difference(result.provenance, current)}); {rerun}"
+            f"({provenance.difference(result.provenance, current)}); {rerun()}"
         )
     return result, None
 
