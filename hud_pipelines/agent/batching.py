@@ -10,8 +10,8 @@ policy and the rows are scattered back. A batch is flushed:
   one whose slots all have actions left, costs at most this window).
 
 Forwards never overlap (torch on a CPU gains nothing from it and remote clients are not
-thread-safe); calls that arrive during a forward form the next batch. An exception in a forward
-fails exactly the callers of that batch.
+thread-safe); calls that arrive during a forward form the next batch. A forward that raised on the
+rows of several callers is run again per caller, so that a caller's bad row fails that caller alone.
 
 ``expected_callers`` is the number of loops that share the model. A loop that finishes must
 :meth:`leave` so the others stop waiting for it.
@@ -43,11 +43,12 @@ import queue
 import threading
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from hud_pipelines.agent.policy import Actions, BasePolicy, Forwards, Policy, PolicyBatch, as_base_policy
+from hud_pipelines.agent.policy import Actions, BasePolicy, BatchingStats, Policy, PolicyBatch, as_base_policy
+from hud_pipelines.agent.run_failures import raised_by_its_rows
 from hud_pipelines.closing import Closeable
 from hud_pipelines.errors import PolicyError, PolicyTimeoutError, RolloutTimeoutError, RunAborted
 from hud_pipelines.spec.agent import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
@@ -70,17 +71,6 @@ class _Call:
 
 WorkQueue = queue.SimpleQueue[tuple[list["_Call"], int] | None]
 """A worker's forwards (the calls and how many sims wait idle), then ``None`` to end it."""
-
-
-@dataclass
-class BatchingStats:
-    forwards: Forwards = field(default_factory=Forwards)
-    """The forwards of the policy (stacking included in their seconds), each with the rows it gathered."""
-    calls: int = 0
-    timer_flushes: int = 0
-    """Forwards started because the window ran out (not because every caller was waiting)."""
-    lockstep_forwards: int = 0
-    """Forwards started while every expected caller was waiting (run inside ``policy.lockstep``)."""
 
 
 class BatchedModel(BasePolicy, Closeable):
@@ -366,26 +356,16 @@ class BatchedModel(BasePolicy, Closeable):
     def _forward(self, calls: list[_Call], idle_sims: int) -> None:
         """Run one forward for ``calls`` (outside the condition) and hand every caller its rows.
 
-        ``idle_sims`` > 0 says every expected caller is waiting, so that many sims are idle.
+        ``idle_sims`` > 0 says every expected caller is waiting, so that many sims are idle. When the policy's
+        own code raised on the rows of several callers, each caller's rows are forwarded again on their own:
+        one caller's bad row fails that caller alone (its loop then finds the row).
         """
         rows = sum(c.batch.size for c in calls)
         started = time.perf_counter()
-        try:
-            stacked = PolicyBatch.concat([c.batch for c in calls])
-            with self.policy.lockstep(idle_sims) if idle_sims else contextlib.nullcontext():
-                actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
-            if actions.ndim not in (2, 3) or actions.shape[0] != rows:
-                raise PolicyError(
-                    f"the batched policy returned {list(actions.shape)} for {rows} stacked rows; "
-                    f"expected [{rows}, T, A]"
-                )
-            offset = 0
-            for call in calls:
-                call.result = actions[offset : offset + call.batch.size]
-                offset += call.batch.size
-        except BaseException as exc:
-            for call in calls:
-                call.error = exc
+        error = self._attempt(calls, idle_sims)
+        apart = error is not None and len(calls) > 1 and raised_by_its_rows(error)
+        for call in calls:
+            call.error = self._attempt([call], 0) if apart else error
         forward_s = time.perf_counter() - started
         with self._cond:
             self.stats.forwards.add(rows, forward_s)
@@ -395,3 +375,23 @@ class BatchedModel(BasePolicy, Closeable):
                 call.forward_rows = rows
                 call.done = True
             self._cond.notify_all()
+
+    def _attempt(self, calls: list[_Call], idle_sims: int) -> BaseException | None:
+        """One forward of the stacked rows of ``calls``, each handed its rows; what it raised, if it did."""
+        rows = sum(c.batch.size for c in calls)
+        try:
+            stacked = PolicyBatch.concat([c.batch for c in calls])
+            with self.policy.lockstep(idle_sims) if idle_sims else contextlib.nullcontext():
+                actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
+            if actions.ndim not in (2, 3) or actions.shape[0] != rows:
+                shape = list(actions.shape)
+                raise PolicyError(
+                    f"the batched policy returned {shape} for {rows} stacked rows; expected [{rows}, T, A]"
+                )
+        except BaseException as exc:
+            return exc
+        offset = 0
+        for call in calls:
+            call.result = actions[offset : offset + call.batch.size]
+            offset += call.batch.size
+        return None

@@ -153,7 +153,7 @@ class SlotEpisodes:
                 reward=reply.reward[stepped].astype(np.float64, copy=False),
                 terminated=reply.terminated[stepped],
                 truncated=truncated,
-                success=reply.success[stepped],
+                success=reply.success_now[stepped],  # the env's word on this step (not the sticky one)
             )
             for sink in self.sinks:
                 sink.add_frames(batch)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-import logging
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -19,13 +17,18 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.agent.episodes import ObservationRow, OutcomeGrader, SlotEpisodes, errored, row
-from hud_pipelines.agent.policy import SEEDED_STREAM, BasePolicy, Forwards, PolicyBatch, as_chunks
+from hud_pipelines.agent.policy import SEEDED_STREAM, BasePolicy, Forwards, PolicyBatch, RandomStream, as_chunks
+from hud_pipelines.agent.run_failures import (
+    RunFailed,
+    SimFailed,
+    policy_failure,
+    raised_by_its_rows,
+)
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError, fault_of, raised_at
+from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError, fault_of
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink
 from hud_pipelines.wire.messages import Observation
 
-log = logging.getLogger(__name__)
 _RUN_NUMBERS = itertools.count(1)
 
 ChunkAdapter = Callable[[npt.NDArray[np.float32], ObservationRow], npt.NDArray[Any]]
@@ -154,7 +157,7 @@ class LockstepRun:
                 observation = self._tick(observation, max_steps)
                 slots.report_ends()
             self._drop_ahead()
-        except _RunFailed as failure:
+        except RunFailed as failure:
             slots.error_running(*self._cause(failure.reason, failure.fault))
         except BaseException:
             slots.error_running("the agent loop was interrupted", Fault.INTERRUPTED)
@@ -229,7 +232,7 @@ class LockstepRun:
         try:
             return sim.send_step(action)
         except HudPipelinesError as exc:
-            raise _SimFailed.of(exc) from exc
+            raise SimFailed.of(exc) from exc
 
     def _receive(self, seq: int | None, action: npt.NDArray[np.float32]) -> Observation:
         started = time.perf_counter()
@@ -239,7 +242,7 @@ class LockstepRun:
             else:
                 reply = self.sim.step(action)
         except HudPipelinesError as exc:
-            raise _SimFailed.of(exc) from exc
+            raise SimFailed.of(exc) from exc
         self.stats.step_s += time.perf_counter() - started
         return reply
 
@@ -252,7 +255,7 @@ class LockstepRun:
             except RemoteError:
                 pass  # refused: no slot was running when it arrived
             except HudPipelinesError as exc:
-                raise _SimFailed.of(exc) from exc
+                raise SimFailed.of(exc) from exc
 
     # -- refills ---------------------------------------------------------------------------------------
 
@@ -261,43 +264,77 @@ class LockstepRun:
         try:
             self.settings.policy.reset()
         except Exception as exc:
-            raise self._policy_failed("policy reset failed", exc, np.flatnonzero(self.slots.running)) from exc
-
-    def _policy_failed(self, what: str, exc: Exception, slots: npt.NDArray[np.intp]) -> _PolicyFailed:
-        """The failure a policy's exception ends the running episodes with: its deadline's, or its own words
-        and the user's line that raised it (logged once per run)."""
-        if fault_of(exc) in _NOT_THE_POLICYS:  # a deadline, its server lost, the run aborted (a wire error is its)
-            return _PolicyFailed(str(exc), fault_of(exc))
-        where = raised_at(exc)  # the user's line, on the one line every report keeps
-        reason = f"{what}: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
-        _say_once(self.settings.policy, reason, exc, slots)
-        return _PolicyFailed(reason, Fault.POLICY)
+            raise policy_failure(
+                self.settings.policy, "policy reset failed", exc, np.flatnonzero(self.slots.running)
+            ) from exc
 
     def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
+        """One forward for the slots in ``need``, their chunks queued; a forward that raised is run apart."""
+        streams = [self._stream(int(s)) for s in need]
+        try:
+            forward = self._infer(need, streams, observation)
+        except Exception as exc:
+            self._forward_apart(need, streams, observation, exc)
+            return
+        self._queue(need, observation, *forward)
+
+    def _forward_apart(
+        self, need: npt.NDArray[np.intp], streams: list[RandomStream], observation: Observation, exc: Exception
+    ) -> None:
+        """The forward of ``need`` raised ``exc``: when the policy's own code raised, each row is forwarded again
+        alone, with the random stream it had, so that only the rows that raise end (as with ``num_envs: 1``)
+        and every other row gets the chunk it gets in any batch; else (a deadline, a lost server) the instance
+        ends (:mod:`~hud_pipelines.agent.run_failures`)."""
+        if not raised_by_its_rows(exc):
+            raise policy_failure(self.settings.policy, "policy failed", exc, need) from exc
+        if need.size == 1:
+            failure = policy_failure(self.settings.policy, "policy failed", exc, need)
+            self.slots.error(int(need[0]), failure.reason, failure.fault)
+            return
+        for index in range(need.size):
+            one, stream = need[index : index + 1], streams[index : index + 1]
+            try:
+                forward = self._infer(one, stream, observation)
+            except Exception as raised:
+                self._forward_apart(one, stream, observation, raised)
+                continue
+            self._queue(one, observation, *forward)
+
+    def _infer(
+        self, need: npt.NDArray[np.intp], streams: list[RandomStream], observation: Observation
+    ) -> tuple[npt.NDArray[np.float32], float, int]:
+        """The policy's chunks for the rows of ``need`` (cut to the horizon), the forward's seconds and rows."""
         settings = self.settings
         batch = PolicyBatch(
             observation=self._policy_rows(observation, need),
             prompts=[self.prompts[s] for s in need],
             episodes=[self.episode_ids[s] for s in need],
-            streams=[self._stream(int(s)) for s in need],
+            streams=streams,
         )
         started = time.perf_counter()
-        try:
-            raw = settings.policy.infer(batch)
-            chunks = as_chunks(raw, need.size, settings.width, source=f"policy {type(settings.policy).__name__}")
-        except Exception as exc:
-            raise self._policy_failed("policy failed", exc, need) from exc
+        raw = settings.policy.infer(batch)
+        chunks = as_chunks(raw, need.size, settings.width, source=f"policy {type(settings.policy).__name__}")
         latency = time.perf_counter() - started
-        rows = forward_rows(settings.policy, need.size)
         self.stats.infer.add(int(need.size), latency)
         if settings.horizon is not None:
             chunks = chunks[:, : settings.horizon]
-        if settings.adapt_chunk is not None:  # each slot's own chunk, maybe of its own length
-            for index, slot in enumerate(need.tolist()):
-                adapted = self._adapted(chunks[index], slot, observation)
-                self._load(need[index : index + 1], adapted[None], latency, rows)
+        return chunks, latency, forward_rows(settings.policy, need.size)
+
+    def _queue(
+        self,
+        need: npt.NDArray[np.intp],
+        observation: Observation,
+        chunks: npt.NDArray[np.float32],
+        latency: float,
+        rows: int,
+    ) -> None:
+        if self.settings.adapt_chunk is None:
+            self._load(need, chunks, latency, rows)
             return
-        self._load(need, chunks, latency, rows)
+        for index, slot in enumerate(need.tolist()):  # each slot's own chunk, maybe of its own length
+            adapted = self._adapted(chunks[index], slot, observation)
+            if adapted is not None:
+                self._load(need[index : index + 1], adapted[None], latency, rows)
 
     def _load(self, slots: npt.NDArray[np.intp], chunks: npt.NDArray[np.float32], latency: float, rows: int) -> None:
         """Queue each slot's chunk in one batched write; a slot whose chunk is not finite errors instead."""
@@ -310,26 +347,30 @@ class LockstepRun:
         self.slots.load_many(loaded, kept)
         self.slots.inferences(loaded, kept, latency, rows)
 
-    def _adapted(self, chunk: npt.NDArray[np.float32], slot: int, observation: Observation) -> npt.NDArray[np.float32]:
-        """``chunk`` through ``adapt_chunk``, which sees the slot's observation row."""
+    def _adapted(
+        self, chunk: npt.NDArray[np.float32], slot: int, observation: Observation
+    ) -> npt.NDArray[np.float32] | None:
+        """``chunk`` through ``adapt_chunk``, which sees the slot's observation row; ``None`` when it raised,
+        which ends that slot alone."""
         adapt = self.settings.adapt_chunk
         assert adapt is not None
         try:
             adapted = adapt(chunk.copy(), row(observation, slot))
             return as_chunks(np.asarray(adapted)[None], 1, self.settings.width, source="adapt_chunk")[0]
         except Exception as exc:
-            reason = f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}"
-            raise _PolicyFailed(reason, Fault.POLICY) from exc
+            self.slots.error(slot, f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}", Fault.POLICY)
+            return None
 
     def _stream(self, slot: int) -> tuple[int, ...]:
         """The random stream of ``slot``'s next forward: its episode (by task and seed where it has one, wherever
-        ``num_envs`` placed it) and how many forwards it had (:data:`~.policy.RandomStream`)."""
+        ``num_envs`` placed it and whatever tasks come before it) and how many forwards it had
+        (:data:`~.policy.RandomStream`)."""
         key = self.keys[slot]
         forward = int(self.forwards[slot])
         self.forwards[slot] += 1
         if key.seed is None:
-            return (key.task, key.instance, key.slot, key.episode, forward)
-        return (SEEDED_STREAM, key.task, key.seed, key.episode, forward)
+            return (key.stream_task, key.instance, key.slot, key.episode, forward)
+        return (SEEDED_STREAM, key.stream_task, key.seed, key.episode, forward)
 
     def _policy_rows(self, observation: Observation, need: npt.NDArray[np.intp]) -> dict[str, npt.NDArray[Any]]:
         source = self.history or observation.observation
@@ -352,47 +393,3 @@ class LockstepRun:
         """The caller's own reason when it stopped the run on purpose, else the failure as seen."""
         cause = self.stop_cause() if self.stop_cause is not None else None
         return cause if cause is not None else (reason, fault)
-
-
-_NOT_THE_POLICYS = frozenset({Fault.POLICY_TIMEOUT, Fault.POLICY_LINK, Fault.ROLLOUT_TIMEOUT, Fault.INTERRUPTED})
-
-
-class _RunFailed(Exception):
-    """A failure that ends every running slot with ``reason`` and ``fault`` (the run then returns)."""
-
-    def __init__(self, reason: str, fault: Fault) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.fault = fault
-
-
-class _PolicyFailed(_RunFailed):
-    """The policy (or ``adapt_chunk``) raised, timed out or answered with actions of the wrong shape."""
-
-
-class _SimFailed(_RunFailed):
-    """A step the sim did not answer: a ``SimError``, or a fault an in-process bridge raises directly."""
-
-    @classmethod
-    def of(cls, exc: HudPipelinesError) -> _SimFailed:
-        fault = fault_of(exc)
-        if fault is Fault.ENV:  # the env's own exception says it all (``env.step raised TypeError: ...``)
-            return cls(exc.message if isinstance(exc, RemoteError) else str(exc), fault)
-        return cls(f"{type(exc).__name__}: {exc}", fault)
-
-
-_SAID: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
-"""The failures already logged, per policy object: a run's instances share one, and meet the same bug."""
-
-
-def _say_once(policy: object, reason: str, exc: Exception, slots: npt.NDArray[np.intp]) -> None:
-    """Log a policy's failure once per run, with its traceback unless it is a clear error of ours (a wrong
-    shape); the same failure again, in another instance, is a debug line (each episode's error says it)."""
-    try:
-        said = _SAID.setdefault(policy, set())
-    except TypeError:  # a policy object that takes no weak reference: each failure is said
-        said = set[str]()
-    first = reason not in said
-    said.add(reason)
-    traceback = first and not isinstance(exc, HudPipelinesError)
-    (log.error if first else log.debug)("%s, for slots %s", reason, slots.tolist(), exc_info=traceback)

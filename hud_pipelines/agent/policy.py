@@ -157,6 +157,19 @@ class Forwards:
         self.seconds += seconds
 
 
+@dataclass
+class BatchingStats:
+    """What a shared batching model (:class:`~hud_pipelines.agent.batching.BatchedModel`) did."""
+
+    forwards: Forwards = field(default_factory=Forwards)
+    """The forwards of the policy (stacking included in their seconds), each with the rows it gathered."""
+    calls: int = 0
+    timer_flushes: int = 0
+    """Forwards started because the window ran out (not because every caller was waiting)."""
+    lockstep_forwards: int = 0
+    """Forwards started while every expected caller was waiting (run inside ``policy.lockstep``)."""
+
+
 @runtime_checkable
 class Policy(Protocol):
     """Maps a batch of observations to ``[B, T, A]`` float32 action chunks (the least a user's policy has)."""

@@ -221,7 +221,7 @@ class EvalRunner:
                 agent = RobotAgent(model, contract, horizon=spec.agent.horizon, send_ahead=spec.agent.send_ahead)
                 tasks = spec.slot_tasks(*partition)
                 keys = [
-                    EpisodeKey(self.job, partition.task_index, partition.instance, s, 0, t.get("seed"), task.name)
+                    EpisodeKey(self.job, *partition, s, 0, t.get("seed"), task.name, task.control)
                     for s, t in enumerate(tasks)
                 ]
                 prompts = [task.prompt] * len(tasks) if task.prompt is not None else None

@@ -61,6 +61,18 @@ class EpisodeKey:
     """The task's name in the pipeline (a matrix value's names its axis and value): what a dataset's
     ``hud_episodes.jsonl`` tells its episodes apart by where the tasks share one prompt. Not part of
     ``trace_id``."""
+    paired_task: str = ""
+    """The task this episode pairs with: its own name, or a matrix arm's control. A stochastic policy's random
+    stream is named by it (:attr:`stream_task`) and the seed, so the arms of a matrix draw their control's
+    noise, and a task inserted before this one moves nothing. Not part of ``trace_id``."""
+
+    @functools.cached_property
+    def stream_task(self) -> int:
+        """The task's part of the policy's random stream: a digest of :attr:`paired_task` (its index, for keys
+        of a caller that names no tasks)."""
+        if not self.paired_task:
+            return self.task
+        return int.from_bytes(hashlib.sha256(self.paired_task.encode()).digest()[:8], "big")
 
     @functools.cached_property
     def trace_id(self) -> str:  # cached: every trace line of the episode is filed under it
@@ -79,6 +91,7 @@ class Frame:
     terminated: bool
     truncated: bool
     success: bool
+    """Whether the env reported success on this step (its word now; the episode's outcome says whether it ever did)."""
 
     @property
     def done(self) -> bool:

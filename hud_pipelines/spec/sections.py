@@ -108,6 +108,11 @@ class TaskSpec(StrictModel):
         default=None, description="set on the tasks a `matrix` adds: the control task and the value they change"
     )
 
+    @property
+    def control(self) -> str:
+        """The task this one is paired with: a matrix arm's control, else itself."""
+        return self.variant_of.control if self.variant_of is not None else self.name
+
     def variants(self) -> list[TaskSpec]:
         """The tasks ``matrix`` adds: one per (argument, value), one argument changed at a time."""
         return [

@@ -147,19 +147,36 @@ def test_the_window_flushes_when_a_caller_does_not_come() -> None:
 
 
 @pytest.mark.timeout(5)
-def test_an_exception_fails_only_the_callers_of_that_batch() -> None:
+def test_an_exception_fails_only_the_caller_whose_rows_raised() -> None:
+    """The forward stacking the rows that raise is run again per caller: the caller stacked with them gets its
+    rows (it failed with them before), and a forward of other callers is not touched."""
     inner = Doubler()
     model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, batch_size=2, expected_callers=4)
     results = call_concurrently(model, [rows([1.0]), rows([-1.0]), rows([3.0]), rows([4.0])])
-    failed = [r for r in results if isinstance(r, Exception)]
-    served = [r for r in results if not isinstance(r, Exception)]
-    assert sorted(inner.forwards) == [2, 2]
-    assert len(failed) == 2
-    assert all("negative input" in str(e) for e in failed)
-    assert len(served) == 2
+    assert sorted(inner.forwards) == [1, 1, 2, 2], "two stacked forwards, then the one that raised, per caller"
     assert isinstance(results[1], RuntimeError)
+    assert "negative input" in str(results[1])
+    assert [float(r[0, 0, 0]) for i, r in enumerate(results) if i != 1] == [2.0, 6.0, 8.0]
     model.expected_callers = 1
     assert model.infer(rows([5.0]))[0, 0, 0] == 10.0, "the model keeps serving after a failed batch"
+
+
+def test_a_deadline_in_a_stacked_forward_fails_every_caller_in_it_without_running_it_again() -> None:
+    """What is not the rows' doing (a remote policy's lost server, a deadline) would fail each caller again."""
+    from hud_pipelines.errors import PolicyLinkError
+
+    class ServerGone:
+        forwards = 0
+
+        def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+            self.forwards += 1
+            raise PolicyLinkError("the policy server went away")
+
+    inner = ServerGone()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, expected_callers=2)
+    results = call_concurrently(model, [rows([1.0]), rows([2.0])])
+    assert [type(r) for r in results] == [PolicyLinkError, PolicyLinkError]
+    assert inner.forwards == 1
 
 
 def test_a_policy_returning_the_wrong_row_count_fails_its_callers() -> None:

@@ -184,6 +184,59 @@ def test_a_policy_failure_errors_the_running_slots() -> None:
     assert "the model ran out of memory" in outcomes[1].error
 
 
+class RefusesSlot:
+    """Raises whenever ``refused``'s row is in the forward (its message names the slot), else gives each slot
+    two actions ``slot + step / 10``; keeps every forward's rows and their random streams."""
+
+    def __init__(self, refused: int) -> None:
+        self.refused = refused
+        self.forwards: list[dict[int, tuple[int, ...]]] = []
+
+    def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+        state = batch.observation["state"]
+        self.forwards.append(dict(zip(state[:, 0].astype(int).tolist(), batch.streams or [], strict=True)))
+        if self.refused in self.forwards[-1]:
+            raise ValueError(f"cannot act for slot {self.refused}")
+        return (state[:, 0] + state[:, 1] / 10)[:, None, None].repeat(2, axis=1).astype(np.float32)
+
+
+def test_a_policy_that_raises_on_one_row_ends_that_slot_alone_and_the_others_act_as_they_would_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A forward that raised used to end every running slot (and a seed's verdict depended on ``num_envs``)."""
+    sim = CountdownSim([5, 5, 5])
+    policy = RefusesSlot(refused=1)
+    with caplog.at_level("ERROR"):
+        _, outcomes = run(sim, policy, max_steps=50)
+    assert [o.status for o in outcomes] == [EpisodeStatus.FAILED, EpisodeStatus.ERRORED, EpisodeStatus.FAILED]
+    assert outcomes[1].error is not None
+    assert "policy failed: ValueError: cannot act for slot 1" in outcomes[1].error
+    assert [o.steps for o in outcomes] == [5, 0, 5]
+    applied = np.stack(sim.actions)[:, :, 0]
+    alone = CountdownSim([5])
+    run(alone, RefusesSlot(refused=1), max_steps=50)
+    np.testing.assert_array_equal(applied[:, 0], np.stack(alone.actions)[:, 0, 0])
+    # the failed forward of all three rows, then each row alone with the random stream it had there
+    stacked, *apart = policy.forwards[:4]
+    assert list(stacked) == [0, 1, 2]
+    assert apart == [{slot: stacked[slot]} for slot in (0, 1, 2)]
+    assert [r.getMessage() for r in caplog.records if "policy failed" in r.getMessage()] == [
+        f"{outcomes[1].error}, for slots [1]"
+    ]
+
+
+def test_a_chunk_that_adapt_chunk_refuses_ends_that_slot_alone() -> None:
+    def refuse_slot_1(chunk: npt.NDArray[np.float32], observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        if observation["state"][0] == 1:
+            raise ValueError("no target for this slot")
+        return chunk
+
+    sim = CountdownSim([3, 3])
+    _, outcomes = run(sim, SlotEcho(length=2), adapt_chunk=refuse_slot_1, max_steps=50)
+    assert [o.status for o in outcomes] == [EpisodeStatus.FAILED, EpisodeStatus.ERRORED]
+    assert outcomes[1].error == "adapt_chunk failed for slot 1: ValueError: no target for this slot"
+
+
 def test_a_non_finite_action_names_the_step_it_was_for_and_errors_only_its_slot() -> None:
     """A chunk of 4 whose third action is NaN was said to be "at step 0", the chunk's first, counted from 0."""
 

@@ -146,6 +146,30 @@ def test_a_stochastic_policy_gives_the_same_episodes_under_any_schedule(
     assert by_seed[0] == by_seed[1], "num_envs moved the seeds, not their episodes"
 
 
+def test_a_tasks_noise_is_its_own_wherever_it_is_listed_and_a_matrix_arm_draws_its_controls(tmp_path: Path) -> None:
+    """The stream was named by the task's position: a task inserted before it changed its episodes while its
+    results stayed current, and a matrix arm drew other noise than its control (paired on the env seed only)."""
+    (tmp_path / "noisy.py").write_text(NOISY_POLICY)
+    policy = {"kind": "scripted", "target": "noisy.py:Noisy"}
+    balance = {"name": "balance", "seed": 7}
+    tasks = {
+        "alone": [balance],
+        "inserted": [{"name": "first", "seed": 7}, balance],
+        # a limit no episode of 40 steps reaches: the arm's episodes are its control's when their noise is
+        "matrix": [{**balance, "matrix": {"max_episode_steps": [1000]}}],
+    }
+    episodes: dict[str, dict[str, list[tuple[int, int, str]]]] = {}
+    for name, listed in tasks.items():
+        path = _pipeline(tmp_path, name, policy, tasks=listed, group=2, dataset=None)
+        evaluation = evaluate(load_pipeline(path), outputs_dir=tmp_path / name, project_dir=REPO)
+        episodes[name] = {}
+        for row in evaluation.rows:
+            episodes[name].setdefault(row.task, []).append((row.seed, row.steps, row.status.value))
+    assert episodes["inserted"]["balance"] == episodes["alone"]["balance"]
+    assert episodes["matrix"]["balance-max_episode_steps-1000"] == episodes["alone"]["balance"]
+    assert len({steps for _, steps, _ in episodes["alone"]["balance"]}) > 1, "the noise moves the episodes"
+
+
 @pytest.mark.slow
 def test_diffusion_policy_gives_the_same_episodes_under_any_schedule(tmp_path: Path) -> None:
     small = {

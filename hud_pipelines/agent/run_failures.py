@@ -1,0 +1,80 @@
+"""How a lockstep run's failures are told apart and said: the policy's own, or what ends the instance.
+
+A policy that raises on its rows (its own code, or actions of the wrong shape) ends those rows' episodes
+alone, as a single env's fault does: a forward of several rows that raises is run again row by row to find
+them. A deadline, a lost policy server, an abort or a sim that did not answer ends every running slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import numpy as np
+import numpy.typing as npt
+
+from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError, fault_of, raised_at
+
+log = logging.getLogger(__name__)
+
+NOT_THE_POLICYS = frozenset({Fault.POLICY_TIMEOUT, Fault.POLICY_LINK, Fault.ROLLOUT_TIMEOUT, Fault.INTERRUPTED})
+"""What a policy call can fail with that is not its own code on its rows: a deadline, its server lost, the run
+aborted. Running the rows again, alone, would fail them all again."""
+
+
+def raised_by_its_rows(exc: BaseException) -> bool:
+    """Whether a forward's exception may come from the rows it was given, so that running them apart can tell
+    which rows raise: the policy's own code raised (not a deadline, a lost server or an interrupt)."""
+    return isinstance(exc, Exception) and fault_of(exc) not in NOT_THE_POLICYS
+
+
+class RunFailed(Exception):
+    """A failure that ends every running slot with ``reason`` and ``fault`` (the run then returns)."""
+
+    def __init__(self, reason: str, fault: Fault) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.fault = fault
+
+
+class PolicyFailed(RunFailed):
+    """The policy (or ``adapt_chunk``) raised, timed out or answered with actions of the wrong shape."""
+
+
+class SimFailed(RunFailed):
+    """A step the sim did not answer: a ``SimError``, or a fault an in-process bridge raises directly."""
+
+    @classmethod
+    def of(cls, exc: HudPipelinesError) -> SimFailed:
+        fault = fault_of(exc)
+        if fault is Fault.ENV:  # the env's own exception says it all (``env.step raised TypeError: ...``)
+            return cls(exc.message if isinstance(exc, RemoteError) else str(exc), fault)
+        return cls(f"{type(exc).__name__}: {exc}", fault)
+
+
+_SAID: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
+"""The failures already logged, per policy object: a run's instances share one, and meet the same bug."""
+
+
+def say_once(policy: object, reason: str, exc: Exception, slots: npt.NDArray[np.intp]) -> None:
+    """Log a policy's failure once per run, with its traceback unless it is a clear error of ours (a wrong
+    shape); the same failure again, in another instance, is a debug line (each episode's error says it)."""
+    try:
+        said = _SAID.setdefault(policy, set())
+    except TypeError:  # a policy object that takes no weak reference: each failure is said
+        said = set[str]()
+    first = reason not in said
+    said.add(reason)
+    traceback = first and not isinstance(exc, HudPipelinesError)
+    (log.error if first else log.debug)("%s, for slots %s", reason, slots.tolist(), exc_info=traceback)
+
+
+def policy_failure(policy: object, what: str, exc: Exception, slots: npt.NDArray[np.intp]) -> PolicyFailed:
+    """The failure a policy's exception ends ``slots`` with: its deadline's, or its own words and the user's
+    line that raised it (logged once per run)."""
+    if fault_of(exc) in NOT_THE_POLICYS:  # a deadline, its server lost, the run aborted (a wire error is its)
+        return PolicyFailed(str(exc), fault_of(exc))
+    where = raised_at(exc)  # the user's line, on the one line every report keeps
+    reason = f"{what}: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+    say_once(policy, reason, exc, slots)
+    return PolicyFailed(reason, Fault.POLICY)
