@@ -208,7 +208,7 @@ def run_pipeline(
     succeeded = result is not None and result.success and interrupted is None
     this_run = [row for row in rows if row.run_id == run_id]
     warned = [
-        success_signal_warning(spec.graders[0], this_run),
+        success_signal_warning(spec.graders[0], rows, run_id),
         episode_errors_warning(spec.checks, this_run),
         recording_warning(r for r in current_results(spec, outputs).values() if r.run_id == run_id),
         seed_warning(outputs, current_rollout_hashes(spec, outputs).pipeline),

@@ -153,15 +153,22 @@ def builtin_verdicts(rows: Sequence[GradeRow], command: Sequence[str] | None = N
     return [instances_verdict(rows, command), answered_verdict(rows)]
 
 
-def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow]) -> str | None:
+def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow], run_id: str | None = None) -> str | None:
     """A warning when the env's success signal decides every grade but no answered episode ever gave one.
 
     Such an eval reads 0 % without anything being wrong with the policy: the env reports success
     under a key the sim does not read, or not at all. The way out it names is the grader's own: a success
     grader can grade on the return instead, a return grader does already and lacks only its ``threshold``.
+    With ``run_id``, only the tasks that run has rows of are judged, each on all its ``rows`` (a run of some
+    instances must not call silent a task whose kept instances gave the signal).
     """
     decides = isinstance(grader, SuccessGrader) or (isinstance(grader, ReturnGrader) and grader.threshold is None)
-    answered = [row for row in rows if row.status is not EpisodeStatus.ERRORED and row.success_reported is not None]
+    touched = {row.task for row in rows if run_id is None or row.run_id == run_id}
+    answered = [
+        row
+        for row in rows
+        if row.task in touched and row.status is not EpisodeStatus.ERRORED and row.success_reported is not None
+    ]
     if not decides or not answered:
         return None
     tasks: dict[str, list[GradeRow]] = {}

@@ -168,7 +168,7 @@ class Episodes:
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            success=bool(record.ends()["success"][0]),
+            success=success == 1,  # the env's word on this step, as the agent loop's frames say it
         )
         batch = FrameBatch.of(key, frame)
         for sink in self.sinks:

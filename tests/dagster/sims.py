@@ -24,8 +24,10 @@ class _Scripted(gym.Wrapper[Any, Any, Any, Any]):
         stall_seeds: list[int],
         short_seeds: list[int],
         at_step: int,
+        signal_seeds: list[int],
     ) -> None:
         super().__init__(env)
+        self.signal_seeds = set(signal_seeds)
         self.crash_seeds = set(crash_seeds)
         self.stall_seeds = set(stall_seeds)
         self.short_seeds = set(short_seeds)
@@ -48,6 +50,8 @@ class _Scripted(gym.Wrapper[Any, Any, Any, Any]):
             if self.seed in self.stall_seeds:
                 time.sleep(3600)
         observation, reward, terminated, truncated, info = self.env.step(action)
+        if self.seed in self.signal_seeds:
+            info = {**info, "is_success": False}
         return observation, reward, terminated or self.seed in self.short_seeds, truncated, info
 
 
@@ -58,11 +62,13 @@ def cartpole(
     stall_seeds: list[int] | None = None,
     short_seeds: list[int] | None = None,
     at_step: int = 5,
+    signal_seeds: list[int] | None = None,
     label: str = "",
 ) -> gym.Env[Any, Any]:
     """CartPole-v1 that appends its process id to ``pid_log`` and kills (or stalls) its own process
     at ``at_step`` of an episode whose seed is listed (crashes only while ``crash_file`` exists, if given);
-    an episode of a seed in ``short_seeds`` ends (terminated) after its first step.
+    an episode of a seed in ``short_seeds`` ends (terminated) after its first step; an episode of a seed in
+    ``signal_seeds`` reports a success signal (never a success).
 
     ``label`` does nothing: it lands on the sim's command line, where a test finds its processes."""
     if pid_log is not None:
@@ -76,6 +82,7 @@ def cartpole(
         stall_seeds=stall_seeds or [],
         short_seeds=short_seeds or [],
         at_step=at_step,
+        signal_seeds=signal_seeds or [],
     )
 
 

@@ -128,6 +128,21 @@ def cli_home_fixture(pipelines_dir: Path, outputs_dir: Path, tmp_path: Path, mon
     return tmp_path / "home"
 
 
+def test_a_partition_run_judges_its_tasks_success_signal_on_their_earlier_results_too(
+    write_pipeline: WritePipeline, cli_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Re-running the instance whose seeds give no success signal warned that the task gave none, while the
+    task's other instance, kept from the run before, had given it."""
+    del cli_home
+    write_pipeline("signalled", graders=[{"kind": "success"}], sim={"args": {"signal_seeds": [0, 1]}})
+    assert main(["run", "signalled", "--quiet"]) == 0
+    assert "success signal" not in capsys.readouterr().out
+    assert main(["run", "signalled", "--quiet", "--partition", "task0-i1"]) == 0
+    out = capsys.readouterr().out
+    assert "failed 4" in out, "the summary counts the task's four current episodes"
+    assert "success signal" not in out
+
+
 def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     write_pipeline: WritePipeline,
     pipelines_dir: Path,

@@ -175,6 +175,54 @@ def test_grades_traces_dataset_and_report_agree_on_every_episode(
     assert set(last.values()) == {True}, "each episode's last frame ends it, cut off by max_steps or not"
 
 
+BLINKING_ENV = """
+import gymnasium as gym
+import numpy as np
+
+
+class Blinking(gym.Env):
+    \"\"\"Reports success on its steps 3 to 5 only, then runs on to step 8.\"\"\"
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t], np.float32), 0.0, False, self.t >= 8, {"is_success": 3 <= self.t <= 5}
+"""
+
+
+def test_a_traces_steps_say_the_envs_success_on_each_step_beside_a_grade_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace's steps said "succeeded so far" (true from step 3 to the last), where the grade at the end said
+    the episode failed: the two disagreed on the last step."""
+    import pyarrow.parquet as pq
+
+    from hud_pipelines.recording.trace_reader import read_trace
+
+    monkeypatch.chdir(REPO)
+    (tmp_path / "blinking.py").write_text(BLINKING_ENV)
+    graders = [{"kind": "success", "at": "end"}, {"kind": "success", "name": "ever", "at": "any"}]
+    sim = {"factory": "blinking.py:Blinking", "num_envs": 2}
+    spec = _spec(tmp_path, sim=sim, agent={"policy": {"kind": "constant"}}, max_steps=10, graders=graders)
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out", project_dir=tmp_path)
+    assert {row.status for row in evaluation.rows} == {EpisodeStatus.FAILED}
+    traces = [read_trace(p) for p in evaluation.outputs.traces(evaluation.run_id).rglob("*.jsonl")]
+    assert len(traces) == 2
+    for trace in traces:
+        said = [(line["step"], line["success"]) for line in trace.of_type("reward")]
+        assert said == [(step, 3 <= step + 1 <= 5) for step in range(8)]
+    assert evaluation.dataset is not None
+    frames = pq.read_table(sorted((evaluation.dataset.path / "data").rglob("*.parquet"))).to_pydict()
+    assert not any(frames["next.success"]), "a failed episode's frames say no success, as its grade does"
+
+
 @pytest.mark.parametrize(
     ("video", "cap", "kept"),
     [("failed", 16, {1, 3}), ("all", 16, {0, 1, 2, 3}), ("all", 1, 2), ("none", 16, set[int]())],
