@@ -105,7 +105,7 @@ class PendingCheckpoint:
 
 @dataclass(frozen=True)
 class Discovery:
-    """What the sources hold now, each tuple ordered by (run, step, label); unnumbered after numbered."""
+    """What the sources hold now, each tuple ordered by (run, step, label); unnumbered before numbered."""
 
     complete: tuple[Checkpoint, ...]
     pending: tuple[PendingCheckpoint, ...]
@@ -211,6 +211,8 @@ def _listed(source: WatchedDirectory) -> list[_Found]:
 
 def _lerobot_folders(path: Path) -> list[_Found]:
     """Step folders of lerobot-train's layout, or else every child folder holding policy files."""
+    if (path / PRETRAINED_MODEL_DIR).is_dir():  # one step folder: itself, named by its step (not its policy folder's)
+        return [_found(path.name, path / PRETRAINED_MODEL_DIR, path)]
     steps = _steps_root(path)
     if steps is not None:
         return [_found(child.name, child / PRETRAINED_MODEL_DIR, child) for child in _child_dirs(steps)]
@@ -293,16 +295,19 @@ def run_names(sources: Sequence[CheckpointSource]) -> list[str]:
 
 
 def sweep_order(runs: Sequence[str]) -> Callable[[_Stepped], tuple[int, str, bool, int, str]]:
-    """The order of a sweep's checkpoints: by run as the YAML lists them, then by step (unnumbered last),
-    then by label. Runs the YAML no longer lists (results of earlier runs of the sweep) come first, by
-    name, then checkpoints of no run (explicit entries, or the one run listed): the last run listed holds
-    the candidate, never a run dropped from the YAML."""
+    """The order of a sweep's checkpoints: by run as the YAML lists them, then by step, then by label.
+
+    A checkpoint of no step (a ``best.pt`` or ``final.pt`` beside ``step_*.pt``) has no place in training
+    order: it comes first, so that the run ends at its highest step, the candidate the checks judge. Runs the
+    YAML no longer lists (results of earlier runs of the sweep) come first, by name, then checkpoints of no
+    run (explicit entries, or the one run listed): the last run listed holds the candidate, never a run
+    dropped from the YAML."""
     position = {run: index for index, run in enumerate(runs)}
 
     def key(checkpoint: _Stepped) -> tuple[int, str, bool, int, str]:
         run = checkpoint.run
         placed = -1 if run is None else position.get(run, -2)
-        return (placed, run or "", checkpoint.step is None, checkpoint.step or 0, checkpoint.label)
+        return (placed, run or "", checkpoint.step is not None, checkpoint.step or 0, checkpoint.label)
 
     return key
 

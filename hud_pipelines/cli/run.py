@@ -107,17 +107,12 @@ def run_pipeline(
     from hud_pipelines.eval.rows import collect_rows, current_results
     from hud_pipelines.eval.seed_check import seed_warning
     from hud_pipelines.eval.steps import dataset_root, failed_run_step
+    from hud_pipelines.eval.sweep_warnings import unevaluated_warning
     from hud_pipelines.spec.loader import load_pipeline_to_run
 
     spec = load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, project_dir))  # as it runs
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     refuse_misconfigured(path, spec, outputs)
-    unwritable = _unwritable(outputs.base)  # a file where the folder goes: said before any sim starts
-    if unwritable is not None:
-        raise HudPipelinesError(
-            f"cannot write the outputs at {outputs.base}: {unwritable} (pick another --outputs or "
-            "$HUD_PIPELINES_OUTPUTS)"
-        )
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)
     job = defs.resolve_job_def(spec.name)
     ordered, checkpoints = select_instances(spec, partitions, checkpoints)
@@ -209,6 +204,7 @@ def run_pipeline(
     this_run = [row for row in rows if row.run_id == run_id]
     warned = [
         success_signal_warning(spec.graders[0], rows, run_id),
+        unevaluated_warning(spec, rows) if spec.is_sweep else None,
         episode_errors_warning(spec.checks, this_run),
         recording_warning(r for r in current_results(spec, outputs).values() if r.run_id == run_id),
         seed_warning(outputs, current_rollout_hashes(spec, outputs).pipeline),
@@ -301,17 +297,6 @@ def _progress(console: Console, name: str, total: int, quiet: bool) -> Generator
         yield lambda result: bar.update(
             task, advance=1, description=f"{result.key} {'FAILED' if result.failed else 'ok'}"
         )
-
-
-def _unwritable(path: Path) -> str | None:
-    """Why no folder can be made at ``path`` (its closest existing ancestor is a file, or read-only), or
-    ``None``; nothing is created, so a run refused later leaves no trace."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
 
 
 def _cut(text: str, width: int = 60) -> str:

@@ -6,6 +6,7 @@ late would fail a run after it spent its time.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -64,7 +65,7 @@ def _first_problem(problems: list[Problem]) -> str:
 
 def refuse_misconfigured(path: Path, spec: PipelineSpec, outputs: EvalOutputs) -> None:
     """Refuse a pipeline the deployment file names one typo away or whose fields break the pipeline's rules,
-    and a sweep baseline one typo from a label.
+    a sweep baseline one typo from a label, and outputs that cannot be written.
 
     A sweep with a misspelled ``no_regression`` baseline would evaluate every checkpoint and then fail
     its check, and a deployment's ``forward_timeout_s: -1`` would fail the run's first step without a line
@@ -88,6 +89,23 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec, outputs: EvalOutputs) -
         load_fleet(deployed.resolve_path(deployed.sim.fleet))
     for index, message in misspelled_baselines(spec, evaluated=evaluated_labels(spec, outputs)):
         raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
+    unwritable = _unwritable(outputs.base)  # a file where the folder goes: said before any sim starts
+    if unwritable is not None:
+        raise HudPipelinesError(
+            f"cannot write the outputs at {outputs.base}: {unwritable} (pick another --outputs or "
+            "$HUD_PIPELINES_OUTPUTS)"
+        )
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why no folder can be made at ``path`` (its closest existing ancestor is a file, or read-only), or
+    ``None``; nothing is created, so a run refused later leaves no trace."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
 
 
 def evaluated_labels(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:

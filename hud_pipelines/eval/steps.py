@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract, state_images
 from hud_pipelines.errors import ContractError, DatasetFitError, HudPipelinesError
-from hud_pipelines.eval import perturbations, provenance, sweep
+from hud_pipelines.eval import perturbations, provenance, sweep, sweep_warnings
 from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, episode_errors_warning, success_signal_warning
 from hud_pipelines.eval.configuration import (
     LATEST,
@@ -179,13 +179,15 @@ def report_step(
             checkpoint.spec, checkpoint.outputs, run_id=run_id, current=expected, dataset=folder, member=checkpoint
         )
     seeded = seed_warning(outputs, current.resolve(spec, outputs)[0].pipeline)
-    mixed = sweep.mixed_policy_types(spec, outputs) if spec.is_sweep else None
-    gone = sweep.gone_warning(spec, outputs, rows) if spec.is_sweep else None
+    mixed = sweep_warnings.mixed_policy_types(spec, outputs) if spec.is_sweep else None
+    gone = sweep_warnings.gone_warning(spec, outputs, rows) if spec.is_sweep else None
+    unevaluated = sweep_warnings.unevaluated_warning(spec, rows) if spec.is_sweep else None
+    stale = sweep_warnings.stale_warning(rows) if spec.is_sweep else None
     errored = episode_errors_warning(spec.checks, headline)
     recorded = None if spec.is_sweep else recording_warning(current_results(spec, outputs, current).values())
     failed = run_failure and f"this run failed, so these are the results it kept of earlier runs, if any: {run_failure}"
     signal = success_signal_warning(spec.graders[0], headline)
-    warned = [w for w in (failed, signal, errored, recorded, seeded, mixed, gone) if w]
+    warned = [w for w in (failed, unevaluated, stale, signal, errored, recorded, seeded, mixed, gone) if w]
     context = ReportContext(
         checks=checks,
         run_id=run_id,

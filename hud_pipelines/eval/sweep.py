@@ -257,47 +257,6 @@ def _content_now(checkpoint: Checkpoint, recorded: dict[str, Any], record: Path)
     return _HASHED[key]
 
 
-def mixed_policy_types(spec: PipelineSpec, outputs: EvalOutputs) -> str | None:
-    """A warning when the evaluated checkpoints are of several lerobot policy types (a diffusion folder copied
-    into an ACT run): their table reads as one training run's progress, and it is not. ``None`` otherwise."""
-    types: dict[str, list[str]] = {}
-    for member in evaluated(spec, outputs):
-        kind = _policy_type(member.path)
-        if kind is not None:
-            types.setdefault(kind, []).append(member.label)
-    if len(types) < 2:
-        return None
-    listed = "; ".join(f"{kind} ({', '.join(labels)})" for kind, labels in types.items())
-    return f"the checkpoints are of {len(types)} policy types, compared as one training run: {listed}"
-
-
-def gone_warning(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> str | None:
-    """A warning naming the checkpoints of the table (``rows``) whose files are gone (a training run restarted
-    elsewhere, pruned): their results stand as evaluated, and the candidate may be one of them. ``None`` when
-    none is."""
-    shown = {row.checkpoint for row in rows}
-    candidate = candidate_label(rows)
-    gone = [m.label for m in evaluated(spec, outputs) if m.label in shown and not m.path.exists()]
-    if not gone:
-        return None
-    judged = f"; the candidate {candidate} is one of them" if candidate in gone else ""
-    return (
-        f"the files of checkpoint(s) {', '.join(gone)} are gone: their results are kept as evaluated{judged} "
-        f"(remove their folders under {outputs.checkpoints} to leave them out)"
-    )
-
-
-def _policy_type(path: Path) -> str | None:
-    """A lerobot checkpoint's policy type (``act``, ``diffusion``) from its ``config.json``; ``None`` for a torch
-    file, a folder that is gone or a config without one."""
-    try:
-        config: dict[str, object] = dict(json.loads((path / "config.json").read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):  # gone, not JSON, not an object
-        return None
-    kind = config.get("type")
-    return kind if isinstance(kind, str) else None
-
-
 def split_partition_key(key: str) -> tuple[str, str]:
     """``<label>|<instance key>`` -> (label, instance key); a ``KeyError`` for a key without a checkpoint."""
     label, separator, instance = key.rpartition(PARTITION_SEPARATOR)

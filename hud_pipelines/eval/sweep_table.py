@@ -198,14 +198,13 @@ class SweepComparison:
 
         Where checkpoints answered as many episodes, that is the highest rate; one that answered fewer
         (its other episodes errored) must do better to count: 1 success of 1 answered (lower bound 21%)
-        is not ahead of 5 of 9 (27%). Ties (:attr:`tied`) go to the later step (training went further for
-        the same result); when a tied checkpoint has no step, to the one listed later.
+        is not ahead of 5 of 9 (27%). Ties (:attr:`tied`) go to the one later in training order (training went
+        further for the same result): the later of the table, as the candidate is its last (the last run listed
+        holds the latest checkpoint, whatever the steps of another run).
         """
         labels = self.tied
-        tied = [(index, row) for index, row in enumerate(self.overall) if row.checkpoint in labels]
-        if tied and all(row.step is not None for _, row in tied):
-            return max(tied, key=lambda pair: (pair[1].step or 0, pair[0]))[1].checkpoint
-        return tied[-1][1].checkpoint if tied else None
+        tied = [row for row in self.overall if row.checkpoint in labels]
+        return tied[-1].checkpoint if tied else None
 
     @property
     def tied(self) -> list[str]:

@@ -115,6 +115,15 @@ def fleet_file_problems(spec: PipelineSpec, document: YamlDocument) -> list[Prob
     return fleet_problems(path)
 
 
+def sweep_source_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
+    """A sweep whose checkpoints directory is missing, empty or names a label twice (one look at the files)."""
+    try:
+        _sweep_discovery(spec)
+    except HudPipelinesError as exc:
+        return [document.problem(("agent", "policy", "checkpoints"), str(exc))]
+    return []
+
+
 def _checkpoint_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     """A sweep whose checkpoints directory is missing, empty or names a label twice is found before a run,
     and so is a ``no_regression`` baseline one typo from a label found (one look at the checkpoints)."""
@@ -329,8 +338,13 @@ def policy_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: boo
         problem = _torch_checkpoint_problem(Path(checkpoint))
         if problem is not None:
             problems.append(document.problem((*where, "checkpoint"), problem))
-    if isinstance(policy, LeRobotPolicyConfig) and policy.path is not None and not Path(policy.path).is_dir():
-        problems.append(document.problem((*where, "path"), f"LeRobot policy folder {policy.path} does not exist"))
+    if isinstance(policy, LeRobotPolicyConfig) and policy.path is not None:
+        from hud_pipelines.agent.checkpoint_files import policy_folder_problem
+
+        folder = Path(policy.path)
+        problem = policy_folder_problem(folder) if folder.is_dir() else f"LeRobot policy folder {folder} does not exist"
+        if problem is not None:
+            problems.append(document.problem((*where, "path"), problem))
     return problems
 
 

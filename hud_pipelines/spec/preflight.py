@@ -21,6 +21,7 @@ from hud_pipelines.spec.deep import (
     grader_problems,
     policy_problems,
     python_problems,
+    sweep_source_problems,
 )
 from hud_pipelines.spec.document import YamlDocument
 from hud_pipelines.spec.models import PipelineSpec
@@ -47,7 +48,7 @@ def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: Pipe
     if kept("sim", "agent"):
         problems += contract_problems(spec, document)
     if kept("agent"):
-        problems += policy_problems(spec, document, run_code=False)
+        problems += [*policy_problems(spec, document, run_code=False), *sweep_source_problems(spec, document)]
     if kept("graders"):
         problems += grader_problems(spec, document, run_code=False)
     return problems

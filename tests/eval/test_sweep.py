@@ -139,13 +139,14 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     assert gone
     assert all("checkpoint 001500's files at" in (row.error or "") for row in gone)
     assert all("are gone: restore them to run it again" in (row.error or "") for row in gone)
-    from hud_pipelines.eval import sweep
+
+    from hud_pipelines.eval import sweep_warnings
 
     table = collect_rows(shorter, EvalOutputs(out, "reach_sweep"))
-    warned = sweep.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), table) or ""
+    warned = sweep_warnings.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), table) or ""
     assert warned.startswith("the files of checkpoint(s) 001500 are gone: their results are kept as evaluated (")
     without_last = [row for row in table if row.checkpoint != "002000"]  # 001500 the candidate
-    said = sweep.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), without_last) or ""
+    said = sweep_warnings.gone_warning(shorter, EvalOutputs(out, "reach_sweep"), without_last) or ""
     assert "; the candidate 001500 is one of them" in said
 
 
@@ -171,6 +172,13 @@ def test_new_weights_under_an_evaluated_label_show_its_results_as_stale_until_it
     assert stale
     assert {row.status.value for row in stale} == {"errored"}
     assert all("checkpoint 001000's files changed since it ran" in (row.error or "") for row in stale)
+    from hud_pipelines.eval.steps import report_step
+
+    warned = "checkpoint(s) with episodes no current run produced, counted errored in the table until a run evaluates"
+    markdown = report_step(spec, EvalOutputs(out, "reach_sweep")).markdown  # the table read n/a (1 errored) alone
+    assert f"{warned} them: 001000: 2 episode(s) stale (run before the configuration changed) (the first says: " in (
+        " ".join(markdown.split())
+    )
 
     again = evaluate(spec, outputs_dir=out, checkpoints=["000500", "001000"])
     ran = {row.checkpoint for row in again.rows if row.run_id == again.run_id}
@@ -186,7 +194,7 @@ def test_checkpoints_of_several_policy_types_are_named_in_a_warning_of_the_repor
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before, a diffusion folder copied into an ACT run read as the run's next step, its type named nowhere."""
-    from hud_pipelines.eval import sweep
+    from hud_pipelines.eval import sweep_warnings
     from hud_pipelines.eval.outputs import EvalOutputs
     from hud_pipelines.eval.steps import report_step
 
@@ -194,11 +202,11 @@ def test_checkpoints_of_several_policy_types_are_named_in_a_warning_of_the_repor
     spec = sweep_spec(tmp_path, str(run.output_dir), tasks=[{"name": "near", "seed": 10}], group=1)
     outputs = EvalOutputs(tmp_path / "out", "reach_sweep")
     evaluate(spec, outputs_dir=tmp_path / "out", checkpoints=["000500", "001000"])
-    assert sweep.mixed_policy_types(spec, outputs) is None, "one type: nothing to say"
+    assert sweep_warnings.mixed_policy_types(spec, outputs) is None, "one type: nothing to say"
     config = run.pretrained(1000) / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "type": "diffusion"}))
     said = "the checkpoints are of 2 policy types, compared as one training run: act (000500); diffusion (001000)"
-    assert sweep.mixed_policy_types(spec, outputs) == said
+    assert sweep_warnings.mixed_policy_types(spec, outputs) == said
     assert f"**Warning:** {said}." in report_step(spec, outputs).markdown
 
 
@@ -212,6 +220,18 @@ def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
     assert {row.checkpoint for row in evaluation.rows} == {"000500", "001000"}
     with pytest.raises(CheckpointError, match=r"'001500'.*known: 000500, 001000"):
         evaluate(spec, outputs_dir=tmp_path / "out", checkpoints=["001500"])
+    # a save that never finished, after the candidate: the report says the checks judge an older checkpoint
+    said = (
+        "checkpoint(s) after the candidate are not evaluated, so the checks judge 001000: 001500 (missing "
+        "model.safetensors)"
+    )
+    assert said in evaluation.outputs.report_md.read_text()
+    from hud_pipelines.eval.sweep_warnings import unevaluated_warning
+
+    (run.pretrained(500) / "model.safetensors").unlink()  # before the candidate: the table shows its results
+    warned = unevaluated_warning(spec, evaluation.rows) or ""
+    assert said in warned
+    assert "000500" not in warned
 
 
 def test_validate_finds_a_missing_or_empty_checkpoints_directory_at_its_line(
@@ -231,6 +251,10 @@ def test_validate_finds_a_missing_or_empty_checkpoints_directory_at_its_line(
         assert f"reach_sweep.yaml:{line}:" in out
         assert "agent.policy.checkpoints" in out
         assert expected in out.lower()
+        assert main(["run", str(path), "--quiet"]) == 2, "refused before anything starts, at the line, as validate"
+        err = capsys.readouterr().err
+        assert f"reach_sweep.yaml:{line}:" in err
+        assert expected in err.lower()
 
 
 def test_checkpoints_exclude_a_single_policy_and_labels_must_differ(tmp_path: Path) -> None:

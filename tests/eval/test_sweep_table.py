@@ -178,10 +178,15 @@ def test_the_best_checkpoint_has_the_highest_all_tasks_rate_and_ties_go_to_the_l
     }
     assert _sweep().best == max(rates, key=lambda label: rates[label])
     same = _rows_of({"push": "SSFF"})
-    tied = compare_checkpoints([("early", 100, same), ("late", 300, same), ("middle", 200, same)])
+    tied = compare_checkpoints([("early", 100, same), ("middle", 200, same), ("late", 300, same)])
     assert tied.best == "late"
-    unnumbered = compare_checkpoints([("a", None, same), ("b", 100, same), ("c", None, same)])
-    assert unnumbered.best == "c", "without steps, the one listed later"
+    unnumbered = compare_checkpoints([("a", None, same), ("b", None, same), ("c", 100, same)])
+    assert unnumbered.best == "c", "the one later in training order"
+    # two runs: the last listed holds the latest checkpoint (the candidate), whatever the other run's steps
+    runs = compare_checkpoints(
+        [CheckpointRows("a/002000", 2000, same, "a"), CheckpointRows("b/000500", 500, same, "b")]
+    )
+    assert runs.best == "b/000500"
     assert compare_checkpoints([("x", 1, _rows_of({"push": "EE"}))]).best is None
 
 
