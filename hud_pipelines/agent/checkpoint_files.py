@@ -32,6 +32,21 @@ SETTLING = "still being written"
 """The reason of a checkpoint whose files are all there but changed within the settle time."""
 
 
+def policy_folder_problem(path: Path) -> str | None:
+    """Why ``path`` is no pretrained lerobot policy folder (what a policy's ``path`` names), naming the folder meant
+    where it is a step folder or a whole run of ``lerobot-train``; ``None`` when it holds a config."""
+    if (path / CONFIG_FILE).is_file():
+        return None
+    if (path / "pretrained_model" / CONFIG_FILE).is_file():
+        return f"{path} is a lerobot-train step folder: name its policy, {path / 'pretrained_model'}"
+    if (path / "checkpoints").is_dir():
+        return (
+            f"{path} is a lerobot-train run: name one checkpoint ({path / 'checkpoints'}/<step>/pretrained_model), "
+            f"or evaluate every checkpoint with 'checkpoints: {path}' (a sweep)"
+        )
+    return f"{path} is not a pretrained LeRobot policy folder (no {CONFIG_FILE})"
+
+
 def pending_reason(path: Path, settle_s: float) -> str | None:
     """Why the checkpoint at ``path`` cannot be evaluated yet, or ``None`` when it is complete."""
     try:

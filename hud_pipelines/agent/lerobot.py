@@ -41,6 +41,7 @@ from lerobot.policies.act.modeling_act import ACTTemporalEnsembler
 from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.factory import make_policy_config as _make_policy_config  # pyright: ignore[reportUnknownVariableType]
 
+from hud_pipelines.agent.checkpoint_files import policy_folder_problem
 from hud_pipelines.agent.lerobot_features import LeRobotAdapter, LeRobotEnvAdapter, contract_stats
 from hud_pipelines.agent.policy import Actions, PolicyBatch
 from hud_pipelines.agent.torch_runtime import (
@@ -195,8 +196,9 @@ class LeRobotPolicy(LockstepForwards):
         ``lerobot_env``: the lerobot env config the sim was built from; observations then go through
         lerobot's own processing (:class:`LeRobotEnvAdapter`), as in ``lerobot-eval``.
         """
-        if not (path / "config.json").is_file():
-            raise PolicyError(f"{path} is not a pretrained LeRobot policy folder (no config.json)")
+        problem = policy_folder_problem(path)
+        if problem is not None:
+            raise PolicyError(problem)
         device = torch.device(options.get("device", "cpu"))
         config = _with_overrides(PreTrainedConfig.from_pretrained(path), options.get("overrides"), str(device))
         config.pretrained_path = path

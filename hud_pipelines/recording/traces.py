@@ -228,7 +228,7 @@ class TraceRecorder(Closeable):
                     "type": StepType.GRADE.value,
                     "status": outcome.status.value,
                     "score": None if outcome.status is EpisodeStatus.ERRORED else outcome.score,  # as grades.json
-                    "success": outcome.success,
+                    "success": None if outcome.status is EpisodeStatus.ERRORED else outcome.success,
                     "total_reward": outcome.total_reward,
                     "steps": outcome.steps,
                     "terminated": outcome.terminated,

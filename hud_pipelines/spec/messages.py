@@ -62,6 +62,8 @@ def message_for(kind: str, ctx: dict[str, Any], found: Any, fallback: str) -> st
     got = f", got {describe(found)}"
     if kind in _TYPE_EXPECTATIONS:
         empty = " (nothing is written after the key)" if found is None else ""
+        if kind == "string_type" and isinstance(found, int | float) and not isinstance(found, bool):
+            empty = " (YAML reads it as a number: quote it to keep it as written, e.g. '000100')"
         return f"expected {_TYPE_EXPECTATIONS[kind]}{got}{empty}"
     if kind in _BOUNDS:
         return f"expected a number {_BOUNDS[kind]} {_number(ctx.get(_BOUND_KEYS[kind]))}{got}"

@@ -93,7 +93,9 @@ resolves the sim factory, the policy and grader import paths and the files the s
   `${VAR}` (an error naming `VAR` when it is unset) or `${VAR:-default}` (the default when unset or
   empty). `$${` writes a literal `${`. A value that must be a number may be a reference
   (`num_envs: ${N:-4}`); editors flag such a line, `validate` accepts it. In a flow mapping, quote it
-  (`sim: {num_envs: '${N:-4}'}`): there a bare `{` after `$` ends the line's YAML early.
+  (`sim: {num_envs: '${N:-4}'}`): there a bare `{` after `$` ends the line's YAML early. Free-form
+  values (`sim.args`, a task's `args` and `options`, a policy's `args`) have no type to be read as: a
+  reference there is text, which code needing a number converts (`float(gain)`).
 - **Paths** (`sim.contract`, `path/to/file.py:callable` targets, checkpoints, LeRobot folders) are
   relative to the YAML file's directory; `module:callable` targets are the project's own first: the
   nearest of the YAML file's directory, its parents and the project root (the directory

@@ -18,7 +18,7 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from hud_pipelines.spec.problems import did_you_mean
-from hud_pipelines.targets import project_first, shadowed_sibling
+from hud_pipelines.targets import project_first, project_root, shadowed_sibling
 
 _BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.With, ast.For, ast.While)
 
@@ -84,11 +84,13 @@ def _module_problem(module_name: str, attribute: str, base: Path, run_code: bool
         missing = exc.name or module_name
         leaf = missing.rpartition(".")[2]
         hint = did_you_mean(leaf, exc.beside) if isinstance(exc, _NotThere) else _module_hint(missing)
+        hint += _passed_over(module_name, base)
         return f"cannot import module {module_name!r}: no module named {missing!r}{hint}"
     except Exception as exc:  # a parent package's __init__ failed, or the name is not a module name
         return f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
     if spec is None:
-        return f"cannot import module {module_name!r}: no module of that name{_module_hint(module_name)}"
+        hint = _module_hint(module_name) + _passed_over(module_name, base)
+        return f"cannot import module {module_name!r}: no module of that name{hint}"
     names: set[str] | str | None = None
     if spec.origin and spec.origin.endswith(".py") and Path(spec.origin).is_file():
         names = _static_names(Path(spec.origin))
@@ -103,6 +105,27 @@ def _module_problem(module_name: str, attribute: str, base: Path, run_code: bool
             return f"importing {module_name!r} raised {type(exc).__name__}: {exc}"
         names = _runtime_names(module, attribute)
     return _attribute_problem(module_name, attribute, names)
+
+
+def _passed_over(module_name: str, base: Path) -> str:
+    """Why the project's folder of ``module_name``'s top-level name was not the package imported, if it was not:
+    a folder without ``__init__.py`` is a namespace portion, and a regular package of that name anywhere on
+    ``sys.path`` (an editable install's checkout, an installed package) wins over it."""
+    top = module_name.split(".", 1)[0]
+    root = project_root(top, base)
+    folder = None if root is None else root / top
+    if folder is None or not folder.is_dir() or (folder / "__init__.py").is_file():
+        return ""
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return ""
+    if found is None or not found.has_location or not found.origin:
+        return ""
+    return (
+        f"; {top!r} is {found.origin}, not the project's {folder}, which has no __init__.py: a package of that "
+        f"name elsewhere wins over such a folder (add {folder / '__init__.py'}, or rename the folder)"
+    )
 
 
 class _Unseen(Exception):

@@ -105,6 +105,7 @@ def test_errored_episodes_say_why_and_unfinished_ones_have_no_grade(tmp_path: Pa
     assert errored.grade is not None
     assert errored.grade["status"] == "errored"
     assert errored.grade["score"] is None, "no score, as grades.json says: a 0 would be averaged in as a failure"
+    assert errored.grade["success"] is None, "nor a success or a failure"
     assert read_trace(recorder.path(open_)).grade is None
     with pytest.raises(KeyError, match="never begun"):
         recorder.add_frames(FrameBatch.of(broken, frame(1)))

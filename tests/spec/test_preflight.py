@@ -144,6 +144,32 @@ def test_a_sim_of_its_own_interpreter_still_needs_its_factory_file(write_yaml: W
     assert message.endswith("nowhere.py does not exist"), message
 
 
+def test_a_lerobot_policy_path_that_is_no_policy_folder_is_refused_naming_the_folder_meant(
+    write_yaml: WriteYaml,
+) -> None:
+    """A lerobot-train run or step folder passed ``validate`` and failed every instance once the sims had started
+    ("no config.json"), the YAML's line unsaid."""
+    config = write_yaml("{}", "project/train/checkpoints/000100/pretrained_model/config.json")
+    step = config.parent.parent
+    run = step.parent.parent
+
+    def pipeline(folder: Path) -> Path:
+        policy = f"{{policy: {{kind: lerobot, path: '{folder}'}}}}"
+        return write_yaml(f"name: p\nsim: {{factory: CartPole-v1}}\nagent: {policy}\n", "project/p.yaml")
+
+    where, line, message = _refused(pipeline(run))
+    assert (where, line) == ("agent.policy.path", 3)
+    assert message == (
+        f"{run} is a lerobot-train run: name one checkpoint ({run / 'checkpoints'}/<step>/pretrained_model), or "
+        f"evaluate every checkpoint with 'checkpoints: {run}' (a sweep)"
+    )
+    assert _refused(pipeline(step))[2] == f"{step} is a lerobot-train step folder: name its policy, {config.parent}"
+    assert _refused(pipeline(run / "checkpoints"))[2] == (
+        f"{run / 'checkpoints'} is not a pretrained LeRobot policy folder (no config.json)"
+    )
+    assert load_pipeline_to_run(pipeline(config.parent)).name == "p"
+
+
 def test_what_a_deployment_file_replaces_is_not_the_yamls_to_judge(
     write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
 ) -> None:

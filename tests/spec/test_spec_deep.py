@@ -336,3 +336,30 @@ def test_a_torch_checkpoint_that_is_no_torch_save_file_is_found_before_a_run(wri
         assert message in problem.message
     good = write_yaml(pipeline("{kind: torch, target: nets.py:Net, checkpoint: weights/saved.pt}"), "good.yaml")
     assert load_pipeline(good, deep=True).name == "deep"
+
+
+def test_a_project_folder_without_init_passed_over_for_a_package_of_its_name_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project's ``envs/`` without ``__init__.py`` loses to any regular ``envs`` package on ``sys.path`` (this
+    checkout's own, in an editable install): the error named a module of that package as what was meant."""
+    elsewhere = tmp_path / "site" / "shadowed_envs"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "__init__.py").write_text("")
+    (elsewhere / "policies.py").write_text("")
+    project = tmp_path / "project"
+    (project / "shadowed_envs").mkdir(parents=True)
+    (project / "shadowed_envs" / "reach.py").write_text("def make():\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "shadowed_envs", raising=False)
+    problem = target_problem("shadowed_envs.reach:make", project)
+    assert problem is not None
+    assert problem.startswith("cannot import module 'shadowed_envs.reach': no module")
+    assert (
+        f"'shadowed_envs' is {elsewhere / '__init__.py'}, not the project's {project / 'shadowed_envs'}, which has "
+        f"no __init__.py: a package of that name elsewhere wins over such a folder (add "
+        f"{project / 'shadowed_envs' / '__init__.py'}, or rename the folder)"
+    ) in problem
+    (project / "shadowed_envs" / "__init__.py").write_text("")
+    monkeypatch.delitem(sys.modules, "shadowed_envs", raising=False)
+    assert target_problem("shadowed_envs.reach:make", project) is None, "a package of the project's own wins"
