@@ -305,6 +305,11 @@ class PolicyError(HudPipelinesError):
     """A policy cannot be built, or its output does not fit the contract."""
 
 
+class PolicyShapeError(PolicyError):
+    """A policy answered with actions of another shape than its rows need: its answer to the whole forward (the
+    rows of a forward that raised this are not run again one by one to find a culprit)."""
+
+
 class PolicyLinkError(PolicyError):
     """The remote policy server cannot be reached, refused the connection or went away: the instance fails
     (as when its sim dies), so a run that lost its server keeps the results it had instead of errored rows."""

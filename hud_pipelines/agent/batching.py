@@ -50,7 +50,7 @@ import numpy as np
 from hud_pipelines.agent.policy import Actions, BasePolicy, BatchingStats, Policy, PolicyBatch, as_base_policy
 from hud_pipelines.agent.run_failures import raised_by_its_rows
 from hud_pipelines.closing import Closeable
-from hud_pipelines.errors import PolicyError, PolicyTimeoutError, RolloutTimeoutError, RunAborted
+from hud_pipelines.errors import PolicyShapeError, PolicyTimeoutError, RolloutTimeoutError, RunAborted
 from hud_pipelines.spec.agent import DEFAULT_FORWARD_TIMEOUT_S, BatchingConfig
 
 
@@ -357,37 +357,38 @@ class BatchedModel(BasePolicy, Closeable):
         """Run one forward for ``calls`` (outside the condition) and hand every caller its rows.
 
         ``idle_sims`` > 0 says every expected caller is waiting, so that many sims are idle. When the policy's
-        own code raised on the rows of several callers, each caller's rows are forwarded again on their own:
-        one caller's bad row fails that caller alone (its loop then finds the row).
+        own code raised on the rows of several callers, each caller's call goes back to the queue as a forward
+        of its own (its ``forward_timeout_s`` counting from that forward's start, a caller that gave up left
+        out): one caller's bad row fails that caller alone (its loop then finds the row).
         """
         rows = sum(c.batch.size for c in calls)
         started = time.perf_counter()
-        error = self._attempt(calls, idle_sims)
-        apart = error is not None and len(calls) > 1 and raised_by_its_rows(error)
-        for call in calls:
-            call.error = self._attempt([call], 0) if apart else error
+        error = self._attempt(calls, idle_sims, rows)
         forward_s = time.perf_counter() - started
+        apart = error is not None and len(calls) > 1 and raised_by_its_rows(error)
         with self._cond:
             self.stats.forwards.add(rows, forward_s)
             self.stats.lockstep_forwards += int(idle_sims > 0)
-            self.stats.calls += len(calls)
+            self.stats.calls += 0 if apart else len(calls)
             for call in calls:
+                if apart:
+                    call.started = None
+                    self._work.put(([call], 0))  # the current worker's queue, after what is queued already
+                    continue
+                call.error = error
                 call.forward_rows = rows
                 call.done = True
             self._cond.notify_all()
 
-    def _attempt(self, calls: list[_Call], idle_sims: int) -> BaseException | None:
-        """One forward of the stacked rows of ``calls``, each handed its rows; what it raised, if it did."""
-        rows = sum(c.batch.size for c in calls)
+    def _attempt(self, calls: list[_Call], idle_sims: int, rows: int) -> BaseException | None:
+        """One forward of the ``rows`` stacked rows of ``calls``, each handed its rows; what it raised, if it did."""
         try:
             stacked = PolicyBatch.concat([c.batch for c in calls])
             with self.policy.lockstep(idle_sims) if idle_sims else contextlib.nullcontext():
                 actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
             if actions.ndim not in (2, 3) or actions.shape[0] != rows:
-                shape = list(actions.shape)
-                raise PolicyError(
-                    f"the batched policy returned {shape} for {rows} stacked rows; expected [{rows}, T, A]"
-                )
+                expected = f"for {rows} stacked rows; expected [{rows}, T, A]"
+                raise PolicyShapeError(f"the batched policy returned {list(actions.shape)} {expected}")
         except BaseException as exc:
             return exc
         offset = 0

@@ -23,6 +23,7 @@ from hud_pipelines.agent.run_failures import (
     SimFailed,
     policy_failure,
     raised_by_its_rows,
+    say_once,
 )
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError, fault_of
@@ -70,7 +71,8 @@ class RunStats:
     env_steps: int = 0
     """Slot-steps of running slots (hold steps of finished slots are not counted)."""
     infer: Forwards = field(default_factory=Forwards)
-    """``infer`` calls made by this loop (one per refill tick), with the slots each refilled."""
+    """``infer`` calls made by this loop that returned (one per refill tick, one per row where a forward raised
+    and its rows were run apart), with the slots each refilled."""
     sent_ahead: int = 0
     """Ticks whose step was sent before the previous tick's observation was read."""
     step_s: float = 0.0
@@ -269,36 +271,31 @@ class LockstepRun:
             ) from exc
 
     def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
-        """One forward for the slots in ``need``, their chunks queued; a forward that raised is run apart."""
-        streams = [self._stream(int(s)) for s in need]
+        """One forward for the slots in ``need``, their chunks queued (:meth:`_forward`)."""
+        self._forward(need, [self._stream(int(s)) for s in need], observation)
+
+    def _forward(self, need: npt.NDArray[np.intp], streams: list[RandomStream], observation: Observation) -> None:
+        """One forward for ``need``, its chunks queued. When the policy's own code raised, each row is forwarded
+        again alone, with the random stream it had, so that only the rows that raise end (as with
+        ``num_envs: 1``) and every other row gets the chunk it gets in any batch; else (a deadline, a lost
+        server) the instance ends (:mod:`~hud_pipelines.agent.run_failures`)."""
         try:
             forward = self._infer(need, streams, observation)
         except Exception as exc:
-            self._forward_apart(need, streams, observation, exc)
+            if not raised_by_its_rows(exc):
+                raise policy_failure(self.settings.policy, "policy failed", exc, need) from exc
+            if need.size == 1:
+                failure = policy_failure(self.settings.policy, "policy failed", exc, need)
+                self.slots.error(int(need[0]), failure.reason, failure.fault)
+                return
+            running = int(np.count_nonzero(self.slots.running[need]))
+            for index in range(need.size):
+                self._forward(need[index : index + 1], streams[index : index + 1], observation)
+            if np.count_nonzero(self.slots.running[need]) == running:  # the batch raised, no row alone (its size?)
+                what = f"policy failed on a forward of {need.size} rows, on none of them alone (each was run apart)"
+                say_once(self.settings.policy, f"{what}: {type(exc).__name__}: {exc}", exc, need)
             return
         self._queue(need, observation, *forward)
-
-    def _forward_apart(
-        self, need: npt.NDArray[np.intp], streams: list[RandomStream], observation: Observation, exc: Exception
-    ) -> None:
-        """The forward of ``need`` raised ``exc``: when the policy's own code raised, each row is forwarded again
-        alone, with the random stream it had, so that only the rows that raise end (as with ``num_envs: 1``)
-        and every other row gets the chunk it gets in any batch; else (a deadline, a lost server) the instance
-        ends (:mod:`~hud_pipelines.agent.run_failures`)."""
-        if not raised_by_its_rows(exc):
-            raise policy_failure(self.settings.policy, "policy failed", exc, need) from exc
-        if need.size == 1:
-            failure = policy_failure(self.settings.policy, "policy failed", exc, need)
-            self.slots.error(int(need[0]), failure.reason, failure.fault)
-            return
-        for index in range(need.size):
-            one, stream = need[index : index + 1], streams[index : index + 1]
-            try:
-                forward = self._infer(one, stream, observation)
-            except Exception as raised:
-                self._forward_apart(one, stream, observation, raised)
-                continue
-            self._queue(one, observation, *forward)
 
     def _infer(
         self, need: npt.NDArray[np.intp], streams: list[RandomStream], observation: Observation

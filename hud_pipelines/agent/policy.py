@@ -40,15 +40,16 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.errors import PolicyError
+from hud_pipelines.errors import PolicyError, PolicyShapeError
 
 Actions = npt.NDArray[np.float32]
 """``[B, T, A]`` action chunks in contract order."""
 
 RandomStream = tuple[int, ...]
 """Which random stream a row draws from: ``(SEEDED_STREAM, task, seed, episode, forward)`` for an episode
-with a seed, else ``(task, instance, slot, episode, forward)``, where ``forward`` counts the policy calls
-made for that episode so far.
+with a seed, else ``(task, instance, slot, episode, forward)``, where ``task`` is a 64-bit digest of the
+task's name (a matrix arm's: its control's; the task's index for a caller that names no tasks) and
+``forward`` counts the policy calls made for that episode so far.
 
 A stochastic policy seeds one generator per row from its own seed and the row's stream
 (:meth:`PolicyBatch.generators`), so what a row draws depends only on which episode it belongs to and
@@ -58,8 +59,9 @@ were timed. That is what makes an eval with a sampling policy bit-identical unde
 ``send_ahead``, ``num_envs`` or batch composition, and its episodes pair by task and seed in ``compare``."""
 
 SEEDED_STREAM = 2**32 - 2
-"""The first entry of a seeded episode's stream: no task index reaches it, so the two forms never meet (a
-``SeedSequence`` ignores trailing zeros, so streams of unequal length are not told apart by length)."""
+"""The first entry of a seeded episode's stream, which tells the two forms apart (a ``SeedSequence`` ignores
+trailing zeros, so streams of unequal length are not told apart by length): no task index reaches it, and a
+name's digest meets it with a chance of one in 2**64."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,8 @@ class PolicyBatch:
     policy may hand them to ``torch.from_numpy`` or modify them in place. ``episodes`` names the
     episode each row belongs to (the agent passes trace ids); a policy that keeps state across
     calls (ACT's temporal ensembling) keys it on them, since rows are only the slots that need
-    actions and their order changes as slots finish.
+    actions and their order changes as slots finish. A forward that raises is run again row by row
+    (to end only the rows it raises on), so such a policy changes that state only once a forward returns.
     """
 
     observation: dict[str, npt.NDArray[Any]]
@@ -253,7 +256,7 @@ def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions
         return array.reshape(rows, 1, 1)
     if array.ndim == 3 and array.shape[0] == rows and array.shape[2] == width and array.shape[1] >= 1:
         return array
-    raise PolicyError(
+    raise PolicyShapeError(
         f"{source} returned actions of shape {list(array.shape)}; "
         f"expected [B={rows}, T, A={width}] or [B={rows}, A={width}]"
     )

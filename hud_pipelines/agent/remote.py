@@ -175,7 +175,7 @@ class RemotePolicy(BasePolicy, Closeable):
         except BaseException as exc:
             self._drop(ws)
             if isinstance(exc, PolicyTimeoutError):  # a server that never says what it serves is unusable
-                raise PolicyError(str(exc)) from exc
+                raise PolicyLinkError(str(exc)) from exc
             raise
         self.metadata = metadata if is_map(metadata) else {"metadata": metadata}
         return ws

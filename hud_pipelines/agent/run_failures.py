@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError, fault_of, raised_at
+from hud_pipelines.errors import Fault, HudPipelinesError, PolicyShapeError, RemoteError, fault_of, raised_at
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +24,9 @@ aborted. Running the rows again, alone, would fail them all again."""
 
 def raised_by_its_rows(exc: BaseException) -> bool:
     """Whether a forward's exception may come from the rows it was given, so that running them apart can tell
-    which rows raise: the policy's own code raised (not a deadline, a lost server or an interrupt)."""
-    return isinstance(exc, Exception) and fault_of(exc) not in NOT_THE_POLICYS
+    which rows raise: the policy's own code raised (not a deadline, a lost server, an interrupt or an answer of
+    the wrong shape, which running the rows again would meet again)."""
+    return isinstance(exc, Exception) and not isinstance(exc, PolicyShapeError) and fault_of(exc) not in NOT_THE_POLICYS
 
 
 class RunFailed(Exception):

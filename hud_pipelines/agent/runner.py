@@ -22,8 +22,10 @@ dropped. ``send_ahead=0`` waits for every reply.
 The loop ends when no slot is running or after ``max_steps`` ticks; slots still running then end as
 failed with ``truncated=True``. An error from the sim (a :class:`~hud_pipelines.errors.SimError`
 from a served sim, or any :class:`~hud_pipelines.errors.HudPipelinesError` an in-process bridge
-raises) or a policy failure ends the running slots as errored with the reason, finished slots keep
-their outcome, and ``run`` returns normally: every slot always gets exactly one outcome.
+raises), a policy's deadline or lost server, or an answer of the wrong shape ends the running slots as
+errored with the reason; a policy that raised ends only the rows it raised on (the forward's rows are run
+again one by one to find them). Finished slots keep their outcome, and ``run`` returns normally: every slot
+always gets exactly one outcome.
 
 Scores follow the one scoring rule (:func:`~hud_pipelines.sim.slots.episode_score`) from what each
 frame says: a slot's success and whether its env reports success at all (``success_reported``),

@@ -204,7 +204,7 @@ def run_pipeline(
     this_run = [row for row in rows if row.run_id == run_id]
     warned = [
         success_signal_warning(spec.graders[0], rows, run_id),
-        unevaluated_warning(spec, rows) if spec.is_sweep else None,
+        unevaluated_warning(spec, outputs, rows) if spec.is_sweep else None,
         episode_errors_warning(spec.checks, this_run),
         recording_warning(r for r in current_results(spec, outputs).values() if r.run_id == run_id),
         seed_warning(outputs, current_rollout_hashes(spec, outputs).pipeline),

@@ -181,7 +181,7 @@ def report_step(
     seeded = seed_warning(outputs, current.resolve(spec, outputs)[0].pipeline)
     mixed = sweep_warnings.mixed_policy_types(spec, outputs) if spec.is_sweep else None
     gone = sweep_warnings.gone_warning(spec, outputs, rows) if spec.is_sweep else None
-    unevaluated = sweep_warnings.unevaluated_warning(spec, rows) if spec.is_sweep else None
+    unevaluated = sweep_warnings.unevaluated_warning(spec, outputs, rows) if spec.is_sweep else None
     stale = sweep_warnings.stale_warning(rows) if spec.is_sweep else None
     errored = episode_errors_warning(spec.checks, headline)
     recorded = None if spec.is_sweep else recording_warning(current_results(spec, outputs, current).values())

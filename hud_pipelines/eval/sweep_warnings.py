@@ -13,22 +13,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hud_pipelines.agent.checkpoints import run_names, sweep_order
-from hud_pipelines.errors import Fault
+from hud_pipelines.errors import CheckpointError, Fault
 from hud_pipelines.eval.grades import GradeRow, not_run_parts
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.sweep import candidate_label, discover, evaluated, sources
 from hud_pipelines.spec.models import PipelineSpec
 
 
-def unevaluated_warning(spec: PipelineSpec, rows: Sequence[GradeRow]) -> str | None:
+def unevaluated_warning(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> str | None:
     """A warning naming the checkpoints after the candidate (in training order) that are not complete, so not
-    evaluated: the checks judge an older checkpoint than the run's latest. ``None`` when there is none."""
-    found = discover(spec)
-    if not found.pending:
+    evaluated: the checks judge an older checkpoint than the run's latest. ``None`` when there is none, or when
+    the checkpoints cannot be listed now (a pruned run: the table of what was evaluated stands on its own)."""
+    try:
+        found = discover(spec)
+    except CheckpointError:
         return None
     candidate = candidate_label(rows)
     order = sweep_order(run_names(sources(spec)))
-    placed = {c.label: order(c) for c in found.complete}
+    placed = {m.label: order(m) for m in evaluated(spec, outputs, settled=())}  # its files may be gone since
     after = [p for p in found.pending if candidate not in placed or order(p.checkpoint) > placed[candidate]]
     if not after:
         return None

@@ -211,6 +211,10 @@ object with `infer(batch)`.
 - A policy object's `infer(batch)` gets the same dict as `batch.observation`, plus `batch.prompts`
   (the task string of each row) and `batch.episodes` (an id per row, stable through an episode, to
   key per-episode state on), and returns the same shapes.
+- **A call that raises** ends only the episodes of the rows it raised on: its rows are asked again one
+  at a time, each with the random stream it had (so keep per-episode state changes until a call
+  returns), and a row that raises alone ends its episode as the `policy` fault. One that raises on
+  its batch but on no row alone is logged: its episodes go on, at a call per row.
 
 For example (a file of your own, not one bundled) `pipelines/controllers/balance.py`:
 

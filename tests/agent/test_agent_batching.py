@@ -161,6 +161,35 @@ def test_an_exception_fails_only_the_caller_whose_rows_raised() -> None:
     assert model.infer(rows([5.0]))[0, 0, 0] == 10.0, "the model keeps serving after a failed batch"
 
 
+@pytest.mark.timeout(20)
+def test_each_caller_of_a_stacked_forward_that_raised_is_forwarded_on_its_own_with_its_own_deadline() -> None:
+    """The callers' rows were run again inside the stacked forward's worker call: all three had to finish within
+    one forward_timeout_s (every caller failed as timed out), and the retries ran on after the worker was
+    replaced, overlapping the next forwards."""
+
+    class Slow(Doubler):
+        active = peak = 0
+
+        def infer(self, batch: PolicyBatch) -> npt.NDArray[np.float32]:
+            with self.lock:
+                self.active += 1
+                self.peak = max(self.peak, self.active)
+            try:
+                time.sleep(0.3)
+                return super().infer(batch)
+            finally:
+                with self.lock:
+                    self.active -= 1
+
+    inner = Slow()
+    model = BatchedModel(inner, max_wait_s=LONG_WINDOW_S, expected_callers=3, forward_timeout_s=0.5)
+    results = call_concurrently(model, [rows([1.0]), rows([-1.0]), rows([3.0])])
+    assert isinstance(results[1], RuntimeError)
+    assert [float(results[i][0, 0, 0]) for i in (0, 2)] == [2.0, 6.0]
+    assert inner.forwards == [3, 1, 1, 1], "the stacked forward, then each caller's alone"
+    assert inner.peak == 1, "forwards never overlap"
+
+
 def test_a_deadline_in_a_stacked_forward_fails_every_caller_in_it_without_running_it_again() -> None:
     """What is not the rows' doing (a remote policy's lost server, a deadline) would fail each caller again."""
     from hud_pipelines.errors import PolicyLinkError

@@ -333,6 +333,19 @@ def test_a_policy_server_that_cannot_be_reached_at_the_start_is_a_policy_link_fa
     assert all(f"cannot connect to the policy server at {url}" in (row.error or "") for row in evaluation.rows)
 
 
+def test_a_server_that_sends_no_metadata_within_timeout_s_is_a_link_fault_not_the_rows() -> None:
+    """It was the policy's own error, so a forward of several rows was run again row by row, each waiting out
+    ``timeout_s`` on a connection of its own."""
+    from hud_pipelines.errors import PolicyLinkError
+
+    server = PolicyServer(_echo(slow_on=-1, seconds=0), late_metadata={0: 3.0})
+    try:
+        with pytest.raises(PolicyLinkError, match=r"did not send the metadata frame within 0\.5 s"):
+            RemotePolicy(server.url, countdown_contract(), timeout_s=0.5)  # every connection reads it, as this one
+    finally:
+        server.close()
+
+
 def test_a_forward_given_up_on_while_it_connects_frees_the_next_at_once() -> None:
     """A forward abandoned while it read a new connection's metadata frame kept the lock until ``timeout_s``."""
     from hud_pipelines.agent.batching import BatchedModel

@@ -253,11 +253,37 @@ def test_a_non_finite_action_names_the_step_it_was_for_and_errors_only_its_slot(
 
 
 def test_a_wrongly_shaped_chunk_is_an_error_naming_the_shape() -> None:
+    forwards: list[int] = []
+
+    def wrong(observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        forwards.append(len(observation["state"]))
+        return np.zeros((2, 3, 5), dtype=np.float32)
+
     sim = CountdownSim([4, 4])
-    _, outcomes = run(sim, FunctionPolicy(lambda obs: np.zeros((2, 3, 5)), sim.contract), max_steps=5)
+    _, outcomes = run(sim, FunctionPolicy(wrong, sim.contract), max_steps=5)
     assert all(o.status is EpisodeStatus.ERRORED for o in outcomes)
     assert outcomes[0].error is not None
     assert "[2, 3, 5]" in outcomes[0].error
+    assert forwards == [2], "the answer to the whole forward: its rows are not run again one by one"
+
+
+def test_a_policy_that_raises_on_its_batch_but_on_no_row_alone_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Run row by row its episodes go on, at a forward per row: said, or the slowdown (or a batching bug) would
+    go unseen."""
+
+    def small_batches_only(observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        if len(observation["state"]) > 1:
+            raise MemoryError("out of memory for this batch")
+        return np.zeros((1, 1), dtype=np.float32)
+
+    sim = CountdownSim([3, 3])
+    with caplog.at_level("ERROR"):
+        _, outcomes = run(sim, FunctionPolicy(small_batches_only, sim.contract), max_steps=50)
+    assert [o.status for o in outcomes] == [EpisodeStatus.FAILED, EpisodeStatus.FAILED]
+    said = [r.getMessage() for r in caplog.records if "on none of them alone" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith("policy failed on a forward of 2 rows, on none of them alone (each was run apart): ")
+    assert "MemoryError: out of memory for this batch" in said[0]
 
 
 def test_policies_with_observation_history_see_the_last_steps() -> None:

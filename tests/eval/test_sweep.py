@@ -229,9 +229,13 @@ def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
     from hud_pipelines.eval.sweep_warnings import unevaluated_warning
 
     (run.pretrained(500) / "model.safetensors").unlink()  # before the candidate: the table shows its results
-    warned = unevaluated_warning(spec, evaluation.rows) or ""
+    warned = unevaluated_warning(spec, evaluation.outputs, evaluation.rows) or ""
     assert said in warned
     assert "000500" not in warned
+    (run.pretrained(1000) / "model.safetensors").unlink()  # the candidate's own files since: placed by its results
+    assert "000500" not in (unevaluated_warning(spec, evaluation.outputs, evaluation.rows) or "")
+    shutil.rmtree(run.output_dir)  # a pruned run: nothing to list, and the report is still written (it raised)
+    assert unevaluated_warning(spec, evaluation.outputs, evaluation.rows) is None
 
 
 def test_validate_finds_a_missing_or_empty_checkpoints_directory_at_its_line(
