@@ -87,13 +87,11 @@ class WireError(HudPipelinesError):
 
 
 class DatasetFitError(ContractError):
-    """The pipeline's dataset section does not fit the sim's contract (``state_features`` it lacks): found at the
-    contract step, it stops the run before any rollout, where the dataset writer would refuse after every one."""
+    """The dataset section does not fit the contract (``state_features`` it lacks): refused before any rollout."""
 
 
 class SimContractError(WireError, ContractError):
-    """A sim's frame does not fit the contract it announced (a feature's dtype or shape, a feature missing):
-    the connection is not trusted further, and its instance ends with the ``contract`` fault."""
+    """A sim's frame does not fit its announced contract: the link is not trusted, the instance ends (``contract``)."""
 
 
 class SlotStateError(HudPipelinesError):
@@ -306,8 +304,7 @@ class PolicyError(HudPipelinesError):
 
 
 class PolicyShapeError(PolicyError):
-    """A policy answered with actions of another shape than its rows need: its answer to the whole forward (the
-    rows of a forward that raised this are not run again one by one to find a culprit)."""
+    """Actions of another shape than a forward's rows need: its answer to them all (never run again row by row)."""
 
 
 class PolicyLinkError(PolicyError):
