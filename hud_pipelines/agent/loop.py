@@ -291,7 +291,7 @@ class LockstepRun:
             running = int(np.count_nonzero(self.slots.running[need]))
             for index in range(need.size):
                 self._forward(need[index : index + 1], streams[index : index + 1], observation)
-            if np.count_nonzero(self.slots.running[need]) == running:  # the batch raised, no row alone (its size?)
+            if np.count_nonzero(self.slots.running[need]) == running:  # the batch raised, no row alone: a batch limit
                 what = f"policy failed on a forward of {need.size} rows, on none of them alone (each was run apart)"
                 say_once(self.settings.policy, f"{what}: {type(exc).__name__}: {exc}", exc, need)
             return

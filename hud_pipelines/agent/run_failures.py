@@ -1,8 +1,9 @@
 """How a lockstep run's failures are told apart and said: the policy's own, or what ends the instance.
 
-A policy that raises on its rows (its own code, or actions of the wrong shape) ends those rows' episodes
-alone, as a single env's fault does: a forward of several rows that raises is run again row by row to find
-them. A deadline, a lost policy server, an abort or a sim that did not answer ends every running slot.
+A policy whose own code raises on its rows ends those rows' episodes alone, as a single env's fault does: a
+forward of several rows that raises is run again row by row to find them. A deadline, a lost policy server,
+an abort or a sim that did not answer ends the instance; an answer of the wrong shape (the policy's reply to
+the whole forward) ends every running slot.
 """
 
 from __future__ import annotations
