@@ -104,7 +104,8 @@ def _previous(
     sweep: Sequence[CheckpointRows], index: int, task: str, pooled: Collection[str] | None
 ) -> CheckpointRows | None:
     """What checkpoint ``index`` is compared with on ``task`` as its previous: the last one before it, of its own
-    training run, that answered an episode of that task; ``None`` for the first of a run.
+    training run, that answered an episode of that task; ``None`` for the first of a run. A checkpoint of no step
+    (a ``best.pt`` beside ``step_*.pt``) is no point of training, so a numbered one is never compared with it.
 
     One whose every episode errored (it never loaded: weights of another shape) has nothing to pair with, so the
     next is compared with the last one that has: a "no paired episodes" there would hide whether training
@@ -112,10 +113,12 @@ def _previous(
     comparison then says it has no paired episodes.
     """
     earlier: list[CheckpointRows] = []
+    numbered = sweep[index].step is not None
     for checkpoint in reversed(sweep[:index]):
         if checkpoint.run != sweep[index].run:
             break
-        earlier.append(checkpoint)
+        if checkpoint.step is not None or not numbered:
+            earlier.append(checkpoint)
     answered = (
         c for c in earlier if any(r.status is not EpisodeStatus.ERRORED for r in _of_task(c.rows, task, pooled))
     )

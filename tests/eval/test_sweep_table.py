@@ -400,6 +400,22 @@ def test_a_sweep_of_several_runs_compares_each_checkpoint_with_its_own_runs_prev
     assert [list(line.get_xdata()) for line in axis.get_lines()] == [[100.0, 200.0], [100.0, 200.0]]
 
 
+def test_a_numbered_checkpoint_is_never_compared_with_one_of_no_step_listed_before_it() -> None:
+    """``best.pt`` and ``final.pt`` beside ``step_*.pt`` come first in the table; before, the first numbered
+    checkpoint's ``vs previous`` was ``final``, a checkpoint from the end of training."""
+    table = compare_checkpoints(
+        [
+            CheckpointRows("best", None, _rows_of({"push": "SSSS"})),
+            CheckpointRows("final", None, _rows_of({"push": "SSSF"})),
+            CheckpointRows("step_100", 100, _rows_of({"push": "FFFF"})),
+            CheckpointRows("step_200", 200, _rows_of({"push": "SFFF"})),
+        ]
+    )
+    assert _find(table, "step_100", ALL_TASKS).versus_previous == NO_COMPARISON
+    assert _find(table, "step_200", ALL_TASKS).versus_previous.checkpoint == "step_100"
+    assert _find(table, "final", ALL_TASKS).versus_previous.checkpoint == "best", "unnumbered ones as listed"
+
+
 def test_a_checkpoint_after_one_that_never_loaded_is_compared_with_the_last_one_that_answered() -> None:
     """Before, the checkpoint after one whose every episode errored (weights of another shape) was compared with it:
     its ``vs previous`` read "no paired episodes", and whether training helped since went unsaid."""
