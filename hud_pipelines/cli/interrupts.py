@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 
 from dagster._core.execution.execution_result import ExecutionResult
 
@@ -71,6 +72,20 @@ def interrupted_line(interrupted: signal.Signals, finished: int, units: int, res
             "the instances it did not finish keep their earlier results (one without records the episodes it finished)"
         )
     return f"run interrupted by {interrupted.name} after {finished} of {units} instance(s); {kept}{rest}"
+
+
+def how_to_resume(unfinished: Sequence[str], invocation: Sequence[str], order: Sequence[str], *, sweep: bool) -> str:
+    """The end of an interrupted run's line: the command that runs its ``unfinished`` instances (in ``order``).
+
+    A sweep's next run evaluates whatever has no current result by itself, so its command is the same one again.
+    """
+    from hud_pipelines.eval.checks import rerun_command
+
+    if not unfinished:
+        return ""
+    if sweep:
+        return f"; to evaluate the rest, run the same command again: {shlex.join(invocation)}"
+    return f"; to run only those: {rerun_command(unfinished, invocation, order)}"
 
 
 def was_interrupted(result: ExecutionResult) -> bool:

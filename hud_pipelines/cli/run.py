@@ -21,7 +21,7 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from hud_pipelines.cli.interrupts import catching_interrupts, interrupted_line, was_interrupted
+from hud_pipelines.cli.interrupts import catching_interrupts, how_to_resume, interrupted_line, was_interrupted
 from hud_pipelines.cli.selection import (
     as_invoked,
     asked_command,
@@ -98,7 +98,7 @@ def run_pipeline(
     from hud_pipelines.dagster.step_recovery import retried_steps
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
-    from hud_pipelines.eval.checks import episode_errors_warning, rerun_command, success_signal_warning
+    from hud_pipelines.eval.checks import episode_errors_warning, success_signal_warning
     from hud_pipelines.eval.configuration import current_rollout_hashes
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.perturbations import control_tasks
@@ -191,11 +191,7 @@ def run_pipeline(
         failed_run_step(spec, outputs, run_id=run_id, project_dir=project_dir, failure=failure)
     if interrupted is not None:
         unfinished = [key for key in ordered if key not in finished]
-        rest = (  # a sweep's next run evaluates what is missing by itself
-            f"; to run only those: {rerun_command(unfinished, invocation, spec.partition_keys())}"
-            if unfinished and not spec.is_sweep
-            else ""
-        )
+        rest = how_to_resume(unfinished, invocation, spec.partition_keys(), sweep=spec.is_sweep)
         problems.insert(
             0,
             interrupted_line(interrupted, len(finished), units, rest, on_workers=job.executor_def.name == "hud_celery"),
