@@ -259,14 +259,20 @@ def _step_of(entry: Path) -> int | None:
 
 
 def _nothing_in(path: Path, kind: CheckpointKind) -> str:
+    """Why ``path`` holds no checkpoint of ``kind``, naming the other kind where the folder holds its files."""
     if kind == "torch":
-        return f"no checkpoint in {path}: expected *.pt or *.pth module files (kind torch: one checkpoint per file)"
+        message = f"no checkpoint in {path}: expected *.pt or *.pth module files (kind torch: one checkpoint per file)"
+        if _lerobot_folders(path):
+            message += " (it holds lerobot policy folders: a lerobot policy's checkpoints are `kind: lerobot`)"
+        return message
     message = (
         f"no checkpoint in {path}: expected {path}/{CHECKPOINTS_DIR}/<step>/{PRETRAINED_MODEL_DIR}/ as lerobot-train "
         f"writes it, or folders holding {CONFIG_FILE} and {WEIGHTS_FILE}"
     )
     if _holds_policy_files(path):
         message += f" ({path} is itself a policy folder: name it as a (label, path) entry)"
+    elif _torch_files(path):
+        message += " (it holds *.pt / *.pth files: a torch module's state_dicts are `kind: torch`)"
     return message
 
 

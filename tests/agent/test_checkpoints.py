@@ -361,6 +361,18 @@ def test_a_directory_without_any_checkpoint_says_what_was_expected(tmp_path: Pat
         discover(WatchedDirectory(tmp_path))
 
 
+def test_a_directory_of_the_other_kinds_checkpoints_names_that_kind(tmp_path: Path) -> None:
+    write_torch_checkpoints(tmp_path / "torch_run", ["step_100"])
+    with pytest.raises(CheckpointError, match=r"it holds \*\.pt / \*\.pth files: .* are `kind: torch`"):
+        discover(WatchedDirectory(tmp_path / "torch_run"))
+    (tmp_path / "lerobot_run" / "checkpoints" / "000100" / "pretrained_model").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"it holds lerobot policy folders: .* are `kind: lerobot`"):
+        discover(WatchedDirectory(tmp_path / "lerobot_run", kind="torch"))
+    with pytest.raises(CheckpointError) as plain:
+        discover(WatchedDirectory(tmp_path / "lerobot_run" / "checkpoints" / "000100", kind="torch"))
+    assert "kind: lerobot" in str(plain.value), "a step folder is one lerobot checkpoint"
+
+
 def test_an_empty_checkpoints_folder_is_refused_until_the_first_step_appears(tmp_path: Path) -> None:
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     with pytest.raises(CheckpointError, match=rf"no checkpoint in {tmp_path / 'run'}"):
