@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from hud_pipelines.eval import sweep
-from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, check_verdict, instances_verdict
+from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, check_verdict
 from hud_pipelines.eval.graders import score_bounds
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -32,7 +32,7 @@ def all_verdicts(
     """
     command = outputs.run_command(spec)  # as the check step's (``--outputs`` where not the default)
     builtin = (
-        [instances_verdict(rows, command), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows, command)
+        [sweep.completed(rows, command), sweep.answered(rows)] if spec.is_sweep else builtin_verdicts(rows, command)
     )
     if run_failure is not None:
         builtin[0] = replace(builtin[0], passed=False, description=f"this run failed: {run_failure}")

@@ -38,11 +38,13 @@ from hud_pipelines.agent.checkpoints import (
     sources_of,
     sweep_order,
 )
-from hud_pipelines.errors import CheckpointError
+from hud_pipelines.errors import CheckpointError, Fault
 from hud_pipelines.eval.checks import (
+    RERUN_HINT,
     CheckVerdict,
     answered_verdict,
     check_verdict,
+    instances_verdict,
     regression_verdict,
 )
 from hud_pipelines.eval.grades import GradeRow
@@ -272,6 +274,23 @@ def candidate_label(rows: Sequence[GradeRow]) -> str | None:
     """The checkpoint a sweep's checks judge: the last one of the table (rows come in sweep order)."""
     labels = [row.checkpoint for row in rows if row.checkpoint is not None]
     return labels[-1] if labels else None
+
+
+def completed(rows: Sequence[GradeRow], command: Sequence[str]) -> CheckVerdict:
+    """``instances_completed`` on every checkpoint; one that cannot load (``setup``) fails it on every run until it
+    loads, so the description says how to leave such a checkpoint out: its results leave the table with its files
+    (:func:`evaluated`)."""
+    judged = instances_verdict(rows, command)
+    unloadable = list(dict.fromkeys(r.checkpoint for r in rows if r.fault is Fault.SETUP and r.checkpoint))
+    if judged.passed or not unloadable:
+        return judged
+    named = ", ".join(unloadable)
+    hint = (
+        f"; checkpoint(s) {named} could not be loaded and fail this check on every run until they load: to leave "
+        "one out, remove its files from the training run (its errored results leave the table with them)"
+    )
+    said, command_line = judged.description.split(RERUN_HINT, 1)  # the CLI puts its own command after the hint
+    return dataclasses.replace(judged, description=f"{said}{hint}{RERUN_HINT}{command_line}")
 
 
 def answered(rows: Sequence[GradeRow]) -> CheckVerdict:
