@@ -155,11 +155,17 @@ def _number(value: float | None) -> str:
 
 
 def render_markdown(
-    pipeline: str, rows: Sequence[GradeRow], plot: str | None = None, context: ReportContext | None = None
+    pipeline: str,
+    rows: Sequence[GradeRow],
+    plot: str | None = None,
+    context: ReportContext | None = None,
+    *,
+    produced: Sequence[GradeRow] | None = None,
 ) -> str:
     """The report as markdown; ``plot`` is where its image is (a path beside the report, or a ``data:``
     URI where no file can be linked). The checks are listed with their verdicts, each task's prompt
-    under the task table.
+    under the task table. ``produced``: every row of the results where ``rows`` are the part the rate
+    counts (a matrix's control tasks, a sweep's candidate); which runs produced them is said of all.
     """
     context = context or ReportContext()
     total = summarize(rows)
@@ -169,7 +175,7 @@ def render_markdown(
         f"# {pipeline}",
         "",
         *([_no_html(context.description.strip()), ""] if context.description.strip() else []),
-        *_provenance(rows, context.run_id),
+        *_provenance(rows if produced is None else produced, context.run_id),
         *overridden,
         f"**Success rate:** {rate_text(total)}",
         "",
@@ -237,12 +243,18 @@ def _overridden(overrides: Mapping[str, object]) -> str:
     return ", ".join(f"`{key}` = `{value}`" for key, value in sorted(overrides.items()))
 
 
-def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:
-    """Which runs the rows come from: this run's count first, then each earlier run's."""
+def rows_by_run(rows: Sequence[GradeRow]) -> dict[str, int]:
+    """How many of ``rows`` each run produced (rows not run with this configuration are no run's result)."""
     runs: dict[str, int] = {}
     for row in rows:
         if row.fault is not Fault.NOT_RUN:
             runs[row.run_id or "unknown"] = runs.get(row.run_id or "unknown", 0) + 1
+    return runs
+
+
+def _provenance(rows: Sequence[GradeRow], run_id: str | None) -> list[str]:
+    """Which runs the rows come from: this run's count first, then each earlier run's."""
+    runs = rows_by_run(rows)
     pending = ", ".join(not_run_parts(rows, unit=" row(s)"))
     if run_id is None:
         ran = [f"Rows from run(s): {', '.join(f'{r} ({n})' for r, n in runs.items())}"] if runs else []

@@ -198,7 +198,7 @@ def report_step(
         prompts={task.name: task.prompt for task in spec.tasks if task.prompt},
     )
     # the plot is a file beside the report: readable in a terminal, shown by a viewer
-    markdown = render_markdown(title, headline, outputs.report_png.name, context)
+    markdown = render_markdown(title, headline, outputs.report_png.name, context, produced=rows)
     table = comparison_step(spec, outputs, rows=rows) if spec.is_sweep and rows else None
     not_evaluated = sweep.not_evaluated(spec, outputs) if table is not None else []
     if table is not None:

@@ -19,7 +19,7 @@ from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, EXPLANATION, HEADERS, AxisRow, cells
-from hud_pipelines.eval.report import ReportContext, rate_text
+from hud_pipelines.eval.report import ReportContext, rate_text, rows_by_run
 from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
 from hud_pipelines.eval.report_html.summary import graders_section, number, summary_section
@@ -166,9 +166,7 @@ def _checks(checks: Sequence[CheckVerdict]) -> str:
 
 def _provenance(rows: Sequence[GradeRow], run_id: str | None, overrides: Mapping[str, object]) -> str:
     """Which run produced how many rows (this run first), and what the run configuration overrode."""
-    runs: dict[str, int] = {}
-    for row in rows:
-        runs[row.run_id or "unknown"] = runs.get(row.run_id or "unknown", 0) + 1
+    runs = rows_by_run(rows)
     ordered = sorted(runs.items(), key=lambda item: (item[0] != run_id, item[0]))
     items = "\n".join(
         f"<li><code>{escape(run)}</code>{' (this run)' if run == run_id else ''}: {count} of {len(rows)} rows</li>"
