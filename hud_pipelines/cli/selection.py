@@ -65,7 +65,8 @@ def _first_problem(problems: list[Problem]) -> str:
 
 def refuse_misconfigured(path: Path, spec: PipelineSpec, outputs: EvalOutputs) -> None:
     """Refuse a pipeline the deployment file names one typo away or whose fields break the pipeline's rules,
-    a sweep baseline one typo from a label, and outputs that cannot be written.
+    a sweep baseline one typo from a label, a baseline that is the pipeline's own results, and outputs that cannot
+    be written.
 
     A sweep with a misspelled ``no_regression`` baseline would evaluate every checkpoint and then fail
     its check, and a deployment's ``forward_timeout_s: -1`` would fail the run's first step without a line
@@ -89,12 +90,24 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec, outputs: EvalOutputs) -
         load_fleet(deployed.resolve_path(deployed.sim.fleet))
     for index, message in misspelled_baselines(spec, evaluated=evaluated_labels(spec, outputs)):
         raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
+    for index, message in own_baselines(spec, outputs):
+        raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
     unwritable = _unwritable(outputs.base)  # a file where the folder goes: said before any sim starts
     if unwritable is not None:
         raise HudPipelinesError(
             f"cannot write the outputs at {outputs.base}: {unwritable} (pick another --outputs or "
             "$HUD_PIPELINES_OUTPUTS)"
         )
+
+
+def own_baselines(spec: PipelineSpec, outputs: EvalOutputs) -> list[tuple[int, str]]:
+    """``(index in checks, message)`` of each ``no_regression`` whose baseline is the pipeline's own results."""
+    from hud_pipelines.eval.judging import own_baseline
+    from hud_pipelines.spec.grading import NoRegressionCheck
+
+    checks = enumerate(spec.resolved_checks())
+    found = [(index, own_baseline(c, outputs)) for index, c in checks if isinstance(c, NoRegressionCheck)]
+    return [(index, message) for index, message in found if message is not None]
 
 
 def _unwritable(path: Path) -> str | None:

@@ -55,7 +55,8 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     deep: bool = args.deep
     specs, problems = collect_pipelines(paths, deep=deep)
     problems, evaluated = _drop_evaluated_baselines(problems)
-    specs += evaluated
+    specs, own = _without_own_baselines([*specs, *evaluated])
+    problems += own
     known = [spec.name for spec in specs] + [declared_name(Path(problem.file)) for problem in problems]
     # the folder the code location serves, given or by default: every name of the deployment file must be one of its
     served = default_pipelines_dir()
@@ -103,6 +104,25 @@ def _drop_evaluated_baselines(problems: list[Problem]) -> tuple[list[Problem], l
         if all((file, problem.path) in dropped for problem in problems if problem.file == file):
             valid.append(spec)
     return [problem for problem in problems if (problem.file, problem.path) not in dropped], valid
+
+
+def _without_own_baselines(specs: list[PipelineSpec]) -> tuple[list[PipelineSpec], list[Problem]]:
+    """``specs`` less those with a ``no_regression`` baseline that is their own results (in the outputs a run writes
+    to), which a run refuses, and a problem at each such baseline's line."""
+    from hud_pipelines.cli.selection import own_baselines
+    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.spec.loader import load_file
+
+    kept: list[PipelineSpec] = []
+    problems: list[Problem] = []
+    for spec in specs:
+        found = own_baselines(spec, EvalOutputs(default_outputs_root().resolve(), spec.name))
+        document = load_file(spec.source).document if found and spec.source is not None else None
+        if document is None:
+            kept.append(spec)
+            continue
+        problems += [document.problem(("checks", index, "baseline"), message) for index, message in found]
+    return kept, problems
 
 
 def _validate_deployments(paths: list[Path], pipelines: list[Path], stream: TextIO) -> int:

@@ -20,12 +20,11 @@ from hud_pipelines.eval.checks import (
     INSTANCES_CHECK,
     CheckVerdict,
     answered_verdict,
-    instances_verdict,
     rerun_command,
 )
 from hud_pipelines.eval.grade_table import read_grades
 from hud_pipelines.eval.grades import GradeRow, summarize
-from hud_pipelines.eval.judging import yaml_verdict
+from hud_pipelines.eval.judging import completed_verdict, yaml_verdict
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.grading import CheckSpec
 from hud_pipelines.spec.models import PipelineSpec
@@ -47,7 +46,7 @@ def pipeline_check(
         rows = read_grades(outputs)
         judged = judged_of(context, spec)
         configured = {c.name: c for c in judged.resolved_checks()}.get(check.name, check)  # this run's threshold
-        return _check_result(yaml_verdict(judged, configured, rows), rows)
+        return _check_result(yaml_verdict(judged, configured, rows, outputs), rows)
 
     return run_check
 
@@ -57,7 +56,7 @@ def instances_check(spec: PipelineSpec, outputs: EvalOutputs, grades_key: dg.Ass
 
     def judge(rows: list[GradeRow]) -> dg.AssetCheckResult:
         command = outputs.run_command(spec)
-        verdict = instances_verdict(rows, command)
+        verdict = completed_verdict(spec, rows, command)
         result = _check_result(verdict, rows)
         if not verdict.failed_instances:
             return result

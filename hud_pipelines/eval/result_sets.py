@@ -55,6 +55,23 @@ type Judge = Callable[[str, Path], list[GradeRow] | None]
 (``None``: it names no pipeline file here); given an outputs root."""
 
 
+def grades_file(where: str, outputs_root: Path) -> tuple[Path, bool]:
+    """The ``grades.json`` that ``where`` names (a file, an outputs folder, a pipeline file or name under
+    ``outputs_root``), and whether it named a pipeline (whose rows are judged now, as ``report`` judges them)."""
+    from hud_pipelines.eval.outputs import EvalOutputs
+
+    path = Path(where)
+    if path.is_dir():
+        return path / "grades.json", False
+    if path.suffix in (".yaml", ".yml") and path.is_file():  # a pipeline file: its results, as `report` finds them
+        from hud_pipelines.spec.loader import declared_name
+
+        return EvalOutputs(outputs_root, declared_name(path)).grades_json, True
+    if not path.exists() and path.suffix != ".json" and len(path.parts) == 1:  # a pipeline's name
+        return EvalOutputs(outputs_root, where).grades_json, True
+    return path, False
+
+
 def read_result_set(
     where: str, *, outputs_root: Path | None = None, checkpoint: str | None = None, judge: Judge | None = None
 ) -> ResultSet:
@@ -66,19 +83,10 @@ def read_result_set(
     checkpoint, ``checkpoint`` or else the sweep's candidate (the last one of the table, as its checks
     judge), never a mix in which one checkpoint's rows would silently stand for the others.
     """
-    from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
+    from hud_pipelines.eval.outputs import default_outputs_root
 
     root = (outputs_root or default_outputs_root()).resolve()
-    path = Path(where)
-    pipeline = False
-    if path.is_dir():
-        path = path / "grades.json"
-    elif path.suffix in (".yaml", ".yml") and path.is_file():  # a pipeline file: its results, as `report` finds them
-        from hud_pipelines.spec.loader import declared_name
-
-        path, pipeline = EvalOutputs(root, declared_name(path)).grades_json, True
-    elif not path.exists() and path.suffix != ".json" and len(path.parts) == 1:  # a pipeline's name
-        path, pipeline = EvalOutputs(root, where).grades_json, True
+    path, pipeline = grades_file(where, root)
     if not path.is_file():
         raise HudPipelinesError(
             f"no grades at {path} (give a grades.json, an outputs/<name> folder or a pipeline name)"

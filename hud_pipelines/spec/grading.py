@@ -131,7 +131,9 @@ class NoRegressionCheck(_Check):
 
     kind: Literal["no_regression"] = Field(default="no_regression", description="selects this check")
     baseline: str = Field(
-        min_length=1, description="the baseline's grades.json (or its outputs folder), relative to the YAML file"
+        min_length=1,
+        description="the baseline's grades.json (or its outputs folder), relative to the YAML file; never this "
+        "pipeline's own (each run rewrites it before its checks read it): copy a grades.json to a file of its own",
     )
     max_drop: Float = Field(default=0.05, ge=0.0, le=1.0, description="largest tolerated drop in success rate, 0..1")
     confidence: Float = Field(default=0.95, gt=0.5, lt=1.0, description="confidence of the verdict (1 - alpha)")

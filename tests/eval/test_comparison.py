@@ -245,6 +245,46 @@ def test_a_pipeline_gated_on_its_baseline_fails_the_run_when_it_regresses(
     assert not regressed.passed
     assert "worse than the baseline" in verdict.description
 
+    itself = [{"kind": "no_regression", "baseline": "candidate/gated/grades.json", "max_drop": 0.05}]
+    judged = evaluate(spec({"kind": "constant"}, itself), outputs_dir=tmp_path / "candidate", project_dir=REPO)
+    verdict = {c.name: c for c in judged.checks}["no_regression"]
+    assert not verdict.passed, "before, the run was compared with the grades it had just written: it always passed"
+    assert "the baseline is this pipeline's own grades.json" in verdict.description
+    assert not judged.passed
+
+
+def test_a_baseline_that_is_the_pipelines_own_results_is_refused_before_the_run_and_by_validate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+    from hud_pipelines.cli.selection import refuse_misconfigured
+    from hud_pipelines.errors import HudPipelinesError
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.spec.loader import load_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HUD_PIPELINES_OUTPUTS", str(tmp_path / "outputs"))
+    (tmp_path / "pipelines").mkdir()
+    path = tmp_path / "pipelines" / "gated.yaml"
+    for baseline in ("../outputs/gated/grades.json", "../outputs/gated", "../outputs/other/grades.json"):
+        path.write_text(
+            "name: gated\nsim: {factory: CartPole-v1}\nagent: {policy: {kind: constant}}\n"
+            f"checks:\n  - {{kind: no_regression, baseline: {baseline}}}\n"
+        )
+        spec = load_pipeline(path)
+        outputs = EvalOutputs(tmp_path / "outputs", "gated")
+        capsys.readouterr()
+        if "other" in baseline:
+            refuse_misconfigured(path, spec, outputs)
+            assert main(["validate", "--no-deep", str(path)]) == 0, capsys.readouterr().out
+            continue
+        with pytest.raises(HudPipelinesError, match=r"checks\[0\]\.baseline: the baseline is this pipeline's own"):
+            refuse_misconfigured(path, spec, outputs)
+        assert main(["validate", "--no-deep", str(path)]) == 1
+        said = capsys.readouterr().out
+        assert "gated.yaml:5:" in said, said
+        assert "checks[0].baseline: the baseline is this pipeline's own" in said
+
 
 def test_a_sweeps_results_are_compared_one_checkpoint_at_a_time_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
