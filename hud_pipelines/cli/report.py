@@ -34,8 +34,12 @@ def write_report(
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     now = judged_now(spec, outputs)
     _, checks = grades_step(spec, outputs, now)
-    written = report_step(spec, outputs, current=now, dataset=dataset_root(spec, outputs, Path.cwd()))
+    dataset = dataset_root(spec, outputs, Path.cwd())
+    written = report_step(spec, outputs, current=now, dataset=dataset)
     print(f"wrote {written.html} and {outputs.report_md}, with grades.json and checks.json beside them")
+    outdated = _outdated_dataset(spec, outputs, now, dataset) if spec.dataset_enabled and not spec.is_sweep else None
+    if outdated is not None:
+        print(outdated)
     failed = [check for check in checks if check.blocking and not check.passed]
     for check in failed:  # exit non-zero as a run would: the results as they stand do not pass
         print(f"blocking check {check.name} failed: {check.description}", file=sys.stderr)
@@ -89,6 +93,24 @@ def current_rows(pipeline: str, outputs_root: Path) -> list[GradeRow] | None:
         return None
     outputs = EvalOutputs(outputs_root, spec.name)
     return collect_rows(spec, outputs, current=judged_now(spec, outputs))
+
+
+def _outdated_dataset(spec: PipelineSpec, outputs: EvalOutputs, now: CurrentBy, dataset: Path) -> str | None:
+    """A note where the published dataset holds episodes the grades no longer count (the configuration changed since
+    the run that published it): ``report`` writes no dataset, the next run publishes it again. ``None`` otherwise."""
+    from hud_pipelines.dataset.merge import read_episode_records
+    from hud_pipelines.eval.rows import collect_rows
+
+    published = {str(record.get("trace_id")) for record in read_episode_records(dataset)}
+    counted = {row.trace_id for row in collect_rows(spec, outputs, current=now) if row.trace_id}
+    extra = published - counted
+    if not extra:
+        return None
+    return (
+        f"note: the dataset at {dataset} holds {len(extra)} of its {len(published)} episode(s) from results these "
+        f"grades no longer count (an earlier configuration's); the next `hud-pipelines run {spec.name}` publishes "
+        "it again"
+    )
 
 
 def _open(url: str) -> None:

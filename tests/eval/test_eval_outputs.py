@@ -319,6 +319,33 @@ def test_hud_pipelines_report_writes_and_serves_the_page(
             served.stdout.close()
 
 
+def test_report_after_an_edit_says_the_published_dataset_holds_episodes_its_grades_no_longer_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report`` writes no dataset: before, the grades counted one instance while the dataset held two, unsaid."""
+    from hud_pipelines.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    spec = _spec(tmp_path, group=2)
+    (tmp_path / "placed.yaml").write_text(json.dumps(spec.model_dump(mode="json")))
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out", project_dir=tmp_path)
+    assert evaluation.dataset is not None
+    report = ["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]
+    capsys.readouterr()
+    assert main(report) == 0
+    assert "note: the dataset" not in capsys.readouterr().out, "the dataset holds what the grades count"
+    (tmp_path / "placed.yaml").write_text(json.dumps(spec.model_dump(mode="json") | {"group": 1}))
+    assert main(report) == 0
+    grades = json.loads((evaluation.outputs.base / "grades.json").read_text())
+    assert len(grades) == 2, "one instance of two slots"
+    dataset = tmp_path / "out" / "datasets" / "placed"
+    said = (
+        f"note: the dataset at {dataset} holds 2 of its 4 episode(s) from results these grades no longer count "
+        "(an earlier configuration's); the next `hud-pipelines run placed` publishes it again"
+    )
+    assert said in capsys.readouterr().out
+
+
 def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
