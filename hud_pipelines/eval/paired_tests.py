@@ -53,16 +53,22 @@ def paired_difference_interval(won: int, lost: int, pairs: int, alpha: float) ->
     share of them the candidate won. ``pi`` gets the Clopper-Pearson interval that McNemar's exact
     test inverts (so the interval excludes zero exactly when the test's p-value is below ``alpha``;
     at ``alpha`` itself a bound touches zero),
-    ``psi`` its own, and ``d`` ranges over both. It is conservative: in simulations over 8 to 200 pairs
-    and discordance 0 to 100% it covered the true difference 95.8-100% of the time at ``alpha = 0.05``.
-    ``won`` and ``lost`` are the discordant pairs only the candidate, or only the baseline, succeeded in.
+    ``psi`` its own, and ``d`` ranges over both. ``d`` is also at most the share of pairs only the
+    candidate won, and at least minus the baseline's: each bound is kept within that share's
+    Clopper-Pearson bound, so one more pair lost never raises the upper bound (without it, 0 of 1
+    discordant pairs in 16 read up to +28.7%, where none read +20.6%). The cap never crosses zero, so
+    the agreement with the test stands. It is conservative: its exact coverage at ``alpha = 0.05``, over
+    8 to 80 pairs and shares of each side's wins from 0 to 60%, is at least 95.4% (the same as without
+    the cap). ``won`` and ``lost`` are the discordant pairs only the candidate, or only the baseline,
+    succeeded in.
     """
     discordant = won + lost
     psi_low, psi_high = clopper_pearson(discordant, pairs, alpha)
     pi_low, pi_high = clopper_pearson(won, discordant, alpha) if discordant else (0.0, 1.0)
     low, high = 2 * pi_low - 1, 2 * pi_high - 1
     bounds = (psi_high if low < 0 else psi_low) * low, (psi_high if high > 0 else psi_low) * high
-    return _zeroed(bounds[0]), _zeroed(bounds[1])
+    won_share, lost_share = clopper_pearson(won, pairs, alpha)[1], clopper_pearson(lost, pairs, alpha)[1]
+    return _zeroed(max(bounds[0], -lost_share)), _zeroed(min(bounds[1], won_share))
 
 
 def _zeroed(bound: float) -> float:

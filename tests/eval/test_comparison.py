@@ -88,6 +88,9 @@ def test_the_success_difference_interval_excludes_zero_exactly_when_mcnemar_find
                 low, high = paired_difference_interval(won, lost, pairs, 0.05)
                 assert low <= (won - lost) / pairs <= high
                 assert (low > 0 or high < 0) == (mcnemar_exact(won, lost) <= 0.05), (pairs, won, lost)
+                if won + lost < pairs:  # one more pair lost never raises the upper bound, one more won the lower
+                    assert paired_difference_interval(won, lost + 1, pairs, 0.05)[1] <= high, (pairs, won, lost)
+                    assert paired_difference_interval(won + 1, lost, pairs, 0.05)[0] >= low, (pairs, won, lost)
 
 
 def test_the_sample_size_follows_connors_formula() -> None:
