@@ -93,6 +93,25 @@ def test_the_success_difference_interval_excludes_zero_exactly_when_mcnemar_find
                     assert paired_difference_interval(won + 1, lost, pairs, 0.05)[0] >= low, (pairs, won, lost)
 
 
+@pytest.mark.parametrize("pairs", [16, 30])
+def test_the_success_difference_interval_covers_the_true_difference_at_least_95_percent_of_the_time(
+    pairs: int,
+) -> None:
+    """Exact coverage, summed over every outcome of ``pairs`` pairs, at shares where it is lowest and where the
+    cap on each side's share of wins binds (one side never or rarely wins alone)."""
+    outcomes = [(won, lost) for won in range(pairs + 1) for lost in range(pairs + 1 - won)]
+    intervals = {outcome: paired_difference_interval(*outcome, pairs, 0.05) for outcome in outcomes}
+    for won_share, lost_share in [(0.0, 0.0), (0.0, 0.05), (0.02, 0.1), (0.05, 0.3), (0.3, 0.3), (0.45, 0.5)]:
+        difference = won_share - lost_share
+        shares = [won_share, lost_share, 1 - won_share - lost_share]
+        covered = sum(
+            stats.multinomial.pmf([won, lost, pairs - won - lost], pairs, shares)
+            for (won, lost), (low, high) in intervals.items()
+            if low - 1e-12 <= difference <= high + 1e-12
+        )
+        assert covered >= 0.95, (pairs, won_share, lost_share, covered)
+
+
 def test_the_sample_size_follows_connors_formula() -> None:
     z_alpha, z_power = stats.norm.ppf(0.975), stats.norm.ppf(0.8)
     for psi, effect in [(0.3, 0.1), (0.2, 0.15), (0.05, 0.1)]:
