@@ -47,7 +47,8 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
         return store.summary(root)
     published: list[tuple[ShardStore, Path]] = []
     refused: list[str] = []
-    for member, expected in sweep_members(spec, outputs):
+    members = sweep_members(spec, outputs)
+    for member, expected in members:
         member_root = member_dataset(root, member.label)
         assert member_root is not None
         store = ShardStore(member.outputs, member.spec, run_id=run_id, checkpoint=member.label)
@@ -61,6 +62,8 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
             continue
         write_dataset_links(member.outputs.base / ASSETS_DIR, member_root, member.spec.dataset_repo_id)
         published.append((store, member_root))
+    labels = [member.label for member, _ in members]
+    write_dataset_links(outputs.base / ASSETS_DIR, root, spec.dataset_repo_id, members=labels)  # the sweep's page
     if refused:
         raise DatasetWriteError("; ".join(refused))
     if not published:

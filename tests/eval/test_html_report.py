@@ -228,6 +228,34 @@ def test_the_report_before_its_dataset_is_published_links_no_dataset_episode(
     page.close()
 
 
+def test_a_sweeps_page_links_each_card_to_the_dataset_of_several_that_holds_its_episode(
+    camera_eval: CameraEval, browser: Any, tmp_path: Path
+) -> None:
+    """A sweep's page shows every checkpoint's episodes, each in its checkpoint's own dataset: its links file is
+    a list (before, it was ``null``: no card of a sweep's page linked to its dataset episode)."""
+    from hud_pipelines.eval.report_html.dataset_links import dataset_links
+
+    outputs = EvalOutputs(tmp_path / "outputs", camera_eval.outputs.pipeline)
+    shutil.copytree(camera_eval.outputs.base, outputs.base)
+    steps.report_step(camera_eval.spec, outputs, dataset=None)
+    page_dir = html_path(outputs).parent
+    dataset = camera_eval.outputs.dataset
+    holding = dataset_links(dataset, "local/pendulum_report", page_dir)
+    assert holding is not None
+    other = {**holding, "root": "elsewhere", "href": "elsewhere", "episodes": {"another-trace": 0}}
+    (page_dir / "report_files" / "dataset.js").write_text(f"window.HUD_DATASET = {json.dumps([other, holding])};\n")
+    page = Page(browser, html_path(outputs).as_uri())
+    links = page.tab.locator(".dataset a")
+    assert links.count() == len(camera_eval.rows)
+    indices = {r["trace_id"]: r["episode_index"] for r in read_episode_records(dataset)}
+    for row in camera_eval.rows:
+        link = page.tab.locator(f"#{_card_id(camera_eval.rows, row)} .dataset a")
+        assert link.inner_text() == f"dataset episode {indices[row.trace_id]}"
+        assert (page_dir / (link.get_attribute("href") or "")).resolve() == dataset.resolve()
+    assert page.errors == []
+    page.close()
+
+
 def test_the_reports_show_the_pipelines_description_and_task_prompts_escaped(
     camera_eval: CameraEval, tmp_path: Path
 ) -> None:

@@ -500,6 +500,14 @@ def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_dele
         "the checkpoints that ran publish their datasets; the one that never loaded has none"
     )
     assert sorted(p.name for p in published.iterdir()) == ["000500", "001000"]
+    script = (tmp_path / "out" / "reach_sweep" / "report_files" / "dataset.js").read_text()
+    links = json.loads(script.removeprefix("window.HUD_DATASET = ").removesuffix(";\n"))
+    assert [link["root"] for link in links] == [str(published / "000500"), str(published / "001000")], (
+        "the sweep's page links each card to its checkpoint's own dataset"
+    )
+    for link in links:
+        label = Path(link["root"]).name
+        assert set(link["episodes"]) == {row.trace_id for row in after.rows if row.checkpoint == label}
 
 
 def test_a_checkpoint_whose_dataset_writer_failed_holds_back_only_its_own_dataset_until_it_runs_again(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from hud_pipelines.eval.outputs import write_atomically
 
 DATASET_SCRIPT = "dataset.js"
 GLOBAL = "HUD_DATASET"
-"""The name the script assigns: ``null``, or ``{repo_id, root, href, episodes: {trace_id: index}}``."""
+"""The name the script assigns: ``null``, ``{repo_id, root, href, episodes: {trace_id: index}}``, or a list of
+those (a sweep's page: one per checkpoint's dataset)."""
 
 
 def dataset_links(dataset: Path, repo_id: str, page_dir: Path) -> dict[str, Any] | None:
@@ -37,9 +39,18 @@ def dataset_links(dataset: Path, repo_id: str, page_dir: Path) -> dict[str, Any]
     }
 
 
-def write_dataset_links(assets_dir: Path, dataset: Path | None, repo_id: str) -> Path:
-    """Write ``dataset.js`` into the page's assets folder (``null`` links without a published dataset)."""
-    links = dataset_links(dataset, repo_id, assets_dir.parent) if dataset is not None else None
+def write_dataset_links(assets_dir: Path, dataset: Path | None, repo_id: str, *, members: Sequence[str] = ()) -> Path:
+    """Write ``dataset.js`` into the page's assets folder (``null`` links without a published dataset).
+
+    A sweep's page (``members``: its checkpoints' labels) shows every checkpoint's episodes, each published in its
+    checkpoint's own dataset, a folder of ``dataset`` per label: the script then assigns a list of their links.
+    """
+    links: dict[str, Any] | list[dict[str, Any]] | None = None
+    if dataset is not None and members:
+        found = (dataset_links(dataset / label, repo_id, assets_dir.parent) for label in members)
+        links = [link for link in found if link is not None] or None
+    elif dataset is not None:
+        links = dataset_links(dataset, repo_id, assets_dir.parent)
     path = assets_dir / DATASET_SCRIPT
     assets_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(links, separators=(",", ":"), sort_keys=True).replace("</", "<\\/")

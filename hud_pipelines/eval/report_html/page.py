@@ -72,7 +72,7 @@ def write_html_report(
     page = html_path(outputs)
     page.parent.mkdir(parents=True, exist_ok=True)
     _copy_assets(page.parent / ASSETS_DIR)
-    write_dataset_links(page.parent / ASSETS_DIR, dataset, repo_id)
+    write_dataset_links(page.parent / ASSETS_DIR, dataset, repo_id, members=list(members or ()))
     views = episode_views(rows, outputs, page.parent, members=members)
     text = render_page(
         pipeline,

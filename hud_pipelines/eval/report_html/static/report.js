@@ -215,11 +215,16 @@
 
   // Each card's episode in the published dataset, from report_files/dataset.js (null until the
   // dataset step published one): its index, a link to the dataset and the command that shows it.
-  function linkDataset(dataset) {
-    if (!dataset || !dataset.episodes) return;
+  function linkDataset(published) {
+    // one dataset, or a sweep's list of them (one per checkpoint): each card links to the one holding its episode
+    var datasets = Array.isArray(published) ? published : published ? [published] : [];
     document.querySelectorAll("p.dataset[data-trace]").forEach(function (slot) {
-      var index = dataset.episodes[slot.getAttribute("data-trace")];
-      if (typeof index !== "number") return;
+      var trace = slot.getAttribute("data-trace");
+      var dataset = datasets.find(function (candidate) {
+        return candidate.episodes && typeof candidate.episodes[trace] === "number";
+      });
+      if (!dataset) return;
+      var index = dataset.episodes[trace];
       var link = document.createElement("a");
       link.href = dataset.href + "/";
       link.textContent = "dataset episode " + index;
