@@ -4,7 +4,8 @@ A slot is the single env, or one sub-env of a vector env; unlike the sim's locks
 starts its episodes on its own (a vector env's autoreset restarts one sub-env at a time). Grades
 follow the bridge: success is sticky once the env reports it, the score is success when the env
 reports a success signal, else the episode return. An episode cut short by ``reset`` or ``close``
-ends as failed with ``truncated=True``.
+ends as failed with ``truncated=True``; one whose env raised, or whose observation no longer fits the
+contract, ends errored with its fault, as an eval's does (an error is never a failure).
 
 A wrapper writing a dataset is finalized at interpreter exit if it was never closed
 (:meth:`Episodes.close_at_exit`; see :mod:`.wrap` for what that covers).
@@ -24,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
+from hud_pipelines.errors import ContractError, Fault
 from hud_pipelines.recording.events import (
     EpisodeKey,
     EpisodeOutcome,
@@ -120,7 +122,12 @@ class Episodes:
         for name, value in flat.items():
             key = self.names.get(name, name)
             feature = self.contract.features[key]
-            row = value if slot is None else value[slot]
+            row = np.asarray(value if slot is None else value[slot])
+            if row.size != feature.size:
+                raise ContractError(
+                    f"observation {key!r} is {row.dtype}{list(row.shape)}, the contract says "
+                    f"{feature.dtype}{list(feature.shape)}"
+                )
             out[key] = np.array(row, dtype=feature.dtype).reshape(feature.shape)
         return out
 
@@ -195,6 +202,26 @@ class Episodes:
             extra=extra,
             success_reported=record.success_reported,
             success_at_end=record.success_now,
+        )
+        for sink in self.sinks:
+            sink.end(key, outcome)
+
+    def fail(self, slot: int, exc: BaseException) -> None:
+        """End ``slot``'s open episode as errored: its env raised (or its observation left the contract), so the
+        episode has no answer; it is not counted a failure, and a dataset keeps it out as an eval's does."""
+        key, self.keys[slot] = self.keys[slot], None
+        if key is None:
+            return
+        record = self.records[slot].record(0)
+        fault = Fault.CONTRACT if isinstance(exc, ContractError) else Fault.ENV
+        outcome = EpisodeOutcome(
+            EpisodeStatus.ERRORED,
+            0.0,
+            False,
+            record.total_reward,
+            record.steps,
+            error=f"{type(exc).__name__}: {exc}",
+            fault=fault,
         )
         for sink in self.sinks:
             sink.end(key, outcome)

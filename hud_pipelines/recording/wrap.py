@@ -113,18 +113,22 @@ class RecordEpisodes(gym.Wrapper[Any, Any, Any, Any]):
         return observation, info
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = self.env.step(action)
         episodes = self.episodes
-        if episodes.is_open(0):
-            episodes.step(
-                0,
-                action,
-                episodes.observation(flatten_observation(observation), None),
-                reward_of(reward),
-                bool(terminated),
-                bool(truncated),
-                success_of(info),
-            )
+        try:
+            observation, reward, terminated, truncated, info = self.env.step(action)
+            if episodes.is_open(0):
+                episodes.step(
+                    0,
+                    action,
+                    episodes.observation(flatten_observation(observation), None),
+                    reward_of(reward),
+                    bool(terminated),
+                    bool(truncated),
+                    success_of(info),
+                )
+        except Exception as exc:  # the episode errored: recorded so, then the loop hears it
+            episodes.fail(0, exc)
+            raise
         return observation, reward, terminated, truncated, info
 
     def close(self) -> None:
@@ -169,6 +173,15 @@ class RecordVectorEpisodes(gym.vector.VectorWrapper):
         return observation, info
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        episodes = self.episodes
+        try:
+            return self._step(actions)
+        except Exception as exc:  # a vector env's step raised for all of its sub-envs: each open episode errored
+            for slot in range(episodes.num_slots):
+                episodes.fail(slot, exc)
+            raise
+
+    def _step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         observation, reward, terminated, truncated, info = self.env.step(actions)
         episodes = self.episodes
         flat = flatten_observation(observation)

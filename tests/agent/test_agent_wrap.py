@@ -11,6 +11,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 from agent_helpers import RecordingSink
 
 from envs.controllers import pendulum_swing_up
@@ -21,6 +22,7 @@ from hud_pipelines.agent.builtin import FunctionPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import load_contract
 from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.errors import ContractError, Fault
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.trace_reader import read_traces
 from hud_pipelines.recording.traces import StepType, TraceRecorder
@@ -285,3 +287,63 @@ def test_an_unclosed_wrap_dataset_is_published_at_exit(tmp_path: Path) -> None:
     assert [r["steps"] for r in records][-1] == 3
     assert dataset.num_frames == sum(int(str(r["frames"])) for r in records)
     assert not list(tmp_path.glob(".unclosed.staging-*"))
+
+
+class _BreaksOnSeedOne(gym.Env[np.ndarray, np.ndarray]):
+    """Four-step episodes; on seed 1 the second step raises (``fault="raise"``) or returns three values for two."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, fault: str) -> None:
+        self.fault, self.seed, self.steps = fault, None, 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.seed, self.steps = seed, 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.steps += 1
+        observation = np.zeros(2, np.float32)
+        if self.seed == 1 and self.steps == 2:
+            if self.fault == "raise":
+                raise RuntimeError("the arm left its workspace")
+            observation = np.zeros(3, np.float32)
+        return observation, 1.0, self.steps == 4, False, {}
+
+
+def test_an_episode_whose_env_raised_is_errored_and_kept_out_of_the_dataset_never_a_failure(tmp_path: Path) -> None:
+    """Before, it ended as a failure cut short by the next reset(), and the dataset and its statistics held it."""
+    sink = RecordingSink()
+    env = wrap(_BreaksOnSeedOne("raise"), sinks=[sink], dataset=tmp_path / "dataset")
+    for seed in (0, 1, 2):
+        env.reset(seed=seed)
+        try:
+            for _ in range(4):
+                env.step(np.zeros(1, np.float32))
+        except RuntimeError:
+            assert seed == 1
+    env.close()
+    outcomes = [sink.ended[trace] for trace in sink.ended]
+    by_seed = {sink.keys[trace].seed: outcome for trace, outcome in sink.ended.items()}
+    assert len(outcomes) == 3
+    errored = by_seed[1]
+    assert (errored.status, errored.fault, errored.steps) == (EpisodeStatus.ERRORED, Fault.ENV, 1)
+    assert errored.error == "RuntimeError: the arm left its workspace"
+    assert {by_seed[0].status, by_seed[2].status} == {EpisodeStatus.FAILED}
+    assert [record["seed"] for record in read_episode_records(tmp_path / "dataset")] == [0, 2]
+
+
+def test_an_observation_that_leaves_the_contract_mid_episode_is_said_and_errors_its_episode() -> None:
+    sink = RecordingSink()
+    env = wrap(_BreaksOnSeedOne("shape"), sinks=[sink])
+    env.reset(seed=1)
+    env.step(np.zeros(1, np.float32))
+    with pytest.raises(ContractError, match=r"observation 'state' is float32\[3\], the contract says float32\[2\]"):
+        env.step(np.zeros(1, np.float32))
+    (outcome,) = sink.ended.values()
+    assert (outcome.status, outcome.fault, outcome.steps) == (EpisodeStatus.ERRORED, Fault.CONTRACT, 1)
+    env.close()
