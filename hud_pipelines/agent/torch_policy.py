@@ -114,5 +114,6 @@ def load_checkpoint(module: torch.nn.Module, path: Path, device: torch.device) -
         raise PolicyError(f"checkpoint {path} holds a {type(state).__name__}, expected a state_dict")
     try:
         module.load_state_dict(state)  # pyright: ignore[reportUnknownArgumentType]
-    except RuntimeError as exc:
-        raise PolicyError(f"checkpoint {path} does not fit {type(module).__qualname__}: {exc}") from exc
+    except RuntimeError as exc:  # torch says which tensors on lines of their own: one line, so every summary has them
+        mismatches = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise PolicyError(f"checkpoint {path} does not fit {type(module).__qualname__}: {mismatches}") from exc

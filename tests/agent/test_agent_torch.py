@@ -65,8 +65,11 @@ def test_chunked_module_output_and_read_only_inputs(tmp_path: Path) -> None:
     out = policy.infer(PolicyBatch(observation={"state": state}, prompts=[""] * 5))
     assert out.shape == (5, 4, 1)
     assert out.dtype == np.float32
-    with pytest.raises(PolicyError, match="does not fit LinearChunkPolicy"):
+    with pytest.raises(PolicyError, match="does not fit LinearChunkPolicy") as refused:
         build_policy(config.model_copy(update={"checkpoint": "linear.pt"}), contract, base_dir=tmp_path)
+    said = str(refused.value)
+    assert "\n" not in said, "one line: a summary's line that keeps the first would say nothing of which tensor"
+    assert "; size mismatch for " in said, said
 
 
 def test_torch_errors_name_the_culprit(tmp_path: Path) -> None:
