@@ -35,11 +35,12 @@ def write_report(
     now = judged_now(spec, outputs)
     _, checks = grades_step(spec, outputs, now)
     dataset = dataset_root(spec, outputs, Path.cwd())
-    written = report_step(spec, outputs, current=now, dataset=dataset)
+    outdated = _outdated_dataset(spec, outputs, now, dataset) if spec.dataset_enabled else None
+    notes = [outdated] if outdated is not None else []
+    written = report_step(spec, outputs, current=now, dataset=dataset, notes=notes)
     print(f"wrote {written.html} and {outputs.report_md}, with grades.json and checks.json beside them")
-    outdated = _outdated_dataset(spec, outputs, now, dataset) if spec.dataset_enabled and not spec.is_sweep else None
-    if outdated is not None:
-        print(outdated)
+    for note in notes:
+        print(f"note: {note}")
     failed = [check for check in checks if check.blocking and not check.passed]
     for check in failed:  # exit non-zero as a run would: the results as they stand do not pass
         print(f"blocking check {check.name} failed: {check.description}", file=sys.stderr)
@@ -96,20 +97,30 @@ def current_rows(pipeline: str, outputs_root: Path) -> list[GradeRow] | None:
 
 
 def _outdated_dataset(spec: PipelineSpec, outputs: EvalOutputs, now: CurrentBy, dataset: Path) -> str | None:
-    """A note where the published dataset holds episodes the grades no longer count (the configuration changed since
-    the run that published it): ``report`` writes no dataset, the next run publishes it again. ``None`` otherwise."""
+    """Where the published dataset (a sweep's: each checkpoint's) holds episodes the grades no longer count (the
+    configuration changed since the run that published it): ``report`` writes no dataset, the next run publishes it
+    again. ``None`` where none does."""
     from hud_pipelines.dataset.merge import read_episode_records
-    from hud_pipelines.eval.rows import collect_rows
+    from hud_pipelines.eval.publishing import member_dataset
+    from hud_pipelines.eval.rows import collect_rows, sweep_members
 
-    published = {str(record.get("trace_id")) for record in read_episode_records(dataset)}
-    counted = {row.trace_id for row in collect_rows(spec, outputs, current=now) if row.trace_id}
-    extra = published - counted
-    if not extra:
+    if spec.is_sweep:
+        members = sweep_members(spec, outputs, now)
+        judged = [(member_dataset(dataset, m.label), collect_rows(m.spec, m.outputs, current=c)) for m, c in members]
+    else:
+        judged = [(dataset, collect_rows(spec, outputs, current=now))]
+    said: list[str] = []
+    for folder, rows in judged:
+        records = read_episode_records(folder) if folder is not None else []
+        published = {str(record.get("trace_id")) for record in records}
+        extra = published - {row.trace_id for row in rows if row.trace_id}
+        if extra:
+            said.append(f"{folder} holds {len(extra)} of its {len(published)} episode(s)")
+    if not said:
         return None
     return (
-        f"note: the dataset at {dataset} holds {len(extra)} of its {len(published)} episode(s) from results these "
-        f"grades no longer count (an earlier configuration's); the next `hud-pipelines run {spec.name}` publishes "
-        "it again"
+        f"the published dataset {'; '.join(said)} from results these grades no longer count (an earlier "
+        f"configuration's): the next `hud-pipelines run {spec.name}` publishes it again"
     )
 
 

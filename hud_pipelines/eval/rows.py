@@ -148,15 +148,14 @@ def _sweep_rows(spec: PipelineSpec, outputs: EvalOutputs, current: CurrentBy) ->
     """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``.
 
     A checkpoint whose files are gone keeps its answered episodes (they record what those weights did), and
-    its stale ones say so; one whose current results are all errors (it never loaded: a corrupt file, since
-    deleted) is left out, or it would stay the candidate whose errors fail every later run.
+    its stale ones say so; one with no current answer (it never loaded: a corrupt file, since deleted; or every
+    result is stale, which nothing can run again) is left out, or it would stay the candidate whose errors fail
+    every later run.
     """
     rows: list[GradeRow] = []
     for member, expected in sweep_members(spec, outputs, current):
         found = collect_rows(member.spec, member.outputs, current=expected, rerun=_rerun_of(member))
-        if not member.path.exists() and all(
-            row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN for row in found
-        ):
+        if not member.path.exists() and all(row.status is EpisodeStatus.ERRORED for row in found):
             continue
         rows += [
             dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))

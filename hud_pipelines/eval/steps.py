@@ -147,6 +147,7 @@ def report_step(
     dataset: Path | None = None,
     member: sweep.Member | None = None,
     run_failure: str | None = None,
+    notes: Sequence[str] = (),
 ) -> ReportFiles:
     """``report.md`` with its plot ``report.png`` beside it, and ``report.html`` (episodes, videos, plots).
 
@@ -156,7 +157,7 @@ def report_step(
     Written for every run that started, failed instances included: the checks' verdicts are part of
     it, and ``run_id`` (the run writing it) tells this run's rows from those of earlier runs.
     ``dataset`` is where the pipeline's dataset is published (:func:`dataset_root`): the page links
-    each episode to its dataset episode once it is there.
+    each episode to its dataset episode once it is there. ``notes``: more warnings, from the caller.
     """
     from hud_pipelines.eval.report_html import write_html_report
     from hud_pipelines.eval.report_html.episodes import episode_thumbnails
@@ -187,7 +188,7 @@ def report_step(
     recorded = None if spec.is_sweep else recording_warning(current_results(spec, outputs, current).values())
     failed = run_failure and f"this run failed, so these are the results it kept of earlier runs, if any: {run_failure}"
     signal = success_signal_warning(spec.graders[0], headline)
-    warned = [w for w in (failed, unevaluated, stale, signal, errored, recorded, seeded, mixed, gone) if w]
+    warned = [w for w in (failed, unevaluated, stale, signal, errored, recorded, seeded, mixed, gone, *notes) if w]
     context = ReportContext(
         checks=checks,
         run_id=run_id,

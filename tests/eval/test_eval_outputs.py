@@ -340,10 +340,11 @@ def test_report_after_an_edit_says_the_published_dataset_holds_episodes_its_grad
     assert len(grades) == 2, "one instance of two slots"
     dataset = tmp_path / "out" / "datasets" / "placed"
     said = (
-        f"note: the dataset at {dataset} holds 2 of its 4 episode(s) from results these grades no longer count "
-        "(an earlier configuration's); the next `hud-pipelines run placed` publishes it again"
+        f"the published dataset {dataset} holds 2 of its 4 episode(s) from results these grades no longer count "
+        "(an earlier configuration's): the next `hud-pipelines run placed` publishes it again"
     )
-    assert said in capsys.readouterr().out
+    assert f"note: {said}" in capsys.readouterr().out
+    assert f"**Warning:** {said}." in (evaluation.outputs.base / "report.md").read_text(), "the report says it too"
 
 
 def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_report(

@@ -510,6 +510,22 @@ def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_dele
         assert set(link["episodes"]) == {row.trace_id for row in after.rows if row.checkpoint == label}
 
 
+def test_a_deleted_checkpoint_whose_every_result_is_stale_leaves_the_table(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, its stale rows stayed in the table and, at the highest step, it stayed the candidate: every later run
+    failed, saying to restore files that would only be evaluated again."""
+    monkeypatch.chdir(REPO)
+    near = [{"name": "near", "seed": 10}]
+    first = evaluate(sweep_spec(tmp_path, str(run.output_dir), tasks=near, group=1), outputs_dir=tmp_path / "out")
+    assert first.passed
+    shutil.rmtree(run.step_dirs[1500])
+    edited = sweep_spec(tmp_path, str(run.output_dir), tasks=near, group=1, max_steps=5)  # every result is stale
+    after = evaluate(edited, outputs_dir=tmp_path / "out")
+    assert [row.checkpoint for row in after.rows] == ["000500"] * 2 + ["001000"] * 2
+    assert after.passed, "the candidate is 001000, evaluated again"
+
+
 def test_a_checkpoint_whose_dataset_writer_failed_holds_back_only_its_own_dataset_until_it_runs_again(
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
