@@ -526,6 +526,28 @@ def test_a_deleted_checkpoint_whose_every_result_is_stale_leaves_the_table(
     assert after.passed, "the candidate is 001000, evaluated again"
 
 
+def test_report_after_the_group_was_lowered_names_each_checkpoints_dataset_that_holds_more(
+    run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hud_pipelines.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    published = tmp_path / "datasets"
+    fields: dict[str, Any] = {"tasks": [{"name": "near", "seed": 10}], "dataset": {"root": str(published)}}
+    spec = sweep_spec(tmp_path, str(run.output_dir), group=2, **fields)
+    evaluate(spec, outputs_dir=tmp_path / "out")
+    path = tmp_path / "reach_sweep.yaml"
+    lowered = sweep_spec(tmp_path, str(run.output_dir), group=1, **fields)
+    path.write_text(json.dumps(lowered.model_dump(mode="json", exclude_unset=True)))
+    capsys.readouterr()
+    assert main(["report", str(path), "--outputs", str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    for label in ("000500", "001000", "001500"):
+        assert f"{published / label} holds 2 of its 4 episode(s)" in said, said
+    report = (tmp_path / "out" / "reach_sweep" / "report.md").read_text()
+    assert "from results these grades no longer count" in report
+
+
 def test_a_checkpoint_whose_dataset_writer_failed_holds_back_only_its_own_dataset_until_it_runs_again(
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
