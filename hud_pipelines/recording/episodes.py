@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
-from hud_pipelines.errors import ContractError, Fault
+from hud_pipelines.errors import ContractError, Fault, HudPipelinesError
 from hud_pipelines.recording.events import (
     EpisodeKey,
     EpisodeOutcome,
@@ -81,6 +81,7 @@ class Episodes:
         self.last: list[dict[str, npt.NDArray[Any]]] = [{} for _ in range(num_slots)]
         self.dataset: DatasetBuild | None = None
         self._at_exit: _CloseAtExit | None = None
+        self.closed = False
 
     def close_at_exit(self) -> None:
         """Close (and publish) at interpreter exit unless :meth:`close` ran first.
@@ -135,6 +136,11 @@ class Episodes:
         return self.keys[slot] is not None
 
     def begin(self, slot: int, seed: int | None, observation: dict[str, npt.NDArray[Any]]) -> None:
+        if self.closed:  # its sinks are closed and its dataset published: an episode now would go nowhere
+            raise HudPipelinesError(
+                "this wrap() was closed: its traces and dataset are written; wrap the env again to record more "
+                "episodes (into another dataset folder: publishing replaces the folder's dataset)"
+            )
         if self.is_open(slot):
             self.end(slot, terminated=False, truncated=True, reason=CUT_SHORT)
         record = self.records[slot]
@@ -227,6 +233,7 @@ class Episodes:
             sink.end(key, outcome)
 
     def close(self) -> None:
+        self.closed = True
         if self._at_exit is not None:
             self._at_exit.episodes = None
             self._at_exit = None

@@ -22,7 +22,7 @@ from hud_pipelines.agent.builtin import FunctionPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import load_contract
 from hud_pipelines.dataset.merge import read_episode_records
-from hud_pipelines.errors import ContractError, Fault
+from hud_pipelines.errors import ContractError, Fault, HudPipelinesError
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.trace_reader import read_traces
 from hud_pipelines.recording.traces import StepType, TraceRecorder
@@ -165,6 +165,16 @@ def test_reset_before_the_end_cuts_the_episode_short() -> None:
     assert [o.steps for o in outcomes] == [1, 1]
     assert all(o.truncated and not o.terminated for o in outcomes)
     assert set(sink.begun.values()) == {"balance"}
+
+
+def test_an_episode_after_close_is_refused_not_silently_dropped(tmp_path: Path) -> None:
+    env = wrap(gym.make("CartPole-v1"), dataset=tmp_path / "dataset")
+    env.reset(seed=0)
+    env.step(0)
+    env.close()
+    with pytest.raises(HudPipelinesError, match=r"this wrap\(\) was closed: .* wrap the env again"):
+        env.reset(seed=1)
+    assert [record["seed"] for record in read_episode_records(tmp_path / "dataset")] == [0]
 
 
 def test_a_wrapped_episode_knows_its_success_at_any_step_and_at_the_end() -> None:
