@@ -12,7 +12,7 @@ import contextlib
 import os
 import shlex
 import signal
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 
 from dagster._core.execution.execution_result import ExecutionResult
 
@@ -74,18 +74,28 @@ def interrupted_line(interrupted: signal.Signals, finished: int, units: int, res
     return f"run interrupted by {interrupted.name} after {finished} of {units} instance(s); {kept}{rest}"
 
 
-def how_to_resume(unfinished: Sequence[str], invocation: Sequence[str], order: Sequence[str], *, sweep: bool) -> str:
-    """The end of an interrupted run's line: the command that runs its ``unfinished`` instances (in ``order``).
-
-    A sweep's next run evaluates whatever has no current result by itself, so its command is the same one again.
-    """
+def how_to_resume(unfinished: Sequence[str], invocation: Sequence[str], order: Sequence[str]) -> str:
+    """The end of an interrupted run's line: the command that runs its ``unfinished`` instances (in ``order``)."""
     from hud_pipelines.eval.checks import rerun_command
 
     if not unfinished:
         return ""
-    if sweep:
-        return f"; to evaluate the rest, run the same command again: {shlex.join(invocation)}"
     return f"; to run only those: {rerun_command(unfinished, invocation, order)}"
+
+
+def how_to_resume_sweep(
+    left: int, invocation: Sequence[str], asked: Mapping[str, Sequence[str]], *, rerun: bool
+) -> str:
+    """The end of an interrupted sweep's line, ``left`` (checkpoint, instance) pairs short: its next run evaluates
+    whatever has no current result by itself, so its command is the same one again (``invocation`` with the values
+    ``asked`` of each flag: the checkpoints and partitions picked). With ``--rerun``, the pairs it did not reach keep
+    their results, which are current: only ``--rerun`` again evaluates them, and every pair with them."""
+    if left <= 0:
+        return ""
+    if rerun:
+        return "; the pairs it did not evaluate again keep their current results (`--rerun` evaluates every pair again)"
+    command = [*invocation, *(word for flag, values in asked.items() for value in values for word in (flag, value))]
+    return f"; to evaluate the rest, run the same command again: {shlex.join(command)}"
 
 
 def was_interrupted(result: ExecutionResult) -> bool:

@@ -98,8 +98,8 @@ def current_rows(pipeline: str, outputs_root: Path) -> list[GradeRow] | None:
 
 def _outdated_dataset(spec: PipelineSpec, outputs: EvalOutputs, now: CurrentBy, dataset: Path) -> str | None:
     """Where the published dataset (a sweep's: each checkpoint's) holds episodes the grades no longer count (the
-    configuration changed since the run that published it): ``report`` writes no dataset, the next run publishes it
-    again. ``None`` where none does."""
+    configuration changed since the run that published it, or a later run's blocking check held its dataset back):
+    ``report`` writes no dataset. ``None`` where none does."""
     from hud_pipelines.dataset.merge import read_episode_records
     from hud_pipelines.eval.publishing import member_dataset
     from hud_pipelines.eval.rows import collect_rows, sweep_members
@@ -112,15 +112,16 @@ def _outdated_dataset(spec: PipelineSpec, outputs: EvalOutputs, now: CurrentBy, 
     said: list[str] = []
     for folder, rows in judged:
         records = read_episode_records(folder) if folder is not None else []
-        published = {str(record.get("trace_id")) for record in records}
+        published = {str(record["trace_id"]) for record in records if record.get("trace_id")}
         extra = published - {row.trace_id for row in rows if row.trace_id}
         if extra:
             said.append(f"{folder} holds {len(extra)} of its {len(published)} episode(s)")
     if not said:
         return None
     return (
-        f"the published dataset {'; '.join(said)} from results these grades no longer count (an earlier "
-        f"configuration's): the next `hud-pipelines run {spec.name}` publishes it again"
+        f"the published dataset {'; '.join(said)} from results these grades no longer count (an earlier run's: the "
+        "configuration changed since, or a later run's dataset was held back): a run that passes its blocking checks "
+        "publishes it again"
     )
 
 

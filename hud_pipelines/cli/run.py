@@ -21,7 +21,13 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from hud_pipelines.cli.interrupts import catching_interrupts, how_to_resume, interrupted_line, was_interrupted
+from hud_pipelines.cli.interrupts import (
+    catching_interrupts,
+    how_to_resume,
+    how_to_resume_sweep,
+    interrupted_line,
+    was_interrupted,
+)
 from hud_pipelines.cli.selection import (
     as_invoked,
     asked_command,
@@ -115,6 +121,7 @@ def run_pipeline(
     refuse_misconfigured(path, spec, outputs)
     defs = definitions_for_file(path, outputs_dir=outputs.root, project_dir=project_dir)
     job = defs.resolve_job_def(spec.name)
+    asked = {"--checkpoint": checkpoints or [], "--partition": partitions or []}  # as given: how to resume a sweep
     ordered, checkpoints = select_instances(spec, partitions, checkpoints)
     tags = {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
     units = len(ordered)
@@ -190,8 +197,11 @@ def run_pipeline(
         )  # an interrupt's unfinished instances keep their earlier results, which would pass every check
         failed_run_step(spec, outputs, run_id=run_id, project_dir=project_dir, failure=failure)
     if interrupted is not None:
-        unfinished = [key for key in ordered if key not in finished]
-        rest = how_to_resume(unfinished, invocation, spec.partition_keys(), sweep=spec.is_sweep)
+        if spec.is_sweep:  # its results name no checkpoint: what is left is counted in pairs
+            rest = how_to_resume_sweep(units - len(finished), invocation, asked, rerun=rerun)
+        else:
+            unfinished = [key for key in ordered if key not in finished]
+            rest = how_to_resume(unfinished, invocation, spec.partition_keys())
         problems.insert(
             0,
             interrupted_line(interrupted, len(finished), units, rest, on_workers=job.executor_def.name == "hud_celery"),

@@ -18,7 +18,7 @@ from typing import Any, cast
 import dagster as dg
 import pytest
 
-from hud_pipelines.cli.interrupts import how_to_resume
+from hud_pipelines.cli.interrupts import how_to_resume, how_to_resume_sweep
 from hud_pipelines.cli.main import main
 from hud_pipelines.dagster.overlap import PID_TAG
 from hud_pipelines.eval.outputs import EvalOutputs
@@ -381,14 +381,15 @@ SLEEPY = {"kind": "scripted", "target": f"{REPO}/tests/eval/faulty_policies.py:S
 
 def test_an_interrupted_sweep_says_that_the_same_command_evaluates_the_rest() -> None:
     command = ["hud-pipelines", "run", "my sweep.yaml"]
-    order = ["a|i0", "a|i1", "b|i0"]
-    assert how_to_resume(["a|i1", "b|i0"], command, order, sweep=False) == (
-        "; to run only those: hud-pipelines run 'my sweep.yaml' --partition 'a|i1' --partition 'b|i0'"
+    assert how_to_resume(["a-i1", "b-i0"], command, ["a-i0", "a-i1", "b-i0"]) == (
+        "; to run only those: hud-pipelines run 'my sweep.yaml' --partition a-i1 --partition b-i0"
     )
-    assert how_to_resume(["a|i1", "b|i0"], command, order, sweep=True) == (
-        "; to evaluate the rest, run the same command again: hud-pipelines run 'my sweep.yaml'"
+    asked = {"--checkpoint": ["002000"], "--partition": []}
+    assert how_to_resume_sweep(4, command, asked, rerun=False) == (
+        "; to evaluate the rest, run the same command again: hud-pipelines run 'my sweep.yaml' --checkpoint 002000"
     )
-    assert how_to_resume([], command, order, sweep=True) == ""
+    assert "keep their current results" in how_to_resume_sweep(4, command, asked, rerun=True)
+    assert how_to_resume_sweep(0, command, asked, rerun=False) == ""
 
 
 @pytest.mark.parametrize("stalled", ["sim", "policy"])

@@ -341,7 +341,8 @@ def test_report_after_an_edit_says_the_published_dataset_holds_episodes_its_grad
     dataset = tmp_path / "out" / "datasets" / "placed"
     said = (
         f"the published dataset {dataset} holds 2 of its 4 episode(s) from results these grades no longer count "
-        "(an earlier configuration's): the next `hud-pipelines run placed` publishes it again"
+        "(an earlier run's: the configuration changed since, or a later run's dataset was held back): a run that "
+        "passes its blocking checks publishes it again"
     )
     assert f"note: {said}" in capsys.readouterr().out
     assert f"**Warning:** {said}." in (evaluation.outputs.base / "report.md").read_text(), "the report says it too"
