@@ -277,19 +277,23 @@ def candidate_label(rows: Sequence[GradeRow]) -> str | None:
 
 
 def completed(rows: Sequence[GradeRow], command: Sequence[str]) -> CheckVerdict:
-    """``instances_completed`` on every checkpoint; one that cannot load (``setup``) fails it on every run until it
-    loads, so the description says how to leave such a checkpoint out: its results leave the table with its files
+    """``instances_completed`` on every checkpoint; one that cannot load (``setup``, where others of the sweep
+    did: the fault is its own, not a grader's or the pipeline's) fails it on every run until it loads, so the
+    description says how to leave such a checkpoint out: its results leave the table with its files
     (:func:`evaluated`)."""
     judged = instances_verdict(rows, command)
-    unloadable = list(dict.fromkeys(r.checkpoint for r in rows if r.fault is Fault.SETUP and r.checkpoint))
-    if judged.passed or not unloadable:
+    setup = {r.checkpoint for r in rows if r.fault is Fault.SETUP}
+    unloadable = list(dict.fromkeys(r.checkpoint for r in rows if r.checkpoint in setup and r.checkpoint))
+    loaded = any(row.checkpoint not in setup for row in rows)
+    if judged.passed or not unloadable or not loaded:
         return judged
     named = ", ".join(unloadable)
     hint = (
-        f"; checkpoint(s) {named} could not be loaded and fail this check on every run until they load: to leave "
-        "one out, remove its files from the training run (its errored results leave the table with them)"
+        f"; checkpoint(s) {named} could not be loaded where others were, and fail this check on every run until they "
+        "load: to leave one out, remove its files from the training run or its `checkpoints:` entry (its errored "
+        "results leave the table with it)"
     )
-    said, command_line = judged.description.split(RERUN_HINT, 1)  # the CLI puts its own command after the hint
+    said, command_line = judged.description.rsplit(RERUN_HINT, 1)  # the CLI puts its own command after the hint
     return dataclasses.replace(judged, description=f"{said}{hint}{RERUN_HINT}{command_line}")
 
 

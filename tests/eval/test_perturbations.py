@@ -160,6 +160,8 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
         "which runs produced the rows is said of every task's, the perturbed ones too (as the page says it)"
     )
     assert "earlier runs" not in report
+    page = (tmp_path / "fresh" / "reach_matrix" / "report.html").read_text()
+    assert f"<li>{never} of {len(rows)} rows not run yet</li>" in page, "the page says what report.md says"
 
     path.write_text(json.dumps({**fields, "max_steps": 4}))  # an edit: the earlier full run's rows are stale now
     assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli"), *partition]) == 0

@@ -485,8 +485,8 @@ def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_dele
     assert {row.status.value for row in broken.rows if row.checkpoint == "001500"} == {"errored"}
     assert not broken.passed, "the latest checkpoint could not be evaluated"
     completed = next(check for check in broken.checks if check.name == "instances_completed")
-    assert "checkpoint(s) 001500 could not be loaded and fail this check on every run" in completed.description
-    assert "(its errored results leave the table with them); re-run them with: " in completed.description
+    assert "checkpoint(s) 001500 could not be loaded where others were, and fail this check" in completed.description
+    assert "(its errored results leave the table with it); re-run them with: " in completed.description
 
     shutil.rmtree(run.step_dirs[1500])
     after = evaluate(spec, outputs_dir=tmp_path / "out")

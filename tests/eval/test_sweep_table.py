@@ -488,3 +488,27 @@ def test_checkpoints_tied_for_the_best_are_named_together() -> None:
     assert alone.tied == ["000200"]
     assert alone.conclusion() == "000200 is the best (58.3%, 95% CI 32.0%-80.7%, n=12)."
     assert compare_checkpoints([("x", 1, _rows_of({"push": "EE"}))]).tied == []
+
+
+def test_instances_completed_names_a_checkpoint_that_cannot_load_only_where_others_did() -> None:
+    """A setup fault of every checkpoint is the pipeline's (a grader that cannot be built), not the checkpoints':
+    before, the hint said to delete each one's files from the training run."""
+    from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.sweep import completed
+
+    def of(label: str, outcomes: str) -> list[GradeRow]:
+        rows = _rows_of({"push": outcomes})
+        faulted = [
+            dataclasses.replace(r, fault=Fault.SETUP, error="cannot load") if r.status.value == "errored" else r
+            for r in rows
+        ]
+        return [dataclasses.replace(r, checkpoint=label, group_id=f"{label}|{r.group_id}") for r in faulted]
+
+    command = ["hud-pipelines", "run", "sweep"]
+    one = completed([*of("000100", "SFSF"), *of("000200", "EEEE")], command)
+    assert not one.passed
+    assert "checkpoint(s) 000200 could not be loaded where others were" in one.description
+    assert one.description.index("could not be loaded") < one.description.index("; re-run them with: ")
+    every = completed([*of("000100", "EEEE"), *of("000200", "EEEE")], command)
+    assert not every.passed
+    assert "could not be loaded" not in every.description

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from hud_pipelines.eval.checks import CheckVerdict
-from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task
+from hud_pipelines.eval.grades import GradeRow, not_run_parts, summarize, summarize_by_task
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, EXPLANATION, HEADERS, AxisRow, cells
 from hud_pipelines.eval.report import ReportContext, rate_text, rows_by_run
@@ -166,12 +166,10 @@ def _checks(checks: Sequence[CheckVerdict]) -> str:
 
 def _provenance(rows: Sequence[GradeRow], run_id: str | None, overrides: Mapping[str, object]) -> str:
     """Which run produced how many rows (this run first), and what the run configuration overrode."""
-    runs = rows_by_run(rows)
-    ordered = sorted(runs.items(), key=lambda item: (item[0] != run_id, item[0]))
-    items = "\n".join(
-        f"<li><code>{escape(run)}</code>{' (this run)' if run == run_id else ''}: {count} of {len(rows)} rows</li>"
-        for run, count in ordered
-    )
+    ordered = sorted(rows_by_run(rows).items(), key=lambda item: (item[0] != run_id, item[0]))
+    of_all = f" of {len(rows)} rows"
+    runs = [f"<code>{escape(run)}</code>{' (this run)' if run == run_id else ''}: {n}{of_all}" for run, n in ordered]
+    items = "\n".join(f"<li>{item}</li>" for item in [*runs, *not_run_parts(rows, unit=of_all)])  # and not run yet
     overridden = (
         '<p>Run configuration overrides the YAML:</p><ul class="overrides">'
         + "".join(
