@@ -105,7 +105,8 @@ def _previous(
 ) -> CheckpointRows | None:
     """What checkpoint ``index`` is compared with on ``task`` as its previous: the last one before it, of its own
     training run, that answered an episode of that task; ``None`` for the first of a run. A checkpoint of no step
-    (a ``best.pt`` beside ``step_*.pt``) is no point of training, so a numbered one is never compared with it.
+    beside numbered ones (a ``best.pt`` beside ``step_*.pt``) is no point of training: it has no previous, nor is
+    it one. Where no checkpoint of the run has a step (folders named by hand), the table's order is the only one.
 
     One whose every episode errored (it never loaded: weights of another shape) has nothing to pair with, so the
     next is compared with the last one that has: a "no paired episodes" there would hide whether training
@@ -113,11 +114,13 @@ def _previous(
     comparison then says it has no paired episodes.
     """
     earlier: list[CheckpointRows] = []
-    numbered = sweep[index].step is not None
+    stepped = any(c.step is not None for c in sweep if c.run == sweep[index].run)
+    if stepped and sweep[index].step is None:
+        return None
     for checkpoint in reversed(sweep[:index]):
         if checkpoint.run != sweep[index].run:
             break
-        if checkpoint.step is not None or not numbered:
+        if checkpoint.step is not None or not stepped:
             earlier.append(checkpoint)
     answered = (
         c for c in earlier if any(r.status is not EpisodeStatus.ERRORED for r in _of_task(c.rows, task, pooled))

@@ -413,7 +413,9 @@ def test_a_numbered_checkpoint_is_never_compared_with_one_of_no_step_listed_befo
     )
     assert _find(table, "step_100", ALL_TASKS).versus_previous == NO_COMPARISON
     assert _find(table, "step_200", ALL_TASKS).versus_previous.checkpoint == "step_100"
-    assert _find(table, "final", ALL_TASKS).versus_previous.checkpoint == "best", "unnumbered ones as listed"
+    assert _find(table, "final", ALL_TASKS).versus_previous == NO_COMPARISON, "nor one of no step with another"
+    named = compare_checkpoints([CheckpointRows(label, None, _rows_of({"push": "SSFF"})) for label in ("a", "b")])
+    assert _find(named, "b", ALL_TASKS).versus_previous.checkpoint == "a", "no step anywhere: the table's order"
 
 
 def test_a_checkpoint_after_one_that_never_loaded_is_compared_with_the_last_one_that_answered() -> None:
