@@ -148,20 +148,30 @@ def _sweep_rows(spec: PipelineSpec, outputs: EvalOutputs, current: CurrentBy) ->
     """Every evaluated checkpoint's rows in sweep order, labelled, each instance keyed ``<label>|<instance>``.
 
     A checkpoint whose files are gone keeps its answered episodes (they record what those weights did), and
-    its stale ones say so; one with no current answer (it never loaded: a corrupt file, since deleted; or every
-    result is stale, which nothing can run again) is left out, or it would stay the candidate whose errors fail
-    every later run.
+    its stale ones say so (restoring its files runs it again); one that never loaded (a corrupt file, since
+    deleted: no result of it on disk, current or stale, holds an answer) is left out, or it would stay the
+    candidate whose errors fail every later run.
     """
     rows: list[GradeRow] = []
     for member, expected in sweep_members(spec, outputs, current):
         found = collect_rows(member.spec, member.outputs, current=expected, rerun=_rerun_of(member))
-        if not member.path.exists() and all(row.status is EpisodeStatus.ERRORED for row in found):
+        if not member.path.exists() and not _answered_once(member):
             continue
         rows += [
             dataclasses.replace(row, checkpoint=member.label, group_id=member.partition_key(row.group_id))
             for row in found
         ]
     return rows
+
+
+def _answered_once(member: sweep.Member) -> bool:
+    """Whether a result of the checkpoint on disk, current or stale, holds an answered episode (it loaded once)."""
+    for partition in member.spec.partitions():
+        path = member.outputs.result(member.spec.partition_key(*partition))
+        result = InstanceResult.read(path) if path.exists() else None
+        if result is not None and any(row.status is not EpisodeStatus.ERRORED for row in result.rows):
+            return True
+    return False
 
 
 def _rerun_of(member: sweep.Member) -> Callable[[str], str]:

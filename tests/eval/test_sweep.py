@@ -510,15 +510,18 @@ def test_a_checkpoint_that_never_loaded_leaves_the_table_once_its_files_are_dele
         assert set(link["episodes"]) == {row.trace_id for row in after.rows if row.checkpoint == label}
 
 
-def test_a_deleted_checkpoint_whose_every_result_is_stale_leaves_the_table(
+def test_a_deleted_checkpoint_that_never_loaded_leaves_the_table_though_its_results_went_stale(
     run: LeRobotRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before, its stale rows stayed in the table and, at the highest step, it stayed the candidate: every later run
-    failed, saying to restore files that would only be evaluated again."""
+    """Before, an edit made its errored rows stale (``not_run``), which kept them in the table: at the highest step
+    it stayed the candidate, and every later run failed, saying to restore files that never loaded."""
     monkeypatch.chdir(REPO)
+    config = run.pretrained(1500) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "dim_model": 8}))  # weights of another shape
+    age(run.output_dir, 60)
     near = [{"name": "near", "seed": 10}]
     first = evaluate(sweep_spec(tmp_path, str(run.output_dir), tasks=near, group=1), outputs_dir=tmp_path / "out")
-    assert first.passed
+    assert {row.status.value for row in first.rows if row.checkpoint == "001500"} == {"errored"}
     shutil.rmtree(run.step_dirs[1500])
     edited = sweep_spec(tmp_path, str(run.output_dir), tasks=near, group=1, max_steps=5)  # every result is stale
     after = evaluate(edited, outputs_dir=tmp_path / "out")
