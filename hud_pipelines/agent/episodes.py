@@ -26,6 +26,7 @@ from hud_pipelines.recording.events import (
     FrameBatch,
     InferenceBatch,
     checked_sinks,
+    errored,
 )
 from hud_pipelines.sim.slots import EpisodeCounts
 from hud_pipelines.wire.messages import Observation
@@ -242,15 +243,3 @@ class SlotEpisodes:
 def row(observation: Observation, slot: int) -> ObservationRow:
     """One slot's row of a batched observation."""
     return {k: v[slot] for k, v in observation.observation.items()}
-
-
-def errored(reason: str, steps: int, total_reward: float, fault: Fault) -> EpisodeOutcome:
-    return EpisodeOutcome(
-        status=EpisodeStatus.ERRORED,
-        score=0.0,
-        success=False,
-        total_reward=total_reward,
-        steps=steps,
-        error=reason,
-        fault=fault,
-    )

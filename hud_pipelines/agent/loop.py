@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.agent.episodes import ObservationRow, OutcomeGrader, SlotEpisodes, errored, row
+from hud_pipelines.agent.episodes import ObservationRow, OutcomeGrader, SlotEpisodes, row
 from hud_pipelines.agent.policy import SEEDED_STREAM, BasePolicy, Forwards, PolicyBatch, RandomStream, as_chunks
 from hud_pipelines.agent.run_failures import (
     RunFailed,
@@ -27,7 +27,7 @@ from hud_pipelines.agent.run_failures import (
 )
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError, fault_of
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, errored
 from hud_pipelines.wire.messages import Observation
 
 _RUN_NUMBERS = itertools.count(1)

@@ -282,10 +282,10 @@ def completed(rows: Sequence[GradeRow], command: Sequence[str]) -> CheckVerdict:
     description says how to leave such a checkpoint out: its results leave the table with its files
     (:func:`evaluated`)."""
     judged = instances_verdict(rows, command)
-    setup = {r.checkpoint for r in rows if r.fault is Fault.SETUP}
-    unloadable = list(dict.fromkeys(r.checkpoint for r in rows if r.checkpoint in setup and r.checkpoint))
-    loaded = any(row.checkpoint not in setup for row in rows)
-    if judged.passed or not unloadable or not loaded:
+    labels = list(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint))
+    setup = {row.checkpoint for row in rows if row.fault is Fault.SETUP}
+    unloadable = [label for label in labels if label in setup]
+    if judged.passed or not unloadable or len(unloadable) == len(labels):  # none loaded: the pipeline's fault
         return judged
     named = ", ".join(unloadable)
     hint = (

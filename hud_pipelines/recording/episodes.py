@@ -34,6 +34,7 @@ from hud_pipelines.recording.events import (
     Frame,
     FrameBatch,
     checked_sinks,
+    errored,
 )
 from hud_pipelines.sim.envs import prompt_of
 from hud_pipelines.sim.slots import SlotBatch
@@ -220,15 +221,7 @@ class Episodes:
             return
         record = self.records[slot].record(0)
         fault = Fault.CONTRACT if isinstance(exc, ContractError) else Fault.ENV
-        outcome = EpisodeOutcome(
-            EpisodeStatus.ERRORED,
-            0.0,
-            False,
-            record.total_reward,
-            record.steps,
-            error=f"{type(exc).__name__}: {exc}",
-            fault=fault,
-        )
+        outcome = errored(f"{type(exc).__name__}: {exc}", record.steps, record.total_reward, fault)
         for sink in self.sinks:
             sink.end(key, outcome)
 

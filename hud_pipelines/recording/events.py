@@ -141,6 +141,19 @@ class EpisodeOutcome:
         return EpisodeEnd.TRUNCATED if self.truncated else None
 
 
+def errored(reason: str, steps: int, total_reward: float, fault: Fault) -> EpisodeOutcome:
+    """The outcome of an episode a fault ended: no grade, no success (an error is never a failure)."""
+    return EpisodeOutcome(
+        status=EpisodeStatus.ERRORED,
+        score=0.0,
+        success=False,
+        total_reward=total_reward,
+        steps=steps,
+        error=reason,
+        fault=fault,
+    )
+
+
 @dataclass(frozen=True)
 class FrameBatch:
     """One tick's :class:`Frame` of several slots, as columns: row ``i`` is the frame of ``keys[i]``.

@@ -12,7 +12,6 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from hud_pipelines.agent.episodes import errored
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.features import DatasetLayout
 from hud_pipelines.dataset.merge import read_episode_records
@@ -23,7 +22,7 @@ from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.results import unreached_result
-from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus, Frame, errored
 from hud_pipelines.spec.dataset_options import DatasetOptions
 from hud_pipelines.spec.loader import load_pipeline_text
 from hud_pipelines.spec.models import Partition
