@@ -27,12 +27,13 @@ def proc_stat(pid: int) -> list[bytes] | None:
     return stat[stat.rindex(b")") + 2 :].split()
 
 
-def descendants(root: int, mark: str | None = None) -> list[int]:
+def descendants(root: int | None, mark: str | None = None) -> list[int]:
     """Every living process below ``root`` outside its process group (the group's signal reaches the others),
     and every one whose environment carries the sim's ``mark`` (:data:`MARK_ENV`): a daemon started by a double
     fork has lost its link to ``root`` (init adopted it), not the environment it inherited. Read from ``/proc``
     (none where there is no ``/proc``). Only those are kept to be killed by their id later, so an id the system
-    reuses meanwhile is rarely one of them."""
+    reuses meanwhile is rarely one of them. ``root=None``: a child that exited (and was reaped: its id may be
+    another process's now) is no root to walk from; only the mark finds what it started."""
     children: dict[int, list[int]] = {}
     groups: dict[int, int] = {}
     marked: list[int] = []
@@ -49,7 +50,7 @@ def descendants(root: int, mark: str | None = None) -> list[int]:
             if entry_of_mark is not None and entry_of_mark in b"\0" + _environment(entry.path):
                 marked.append(int(entry.name))
     found: list[int] = []
-    below = [root]
+    below = [] if root is None else [root]
     while below:
         for child in children.get(below.pop(), []):
             found.append(child)

@@ -260,6 +260,7 @@ class SimProcess(Closeable):
                 log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, grace_s)
         _signal_group(popen.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
         popen.wait()
+        self._strays.update(descendants(None, self._mark))  # it is gone (perhaps on its own): its mark finds the rest
         self._kill_strays()
         self._release_pipes()
 

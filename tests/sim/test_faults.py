@@ -127,7 +127,7 @@ def test_a_hung_child_misses_its_deadline_and_its_group_is_killed(spawn: Spawn, 
 
 
 DAEMON_ENV = """
-import subprocess, sys
+import os, subprocess, sys
 import gymnasium as gym
 
 DOUBLE_FORK = (
@@ -158,24 +158,30 @@ def make(pids: str):
         return reset(**kwargs)
 
     env.reset = reset_starting_a_daemon
+    env.step = lambda action: os._exit(4)  # a sim that dies on its own
     return env
 """
 
 
-@pytest.mark.parametrize("stop", ["close", "kill"])
+@pytest.mark.parametrize("stop", ["close", "kill", "died"])
 def test_a_process_the_sim_started_in_a_session_of_its_own_is_stopped_with_it(
     spawn: Spawn, tmp_path: Any, stop: str
 ) -> None:
-    """Before, the process group's signal never reached it, and it outlived the run."""
+    """Before, the process group's signal never reached it, and it outlived the run; and before, when the sim
+    died on its own, it outlived the sim: only a living sim was asked for what it started."""
     (tmp_path / "daemon_env.py").write_text(DAEMON_ENV)
     pids = tmp_path / "pids"
     sim = spawn(f"{tmp_path / 'daemon_env.py'}:make", build_args={"pids": str(pids)})
     with sim.connect() as client:
         client.reset({"seed": 0})
+        if stop == "died":
+            with pytest.raises(SimCrashedError):
+                client.step([0])
+            assert sim.returncode == 4
     daemons = [int(line) for line in pids.read_text().split()]  # one per reset (the sim's start resets too)
     assert daemons
     assert all(os.getpgid(daemon) != sim.pid for daemon in daemons), "outside the sim's process group"
-    sim.close(grace_s=2.0) if stop == "close" else sim.kill()
+    sim.kill() if stop == "kill" else sim.close(grace_s=2.0)
     deadline = time.monotonic() + 5
     while any(map(_alive, daemons)) and time.monotonic() < deadline:
         time.sleep(0.05)
