@@ -67,17 +67,13 @@ ResultCallback = Callable[[InstanceResult], None]
 
 
 def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
-    """How the pipeline's sims are started (or attached to).
-
-    How a registry id is vectorized (gymnasium's ``sync`` mode by default, so each slot keeps its
-    own seed) is the sim's business: ``hud-pipelines serve`` and a pipeline build it the same way.
-    """
+    """How the pipeline's sims are started (or attached to). How a registry id is vectorized (gymnasium's ``sync``
+    mode by default: each slot keeps its own seed) is the sim's: ``serve`` and a pipeline build it the same way."""
     sim = spec.sim
-    build_args = dict(sim.args)
     probes = [(task.seed, task.options) for task in spec.tasks[:PROBED_TASKS]]  # an env's reset may need them
     return SimSettings(
         factory=spec.factory,
-        build_args=build_args,
+        build_args=dict(sim.args),
         num_envs=sim.num_envs,
         contract_path=spec.contract_path,
         startup_timeout_s=sim.startup_timeout_s,
@@ -105,6 +101,7 @@ class EvalRunner:
     """The label of the sweep member ``spec`` is: its instances are named ``<label>|<instance>`` in the log."""
     _graders: list[Grader] = field(default_factory=list[Grader], init=False)
     _said: dict[tuple[Fault, str], str] = field(default_factory=dict[tuple[Fault, str], str], init=False)
+    _details: dict[str, str] = field(default_factory=dict[str, str], init=False)  # below a headline: a stderr tail
     _saying: threading.Lock = field(default_factory=threading.Lock, init=False)
     _contract: Contract | None = field(default=None, init=False)
     _interrupted: bool = field(default=False, init=False)
@@ -289,6 +286,8 @@ class EvalRunner:
             from hud_pipelines.spec.loader import refresh_hint
 
             reason = f"{reason}; {refresh_hint(contract)}"
+        if detail := str(exc).strip().partition("\n")[2]:
+            self._details.setdefault(reason, detail)
         return reason, fault
 
     def _unstarted(self, partition: Partition, reason: str, fault: Fault, server: str | None = None) -> InstanceResult:
@@ -305,7 +304,8 @@ class EvalRunner:
         named = f"{self.checkpoint}|{key}" if self.checkpoint else key
         with self._saying:  # the first instance's line, with the reason, comes before those that point at it
             first = self._said.setdefault((fault, reason), named)
-            said = reason if first == named else f"as instance {first}"
+            detail = self._details.get(reason)  # the first line with the reason says the rest of it too
+            said = f"as instance {first}" if first != named else f"{reason}\n{detail}" if detail else reason
             log.error("instance %s of %s failed (%s): %s", named, self.spec.name, fault.value, said)
 
     def _grade(self, key: EpisodeKey, outcome: EpisodeOutcome) -> EpisodeOutcome:

@@ -52,6 +52,8 @@ RENDERER_HINT = (
 STDERR_DRAIN_S = 1.0
 """How long to wait for the last stderr lines of a child that exited."""
 TRACEBACK_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)$')
+STACK_FRAME = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)$')
+"""A frame of the stacks a hung child writes (faulthandler's: no comma before ``in``, innermost first)."""
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
 """The last line of a Python traceback (``ModuleNotFoundError: No module named 'x'``)."""
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
@@ -118,6 +120,17 @@ class ChildDiagnosis:
                 return f"{frame['file']}:{frame['line']} in {frame['function']}"
         return None
 
+    def stuck_at(self) -> str | None:
+        """Where the dumped stacks show the main thread (faulthandler writes it last): its innermost frame in the
+        user's code, else its innermost frame; ``None`` without stacks."""
+        lines = [line.strip() for line in self.tail]
+        header = max((i for i, line in enumerate(lines) if STACK_HEADER in line), default=None)
+        if header is None:
+            return None
+        frames = [frame for line in lines[header + 1 :] if (frame := STACK_FRAME.match(line)) is not None]
+        frame = next((f for f in frames if is_user_file(f["file"])), frames[0] if frames else None)
+        return None if frame is None else f"{frame['file']}:{frame['line']} in {frame['function']}"
+
     def _drain_stderr(self, *, exited: bool) -> None:
         """Let the stderr pump catch the last lines (all of them, up to a bound, once the child exited)."""
         if exited:
@@ -177,7 +190,8 @@ class ChildDiagnosis:
         python: str | Path | None,
         env: Mapping[str, str],
     ) -> SimStartError:
-        """The error of a child that did not become ready: its own error line first, then a hint, then the tail.
+        """The error of a child that did not become ready: its own error line (or where it was stuck) and a hint on
+        the first line, the headline that rows and reports keep, then its stderr tail (with the stacks).
 
         ``hung``: its stacks were dumped (it was still starting at the deadline), so its last error
         line, if any, is not why it failed.
@@ -186,10 +200,12 @@ class ChildDiagnosis:
         child_error = None if hung else self.child_error()
         where = None if child_error is None else self.raised_at()
         child_error = f"{child_error} (at {where})" if where else child_error
+        stuck = self.stuck_at() if hung else None
         lead = f"{child_error} ({exc}; sim {factory!r})" if child_error else f"{exc} (sim {factory!r})"
+        lead = f"{exc}, stuck at {stuck} (sim {factory!r})" if stuck else lead
         hint = _missing_module_hint(child_error, interpreter, python) if python is not None else None
         hint = hint or (self.stuck_hint(env) if hung else None)
-        lead = f"{lead}\n{hint}" if hint else lead
+        lead = f"{lead}; {hint}" if hint else lead  # on the headline, which every row and report keeps
         return SimStartError(
             f"{lead}\n{diagnosis}", child_error=child_error, signalled=exc.signalled and child_error is None
         )

@@ -59,7 +59,7 @@ CASES = {
     "start-up/hang/every": Case(
         {"fault": "hang_build"},
         errored=dict.fromkeys(EVERY_SEED, Fault.SIM_START),
-        reason="3",
+        reason=f"did not become ready within 3 s, stuck at {REPO / 'envs' / 'faulty.py'}:",  # where, on every row
         fields={"sim": {"startup_timeout_s": 3}},
     ),
     "start-up/policy/every": Case(
@@ -318,6 +318,43 @@ def test_instances_that_fail_alike_say_the_reason_once_and_name_their_checkpoint
     assert said[1:] == [
         f"instance step_9|task0-i{i} of unbuilt failed (setup): as instance step_9|task0-i0" for i in (1, 2)
     ], said
+
+
+def test_a_sim_that_hangs_at_start_up_says_where_on_every_row_and_its_stacks_once_in_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, every row and log line said only "did not become ready within 3 s": the stacks the sim was
+    stuck in, dumped before it was killed, reached only the Dagster event log."""
+    from hud_pipelines.dagster.resources import pipeline_resources
+    from hud_pipelines.eval.rollouts import rollouts_step
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    monkeypatch.chdir(REPO)
+    label = sim_label(tmp_path)
+    text = {
+        "name": "stuck",
+        "sim": {"factory": f"{SIMS}:faulty", "args": {"label": label, "fault": "hang_build"}, "startup_timeout_s": 3},
+        "agent": {"policy": {"kind": "constant"}},
+        "group": 2,
+    }
+    spec = load_pipeline_text(json.dumps(text), source=tmp_path / "stuck.yaml")
+    parts = pipeline_resources(spec, project_dir=REPO)
+    try:
+        with caplog.at_level("ERROR", logger="hud_pipelines.eval.runner"):
+            results = rollouts_step(
+                spec, parts.sim.pool(spec), EvalOutputs(tmp_path, spec.name), run_id="r", partitions=spec.partitions()
+            )
+    finally:
+        parts.sim.close()
+    where = f"stuck at {REPO / 'envs' / 'faulty.py'}:70 in __init__"
+    assert all(where in (row.error or "") for result in results for row in result.rows), [r.reason for r in results]
+    said = [r.getMessage() for r in caplog.records if r.name == "hud_pipelines.eval.runner"]
+    assert len(said) == 2, said
+    assert said[0].startswith("instance task0-i0 of stuck failed (sim_start): the sim did not become ready"), said
+    assert where in said[0].splitlines()[0]
+    assert "(most recent call first)" in said[0], "the stacks it was stuck in"
+    assert said[1] == "instance task0-i1 of stuck failed (sim_start): as instance task0-i0", "the stacks once"
+    assert not sim_processes(label)
 
 
 def _scripted_cartpole(tmp_path: Path, name: str, policy: str, **fields: Any) -> PipelineSpec:
