@@ -93,11 +93,14 @@ def refuse_misfit_dataset(spec: PipelineSpec, contract: Contract) -> None:
     unit on workers), outside the tolerance of a sim that does not start."""
     if spec.dataset is not None and spec.dataset_enabled:
         from hud_pipelines.dataset.features import DatasetLayout
+        from hud_pipelines.spec.loader import located
 
         try:
             DatasetLayout.build(contract, spec.dataset.writer_options())
         except ContractError as exc:
-            raise DatasetFitError(f"{spec.name}: the dataset section does not fit the sim's contract: {exc}") from exc
+            key = ("dataset", "state_features") if spec.dataset.state_features is not None else ("dataset",)
+            at = located(spec, key) or spec.name  # its line, as validate says it where a contract file is given
+            raise DatasetFitError(f"{at}: the dataset section does not fit the sim's contract: {exc}") from exc
 
 
 # -- grades and report -------------------------------------------------------------------------------

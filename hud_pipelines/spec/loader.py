@@ -83,6 +83,18 @@ def refuse_unrunnable(spec: PipelineSpec, as_run: PipelineSpec) -> None:
         _refuse(loaded.spec, loaded.document, as_run)
 
 
+def located(spec: PipelineSpec, path: tuple[str, ...]) -> str | None:
+    """``file:line:column: key`` of ``path`` in ``spec``'s file, for an error found only once the run derived
+    something (the sim's contract); ``None`` without a file, or where the file's section no longer says it."""
+    if spec.source is None or not spec.source.is_file():
+        return None
+    loaded = load_file(spec.source)
+    if loaded.spec is None or loaded.document is None or getattr(loaded.spec, path[0]) != getattr(spec, path[0]):
+        return None
+    problem = loaded.document.problem(path, "")
+    return f"{problem.where}: {problem.path}"
+
+
 def _refuse(spec: PipelineSpec, document: YamlDocument, as_run: PipelineSpec | None) -> None:
     """Raise :class:`SpecError` with :func:`~hud_pipelines.spec.preflight.runnable_problems`, if any."""
     from hud_pipelines.spec.preflight import runnable_problems

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -736,5 +737,7 @@ def test_a_dataset_section_that_does_not_fit_the_sims_contract_is_refused_before
     yaml = tmp_path / "placed.yaml"
     yaml.write_text(json.dumps(spec.model_dump(mode="json", exclude_none=True, by_alias=True)))
     assert main(["run", str(yaml), "--outputs", str(tmp_path / "dagster"), "--quiet"]) == 1
-    assert "the dataset section does not fit the sim's contract" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    at = re.escape(f"{yaml.resolve()}:1:") + r"\d+: dataset\.state_features: "  # its line, as validate names it
+    assert re.search(at + "the dataset section does not fit the sim's contract", said), said
     assert not list((tmp_path / "dagster").rglob("rollouts/*.json")), "nor in a Dagster run"
