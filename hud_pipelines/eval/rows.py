@@ -106,9 +106,10 @@ def _latest(
 
     if result is None:
         return None, f"instance {key} has not run yet; {rerun()}"
-    if not expected.current(spec.tasks[partition.task_index].name, result.rollout_hash):
+    task = spec.tasks[partition.task_index].name
+    if not expected.current(task, result.rollout_hash):
         ran = result.provenance  # named where both runs recorded it (older results lack max_steps and graders)
-        changed = [name for name in CONFIGURATION if name in ran and name in current and ran[name] != current[name]]
+        changed = [n for n in CONFIGURATION if n in ran and n in current and _of(task, n, ran) != _of(task, n, current)]
         what = ", ".join(changed) if changed else "sim, agent, tasks, max_steps or graders"
         run = result.run_id or "unknown"
         return result, f"instance {key} last ran (run {run}) before the pipeline's {what} changed; {rerun()}"
@@ -119,6 +120,18 @@ def _latest(
         )
     return result, None
 
+
+def _of(task: str, name: str, record: dict[str, Any]) -> object:
+    """A configuration field as it bears on ``task``: of a per-task one (its seed, its args), only the task's."""
+    value: Any = record[name]
+    if name not in PER_TASK:
+        return value
+    mine: object = value.get(task) if value else None  # a task without args is absent from task_args
+    return mine
+
+
+PER_TASK = ("task_args", "seeds")
+"""Configuration fields that hold every task's: another task added or edited changes none of a task's."""
 
 CONFIGURATION = (
     "sim_factory",

@@ -380,13 +380,13 @@ class PipelineSpec(StrictModel):
         """SHA-256 of what decides the graded rows (sim, agent, tasks, steps, graders): a run's configuration.
 
         Editing a check, the description or the dataset section keeps it, editing the policy or a seed does not.
-        Credentials (:data:`CREDENTIALS`) never enter it: rotating a key changes who may connect, not a rollout.
-        """
+        Credentials (:data:`CREDENTIALS`) never enter it: rotating a key changes who may connect, not a rollout."""
         return self._rollout_hash(self.tasks)
 
     def task_rollout_hash(self, task_index: int) -> str:
         """The rollout hash of one task's instances, which their results carry: the pipeline's with that task
-        alone, so that adding, removing or editing another task (a benchmark's, a matrix value) keeps them."""
+        alone, so that adding, removing or editing another task (a benchmark's, a matrix value) keeps them. A
+        control's ``matrix`` is left out (``{}``, as a task without one): it adds tasks, not the control's episodes."""
         return self._rollout_hash([self.tasks[task_index]])
 
     def _rollout_hash(self, tasks: list[TaskSpec]) -> str:
@@ -396,5 +396,5 @@ class PipelineSpec(StrictModel):
         # a sweep's checkpoints are identified by their content, per member, not by where they are listed
         exclude = SWEEP_SOURCES if self.is_sweep else CREDENTIALS
         dumped = self.model_dump(mode="json", include={"sim", "agent", "max_steps", "graders"}, exclude=exclude)
-        dumped["tasks"] = [task.model_dump(mode="json") for task in tasks]
+        dumped["tasks"] = [task.model_dump(mode="json") | {"matrix": {}} for task in tasks]
         return canonical_hash(without_later_defaults(dumped))

@@ -674,6 +674,13 @@ def test_adding_or_editing_a_task_leaves_the_other_tasks_results_current(
     stale = [row for row in rows if row.task == "far"]
     assert {row.fault for row in stale} == {Fault.NOT_RUN}, "its own seed changed: far is run again"
     assert all("before the pipeline's seeds changed" in (row.error or "") for row in stale)
+    longer = _spec(tmp_path, tasks=[near, mid, {**far, "seed": 200}, {"name": "farther", "seed": 300}], max_steps=25)
+    rows = collect_rows(
+        longer, EvalOutputs(out, longer.name), current=CurrentBy(environment=provenance.for_run(longer))
+    )
+    said = {row.task: row.error or "" for row in rows}
+    assert "before the pipeline's max_steps changed;" in said["near"], "another task's new seed is none of near's"
+    assert "before the pipeline's seeds, max_steps changed;" in said["far"], said["far"]
 
     # a result recorded before tasks were hashed alone carries the pipeline's hash: current while it holds
     outputs = EvalOutputs(out, grown.name)

@@ -285,6 +285,28 @@ def test_a_key_added_later_leaves_the_rollout_hash_of_a_pipeline_that_does_not_s
     assert at_end.rollout_hash != spec.rollout_hash, "grading at the end is another verdict"
 
 
+def test_a_matrix_value_added_leaves_the_rollout_hash_of_its_control_and_of_the_other_values_as_they_were() -> None:
+    """Before, the control task's hash held its own matrix: adding a value made its results stale (``not_run``),
+    and every arm's paired comparison then had no control to pair with."""
+    import json
+
+    def hashes(values: list[float]) -> dict[str, str]:
+        task = {"name": "swing", "seed": 5, "matrix": {"g": values}}
+        text = {
+            "name": "m",
+            "sim": {"factory": "Pendulum-v1"},
+            "agent": {"policy": {"kind": "random"}},
+            "tasks": [task],
+        }
+        spec = load_pipeline_text(json.dumps(text))
+        return {task.name: spec.task_rollout_hash(index) for index, task in enumerate(spec.tasks)}
+
+    two, three = hashes([9.0, 10.0]), hashes([9.0, 10.0, 11.0])
+    assert list(three) == ["swing", "swing-g-9.0", "swing-g-10.0", "swing-g-11.0"]
+    assert {name: three[name] for name in two} == two, "the control and the values it had: current"
+    assert len(set(three.values())) == 4, "each arm is a configuration of its own"
+
+
 def test_a_run_configuration_is_refused_with_the_keys_and_words_of_a_pipeline_file() -> None:
     """A launchpad or run-config override said ``checks.0.min_success_rate.value: Field required``: a union's tag
     in the key and pydantic's words."""
