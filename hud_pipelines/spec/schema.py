@@ -327,6 +327,8 @@ def _type(prop: JsonObject, defs: JsonObject) -> str:
         return f"[{target}](#{target.lower()})"
     if "const" in prop:
         return f"`{prop['const']}`"
+    if "enum" in prop:  # a Literal of several values, inline (an Enum's are behind a $ref)
+        return " or ".join(f"`{v}`" for v in prop["enum"])
     if "oneOf" in prop:
         return "one of " + ", ".join(_type(option, defs) for option in prop["oneOf"])
     if "anyOf" in prop:

@@ -134,6 +134,20 @@ def test_every_field_of_the_spec_models_is_described_and_documented() -> None:
             assert f"| `{key}` |" in reference
 
 
+def test_a_key_of_a_few_allowed_values_lists_them_in_the_reference() -> None:
+    """Before, a ``Literal`` of several values (a success grader's ``at``) was typed "string" in the reference,
+    where the schema and validation allow only its values."""
+    schema = pipeline_json_schema()
+    reference = render_markdown()
+    listed = 0
+    for definition in _own_definitions(schema).values():
+        for key, prop in definition["properties"].items():
+            if "enum" in prop:
+                listed += 1
+                assert f"| `{key}` | {' or '.join(f'`{v}`' for v in prop['enum'])} |" in reference, key
+    assert listed, "a key with its values inline, or the test tells nothing"
+
+
 def test_markdown_links_point_at_sections() -> None:
     reference = render_markdown()
     headings = {h.lower() for h in re.findall(r"^## (\S+)$", reference, flags=re.MULTILINE)}
