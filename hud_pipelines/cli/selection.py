@@ -76,7 +76,7 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec, outputs: EvalOutputs) -
     from hud_pipelines.dagster.deployed import deployed_spec, deployment_misfit
     from hud_pipelines.dagster.deployment import load_deployment, refuse_misspelled
     from hud_pipelines.spec.deep import misspelled_baselines
-    from hud_pipelines.spec.loader import declared_name, pipeline_files
+    from hud_pipelines.spec.loader import declared_name, located, pipeline_files
 
     deployment = load_deployment()
     refuse_misspelled(deployment, spec.name, [declared_name(file) for file in pipeline_files(path.parent)])
@@ -88,10 +88,10 @@ def refuse_misconfigured(path: Path, spec: PipelineSpec, outputs: EvalOutputs) -
         from hud_pipelines.spec.fleet import load_fleet
 
         load_fleet(deployed.resolve_path(deployed.sim.fleet))
-    for index, message in misspelled_baselines(spec, evaluated=evaluated_labels(spec, outputs)):
-        raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
-    for index, message in own_baselines(spec, outputs):
-        raise HudPipelinesError(f"{path}: checks[{index}].baseline: {message}")
+    misspelled = misspelled_baselines(spec, evaluated=evaluated_labels(spec, outputs))
+    for index, message in [*misspelled, *own_baselines(spec, outputs)]:
+        where = located(spec, ("checks", index, "baseline")) or f"{path}: checks[{index}].baseline"  # its line
+        raise HudPipelinesError(f"{where}: {message}")
     unwritable = _unwritable(outputs.base)  # a file where the folder goes: said before any sim starts
     if unwritable is not None:
         raise HudPipelinesError(

@@ -24,7 +24,7 @@ from typing import cast
 from pydantic import ValidationError
 
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.spec.document import YamlDocument, read_document, without_extensions
+from hud_pipelines.spec.document import KeyPath, YamlDocument, read_document, without_extensions
 from hud_pipelines.spec.models import SOURCE_CONTEXT, PipelineSpec
 from hud_pipelines.spec.problems import Problem, SpecError, display_path
 from hud_pipelines.spec.validation import validation_problems
@@ -83,13 +83,14 @@ def refuse_unrunnable(spec: PipelineSpec, as_run: PipelineSpec) -> None:
         _refuse(loaded.spec, loaded.document, as_run)
 
 
-def located(spec: PipelineSpec, path: tuple[str, ...]) -> str | None:
+def located(spec: PipelineSpec, path: KeyPath) -> str | None:
     """``file:line:column: key`` of ``path`` in ``spec``'s file, for an error found only once the run derived
     something (the sim's contract); ``None`` without a file, or where the file's section no longer says it."""
     if spec.source is None or not spec.source.is_file():
         return None
     loaded = load_file(spec.source)
-    if loaded.spec is None or loaded.document is None or getattr(loaded.spec, path[0]) != getattr(spec, path[0]):
+    section = str(path[0])
+    if loaded.spec is None or loaded.document is None or getattr(loaded.spec, section) != getattr(spec, section):
         return None
     problem = loaded.document.problem(path, "")
     return f"{problem.where}: {problem.path}"

@@ -300,7 +300,8 @@ def test_a_baseline_that_is_the_pipelines_own_results_is_refused_before_the_run_
             refuse_misconfigured(path, spec, outputs)
             assert main(["validate", "--no-deep", str(path)]) == 0, capsys.readouterr().out
             continue
-        with pytest.raises(HudPipelinesError, match=r"checks\[0\]\.baseline: the baseline is this pipeline's own"):
+        own = r"gated\.yaml:5:\d+: checks\[0\]\.baseline: the baseline is this pipeline's own"  # at its line
+        with pytest.raises(HudPipelinesError, match=own):
             refuse_misconfigured(path, spec, outputs)
         assert main(["validate", "--no-deep", str(path)]) == 1
         said = capsys.readouterr().out
