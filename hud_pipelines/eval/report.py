@@ -175,12 +175,12 @@ def render_markdown(
         f"# {pipeline}",
         "",
         *([_no_html(context.description.strip()), ""] if context.description.strip() else []),
+        *(line for warning in context.warnings for line in (f"**Warning:** {warning}.", "")),  # before any figure
         *_provenance(rows if produced is None else produced, context.run_id),
         *overridden,
         f"**Success rate:** {rate_text(total)}",
         "",
         *([f"Graded by {context.graded_by}.", ""] if context.graded_by else []),
-        *(line for warning in context.warnings for line in (f"**Warning:** {warning}.", "")),
         f"Scheduled {total.scheduled} = succeeded {total.succeeded} + failed {total.failed} + "
         f"errored {total.errored}{total.not_run_text} (error rate {total.error_rate:.1%}; errors are not failures).",
         "",

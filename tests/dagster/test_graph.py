@@ -135,7 +135,9 @@ def test_a_crashed_instance_fails_its_partition_and_the_others_keep_their_result
     completed = json.loads(outputs.checks_json.read_text())[0]  # the kept results would pass it: the run does not
     assert (completed["name"], completed["passed"]) == ("instances_completed", False)
     assert "instance(s) task0-i1 did not complete (sim_crashed: " in completed["description"]
-    assert "**Warning:** this run failed, so these are the results it kept" in outputs.report_md.read_text()
+    report = outputs.report_md.read_text()
+    assert "**Warning:** this run failed, so these are the results it kept" in report
+    assert report.index("**Warning:**") < report.index("**Success rate:**"), "the report opens with it"
 
 
 def test_materialize_all_split_into_runs_as_dagsters_backfill_does_grades_checks_and_reports(
