@@ -28,6 +28,7 @@ from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.eval.results import InstanceResult
+from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.spec.dataset_options import DatasetOptions
 from hud_pipelines.spec.models import PipelineSpec
 
@@ -35,6 +36,10 @@ RUN_FILE = "run_id"
 """Beside a shard's parts: the run that wrote it."""
 INCOMPLETE_FILE = "incomplete"
 """Beside a shard's parts, when its writer failed: why (it holds only the episodes written before)."""
+SETTINGS_FILE = "settings.json"
+"""Beside a shard's parts: the dataset settings that decide what it holds (:data:`SHARD_SETTINGS`)."""
+SHARD_SETTINGS = {"cameras", "codec", "state_features", "keep_errored"}
+"""What of :class:`DatasetOptions` a shard's content follows (how many writers wrote it does not change it)."""
 PUBLISHED_FROM = "meta/hud_published_from.json"
 """In a published dataset: the shards (instance -> the run that wrote it) and settings it was merged from."""
 
@@ -82,6 +87,7 @@ class ShardStore:
         if not pending.exists():
             return
         (pending / RUN_FILE).write_text(self.run_id)
+        (pending / SETTINGS_FILE).write_text(json.dumps(self._settings(), sort_keys=True))
         current = self.outputs.shard(partition_key)
         while not self._stands_over_ours(partition_key, failure):  # ends: only another attempt's commit loops
             retired = current.with_name(f".{partition_key}.old-{uuid.uuid4().hex[:8]}")
@@ -144,6 +150,7 @@ class ShardStore:
         checkpoint on every run; the checkpoints a run did not evaluate again keep theirs as they are.
         """
         written = {k: result.run_id for k, result in current.items() if self.written_by(k, result.run_id)}
+        self._refuse_unheld(current, written)
         if not written:
             stale = sum(self.outputs.shard(k).is_dir() for k in self.spec.partition_keys())
             detail = f" ({stale} instance(s) have only the shard of another run or configuration)" if stale else ""
@@ -173,25 +180,62 @@ class ShardStore:
         write_atomically(record, json.dumps(made_of, indent=1))  # after the swap: a crash before it publishes again
         return True
 
+    def _settings(self) -> dict[str, object]:
+        return self.options.model_dump(mode="json", include=SHARD_SETTINGS)
+
+    def _refuse_unheld(self, current: Mapping[str, InstanceResult], written: Mapping[str, str]) -> None:
+        """Refuse to publish a dataset without the graded episodes of a current result: its instance has no shard of
+        that result's run (it ran with the dataset disabled), or one written under other dataset settings, which
+        cannot be merged with the others (another feature set) or would not be what the section asks for."""
+        unheld: dict[str, str] = {}
+        for key, result in current.items():
+            if all(row.status is EpisodeStatus.ERRORED for row in result.rows):
+                continue  # none of its episodes goes into the dataset
+            if key not in written:
+                unheld[key] = f"no shard of run {result.run_id} (its dataset was disabled, or the shard removed)"
+            elif (other := self._other_settings(key)) is not None:
+                unheld[key] = f"its shard was written with {other}"
+        self._refuse(
+            unheld, "{n} instance(s) have graded episodes that no shard of theirs holds as the dataset asks now"
+        )
+
+    def _other_settings(self, key: str) -> str | None:
+        """How the settings a shard was written with differ from this run's (``None``: the same, or not recorded)."""
+        try:
+            recorded: dict[str, object] = json.loads((self.outputs.shard(key) / SETTINGS_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        now = self._settings()
+        differ = [
+            f"{k}: {json.dumps(recorded.get(k))} (now {json.dumps(now[k])})" for k in now if recorded.get(k) != now[k]
+        ]
+        return ", ".join(differ) or None
+
     def _refuse_incomplete(self, keys: Iterable[str]) -> None:
         """Refuse to publish when a shard's writer failed: the dataset would lack its episodes without a word."""
+        marks = {k: self.outputs.shard(k) / INCOMPLETE_FILE for k in keys}
+        failed = {k: mark.read_text() for k, mark in marks.items() if mark.is_file()}
+        self._refuse(
+            failed, "the dataset writer of {n} instance(s) failed, so their shards hold only part of their episodes"
+        )
+
+    def _refuse(self, instances: Mapping[str, str], what: str) -> None:
+        """Raise saying ``what`` of ``instances`` (``{n}``: how many), each with why, and the command that runs them
+        again."""
         from hud_pipelines.eval.checks import rerun_command
         from hud_pipelines.eval.grades import one_line
 
-        marks = {k: self.outputs.shard(k) / INCOMPLETE_FILE for k in keys}
-        failed = {k: mark.read_text() for k, mark in marks.items() if mark.is_file()}
-        if not failed:
+        if not instances:
             return
-        listed = "; ".join(f"{key}: {one_line(reason)}" for key, reason in sorted(failed.items()))
+        listed = "; ".join(f"{key}: {one_line(reason)}" for key, reason in sorted(instances.items()))
         command, order = self.outputs.run_command(self.spec), self.spec.partition_keys()
+        keys = list(instances)
         if self.checkpoint is not None:  # a sweep's pairs run again only when asked to
-            failed = {f"{self.checkpoint}|{key}": reason for key, reason in failed.items()}
+            keys = [f"{self.checkpoint}|{key}" for key in keys]
             command, order = [*command, "--rerun"], [f"{self.checkpoint}|{key}" for key in order]
-        again = rerun_command(list(failed), command, order)
         raise DatasetWriteError(
-            f"{self.spec.name}: the dataset writer of {len(failed)} instance(s) failed, so their shards hold only "
-            f"part of their episodes ({listed}); their grades stand, and the published dataset is left as it "
-            f"was; run them again: {again}"
+            f"{self.spec.name}: {what.format(n=len(instances))} ({listed}); their grades stand, and the "
+            f"published dataset is left as it was; run them again: {rerun_command(keys, command, order)}"
         )
 
     def summary(self, target: Path) -> DatasetSummary:

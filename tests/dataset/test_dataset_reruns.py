@@ -1,0 +1,73 @@
+"""A dataset published after partial reruns holds every graded episode of the current results, or says why not.
+
+Each instance's shard is its latest run's; the dataset merges the shards of the current results. An
+instance whose result ran with the dataset disabled has no shard of that run, and one whose shard was
+written under other dataset settings holds another feature set: publishing either way would lose
+episodes without a word, or fail in the merge with no instance named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hud_pipelines.errors import DatasetWriteError
+from hud_pipelines.eval.steps import evaluate
+from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.spec.loader import load_pipeline_text
+from hud_pipelines.spec.models import Partition, PipelineSpec
+from tests.dagster.support import REPO
+
+
+def _spec(tmp_path: Path, **dataset: Any) -> PipelineSpec:
+    text = {
+        "name": "rerun",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
+        "group": 2,
+        "max_steps": 15,
+        "graders": [{"kind": "return", "threshold": 10}],
+        "dataset": {"repo_id": "local/rerun", "root": str(tmp_path / "published"), **dataset},
+    }
+    return load_pipeline_text(json.dumps(text), source=tmp_path / "rerun.yaml")
+
+
+def _published(tmp_path: Path) -> int:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    return LeRobotDataset("local/rerun", root=tmp_path / "published").num_episodes
+
+
+def test_a_dataset_never_loses_the_episodes_of_a_rerun_without_its_shard_or_of_another_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, an instance rerun with the dataset disabled was left out of the next dataset without a word (2 of
+    4 episodes published, the run green), and a shard of other settings failed lerobot's merge, naming nothing."""
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    first = evaluate(_spec(tmp_path), outputs_dir=out)
+    assert _published(tmp_path) == len(first.rows) == 4
+
+    evaluate(_spec(tmp_path, enabled=False), outputs_dir=out, partitions=[Partition(0, 0)])
+    with pytest.raises(DatasetWriteError) as refused:
+        evaluate(_spec(tmp_path), outputs_dir=out, partitions=[Partition(0, 1)])
+    said = str(refused.value)
+    assert "1 instance(s) have graded episodes that no shard of theirs holds" in said, said
+    assert "task0-i0: no shard of run " in said, "the instance whose run wrote none"
+    assert said.endswith("--partition task0-i0"), "and the command that writes it"
+    assert _published(tmp_path) == 4, "the dataset published before is left as it was"
+
+    kept = _spec(tmp_path, keep_errored=True)  # another feature set: an `episode.errored` column
+    with pytest.raises(DatasetWriteError) as refused:
+        evaluate(kept, outputs_dir=out, partitions=[Partition(0, 0)])
+    said = str(refused.value)
+    assert "task0-i1: its shard was written with keep_errored: false (now true)" in said, said
+    assert said.endswith("--partition task0-i1")
+
+    last = evaluate(kept, outputs_dir=out, partitions=[Partition(0, 1)])
+    graded = [row for row in last.rows if row.status is not EpisodeStatus.ERRORED]
+    assert len(graded) == 4
+    assert _published(tmp_path) == 4, "every current graded episode, once"
