@@ -23,16 +23,13 @@ from tests.dagster.support import REPO
 
 
 def _spec(tmp_path: Path, **dataset: Any) -> PipelineSpec:
-    text = {
-        "name": "rerun",
-        "sim": {"factory": "CartPole-v1", "num_envs": 2},
-        "agent": {"policy": {"kind": "scripted", "target": "envs.controllers:CartPolePD"}},
-        "group": 2,
-        "max_steps": 15,
-        "graders": [{"kind": "return", "threshold": 10}],
-        "dataset": {"repo_id": "local/rerun", "root": str(tmp_path / "published"), **dataset},
-    }
-    return load_pipeline_text(json.dumps(text), source=tmp_path / "rerun.yaml")
+    section = json.dumps({"repo_id": "local/rerun", "root": str(tmp_path / "published"), **dataset})
+    text = (
+        "name: rerun\nsim: {factory: CartPole-v1, num_envs: 2}\ngroup: 2\nmax_steps: 15\n"
+        "agent: {policy: {kind: scripted, target: 'envs.controllers:CartPolePD'}}\n"
+        f"graders: [{{kind: return, threshold: 10}}]\ndataset: {section}\n"
+    )
+    return load_pipeline_text(text, source=tmp_path / "rerun.yaml")
 
 
 def _published(tmp_path: Path) -> int:
