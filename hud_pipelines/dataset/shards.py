@@ -29,7 +29,7 @@ from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.recording.events import EpisodeStatus
-from hud_pipelines.spec.dataset_options import DatasetOptions
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions
 from hud_pipelines.spec.models import PipelineSpec
 
 RUN_FILE = "run_id"
@@ -37,9 +37,8 @@ RUN_FILE = "run_id"
 INCOMPLETE_FILE = "incomplete"
 """Beside a shard's parts, when its writer failed: why (it holds only the episodes written before)."""
 SETTINGS_FILE = "settings.json"
-"""Beside a shard's parts: the dataset settings that decide what it holds (:data:`SHARD_SETTINGS`)."""
-SHARD_SETTINGS = {"cameras", "codec", "state_features", "keep_errored"}
-"""What of :class:`DatasetOptions` a shard's content follows (how many writers wrote it does not change it)."""
+"""Beside a shard's parts: the ``dataset:`` settings that decided what it holds (how many writers wrote it did not;
+``video`` and ``codec`` only where the sim has cameras)."""
 PUBLISHED_FROM = "meta/hud_published_from.json"
 """In a published dataset: the shards (instance -> the run that wrote it) and settings it was merged from."""
 
@@ -54,6 +53,8 @@ class ShardStore:
         self.spec = spec
         self.run_id = run_id
         self.options = spec.dataset.writer_options() if spec.dataset is not None else DatasetOptions()
+        self._cameras: bool | None = None
+        """Whether the sim has cameras (known once a sink was made): without, ``video`` and ``codec`` change nothing."""
         self.attempt = uuid.uuid4().hex[:8]
         """This store's writes: two attempts of one instance in one run (a retry while the worker taken for lost
         still runs) write apart, and the one that commits last leaves a whole shard, not a mix of the two."""
@@ -65,6 +66,7 @@ class ShardStore:
         """A fresh shard sink for one instance of this run."""
         pending = self._pending(partition_key)
         shutil.rmtree(pending, ignore_errors=True)
+        self._cameras = bool(contract.cameras)
         return LeRobotDatasetSink(
             contract,
             pending,
@@ -87,7 +89,7 @@ class ShardStore:
         if not pending.exists():
             return
         (pending / RUN_FILE).write_text(self.run_id)
-        (pending / SETTINGS_FILE).write_text(json.dumps(self._settings(), sort_keys=True))
+        (pending / SETTINGS_FILE).write_text(json.dumps(self._settings(self._cameras), sort_keys=True))
         current = self.outputs.shard(partition_key)
         while not self._stands_over_ours(partition_key, failure):  # ends: only another attempt's commit loops
             retired = current.with_name(f".{partition_key}.old-{uuid.uuid4().hex[:8]}")
@@ -180,24 +182,27 @@ class ShardStore:
         write_atomically(record, json.dumps(made_of, indent=1))  # after the swap: a crash before it publishes again
         return True
 
-    def _settings(self) -> dict[str, object]:
-        return self.options.model_dump(mode="json", include=SHARD_SETTINGS)
+    def _settings(self, cameras: bool | None) -> dict[str, object]:
+        """The settings a shard's content follows, by their YAML keys (``cameras``: whether the sim has any)."""
+        o = self.options
+        settings: dict[str, object] = {"state_features": o.state_features, "keep_errored": o.keep_errored}
+        return (
+            settings if cameras is False else settings | {"video": o.cameras is CameraStorage.VIDEO, "codec": o.codec}
+        )
 
     def _refuse_unheld(self, current: Mapping[str, InstanceResult], written: Mapping[str, str]) -> None:
         """Refuse to publish a dataset without the graded episodes of a current result: its instance has no shard of
         that result's run (it ran with the dataset disabled), or one written under other dataset settings, which
         cannot be merged with the others (another feature set) or would not be what the section asks for."""
         unheld: dict[str, str] = {}
+        kept = self.options.keep_errored
         for key, result in current.items():
-            if all(row.status is EpisodeStatus.ERRORED for row in result.rows):
-                continue  # none of its episodes goes into the dataset
-            if key not in written:
+            if key in written:  # merged, whatever it holds: of the settings asked for, or refused
+                if (other := self._other_settings(key)) is not None:
+                    unheld[key] = f"its shard was written with {other}"
+            elif any(row.status is not EpisodeStatus.ERRORED or (kept and row.steps) for row in result.rows):
                 unheld[key] = f"no shard of run {result.run_id} (its dataset was disabled, or the shard removed)"
-            elif (other := self._other_settings(key)) is not None:
-                unheld[key] = f"its shard was written with {other}"
-        self._refuse(
-            unheld, "{n} instance(s) have graded episodes that no shard of theirs holds as the dataset asks now"
-        )
+        self._refuse(unheld, "{n} instance(s) have episodes that no shard of theirs holds as the dataset asks now")
 
     def _other_settings(self, key: str) -> str | None:
         """How the settings a shard was written with differ from this run's (``None``: the same, or not recorded)."""
@@ -205,9 +210,9 @@ class ShardStore:
             recorded: dict[str, object] = json.loads((self.outputs.shard(key) / SETTINGS_FILE).read_text())
         except (OSError, ValueError):
             return None
-        now = self._settings()
+        now = self._settings(cameras=True)
         differ = [
-            f"{k}: {json.dumps(recorded.get(k))} (now {json.dumps(now[k])})" for k in now if recorded.get(k) != now[k]
+            f"{k}: {json.dumps(v)} (now {json.dumps(now.get(k))})" for k, v in recorded.items() if now.get(k) != v
         ]
         return ", ".join(differ) or None
 

@@ -11,7 +11,7 @@ import json
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -57,19 +57,26 @@ class RolloutHashes:
     pipeline: str
     tasks: dict[str, str]
     """Task name -> its rollout hash."""
+    with_matrix: dict[str, str] = field(default_factory=dict[str, str])
+    """Control task name -> its hash with its ``matrix`` in, which its older results carry: current all the same."""
 
     @classmethod
     def of(cls, spec: PipelineSpec) -> RolloutHashes:
-        return cls(spec.rollout_hash, {task.name: spec.task_rollout_hash(i) for i, task in enumerate(spec.tasks)})
+        tasks = {task.name: spec.task_rollout_hash(i) for i, task in enumerate(spec.tasks)}
+        controls = {t.name: spec.task_rollout_hash(i, with_matrix=True) for i, t in enumerate(spec.tasks) if t.matrix}
+        return cls(spec.rollout_hash, tasks, controls)
 
     def current(self, task: str, found: str) -> bool:
         """Whether a result of ``task`` that carries ``found`` is of this configuration."""
-        return found in (self.tasks.get(task), self.pipeline)
+        return found in (self.tasks.get(task), self.pipeline, self.with_matrix.get(task))
 
     def of_checkpoint(self, content_hash: str) -> RolloutHashes:
         """The hashes of one checkpoint of a sweep: these and the weights' content, each (as its spec's are)."""
-        tasks = {task: checkpoint_rollout_hash(hashed, content_hash) for task, hashed in self.tasks.items()}
-        return RolloutHashes(checkpoint_rollout_hash(self.pipeline, content_hash), tasks)
+        tasks, controls = (
+            {task: checkpoint_rollout_hash(hashed, content_hash) for task, hashed in hashes.items()}
+            for hashes in (self.tasks, self.with_matrix)
+        )
+        return RolloutHashes(checkpoint_rollout_hash(self.pipeline, content_hash), tasks, controls)
 
 
 def current_rollout_hashes(spec: PipelineSpec, outputs: EvalOutputs) -> RolloutHashes:

@@ -383,18 +383,18 @@ class PipelineSpec(StrictModel):
         Credentials (:data:`CREDENTIALS`) never enter it: rotating a key changes who may connect, not a rollout."""
         return self._rollout_hash(self.tasks)
 
-    def task_rollout_hash(self, task_index: int) -> str:
-        """The rollout hash of one task's instances, which their results carry: the pipeline's with that task
-        alone, so that adding, removing or editing another task (a benchmark's, a matrix value) keeps them. A
-        control's ``matrix`` is left out (``{}``, as a task without one): it adds tasks, not the control's episodes."""
-        return self._rollout_hash([self.tasks[task_index]])
+    def task_rollout_hash(self, task_index: int, *, with_matrix: bool = False) -> str:
+        """The rollout hash of one task's instances, which their results carry: the pipeline's with that task alone,
+        so that adding, removing or editing another task (a benchmark's, a matrix value) keeps them; a control's
+        ``matrix`` is left out, as it adds tasks, not episodes (``with_matrix``: in, as older results carry it)."""
+        return self._rollout_hash([self.tasks[task_index]], with_matrix)
 
-    def _rollout_hash(self, tasks: list[TaskSpec]) -> str:
+    def _rollout_hash(self, tasks: list[TaskSpec], with_matrix: bool = False) -> str:
         if self._weights is not None:
             sweep, content_hash = self._weights
-            return checkpoint_rollout_hash(sweep._rollout_hash(tasks), content_hash)
+            return checkpoint_rollout_hash(sweep._rollout_hash(tasks, with_matrix), content_hash)
         # a sweep's checkpoints are identified by their content, per member, not by where they are listed
         exclude = SWEEP_SOURCES if self.is_sweep else CREDENTIALS
         dumped = self.model_dump(mode="json", include={"sim", "agent", "max_steps", "graders"}, exclude=exclude)
-        dumped["tasks"] = [task.model_dump(mode="json") | {"matrix": {}} for task in tasks]
+        dumped["tasks"] = [task.model_dump(mode="json") | ({} if with_matrix else {"matrix": {}}) for task in tasks]
         return canonical_hash(without_later_defaults(dumped))

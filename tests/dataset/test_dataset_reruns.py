@@ -52,7 +52,7 @@ def test_a_dataset_never_loses_the_episodes_of_a_rerun_without_its_shard_or_of_a
     with pytest.raises(DatasetWriteError) as refused:
         evaluate(_spec(tmp_path), outputs_dir=out, partitions=[Partition(0, 1)])
     said = str(refused.value)
-    assert "1 instance(s) have graded episodes that no shard of theirs holds" in said, said
+    assert "1 instance(s) have episodes that no shard of theirs holds as the dataset asks now" in said, said
     assert "task0-i0: no shard of run " in said, "the instance whose run wrote none"
     assert said.endswith("--partition task0-i0"), "and the command that writes it"
     assert _published(tmp_path) == 4, "the dataset published before is left as it was"
@@ -68,3 +68,7 @@ def test_a_dataset_never_loses_the_episodes_of_a_rerun_without_its_shard_or_of_a
     graded = [row for row in last.rows if row.status is not EpisodeStatus.ERRORED]
     assert len(graded) == 4
     assert _published(tmp_path) == 4, "every current graded episode, once"
+
+    stills = _spec(tmp_path, keep_errored=True, video=False, codec="libsvtav1")  # CartPole has no camera to store
+    evaluate(stills, outputs_dir=out, partitions=[Partition(0, 0)])
+    assert _published(tmp_path) == 4, "settings that change nothing a shard holds refuse nothing"

@@ -306,6 +306,19 @@ def test_a_matrix_value_added_leaves_the_rollout_hash_of_its_control_and_of_the_
     assert {name: three[name] for name in two} == two, "the control and the values it had: current"
     assert len(set(three.values())) == 4, "each arm is a configuration of its own"
 
+    from hud_pipelines.eval.configuration import RolloutHashes
+    from hud_pipelines.spec.hashing import checkpoint_rollout_hash
+
+    task = {"name": "swing", "seed": 5, "matrix": {"g": [9.0, 10.0]}}
+    text = {"name": "m", "sim": {"factory": "Pendulum-v1"}, "agent": {"policy": {"kind": "random"}}, "tasks": [task]}
+    spec = load_pipeline_text(json.dumps(text))
+    older = "8df51f8c399f6b37668a49b9a536734d036671a9e4fa436fd4a3cbda4bdf902e"  # the control's, with its matrix in
+    assert spec.task_rollout_hash(0, with_matrix=True) == older
+    current = RolloutHashes.of(spec)
+    assert current.current("swing", older), "its results of before stay current on upgrading"
+    assert not current.current("swing-g-9.0", older)
+    assert current.of_checkpoint("w").current("swing", checkpoint_rollout_hash(older, "w")), "a sweep's too"
+
 
 def test_a_run_configuration_is_refused_with_the_keys_and_words_of_a_pipeline_file() -> None:
     """A launchpad or run-config override said ``checks.0.min_success_rate.value: Field required``: a union's tag
