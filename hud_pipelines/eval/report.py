@@ -53,9 +53,9 @@ class ReportContext:
     """What an eval's report says beside its rows, whichever format renders it (report.md, report.html).
 
     ``run_id`` is the run writing the report: the rows that earlier runs produced are counted apart,
-    so nobody reads them as this run's. ``warnings`` follow the rate, after what it counts
-    (``graded_by``: the deciding grader in words, since "success" means one thing in one benchmark
-    and another elsewhere). ``prompts``: each task's prompt (what the policy was told).
+    so nobody reads them as this run's. ``warnings`` open the report, before any figure; ``graded_by``
+    (the deciding grader in words, since "success" means one thing in one benchmark and another
+    elsewhere) follows the rate. ``prompts``: each task's prompt (what the policy was told).
     """
 
     checks: Sequence[CheckVerdict] = ()

@@ -287,7 +287,7 @@ class EvalRunner:
 
             reason = f"{reason}; {refresh_hint(contract)}"
         if detail := str(exc).strip().partition("\n")[2]:
-            self._details.setdefault(reason, detail)
+            self._details.setdefault(reason, detail[-20_000:])  # a stderr tail's last lines hold its stacks
         return reason, fault
 
     def _unstarted(self, partition: Partition, reason: str, fault: Fault, server: str | None = None) -> InstanceResult:
@@ -390,11 +390,10 @@ def _instance_failure(outcomes: Sequence[EpisodeOutcome]) -> tuple[str, Fault] |
 
 
 def _first_line(exc: BaseException) -> str:
-    """The headline of an error: a sim that did not start says its own error line first."""
-    if isinstance(exc, SimStartError) and exc.child_error:
-        return f"the sim did not start: {exc.child_error}"
+    """The headline of an error (its first line); one a sim that did not start reported itself says so first."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    first = text.splitlines()[0] if text else type(exc).__name__  # a sim's: with its hint (what to install)
+    return f"the sim did not start: {first}" if isinstance(exc, SimStartError) and exc.child_error else first
 
 
 __all__ = ["EvalRunner", "sim_settings"]

@@ -122,10 +122,10 @@ class ChildDiagnosis:
 
     def stuck_at(self) -> str | None:
         """Where the dumped stacks show the main thread (faulthandler writes it last): its innermost frame in the
-        user's code, else its innermost frame; ``None`` without stacks."""
+        user's code, else its innermost frame; ``None`` without its whole stack (the tail may have cut it)."""
         lines = [line.strip() for line in self.tail]
         header = max((i for i, line in enumerate(lines) if STACK_HEADER in line), default=None)
-        if header is None:
+        if header is None or not any(MAIN_THREAD_END in line for line in lines[header:]):
             return None
         frames = [frame for line in lines[header + 1 :] if (frame := STACK_FRAME.match(line)) is not None]
         frame = next((f for f in frames if is_user_file(f["file"])), frames[0] if frames else None)

@@ -224,8 +224,8 @@ class SimProcess(Closeable):
 
     def kill(self) -> None:
         """SIGKILL the child's whole process group now (a hung sim gets no grace)."""
-        if self._popen is not None:
-            self._strays.update(descendants(self._popen.pid, self._mark))
+        if self._popen is not None:  # a child reaped already is no root to walk from (its id may be reused)
+            self._strays.update(descendants(None if self._popen.poll() is not None else self._popen.pid, self._mark))
             _signal_group(self._popen.pid, signal.SIGKILL)
             self._popen.wait()
             self._kill_strays()

@@ -362,6 +362,9 @@ def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_repor
     assert "data:image" not in report, "report.md stays readable in a terminal"
     page = (tmp_path / "silent" / "placed" / "report.html").read_text()
     assert '<p class="warning"><strong>Warning:</strong> no episode reported a success signal' in page
+    opens = page.index('<p class="warning">') < page.index('<section id="summary">')
+    assert opens, "the page opens with it, as report.md does"
+    assert report.index("**Warning:**") < report.index("**Success rate:**")
 
     reporting = _spec(
         tmp_path,

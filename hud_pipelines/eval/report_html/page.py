@@ -115,11 +115,11 @@ def render_page(
             f"<header><h1>{escape(pipeline)}</h1>"
             + (f'<p class="description">{escape(description.strip())}</p>' if description.strip() else "")
             + "</header>",
+            *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in context.warnings),
             summary_section(summarize(judged), context.graded_by, scope)
             if sweep is None
             else _checkpoints(sweep, not_evaluated, perturbations is not None),
             graders_section(judged) if sweep is None else "",  # a sweep's checkpoints each have their own page
-            *(f'<p class="warning"><strong>Warning:</strong> {escape(warning)}.</p>' for warning in context.warnings),
             _checks(context.checks),
             _provenance(rows, context.run_id, context.overrides),
             _task_table(rows, [row.checkpoint for row in sweep.overall], context.prompts)
