@@ -56,10 +56,21 @@ _TRAILING_DIGITS = re.compile(r"([0-9]+)$")
 def label_named(asked: str, labels: Sequence[str]) -> str:
     """The label among ``labels`` that ``asked`` names: itself, or the one whose step is that number (``500`` is
     ``000500``, and ``100`` is ``step_00100``: a torch checkpoint's step ends its file name); else ``asked``."""
-    if asked in labels or not asked.isdigit():
-        return asked
-    numbered = [label for label in labels if (step := _TRAILING_DIGITS.search(label)) and int(step[1]) == int(asked)]
+    numbered = _steps_named(asked, labels)
     return numbered[0] if len(numbered) == 1 else asked
+
+
+def several_named(asked: str, labels: Sequence[str]) -> str:
+    """`` ('2' is the step of several: r1/step_2, r2/step_2; give one's label)`` where the number ``asked`` is the
+    step of several of ``labels`` (checkpoints of several runs), which is why it names none; else ``""``."""
+    several = _steps_named(asked, labels)
+    return f" ({asked!r} is the step of several: {', '.join(several)}; give one's label)" if len(several) > 1 else ""
+
+
+def _steps_named(asked: str, labels: Sequence[str]) -> list[str]:
+    if asked in labels or not asked.isdigit():
+        return []
+    return [label for label in labels if (step := _TRAILING_DIGITS.search(label)) and int(step[1]) == int(asked)]
 
 
 CheckpointKind = Literal["lerobot", "torch"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from hud_pipelines.agent.checkpoint_files import SETTLING
-from hud_pipelines.agent.checkpoints import DEFAULT_SETTLE_S, Discovery, label_named
+from hud_pipelines.agent.checkpoints import DEFAULT_SETTLE_S, Discovery, label_named, several_named
 from hud_pipelines.dagster.overlap import unfinished_runs
 from hud_pipelines.errors import CheckpointError
 from hud_pipelines.eval import sweep
@@ -159,7 +159,8 @@ def run_tags(
     unknown = [label for label in chosen if label not in complete]
     if not complete or unknown:
         what = (
-            f"no checkpoint labelled {', '.join(unknown)}{did_you_mean(unknown[0], complete)}"
+            f"no checkpoint labelled {', '.join(unknown)}"
+            + (several_named(unknown[0], complete) or did_you_mean(unknown[0], complete))
             if unknown
             else "no complete checkpoint"
         )

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 
-from hud_pipelines.agent.checkpoints import label_named
+from hud_pipelines.agent.checkpoints import label_named, several_named
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.spec.problems import did_you_mean
@@ -102,7 +102,8 @@ def read_result_set(
     chosen = label_named(checkpoint, labels) if checkpoint is not None else labels[-1]
     if chosen not in labels:
         raise HudPipelinesError(
-            f"{path} has no checkpoint {chosen!r}{did_you_mean(chosen, labels)}; its checkpoints: "
+            f"{path} has no checkpoint {chosen!r}{several_named(chosen, labels) or did_you_mean(chosen, labels)}; "
+            "its checkpoints: "
             f"{', '.join(labels) or 'none (not a sweep)'}"
         )
     rows = [row for row in rows if row.checkpoint == chosen]

@@ -35,6 +35,7 @@ from hud_pipelines.agent.checkpoints import (
     discover_checkpoints,
     label_named,
     run_names,
+    several_named,
     sources_of,
     sweep_order,
 )
@@ -156,7 +157,7 @@ def select(found: Sequence[Member], labels: Sequence[str] | None) -> list[Member
     unknown = [label for label in labels if label not in known]
     if unknown:
         listed = ", ".join(known) or "none complete yet"
-        hint = did_you_mean(unknown[0], list(known))
+        hint = several_named(unknown[0], list(known)) or did_you_mean(unknown[0], list(known))
         raise CheckpointError(f"no checkpoint labelled {', '.join(map(repr, unknown))}{hint}; known: {listed}")
     return [m for m in found if m.label in labels]
 

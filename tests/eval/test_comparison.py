@@ -338,6 +338,12 @@ def test_a_sweeps_results_are_compared_one_checkpoint_at_a_time_named(
     assert main(["compare", str(tmp_path / "sweep.json"), str(tmp_path / "run.json"), *mistyped]) != 0
     error = capsys.readouterr().err
     assert "has no checkpoint 'step_10' (did you mean 'step_100'?); its checkpoints: step_100, step_200" in error
+    runs = [dataclasses.replace(r, checkpoint=f"r{1 + i // 12}/step_2") for i, r in enumerate(sweep)]
+    (tmp_path / "runs.json").write_text(json.dumps([r.as_dict() for r in runs]))
+    several = ["--candidate-checkpoint", "2"]  # each of two training runs has a step 2: the number names neither
+    assert main(["compare", str(tmp_path / "runs.json"), str(tmp_path / "run.json"), *several]) != 0
+    error = capsys.readouterr().err
+    assert "has no checkpoint '2' ('2' is the step of several: r1/step_2, r2/step_2; give one's label)" in error
     with pytest.raises(HudPipelinesError, match="the baseline holds two rows of one episode"):
         compare(good, sweep)
 
