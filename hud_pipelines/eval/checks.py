@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hud_pipelines.errors import Fault, HudPipelinesError
-from hud_pipelines.eval.comparison import Verdict, compare, errored_in_a_run, errors_against
+from hud_pipelines.eval.comparison import Verdict, compare, errored_in_a_run, errors_against, unpaired_cause
 from hud_pipelines.eval.grades import GradeRow, one_line, summarize
 from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
@@ -338,12 +338,10 @@ def regression_verdict(
     check: NoRegressionCheck, rows: Sequence[GradeRow], baseline: Sequence[GradeRow], *, baseline_name: str
 ) -> CheckVerdict:
     """``no_regression``: the paired comparison with the baseline decides (see :mod:`hud_pipelines.eval.comparison`)."""
-
     result = compare(rows, baseline, alpha=1 - check.confidence, min_effect=max(check.max_drop, 0.01))
     if result.pairs == 0:
-        return _regression(
-            check, False, f"no episode pairs up with the baseline {baseline_name} (same tasks and seeds?)"
-        )
+        why = unpaired_cause(rows, baseline)  # results gone stale are no typo of tasks or seeds
+        return _regression(check, False, f"no episode pairs up with the baseline {baseline_name} ({why})")
     drop = -(result.success_difference or 0.0)
     against = f"{result.pairs} paired episodes against {baseline_name}"
     if not (result.verdict is Verdict.WORSE and drop > check.max_drop):

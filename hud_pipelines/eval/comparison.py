@@ -222,6 +222,16 @@ def errors_against(
     return ErrorsAgainst(len(here), len(there), worst)
 
 
+def unpaired_cause(candidate: Sequence[GradeRow], baseline: Sequence[GradeRow]) -> str:
+    """Why no episode pairs up: one side's rows are all of a configuration since changed (``not_run``: they pair
+    with nothing), said with their reason; else, most likely, other tasks or seeds."""
+    for whose, rows in (("this eval's", candidate), ("the baseline's", baseline)):
+        if rows and all(row.fault is Fault.NOT_RUN for row in rows):
+            why = one_line(rows[0].error or "not run").split("; run it with: ")[0]
+            return f"{whose} rows have no current result, e.g. {why}"
+    return "same tasks and seeds?"
+
+
 def errored_in_a_run(row: GradeRow) -> bool:
     """Errored in a run (an instance not run yet is no answer of any run)."""
     return row.status is EpisodeStatus.ERRORED and row.fault is not Fault.NOT_RUN

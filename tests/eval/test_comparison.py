@@ -578,3 +578,25 @@ def test_compare_judges_a_pipeline_it_is_given_by_name_or_file_as_report_does(
     assert "note: no pipeline file named leaning loads here" in said.err
     assert main(["compare", "leaning", "leaning", "--outputs", str(outputs), "--json"]) == 0
     assert capsys.readouterr().err.count("no pipeline file named leaning") == 1, "one name, one note"
+
+
+def test_no_regression_against_results_gone_stale_says_so_not_that_tasks_or_seeds_differ() -> None:
+    """Before, a baseline checkpoint whose weights were replaced (its rows ``not_run``) failed the check saying
+    "no episode pairs up ... (same tasks and seeds?)": they were the same."""
+    from hud_pipelines.eval.checks import regression_verdict
+    from hud_pipelines.spec.grading import NoRegressionCheck
+
+    stale = "instance task0-i0 last ran (run r1) before the pipeline's policy changed; run it with: hud-pipelines run p"
+    gone = [
+        dataclasses.replace(_row(slot, True), status=EpisodeStatus.ERRORED, fault=Fault.NOT_RUN, error=stale)
+        for slot in range(12)
+    ]
+    candidate = [_row(slot, slot < 6) for slot in range(12)]
+    gate = NoRegressionCheck(baseline="step_100")
+    verdict = regression_verdict(gate, candidate, gone, baseline_name="checkpoint step_100")
+    assert not verdict.passed
+    why = "the baseline's rows have no current result, e.g. instance task0-i0 last ran (run r1) before the pipeline's"
+    assert why in verdict.description, verdict.description
+    assert "same tasks and seeds" not in verdict.description
+    elsewhere = [dataclasses.replace(row, seed=(row.seed or 0) + 100) for row in candidate]  # other seeds: no pair
+    assert "(same tasks and seeds?)" in regression_verdict(gate, elsewhere, candidate, baseline_name="b").description
