@@ -21,9 +21,10 @@ from hud_pipelines.spec.models import PipelineSpec
 
 
 def unevaluated_warning(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence[GradeRow]) -> str | None:
-    """A warning naming the checkpoints after the candidate (in training order) that are not complete, so not
-    evaluated: the checks judge an older checkpoint than the run's latest. ``None`` when there is none, or when
-    the checkpoints cannot be listed now (a pruned run: the table of what was evaluated stands on its own)."""
+    """A warning naming the checkpoints after the candidate (in training order) that are not evaluated, complete
+    (not run yet: a run of other checkpoints, ``report`` before the next run) or not: the checks judge an older
+    checkpoint than the run's latest. ``None`` when there is none, or when the checkpoints cannot be listed now
+    (a pruned run: the table of what was evaluated stands on its own)."""
     try:
         found = discover(spec)
     except CheckpointError:
@@ -31,14 +32,17 @@ def unevaluated_warning(spec: PipelineSpec, outputs: EvalOutputs, rows: Sequence
     candidate = candidate_label(rows)
     order = sweep_order(run_names(sources(spec)))
     placed = {m.label: order(m) for m in evaluated(spec, outputs, settled=())}  # its files may be gone since
-    after = [p for p in found.pending if candidate not in placed or order(p.checkpoint) > placed[candidate]]
+    waiting = [(p.checkpoint, p.reason) for p in found.pending]
+    waiting += [(c, "complete, not run yet") for c in found.complete if c.label not in placed]
+    after = [(c, why) for c, why in waiting if candidate not in placed or order(c) > placed[candidate]]
     if not after:
         return None
-    named = "; ".join(f"{p.checkpoint.label} ({p.reason})" for p in after)
+    named = "; ".join(f"{c.label} ({why})" for c, why in sorted(after, key=lambda found: order(found[0])))
     judged = f"the checks judge {candidate}" if candidate is not None else "no checkpoint is judged"
     return (
-        f"checkpoint(s) after the candidate are not evaluated, so {judged}: {named}; a save still under way is "
-        "evaluated by a later run, one that never finished stays so until its files are complete or removed"
+        f"checkpoint(s) after the candidate are not evaluated, so {judged}: {named}; a complete one, or a save "
+        "still under way, is evaluated by a later run, one that never finished stays so until its files are complete "
+        "or removed"
     )
 
 

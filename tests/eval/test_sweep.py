@@ -228,6 +228,9 @@ def test_a_half_written_checkpoint_waits_and_an_unknown_label_is_refused(
     assert said in evaluation.outputs.report_md.read_text()
     from hud_pipelines.eval.sweep_warnings import unevaluated_warning
 
+    first = evaluate(spec, outputs_dir=tmp_path / "first", checkpoints=["000500"])  # 001000 is complete: not run
+    warned = unevaluated_warning(spec, first.outputs, first.rows) or ""
+    assert "so the checks judge 000500: 001000 (complete, not run yet); 001500 (missing model.safetensors)" in warned
     (run.pretrained(500) / "model.safetensors").unlink()  # before the candidate: the table shows its results
     warned = unevaluated_warning(spec, evaluation.outputs, evaluation.rows) or ""
     assert said in warned
