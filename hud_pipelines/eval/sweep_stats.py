@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from hud_pipelines.eval.comparison import compare
+from hud_pipelines.eval.comparison import Verdict, compare, errors_against
 from hud_pipelines.eval.grades import GradeRow, summarize
 from hud_pipelines.eval.paired_tests import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
 from hud_pipelines.eval.report import rate_columns
@@ -140,8 +140,11 @@ def _versus(
     """The paired comparison of ``mine`` with the same task of ``other`` (none without another checkpoint)."""
     if other is None:
         return NO_COMPARISON
-    compared = compare(mine, _of_task(other.rows, task, pooled), alpha=alpha, min_effect=min_effect)
-    return Versus.of(compared, other.label)
+    theirs = _of_task(other.rows, task, pooled)
+    compared = compare(mine, theirs, alpha=alpha, min_effect=min_effect)
+    errors = errors_against(mine, theirs, alpha=alpha, min_effect=min_effect)
+    undecided = compared.verdict is not Verdict.WORSE and errors is not None and errors.worst.verdict is Verdict.WORSE
+    return Versus.of(compared, other.label, errors.here + errors.there if undecided and errors else None)
 
 
 def _figures(

@@ -16,7 +16,8 @@ help, and which checkpoint do we keep?":
   checkpoint, at the ``alpha`` and ``min_effect`` given: McNemar's exact test, the paired success difference
   with its exact interval (coherent with that test), and the episodes a ``min_effect`` difference would need.
   Errored episodes are never failures: :func:`compare` pairs only episodes answered on both sides, and a
-  comparison without a pair says so (``no paired episodes``), never a direction.
+  comparison without a pair says so (``no paired episodes``), never a direction; one that episodes errored on
+  one side only could make worse says it is undecided, as ``no_regression`` and ``compare`` do.
 
 Every bootstrap draws from a fixed seed over rows in episode order, so the same rows (in any order)
 give the same table, CSV and JSON byte for byte. A rate with no answered episode is ``None`` (null in
@@ -83,9 +84,11 @@ class Versus:
     """The success difference ``episodes_needed`` is sized for (not the one observed)."""
     checkpoint: str | None = None
     """The checkpoint compared with (``None`` in a table written before it was recorded)."""
+    undecided_by_errors: int | None = None
+    """Episodes errored on one side only, where they would make this checkpoint worse had they gone against it."""
 
     @classmethod
-    def of(cls, comparison: PairedComparison, checkpoint: str | None = None) -> Versus:
+    def of(cls, comparison: PairedComparison, checkpoint: str | None = None, undecided: int | None = None) -> Versus:
         low, high = comparison.success_interval or (None, None)
         return cls(
             verdict=comparison.verdict,
@@ -97,6 +100,7 @@ class Versus:
             episodes_needed=comparison.episodes_needed,
             min_effect=comparison.min_effect,
             checkpoint=checkpoint,
+            undecided_by_errors=undecided,
         )
 
     @property
@@ -149,11 +153,8 @@ class SweepRow(RateFigures):
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> SweepRow:
         own: dict[str, Any] = {name: row.get(name) for name in _OWN_COLUMNS}
-        return cls(
-            **own,
-            versus_previous=Versus.from_columns("previous", row),
-            versus_baseline=Versus.from_columns("baseline", row),
-        )
+        previous, baseline = (Versus.from_columns(prefix, row) for prefix in ("previous", "baseline"))
+        return cls(**own, versus_previous=previous, versus_baseline=baseline)
 
 
 _LABELS = ("checkpoint", "step", "task")
@@ -162,13 +163,12 @@ _OWN_COLUMNS = (
     *(f.name for f in fields(SweepRow) if f.name not in _LABELS and not f.name.startswith("versus_")),
 )
 """A row's own columns: what it is of, then its figures (the rates' first, as :class:`RateFigures` has them)."""
-COLUMNS: tuple[str, ...] = (
-    *_OWN_COLUMNS,
-    *NO_COMPARISON.columns("previous"),
-    *NO_COMPARISON.columns("baseline"),
-)
+COLUMNS: tuple[str, ...] = (*_OWN_COLUMNS, *NO_COMPARISON.columns("previous"), *NO_COMPARISON.columns("baseline"))
 """The table's columns, in order (the CSV header)."""
-_LATER_COLUMNS = ("run", "previous_checkpoint", "baseline_checkpoint")  # a table written before them still reads
+_LATER_COLUMNS = (  # a table written before them still reads
+    *("run", "previous_checkpoint", "baseline_checkpoint"),
+    *("previous_undecided_by_errors", "baseline_undecided_by_errors"),
+)
 
 
 @dataclass(frozen=True)
@@ -193,8 +193,7 @@ class SweepComparison:
 
     @property
     def best(self) -> str | None:
-        """The checkpoint whose all-tasks success rate has the highest 95% lower bound; ``None`` when none has
-        an answered episode.
+        """The checkpoint whose all-tasks success rate has the highest 95% lower bound (``None``: none answered).
 
         Where checkpoints answered as many episodes, that is the highest rate; one that answered fewer
         (its other episodes errored) must do better to count: 1 success of 1 answered (lower bound 21%)
@@ -394,4 +393,6 @@ def _versus_cell(versus: Versus, named: str | None = None) -> str:
     if versus.verdict is Verdict.NO_DIFFERENCE and versus.episodes_needed is not None:
         effect = "" if versus.min_effect is None else f" to detect a {versus.min_effect:.0%} difference at 80% power"
         text += f"; ~{versus.episodes_needed} pairs needed{effect}"
+    if versus.undecided_by_errors:  # errors are not failures, nor do they carry a pass
+        text += f"; undecided: {versus.undecided_by_errors} errored on one side only would make it worse"
     return text + ")"

@@ -514,3 +514,24 @@ def test_instances_completed_names_a_checkpoint_that_cannot_load_only_where_othe
     every = completed([*of("000100", "EEEE"), *of("000200", "EEEE")], command)
     assert not every.passed
     assert "could not be loaded" not in every.description
+
+
+def test_a_comparison_that_episodes_errored_on_one_side_only_could_make_worse_says_it_is_undecided() -> None:
+    """Before, the cell said "no detectable difference +0.0% (p=1, 4 pairs)" where ``no_regression`` on the same
+    two checkpoints failed as undecided: errors are not failures, nor do they carry a pass."""
+    steady, erring = _rows_of({"push": "S" * 10}), _rows_of({"push": "SSSS" + "E" * 6})
+    table = compare_checkpoints([("a", 100, steady), ("b", 200, erring)], baseline="a")
+    versus = _find(table, "b", "push").versus_previous
+    assert (versus.verdict, versus.pairs, versus.undecided_by_errors) == (Verdict.NO_DIFFERENCE, 4, 6)
+    assert _find(table, "b", ALL_TASKS).versus_baseline.undecided_by_errors == 6
+    assert "undecided: 6 errored on one side only would make it worse" in table.markdown()
+    from hud_pipelines.eval.report_html.page import _checkpoints  # pyright: ignore[reportPrivateUsage]
+
+    assert "undecided: 6 errored on one side only would make it worse" in _checkpoints(table, [], matrix=False)
+    assert SweepComparison.from_json(table.to_json()) == table
+    fine = compare_checkpoints([("a", 100, steady), ("b", 200, _rows_of({"push": "S" * 9 + "E"}))])
+    assert _find(fine, "b", "push").versus_previous.undecided_by_errors is None, "one error could not decide it"
+    older = json.loads(table.to_json())
+    for row in older["rows"]:
+        del row["previous_undecided_by_errors"], row["baseline_undecided_by_errors"]  # a table written before
+    assert SweepComparison.from_json(json.dumps(older)).rows[1].versus_previous.undecided_by_errors is None

@@ -274,7 +274,11 @@ def _verdict(versus: Versus, named: str | None = None) -> str:
         if versus.diff_low is not None and versus.diff_high is not None
         else ""
     )
-    return f"{versus.outcome} {versus.diff:+.1%} ({interval}p={versus.p:.3g}, {versus.pairs} pairs{with_named})"
+    n = versus.undecided_by_errors  # as the markdown table says it
+    undecided = f"; undecided: {n} errored on one side only would make it worse" if n else ""
+    return (
+        f"{versus.outcome} {versus.diff:+.1%} ({interval}p={versus.p:.3g}, {versus.pairs} pairs{with_named}{undecided})"
+    )
 
 
 # -- episodes --------------------------------------------------------------------------------------------
