@@ -227,9 +227,13 @@ def unpaired_cause(candidate: Sequence[GradeRow], baseline: Sequence[GradeRow]) 
     with nothing), said with their reason; else, most likely, other tasks or seeds."""
     for whose, rows in (("this eval's", candidate), ("the baseline's", baseline)):
         if rows and all(row.fault is Fault.NOT_RUN for row in rows):
-            why = one_line(rows[0].error or "not run").split("; run it with: ")[0]
-            return f"{whose} rows have no current result, e.g. {why}"
+            return f"{whose} rows have no current result, e.g. {_stale_reason(rows[0])}"
     return "same tasks and seeds?"
+
+
+def _stale_reason(row: GradeRow) -> str:
+    """Why a ``not_run`` row has no current result, without the command (one run of the pipeline runs them all)."""
+    return one_line(row.error or "not run").split("; run it with: ")[0]
 
 
 def errored_in_a_run(row: GradeRow) -> bool:
@@ -266,7 +270,7 @@ def run_compare(args: argparse.Namespace, judge: Judge | None = None) -> int:
         stale = [row for row in side.rows if row.fault is Fault.NOT_RUN]
         if stale:
             instances = len({row.group_id for row in stale})
-            why = one_line(stale[0].error or "not run").split("; run it with: ")[0]  # the first; run them all again
+            why = _stale_reason(stale[0])  # the first
             print(
                 f"note: {len(stale)} of {len(side.rows)} episode(s) of {side.name} ({instances} instance(s)) have no "
                 f"current result and pair with nothing, e.g. {why}; run the pipeline again to compare them",

@@ -61,6 +61,7 @@ class CheckpointRows(NamedTuple):
     """The training run, where the sweep watches several (its ``vs previous`` is the run's previous checkpoint)."""
 
 
+UNDECIDED = "; undecided: {} errored on one side only would make it worse"  # a comparison cell's end, the page's too
 NO_PAIRS = "no paired episodes"
 """A comparison's outcome when the two sides share no answered episode."""
 
@@ -394,5 +395,5 @@ def _versus_cell(versus: Versus, named: str | None = None) -> str:
         effect = "" if versus.min_effect is None else f" to detect a {versus.min_effect:.0%} difference at 80% power"
         text += f"; ~{versus.episodes_needed} pairs needed{effect}"
     if versus.undecided_by_errors:  # errors are not failures, nor do they carry a pass
-        text += f"; undecided: {versus.undecided_by_errors} errored on one side only would make it worse"
+        text += UNDECIDED.format(versus.undecided_by_errors)
     return text + ")"

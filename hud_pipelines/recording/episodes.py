@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
-from hud_pipelines.errors import ContractError, Fault, HudPipelinesError
+from hud_pipelines.errors import ContractError, HudPipelinesError, fault_of
 from hud_pipelines.recording.events import (
     EpisodeKey,
     EpisodeOutcome,
@@ -37,7 +37,7 @@ from hud_pipelines.recording.events import (
     errored,
 )
 from hud_pipelines.sim.envs import prompt_of
-from hud_pipelines.sim.slots import SlotBatch
+from hud_pipelines.sim.slots import SlotBatch, SlotRecord
 
 if TYPE_CHECKING:
     from hud_pipelines.dataset.publish import DatasetBuild
@@ -192,38 +192,36 @@ class Episodes:
             self.end(slot, terminated=terminated, truncated=truncated)
 
     def end(self, slot: int, *, terminated: bool, truncated: bool, reason: str | None = None) -> None:
-        key, self.keys[slot] = self.keys[slot], None
-        if key is None:
-            return
-        record = self.records[slot].record(0)
-        status = EpisodeStatus.SUCCEEDED if record.success else EpisodeStatus.FAILED
-        extra = {} if reason is None else {"reason": reason}
-        outcome = EpisodeOutcome(
-            status,
-            record.score,
-            record.success,
-            record.total_reward,
-            record.steps,
-            terminated,
-            truncated,
-            extra=extra,
-            success_reported=record.success_reported,
-            success_at_end=record.success_now,
-        )
-        for sink in self.sinks:
-            sink.end(key, outcome)
+        def graded(record: SlotRecord) -> EpisodeOutcome:
+            return EpisodeOutcome(
+                EpisodeStatus.SUCCEEDED if record.success else EpisodeStatus.FAILED,
+                record.score,
+                record.success,
+                record.total_reward,
+                record.steps,
+                terminated,
+                truncated,
+                extra={} if reason is None else {"reason": reason},
+                success_reported=record.success_reported,
+                success_at_end=record.success_now,
+            )
 
-    def fail(self, slot: int, exc: BaseException) -> None:
+        self._finish(slot, graded)
+
+    def fail(self, slot: int, exc: Exception) -> None:
         """End ``slot``'s open episode as errored: its env raised (or its observation left the contract), so the
         episode has no answer; it is not counted a failure, and a dataset keeps it out as an eval's does."""
+        reason = f"{type(exc).__name__}: {exc}"
+        self._finish(slot, lambda record: errored(reason, record.steps, record.total_reward, fault_of(exc)))
+
+    def _finish(self, slot: int, outcome: Callable[[SlotRecord], EpisodeOutcome]) -> None:
+        """End ``slot``'s open episode (none open: nothing) with the outcome of its record, in every sink."""
         key, self.keys[slot] = self.keys[slot], None
         if key is None:
             return
-        record = self.records[slot].record(0)
-        fault = Fault.CONTRACT if isinstance(exc, ContractError) else Fault.ENV
-        outcome = errored(f"{type(exc).__name__}: {exc}", record.steps, record.total_reward, fault)
+        ended = outcome(self.records[slot].record(0))
         for sink in self.sinks:
-            sink.end(key, outcome)
+            sink.end(key, ended)
 
     def close(self) -> None:
         self.closed = True

@@ -23,7 +23,7 @@ from hud_pipelines.eval.report import ReportContext, rate_text, rows_by_run
 from hud_pipelines.eval.report_html.dataset_links import DATASET_SCRIPT, write_dataset_links
 from hud_pipelines.eval.report_html.episodes import EpisodeView, episode_views
 from hud_pipelines.eval.report_html.summary import graders_section, number, summary_section
-from hud_pipelines.eval.sweep_table import SweepComparison, SweepRow, Versus
+from hud_pipelines.eval.sweep_table import UNDECIDED, SweepComparison, SweepRow, Versus
 from hud_pipelines.recording.events import EpisodeStatus
 
 HTML_NAME = "report.html"
@@ -274,8 +274,7 @@ def _verdict(versus: Versus, named: str | None = None) -> str:
         if versus.diff_low is not None and versus.diff_high is not None
         else ""
     )
-    n = versus.undecided_by_errors  # as the markdown table says it
-    undecided = f"; undecided: {n} errored on one side only would make it worse" if n else ""
+    undecided = UNDECIDED.format(versus.undecided_by_errors) if versus.undecided_by_errors else ""
     return (
         f"{versus.outcome} {versus.diff:+.1%} ({interval}p={versus.p:.3g}, {versus.pairs} pairs{with_named}{undecided})"
     )
