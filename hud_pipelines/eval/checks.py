@@ -357,16 +357,12 @@ def regression_verdict(
         )
     unrun = sum(row.fault is Fault.NOT_RUN for row in rows)  # a run of some instances: no answer, said beside
     left_out = f"; {unrun} episode(s) not run with this configuration yet are left out" if unrun else ""
-    if result.verdict is Verdict.NO_DIFFERENCE:
-        needed = result.episodes_needed or 0
-        more = max(0, needed - result.pairs)
-        return _regression(
-            check,
-            True,
-            f"inconclusive: success {-drop:+.1%} (p = {result.mcnemar_p:.3g}) over {against}; "
-            f"{more} more episodes needed to detect a {result.min_effect:.0%} drop{left_out}",
-            -drop,
-        )
+    if result.verdict is Verdict.NO_DIFFERENCE:  # enough pairs to see a drop of that size and none seen: an answer
+        more, effect = max(0, (result.episodes_needed or 0) - result.pairs), f"{result.min_effect:.0%} drop"
+        said = f"{more} more episodes needed to detect a {effect}" if more else f"enough to detect a {effect}"
+        verdict = "inconclusive" if more else "no drop detected"
+        observed = f"success {-drop:+.1%} (p = {result.mcnemar_p:.3g}) over {against}"
+        return _regression(check, True, f"{verdict}: {observed}; {said} at 80% power{left_out}", -drop)
     return _regression(
         check, True, f"{result.verdict.value} than the baseline: success {-drop:+.1%} over {against}{left_out}", -drop
     )

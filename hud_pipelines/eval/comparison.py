@@ -341,8 +341,9 @@ def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
         )
         lines.append(f"  mean score difference {result.score_difference:+.3g} ({interval}, {p})")
     if result.verdict is Verdict.NO_DIFFERENCE and result.episodes_needed is not None:
+        answer = "no difference detected" if result.pairs >= result.episodes_needed else "inconclusive"
         lines.append(
-            f"  inconclusive: about {result.episodes_needed} paired episodes would detect a "
+            f"  {answer}: about {result.episodes_needed} paired episodes would detect a "
             f"{result.min_effect:.0%} difference at 80% power"
         )
     return "\n".join(lines)

@@ -225,6 +225,18 @@ def test_the_no_regression_check_fails_a_worse_candidate_and_passes_an_inconclus
     assert "inconclusive" in undecided.description
     assert "more episodes needed" in undecided.description
     assert "not run" not in undecided.description
+    even_strong, even_weak = _sets([(True, False)] * 10 + [(False, True)] * 10 + [(True, True)] * 380)
+    (tmp_path / "even.json").write_text(json.dumps([r.as_dict() for r in even_strong]))
+    answered = check_verdict(NoRegressionCheck(baseline=str(tmp_path / "even.json"), max_drop=0.05), even_weak)
+    needed = compare(even_weak, even_strong, min_effect=0.05).episodes_needed
+    assert needed is not None
+    assert needed < 400, "the sample is large enough to see a 5% drop"
+    assert answered.passed
+    assert answered.description.startswith("no_regression: no drop detected: success +0.0%"), answered.description
+    assert "enough to detect a 5% drop at 80% power" in answered.description
+    assert "more episodes needed" not in answered.description, "never '0 more episodes needed'"
+    assert "  no difference detected: about" in describe(compare(even_weak, even_strong, min_effect=0.05), "a", "b")
+    assert "  inconclusive: about" in describe(compare(few_weak, few_strong, min_effect=0.05), "a", "b")
     unrun = [dataclasses.replace(row, status=EpisodeStatus.ERRORED, fault=Fault.NOT_RUN) for row in few_weak[:2]]
     partial = check_verdict(NoRegressionCheck(baseline=str(tmp_path / "few.json")), unrun + few_weak[2:])
     assert partial.passed, "judged on what ran, as a success-rate check is"
