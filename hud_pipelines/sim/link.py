@@ -166,7 +166,10 @@ class WebSocketLink:
             # websockets copies the chunk into its own buffer: a view of ours saves a copy per read
             self._protocol.receive_data(cast(bytes, memoryview(self._buffer)[:count]))
         self._frames.extend(e for e in self._protocol.events_received() if isinstance(e, Frame))
-        self._flush(deadline)  # pongs, and our half of a closing handshake
+        # pongs, and our half of a closing handshake; a peer that dropped the connection after its close frame
+        # breaks this write, and its close frame (why it closed) is what the caller reads, not the broken pipe
+        with contextlib.suppress(LinkClosed):
+            self._flush(deadline)
 
     def _flush(self, deadline: float) -> None:
         for chunk in self._protocol.data_to_send():

@@ -20,6 +20,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from hud_pipelines.errors import RemoteError, SimCrashedError, SimError
 from hud_pipelines.sim.process import SimProcess
+from hud_pipelines.sim.server import CLOSE_TIMEOUT_S
 from hud_pipelines.wire.codec import packb, unpackb
 from hud_pipelines.wire.messages import PROTOCOL_VERSION, CloseCode
 from tests.conftest import FAULTY
@@ -92,6 +93,20 @@ def test_a_client_silent_after_its_hello_is_closed_with_a_code_it_can_read(spawn
     with sim.connect() as next_client:
         assert next_client.result().slots[0]["status"] == "idle"
         assert next_client.reset({"seed": 1}).status == ["running"]
+
+
+def test_a_client_back_after_the_server_dropped_its_idle_connection_still_reads_why(spawn: Spawn) -> None:
+    """The server drops the socket :data:`CLOSE_TIMEOUT_S` after its close frame: the client's next write then
+    breaks, and the close frame waiting in its socket still says why (never "the sim went away")."""
+    sim = spawn(FAULTY, idle_timeout_s=0.5)
+    client = sim.connect()
+    client.reset({"seed": 0})
+    time.sleep(0.5 + CLOSE_TIMEOUT_S + 1.0)  # the close frame sent, unanswered; the socket dropped
+    with pytest.raises(SimError, match=r"closed the connection before step: no request reached it") as let_go:
+        client.step([[0.0]])
+    assert not isinstance(let_go.value, SimCrashedError), str(let_go.value)
+    assert "--idle-timeout-s" in str(let_go.value)
+    client.close()
 
 
 def test_a_step_longer_than_the_idle_timeout_is_not_silence(spawn: Spawn) -> None:
