@@ -122,18 +122,20 @@ class SimStartError(SimError):
     @property
     def child_error_type(self) -> str | None:
         """The exception class the child reported (``ContractError``): its error line is ``<Type>: <message>``."""
-        if not self.child_error or ":" not in self.child_error:
-            return None
-        name = self.child_error.split(":", 1)[0].strip()
+        name = self.child_error.split(":", 1)[0].strip() if self.child_error and ":" in self.child_error else ""
         return name if name.isidentifier() else None
 
 
 class SimRefusedError(SimError):
-    """The sim refused the connection before the WebSocket handshake (HTTP 401: token, 409: busy)."""
+    """The sim refused the connection before the WebSocket handshake (HTTP 401: token, 409: busy).
 
-    def __init__(self, message: str, *, status: int) -> None:
+    ``running_for_s``: of a 409, how long the sim has run a request of a connection that has gone (``None``: a
+    live connection drives it), for the client to judge by its own step deadline whether the sim hung.
+    """
+
+    def __init__(self, message: str, *, status: int, running_for_s: float | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.running_for_s = status, running_for_s
 
 
 class SimCrashedError(SimError):
@@ -183,8 +185,7 @@ class RemoteError(SimError):
         remote_traceback: str | None = None,
         cause: str | None = None,
     ) -> None:
-        where = f"{phase}" if slot is None else f"{phase}, slot {slot}"
-        text = f"sim error during {where}: {message}"
+        text = f"sim error during {phase if slot is None else f'{phase}, slot {slot}'}: {message}"
         if remote_traceback:
             text = f"{text}\n--- sim traceback ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
@@ -373,10 +374,9 @@ class LinkError(HudPipelinesError):
 class LinkRefused(LinkError):
     """The server answered the opening handshake with an HTTP status other than 101."""
 
-    def __init__(self, status: int, body: str) -> None:
+    def __init__(self, status: int, body: str, running_for_s: float | None = None) -> None:
         super().__init__(f"HTTP {status} {body}".strip())
-        self.status = status
-        self.body = body
+        self.status, self.body, self.running_for_s = status, body, running_for_s
 
 
 class LinkClosed(LinkError):

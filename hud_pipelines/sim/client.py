@@ -134,7 +134,8 @@ class SimClient(Closeable):
                 self.url, headers={"Authorization": f"Bearer {token}"}, max_size=max_frame_bytes, timeout_s=timeout_s
             )
         except LinkRefused as exc:
-            raise SimRefusedError(f"the sim at {self.url} refused the connection: {exc}", status=exc.status) from exc
+            refused = f"the sim at {self.url} refused the connection: {exc}"
+            raise SimRefusedError(refused, status=exc.status, running_for_s=exc.running_for_s) from exc
         except (OSError, LinkError) as exc:
             diagnosis = self._diagnosis()
             waited = (

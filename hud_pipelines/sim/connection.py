@@ -59,6 +59,7 @@ class Connection:
         self._text = False
         self._eof = False
         self._in_flight = 0
+        self._request_since = 0.0
         self._last_activity = time.monotonic()
         self._buffer = bytearray(RECV_CHUNK_BYTES)
         self._poller = select.poll()  # not select(): a sim process may well hold more than 1024 descriptors
@@ -142,14 +143,21 @@ class Connection:
             return 0.0
         return time.monotonic() - self._last_activity
 
+    def running_for(self) -> float | None:
+        """Seconds the request the sim works on now has run (``None``: none is queued or running): since the
+        last reply, as requests run one after another, or since the first came; the client's frames do not count."""
+        return time.monotonic() - self._request_since if self._in_flight else None
+
     def begin_request(self) -> None:
         with self._lock:
+            if not self._in_flight:
+                self._request_since = time.monotonic()
             self._in_flight += 1
 
     def end_request(self) -> None:
         with self._lock:
             self._in_flight -= 1
-            self._last_activity = time.monotonic()
+            self._last_activity = self._request_since = time.monotonic()
 
     # -- writing (any thread) ----------------------------------------------------------------------
 

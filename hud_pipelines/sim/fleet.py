@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from http import HTTPStatus
 
-from hud_pipelines.errors import SimError, SimRefusedError, SimStartError
+from hud_pipelines.errors import SimError, SimRefusedError, SimStartError, SimTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,22 @@ class Fleet:
         if len(self._all) == 1:
             return f"the served sim cannot be used: {reasons[0]}"
         return f"none of the {len(self._all)} served sims can be used: " + "; ".join(reasons)
+
+
+def stuck_in_a_gone_request(exc: SimError, server: str, step_timeout_s: float) -> SimTimeoutError | None:
+    """A busy refusal of a sim that has run a request of a connection that has gone for longer than this run's
+    ``step_timeout_s``: hung by this run's own measure (a run that left it so saw it hang), so waiting
+    ``busy_timeout_s`` for it, instance after instance, would end in nothing but "busy"."""
+    if not isinstance(exc, SimRefusedError) or exc.running_for_s is None or exc.running_for_s < step_timeout_s:
+        return None
+    hung = SimTimeoutError(
+        f"served sim {server} is still running a request of a connection that has gone, with no reply for "
+        f"{exc.running_for_s:.0f} s (sim.step_timeout_s = {step_timeout_s:g}): the env is presumed stuck in it; "
+        "restart the server",
+        deadline_s=step_timeout_s,
+    )
+    hung.server = server
+    return hung
 
 
 def naming(exc: SimError, server: str) -> SimError:

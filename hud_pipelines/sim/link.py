@@ -28,6 +28,7 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from hud_pipelines.errors import LinkClosed, LinkError, LinkRefused
+from hud_pipelines.wire.messages import RUNNING_FOR_HEADER
 
 RECV_CHUNK_BYTES = 1 << 20
 CLOSE_FRAME_WAIT_S = 0.2
@@ -91,7 +92,9 @@ class WebSocketLink:
             if isinstance(failure, InvalidStatus):
                 response = failure.response
                 body = response.body.decode(errors="replace").strip() if response.body else ""
-                raise LinkRefused(response.status_code, body) from failure
+                raise LinkRefused(
+                    response.status_code, body, _seconds(response.headers.get(RUNNING_FOR_HEADER))
+                ) from failure
             raise LinkError(f"the WebSocket handshake with {url} failed: {failure}") from failure
 
     @property
@@ -210,3 +213,11 @@ class WebSocketLink:
                 reason=received.reason,
             )
         return LinkClosed("the connection closed without a close frame")
+
+
+def _seconds(value: str | None) -> float | None:
+    """A header's seconds (``None`` where absent or not a number: an older or other server)."""
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None

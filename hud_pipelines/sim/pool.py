@@ -29,7 +29,7 @@ from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError, SimCrashedError, SimError, SimStartError, SimTimeoutError
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, SimClient
-from hud_pipelines.sim.fleet import Fleet, ServerUnreachable, is_busy, naming, reachable
+from hud_pipelines.sim.fleet import Fleet, ServerUnreachable, is_busy, naming, reachable, stuck_in_a_gone_request
 from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.sharded_sim import ShardedSim
@@ -279,6 +279,9 @@ class SimPool(Closeable):
                 if not isinstance(exc, SimError) or not is_busy(exc):
                     self._servers.give_back(server)  # a lost one is not handed out again
                     raise
+                if (hung := stuck_in_a_gone_request(exc, server, self.settings.step_timeout_s)) is not None:
+                    self._servers.lose(server, str(hung))  # no later instance waits busy_timeout_s for it again
+                    raise hung from exc
                 refusals += 1
                 waited_s = time.monotonic() - waiting_since
                 if server not in self._said_busy:  # once a server: a run that waits says why it does not move

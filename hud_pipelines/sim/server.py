@@ -51,12 +51,18 @@ from hud_pipelines.sim.connection import Connection
 from hud_pipelines.sim.main_thread import MainThreadExecutor
 from hud_pipelines.sim.session import SERVER_NAME, Outcome, Session
 from hud_pipelines.wire.codec import packb
-from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, CloseCode, ErrorFrame, SessionState, to_wire
+from hud_pipelines.wire.messages import (
+    DEFAULT_MAX_FRAME_BYTES,
+    RUNNING_FOR_HEADER,
+    UPGRADE_TIMEOUT_S,
+    CloseCode,
+    ErrorFrame,
+    SessionState,
+    to_wire,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-UPGRADE_TIMEOUT_S = 10.0
-"""How long the opening HTTP upgrade may take, the wait for a closing connection included."""
 HANDSHAKE_TIMEOUT_S = 30.0
 """How long a connection may take to send its ``hello`` frame."""
 DEFAULT_IDLE_TIMEOUT_S = 600.0
@@ -233,8 +239,9 @@ class SimServer:
         A connection that arrives while the previous one is closing (its close frame, its ``close``
         request or its EOF has been read, or is read within :data:`CLOSE_NOTICE_S`) waits up to
         :data:`CLOSING_WAIT_S` for it to let go, so a client may close and reconnect at once; only a sim
-        still busy after that (a request of the old connection still running in the env) is a 409. An
-        admitted connection drives the sim.
+        still busy after that (a request of the old connection still running in the env) is a 409, with how
+        long that request has run (at once where it has run that long already): the client judges by its own
+        step deadline whether the sim hung. An admitted connection drives the sim.
         """
         offered = _bearer(request.headers.get("Authorization"))
         if offered is None:
@@ -247,17 +254,22 @@ class SimServer:
             while self._driver is not None and not self._driver.leaving and time.monotonic() < noticed_by:
                 self._state.wait(0.01)  # ``leaving`` is set by the reader without notifying: look again soon
             driver = self._driver
-            if driver is not None and driver.leaving:
+            # a request of a gone connection that has run this long already will not end in a moment: say so now
+            if driver is not None and driver.leaving and (driver.running_for() or 0.0) < CLOSING_WAIT_S:
                 wait_s = min(CLOSING_WAIT_S, max(deadline - time.monotonic(), 0.0))
                 self._state.wait_for(lambda: self._driver is None, timeout=wait_s)
             if self._driver is not None:
-                busy = "the sim is driven by another connection"
-                if self._driver.leaving:  # its client went away, but a request of it still runs in the env
+                busy, running_for = "the sim is driven by another connection", None
+                if self._driver.leaving and (running_for := self._driver.running_for()) is not None:
+                    # its client went away, but a request of it still runs in the env
                     busy = (
                         f"the sim is still running a request of a connection that has gone (no reply for "
-                        f"{self._driver.quiet_for():.0f} s): the env may be stuck in it; restart the server"
+                        f"{running_for:.0f} s): the env may be stuck in it; restart the server"
                     )
-                return connection.protocol.reject(HTTPStatus.CONFLICT, busy + "\n")
+                response = connection.protocol.reject(HTTPStatus.CONFLICT, busy + "\n")
+                if running_for is not None:  # the client judges by its own step deadline whether the sim hung
+                    response.headers[RUNNING_FOR_HEADER] = f"{running_for:.1f}"
+                return response
             self._driver = connection
         return None
 

@@ -75,6 +75,6 @@ def shard_error(exc: errors.SimError | errors.WireError, where: str, offset: int
         case errors.SimTimeoutError():
             return errors.SimTimeoutError(f"{where}: {exc}", deadline_s=exc.deadline_s)
         case errors.SimRefusedError():
-            return errors.SimRefusedError(f"{where}: {exc}", status=exc.status)
+            return errors.SimRefusedError(f"{where}: {exc}", status=exc.status, running_for_s=exc.running_for_s)
         case _:
             return errors.SimError(f"{where}: {exc}")

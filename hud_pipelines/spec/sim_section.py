@@ -103,7 +103,9 @@ class SimSpec(StrictModel):
         exclude_if=lambda value: value == DEFAULT_BUSY_TIMEOUT_S,
         description="with `url`, `urls` or `fleet`: how long an instance waits for a served sim while other clients "
         "drive every one it may use (they refuse it with HTTP 409: the Celery workers of one run, another run on the "
-        "same fleet), trying again with backoff, before it errors as `sim_start`; a busy server is never lost",
+        "same fleet), trying again with backoff, before it errors as `sim_start`; a busy server is never lost, but one "
+        "still running a request of a client that has gone, for longer than `step_timeout_s`, is hung: no instance "
+        "waits for it",
     )
     python: str | None = Field(
         default=None,

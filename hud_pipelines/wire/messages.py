@@ -37,6 +37,12 @@ DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame either side accepts (websockets closes the connection with 1009 above it)."""
 
 
+UPGRADE_TIMEOUT_S = 10.0
+"""How long the opening HTTP upgrade may take on the server, its wait for a closing connection included."""
+RUNNING_FOR_HEADER = "Hud-Running-For"
+"""Of a 409: seconds the sim has been running a request of a connection that has gone, with no reply."""
+
+
 class CloseCode(IntEnum):
     """WebSocket close codes this server uses (RFC 6455, section 7.4.1)."""
 

@@ -17,6 +17,7 @@ from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.steps import evaluate
+from hud_pipelines.sim.server import CLOSING_WAIT_S
 from hud_pipelines.spec.loader import load_pipeline_text
 from tests.dagster.support import REPO, SIMS
 from tests.sim.fleet_support import TOKEN, serve_cartpole, stop_served
@@ -457,6 +458,38 @@ def test_a_served_sim_that_hangs_gets_no_later_instance_instead_of_waiting_on_it
     later = next(r for r in evaluation.results if r.instance == 1)
     assert f"served sim {url} stopped answering (a step or reset hung)" in (later.error or ""), later.error
     assert took < 60, f"the run waited on the hung server as on a busy one ({took:.0f} s)"
+
+
+def test_a_run_after_one_that_left_a_served_sim_hung_says_so_at_once_not_busy_per_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server still runs the step the first run gave up on; it refuses the next run's instances with 409 and
+    how long that request has run. Before, each instance waited ``busy_timeout_s`` for it, then said "busy,
+    driven by another client": 10 minutes an instance, at the default, for a server that needs a restart. (A
+    request that has run for less than :data:`CLOSING_WAIT_S` is waited for, as a closing connection's is.)"""
+    monkeypatch.chdir(REPO)
+    process, url = serve_cartpole("--arg", "stall_seeds=[0]")  # slot 0 of instance 0 stalls at step 5
+    try:
+        text = json.loads(_text([url]))
+        text["sim"] |= {"step_timeout_s": 2, "busy_timeout_s": 20}
+        text |= {"group": 3, "max_concurrent": 1}
+        monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
+        spec = load_pipeline_text(json.dumps(text), source=tmp_path / "fleet.yaml")
+        assert {r.fault for r in evaluate(spec, outputs_dir=tmp_path / "first").results} >= {Fault.SIM_HUNG}
+        time.sleep(CLOSING_WAIT_S)  # as a later run would: the stuck request has run longer than a closing wait
+        started = time.monotonic()
+        second = evaluate(spec, outputs_dir=tmp_path / "second")
+        took = time.monotonic() - started
+    finally:
+        stop_served(process)
+    # the run's first connection (for the contract) meets it: no instance gets the sim
+    assert {r.instance: r.fault for r in second.results} == dict.fromkeys(range(3), Fault.SIM_START)
+    for result in second.results:
+        error = result.error or ""
+        assert f"served sim {url} is still running a request of a connection that has gone, with no reply" in error
+        assert "(sim.step_timeout_s = 2): the env is presumed stuck in it; restart the server" in error, error
+        assert "busy" not in error
+    assert took < 20, f"the run waited on the hung server as on a busy one ({took:.0f} s)"
 
 
 def test_busy_timeout_is_refused_for_a_spawned_sim_naming_the_key(tmp_path: Path) -> None:
