@@ -18,6 +18,7 @@ row (``batched=False``); a server that accepts a leading batch axis gets the who
 from __future__ import annotations
 
 import contextlib
+import reprlib
 import socket
 import threading
 from collections.abc import Mapping
@@ -203,7 +204,15 @@ class RemotePolicy(BasePolicy, Closeable):
         if not is_map(reply) or "actions" not in reply:
             keys = sorted(map(str, reply)) if is_map(reply) else type(reply).__name__
             raise PolicyError(f"the policy server at {self.url} replied without 'actions' (got {keys})")
-        return np.asarray(reply["actions"], dtype=np.float32)
+        try:
+            return np.asarray(reply["actions"], dtype=np.float32)
+        except (TypeError, ValueError):
+            width = self.width
+            expected = f"[B, T, A={width}]" if self.batched else f"[T, A={width}] or [A={width}]"
+            raise PolicyError(
+                f"the policy server at {self.url} replied with 'actions' that are no array of numbers "
+                f"({reprlib.repr(reply['actions'])}); expected {expected}"
+            ) from None
 
     def _receive(self, ws: ClientConnection, what: str) -> Any:
         try:

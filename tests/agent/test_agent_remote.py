@@ -159,6 +159,8 @@ def test_server_errors_and_bad_replies_are_policy_errors() -> None:
     def infer(observation: dict[str, Any]) -> Any:
         if observation["state"][1] > 0:
             raise ValueError("the model is not loaded")
+        if observation["state"][0] > 0:
+            return "not an array"
         return np.zeros((5, 2), dtype=np.float32)
 
     server = PolicyServer(infer)
@@ -172,6 +174,14 @@ def test_server_errors_and_bad_replies_are_policy_errors() -> None:
             bad = PolicyBatch(observation={"state": np.ones((1, 2), dtype=np.float32)}, prompts=[""])
             with pytest.raises(PolicyError, match=r"reported an error:\nTraceback(.|\n)*the model is not loaded"):
                 policy.infer(bad)
+            words = PolicyBatch(observation={"state": np.array([[1.0, 0.0]], dtype=np.float32)}, prompts=[""])
+            with pytest.raises(PolicyError) as unreadable:
+                policy.infer(words)
+            assert str(unreadable.value) == (
+                f"the policy server at {url} replied with 'actions' that are no array of numbers ('not an array'); "
+                "expected [T, A=1] or [A=1]"
+            )
+            assert unreadable.value.__suppress_context__, "one error, not the conversion's traceback before it"
     finally:
         server.close()
     with pytest.raises(PolicyError, match="cannot connect to the policy server"):
