@@ -12,6 +12,7 @@ break a pipeline's rule (a timeout of -1, an ``http://`` sim URL, a served sim b
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -122,8 +123,22 @@ def _problem(pipeline: str, deployment: Deployment, path: Path, error: ErrorDeta
     else:  # a rule of the section as a whole, broken by the deployment's fields beside the YAML's
         owner = next((name for name in names if part in deployment.get(name, {})), pipeline)
         keys, beside = tuple(key for key in ("pipelines", owner, part) if key), f" (with pipeline {pipeline}'s YAML"
-        beside += f"; set {part}: {{{field}: ...}} under pipelines.{pipeline} to replace its value)" if field else ")"
+        beside += (
+            f"; set {part}: {{{field}: {_unset(error)}}} under pipelines.{pipeline} to clear it)" if field else ")"
+        )
     return f"deployment file {located(path, keys)}: {'.'.join(keys)}: {plain_message(error)}{beside}"
+
+
+def _unset(error: ErrorDetails) -> str:
+    """The value that leaves the YAML's key ``error`` is about as if it were not set (its default), in YAML."""
+    keys = [str(key) for key in key_path(error, PipelineSpec)]
+    model: Any = PipelineSpec
+    try:
+        for key in keys[:-1]:
+            model = model.model_fields[key].annotation
+        return json.dumps(model.model_fields[keys[-1]].get_default(call_default_factory=True))
+    except (AttributeError, KeyError, IndexError, TypeError):  # not a plain model's field: the user knows best
+        return "..."
 
 
 def _resource_field(error: ErrorDetails) -> tuple[str, str, tuple[str, ...]]:

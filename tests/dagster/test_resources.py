@@ -505,3 +505,8 @@ def test_the_readmes_deployment_example_is_a_valid_deployment_of_the_bundled_pip
     assert main(["validate", "--no-deep", str(tmp_path / "deployment.yaml"), str(REPO / "pipelines")]) == 0, (
         capsys.readouterr().out
     )
+    # without the line that clears the YAML's contract file (a spawned sim's), the problem says how to clear it
+    (tmp_path / "deployment.yaml").write_text(block.replace("contract: {file: null}", "agent: {}"))
+    assert main(["validate", "--no-deep", str(tmp_path / "deployment.yaml"), str(REPO / "pipelines")]) == 1
+    said = capsys.readouterr().out
+    assert "set contract: {file: null} under pipelines.cartpole_pd to clear it)" in said, said
