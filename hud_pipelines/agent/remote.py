@@ -21,6 +21,7 @@ import contextlib
 import reprlib
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chun
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import PolicyError, PolicyLinkError, PolicyTimeoutError, WireError
+from hud_pipelines.sim.fleet import PROBE_EVERY_S, RETURN_GRACE_S
 from hud_pipelines.spec.agent import RemotePolicyConfig
 from hud_pipelines.spec.problems import did_you_mean
 from hud_pipelines.wire.codec import Layout, is_map, packb, unpackb
@@ -77,6 +79,10 @@ class RemotePolicy(BasePolicy, Closeable):
         self._ws: ClientConnection | None = None
         self.metadata: dict[str, Any] = {}
         """What the server says of its policy (its first frame on each connection)."""
+        self._served = False
+        """Whether a connection ever opened: a server that refuses one only after that may be restarting."""
+        self._refused_since: float | None = None
+        """When the server that had served refused a connection first."""
         self._connect(self._epoch)
 
     @classmethod
@@ -147,22 +153,26 @@ class RemotePolicy(BasePolicy, Closeable):
     def _connect(self, epoch: int) -> ClientConnection:
         """Open the connection and read its metadata frame (what the server says of its policy); it becomes the
         current one unless :meth:`abandon` came meanwhile."""
-        try:
-            ws = connect(
-                self.url,
-                additional_headers=self._headers,
-                compression=None,
-                max_size=None,
-                open_timeout=self.timeout_s,
-                ping_interval=None,  # a busy server may not answer pings; timeout_s bounds every call
-                legacy=True,
-            )
-        except InvalidStatus as exc:
-            raise PolicyLinkError(
-                f"the policy server at {self.url} refused the connection: HTTP {exc.response.status_code}"
-            ) from exc
-        except (OSError, TimeoutError, WebSocketException) as exc:
-            raise PolicyLinkError(f"cannot connect to the policy server at {self.url}: {exc}") from exc
+        while True:
+            try:
+                ws = connect(
+                    self.url,
+                    additional_headers=self._headers,
+                    compression=None,
+                    max_size=None,
+                    open_timeout=self.timeout_s,
+                    ping_interval=None,  # a busy server may not answer pings; timeout_s bounds every call
+                    legacy=True,
+                )
+                break
+            except InvalidStatus as exc:
+                raise PolicyLinkError(
+                    f"the policy server at {self.url} refused the connection: HTTP {exc.response.status_code}"
+                ) from exc
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                if not self._may_return(exc, epoch):
+                    raise PolicyLinkError(f"cannot connect to the policy server at {self.url}: {exc}") from exc
+        self._served, self._refused_since = True, None
         try:
             with self._state:
                 self._open = ws
@@ -180,6 +190,20 @@ class RemotePolicy(BasePolicy, Closeable):
             raise
         self.metadata = metadata if is_map(metadata) else {"metadata": metadata}
         return ws
+
+    def _may_return(self, exc: BaseException, epoch: int) -> bool:
+        """Whether to connect again: a server that served this policy and now refuses connections is given
+        :data:`RETURN_GRACE_S` from its first refusal to listen again (a restart on its address), as a served sim
+        is; after that, each forward fails at once until it is back. A server never reached is not waited for."""
+        if not isinstance(exc, ConnectionRefusedError) or not self._served:
+            return False
+        now = time.monotonic()
+        self._refused_since = now if self._refused_since is None else self._refused_since
+        if now - self._refused_since >= RETURN_GRACE_S:
+            return False
+        time.sleep(PROBE_EVERY_S)
+        self._given_up(epoch)
+        return True
 
     def _given_up(self, epoch: int) -> None:
         """Stop a forward that :meth:`abandon` gave up on (its result is thrown away)."""

@@ -390,3 +390,38 @@ def _ask(policy: Policy, value: float) -> float:
     """The one action ``policy`` gives for a one-row batch of state ``[value, value]``."""
     batch = PolicyBatch(observation={"state": np.full((1, 2), value, np.float32)}, prompts=[""])
     return float(policy.infer(batch)[0, 0, 0])
+
+
+def test_a_policy_server_restarted_on_its_address_is_waited_for_briefly_and_one_that_stays_down_is_not() -> None:
+    """A served sim restarted at its address within its grace takes the later instances; a policy server got none:
+    every forward after it went away failed at once with "Connection refused", so a restart cost the whole run."""
+    from hud_pipelines.errors import PolicyLinkError
+    from hud_pipelines.sim.fleet import RETURN_GRACE_S
+
+    first = PolicyServer(_echo(slow_on=-1, seconds=0))
+    port = int(first.url.rsplit(":", 1)[1])
+    remote = RemotePolicy(first.url, countdown_contract(), timeout_s=10)
+    restarted: list[PolicyServer] = []
+    try:
+        assert _ask(remote, 2) == 2
+        first.close()
+        with pytest.raises(PolicyLinkError, match="went away"):  # the request it had in hand is lost
+            _ask(remote, 3)
+        threading.Timer(1.0, lambda: restarted.append(PolicyServer(_echo(slow_on=-1, seconds=0), port=port))).start()
+        assert _ask(remote, 4) == 4, "the next forward waits for the restart"
+        assert restarted
+        restarted[0].close()
+        with pytest.raises(PolicyLinkError, match="went away"):
+            _ask(remote, 5)
+        started = time.monotonic()
+        with pytest.raises(PolicyLinkError, match="cannot connect to the policy server"):
+            _ask(remote, 6)
+        assert time.monotonic() - started >= RETURN_GRACE_S, "refused within the grace: tried again"
+        started = time.monotonic()
+        with pytest.raises(PolicyLinkError, match="cannot connect to the policy server"):
+            _ask(remote, 7)
+        assert time.monotonic() - started < RETURN_GRACE_S / 2, "down past its grace: the next forward fails at once"
+    finally:
+        remote.close()
+        for server in restarted:
+            server.close()
