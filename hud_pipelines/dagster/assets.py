@@ -36,6 +36,7 @@ from hud_pipelines.dagster import metadata as asset_metadata
 from hud_pipelines.dagster import sweeps, units
 from hud_pipelines.dagster.checks import answered_check, instances_check, pipeline_check
 from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
+from hud_pipelines.dagster.deployed import refuse_before_a_run
 from hud_pipelines.dagster.eval_failure import eval_step_name, graded_if_it_fails
 from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.executors import executor_for
@@ -62,7 +63,6 @@ from hud_pipelines.eval.steps import (
     rollouts_step,
 )
 from hud_pipelines.recording.thumbnails import markdown_image
-from hud_pipelines.spec.loader import refuse_unrunnable
 from hud_pipelines.spec.models import PipelineSpec
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -194,7 +194,7 @@ def _build(
             effective = effective_of(context, spec)
             selected = context.selected_asset_keys
             if rollouts_key in selected:  # before any sim starts, as `hud-pipelines run` refuses
-                refuse_unrunnable(spec, effective)
+                refuse_before_a_run(spec, effective)
             pool = sim_of(context, spec).pool(effective)
             if contract_key in selected:
                 try:

@@ -178,14 +178,16 @@ def refuse_misspelled(deployment: Deployment, pipeline: str, beside: Iterable[st
 
     A run of one file cannot know every pipeline the deployment serves, but a name one typo away from
     the running pipeline's, that none of the pipelines ``beside`` it declares while the running one is
-    not named, is that pipeline misspelled (``pusht_act`` beside ``pusht_expert`` is a pipeline of its own).
+    not named, is that pipeline misspelled (``pusht_act`` beside ``pusht_expert`` is a pipeline of its own);
+    a typo nearer another of them is that one's (its runs are refused), not this one's.
     """
     if pipeline in deployment:
         return
-    others = set(beside)
-    near = closest(pipeline, [name for name in deployment if name != EVERY_PIPELINE and name not in others])
-    if near is not None:
-        refuse_unknown_pipelines({near: deployment[near]}, [pipeline], path)
+    known = sorted({*beside, pipeline})
+    unknown = [name for name in deployment if name != EVERY_PIPELINE and name not in known]
+    mine = [name for name in unknown if closest(name, known) == pipeline and closest(pipeline, [name]) is not None]
+    if mine:
+        refuse_unknown_pipelines({name: deployment[name] for name in mine}, known, path)
 
 
 def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> object:

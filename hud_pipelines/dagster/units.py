@@ -40,6 +40,7 @@ from dagster import OpExecutionContext
 from hud_pipelines.contract import Contract, load_contract
 from hud_pipelines.dagster import sweeps
 from hud_pipelines.dagster.context import effective_of, sim_of
+from hud_pipelines.dagster.deployed import refuse_before_a_run
 from hud_pipelines.dagster.eval_failure import eval_step_name, graded_if_it_fails
 from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.executors import UnitPlacement
@@ -62,7 +63,6 @@ from hud_pipelines.eval.rollouts import current, finished_by, kept_failure, kept
 from hud_pipelines.eval.runner import InstanceResult
 from hud_pipelines.eval.steps import contract_step, record_configuration, refuse_misfit_dataset, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool
-from hud_pipelines.spec.loader import refuse_unrunnable
 from hud_pipelines.spec.models import PipelineSpec
 
 PLANNED, UNITS = "planned", "units"
@@ -93,7 +93,7 @@ def eval_units_asset(
         effective = effective_of(context, spec)
         if rollouts_key in context.selected_asset_keys:  # before any unit starts a sim: said at the YAML's line
             with graded_if_it_fails(context, spec, outputs):
-                refuse_unrunnable(spec, effective)
+                refuse_before_a_run(spec, effective)
         if rollouts_key not in context.selected_asset_keys:  # a run of "Materialize all" that runs no rollouts
             yield dg.Output(_contract_alone(context, effective, outputs, contract_key), output_name=PLANNED)
             return

@@ -4,6 +4,7 @@ swapped per deployment, and never mixed into results of another configuration.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -397,6 +398,7 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     tmp_path: Path,
     write_pipeline: WritePipeline,
     pipelines_dir: Path,
+    outputs_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -411,14 +413,22 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     )
     monkeypatch.setenv(DEPLOYMENT_ENV, str(misspelled))
     expected = rf"{misspelled}:2:3: pipelines\.remote_evl: no pipeline of that name \(did you mean 'remote_eval'\?\)"
-    defs = build_definitions(pipelines_dir)  # the code location: every pipeline still loads, the file is marked
+    defs = build_definitions(pipelines_dir, outputs_dir=outputs_dir)  # every pipeline still loads, the file is marked
     assert "remote_eval" in {job.name for job in defs.resolve_all_job_defs()}
     markers = [key.path for key in defs.resolve_asset_graph().get_all_asset_keys() if key.path[0] == "broken_pipelines"]
     assert ["broken_pipelines", "deployment_yaml"] in markers, markers
+    with dg.DagsterInstance.ephemeral() as instance:  # its runs are refused, not run on the YAML's own sims
+        run = defs.resolve_job_def("remote_eval").execute_in_process(instance=instance, raise_on_error=False)
+    assert not run.success
+    [failure] = [event for event in run.all_events if event.is_step_failure]
+    said = failure.step_failure_data.error.to_string() if failure.step_failure_data.error else ""
+    assert re.search(expected, said), said
+    assert not (outputs_dir / "remote_eval" / "rollouts").exists(), "no instance ran"
     beside = ["remote_eval", "remote_eval_camera"]  # what the run's pipelines folder declares, broken files too
     with pytest.raises(DeploymentError, match=expected):
         refuse_misspelled(load_deployment(), "remote_eval", beside)  # a run of the one pipeline it meant
     refuse_misspelled(load_deployment(), "other_pipeline", beside)  # a name far from it may serve another project
+    refuse_misspelled(load_deployment(), "remote_eval2", [*beside, "remote_eval2"])  # remote_eval's typo, not its own
     misspelled.write_text("pipelines:\n  remote_eval_camera:\n    sim: {num_envs: 2}\n")
     refuse_misspelled(load_deployment(), "remote_eval", beside)  # close, but a pipeline of its own
     misspelled.write_text("pipelines:\n  remote_evl:\n    sim: {num_envs: 3}\n")
