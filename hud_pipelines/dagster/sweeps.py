@@ -17,19 +17,21 @@ the code location loaded.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
 
 from hud_pipelines.agent.checkpoint_files import SETTLING
-from hud_pipelines.agent.checkpoints import DEFAULT_SETTLE_S, Discovery, label_named, several_named
+from hud_pipelines.agent.checkpoints import DEFAULT_SETTLE_S, Checkpoint, Discovery, label_named, several_named
 from hud_pipelines.dagster.overlap import unfinished_runs
-from hud_pipelines.errors import CheckpointError
+from hud_pipelines.errors import CheckpointError, Fault
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.spec.models import Partition, PipelineSpec
 from hud_pipelines.spec.problems import did_you_mean
 
@@ -294,17 +296,18 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
         new = [c.label for c in found.complete if c.label not in known]
         complete = {c.label for c in found.complete}
         changed = [m for m in sweep.evaluated(spec, outputs, settled=complete) if m.changed and m.label in known]
+        cut = cut_short(spec, outputs, [c for c in found.complete if c.label in known], {m.label for m in changed})
         waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
-        if not new and not changed:
+        if not new and not changed and not cut:
             return dg.SkipReason(
                 f"no new or changed complete checkpoint{f' (waiting for {waiting})' if waiting else ''}"
             )
         if waiting:
             context.log.info(f"{spec.name}: waiting for {waiting}")
         order = [*known, *new]  # a range runs in the order the checkpoints were registered
-        labels = sorted({*new, *(m.label for m in changed)}, key=order.index)
+        labels = sorted({*new, *(m.label for m in changed), *cut}, key=order.index)
         tags = {**range_tags(spec, labels), CHECKPOINTS_TAG: ",".join(labels)}
-        keys = {**{label: label for label in new}, **{m.label: sweep.rerun_key(m) for m in changed}}
+        keys = {**{label: label for label in new}, **{m.label: sweep.rerun_key(m) for m in changed}, **cut}
         key = "+".join(keys[label] for label in labels)  # a label may hold "@": each key found by its label
         return dg.SensorResult(  # one run for all of them (a new label once, a write of a changed one once)
             run_requests=[dg.RunRequest(run_key=key, tags=tags)],
@@ -312,3 +315,29 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
         )
 
     return watch
+
+
+def cut_short(
+    spec: PipelineSpec, outputs: EvalOutputs, registered: Sequence[Checkpoint], changed: Collection[str]
+) -> dict[str, str]:
+    """The registered checkpoints whose run was cut short (cancelled in the UI, its ``dagster dev`` stopped): an
+    instance of theirs was interrupted; each with its run key. A registered label is not new, so without this
+    its instances were never asked for again and every later run failed its ``instances_completed`` on them.
+    The key names the runs that cut them short: requested once for each (an instance's own fault, a crash, is
+    not run again and again; its check says how to rerun it). One registered but never run (by a CLI run of
+    other checkpoints) is left to the runs that name it, as the report's warning says."""
+    cut: dict[str, str] = {}
+    for checkpoint in registered:
+        if checkpoint.label in changed:  # runs again for its new weights already
+            continue
+        folder = outputs.member(checkpoint.label)
+        lacking: list[str] = []
+        for key in spec.partition_keys():
+            path = folder.result(key)
+            result = InstanceResult.read(path) if path.is_file() else None
+            if result is not None and result.fault is Fault.INTERRUPTED:
+                lacking.append(f"{key}:{result.run_id}")
+        if lacking:
+            digest = hashlib.sha256("\n".join(lacking).encode()).hexdigest()[:12]
+            cut[checkpoint.label] = f"{checkpoint.label}@resume-{digest}"
+    return cut

@@ -277,6 +277,45 @@ def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_
     assert "complete checkpoint(s) 001500 are not registered, so no range holds them" in said
 
 
+def test_the_sensor_asks_once_more_for_a_registered_checkpoint_whose_run_was_cut_short(
+    run: LeRobotRun, tmp_path: Path, local: Path
+) -> None:
+    """A registered checkpoint is not new: when the run evaluating it was cancelled (the UI's Terminate, a stopped
+    ``dagster dev``), its interrupted instances were never asked for again, and every later run of the sweep failed
+    its ``instances_completed`` on them until someone reran them by hand."""
+    import dataclasses
+
+    from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.results import InstanceResult
+    from hud_pipelines.eval.steps import evaluate
+
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    spec = load_pipeline(path)
+    defs = definitions_for_file(path, outputs_dir=local, project_dir=tmp_path)
+    sensor = defs.resolve_sensor_def("reach_sweep__checkpoints")
+    evaluate(spec, outputs_dir=local, checkpoints=["000500"])
+    result_path = EvalOutputs(local, "reach_sweep").member("000500").result(spec.partition_key(0, 1))
+    finished = InstanceResult.read(result_path)
+    dataclasses.replace(finished, fault=Fault.INTERRUPTED, run_id="cancelled").write(result_path)
+    with dg.instance_for_test() as instance:
+        sweeps.register(instance, spec, ["000500", "001000", "001500"])  # the others registered, not run: not asked
+
+        def requests() -> list[dg.RunRequest]:
+            return list(
+                sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs)).run_requests or []
+            )
+
+        [request] = requests()
+        assert (request.run_key or "").startswith("000500@resume-"), request.run_key
+        assert request.tags[sweeps.CHECKPOINTS_TAG] == "000500"
+        assert request.tags[sweeps.RANGE_START_TAG] == "000500|near-i0"
+        assert [r.run_key for r in requests()] == [request.run_key], "one key for one cut-short run: asked once"
+        finished.write(result_path)  # the run it asked for finished it
+        assert not requests()
+        dataclasses.replace(finished, fault=Fault.SIM_CRASHED, run_id="crashed").write(result_path)
+        assert not requests(), "an instance's own fault is not run again and again: its check says how to rerun it"
+
+
 def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
     run: LeRobotRun, tmp_path: Path, local: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
