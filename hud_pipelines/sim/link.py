@@ -16,6 +16,7 @@ a refused handshake (:class:`LinkRefused`, with the HTTP status), a closed or br
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import ssl
 import time
@@ -93,7 +94,7 @@ class WebSocketLink:
                 response = failure.response
                 body = response.body.decode(errors="replace").strip() if response.body else ""
                 raise LinkRefused(
-                    response.status_code, body, _seconds(response.headers.get(RUNNING_FOR_HEADER))
+                    response.status_code, body, header_seconds(response.headers.get(RUNNING_FOR_HEADER))
                 ) from failure
             raise LinkError(f"the WebSocket handshake with {url} failed: {failure}") from failure
 
@@ -103,8 +104,12 @@ class WebSocketLink:
 
     def send(self, data: bytes, timeout_s: float) -> None:
         """Send one binary message."""
-        if self._write_error is not None:
-            raise LinkClosed(f"the connection broke ({self._write_error})")
+        if self._write_error is not None:  # the peer's close frame, read before the write broke, says why
+            raise (
+                self._closed()
+                if self._protocol.close_rcvd is not None
+                else LinkClosed(f"the connection broke ({self._write_error})")
+            )
         if self._protocol.state is not State.OPEN:
             raise self._closed()
         self._protocol.send_binary(data)
@@ -215,9 +220,10 @@ class WebSocketLink:
         return LinkClosed("the connection closed without a close frame")
 
 
-def _seconds(value: str | None) -> float | None:
-    """A header's seconds (``None`` where absent or not a number: an older or other server)."""
+def header_seconds(value: str | None) -> float | None:
+    """A header's seconds (``None`` where absent or no finite count of seconds: an older or other server)."""
     try:
-        return None if value is None else float(value)
+        seconds = float(value) if value is not None else math.nan
     except ValueError:
         return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None

@@ -34,7 +34,7 @@ from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.sharded_sim import ShardedSim
 from hud_pipelines.sim.shards import ShardedProcess
-from hud_pipelines.wire.messages import Framing
+from hud_pipelines.wire.messages import CLOSING_WAIT_S, Framing
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +144,9 @@ class SimPool(Closeable):
                 raise
             self.spawned += 1
         try:
-            # a server that does not answer its handshake is given a step's deadline, at most the default's
-            connect_timeout_s = min(settings.step_timeout_s, DEFAULT_CONNECT_TIMEOUT_S)
+            # a server that does not answer its handshake is given a step's deadline, at most the default's, and
+            # at least the server's own wait for a closing connection: its 409 then says what held the sim
+            connect_timeout_s = min(max(settings.step_timeout_s, CLOSING_WAIT_S + 1.0), DEFAULT_CONNECT_TIMEOUT_S)
             client = process.connect(
                 framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s, connect_timeout_s=connect_timeout_s
             )

@@ -52,6 +52,7 @@ from hud_pipelines.sim.main_thread import MainThreadExecutor
 from hud_pipelines.sim.session import SERVER_NAME, Outcome, Session
 from hud_pipelines.wire.codec import packb
 from hud_pipelines.wire.messages import (
+    CLOSING_WAIT_S,
     DEFAULT_MAX_FRAME_BYTES,
     RUNNING_FOR_HEADER,
     UPGRADE_TIMEOUT_S,
@@ -67,8 +68,6 @@ HANDSHAKE_TIMEOUT_S = 30.0
 """How long a connection may take to send its ``hello`` frame."""
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 """How long a client may stay silent after its hello (longer than a slow policy's forward)."""
-CLOSING_WAIT_S = 5.0
-"""How long a new connection waits for a closing one to let go of the sim before it gets a 409."""
 CLOSE_NOTICE_S = 0.5
 """How long a new connection waits for the reader of the driving one to read its close: a client that closes
 and reconnects at once can reach the server before its close frame is read, and would get a 409 for itself."""

@@ -39,6 +39,9 @@ DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 UPGRADE_TIMEOUT_S = 10.0
 """How long the opening HTTP upgrade may take on the server, its wait for a closing connection included."""
+CLOSING_WAIT_S = 5.0
+"""How long a new connection waits on the server for a closing one to let go of the sim before it gets a 409; a
+client's handshake deadline covers it, so that the 409 (and what it says) reaches the client."""
 RUNNING_FOR_HEADER = "Hud-Running-For"
 """Of a 409: seconds the sim has been running a request of a connection that has gone, with no reply."""
 

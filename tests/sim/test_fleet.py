@@ -17,8 +17,8 @@ from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
 from hud_pipelines.eval.results import InstanceResult
 from hud_pipelines.eval.steps import evaluate
-from hud_pipelines.sim.server import CLOSING_WAIT_S
 from hud_pipelines.spec.loader import load_pipeline_text
+from hud_pipelines.wire.messages import CLOSING_WAIT_S
 from tests.dagster.support import REPO, SIMS
 from tests.sim.fleet_support import TOKEN, serve_cartpole, stop_served
 
@@ -465,8 +465,9 @@ def test_a_run_after_one_that_left_a_served_sim_hung_says_so_at_once_not_busy_pe
 ) -> None:
     """The server still runs the step the first run gave up on; it refuses the next run's instances with 409 and
     how long that request has run. Before, each instance waited ``busy_timeout_s`` for it, then said "busy,
-    driven by another client": 10 minutes an instance, at the default, for a server that needs a restart. (A
-    request that has run for less than :data:`CLOSING_WAIT_S` is waited for, as a closing connection's is.)"""
+    driven by another client": 10 minutes an instance, at the default, for a server that needs a restart.
+    The next run starts at once: the handshake waits out the server's :data:`CLOSING_WAIT_S` for the closing
+    connection, so the 409 and what it says reach the client, though ``step_timeout_s`` is shorter."""
     monkeypatch.chdir(REPO)
     process, url = serve_cartpole("--arg", "stall_seeds=[0]")  # slot 0 of instance 0 stalls at step 5
     try:
@@ -476,7 +477,6 @@ def test_a_run_after_one_that_left_a_served_sim_hung_says_so_at_once_not_busy_pe
         monkeypatch.setenv("HUD_TEST_FLEET_TOKEN", TOKEN)
         spec = load_pipeline_text(json.dumps(text), source=tmp_path / "fleet.yaml")
         assert {r.fault for r in evaluate(spec, outputs_dir=tmp_path / "first").results} >= {Fault.SIM_HUNG}
-        time.sleep(CLOSING_WAIT_S)  # as a later run would: the stuck request has run longer than a closing wait
         started = time.monotonic()
         second = evaluate(spec, outputs_dir=tmp_path / "second")
         took = time.monotonic() - started
@@ -640,7 +640,8 @@ def test_a_server_that_does_not_answer_its_handshake_is_given_a_steps_deadline_n
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A paused server (its host frozen, SIGSTOP) accepts the TCP connection and never answers the upgrade: the
-    instance errors as ``sim_start`` after ``step_timeout_s``, and an interrupt is not held up for 30 s."""
+    instance errors as ``sim_start`` after ``step_timeout_s`` (at least the server's wait for a closing connection
+    and a second, :data:`CLOSING_WAIT_S`), and an interrupt is not held up for 30 s."""
     monkeypatch.chdir(REPO)
     process, url = serve_cartpole()
     try:
@@ -655,7 +656,9 @@ def test_a_server_that_does_not_answer_its_handshake_is_given_a_steps_deadline_n
         process.send_signal(signal.SIGCONT)
         stop_served(process)
     assert {r.fault for r in evaluation.results} == {Fault.SIM_START}
-    assert "waited 1.5 s for the connection and its handshake" in (evaluation.results[0].error or "")
+    assert f"waited {CLOSING_WAIT_S + 1:g} s for the connection and its handshake" in (
+        evaluation.results[0].error or ""
+    )
 
 
 def test_a_run_whose_fleet_file_reads_an_unset_variable_is_refused_before_it_starts_at_the_files_line(

@@ -147,3 +147,16 @@ def test_a_client_that_closes_and_reconnects_at_once_is_not_refused(spawn: Spawn
     client.close()
     with sim.connect() as after:  # waits for the step to end instead of a 409
         assert after.reset({"seed": 1}).status == ["running"]
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("7.5", 7.5), ("0", 0.0), (None, None), ("nan", None), ("inf", None), ("-3", None), ("soon", None)],
+)
+def test_a_refusals_running_for_header_counts_only_as_a_finite_number_of_seconds(
+    header: str | None, seconds: float | None
+) -> None:
+    """A ``nan`` read as seconds compared as "not under the step deadline", and lost a server as hung."""
+    from hud_pipelines.sim.link import header_seconds
+
+    assert header_seconds(header) == seconds
