@@ -46,6 +46,7 @@ from hud_pipelines.dagster.broker_watch import BrokerWatch, redis_client
 from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.lease import lease_url
 from hud_pipelines.dagster.location import LOCATION_DIGEST, run_digest
+from hud_pipelines.dagster.overlap import tag_orchestrator
 from hud_pipelines.dagster.step_recovery import LeasedResult
 from hud_pipelines.dagster.unit_tags import RESULT_METADATA, RUN_QUEUE_TAG, UNIT_TAG
 from hud_pipelines.eval import progress
@@ -128,6 +129,7 @@ class LeasedCeleryExecutor(CeleryExecutor):
                 executor=self,
             )
 
+        tag_orchestrator(plan_context.instance, plan_context.dagster_run.run_id)
         watch.start()
         try:
             loop = cast(Any, core_execution_loop).core_celery_execution_loop

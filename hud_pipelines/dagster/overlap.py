@@ -45,11 +45,23 @@ def tag_running(context: dg.OpExecutionContext | dg.AssetExecutionContext, pipel
     """Tag the run with its pipeline and this process, the one that runs its instances (a backfill names its
     runs for no pipeline), and warn in its log of another live run of the pipeline (two launches in the UI)."""
     run_id = context.run.run_id
-    tags = {PIPELINE_TAG: pipeline, HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_RUN_TAG: run_id}
+    tags = {PIPELINE_TAG: pipeline, **_this_process(run_id)}
+    if context.run.tags.get(PID_RUN_TAG) == run_id:  # its orchestrating process tagged itself: this is a worker
+        tags = {PIPELINE_TAG: pipeline}
     if any(context.run.tags.get(key) != value for key, value in tags.items()):
         context.instance.add_run_tags(run_id, tags)
     for overlap in overlapping_runs(context.instance, pipeline, excluding=run_id):
         context.log.warning(overlap)
+
+
+def tag_orchestrator(instance: dg.DagsterInstance, run_id: str) -> None:
+    """Tag the run with this process, which orchestrates it while its steps run on workers (Celery): its plan step
+    runs on a worker too, whose life says nothing of the run's (a run whose orchestrator died stayed "running")."""
+    instance.add_run_tags(run_id, _this_process(run_id))
+
+
+def _this_process(run_id: str) -> dict[str, str]:
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_RUN_TAG: run_id}
 
 
 def unfinished_runs(instance: dg.DagsterInstance, pipeline: str) -> list[dg.DagsterRun]:

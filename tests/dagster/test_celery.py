@@ -26,6 +26,7 @@ import pytest
 from hud_pipelines.dagster.deployment import DEPLOYMENT_ENV, DeploymentError, load_deployment
 from hud_pipelines.dagster.execution import load_execution
 from hud_pipelines.dagster.launch import execute_pipeline_job
+from hud_pipelines.dagster.overlap import PID_TAG
 from hud_pipelines.dagster.step_recovery import retried_steps
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval.grades import GradeRow
@@ -373,6 +374,9 @@ def test_celery_eval_runs_units_on_both_workers_and_matches_the_in_process_run(
     ]
     pids = {e.asset_observation.metadata["worker_pid"].value for e in observed if e.asset_observation}  # type: ignore[union-attr]
     assert pids == {w.pid for w in workers}, "units ran on both workers"
+    # its life is that of the process orchestrating it (here, this one), not the worker's that ran its plan step:
+    # once its orchestrator died, a run tagged with a live worker stayed "still running" to every later run
+    assert run.tags.get(PID_TAG) == str(os.getpid())
     assert _comparable(_grades(spread_out, "spread")) == _comparable(_grades(local_out, "spread"))
     mine, theirs = _frames(spread_out / "datasets" / "spread"), _frames(local_out / "datasets" / "spread")
     assert mine.column_names == theirs.column_names
