@@ -218,12 +218,13 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def one_line(error: str | None) -> str:
-    """An error's headline for a list item or a check: a multi-line reason (a sim's stack dump) would break it."""
+def one_line(error: str | None, kept_in: str = "grades.json") -> str:
+    """An error's headline for a list item or a check: a multi-line reason (a sim's stack dump) would break it.
+    ``kept_in``: where the whole reason is (not grades.json for an attempt whose earlier result was kept)."""
     lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
     if not lines:
         return "unknown error"
-    return lines[0] if len(lines) == 1 else f"{lines[0]} (full reason in grades.json)"
+    return lines[0] if len(lines) == 1 else f"{lines[0]} (full reason in {kept_in})"
 
 
 def markdown_cell(text: str) -> str:

@@ -182,7 +182,7 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
         ended = "did not start" if attempt.fault in NEVER_STARTED else "did not complete"
         alike.setdefault((ended, str(attempt.fault), earlier.run_id), []).append(attempt)
     lines = [
-        f"instance(s) {', '.join(a.key for a in attempts)} {ended} ({fault}: {one_line(attempts[0].error)}); their "
+        f"instance(s) {', '.join(a.key for a in attempts)} {ended} ({fault}: {one_line(attempts[0].error, "the run's log")}); their "
         f"results of run {run} are kept, as nothing ran to replace them"
         for (ended, fault, run), attempts in alike.items()
     ]

@@ -561,7 +561,8 @@ def test_an_interrupted_run_leaves_every_earlier_result_in_place_whatever_config
 
 
 def test_instances_that_kept_their_results_are_said_in_a_line_a_fault_with_the_command_last(tmp_path: Path) -> None:
-    """Hung sims' reasons differ by port, process and stack dump: one line says them all, and the command stays."""
+    """Hung sims' reasons differ by port, process and stack dump: one line says them all, and the command stays.
+    The whole reason is in the run's log: grades.json holds the kept earlier rows, which never saw it."""
     import dataclasses
 
     from hud_pipelines.eval.results import unreached_result
@@ -580,7 +581,7 @@ def test_instances_that_kept_their_results_are_said_in_a_line_a_fault_with_the_c
     lines = said.splitlines()
     assert lines == [
         "instance(s) task0-i0, task0-i1, task0-i2 did not complete (sim_hung: sim at 127.0.0.1:4000 (pid 900) hung "
-        "(full reason in grades.json)); their results of run first are kept, as nothing ran to replace them",
+        "(full reason in the run's log)); their results of run first are kept, as nothing ran to replace them",
         f"run them again once they can start: hud-pipelines run {tmp_path / 'placed.yaml'} --outputs {outputs.root} "
         "--partition task0-i0 --partition task0-i1 --partition task0-i2",  # where its results are
     ]
