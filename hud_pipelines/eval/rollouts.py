@@ -181,9 +181,10 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
     for attempt, earlier in kept:
         ended = "did not start" if attempt.fault in NEVER_STARTED else "did not complete"
         alike.setdefault((ended, str(attempt.fault), earlier.run_id), []).append(attempt)
+    logged = "the run's log"  # grades.json holds the kept rows, which never saw the attempt's reason
     lines = [
-        f"instance(s) {', '.join(a.key for a in attempts)} {ended} ({fault}: {one_line(attempts[0].error, "the run's log")}); their "
-        f"results of run {run} are kept, as nothing ran to replace them"
+        f"instance(s) {', '.join(a.key for a in attempts)} {ended} ({fault}: {one_line(attempts[0].error, logged)}); "
+        f"their results of run {run} are kept, as nothing ran to replace them"
         for (ended, fault, run), attempts in alike.items()
     ]
     invocation = outputs.run_command(spec)

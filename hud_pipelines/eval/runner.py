@@ -224,11 +224,10 @@ class EvalRunner:
                 prompts = [task.prompt] * len(tasks) if task.prompt is not None else None
 
                 def stop_cause() -> tuple[str, Fault] | None:
-                    if not expired.is_set():
-                        return None
-                    return f"rollout_timeout_s={spec.rollout_timeout_s:g} exceeded: the instance's sim was stopped", (
-                        Fault.ROLLOUT_TIMEOUT
-                    )
+                    if self._interrupted:  # its sim is stopped by the interrupt: its traces say so, as its rows do
+                        return f"the run was interrupted before instance {key} finished", Fault.INTERRUPTED
+                    timeout = f"rollout_timeout_s={spec.rollout_timeout_s:g} exceeded: the instance's sim was stopped"
+                    return (timeout, Fault.ROLLOUT_TIMEOUT) if expired.is_set() else None
 
                 outcomes = agent.run(
                     live.client,
