@@ -15,6 +15,8 @@ interpreter; the fleet file.
 
 from __future__ import annotations
 
+import dataclasses
+
 from hud_pipelines.spec.deep import (
     contract_problems,
     fleet_file_problems,
@@ -23,11 +25,14 @@ from hud_pipelines.spec.deep import (
     python_problems,
     sweep_source_problems,
 )
-from hud_pipelines.spec.document import YamlDocument
+from hud_pipelines.spec.document import YamlDocument, read_document
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem
 from hud_pipelines.spec.sections import is_file_target
 from hud_pipelines.spec.target_check import target_problem
+
+RUN_CONFIGURATION = "the run's configuration (run config or deployment file)"
+"""Where a problem of a section the run's resources replaced is: no line of the pipeline's file holds it."""
 
 
 def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: PipelineSpec | None) -> list[Problem]:
@@ -51,7 +56,15 @@ def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: Pipe
         problems += [*policy_problems(spec, document, run_code=False), *sweep_source_problems(spec, document)]
     if kept("graders"):
         problems += grader_problems(spec, document, run_code=False)
-    return problems
+    # a run configuration's policy or graders run in the run's own processes: their targets are judged as the
+    # YAML's are, said as the configuration's (no line of the file holds them)
+    overrides = read_document("{}", RUN_CONFIGURATION, {})[0]
+    replaced: list[Problem] = []
+    if deployed is not None and overrides is not None and not kept("agent"):
+        replaced += policy_problems(deployed, overrides, run_code=False)
+    if deployed is not None and overrides is not None and not kept("graders"):
+        replaced += grader_problems(deployed, overrides, run_code=False)
+    return [*problems, *(dataclasses.replace(p, line=0, column=0, source_line=None) for p in replaced)]
 
 
 def _factory_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:

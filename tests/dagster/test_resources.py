@@ -130,6 +130,29 @@ def test_an_invalid_override_is_refused_naming_the_key_before_any_sim_starts(
     assert not EvalOutputs(outputs_dir, "refused").result("task0-i0").exists()
 
 
+def test_an_override_whose_policy_target_does_not_exist_is_refused_before_any_sim_starts(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
+) -> None:
+    """The same typo in the YAML was refused at its line; in a run config, the run went on and every episode
+    errored as ``setup`` ("has no attribute 'Nope'")."""
+    path = write_pipeline("retargeted")
+    policy = {"kind": "scripted", "target": "envs.controllers:Nope"}
+    config = {"resources": {"retargeted__agent": {"config": {"policy": policy}}}}
+    result = _run(path, outputs_dir, instance, run_config=config)
+    assert not result.success
+    said = " ".join(
+        e.step_failure_data.error.to_string()
+        for e in result.all_events
+        if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error
+    )
+    assert (
+        "the run's configuration (run config or deployment file): agent.policy.target: envs.controllers has no "
+        "attribute 'Nope'"
+    ) in said, said
+    assert not sim_processes(label)
+    assert not EvalOutputs(outputs_dir, "retargeted").result("task0-i0").exists()
+
+
 def test_a_deployment_swaps_the_sim_for_a_served_one_without_touching_the_yaml(
     write_pipeline: WritePipeline,
     outputs_dir: Path,
