@@ -115,8 +115,13 @@ class LeasedCeleryExecutor(CeleryExecutor):
         ) -> LeasedResult:
             if id(app) not in registered:
                 registered[id(app)] = cast(Any, tasks).create_task(app)
-            if step.tags.get(UNIT_TAG) == "true":
-                queue = context.dagster_run.tags.get(RUN_QUEUE_TAG, queue)
+            if (
+                step.tags.get(UNIT_TAG) == "true"
+                and (tagged := context.dagster_run.tags.get(RUN_QUEUE_TAG, queue)) != queue
+            ):
+                # dagster-celery has logged the step's own queue: say where the unit goes instead
+                context.log.info(f'step "{step.key}" goes to queue "{tagged}" (the run\'s {RUN_QUEUE_TAG} tag)')
+                queue = tagged
             task = registered[id(app)]
             attempt = known_state.previous_retry_attempts.get(step.key, 0)
             return LeasedResult(

@@ -823,6 +823,8 @@ def test_a_run_queue_sends_only_that_runs_units_to_the_workers_of_that_queue(
     pids = {e.asset_observation.metadata["worker_pid"].value for e in observed if e.asset_observation}  # type: ignore[union-attr]
     assert pids == {with_gpu.pid}, "both units went to the run's queue"
     assert cpu_only.pid not in pids
+    said = [entry.message for entry in home.all_logs(run.run_id) if 'goes to queue "gpu"' in entry.message]
+    assert len(said) == 2, "the log says where each unit goes (dagster-celery named the step's own queue before)"
 
 
 @needs_redis
