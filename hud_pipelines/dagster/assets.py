@@ -93,22 +93,28 @@ def _grades_table(spec: PipelineSpec, rows: Sequence[GradeRow]) -> dg.TableMetad
 
 
 def build_pipeline_assets(
-    spec: PipelineSpec, *, outputs: EvalOutputs, project_dir: Path, execution: ExecutionSettings | None = None
+    spec: PipelineSpec,
+    *,
+    outputs: EvalOutputs,
+    project_dir: Path,
+    execution: ExecutionSettings | None = None,
+    refused: str | None = None,
 ) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
     """The assets, checks and job of one pipeline (its four resources are bound by the caller).
 
     ``execution`` (the deployment's, default in process) says where the steps run: on Celery
-    workers the eval step becomes one unit per instance (:mod:`hud_pipelines.dagster.units`).
+    workers the eval step becomes one unit per instance (:mod:`hud_pipelines.dagster.units`). ``refused``: why
+    the code location refuses every run (:func:`~hud_pipelines.dagster.deployed.refuse_before_a_run`).
     """
     with warnings.catch_warnings():
         # BackfillPolicy is marked beta in Dagster 1.13; the single-run policy is what makes one
         # local run drive every partition, so it is used on purpose.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _build(spec, outputs, project_dir, execution or ExecutionSettings())
+        return _build(spec, outputs, project_dir, execution or ExecutionSettings(), refused)
 
 
 def _build(
-    spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path, execution: ExecutionSettings
+    spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path, execution: ExecutionSettings, refused: str | None
 ) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition], UnresolvedAssetJobDefinition]:
     name = spec.name
     graders_key = resource_key(name, GRADERS)
@@ -194,7 +200,7 @@ def _build(
             effective = effective_of(context, spec)
             selected = context.selected_asset_keys
             if rollouts_key in selected:  # before any sim starts, as `hud-pipelines run` refuses
-                refuse_before_a_run(spec, effective)
+                refuse_before_a_run(spec, effective, refused)
             pool = sim_of(context, spec).pool(effective)
             if contract_key in selected:
                 try:
@@ -252,7 +258,9 @@ def _build(
 
         return run_eval
 
-    run_eval = units.eval_units_asset(spec, outputs, eval_specs, execution) if execution.distributed else local_eval()
+    run_eval = (
+        units.eval_units_asset(spec, outputs, eval_specs, execution, refused) if execution.distributed else local_eval()
+    )
 
     @judging_asset(
         "grades",

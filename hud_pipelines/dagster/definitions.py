@@ -58,13 +58,15 @@ def definitions_for(
     broken: Sequence[Problem] = (),
     deployment: Deployment | None = None,
     execution: Execution | None = None,
+    refused: str | None = None,
 ) -> dg.Definitions:
     """Assets, checks, jobs and resources of ``specs`` (each loaded from a file), plus a marker asset
     for each file that ``broken`` (the problems of files that did not load) names.
 
     Each pipeline gets its four resources (sim, contract, agent, graders) from its YAML, with the
     fields that ``deployment`` (default: the ``$HUD_PIPELINES_DEPLOYMENT`` file) replaces, and runs
-    where ``execution`` (default: that file's ``execution:`` sections; else in process) says.
+    where ``execution`` (default: that file's ``execution:`` sections; else in process) says. ``refused``: why
+    every run is refused before any sim starts (a deployment file naming a pipeline the folder does not declare).
     """
     outputs = (outputs_dir or default_outputs_root()).resolve()
     project = (project_dir or Path.cwd()).resolve()
@@ -80,7 +82,7 @@ def definitions_for(
             raise ValueError(f"pipeline {spec.name!r} was not loaded from a file")
         spec_outputs = EvalOutputs(outputs, spec.name)
         spec_assets, spec_checks, job = build_pipeline_assets(
-            spec, outputs=spec_outputs, project_dir=project, execution=where.for_pipeline(spec.name)
+            spec, outputs=spec_outputs, project_dir=project, execution=where.for_pipeline(spec.name), refused=refused
         )
         assets += spec_assets
         checks += spec_checks
@@ -114,20 +116,26 @@ def build_definitions(directory: Path | None = None, *, outputs_dir: Path | None
             SpecError(found).render(),
         )
     deployment = load_deployment()
+    refused: str | None = None
     try:
         refuse_unknown_pipelines(
             deployment, [spec.name for spec in specs] + [declared_name(Path(p.file)) for p in problems]
         )
-    except DeploymentError as exc:  # the other pipelines still load; the UI shows the deployment file's marker
+    except DeploymentError as exc:  # the other pipelines still load, their runs refused; the UI shows the marker
         log.error("%s", exc)
-        problems = [*problems, Problem(str(deployment_path()), 0, 0, "", str(exc))]
+        problems, refused = [*problems, Problem(str(deployment_path()), 0, 0, "", str(exc))], str(exc)
     # a field that breaks a pipeline's rule: its runs would fail their first step, lineless (a "*" field: said once)
     misfits = dict.fromkeys(line for spec in specs for line in (deployment_misfit(spec, deployment) or "").splitlines())
     if misfits:
         log.error("%s", "\n".join(misfits))
         problems = [*problems, *(Problem(str(deployment_path()), 0, 0, "", line) for line in misfits)]
     return definitions_for(
-        specs, outputs_dir=outputs_dir, project_dir=directory.parent, broken=problems, deployment=deployment
+        specs,
+        outputs_dir=outputs_dir,
+        project_dir=directory.parent,
+        broken=problems,
+        deployment=deployment,
+        refused=refused,
     )
 
 

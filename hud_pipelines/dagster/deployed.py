@@ -32,11 +32,10 @@ from hud_pipelines.dagster.deployment import (
     for_pipeline,
     load_deployment,
     located,
-    refuse_unknown_pipelines,
 )
 from hud_pipelines.dagster.resources import effective_spec, pipeline_resources
 from hud_pipelines.errors import ConfigurationError, DeploymentError
-from hud_pipelines.spec.loader import declared_name, pipeline_files, refuse_unrunnable
+from hud_pipelines.spec.loader import refuse_unrunnable
 from hud_pipelines.spec.messages import plain_message
 from hud_pipelines.spec.model_paths import key_path
 from hud_pipelines.spec.models import PipelineSpec
@@ -178,13 +177,12 @@ def _read(keys: tuple[str, ...], value: Any) -> Any:
         ) from None
 
 
-def refuse_before_a_run(spec: PipelineSpec, as_run: PipelineSpec) -> None:
-    """What a Dagster run refuses before any sim starts, as ``hud-pipelines run`` does: a deployment file that
-    names a pipeline its folder does not declare (the code location marks it; the typo would leave the pipeline
-    it meant on its YAML's own resources, local sims instead of the fleet, silently), then what the YAML itself
-    would fail on (:func:`refuse_unrunnable`)."""
-    if spec.source is not None and spec.source.is_file():
-        refuse_unknown_pipelines(
-            load_deployment(), [declared_name(file) for file in pipeline_files(spec.source.parent)]
-        )
+def refuse_before_a_run(spec: PipelineSpec, as_run: PipelineSpec, refused: str | None) -> None:
+    """What a Dagster run refuses before any sim starts, as ``hud-pipelines run`` does: ``refused``, why the code
+    location refuses every run (its deployment file names a pipeline the folder does not declare: the typo would
+    leave the pipeline it meant on its YAML's own resources, local sims instead of the fleet, silently; a job
+    built for one file, as the CLI's, has none: the CLI judged the names itself), then what the YAML itself would
+    fail on (:func:`refuse_unrunnable`)."""
+    if refused is not None:
+        raise DeploymentError(refused)
     refuse_unrunnable(spec, as_run)

@@ -73,8 +73,10 @@ def eval_units_asset(
     outputs: EvalOutputs,
     specs: Sequence[dg.AssetSpec],
     settings: ExecutionSettings,
+    refused: str | None = None,
 ) -> dg.AssetsDefinition:
-    """``contract``, ``rollouts`` and ``instances`` of ``spec`` from the graph plan -> units -> finish."""
+    """``contract``, ``rollouts`` and ``instances`` of ``spec`` from the graph plan -> units -> finish (``refused``:
+    why the code location refuses every run, see :func:`~hud_pipelines.dagster.deployed.refuse_before_a_run`)."""
     contract_key, rollouts_key, instances_key = (s.key for s in specs)
     resources = {resource_key(spec.name, part) for part in (SIM, CONTRACT, AGENT, GRADERS)}
     control = {QUEUE_TAG: settings.control_queue}
@@ -93,7 +95,7 @@ def eval_units_asset(
         effective = effective_of(context, spec)
         if rollouts_key in context.selected_asset_keys:  # before any unit starts a sim: said at the YAML's line
             with graded_if_it_fails(context, spec, outputs):
-                refuse_before_a_run(spec, effective)
+                refuse_before_a_run(spec, effective, refused)
         if rollouts_key not in context.selected_asset_keys:  # a run of "Materialize all" that runs no rollouts
             yield dg.Output(_contract_alone(context, effective, outputs, contract_key), output_name=PLANNED)
             return

@@ -462,6 +462,9 @@ def test_a_deployment_naming_a_pipeline_that_does_not_exist_is_refused_with_the_
     assert "pipelines.remote_evl: no pipeline of that name (did you mean 'remote_eval'?)" in capsys.readouterr().out
     misspelled.write_text("pipelines:\n  other_project:\n    sim: {num_envs: 3}\n")
     assert main(["validate", "--no-deep", str(pipelines_dir / "remote_eval.yaml")]) == 0, "far from it: another's"
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    assert main(["run", str(pipelines_dir / "remote_eval.yaml"), "--quiet"]) == 0, "and runs: a code location refuses"
     second = write_pipeline("pusher_eval")
     misspelled.write_text("pipelines:\n  remote_evl:\n    sim: {num_envs: 3}\n  pusher_evl:\n    sim: {num_envs: 2}\n")
     assert main(["validate", "--no-deep", str(pipelines_dir / "remote_eval.yaml"), str(second)]) == 1
