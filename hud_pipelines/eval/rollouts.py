@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hud_pipelines.contract import Contract
@@ -111,7 +112,7 @@ def rollouts_step(
                 on_result(result)
             return
         if result.fault is Fault.INTERRUPTED:  # cut short: kept as _record_interrupted would, with what it finished
-            if not outputs.result(result.key).is_file():
+            if not _holds_a_result(outputs.result(result.key), run_id):
                 _keep(result)
             return
         finished.add(result.key)
@@ -201,14 +202,15 @@ def _record_interrupted(
     An instance that already has a result from an earlier run keeps it, whatever configuration made
     it: that work was finished, and the run that was cut short measured nothing to replace it with
     (an instance it cut short mid-way, one without, has its result already: its ended episodes
-    graded, the others ``interrupted``).
+    graded, the others ``interrupted``). An earlier run's ``interrupted`` result is replaced: which run cut
+    the instance short last is what the sweep's sensor asks again for.
     One of another configuration still reads as not run (stale) in the grades; putting the
     configuration back makes it current again.
     """
     for partition in cut:
         key = spec.partition_key(*partition)
         path = outputs.result(key)
-        if path.is_file():
+        if _holds_a_result(path, run_id):
             continue
         reason = f"the run was interrupted before instance {key} finished"
         if isinstance(cause, Exception) and fault_of(cause) is not Fault.INTERRUPTED:  # a Dagster termination too
@@ -216,6 +218,18 @@ def _record_interrupted(
                 f"the run's eval step failed before instance {key} finished: {type(cause).__name__}: {cause!s:.500}"
             )
         unreached_result(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id).write(path)
+
+
+def _holds_a_result(path: Path, run_id: str) -> bool:
+    """Whether ``path`` holds a result that a run cut short (``run_id``) leaves in place: any but one another cut
+    short run wrote."""
+    if not path.is_file():
+        return False
+    try:
+        earlier = InstanceResult.read(path)
+    except (OSError, ValueError, KeyError):
+        return True
+    return earlier.fault is not Fault.INTERRUPTED or earlier.run_id == run_id
 
 
 SweepSelection = Mapping[str, Sequence[Partition]]

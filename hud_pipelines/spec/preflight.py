@@ -38,9 +38,11 @@ RUN_CONFIGURATION = "the run's configuration (run config or deployment file)"
 def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: PipelineSpec | None) -> list[Problem]:
     """The problems of a valid spec that would fail its run, as far as they show without running its code.
 
-    ``deployed``: the spec as the run will have it. A section a deployment file replaces (a sim served elsewhere
-    in place of the YAML's spawned one, whose module and files are on that machine) is not judged here; ``None``
-    (the deployment could not be applied, which the run refuses in its own words) judges none that it may.
+    ``deployed``: the spec as the run will have it. A sim section a deployment file replaces (a sim served
+    elsewhere in place of the YAML's spawned one, whose module and files are on that machine) is not judged here;
+    a policy or graders that the run's configuration replaces run in the run's own processes, as the YAML's would:
+    they are judged, said as the configuration's. ``None`` (the deployment could not be applied, which the run
+    refuses in its own words) judges none that it may.
     """
 
     def kept(*sections: str) -> bool:
@@ -52,7 +54,8 @@ def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: Pipe
         problems += _factory_problems(spec, document)
     if kept("sim", "agent"):
         problems += contract_problems(spec, document)
-    if kept("agent"):
+    policy_kept = deployed is not None and deployed.agent.policy == spec.agent.policy  # agent: {torch_threads: 4}
+    if policy_kept:
         problems += [*policy_problems(spec, document, run_code=False), *sweep_source_problems(spec, document)]
     if kept("graders"):
         problems += grader_problems(spec, document, run_code=False)
@@ -60,7 +63,7 @@ def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: Pipe
     # YAML's are, said as the configuration's (no line of the file holds them)
     overrides = read_document("{}", RUN_CONFIGURATION, {})[0]
     replaced: list[Problem] = []
-    if deployed is not None and overrides is not None and not kept("agent"):
+    if deployed is not None and overrides is not None and not policy_kept:
         replaced += policy_problems(deployed, overrides, run_code=False)
     if deployed is not None and overrides is not None and not kept("graders"):
         replaced += grader_problems(deployed, overrides, run_code=False)

@@ -545,6 +545,10 @@ def test_an_interrupted_run_leaves_every_earlier_result_in_place_whatever_config
     written = InstanceResult.read(outputs.result(spec.partition_key(*third)))
     assert (written.fault, written.run_id) == (Fault.INTERRUPTED, "cut"), "no result before: it says why"
     assert written.error == "the run was interrupted before instance task0-i2 finished"
+    _record_interrupted(spec, outputs, "cut again", [first, second, third], KeyboardInterrupt())
+    again = InstanceResult.read(outputs.result(written.key))  # which run cut it short last: the sweep sensor's key
+    assert (again.fault, again.run_id) == (Fault.INTERRUPTED, "cut again"), "another cut-short run's is replaced"
+    assert InstanceResult.read(outputs.result(kept.key)) == kept, "a finished one never is"
 
     from dagster._core.errors import DagsterExecutionInterruptedError
 

@@ -187,3 +187,28 @@ def test_what_a_deployment_file_replaces_is_not_the_yamls_to_judge(
     monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
     spec = load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, path.parent))
     assert spec.factory == "isaac_tasks:make", "the YAML's spec, as it is"
+
+
+def test_a_policy_the_deployment_leaves_as_it_is_is_judged_at_the_yamls_line_and_one_it_replaces_as_its_own(
+    write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment that set only ``agent: {torch_threads: 4}`` left the YAML's policy unjudged (the whole agent
+    section had changed); a policy it replaces is judged too, said as the run's configuration (no YAML line)."""
+    from hud_pipelines.dagster.deployed import deployed_spec
+
+    path = write_yaml(
+        "name: p\nsim: {factory: CartPole-v1}\nagent: {policy: {kind: scripted, target: 'envs.controllers:Nope'}}\n"
+    )
+    deployment = write_yaml("pipelines:\n  p:\n    agent: {torch_threads: 4}\n", "deployment.yaml")
+    monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
+    with pytest.raises(SpecError) as kept:
+        load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, path.parent))
+    assert f"{path}:3:" in str(kept.value), "at the YAML's line"
+    assert "agent.policy.target: envs.controllers has no attribute 'Nope'" in str(kept.value)
+
+    path.write_text("name: p\nsim: {factory: CartPole-v1}\nagent: {policy: {kind: random}}\n")
+    deployment.write_text("pipelines:\n  p:\n    agent: {policy: {kind: scripted, target: 'envs.controllers:Nope'}}\n")
+    with pytest.raises(SpecError) as replaced:
+        load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, path.parent))
+    said = str(replaced.value)
+    assert "the run's configuration (run config or deployment file): agent.policy.target: envs.controllers" in said
