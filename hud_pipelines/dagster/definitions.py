@@ -129,13 +129,9 @@ def build_definitions(directory: Path | None = None, *, outputs_dir: Path | None
     if misfits:
         log.error("%s", "\n".join(misfits))
         problems = [*problems, *(Problem(str(deployment_path()), 0, 0, "", line) for line in misfits)]
+    project = directory.parent
     return definitions_for(
-        specs,
-        outputs_dir=outputs_dir,
-        project_dir=directory.parent,
-        broken=problems,
-        deployment=deployment,
-        refused=refused,
+        specs, outputs_dir=outputs_dir, project_dir=project, broken=problems, deployment=deployment, refused=refused
     )
 
 
