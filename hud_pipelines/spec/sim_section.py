@@ -94,8 +94,7 @@ class SimSpec(StrictModel):
     step_timeout_s: Float = Field(
         default=60.0,
         gt=0,
-        description="deadline of one reset or step request, and of the connection's handshake (at least 6 s, at "
-        "most 30 s)",
+        description="deadline of one reset or step request, and of the handshake (at least 6 s, at most 30 s)",
     )
     busy_timeout_s: Float = Field(
         default=DEFAULT_BUSY_TIMEOUT_S,
