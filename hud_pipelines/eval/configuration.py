@@ -11,6 +11,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -61,9 +62,11 @@ class RolloutHashes:
     """Control task name -> its hash with its ``matrix`` in, which its older results carry: current all the same."""
 
     @classmethod
-    def of(cls, spec: PipelineSpec) -> RolloutHashes:
-        tasks = {task.name: spec.task_rollout_hash(i) for i, task in enumerate(spec.tasks)}
-        controls = {t.name: spec.task_rollout_hash(i, with_matrix=True) for i, t in enumerate(spec.tasks) if t.matrix}
+    def of(cls, spec: PipelineSpec, indices: Sequence[int] | None = None) -> RolloutHashes:
+        """The hashes of ``spec``'s tasks (of those at ``indices`` only, where given: hashing costs a model dump)."""
+        chosen = [(i, spec.tasks[i]) for i in (range(len(spec.tasks)) if indices is None else indices)]
+        tasks = {task.name: spec.task_rollout_hash(i) for i, task in chosen}
+        controls = {t.name: spec.task_rollout_hash(i, with_matrix=True) for i, t in chosen if t.matrix}
         return cls(spec.rollout_hash, tasks, controls)
 
     def current(self, task: str, found: str) -> bool:

@@ -295,7 +295,7 @@ def current_result(
         return None
     result = InstanceResult.read(path)
     task = spec.tasks[partition.task_index].name
-    expected = RolloutHashes(spec.rollout_hash, {task: spec.task_rollout_hash(partition.task_index)})
+    expected = RolloutHashes.of(spec, [partition.task_index])  # a control's older results (matrix in) too
     fits = expected.current(task, result.rollout_hash) and not provenance.other_environment(
         result.provenance, environment
     )

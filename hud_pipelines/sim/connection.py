@@ -133,10 +133,6 @@ class Connection:
                 return data.decode(errors="replace") if self._text else data
         return None
 
-    def quiet_for(self) -> float:
-        """Seconds since the client's last frame or the last reply, a request still running included."""
-        return time.monotonic() - self._last_activity
-
     def idle_for(self) -> float:
         """Seconds since the client's last frame or the last reply, 0 while a request is queued or running."""
         if self._in_flight:

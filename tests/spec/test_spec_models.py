@@ -318,6 +318,7 @@ def test_a_matrix_value_added_leaves_the_rollout_hash_of_its_control_and_of_the_
     assert current.current("swing", older), "its results of before stay current on upgrading"
     assert not current.current("swing-g-9.0", older)
     assert current.of_checkpoint("w").current("swing", checkpoint_rollout_hash(older, "w")), "a sweep's too"
+    assert RolloutHashes.of(spec, [0]).current("swing", older), "one task's hashes (a sweep plan's) say the same"
 
 
 def test_a_run_configuration_is_refused_with_the_keys_and_words_of_a_pipeline_file() -> None:
