@@ -39,6 +39,7 @@ from hud_pipelines.agent.checkpoint_files import (
     pending_reason,
 )
 from hud_pipelines.errors import CheckpointError
+from hud_pipelines.spec.agent import label_problem
 
 CHECKPOINTS_DIR = "checkpoints"
 """lerobot's ``CHECKPOINTS_DIR``: the folder of step folders under a run's output dir."""
@@ -188,7 +189,7 @@ def discover_checkpoints(sources: Sequence[CheckpointSource], *, settle_s: float
         found += [_in_run(f, run) for f in _listed(source)]
     found += [_explicit(s) for s in sources if isinstance(s, ExplicitCheckpoint)]
     checkpoints = sorted(_without_symlinked_duplicates(found), key=sweep_order(runs))
-    _refuse_duplicate_labels(checkpoints)
+    _refuse_bad_labels(checkpoints)
     complete: list[Checkpoint] = []
     pending: list[PendingCheckpoint] = []
     for checkpoint in checkpoints:
@@ -288,8 +289,6 @@ def _nothing_in(path: Path, kind: CheckpointKind) -> str:
 
 
 def _explicit(entry: ExplicitCheckpoint) -> _Found:
-    if not entry.label.strip():
-        raise CheckpointError(f"the checkpoint entry for {entry.path} has an empty label")
     if not entry.path.exists():
         raise CheckpointError(
             f"checkpoint {entry.label!r}: {entry.path} does not exist (expected a folder holding {CONFIG_FILE} and "
@@ -382,10 +381,13 @@ def _without_symlinked_duplicates(found: Sequence[_Found]) -> list[Checkpoint]:
     return kept
 
 
-def _refuse_duplicate_labels(checkpoints: Sequence[Checkpoint]) -> None:
-    """Results are filed under labels, so two checkpoints (or one named twice) under one label are refused."""
+def _refuse_bad_labels(checkpoints: Sequence[Checkpoint]) -> None:
+    """Results are filed under labels, so two checkpoints (or one named twice) under one label are refused, and so is
+    a label that cannot be a folder of results (:func:`~hud_pipelines.spec.agent.label_problem`: a folder ``a|b``)."""
     by_label: dict[str, Path] = {}
     for checkpoint in checkpoints:
+        if (problem := label_problem(checkpoint.label)) is not None:
+            raise CheckpointError(f"{problem} (the checkpoint at {checkpoint.path})")
         if checkpoint.label in by_label:
             raise CheckpointError(
                 f"checkpoint label {checkpoint.label!r} is given twice, for {by_label[checkpoint.label]} and "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, model_validator
 
 from hud_pipelines.spec.base import Count, Float, Int, StrictModel, target_field
 from hud_pipelines.spec.sections import spec_rule
@@ -26,10 +26,43 @@ DEFAULT_FORWARD_TIMEOUT_S = 300.0
 forward that never returns still cannot hang a run."""
 
 
+LABEL_SEPARATORS = {"|": "Dagster joins a partition key's dimensions with it", ",": "a run's tag joins labels with it"}
+
+
+def label_problem(label: str) -> str | None:
+    """Why ``label`` cannot name a checkpoint of a sweep, or ``None``.
+
+    A label is the folder of the checkpoint's results below the sweep's ``checkpoints/`` (``/`` nests one, as a
+    sweep of several runs does: ``run/step``) and a key of Dagster's checkpoint partitions; a label that is not
+    such a folder would file its results where the sweep's table never looks, or outside the outputs."""
+    said = repr(label)
+    if not label.strip() or label != label.strip():
+        return f"checkpoint label {said} is empty or begins or ends with white space"
+    if separators := sorted(c for c in LABEL_SEPARATORS if c in label):
+        return f"checkpoint label {said} holds {separators[0]!r}: {LABEL_SEPARATORS[separators[0]]}"
+    if "..." in label or any(not c.isprintable() for c in label):
+        return f"checkpoint label {said} holds '...' or a control character, which Dagster refuses in a partition key"
+    if any(not part or part.startswith(".") for part in label.split("/")):
+        return (
+            f"checkpoint label {said} is no folder below the sweep's checkpoints/: a '/' at either end, '//', or a "
+            "part that starts with '.' ('.', '..', a hidden folder)"
+        )
+    return None
+
+
+def _usable_label(label: str) -> str:
+    problem = label_problem(label)
+    if problem is not None:
+        raise ValueError(problem)
+    return label
+
+
 class CheckpointEntry(StrictModel):
     """One checkpoint of a sweep named by hand: its label in tables and plots, and its folder or file."""
 
-    label: str = Field(min_length=1, description="the checkpoint's name in the comparison (unique in the sweep)")
+    label: Annotated[str, AfterValidator(_usable_label)] = Field(
+        min_length=1, description="the checkpoint's name in the comparison (unique in the sweep)"
+    )
     path: str = Field(description="the checkpoint's folder (lerobot) or module file (torch), relative to the YAML")
     step: Int | None = Field(default=None, ge=0, description="its training step, for the success-vs-step plot")
 

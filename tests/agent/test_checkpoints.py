@@ -7,6 +7,7 @@ change a run work on a copy of the session's run.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -392,8 +393,32 @@ def test_explicit_entries_with_one_label_or_a_missing_path_are_refused_by_path(t
     missing = tmp_path / "runs" / "final"
     with pytest.raises(CheckpointError, match=rf"checkpoint 'final': {missing} does not exist \(expected a folder"):
         discover(ExplicitCheckpoint("final", missing))
-    with pytest.raises(CheckpointError, match=rf"entry for {a} has an empty label"):
+    with pytest.raises(CheckpointError, match=rf"label ' ' is empty .* \(the checkpoint at {a}\)"):
         discover(ExplicitCheckpoint(" ", a))
+
+
+def test_a_label_that_cannot_be_a_folder_of_results_nor_a_partition_key_is_refused_naming_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Results are filed in a folder per label and Dagster keys partitions by it: a watched directory's file or
+    folder named ``a|b`` would crash the run's partitions, an entry ``..`` would write outside the sweep's folder."""
+    (found,) = write_torch_checkpoints(tmp_path / "odd", ["step|1"])
+    with pytest.raises(
+        CheckpointError, match=rf"label 'step\|1' holds '\|'.* \(the checkpoint at {re.escape(str(found))}\)"
+    ):
+        discover(WatchedDirectory(tmp_path / "odd", kind="torch"))
+    (plain,) = write_torch_checkpoints(tmp_path / "plain", ["a"])
+    for label, said in (
+        (",", "holds ','"),
+        ("..", "no folder below"),
+        ("x/../../y", "no folder below"),
+        ("a...b", "'...'"),
+    ):
+        with pytest.raises(CheckpointError, match=re.escape(said)):
+            discover(ExplicitCheckpoint(label, plain))
+    assert [c.label for c in discover(ExplicitCheckpoint("run 1/step_2 (ema)", plain)).complete] == [
+        "run 1/step_2 (ema)"
+    ]
 
 
 def test_an_explicit_label_that_a_watched_directory_also_gives_is_refused(tmp_path: Path) -> None:
