@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -228,5 +229,18 @@ def one_line(error: str | None, kept_in: str = "grades.json") -> str:
 
 
 def markdown_cell(text: str) -> str:
-    """``text`` as one cell of a markdown table: its ``|`` escaped and its lines joined, so the row holds."""
-    return " / ".join(line.strip() for line in text.splitlines() if line.strip()).replace("|", "\\|")
+    """``text`` as one cell of a markdown table: its ``|`` escaped and its lines joined, so the row holds, and any
+    HTML in it shown as text (:func:`no_html`)."""
+    return no_html(" / ".join(line.strip() for line in text.splitlines() if line.strip()).replace("|", "\\|"))
+
+
+def no_html(text: str) -> str:
+    """User text with its markdown kept and any HTML in it shown as text: a renderer passes raw HTML
+    through, and a prompt, a label or an env's error is data, never markup of the report. Only a ``<``
+    opens a tag, so only it is escaped, outside code spans (which show their text as is) and autolinks."""
+    return "".join(part if part.startswith("`") else _TAG_OPENER.sub("&lt;", part) for part in _CODE_SPAN.split(text))
+
+
+_CODE_SPAN = re.compile(r"(`+[^`]*?`+)")
+_TAG_OPENER = re.compile(r"<(?![a-zA-Z][a-zA-Z0-9+.-]*://[^\s<>]*>)")
+"""A ``<`` that does not start an autolink (``<https://...>``)."""

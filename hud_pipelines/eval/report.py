@@ -7,7 +7,6 @@ and on a code host); the Dagster UI's copy carries the plot inline, as a PNG dat
 from __future__ import annotations
 
 import io
-import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from hud_pipelines.eval.grades import (
     as_graded_by,
     later_graders,
     markdown_cell,
+    no_html,
     not_run_parts,
     one_line,
     summarize,
@@ -172,10 +172,11 @@ def render_markdown(
     overrides = _overridden(context.overrides)
     overridden = [f"Run configuration overrides the YAML: {overrides}.", ""] if overrides else []
     lines = [
-        f"# {pipeline}",
+        f"# {no_html(pipeline)}",
         "",
-        *([_no_html(context.description.strip()), ""] if context.description.strip() else []),
-        *(line for warning in context.warnings for line in (f"**Warning:** {warning}.", "")),  # before any figure
+        *([no_html(context.description.strip()), ""] if context.description.strip() else []),
+        # the warnings come before any figure
+        *(line for warning in context.warnings for line in (f"**Warning:** {no_html(warning)}.", "")),
         *_provenance(rows if produced is None else produced, context.run_id),
         *overridden,
         f"**Success rate:** {rate_text(total)}",
@@ -198,7 +199,7 @@ def render_markdown(
     told = [(task, context.prompts[task]) for task in summarize_by_task(rows) if context.prompts.get(task)]
     if told:
         lines += ["", "Task prompts (what the policy was told):", ""]
-        lines += [f"- {task}: {_no_html(markdown_cell(prompt))}" for task, prompt in told]
+        lines += [f"- {task}: {markdown_cell(prompt)}" for task, prompt in told]
     others = other_graders(rows)
     if others:
         lines += [
@@ -231,7 +232,7 @@ def errored_section(rows: Sequence[GradeRow], title: str, *, most: int = 20) -> 
     lines = ["", f"## {title}", ""]
     lines += [
         f"- {r.task} instance {r.instance} slot {r.slot}"
-        f"{f' ({r.fault.value})' if r.fault is not None else ''}: {_no_html(one_line(r.error))}"
+        f"{f' ({r.fault.value})' if r.fault is not None else ''}: {no_html(one_line(r.error))}"
         for r in errors[:most]
     ]
     if len(errors) > most:
@@ -307,15 +308,3 @@ def plot_figure(pipeline: str, rows: Sequence[GradeRow]) -> Figure:
     axis.legend(handles=handles, fontsize=6, loc="best", framealpha=0.8)
     figure.tight_layout()
     return figure
-
-
-def _no_html(text: str) -> str:
-    """User text with its markdown kept and any HTML in it shown as text: a renderer passes raw HTML
-    through, and a prompt or description is data, never markup of the report. Only a ``<`` opens a
-    tag, so only it is escaped, outside code spans (which show their text as is) and autolinks."""
-    return "".join(part if part.startswith("`") else _TAG_OPENER.sub("&lt;", part) for part in _CODE_SPAN.split(text))
-
-
-_CODE_SPAN = re.compile(r"(`+[^`]*?`+)")
-_TAG_OPENER = re.compile(r"<(?![a-zA-Z][a-zA-Z0-9+.-]*://[^\s<>]*>)")
-"""A ``<`` that does not start an autolink (``<https://...>``)."""

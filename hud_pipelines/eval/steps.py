@@ -31,7 +31,7 @@ from hud_pipelines.eval.configuration import (
 )
 from hud_pipelines.eval.grade_table import write_grades
 from hud_pipelines.eval.graders import grader_text
-from hud_pipelines.eval.grades import GradeRow, Summary, summarize
+from hud_pipelines.eval.grades import GradeRow, Summary, no_html, summarize
 from hud_pipelines.eval.judging import all_verdicts, headline_rows
 from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root, write_atomically
 from hud_pipelines.eval.perturbations import CONTROL_NOTE, control_tasks, has_matrix, perturbation_table
@@ -287,7 +287,7 @@ def _perturbations(
 
 
 def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str], matrix: bool) -> str:
-    waiting = f"\nNot evaluated yet: {'; '.join(not_evaluated)}.\n" if not_evaluated else ""
+    waiting = f"\nNot evaluated yet: {no_html('; '.join(not_evaluated))}.\n" if not_evaluated else ""
     return (
         "\n## Checkpoints\n\n"
         "Every checkpoint on the same episodes; each is compared with the previous one and the baseline "

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 
 from hud_pipelines.eval.comparison import PairedComparison, Verdict
-from hud_pipelines.eval.grades import GradeRow, markdown_cell
+from hud_pipelines.eval.grades import GradeRow, markdown_cell, no_html
 from hud_pipelines.eval.report import RateFigures, png_bytes
 
 if TYPE_CHECKING:
@@ -325,7 +325,7 @@ class SweepComparison:
             cells += [_rate_cell(row), _versus_cell(row.versus_previous, self.named_previous(row))]
             cells += [_versus_cell(row.versus_baseline)] if self.baseline is not None else []  # none: no column
             lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join([*lines, "", self.conclusion()]) + "\n"
+        return "\n".join([*lines, "", no_html(self.conclusion())]) + "\n"
 
     def summary_lines(self) -> list[str]:
         """For a terminal: the candidate (the last checkpoint) against the previous one and the baseline, then

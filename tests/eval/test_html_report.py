@@ -518,6 +518,25 @@ def test_report_md_lists_each_errored_episode_on_one_line() -> None:
     assert "<script>" not in markdown
 
 
+def test_report_md_shows_html_in_its_title_warnings_and_check_details_as_text() -> None:
+    """An env's error reaches the warnings and the checks' details as well as the list of errored episodes."""
+    reason = "RuntimeError: <img src=x onerror=alert(9)> | pipe"
+    rows = [_row(0, EpisodeStatus.ERRORED, reason), _row(1, EpisodeStatus.SUCCEEDED)]
+    context = ReportContext(
+        warnings=[f"1 of 2 episode(s) errored (the first: {reason})"],
+        checks=[dataclasses.replace(verdicts([], rows)[0], description=f"it failed: {reason}")],
+    )
+    markdown = render_markdown("p <i>x</i>", rows, context=context)
+    assert "<img" not in markdown, markdown
+    assert "<i>" not in markdown, markdown
+    assert markdown.startswith("# p &lt;i>x&lt;/i>\n")
+    assert (
+        "**Warning:** 1 of 2 episode(s) errored (the first: RuntimeError: &lt;img src=x onerror=alert(9)> | pipe)."
+        in (markdown)
+    )
+    assert "| it failed: RuntimeError: &lt;img src=x onerror=alert(9)> \\| pipe |" in markdown, "one cell, as text"
+
+
 def test_report_md_keeps_one_table_row_per_check_when_a_reason_spans_lines() -> None:
     hung = "the sim did not answer step within 5 s\nstderr tail:\n  | serving ws://x | 4 slot(s)\n  | Thread 0x7f"
     rows = [

@@ -315,6 +315,16 @@ def test_the_markdown_table_and_its_conclusion() -> None:
     assert compare_checkpoints(two, baseline="b").conclusion().endswith("; it is the baseline.")
 
 
+def test_labels_in_the_markdown_table_and_its_conclusion_are_text_never_markup() -> None:
+    odd = [CheckpointRows("<b>a</b>", 1, _rows_of({"push": "SFFF"})), ("c <img src=x>", 2, _rows_of({"push": "SSSF"}))]
+    text = compare_checkpoints(odd, baseline="<b>a</b>").markdown()
+    assert "<b>" not in text, text
+    assert "<img" not in text, text
+    assert "| &lt;b>a&lt;/b> | 1 |" in text
+    assert text.splitlines()[-1].startswith("c &lt;img src=x> is the best (75.0%")
+    assert "vs baseline &lt;b>a&lt;/b>:" in text.splitlines()[-1]
+
+
 def test_the_pages_table_gives_each_difference_its_interval_and_no_baseline_column_without_a_baseline() -> None:
     from hud_pipelines.eval.report_html.page import _checkpoints  # pyright: ignore[reportPrivateUsage]
 
