@@ -19,6 +19,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -47,13 +48,23 @@ def load_target(
     try:
         return getattr(module, attribute)
     except AttributeError:
-        names = [n for n in dir(module) if not n.startswith("_")]
+        # what the module holds, read without running a module-level __getattr__ for each name
+        held = vars(module)
+        names = [n for n in dir(module) if not n.startswith("_") and (n not in held or not not_callable(held[n]))]
         hint = difflib.get_close_matches(attribute, names, n=3)
         suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
         raise error(f"{what} {spec!r}: {module_part} has no attribute {attribute!r}{suggestion}") from None
 
 
-def _import(module_name: str, spec: str, base: Path, error: type[HudPipelinesError], what: str) -> Any:
+def not_callable(value: object) -> str | None:
+    """What ``value`` is when no target can be it (a module, a constant); ``None`` for anything that can be called
+    or is a policy object (it has ``infer``)."""
+    if callable(value) or hasattr(value, "infer"):
+        return None
+    return "a module" if inspect.ismodule(value) else f"a value of type {type(value).__name__}"
+
+
+def _import(module_name: str, spec: str, base: Path, error: type[HudPipelinesError], what: str) -> ModuleType:
     clash = project_first(module_name, base)
     if clash is not None:
         raise error(f"{what} {spec!r}: cannot import module {module_name!r}: {clash}")
@@ -105,7 +116,7 @@ def project_first(module_name: str, base: Path) -> str | None:
     )
 
 
-def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesError], what: str) -> Any:
+def _load_file(path_text: str, spec: str, base: Path, error: type[HudPipelinesError], what: str) -> ModuleType:
     path = Path(path_text)
     path = (path if path.is_absolute() else base / path).resolve()
     if not path.is_file():

@@ -81,7 +81,7 @@ def _clashing_checkout(folder: Path) -> tuple[Path, Path]:
             "checkout/clash_pkg/controllers.py": "WHOSE = 'the checkout'\n",
             "project/clash_pkg/__init__.py": "",
             "project/clash_pkg/controllers.py": "WHOSE = 'the project'\n",
-            "project/clash_pkg/mine.py": "WHOSE = 'the project, only'\n",
+            "project/clash_pkg/mine.py": "WHOSE = 'the project, only'\n\ndef make():\n    return WHOSE\n",
             "project/pipelines/.keep": "",
         },
     )
@@ -97,7 +97,7 @@ def test_a_projects_own_package_wins_over_one_of_the_same_name_already_on_sys_pa
     assert load_target("clash_pkg.controllers:WHOSE", base_dir=pipelines) == "the project"
     assert sys.path[0] == str(project)
     assert target_sources("clash_pkg.controllers:WHOSE", pipelines)[0] == project / "clash_pkg" / "controllers.py"
-    assert target_problem("clash_pkg.mine:WHOSE", pipelines) is None, "validate finds what the run imports"
+    assert target_problem("clash_pkg.mine:make", pipelines) is None, "validate finds what the run imports"
 
 
 def test_a_package_of_the_projects_name_imported_from_elsewhere_before_is_named_not_used(folder: Path) -> None:
@@ -130,3 +130,12 @@ def test_a_console_script_sim_server_imports_the_projects_package_too(folder: Pa
     finally:
         process.kill()
         process.communicate(timeout=20)
+
+
+def test_a_missing_names_hint_offers_what_could_be_a_target_never_an_imported_module(folder: Path) -> None:
+    (folder / "line_env.py").write_text("import numpy as np\nSTEPS = 3\n\ndef make():\n    return 0\n")
+    with pytest.raises(HudPipelinesError) as raised:
+        load_target(f"{folder / 'line_env.py'}:nope")
+    assert str(raised.value).endswith("line_env.py has no attribute 'nope'"), "not 'did you mean np?'"
+    with pytest.raises(HudPipelinesError, match="has no attribute 'mkae'; did you mean make"):
+        load_target(f"{folder / 'line_env.py'}:mkae")

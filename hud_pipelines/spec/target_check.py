@@ -18,7 +18,7 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from hud_pipelines.spec.problems import did_you_mean
-from hud_pipelines.targets import project_first, project_root, shadowed_sibling
+from hud_pipelines.targets import not_callable, project_first, project_root, shadowed_sibling
 
 _BLOCKS = (ast.If, ast.Try, ast.TryStar, ast.With, ast.For, ast.While)
 
@@ -91,7 +91,7 @@ def _module_problem(module_name: str, attribute: str, base: Path, run_code: bool
     if spec is None:
         hint = _module_hint(module_name) + _passed_over(module_name, base)
         return f"cannot import module {module_name!r}: no module of that name{hint}"
-    names: set[str] | str | None = None
+    names: dict[str, str | None] | str | None = None
     if spec.origin and spec.origin.endswith(".py") and Path(spec.origin).is_file():
         names = _static_names(Path(spec.origin))
         if isinstance(names, str):
@@ -231,19 +231,27 @@ def _parameters(arguments: ast.arguments, *, skip_first: bool) -> frozenset[str]
     return frozenset([*keywords, *(a.arg for a in arguments.kwonlyargs)])  # args are passed by keyword
 
 
-def _runtime_names(module: object, attribute: str) -> set[str]:
-    """Names of an imported module; ``hasattr`` also sees what a module-level ``__getattr__`` provides."""
-    names = set(dir(module))
-    if hasattr(module, attribute):
-        names.add(attribute)
+def _runtime_names(module: object, attribute: str) -> dict[str, str | None]:
+    """Names of an imported module, each with what it is where it cannot be called (:func:`not_callable`);
+    ``hasattr`` also sees what a module-level ``__getattr__`` provides, which is never run for the others."""
+    names = {name: not_callable(value) for name, value in vars(module).items()}
+    names |= {name: None for name in dir(module) if name not in names}
+    if attribute not in names and hasattr(module, attribute):
+        names[attribute] = not_callable(getattr(module, attribute))
     return names
 
 
-def _attribute_problem(owner: str, attribute: str, names: set[str]) -> str | None:
-    if attribute in names:
+def _attribute_problem(owner: str, attribute: str, names: dict[str, str | None]) -> str | None:
+    """A missing attribute, with the closest name that can be called; or one that is a module or a constant: a
+    target is called (a factory, a class, a function), or is a policy object with ``infer``."""
+    callables = sorted(n for n, what in names.items() if what is None and not n.startswith("_"))
+    if attribute not in names:
+        return f"{owner} has no attribute {attribute!r}{did_you_mean(attribute, callables)}"
+    what = names[attribute]
+    if what is None:
         return None
-    public = sorted(n for n in names if not n.startswith("_"))
-    return f"{owner} has no attribute {attribute!r}{did_you_mean(attribute, public)}"
+    hint = did_you_mean(attribute, callables)
+    return f"{owner}: {attribute!r} is {what}, not a function, a class or a policy object{hint}"
 
 
 def _module_hint(module_name: str) -> str:
@@ -260,8 +268,10 @@ def _module_hint(module_name: str) -> str:
     return did_you_mean(leaf, siblings)
 
 
-def _static_names(path: Path) -> set[str] | str | None:
-    """Top-level names bound by a module's source; ``None`` when they cannot be known without running it.
+def _static_names(path: Path) -> dict[str, str | None] | str | None:
+    """Top-level names bound by a module's source, each with what it is where its every binding is an import of a
+    module or a literal (``"a module"``, ``"a value of type int"``), else ``None``; ``None`` when the names cannot be
+    known without running it.
 
     A string is a problem (the file does not parse).
     """
@@ -271,31 +281,40 @@ def _static_names(path: Path) -> set[str] | str | None:
         return f"{path}:{exc.lineno}: syntax error: {exc.msg}"
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return f"cannot read {path}: {exc}"
-    names: set[str] = set()
+    names: dict[str, str | None] = {}
     if not _collect(tree.body, names):
         return None
     return names
 
 
-def _collect(statements: list[ast.stmt], names: set[str]) -> bool:
-    """Add the names ``statements`` bind; ``False`` when a star import or ``__getattr__`` makes them open-ended."""
+def _collect(statements: list[ast.stmt], names: dict[str, str | None]) -> bool:
+    """Add the names ``statements`` bind (:func:`_static_names`); ``False`` when a star import or ``__getattr__``
+    makes them open-ended."""
+
+    def bind(name: str, what: str | None) -> None:  # one binding that may be called makes the name one
+        names[name] = what if names.get(name, what) is not None else None
+
     for statement in statements:
         if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             if statement.name == "__getattr__":
                 return False
-            names.add(statement.name)
+            bind(statement.name, None)
         elif isinstance(statement, ast.Assign):
             for target in statement.targets:
-                names.update(_bound(target))
+                constant = _constant(statement.value) if isinstance(target, ast.Name) else None
+                for name in _bound(target):
+                    bind(name, constant)
         elif isinstance(statement, ast.AnnAssign | ast.AugAssign):
-            names.update(_bound(statement.target))
+            for name in _bound(statement.target):
+                bind(name, None)
         elif isinstance(statement, ast.Import):
-            names.update(alias.asname or alias.name.split(".")[0] for alias in statement.names)
+            for alias in statement.names:
+                bind(alias.asname or alias.name.split(".")[0], "a module")
         elif isinstance(statement, ast.ImportFrom):
             for alias in statement.names:
                 if alias.name == "*":
                     return False
-                names.add(alias.asname or alias.name)
+                bind(alias.asname or alias.name, None)
         elif isinstance(statement, _BLOCKS):
             for block in _blocks(statement):
                 if not _collect(block, names):
@@ -313,6 +332,21 @@ def _blocks(statement: ast.stmt) -> list[list[ast.stmt]]:
         if isinstance(handler, ast.ExceptHandler):
             blocks.append(handler.body)
     return blocks
+
+
+def _constant(value: ast.expr) -> str | None:
+    """What a module-level value is when it is a literal, which nothing can call (``"a value of type int"``)."""
+    if isinstance(value, ast.Constant):
+        return f"a value of type {type(value.value).__name__}"
+    literal: dict[type[ast.expr], str] = {
+        ast.List: "list",
+        ast.Tuple: "tuple",
+        ast.Dict: "dict",
+        ast.Set: "set",
+        ast.JoinedStr: "str",
+    }
+    kind = literal.get(type(value))
+    return None if kind is None else f"a value of type {kind}"
 
 
 def _bound(target: ast.expr) -> set[str]:

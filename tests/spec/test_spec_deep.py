@@ -40,9 +40,12 @@ def pipeline(policy: str, extra: str = "") -> str:
 
 def test_file_targets_are_checked_from_source_without_running_the_module(write_yaml: WriteYaml) -> None:
     write_yaml(HEAVY_MODULE, "policies/heavy.py")
-    for name in ("Policy", "make_policy", "alternate_policy", "not_a_real_heavy_dependency"):
+    for name in ("Policy", "make_policy", "alternate_policy"):
         path = write_yaml(pipeline(f"{{kind: torch, target: policies/heavy.py:{name}}}"), f"{name}.yaml")
         assert load_pipeline(path, deep=True).name == "deep"
+    module = write_yaml(pipeline("{kind: torch, target: policies/heavy.py:not_a_real_heavy_dependency}"), "m.yaml")
+    with pytest.raises(SpecError, match="'not_a_real_heavy_dependency' is a module, not a function, a class or a"):
+        load_pipeline(module, deep=True)
     with pytest.raises(SpecError, match="has no attribute 'Polcy' \\(did you mean 'Policy'\\?\\)"):
         load_pipeline(write_yaml(pipeline("{kind: scripted, target: policies/heavy.py:Polcy}"), "typo.yaml"), deep=True)
 
@@ -123,10 +126,7 @@ def test_a_module_with_dynamic_attributes_is_imported_to_check(
     write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_yaml(
-        "def __getattr__(name):\n"
-        "    if name == 'lazy_policy':\n"
-        "        return object()\n"
-        "    raise AttributeError(name)\n",
+        "def __getattr__(name):\n    if name == 'lazy_policy':\n        return print\n    raise AttributeError(name)\n",
         "dyn/lazy_mod.py",
     )
     monkeypatch.syspath_prepend(str(write_yaml("", "dyn/.keep").parent))
@@ -151,6 +151,77 @@ def test_target_problem_messages(target: str, message: str | None) -> None:
     else:
         assert problem is not None
         assert message in problem
+
+
+KINDS_OF_NAMES = """\
+import numpy as np
+from gymnasium import spaces
+import not_a_real_heavy_dependency
+
+SLOW_IMPORT = 8
+NAMES = ["a", "b"]
+POLICY = not_a_real_heavy_dependency.Policy()
+
+
+def make(seed=0):
+    return seed
+
+
+class LineEnv:
+    pass
+
+
+if not_a_real_heavy_dependency:
+    maker = 3
+else:
+    def maker():
+        return 0
+"""
+
+
+def test_a_target_that_is_a_module_or_a_constant_is_refused_from_source_and_typos_are_told_only_callables(
+    write_yaml: WriteYaml,
+) -> None:
+    """A target is called (a factory, a class, a function) or is a policy object: a module or a literal never is,
+    and a typo's hint names what could be one, never an imported module (``np`` for ``nope``)."""
+    path = write_yaml(KINDS_OF_NAMES, "envs/line_env.py")
+    problems = {name: target_problem(f"{path}:{name}", run_code=False) for name in ("np", "SLOW_IMPORT", "NAMES")}
+    assert problems == {
+        "np": f"{path}: 'np' is a module, not a function, a class or a policy object",
+        "SLOW_IMPORT": f"{path}: 'SLOW_IMPORT' is a value of type int, not a function, a class or a policy object",
+        "NAMES": f"{path}: 'NAMES' is a value of type list, not a function, a class or a policy object",
+    }
+    for name in ("make", "LineEnv", "spaces", "POLICY", "maker"):  # a from-import and a mixed binding may be called
+        assert target_problem(f"{path}:{name}", run_code=False) is None, name
+    assert target_problem(f"{path}:nope", run_code=False) == f"{path} has no attribute 'nope'"
+    assert target_problem(f"{path}:mak", run_code=False) == f"{path} has no attribute 'mak' (did you mean 'make'?)"
+    yaml = write_yaml(pipeline("{kind: scripted, target: envs/line_env.py:SLOW_IMPORT}"), "constant.yaml")
+    with pytest.raises(SpecError, match=r"constant.yaml:4:\d+: agent.policy.target: .* 'SLOW_IMPORT' is a value of"):
+        load_pipeline(yaml, deep=True)
+
+
+def test_an_imported_modules_names_are_judged_by_what_they_hold(
+    write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module whose names its source cannot tell (a module-level ``__getattr__``) is imported, and its values say
+    what can be a target, a name only ``__getattr__`` gives too."""
+    write_yaml(
+        "import json\nLIMIT = 3\ndef make():\n    return 0\ndef __getattr__(name):\n"
+        "    if name == 'lazy':\n        return make\n    if name == 'lazy_limit':\n        return LIMIT\n"
+        "    raise AttributeError(name)\n",
+        "dyn2/lazy_kinds.py",
+    )
+    monkeypatch.syspath_prepend(str(write_yaml("", "dyn2/.keep").parent))
+    assert (
+        target_problem("lazy_kinds:json")
+        == "lazy_kinds: 'json' is a module, not a function, a class or a policy object"
+    )
+    assert target_problem("lazy_kinds:LIMIT") is not None
+    assert target_problem("lazy_kinds:lazy") is None
+    assert target_problem("lazy_kinds:lazy_limit") == (
+        "lazy_kinds: 'lazy_limit' is a value of type int, not a function, a class or a policy object"
+    )
+    assert target_problem("lazy_kinds:jsn") == "lazy_kinds has no attribute 'jsn'"
 
 
 def test_a_syntax_error_in_a_target_file_is_reported_with_its_line(tmp_path: Path) -> None:
