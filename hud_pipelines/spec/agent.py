@@ -61,7 +61,9 @@ class CheckpointEntry(StrictModel):
     """One checkpoint of a sweep named by hand: its label in tables and plots, and its folder or file."""
 
     label: Annotated[str, AfterValidator(_usable_label)] = Field(
-        min_length=1, description="the checkpoint's name in the comparison (unique in the sweep)"
+        min_length=1,
+        description="the checkpoint's name in the comparison (unique in the sweep) and the folder of its results "
+        "('/' nests one; no '|', ',', '...', nor a part that is empty or starts with '.')",
     )
     path: str = Field(description="the checkpoint's folder (lerobot) or module file (torch), relative to the YAML")
     step: Int | None = Field(default=None, ge=0, description="its training step, for the success-vs-step plot")
