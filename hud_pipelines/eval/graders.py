@@ -12,10 +12,13 @@ Errored episodes are graded too (a grader may want to see them), but their statu
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from hud_pipelines.errors import GraderError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome
@@ -60,9 +63,10 @@ class _Callable:
             value = self.fn(episode)
         except Exception as exc:
             raise GraderError(f"grader {self.name!r} ({self.target}) raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(value, bool):
-            return float(value), value
-        if isinstance(value, int | float):
+        if isinstance(value, bool | np.bool_):  # a numpy comparison's result is a bool too
+            success = value is True or value is np.True_
+            return float(success), success
+        if isinstance(value, numbers.Real):  # numpy's integers and floats among them
             return float(value), outcome.success
         if isinstance(value, dict) and "score" in value:
             grade: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]

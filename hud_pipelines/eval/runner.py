@@ -309,15 +309,15 @@ class EvalRunner:
 
     def _grade(self, key: EpisodeKey, outcome: EpisodeOutcome) -> EpisodeOutcome:
         """The pipeline's verdict on an answered episode: the first grader decides, the others add metrics."""
-        primary, *others = self._graders
-        score, success = primary.grade(outcome, key)
-        if not math.isfinite(score):  # never a number in the grades: the episode errors (fault grader)
-            raise GraderError(f"grader {primary.name!r} gave a score that is not finite: {score}")
+        graded = [(grader.name, *grader.grade(outcome, key)) for grader in self._graders]
+        for name, score, _ in graded:  # never a number in the grades, whichever grader: the episode errors
+            if not math.isfinite(score):
+                raise GraderError(f"grader {name!r} gave a score that is not finite: {score}")
+        (_, score, success), *others = graded
         metrics: dict[str, float | bool] = {}
-        for grader in others:
-            extra_score, extra_success = grader.grade(outcome, key)
-            metrics[f"{grader.name}_score"] = extra_score
-            metrics[f"{grader.name}_success"] = extra_success
+        for name, extra_score, extra_success in others:
+            metrics[f"{name}_score"] = extra_score
+            metrics[f"{name}_success"] = extra_success
         return dataclasses.replace(
             outcome,
             status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,

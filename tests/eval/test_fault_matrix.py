@@ -99,6 +99,21 @@ CASES = {
             ]
         },
     ),
+    "grade/nan-score-of-another-grader/slot": Case(
+        {},
+        errored={ONE_SLOT: Fault.GRADER},
+        reason="grader 'nan' gave a score that is not finite",
+        fields={
+            "graders": [
+                {"kind": "return", "threshold": 5},
+                {
+                    "kind": "callable",
+                    "name": "nan",
+                    "target": f"{Path(__file__).with_name('faulty_policies.py')}:nan_for_seed_3",
+                },
+            ]
+        },
+    ),
     "reset/raise/slot": Case(
         {"fault": "raise_reset", "fault_seed": ONE_SLOT},
         errored={ONE_SLOT: Fault.ENV},

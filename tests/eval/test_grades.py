@@ -325,7 +325,17 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
         "    return {'score': episode['steps'] * 2.0, 'success': episode['seed'] == 7}\n"
         "def flag(episode):\n    return episode['total_reward'] > 3\n"
         "def broken(episode):\n    return 'yes'\n"
+        "import numpy as np\n"
+        "def numpy_flag(episode):\n    return np.float64(episode['steps']) > 2\n"
+        "def numpy_score(episode):\n    return np.float32(episode['total_reward'])\n"
     )
+    numpy_flag, numpy_score = build_graders(
+        [CallableGrader(name=n, target=f"{module}:{n}") for n in ("numpy_flag", "numpy_score")], base_dir=tmp_path
+    )
+    flagged = numpy_flag.grade(_outcome(False, 3.5), KEY)
+    assert flagged == (1.0, True), "a numpy comparison's bool is a success"
+    assert type(flagged[1]) is bool
+    assert numpy_score.grade(_outcome(True, 3.5), KEY) == (3.5, True), "a numpy float is a score"
     success, returns, threshold, by_steps, flag, broken = build_graders(
         [
             SuccessGrader(name="success"),
