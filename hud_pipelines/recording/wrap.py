@@ -156,15 +156,15 @@ class RecordVectorEpisodes(gym.vector.VectorWrapper):
     ) -> tuple[Any, dict[str, Any]]:
         # gymnasium types a vector reset's seed as one int; its vector envs take a list of seeds too
         reset: Callable[..., tuple[Any, dict[str, Any]]] = self.env.reset
-        observation, info = reset(seed=seed, options=options)
         episodes = self.episodes
+        mask = np.ones(episodes.num_slots, dtype=np.bool_)
+        if options and "reset_mask" in options:  # read first: gymnasium's vector envs pop it from the options
+            mask = np.asarray(options["reset_mask"], dtype=np.bool_)
+        observation, info = reset(seed=seed, options=options)
         flat = flatten_observation(observation)
         episodes.ensure_contract(
             self.env, self.env.single_observation_space, self.env.single_action_space, observation_row(observation, 0)
         )
-        mask = np.ones(episodes.num_slots, dtype=np.bool_)
-        if options and "reset_mask" in options:
-            mask = np.asarray(options["reset_mask"], dtype=np.bool_)
         seeds = _seeds(seed, episodes.num_slots)
         restarted: list[int] = np.flatnonzero(mask).tolist()
         for slot in restarted:

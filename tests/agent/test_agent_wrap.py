@@ -153,6 +153,38 @@ def test_same_step_autoreset_and_contract_file(tmp_path: Path) -> None:
     assert sorted({k.episode for k in sink.keys.values()})[-1] >= 2
 
 
+def test_a_masked_reset_restarts_only_the_masked_sub_envs_episodes() -> None:
+    """Without autoreset a vector env restarts its finished sub-envs by ``reset(options={"reset_mask": done})``:
+    the others' episodes go on (gymnasium pops the mask from the options, so it is read before the reset)."""
+    sink = RecordingSink()
+    vector = gym.make_vec(
+        "CartPole-v1",
+        num_envs=2,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED},
+    )
+    env = wrap(vector, sinks=[sink])
+    env.reset(seed=[1, 2])
+    lengths: list[list[int]] = [[0], [0]]  # each slot's episodes' steps, as this loop counts them
+    for _ in range(40):
+        _, _, terminated, truncated, _ = env.step(np.ones(2, dtype=np.int64))  # always push right: short episodes
+        done = np.logical_or(terminated, truncated)
+        for slot in range(2):
+            lengths[slot][-1] += 1
+            if done[slot]:
+                lengths[slot].append(0)
+        if done.any():
+            env.reset(options={"reset_mask": done})
+    env.close()
+    recorded = [[0] * len(lengths[slot]) for slot in range(2)]
+    for trace_id, key in sink.keys.items():
+        recorded[key.slot][key.episode] = sink.ended[trace_id].steps
+    assert recorded == lengths
+    assert lengths[0] != lengths[1], "the sub-envs' episodes end at different steps"
+    cut = [o for o in sink.ended.values() if not o.terminated]
+    assert len(cut) == 2, "only the episode each slot has open at close() is cut short"
+
+
 def test_reset_before_the_end_cuts_the_episode_short() -> None:
     sink = RecordingSink()
     env = wrap(gym.make("CartPole-v1"), sinks=[sink], prompt="balance")
