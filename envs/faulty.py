@@ -48,6 +48,8 @@ class Fault(StrEnum):
     """Print to stdout on build, reset and step (must never corrupt the ready line)."""
     WRONG_SHAPE_STEP = "wrong_shape_step"
     """Return an observation of another shape than the contract's."""
+    HANG_CLOSE = "hang_close"
+    """Never return from ``close()``: the sim ignores SIGTERM, in effect."""
 
 
 class FaultyEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
@@ -122,6 +124,10 @@ class FaultyEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
                 case _:
                     pass
         return observation, reward, self.t >= EPISODE_STEPS, False, {}
+
+    def close(self) -> None:
+        if self.fault is Fault.HANG_CLOSE:
+            time.sleep(HANG_S)
 
 
 def faulty(fault: str = "none", at_step: int = 2, fault_seed: int | None = None, delay_s: float = 0.0) -> FaultyEnv:

@@ -69,7 +69,8 @@ class SimProcess(Closeable):
         self.url = url
         self.token = token
         self._popen = popen
-        self._terminated = False
+        self._terminated_at: float | None = None
+        """When it was asked to stop (SIGTERM): a close that comes later waits what is left of its grace period."""
         self._diagnosis = diagnosis
         self._mark = mark
         """The value of :data:`MARK_ENV` in the child's environment, which every process it starts inherits."""
@@ -242,8 +243,8 @@ class SimProcess(Closeable):
         Closing several sims is then one grace period, not one per sim: terminate them all, then
         close each.
         """
-        if self._popen is not None and self._popen.poll() is None and not self._terminated:
-            self._terminated = True  # once: a second SIGTERM interrupts the child's orderly exit
+        if self._popen is not None and self._popen.poll() is None and self._terminated_at is None:
+            self._terminated_at = time.monotonic()  # once: a second SIGTERM interrupts the child's orderly exit
             self._strays.update(descendants(self._popen.pid, self._mark))  # now: once it is gone, so is their link
             _signal_group(self._popen.pid, signal.SIGTERM)
 
@@ -257,7 +258,8 @@ class SimProcess(Closeable):
             try:
                 popen.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, grace_s)
+                waited = time.monotonic() - (self._terminated_at or 0.0)
+                log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, waited)
         _signal_group(popen.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
         popen.wait()
         self._strays.update(descendants(None, self._mark))  # it is gone (perhaps on its own): its mark finds the rest

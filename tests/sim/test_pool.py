@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import time
 from typing import Any
 
 import pytest
@@ -26,6 +28,19 @@ def test_closing_the_pool_stops_every_sim_gracefully_and_leaves_no_process() -> 
     for process in processes:
         assert process.pgid is not None
         wait_group_gone(process.pgid)
+
+
+def test_closing_sims_that_ignore_sigterm_takes_one_grace_period_not_one_per_sim() -> None:
+    pool = SimPool(SimSettings(factory="envs.faulty:faulty", build_args={"fault": "hang_close"}))
+    with contextlib.ExitStack() as held:
+        lives = [held.enter_context(pool.sim()) for _ in range(3)]
+    started = time.monotonic()
+    pool.close(grace_s=1.5)
+    assert time.monotonic() - started < 3.0, "three sims waited 1.5 s each would take 4.5 s"
+    for live in lives:
+        assert live.process.returncode == -signal.SIGKILL, "each was killed once the grace period was over"
+        assert live.process.pgid is not None
+        wait_group_gone(live.process.pgid)
 
 
 def test_a_sim_in_use_when_the_pool_closes_is_stopped_and_released_cleanly() -> None:
