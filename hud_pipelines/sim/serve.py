@@ -20,6 +20,7 @@ This module imports neither torch, lerobot nor dagster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -39,6 +40,7 @@ from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.envs import ProbeReset
 from hud_pipelines.sim.main_thread import MainThreadExecutor
+from hud_pipelines.sim.proc import MARK_ENV, descendants
 from hud_pipelines.sim.server import DEFAULT_IDLE_TIMEOUT_S, SimServer
 from hud_pipelines.sim.tasks import is_options
 from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION
@@ -299,13 +301,17 @@ def _install_signal_handlers(executor: MainThreadExecutor, *, announce: bool) ->
 
 
 def _watch_parent() -> None:
-    """Exit with the whole process group once stdin closes (the parent that spawned us is gone)."""
+    """Exit with the whole process group once stdin closes (the parent that spawned us is gone), and with what the
+    sim started outside it (a session of its own, a daemon): the parent that would have stopped those is gone."""
     try:
         while os.read(0, 4096):  # the raw fd: a buffered reader would hold a lock at interpreter exit
             pass
     except OSError:
         pass
     log.warning("parent process went away; stopping the sim")
+    for pid in descendants(os.getpid(), os.environ.get(MARK_ENV)):  # the group's signals never reach them
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(PARENT_GONE_GRACE_S)
     os.killpg(os.getpgrp(), signal.SIGKILL)

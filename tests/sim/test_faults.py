@@ -310,6 +310,43 @@ def test_the_child_dies_when_its_parent_is_sigkilled() -> None:
         _set_child_subreaper(False)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="uses prctl")
+def test_what_the_sim_started_outside_its_group_dies_with_it_when_its_parent_is_sigkilled(tmp_path: Any) -> None:
+    """Its parent stops those by their ids when it closes the sim; a parent killed outright never does, so the sim
+    does it itself once it sees its parent gone (before, a session of its own and a daemon outlived the run)."""
+    (tmp_path / "daemon_env.py").write_text(DAEMON_ENV)
+    pids = tmp_path / "pids"
+    parent_code = (
+        "import json, time\n"
+        "from hud_pipelines.sim.process import SimProcess\n"
+        f"sim = SimProcess.spawn({str(tmp_path / 'daemon_env.py') + ':make'!r}, build_args={{'pids': {str(pids)!r}}})\n"
+        "print(json.dumps({'pid': sim.pid}), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    daemons: list[int] = []
+    _set_child_subreaper(True)
+    try:
+        with subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, cwd=REPO) as parent:
+            assert parent.stdout is not None
+            sim_pid = json.loads(parent.stdout.readline())["pid"]
+            daemons += [int(line) for line in pids.read_text().split()]  # the sim's start resets once
+            assert daemons
+            assert all(_alive(daemon) for daemon in daemons)
+            os.kill(parent.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while os.waitpid(sim_pid, os.WNOHANG) == (0, 0):
+            assert time.monotonic() < deadline, "the sim outlived its parent by 10 s"
+            time.sleep(0.05)
+        while any(map(_alive, daemons)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [d for d in daemons if _alive(d)], "started by the sim, they outlived it and its parent"
+    finally:
+        _set_child_subreaper(False)
+        for daemon in daemons:  # adopted by this test: reaped here
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(daemon, os.WNOHANG)
+
+
 # ---------------------------------------------------------------------------------------------
 # signals
 
