@@ -380,7 +380,7 @@ class LinkRefused(LinkError):
 
 
 class LinkClosed(LinkError):
-    """The connection is closed or broken; ``code`` is the peer's close code when it sent one."""
+    """The connection is closed or broken; ``code``: the peer's close code, or this side's where it refused a frame."""
 
     def __init__(self, message: str, code: int | None = None, reason: str = "") -> None:
         super().__init__(message)

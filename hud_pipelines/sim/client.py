@@ -270,6 +270,12 @@ class SimClient(Closeable):
                 f"idle timeout ({exc.reason or 'idle'}); the policy took longer than that between steps: "
                 "start the server with a larger --idle-timeout-s"
             )
+        if isinstance(exc, LinkClosed) and exc.code == CloseCode.MESSAGE_TOO_BIG:  # alive: a frame was too large
+            return SimError(
+                f"the connection to the sim at {self.url} closed during {phase}: a message exceeded the frame limit "
+                f"({exc.reason}); one frame carries every slot's observation (or the contract's bounds): fewer "
+                "slots per sim (sim.num_envs) or smaller observations fit"
+            )
         code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
         shut = isinstance(exc, RemoteError) or (isinstance(exc, LinkClosed) and exc.code == CloseCode.GOING_AWAY)
         said = exc.message if isinstance(exc, RemoteError) else str(exc)

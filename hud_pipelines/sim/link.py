@@ -24,7 +24,7 @@ from typing import Protocol, cast
 
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus, InvalidURI
-from websockets.frames import Frame, Opcode
+from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
@@ -210,12 +210,18 @@ class WebSocketLink:
         self._protocol.data_to_send()
 
     def _closed(self) -> LinkClosed:
-        received = self._protocol.close_rcvd
+        received, sent = self._protocol.close_rcvd, self._protocol.close_sent
         if received is not None:
             return LinkClosed(
                 f"the peer closed the connection ({received.code} {received.reason})".rstrip(),
                 code=received.code,
                 reason=received.reason,
+            )
+        if sent is not None and self._protocol.parser_exc is not None and sent.code != CloseCode.ABNORMAL_CLOSURE:
+            return LinkClosed(  # this side refused what the peer sent: a frame over max_size (1009), say
+                f"this side closed the connection on what the peer sent ({sent.code} {sent.reason})".rstrip(),
+                code=sent.code,
+                reason=sent.reason,
             )
         return LinkClosed("the connection closed without a close frame")
 

@@ -151,3 +151,24 @@ def test_a_sims_advice_about_its_declared_spaces_is_a_warning_of_the_parent_once
         "env Liar: its observation_space declares 'state' with shape (4,), but its observation has shape (5,): "
         "the contract follows the observation; correct the space if the observation is right"
     ]
+
+
+def test_a_reply_over_the_clients_frame_limit_is_said_as_such_and_never_as_a_crash(spawn: Spawn) -> None:
+    """The client's WebSocket layer refuses the frame (1009) and the sim lives on: before, the client called it a
+    sim that went away "without a close frame", and the eval an errored crash."""
+    from hud_pipelines.errors import Fault, fault_of
+    from hud_pipelines.sim.client import SimClient
+
+    sim = spawn("CartPole-v1", num_envs=256)
+    with pytest.raises(SimError, match="during handshake: a message exceeded the frame limit") as handshake:
+        SimClient(sim.url, sim.token, max_frame_bytes=64)
+    assert "exceeds limit of 64 bytes" in str(handshake.value)
+    client = SimClient(sim.url, sim.token, max_frame_bytes=8000)  # the hello fits, a reset of 256 slots does not
+    with pytest.raises(
+        SimError, match=r"during reset: .*\(frame with \d+ bytes exceeds limit of 8000 bytes\)"
+    ) as reset:
+        client.reset({"seed": 0})
+    assert not isinstance(reset.value, SimCrashedError)
+    assert fault_of(reset.value) is Fault.SIM_LINK
+    assert "sim.num_envs" in str(reset.value)
+    assert sim.alive()
