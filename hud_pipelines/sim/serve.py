@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import itertools
 import json
 import logging
@@ -52,8 +51,6 @@ CHILD_ERROR_PREFIX = "hud-pipelines sim error: "
 """Leads the one stderr line a failed start ends with (``<prefix>ContractError: ...``), which a parent reads."""
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
-PR_SET_CHILD_SUBREAPER = 36
-"""The ``prctl`` option of ``<linux/prctl.h>`` that makes a process adopt its descendants' orphans."""
 PARENT_GONE_GRACE_S = 3.0
 
 
@@ -185,7 +182,6 @@ def run(args: argparse.Namespace) -> int:
     executor = MainThreadExecutor()
     _install_signal_handlers(executor, announce=not args.parent_watch)
     if args.parent_watch:
-        _adopt_orphans()
         threading.Thread(target=_watch_parent, name="hud-parent-watch", daemon=True).start()
     bridge: GymBridge | None = None
     server: SimServer | None = None
@@ -302,15 +298,6 @@ def _install_signal_handlers(executor: MainThreadExecutor, *, announce: bool) ->
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
-
-
-def _adopt_orphans() -> None:
-    """Become the parent of what the sim's processes orphan (``PR_SET_CHILD_SUBREAPER``; Linux): a daemon made by a
-    double fork then stays below the sim, where stopping the sim finds it, even when it was started with an
-    environment of its own (no :data:`~hud_pipelines.sim.proc.MARK_ENV` to find it by). Adopted processes that
-    exit before the sim are reaped when the sim exits."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _watch_parent() -> None:
