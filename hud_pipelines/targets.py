@@ -58,8 +58,14 @@ def load_target(
 
 def not_callable(value: object) -> str | None:
     """What ``value`` is when no target can be it (a module, a constant); ``None`` for anything that can be called
-    or is a policy object (it has ``infer``)."""
-    if callable(value) or hasattr(value, "infer"):
+    or is a policy object (it has ``infer``: looked up statically, as no ``__getattr__`` of the object's may run)."""
+    try:
+        inspect.getattr_static(value, "infer")
+    except AttributeError:
+        pass
+    else:
+        return None
+    if callable(value):
         return None
     return "a module" if inspect.ismodule(value) else f"a value of type {type(value).__name__}"
 

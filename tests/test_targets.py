@@ -139,3 +139,22 @@ def test_a_missing_names_hint_offers_what_could_be_a_target_never_an_imported_mo
     assert str(raised.value).endswith("line_env.py has no attribute 'nope'"), "not 'did you mean np?'"
     with pytest.raises(HudPipelinesError, match="has no attribute 'mkae'; did you mean make"):
         load_target(f"{folder / 'line_env.py'}:mkae")
+
+
+def test_a_hint_never_runs_an_objects_own_getattr(folder: Path) -> None:
+    """Whether a module's value can be a policy is looked up statically: an attribute dict (``__getattr__`` raising
+    ``KeyError``) once broke a plain typo's message, and validation of a module that imports it with ``*``."""
+    (folder / "attr_policies.py").write_text(
+        "class Config(dict):\n    __getattr__ = dict.__getitem__\n\ncfg = Config(a=1)\n\ndef make_policy():\n"
+        "    return None\n"
+    )
+    (folder / "star_policies.py").write_text("from attr_policies import *\n")
+    sys.path.insert(0, str(folder))
+    with pytest.raises(HudPipelinesError, match="has no attribute 'make_polcy'; did you mean make_policy"):
+        load_target("attr_policies:make_polcy")
+    assert target_problem("star_policies:make_polcy") == (
+        "star_policies has no attribute 'make_polcy' (did you mean 'make_policy'?)"
+    )
+    assert target_problem("star_policies:cfg") == (
+        "star_policies: 'cfg' is a value of type Config, not a function, a class or a policy object"
+    )

@@ -31,15 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from hud_pipelines.agent.checkpoint_files import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    file_digest,
-    files_by_name,
-    pending_reason,
-)
+from hud_pipelines.agent.checkpoint_files import CONFIG_FILE, WEIGHTS_FILE, file_digest, files_by_name, pending_reason
 from hud_pipelines.errors import CheckpointError
-from hud_pipelines.spec.agent import label_problem
+from hud_pipelines.spec.agent import label_problem, nested_label
 
 CHECKPOINTS_DIR = "checkpoints"
 """lerobot's ``CHECKPOINTS_DIR``: the folder of step folders under a run's output dir."""
@@ -394,6 +388,8 @@ def _refuse_bad_labels(checkpoints: Sequence[Checkpoint]) -> None:
                 f"{checkpoint.path}: labels must be unique within a sweep"
             )
         by_label[checkpoint.label] = checkpoint.path
+    if (nested := nested_label(by_label)) is not None:  # its results' folder would hold the other's
+        raise CheckpointError(f"checkpoint label {nested[0]!r} is a folder above {nested[1]!r}: rename one of them")
 
 
 # -- completeness ----------------------------------------------------------------------------------------

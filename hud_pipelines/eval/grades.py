@@ -238,9 +238,15 @@ def no_html(text: str) -> str:
     """User text with its markdown kept and any HTML in it shown as text: a renderer passes raw HTML
     through, and a prompt, a label or an env's error is data, never markup of the report. Only a ``<``
     opens a tag, so only it is escaped, outside code spans (which show their text as is) and autolinks."""
-    return "".join(part if part.startswith("`") else _TAG_OPENER.sub("&lt;", part) for part in _CODE_SPAN.split(text))
+    parts: list[str] = []
+    done = 0
+    for span in _CODE_SPAN.finditer(text):
+        parts += [_TAG_OPENER.sub("&lt;", text[done : span.start()]), span.group()]
+        done = span.end()
+    return "".join([*parts, _TAG_OPENER.sub("&lt;", text[done:])])
 
 
-_CODE_SPAN = re.compile(r"(`+[^`]*?`+)")
+_CODE_SPAN = re.compile(r"(?<![`\\])(`+)(?!`).+?(?<!`)\1(?!`)", re.DOTALL)
+"""A code span as CommonMark reads one: a run of backticks not escaped, to the next run of the same length."""
 _TAG_OPENER = re.compile(r"<(?![a-zA-Z][a-zA-Z0-9+.-]*://[^\s<>]*>)")
 """A ``<`` that does not start an autolink (``<https://...>``)."""

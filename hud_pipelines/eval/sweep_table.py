@@ -322,7 +322,8 @@ class SweepComparison:
         for row in self.rows if many_tasks else self.overall:
             cells = [markdown_cell(row.checkpoint), "" if row.step is None else str(row.step)]
             cells += [markdown_cell(row.task)] if many_tasks else []
-            cells += [_rate_cell(row), _versus_cell(row.versus_previous, self.named_previous(row))]
+            named = self.named_previous(row)
+            cells += [_rate_cell(row), _versus_cell(row.versus_previous, named and markdown_cell(named))]
             cells += [_versus_cell(row.versus_baseline)] if self.baseline is not None else []  # none: no column
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join([*lines, "", no_html(self.conclusion())]) + "\n"

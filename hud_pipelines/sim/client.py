@@ -273,8 +273,8 @@ class SimClient(Closeable):
         if isinstance(exc, LinkClosed) and exc.code == CloseCode.MESSAGE_TOO_BIG:  # alive: a frame was too large
             return SimError(
                 f"the connection to the sim at {self.url} closed during {phase}: a message exceeded the frame limit "
-                f"({exc.reason}); one frame carries every slot's observation (or the contract's bounds): fewer "
-                "slots per sim (sim.num_envs) or smaller observations fit"
+                f"({exc.reason}); one frame carries a whole batch (every slot's observation or action, the "
+                "contract's bounds): fewer slots per sim (sim.num_envs) or smaller observations fit"
             )
         code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
         shut = isinstance(exc, RemoteError) or (isinstance(exc, LinkClosed) and exc.code == CloseCode.GOING_AWAY)

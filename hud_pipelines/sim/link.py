@@ -217,9 +217,9 @@ class WebSocketLink:
                 code=received.code,
                 reason=received.reason,
             )
-        if sent is not None and self._protocol.parser_exc is not None and sent.code != CloseCode.ABNORMAL_CLOSURE:
-            return LinkClosed(  # this side refused what the peer sent: a frame over max_size (1009), say
-                f"this side closed the connection on what the peer sent ({sent.code} {sent.reason})".rstrip(),
+        if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG:  # this side refused a frame over max_size
+            return LinkClosed(
+                f"this side closed the connection on a frame the peer sent ({sent.code} {sent.reason})".rstrip(),
                 code=sent.code,
                 reason=sent.reason,
             )

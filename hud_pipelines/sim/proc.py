@@ -27,13 +27,14 @@ def proc_stat(pid: int) -> list[bytes] | None:
     return stat[stat.rindex(b")") + 2 :].split()
 
 
-def descendants(root: int | None, mark: str | None = None) -> list[int]:
+def descendants(root: int | None, mark: str | None = None, *, group: int | None = None) -> list[int]:
     """Every living process below ``root`` outside its process group (the group's signal reaches the others),
     and every one whose environment carries the sim's ``mark`` (:data:`MARK_ENV`): a daemon started by a double
     fork has lost its link to ``root`` (init adopted it), not the environment it inherited. Read from ``/proc``
     (none where there is no ``/proc``). Only those are kept to be killed by their id later, so an id the system
     reuses meanwhile is rarely one of them. ``root=None``: a child that exited (and was reaped: its id may be
-    another process's now) is no root to walk from; only the mark finds what it started."""
+    another process's now) is no root to walk from; only the mark finds what it started. ``group``: the process
+    group whose signal reaches its members, left out (default ``root``'s own: a spawned sim leads its group)."""
     children: dict[int, list[int]] = {}
     groups: dict[int, int] = {}
     marked: list[int] = []
@@ -55,7 +56,8 @@ def descendants(root: int | None, mark: str | None = None) -> list[int]:
         for child in children.get(below.pop(), []):
             found.append(child)
             below.append(child)
-    return [pid for pid in dict.fromkeys([*found, *marked]) if groups.get(pid) != root]  # the child leads its group
+    signalled = root if group is None else group
+    return [pid for pid in dict.fromkeys([*found, *marked]) if groups.get(pid) != signalled]
 
 
 def _environment(proc_dir: str) -> bytes:

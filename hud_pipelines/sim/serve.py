@@ -309,7 +309,7 @@ def _watch_parent() -> None:
     except OSError:
         pass
     log.warning("parent process went away; stopping the sim")
-    for pid in descendants(os.getpid(), os.environ.get(MARK_ENV)):  # the group's signals never reach them
+    for pid in descendants(os.getpid(), os.environ.get(MARK_ENV), group=os.getpgrp()):  # the group's signals miss
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -9,6 +9,7 @@ hold settings only; building a policy from them (and importing torch or lerobot)
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, model_validator
@@ -41,12 +42,23 @@ def label_problem(label: str) -> str | None:
     if separators := sorted(c for c in LABEL_SEPARATORS if c in label):
         return f"checkpoint label {said} holds {separators[0]!r}: {LABEL_SEPARATORS[separators[0]]}"
     if "..." in label or any(not c.isprintable() for c in label):
-        return f"checkpoint label {said} holds '...' or a control character, which Dagster refuses in a partition key"
+        return f"checkpoint label {said} holds '...' or a character that is not printable (Dagster refuses those)"
     if any(not part or part.startswith(".") for part in label.split("/")):
         return (
             f"checkpoint label {said} is no folder below the sweep's checkpoints/: a '/' at either end, '//', or a "
             "part that starts with '.' ('.', '..', a hidden folder)"
         )
+    return None
+
+
+def nested_label(labels: Collection[str]) -> tuple[str, str] | None:
+    """A label that is a folder above another (``act`` and ``act/000100``), with that other; ``None`` when none is:
+    each label's results need a folder of their own (:func:`label_problem`)."""
+    for label in labels:
+        parts = label.split("/")
+        above = next((a for depth in range(1, len(parts)) if (a := "/".join(parts[:depth])) in labels), None)
+        if above is not None:
+            return above, label
     return None
 
 
@@ -63,7 +75,8 @@ class CheckpointEntry(StrictModel):
     label: Annotated[str, AfterValidator(_usable_label)] = Field(
         min_length=1,
         description="the checkpoint's name in the comparison (unique in the sweep) and the folder of its results "
-        "('/' nests one; no '|', ',', '...', nor a part that is empty or starts with '.')",
+        "('/' nests one, and no label is a folder above another; no '|', ',', '...', characters that are not "
+        "printable, white space at either end, nor a part that is empty or starts with '.')",
     )
     path: str = Field(description="the checkpoint's folder (lerobot) or module file (torch), relative to the YAML")
     step: Int | None = Field(default=None, ge=0, description="its training step, for the success-vs-step plot")

@@ -419,6 +419,10 @@ def test_a_label_that_cannot_be_a_folder_of_results_nor_a_partition_key_is_refus
     assert [c.label for c in discover(ExplicitCheckpoint("run 1/step_2 (ema)", plain)).complete] == [
         "run 1/step_2 (ema)"
     ]
+    (other,) = write_torch_checkpoints(tmp_path / "other", ["b"])
+    with pytest.raises(CheckpointError, match="label 'act' is a folder above 'act/000100': rename one of them"):
+        discover(ExplicitCheckpoint("act/000100", plain), ExplicitCheckpoint("act", other))
+    assert len(discover(ExplicitCheckpoint("act/000100", plain), ExplicitCheckpoint("act-2", other)).complete) == 2
 
 
 def test_an_explicit_label_that_a_watched_directory_also_gives_is_refused(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from hud_pipelines.dataset.merge import read_episode_records
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import steps
 from hud_pipelines.eval.checks import verdicts
-from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.grades import GradeRow, no_html, summarize
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import ReportContext, plot_figure, render_markdown, success_interval
 from hud_pipelines.eval.report_html import html_path
@@ -535,6 +535,22 @@ def test_report_md_shows_html_in_its_title_warnings_and_check_details_as_text() 
         in (markdown)
     )
     assert "| it failed: RuntimeError: &lt;img src=x onerror=alert(9)> \\| pipe |" in markdown, "one cell, as text"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("`x < 5` and <b>", "`x < 5` and &lt;b>"),  # a code span shows its text as is
+        ("``a ` <b> ``", "``a ` <b> ``"),  # a shorter run of backticks inside a longer span
+        ("``<img src=x>`", "``&lt;img src=x>`"),  # runs of other lengths open no span
+        ("\\`<img src=x>\\`", "\\`&lt;img src=x>\\`"),  # an escaped backtick opens none either
+        ("see <https://example.org/a>", "see <https://example.org/a>"),  # an autolink
+    ],
+)
+def test_text_shown_in_markdown_escapes_every_tag_outside_a_code_span_as_commonmark_reads_one(
+    text: str, shown: str
+) -> None:
+    assert no_html(text) == shown
 
 
 def test_report_md_keeps_one_table_row_per_check_when_a_reason_spans_lines() -> None:

@@ -317,6 +317,10 @@ def test_the_markdown_table_and_its_conclusion() -> None:
 
 def test_labels_in_the_markdown_table_and_its_conclusion_are_text_never_markup() -> None:
     odd = [CheckpointRows("<b>a</b>", 1, _rows_of({"push": "SFFF"})), ("c <img src=x>", 2, _rows_of({"push": "SSSF"}))]
+    stood_in = compare_checkpoints([*odd, ("d", 3, _rows_of({"push": "EEEE"})), ("e", 4, _rows_of({"push": "SSSS"}))])
+    named = stood_in.markdown().splitlines()[5]
+    assert named.startswith("| e | 4 |")
+    assert "with c &lt;img src=x>" in named, "the checkpoint that stands in for one that answered nothing, as text"
     text = compare_checkpoints(odd, baseline="<b>a</b>").markdown()
     assert "<b>" not in text, text
     assert "<img" not in text, text

@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,19 @@ def test_a_child_that_crashes_or_hangs_fails_the_sim_naming_it_and_no_child_is_l
         with pytest.raises(SimError, match="the sharded sim is unusable: shard 1 of 2") as later:
             live.client.step(np.zeros((4, 1), dtype=np.float32))
         assert str(later.value).endswith(str(failed.value)), "later requests say the failure in the same words"
+    for group in groups:
+        wait_group_gone(group)
+
+
+def test_closing_children_that_ignore_sigterm_takes_one_grace_period_not_one_per_child() -> None:
+    settings = SimSettings(factory=FAULTY, num_envs=3, shards=3, build_args={"fault": "hang_close"})
+    pool = SimPool(settings)
+    with pool.sim() as live:
+        assert isinstance(live.process, ShardedProcess)
+        groups = live.process.pgids
+    started = time.monotonic()
+    pool.close(grace_s=1.5)
+    assert time.monotonic() - started < 3.0, "three children waited 1.5 s each would take 4.5 s"
     for group in groups:
         wait_group_gone(group)
 
