@@ -132,15 +132,21 @@ def test_vector_autoreset_starts_new_episodes_without_recording_the_reset_step(t
     assert all(o.status is EpisodeStatus.FAILED for o in finished)
 
 
+def two_cartpoles(autoreset: gym.vector.AutoresetMode) -> Any:
+    """A vector env of two CartPoles that restart their episodes as ``autoreset`` says."""
+    return gym.make_vec(
+        "CartPole-v1", num_envs=2, vectorization_mode="sync", vector_kwargs={"autoreset_mode": autoreset}
+    )
+
+
 def test_same_step_autoreset_and_contract_file(tmp_path: Path) -> None:
     sink = RecordingSink()
-    vector = gym.make_vec(
-        "CartPole-v1",
-        num_envs=2,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+    env = wrap(
+        two_cartpoles(gym.vector.AutoresetMode.SAME_STEP),
+        job="same-step",
+        sinks=[sink],
+        contract_path=tmp_path / "contract.json",
     )
-    env = wrap(vector, job="same-step", sinks=[sink], contract_path=tmp_path / "contract.json")
     env.reset(seed=[1, 2])
     for _ in range(60):
         env.step(np.ones(2, dtype=np.int64))  # always push right: episodes end fast
@@ -157,13 +163,7 @@ def test_a_masked_reset_restarts_only_the_masked_sub_envs_episodes() -> None:
     """Without autoreset a vector env restarts its finished sub-envs by ``reset(options={"reset_mask": done})``:
     the others' episodes go on (gymnasium pops the mask from the options, so it is read before the reset)."""
     sink = RecordingSink()
-    vector = gym.make_vec(
-        "CartPole-v1",
-        num_envs=2,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED},
-    )
-    env = wrap(vector, sinks=[sink])
+    env = wrap(two_cartpoles(gym.vector.AutoresetMode.DISABLED), sinks=[sink])
     env.reset(seed=[1, 2])
     lengths: list[list[int]] = [[0], [0]]  # each slot's episodes' steps, as this loop counts them
     for _ in range(40):

@@ -361,8 +361,10 @@ def test_a_sim_that_hangs_at_start_up_says_where_on_every_row_and_its_stacks_onc
             )
     finally:
         parts.sim.close()
-    where = f"stuck at {REPO / 'envs' / 'faulty.py'}:70 in __init__"
-    assert all(where in (row.error or "") for result in results for row in result.rows), [r.reason for r in results]
+    source = (REPO / "envs" / "faulty.py").read_text().splitlines()
+    hang = next(i for i, line in enumerate(source, 1) if "HANG_BUILD:" in line and "if" in line) + 1
+    where = f"stuck at {REPO / 'envs' / 'faulty.py'}:{hang} in __init__"
+    assert all(where in (row.error or "") for result in results for row in result.rows), [r.error for r in results]
     said = [r.getMessage() for r in caplog.records if r.name == "hud_pipelines.eval.runner"]
     assert len(said) == 2, said
     assert said[0].startswith("instance task0-i0 of stuck failed (sim_start): the sim did not become ready"), said
