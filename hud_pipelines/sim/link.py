@@ -102,6 +102,11 @@ class WebSocketLink:
     def open(self) -> bool:
         return self._protocol.state is State.OPEN
 
+    def receive_up_to(self, max_size: int) -> None:
+        """Take messages of up to ``max_size`` bytes from now on: the bound a server announces in its hello, which
+        its client applies to what it receives (``docs/protocol.md``), so ``serve --max-frame-bytes`` reaches it."""
+        self._protocol.max_message_size = max_size
+
     def send(self, data: bytes, timeout_s: float) -> None:
         """Send one binary message."""
         if self._write_error is not None:  # the peer's close frame, read before the write broke, says why

@@ -159,11 +159,11 @@ def test_a_reply_over_the_clients_frame_limit_is_said_as_such_and_never_as_a_cra
     from hud_pipelines.errors import Fault, fault_of
     from hud_pipelines.sim.client import SimClient
 
-    sim = spawn("CartPole-v1", num_envs=256)
+    sim = spawn("CartPole-v1", num_envs=256, options=["--max-frame-bytes", "8000"])
     with pytest.raises(SimError, match="during handshake: a message exceeded the frame limit") as handshake:
         SimClient(sim.url, sim.token, max_frame_bytes=64)
     assert "exceeds limit of 64 bytes" in str(handshake.value)
-    client = SimClient(sim.url, sim.token, max_frame_bytes=8000)  # the hello fits, a reset of 256 slots does not
+    client = SimClient(sim.url, sim.token)  # it takes the server's bound: the hello fits, a reset of 256 slots not
     with pytest.raises(
         SimError, match=r"during reset: .*\(frame with \d+ bytes exceeds limit of 8000 bytes\)"
     ) as reset:
@@ -172,3 +172,15 @@ def test_a_reply_over_the_clients_frame_limit_is_said_as_such_and_never_as_a_cra
     assert fault_of(reset.value) is Fault.SIM_LINK
     assert "sim.num_envs" in str(reset.value)
     assert sim.alive()
+
+
+def test_a_client_takes_the_frame_limit_the_server_announces(spawn: Spawn) -> None:
+    """``serve --max-frame-bytes`` raises the bound for both sides: a client applies the server's bound to what it
+    receives, whatever its own default was before the hello."""
+    from hud_pipelines.sim.client import SimClient
+
+    sim = spawn("CartPole-v1", num_envs=256)  # the default bound: 64 MiB
+    client = SimClient(sim.url, sim.token, max_frame_bytes=8000)  # the hello fits this side's own bound
+    reply = client.reset({"seed": 0})  # about 13 kB
+    assert reply.observation["state"].shape == (256, 4)
+    client.close()
