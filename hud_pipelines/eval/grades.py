@@ -237,7 +237,11 @@ def markdown_cell(text: str) -> str:
 def no_html(text: str) -> str:
     """User text with its markdown kept and any HTML in it shown as text: a renderer passes raw HTML
     through, and a prompt, a label or an env's error is data, never markup of the report. Only a ``<``
-    opens a tag, so only it is escaped, outside code spans (which show their text as is) and autolinks."""
+    opens a tag, so only it is escaped, outside code spans (which show their text as is) and autolinks. Code spans
+    are kept on one line only, without an escaped backtick: there CommonMark pairs backticks as :data:`_CODE_SPAN`
+    does; elsewhere (a span across lines, a block that interrupts it) every ``<`` is escaped."""
+    if "\n" in text or "\\`" in text:
+        return _TAG_OPENER.sub("&lt;", text)
     parts: list[str] = []
     done = 0
     for span in _CODE_SPAN.finditer(text):
@@ -246,7 +250,7 @@ def no_html(text: str) -> str:
     return "".join([*parts, _TAG_OPENER.sub("&lt;", text[done:])])
 
 
-_CODE_SPAN = re.compile(r"(?<![`\\])(`+)(?!`).+?(?<!`)\1(?!`)", re.DOTALL)
-"""A code span as CommonMark reads one: a run of backticks not escaped, to the next run of the same length."""
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)")
+"""A code span as CommonMark reads one on a line: a run of backticks, to the next run of the same length."""
 _TAG_OPENER = re.compile(r"<(?![a-zA-Z][a-zA-Z0-9+.-]*://[^\s<>]*>)")
 """A ``<`` that does not start an autolink (``<https://...>``)."""

@@ -113,8 +113,8 @@ class SimClient(Closeable):
             except pydantic.ValidationError as exc:  # a sim written elsewhere, or of another version
                 raise SimContractError(f"the sim at {url} announced a contract that is not one: {exc}") from None
             self._session.hold_to({name: (f.dtype, f.shape) for name, f in self.contract.observation_features.items()})
-            if isinstance(self._link, WebSocketLink) and self.hello.max_frame_bytes > 0:  # the server's bound now
-                self._link.receive_up_to(self.hello.max_frame_bytes)
+            if isinstance(self._link, WebSocketLink):  # a server's larger bound is the client's too from now on
+                self._link.receive_up_to(max(max_frame_bytes, self.hello.max_frame_bytes))
         except BaseException:
             self._session.fail("the handshake failed")
             self._link.close(timeout_s=0.2)

@@ -24,7 +24,7 @@ from typing import Protocol, cast
 
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus, InvalidURI
-from websockets.frames import CloseCode, Frame, Opcode
+from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
@@ -103,8 +103,8 @@ class WebSocketLink:
         return self._protocol.state is State.OPEN
 
     def receive_up_to(self, max_size: int) -> None:
-        """Take messages of up to ``max_size`` bytes from now on: the bound a server announces in its hello, which
-        its client applies to what it receives (``docs/protocol.md``), so ``serve --max-frame-bytes`` reaches it."""
+        """Take messages of up to ``max_size`` bytes from now on: a server's larger bound, announced in its hello,
+        which its client applies to what it receives (``docs/protocol.md``), so ``serve --max-frame-bytes`` works."""
         self._protocol.max_message_size = max_size
 
     def send(self, data: bytes, timeout_s: float) -> None:
@@ -222,8 +222,8 @@ class WebSocketLink:
                 code=received.code,
                 reason=received.reason,
             )
-        if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG:  # this side refused a frame over max_size
-            return LinkClosed(
+        if sent is not None and self._protocol.parser_exc is not None:  # this side refused what the peer sent
+            return LinkClosed(  # a frame over max_size (1009), a protocol violation (1002) ...
                 f"this side closed the connection on a frame the peer sent ({sent.code} {sent.reason})".rstrip(),
                 code=sent.code,
                 reason=sent.reason,

@@ -545,6 +545,9 @@ def test_report_md_shows_html_in_its_title_warnings_and_check_details_as_text() 
         ("``<img src=x>`", "``&lt;img src=x>`"),  # runs of other lengths open no span
         ("\\`<img src=x>\\`", "\\`&lt;img src=x>\\`"),  # an escaped backtick opens none either
         ("see <https://example.org/a>", "see <https://example.org/a>"),  # an autolink
+        ("bad key \\`` in `<img src=x>`", "bad key \\`` in `&lt;img src=x>`"),  # the run's second backtick opens
+        ("`x\n`<img src=x>`", "`x\n`&lt;img src=x>`"),  # CommonMark pairs the first two, across the line
+        ("`a\n<script>x</script>\n`", "`a\n&lt;script>x&lt;/script>\n`"),  # an HTML block ends the paragraph
     ],
 )
 def test_text_shown_in_markdown_escapes_every_tag_outside_a_code_span_as_commonmark_reads_one(
