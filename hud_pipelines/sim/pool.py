@@ -373,10 +373,9 @@ class SimPool(Closeable):
                     _terminate(sim)
             except BaseException as exc:
                 first = first or exc
-        deadline = time.monotonic() + grace_s  # one grace period for all: each sim waits only what is left of it
         for sim in live:
             try:
-                _shutdown(sim, max(0.0, deadline - time.monotonic()))
+                _shutdown(sim, grace_s)  # counted from each sim's SIGTERM above: one grace period for all
             except BaseException as exc:
                 first = first or exc
         if first is not None:

@@ -249,16 +249,18 @@ class SimProcess(Closeable):
             _signal_group(self._popen.pid, signal.SIGTERM)
 
     def close(self, grace_s: float = DEFAULT_GRACE_S) -> None:
-        """Stop a spawned child: SIGTERM to its group, then SIGKILL after ``grace_s``; no-op when attached."""
+        """Stop a spawned child: SIGTERM to its group, then SIGKILL ``grace_s`` after the SIGTERM (one sent earlier by
+        :meth:`terminate` counts, so closing several sims told at once is one grace period); no-op when attached."""
         popen = self._popen
         if popen is None:
             return
         if popen.poll() is None:
             self.terminate()
+            told = self._terminated_at or time.monotonic()
             try:
-                popen.wait(timeout=grace_s)
+                popen.wait(timeout=max(0.0, told + grace_s - time.monotonic()))
             except subprocess.TimeoutExpired:
-                waited = time.monotonic() - (self._terminated_at or 0.0)
+                waited = time.monotonic() - told
                 log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, waited)
         _signal_group(popen.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
         popen.wait()

@@ -11,7 +11,6 @@ sim of N slots (see :mod:`hud_pipelines.sim.sharded_sim`).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -125,9 +124,8 @@ class ShardedProcess:
     def close(self, grace_s: float = DEFAULT_GRACE_S) -> None:
         """Stop every child: all are told at once, then each is waited for (one grace period, not K)."""
         self.terminate()
-        deadline = time.monotonic() + grace_s
         for process in self.processes:
-            process.close(grace_s=max(0.0, deadline - time.monotonic()))
+            process.close(grace_s=grace_s)  # counted from its SIGTERM above
 
     def connect(
         self,
