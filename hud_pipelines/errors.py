@@ -380,12 +380,12 @@ class LinkRefused(LinkError):
 
 
 class LinkClosed(LinkError):
-    """The connection is closed or broken; ``code``: the peer's close code, or this side's where it refused a frame."""
+    """The connection is closed or broken; ``code``: the peer's close code, or this side's where it refused a frame
+    (``refused_here``)."""
 
-    def __init__(self, message: str, code: int | None = None, reason: str = "") -> None:
+    def __init__(self, message: str, code: int | None = None, reason: str = "", *, refused_here: bool = False) -> None:
         super().__init__(message)
-        self.code = code
-        self.reason = reason
+        self.code, self.reason, self.refused_here = code, reason, refused_here
 
 
 def exception_line(formatted: str) -> str:

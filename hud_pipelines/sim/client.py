@@ -65,6 +65,10 @@ from hud_pipelines.wire.messages import (
 if TYPE_CHECKING:
     from hud_pipelines.sim.bridge import GymBridge
 
+_BROKEN_PROTOCOL_CODES = frozenset({CloseCode.PROTOCOL_ERROR, 1003, 1007})
+"""Close codes of a connection one side's WebSocket layer dropped for bytes that were not the protocol (RFC 6455:
+a protocol error, a data type it cannot take, a text frame that is not UTF-8): the link broke, the sim lives."""
+
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
@@ -277,6 +281,13 @@ class SimClient(Closeable):
                 f"the connection to the sim at {self.url} closed during {phase}: a message exceeded the frame limit "
                 f"({exc.reason}); one frame carries a whole batch (every slot's observation or action, the "
                 "contract's bounds): fewer slots per sim (sim.num_envs) or smaller observations fit"
+            )
+        if isinstance(exc, LinkClosed) and exc.code in _BROKEN_PROTOCOL_CODES:  # alive: one side refused the bytes
+            refused = "this client refused a frame from the sim" if exc.refused_here else "the sim refused a frame"
+            return SimError(
+                f"the connection to the sim at {self.url} closed during {phase}: {refused} that broke the WebSocket "
+                f"protocol ({exc}); the sim did not go away: something between the two sides (a proxy, a load "
+                "balancer) altered the bytes, or the other side is not a hud-pipelines sim"
             )
         code = f" (close code {exc.code})" if isinstance(exc, LinkClosed) and exc.code is not None else ""
         shut = isinstance(exc, RemoteError) or (isinstance(exc, LinkClosed) and exc.code == CloseCode.GOING_AWAY)

@@ -227,6 +227,7 @@ class WebSocketLink:
                 f"this side closed the connection on a frame the peer sent ({sent.code} {sent.reason})".rstrip(),
                 code=sent.code,
                 reason=sent.reason,
+                refused_here=True,
             )
         return LinkClosed("the connection closed without a close frame")
 

@@ -6,7 +6,9 @@ matching message strings; the messages stay readable and the constructors stay c
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -184,3 +186,71 @@ def test_a_client_takes_the_frame_limit_the_server_announces(spawn: Spawn) -> No
     reply = client.reset({"seed": 0})  # about 13 kB
     assert reply.observation["state"].shape == (256, 4)
     client.close()
+
+
+class _TamperingProxy:
+    """A TCP relay between a client and a sim that, once armed, sets a reserved bit on the next chunk one way: a
+    WebSocket frame with a reserved bit and no extension breaks the protocol (RFC 6455, section 5.2)."""
+
+    def __init__(self, target_port: int, *, toward_sim: bool) -> None:
+        self.armed = threading.Event()
+        self._toward_sim = toward_sim
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._target_port = target_port
+        self._sockets: list[socket.socket] = [self._listener]
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def __enter__(self) -> _TamperingProxy:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # closed before a client came
+            client, _ = self._listener.accept()
+            sim = socket.create_connection(("127.0.0.1", self._target_port))
+            self._sockets += [client, sim]
+            self._threads.append(threading.Thread(target=self._relay, args=(client, sim, self._toward_sim)))
+            self._threads[-1].start()
+            self._relay(sim, client, not self._toward_sim)
+
+    def _relay(self, source: socket.socket, sink: socket.socket, tamper: bool) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(1 << 16):
+                if tamper and self.armed.is_set():
+                    chunk, tamper = bytes([chunk[0] | 0x20]) + chunk[1:], False
+                sink.sendall(chunk)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.mark.parametrize(("toward_sim", "refused"), [(False, "this client refused"), (True, "the sim refused")])
+def test_bytes_that_break_the_websocket_protocol_are_a_broken_link_never_a_crash(
+    spawn: Spawn, toward_sim: bool, refused: str
+) -> None:
+    """A frame one side's WebSocket layer refuses (1002) closes the connection while the sim lives on: before, the
+    client said the sim "went away" and the eval recorded a crash."""
+    from urllib.parse import urlsplit
+
+    from hud_pipelines.errors import Fault, fault_of
+    from hud_pipelines.sim.client import SimClient
+
+    sim = spawn("CartPole-v1")
+    with _TamperingProxy(urlsplit(sim.url).port or 0, toward_sim=toward_sim) as proxy:
+        client = SimClient(f"ws://127.0.0.1:{proxy.port}", sim.token)
+        client.reset({"seed": 0})
+        proxy.armed.set()
+        with pytest.raises(SimError, match=rf"closed during step: {refused} .*\(1002 ") as caught:
+            client.step([[0]])
+        client.close()
+    assert not isinstance(caught.value, SimCrashedError)
+    assert fault_of(caught.value) is Fault.SIM_LINK
+    assert sim.alive()
