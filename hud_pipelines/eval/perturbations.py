@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hud_pipelines.eval.comparison import compare
-from hud_pipelines.eval.grades import GradeRow, summarize
+from hud_pipelines.eval.grades import GradeRow, markdown_cell, summarize
 from hud_pipelines.eval.report import RateFigures, errored_section, rate_columns
 from hud_pipelines.spec.models import PipelineSpec
 
@@ -160,9 +160,9 @@ def cells(row: AxisRow) -> list[str]:
 
 
 def markdown(table: Sequence[AxisRow]) -> str:
-    """The table for ``report.md``."""
+    """The table for ``report.md`` (a matrix's values are the user's text: ``|`` and HTML in them stay text)."""
     lines = [f"| {' | '.join(HEADERS)} |", f"|{'---|' * len(HEADERS)}"]
-    lines += [f"| {' | '.join(cells(row))} |" for row in table]
+    lines += [f"| {' | '.join(markdown_cell(cell) for cell in cells(row))} |" for row in table]
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sources
+from hud_pipelines.eval.grades import no_html
 from hud_pipelines.sim.identity import describe, factory_distribution, package_versions, version
 from hud_pipelines.spec.hashing import CREDENTIALS
 from hud_pipelines.spec.models import PipelineSpec
@@ -202,7 +203,7 @@ def _edited(was: dict[str, str], now: dict[str, str]) -> str:
 
 
 def markdown(record: dict[str, Any]) -> str:
-    """The provenance of the latest run, for ``report.md``."""
+    """The provenance of the latest run, for ``report.md`` (HTML in its values shown as text)."""
     if not record:
         return ""
     packages = ", ".join(f"{name} {version}" for name, version in record.get("packages", {}).items() if version)
@@ -225,7 +226,7 @@ def markdown(record: dict[str, Any]) -> str:
     ]
     if record.get("checkpoint_hash"):
         lines.append(f"- checkpoint sha256 `{record['checkpoint_hash']}`")
-    return "\n".join(lines) + "\n"
+    return "\n".join(no_html(line) for line in lines) + "\n"  # args, paths and policy settings are the user's text
 
 
 _VERSIONS_SCRIPT = """

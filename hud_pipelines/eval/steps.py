@@ -288,9 +288,10 @@ def _perturbations(
 
 def _sweep_section(table: SweepComparison, not_evaluated: Sequence[str], matrix: bool) -> str:
     waiting = f"\nNot evaluated yet: {no_html('; '.join(not_evaluated))}.\n" if not_evaluated else ""
+    baseline = f" and the baseline {no_html(table.baseline)}" if table.baseline else ""  # no check, no baseline
     return (
         "\n## Checkpoints\n\n"
-        "Every checkpoint on the same episodes; each is compared with the previous one and the baseline "
+        f"Every checkpoint on the same episodes; each is compared with the previous one{baseline} "
         f"by McNemar's exact test on the paired successes.{CONTROL_NOTE if matrix else ''}\n\n"
         f"{table.markdown()}\n{waiting}\n![success rate by training step](comparison.png)\n"
     )

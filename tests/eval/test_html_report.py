@@ -642,3 +642,52 @@ def test_long_episodes_are_sampled_down_and_non_finite_values_become_gaps(tmp_pa
 
     path.write_text(json.dumps(lines[0]))  # errored at reset: a header and no step
     assert sampled_series(trace_reader.read_trace(path)) == ([], []), "no empty plot per dimension on its card"
+
+
+def test_a_plots_axis_labels_are_the_values_at_its_top_and_bottom(browser: Any, tmp_path: Path) -> None:
+    """Each plot's two labels read as numbers place every drawn point where it is: before, a constant 101 drawn
+    halfway between 100.5 and 101.5 showed the labels 102 and 101 (three significant digits), so it read as 101.5."""
+    from importlib import resources
+
+    series = {
+        "constant": [101.0, 101.0, 101.0],
+        "narrow": [1000.2, 1000.9, 1000.5],
+        "around zero": [-0.5, 0.25, 0.75],
+        "large": [12345.0, 12346.0, 12350.0],
+        "small": [0.00123, 0.00124, 0.00121],
+        "negative": [-101.4, -99.6, -100.0],
+    }
+    data = {
+        "0": {
+            "steps": [0, 1, 2],
+            "rate": 10,
+            "series": [{"group": "reward", "feature": "", "name": n, "values": v} for n, v in series.items()],
+        }
+    }
+    script = resources.files("hud_pipelines.eval.report_html").joinpath("static", "report.js").read_text()
+    (tmp_path / "report.js").write_text(script)
+    page = tmp_path / "plots.html"
+    page.write_text(
+        f'<script id="episode-data" type="application/json">{json.dumps(data)}</script>'
+        '<article class="episode" data-index="0"><div class="plots"></div></article><script src="report.js"></script>'
+    )
+    tab = Page(browser, page.as_uri())
+    drawn = tab.tab.eval_on_selector_all(
+        "figure.plot",
+        """fs => fs.map(f => ({
+            name: f.querySelector('figcaption').textContent,
+            ticks: [...f.querySelectorAll('text.tick')].slice(0, 2).map(t => t.textContent),
+            top: Number(f.querySelector('rect.frame').getAttribute('y')),
+            height: Number(f.querySelector('rect.frame').getAttribute('height')),
+            ys: f.querySelector('path.line').getAttribute('d').split(/[ML]/).filter(Boolean)
+                .map(p => Number(p.trim().split(' ')[1])),
+        }))""",
+    )
+    assert tab.errors == []
+    assert [plot["name"] for plot in drawn] == list(series)
+    for plot in drawn:
+        high, low = (float(tick) for tick in plot["ticks"])
+        assert high > low, plot
+        for value, y in zip(series[plot["name"]], plot["ys"], strict=True):
+            assert y == pytest.approx(plot["top"] + (high - value) / (high - low) * plot["height"], abs=0.06), plot
+    tab.close()

@@ -175,6 +175,21 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     assert "earlier runs produced" not in report, "a stale row is not an earlier run's result"
 
 
+def test_a_matrix_value_in_report_md_is_one_cell_of_text() -> None:
+    """A value is the user's text: ``p|q`` split its row into one more column and ``<b>`` was markup."""
+    from hud_pipelines.eval.perturbations import AxisRow, markdown
+
+    figures = {"episodes": 2, "succeeded": 1, "failed": 1, "errored": 0, "success_rate": 0.5}
+    rows = [
+        AxisRow(**figures, ci_low=0.1, ci_high=0.9, control="r", task=f"r-{n}", axis="mode", value=value)
+        for n, value in enumerate(("p|q", "<b>bold</b>"))
+    ]
+    lines = markdown(rows).splitlines()[2:]
+    assert [line.replace("\\|", "").count("|") for line in lines] == [7, 7], lines
+    assert "| p\\|q |" in lines[0]
+    assert "| &lt;b>bold&lt;/b> |" in lines[1]
+
+
 def test_a_matrix_values_errors_are_counted_and_listed_in_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

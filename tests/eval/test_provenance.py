@@ -54,6 +54,24 @@ def test_the_provenance_names_each_tasks_own_build_arguments(tmp_path: Path) -> 
     assert '- tasks\' own args over those: {"push": {"task": "push"}}' in provenance.markdown(record)
 
 
+def test_the_provenance_in_report_md_shows_html_in_args_and_settings_as_text(tmp_path: Path) -> None:
+    """Build arguments, a task's own and the policy's settings are the user's text: report.md wrote them raw, so a
+    renderer ran the tag in ``note: <img onerror=...>``; a backtick in a value ended the policy's code span early."""
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    text = {
+        "name": "tags",
+        "sim": {"factory": "CartPole-v1", "args": {"note": "<img src=x onerror=alert(1)>"}},
+        "agent": {"policy": {"kind": "scripted", "target": "envs/cartpole_pd.py:pd", "args": {"k": "`<b>x</b>`"}}},
+        "tasks": [{"name": "reach"}, {"name": "push", "args": {"note": "<i>push</i>"}}],
+    }
+    shown = provenance.markdown(provenance.for_run(load_pipeline_text(json.dumps(text), source=tmp_path / "t.yaml")))
+    for tag in ("<img", "<i>", "<b>"):
+        assert tag not in shown.replace(f"`{tag}", ""), shown
+    assert '{"note": "&lt;img src=x onerror=alert(1)>"}' in shown
+    assert '{"push": {"note": "&lt;i>push&lt;/i>"}}' in shown
+
+
 def test_results_of_another_environment_are_not_merged_into_one_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -344,6 +344,23 @@ def test_the_pages_table_gives_each_difference_its_interval_and_no_baseline_colu
     assert first_row.count("<td>") == 8
 
 
+def test_each_checkpoints_link_and_the_sentence_above_the_table_hold_for_any_label_and_baseline() -> None:
+    """A label may hold ``#``, ``?`` and ``%`` (valid folder names): the link to its page was written raw, and a
+    browser opened ``checkpoints/run`` for ``run#1``. report.md named a baseline a sweep without one does not have."""
+    from hud_pipelines.eval.report_html.page import _checkpoints  # pyright: ignore[reportPrivateUsage]
+    from hud_pipelines.eval.steps import _sweep_section  # pyright: ignore[reportPrivateUsage]
+
+    odd = compare_checkpoints([("run#1", 1, _rows_of({"push": "SFFF"})), ("50%done?", 2, _rows_of({"push": "SSSF"}))])
+    page = _checkpoints(odd, [], matrix=False)
+    assert '<a href="checkpoints/run%231/report.html">run#1</a>' in page
+    assert '<a href="checkpoints/50%25done%3F/report.html">50%done?</a>' in page
+    assert "compared with the previous one by McNemar" in _sweep_section(odd, [], matrix=False)
+    gated = compare_checkpoints(
+        [("a", 1, _rows_of({"push": "SFFF"})), ("b", 2, _rows_of({"push": "SSSF"}))], baseline="a"
+    )
+    assert "compared with the previous one and the baseline a by McNemar" in _sweep_section(gated, [], matrix=False)
+
+
 def test_what_would_make_a_wrong_table_is_refused_by_name() -> None:
     rows = _rows_of({"push": "SF"})
     with pytest.raises(ValueError, match=r"listed twice: a"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from html import escape
 from importlib import resources
 from pathlib import Path
+from urllib.parse import quote
 
 from hud_pipelines.eval.checks import CheckVerdict
 from hud_pipelines.eval.grades import GradeRow, not_run_parts, summarize, summarize_by_task
@@ -248,7 +249,7 @@ test on the paired successes. Each checkpoint's page shows its episodes.</p>
 def _checkpoint_row(table: SweepComparison, row: SweepRow) -> str:
     """A checkpoint's cells (its ``vs previous`` names the checkpoint it is with where that is not the row above)."""
     cells = [
-        f'<a href="checkpoints/{escape(row.checkpoint)}/{HTML_NAME}">{escape(row.checkpoint)}</a>',
+        f'<a href="checkpoints/{escape(quote(row.checkpoint))}/{HTML_NAME}">{escape(row.checkpoint)}</a>',
         "" if row.step is None else str(row.step),
         str(row.episodes),
         str(row.succeeded),

@@ -23,10 +23,25 @@
     });
   }
 
+  // Significant digits of an axis label: short enough for the margin.
+  function digits(value) {
+    var magnitude = Math.abs(value);
+    return magnitude >= 1e4 || magnitude < 1e-2 ? 2 : 3;
+  }
+
   function format(value) {
     if (value === 0) return "0";
-    var magnitude = Math.abs(value);
-    return magnitude >= 1e4 || magnitude < 1e-2 ? value.toExponential(1) : String(Number(value.toPrecision(3)));
+    return digits(value) === 2 ? value.toExponential(1) : String(Number(value.toPrecision(3)));
+  }
+
+  // An end of the y axis moved outwards to the nearest value its label shows exactly, so the labels tell the truth
+  // (101 between 100.5 and 101.5 rounded to labels "102" and "101" would read as 101.5).
+  function outwards(value, up) {
+    if (value === 0) return 0;
+    var unit = Math.pow(10, Math.floor(Math.log10(Math.abs(value))) - digits(value) + 1);
+    var units = value / unit;
+    var whole = Math.abs(units - Math.round(units)) < 1e-9 ? Math.round(units) : up ? Math.ceil(units) : Math.floor(units);
+    return Number((whole * unit).toPrecision(digits(value) + 1));
   }
 
   // The x scale of an episode: from its first to its last sampled step.
@@ -73,6 +88,8 @@
       high += 0.5;
       low -= 0.5;
     }
+    high = outwards(high, true);
+    low = outwards(low, false);
     var y = function (value) {
       return MARGIN.top + ((high - value) / (high - low)) * (HEIGHT - MARGIN.top - MARGIN.bottom);
     };
