@@ -44,6 +44,8 @@ RERUN_TAG = "hud_pipelines/rerun"
 CHECKPOINTS_TAG = "hud_pipelines/checkpoints"
 """Comma-separated labels: a run evaluates only these checkpoints of its partition range."""
 SENSOR_INTERVAL_S = 30
+CANCELLED_RUNS_READ = 20
+"""How many of a sensor's latest cancelled runs it reads on each tick for checkpoints they left unstarted."""
 
 
 def checkpoints_partitions_name(pipeline: str) -> str:
@@ -273,9 +275,10 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
     the same directory), once per write; all of them in one run, and never while another run of the sweep
     has not ended (its checks would judge a candidate still being evaluated)."""
     name = checkpoints_partitions_name(spec.name)
+    sensor_name = f"{spec.name}__checkpoints"
 
     @dg.sensor(
-        name=f"{spec.name}__checkpoints",
+        name=sensor_name,
         job_name=spec.name,
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
@@ -296,7 +299,9 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
         new = [c.label for c in found.complete if c.label not in known]
         complete = {c.label for c in found.complete}
         changed = [m for m in sweep.evaluated(spec, outputs, settled=complete) if m.changed and m.label in known]
-        cut = cut_short(spec, outputs, [c for c in found.complete if c.label in known], {m.label for m in changed})
+        registered_complete = [c for c in found.complete if c.label in known]
+        cut = cut_short(spec, outputs, registered_complete, {m.label for m in changed})
+        cut = {**cancelled_unstarted(context.instance, spec, outputs, registered_complete, sensor_name), **cut}
         waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
         if not new and not changed and not cut:
             return dg.SkipReason(
@@ -341,3 +346,33 @@ def cut_short(
             digest = hashlib.sha256("\n".join(lacking).encode()).hexdigest()[:12]
             cut[checkpoint.label] = f"{checkpoint.label}@resume-{digest}"
     return cut
+
+
+def cancelled_unstarted(
+    instance: dg.DagsterInstance,
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    registered: Sequence[Checkpoint],
+    sensor: str,
+) -> dict[str, str]:
+    """The registered checkpoints of this sensor's cancelled runs that have an instance with no result at all: the
+    run was cancelled before it reached them (while its sim started, its units waited in a Celery queue), so no
+    instance says it was interrupted for :func:`cut_short` to find. Each with a key naming the newest such run:
+    asked once per cancelled run. A failed run is not asked again (its failure would repeat on every tick)."""
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(
+            job_name=spec.name, statuses=[dg.DagsterRunStatus.CANCELED], tags={"dagster/sensor_name": sensor}
+        ),
+        limit=CANCELLED_RUNS_READ,
+    )
+    labels = {checkpoint.label for checkpoint in registered}
+    asked: dict[str, str] = {}
+    for run in runs:  # the newest first
+        for label in run.tags.get(CHECKPOINTS_TAG, "").split(","):
+            if label in labels and label not in asked and _lacks_a_result(spec, outputs.member(label)):
+                asked[label] = f"{label}@cancelled-{run.run_id[:12]}"
+    return asked
+
+
+def _lacks_a_result(spec: PipelineSpec, member: EvalOutputs) -> bool:
+    return any(not member.result(key).is_file() for key in spec.partition_keys())

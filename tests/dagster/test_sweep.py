@@ -316,6 +316,43 @@ def test_the_sensor_asks_once_more_for_a_registered_checkpoint_whose_run_was_cut
         assert not requests(), "an instance's own fault is not run again and again: its check says how to rerun it"
 
 
+def test_the_sensor_asks_once_more_for_the_checkpoints_its_cancelled_run_had_not_reached(
+    run: LeRobotRun, tmp_path: Path, local: Path
+) -> None:
+    """A run cancelled before it reached a checkpoint's instances (its sim starting, its units queued on Celery)
+    leaves no result saying it was interrupted: the checkpoint, registered, was never asked for again."""
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    from hud_pipelines.eval.steps import evaluate
+
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    spec = load_pipeline(path)
+    defs = definitions_for_file(path, outputs_dir=local, project_dir=tmp_path)
+    sensor = defs.resolve_sensor_def("reach_sweep__checkpoints")
+    evaluate(spec, outputs_dir=local, checkpoints=["000500"])
+    with dg.instance_for_test() as instance:
+        sweeps.register(instance, spec, ["000500", "001000", "001500"])
+
+        def requests() -> list[dg.RunRequest]:
+            context = dg.build_sensor_context(instance=instance, definitions=defs, sensor_name=sensor.name)
+            return list(sensor.evaluate_tick(context).run_requests or [])
+
+        def ended(run_id: str, status: dg.DagsterRunStatus, labels: str, sensor_name: str = sensor.name) -> None:
+            tags = {"dagster/sensor_name": sensor_name, sweeps.CHECKPOINTS_TAG: labels}
+            instance.add_run(DagsterRun(job_name="reach_sweep", run_id=run_id, status=status, tags=tags))
+
+        ended("failed-run", dg.DagsterRunStatus.FAILURE, "001000")
+        ended("by-hand", dg.DagsterRunStatus.CANCELED, "001000", sensor_name="")
+        assert not requests(), "a failed run, or one this sensor did not ask for, is not asked for again"
+        ended("cancelled-run", dg.DagsterRunStatus.CANCELED, "000500,001000")
+        [request] = requests()
+        assert request.run_key == "001000@cancelled-cancelled-ru", "000500 has its results: only 001000 is asked"
+        assert request.tags[sweeps.CHECKPOINTS_TAG] == "001000"
+        assert [r.run_key for r in requests()] == [request.run_key], "one key per cancelled run: asked once"
+        evaluate(spec, outputs_dir=local, checkpoints=["001000"])  # the run it asked for
+        assert not requests()
+
+
 def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
     run: LeRobotRun, tmp_path: Path, local: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
