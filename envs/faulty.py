@@ -49,6 +49,8 @@ class Fault(StrEnum):
     WRONG_SHAPE_STEP = "wrong_shape_step"
     """Return an observation of another shape than the contract's."""
     HANG_CLOSE = "hang_close"
+    EXIT_STEP = "exit_step"
+    """Call ``sys.exit(4)`` in a step, as a pygame env does when its window is closed."""
     """Never return from ``close()``: the sim ignores SIGTERM, in effect."""
 
 
@@ -121,6 +123,8 @@ class FaultyEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
                     reward = float("nan")
                 case Fault.WRONG_SHAPE_STEP:
                     observation = np.zeros(5, dtype=np.float32)
+                case Fault.EXIT_STEP:
+                    sys.exit(4)
                 case _:
                     pass
         return observation, reward, self.t >= EPISODE_STEPS, False, {}

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
 from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chunks
@@ -215,6 +216,8 @@ class RemotePolicy(BasePolicy, Closeable):
         (a timeout, an error frame, a broken frame) leaves the connection one reply behind: it is dropped, and
         the next call opens a new one, rather than take the late reply of this one for its own."""
         self._given_up(epoch)
+        if (idle := self._ws) is not None and idle.protocol.state is not State.OPEN:
+            self._drop(idle)  # its server closed it since the last reply (a restart, a proxy's idle timeout)
         ws = self._ws or self._connect(epoch)  # its own reference: abandon() may clear the attribute meanwhile
         try:
             try:

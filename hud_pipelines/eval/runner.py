@@ -52,7 +52,8 @@ from hud_pipelines.eval.heap import release_free_heap
 from hud_pipelines.eval.results import InstanceResult, unreached_result, unreached_rows
 from hud_pipelines.recording.contained import ContainedSink
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, EpisodeStatus
-from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
+from hud_pipelines.sim.pool import LiveSim, SimPool
+from hud_pipelines.sim.settings import SimSettings
 from hud_pipelines.spec.fleet import attached_servers
 from hud_pipelines.spec.models import Partition, PipelineSpec
 from hud_pipelines.spec.sim_section import PROBED_TASKS

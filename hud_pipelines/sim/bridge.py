@@ -39,6 +39,7 @@ from hud_pipelines.errors import EnvFault, HudPipelinesError, Phase, exception_l
 from hud_pipelines.sim.actions import ActionAdapter, BoundsMode, HoldMode
 from hud_pipelines.sim.building import built_envs
 from hud_pipelines.sim.envs import (
+    ENV_FAILURES,
     REBUILD,
     START_UP,
     ObservationBuffer,
@@ -225,7 +226,7 @@ class GymBridge:
         except HudPipelinesError:
             self.slots.fail_running("reset refused")
             raise
-        except Exception as exc:
+        except ENV_FAILURES as exc:
             raise self._reset_failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from exc
         assert self._actions is not None
         self._actions.restart()
@@ -268,7 +269,7 @@ class GymBridge:
         except HudPipelinesError:
             self.slots.fail_running("step refused")
             raise
-        except Exception as exc:
+        except ENV_FAILURES as exc:
             self.slots.fail_running(f"env.step raised {type(exc).__name__}: {exc}")
             self._rebuild = self.vectorized
             raise EnvFault(

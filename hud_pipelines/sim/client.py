@@ -163,6 +163,11 @@ class SimClient(Closeable):
         """False after a crash, a timeout, a protocol violation or :meth:`close`."""
         return self._session.usable
 
+    def still_connected(self) -> bool:
+        """Whether an idle client can serve the next instance: usable, and its connection still open with nothing
+        waiting (its sim restarted, or it or a proxy closed the connection for idling, since the last reply)."""
+        return self.usable and self._link.quiet()
+
     # -- requests ----------------------------------------------------------------------------------
 
     def reset(self, tasks: list[dict[str, Any]] | dict[str, Any] | None = None) -> Observation:

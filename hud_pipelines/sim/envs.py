@@ -40,6 +40,10 @@ from hud_pipelines.sim.step_values import (
 
 log = logging.getLogger(__name__)
 
+ENV_FAILURES = (Exception, SystemExit)
+"""What an env's own code raises that fails its episodes, not the sim: any exception, and ``SystemExit`` (a pygame
+env calls ``sys.exit()`` when its window is closed), which otherwise ended the server with no word of why. A
+``KeyboardInterrupt`` is the server's second stop signal: it stops the sim."""
 START_UP = "at start-up"
 REBUILD = "of a rebuild"
 
@@ -126,7 +130,7 @@ class SlotEnvs(ABC):
         arguments: the episodes' resets come later, with each slot's own seed and options."""
         try:
             return self.sample_observation(probe)
-        except Exception as exc:  # the env's own code: its traceback (formatted) says where
+        except ENV_FAILURES as exc:  # the env's own code: its traceback (formatted) says where
             hint = (
                 "a rebuild probes with its first slot's seed and options"
                 if when == REBUILD
@@ -269,7 +273,7 @@ class ReplicatedEnvs(SlotEnvs):
             try:
                 observation = reset_observation(env.reset(seed=seeds[slot], options=options[slot]))
                 self.write(out, flatten_observation(observation), slot, f"slot {slot} reset")
-            except Exception:  # this slot's env failed (or returned what the contract refuses): it errors alone
+            except ENV_FAILURES:  # this slot's env failed (or returned what the contract refuses): it errors alone
                 started.errors[slot] = traceback.format_exc()
                 continue
             started.prompts[slot] = prompt_of(env)
@@ -287,7 +291,7 @@ class ReplicatedEnvs(SlotEnvs):
                 tick.terminated[slot] = flag(terminated, "terminated")
                 tick.truncated[slot] = flag(truncated, "truncated")
                 tick.success[slot] = success_of(info)
-            except Exception:  # the env's own code failed: report it against this slot, keep the others
+            except ENV_FAILURES:  # the env's own code failed: report it against this slot, keep the others
                 tick.errors[slot] = traceback.format_exc()
         return tick
 

@@ -69,6 +69,9 @@ class InProcessLink:
     def abort(self) -> None:
         self._end(LinkClosed("the connection was dropped"))
 
+    def quiet(self) -> bool:
+        return self._closed is None and not self._replies
+
     def _end(self, reason: LinkClosed) -> None:
         if self._closed is None:
             self._closed = reason

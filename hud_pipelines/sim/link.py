@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import select
 import socket
 import ssl
 import time
@@ -34,6 +35,8 @@ from hud_pipelines.wire.messages import RUNNING_FOR_HEADER
 RECV_CHUNK_BYTES = 1 << 20
 CLOSE_FRAME_WAIT_S = 0.2
 """How long a failed write waits for the close frame that says why the peer closed."""
+QUIET_READS = 4
+"""How many reads :meth:`WebSocketLink.quiet` makes of what an idle connection holds (pings, a close frame)."""
 
 
 class Link(Protocol):
@@ -50,6 +53,8 @@ class Link(Protocol):
     def close(self, timeout_s: float = 1.0) -> None: ...
 
     def abort(self) -> None: ...
+
+    def quiet(self) -> bool: ...
 
 
 class WebSocketLink:
@@ -156,6 +161,27 @@ class WebSocketLink:
     def abort(self) -> None:
         """Drop the connection without a closing handshake (the peer is dead, hung or lying)."""
         self._sock.close()
+
+    def quiet(self) -> bool:
+        """Whether the connection is open with no message waiting, asked of an idle one before it is used again:
+        between requests a peer sends nothing, so what waits there is its close (a restart, an idle timeout, a
+        proxy's), or a late reply that must never be read as the answer to a later request."""
+        with contextlib.suppress(LinkError, OSError, TimeoutError, ValueError):
+            for _ in range(QUIET_READS):  # a ping is answered; its close frame or end of file ends the connection
+                if (
+                    self._frames
+                    or self._protocol.state is not State.OPEN
+                    or not select.select([self._sock], [], [], 0)[0]
+                ):
+                    break
+                self._pump(time.monotonic() + CLOSE_FRAME_WAIT_S)
+        return (
+            self._protocol.state is State.OPEN
+            and self._protocol.close_rcvd is None
+            and self._write_error is None
+            and not self._frames
+            and self._sock.fileno() >= 0
+        )
 
     # -- plumbing ----------------------------------------------------------------------------------
 

@@ -21,8 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from hud_pipelines.closing import Closeable
@@ -32,33 +31,12 @@ from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, SimClient
 from hud_pipelines.sim.fleet import Fleet, ServerUnreachable, is_busy, naming, reachable, stuck_in_a_gone_request
 from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
+from hud_pipelines.sim.settings import SimSettings
 from hud_pipelines.sim.sharded_sim import ShardedSim
 from hud_pipelines.sim.shards import ShardedProcess
 from hud_pipelines.wire.messages import CLOSING_WAIT_S, Framing
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    """How to get a sim: spawn ``factory`` or attach to ``url``."""
-
-    factory: str | None = None
-    build_args: dict[str, Any] = field(default_factory=dict[str, Any])
-    num_envs: int = 1
-    contract_path: Path | None = None
-    startup_timeout_s: float = 120.0
-    step_timeout_s: float = 60.0
-    options: tuple[str, ...] = ()
-    servers: tuple[tuple[str, str], ...] = ()
-    """``(url, token)`` of served sims to attach to instead of spawning: each serves one instance at a time."""
-    busy_timeout_s: float = 600.0
-    """How long an instance waits for served sims that other clients drive (they refuse it with HTTP 409)."""
-    cwd: Path | None = None
-    python: Path | None = None
-    """The spawned children's interpreter (a file, or a uv project directory); ``None``: the agent's."""
-    shards: int = 1
-    """Children per spawned instance, each serving a slice of the ``num_envs`` slots (stepped in parallel)."""
 
 
 @dataclass
@@ -77,6 +55,8 @@ class LiveSim:
     """It stopped answering within its deadline. A served sim's server is still busy with the request it never
     answered (nothing here can stop it), so no later instance goes there: it would wait on it as on another
     client's."""
+    failure: BaseException | None = None
+    """What it failed on, said to the instances that find its server gone since."""
 
     def kill(self) -> None:
         """Stop the sim now (a rollout timeout): a spawned child's group is killed, an attached link closed."""
@@ -228,7 +208,7 @@ class SimPool(Closeable):
                         try:
                             then(live.client)
                         except HudPipelinesError as exc:
-                            live.healthy = False
+                            live.healthy, live.failure = False, exc
                             log.warning("the sim gave its contract, then failed: %s", exc)
                 return self._contract
             except SimError as exc:
@@ -244,16 +224,16 @@ class SimPool(Closeable):
         try:
             try:
                 yield live
-            except BaseException:
-                live.healthy = False
+            except BaseException as exc:
+                live.healthy, live.failure = False, live.failure or exc
                 raise
             finally:
                 self._release(live)
                 if server is not None and live.hung:
                     self._servers.lose(server, f"served sim {server} stopped answering (a step or reset hung)")
-                elif server is not None and not live.healthy and not reachable(server):
-                    # its server died with it: no later instance goes there
-                    self._servers.lose(server, f"served sim {server} stopped listening", may_return=True)
+                elif server is not None and not live.healthy and not reachable(server):  # it died with its sim
+                    after = f" ({str(live.failure).split(chr(10))[0]})" if live.failure is not None else ""
+                    self._servers.lose(server, f"served sim {server} stopped listening{after}", may_return=True)
         finally:
             if server is not None:
                 self._servers.give_back(server)
@@ -313,8 +293,12 @@ class SimPool(Closeable):
             if self._closed:
                 raise SimError("the run is shutting down: the sim pool is closed")
             live = self._idle_on(server)
-        if live is not None:
+        if live is not None and live.client.still_connected():
             return live
+        if live is not None:  # closed while idle (a restart, an idle timeout, a proxy's): this instance connects anew
+            log.info("the idle connection to %s closed since its last instance", live.server or "a spawned sim")
+            live.healthy = False
+            self._release(live)
         try:
             live = self._open(server)
         except SimError as exc:

@@ -103,6 +103,9 @@ class ShardedSim(Closeable):
     def usable(self) -> bool:
         return self._broken is None and all(c.usable for c in self.clients)
 
+    def still_connected(self) -> bool:
+        return self._broken is None and all(c.still_connected() for c in self.clients)
+
     # -- requests ------------------------------------------------------------------------------------
 
     def reset(self, tasks: list[dict[str, Any]] | dict[str, Any] | None = None) -> Observation:

@@ -374,7 +374,8 @@ def test_an_instance_waits_for_a_served_sim_another_process_drives_and_never_los
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Two pools on one server stand for two Celery workers of one run: neither knows what the other holds."""
-    from hud_pipelines.sim.pool import SimPool, SimSettings
+    from hud_pipelines.sim.pool import SimPool
+    from hud_pipelines.sim.settings import SimSettings
 
     process, url = serve_cartpole()
     settings = SimSettings(num_envs=2, servers=((url, TOKEN),))
@@ -410,7 +411,8 @@ def _take_once(pool: Any, got: list[str]) -> None:
 
 def test_a_served_sim_busy_past_busy_timeout_errors_the_instance_as_a_start_failure_naming_why() -> None:
     from hud_pipelines.errors import SimStartError, fault_of
-    from hud_pipelines.sim.pool import SimPool, SimSettings
+    from hud_pipelines.sim.pool import SimPool
+    from hud_pipelines.sim.settings import SimSettings
 
     process, url = serve_cartpole()
     holder = SimPool(SimSettings(num_envs=2, servers=((url, TOKEN),)))
@@ -658,3 +660,53 @@ def test_a_run_whose_fleet_file_reads_an_unset_variable_is_refused_before_it_sta
     said = capsys.readouterr().err
     assert "lab.yaml:1:8: token: environment variable HUD_TEST_UNSET_FLEET_TOKEN is not set" in said, said
     assert not (tmp_path / "out").exists(), "no run started"
+
+
+@pytest.mark.parametrize("closed_by", ["its idle timeout", "a restart"])
+def test_a_connection_closed_while_idle_in_the_pool_is_opened_anew_for_the_next_instance(closed_by: str) -> None:
+    """A served sim's connection waits in the pool between instances (after the run's contract and seed check, while
+    its policy loads, between a sweep's checkpoints): one its server closed meanwhile was handed to the next
+    instance as it was, which errored at its first reset though the sim listened."""
+    from hud_pipelines.sim.pool import SimPool
+    from hud_pipelines.sim.settings import SimSettings
+
+    process, url = serve_cartpole("--idle-timeout-s", "1")
+    pool = SimPool(SimSettings(num_envs=2, servers=((url, TOKEN),)))
+    try:
+        with pool.sim() as live:
+            live.client.reset({"seed": 0})
+        if closed_by == "a restart":
+            stop_served(process)
+            process, again = serve_cartpole("--port", url.rsplit(":", 1)[1])
+            assert again == url
+        else:
+            time.sleep(1.5)
+        with pool.sim() as live:
+            assert live.client.reset({"seed": 0}).observation["state"].shape == (2, 4)
+    finally:
+        pool.close(grace_s=0)
+        stop_served(process)
+
+
+def test_a_served_sim_that_dies_in_the_seed_check_is_named_by_what_killed_it() -> None:
+    """The run's seed check resets the sim that gave the contract: where that killed its server, every instance
+    said only that the server "stopped listening", and why was in a log line."""
+    from hud_pipelines.errors import SimCrashedError, SimStartError
+    from hud_pipelines.sim.pool import SimPool
+    from hud_pipelines.sim.settings import SimSettings
+
+    process, url = serve_cartpole()
+    pool = SimPool(SimSettings(num_envs=2, servers=((url, TOKEN),)))
+
+    def crash(_: object) -> None:
+        stop_served(process)
+        raise SimCrashedError(f"the sim at {url} went away during reset: the env aborted")
+
+    try:
+        pool.contract(then=crash)
+        said = r"stopped listening \(the sim at .* went away during reset: the env"
+        with pytest.raises(SimStartError, match=said), pool.sim():
+            pass
+    finally:
+        pool.close(grace_s=0)
+        stop_served(process)

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from hud_pipelines.errors import RemoteError, SimStartError
-from hud_pipelines.sim.pool import SimPool, SimSettings
+from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.sim.process import SimProcess
+from hud_pipelines.sim.settings import SimSettings
 from tests.conftest import wait_group_gone
 
 

@@ -21,8 +21,9 @@ import numpy.typing as npt
 import pytest
 
 from hud_pipelines.errors import ContractError, SimCrashedError, SimError, SimTimeoutError
-from hud_pipelines.sim.pool import LiveSim, SimPool, SimSettings
+from hud_pipelines.sim.pool import LiveSim, SimPool
 from hud_pipelines.sim.process import SimProcess
+from hud_pipelines.sim.settings import SimSettings
 from hud_pipelines.sim.sharded_sim import ShardedSim
 from hud_pipelines.sim.shards import ShardedProcess, split_slots
 from hud_pipelines.wire.messages import Observation, Result

@@ -254,3 +254,16 @@ def test_bytes_that_break_the_websocket_protocol_are_a_broken_link_never_a_crash
     assert not isinstance(caught.value, SimCrashedError)
     assert fault_of(caught.value) is Fault.SIM_LINK
     assert sim.alive()
+
+
+def test_an_env_that_calls_sys_exit_in_a_step_errors_its_slot_and_the_sim_serves_on(spawn: Spawn) -> None:
+    """``sys.exit()`` in an env's step (a pygame env's window closed) ended the server with no word of why, and the
+    client read it as a sim shutting down on purpose."""
+    sim = spawn(FAULTY, num_envs=2, build_args={"fault": "exit_step", "at_step": 1, "fault_seed": 0})
+    with sim.connect() as client:
+        client.reset([{"seed": 0}, {"seed": 1}])
+        reply = client.step([[0.0], [0.0]])
+        [error] = reply.errors
+        assert (error.slot, error.message) == (0, "SystemExit: 4 (seed 0, step 1)"), error
+        assert client.step([[0.0], [0.0]]).observation["state"][1, 0] == 2, "the other slot steps on"
+    assert sim.alive()

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from hud_pipelines.sim.pool import SimPool, SimSettings
+from hud_pipelines.sim.pool import SimPool
+from hud_pipelines.sim.settings import SimSettings
 from hud_pipelines.spec import PipelineSpec
 
 
