@@ -15,12 +15,14 @@ Why it looks like this:
   follows it: all false when the outcome failed; when it succeeded, the last frame is true (earlier
   frames keep what the env reported). So ``any(next.success)`` is the grade of every episode.
 - **Writing never stalls stepping.** ``add`` converts and buffers (microseconds); ``end`` puts the
-  finished episode on a bounded queue. Writer threads (``options.writers``) take episodes from it,
-  each into its own *part* (a complete lerobot dataset under ``<root>/part-<i>``), written by
-  lerobot in this process. (A child process per part was measured too and never paid for its
-  start-up, pipe and merge: ``bench/dataset.md``.) The queue bound keeps memory flat whatever the
-  number of episodes: at most slots x episode length frames plus ``queued_episodes`` finished
-  episodes are held; when writers fall behind, ``end`` waits.
+  finished episode on a bounded queue of a writer thread (``options.writers``), each writing its own
+  *part* (a complete lerobot dataset under ``<root>/part-<i>``) with lerobot in this process. The
+  writers take episodes in turn (the k-th to end goes to writer k mod writers), never whichever is
+  free first: a part holds the same episodes on every run, and so does the merged dataset. (A child
+  process per part was measured too and never paid for its start-up, pipe and merge:
+  ``bench/dataset.md``.) The queue bounds keep memory flat whatever the number of episodes: at most
+  slots x episode length frames plus ``queued_episodes`` finished episodes are held; when a writer
+  falls behind, ``end`` waits for it.
 - **finalize always runs.** Each writer finalizes its part when the sink closes, when the writer
   fails, and when the program's main thread ends without closing it. Writers are not daemon
   threads, so an interrupt in the caller still lets them finish the part they hold.
@@ -133,7 +135,7 @@ class LeRobotDatasetSink(PerSlotSink):
         self.repo_id = repo_id or default_repo_id(self.root.name)
         self.root.mkdir(parents=True, exist_ok=True)
         self._open: dict[EpisodeKey, _OpenEpisode] = {}
-        self._work = _Work(self.options.queued_episodes)
+        self._work = _Work(self.options.queued_episodes, self.options.writers)
         self._closed = False
         self._writers = [_WriterThread(self, self._work, index) for index in range(self.options.writers)]
         for writer in self._writers:
@@ -179,7 +181,8 @@ class LeRobotDatasetSink(PerSlotSink):
         finished = FinishedEpisode(
             key=key, task=episode.prompt, frames=episode.frames, outcome=outcome, non_finite=tuple(episode.non_finite)
         )
-        self._put(finished)
+        self._put(finished, self._writers[self._work.ended % len(self._writers)])
+        self._work.ended += 1
 
     def _screen(self, key: EpisodeKey, episode: _OpenEpisode, outcome: EpisodeOutcome) -> EpisodeOutcome:
         """The outcome the dataset records: errored when the episode holds a non-finite number."""
@@ -201,8 +204,8 @@ class LeRobotDatasetSink(PerSlotSink):
         with self._work.locked():
             self._work.report.aborted += len(self._open)
         self._open.clear()
-        for _ in self._writers:
-            self._put(None, closing=True)
+        for writer in self._writers:
+            self._put(None, writer, closing=True)
         deadline = time.monotonic() + self.options.close_timeout_s
         for writer in self._writers:
             writer.join(max(0.0, deadline - time.monotonic()))
@@ -264,16 +267,16 @@ class LeRobotDatasetSink(PerSlotSink):
         if failure is not None:
             raise DatasetWriteError(f"{self.root}: a dataset writer failed: {failure!r}") from failure
 
-    def _put(self, item: FinishedEpisode | None, *, closing: bool = False) -> None:
-        """Enqueue, waiting while writers are busy, but never on writers that are all gone."""
+    def _put(self, item: FinishedEpisode | None, writer: _WriterThread, *, closing: bool = False) -> None:
+        """Enqueue for ``writer``, waiting while it is busy, but never on a writer that is gone."""
         while True:
-            if not any(w.is_alive() for w in self._writers):
+            if not writer.is_alive():
                 if closing:
                     return
-                raise DatasetWriteError(f"{self.root}: no dataset writer is running") from self._work.failure
+                raise DatasetWriteError(f"{self.root}: {writer.name} is not running") from self._work.failure
             try:
                 with signals_deferred():  # a SIGTERM inside put would leave the queue's lock taken
-                    self._work.queue.put(item, timeout=_POLL_S)
+                    writer.queue.put(item, timeout=_POLL_S)
                 return
             except queue.Full:
                 if self._work.failure is not None and not closing:
@@ -281,10 +284,13 @@ class LeRobotDatasetSink(PerSlotSink):
 
 
 class _Work:
-    """What a sink shares with its writer threads: the bounded queue, the first failure, the report."""
+    """What a sink shares with its writer threads: the first failure, the report, the episodes handed out."""
 
-    def __init__(self, queued_episodes: int) -> None:
-        self.queue: queue.Queue[FinishedEpisode | None] = queue.Queue(maxsize=queued_episodes)
+    def __init__(self, queued_episodes: int, writers: int) -> None:
+        self.queue_bound = max(1, -(-queued_episodes // writers))
+        """Each writer's queue: ``queued_episodes`` wait in all (rounded up to a whole number per writer)."""
+        self.ended = 0
+        """Episodes handed to the writers so far: the next goes to writer ``ended mod writers``."""
         self.lock = threading.Lock()
         self.report = SinkReport()
         self.failure: BaseException | None = None
@@ -295,11 +301,13 @@ class _Work:
         with signals_deferred(), self.lock:
             yield
 
-    def next(self) -> tuple[bool, FinishedEpisode | None]:
-        """A writer's next item; ``(False, None)`` when the program ends without closing the sink."""
+    @staticmethod
+    def next(work: queue.Queue[FinishedEpisode | None]) -> tuple[bool, FinishedEpisode | None]:
+        """A writer's next item from its queue ``work``; ``(False, None)`` when the program ends without closing the
+        sink."""
         while True:
             try:
-                return True, self.queue.get(timeout=_POLL_S)
+                return True, work.get(timeout=_POLL_S)
             except queue.Empty:
                 if not threading.main_thread().is_alive():
                     return False, None
@@ -323,6 +331,7 @@ class _WriterThread(threading.Thread):
         self.sink = sink
         self.work = work
         self.part = PartWriter(sink.root / f"{PART_PREFIX}{index:03d}", sink.options, sink.repo_id)
+        self.queue: queue.Queue[FinishedEpisode | None] = queue.Queue(maxsize=work.queue_bound)
         self.ready = threading.Event()
         """Set once the part can take episodes (lerobot imported) or failed to."""
 
@@ -333,7 +342,7 @@ class _WriterThread(threading.Thread):
             finally:
                 self.ready.set()
             while True:
-                ok, item = self.work.next()
+                ok, item = self.work.next(self.queue)
                 if not ok or item is None:
                     break
                 if self.work.failure is not None:
@@ -354,6 +363,6 @@ class _WriterThread(threading.Thread):
     def _drain(self) -> None:
         """After a failure keep taking items so producers and close() never wait on this writer."""
         while True:
-            ok, item = self.work.next()
+            ok, item = self.work.next(self.queue)
             if not ok or item is None:
                 return

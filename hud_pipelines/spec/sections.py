@@ -240,7 +240,12 @@ class DatasetSpec(StrictModel):
         description="observation features concatenated, in this order, into `observation.state`; default: every "
         "non-camera observation feature in contract order (the others become `observation.<name>`)",
     )
-    writers: Count = Field(default=1, le=32, description="writers per instance shard, each writing one part")
+    writers: Count = Field(
+        default=1,
+        le=32,
+        description="writers per instance shard, each writing one part; episodes go to them in turn, so the "
+        "dataset's episode order is the same on every run (with several, each part's episodes come before the next's)",
+    )
 
     def writer_options(self) -> DatasetOptions:
         """The writer settings this section asks for."""

@@ -131,3 +131,30 @@ def test_a_writer_failing_mid_run_keeps_its_committed_episodes_loadable(tmp_path
     dataset = load(tmp_path / "shard" / "part-000")
     assert dataset.num_episodes == 3
     check_episodes(dataset)
+
+
+def test_several_writers_hold_the_same_episodes_in_each_part_however_fast_each_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writers took episodes from one queue, whichever was free first: a part's episodes, and so the merged dataset's
+    order, its episode indices and its stats, changed from run to run with the threads' timing."""
+    from hud_pipelines.dataset.part import PartWriter
+
+    write = PartWriter.write
+
+    def slow_first_part(part: PartWriter, *args: object, **kwargs: object) -> None:
+        if part.path.name.endswith("000"):
+            time.sleep(0.3)  # a first part slow to write: before, the others took its episodes meanwhile
+        write(part, *args, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(PartWriter, "write", slow_first_part)
+    sink = LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=DatasetOptions(writers=3, queued_episodes=9))
+    with sink:
+        assert sink.wait_ready(timeout_s=120)
+        write_episodes(sink, 7)
+    parts = sink.report.parts
+    assert [[record["episode"] for record in read_episode_records(part)] for part in parts] == [
+        [0, 3, 6],
+        [1, 4],
+        [2, 5],
+    ]
