@@ -55,6 +55,29 @@ def catching_interrupts() -> Generator[dict[str, signal.Signals]]:
                 break
 
 
+FINISHING_NOTICE = b"finishing the grades, checks and report of the run before it exits (SIGKILL stops it at once)\n"
+
+
+@contextlib.contextmanager
+def finishing_despite_signals() -> Generator[dict[str, signal.Signals]]:
+    """SIGINT and SIGTERM noted, not acted on, while a run that ended writes its grades, checks and report (seconds):
+    a supervisor's SIGTERM after a Ctrl-C killed it between its checks and its report, whose earlier run's green
+    verdict then stood beside the failed checks."""
+    received: dict[str, signal.Signals] = {}
+
+    def note(signum: int, frame: object) -> None:
+        if not received:
+            os.write(2, FINISHING_NOTICE)  # not print: the handler may run inside a write of this thread
+        received.setdefault("signal", signal.Signals(signum))
+
+    previous = signal.signal(signal.SIGTERM, note), signal.signal(signal.SIGINT, note)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+
+
 def interrupted_line(interrupted: signal.Signals, finished: int, units: int, rest: str, *, on_workers: bool) -> str:
     """What an interrupted run says first: how far it got, what became of the rest (``rest``: how to run them).
 

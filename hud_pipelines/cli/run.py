@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 from hud_pipelines.cli.interrupts import (
     catching_interrupts,
+    finishing_despite_signals,
     how_to_resume,
     how_to_resume_sweep,
     interrupted_line,
@@ -177,51 +178,51 @@ def run_pipeline(
                 )
         except KeyboardInterrupt:
             pass  # which signal it was is read when the block ends
-    rows = collect_rows(spec, outputs)
-    invocation = asked_command(pipeline, pipelines_dir, outputs_dir, queue)
-    order = list(dict.fromkeys(row.group_id for row in rows))  # every partition, in order: ranges to re-run
-    published = dataset_root(spec, outputs, project_dir) if spec.dataset_enabled else None
-    problems = (
-        [*_problems(result, invocation, order, published), *retried_steps(result.all_events)]
-        if result is not None
-        else []
-    )
-    if result is not None and was_interrupted(result):
-        received.setdefault("signal", signal.SIGINT)
-    interrupted = received.get("signal")
-    if interrupted is not None or _eval_failed(result):  # the job stopped before its grades: write them now
-        failure = " / ".join(p.removeprefix("step ") for p in problems if p.startswith("step ")) or (
-            f"the run was interrupted by {interrupted.name} before its instances ended"
-            if interrupted and len(finished) < units
-            else None
-        )  # an interrupt's unfinished instances keep their earlier results, which would pass every check
-        failed_run_step(spec, outputs, run_id=run_id, project_dir=project_dir, failure=failure)
-    if interrupted is not None:
-        if spec.is_sweep:  # its results name no checkpoint: what is left is counted in pairs
-            rest = how_to_resume_sweep(units - len(finished), invocation, asked, rerun=rerun)
-        else:
-            unfinished = [key for key in ordered if key not in finished]
-            rest = how_to_resume(unfinished, invocation, spec.partition_keys())
-        problems.insert(
-            0,
-            interrupted_line(interrupted, len(finished), units, rest, on_workers=job.executor_def.name == "hud_celery"),
+    with finishing_despite_signals() as late:  # a signal now would leave the last run's green report standing
+        rows = collect_rows(spec, outputs)
+        invocation = asked_command(pipeline, pipelines_dir, outputs_dir, queue)
+        order = list(dict.fromkeys(row.group_id for row in rows))  # every partition, in order: ranges to re-run
+        published = dataset_root(spec, outputs, project_dir) if spec.dataset_enabled else None
+        problems = (
+            [*_problems(result, invocation, order, published), *retried_steps(result.all_events)]
+            if result is not None
+            else []
         )
-    succeeded = result is not None and result.success and interrupted is None
-    this_run = [row for row in rows if row.run_id == run_id]
-    warned = [
-        success_signal_warning(spec.graders[0], rows, run_id),
-        unevaluated_warning(spec, outputs, rows) if spec.is_sweep else None,
-        episode_errors_warning(spec.checks, this_run),
-        recording_warning(r for r in current_results(spec, outputs).values() if r.run_id == run_id),
-        seed_warning(outputs, current_rollout_hashes(spec, outputs).pipeline),
-    ]
-    controls = control_tasks(spec)
-    _print_summary(
-        spec.name, rows, succeeded, run_id, outputs.base, [*(f"warning: {w}" for w in warned if w), *problems], controls
-    )
-    if interrupted is not None:
-        return 128 + int(interrupted)
-    return 0 if succeeded else 1
+        if result is not None and was_interrupted(result):
+            received.setdefault("signal", signal.SIGINT)
+        interrupted = received.get("signal")
+        if interrupted is not None or _eval_failed(result):  # the job stopped before its grades: write them now
+            failure = " / ".join(p.removeprefix("step ") for p in problems if p.startswith("step ")) or (
+                f"the run was interrupted by {interrupted.name} before its instances ended"
+                if interrupted and len(finished) < units
+                else None
+            )  # an interrupt's unfinished instances keep their earlier results, which would pass every check
+            failed_run_step(spec, outputs, run_id=run_id, project_dir=project_dir, failure=failure)
+        if interrupted is not None:
+            if spec.is_sweep:  # its results name no checkpoint: what is left is counted in pairs
+                rest = how_to_resume_sweep(units - len(finished), invocation, asked, rerun=rerun)
+            else:
+                unfinished = [key for key in ordered if key not in finished]
+                rest = how_to_resume(unfinished, invocation, spec.partition_keys())
+            problems.insert(
+                0,
+                interrupted_line(
+                    interrupted, len(finished), units, rest, on_workers=job.executor_def.name == "hud_celery"
+                ),
+            )
+        succeeded = result is not None and result.success and interrupted is None
+        this_run = [row for row in rows if row.run_id == run_id]
+        warned = [
+            success_signal_warning(spec.graders[0], rows, run_id),
+            unevaluated_warning(spec, outputs, rows) if spec.is_sweep else None,
+            episode_errors_warning(spec.checks, this_run),
+            recording_warning(r for r in current_results(spec, outputs).values() if r.run_id == run_id),
+            seed_warning(outputs, current_rollout_hashes(spec, outputs).pipeline),
+        ]
+        said = [*(f"warning: {w}" for w in warned if w), *problems]
+        _print_summary(spec.name, rows, succeeded, run_id, outputs.base, said, control_tasks(spec))
+    stopped = interrupted or late.get("signal")
+    return 128 + int(stopped) if stopped is not None else 0 if succeeded else 1
 
 
 def _counting(finished: list[str], then: Callable[[InstanceResult], None]) -> Callable[[InstanceResult], None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -705,6 +706,36 @@ def test_an_interrupt_after_the_last_instance_ended_says_so_and_the_checks_judge
     checks = {check["name"]: check for check in json.loads(outputs.checks_json.read_text())}
     assert checks["instances_completed"]["passed"], checks["instances_completed"]["description"]
     assert "this run failed" not in outputs.report_md.read_text()
+
+
+def test_a_sigterm_while_an_interrupted_run_writes_its_files_lets_it_write_its_report(
+    write_pipeline: WritePipeline, outputs_dir: Path, cli_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A supervisor that escalates a Ctrl-C with SIGTERM: the run's handlers were gone once its job returned, so the
+    SIGTERM killed it between its checks and its report, and the report kept the earlier run's green verdict."""
+    from hud_pipelines.eval import steps
+
+    write_pipeline("escalated", group=2, dataset={"repo_id": "local/escalated"})
+    assert main(["run", "escalated", "--quiet"]) == 0
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C while the dataset is written
+        time.sleep(5)
+
+    def terminated(*args: Any, **kwargs: Any) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler not in (signal.SIG_DFL, None), "a SIGTERM now kills the run before its report"
+        os.kill(os.getpid(), signal.SIGTERM)  # the supervisor's, while the grades and checks are written
+        real(*args, **kwargs)
+
+    real = steps.failed_run_step
+    monkeypatch.setattr("hud_pipelines.dagster.assets.dataset_step", interrupted)
+    monkeypatch.setattr(steps, "failed_run_step", terminated)
+    outputs = EvalOutputs(outputs_dir, "escalated")
+    [first] = re.findall(r"^Run `([^`]+)` produced", outputs.report_md.read_text(), re.MULTILINE)
+    assert main(["run", "escalated", "--quiet"]) == 130
+    [second] = re.findall(r"^Run `([^`]+)` produced", outputs.report_md.read_text(), re.MULTILINE)
+    assert second != first, "the report is the interrupted run's, not the earlier one's"
 
 
 def test_the_runs_log_lines_go_to_stderr_as_it_is_when_they_come_and_leave_logging_as_it_was(
