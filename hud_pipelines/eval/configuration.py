@@ -7,6 +7,7 @@ of any other configuration (or environment: :mod:`hud_pipelines.eval.provenance`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -144,12 +145,14 @@ def recorded_provenance(outputs: EvalOutputs) -> dict[str, Any]:
 
     A run records its configuration before any sim is met; the served sim it runs is learnt later, by
     whichever step meets one first (the contract step, a unit on a worker), and claimed for the run
-    (:func:`claim_served_sim`).
+    (:func:`claim_served_sim`); so is its contract where none was written before (a first run on workers).
     """
     record = _record(outputs)
     if not record:
         return {}
     recorded = dict(record.get("provenance") or {})
+    if recorded.get("contract_hash") is None and outputs.contract.is_file():  # a first run's units derived it since
+        recorded["contract_hash"] = hashlib.sha256(outputs.contract.read_text().encode()).hexdigest()
     served = read_served_sim(outputs, str(record.get("run_id")))
     if served is None and record.get("attached"):  # it met no served sim (all down): the last one met stands
         served = latest_served_sim(outputs)

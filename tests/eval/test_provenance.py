@@ -357,3 +357,20 @@ def test_a_served_sims_code_is_part_of_the_fingerprint_once_its_server_sends_it(
     assert provenance.other_environment(
         earlier_server, provenance.for_run(spec, served_sim={**served, "args": {"x": 1}})
     )
+
+
+def test_a_contract_derived_after_the_configuration_was_recorded_is_in_the_provenance(tmp_path: Path) -> None:
+    """A first run on Celery workers records its configuration before any unit derived the contract: its report said
+    the contract's hash was unknown, where the same run in process named it."""
+    from hud_pipelines.eval.configuration import record_configuration, recorded_provenance
+    from hud_pipelines.eval.outputs import EvalOutputs
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    text = {"name": "later", "sim": {"factory": "CartPole-v1"}, "agent": {"policy": {"kind": "random"}}}
+    spec = load_pipeline_text(json.dumps(text), source=tmp_path / "later.yaml")
+    outputs = EvalOutputs(tmp_path / "outputs", "later")
+    record_configuration(spec, spec, outputs, run_id="first")
+    assert recorded_provenance(outputs)["contract_hash"] is None
+    outputs.contract.write_text('{"derived": "by a unit"}\n')
+    expected = __import__("hashlib").sha256(b'{"derived": "by a unit"}\n').hexdigest()
+    assert recorded_provenance(outputs)["contract_hash"] == expected
