@@ -265,8 +265,8 @@ class AgentConfig(StrictModel):
         ge=0,
         le=64,
         description="steps sent to a served sim before the observation they follow arrives, when their actions "
-        "are already queued (open-loop chunks): the sim steps while replies cross the wire; same episodes; "
-        "0 waits for every reply",
+        "are already queued (open-loop chunks): the sim steps while replies cross the wire; same episodes, so "
+        "changing it keeps every result current; 0 waits for every reply",
     )
     forward_timeout_s: Float = Field(
         default=DEFAULT_FORWARD_TIMEOUT_S,

@@ -11,6 +11,8 @@ import hashlib
 import json
 from typing import Any, cast
 
+from hud_pipelines.spec.agent import DEFAULT_SEND_AHEAD
+
 CREDENTIALS: dict[str, Any] = {"sim": {"token"}, "agent": {"policy": {"api_key"}}}
 """The secret fields of a pipeline, as a pydantic ``exclude`` (they never decide a rollout)."""
 
@@ -22,12 +24,20 @@ LATER_DEFAULTS: dict[str, dict[str, object]] = {"graders": {"at": "any"}}
 rollout hash while at the default, so that upgrading keeps every earlier result current (a success grader
 without ``at`` counted success at any step before ``at`` existed, as ``at: any`` does)."""
 
+SCHEDULING: dict[str, dict[str, object]] = {"agent": {"send_ahead": DEFAULT_SEND_AHEAD}}
+"""Settings that only schedule the work, with their defaults: hashed at the default whatever they hold, since they
+make the same episodes (steps pipelined to a served sim), so tuning one keeps every result current."""
+
 MISSING = object()
 
 
 def without_later_defaults(dumped: dict[str, Any]) -> dict[str, Any]:
-    """``dumped`` without the :data:`LATER_DEFAULTS` keys that hold their default."""
+    """``dumped`` without the :data:`LATER_DEFAULTS` keys that hold their default, and the :data:`SCHEDULING`
+    settings at theirs."""
     out = dict(dumped)
+    for section, defaults in SCHEDULING.items():
+        if isinstance(held := out.get(section), dict):
+            out[section] = {**cast(dict[str, Any], held), **{k: v for k, v in defaults.items() if k in held}}
     for section, defaults in LATER_DEFAULTS.items():
         items = out.get(section)
         if isinstance(items, list):

@@ -79,6 +79,22 @@ def test_a_remote_api_key_is_a_secret() -> None:
     assert "hunter2" not in loaded.model_dump_json()
 
 
+def test_how_far_steps_are_sent_ahead_keeps_earlier_results_and_the_default_hash_is_the_one_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``send_ahead`` pipelines steps to a served sim and makes the same episodes: tuning it marked every result
+    stale. A pipeline at the default keeps the hash it had while the setting counted."""
+    from hud_pipelines.spec import hashing
+
+    default = spec({"policy": REMOTE})
+    assert default.rollout_hash == spec({"policy": REMOTE, "send_ahead": 0}).rollout_hash
+    assert default.rollout_hash == spec({"policy": REMOTE, "send_ahead": 32}).rollout_hash
+    assert default.rollout_hash != spec({"policy": REMOTE, "horizon": 2}).rollout_hash
+    monkeypatch.setattr(hashing, "SCHEDULING", {})  # as it was hashed while the setting counted
+    assert spec({"policy": REMOTE}).rollout_hash == default.rollout_hash
+    assert spec({"policy": REMOTE, "send_ahead": 0}).rollout_hash != default.rollout_hash
+
+
 def test_rotating_a_credential_keeps_earlier_results() -> None:
     keyed = spec({"policy": {**REMOTE, "api_key": "old"}})
     assert keyed.rollout_hash == spec({"policy": {**REMOTE, "api_key": "new"}}).rollout_hash
