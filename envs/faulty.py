@@ -49,9 +49,9 @@ class Fault(StrEnum):
     WRONG_SHAPE_STEP = "wrong_shape_step"
     """Return an observation of another shape than the contract's."""
     HANG_CLOSE = "hang_close"
+    """Never return from ``close()``: the sim ignores SIGTERM, in effect."""
     EXIT_STEP = "exit_step"
     """Call ``sys.exit(4)`` in a step, as a pygame env does when its window is closed."""
-    """Never return from ``close()``: the sim ignores SIGTERM, in effect."""
 
 
 class FaultyEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):

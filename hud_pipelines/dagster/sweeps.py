@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -299,9 +299,9 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
         new = [c.label for c in found.complete if c.label not in known]
         complete = {c.label for c in found.complete}
         changed = [m for m in sweep.evaluated(spec, outputs, settled=complete) if m.changed and m.label in known]
-        registered_complete = [c for c in found.complete if c.label in known]
-        cut = cut_short(spec, outputs, registered_complete, {m.label for m in changed})
-        cut = {**cancelled_unstarted(context.instance, spec, outputs, registered_complete, sensor_name), **cut}
+        kept = [c for c in found.complete if c.label in known and c.label not in {m.label for m in changed}]
+        cut = cut_short(spec, outputs, kept)  # a changed one runs again for its new weights already
+        cut = {**cancelled_unstarted(context.instance, spec, outputs, kept, sensor_name), **cut}
         waiting = "; ".join(f"{p.checkpoint.label}: {p.reason}" for p in found.pending)
         if not new and not changed and not cut:
             return dg.SkipReason(
@@ -322,9 +322,7 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
     return watch
 
 
-def cut_short(
-    spec: PipelineSpec, outputs: EvalOutputs, registered: Sequence[Checkpoint], changed: Collection[str]
-) -> dict[str, str]:
+def cut_short(spec: PipelineSpec, outputs: EvalOutputs, registered: Sequence[Checkpoint]) -> dict[str, str]:
     """The registered checkpoints whose run was cut short (cancelled in the UI, its ``dagster dev`` stopped): an
     instance of theirs was interrupted; each with its run key. A registered label is not new, so without this
     its instances were never asked for again and every later run failed its ``instances_completed`` on them.
@@ -333,8 +331,6 @@ def cut_short(
     other checkpoints) is left to the runs that name it, as the report's warning says."""
     cut: dict[str, str] = {}
     for checkpoint in registered:
-        if checkpoint.label in changed:  # runs again for its new weights already
-            continue
         folder = outputs.member(checkpoint.label)
         lacking: list[str] = []
         for key in spec.partition_keys():

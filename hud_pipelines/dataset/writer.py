@@ -21,8 +21,8 @@ Why it looks like this:
   free first: a part holds the same episodes on every run, and so does the merged dataset. (A child
   process per part was measured too and never paid for its start-up, pipe and merge:
   ``bench/dataset.md``.) The queue bounds keep memory flat whatever the number of episodes: at most
-  slots x episode length frames plus ``queued_episodes`` finished episodes are held; when a writer
-  falls behind, ``end`` waits for it.
+  slots x episode length frames plus ``queued_episodes`` finished episodes (at least one per writer)
+  are held; when a writer falls behind, ``end`` waits for it, at most ``close_timeout_s``.
 - **finalize always runs.** Each writer finalizes its part when the sink closes, when the writer
   fails, and when the program's main thread ends without closing it. Writers are not daemon
   threads, so an interrupt in the caller still lets them finish the part they hold.
@@ -181,7 +181,8 @@ class LeRobotDatasetSink(PerSlotSink):
         finished = FinishedEpisode(
             key=key, task=episode.prompt, frames=episode.frames, outcome=outcome, non_finite=tuple(episode.non_finite)
         )
-        self._put(finished, self._writers[self._work.ended % len(self._writers)])
+        writer = self._writers[self._work.ended % len(self._writers)]
+        self._put(finished, writer, deadline=time.monotonic() + self.options.close_timeout_s)
         self._work.ended += 1
 
     def _screen(self, key: EpisodeKey, episode: _OpenEpisode, outcome: EpisodeOutcome) -> EpisodeOutcome:
@@ -204,9 +205,9 @@ class LeRobotDatasetSink(PerSlotSink):
         with self._work.locked():
             self._work.report.aborted += len(self._open)
         self._open.clear()
-        for writer in self._writers:
-            self._put(None, writer, closing=True)
         deadline = time.monotonic() + self.options.close_timeout_s
+        for writer in self._writers:
+            self._put(None, writer, deadline=deadline, closing=True)
         for writer in self._writers:
             writer.join(max(0.0, deadline - time.monotonic()))
         stuck = [w.name for w in self._writers if w.is_alive()]
@@ -267,8 +268,11 @@ class LeRobotDatasetSink(PerSlotSink):
         if failure is not None:
             raise DatasetWriteError(f"{self.root}: a dataset writer failed: {failure!r}") from failure
 
-    def _put(self, item: FinishedEpisode | None, writer: _WriterThread, *, closing: bool = False) -> None:
-        """Enqueue for ``writer``, waiting while it is busy, but never on a writer that is gone."""
+    def _put(
+        self, item: FinishedEpisode | None, writer: _WriterThread, *, deadline: float, closing: bool = False
+    ) -> None:
+        """Enqueue for ``writer``, waiting while it is busy until ``deadline`` (a write that never returns stalls
+        no rollout past ``close_timeout_s``), but never on a writer that is gone."""
         while True:
             if not writer.is_alive():
                 if closing:
@@ -281,6 +285,11 @@ class LeRobotDatasetSink(PerSlotSink):
             except queue.Full:
                 if self._work.failure is not None and not closing:
                     self._check_usable()
+                if time.monotonic() >= deadline:
+                    if closing:
+                        return  # close() names it as a writer that did not finish
+                    limit = self.options.close_timeout_s
+                    raise DatasetWriteError(f"{self.root}: {writer.name} took no episode for {limit:g} s") from None
 
 
 class _Work:

@@ -37,6 +37,7 @@ CLOSE_FRAME_WAIT_S = 0.2
 """How long a failed write waits for the close frame that says why the peer closed."""
 QUIET_READS = 4
 """How many reads :meth:`WebSocketLink.quiet` makes of what an idle connection holds (pings, a close frame)."""
+_CONTROL = (Opcode.PING, Opcode.PONG)
 
 
 class Link(Protocol):
@@ -166,22 +167,29 @@ class WebSocketLink:
         """Whether the connection is open with no message waiting, asked of an idle one before it is used again:
         between requests a peer sends nothing, so what waits there is its close (a restart, an idle timeout, a
         proxy's), or a late reply that must never be read as the answer to a later request."""
-        with contextlib.suppress(LinkError, OSError, TimeoutError, ValueError):
+        if self._sock.fileno() < 0:
+            return False
+        waiting = select.poll()  # not select(): it cannot watch a descriptor of 1024 or more
+        waiting.register(self._sock, select.POLLIN)
+        with contextlib.suppress(LinkError, OSError, TimeoutError):
             for _ in range(QUIET_READS):  # a ping is answered; its close frame or end of file ends the connection
-                if (
-                    self._frames
-                    or self._protocol.state is not State.OPEN
-                    or not select.select([self._sock], [], [], 0)[0]
-                ):
+                if self._protocol.state is not State.OPEN or self._messages_waiting() or not self._readable(waiting):
                     break
                 self._pump(time.monotonic() + CLOSE_FRAME_WAIT_S)
+        self._frames = [frame for frame in self._frames if frame.opcode not in _CONTROL]  # pings, answered
         return (
             self._protocol.state is State.OPEN
             and self._protocol.close_rcvd is None
             and self._write_error is None
             and not self._frames
-            and self._sock.fileno() >= 0
         )
+
+    def _messages_waiting(self) -> bool:
+        return any(frame.opcode not in _CONTROL for frame in self._frames)
+
+    def _readable(self, waiting: select.poll) -> bool:
+        """Bytes to read now: in the socket, or decrypted already and held by TLS (which ``poll`` cannot see)."""
+        return bool(waiting.poll(0)) or (isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0)
 
     # -- plumbing ----------------------------------------------------------------------------------
 

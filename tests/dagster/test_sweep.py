@@ -353,6 +353,42 @@ def test_the_sensor_asks_once_more_for_the_checkpoints_its_cancelled_run_had_not
         assert not requests()
 
 
+def test_new_weights_of_a_checkpoint_a_cancelled_run_left_unfinished_are_asked_for_by_their_own_key(
+    run: LeRobotRun, tmp_path: Path, local: Path
+) -> None:
+    """A checkpoint that lacks a result after a cancelled run, then gets new weights, is asked for under the key of
+    its new weights: the cancelled run's key, once used, stood in for it, and Dagster dropped the request."""
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    from hud_pipelines.eval.steps import evaluate
+
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    spec = load_pipeline(path)
+    defs = definitions_for_file(path, outputs_dir=local, project_dir=tmp_path)
+    sensor = defs.resolve_sensor_def("reach_sweep__checkpoints")
+    evaluate(spec, outputs_dir=local, checkpoints=["000500"])
+    EvalOutputs(local, "reach_sweep").member("000500").result(spec.partition_keys()[0]).unlink()  # never reached
+    with dg.instance_for_test() as instance:
+        sweeps.register(instance, spec, ["000500", "001000", "001500"])
+        tags = {"dagster/sensor_name": sensor.name, sweeps.CHECKPOINTS_TAG: "000500"}
+        instance.add_run(DagsterRun(job_name="reach_sweep", run_id="cancelled", status=_CANCELED, tags=tags))
+
+        def keys() -> list[str | None]:
+            context = dg.build_sensor_context(instance=instance, definitions=defs, sensor_name=sensor.name)
+            return [request.run_key for request in sensor.evaluate_tick(context).run_requests or []]
+
+        assert keys() == ["000500@cancelled-cancelled"]
+        weights = run.pretrained(500) / "model.safetensors"
+        weights.write_bytes((run.pretrained(1000) / "model.safetensors").read_bytes())
+        age(run.output_dir, 60)
+        [key] = keys()
+        assert (key or "").startswith("000500@"), key
+        assert "cancelled" not in (key or ""), "its new weights' key"
+
+
+_CANCELED = dg.DagsterRunStatus.CANCELED
+
+
 def test_the_sensor_registers_and_runs_only_new_complete_checkpoints(
     run: LeRobotRun, tmp_path: Path, local: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

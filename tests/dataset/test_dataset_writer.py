@@ -158,3 +158,34 @@ def test_several_writers_hold_the_same_episodes_in_each_part_however_fast_each_w
         [1, 4],
         [2, 5],
     ]
+
+
+def test_a_writer_whose_write_never_returns_stalls_nothing_past_close_timeout_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Episodes go to their writer in turn: one stuck in a write held the rollout that waits for it, and close(),
+    for ever, where ``close_timeout_s`` bounds what a writer may take."""
+    import threading
+
+    from hud_pipelines.dataset.part import PartWriter
+
+    write, released = PartWriter.write, threading.Event()
+
+    def stuck_first_part(part: PartWriter, *args: object, **kwargs: object) -> None:
+        if part.path.name.endswith("000"):
+            released.wait(30)
+        write(part, *args, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(PartWriter, "write", stuck_first_part)
+    options = DatasetOptions(writers=2, queued_episodes=2, close_timeout_s=1.0)
+    sink = LeRobotDatasetSink(SPEC, tmp_path / "shard", fps=10, options=options)
+    try:
+        assert sink.wait_ready(timeout_s=120)
+        started = time.monotonic()
+        with pytest.raises(DatasetWriteError, match="dataset-writer-shard-0 took no episode for 1 s"):
+            write_episodes(sink, 8)
+        with pytest.raises(DatasetWriteError, match=r"did not finish within 1\.0s"):
+            sink.close()
+        assert time.monotonic() - started < 10
+    finally:
+        released.set()

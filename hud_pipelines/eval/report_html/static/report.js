@@ -23,25 +23,14 @@
     });
   }
 
-  // Significant digits of an axis label: short enough for the margin.
-  function digits(value) {
-    var magnitude = Math.abs(value);
-    return magnitude >= 1e4 || magnitude < 1e-2 ? 2 : 3;
-  }
-
-  function format(value) {
+  // An axis label: enough significant digits that it is off by at most half a percent of the axis's span (a
+  // pixel), so it reads as where the line is (101 on an axis from 100.5 to 101.5 read as 102 with three digits).
+  function format(value, span) {
     if (value === 0) return "0";
-    return digits(value) === 2 ? value.toExponential(1) : String(Number(value.toPrecision(3)));
-  }
-
-  // An end of the y axis moved outwards to the nearest value its label shows exactly, so the labels tell the truth
-  // (101 between 100.5 and 101.5 rounded to labels "102" and "101" would read as 101.5).
-  function outwards(value, up) {
-    if (value === 0) return 0;
-    var unit = Math.pow(10, Math.floor(Math.log10(Math.abs(value))) - digits(value) + 1);
-    var units = value / unit;
-    var whole = Math.abs(units - Math.round(units)) < 1e-9 ? Math.round(units) : up ? Math.ceil(units) : Math.floor(units);
-    return Number((whole * unit).toPrecision(digits(value) + 1));
+    var magnitude = Math.abs(value);
+    var digits = Math.min(Math.max(Math.ceil(Math.log10(magnitude / span)) + 3, 3), 12);
+    if (magnitude >= 1e6 || magnitude < 1e-3) return value.toExponential(digits - 1).replace(/\.?0+e/, "e");
+    return String(Number(value.toPrecision(digits)));
   }
 
   // The x scale of an episode: from its first to its last sampled step.
@@ -84,12 +73,11 @@
     var known = finite(series.values);
     var low = known.length ? Math.min.apply(null, known) : 0;
     var high = known.length ? Math.max.apply(null, known) : 1;
-    if (high === low) {
-      high += 0.5;
-      low -= 0.5;
+    if (high - low <= 1e-9 * Math.max(Math.abs(high), Math.abs(low))) {  // constant, or float noise around one value
+      var pad = Math.abs(high) < 100 ? 0.5 : Math.pow(10, Math.floor(Math.log10(Math.abs(high))) - 2);
+      high += pad;
+      low -= pad;
     }
-    high = outwards(high, true);
-    low = outwards(low, false);
     var y = function (value) {
       return MARGIN.top + ((high - value) / (high - low)) * (HEIGHT - MARGIN.top - MARGIN.bottom);
     };
@@ -107,7 +95,7 @@
       [low, bottom],
     ].forEach(function (tick) {
       var label = svgElement("text", { class: "tick", x: MARGIN.left - 3, y: tick[1], "text-anchor": "end" });
-      label.textContent = format(tick[0]);
+      label.textContent = format(tick[0], high - low);
       svg.appendChild(label);
     });
     if (steps.length) {
