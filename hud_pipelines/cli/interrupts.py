@@ -55,20 +55,24 @@ def catching_interrupts() -> Generator[dict[str, signal.Signals]]:
                 break
 
 
-FINISHING_NOTICE = b"finishing the grades, checks and report of the run before it exits (SIGKILL stops it at once)\n"
+FINISHING_NOTICE = (
+    b"finishing the grades, checks and report of the run before it exits: send the signal again to stop at once\n"
+)
 
 
 @contextlib.contextmanager
 def finishing_despite_signals() -> Generator[dict[str, signal.Signals]]:
-    """SIGINT and SIGTERM noted, not acted on, while a run that ended writes its grades, checks and report (seconds):
+    """The first SIGINT or SIGTERM noted, not acted on, once the run ended and writes its grades, checks and report:
     a supervisor's SIGTERM after a Ctrl-C killed it between its checks and its report, whose earlier run's green
-    verdict then stood beside the failed checks."""
+    verdict then stood beside the failed checks. A second one stops it at once (a big sweep's reports take a while).
+    Entered around :func:`catching_interrupts`, whose handlers then give way to these with no gap between."""
     received: dict[str, signal.Signals] = {}
 
     def note(signum: int, frame: object) -> None:
-        if not received:
-            os.write(2, FINISHING_NOTICE)  # not print: the handler may run inside a write of this thread
-        received.setdefault("signal", signal.Signals(signum))
+        if received:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        os.write(2, FINISHING_NOTICE)  # not print: the handler may run inside a write of this thread
+        received["signal"] = signal.Signals(signum)
 
     previous = signal.signal(signal.SIGTERM, note), signal.signal(signal.SIGINT, note)
     try:

@@ -159,26 +159,26 @@ def run_pipeline(
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     finished: list[str] = []
     result: ExecutionResult | None = None
-    with catching_interrupts() as received:
-        try:
-            with (
-                dg.DagsterInstance.get() as instance,
-                _progress(console, spec.name, units, quiet) as on_result,
-                progress.listening(_counting(finished, on_result)),
-            ):
-                result = execute_pipeline_job(  # in process, or on the deployment's workers
-                    job,
-                    path,
-                    instance=instance,
-                    outputs_dir=outputs.root,
-                    project_dir=project_dir,
-                    tags=tags,
-                    run_config=run_config,
-                    run_id=run_id,
-                )
-        except KeyboardInterrupt:
-            pass  # which signal it was is read when the block ends
-    with finishing_despite_signals() as late:  # a signal now would leave the last run's green report standing
+    with finishing_despite_signals() as late:  # a signal once the run ended would leave the last green report
+        with catching_interrupts() as received:
+            try:
+                with (
+                    dg.DagsterInstance.get() as instance,
+                    _progress(console, spec.name, units, quiet) as on_result,
+                    progress.listening(_counting(finished, on_result)),
+                ):
+                    result = execute_pipeline_job(  # in process, or on the deployment's workers
+                        job,
+                        path,
+                        instance=instance,
+                        outputs_dir=outputs.root,
+                        project_dir=project_dir,
+                        tags=tags,
+                        run_config=run_config,
+                        run_id=run_id,
+                    )
+            except KeyboardInterrupt:
+                pass  # which signal it was is read when the block ends
         rows = collect_rows(spec, outputs)
         invocation = asked_command(pipeline, pipelines_dir, outputs_dir, queue)
         order = list(dict.fromkeys(row.group_id for row in rows))  # every partition, in order: ranges to re-run

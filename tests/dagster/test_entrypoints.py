@@ -738,6 +738,22 @@ def test_a_sigterm_while_an_interrupted_run_writes_its_files_lets_it_write_its_r
     assert second != first, "the report is the interrupted run's, not the earlier one's"
 
 
+def test_finishing_a_run_notes_the_first_signal_and_stops_at_the_second() -> None:
+    """The first signal after a run ended waits for its report; a second stops it at once (a big sweep's reports take
+    a while), and the handlers of before come back after."""
+    from hud_pipelines.cli.interrupts import catching_interrupts, finishing_despite_signals
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with finishing_despite_signals() as late:
+        with catching_interrupts():
+            pass
+        signal.raise_signal(signal.SIGTERM)  # its handler runs before raise_signal returns
+        assert late == {"signal": signal.SIGTERM}, "noted, not acted on, once the run's own handlers are gone"
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
 def test_the_runs_log_lines_go_to_stderr_as_it_is_when_they_come_and_leave_logging_as_it_was(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
