@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
-from hud_pipelines.errors import ContractError, HudPipelinesError, fault_of
+from hud_pipelines.errors import ContractError, Fault, HudPipelinesError, fault_of
 from hud_pipelines.recording.events import (
     EpisodeKey,
     EpisodeOutcome,
@@ -152,6 +153,8 @@ class Episodes:
         self.last[slot] = observation
         for sink in self.sinks:
             sink.begin(key, self.prompt)
+        if (problem := _not_finite(observation, None, "at reset", slot)) is not None:
+            self._finish(slot, lambda record: errored(problem, 0, 0.0, Fault.NONFINITE))
 
     def step(
         self,
@@ -169,6 +172,10 @@ class Episodes:
         assert self.contract is not None
         record = self.records[slot]
         index = int(record.steps[0])
+        if (problem := _not_finite(observation, reward, f"at step {index + 1}", slot)) is not None:
+            # as the sim's screening ends it: errored, with the steps before it (the agent loop's grade)
+            self._finish(slot, lambda ended: errored(problem, ended.steps, ended.total_reward, Fault.NONFINITE))
+            return
         record.record_step(
             np.array([reward], dtype=np.float64),
             np.array([terminated]),
@@ -263,3 +270,14 @@ class _CloseAtExit:
             episodes.close()
         except Exception:
             logger.exception("closing an unclosed wrap() at exit failed; its dataset was not published")
+
+
+def _not_finite(observation: dict[str, npt.NDArray[Any]], reward: float | None, when: str, slot: int) -> str | None:
+    """Why ``slot``'s episode ends as errored, as the sim's screening says it (:mod:`hud_pipelines.sim.screen`): a
+    float observation or the reward holds NaN or infinity; ``None`` when none does."""
+    for key, value in observation.items():
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return f"observation {key!r} is not finite {when} (slot {slot})"
+    if reward is not None and not math.isfinite(reward):
+        return f"reward {reward} is not finite {when} (slot {slot})"
+    return None

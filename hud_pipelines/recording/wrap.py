@@ -195,23 +195,22 @@ class RecordVectorEpisodes(gym.vector.VectorWrapper):
                 self._pending_reset[slot] = False
                 episodes.begin(slot, None, episodes.observation(flat, slot))
                 continue
-            if not episodes.is_open(slot):
-                continue
             done = bool(terms[slot]) or bool(truncs[slot])
-            next_observation = episodes.observation(flat, slot)
-            if done and self.autoreset is gym.vector.AutoresetMode.SAME_STEP:
-                final = info.get("final_obs")
-                if final is not None:
-                    next_observation = episodes.observation(flatten_observation(final[slot]), None)
-            episodes.step(
-                slot,
-                action_rows[slot],
-                next_observation,
-                float(rewards[slot]),
-                bool(terms[slot]),
-                bool(truncs[slot]),
-                int(success[slot]),
-            )
+            if episodes.is_open(slot):  # one that errored (a non-finite value) waits for its sub-env's end
+                next_observation = episodes.observation(flat, slot)
+                if done and self.autoreset is gym.vector.AutoresetMode.SAME_STEP:
+                    final = info.get("final_obs")
+                    if final is not None:
+                        next_observation = episodes.observation(flatten_observation(final[slot]), None)
+                episodes.step(
+                    slot,
+                    action_rows[slot],
+                    next_observation,
+                    float(rewards[slot]),
+                    bool(terms[slot]),
+                    bool(truncs[slot]),
+                    int(success[slot]),
+                )
             if done and self.autoreset is gym.vector.AutoresetMode.NEXT_STEP:
                 self._pending_reset[slot] = True
             elif done and self.autoreset is gym.vector.AutoresetMode.SAME_STEP:

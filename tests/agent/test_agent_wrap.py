@@ -389,3 +389,49 @@ def test_an_observation_that_leaves_the_contract_mid_episode_is_said_and_errors_
     (outcome,) = sink.ended.values()
     assert (outcome.status, outcome.fault, outcome.steps) == (EpisodeStatus.ERRORED, Fault.CONTRACT, 1)
     env.close()
+
+
+@pytest.mark.parametrize("fault", ["nan_step", "nan_reward_step"])
+def test_a_non_finite_value_errors_a_wrapped_episode_as_the_agent_loop_does(tmp_path: Path, fault: str) -> None:
+    """wrap() graded an episode whose observation or reward turned NaN as a failure (its score NaN), where the agent
+    loop errors it (``nonfinite``), and the dataset left it out as errored: its trace and dataset disagreed."""
+    from envs.faulty import FaultyEnv
+
+    args = {"fault": fault, "at_step": 3}
+    with GymBridge(f"{REPO}/envs/faulty.py:FaultyEnv", 1, build_args=args) as bridge:
+        agent = RobotAgent(FunctionPolicy(lambda _: np.zeros((1, 1), np.float32), bridge.contract), bridge.contract)
+        [expected] = agent.run(bridge, [{"seed": 0}], max_steps=20, key=("nan", 0, 0))
+    env = wrap(FaultyEnv(**args), job="nan", trace_dir=tmp_path)
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, terminated, truncated, _ = env.step(np.zeros(1, np.float32))
+        done = terminated or truncated
+    env.close()
+    [trace] = read_traces(tmp_path / "nan")
+    assert expected.status is EpisodeStatus.ERRORED
+    assert expected.fault is Fault.NONFINITE
+    grade = trace.grade
+    assert grade is not None
+    assert (grade["status"], grade["steps"], grade["error"]) == ("errored", expected.steps, expected.error)
+
+
+def test_a_vector_sub_env_whose_episode_errored_on_a_non_finite_value_records_its_next_episode(tmp_path: Path) -> None:
+    """The errored episode waits for its sub-env's own end; the autoreset after it starts the next episode (before,
+    that slot recorded nothing more)."""
+    from envs.faulty import FaultyEnv
+
+    def sub_env(fault_seed: int) -> Any:
+        return lambda: FaultyEnv(fault="nan_step", at_step=3, fault_seed=fault_seed)
+
+    env = wrap(gym.vector.SyncVectorEnv([sub_env(0), sub_env(-1)]), job="vec", trace_dir=tmp_path)
+    env.reset(seed=[0, 1])
+    for _ in range(25):
+        env.step(np.zeros((2, 1), np.float32))
+    env.close()
+    by_slot: dict[int, list[str]] = {}
+    for trace in sorted(read_traces(tmp_path / "vec"), key=lambda t: (t.header["slot"], t.header["episode"])):
+        by_slot.setdefault(trace.header["slot"], []).append((trace.grade or {})["status"])
+    assert by_slot[0][0] == "errored", by_slot
+    assert by_slot[0][1] != "errored", "the next episode is its own"
+    assert len(by_slot[0]) == len(by_slot[1]) == 3, by_slot
