@@ -35,6 +35,7 @@ episode ended, with that grade.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -175,5 +176,8 @@ class RobotAgent:
 
 
 def _seed(task: dict[str, Any]) -> int | None:
+    """A task's seed, as the sim takes it: any integer (``np.arange``'s too), never a bool."""
     seed = task.get("seed")
-    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+    if isinstance(seed, bool):
+        return None
+    return int(seed) if isinstance(seed, numbers.Integral) else None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from hud_pipelines.contract import Contract, derive_env_contract, resolve_contract, to_numpy
+from hud_pipelines.contract import Contract, derive_env_contract, env_sources, resolve_contract, robot_name, to_numpy
 from hud_pipelines.errors import ContractError, Fault, HudPipelinesError, fault_of
 from hud_pipelines.recording.events import (
     EpisodeKey,
@@ -105,7 +105,6 @@ class Episodes:
         derived = derive_env_contract(env, observation_space, action_space, sample, fallback_name=type(env).__name__)
         self.contract = resolve_contract(derived.contract, self.options.contract_path)
         self.names = derived.names
-        spec = getattr(env, "spec", None)
         if self.options.trace_dir is not None:
             from hud_pipelines.recording.traces import TraceRecorder
 
@@ -115,8 +114,10 @@ class Episodes:
 
             self.dataset = DatasetBuild(self.options.dataset, self.contract, repo_id=self.options.dataset_repo_id)
             self.sinks.append(self.dataset.sink(self.options.job.replace("/", "_") or "wrap"))
-        default_prompt = prompt_of(env) or (spec.id if spec is not None else type(env.unwrapped).__name__)
-        self.prompt = self.options.prompt if self.options.prompt is not None else default_prompt
+        # as the sim names an episode's task: a vector env's by its sub-envs (a SyncVectorEnv is no task's name)
+        sources = env_sources(env)
+        default_prompt = next(filter(None, map(prompt_of, sources)), None) or robot_name(sources)
+        self.prompt = self.options.prompt if self.options.prompt is not None else default_prompt or "task"
 
     def observation(self, flat: dict[str, npt.NDArray[Any]], slot: int | None) -> dict[str, npt.NDArray[Any]]:
         """One slot's observation in contract keys and dtypes (``slot=None``: an unbatched observation)."""

@@ -435,3 +435,23 @@ def test_a_vector_sub_env_whose_episode_errored_on_a_non_finite_value_records_it
     assert by_slot[0][0] == "errored", by_slot
     assert by_slot[0][1] != "errored", "the next episode is its own"
     assert len(by_slot[0]) == len(by_slot[1]) == 3, by_slot
+
+
+def test_a_numpy_integer_seed_is_the_episodes_seed_in_its_key_and_trace(tmp_path: Path) -> None:
+    """``{"seed": s} for s in np.arange(3, 5)``: the sim was seeded 3 and 4, but the keys, traces and dataset records
+    said ``seed: null``, so ``compare`` paired nothing and the policy's stream was the unseeded one."""
+    with GymBridge("CartPole-v1", 2) as bridge:
+        agent = RobotAgent(FunctionPolicy(lambda _: np.zeros((2, 1), np.int64), bridge.contract), bridge.contract)
+        with TraceRecorder(tmp_path, bridge.contract) as recorder:
+            agent.run(bridge, [{"seed": s} for s in np.arange(3, 5)], max_steps=5, key=("np", 0, 0), sinks=[recorder])
+    assert sorted(trace.header["seed"] for trace in read_traces(tmp_path / "np")) == [3, 4]
+
+
+def test_a_vector_env_built_by_hand_names_its_episodes_task_by_its_sub_envs(tmp_path: Path) -> None:
+    """``wrap(SyncVectorEnv([...]))`` recorded every episode's task as "SyncVectorEnv" where the agent loop and
+    ``gym.make_vec`` say "CartPole-v1"."""
+    env = wrap(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2), job="byhand", trace_dir=tmp_path)
+    env.reset(seed=[0, 1])
+    env.step(np.zeros(2, np.int64))
+    env.close()
+    assert {trace.header["prompt"] for trace in read_traces(tmp_path / "byhand")} == {"CartPole-v1"}
