@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -197,8 +197,35 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> objec
     the pipeline's own resources hold it.
     """
     pipeline, part, name = keys
+    return _checked_value(
+        f"deployment file {located(path, ('pipelines', *keys))}: pipelines.{pipeline}.{part}.{name}", part, name, value
+    )
+
+
+def checked_overrides(overrides: Mapping[str, object]) -> dict[str, dict[str, Any]]:
+    """``evaluate(deployment=...)``'s resource fields, held to a deployment file's rules: a resource or a field the
+    resources do not have, or a value of another type, is refused naming it (a typo left the YAML's value, or
+    raised a bare ``KeyError``)."""
+    problems: list[str] = []
+    checked: dict[str, dict[str, Any]] = {}
+    for part, fields in overrides.items():
+        if part not in PARTS or not isinstance(fields, Mapping):
+            said = f"not a resource{did_you_mean(part, PARTS)}; expected one of {', '.join(PARTS)}"
+            problems.append(f"deployment[{part!r}]: {said if part not in PARTS else 'expected a mapping of fields'}")
+            continue
+        checked[part] = {}
+        for name, value in cast(Mapping[str, object], fields).items():
+            try:
+                checked[part][name] = _value(_checked_value(f"deployment[{part!r}][{name!r}]", part, name, value))
+            except DeploymentError as exc:
+                problems.append(str(exc))
+    if problems:
+        raise DeploymentError("\n".join(problems))
+    return checked
+
+
+def _checked_value(where: str, part: str, name: str, value: object) -> object:
     declared = RESOURCE_TYPES[part].model_fields
-    where = f"deployment file {located(path, ('pipelines', *keys))}: pipelines.{pipeline}.{part}.{name}"
     if name not in declared:
         fields = ", ".join(sorted(set(declared) - {"project_dir"}))
         raise DeploymentError(
@@ -209,7 +236,7 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> objec
             f"{where}: '${{...}}' is not expanded in a deployment file; read the environment with {{env: NAME}} "
             "(read when the run starts, never stored)"
         )
-    if isinstance(value, dict) and set(cast(dict[str, Any], value)) == {"env"}:
+    if isinstance(value, dg.EnvVar) or (isinstance(value, dict) and set(cast(dict[str, Any], value)) == {"env"}):
         return cast(object, value)  # read from the environment when the run starts
     adapter = field_adapter(part, name)
     try:

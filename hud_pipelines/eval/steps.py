@@ -341,12 +341,13 @@ def evaluate(
     raised after them, as the Dagster job's dataset step fails. The sim, contract, agent and graders are
     the Dagster job's own resources (``deployment`` replaces their fields as a deployment file does).
     """
+    from hud_pipelines.dagster.deployment import checked_overrides
     from hud_pipelines.dagster.resources import effective_spec, pipeline_resources
 
     project = (project_dir or Path.cwd()).resolve()
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
     run_id = f"local-{uuid.uuid4().hex[:12]}"
-    parts = pipeline_resources(spec, project_dir=project, deployment=deployment)  # the Dagster job's resources
+    parts = pipeline_resources(spec, project_dir=project, deployment=checked_overrides(deployment or {}))
     effective = effective_spec(spec, parts.sim, parts.contract, parts.agent, parts.graders)
     try:
         pool = parts.sim.pool(effective)

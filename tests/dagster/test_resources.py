@@ -546,3 +546,24 @@ def test_the_readmes_deployment_example_is_a_valid_deployment_of_the_bundled_pip
     assert main(["validate", "--no-deep", str(tmp_path / "deployment.yaml"), str(REPO / "pipelines")]) == 1
     said = capsys.readouterr().out
     assert "set contract: {file: null} under pipelines.cartpole_pd to clear it)" in said, said
+
+
+def test_evaluates_deployment_fields_are_held_to_a_deployment_files_rules(tmp_path: Path) -> None:
+    """``evaluate(deployment=...)`` raised a bare ``KeyError`` for a misspelled field, ran with the YAML's values for
+    a misspelled resource, and passed a wrong type on to Dagster's own error."""
+    from hud_pipelines.errors import DeploymentError
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline
+
+    spec = load_pipeline(REPO / "pipelines" / "cartpole.yaml")
+    bad = {"sim": {"num_envz": 1, "num_envs": "two"}, "simm": {"num_envs": 1}}
+    with pytest.raises(DeploymentError) as refused:
+        evaluate(spec, outputs_dir=tmp_path, project_dir=REPO, deployment=bad)
+    said = str(refused.value).splitlines()
+    assert said[0].startswith("deployment['sim']['num_envz']: not a field of the sim resource (did you mean 'num_envs'")
+    assert said[1].startswith("deployment['sim']['num_envs']: ")
+    assert (
+        said[2]
+        == "deployment['simm']: not a resource (did you mean 'sim'?); expected one of sim, contract, agent, graders"
+    )
+    assert not (tmp_path / spec.name).exists(), "refused before anything ran"
