@@ -202,19 +202,19 @@ def _check_field(path: Path, keys: tuple[str, str, str], value: object) -> objec
     )
 
 
-def checked_overrides(overrides: Mapping[str, object]) -> dict[str, dict[str, Any]]:
+def checked_overrides(overrides: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, Any]]:
     """``evaluate(deployment=...)``'s resource fields, held to a deployment file's rules: a resource or a field the
     resources do not have, or a value of another type, is refused naming it (a typo left the YAML's value, or
     raised a bare ``KeyError``)."""
     problems: list[str] = []
     checked: dict[str, dict[str, Any]] = {}
     for part, fields in overrides.items():
-        if part not in PARTS or not isinstance(fields, Mapping):
+        if part not in PARTS or not _is_mapping(fields):  # as a caller passed it, whatever its annotation says
             said = f"not a resource{did_you_mean(part, PARTS)}; expected one of {', '.join(PARTS)}"
             problems.append(f"deployment[{part!r}]: {said if part not in PARTS else 'expected a mapping of fields'}")
             continue
         checked[part] = {}
-        for name, value in cast(Mapping[str, object], fields).items():
+        for name, value in fields.items():
             try:
                 checked[part][name] = _value(_checked_value(f"deployment[{part!r}][{name!r}]", part, name, value))
             except DeploymentError as exc:
@@ -222,6 +222,10 @@ def checked_overrides(overrides: Mapping[str, object]) -> dict[str, dict[str, An
     if problems:
         raise DeploymentError("\n".join(problems))
     return checked
+
+
+def _is_mapping(value: object) -> bool:
+    return isinstance(value, Mapping)
 
 
 def _checked_value(where: str, part: str, name: str, value: object) -> object:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError, HudPipelinesError
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.rows import current_results, sweep_members
+from hud_pipelines.eval.rows import collect_rows, current_results, sweep_members
 from hud_pipelines.spec.models import PipelineSpec
 
 if TYPE_CHECKING:
@@ -35,10 +35,20 @@ def dataset_root(spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path) ->
 
 
 def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path, run_id: str) -> DatasetSummary:
-    """Merge every instance's latest shard and publish the dataset atomically (a sweep: one per checkpoint)."""
+    """Merge every instance's latest shard and publish the dataset atomically (a sweep: one per checkpoint), once
+    every blocking check passes on the results it would publish: within a run the checks hold this step back; the
+    dataset asset materialized on its own (the UI, ``dagster asset materialize``) judges them here."""
     from hud_pipelines.dataset.shards import ShardStore
+    from hud_pipelines.eval.judging import all_verdicts
     from hud_pipelines.eval.report_html import ASSETS_DIR, write_dataset_links
 
+    failing = [v.name for v in all_verdicts(spec, outputs, collect_rows(spec, outputs)) if v.blocking and not v.passed]
+    if failing:
+        raise HudPipelinesError(
+            f"{spec.name}: the dataset is not published while a blocking check fails on the current results "
+            f"({', '.join(failing)}; checks.json after the grades says why): run the instances again, or make the "
+            "check non-blocking"
+        )
     root = dataset_root(spec, outputs, project_dir)
     if not spec.is_sweep:
         store = ShardStore(outputs, spec, run_id=run_id)

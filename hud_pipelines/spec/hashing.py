@@ -36,8 +36,9 @@ def without_later_defaults(dumped: dict[str, Any]) -> dict[str, Any]:
     settings at theirs."""
     out = dict(dumped)
     for section, defaults in SCHEDULING.items():
-        if isinstance(held := out.get(section), dict):
-            out[section] = {**cast(dict[str, Any], held), **{k: v for k, v in defaults.items() if k in held}}
+        held: dict[str, Any] = out.get(section) or {}
+        if held:
+            out[section] = {**held, **{k: v for k, v in defaults.items() if k in held}}
     for section, defaults in LATER_DEFAULTS.items():
         items = out.get(section)
         if isinstance(items, list):

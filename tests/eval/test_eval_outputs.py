@@ -88,6 +88,13 @@ def test_evaluate_runs_the_blocking_checks_before_it_publishes(tmp_path: Path, m
     checks = json.loads((tmp_path / "out" / "placed" / "checks.json").read_text())
     assert [c["passed"] for c in checks] == [True, True, False]
     assert "| min_success_rate | **FAILED** |" in (tmp_path / "out" / "placed" / "report.md").read_text()
+    # the dataset asset materialized on its own (the UI, `dagster asset materialize`): before, it published
+    from hud_pipelines.errors import HudPipelinesError
+    from hud_pipelines.eval.publishing import dataset_step
+
+    with pytest.raises(HudPipelinesError, match=r"not published while a blocking check fails .*\(min_success_rate;"):
+        dataset_step(failing, evaluation.outputs, project_dir=tmp_path, run_id="alone")
+    assert not (tmp_path / "out" / "datasets" / "placed").exists()
 
 
 @pytest.mark.parametrize(
