@@ -373,9 +373,11 @@ def _run_sweep(
         rerun=chosen.rerun,
         on_result=on_result,
     )
-    kept = chosen.asked - len(ran)
+    kept = chosen.kept(ran)
+    for key in kept:  # materialized by an earlier run: a backfill ("Materialize all") then counts the pair done
+        context.log_event(dg.AssetMaterialization(asset_key=rollouts_key, partition=key, metadata={"kept": True}))
     if kept:
-        context.log.info(f"{spec.name}: {kept} (checkpoint, instance) pair(s) kept their current result")
+        context.log.info(f"{spec.name}: {len(kept)} (checkpoint, instance) pair(s) kept their current result")
     return [result for _, result in ran]
 
 

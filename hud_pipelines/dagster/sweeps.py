@@ -206,6 +206,12 @@ class Selection:
     def asked(self) -> int:
         return sum(len(parts) for parts in self.pairs.values())
 
+    def kept(self, ran: Sequence[tuple[sweep.Member, InstanceResult]]) -> list[str]:
+        """The partition keys of the pairs asked for that did not run (a current result kept), in order."""
+        done = {(member.label, result.key) for member, result in ran}
+        asked = [(m, m.spec.partition_key(*p)) for m in self.members for p in self.pairs.get(m.label, ())]
+        return [member.partition_key(key) for member, key in asked if (member.label, key) not in done]
+
 
 def selection(
     spec: PipelineSpec,

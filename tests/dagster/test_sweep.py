@@ -242,6 +242,15 @@ def test_a_run_of_one_partition_of_a_sweep_runs_it(run: LeRobotRun, tmp_path: Pa
             instance=instance, partition_key="001000|near-i0", raise_on_error=False
         )
         picked = [e.message for e in instance.all_logs(again.run_id) if "outside this run's range" in e.message]
+        kept = [
+            event.dagster_event.partition
+            for event in instance.all_logs(again.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+            if event.dagster_event is not None
+            and event.dagster_event.asset_key == dg.AssetKey(["reach_sweep", "rollouts"])
+        ]
+    # the pair kept its result, and is materialized all the same: a backfill ("Materialize all") otherwise marks it
+    # failed, and never grades
+    assert kept == ["001000|near-i0"]
     assert stale_run.success
     [warned] = said  # a stale default range leaves out what was registered since: the log says which
     assert "registered checkpoint(s) 000500 are outside this run's range" in warned
