@@ -40,6 +40,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from hud_pipelines.contract import to_numpy
 from hud_pipelines.errors import PolicyError, PolicyShapeError
 
 Actions = npt.NDArray[np.float32]
@@ -209,6 +210,12 @@ class _UserPolicy(BasePolicy):
     """A user's policy object seen through :class:`BasePolicy`: its optional members, read once."""
 
     def __init__(self, policy: Policy) -> None:
+        if not callable(getattr(policy, "infer", None)):  # every episode would error on it, one by one
+            raise PolicyError(
+                f"{type(policy).__name__} has no infer(batch) method; a policy answers a PolicyBatch with actions "
+                "[B, T, A] or [B, A] (a LeRobot policy object is loaded through the pipeline's 'lerobot' policy, "
+                "or wrapped by a scripted one)"
+            )
         self.policy = policy
         self.horizon = _positive_int(getattr(policy, "horizon", None))
         self.observation_steps = _positive_int(getattr(policy, "observation_steps", None)) or 1
@@ -249,7 +256,7 @@ def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions
 
     A shape that cannot be read that way is an error naming ``source`` and the expected shape.
     """
-    array = np.asarray(actions, dtype=np.float32)
+    array = np.asarray(to_numpy(actions), dtype=np.float32)  # a tensor that requires grad, or on a GPU, too
     if array.ndim == 2 and array.shape == (rows, width):
         return array[:, None, :]
     if array.ndim == 1 and width == 1 and array.shape == (rows,):

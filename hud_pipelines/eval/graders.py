@@ -70,10 +70,12 @@ class _Callable:
             return float(value), outcome.success
         if isinstance(value, dict) and "score" in value:
             grade: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
-            return float(grade["score"]), bool(grade.get("success", outcome.success))
+            score, success = grade["score"], grade.get("success", outcome.success)
+            if isinstance(score, numbers.Real) and isinstance(success, bool | np.bool_):  # "False" is no failure
+                return float(score), success is True or success is np.True_
         raise GraderError(
             f"grader {self.name!r} ({self.target}) returned {value!r}; expected a float, a bool or "
-            "a dict with 'score' and 'success'"
+            "a dict with 'score' (a number) and 'success' (a bool)"
         )
 
 

@@ -12,7 +12,7 @@ from agent_helpers import ResetCounter, countdown_contract
 
 from hud_pipelines.agent.builtin import ConstantPolicy, FunctionPolicy, RandomPolicy, scripted_policy
 from hud_pipelines.agent.factory import build_policy
-from hud_pipelines.agent.policy import PolicyBatch, as_chunks
+from hud_pipelines.agent.policy import PolicyBatch, as_base_policy, as_chunks
 from hud_pipelines.contract import Contract, Feature
 from hud_pipelines.errors import PolicyError
 from hud_pipelines.sim.bridge import GymBridge
@@ -130,6 +130,16 @@ def test_a_module_next_to_the_yaml_is_found_without_installing_it(tmp_path: Path
             del sys.modules[name]
 
 
+class SelectsActions:
+    """A LeRobot policy's shape: ``select_action`` and ``reset``, no ``infer``."""
+
+    def select_action(self, batch: object) -> object:
+        return batch
+
+    def reset(self) -> None:
+        pass
+
+
 def test_outputs_are_normalised_to_chunks_or_refused() -> None:
     assert as_chunks(np.zeros((3, 2)), 3, 2, source="p").shape == (3, 1, 2)
     assert as_chunks(np.zeros(3), 3, 1, source="p").shape == (3, 1, 1)
@@ -140,6 +150,12 @@ def test_outputs_are_normalised_to_chunks_or_refused() -> None:
         as_chunks(np.zeros((2, 5, 2)), 3, 2, source="p")
     with pytest.raises(PolicyError, match="scripted policy"):
         FunctionPolicy(lambda obs: np.zeros((1, 9)), pusht_like()).infer(batch(1))
+    import torch
+
+    with pytest.raises(PolicyError, match="SelectsActions has no infer"):
+        as_base_policy(SelectsActions())  # pyright: ignore[reportArgumentType]
+    weights = torch.ones((3, 2), requires_grad=True)  # a module's output, its graph attached: numpy refused it
+    np.testing.assert_array_equal(as_chunks(weights * 2, 3, 2, source="p"), np.full((3, 1, 2), 2.0, np.float32))
 
 
 def test_batches_stack_and_select_rows() -> None:

@@ -328,6 +328,9 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
         "import numpy as np\n"
         "def numpy_flag(episode):\n    return np.float64(episode['steps']) > 2\n"
         "def numpy_score(episode):\n    return np.float32(episode['total_reward'])\n"
+        "def as_text(episode):\n    return {'score': 1.0, 'success': 'False'}\n"
+        "def no_score(episode):\n    return {'score': None, 'success': True}\n"
+        "def half(episode):\n    return {'score': 1, 'success': 0.5}\n"
     )
     numpy_flag, numpy_score = build_graders(
         [CallableGrader(name=n, target=f"{module}:{n}") for n in ("numpy_flag", "numpy_score")], base_dir=tmp_path
@@ -357,6 +360,10 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
     with pytest.raises(GraderError, match=r"broken.*returned 'yes'"):
         broken.grade(outcome, KEY)
     assert math.isfinite(returns.grade(_outcome(True, -1.0), KEY)[0])
+    loose = [CallableGrader(name=n, target=f"{module}:{n}") for n in ("as_text", "no_score", "half")]
+    for grader in build_graders(loose, base_dir=tmp_path):  # "False" was a success, a None score a bare TypeError
+        with pytest.raises(GraderError, match=r"'score' \(a number\) and 'success' \(a bool\)"):
+            grader.grade(outcome, KEY)
 
 
 def test_the_report_says_in_words_what_the_deciding_grader_counts_as_success() -> None:
