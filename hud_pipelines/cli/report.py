@@ -26,6 +26,7 @@ def write_report(
 ) -> int:
     """Write the pipeline's report, and its grades and checks, from the results on disk as the YAML and the
     code its targets name judge them now (no sim starts); open or serve ``report.html``."""
+    from hud_pipelines.eval.configuration import judged_now
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.steps import dataset_root, grades_step, report_step
     from hud_pipelines.spec.loader import load_pipeline_for_results
@@ -71,19 +72,11 @@ def write_report(
     return code
 
 
-def judged_now(spec: PipelineSpec, outputs: EvalOutputs) -> CurrentBy:
-    """What a result must match to count now: the YAML and the code its targets name as they are (an edit
-    since the last run shows at once), in the environment the results recorded."""
-    from hud_pipelines.eval.configuration import CurrentBy, recorded_provenance
-    from hud_pipelines.eval.provenance import with_current_code
-
-    return CurrentBy(environment=with_current_code(recorded_provenance(outputs), _as_deployed(spec)))
-
-
 def current_rows(pipeline: str, outputs_root: Path) -> list[GradeRow] | None:
     """The grade rows of ``pipeline`` (a name or file) as ``report`` judges them now, without writing them;
     ``None`` when it names no pipeline file here (``compare`` then reads its grades as they were written)."""
     from hud_pipelines.errors import HudPipelinesError
+    from hud_pipelines.eval.configuration import judged_now
     from hud_pipelines.eval.outputs import EvalOutputs
     from hud_pipelines.eval.rows import collect_rows
     from hud_pipelines.spec.loader import load_pipeline_for_results
@@ -131,16 +124,3 @@ def _open(url: str) -> None:
 
     if not webbrowser.open(url):
         print(f"no browser to open here: open {url} where there is one", file=sys.stderr)
-
-
-def _as_deployed(spec: PipelineSpec) -> PipelineSpec:
-    """``spec`` with the deployment file's fields over the YAML's, as a run has them: the code and weights a run
-    with a deployment file loads are the ones to digest (the YAML's named another checkpoint, say). One whose
-    ``{env: NAME}`` is not set here (a sim's token: no sim starts) is judged by the YAML's own fields."""
-    from hud_pipelines.dagster.deployed import deployed_spec
-    from hud_pipelines.errors import DeploymentError
-
-    try:
-        return deployed_spec(spec, Path.cwd())
-    except DeploymentError:
-        return spec

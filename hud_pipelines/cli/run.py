@@ -106,7 +106,7 @@ def run_pipeline(
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
     from hud_pipelines.eval.checks import episode_errors_warning, success_signal_warning
-    from hud_pipelines.eval.configuration import current_rollout_hashes
+    from hud_pipelines.eval.configuration import CurrentBy, current_rollout_hashes
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.perturbations import control_tasks
     from hud_pipelines.eval.results import recording_warning
@@ -179,7 +179,8 @@ def run_pipeline(
                     )
             except KeyboardInterrupt:
                 pass  # which signal it was is read when the block ends
-        rows = collect_rows(spec, outputs)
+        this_run_judges = CurrentBy(run_id=run_id)  # as its own steps judged, whatever run overlapped it
+        rows = collect_rows(spec, outputs, current=this_run_judges)
         invocation = asked_command(pipeline, pipelines_dir, outputs_dir, queue)
         order = list(dict.fromkeys(row.group_id for row in rows))  # every partition, in order: ranges to re-run
         published = dataset_root(spec, outputs, project_dir) if spec.dataset_enabled else None
@@ -216,8 +217,10 @@ def run_pipeline(
             success_signal_warning(spec.graders[0], rows, run_id),
             unevaluated_warning(spec, outputs, rows) if spec.is_sweep else None,
             episode_errors_warning(spec.checks, this_run),
-            recording_warning(r for r in current_results(spec, outputs).values() if r.run_id == run_id),
-            seed_warning(outputs, current_rollout_hashes(spec, outputs).pipeline),
+            recording_warning(
+                r for r in current_results(spec, outputs, this_run_judges).values() if r.run_id == run_id
+            ),
+            seed_warning(outputs, current_rollout_hashes(spec, outputs, run_id).pipeline),
         ]
         said = [*(f"warning: {w}" for w in warned if w), *problems]
         _print_summary(spec.name, rows, succeeded, run_id, outputs.base, said, control_tasks(spec))

@@ -35,7 +35,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from hud_pipelines.dagster import metadata as asset_metadata
 from hud_pipelines.dagster import sweeps, units
 from hud_pipelines.dagster.checks import answered_check, instances_check, pipeline_check
-from hud_pipelines.dagster.context import effective_of, judged_of, sim_of
+from hud_pipelines.dagster.context import effective_of, judging_of, sim_of
 from hud_pipelines.dagster.deployed import refuse_before_a_run
 from hud_pipelines.dagster.eval_failure import eval_step_name, graded_if_it_fails
 from hud_pipelines.dagster.execution import ExecutionSettings
@@ -44,7 +44,7 @@ from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM, resource_key
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import progress, sweep
-from hud_pipelines.eval.configuration import record_configuration
+from hud_pipelines.eval.configuration import judged_in_run, record_configuration
 from hud_pipelines.eval.grade_table import grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import headline_rows
@@ -238,7 +238,7 @@ def _build(
                 results = _run_sweep(context, effective, pool, outputs, rollouts_key)
             else:
                 chosen = [spec.partition_for_key(k) for k in context.partition_keys]
-                todo, done = finished_by(effective, outputs, chosen, units.re_executed(context))
+                todo, done = finished_by(effective, outputs, chosen, units.re_executed(context), run_id)
                 if done:
                     context.log.info(
                         f"{name}: the instances {', '.join(r.key for r in done)} ran to their end in "
@@ -268,8 +268,8 @@ def _build(
         "fault, run.",
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        judged = judged_of(context, spec)
-        rows, _ = grades_step(judged, outputs)  # and the checks' verdicts, as a file beside them
+        judged, current = judging_of(context, spec, outputs, context.run.run_id)
+        rows, _ = grades_step(judged, outputs, current)  # and the checks' verdicts, as a file beside them
         scope, headline = headline_rows(judged, rows)
         summary = summarize(headline)  # the report's headline rate, never one pooled over arms or weights
         low, high = success_interval(summary)
@@ -290,12 +290,9 @@ def _build(
         f"Success rate with its 95% interval and denominators, per task, the checks' verdicts and a plot, for {name}.",
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        written = report_step(
-            judged_of(context, spec),
-            outputs,
-            run_id=context.run.run_id,
-            dataset=dataset_root(spec, outputs, project_dir),
-        )
+        judged, current = judging_of(context, spec, outputs, context.run.run_id)
+        dataset = dataset_root(spec, outputs, project_dir)
+        written = report_step(judged, outputs, run_id=context.run.run_id, current=current, dataset=dataset)
         for warning in written.warnings:  # the run's log says what the report warns of
             context.log.warning(warning)
         thumbnails = (
@@ -333,7 +330,9 @@ def _build(
             deps=[grades],
         )
         def dataset(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-            published = dataset_step(spec, outputs, project_dir=project_dir, run_id=context.run.run_id)
+            run_id = context.run.run_id  # published as the grades judged them
+            current = judged_in_run(spec, outputs, run_id)
+            published = dataset_step(spec, outputs, project_dir=project_dir, run_id=run_id, current=current)
             return dg.MaterializeResult(metadata=published.dagster_metadata())
 
         assets.append(dataset)
@@ -390,7 +389,8 @@ def _comparison_asset(
         "comparison (McNemar's exact test) with the previous checkpoint and the baseline.",
     )
     def comparison(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        table = comparison_step(judged_of(context, spec), outputs)
+        judged, current = judging_of(context, spec, outputs, context.run.run_id)
+        table = comparison_step(judged, outputs, current=current)
         return dg.MaterializeResult(metadata=asset_metadata.comparison_metadata(table, outputs))
 
     return comparison

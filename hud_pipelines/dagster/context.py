@@ -16,6 +16,8 @@ from hud_pipelines.dagster.resources import (
     effective_spec,
     resource_key,
 )
+from hud_pipelines.eval.configuration import CurrentBy, judged_in_run
+from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.models import PipelineSpec
 
 
@@ -45,3 +47,12 @@ def judged_of(context: StepContext, spec: PipelineSpec) -> PipelineSpec:
     """The spec with this run's graders and checks (what the grades-side steps need)."""
     graders = graders_of(context, spec)
     return spec.with_sections(graders=graders.graders, checks=graders.checks)
+
+
+def judging_of(
+    context: StepContext, spec: PipelineSpec, outputs: EvalOutputs, run_id: str
+) -> tuple[PipelineSpec, CurrentBy]:
+    """The spec with this run's graders and checks, and what a result must match to count in run ``run_id``
+    (:func:`~hud_pipelines.eval.configuration.judged_in_run`)."""
+    judged = judged_of(context, spec)
+    return judged, judged_in_run(judged, outputs, run_id)

@@ -115,7 +115,7 @@ def instances_metadata(
         "longest_instance_wall_s": round(max((r.wall_s for r in results), default=0.0), 3),
         **({} if run_id is None else {"traces": dg.MetadataValue.path(str(outputs.traces(run_id)))}),
         "overrides": dg.MetadataValue.json(overrides),
-        "provenance": dg.MetadataValue.json(recorded_provenance(outputs)),
+        "provenance": dg.MetadataValue.json(recorded_provenance(outputs, run_id)),
     }
 
 

@@ -241,7 +241,7 @@ def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOu
     """The (checkpoint, instance) pairs of the run's range to run; pairs with a current result are kept."""
     chosen = sweeps.run_selection(context, spec, outputs)
     keys: list[str] = []
-    environment = recorded_provenance(outputs)  # the run's, recorded by plan
+    environment = recorded_provenance(outputs, context.run.run_id)  # the run's, recorded by plan
     for member in chosen.members:
         todo = [p for p in chosen.pairs[member.label] if chosen.rerun or not current(member, p, environment)]
         if todo:
@@ -303,7 +303,7 @@ def _run(
 def _resumed(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
     """The run's instances less those that the run it re-executes (Dagster's "from failure") ran to their end."""
     chosen = [spec.partition_for_key(k) for k in context.partition_keys]
-    todo, done = finished_by(spec, outputs, chosen, re_executed(context))
+    todo, done = finished_by(spec, outputs, chosen, re_executed(context), context.run.run_id)
     if done:
         context.log.info(
             f"{spec.name}: {', '.join(r.key for r in done)} ran to their end in the run this one re-executes"

@@ -42,8 +42,10 @@ def record_configuration(
         "provenance": provenance.for_run(effective, contract_json=contract),
         "attached": not effective.sim.spawned,
     }
-    outputs.base.mkdir(parents=True, exist_ok=True)
-    write_atomically(outputs.configuration_json, json.dumps(record, indent=1))
+    outputs.configurations.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(record, indent=1)
+    write_atomically(_run_record_path(outputs, run_id), text)  # the run's own steps judge by it (:class:`CurrentBy`)
+    write_atomically(outputs.configuration_json, text)
     return overrides
 
 
@@ -83,10 +85,10 @@ class RolloutHashes:
         return RolloutHashes(checkpoint_rollout_hash(self.pipeline, content_hash), tasks, controls)
 
 
-def current_rollout_hashes(spec: PipelineSpec, outputs: EvalOutputs) -> RolloutHashes:
-    """The hashes results must carry to be current: the latest run's (with its overrides of the YAML),
-    unless the YAML's configuration changed since; then the YAML's own."""
-    record = _record(outputs)
+def current_rollout_hashes(spec: PipelineSpec, outputs: EvalOutputs, run_id: str | None = None) -> RolloutHashes:
+    """The hashes results must carry to be current: the latest run's (with its overrides of the YAML; run
+    ``run_id``'s where it recorded one), unless the YAML's configuration changed since; then the YAML's own."""
+    record = _record(outputs, run_id)
     if record and not _edited_since(spec, record):
         recorded = cast(dict[str, str], record.get("task_rollout_hashes") or {})  # a record before task hashes
         return RolloutHashes(str(record["rollout_hash"]), dict(recorded))
@@ -109,6 +111,9 @@ class CurrentBy:
 
     hashes: RolloutHashes | None = None
     environment: dict[str, Any] | None = None
+    run_id: str | None = None
+    """Whose recorded configuration fills in what is left ``None``: this run's (a run's own steps judge by it, not
+    by one that another run, overlapping it with other overrides, recorded since), else the latest run's."""
 
     def resolve(self, spec: PipelineSpec, outputs: EvalOutputs) -> tuple[RolloutHashes, dict[str, Any]]:
         """Both, the latest run's of ``spec`` where left ``None``.
@@ -117,9 +122,9 @@ class CurrentBy:
         environment (:func:`~hud_pipelines.eval.provenance.configured`): a stale result's reason names what
         differs from the pipeline as it is now, not from the run before the edit.
         """
-        hashes = self.hashes or current_rollout_hashes(spec, outputs)
-        environment = self.environment if self.environment is not None else recorded_provenance(outputs)
-        if self.hashes is None and environment and _edited_since(spec, _record(outputs)):
+        hashes = self.hashes or current_rollout_hashes(spec, outputs, self.run_id)
+        environment = self.environment if self.environment is not None else recorded_provenance(outputs, self.run_id)
+        if self.hashes is None and environment and _edited_since(spec, _record(outputs, self.run_id)):
             environment = provenance.configured(environment, spec)
         return hashes, environment
 
@@ -134,20 +139,36 @@ LATEST = CurrentBy()
 """Results are current when they match the latest run's configuration and environment."""
 
 
-def recorded_overrides(outputs: EvalOutputs) -> dict[str, Any]:
-    """What the latest run overrode of the YAML (``{}`` before any run)."""
-    record = _record(outputs)
+def judged_now(spec: PipelineSpec, outputs: EvalOutputs) -> CurrentBy:
+    """What a result must match to count when no run is under way: the latest run's configuration, with the code and
+    weights files it read digested as they are now (an edit since that run shows its results as stale at once, as
+    the next run would find them)."""
+    return CurrentBy(environment=provenance.with_current_code(recorded_provenance(outputs), spec))
+
+
+def judged_in_run(spec: PipelineSpec, outputs: EvalOutputs, run_id: str) -> CurrentBy:
+    """What the grades, report and dataset of run ``run_id`` judge by: the configuration it recorded as its rollouts
+    began; where it rolled out nothing (those assets materialized on their own), the results as they stand now
+    (:func:`judged_now`), as ``hud-pipelines report`` judges them."""
+    return CurrentBy(run_id=run_id) if _run_record_path(outputs, run_id).is_file() else judged_now(spec, outputs)
+
+
+def recorded_overrides(outputs: EvalOutputs, run_id: str | None = None) -> dict[str, Any]:
+    """What the latest run (run ``run_id``, where it recorded its configuration) overrode of the YAML (``{}``
+    before any run)."""
+    record = _record(outputs, run_id)
     return dict(record.get("overrides", {})) if record else {}
 
 
-def recorded_provenance(outputs: EvalOutputs) -> dict[str, Any]:
-    """The latest run's provenance (``{}`` before any run), with the served sim it claimed, if any.
+def recorded_provenance(outputs: EvalOutputs, run_id: str | None = None) -> dict[str, Any]:
+    """The latest run's provenance (``{}`` before any run), with the served sim it claimed, if any; run ``run_id``'s
+    where it recorded its configuration (a run's own steps read the run's, whatever runs overlap it).
 
     A run records its configuration before any sim is met; the served sim it runs is learnt later, by
     whichever step meets one first (the contract step, a unit on a worker), and claimed for the run
     (:func:`claim_served_sim`); so is its contract where none was written before (a first run on workers).
     """
-    record = _record(outputs)
+    record = _record(outputs, run_id)
     if not record:
         return {}
     recorded = dict(record.get("provenance") or {})
@@ -196,7 +217,12 @@ def latest_served_sim(outputs: EvalOutputs) -> dict[str, Any] | None:
 
 
 def _claim_path(outputs: EvalOutputs, run_id: str) -> Path:
-    return outputs.served_sims / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}.json"
+    return _run_file(outputs.served_sims, run_id)
+
+
+def _run_file(folder: Path, run_id: str) -> Path:
+    """``<run id>.json`` in ``folder``, the id made a plain file name."""
+    return folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}.json"
 
 
 def _read_claim(path: Path) -> dict[str, Any] | None:
@@ -206,6 +232,12 @@ def _read_claim(path: Path) -> dict[str, Any] | None:
     return dict(cast(dict[str, Any], sim)) if isinstance(sim, dict) and sim else None
 
 
-def _record(outputs: EvalOutputs) -> dict[str, Any] | None:
-    path = outputs.configuration_json
+def _run_record_path(outputs: EvalOutputs, run_id: str) -> Path:
+    return _run_file(outputs.configurations, run_id)
+
+
+def _record(outputs: EvalOutputs, run_id: str | None = None) -> dict[str, Any] | None:
+    """Run ``run_id``'s recorded configuration where it recorded one, else the latest run's (``None``: no run yet)."""
+    own = None if run_id is None else _run_record_path(outputs, run_id)
+    path = own if own is not None and own.is_file() else outputs.configuration_json
     return dict(json.loads(path.read_text())) if path.is_file() else None

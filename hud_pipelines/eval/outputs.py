@@ -90,6 +90,8 @@ class EvalOutputs:
     grades_csv = _Entry("grades.csv")
     configuration_json = _Entry("configuration.json")
     """The configuration of the latest run: its rollout hash and what it overrode of the YAML."""
+    configurations = _Entry("configurations")
+    """``<run id>.json`` per run: the configuration it recorded, which its own steps judge by."""
     checks_json = _Entry("checks.json")
 
     @property

@@ -128,18 +128,15 @@ def environment(spec: PipelineSpec, code: dict[str, str] | None = None) -> dict[
 
 
 def with_current_code(recorded: dict[str, Any], spec: PipelineSpec) -> dict[str, Any]:
-    """The latest run's provenance (``recorded``) with the pipeline's code and weights digested as they are now.
+    """The latest run's provenance (``recorded``) with the code and weights files it read digested as they are now.
 
-    What results are judged by when nothing runs (``hud-pipelines report``): an edit of the code since the
-    last run shows its results as stale at once, as the next run would. A served sim's own code is known
-    only to its server: it stays as the run recorded it.
+    What results are judged by when nothing runs (``hud-pipelines report``, a Dagster asset materialized on its
+    own): an edit of the code since the last run shows its results as stale at once, as the next run would.
+    A served sim's own code is known only to its server: it stays as the run recorded it.
     """
-    if not recorded:
+    if not recorded.get("sources"):  # no run yet, a run recorded before sources were, or no file to read
         return recorded
-    code = sources.digests(spec)
-    if "sources" not in recorded and not code:
-        return recorded
-    updated = recorded | {"sources": code}
+    updated = recorded | {"sources": sources.digested_again(recorded["sources"], spec)}
     return updated | {"fingerprint": fingerprint(updated)}
 
 

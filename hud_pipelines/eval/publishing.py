@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError, HudPipelinesError
+from hud_pipelines.eval.configuration import LATEST, CurrentBy
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.rows import collect_rows, current_results, sweep_members
 from hud_pipelines.spec.models import PipelineSpec
@@ -34,15 +35,23 @@ def dataset_root(spec: PipelineSpec, outputs: EvalOutputs, project_dir: Path) ->
     return spec.dataset_root(project_dir) if configured else outputs.dataset
 
 
-def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path, run_id: str) -> DatasetSummary:
+def dataset_step(
+    spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path, run_id: str, current: CurrentBy = LATEST
+) -> DatasetSummary:
     """Merge every instance's latest shard and publish the dataset atomically (a sweep: one per checkpoint), once
     every blocking check passes on the results it would publish: within a run the checks hold this step back; the
-    dataset asset materialized on its own (the UI, ``dagster asset materialize``) judges them here."""
+    dataset asset materialized on its own (the UI, ``dagster asset materialize``) judges them here.
+
+    ``current``: what a result must match to be published (:func:`collect_rows`), as the grades judged them."""
     from hud_pipelines.dataset.shards import ShardStore
     from hud_pipelines.eval.judging import all_verdicts
     from hud_pipelines.eval.report_html import ASSETS_DIR, write_dataset_links
 
-    failing = [v.name for v in all_verdicts(spec, outputs, collect_rows(spec, outputs)) if v.blocking and not v.passed]
+    failing = [
+        v.name
+        for v in all_verdicts(spec, outputs, collect_rows(spec, outputs, current=current))
+        if v.blocking and not v.passed
+    ]
     if failing:
         raise HudPipelinesError(
             f"{spec.name}: the dataset is not published while a blocking check fails on the current results "
@@ -52,12 +61,12 @@ def dataset_step(spec: PipelineSpec, outputs: EvalOutputs, *, project_dir: Path,
     root = dataset_root(spec, outputs, project_dir)
     if not spec.is_sweep:
         store = ShardStore(outputs, spec, run_id=run_id)
-        store.publish(root, current_results(spec, outputs))
+        store.publish(root, current_results(spec, outputs, current))
         write_dataset_links(outputs.base / ASSETS_DIR, root, spec.dataset_repo_id)  # the report's cards link to it
         return store.summary(root)
     published: list[tuple[ShardStore, Path]] = []
     refused: list[str] = []
-    members = sweep_members(spec, outputs)
+    members = sweep_members(spec, outputs, current)
     for member, expected in members:
         member_root = member_dataset(root, member.label)
         assert member_root is not None

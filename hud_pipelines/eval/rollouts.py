@@ -253,7 +253,7 @@ def sweep_rollouts_step(
     sweep evaluates only what is missing, on the same seeds.
     """
     ran: list[tuple[sweep.Member, InstanceResult]] = []
-    environment = recorded_provenance(outputs)  # the run's, recorded as it started
+    environment = recorded_provenance(outputs, run_id)  # the run's, recorded as it started
     for member in members:
         wanted = list(selection.get(member.label, ())) if selection is not None else member.spec.partitions()
         todo = wanted if rerun else [p for p in wanted if not current(member, p, environment)]
@@ -318,7 +318,11 @@ def kept_pairs(spec: PipelineSpec, outputs: EvalOutputs, labels: Sequence[str], 
 
 
 def finished_by(
-    spec: PipelineSpec, outputs: EvalOutputs, partitions: Sequence[Partition], runs: Collection[str]
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    partitions: Sequence[Partition],
+    runs: Collection[str],
+    run_id: str | None = None,
 ) -> tuple[list[Partition], list[InstanceResult]]:
     """The ``partitions`` still to run, and the results of those that one of ``runs`` ran to its end under this
     configuration and in this environment (as the grades judge them: the run's recorded provenance, sources
@@ -329,7 +333,7 @@ def finished_by(
 
     todo: list[Partition] = []
     kept: list[InstanceResult] = []
-    environment = recorded_provenance(outputs) if runs else {}  # recorded as this run started
+    environment = recorded_provenance(outputs, run_id) if runs else {}  # recorded as this run (``run_id``) started
     for partition in partitions:
         result = current_result(spec, outputs, partition, environment) if runs else None
         if result is None or result.run_id not in runs:

@@ -42,7 +42,7 @@ def collect_rows(
     if spec.is_sweep:
         return _sweep_rows(spec, outputs, current)
     expected, environment = current.resolve(spec, outputs)
-    scheduled = slots_as_run(spec, outputs) if current.hashes is None else spec  # as the graded configuration runs
+    scheduled = slots_as_run(spec, outputs, current.run_id) if current.hashes is None else spec  # as the graded run ran
     rows: list[GradeRow] = []
     for partition in spec.partitions():
         result, stale = _latest(spec, outputs, partition, expected, environment, rerun)
@@ -55,11 +55,11 @@ def collect_rows(
     return rows
 
 
-def slots_as_run(spec: PipelineSpec, outputs: EvalOutputs) -> PipelineSpec:
+def slots_as_run(spec: PipelineSpec, outputs: EvalOutputs, run_id: str | None = None) -> PipelineSpec:
     """``spec`` with the slots per instance of the latest run, which may set ``sim.num_envs`` in its run
     configuration: an instance it did not run is still scheduled as that configuration runs it (its slots
     and seeds), not as the YAML does."""
-    num_envs = recorded_overrides(outputs).get("sim.num_envs")
+    num_envs = recorded_overrides(outputs, run_id).get("sim.num_envs")
     if not isinstance(num_envs, int) or num_envs == spec.sim.num_envs:
         return spec
     return spec.with_sections(sim=spec.sim.model_copy(update={"num_envs": num_envs}))

@@ -52,6 +52,16 @@ def digests(spec: PipelineSpec) -> dict[str, str]:
     return found
 
 
+def digested_again(recorded: dict[str, str], spec: PipelineSpec) -> dict[str, str]:
+    """The files of ``recorded`` (a run's :func:`digests`) digested as they are now: the very files that run read,
+    those of a policy its run configuration named instead of the YAML's included (a file gone is ``unreadable``)."""
+    found: dict[str, str] = {}
+    for name in recorded:
+        path = spec.base_dir.resolve() / name
+        found[name] = code_digest(path) if path.suffix == ".py" else _weights_digest(path)
+    return found
+
+
 def _relative(path: Path, spec: PipelineSpec) -> str:
     return os.path.relpath(path, spec.base_dir.resolve())
 

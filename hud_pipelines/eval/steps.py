@@ -172,7 +172,7 @@ def report_step(
     plot = render_plot(name, headline)
     outputs.base.mkdir(parents=True, exist_ok=True)
     outputs.report_png.write_bytes(plot)
-    overrides = recorded_overrides(outputs)
+    overrides = recorded_overrides(outputs, current.run_id)
     member_of_sweep = spec.checkpoint_hash is not None
     own = builtin_verdicts(rows, outputs.run_command(spec)) if member_of_sweep else None  # a sweep's member's
     checks = own or all_verdicts(spec, outputs, rows, run_failure)
@@ -210,7 +210,7 @@ def report_step(
     studied = _perturbations(spec, outputs, rows) if has_matrix(spec) else None
     if studied is not None:
         markdown += perturbations.report_section(*studied)
-    markdown += provenance.markdown(recorded_provenance(outputs))
+    markdown += provenance.markdown(recorded_provenance(outputs, current.run_id))
     write_atomically(outputs.report_md, markdown)
     page = write_html_report(
         name,
@@ -234,8 +234,9 @@ def failed_run_step(
 ) -> None:
     """The grades and report of a run that failed or was cancelled before its grades step, saying ``failure``:
     else the files keep an earlier run's verdict while the results hold what this run did."""
-    grades_step(spec, outputs, run_failure=failure)
-    report_step(spec, outputs, run_id=run_id, dataset=dataset_root(spec, outputs, project_dir), run_failure=failure)
+    current, dataset = CurrentBy(run_id=run_id), dataset_root(spec, outputs, project_dir)
+    grades_step(spec, outputs, current, run_failure=failure)
+    report_step(spec, outputs, run_id=run_id, current=current, dataset=dataset, run_failure=failure)
 
 
 def comparison_step(
@@ -382,12 +383,12 @@ def evaluate(
             )
     finally:
         parts.sim.close()
-    current = CurrentBy(RolloutHashes.of(effective))
+    current = CurrentBy(RolloutHashes.of(effective), run_id=run_id)
     rows, checks = grades_step(effective, outputs, current)
     report_step(effective, outputs, run_id=run_id, current=current, dataset=dataset_root(effective, outputs, project))
     published = None
     if effective.dataset_enabled and all(v.passed for v in checks if v.blocking):
-        published = dataset_step(effective, outputs, project_dir=project, run_id=run_id)
+        published = dataset_step(effective, outputs, project_dir=project, run_id=run_id, current=current)
     return Evaluation(
         rows=rows,
         summary=summarize(headline_rows(effective, rows)[1]),
