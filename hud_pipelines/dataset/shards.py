@@ -12,12 +12,14 @@ instance's grades stand, and the dataset is not published until that instance ru
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import json
 import shutil
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import IO
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.dataset.merge import find_parts
@@ -58,6 +60,8 @@ class ShardStore:
         self.attempt = uuid.uuid4().hex[:8]
         """This store's writes: two attempts of one instance in one run (a retry while the worker taken for lost
         still runs) write apart, and the one that commits last leaves a whole shard, not a mix of the two."""
+        self._writing: dict[str, IO[str]] = {}
+        """Instance -> the locked mark beside its staging dir, held while this store writes there (:func:`_written`)."""
 
     def _pending(self, partition_key: str) -> Path:
         return self.outputs.shard(partition_key).with_name(f".{partition_key}.run-{self.run_id}.{self.attempt}")
@@ -66,6 +70,7 @@ class ShardStore:
         """A fresh shard sink for one instance of this run."""
         pending = self._pending(partition_key)
         shutil.rmtree(pending, ignore_errors=True)
+        self._hold(partition_key)
         self._cameras = bool(contract.cameras)
         return LeRobotDatasetSink(
             contract,
@@ -82,6 +87,12 @@ class ShardStore:
         leaves it in place, and it must not then be published beside that run's results. ``failure``:
         why its writer failed, which marks it incomplete (:meth:`publish` refuses it).
         """
+        try:
+            self._commit(partition_key, failure)
+        finally:
+            self._release(partition_key)
+
+    def _commit(self, partition_key: str, failure: str | None) -> None:
         pending = self._pending(partition_key)
         if failure is not None:  # also a writer that failed before it wrote anything: the mark says so
             pending.mkdir(parents=True, exist_ok=True)
@@ -120,11 +131,29 @@ class ShardStore:
 
     def _clear_other_runs_staging(self, partition_key: str) -> None:
         """Remove what attempts of earlier runs left of this instance uncommitted (a worker lost for good): this
-        run's other attempts may still be writing theirs (a worker taken for lost that runs on)."""
+        run's other attempts may still be writing theirs (a worker taken for lost that runs on), and so may another
+        run of the instance under way at the same time (its mark is locked: :func:`_written`)."""
         mine = f".{partition_key}.run-{self.run_id}."
         for staging in self.outputs.shard(partition_key).parent.glob(f"{glob.escape(f'.{partition_key}.run-')}*"):
-            if not staging.name.startswith(mine):
-                shutil.rmtree(staging, ignore_errors=True)
+            if staging.name.startswith(mine) or staging.suffix == _WRITING or _written(staging):
+                continue
+            shutil.rmtree(staging, ignore_errors=True)
+            _mark(staging).unlink(missing_ok=True)
+
+    def _hold(self, partition_key: str) -> None:
+        """Lock the mark beside this store's staging dir of the instance until its commit: a live process holds it."""
+        self._release(partition_key)
+        mark = _mark(self._pending(partition_key))
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        handle = mark.open("a")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        self._writing[partition_key] = handle
+
+    def _release(self, partition_key: str) -> None:
+        handle = self._writing.pop(partition_key, None)
+        if handle is not None:
+            _mark(self._pending(partition_key)).unlink(missing_ok=True)
+            handle.close()
 
     def written_by(self, partition_key: str, run_id: str) -> bool:
         """Whether the instance's shard exists and is the one ``run_id`` wrote (a shard from before runs were
@@ -141,6 +170,7 @@ class ShardStore:
         """
         for key in self.spec.partition_keys() if keys is None else keys:
             shutil.rmtree(self._pending(key), ignore_errors=True)
+            self._release(key)
 
     def publish(self, target: Path, current: Mapping[str, InstanceResult]) -> bool:
         """Merge the shards of the ``current`` results' instances and swap the result in at ``target``; whether it
@@ -202,6 +232,9 @@ class ShardStore:
                     unheld[key] = f"its shard was written with {other}"
             elif any(row.status is not EpisodeStatus.ERRORED or (kept and row.steps) for row in result.rows):
                 unheld[key] = f"no shard of run {result.run_id} (its dataset was disabled, or the shard removed)"
+                with contextlib.suppress(OSError):  # another run's shard beside its result: both ran it at once
+                    other = (self.outputs.shard(key) / RUN_FILE).read_text()
+                    unheld[key] = f"its shard is run {other}'s, its result run {result.run_id}'s (both ran it at once)"
         self._refuse(unheld, "{n} instance(s) have episodes that no shard of theirs holds as the dataset asks now")
 
     def _other_settings(self, key: str) -> str | None:
@@ -246,3 +279,23 @@ class ShardStore:
     def summary(self, target: Path) -> DatasetSummary:
         """What the dataset published at ``target`` holds (it loads it with lerobot: seconds)."""
         return summarize_dataset(target, repo_id=self.spec.dataset_repo_id)
+
+
+_WRITING = ".writing"
+
+
+def _mark(staging: Path) -> Path:
+    """The file beside a staging dir that its writing store holds locked (a lock dies with its process)."""
+    return staging.with_name(staging.name + _WRITING)
+
+
+def _written(staging: Path) -> bool:
+    """Whether a store, in this process or another, still writes into ``staging`` (its mark is locked)."""
+    try:
+        with _mark(staging).open("r") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except FileNotFoundError:  # none: a staging dir of a store that is gone
+        return False
+    except BlockingIOError:
+        return True
+    return False

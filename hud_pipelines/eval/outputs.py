@@ -12,8 +12,11 @@ its slots and nothing else.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
@@ -85,6 +88,17 @@ class EvalOutputs:
 
     def shard(self, partition_key: str) -> Path:
         return self.base / "shards" / partition_key
+
+    @contextlib.contextmanager
+    def instance_lock(self, partition_key: str) -> Generator[None]:
+        """Held while an instance's result and its dataset shard are put in place (:func:`put_in_place`): two runs of
+        one instance at once, on this machine or on workers sharing the outputs, then leave one run's result and
+        shard, never one run's result beside the other's shard (which the dataset would refuse)."""
+        lock = self.base / "rollouts" / f".{partition_key}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with lock.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield  # released as the file closes
 
     grades_json = _Entry("grades.json")
     grades_csv = _Entry("grades.csv")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError, fault_of
@@ -31,6 +31,9 @@ from hud_pipelines.recording.contained import ContainedSink
 from hud_pipelines.recording.events import EpisodeSink
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.models import Partition, PipelineSpec
+
+if TYPE_CHECKING:
+    from hud_pipelines.dataset.shards import ShardStore
 
 # -- rollouts --------------------------------------------------------------------------------------------
 
@@ -121,10 +124,8 @@ def rollouts_step(
             on_result(result)
 
     def _keep(result: InstanceResult) -> None:
-        result.write(outputs.result(result.key))
-        if shards is not None:
-            writer = written.pop(result.key, None)
-            shards.commit(result.key, failure=None if writer is None else writer.failure)
+        writer = written.pop(result.key, None)
+        put_in_place(outputs, result, shards, failure=None if writer is None else writer.failure)
 
     job = episode_job(spec.name, run_id, checkpoint)
     runner = EvalRunner(spec, pool, job=job, run_id=run_id, sinks=sinks, on_result=ended, checkpoint=checkpoint)
@@ -152,6 +153,18 @@ KEEPS_EARLIER = NEVER_STARTED | {Fault.SIM_CRASHED, Fault.SIM_HUNG, Fault.POLICY
 nothing (it never started), or its sim died or hung under it, or its remote policy server or its Celery worker
 went away, which the earlier run of the same configuration shows was not the configuration's doing (a served
 machine lost, a flaky sim, a policy server restarted, a worker killed)."""
+
+
+def put_in_place(
+    outputs: EvalOutputs, result: InstanceResult, shards: ShardStore | None, *, failure: str | None = None
+) -> None:
+    """Write an instance's result and make its run's shard of it current (``failure``: why its writer failed), as one
+    step under the instance's lock (:meth:`EvalOutputs.instance_lock`): of two runs of it at once, the one that ends
+    last leaves both."""
+    with outputs.instance_lock(result.key):
+        result.write(outputs.result(result.key))
+        if shards is not None:
+            shards.commit(result.key, failure=failure)
 
 
 def kept_result(attempt: InstanceResult, outputs: EvalOutputs) -> InstanceResult | None:

@@ -74,7 +74,9 @@ DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 
 class SimClient(Closeable):
-    """Drives one served sim; use it as a context manager.
+    """Drives one served sim; use it as a context manager, from one thread at a time: its requests and their
+    replies pair up in order on one connection, so threads that share a client get each other's episodes (give
+    each thread a client of its own).
 
     ``step_timeout_s`` bounds every step and result; ``reset_timeout_s`` (default: the same) bounds
     a reset, which may rebuild the env. ``link`` replaces the WebSocket connection to ``url`` (see

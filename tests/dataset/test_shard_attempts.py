@@ -1,17 +1,24 @@
-"""Two attempts of one instance in one run: a retry started while the worker taken for lost still runs.
+"""Two attempts of one instance in one run: a retry started while the worker taken for lost still runs; and two
+runs of one instance at once.
 
 Each attempt writes its shard apart, and whichever commits last, or first, the instance's shard is one
-attempt's whole shard, never a mix of the two or an incomplete one over a whole one."""
+attempt's whole shard, never a mix of the two or an incomplete one over a whole one; of two runs, the instance
+keeps one run's result and shard."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from hud_pipelines.dataset.shards import INCOMPLETE_FILE, ShardStore
+from hud_pipelines.dataset.shards import INCOMPLETE_FILE, RUN_FILE, ShardStore
+from hud_pipelines.errors import Fault
 from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.results import InstanceResult, unreached_result
+from hud_pipelines.eval.rollouts import put_in_place
 from hud_pipelines.spec.loader import load_pipeline_text
 
 KEY = "task0-i0"
@@ -124,3 +131,64 @@ def test_staging_of_a_lost_attempt_stays_through_its_run_and_goes_with_a_later_r
     _write(later, "later run")
     later.commit(KEY)
     assert _staged(later) == [], "an earlier run's leftovers are cleared"
+
+
+def test_two_runs_of_one_instance_at_once_leave_one_runs_result_and_shard(
+    stores: tuple[ShardStore, ShardStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run a puts its result in place, and before its shard follows, run b puts in place both of its own: the
+    instance must end with one run's pair (it ended with b's result beside a's shard, which publishing refused
+    as a shard 'removed'); and a's commit must not clear b's staging dir, which b still writes."""
+    first, _ = stores
+    spec, outputs = first.spec, first.outputs
+    runs = {run: ShardStore(outputs, spec, run_id=run) for run in ("run-a", "run-b")}
+    for store in runs.values():
+        store._hold(KEY)  # as its sink does: a store that writes its staging dir holds it
+        _write(store, store.run_id)
+    commit = ShardStore.commit
+    a_between, b_started = threading.Event(), threading.Event()
+
+    def a_pauses_between_its_result_and_its_shard(self: ShardStore, key: str, *, failure: str | None = None) -> None:
+        if self.run_id == "run-a":
+            a_between.set()
+            b_started.wait(10)
+            time.sleep(0.3)  # b runs to its end meanwhile, unless it waits for a
+        commit(self, key, failure=failure)
+
+    monkeypatch.setattr(ShardStore, "commit", a_pauses_between_its_result_and_its_shard)
+
+    def put(run: str) -> None:
+        result = unreached_result(spec, spec.partitions()[0], run, Fault.INTERRUPTED, run_id=run)
+        put_in_place(outputs, result, runs[run])
+
+    a = threading.Thread(target=put, args=("run-a",))
+    a.start()
+    assert a_between.wait(10)
+    b = threading.Thread(target=put, args=("run-b",))
+    b.start()
+    b_started.set()
+    a.join(10)
+    b.join(10)
+    result = InstanceResult.read(outputs.result(KEY))
+    shard = outputs.shard(KEY)
+    assert (shard / RUN_FILE).read_text() == result.run_id, "the result and the shard are one run's"
+    assert (shard / "part").read_text() == result.run_id
+    assert _staged(first) == [], "no staging dir or mark is left"
+
+
+def test_a_commit_keeps_the_staging_of_another_run_still_writing_and_clears_one_whose_writer_is_gone(
+    stores: tuple[ShardStore, ShardStore],
+) -> None:
+    first, _ = stores
+    writing, gone, done = (ShardStore(first.outputs, first.spec, run_id=run) for run in ("writing", "gone", "done"))
+    for store in (writing, gone):
+        store._hold(KEY)
+        _write(store, store.run_id)
+    gone._writing.pop(KEY).close()  # its process ended without a commit: the lock went with it
+    _write(done, "done")
+    done.commit(KEY)
+    assert (writing._pending(KEY) / "part").read_text() == "writing", "a run still writing keeps its staging"
+    assert not gone._pending(KEY).exists(), "a dead writer's staging is cleared"
+    writing.commit(KEY)
+    assert (first.outputs.shard(KEY) / "part").read_text() == "writing"
+    assert _staged(first) == []
