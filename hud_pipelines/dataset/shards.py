@@ -49,6 +49,8 @@ class ShardStore:
     """The shards of one pipeline under ``outputs/<name>/shards/``."""
 
     def __init__(self, outputs: EvalOutputs, spec: PipelineSpec, *, run_id: str, checkpoint: str | None = None) -> None:
+        self._writing: dict[str, IO[str]] = {}
+        """Instance -> the locked mark beside its staging dir, held while this store writes there (:func:`_written`)."""
         self.checkpoint = checkpoint
         """The label of the sweep's checkpoint ``spec`` is (its instances re-run as ``<label>|<instance>``)."""
         self.outputs = outputs
@@ -60,8 +62,6 @@ class ShardStore:
         self.attempt = uuid.uuid4().hex[:8]
         """This store's writes: two attempts of one instance in one run (a retry while the worker taken for lost
         still runs) write apart, and the one that commits last leaves a whole shard, not a mix of the two."""
-        self._writing: dict[str, IO[str]] = {}
-        """Instance -> the locked mark beside its staging dir, held while this store writes there (:func:`_written`)."""
 
     def _pending(self, partition_key: str) -> Path:
         return self.outputs.shard(partition_key).with_name(f".{partition_key}.run-{self.run_id}.{self.attempt}")
@@ -139,6 +139,10 @@ class ShardStore:
                 continue
             shutil.rmtree(staging, ignore_errors=True)
             _mark(staging).unlink(missing_ok=True)
+
+    def __del__(self) -> None:
+        for handle in self._writing.values():  # its staging, uncommitted, is a gone writer's: a later commit clears it
+            handle.close()
 
     def _hold(self, partition_key: str) -> None:
         """Lock the mark beside this store's staging dir of the instance until its commit: a live process holds it."""
@@ -232,9 +236,12 @@ class ShardStore:
                     unheld[key] = f"its shard was written with {other}"
             elif any(row.status is not EpisodeStatus.ERRORED or (kept and row.steps) for row in result.rows):
                 unheld[key] = f"no shard of run {result.run_id} (its dataset was disabled, or the shard removed)"
-                with contextlib.suppress(OSError):  # another run's shard beside its result: both ran it at once
+                with contextlib.suppress(OSError):  # another run's shard stands beside its result
                     other = (self.outputs.shard(key) / RUN_FILE).read_text()
-                    unheld[key] = f"its shard is run {other}'s, its result run {result.run_id}'s (both ran it at once)"
+                    unheld[key] = (
+                        f"no shard of run {result.run_id}, whose result stands beside run {other}'s shard (the dataset "
+                        f"of run {result.run_id} was disabled, or both runs ran it at once)"
+                    )
         self._refuse(unheld, "{n} instance(s) have episodes that no shard of theirs holds as the dataset asks now")
 
     def _other_settings(self, key: str) -> str | None:
