@@ -172,7 +172,7 @@ def recorded_provenance(outputs: EvalOutputs, run_id: str | None = None) -> dict
     if not record:
         return {}
     recorded = dict(record.get("provenance") or {})
-    if recorded.get("contract_hash") is None and outputs.contract.is_file():  # a first run's units derived it since
+    if outputs.contract.is_file():  # the run's contract, which its units on workers may have derived since it began
         recorded["contract_hash"] = hashlib.sha256(outputs.contract.read_text().encode()).hexdigest()
     served = read_served_sim(outputs, str(record.get("run_id")))
     if served is None and record.get("attached"):  # it met no served sim (all down): the last one met stands

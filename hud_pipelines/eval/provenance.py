@@ -34,7 +34,8 @@ RENDERER_VARIABLES = ("MUJOCO_GL", "PYOPENGL_PLATFORM")
 FINGERPRINT_FIELDS = ("packages", "sim_python", "sim_packages", "renderer")
 """What, besides the rollout hash, decides a result's numbers: never merged across a change of these
 (and of ``served_sim``, a served sim's factory and arguments, where the run attached to one, and of
-``sources``, the code and weights files the pipeline's targets read: :mod:`hud_pipelines.eval.sources`)."""
+``sources``, the code and weights files the pipeline's targets read: :mod:`hud_pipelines.eval.sources`; and of
+``contract_hash``, the contract the run used, which the user may edit: its names, bounds and rates)."""
 SERVED_FIELDS = ("factory_name", "args", "packages", "sources")
 """What of a served sim's own record is part of the fingerprint (``sources``: where its server sent them)."""
 
@@ -160,6 +161,8 @@ def other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:
     ran_in, current_in = ran.get("fingerprint"), current.get("fingerprint")
     if not ran_in or not current_in:
         return False
+    if _contract_changed(ran, current):
+        return True
     judged = current
     if "sources" not in ran and current.get("sources"):
         judged = {key: value for key, value in judged.items() if key != "sources"}
@@ -182,6 +185,10 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     edited = _edited(old.get("sources") or {}, new.get("sources") or {})
     if edited:
         changes.append(f"code or weights changed: {edited}")
+    if _contract_changed(old, new):
+        changes.append(
+            f"the contract changed (contract.json sha256 {old['contract_hash'][:12]} -> {new['contract_hash'][:12]})"
+        )
     served_was: dict[str, Any] = dict(old.get("served_sim") or {})  # copies: the code's digests are taken out
     served_now: dict[str, Any] = dict(new.get("served_sim") or {})
     if "sources" in served_was and "sources" in served_now:  # both servers sent their code's digests
@@ -192,6 +199,13 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
         before, after = (describe(r) if r else "a spawned sim" for r in (served_was, served_now))
         changes.append(f"the served sim {before} -> {after}")
     return ", ".join(changes) or "the environment changed"
+
+
+def _contract_changed(ran: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether the contract a result ran under differs from the current one (an edit of the contract file: other
+    names, bounds or rates; a result that recorded none is judged on the rest)."""
+    was, now = ran.get("contract_hash"), current.get("contract_hash")
+    return bool(was) and bool(now) and was != now
 
 
 def _edited(was: dict[str, str], now: dict[str, str]) -> str:

@@ -374,3 +374,32 @@ def test_a_contract_derived_after_the_configuration_was_recorded_is_in_the_prove
     outputs.contract.write_text('{"derived": "by a unit"}\n')
     expected = __import__("hashlib").sha256(b'{"derived": "by a unit"}\n').hexdigest()
     assert recorded_provenance(outputs)["contract_hash"] == expected
+
+
+def test_an_edit_of_the_contract_file_makes_earlier_results_another_environments(tmp_path: Path) -> None:
+    """The contract file is the user's to edit (names, bounds, rates): results run under the contract before an edit
+    were counted current beside those after it, and one dataset mixed actions clipped to two bounds."""
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    text = {
+        "name": "bounded",
+        "sim": {"factory": "Pendulum-v1", "contract": "bounded.json"},
+        "agent": {"policy": {"kind": "constant", "value": [1.5]}},
+        "group": 2,
+        "max_steps": 5,
+        "graders": [{"kind": "return"}],
+    }
+    spec = load_pipeline_text(json.dumps(text), source=tmp_path / "bounded.yaml")
+    first = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {row.fault for row in first.rows} == {None}
+    again = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partitions()[0]])
+    assert {row.fault for row in again.rows} == {None}, "the same contract: the other instance's result is current"
+
+    contract = json.loads((tmp_path / "bounded.json").read_text())
+    contract["features"]["action"]["high"] = [1.0]  # the action is clipped to 1 from now on
+    (tmp_path / "bounded.json").write_text(json.dumps(contract))
+    edited = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partitions()[0]])
+    stale = [row for row in edited.rows if row.instance == 1]
+    assert {row.fault for row in stale} == {Fault.NOT_RUN}, "a result of the contract before the edit is not current"
+    assert all("the contract changed" in (row.error or "") for row in stale)
+    assert {row.fault for row in edited.rows if row.instance == 0} == {None}
