@@ -59,7 +59,7 @@ def test_a_runs_grades_judge_by_its_own_configuration_when_an_overlapping_run_re
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
 ) -> None:
     path = write_pipeline("overlapped", max_steps=30)
-    _scripted(path.parent, "overlapped_gains")
+    _scripted(path.parent, "overlapped_run_gains")
     (path.parent / "overlapped_policy.py").write_text(OVERLAPPED)
     args = {"pipeline": str(path), "outputs": str(outputs_dir)}
     policy = {"kind": "scripted", "target": "overlapped_policy.py:overlapped", "args": args}
@@ -85,7 +85,7 @@ def test_grades_materialized_on_their_own_judge_by_the_code_as_it_is_now(
 ) -> None:
     """As ``hud-pipelines report`` does: an edit of the policy's code since the run shows its results as stale."""
     path = write_pipeline("edited", agent={"policy": {"kind": "scripted", "target": "controller.py:PD"}})
-    _scripted(path.parent, "edited_gains")
+    _scripted(path.parent, "judged_now_gains")
     defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
     job = defs.resolve_job_def("edited")
     assert job.execute_in_process(instance=instance).success
@@ -96,9 +96,9 @@ def test_grades_materialized_on_their_own_judge_by_the_code_as_it_is_now(
     assert again.success, "the same code: still current"
     assert {row.fault for row in _grades(outputs_dir, "edited")} == {None}
 
-    (path.parent / "edited_gains.py").write_text("GAIN = 1.0\n")
+    (path.parent / "judged_now_gains.py").write_text("GAIN = 1.0\n")
     job.execute_in_process(instance=instance, asset_selection=judged, raise_on_error=False)
     rows = _grades(outputs_dir, "edited")
     assert {row.fault for row in rows} == {Fault.NOT_RUN}, "results of the code before the edit are not current"
-    assert all("code or weights changed: edited_gains.py" in (row.error or "") for row in rows)
+    assert all("code or weights changed: judged_now_gains.py" in (row.error or "") for row in rows)
     assert "errored 4" in EvalOutputs(outputs_dir, "edited").report_md.read_text()
