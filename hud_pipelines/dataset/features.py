@@ -61,6 +61,8 @@ class DatasetLayout:
     vectors: tuple[VectorField, ...]
     action: VectorField
     keep_errored: bool
+    action_bounds: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
+    """The contract's action bounds, which the sim clips a continuous action into before the env applies it."""
 
     @classmethod
     def build(
@@ -122,6 +124,7 @@ class DatasetLayout:
             vectors=others,
             action=action,
             keep_errored=options.keep_errored,
+            action_bounds=_bounds(actions[0]),
         )
         layout.check_keys()
         return layout
@@ -238,14 +241,17 @@ class DatasetLayout:
         return out
 
     def _action(self, value: npt.NDArray[Any]) -> npt.NDArray[Any]:
-        """The action in the contract's dtype; integer and bool actions rounded to the nearest integer,
-        as the sim rounds them before the env sees them."""
+        """The action the env applied, in the contract's dtype: integer and bool actions rounded to the nearest
+        integer, and every action clipped into the contract's bounds, as the sim does before the env sees it (the
+        policy's own, beyond the bounds, would not be what produced the next observation)."""
         action = np.asarray(value)
         if action.size != self.action.size:
             raise ContractError(f"action has {action.size} values, the contract says {self.action.size}")
         action = action.reshape(self.action.size)
         if self.action.dtype.kind in "biu" and action.dtype.kind == "f":
             action = np.rint(action)
+        if self.action_bounds is not None:
+            action = np.clip(action, *self.action_bounds)
         return action.astype(self.action.dtype, copy=True)
 
     def non_finite(self, frame: Frame, converted: FrameDict) -> list[str]:
@@ -286,3 +292,10 @@ def _integer_fps(rate: float) -> int:
     if abs(fps - rate) > 1e-6:
         logger.warning("control rate %.6g Hz stored as fps %d (lerobot needs an integer fps)", rate, fps)
     return fps
+
+
+def _bounds(action: SourceFeature) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None:
+    """The action's flat bounds where the contract gives both, one per value (``None``: it clips nothing)."""
+    if action.low is None or action.high is None or len(action.low) != len(action.high):
+        return None
+    return np.asarray(action.low, dtype=np.float64), np.asarray(action.high, dtype=np.float64)

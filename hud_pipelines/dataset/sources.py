@@ -42,6 +42,9 @@ class SourceFeature:
     names: list[str] | None = None
     storage: CameraStorage | None = None
     """A per-camera storage asked for by a dict spec (``dtype: image|video``); else the options decide."""
+    low: list[float] | None = None
+    high: list[float] | None = None
+    """The flat bounds of a contract's feature, where it knows them (the action's: the sim clips into them)."""
 
 
 def source_features(source: Contract | Mapping[str, Any]) -> list[SourceFeature]:
@@ -72,6 +75,8 @@ def _from_contract_feature(name: str, feature: Feature) -> SourceFeature:
         dtype=_dtype(name, feature.dtype),
         shape=feature.shape,
         names=feature.names,
+        low=feature.low,
+        high=feature.high,
     )
 
 

@@ -276,6 +276,27 @@ def test_an_integer_action_is_rounded_as_the_sim_rounds_it() -> None:
     assert action.tolist() == [2, 0]
 
 
+def test_an_action_beyond_the_contracts_bounds_is_stored_as_the_sim_applied_it() -> None:
+    """The sim clips a continuous action into the contract's bounds (``sim.bounds: clip``) before the env sees it:
+    the dataset stored the policy's own action, which did not produce the next observation."""
+    import gymnasium as gym
+
+    from hud_pipelines.sim.actions import ActionAdapter
+
+    action_feature = Feature(role="action", dtype="float32", shape=(2,), low=[-2.0, -1.0], high=[2.0, 1.0])
+    contract = Contract(
+        control_rate=5,
+        features={"pos": Feature(role="observation", dtype="float32", shape=(1,)), "action": action_feature},
+    )
+    asked = np.array([3.0, -0.5], np.float32)
+    space = gym.spaces.Box(low=np.array([-2, -1], np.float32), high=np.array([2, 1], np.float32), dtype=np.float32)
+    applied, refused = ActionAdapter(action_feature, space, 1).validate(asked[None], np.array([True]))
+    assert refused == {}
+    recorded = Frame(0, {"pos": np.zeros(1, np.float32)}, asked, 0.0, False, False, False)
+    stored = DatasetLayout.build(contract).lerobot_frame(recorded)["action"]
+    assert stored.tolist() == applied[0].tolist() == [2.0, -0.5]
+
+
 # -- 5. robot type ---------------------------------------------------------------------------------------
 
 
