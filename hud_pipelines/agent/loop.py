@@ -265,7 +265,7 @@ class LockstepRun:
         """The policy's ``reset`` before the episodes; what it raises ends them as the policy's fault, named."""
         try:
             self.settings.policy.reset()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in the user's code is its failure, never the run's end
             raise policy_failure(
                 self.settings.policy, "policy reset failed", exc, np.flatnonzero(self.slots.running)
             ) from exc
@@ -281,7 +281,7 @@ class LockstepRun:
         server) the instance ends (:mod:`~hud_pipelines.agent.run_failures`)."""
         try:
             forward = self._infer(need, streams, observation)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in the policy's code: its failure, not an interrupt
             if not raised_by_its_rows(exc):
                 raise policy_failure(self.settings.policy, "policy failed", exc, need) from exc
             if need.size == 1:
@@ -354,7 +354,7 @@ class LockstepRun:
         try:
             adapted = adapt(chunk.copy(), row(observation, slot))
             return as_chunks(np.asarray(adapted)[None], 1, self.settings.width, source="adapt_chunk")[0]
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             self.slots.error(slot, f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}", Fault.POLICY)
             return None
 

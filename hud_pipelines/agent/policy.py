@@ -256,7 +256,13 @@ def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions
 
     A shape that cannot be read that way is an error naming ``source`` and the expected shape.
     """
-    array = np.asarray(to_numpy(actions), dtype=np.float32)  # a tensor that requires grad, or on a GPU, too
+    try:
+        array = np.asarray(to_numpy(actions), dtype=np.float32)  # a tensor that requires grad, or on a GPU, too
+    except (TypeError, ValueError) as exc:  # a dict, a generator, strings, ragged rows: no array of numbers
+        raise PolicyShapeError(
+            f"{source} returned a {type(actions).__name__} that is no array of numbers ({exc}); "
+            f"expected [B={rows}, T, A={width}] or [B={rows}, A={width}]"
+        ) from None
     if array.ndim == 2 and array.shape == (rows, width):
         return array[:, None, :]
     if array.ndim == 1 and width == 1 and array.shape == (rows,):

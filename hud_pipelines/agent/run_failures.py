@@ -58,7 +58,7 @@ _SAID: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
 """The failures already logged, per policy object: a run's instances share one, and meet the same bug."""
 
 
-def say_once(policy: object, reason: str, exc: Exception, slots: npt.NDArray[np.intp]) -> None:
+def say_once(policy: object, reason: str, exc: BaseException, slots: npt.NDArray[np.intp]) -> None:
     """Log a policy's failure once per run, with its traceback unless it is a clear error of ours (a wrong
     shape); the same failure again, in another instance, is a debug line (each episode's error says it)."""
     try:
@@ -71,10 +71,11 @@ def say_once(policy: object, reason: str, exc: Exception, slots: npt.NDArray[np.
     (log.error if first else log.debug)("%s, for slots %s", reason, slots.tolist(), exc_info=traceback)
 
 
-def policy_failure(policy: object, what: str, exc: Exception, slots: npt.NDArray[np.intp]) -> PolicyFailed:
+def policy_failure(policy: object, what: str, exc: BaseException, slots: npt.NDArray[np.intp]) -> PolicyFailed:
     """The failure a policy's exception ends ``slots`` with: its deadline's, or its own words and the user's
     line that raised it (logged once per run)."""
-    if fault_of(exc) in NOT_THE_POLICYS:  # a deadline, its server lost, the run aborted (a wire error is its)
+    if fault_of(exc) in NOT_THE_POLICYS and not isinstance(exc, SystemExit):  # a deadline, its server lost, the run
+        # aborted (a wire error is its own, and so is a sys.exit() in its code)
         return PolicyFailed(str(exc), fault_of(exc))
     where = raised_at(exc)  # the user's line, on the one line every report keeps
     reason = f"{what}: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")

@@ -18,21 +18,30 @@ import numpy as np
 from pydantic import ValidationError
 
 from hud_pipelines.contract.derive import camera_advice
-from hud_pipelines.contract.model import CAMERA_NAMES, Contract, Feature
+from hud_pipelines.contract.model import ACTION, CAMERA_NAMES, Contract, Feature
 from hud_pipelines.errors import ContractError
 
 
 def load_contract(path: Path) -> Contract:
     """Read a contract file; a malformed one is an error naming the file and the field."""
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ContractError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from exc
+    except UnicodeDecodeError as exc:  # a value typed in another encoding (a Latin-1 accent)
+        raise ContractError(f"{path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from exc
     try:
-        return Contract.model_validate(raw)
+        contract = Contract.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ContractError(f"{path}: invalid contract: {problems}") from exc
+    action = contract.features.get(ACTION)
+    if action is None or action.role != "action":
+        raise ContractError(
+            f"{path}: invalid contract: features.{ACTION}: the sim's action needs a feature called "
+            f"{ACTION!r} with role 'action' (`hud-pipelines contract` writes one)"
+        )
+    return contract
 
 
 def merge_contract(edited: Contract, derived: Contract, *, source: Path | str, fix: str | None = None) -> Contract:

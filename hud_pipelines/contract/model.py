@@ -17,6 +17,7 @@ import math
 from enum import StrEnum
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 CONTRACT_VERSION = 1
@@ -61,6 +62,15 @@ class Feature(BaseModel):
         if any(axis < 1 for axis in shape):
             raise ValueError(f"every axis of a feature's shape is at least 1: {list(shape)} holds no value")
         return shape
+
+    @field_validator("dtype")
+    @classmethod
+    def _numpy_dtype(cls, dtype: str) -> str:
+        try:
+            np.dtype(dtype)
+        except TypeError:
+            raise ValueError(f"{dtype!r} is not a numpy dtype (float32, float64, uint8, int64, bool ...)") from None
+        return dtype
 
     @property
     def size(self) -> int:

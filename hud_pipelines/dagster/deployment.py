@@ -93,6 +93,8 @@ def _load(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise DeploymentError(f"deployment file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:  # a value typed in another encoding (a Latin-1 accent)
+        raise DeploymentError(f"deployment file {path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from exc
     try:
         loaded: object = YAML(typ="safe").load(text)
     except MarkedYAMLError as exc:  # at its line, as a pipeline file's (it was a page of ruamel's traceback)

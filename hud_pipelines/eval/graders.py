@@ -61,7 +61,7 @@ class _Callable:
         episode = {**asdict(outcome), "status": outcome.status.value, **asdict(key), "trace_id": key.trace_id}
         try:
             value = self.fn(episode)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a grader is its failure, not the run's interrupt
             raise GraderError(f"grader {self.name!r} ({self.target}) raised {type(exc).__name__}: {exc}") from exc
         if isinstance(value, bool | np.bool_):  # a numpy comparison's result is a bool too
             success = value is True or value is np.True_

@@ -148,6 +148,9 @@ def test_outputs_are_normalised_to_chunks_or_refused() -> None:
         as_chunks(np.zeros((3, 4)), 3, 2, source="policy X")
     with pytest.raises(PolicyError):
         as_chunks(np.zeros((2, 5, 2)), 3, 2, source="p")
+    for answer in ({"action": [0.0, 1.0]}, (a for a in range(3)), ["left", "right", "up"]):  # numpy's words, before
+        with pytest.raises(PolicyError, match=r"policy X returned a \w+ that is no array of numbers .*\[B=3, T, A=2\]"):
+            as_chunks(answer, 3, 2, source="policy X")
     with pytest.raises(PolicyError, match="scripted policy"):
         FunctionPolicy(lambda obs: np.zeros((1, 9)), pusht_like()).infer(batch(1))
     import torch

@@ -225,6 +225,19 @@ def test_a_policy_that_raises_on_one_row_ends_that_slot_alone_and_the_others_act
     ]
 
 
+def test_a_policy_that_calls_sys_exit_errors_its_slots_as_the_policys_fault() -> None:
+    """``sys.exit()`` in a policy's code (a script's habit) went past the loop: the instance was recorded as
+    ``interrupted``, as if the run had been stopped, and nothing named the policy."""
+
+    def exits(observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        raise SystemExit(3)
+
+    sim = CountdownSim([4, 4])
+    _, outcomes = run(sim, FunctionPolicy(exits, sim.contract), max_steps=5)
+    assert [o.status for o in outcomes] == [EpisodeStatus.ERRORED] * 2
+    assert all("policy failed: SystemExit: 3" in (o.error or "") for o in outcomes)
+
+
 def test_a_chunk_that_adapt_chunk_refuses_ends_that_slot_alone() -> None:
     def refuse_slot_1(chunk: npt.NDArray[np.float32], observation: dict[str, Any]) -> npt.NDArray[np.float32]:
         if observation["state"][0] == 1:

@@ -567,3 +567,14 @@ def test_evaluates_deployment_fields_are_held_to_a_deployment_files_rules(tmp_pa
         == "deployment['simm']: not a resource (did you mean 'sim'?); expected one of sim, contract, agent, graders"
     )
     assert not (tmp_path / spec.name).exists(), "refused before anything ran"
+
+
+def test_a_deployment_file_that_is_not_utf8_is_refused_naming_it_and_validate_goes_on(tmp_path: Path) -> None:
+    """A Latin-1 accent in a deployment file was a UnicodeDecodeError traceback, from ``run`` and ``validate``."""
+    from hud_pipelines.dagster.deployment import DeploymentError, is_deployment_file, load_deployment
+
+    path = tmp_path / "deploy.yaml"
+    path.write_bytes("# d\xe9ploiement\npipelines: {}\n".encode("latin-1"))
+    with pytest.raises(DeploymentError, match=f"deployment file {path}: not UTF-8 text"):
+        load_deployment(path)
+    assert not is_deployment_file(path), "validated as what else it may be, which says what is wrong with it"

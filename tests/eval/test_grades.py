@@ -283,6 +283,20 @@ def test_the_success_signal_warning_tells_a_return_grader_to_add_its_threshold()
     assert advised.endswith("or grade on the return (graders: [{kind: return, threshold: ...}])"), advised
 
 
+def test_the_success_signal_warning_tells_a_callable_grader_that_returns_a_number_to_return_the_success() -> None:
+    """A callable grader returning a score leaves success to the env: on an env without the signal every episode
+    failed (0 %), and nothing said why."""
+    grader = CallableGrader(target="graders.py:score")
+    silent = [dataclasses.replace(_row(EpisodeStatus.FAILED), success_reported=False) for _ in range(2)]
+    warned = success_signal_warning(grader, silent) or ""
+    assert "the callable grader counts all 2 answered episode(s) as failed" in warned, warned
+    assert warned.endswith(
+        "have the callable grader return it (a bool, or a dict with 'success'; a number leaves it to the env)"
+    )
+    decided = [*silent, dataclasses.replace(_row(EpisodeStatus.SUCCEEDED), success_reported=False)]
+    assert success_signal_warning(grader, decided) is None, "it returned a success of its own: it decides"
+
+
 def test_episodes_that_errored_on_their_own_are_warned_of_unless_a_check_reads_errors() -> None:
     def errored(fault: Fault, error: str) -> GradeRow:
         return dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=fault, error=error)
@@ -331,6 +345,8 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
         "def as_text(episode):\n    return {'score': 1.0, 'success': 'False'}\n"
         "def no_score(episode):\n    return {'score': None, 'success': True}\n"
         "def half(episode):\n    return {'score': 1, 'success': 0.5}\n"
+        "import sys\n"
+        "def exits(episode):\n    sys.exit(3)\n"
     )
     numpy_flag, numpy_score = build_graders(
         [CallableGrader(name=n, target=f"{module}:{n}") for n in ("numpy_flag", "numpy_score")], base_dir=tmp_path
@@ -359,6 +375,9 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
     assert flag.grade(outcome, KEY) == (1.0, True)
     with pytest.raises(GraderError, match=r"broken.*returned 'yes'"):
         broken.grade(outcome, KEY)
+    (exits,) = build_graders([CallableGrader(name="exits", target=f"{module}:exits")], base_dir=tmp_path)
+    with pytest.raises(GraderError, match=r"grader 'exits' .* raised SystemExit: 3"):  # not the run's interrupt
+        exits.grade(outcome, KEY)
     assert math.isfinite(returns.grade(_outcome(True, -1.0), KEY)[0])
     loose = [CallableGrader(name=n, target=f"{module}:{n}") for n in ("as_text", "no_score", "half")]
     for grader in build_graders(loose, base_dir=tmp_path):  # "False" was a success, a None score a bare TypeError
