@@ -38,8 +38,9 @@ RUN_CONFIGURATION = "the run's configuration (run config or deployment file)"
 def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: PipelineSpec | None) -> list[Problem]:
     """The problems of a valid spec that would fail its run, as far as they show without running its code.
 
-    ``deployed``: the spec as the run will have it. A sim section a deployment file replaces (a sim served
-    elsewhere in place of the YAML's spawned one, whose module and files are on that machine) is not judged here;
+    ``deployed``: the spec as the run will have it. A sim section a deployment file replaces with a sim served
+    elsewhere (in place of the YAML's spawned one, whose module and files are on that machine) is not judged here,
+    one it replaces with another spawned sim has its factory judged as the configuration's;
     a policy or graders that the run's configuration replaces run in the run's own processes, as the YAML's would:
     they are judged, said as the configuration's. ``None`` (the deployment could not be applied, which the run
     refuses in its own words) judges none that it may.
@@ -67,6 +68,8 @@ def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: Pipe
         replaced += policy_problems(deployed, overrides, run_code=False)
     if deployed is not None and overrides is not None and not kept("graders"):
         replaced += grader_problems(deployed, overrides, run_code=False)
+    if deployed is not None and overrides is not None and not kept("sim") and deployed.sim.spawned:
+        replaced += _factory_problems(deployed, overrides)  # another sim spawned here: its factory is read here too
     return [*problems, *(dataclasses.replace(p, line=0, column=0, source_line=None) for p in replaced)]
 
 

@@ -189,6 +189,25 @@ def test_what_a_deployment_file_replaces_is_not_the_yamls_to_judge(
     assert spec.factory == "isaac_tasks:make", "the YAML's spec, as it is"
 
 
+def test_a_sim_factory_a_deployment_file_spawns_in_place_of_the_yamls_is_judged_before_the_run(
+    write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``factory: CartPol-v1`` in a deployment file started a Dagster run whose every episode errored as
+    ``sim_start``, replacing the earlier good results; the same typo in the YAML is refused before anything runs."""
+    from hud_pipelines.dagster.deployed import deployed_spec
+
+    path = write_yaml("name: p\nsim: {factory: CartPole-v1}\nagent: {policy: {kind: random}}\n")
+    deployment = write_yaml("pipelines:\n  p:\n    sim: {factory: CartPol-v1}\n", "deployment.yaml")
+    monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
+    with pytest.raises(SpecError) as refused:
+        load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, path.parent))
+    said = str(refused.value)
+    assert "the run's configuration (run config or deployment file): sim.factory:" in said, said
+    assert "CartPol-v1" in said
+    deployment.write_text("pipelines:\n  p:\n    sim: {factory: Pendulum-v1}\n")
+    assert load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, path.parent)).name == "p"
+
+
 def test_a_policy_the_deployment_leaves_as_it_is_is_judged_at_the_yamls_line_and_one_it_replaces_as_its_own(
     write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
