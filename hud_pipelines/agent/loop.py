@@ -19,8 +19,10 @@ import numpy.typing as npt
 from hud_pipelines.agent.episodes import ObservationRow, OutcomeGrader, SlotEpisodes, row
 from hud_pipelines.agent.policy import SEEDED_STREAM, BasePolicy, Forwards, PolicyBatch, RandomStream, as_chunks
 from hud_pipelines.agent.run_failures import (
+    CODE_FAILURES,
     RunFailed,
     SimFailed,
+    code_failed,
     policy_failure,
     raised_by_its_rows,
     say_once,
@@ -265,7 +267,9 @@ class LockstepRun:
         """The policy's ``reset`` before the episodes; what it raises ends them as the policy's fault, named."""
         try:
             self.settings.policy.reset()
-        except (Exception, SystemExit) as exc:  # sys.exit() in the user's code is its failure, never the run's end
+        except CODE_FAILURES as exc:  # sys.exit() in the user's code is its failure, never the run's end
+            if not code_failed(exc):
+                raise
             raise policy_failure(
                 self.settings.policy, "policy reset failed", exc, np.flatnonzero(self.slots.running)
             ) from exc
@@ -281,7 +285,9 @@ class LockstepRun:
         server) the instance ends (:mod:`~hud_pipelines.agent.run_failures`)."""
         try:
             forward = self._infer(need, streams, observation)
-        except (Exception, SystemExit) as exc:  # sys.exit() in the policy's code: its failure, not an interrupt
+        except CODE_FAILURES as exc:  # sys.exit() in the policy's code: its failure, not an interrupt
+            if not code_failed(exc):
+                raise
             if not raised_by_its_rows(exc):
                 raise policy_failure(self.settings.policy, "policy failed", exc, need) from exc
             if need.size == 1:
@@ -354,7 +360,9 @@ class LockstepRun:
         try:
             adapted = adapt(chunk.copy(), row(observation, slot))
             return as_chunks(np.asarray(adapted)[None], 1, self.settings.width, source="adapt_chunk")[0]
-        except (Exception, SystemExit) as exc:
+        except CODE_FAILURES as exc:
+            if not code_failed(exc):
+                raise
             self.slots.error(slot, f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}", Fault.POLICY)
             return None
 

@@ -23,6 +23,16 @@ NOT_THE_POLICYS = frozenset({Fault.POLICY_TIMEOUT, Fault.POLICY_LINK, Fault.ROLL
 aborted. Running the rows again, alone, would fail them all again."""
 
 
+CODE_FAILURES = (Exception, SystemExit)
+"""What the user's code (a policy, a grader) may fail with: ``sys.exit()`` in it too (:func:`code_failed`)."""
+
+
+def code_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the user's code failing: an exception, or ``sys.exit()``; not a subclass of ``SystemExit``,
+    which a framework raises to stop its worker (Celery's ``WorkerShutdown``): that one goes on up."""
+    return isinstance(exc, Exception) or type(exc) is SystemExit
+
+
 def raised_by_its_rows(exc: BaseException) -> bool:
     """Whether a forward's exception may come from the rows it was given, so that running them apart can tell
     which rows raise: the policy's own code raised (not a deadline, a lost server, an interrupt or an answer of

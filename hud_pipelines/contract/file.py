@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from hud_pipelines.contract.derive import camera_advice
-from hud_pipelines.contract.model import ACTION, CAMERA_NAMES, Contract, Feature
+from hud_pipelines.contract.model import CAMERA_NAMES, Contract, Feature
 from hud_pipelines.errors import ContractError
 
 
@@ -31,17 +31,10 @@ def load_contract(path: Path) -> Contract:
     except UnicodeDecodeError as exc:  # a value typed in another encoding (a Latin-1 accent)
         raise ContractError(f"{path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from exc
     try:
-        contract = Contract.model_validate(raw)
+        return Contract.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ContractError(f"{path}: invalid contract: {problems}") from exc
-    action = contract.features.get(ACTION)
-    if action is None or action.role != "action":
-        raise ContractError(
-            f"{path}: invalid contract: features.{ACTION}: the sim's action needs a feature called "
-            f"{ACTION!r} with role 'action' (`hud-pipelines contract` writes one)"
-        )
-    return contract
 
 
 def merge_contract(edited: Contract, derived: Contract, *, source: Path | str, fix: str | None = None) -> Contract:

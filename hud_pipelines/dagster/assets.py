@@ -65,6 +65,10 @@ from hud_pipelines.eval.steps import (
 from hud_pipelines.recording.thumbnails import markdown_image
 from hud_pipelines.spec.models import PipelineSpec
 
+COMPARISON_DESCRIPTION = (
+    "Every checkpoint of {name} per task: success with its 95% interval, mean score, and the paired comparison "
+    "(McNemar's exact test) with the previous checkpoint and the baseline."
+)
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 
@@ -268,7 +272,7 @@ def _build(
         "fault, run.",
     )
     def grades(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        judged, current = judging_of(context, spec, outputs, context.run.run_id)
+        judged, current = judging_of(context, spec, outputs, context.run.run_id, context.run.parent_run_id)
         rows, _ = grades_step(judged, outputs, current)  # and the checks' verdicts, as a file beside them
         scope, headline = headline_rows(judged, rows)
         summary = summarize(headline)  # the report's headline rate, never one pooled over arms or weights
@@ -290,7 +294,7 @@ def _build(
         f"Success rate with its 95% interval and denominators, per task, the checks' verdicts and a plot, for {name}.",
     )
     def report(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        judged, current = judging_of(context, spec, outputs, context.run.run_id)
+        judged, current = judging_of(context, spec, outputs, context.run.run_id, context.run.parent_run_id)
         dataset = dataset_root(spec, outputs, project_dir)
         written = report_step(judged, outputs, run_id=context.run.run_id, current=current, dataset=dataset)
         for warning in written.warnings:  # the run's log says what the report warns of
@@ -331,7 +335,7 @@ def _build(
         )
         def dataset(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
             run_id = context.run.run_id  # published as the grades judged them
-            current = judged_in_run(spec, outputs, run_id)
+            current = judged_in_run(spec, outputs, run_id, context.run.parent_run_id)
             published = dataset_step(spec, outputs, project_dir=project_dir, run_id=run_id, current=current)
             return dg.MaterializeResult(metadata=published.dagster_metadata())
 
@@ -383,13 +387,9 @@ def _run_sweep(
 def _comparison_asset(
     spec: PipelineSpec, outputs: EvalOutputs, judging_asset: Callable[..., Any]
 ) -> dg.AssetsDefinition:
-    @judging_asset(
-        "comparison",
-        f"Every checkpoint of {spec.name} per task: success with its 95% interval, mean score, and the paired "
-        "comparison (McNemar's exact test) with the previous checkpoint and the baseline.",
-    )
+    @judging_asset("comparison", COMPARISON_DESCRIPTION.format(name=spec.name))
     def comparison(context: AssetExecutionContext) -> dg.MaterializeResult[Any]:
-        judged, current = judging_of(context, spec, outputs, context.run.run_id)
+        judged, current = judging_of(context, spec, outputs, context.run.run_id, context.run.parent_run_id)
         table = comparison_step(judged, outputs, current=current)
         return dg.MaterializeResult(metadata=asset_metadata.comparison_metadata(table, outputs))
 

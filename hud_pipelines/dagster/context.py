@@ -50,9 +50,9 @@ def judged_of(context: StepContext, spec: PipelineSpec) -> PipelineSpec:
 
 
 def judging_of(
-    context: StepContext, spec: PipelineSpec, outputs: EvalOutputs, run_id: str
+    context: StepContext, spec: PipelineSpec, outputs: EvalOutputs, run_id: str, parent: str | None
 ) -> tuple[PipelineSpec, CurrentBy]:
-    """The spec with this run's graders and checks, and what a result must match to count in run ``run_id``
-    (:func:`~hud_pipelines.eval.configuration.judged_in_run`)."""
+    """The spec with this run's graders and checks, and what a result must match to count in run ``run_id``, which
+    re-executes run ``parent`` if any (:func:`~hud_pipelines.eval.configuration.judged_in_run`)."""
     judged = judged_of(context, spec)
-    return judged, judged_in_run(judged, outputs, run_id)
+    return judged, judged_in_run(judged, outputs, run_id, parent)

@@ -28,7 +28,6 @@ The results are those of the in-process run: the same seeds per slot, and each i
 rows are forwarded on their own in both (``across_instances: false``).
 """
 
-import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -57,7 +56,7 @@ from hud_pipelines.dagster.unit_attempts import Unit, record_lost, report_attemp
 from hud_pipelines.dagster.unit_tags import QUEUE_TAG, UNIT_TAG
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sweep
-from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance
+from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance, write_contract
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.rollouts import current, finished_by, kept_failure, kept_result, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult
@@ -268,10 +267,7 @@ def _derive_contract(
         return False
     if pool.served_sim:  # claimed at the same moment by another unit, maybe of another sim: the first holds
         pool.hold_to(claim_served_sim(outputs, run_id, pool.served_sim))
-    outputs.contract.parent.mkdir(parents=True, exist_ok=True)
-    partial = outputs.contract.with_name(f".{outputs.contract.name}.{os.getpid()}.partial")
-    partial.write_text(contract.to_json())
-    partial.replace(outputs.contract)
+    write_contract(outputs, run_id, contract.to_json())  # one whole file whichever unit writes it last
     refuse_misfit_dataset(spec, contract)  # every unit: no rollout runs for a dataset that cannot take it
     return True
 

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import glob
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Iterable, Mapping
@@ -149,8 +150,15 @@ class ShardStore:
         self._release(partition_key)
         mark = _mark(self._pending(partition_key))
         mark.parent.mkdir(parents=True, exist_ok=True)
-        handle = mark.open("a")
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        while True:
+            handle = mark.open("a")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            except OSError:  # a file system without locks: its staging then counts as written (:func:`_written`)
+                break
+            if mark.exists() and os.stat(mark).st_ino == os.fstat(handle.fileno()).st_ino:
+                break  # not cleared away between its creation and its lock
+            handle.close()
         self._writing[partition_key] = handle
 
     def _release(self, partition_key: str) -> None:
@@ -298,11 +306,14 @@ def _mark(staging: Path) -> Path:
 
 def _written(staging: Path) -> bool:
     """Whether a store, in this process or another, still writes into ``staging`` (its mark is locked)."""
-    try:
-        with _mark(staging).open("r") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except FileNotFoundError:  # none: a staging dir of a store that is gone
+    mark = _mark(staging)
+    if not mark.exists():  # none: a staging dir of a store that is gone
         return False
+    try:
+        with mark.open("a") as handle:  # open for writing: NFS takes an exclusive lock only on such a file
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
+    except OSError:  # no locks here, or the mark went with its writer's commit: kept, never a live one cleared
+        return mark.exists()
     return False

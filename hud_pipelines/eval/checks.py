@@ -162,7 +162,7 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow], run_id:
     With ``run_id``, only the tasks that run has rows of are judged, each on all its ``rows`` (a run of some
     instances must not call silent a task whose kept instances gave the signal).
     """
-    decides = not isinstance(grader, ReturnGrader) or grader.threshold is None  # a callable one's number: the env's
+    decides = isinstance(grader, SuccessGrader) or (isinstance(grader, ReturnGrader) and grader.threshold is None)
     touched = {row.task for row in rows if run_id is None or row.run_id == run_id}
     answered = [
         row
@@ -174,9 +174,7 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow], run_id:
     tasks: dict[str, list[GradeRow]] = {}
     for row in answered:
         tasks.setdefault(row.task, []).append(row)
-    silent = {
-        task: len(found) for task, found in tasks.items() if not any(r.success_reported or r.success for r in found)
-    }
+    silent = {task: len(found) for task, found in tasks.items() if not any(row.success_reported for row in found)}
     if not silent:
         return None
     keys = ", ".join(f"info[{key!r}]" for key in SUCCESS_KEYS)
@@ -185,10 +183,8 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow], run_id:
         f"give the {name} grader a threshold the return must reach to succeed"
         if isinstance(grader, ReturnGrader)
         else "grade on the return"
-        if isinstance(grader, SuccessGrader)
-        else f"have the {name} grader return it (a bool, or a dict with 'success'; a number leaves it to the env)"
     )
-    advice += "" if grader.kind == "callable" else " (graders: [{kind: return, threshold: ...}])"
+    advice += " (graders: [{kind: return, threshold: ...}])"
     if len(silent) == len(tasks):
         return (
             f"no episode reported a success signal ({keys}): the {name} grader counts all {len(answered)} "

@@ -146,11 +146,15 @@ def judged_now(spec: PipelineSpec, outputs: EvalOutputs) -> CurrentBy:
     return CurrentBy(environment=provenance.with_current_code(recorded_provenance(outputs), spec))
 
 
-def judged_in_run(spec: PipelineSpec, outputs: EvalOutputs, run_id: str) -> CurrentBy:
+def judged_in_run(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, parent: str | None = None) -> CurrentBy:
     """What the grades, report and dataset of run ``run_id`` judge by: the configuration it recorded as its rollouts
-    began; where it rolled out nothing (those assets materialized on their own), the results as they stand now
-    (:func:`judged_now`), as ``hud-pipelines report`` judges them."""
-    return CurrentBy(run_id=run_id) if _run_record_path(outputs, run_id).is_file() else judged_now(spec, outputs)
+    began (or the run it re-executes, ``parent``, where it skipped that step); where neither rolled out anything
+    (those assets materialized on their own), the results as they stand now (:func:`judged_now`), as
+    ``hud-pipelines report`` judges them."""
+    for recorded in (run_id, parent):
+        if recorded is not None and _run_record_path(outputs, recorded).is_file():
+            return CurrentBy(run_id=recorded)
+    return judged_now(spec, outputs)
 
 
 def recorded_overrides(outputs: EvalOutputs, run_id: str | None = None) -> dict[str, Any]:
@@ -166,18 +170,32 @@ def recorded_provenance(outputs: EvalOutputs, run_id: str | None = None) -> dict
 
     A run records its configuration before any sim is met; the served sim it runs is learnt later, by
     whichever step meets one first (the contract step, a unit on a worker), and claimed for the run
-    (:func:`claim_served_sim`); so is its contract where none was written before (a first run on workers).
+    (:func:`claim_served_sim`); so is the contract it derived (:func:`write_contract`: a run on workers records its
+    configuration before any unit derives it), else the one written before, where none was recorded.
     """
     record = _record(outputs, run_id)
     if not record:
         return {}
     recorded = dict(record.get("provenance") or {})
-    if outputs.contract.is_file():  # the run's contract, which its units on workers may have derived since it began
+    derived = _run_file(outputs.configurations, str(record.get("run_id"))).with_suffix(".contract")
+    if derived.is_file():
+        recorded["contract_hash"] = derived.read_text()
+    elif recorded.get("contract_hash") is None and outputs.contract.is_file():  # a run that noted none (older)
         recorded["contract_hash"] = hashlib.sha256(outputs.contract.read_text().encode()).hexdigest()
     served = read_served_sim(outputs, str(record.get("run_id")))
     if served is None and record.get("attached"):  # it met no served sim (all down): the last one met stands
         served = latest_served_sim(outputs)
     return provenance.with_served_sim(recorded, served) if served else recorded
+
+
+def write_contract(outputs: EvalOutputs, run_id: str, contract_json: str) -> None:
+    """Write the contract run ``run_id`` derived to ``contract.json``, and note it as the run's: its results carry its
+    hash, and ``contract.json`` is whichever run's wrote last (another run, overlapping this one with other sim
+    arguments, may rewrite it)."""
+    noted = _run_file(outputs.configurations, run_id).with_suffix(".contract")
+    noted.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(outputs.contract, contract_json)
+    write_atomically(noted, hashlib.sha256(contract_json.encode()).hexdigest())
 
 
 def claim_served_sim(outputs: EvalOutputs, run_id: str, served: dict[str, Any]) -> dict[str, Any]:

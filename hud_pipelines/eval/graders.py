@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hud_pipelines.agent.run_failures import CODE_FAILURES, code_failed
 from hud_pipelines.errors import GraderError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome
 from hud_pipelines.spec.grading import CallableGrader, GraderSpec, ReturnGrader, SuccessGrader
@@ -61,7 +62,9 @@ class _Callable:
         episode = {**asdict(outcome), "status": outcome.status.value, **asdict(key), "trace_id": key.trace_id}
         try:
             value = self.fn(episode)
-        except (Exception, SystemExit) as exc:  # sys.exit() in a grader is its failure, not the run's interrupt
+        except CODE_FAILURES as exc:  # sys.exit() in a grader is its failure, not the run's interrupt
+            if not code_failed(exc):
+                raise
             raise GraderError(f"grader {self.name!r} ({self.target}) raised {type(exc).__name__}: {exc}") from exc
         if isinstance(value, bool | np.bool_):  # a numpy comparison's result is a bool too
             success = value is True or value is np.True_

@@ -97,7 +97,8 @@ class EvalOutputs:
         lock = self.base / ".locks" / f"{partition_key}.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
         with lock.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):  # a file system without locks (some NFS mounts): written unlocked
+                fcntl.flock(handle, fcntl.LOCK_EX)
             yield  # released as the file closes
 
     grades_json = _Entry("grades.json")

@@ -28,6 +28,7 @@ from hud_pipelines.eval.configuration import (
     record_configuration,
     recorded_overrides,
     recorded_provenance,
+    write_contract,
 )
 from hud_pipelines.eval.grade_table import write_grades
 from hud_pipelines.eval.graders import grader_text
@@ -62,8 +63,7 @@ def contract_step(spec: PipelineSpec, pool: SimPool, outputs: EvalOutputs, *, ru
     and fingerprint).
     """
     contract = seed_checked_contract(spec, pool, outputs)
-    outputs.contract.parent.mkdir(parents=True, exist_ok=True)
-    outputs.contract.write_text(contract.to_json())
+    write_contract(outputs, run_id, contract.to_json())
     if pool.served_sim:
         pool.hold_to(claim_served_sim(outputs, run_id, pool.served_sim))
     return contract

@@ -237,6 +237,15 @@ def test_a_policy_that_calls_sys_exit_errors_its_slots_as_the_policys_fault() ->
     assert [o.status for o in outcomes] == [EpisodeStatus.ERRORED] * 2
     assert all("policy failed: SystemExit: 3" in (o.error or "") for o in outcomes)
 
+    class WorkerShutdown(SystemExit):  # as Celery stops its worker: raised in the main thread, mid-forward
+        pass
+
+    def stopped(observation: dict[str, Any]) -> npt.NDArray[np.float32]:
+        raise WorkerShutdown(0)
+
+    with pytest.raises(WorkerShutdown):
+        run(CountdownSim([4]), FunctionPolicy(stopped, sim.contract), max_steps=5)
+
 
 def test_a_chunk_that_adapt_chunk_refuses_ends_that_slot_alone() -> None:
     def refuse_slot_1(chunk: npt.NDArray[np.float32], observation: dict[str, Any]) -> npt.NDArray[np.float32]:

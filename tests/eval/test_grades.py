@@ -283,20 +283,6 @@ def test_the_success_signal_warning_tells_a_return_grader_to_add_its_threshold()
     assert advised.endswith("or grade on the return (graders: [{kind: return, threshold: ...}])"), advised
 
 
-def test_the_success_signal_warning_tells_a_callable_grader_that_returns_a_number_to_return_the_success() -> None:
-    """A callable grader returning a score leaves success to the env: on an env without the signal every episode
-    failed (0 %), and nothing said why."""
-    grader = CallableGrader(target="graders.py:score")
-    silent = [dataclasses.replace(_row(EpisodeStatus.FAILED), success_reported=False) for _ in range(2)]
-    warned = success_signal_warning(grader, silent) or ""
-    assert "the callable grader counts all 2 answered episode(s) as failed" in warned, warned
-    assert warned.endswith(
-        "have the callable grader return it (a bool, or a dict with 'success'; a number leaves it to the env)"
-    )
-    decided = [*silent, dataclasses.replace(_row(EpisodeStatus.SUCCEEDED), success_reported=False)]
-    assert success_signal_warning(grader, decided) is None, "it returned a success of its own: it decides"
-
-
 def test_episodes_that_errored_on_their_own_are_warned_of_unless_a_check_reads_errors() -> None:
     def errored(fault: Fault, error: str) -> GradeRow:
         return dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=fault, error=error)

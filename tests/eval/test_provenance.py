@@ -403,3 +403,43 @@ def test_an_edit_of_the_contract_file_makes_earlier_results_another_environments
     assert {row.fault for row in stale} == {Fault.NOT_RUN}, "a result of the contract before the edit is not current"
     assert all("the contract changed" in (row.error or "") for row in stale)
     assert {row.fault for row in edited.rows if row.instance == 0} == {None}
+
+
+REWRITES_CONTRACT = """
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def rewriting(contract):
+    '''A constant policy, built as the run's rollouts begin, while another run of the pipeline with other sim
+    arguments writes its own contract over contract.json.'''
+    other = json.loads(Path(contract).read_text())
+    other["control_rate"] = other["control_rate"] * 2
+    Path(contract).write_text(json.dumps(other))
+    return lambda observation: np.full((len(observation["state"]), 1), 0.5, np.float32)
+"""
+
+
+def test_a_runs_results_stay_current_when_an_overlapping_run_rewrites_the_contract_file(tmp_path: Path) -> None:
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    (tmp_path / "rewriting.py").write_text(REWRITES_CONTRACT)
+    contract = tmp_path / "out" / "overlapped" / "contract.json"
+    text = {
+        "name": "overlapped",
+        "sim": {"factory": "Pendulum-v1"},
+        "agent": {
+            "policy": {"kind": "scripted", "target": "rewriting.py:rewriting", "args": {"contract": str(contract)}}
+        },
+        "group": 2,
+        "max_steps": 5,
+        "graders": [{"kind": "return"}],
+    }
+    spec = load_pipeline_text(json.dumps(text), source=tmp_path / "overlapped.yaml")
+    evaluation = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {row.fault for row in evaluation.rows} == {None}, "judged by the contract this run derived"
+    result = json.loads((contract.parent / "rollouts" / "task0-i0.json").read_text())
+    written = __import__("hashlib").sha256(contract.read_text().encode()).hexdigest()
+    assert result["provenance"]["contract_hash"] != written, "the other run's contract.json stands over this run's"

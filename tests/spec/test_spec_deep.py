@@ -328,6 +328,10 @@ def test_a_constant_action_that_does_not_fit_the_contract_file_is_reported(write
     assert (problem.path, problem.line) == ("agent.policy.value", 4)
     assert "the constant action has 2 entries; the contract" in problem.message
     assert "has 1 (names" in problem.message
+    edited = json.loads((too_long.parent / "contracts/pendulum.json").read_text())
+    del edited["features"]["action"]  # a run adds the env's action back: validate raised KeyError 'action'
+    (too_long.parent / "contracts/pendulum.json").write_text(json.dumps(edited))
+    assert load_pipeline(too_long, deep=True).name == "deep"
 
 
 def test_dataset_state_features_the_contract_file_does_not_have_are_reported(write_yaml: WriteYaml) -> None:
