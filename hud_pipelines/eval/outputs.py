@@ -94,7 +94,7 @@ class EvalOutputs:
         """Held while an instance's result and its dataset shard are put in place (:func:`put_in_place`): two runs of
         one instance at once, on this machine or on workers sharing the outputs, then leave one run's result and
         shard, never one run's result beside the other's shard (which the dataset would refuse)."""
-        lock = self.base / ".locks" / f"{partition_key}.lock"
+        lock = self.base / "locks" / f"{partition_key}.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
         with lock.open("a") as handle:
             with contextlib.suppress(OSError):  # a file system without locks (some NFS mounts): written unlocked
