@@ -177,7 +177,7 @@ def recorded_provenance(outputs: EvalOutputs, run_id: str | None = None) -> dict
     if not record:
         return {}
     recorded = dict(record.get("provenance") or {})
-    derived = _run_file(outputs.configurations, str(record.get("run_id"))).with_suffix(".contract")
+    derived = _contract_note(outputs, str(record.get("run_id")))
     if derived.is_file():
         recorded["contract_hash"] = derived.read_text()
     elif recorded.get("contract_hash") is None and outputs.contract.is_file():  # a run that noted none (older)
@@ -192,7 +192,7 @@ def write_contract(outputs: EvalOutputs, run_id: str, contract_json: str) -> Non
     """Write the contract run ``run_id`` derived to ``contract.json``, and note it as the run's: its results carry its
     hash, and ``contract.json`` is whichever run's wrote last (another run, overlapping this one with other sim
     arguments, may rewrite it)."""
-    noted = _run_file(outputs.configurations, run_id).with_suffix(".contract")
+    noted = _contract_note(outputs, run_id)
     noted.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(outputs.contract, contract_json)
     write_atomically(noted, hashlib.sha256(contract_json.encode()).hexdigest())
@@ -252,6 +252,11 @@ def _read_claim(path: Path) -> dict[str, Any] | None:
 
 def _run_record_path(outputs: EvalOutputs, run_id: str) -> Path:
     return _run_file(outputs.configurations, run_id)
+
+
+def _contract_note(outputs: EvalOutputs, run_id: str) -> Path:
+    """``configurations/<run id>.contract``: the sha256 of the contract run ``run_id`` derived."""
+    return _run_file(outputs.configurations, run_id).with_suffix(".contract")
 
 
 def _record(outputs: EvalOutputs, run_id: str | None = None) -> dict[str, Any] | None:

@@ -83,7 +83,8 @@ class SimSpec(StrictModel):
         default=None,
         min_length=1,
         description="contract.json relative to the YAML file: written from the derived contract on first use, "
-        "edited by hand afterwards (names, descriptions, types, bounds); an eval refuses a file whose shapes no "
+        "edited by hand afterwards (names, descriptions, types, bounds: results of the contract before an edit are "
+        "stale until they run again); an eval refuses a file whose shapes no "
         "longer match the env, and `hud-pipelines contract <pipeline>` refreshes it, keeping the edits that "
         "still fit; omitted: derived in memory each run; not with `url` (a served sim's contract is its server's "
         "`--contract`)",

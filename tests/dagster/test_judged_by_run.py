@@ -30,7 +30,7 @@ class PD:
 OVERLAPPED = """
 from pathlib import Path
 
-from controller import PD
+from overlapped_run_gains_controller import PD
 from hud_pipelines.eval.configuration import record_configuration
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.spec.loader import load_pipeline
@@ -47,7 +47,9 @@ def overlapped(pipeline, outputs):
 
 
 def _scripted(folder: Path, helper: str) -> None:
-    (folder / "controller.py").write_text(CONTROLLER.format(helper=helper))
+    """``<helper>_controller.py`` importing ``<helper>.py``: names of their own (a process imports one module of a
+    name, and other tests' controllers run in it)."""
+    (folder / f"{helper}_controller.py").write_text(CONTROLLER.format(helper=helper))
     (folder / f"{helper}.py").write_text("GAIN = 10.0\n")
 
 
@@ -84,7 +86,9 @@ def test_grades_materialized_on_their_own_judge_by_the_code_as_it_is_now(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
 ) -> None:
     """As ``hud-pipelines report`` does: an edit of the policy's code since the run shows its results as stale."""
-    path = write_pipeline("edited", agent={"policy": {"kind": "scripted", "target": "controller.py:PD"}})
+    path = write_pipeline(
+        "edited", agent={"policy": {"kind": "scripted", "target": "judged_now_gains_controller.py:PD"}}
+    )
     _scripted(path.parent, "judged_now_gains")
     defs = definitions_for_file(path, outputs_dir=outputs_dir, project_dir=REPO)
     job = defs.resolve_job_def("edited")
