@@ -269,37 +269,6 @@ class Fault(StrEnum):
 _SLOT_FAULTS = frozenset({Fault.ENV, Fault.NONFINITE, Fault.POLICY, Fault.ACTION, Fault.GRADER})
 
 
-def fault_of(exc: BaseException) -> Fault:
-    """The fault an exception stands for, by its type (the one place where types map to faults)."""
-    match exc:
-        case PolicyTimeoutError():
-            return Fault.POLICY_TIMEOUT
-        case PolicyLinkError():
-            return Fault.POLICY_LINK
-        case RolloutTimeoutError():
-            return Fault.ROLLOUT_TIMEOUT
-        case SimStartError(child_error_type="ContractError"):
-            return Fault.CONTRACT
-        case SimStartError():
-            return Fault.SIM_START
-        case SimCrashedError():
-            return Fault.SIM_CRASHED
-        case SimTimeoutError():
-            return Fault.SIM_HUNG
-        case ContractError():
-            return Fault.CONTRACT
-        case ActionError():
-            return Fault.ACTION
-        case RemoteError(cause="env"):
-            return Fault.ENV
-        case SimError() | WireError():
-            return Fault.SIM_LINK
-        case KeyboardInterrupt() | SystemExit() | RunAborted():
-            return Fault.INTERRUPTED
-        case _:
-            return Fault.ENV
-
-
 class PolicyError(HudPipelinesError):
     """A policy cannot be built, or its output does not fit the contract."""
 
@@ -311,6 +280,35 @@ class PolicyShapeError(PolicyError):
 class PolicyLinkError(PolicyError):
     """The remote policy server cannot be reached, refused the connection or went away: the instance fails
     (as when its sim dies), so a run that lost its server keeps the results it had instead of errored rows."""
+
+
+_FAULT_BY_TYPE: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], Fault], ...] = (
+    (PolicyTimeoutError, Fault.POLICY_TIMEOUT),
+    (PolicyLinkError, Fault.POLICY_LINK),
+    (RolloutTimeoutError, Fault.ROLLOUT_TIMEOUT),
+    (SimStartError, Fault.SIM_START),
+    (SimCrashedError, Fault.SIM_CRASHED),
+    (SimTimeoutError, Fault.SIM_HUNG),
+    (ContractError, Fault.CONTRACT),
+    (ActionError, Fault.ACTION),
+    ((SimError, WireError), Fault.SIM_LINK),
+    ((KeyboardInterrupt, SystemExit, RunAborted), Fault.INTERRUPTED),
+)
+"""Exception types and the fault each stands for; the first row an exception is an instance of wins, so a
+subclass stands before its base (``SimContractError`` is a wire error, but the contract's fault)."""
+
+
+def fault_of(exc: BaseException) -> Fault:
+    """The fault an exception stands for, by its type (the one place where types map to faults).
+
+    Two cases read more than the type: a sim that refused the contract as it started is the contract's fault,
+    and an error the env's own code raised in the sim, carried over the wire, is the env's. Anything no row
+    names is the env's too (what the sim's side raised that this package does not know)."""
+    if isinstance(exc, SimStartError) and exc.child_error_type == "ContractError":
+        return Fault.CONTRACT
+    if isinstance(exc, RemoteError) and exc.cause == "env":
+        return Fault.ENV
+    return next((fault for kinds, fault in _FAULT_BY_TYPE if isinstance(exc, kinds)), Fault.ENV)
 
 
 class GraderError(HudPipelinesError):
