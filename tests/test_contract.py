@@ -360,6 +360,46 @@ def test_wrong_name_count_bad_json_and_unknown_keys_are_errors_naming_the_file(t
         resolve_contract(derived, path)
 
 
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        ({"action": {"low": [2.0], "high": [1.0]}}, r"features.action: .*low \[0\] 2 is above high \[0\] 1"),
+        ({"action": {"low": [0.0, 0.0]}}, r"features.action: .*2 low bounds for 1 values"),
+        ({"state": {"high": [1.0, 1.0, 1.0]}}, r"features.state: .*3 high bounds for 4 values"),
+        ({"action": {"high": [float("nan")]}}, r"features.action: .*high bound \[0\] is NaN"),
+        ({"state": {"names": ["x", "x", "theta", "theta"]}}, r"features.state: .*names \['theta', 'x'\] stand twice"),
+        ({"version": 2}, r"version: .*version 2 is not one this hud-pipelines reads"),
+    ],
+    ids=["low-above-high", "too-many-bounds", "too-few-bounds", "nan-bound", "names-twice", "newer-version"],
+)
+def test_a_contract_file_with_bounds_names_or_a_version_that_cannot_hold_is_refused_naming_it(
+    tmp_path: Path, edit: dict[str, Any], error: str
+) -> None:
+    """Malformed bounds were taken as they stood: a low above its high clipped every action to the high."""
+    path = tmp_path / "contract.json"
+    derived = cartpole_contract()
+    raw = json.loads(derived.to_json())
+    for key, value in edit.items():
+        if key in raw["features"]:
+            raw["features"][key].update(value)
+        else:
+            raw[key] = value
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ContractError, match=f"{path}: invalid contract: {error}"):
+        resolve_contract(derived, path)
+
+
+def test_unbounded_values_and_bounds_that_meet_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "contract.json"
+    derived = cartpole_contract()
+    raw = json.loads(derived.to_json())
+    raw["features"]["state"].update(low=[-1.0, float("-inf"), 0.0, 0.0], high=[1.0, float("inf"), 0.0, 2.0])
+    path.write_text(json.dumps(raw))
+    state = resolve_contract(derived, path).features["state"]
+    assert state.low == [-1.0, float("-inf"), 0.0, 0.0]
+    assert state.high == [1.0, float("inf"), 0.0, 2.0]
+
+
 def test_merge_keeps_edits_but_not_a_role_swap() -> None:
     derived = cartpole_contract()
     swapped = derived.model_copy(

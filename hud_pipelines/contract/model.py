@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 CONTRACT_VERSION = 1
 ACTION = "action"
@@ -72,6 +72,27 @@ class Feature(BaseModel):
             raise ValueError(f"{dtype!r} is not a numpy dtype (float32, float64, uint8, int64, bool ...)") from None
         return dtype
 
+    @model_validator(mode="after")
+    def _bounds_fit(self) -> Feature:
+        """Bounds are what the sim clips actions into and the dataset's stats start from: one per value, never
+        NaN, and a low above its high is a typo (clipping into it would silently send the high)."""
+        for side, bounds in (("low", self.low), ("high", self.high)):
+            if bounds is not None and len(bounds) != self.size:
+                raise ValueError(f"{len(bounds)} {side} bounds for {self.size} values (shape {list(self.shape)})")
+            nan = next((i for i, bound in enumerate(bounds or []) if math.isnan(bound)), None)
+            if nan is not None:
+                raise ValueError(f"{side} bound [{nan}] is NaN (an unbounded value is -Infinity or Infinity)")
+        if self.low is not None and self.high is not None:
+            crossed = [i for i, (low, high) in enumerate(zip(self.low, self.high, strict=True)) if low > high]
+            if crossed:
+                i = crossed[0]
+                more = f" (and {len(crossed) - 1} more)" if len(crossed) > 1 else ""
+                raise ValueError(f"low [{i}] {self.low[i]:g} is above high [{i}] {self.high[i]:g}{more}")
+        if self.names is not None and not self.is_camera and len(set(self.names)) != len(self.names):
+            twice = sorted({name for name in self.names if self.names.count(name) > 1})
+            raise ValueError(f"names {twice} stand twice: each value needs a name of its own")
+        return self
+
     @property
     def size(self) -> int:
         return math.prod(self.shape)
@@ -90,6 +111,13 @@ class Contract(BaseModel):
     control_rate: float = Field(gt=0, description="steps per second of simulated time (Hz)")
     robot_type: str = "unknown"
     features: dict[str, Feature]
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, version: int) -> int:
+        if version != CONTRACT_VERSION:
+            raise ValueError(f"version {version} is not one this hud-pipelines reads (it reads {CONTRACT_VERSION})")
+        return version
 
     @property
     def action(self) -> Feature:
