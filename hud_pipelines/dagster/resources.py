@@ -126,10 +126,12 @@ class AgentResource(dg.ConfigurableResource):  # type: ignore[misc]
     forward_timeout_s: float = Field(default=300.0, description="deadline of one policy forward")
     batching: YamlMapping = Field(default_factory=YamlMapping, description="max_wait_ms, batch_size, across_instances")
     torch_threads: int | None = Field(default=1, description="torch intra-op threads")
-    lockstep_threads: str | None = Field(default="auto", description="threads of a forward every sim waits on")
+    lockstep_threads: Any = Field(  # an integer or "auto": Dagster's config has no union of scalars, the spec checks it
+        default="auto", description="threads of a forward every sim waits on: a number, auto or null"
+    )
 
     def section(self) -> dict[str, Any]:
-        threads = self.lockstep_threads
+        threads: object = self.lockstep_threads  # "2" from an {env: NAME} field is the number 2
         return {
             "policy": _section(self.policy),  # pyright: ignore[reportUnknownArgumentType]
             "horizon": self.horizon,
@@ -137,7 +139,7 @@ class AgentResource(dg.ConfigurableResource):  # type: ignore[misc]
             "forward_timeout_s": self.forward_timeout_s,
             "batching": _section(self.batching),  # pyright: ignore[reportUnknownArgumentType]
             "torch_threads": self.torch_threads,
-            "lockstep_threads": int(threads) if threads is not None and threads.isdigit() else threads,
+            "lockstep_threads": int(threads) if isinstance(threads, str) and threads.isdigit() else threads,
         }
 
 
@@ -188,8 +190,6 @@ def pipeline_resources(
     swap = deployment or {}
     sim: dict[str, Any] = _plain(spec.sim.model_dump(exclude={"contract"}))
     agent: dict[str, Any] = _plain(spec.agent.model_dump())
-    threads = agent.get("lockstep_threads")
-    agent["lockstep_threads"] = str(threads) if isinstance(threads, int) else threads
     graders = [_plain(g.model_dump()) for g in spec.graders]
     checks = [_plain(c.model_dump()) for c in spec.checks]
     return PipelineResources(

@@ -130,6 +130,27 @@ def test_an_invalid_override_is_refused_naming_the_key_before_any_sim_starts(
     assert not EvalOutputs(outputs_dir, "refused").result("task0-i0").exists()
 
 
+def test_lockstep_threads_overridden_in_a_run_config_is_a_number_or_auto_checked_as_the_yaml_checks_it(
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
+) -> None:
+    """A number there was refused by Dagster ("expected String"): the field took only text."""
+    path = write_pipeline("threaded", group=1, max_steps=5)
+    config = {"resources": {"threaded__agent": {"config": {"lockstep_threads": "aut"}}}}
+    refused = _run(path, outputs_dir, instance, run_config=config)
+    assert not refused.success
+    said = " ".join(
+        (e.step_failure_data.error.cause or e.step_failure_data.error).message
+        for e in refused.all_events
+        if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error
+    )
+    assert "the run's configuration is invalid: agent.lockstep_threads: expected an integer, got 'aut'" in said
+    assert "expected one of: auto, got 'aut' (did you mean 'auto'?)" in said
+    config = {"resources": {"threaded__agent": {"config": {"lockstep_threads": 2}}}}
+    assert _run(path, outputs_dir, instance, run_config=config).success
+    recorded = json.loads(EvalOutputs(outputs_dir, "threaded").configuration_json.read_text())
+    assert recorded["overrides"] == {"agent.lockstep_threads": 2}
+
+
 def test_an_override_whose_policy_target_does_not_exist_is_refused_before_any_sim_starts(
     write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, label: str
 ) -> None:
@@ -209,7 +230,7 @@ def test_a_bad_deployment_file_is_refused_naming_the_file_and_key(tmp_path: Path
 
     numbered = tmp_path / "numbered.yaml"
     numbered.write_text("pipelines:\n  a: {agent: {lockstep_threads: 2}, sim: {python: null}}\n")
-    assert for_pipeline(load_deployment(numbered), "a") == {"sim": {"python": None}, "agent": {"lockstep_threads": "2"}}
+    assert for_pipeline(load_deployment(numbered), "a") == {"sim": {"python": None}, "agent": {"lockstep_threads": 2}}
     typo = tmp_path / "typo.yaml"
     typo.write_text("pipelines:\n  a:\n    sim: {factroy: null, url: 'ws://x:1'}\n")
     with pytest.raises(DeploymentError) as refused:
