@@ -23,6 +23,7 @@ from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.step_values import SUCCESS_KEYS
 from hud_pipelines.spec.grading import (
     BUILTIN_CHECKS,
+    CallableGrader,
     CheckSpec,
     GraderSpec,
     MaxErrorRateCheck,
@@ -154,41 +155,44 @@ def builtin_verdicts(rows: Sequence[GradeRow], command: Sequence[str] | None = N
 
 
 def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow], run_id: str | None = None) -> str | None:
-    """A warning when the env's success signal decides every grade but no answered episode ever gave one.
+    """A warning when the env's success signal decided grades but no answered episode of the task ever gave one.
 
-    Such an eval reads 0 % without anything being wrong with the policy: the env reports success
-    under a key the sim does not read, or not at all. The way out it names is the grader's own: a success
-    grader can grade on the return instead, a return grader does already and lacks only its ``threshold``.
-    With ``run_id``, only the tasks that run has rows of are judged, each on all its ``rows`` (a run of some
-    instances must not call silent a task whose kept instances gave the signal).
+    Such an eval reads 0 % without anything being wrong with the policy: the env reports success under a key
+    the sim does not read, or not at all. Each row records whether the signal decided it (a callable grader
+    that returns a score leaves success to the signal; its own ``False`` is a verdict, never warned of); a row
+    without that record goes by the grader's kind. The way out it names is the grader's own. With ``run_id``,
+    only the tasks that run has rows of are judged, each on all its ``rows`` (a run of some instances must not
+    call silent a task whose kept instances gave the signal).
     """
-    decides = isinstance(grader, SuccessGrader) or (isinstance(grader, ReturnGrader) and grader.threshold is None)
+    by_kind = isinstance(grader, SuccessGrader) or (isinstance(grader, ReturnGrader) and grader.threshold is None)
     touched = {row.task for row in rows if run_id is None or row.run_id == run_id}
     answered = [
         row
         for row in rows
         if row.task in touched and row.status is not EpisodeStatus.ERRORED and row.success_reported is not None
     ]
-    if not decides or not answered:
-        return None
     tasks: dict[str, list[GradeRow]] = {}
     for row in answered:
-        tasks.setdefault(row.task, []).append(row)
+        if row.success_by_signal if row.success_by_signal is not None else by_kind:
+            tasks.setdefault(row.task, []).append(row)
     silent = {task: len(found) for task, found in tasks.items() if not any(row.success_reported for row in found)}
     if not silent:
         return None
     keys = ", ".join(f"info[{key!r}]" for key in SUCCESS_KEYS)
     name = grader.name or grader.kind
     advice = "report success in the env's info, or " + (
-        f"give the {name} grader a threshold the return must reach to succeed"
+        f"have {grader.target} return it too ({{'score': ..., 'success': ...}})"
+        if isinstance(grader, CallableGrader)
+        else f"give the {name} grader a threshold the return must reach to succeed "
+        "(graders: [{kind: return, threshold: ...}])"
         if isinstance(grader, ReturnGrader)
-        else "grade on the return"
+        else "grade on the return (graders: [{kind: return, threshold: ...}])"
     )
-    advice += " (graders: [{kind: return, threshold: ...}])"
     if len(silent) == len(tasks):
         return (
-            f"no episode reported a success signal ({keys}): the {name} grader counts all {len(answered)} "
-            f"answered episode(s) as failed; {advice}"
+            f"no episode reported a success signal ({keys}): the {name} grader counts all {sum(silent.values())} "
+            f"answered episode(s) {'it left to that signal ' if isinstance(grader, CallableGrader) else ''}as failed; "
+            f"{advice}"
         )
     named = ", ".join(f"{task} ({count})" for task, count in silent.items())  # a benchmark env of its own keys
     return (

@@ -5,7 +5,11 @@
 - ``return``: score is the episode return; success when it reaches ``threshold`` (or, without a
   threshold, the env's success signal).
 - ``callable``: ``target(episode: dict)`` returns a float score, a bool success, or a dict with
-  ``score`` and ``success``; the dict it receives holds the outcome's fields plus the episode key.
+  ``score`` and ``success``; the dict it receives holds the outcome's fields plus the episode key. A
+  float (or a dict without ``success``) leaves success to the env's signal.
+
+Each grade says whether the env's success signal decided its success (``by_signal``): an env that never
+gives one fails every such episode, which the eval warns of, while a grader's own ``False`` is a verdict.
 
 Errored episodes are graded too (a grader may want to see them), but their status stays errored.
 """
@@ -16,7 +20,7 @@ import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -26,10 +30,18 @@ from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome
 from hud_pipelines.spec.grading import CallableGrader, GraderSpec, ReturnGrader, SuccessGrader
 
 
+class Grade(NamedTuple):
+    """A grader's verdict on one episode; ``by_signal``: its success is the env's signal, not the grader's say."""
+
+    score: float
+    success: bool
+    by_signal: bool
+
+
 class Grader(Protocol):
     name: str
 
-    def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> tuple[float, bool]: ...
+    def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> Grade: ...
 
 
 class _Success:
@@ -37,9 +49,9 @@ class _Success:
         self.name = name
         self.at_end = at_end
 
-    def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> tuple[float, bool]:
+    def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> Grade:
         success = outcome.success_at_end if self.at_end else outcome.success
-        return float(success), success
+        return Grade(float(success), success, by_signal=True)
 
 
 class _Return:
@@ -47,9 +59,10 @@ class _Return:
         self.name = name
         self.threshold = threshold
 
-    def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> tuple[float, bool]:
-        success = outcome.success if self.threshold is None else outcome.total_reward >= self.threshold
-        return outcome.total_reward, success
+    def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> Grade:
+        if self.threshold is None:
+            return Grade(outcome.total_reward, outcome.success, by_signal=True)
+        return Grade(outcome.total_reward, outcome.total_reward >= self.threshold, by_signal=False)
 
 
 class _Callable:
@@ -58,7 +71,7 @@ class _Callable:
         self.target = target
         self.fn = fn
 
-    def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> tuple[float, bool]:
+    def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> Grade:
         episode = {**asdict(outcome), "status": outcome.status.value, **asdict(key), "trace_id": key.trace_id}
         try:
             value = self.fn(episode)
@@ -68,14 +81,14 @@ class _Callable:
             raise GraderError(f"grader {self.name!r} ({self.target}) raised {type(exc).__name__}: {exc}") from exc
         if isinstance(value, bool | np.bool_):  # a numpy comparison's result is a bool too
             success = value is True or value is np.True_
-            return float(success), success
+            return Grade(float(success), success, by_signal=False)
         if isinstance(value, numbers.Real):  # numpy's integers and floats among them
-            return float(value), outcome.success
+            return Grade(float(value), outcome.success, by_signal=True)
         if isinstance(value, dict) and "score" in value:
             grade: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
             score, success = grade["score"], grade.get("success", outcome.success)
             if isinstance(score, numbers.Real) and isinstance(success, bool | np.bool_):  # "False" is no failure
-                return float(score), success is True or success is np.True_
+                return Grade(float(score), success is True or success is np.True_, by_signal="success" not in grade)
         raise GraderError(
             f"grader {self.name!r} ({self.target}) returned {value!r}; expected a float, a bool or "
             "a dict with 'score' (a number) and 'success' (a bool)"

@@ -50,6 +50,8 @@ class GradeRow:
     """The checkpoint of a sweep this row evaluated (its label); ``None`` outside sweeps."""
     success_reported: bool | None = None
     """Whether the env gave a success signal in this episode (``None``: not known, as for rows that never ran)."""
+    success_by_signal: bool | None = None
+    """Whether that signal decided ``success`` (the grader did not say it); ``None`` for errored rows."""
     ended: EpisodeEnd | None = None
     """How an answered episode ended: ``terminated`` by the env, or ``truncated`` (a time limit, ``max_steps``)."""
 

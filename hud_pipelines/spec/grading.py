@@ -63,7 +63,8 @@ class CallableGrader(_Named):
     target: str = target_field(
         "function",
         "called as `target(episode: dict)` and returning a float score, a bool success, or a dict with `score` and "
-        "`success`; the dict holds the outcome (`status`, `score`, `success`, `success_reported`, `total_reward`, "
+        "`success` (a float, or a dict without `success`, leaves success to the env's signal); the dict holds the "
+        "outcome (`status`, `score`, `success`, `success_reported`, `total_reward`, "
         "`steps`, `terminated`, `truncated`) and the episode's key (`task`, `instance`, `slot`, `episode`, `seed`, "
         "`trace_id`)",
     )

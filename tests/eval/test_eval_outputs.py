@@ -386,6 +386,38 @@ def test_a_success_grade_of_an_env_that_never_reports_success_warns_in_the_repor
     assert 'class="warning"' not in (tmp_path / "reporting" / "placed" / "report.html").read_text()
 
 
+def test_a_callable_grader_that_returns_a_score_on_an_env_without_a_success_signal_warns_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its success is left to the env's signal, which CartPole never gives: 0 % read as the policy's, unsaid."""
+    monkeypatch.chdir(REPO)
+    (tmp_path / "score_only_grader.py").write_text(
+        "def by_return(episode):\n    return episode['total_reward']\n"
+        "def own_verdict(episode):\n    return {'score': episode['total_reward'], 'success': False}\n"
+    )
+    scored = _spec(
+        tmp_path,
+        graders=[{"kind": "callable", "name": "ret", "target": "score_only_grader:by_return"}],
+        dataset={"enabled": False},
+    )
+    evaluation = evaluate(scored, outputs_dir=tmp_path / "scored")
+    assert [(row.success_reported, row.success_by_signal) for row in evaluation.rows] == [(False, True)] * 2
+    report = (tmp_path / "scored" / "placed" / "report.md").read_text()
+    assert "**Warning:** no episode reported a success signal" in report
+    assert "the ret grader counts all 2 answered episode(s) it left to that signal as failed" in report
+    grades = json.loads((tmp_path / "scored" / "placed" / "grades.json").read_text())
+    assert [row["success_by_signal"] for row in grades] == [True, True], "recorded in the rows"
+
+    judging = _spec(
+        tmp_path,
+        graders=[{"kind": "callable", "name": "own", "target": "score_only_grader:own_verdict"}],
+        dataset={"enabled": False},
+    )
+    evaluation = evaluate(judging, outputs_dir=tmp_path / "judging")
+    assert [row.success_by_signal for row in evaluation.rows] == [False, False]
+    assert "**Warning:**" not in (tmp_path / "judging" / "placed" / "report.md").read_text(), "its own failures"
+
+
 UNSEEDED_ENV = '''\
 import gymnasium as gym
 import numpy as np

@@ -283,6 +283,24 @@ def test_the_success_signal_warning_tells_a_return_grader_to_add_its_threshold()
     assert advised.endswith("or grade on the return (graders: [{kind: return, threshold: ...}])"), advised
 
 
+def test_a_callable_grader_is_warned_of_only_where_it_left_success_to_a_signal_that_never_came() -> None:
+    """A function returning a score on an env without a success signal read 0 % unexplained; one returning its
+    own ``False`` must not be warned of (its failures are verdicts)."""
+    grader = CallableGrader(name="dist", target="graders:distance")
+    silent = [_row(EpisodeStatus.FAILED) for _ in range(3)]
+    scored = [dataclasses.replace(row, success_reported=False, success_by_signal=True) for row in silent]
+    warned = success_signal_warning(grader, scored) or ""
+    assert warned.startswith("no episode reported a success signal (info['is_success']"), warned
+    assert "the dist grader counts all 3 answered episode(s) it left to that signal as failed" in warned
+    assert warned.endswith("or have graders:distance return it too ({'score': ..., 'success': ...})"), warned
+    judged = [dataclasses.replace(row, success_by_signal=False) for row in scored]
+    assert success_signal_warning(grader, judged) is None, "the grader's own verdicts"
+    assert success_signal_warning(SuccessGrader(), judged[:1] + scored[1:]) is not None
+    earlier = [dataclasses.replace(row, success_reported=False) for row in silent]  # written before the record
+    assert success_signal_warning(grader, earlier) is None
+    assert success_signal_warning(SuccessGrader(), earlier) is not None, "goes by the grader's kind"
+
+
 def test_episodes_that_errored_on_their_own_are_warned_of_unless_a_check_reads_errors() -> None:
     def errored(fault: Fault, error: str) -> GradeRow:
         return dataclasses.replace(_row(EpisodeStatus.ERRORED), fault=fault, error=error)
@@ -338,9 +356,9 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
         [CallableGrader(name=n, target=f"{module}:{n}") for n in ("numpy_flag", "numpy_score")], base_dir=tmp_path
     )
     flagged = numpy_flag.grade(_outcome(False, 3.5), KEY)
-    assert flagged == (1.0, True), "a numpy comparison's bool is a success"
+    assert flagged == (1.0, True, False), "a numpy comparison's bool is a success, the grader's own say"
     assert type(flagged[1]) is bool
-    assert numpy_score.grade(_outcome(True, 3.5), KEY) == (3.5, True), "a numpy float is a score"
+    assert numpy_score.grade(_outcome(True, 3.5), KEY) == (3.5, True, True), "a float is a score, success the env's"
     success, returns, threshold, by_steps, flag, broken = build_graders(
         [
             SuccessGrader(name="success"),
@@ -353,12 +371,12 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
         base_dir=tmp_path,
     )
     outcome = _outcome(False, 3.5)
-    assert success.grade(outcome, KEY) == (0.0, False)
-    assert returns.grade(outcome, KEY) == (3.5, False)  # no threshold: the env's signal decides
-    assert threshold.grade(outcome, KEY) == (3.5, False)
-    assert threshold.grade(_outcome(False, 4.0), KEY)[1]
-    assert by_steps.grade(outcome, KEY) == (10.0, True)
-    assert flag.grade(outcome, KEY) == (1.0, True)
+    assert success.grade(outcome, KEY) == (0.0, False, True)
+    assert returns.grade(outcome, KEY) == (3.5, False, True)  # no threshold: the env's signal decides
+    assert threshold.grade(outcome, KEY) == (3.5, False, False)
+    assert threshold.grade(_outcome(False, 4.0), KEY).success
+    assert by_steps.grade(outcome, KEY) == (10.0, True, False)
+    assert flag.grade(outcome, KEY) == (1.0, True, False)
     with pytest.raises(GraderError, match=r"broken.*returned 'yes'"):
         broken.grade(outcome, KEY)
     (exits,) = build_graders([CallableGrader(name="exits", target=f"{module}:exits")], base_dir=tmp_path)
