@@ -91,3 +91,16 @@ def policy_failure(policy: object, what: str, exc: BaseException, slots: npt.NDA
     reason = f"{what}: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
     say_once(policy, reason, exc, slots)
     return PolicyFailed(reason, Fault.POLICY)
+
+
+def build_failure(exc: BaseException, of: str) -> tuple[str, Fault]:
+    """Why the policy of ``of`` could not be built, as every instance's reason (with the user's line that raised),
+    logged once: its traceback unless it is a clear error of ours. A server it could not reach is its link's
+    fault, anything else (``sys.exit()`` in its constructor too) the setup's."""
+    where = raised_at(exc)  # the user's line, on the one line every report keeps, as a sim factory's
+    reason = f"the policy could not be built: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+    if isinstance(exc, HudPipelinesError):  # a clear message of ours: a traceback would bury it
+        log.error("the policy of %s could not be built: %s", of, exc)
+    else:
+        log.error("the policy of %s could not be built", of, exc_info=exc)
+    return reason, Fault.POLICY_LINK if fault_of(exc) is Fault.POLICY_LINK else Fault.SETUP

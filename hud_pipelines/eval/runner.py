@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.agent.run_failures import CODE_FAILURES, build_failure, code_failed
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import (
     Fault,
@@ -44,7 +45,6 @@ from hud_pipelines.errors import (
     SimError,
     SimStartError,
     fault_of,
-    raised_at,
 )
 from hud_pipelines.eval.graders import Grader, build_graders
 from hud_pipelines.eval.grades import GradeRow
@@ -59,8 +59,8 @@ from hud_pipelines.spec.models import Partition, PipelineSpec
 from hud_pipelines.spec.sim_section import PROBED_TASKS
 
 log = logging.getLogger(__name__)
-METRICS = "metrics"
-"""Key in :attr:`EpisodeOutcome.extra` of the grader metrics after the first."""
+METRICS, BY_SIGNAL = "metrics", "success_by_signal"
+"""Keys in :attr:`EpisodeOutcome.extra`: the grader metrics after the first; whether the env's signal decided."""
 
 SinkFactory = Callable[[Partition, Contract], Sequence[EpisodeSink]]
 """Builds the sinks of one instance (traces, a dataset shard); the runner closes them."""
@@ -139,15 +139,11 @@ class EvalRunner:
                 torch_threads=agent.torch_threads,
                 lockstep_threads=agent.lockstep_threads,
             )
-        except Exception as exc:  # no policy: every instance errors with the reason
-            where = raised_at(exc)  # the user's line, on the one line every report keeps, as a sim factory's
-            reason = f"the policy could not be built: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+        except CODE_FAILURES as exc:  # no policy: every instance errors with the reason
+            if not code_failed(exc):  # a worker's shutdown goes on up
+                raise
             of = f"{self.spec.name} (checkpoint {self.checkpoint})" if self.checkpoint else self.spec.name
-            if isinstance(exc, HudPipelinesError):  # a clear message of ours: a traceback would bury it
-                log.error("the policy of %s could not be built: %s", of, exc)
-            else:
-                log.exception("the policy of %s could not be built", of)
-            fault = Fault.POLICY_LINK if fault_of(exc) is Fault.POLICY_LINK else Fault.SETUP  # its server is down
+            reason, fault = build_failure(exc, of)
             return [self._unstarted(partition, reason, fault) for partition in partitions]
         workers = min(self.spec.max_concurrent, len(partitions))
         model = BatchedModel.from_config(
@@ -310,21 +306,21 @@ class EvalRunner:
 
     def _grade(self, key: EpisodeKey, outcome: EpisodeOutcome) -> EpisodeOutcome:
         """The pipeline's verdict on an answered episode: the first grader decides, the others add metrics."""
-        graded = [(grader.name, *grader.grade(outcome, key)) for grader in self._graders]
-        for name, score, _ in graded:  # never a number in the grades, whichever grader: the episode errors
-            if not math.isfinite(score):
-                raise GraderError(f"grader {name!r} gave a score that is not finite: {score}")
-        (_, score, success), *others = graded
+        graded = [(grader.name, grader.grade(outcome, key)) for grader in self._graders]
+        for name, grade in graded:  # never a number in the grades, whichever grader: the episode errors
+            if not math.isfinite(grade.score):
+                raise GraderError(f"grader {name!r} gave a score that is not finite: {grade.score}")
+        (_, verdict), *others = graded
         metrics: dict[str, float | bool] = {}
-        for name, extra_score, extra_success in others:
-            metrics[f"{name}_score"] = extra_score
-            metrics[f"{name}_success"] = extra_success
+        for name, grade in others:
+            metrics[f"{name}_score"] = grade.score
+            metrics[f"{name}_success"] = grade.success
         return dataclasses.replace(
             outcome,
-            status=EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED,
-            score=score,
-            success=success,
-            extra={**outcome.extra, METRICS: metrics},
+            status=EpisodeStatus.SUCCEEDED if verdict.success else EpisodeStatus.FAILED,
+            score=verdict.score,
+            success=verdict.success,
+            extra={**outcome.extra, METRICS: metrics, BY_SIGNAL: verdict.by_signal},
         )
 
     def _row(self, partition: Partition, slot: int, key: EpisodeKey, outcome: EpisodeOutcome) -> GradeRow:
@@ -351,6 +347,7 @@ class EvalRunner:
             fault=outcome.fault if errored else None,
             run_id=self.run_id,
             success_reported=outcome.success_reported,
+            success_by_signal=None if errored else outcome.extra.get(BY_SIGNAL),
             ended=outcome.ended,
         )
 

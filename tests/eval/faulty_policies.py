@@ -84,3 +84,10 @@ class RaisesInReset:
     def __call__(self, observation: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
         rows = next(iter(observation.values())).shape[0]
         return np.zeros((rows, 1), dtype=np.float32)
+
+
+class ExitsToBuild:
+    """A policy whose constructor calls ``sys.exit()``, as a script that finds no weights does."""
+
+    def __init__(self) -> None:
+        raise SystemExit(2)  # what sys.exit(2) raises

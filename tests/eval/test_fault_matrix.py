@@ -74,6 +74,13 @@ CASES = {
         errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
         reason="weights are missing (at " + str(Path(__file__).with_name("faulty_policies.py")) + ":",
     ),
+    "start-up/policy-exit/every": Case(  # before, the run's interrupt: every instance "interrupted", unnamed
+        {},
+        policy={"kind": "scripted", "target": "tests.eval.faulty_policies:ExitsToBuild"},
+        errored=dict.fromkeys(EVERY_SEED, Fault.SETUP),
+        reason="the policy could not be built: SystemExit: 2 (at "
+        + str(Path(__file__).with_name("faulty_policies.py")),
+    ),
     "reset/policy-reset/every": Case(  # before, "interrupted", its words only in the console
         {},
         policy={"kind": "scripted", "target": "tests.eval.faulty_policies:RaisesInReset"},
@@ -314,7 +321,7 @@ def test_instances_that_fail_alike_say_the_reason_once_and_name_their_checkpoint
     spec = _scripted_cartpole(tmp_path, "unbuilt", "RefusesToBuild", num_envs=1)
     parts = pipeline_resources(spec, project_dir=REPO)
     try:
-        with caplog.at_level("ERROR", logger="hud_pipelines.eval.runner"):
+        with caplog.at_level("ERROR"):
             results = rollouts_step(
                 spec,
                 parts.sim.pool(spec),
@@ -326,7 +333,7 @@ def test_instances_that_fail_alike_say_the_reason_once_and_name_their_checkpoint
     finally:
         parts.sim.close()
     assert {result.fault for result in results} == {Fault.SETUP}
-    said = [r.getMessage() for r in caplog.records if r.name == "hud_pipelines.eval.runner"]
+    said = [r.getMessage() for r in caplog.records if r.name.startswith(("hud_pipelines.eval", "hud_pipelines.agent"))]
     assert said.pop(0) == "the policy of unbuilt (checkpoint step_9) could not be built", said
     first = "instance step_9|task0-i0 of unbuilt failed (setup): the policy could not be built: FileNotFoundError: "
     assert said[0].startswith(first), said
