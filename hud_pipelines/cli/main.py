@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve a sim over the wire (prints one JSON ready line)")
     add_serve_arguments(serve)
     serve.set_defaults(handler=_serve)
+    for command in commands.choices.values():  # an unknown option is said with its command's usage (see main)
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -202,7 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # pygame (imported by gym-pusht) warns about pkg_resources on import: noise for CLI users.
     warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
 
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # argparse says it with the top-level usage, which lists no option of the command
+        command_parser: argparse.ArgumentParser = args.command_parser
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,13 +113,20 @@ def own_baselines(spec: PipelineSpec, outputs: EvalOutputs) -> list[tuple[int, s
 
 def _unwritable(path: Path) -> str | None:
     """Why no folder can be made at ``path`` (its closest existing ancestor is a file, or read-only), or
-    ``None``; nothing is created, so a run refused later leaves no trace."""
+    ``None``; nothing is left behind, so a run refused later leaves no trace. A folder is made there and removed
+    again: permissions alone pass where root may write but the file system makes no folders (``/proc``)."""
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is not a directory"
-    return None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=existing))
+    except OSError as exc:
+        return f"no folder can be made in {existing} ({exc.strerror or exc})"
+    return None
 
 
 def evaluated_labels(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:

@@ -201,6 +201,11 @@ def test_hud_pipelines_run_prints_a_summary_and_sets_the_exit_code(
     assert (
         f"cannot write the outputs at {tmp_path / 'a_file' / 'strict'}: {tmp_path / 'a_file'} is not a directory" in err
     )
+    proc = Path("/proc/no_such_pid")  # root may write there, but procfs makes no folders: it was a traceback
+    assert main(["run", str(pipelines_dir / "strict.yaml"), "--quiet", "--outputs", str(proc)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the outputs at /proc/no_such_pid/strict: " in err, err
+    assert "no folder can be made in /proc" in err or "/proc is not writable" in err, err
 
     unstartable = write_pipeline(
         "unstartable", group=1, sim={"factory": f"{SIMS}:faulty", "args": {"fault": "raise_build"}}

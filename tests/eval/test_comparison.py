@@ -401,6 +401,12 @@ def test_compare_refuses_a_level_outside_its_range_and_labels_the_level_it_used(
     for alpha, label in [("0.001", "99.9% CI"), ("0.025", "97.5% CI"), ("0.05", "95% CI")]:
         assert main(["compare", *files, "--alpha", alpha]) == 0
         assert f"({label} " in capsys.readouterr().out, alpha
+    with pytest.raises(SystemExit) as exited:  # said with the top-level usage, which lists none of compare's options
+        main(["compare", *files, "--alpah", "0.01"])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    assert "hud-pipelines compare: error: unrecognized arguments: --alpah 0.01" in said, said
+    assert "[--alpha ALPHA]" in said, "compare's own usage"
 
 
 def test_compare_reads_a_pipeline_files_results_and_names_a_json_file_that_holds_no_grades(
