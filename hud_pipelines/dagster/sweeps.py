@@ -304,7 +304,8 @@ def checkpoint_sensor(spec: PipelineSpec, outputs: EvalOutputs) -> dg.SensorDefi
         known = context.instance.get_dynamic_partitions(name)
         new = [c.label for c in found.complete if c.label not in known]
         complete = {c.label for c in found.complete}
-        changed = [m for m in sweep.evaluated(spec, outputs, settled=complete) if m.changed and m.label in known]
+        evaluated = sweep.evaluated(spec, outputs, settled=complete, found=found.complete)
+        changed = [m for m in evaluated if m.changed and m.label in known]
         kept = [c for c in found.complete if c.label in known and c.label not in {m.label for m in changed}]
         cut = cut_short(spec, outputs, kept)  # a changed one runs again for its new weights already
         cut = {**cancelled_unstarted(context.instance, spec, outputs, kept, sensor_name), **cut}

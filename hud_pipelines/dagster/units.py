@@ -243,8 +243,8 @@ def _sweep_plan(context: OpExecutionContext, spec: PipelineSpec, outputs: EvalOu
     environment = recorded_provenance(outputs, context.run.run_id)  # the run's, recorded by plan
     for member in chosen.members:
         todo = [p for p in chosen.pairs[member.label] if chosen.rerun or not current(member, p, environment)]
+        sweep.record(member)  # kept results too: where its weights are now, at which step (they may have moved)
         if todo:
-            sweep.record(member)
             keys += [member.partition_key(member.spec.partition_key(*p)) for p in todo]
     kept = chosen.asked - len(keys)
     if kept:

@@ -270,9 +270,9 @@ def sweep_rollouts_step(
     for member in members:
         wanted = list(selection.get(member.label, ())) if selection is not None else member.spec.partitions()
         todo = wanted if rerun else [p for p in wanted if not current(member, p, environment)]
+        sweep.record(member)  # kept results too: where its weights are now, at which step (they may have moved)
         if not todo:
             continue
-        sweep.record(member)
 
         def ended(result: InstanceResult, member: sweep.Member = member) -> None:
             if on_result is not None:

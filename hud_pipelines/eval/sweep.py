@@ -192,36 +192,53 @@ def not_evaluated(spec: PipelineSpec, outputs: EvalOutputs) -> list[str]:
     return [*waiting, *(f"{c.label}: complete, not run yet" for c in found.complete if c.label not in done)]
 
 
-def evaluated(spec: PipelineSpec, outputs: EvalOutputs, *, settled: Collection[str] | None = None) -> list[Member]:
+def evaluated(
+    spec: PipelineSpec,
+    outputs: EvalOutputs,
+    *,
+    settled: Collection[str] | None = None,
+    found: Sequence[Checkpoint] | None = None,
+) -> list[Member]:
     """The members with results on disk, in sweep order (runs as the YAML lists them, then step, then label),
     whether or not their folder remains.
 
-    A member whose folder holds other files than it recorded (new weights saved under the same label, a
-    training run restarted into the same directory) is the checkpoint as it is now: ``changed``, with the
-    new content's hash, so its earlier results show as stale (the report, ``compare``) and the next run
-    or the sensor evaluates it again. ``settled``: the only labels whose changed files are hashed (the
-    complete ones, for the sensor: one still being written would be hashed again at every look).
+    A label the sources hold now (``found``, discovered now by default) is read at the path and step the YAML
+    gives it (a run moved, a step corrected, an entry pointed at other weights), not where it was recorded. A
+    member whose folder holds other files than it recorded (new weights under the same label) is ``changed``,
+    with the new content's hash, so its earlier results show as stale (the report, ``compare``) and the next run
+    or the sensor evaluates it again. ``settled``: the only labels whose changed files are hashed (the complete
+    ones, for the sensor: one still being written would be hashed again at every look).
     """
-    found: list[Member] = []
+    now_found = {c.label: c for c in (_found_now(spec) if found is None else found)}
+    members: list[Member] = []
     for path in sorted(outputs.checkpoints.glob("**/checkpoint.json")):
         data = json.loads(path.read_text())
         label = str(data["label"])
-        folder = Path(str(data["path"]))
+        recorded = Checkpoint(label, Path(str(data["path"])), data.get("step"), data.get("run"))
+        checkpoint = now_found.get(label, recorded)
         content_hash = str(data["content_hash"])
-        now = _content_now(Checkpoint(label, folder), data, path) if settled is None or label in settled else None
-        found.append(
+        now = _content_now(checkpoint, data, path) if settled is None or label in settled else None
+        members.append(
             Member(
                 label=label,
-                step=data.get("step"),
-                run=data.get("run"),
-                path=folder,
+                step=checkpoint.step,
+                run=checkpoint.run,
+                path=checkpoint.path,
                 content_hash=now or content_hash,
-                spec=spec.for_checkpoint(folder, now or content_hash),
+                spec=spec.for_checkpoint(checkpoint.path, now or content_hash),
                 outputs=outputs.member(label),
                 changed=now is not None and now != content_hash,
             )
         )
-    return sorted(found, key=sweep_order(run_names(sources(spec))))
+    return sorted(members, key=sweep_order(run_names(sources(spec))))
+
+
+def _found_now(spec: PipelineSpec) -> tuple[Checkpoint, ...]:
+    """The complete checkpoints of the sweep's sources now; none when they cannot be read (the records stand)."""
+    try:
+        return discover(spec).complete
+    except CheckpointError:
+        return ()
 
 
 def rerun_key(member: Member) -> str:
@@ -255,8 +272,9 @@ def _content_now(checkpoint: Checkpoint, recorded: dict[str, Any], record: Path)
             _HASHED[key] = checkpoint.content_hash()
         except (CheckpointError, OSError):
             return None
-    if _HASHED[key] == recorded.get("content_hash"):
-        write_atomically(record, json.dumps({**recorded, "signature": signature}, indent=1))
+    if _HASHED[key] == recorded.get("content_hash"):  # the same weights (moved, or touched): where they are now
+        moved = {"path": str(checkpoint.path), "signature": signature}
+        write_atomically(record, json.dumps({**recorded, **moved}, indent=1))
     return _HASHED[key]
 
 

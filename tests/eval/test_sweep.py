@@ -131,7 +131,7 @@ def test_a_sweep_resumes_runs_only_new_checkpoints_and_reruns_changed_weights(
     )
     assert rerun in stale["000500"]
 
-    shutil.rmtree(run.step_dirs[1500])  # where its results say it was: a stale checkpoint whose files are gone
+    shutil.rmtree(moved.step_dirs[1500])  # where the YAML and its results say it is: a stale checkpoint, gone
     from hud_pipelines.eval.outputs import EvalOutputs
     from hud_pipelines.eval.rows import collect_rows
 
