@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def resolve_pipeline_file(pipeline: str, pipelines_dir: Path | None) -> Path:
     """A path as given, else ``<pipelines_dir>/<name>.yaml`` (or the file whose ``name`` matches)."""
     candidate = Path(pipeline)
-    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+    if candidate.suffix in (".yaml", ".yml") or candidate.is_file():  # a folder of the name is no pipeline: a name
         if not candidate.is_file():
             raise HudPipelinesError(f"pipeline file {candidate} does not exist")
         return candidate.resolve()

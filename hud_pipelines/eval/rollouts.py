@@ -115,8 +115,7 @@ def rollouts_step(
                 on_result(result)
             return
         if result.fault is Fault.INTERRUPTED:  # cut short: kept as _record_interrupted would, with what it finished
-            if not _holds_a_result(outputs.result(result.key), run_id):
-                _keep(result)
+            _keep(result)
             return
         finished.add(result.key)
         _keep(result)
@@ -160,8 +159,11 @@ def put_in_place(
 ) -> None:
     """Write an instance's result and make its run's shard of it current (``failure``: why its writer failed), as one
     step under the instance's lock (:meth:`EvalOutputs.instance_lock`): of two runs of it at once, the one that ends
-    last leaves both."""
+    last leaves both. A run cut short (an ``interrupted`` result) leaves any result in place but another cut-short
+    run's, judged under the lock: a run of it that ended meanwhile keeps what it finished."""
     with outputs.instance_lock(result.key):
+        if result.fault is Fault.INTERRUPTED and _holds_a_result(outputs.result(result.key), result.run_id):
+            return
         result.write(outputs.result(result.key))
         if shards is not None:
             shards.commit(result.key, failure=failure)
@@ -222,15 +224,12 @@ def _record_interrupted(
     """
     for partition in cut:
         key = spec.partition_key(*partition)
-        path = outputs.result(key)
-        if _holds_a_result(path, run_id):
-            continue
         reason = f"the run was interrupted before instance {key} finished"
         if isinstance(cause, Exception) and fault_of(cause) is not Fault.INTERRUPTED:  # a Dagster termination too
             reason = (
                 f"the run's eval step failed before instance {key} finished: {type(cause).__name__}: {cause!s:.500}"
             )
-        unreached_result(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id).write(path)
+        put_in_place(outputs, unreached_result(spec, partition, reason, Fault.INTERRUPTED, run_id=run_id), None)
 
 
 def _holds_a_result(path: Path, run_id: str) -> bool:

@@ -104,6 +104,19 @@ def test_a_pipeline_is_found_by_its_name_beside_a_broken_file(
     assert resolve_pipeline_file("named", pipelines_dir) == renamed.resolve()
 
 
+def test_a_pipeline_name_is_looked_up_though_a_folder_of_that_name_is_in_the_working_directory(
+    write_pipeline: WritePipeline, pipelines_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, ``run reach`` beside a folder ``reach/`` (its outputs, its envs) said "pipeline file reach does not
+    exist"."""
+    from hud_pipelines.cli.selection import resolve_pipeline_file
+
+    found = write_pipeline("reach")
+    (tmp_path / "cwd" / "reach").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert resolve_pipeline_file("reach", pipelines_dir) == found
+
+
 def test_a_name_two_files_declare_is_refused_by_the_cli(write_pipeline: WritePipeline, pipelines_dir: Path) -> None:
     from hud_pipelines.cli.selection import resolve_pipeline_file
     from hud_pipelines.errors import HudPipelinesError

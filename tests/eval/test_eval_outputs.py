@@ -563,6 +563,40 @@ def test_writers_of_one_file_at_once_each_replace_it_whole(tmp_path: Path) -> No
     assert [p.name for p in tmp_path.iterdir()] == ["grades.json"], "no temporary file is left"
 
 
+def test_a_cut_short_run_judges_what_to_leave_in_place_under_the_instances_lock(tmp_path: Path) -> None:
+    """Before, it judged the result file outside the lock: a run of the instance ending between its look and its
+    write lost its finished result to an ``interrupted`` one."""
+    import threading
+
+    from hud_pipelines.eval.results import InstanceResult, unreached_result
+    from hud_pipelines.eval.rollouts import _record_interrupted  # pyright: ignore[reportPrivateUsage]
+
+    spec = _spec(tmp_path, group=1)
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    (only,) = spec.partitions()
+    finished = unreached_result(spec, only, "a finished result, here as a stand-in", Fault.ENV, run_id="other")
+    holding, release = threading.Event(), threading.Event()
+
+    def other_run() -> None:  # puts its result in place, as rollouts.put_in_place does
+        with outputs.instance_lock(finished.key):
+            holding.set()
+            release.wait(10)
+            finished.write(outputs.result(finished.key))
+
+    other = threading.Thread(target=other_run)
+    other.start()
+    assert holding.wait(10)
+    cutter = threading.Thread(target=_record_interrupted, args=(spec, outputs, "cut", [only], KeyboardInterrupt()))
+    cutter.start()
+    cutter.join(0.5)
+    waited = cutter.is_alive()
+    release.set()
+    other.join(10)
+    cutter.join(10)
+    assert waited, "it waits for the run that holds the instance"
+    assert InstanceResult.read(outputs.result(finished.key)) == finished, "and leaves what that run finished"
+
+
 def test_an_interrupted_run_leaves_every_earlier_result_in_place_whatever_configuration_made_it(
     tmp_path: Path,
 ) -> None:
