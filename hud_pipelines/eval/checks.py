@@ -220,8 +220,10 @@ def episode_errors_warning(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]
     faults = collections.Counter(row.fault.value for row in rows if row.fault not in (None, Fault.NOT_RUN))
     counted = ", ".join(f"{fault} {count}" for fault, count in faults.most_common())
     scheduled = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
+    labels = sorted({row.checkpoint for row in rows if row.checkpoint is not None})  # a sweep's: whose episodes
+    of = f" of checkpoint {labels[0]}" if len(labels) == 1 else f" of {len(labels)} checkpoints" if labels else ""
     return (
-        f"{faults.total()} of {scheduled} episode(s) errored ({counted}; the first: {one_line(own.error or '')}): "
+        f"{faults.total()} of {scheduled} episode(s){of} errored ({counted}; the first: {one_line(own.error or '')}): "
         "errored episodes are left out of the success rate, and no max_error_rate check bounds them; add "
         "{kind: max_error_rate, value: 0.0} to its checks to fail the run when an episode errors"
     )

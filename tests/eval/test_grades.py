@@ -331,6 +331,17 @@ def test_the_episode_errors_warning_counts_every_errored_episode_those_of_failed
     assert episode_errors_warning([], [*never_loaded, _row(EpisodeStatus.FAILED)]) is None, "instances_completed fails"
 
 
+def test_the_episode_errors_warning_of_a_sweep_names_whose_episodes_it_counts() -> None:
+    """The run's summary counted every checkpoint's ("4 of 40"), its report the candidate's ("4 of 20"), in the same
+    words: neither said which."""
+    rows = [dataclasses.replace(_row(EpisodeStatus.FAILED), checkpoint=label) for label in ("s100", "s200")]
+    broken = dataclasses.replace(_row(EpisodeStatus.ERRORED), checkpoint="s200", fault=Fault.ENV, error="env: x")
+    both = episode_errors_warning([], [*rows, broken]) or ""
+    assert both.startswith("1 of 3 episode(s) of 2 checkpoints errored (env 1; "), both
+    candidate = episode_errors_warning([], [rows[1], broken]) or ""
+    assert candidate.startswith("1 of 2 episode(s) of checkpoint s200 errored (env 1; "), candidate
+
+
 def _outcome(success: bool, reward: float, status: EpisodeStatus | None = None) -> EpisodeOutcome:
     status = status or (EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED)
     return EpisodeOutcome(status=status, score=float(success), success=success, total_reward=reward, steps=5)
