@@ -23,6 +23,7 @@ import inspect
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -54,6 +55,20 @@ def load_target(
         hint = difflib.get_close_matches(attribute, names, n=3)
         suggestion = f"; did you mean {', '.join(hint)}?" if hint else ""
         raise error(f"{what} {spec!r}: {module_part} has no attribute {attribute!r}{suggestion}") from None
+
+
+def one_argument_refused(fn: Callable[..., Any]) -> str | None:
+    """Why ``fn`` cannot be called with one positional argument (a callable grader's episode dict), or ``None``:
+    also where its signature cannot be read (a builtin), for the call to say."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        return f"takes {signature} but is called with one argument, the episode dict ({exc})"
+    return None
 
 
 def not_callable(value: object) -> str | None:

@@ -121,7 +121,7 @@ def grader_text(spec: GraderSpec) -> str:
 
 def build_graders(specs: Sequence[GraderSpec], *, base_dir: Path) -> list[Grader]:
     """Graders from their specs; callable targets are imported now so a typo fails before any rollout."""
-    from hud_pipelines.targets import load_target
+    from hud_pipelines.targets import load_target, one_argument_refused
 
     graders: list[Grader] = []
     for spec in specs:
@@ -134,5 +134,8 @@ def build_graders(specs: Sequence[GraderSpec], *, base_dir: Path) -> list[Grader
                 fn = load_target(spec.target, base_dir=base_dir, error=GraderError, what=f"grader {spec.name!r}")
                 if not callable(fn):
                     raise GraderError(f"grader {spec.name!r}: {spec.target} is not callable")
+                refused = one_argument_refused(fn)  # before any rollout: each episode would error on it
+                if refused is not None:
+                    raise GraderError(f"grader {spec.name!r}: {spec.target} {refused}")
                 graders.append(_Callable(spec.name, spec.target, fn))
     return graders

@@ -377,9 +377,22 @@ def grader_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: boo
     for index, grader in enumerate(spec.resolved_graders()):
         if isinstance(grader, CallableGrader):
             message = target_problem(grader.target, spec.base_dir, run_code=run_code)
+            if message is None and run_code:
+                message = _grader_call_problem(spec, grader)
             if message is not None:
                 problems.append(document.problem(("graders", index, "target"), message))
     return problems
+
+
+def _grader_call_problem(spec: PipelineSpec, grader: CallableGrader) -> str | None:
+    """Why the grader's function cannot take the episode dict, its one argument (``None``: it can, or it cannot
+    be loaded here, which :func:`target_problem` says)."""
+    from hud_pipelines.targets import load_target, one_argument_refused
+
+    try:
+        return one_argument_refused(load_target(grader.target, base_dir=spec.base_dir))
+    except Exception:
+        return None
 
 
 def _describe(exc: BaseException) -> str:

@@ -105,6 +105,36 @@ def test_policy_args_are_checked_against_the_targets_signature_read_from_source(
         load("positional", "{scale: 2}")  # args are passed by keyword
 
 
+def test_a_grader_function_that_cannot_take_the_episode_alone_is_refused_before_any_rollout(
+    write_yaml: WriteYaml,
+) -> None:
+    """Before, validate passed it and every episode of the run errored on the call (``missing 1 required ...``)."""
+    from hud_pipelines.errors import GraderError
+    from hud_pipelines.eval.graders import build_graders
+    from hud_pipelines.spec.grading import CallableGrader
+
+    folder = write_yaml(
+        "def two(episode, reference):\n    return 1.0\n"
+        "def one(episode, reference=None):\n    return 1.0\n"
+        "def none():\n    return 1.0\n",
+        "graders/two_argument_graders.py",
+    ).parent
+    for name, accepted in (("two", False), ("one", True), ("none", False)):
+        target = f"graders/two_argument_graders.py:{name}"
+        path = write_yaml(pipeline("{kind: random}", f"graders: [{{kind: callable, target: '{target}'}}]\n"), "g.yaml")
+        if accepted:
+            assert load_pipeline(path, deep=True).name == "deep"
+            continue
+        with pytest.raises(SpecError) as refused:
+            load_pipeline(path, deep=True)
+        said = str(refused.value)
+        assert "graders[0].target: takes (" in said, said
+        assert "but is called with one argument, the episode dict" in said, said
+        grader = CallableGrader(name="ref", target=str(folder / f"two_argument_graders.py:{name}"))
+        with pytest.raises(GraderError, match=rf"grader 'ref': .*:{name} takes \("):
+            build_graders([grader], base_dir=folder)
+
+
 def test_module_targets_are_found_without_importing_them(
     write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
