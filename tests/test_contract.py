@@ -395,9 +395,12 @@ def test_unbounded_values_and_bounds_that_meet_are_kept(tmp_path: Path) -> None:
     raw = json.loads(derived.to_json())
     raw["features"]["state"].update(low=[-1.0, float("-inf"), 0.0, 0.0], high=[1.0, float("inf"), 0.0, 2.0])
     path.write_text(json.dumps(raw))
-    state = resolve_contract(derived, path).features["state"]
+    merged = resolve_contract(derived, path)
+    state = merged.features["state"]
     assert state.low == [-1.0, float("-inf"), 0.0, 0.0]
     assert state.high == [1.0, float("inf"), 0.0, 2.0]
+    path.write_text(merged.to_json())  # as `hud-pipelines contract` writes it: Infinity was written as null
+    assert load_contract(path) == merged
 
 
 def test_merge_keeps_edits_but_not_a_role_swap() -> None:

@@ -42,7 +42,7 @@ class FeatureType(StrEnum):
 class Feature(BaseModel):
     """One named array of the contract, without the batch axis."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")  # unbounded: Infinity
 
     role: Literal["observation", "action"]
     type: FeatureType = FeatureType.STATE
@@ -105,7 +105,7 @@ class Feature(BaseModel):
 class Contract(BaseModel):
     """Observation and action features, control rate and robot type of one sim."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")  # unbounded: Infinity
 
     version: int = CONTRACT_VERSION
     control_rate: float = Field(gt=0, description="steps per second of simulated time (Hz)")

@@ -51,6 +51,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, RESOURCE_TYPES, SIM
 from hud_pipelines.errors import DeploymentError
+from hud_pipelines.spec.agent import AgentConfig
 from hud_pipelines.spec.document import syntax_problem
 from hud_pipelines.spec.messages import plain_message
 from hud_pipelines.spec.problems import closest, did_you_mean
@@ -255,8 +256,12 @@ def _checked_value(where: str, part: str, name: str, value: object) -> object:
 
 
 def field_adapter(part: str, name: str) -> TypeAdapter[object]:
-    """What validates a value of the resource ``part``'s field ``name`` (a number for ``num_envs``)."""
-    return TypeAdapter[object](cast(Any, RESOURCE_TYPES[part].model_fields[name].annotation))
+    """What validates a value of the resource ``part``'s field ``name`` (a number for ``num_envs``); a field that
+    takes any value for Dagster (``lockstep_threads``: a number or ``auto``) is held to the pipeline's own."""
+    annotation = RESOURCE_TYPES[part].model_fields[name].annotation
+    if annotation is Any and part == AGENT:
+        annotation = AgentConfig.model_fields[name].annotation
+    return TypeAdapter[object](cast(Any, annotation))
 
 
 def accepts(adapter: TypeAdapter[object], value: object) -> bool:

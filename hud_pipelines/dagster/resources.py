@@ -20,15 +20,18 @@ cancellation. A set-up that fails has started nothing, so the missing tear-down 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import dagster as dg
-from pydantic import BaseModel, Field, PrivateAttr, SecretStr, create_model
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, TypeAdapter, ValidationError, create_model
 
+from hud_pipelines.errors import ConfigurationError
 from hud_pipelines.eval.runner import sim_settings
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.agent import AgentConfig
@@ -131,7 +134,7 @@ class AgentResource(dg.ConfigurableResource):  # type: ignore[misc]
     )
 
     def section(self) -> dict[str, Any]:
-        threads: object = self.lockstep_threads  # "2" from an {env: NAME} field is the number 2
+        threads = _read_now(self.lockstep_threads, "agent.lockstep_threads")
         return {
             "policy": _section(self.policy),  # pyright: ignore[reportUnknownArgumentType]
             "horizon": self.horizon,
@@ -139,8 +142,25 @@ class AgentResource(dg.ConfigurableResource):  # type: ignore[misc]
             "forward_timeout_s": self.forward_timeout_s,
             "batching": _section(self.batching),  # pyright: ignore[reportUnknownArgumentType]
             "torch_threads": self.torch_threads,
-            "lockstep_threads": int(threads) if isinstance(threads, str) and threads.isdigit() else threads,
+            "lockstep_threads": threads,
         }
+
+
+_ENV_READ = TypeAdapter(dict[Literal["env"], str])
+"""``{env: NAME}``: as a run config writes it, and as Dagster gives an ``EnvVar`` default of a field back."""
+
+
+def _read_now(value: object, key: str) -> object:
+    """A field of any type, which Dagster hands over unread: an ``EnvVar`` or ``{env: NAME}`` is read from the
+    environment now (an unset one is refused naming ``key``), and a number's text (``"2"``) is the number."""
+    name = value.env_var_name if isinstance(value, dg.EnvVar) else None
+    with contextlib.suppress(ValidationError):
+        name = _ENV_READ.validate_python(value)["env"]
+    if name is not None:
+        if name not in os.environ:
+            raise ConfigurationError(f"{key}: environment variable {name} is not set")
+        value = os.environ[name]
+    return int(value) if isinstance(value, str) and value.isdigit() else value
 
 
 class GradersResource(dg.ConfigurableResource):  # type: ignore[misc]

@@ -75,6 +75,8 @@ class Member:
     changed: bool = False
     """Its files are not those its results were recorded with (other weights saved under the same label):
     its spec is of the weights there now, so those results are stale until it runs again."""
+    signature: list[list[Any]] | None = None
+    """Its files' signature as read before ``content_hash`` was (files written since must not take that hash)."""
 
     def described(self, sweep: str, description: str) -> str:
         """Its own report's description: which weights it evaluated, and where they are, then the sweep's."""
@@ -133,6 +135,7 @@ def member(spec: PipelineSpec, outputs: EvalOutputs, checkpoint: Checkpoint) -> 
         content_hash=content_hash,
         spec=spec.for_checkpoint(checkpoint.path, content_hash),
         outputs=member_outputs,
+        signature=signature,
     )
 
 
@@ -163,16 +166,12 @@ def select(found: Sequence[Member], labels: Sequence[str] | None) -> list[Member
 
 
 def record(member: Member) -> None:
-    """Write the member's ``checkpoint.json`` (what it evaluated), before its first result lands."""
+    """Write the member's ``checkpoint.json`` (what it evaluated), before its first result lands, with the signature
+    its hash was taken at: weights written since then are hashed anew at the next look."""
     member.outputs.base.mkdir(parents=True, exist_ok=True)
-    data = {
-        "label": member.label,
-        "step": member.step,
-        "run": member.run,
-        "path": str(member.path),
-        "content_hash": member.content_hash,
-        "signature": _signature(member.path),
-    }
+    signature = _signature(member.path) if member.signature is None else member.signature
+    data = {"label": member.label, "step": member.step, "run": member.run, "path": str(member.path)}
+    data |= {"content_hash": member.content_hash, "signature": signature}
     write_atomically(member.outputs.checkpoint_json, json.dumps(data, indent=1))
 
 
@@ -237,7 +236,7 @@ def _found_now(spec: PipelineSpec) -> tuple[Checkpoint, ...]:
     """The complete checkpoints of the sweep's sources now; none when they cannot be read (the records stand)."""
     try:
         return discover(spec).complete
-    except CheckpointError:
+    except (CheckpointError, OSError):  # a folder it may not read, a mount gone
         return ()
 
 

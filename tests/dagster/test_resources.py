@@ -131,7 +131,7 @@ def test_an_invalid_override_is_refused_naming_the_key_before_any_sim_starts(
 
 
 def test_lockstep_threads_overridden_in_a_run_config_is_a_number_or_auto_checked_as_the_yaml_checks_it(
-    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance
+    write_pipeline: WritePipeline, outputs_dir: Path, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A number there was refused by Dagster ("expected String"): the field took only text."""
     path = write_pipeline("threaded", group=1, max_steps=5)
@@ -149,6 +149,20 @@ def test_lockstep_threads_overridden_in_a_run_config_is_a_number_or_auto_checked
     assert _run(path, outputs_dir, instance, run_config=config).success
     recorded = json.loads(EvalOutputs(outputs_dir, "threaded").configuration_json.read_text())
     assert recorded["overrides"] == {"agent.lockstep_threads": 2}
+    monkeypatch.setenv("THREADED_LOCKSTEP", "3")  # Dagster reads {env: NAME} only for text and number fields
+    config = {"resources": {"threaded__agent": {"config": {"lockstep_threads": {"env": "THREADED_LOCKSTEP"}}}}}
+    assert _run(path, outputs_dir, instance, run_config=config).success
+    recorded = json.loads(EvalOutputs(outputs_dir, "threaded").configuration_json.read_text())
+    assert recorded["overrides"] == {"agent.lockstep_threads": 3}, "read from the environment"
+    monkeypatch.delenv("THREADED_LOCKSTEP")
+    unset = _run(path, outputs_dir, instance, run_config=config)
+    assert not unset.success
+    assert any(
+        "agent.lockstep_threads: environment variable THREADED_LOCKSTEP is not set"
+        in (e.step_failure_data.error.cause or e.step_failure_data.error).message
+        for e in unset.all_events
+        if e.event_type_value == "STEP_FAILURE" and e.step_failure_data.error
+    )
 
 
 def test_an_override_whose_policy_target_does_not_exist_is_refused_before_any_sim_starts(
@@ -231,6 +245,13 @@ def test_a_bad_deployment_file_is_refused_naming_the_file_and_key(tmp_path: Path
     numbered = tmp_path / "numbered.yaml"
     numbered.write_text("pipelines:\n  a: {agent: {lockstep_threads: 2}, sim: {python: null}}\n")
     assert for_pipeline(load_deployment(numbered), "a") == {"sim": {"python": None}, "agent": {"lockstep_threads": 2}}
+    numbered.write_text("pipelines:\n  a: {agent: {lockstep_threads: true}}\n")  # held to the pipeline's own field
+    with pytest.raises(
+        DeploymentError, match=rf"{numbered}:2:\d+: pipelines\.a\.agent\.lockstep_threads: expected a number, got true"
+    ):
+        load_deployment(numbered)
+    numbered.write_text("pipelines:\n  a: {agent: {lockstep_threads: {env: THREADS}}}\n")
+    assert isinstance(for_pipeline(load_deployment(numbered), "a")["agent"]["lockstep_threads"], dg.EnvVar)
     typo = tmp_path / "typo.yaml"
     typo.write_text("pipelines:\n  a:\n    sim: {factroy: null, url: 'ws://x:1'}\n")
     with pytest.raises(DeploymentError) as refused:

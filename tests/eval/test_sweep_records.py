@@ -98,3 +98,19 @@ def test_kept_results_follow_moved_weights_and_go_stale_when_other_weights_land_
     again = evaluate(spec, outputs_dir=out)
     assert {row.checkpoint for row in again.rows if row.run_id == again.run_id} == {"step_200"}
     assert not again.passed, "the new weights fall"
+
+
+def test_weights_saved_while_a_run_plans_are_hashed_anew_not_recorded_under_the_old_hash(tmp_path: Path) -> None:
+    """A member's record paired the hash taken at discovery with the files' signature read as it was written: weights
+    saved in between took the old hash, were never hashed again, and their results read as current."""
+    from hud_pipelines.eval import sweep
+
+    _weights(tmp_path / "run" / "step_100.pt", BALANCES)
+    spec = _sweep(tmp_path, "run")
+    outputs = EvalOutputs(tmp_path / "out", "steps")
+    (planned,) = sweep.members(spec, outputs, settle_s=0)
+    _weights(tmp_path / "run" / "step_100.pt", [0.0] * 4)  # training saves again as the run plans
+    sweep.record(planned)
+    (now,) = sweep.evaluated(spec, outputs)
+    assert now.changed, "the files are not those the recorded hash is of"
+    assert now.content_hash != planned.content_hash
