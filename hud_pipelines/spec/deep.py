@@ -23,6 +23,7 @@ from hud_pipelines.errors import ContractError, HudPipelinesError
 from hud_pipelines.spec.agent import ConstantPolicyConfig, LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.document import KeyPath, YamlDocument
 from hud_pipelines.spec.grading import CallableGrader, NoRegressionCheck
+from hud_pipelines.spec.lerobot_types import lerobot_type_problems
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, did_you_mean
 from hud_pipelines.spec.sections import is_file_target
@@ -44,6 +45,7 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
             *_factory_problems(spec, document),
             *contract_problems(spec, document),
             *policy_problems(spec, document),
+            *lerobot_type_problems(spec, document),
             *_checkpoint_problems(spec, document),
             *grader_problems(spec, document),
         ]
@@ -385,8 +387,7 @@ def grader_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: boo
 
 
 def _grader_call_problem(spec: PipelineSpec, grader: CallableGrader) -> str | None:
-    """Why the grader's function cannot take the episode dict, its one argument (``None``: it can, or it cannot
-    be loaded here, which :func:`target_problem` says)."""
+    """Why the grader's function cannot take the episode dict alone (``None``: it can, or it does not load here)."""
     from hud_pipelines.targets import load_target, one_argument_refused
 
     try:

@@ -135,6 +135,19 @@ def test_a_grader_function_that_cannot_take_the_episode_alone_is_refused_before_
             build_graders([grader], base_dir=folder)
 
 
+def test_a_lerobot_policy_type_lerobot_does_not_know_is_refused_at_its_line(write_yaml: WriteYaml) -> None:
+    """Before, validate passed ``type: actt`` and every instance of the run errored as setup."""
+    from hud_pipelines.spec.lerobot_types import lerobot_policy_types
+
+    assert {"act", "diffusion", "pi0"} <= lerobot_policy_types(), "read from lerobot's own registrations"
+    path = write_yaml(pipeline("{kind: lerobot, type: actt}"), "typo.yaml")
+    with pytest.raises(SpecError) as refused:
+        load_pipeline(path, deep=True)
+    said = str(refused.value)
+    assert "typo.yaml:4:33: agent.policy.type: lerobot has no policy type 'actt' (did you mean 'act'?)" in said, said
+    assert load_pipeline(write_yaml(pipeline("{kind: lerobot, type: act}"), "act.yaml"), deep=True).name == "deep"
+
+
 def test_module_targets_are_found_without_importing_them(
     write_yaml: WriteYaml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
