@@ -17,13 +17,13 @@ from typing import Any
 
 from hud_pipelines.errors import Fault, HudPipelinesError
 from hud_pipelines.eval.comparison import Verdict, compare, errored_in_a_run, errors_against, unpaired_cause
+from hud_pipelines.eval.graders import signal_advice
 from hud_pipelines.eval.grades import GradeRow, one_line, summarize
 from hud_pipelines.eval.result_sets import read_result_set
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.sim.step_values import SUCCESS_KEYS
 from hud_pipelines.spec.grading import (
     BUILTIN_CHECKS,
-    CallableGrader,
     CheckSpec,
     GraderSpec,
     MaxErrorRateCheck,
@@ -180,18 +180,11 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow], run_id:
         return None
     keys = ", ".join(f"info[{key!r}]" for key in SUCCESS_KEYS)
     name = grader.name or grader.kind
-    advice = "report success in the env's info, or " + (
-        f"have {grader.target} return it too ({{'score': ..., 'success': ...}})"
-        if isinstance(grader, CallableGrader)
-        else f"give the {name} grader a threshold the return must reach to succeed "
-        "(graders: [{kind: return, threshold: ...}])"
-        if isinstance(grader, ReturnGrader)
-        else "grade on the return (graders: [{kind: return, threshold: ...}])"
-    )
+    advice = signal_advice(grader)
     if len(silent) == len(tasks):
         return (
             f"no episode reported a success signal ({keys}): the {name} grader counts all {sum(silent.values())} "
-            f"answered episode(s) {'it left to that signal ' if isinstance(grader, CallableGrader) else ''}as failed; "
+            f"answered episode(s) {'it left to that signal ' if grader.kind == 'callable' else ''}as failed; "
             f"{advice}"
         )
     named = ", ".join(f"{task} ({count})" for task, count in silent.items())  # a benchmark env of its own keys

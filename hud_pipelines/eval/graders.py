@@ -119,6 +119,19 @@ def grader_text(spec: GraderSpec) -> str:
     return f"{who}: {rule}"
 
 
+def signal_advice(spec: GraderSpec) -> str:
+    """How a grader that left success to the env's signal gets a verdict where the env gives none."""
+    match spec:
+        case CallableGrader():
+            way = f"have {spec.target} return it too ({{'score': ..., 'success': ...}})"
+        case ReturnGrader():
+            way = f"give the {spec.name or spec.kind} grader a threshold the return must reach to succeed"
+        case SuccessGrader():
+            way = "grade on the return"
+    tail = "" if isinstance(spec, CallableGrader) else " (graders: [{kind: return, threshold: ...}])"
+    return f"report success in the env's info, or {way}{tail}"
+
+
 def build_graders(specs: Sequence[GraderSpec], *, base_dir: Path) -> list[Grader]:
     """Graders from their specs; callable targets are imported now so a typo fails before any rollout."""
     from hud_pipelines.targets import load_target, one_argument_refused
