@@ -1,39 +1,38 @@
 """``BatchedModel``: one policy shared by several agent loops, their calls stacked into one forward.
 
-Several sims driven from one process (``k`` instances of an eval) each call ``infer`` from their
-own thread. Calls that are waiting together are stacked row-wise into one forward of the inner
-policy and the rows are scattered back. A batch is flushed:
+Several sims driven from one process (``k`` instances of an eval) each call ``infer`` from their own thread. Calls
+that are waiting together are stacked row-wise into one forward of the inner policy and the rows are scattered back.
+A batch is flushed:
 
 - at once when every expected caller is waiting (the lockstep path: no timer at all);
 - when ``batch_size`` rows are queued;
 - when the oldest waiting call has waited ``max_wait_s`` (a caller that is not coming, for example
   one whose slots all have actions left, costs at most this window).
 
-Forwards never overlap (torch on a CPU gains nothing from it and remote clients are not
-thread-safe); calls that arrive during a forward form the next batch. A forward that raised on the
-rows of several callers is run again per caller, so that a caller's bad row fails that caller alone.
+Forwards never overlap (torch on a CPU gains nothing from it and remote clients are not thread-safe); calls that
+arrive during a forward form the next batch. A forward that raised on the rows of several callers is run again per
+caller, so that a caller's bad row fails that caller alone.
 
-``expected_callers`` is the number of loops that share the model. A loop that finishes must
-:meth:`leave` so the others stop waiting for it.
+``expected_callers`` is the number of loops that share the model. A loop that finishes must :meth:`leave` so the
+others stop waiting for it.
 
-``across_callers=False`` is the reproducible mode an eval runs in by default: each call is its own
-forward (forwards still never overlap) at the policy's usual thread count. A torch forward rounds a
-row differently depending on the batch it sits in and the threads it runs on, so stacking rows of
-several instances, whose composition depends on thread timing, would make an eval's actions differ
-at the last bit from run to run; one instance's own rows are a deterministic batch.
+``across_callers=False`` is the reproducible mode an eval runs in by default: each call is its own forward (forwards
+still never overlap) at the policy's usual thread count. A torch forward rounds a row differently depending on the
+batch it sits in and the threads it runs on, so stacking rows of several instances, whose composition depends on
+thread timing, would make an eval's actions differ at the last bit from run to run; one instance's own rows are a
+deterministic batch.
 
-Every wait has a deadline. Forwards run on a daemon thread of the model, and a caller waits for
-its rows at most ``forward_timeout_s`` from the moment its forward starts: a forward that is late
-(or never returns) fails exactly the callers in it with :class:`~hud_pipelines.errors.PolicyTimeoutError`;
-the forward is abandoned to its thread and a fresh thread serves the calls queued behind it, so
-one stuck forward costs only its own callers. A caller may also bring its own deadline
-(:meth:`caller_deadline`, an instance's ``rollout_timeout_s``), and :meth:`abort` wakes every caller
-at once (a cancelled run): nobody stays blocked on a policy.
+Every wait has a deadline. Forwards run on a daemon thread of the model, and a caller waits for its rows at most
+``forward_timeout_s`` from the moment its forward starts: a forward that is late (or never returns) fails exactly
+the callers in it with :class:`~hud_pipelines.errors.PolicyTimeoutError`; the forward is abandoned to its thread and
+a fresh thread serves the calls queued behind it, so one stuck forward costs only its own callers. A caller may also
+bring its own deadline (:meth:`caller_deadline`, an instance's ``rollout_timeout_s``), and :meth:`abort` wakes every
+caller at once (a cancelled run): nobody stays blocked on a policy.
 
-While every expected caller waits, no sim they drive is stepping: a forward started then runs
-inside the inner policy's ``lockstep(idle_sims)`` (torch-backed policies use the idle sims' cores,
-see :mod:`hud_pipelines.agent.torch_runtime`). A forward started by the window or by
-``batch_size`` while a caller is away keeps the policy's usual threads.
+While every expected caller waits, no sim they drive is stepping: a forward started then runs inside the inner
+policy's ``lockstep(idle_sims)`` (torch-backed policies use the idle sims' cores, see
+:mod:`hud_pipelines.agent.torch_runtime`). A forward started by the window or by ``batch_size`` while a caller is
+away keeps the policy's usual threads.
 """
 
 from __future__ import annotations
@@ -45,9 +44,15 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
-import numpy as np
-
-from hud_pipelines.agent.policy import Actions, BasePolicy, BatchingStats, Policy, PolicyBatch, as_base_policy
+from hud_pipelines.agent.policy import (
+    Actions,
+    BasePolicy,
+    BatchingStats,
+    Policy,
+    PolicyBatch,
+    action_array,
+    as_base_policy,
+)
 from hud_pipelines.agent.run_failures import raised_by_its_rows
 from hud_pipelines.closing import Closeable
 from hud_pipelines.errors import PolicyShapeError, PolicyTimeoutError, RolloutTimeoutError, RunAborted
@@ -105,8 +110,7 @@ class BatchedModel(BasePolicy, Closeable):
         self._cond = threading.Condition()
         self._local = threading.local()
         self._work: WorkQueue = queue.SimpleQueue()
-        """The current worker's forwards; each worker has its own queue, and ``None`` in it ends that
-        worker (:meth:`close`), so a stop can never reach a worker it was not meant for."""
+        """The current worker's forwards; ``None`` in a worker's own queue ends it alone (:meth:`close`)."""
         self._worker: threading.Thread | None = None
         self._generation = 0
         """Bumped when a forward is abandoned: the stuck worker exits once (if ever) it returns."""
@@ -161,11 +165,8 @@ class BatchedModel(BasePolicy, Closeable):
     def close(self) -> None:
         """Let the forward thread go once it is idle, and close the policy where it holds a resource (a remote
         one's connection); a later call starts a new thread (and connection). For when no caller is left: a
-        forward still running loses its connection.
-
-        The thread holds the model and so the policy's weights: an eval that ends without closing
-        its model would keep both for the life of the process (a code server, a sweep's members).
-        """
+        forward still running loses its connection. The thread holds the model and so the policy's weights: an eval
+        that ends without closing its model would keep both for the life of the process (a code server, a sweep's)."""
         with self._cond:
             if self._worker is not None:
                 self._work.put(None)  # after the forwards already queued for it
@@ -385,7 +386,8 @@ class BatchedModel(BasePolicy, Closeable):
         try:
             stacked = PolicyBatch.concat([c.batch for c in calls])
             with self.policy.lockstep(idle_sims) if idle_sims else contextlib.nullcontext():
-                actions = np.asarray(self.policy.infer(stacked), dtype=np.float32)
+                answer = self.policy.infer(stacked)
+            actions = action_array(answer, source="the batched policy", expected=f"[{rows}, T, A] for {rows} rows")
             if actions.ndim not in (2, 3) or actions.shape[0] != rows:
                 expected = f"for {rows} stacked rows; expected [{rows}, T, A]"
                 raise PolicyShapeError(f"the batched policy returned {list(actions.shape)} {expected}")

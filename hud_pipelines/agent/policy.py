@@ -251,18 +251,23 @@ def _positive_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
+def action_array(actions: object, *, source: str, expected: str) -> npt.NDArray[np.float32]:
+    """A policy's answer as float32 numbers; what is no array of numbers is an error naming ``source`` and the
+    ``expected`` shape (numpy's own words named neither)."""
+    try:
+        return np.asarray(to_numpy(actions), dtype=np.float32)  # a tensor that requires grad, or on a GPU, too
+    except (TypeError, ValueError) as exc:  # a dict, a generator, strings, ragged rows: no array of numbers
+        raise PolicyShapeError(
+            f"{source} returned a {type(actions).__name__} that is no array of numbers ({exc}); expected {expected}"
+        ) from None
+
+
 def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions:
     """Normalise a policy's output to ``[rows, T, width]`` float32; ``[rows, width]`` means ``T = 1``.
 
     A shape that cannot be read that way is an error naming ``source`` and the expected shape.
     """
-    try:
-        array = np.asarray(to_numpy(actions), dtype=np.float32)  # a tensor that requires grad, or on a GPU, too
-    except (TypeError, ValueError) as exc:  # a dict, a generator, strings, ragged rows: no array of numbers
-        raise PolicyShapeError(
-            f"{source} returned a {type(actions).__name__} that is no array of numbers ({exc}); "
-            f"expected [B={rows}, T, A={width}] or [B={rows}, A={width}]"
-        ) from None
+    array = action_array(actions, source=source, expected=f"[B={rows}, T, A={width}] or [B={rows}, A={width}]")
     if array.ndim == 2 and array.shape == (rows, width):
         return array[:, None, :]
     if array.ndim == 1 and width == 1 and array.shape == (rows,):

@@ -217,6 +217,19 @@ def test_a_policy_returning_the_wrong_row_count_fails_its_callers() -> None:
         BatchedModel(Short()).infer(rows([1.0, 2.0]))
 
 
+def test_a_policy_answering_with_no_array_of_numbers_is_told_the_shape_it_owes() -> None:
+    """The batched path took numpy's words alone ("could not convert string to float"), naming neither."""
+
+    class Words:
+        def infer(self, batch: PolicyBatch) -> Any:
+            return [["left"] for _ in range(batch.size)]
+
+    with pytest.raises(PolicyError, match=r"the batched policy returned a list that is no array of numbers .*"):
+        BatchedModel(Words()).infer(rows([1.0, 2.0]))
+    with pytest.raises(PolicyError, match=r"; expected \[2, T, A\] for 2 rows$"):
+        BatchedModel(Words()).infer(rows([1.0, 2.0]))
+
+
 @pytest.mark.timeout(60)
 def test_k_sims_share_one_forward_per_tick_through_robot_agents() -> None:
     """Three Pendulum sims of two slots each, one agent thread per sim: one 6-row forward per tick."""
