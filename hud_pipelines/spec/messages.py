@@ -78,6 +78,9 @@ def message_for(kind: str, ctx: dict[str, Any], found: Any, fallback: str) -> st
         return str(ctx["message"])
     if kind == "value_error":  # a model's own rule: its message says it all
         return fallback.removeprefix("Value error, ")
+    if kind == "union_tag_invalid":  # a run config's or a deployment file's policy or grader kind typo
+        tag, tags = str(ctx.get("tag")), re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+        return f"unknown kind {tag!r}{did_you_mean(tag, tags)}; expected one of: {', '.join(tags)}"
     if kind in ("enum", "literal_error"):
         options = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         word = str(found) if isinstance(found, str) else ""

@@ -336,3 +336,10 @@ def test_a_run_configuration_is_refused_with_the_keys_and_words_of_a_pipeline_fi
     assert "checks.0.value: missing required key 'value'" in said
     assert "checks.0.threshold: unknown key 'threshold'" in said
     assert "sim.num_envs: expected a number >= 1, got 0" in said
+    with pytest.raises(ConfigurationError) as typoed:  # pydantic's "Input tag 'sucess' found using 'kind' does not..."
+        spec.with_sections(graders=[{"kind": "sucess"}], agent={"policy": {"kind": "scriptd", "target": "x:y"}})
+    said = str(typoed.value)
+    assert (
+        "graders.0: unknown kind 'sucess' (did you mean 'success'?); expected one of: success, return, callable" in said
+    )
+    assert "agent.policy: unknown kind 'scriptd' (did you mean 'scripted'?); expected one of: random, constant" in said
