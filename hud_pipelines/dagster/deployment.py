@@ -89,15 +89,19 @@ def read_file(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(path: Path, *, duplicates: bool = False) -> dict[str, Any]:
+    """The file's mapping; ``duplicates``: a key twice is let through (the last stands), for telling what the file
+    is before it is checked, where a key twice is refused at its line."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise DeploymentError(f"deployment file {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:  # a value typed in another encoding (a Latin-1 accent)
         raise DeploymentError(f"deployment file {path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from exc
+    reader = YAML(typ="safe")
+    reader.allow_duplicate_keys = duplicates
     try:
-        loaded: object = YAML(typ="safe").load(text)
+        loaded: object = reader.load(text)
     except MarkedYAMLError as exc:  # at its line, as a pipeline file's (it was a page of ruamel's traceback)
         raise DeploymentError(f"deployment file {syntax_problem(exc, text.splitlines(), str(path)).render()}") from exc
     if not isinstance(loaded, dict):
@@ -115,7 +119,7 @@ def is_deployment_file(path: Path) -> bool:
     if not path.is_file() or path.suffix not in (".yaml", ".yml"):
         return False
     try:
-        keys = {str(key) for key in _load(path)}
+        keys = {str(key) for key in _load(path, duplicates=True)}  # a deployment file with a key twice is one too
     except DeploymentError:  # not a mapping, or not YAML: validated as what else it may be
         return False
     return bool(keys) and "name" not in keys and all(closest(key, DEPLOYMENT_KEYS) is not None for key in keys)

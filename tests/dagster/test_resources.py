@@ -620,3 +620,14 @@ def test_a_deployment_file_that_is_not_utf8_is_refused_naming_it_and_validate_go
     with pytest.raises(DeploymentError, match=f"deployment file {path}: not UTF-8 text"):
         load_deployment(path)
     assert not is_deployment_file(path), "validated as what else it may be, which says what is wrong with it"
+
+
+def test_a_deployment_file_with_a_key_twice_is_validated_as_one_and_refused_at_the_second(tmp_path: Path) -> None:
+    """It was validated as a pipeline file: "missing required key 'name'" and "unknown key 'pipelines'"."""
+    from hud_pipelines.dagster.deployment import DeploymentError, is_deployment_file, load_deployment
+
+    path = tmp_path / "deploy.yaml"
+    path.write_text("pipelines:\n  a:\n    sim: {num_envs: 2}\n  a:\n    sim: {num_envs: 3}\n")
+    assert is_deployment_file(path)
+    with pytest.raises(DeploymentError, match=rf"deployment file {path}:4:3: invalid YAML: found duplicate key \"a\""):
+        load_deployment(path)
