@@ -136,7 +136,11 @@ class ShardStore:
         run of the instance under way at the same time (its mark is locked: :func:`_written`)."""
         mine = f".{partition_key}.run-{self.run_id}."
         for staging in self.outputs.shard(partition_key).parent.glob(f"{glob.escape(f'.{partition_key}.run-')}*"):
-            if staging.name.startswith(mine) or staging.suffix == _WRITING or _written(staging):
+            if staging.suffix == _WRITING:  # a mark alone: its writer died before it wrote a thing
+                staging = staging.with_suffix("")
+                if staging.exists():
+                    continue  # cleared with its staging dir
+            if staging.name.startswith(mine) or _written(staging):
                 continue
             shutil.rmtree(staging, ignore_errors=True)
             _mark(staging).unlink(missing_ok=True)

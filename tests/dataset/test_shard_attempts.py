@@ -192,3 +192,19 @@ def test_a_commit_keeps_the_staging_of_another_run_still_writing_and_clears_one_
     writing.commit(KEY)
     assert (first.outputs.shard(KEY) / "part").read_text() == "writing"
     assert _staged(first) == []
+
+
+def test_a_commit_clears_the_mark_of_a_writer_that_died_before_it_wrote_and_keeps_a_live_ones(
+    stores: tuple[ShardStore, ShardStore],
+) -> None:
+    """A mark whose staging dir was never made (its writer killed before its first episode) stayed for good."""
+    first, _ = stores
+    died, starting, done = (ShardStore(first.outputs, first.spec, run_id=run) for run in ("died", "starting", "done"))
+    for store in (died, starting):
+        store._hold(KEY)  # a mark, locked, and no staging dir yet
+    died._writing.pop(KEY).close()  # its process ended: the lock went with it, the mark stayed
+    _write(done, "done")
+    done.commit(KEY)
+    assert _staged(first) == [f"{starting._pending(KEY).name}.writing"], "a live writer's mark stays"
+    starting.discard_pending([KEY])
+    assert _staged(first) == []
