@@ -339,9 +339,12 @@ class GymBridge:
             log.info("rebuilding %s with %s", self.factory.name, wanted)
         try:
             self._build(wanted, (probe,))
-        except BaseException:
+        except BaseException as exc:
             self.slots.fail_running(f"building the env with {wanted} failed")
-            raise
+            if isinstance(exc, HudPipelinesError) or not isinstance(exc, ENV_FAILURES):
+                raise
+            said = f"building the env with {wanted} raised {type(exc).__name__}: {exc}"  # sys.exit() too: not the sim's
+            raise EnvFault(Phase.RESET, said, slot=None, formatted=traceback.format_exc()) from exc
 
     def _end_nonfinite(
         self, rows: npt.NDArray[np.bool_], reward: npt.NDArray[np.float64] | None

@@ -13,7 +13,7 @@ from collections.abc import Generator
 from typing import Any
 
 from hud_pipelines.errors import TaskArgumentError
-from hud_pipelines.sim.envs import ReplicatedEnvs, SlotEnvs, VectorEnvs
+from hud_pipelines.sim.envs import ENV_FAILURES, ReplicatedEnvs, SlotEnvs, VectorEnvs
 from hud_pipelines.sim.factory import Factory, FactoryKind
 
 log = logging.getLogger(__name__)
@@ -51,5 +51,5 @@ def _close_quietly(env: Any) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             env.close()
-    except Exception:
+    except ENV_FAILURES:  # sys.exit() in its teardown too: the build's error stands
         log.debug("closing a half-built env failed", exc_info=True)

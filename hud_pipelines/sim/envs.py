@@ -297,7 +297,7 @@ class ReplicatedEnvs(SlotEnvs):
 
     def close(self) -> None:
         for env in self.envs:
-            env.close()
+            close_env(env)
 
 
 class VectorEnvs(SlotEnvs):
@@ -362,7 +362,16 @@ class VectorEnvs(SlotEnvs):
         )
 
     def close(self) -> None:
-        self.env.close()
+        close_env(self.env)
+
+
+def close_env(env: Any) -> None:
+    """Close one env; its own failure to (``sys.exit()`` in a pygame teardown too) is logged and left at that: a
+    close must neither end the sim nor fail the rebuild that follows it."""
+    try:
+        env.close()
+    except ENV_FAILURES:
+        log.warning("closing %s raised; going on without it", type(env).__name__, exc_info=True)
 
 
 def takes_seed_list(vector_env: Any, *, default: bool) -> bool:

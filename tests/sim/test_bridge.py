@@ -932,3 +932,33 @@ def test_an_env_of_gyms_old_api_is_named_for_what_it_returned_not_misread(tmp_pa
         "TypeError: env.step must return (observation, reward, terminated, truncated, info), as gymnasium's API "
         "says; it returned a tuple of 4: (an array float32[2], float, bool, dict)"
     ) in str(caught.value)
+
+
+def test_sys_exit_in_a_rebuild_or_in_closing_the_old_env_is_the_envs_fault_and_the_sim_serves_on(tmp_path: Any) -> None:
+    """A pygame-style ``sys.exit()`` in a factory's rebuild or in an env's ``close`` went up through the sim's main
+    thread and ended the whole sim: every slot of every later instance read as a crash."""
+    module = tmp_path / "exiting_build_sims.py"
+    module.write_text(
+        "import sys\n"
+        "import gymnasium as gym, numpy as np\n"
+        "def make(level: int = 0):\n"
+        "    if level < 0:\n"
+        "        sys.exit('no such level')\n"
+        "    return gym.wrappers.TimeLimit(_Env(), 5)\n"
+        "class _Env(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)\n"
+        "    action_space = gym.spaces.Discrete(2)\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        return np.zeros(2, np.float32), {}\n"
+        "    def step(self, action):\n"
+        "        return np.zeros(2, np.float32), 0.0, False, False, {}\n"
+        "    def close(self):\n"
+        "        sys.exit(0)  # a teardown that quits the interpreter\n"
+    )
+    with GymBridge(f"{module}:make", 1) as bridge:
+        bridge.reset([{"seed": 0}])
+        with pytest.raises(EnvFault, match=r"building the env with \{'level': -1\} raised SystemExit: no such level"):
+            bridge.reset([{"level": -1}])  # the old env's close exits too: logged, and the build goes on
+        assert bridge.slots.states == [SlotState.ERRORED]
+        reply = bridge.reset([{"seed": 1, "level": 2}])
+        assert reply.status == ["running"], "the sim serves on"
