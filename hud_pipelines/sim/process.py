@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,8 @@ class SimProcess(Closeable):
         """The value of :data:`MARK_ENV` in the child's environment, which every process it starts inherits."""
         self._strays: set[int] = set()
         """The child's descendants seen before it was stopped: any that left its process group are stopped too."""
+        if popen is not None:  # dropped unclosed (or left at the interpreter's exit): killed and reaped, no zombie
+            weakref.finalize(self, _stop_if_left, popen, os.getpid())
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -321,6 +324,19 @@ def _with_package_root(pythonpath: str) -> str:
     if PACKAGE_ROOT.name in ("site-packages", "dist-packages"):
         return pythonpath
     return os.pathsep.join(p for p in (str(PACKAGE_ROOT), pythonpath) if p)
+
+
+def _stop_if_left(popen: subprocess.Popen[bytes], owner: int) -> None:
+    """Kill the group of a child nobody closed, reap it and close our ends of its pipes; only in the process that
+    spawned it (a worker forked from that process must not stop its parent's sims as it exits)."""
+    if os.getpid() != owner:
+        return
+    if popen.poll() is None:
+        _signal_group(popen.pid, signal.SIGKILL)
+        popen.wait()
+    for stream in (popen.stdin, popen.stdout):
+        if stream is not None:
+            stream.close()
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

@@ -143,3 +143,18 @@ def test_a_pipelines_sim_whose_reset_needs_options_starts_probed_with_its_first_
             with pytest.raises(RemoteError, match=r"needs options\['difficulty'\]") as broken:
                 live.client.reset(spec.slot_tasks(0, 0))  # the task whose options break reset errors its own
             assert broken.value.cause == "env"
+
+
+def test_a_sim_process_dropped_without_close_is_killed_and_reaped() -> None:
+    """Its child saw its stdin close and exited, but nobody waited for it: a zombie until the parent ended."""
+    import gc
+    from pathlib import Path
+
+    sim = SimProcess.spawn("CartPole-v1")
+    pid, pgid = sim.pid, sim.pgid
+    assert pid is not None
+    assert pgid is not None
+    del sim
+    gc.collect()
+    assert not Path(f"/proc/{pid}").exists(), "killed and reaped: not even a zombie is left"
+    wait_group_gone(pgid)
