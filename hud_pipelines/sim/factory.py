@@ -12,11 +12,12 @@ Task arguments are partitioned by the factory's signature: its parameters are *b
 changed value rebuilds the env), ``seed`` and ``options`` are *episodic* (they go to ``reset``).
 Anything else is an error that shows the signature.
 
-A registry id with several slots is built with gymnasium's ``sync`` vector env unless
-``vectorization_mode`` says otherwise: every slot is then its own env with its own seed, so a slot's
-episode does not depend on ``num_envs`` (a native ``vector_entry_point`` env such as CartPole's takes
-one seed for the whole batch). The default lives here so that ``hud-pipelines serve`` and a pipeline
-build a registry id the same way.
+A registry id is built as one ``gym.make`` env per slot unless ``vectorization_mode`` asks for one of
+gymnasium's vector envs: every slot is its own env with its own seed and its own reset, so a slot's episode
+depends neither on ``num_envs`` nor on ``shards``. A vector wrapper would autoreset a finished slot's env
+without its task's seed and options (an env whose reset needs options then fails the whole batch) and cast
+observations to the space's dtype where one env alone does not. The default lives here so that
+``hud-pipelines serve`` and a pipeline build a registry id the same way.
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ MAKE_ARGS = frozenset({"render_mode", "max_episode_steps", "disable_env_checker"
 NUM_ENVS = "num_envs"
 VECTORIZATION_MODE = "vectorization_mode"
 """A build argument of every registry id: ``gym.make_vec``'s mode (``sync``, ``async``, ``vector_entry_point``)."""
-DEFAULT_VECTORIZATION_MODE = "sync"
-"""The mode of a registry id with ``num_envs > 1`` when none is given: one env, and one seed, per slot."""
 
 ENV_MEMBERS = ("reset", "step", "observation_space", "action_space")
 """What the sim needs of what a callable factory returns."""
@@ -101,8 +100,7 @@ class Factory:
         """Whether :meth:`build` returns one vector env for all slots (else one env per slot).
 
         A callable vectorizes when its signature has ``num_envs``; a registry id goes through
-        ``gym.make_vec`` for ``num_envs > 1``, or whenever ``vectorization_mode`` is given (so a
-        batch of one can use the same vectorization as a larger batch).
+        ``gym.make_vec`` only when ``vectorization_mode`` is given (one ``gym.make`` env per slot otherwise).
         """
         if self.kind is FactoryKind.REGISTRY:
             return self.vectorization_mode(build_args, num_envs) is not None
@@ -111,15 +109,10 @@ class Factory:
     def vectorization_mode(self, build_args: Mapping[str, Any], num_envs: int) -> str | None:
         """The ``gym.make_vec`` mode a registry id is built with (``None``: one ``gym.make`` env per slot).
 
-        A given ``vectorization_mode`` wins; otherwise several slots get :data:`DEFAULT_VECTORIZATION_MODE`.
-        Always ``None`` for a callable factory.
+        Only a given ``vectorization_mode``; always ``None`` for a callable factory.
         """
-        if self.kind is not FactoryKind.REGISTRY:
-            return None
-        given = build_args.get(VECTORIZATION_MODE)
-        if given is not None:
-            return str(given)
-        return DEFAULT_VECTORIZATION_MODE if num_envs > 1 else None
+        given = build_args.get(VECTORIZATION_MODE) if self.kind is FactoryKind.REGISTRY else None
+        return None if given is None else str(given)
 
     def build(self, build_args: Mapping[str, Any], num_envs: int) -> Any:
         """Build a vector env of ``num_envs`` slots when :meth:`builds_vector`, else a single env."""

@@ -72,7 +72,7 @@ def refuse_shared_seed(factory: Factory, envs: SlotEnvs, seeds: list[int | None]
         return
     differ = [slot for slot, seed in enumerate(seeds) if seed != seeds[0]]
     fix = (
-        f"serve it with vectorization_mode=sync (each slot its own env and seed) or give every slot seed {seeds[0]}"
+        f"serve it without vectorization_mode (each slot its own env and seed) or give every slot seed {seeds[0]}"
         if factory.kind is FactoryKind.REGISTRY
         else f"give every slot seed {seeds[0]}, or have its reset take a list of seeds (per_slot_seeds = True)"
     )

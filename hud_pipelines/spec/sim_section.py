@@ -66,9 +66,8 @@ class SimSpec(StrictModel):
     num_envs: Count = Field(
         default=1,
         description="slots per sim instance, stepped in lockstep (a vectorized factory batches them natively; a "
-        "registry id uses gymnasium's `sync` vector env, so every slot keeps its own seed, unless `args` sets "
-        "`vectorization_mode`); with `url`: set it to the served sim's `--num-envs` (a sim serving another count is "
-        "refused)",
+        "registry id is one env per slot, each with its own seed, unless `args` sets `vectorization_mode`); with "
+        "`url`: set it to the served sim's `--num-envs` (a sim serving another count is refused)",
     )
     shards: Count = Field(
         default=1,

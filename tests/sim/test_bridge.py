@@ -962,3 +962,51 @@ def test_sys_exit_in_a_rebuild_or_in_closing_the_old_env_is_the_envs_fault_and_t
         assert bridge.slots.states == [SlotState.ERRORED]
         reply = bridge.reset([{"seed": 1, "level": 2}])
         assert reply.status == ["running"], "the sim serves on"
+
+
+class _OptionsPaced(gym.Env[np.ndarray, np.int64]):
+    """A registry env whose reset needs its task's options (``pace``), whose episodes last as long as its seed
+    says, and whose observations are float64 under a float32 space (gymnasium only warns of it)."""
+
+    observation_space = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self._pace = float((options or {})["pace"])  # an autoreset without the task's options raises here
+        self._left = 2 + int(self.np_random.integers(0, 4))
+        return np.array([self._pace, self._left], dtype=np.float64), {}
+
+    def step(self, action: Any) -> Any:
+        self._left -= 1
+        return np.array([self._pace, self._left], dtype=np.float64), 1.0, self._left <= 0, False, {}
+
+
+def test_a_registry_id_with_several_slots_runs_each_slot_as_one_env_alone_would(tmp_path: Any) -> None:
+    """Several slots of a registry id were gymnasium's sync vector env: it autoreset a finished slot without its
+    task's options (which raised, and errored every other slot), and cast float64 observations to float32 where
+    one slot alone, or a shard, kept float64: the same seeds gave other episodes under another ``num_envs``."""
+    gym.register(id="HudOptionsPaced-v0", entry_point=_OptionsPaced, disable_env_checker=True)
+    try:
+        tasks = [{"seed": seed, "options": {"pace": 0.5}} for seed in (3, 4, 5)]
+        probe = [ProbeReset(seed=3, options={"pace": 0.5})]
+        alone: list[tuple[float, int]] = []
+        for task in tasks:
+            with GymBridge("HudOptionsPaced-v0", 1, contract_path=tmp_path / "alone.json", probes=probe) as bridge:
+                bridge.reset([task])
+                steps = 0
+                while bridge.slots.states[0] is SlotState.RUNNING:
+                    bridge.step(np.zeros((1, 1)))
+                    steps += 1
+                alone.append((float(bridge.result()["slots"][0]["total_reward"]), steps))
+        with GymBridge("HudOptionsPaced-v0", 3, contract_path=tmp_path / "together.json", probes=probe) as bridge:
+            assert bridge.contract.features["state"].dtype == "float64", "as one env alone derives it"
+            bridge.reset(tasks)
+            while SlotState.RUNNING in bridge.slots.states:
+                reply = bridge.step(np.zeros((3, 1)))
+                assert not reply.errors, reply.errors
+            together = [(float(slot["total_reward"]), int(slot["steps"])) for slot in bridge.result()["slots"]]
+        assert together == alone
+        assert len({steps for _, steps in alone}) > 1, "the slots finish at different ticks"
+    finally:
+        gym.registry.pop("HudOptionsPaced-v0", None)
