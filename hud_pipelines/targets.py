@@ -178,12 +178,18 @@ def target_sources(spec: str, base_dir: Path) -> list[Path]:
     for a script) or under the target's root (the folder its top package sits in, or its own folder), a
     relative one within its package; package ``__init__`` files count. The standard library and installed
     packages are not followed (their versions are recorded instead), nor is code found nowhere here: ``[]``
-    for a registry id or a module only a sim's own interpreter sees. Looked up as :func:`load_target`
+    for a module only a sim's own interpreter sees, a plain registry id, or one whose namespace is installed;
+    an id ``ns/Env-v0`` whose package ``ns`` is the project's is read as that package. Looked up as :func:`load_target`
     imports: the project's folder of the module first (:func:`project_first`), then ``sys.path``, ``base_dir``,
     its parents and the working directory.
     """
     module_part, sep, _ = spec.rpartition(":")
-    if not sep or not module_part:
+    registry = not sep and "/" in spec  # an id ``ns/Env-v0``: the project's package ``ns`` registers and holds it
+    if registry:
+        module_part = spec.split("/", 1)[0]
+        if not module_part.isidentifier():
+            return []
+    elif not sep or not module_part:
         return []
     if module_part.endswith(".py"):
         path = Path(module_part).expanduser()
@@ -196,8 +202,8 @@ def target_sources(spec: str, base_dir: Path) -> list[Path]:
         root = None if found is None else found.parents[len(parts) - (found.name != "__init__.py")]
     if found is None or root is None:
         return []
-    if _installed(found):  # a library's own imports are its business
-        return [found]
+    if _installed(found):  # a library's own imports are its business (its version is recorded for a registry id)
+        return [] if registry else [found]
     packages = _dotted(root, module_part.split(".")[:-1]) if not module_part.endswith(".py") else []
     files = dict.fromkeys([found, *packages])  # importing ``a.b.c`` runs a's and a.b's ``__init__`` first
     queue = list(files)

@@ -61,7 +61,7 @@ def _identity(factory: str, args: str) -> dict[str, Any]:
 
 def code_digests(factory: str) -> dict[str, str]:
     """Path -> short sha256 of the files a factory's code is read from, relative to the factory's folder
-    (``{}`` for a registry id, which names no file)."""
+    (``{}`` for a registry id whose namespace is no package of the project: it names no file here)."""
     files = target_sources(factory, Path.cwd())
     if not files:
         return {}

@@ -260,6 +260,20 @@ def test_a_targets_sources_follow_its_helpers_own_imports_and_relative_ones(tmp_
         package / "parts" / "gains.py",
     ]
     assert target_sources("CartPole-v1", tmp_path) == []
+    assert target_sources("gym_pusht/PushT-v0", tmp_path) == [], "an installed namespace: its version is recorded"
+    namespace = tmp_path / "hudns_envs"  # the project's own package registers the id: its code is the env's
+    (namespace / "dynamics").mkdir(parents=True)
+    (namespace / "__init__.py").write_text(
+        "import gymnasium as gym\nfrom hudns_envs.dynamics.paced import Paced\n"
+        "gym.register(id='hudns_envs/Paced-v0', entry_point=Paced)\n"
+    )
+    (namespace / "dynamics" / "__init__.py").write_text("")
+    (namespace / "dynamics" / "paced.py").write_text("NOISE = 0.05\nclass Paced: ...\n")
+    assert target_sources("hudns_envs/Paced-v0", tmp_path) == [
+        namespace / "__init__.py",
+        namespace / "dynamics" / "__init__.py",
+        namespace / "dynamics" / "paced.py",
+    ], "an edit of the env's noise made no earlier result stale"
     assert target_sources("nowhere.to.be:found", tmp_path) == []
     # a policy built on this package's own classes, in a checkout of it: the package is no code of the project
     assert target_sources("envs.aloha_experts:InsertionExpert", REPO) == [
