@@ -187,7 +187,7 @@ def target_sources(spec: str, base_dir: Path) -> list[Path]:
     registry = not sep and "/" in spec  # an id ``ns/Env-v0``: the project's package ``ns`` registers and holds it
     if registry:
         module_part = spec.split("/", 1)[0]
-        if not module_part.isidentifier():
+        if not module_part.isidentifier() or module_part in sys.stdlib_module_names:
             return []
     elif not sep or not module_part:
         return []

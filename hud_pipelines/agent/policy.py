@@ -253,11 +253,12 @@ def _positive_int(value: object) -> int | None:
 
 def action_array(actions: object, *, source: str, expected: str) -> npt.NDArray[np.float32]:
     """A policy's answer as float32 numbers; what is no array of numbers is an error naming ``source`` and the
-    ``expected`` shape (numpy's own words named neither)."""
+    ``expected`` shape (numpy's own words named neither). It is a :class:`PolicyError`, not a shape error: a row's
+    own answer may be what broke it (a ragged list), so a stacked forward is run again per caller to find it."""
     try:
         return np.asarray(to_numpy(actions), dtype=np.float32)  # a tensor that requires grad, or on a GPU, too
     except (TypeError, ValueError) as exc:  # a dict, a generator, strings, ragged rows: no array of numbers
-        raise PolicyShapeError(
+        raise PolicyError(
             f"{source} returned a {type(actions).__name__} that is no array of numbers ({exc}); expected {expected}"
         ) from None
 

@@ -136,10 +136,10 @@ class ShardStore:
         run of the instance under way at the same time (its mark is locked: :func:`_written`)."""
         mine = f".{partition_key}.run-{self.run_id}."
         for staging in self.outputs.shard(partition_key).parent.glob(f"{glob.escape(f'.{partition_key}.run-')}*"):
-            if staging.suffix == _WRITING:  # a mark alone: its writer died before it wrote a thing
-                staging = staging.with_suffix("")
-                if staging.exists():
-                    continue  # cleared with its staging dir
+            if staging.suffix == _WRITING:  # cleared with its staging dir, or alone once its writer is gone
+                if not staging.with_suffix("").exists() and not staging.name.startswith(mine):
+                    _unlink_unheld(staging)
+                continue
             if staging.name.startswith(mine) or _written(staging):
                 continue
             shutil.rmtree(staging, ignore_errors=True)
@@ -306,6 +306,14 @@ _WRITING = ".writing"
 def _mark(staging: Path) -> Path:
     """The file beside a staging dir that its writing store holds locked (a lock dies with its process)."""
     return staging.with_name(staging.name + _WRITING)
+
+
+def _unlink_unheld(mark: Path) -> None:
+    """Remove a mark no store holds (its writer died before it made its staging dir), under its lock: a writer that
+    locks it next finds it gone and makes another (:meth:`ShardStore._hold`), never a mark it holds removed."""
+    with contextlib.suppress(OSError), mark.open("a") as handle:  # held (BlockingIOError), or no locks here: kept
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        mark.unlink(missing_ok=True)
 
 
 def _written(staging: Path) -> bool:

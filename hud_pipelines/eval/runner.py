@@ -68,8 +68,8 @@ ResultCallback = Callable[[InstanceResult], None]
 
 
 def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
-    """How the pipeline's sims are started (or attached to). How a registry id is vectorized (gymnasium's ``sync``
-    mode by default: each slot keeps its own seed) is the sim's: ``serve`` and a pipeline build it the same way."""
+    """How the pipeline's sims are started (or attached to). How a registry id is vectorized (one env per slot by
+    default: each slot keeps its own seed) is the sim's: ``serve`` and a pipeline build it the same way."""
     sim = spec.sim
     probes = [(task.seed, task.options) for task in spec.tasks[:PROBED_TASKS]]  # an env's reset may need them
     return SimSettings(

@@ -78,7 +78,7 @@ class SimProcess(Closeable):
         self._strays: set[int] = set()
         """The child's descendants seen before it was stopped: any that left its process group are stopped too."""
         if popen is not None:  # dropped unclosed (or left at the interpreter's exit): killed and reaped, no zombie
-            weakref.finalize(self, _stop_if_left, popen, os.getpid())
+            weakref.finalize(self, _stop_if_left, popen, os.getpid(), mark)
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -326,14 +326,20 @@ def _with_package_root(pythonpath: str) -> str:
     return os.pathsep.join(p for p in (str(PACKAGE_ROOT), pythonpath) if p)
 
 
-def _stop_if_left(popen: subprocess.Popen[bytes], owner: int) -> None:
-    """Kill the group of a child nobody closed, reap it and close our ends of its pipes; only in the process that
-    spawned it (a worker forked from that process must not stop its parent's sims as it exits)."""
+def _stop_if_left(popen: subprocess.Popen[bytes], owner: int, mark: str | None) -> None:
+    """Stop a child nobody closed as :meth:`SimProcess.close` would, its descendants that left its group included,
+    reap it and close our ends of its pipes; only in the process that spawned it (a worker forked from that process
+    must not stop its parent's sims as it exits)."""
     if os.getpid() != owner:
         return
+    strays: set[int] = set()
     if popen.poll() is None:
+        strays.update(descendants(popen.pid, mark))
         _signal_group(popen.pid, signal.SIGKILL)
         popen.wait()
+    for pid in strays | set(descendants(None, mark)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     for stream in (popen.stdin, popen.stdout):
         if stream is not None:
             stream.close()

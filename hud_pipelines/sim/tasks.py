@@ -59,10 +59,11 @@ def refuse_fixed(
     served = factory.vectorization_mode(operator_args, num_envs)
     asked = build_args[VECTORIZATION_MODE]
     if asked != served:
+        serves = f"{VECTORIZATION_MODE}={served!r}" if served is not None else "one gym.make env per slot"
         raise TaskArgumentError(
             f"{VECTORIZATION_MODE}={asked!r} is refused: it is fixed when the sim starts (this sim serves "
-            f"{factory.name} with {VECTORIZATION_MODE}={served!r}); start the sim with "
-            f"--arg {VECTORIZATION_MODE}={asked} to use it"
+            f"{factory.name} with {serves}); start the sim with --arg {VECTORIZATION_MODE}={asked} to use it, "
+            f"or leave it out of the task"
         )
 
 

@@ -230,6 +230,20 @@ def test_a_policy_answering_with_no_array_of_numbers_is_told_the_shape_it_owes()
         BatchedModel(Words()).infer(rows([1.0, 2.0]))
 
 
+def test_an_answer_one_callers_row_made_ragged_fails_that_caller_alone() -> None:
+    """Refused as a shape error, it failed every caller stacked with the row that broke it."""
+
+    class RowWise:
+        def infer(self, batch: PolicyBatch) -> Any:
+            values = batch.observation["x"][:, 0].tolist()
+            return [[2 * v] if v >= 0 else [v, v] for v in values]  # a negative row's answer is two wide
+
+    model = BatchedModel(RowWise(), max_wait_s=LONG_WINDOW_S, expected_callers=2)
+    fine, ragged = call_concurrently(model, [rows([1.0]), rows([-1.0])])
+    assert fine.tolist() == [[2.0]], "its own rows, run on their own"
+    assert ragged.tolist() == [[-1.0, -1.0]], "the bad row's caller gets its own answer, for its shape check"
+
+
 @pytest.mark.timeout(60)
 def test_k_sims_share_one_forward_per_tick_through_robot_agents() -> None:
     """Three Pendulum sims of two slots each, one agent thread per sim: one 6-row forward per tick."""

@@ -261,6 +261,7 @@ def test_a_targets_sources_follow_its_helpers_own_imports_and_relative_ones(tmp_
     ]
     assert target_sources("CartPole-v1", tmp_path) == []
     assert target_sources("gym_pusht/PushT-v0", tmp_path) == [], "an installed namespace: its version is recorded"
+    assert target_sources("json/Decoder-v0", tmp_path) == [], "the standard library is no code of the project"
     namespace = tmp_path / "hudns_envs"  # the project's own package registers the id: its code is the env's
     (namespace / "dynamics").mkdir(parents=True)
     (namespace / "__init__.py").write_text(

@@ -172,7 +172,7 @@ def test_a_one_seed_vector_env_refuses_distinct_seeds_and_takes_a_shared_one() -
     message = str(caught.value)
     assert "CartPole-v1 (CartPoleVectorEnv) takes one seed for all 3 slots" in message
     assert "seeds [100, 999, 100]: slot(s) [1] would not get the seed they are credited with" in message
-    assert "serve it with vectorization_mode=sync" in message
+    assert "serve it without vectorization_mode (each slot its own env and seed)" in message
     expected, _ = gym.make_vec("CartPole-v1", 3, vectorization_mode="vector_entry_point").reset(seed=7)
     np.testing.assert_array_equal(reply.observation["state"], expected)
     assert credited == [7, 7, 7]
@@ -243,20 +243,20 @@ def test_build_arguments_of_one_connection_never_reach_the_next() -> None:
 
 
 def test_a_client_may_repeat_but_never_change_the_vectorization_mode() -> None:
-    with GymBridge("CartPole-v1", 2) as bridge:
+    with GymBridge("CartPole-v1", 2, build_args={"vectorization_mode": "sync"}) as bridge:
         with pytest.raises(TaskArgumentError) as caught:
             bridge.reset([{"vectorization_mode": "async"}] * 2)
         assert bridge.reset([{"vectorization_mode": "sync", "seed": 1}] * 2).status == ["running"] * 2
         assert isinstance(cast(VectorEnvs, bridge.envs).env, gym.vector.SyncVectorEnv)
     assert str(caught.value) == (
         "vectorization_mode='async' is refused: it is fixed when the sim starts (this sim serves CartPole-v1 with "
-        "vectorization_mode='sync'); start the sim with --arg vectorization_mode=async to use it"
+        "vectorization_mode='sync'); start the sim with --arg vectorization_mode=async to use it, or leave it out "
+        "of the task"
     )
-    with (
-        GymBridge("CartPole-v1", 1) as bridge,
-        pytest.raises(TaskArgumentError, match="serves CartPole-v1 with vectorization_mode=None"),
-    ):
-        bridge.reset([{"vectorization_mode": "sync"}])
+    with GymBridge("CartPole-v1", 2) as bridge:  # the operator chose none: one env per slot
+        assert isinstance(bridge.envs, ReplicatedEnvs)
+        with pytest.raises(TaskArgumentError, match=r"serves CartPole-v1 with one gym.make env per slot\); start"):
+            bridge.reset([{"vectorization_mode": "sync"}] * 2)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -188,6 +188,23 @@ def test_a_process_the_sim_started_in_a_session_of_its_own_is_stopped_with_it(
     assert not [d for d in daemons if _alive(d)], "started by the sim, they outlived it"
 
 
+def test_a_sim_dropped_without_close_stops_the_processes_it_started_in_sessions_of_their_own(tmp_path: Any) -> None:
+    """Its finalizer killed the sim's group at once: the daemons the sim had started outlived it."""
+    import gc
+
+    (tmp_path / "dropped_daemon_env.py").write_text(DAEMON_ENV)
+    pids = tmp_path / "pids"
+    sim = SimProcess.spawn(f"{tmp_path / 'dropped_daemon_env.py'}:make", build_args={"pids": str(pids)})
+    daemons = [int(line) for line in pids.read_text().split()]  # the sim's start resets, and starts them
+    assert daemons
+    del sim
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while any(map(_alive, daemons)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [d for d in daemons if _alive(d)], "started by the sim, they outlived it"
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, waiting for init to reap it, has stopped)."""
     try:

@@ -57,7 +57,7 @@ def test_build_arguments_of_one_client_never_reach_the_next(spawn: Spawn) -> Non
 
 
 def test_a_client_may_not_change_the_vectorization_mode(spawn: Spawn) -> None:
-    sim = spawn("CartPole-v1", num_envs=2)
+    sim = spawn("CartPole-v1", num_envs=2, build_args={"vectorization_mode": "sync"})
     with sim.connect() as client:
         with pytest.raises(RemoteError) as caught:
             client.reset({"seed": 0, "vectorization_mode": "async"})
