@@ -62,14 +62,12 @@ def test_registry_ids_and_their_build_arguments() -> None:
     assert factory.kind is FactoryKind.REGISTRY
     assert {"sutton_barto_reward", "render_mode", "max_episode_steps", "vectorization_mode"} <= factory.build_params
     assert not factory.builds_vector({}, 1)
-    assert factory.builds_vector({}, 2)
+    assert not factory.builds_vector({}, 2), "several slots: one env each, built one by one (no vector wrapper)"
     assert factory.builds_vector({"vectorization_mode": "sync"}, 1)
     single = factory.build({"max_episode_steps": 7}, 1)
     assert single.spec is not None
     assert single.spec.max_episode_steps == 7
-    default = factory.build({}, 3)
-    assert isinstance(default, gym.vector.SyncVectorEnv)  # several slots: each its own env and seed
-    assert factory.vectorization_mode({}, 3) == "sync"
+    assert factory.vectorization_mode({}, 3) is None
     assert factory.vectorization_mode({}, 1) is None
     native = factory.build({"vectorization_mode": "vector_entry_point"}, 3)
     assert type(native).__name__ == "CartPoleVectorEnv"  # gymnasium's vector_entry_point, when asked for
