@@ -77,8 +77,9 @@ class SimProcess(Closeable):
         """The value of :data:`MARK_ENV` in the child's environment, which every process it starts inherits."""
         self._strays: set[int] = set()
         """The child's descendants seen before it was stopped: any that left its process group are stopped too."""
-        if popen is not None:  # dropped unclosed (or left at the interpreter's exit): killed and reaped, no zombie
-            weakref.finalize(self, _stop_if_left, popen, os.getpid(), mark)
+        self._left = None if popen is None else weakref.finalize(self, _stop_if_left, popen, os.getpid(), mark)
+        """Stops the child of a sim dropped unclosed (or left at the interpreter's exit): killed and reaped, no zombie;
+        a closed sim's is let go (its close stopped it all)."""
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -270,6 +271,8 @@ class SimProcess(Closeable):
         self._strays.update(descendants(None, self._mark))  # it is gone (perhaps on its own): its mark finds the rest
         self._kill_strays()
         self._release_pipes()
+        if self._left is not None:
+            self._left.detach()
 
     def _kill_strays(self) -> None:
         """SIGKILL the descendants that started sessions of their own (``start_new_session``, a daemon): the

@@ -47,8 +47,8 @@ def lerobot_policy_types() -> frozenset[str]:
 def lerobot_type_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
     """A LeRobot policy ``type`` that lerobot does not know (``actt``), with the closest it does."""
     policy = spec.agent.policy
-    if not isinstance(policy, LeRobotPolicyConfig) or policy.type is None:
-        return []
+    if not isinstance(policy, LeRobotPolicyConfig) or policy.type is None or policy.path or policy.checkpoints:
+        return []  # weights from a folder: its own config says the type, and ``type`` is not read
     known = lerobot_policy_types()
     if not known or policy.type in known:
         return []

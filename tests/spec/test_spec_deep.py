@@ -146,6 +146,10 @@ def test_a_lerobot_policy_type_lerobot_does_not_know_is_refused_at_its_line(writ
     said = str(refused.value)
     assert "typo.yaml:4:33: agent.policy.type: lerobot has no policy type 'actt' (did you mean 'act'?)" in said, said
     assert load_pipeline(write_yaml(pipeline("{kind: lerobot, type: act}"), "act.yaml"), deep=True).name == "deep"
+    unread = write_yaml(pipeline("{kind: lerobot, path: weights, type: actt}"), "unread.yaml")  # type is not read
+    with pytest.raises(SpecError) as refused:
+        load_pipeline(unread, deep=True)
+    assert "policy type" not in str(refused.value), "only the missing folder is said"
 
 
 def test_module_targets_are_found_without_importing_them(
