@@ -231,10 +231,7 @@ class SimProcess(Closeable):
         """SIGKILL the child's whole process group now (a hung sim gets no grace)."""
         if self._popen is not None:  # a child reaped already is no root to walk from (its id may be reused)
             self._strays.update(descendants(None if self._popen.poll() is not None else self._popen.pid, self._mark))
-            _signal_group(self._popen.pid, signal.SIGKILL)
-            self._popen.wait()
-            self._kill_strays()
-            self._release_pipes()
+            _stop_group(self._popen, self._mark, self._strays)
 
     @property
     def returncode(self) -> int | None:
@@ -266,28 +263,9 @@ class SimProcess(Closeable):
             except subprocess.TimeoutExpired:
                 waited = time.monotonic() - told
                 log.warning("sim process %d ignored SIGTERM for %.1f s; killing its group", popen.pid, waited)
-        _signal_group(popen.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
-        popen.wait()
-        self._strays.update(descendants(None, self._mark))  # it is gone (perhaps on its own): its mark finds the rest
-        self._kill_strays()
-        self._release_pipes()
+        _stop_group(popen, self._mark, self._strays)
         if self._left is not None:
             self._left.detach()
-
-    def _kill_strays(self) -> None:
-        """SIGKILL the descendants that started sessions of their own (``start_new_session``, a daemon): the
-        group's signal never reaches them, and they would outlive the run."""
-        for pid in self._strays:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        self._strays.clear()
-
-    def _release_pipes(self) -> None:
-        """Close our ends of the child's stdin (the parent-watch pipe) and stdout (the ready line)."""
-        if self._popen is not None:
-            for stream in (self._popen.stdin, self._popen.stdout):
-                if stream is not None:
-                    stream.close()
 
 
 def sim_interpreter(python: str | Path | None) -> str:
@@ -333,16 +311,22 @@ def _stop_if_left(popen: subprocess.Popen[bytes], owner: int, mark: str | None) 
     """Stop a child nobody closed as :meth:`SimProcess.close` would, its descendants that left its group included,
     reap it and close our ends of its pipes; only in the process that spawned it (a worker forked from that process
     must not stop its parent's sims as it exits)."""
-    if os.getpid() != owner:
-        return
-    strays: set[int] = set()
-    if popen.poll() is None:
-        strays.update(descendants(popen.pid, mark))
-        _signal_group(popen.pid, signal.SIGKILL)
-        popen.wait()
-    for pid in strays | set(descendants(None, mark)):
+    if os.getpid() == owner:
+        _stop_group(popen, mark, set(descendants(popen.pid, mark)) if popen.poll() is None else set())
+
+
+def _stop_group(popen: subprocess.Popen[bytes], mark: str | None, strays: set[int]) -> None:
+    """SIGKILL the child's process group (also what is left of it after the child), reap the child, then SIGKILL the
+    descendants that started sessions of their own (``start_new_session``, a daemon: the group's signal never
+    reaches them): ``strays`` seen before, and those its ``mark`` finds now. Last, close our ends of its stdin (the
+    parent-watch pipe) and stdout (the ready line). ``strays`` is emptied."""
+    _signal_group(popen.pid, signal.SIGKILL)
+    popen.wait()
+    strays.update(descendants(None, mark))  # it is gone (perhaps on its own): its mark finds the rest
+    for pid in strays:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    strays.clear()
     for stream in (popen.stdin, popen.stdout):
         if stream is not None:
             stream.close()
