@@ -52,3 +52,15 @@ from hud_pipelines.errors import (
 )
 def test_each_exception_type_stands_for_its_fault(exc: BaseException, fault: Fault) -> None:
     assert fault_of(exc) is fault
+
+
+def test_a_sims_error_frame_says_the_phase_and_slot_and_keeps_the_sims_traceback() -> None:
+    from hud_pipelines.errors import RemoteError
+
+    whole = RemoteError(
+        "env.step raised KeyError: 'a'", phase="step", remote_traceback="Traceback ...\nKeyError: 'a'\n"
+    )
+    assert str(whole) == (
+        "sim error during step: env.step raised KeyError: 'a'\n--- sim traceback ---\nTraceback ...\nKeyError: 'a'"
+    )
+    assert str(RemoteError("action refused", phase="step", slot=2)) == "sim error during step, slot 2: action refused"

@@ -11,8 +11,11 @@ contract, and turns batched requests into batched replies:
 
 What a slot is credited with is what it got: its seed is the one its env was reset with (a vector
 env that takes one seed for the batch refuses distinct per-slot seeds), and a slot whose action row
-is refused, or whose observation or reward is NaN or infinite, ends as *errored* at once, with the
-reason, while the other slots go on.
+is refused, or whose observation or reward is NaN or infinite, or whose own env raised, ends as
+*errored* at once, with the reason, while the other slots go on. Every slot raising in one reset or
+step is no different: each slot keeps its own words, so an episode's error reads the same however
+the instance's slots are split between sims (``shards``). Only an exception of a vector env as a
+whole, which no slot owns, is an :class:`~hud_pipelines.errors.EnvFault` of the request.
 
 Build arguments belong to one connection: the operator's (``build_args``) are the base, a
 connection's resets add their own on top, and :meth:`begin_connection` drops them again, so what one
@@ -218,11 +221,6 @@ class GymBridge:
         self.slots.begin(read.seeds)
         try:
             started = envs.reset(read.seeds, read.options, self._obs)
-            if started.errors and len(started.errors) == self.num_envs:  # nothing started: the reset failed
-                slot, formatted = next(iter(started.errors.items()))
-                raise _ResetRaised(formatted)
-        except _ResetRaised as failed:
-            raise self._reset_failed(exception_line(failed.formatted), failed.formatted) from None
         except HudPipelinesError:
             self.slots.fail_running("reset refused")
             raise
@@ -243,7 +241,7 @@ class GymBridge:
         )
 
     def _reset_failed(self, said: str, formatted: str) -> EnvFault:
-        """A reset in which no slot started: every slot fails with what was raised, and the envs are built anew."""
+        """A reset the envs raised as a whole: every slot fails with what was raised, and the envs are built anew."""
         self.slots.fail_running(f"env.reset raised {said}")
         self._rebuild = True
         return EnvFault(Phase.RESET, f"env.reset raised {said}", slot=None, formatted=formatted)
@@ -289,16 +287,6 @@ class GymBridge:
         for slot, message in raised.items():
             self.slots.fail(slot, message)
             stepped[slot] = False
-        if tick.errors and not stepped.any() and not refused:
-            slot, formatted = next(iter(tick.errors.items()))
-            raise EnvFault(
-                Phase.STEP,
-                raised[slot]
-                if len(tick.errors) == 1
-                else f"all {len(tick.errors)} running slots raised, slot {slot} first: {exception_line(formatted)}",
-                slot=slot if len(tick.errors) == 1 else None,
-                formatted=formatted,
-            )
         errors += [SlotError(slot=s, message=raised[s], traceback=f) for s, f in tick.errors.items()]
         nonfinite, invalid = self._end_nonfinite(stepped, tick.reward)
         errors += invalid
@@ -384,11 +372,3 @@ class GymBridge:
             errors=errors or [],
             nonfinite=nonfinite or [],
         )
-
-
-class _ResetRaised(Exception):
-    """Every slot's env raised in reset (internal: becomes an :class:`EnvFault`)."""
-
-    def __init__(self, formatted: str) -> None:
-        super().__init__(formatted)
-        self.formatted = formatted

@@ -22,9 +22,9 @@ def describe(shard: int, slots: range, shards: int) -> str:
     return f"shard {shard} of {shards} ({span})"
 
 
-_SLOT_NUMBER = re.compile(r"(?:^|(?<=\()|(?<=: )|(?<=, ))slot (\d+)(?=: |\)| first: | reset: | step: )")
-"""A slot as the sim's own messages name it (``slot 2: action ...``, ``... (slot 2)``, ``slot 2 first: ...``,
-``slot 2 step: ...``); an env's own text (``gripper slot 0 jammed``) is left as it is."""
+_SLOT_NUMBER = re.compile(r"(?:^|(?<=\()|(?<=: )|(?<=, ))slot (\d+)(?=: |\)| reset: | step: )")
+"""A slot as the sim's own messages name it (``slot 2: action ...``, ``... (slot 2)``, ``slot 2 step: ...``);
+an env's own text (``gripper slot 0 jammed``) is left as it is."""
 
 
 def instance_slots(message: str, offset: int) -> str:

@@ -43,7 +43,6 @@ from hud_pipelines.errors import (
     RemoteError,
     SimError,
     WireError,
-    exception_line,
 )
 from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.shard_naming import contract_difference, describe, instance_slots, shard_error
@@ -265,14 +264,13 @@ class ShardedSim(Closeable):
         return dataclasses.replace(last, reward=np.zeros_like(last.reward), prompt=None, errors=[], nonfinite=[])
 
     def _errored(self, shard: int, fault: BaseException, phase: str) -> Observation:
-        """The frame of a child whose env raised for every slot it ran: those slots end errored with its error."""
+        """The frame of a child whose env raised as a whole (a vector env, which no slot owns): the slots it ran
+        end errored with its words, as one sim's slots end with them (a slot's own exception comes in a frame)."""
         assert isinstance(fault, RemoteError)
         last = self._last[shard]
         count = len(self.slots[shard])
         ran = [True] * count if phase == "reset" or last is None else [s == RUNNING for s in last.status]
-        # one slot raised: the child's message says which episode; several: the exception their traceback ends with
-        said = exception_line(fault.remote_traceback or "")
-        message = fault.message if fault.slot is not None else said or fault.message  # renumbered when joined
+        message = fault.message  # renumbered when joined
         if last is None or phase == "reset":
             observation = {
                 name: np.zeros((count, *feature.shape), dtype=feature.dtype)

@@ -451,19 +451,17 @@ def array_field(data: bytes, dtype: str, shape: list[int]) -> dict[str, Any]:
     return {NDARRAY_KEY: True, "data": data, "dtype": dtype, "shape": shape}
 
 
-def test_an_env_exception_is_an_error_frame_with_the_traceback(spawn: Spawn) -> None:
+def test_an_env_exception_errors_its_slot_in_the_frame_with_the_traceback(spawn: Spawn) -> None:
     sim = spawn(FAULTY, build_args={"fault": "raise_step", "at_step": 2})
     with sim.connect() as client:
         client.reset({"seed": 3})
         client.step([[0.0]])
-        with pytest.raises(RemoteError) as caught:
-            client.step([[0.0]])
-        error = caught.value
-        assert (error.phase, error.slot) == ("step", 0)
-        assert "ZeroDivisionError: FaultyEnv step 2 failed on purpose (seed 3)" in error.message
-        assert error.remote_traceback is not None
-        assert 'faulty.py", line' in error.remote_traceback
-        assert "--- sim traceback ---" in str(error)
+        reply = client.step([[0.0]])
+        assert reply.status == ["errored"]
+        [error] = reply.errors
+        assert (error.slot, error.cause) == (0, "env")
+        assert error.message == "ZeroDivisionError: FaultyEnv step 2 failed on purpose (seed 3) (seed 3, step 2)"
+        assert 'faulty.py", line' in (error.traceback or "")
         assert client.result().slots[0]["status"] == "errored"
         assert client.reset({"seed": 4}).status == ["running"]  # the same connection goes on
 

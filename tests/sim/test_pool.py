@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hud_pipelines.errors import RemoteError, SimStartError
+from hud_pipelines.errors import SimStartError
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.sim.process import SimProcess
 from hud_pipelines.sim.settings import SimSettings
@@ -100,7 +100,8 @@ def test_what_runs_on_the_contracts_sim_may_fail_without_losing_the_contract_and
 
     def reset_every_slot(client: Any) -> None:
         seen.append(client)
-        client.reset([{"seed": 0}, {"seed": 1}])  # every seeded reset of this sim raises
+        client.reset([{"seed": 0}, {"seed": 1}])  # every seeded reset of this sim raises: no slot runs
+        client.step([[0.0], [0.0]])  # refused
 
     try:
         contract = pool.contract(then=reset_every_slot)
@@ -140,9 +141,9 @@ def test_a_pipelines_sim_whose_reset_needs_options_starts_probed_with_its_first_
         with pool.sim() as live:
             reply = live.client.reset(spec.slot_tasks(1, 0))
             assert reply.observation["state"].tolist() == [[0.25, 0.25], [0.25, 0.25]]
-            with pytest.raises(RemoteError, match=r"needs options\['difficulty'\]") as broken:
-                live.client.reset(spec.slot_tasks(0, 0))  # the task whose options break reset errors its own
-            assert broken.value.cause == "env"
+            broken = live.client.reset(spec.slot_tasks(0, 0))  # the task whose options break reset errors its own
+            assert broken.status == ["errored", "errored"]
+            assert [("needs options['difficulty']" in e.message, e.cause) for e in broken.errors] == [(True, "env")] * 2
 
 
 def test_a_sim_process_dropped_without_close_is_killed_and_reaped() -> None:

@@ -30,6 +30,7 @@ from hud_pipelines.wire.messages import Observation, Result
 from tests.conftest import FAULTY, wait_group_gone
 
 TIMED = f"{Path(__file__).with_name('shard_sims.py')}:timed"
+JAMMING = f"{Path(__file__).with_name('shard_sims.py')}:jamming"
 
 
 def _frame(observation: Observation) -> dict[str, Any]:
@@ -113,6 +114,27 @@ def test_a_child_whose_env_raises_in_every_slot_ends_those_slots_as_one_sim_woul
         wait_group_gone(group)
 
 
+@pytest.mark.parametrize("phase", ["reset", "step"])
+def test_a_child_whose_every_slot_raises_gives_each_the_words_one_sim_gives_it(phase: str) -> None:
+    """Seeds 10 and 11 jam, each in its own words: one sim of four slots ends them with those words while slots
+    2-3 step on; sharded, they are the whole first child, and every frame is still one sim's."""
+    settings = SimSettings(factory=JAMMING, num_envs=4, build_args={"below": 12, "phase": phase})
+    tasks = [{"seed": seed} for seed in range(10, 14)]
+    actions = [np.zeros((4, 1), dtype=np.float32) for _ in range(3)]
+    single, _, _ = _drive(settings, tasks, actions, ahead=0)
+    sharded, _, groups = _drive(dataclasses.replace(settings, shards=2), tasks, actions, ahead=0)
+    said = {
+        "reset": "env.reset raised RuntimeError: the gripper of seed {0} jammed at reset (seed {0})",
+        "step": "RuntimeError: the gripper of seed {0} jammed at step 2 (seed {0}, step 2)",
+    }[phase]
+    errors = [(slot, message) for frame in single for slot, message, _ in frame["errors"]]
+    assert errors == [(0, said.format(10)), (1, said.format(11))]
+    assert single[-1]["status"] == ["errored", "errored", "running", "running"]
+    assert sharded == single
+    for group in groups:
+        wait_group_gone(group)
+
+
 def test_a_childs_error_names_the_slot_as_the_instance_numbers_it() -> None:
     """Slot 3's reward turns NaN: sharded, its child (slots 2-3) said "(slot 1)" beside the grade row of slot 3."""
     settings = SimSettings(factory=FAULTY, num_envs=4, build_args={"fault": "nan_reward_step", "fault_seed": 13})
@@ -135,9 +157,7 @@ def test_a_childs_messages_renumber_the_slots_the_sim_names_and_leave_the_envs_o
         "reward nan is not finite at step 2 (slot 1)": "reward nan is not finite at step 2 (slot 3)",
         "slot 0: action [2.0] is out of bounds; expected": "slot 2: action [2.0] is out of bounds; expected",
         "ContractError: slot 1 step: observation 'x' is": "ContractError: slot 3 step: observation 'x' is",
-        "all 2 running slots raised, slot 1 first: RuntimeError: gripper slot 0 jammed": (
-            "all 2 running slots raised, slot 3 first: RuntimeError: gripper slot 0 jammed"
-        ),
+        "RuntimeError: gripper slot 0 jammed (seed 2, step 2)": "RuntimeError: gripper slot 0 jammed (seed 2, step 2)",
         "RuntimeError: slot 1 of the rack is empty": "RuntimeError: slot 1 of the rack is empty",
     }
     assert {message: instance_slots(message, 2) for message in said} == said
