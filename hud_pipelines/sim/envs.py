@@ -26,7 +26,8 @@ import numpy.typing as npt
 
 from hud_pipelines.contract import Contract
 from hud_pipelines.contract.observations import flatten_observation, leaves, observation_row, to_numpy
-from hud_pipelines.errors import ContractError, EnvFault, Phase, TaskArgumentError
+from hud_pipelines.errors import EnvFault, Phase, TaskArgumentError
+from hud_pipelines.sim.observation_rows import ObservationBuffer, copied_bare, write_rows
 from hud_pipelines.sim.slots import every
 from hud_pipelines.sim.step_values import (
     flag,
@@ -49,8 +50,6 @@ REBUILD = "of a rebuild"
 
 IDLE_HOOK = "idle_hook"
 """An env method of this name, if present, is run by the sim's main thread between requests."""
-
-ObservationBuffer = dict[str, npt.NDArray[Any]]
 
 
 @dataclass(frozen=True)
@@ -164,6 +163,14 @@ class SlotEnvs(ABC):
         assert self.contract is not None, "the bridge sets the contract before the first reset"
         write_rows(out, self.names, self.contract, flat, rows, where)
 
+    def write_slot(self, out: ObservationBuffer, observation: object, slot: int, phase: str) -> None:
+        """One slot's observation into ``out``. A bare array of the contract's one feature's shape and dtype, the
+        usual step of a state env, is copied at once: the checks of :meth:`write` hold for it, and their cost
+        (flattening, the message's text) is per slot and per step."""
+        key = self.names.get("") if len(self.names) == 1 else None
+        if key is None or not copied_bare(out[key], observation, slot):
+            self.write(out, flatten_observation(observation), slot, f"slot {slot} {phase}")
+
 
 # ---------------------------------------------------------------------------------------------
 # helpers shared by both backends
@@ -179,34 +186,6 @@ def prompt_of(env: Any) -> str | None:
             if isinstance(value, str) and value:
                 return value
     return None
-
-
-def write_rows(
-    out: ObservationBuffer,
-    names: dict[str, str],
-    contract: Contract,
-    flat: dict[str, npt.NDArray[Any]],
-    rows: slice | int,
-    where: str,
-) -> None:
-    """Check a flattened observation against the contract and copy it into ``out[key][rows]``."""
-    if flat.keys() != names.keys():
-        raise ContractError(
-            f"{where}: the env returned observation keys {sorted(flat)}, the contract has {sorted(names)}"
-        )
-    for name, array in flat.items():
-        key = names[name]
-        feature = contract.features[key]
-        target = out[key][rows]
-        expected = target.shape
-        if array.shape != expected and array.size == target.size and array.ndim <= 1:
-            array = array.reshape(expected)  # a scalar observation (e.g. Discrete) becomes shape (1,)
-        if array.shape != expected or array.dtype != target.dtype:
-            raise ContractError(
-                f"{where}: observation {key!r} is {array.dtype}{list(array.shape)}, the contract says "
-                f"{feature.dtype}{list(expected)}"
-            )
-        out[key][rows] = array
 
 
 def torch_device_of(env: Any, sample: object) -> Any:
@@ -272,7 +251,7 @@ class ReplicatedEnvs(SlotEnvs):
         for slot, env in enumerate(self.envs):
             try:
                 observation = reset_observation(env.reset(seed=seeds[slot], options=options[slot]))
-                self.write(out, flatten_observation(observation), slot, f"slot {slot} reset")
+                self.write_slot(out, observation, slot, "reset")
             except ENV_FAILURES:  # this slot's env failed (or returned what the contract refuses): it errors alone
                 started.errors[slot] = traceback.format_exc()
                 continue
@@ -286,7 +265,7 @@ class ReplicatedEnvs(SlotEnvs):
                 observation, reward, terminated, truncated, info = step_returns(
                     self.envs[slot].step(to_env_action(actions[slot], self.device))
                 )
-                self.write(out, flatten_observation(observation), slot, f"slot {slot} step")
+                self.write_slot(out, observation, slot, "step")
                 tick.reward[slot] = reward_of(reward)
                 tick.terminated[slot] = flag(terminated, "terminated")
                 tick.truncated[slot] = flag(truncated, "truncated")

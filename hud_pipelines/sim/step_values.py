@@ -24,6 +24,8 @@ SUCCESS_KEYS = ("is_success", "success", "task_success")
 
 def success_of(info: Mapping[str, Any]) -> int:
     """-1 if ``info`` reports no success signal (none of :data:`SUCCESS_KEYS`, or ``None`` there), else 0/1."""
+    if not info:  # the usual info of a state env, read for every slot of every step
+        return -1
     for key in SUCCESS_KEYS:
         if key in info:
             signal = _signal(info[key], key)
