@@ -28,7 +28,22 @@ SCHEDULING: dict[str, dict[str, object]] = {"agent": {"send_ahead": DEFAULT_SEND
 """Settings that only schedule the work, with their defaults: hashed at the default whatever they hold, since they
 make the same episodes (steps pipelined to a served sim), so tuning one keeps every result current."""
 
+REGISTRY_SLOTS_APART: dict[str, str] = {"slots": "one gym.make env each"}
+"""What the sim of a registry id with several slots and no ``vectorization_mode`` adds to its rollout hash. Its slots
+were one gymnasium ``SyncVectorEnv`` before they were one env each: a vector env autoresets a slot without its task's
+options and casts observations to its space's dtype, so an env that needs either ran other episodes then, and
+results of that stepping are not current."""
+
 MISSING = object()
+
+
+def with_slot_stepping(dumped: dict[str, Any]) -> dict[str, Any]:
+    """``dumped`` with :data:`REGISTRY_SLOTS_APART` in its sim where a registry id (no ``:``) steps several slots
+    one env each (its ``args`` set no ``vectorization_mode``)."""
+    sim: dict[str, Any] = dumped.get("sim") or {}
+    factory, args = sim.get("factory"), dict[str, Any](sim.get("args") or {})
+    apart = isinstance(factory, str) and ":" not in factory and "vectorization_mode" not in args
+    return {**dumped, "sim": {**sim, **REGISTRY_SLOTS_APART}} if apart and sim.get("num_envs", 1) > 1 else dumped
 
 
 def without_later_defaults(dumped: dict[str, Any]) -> dict[str, Any]:
@@ -70,3 +85,9 @@ def canonical_hash(value: object) -> str:
     """SHA-256 (hex) of a JSON-able value in canonical form: the same content, the same hash, in any process."""
     canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def rollout_content(dumped: dict[str, Any]) -> dict[str, Any]:
+    """What of a pipeline's dump its rollout hash is taken of (:func:`with_slot_stepping`,
+    :func:`without_later_defaults`)."""
+    return without_later_defaults(with_slot_stepping(dumped))

@@ -53,7 +53,7 @@ from hud_pipelines.spec.hashing import (
     canonical_hash,
     checkpoint_rollout_hash,
     flat,
-    without_later_defaults,
+    rollout_content,
 )
 from hud_pipelines.spec.messages import plain_message
 from hud_pipelines.spec.model_paths import key_path
@@ -397,4 +397,4 @@ class PipelineSpec(StrictModel):
         exclude = SWEEP_SOURCES if self.is_sweep else CREDENTIALS
         dumped = self.model_dump(mode="json", include={"sim", "agent", "max_steps", "graders"}, exclude=exclude)
         dumped["tasks"] = [task.model_dump(mode="json") | ({} if with_matrix else {"matrix": {}}) for task in tasks]
-        return canonical_hash(without_later_defaults(dumped))
+        return canonical_hash(rollout_content(dumped))

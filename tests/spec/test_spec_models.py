@@ -275,14 +275,46 @@ def test_a_key_added_later_leaves_the_rollout_hash_of_a_pipeline_that_does_not_s
         "graders": [{"kind": "success"}, {"kind": "return", "threshold": 10}],
     }
     spec = load_pipeline_text(json.dumps(text), source="/tmp/pinned.yaml")
-    # the hash this pipeline had before success graders took `at`: its results stay current on upgrading
-    assert spec.rollout_hash == "1d76cf2103c141a93b9a394562dd87057fd460c0ee8f5c8cc4802d939a38f4ae"
+    # the hash this pipeline had before success graders took `at` (its results stay current on upgrading), with its
+    # two slots stepped one env each: see the next test
+    assert spec.rollout_hash == "7a569ead1240ca133ffdcfe84f788599d010ab16d3d093894e99cba33b86d2e5"
     explicit = load_pipeline_text(
         json.dumps({**text, "graders": [{"kind": "success", "at": "any"}, text["graders"][1]]})
     )
     assert explicit.rollout_hash == spec.rollout_hash
     at_end = load_pipeline_text(json.dumps({**text, "graders": [{"kind": "success", "at": "end"}, text["graders"][1]]}))
     assert at_end.rollout_hash != spec.rollout_hash, "grading at the end is another verdict"
+
+
+def test_results_of_a_registry_id_whose_slots_were_one_vector_env_are_not_current_and_no_other_are_touched() -> None:
+    """A registry id of several slots was one gymnasium ``SyncVectorEnv``, and is one env per slot now: an env whose
+    reset needs its task's options, or whose observations stray from its space's dtype, ran other episodes then.
+    The hashes before that change are pinned: the stepping that changed leaves it, the rest keep theirs."""
+    import json
+
+    text = {
+        "name": "pinned",
+        "sim": {"factory": "CartPole-v1", "num_envs": 2},
+        "agent": {"policy": {"kind": "random", "seed": 3}},
+        "tasks": [{"name": "t", "seed": 7}],
+        "max_steps": 50,
+        "graders": [{"kind": "success"}, {"kind": "return", "threshold": 10}],
+    }
+
+    def rollout_hash(sim: dict[str, Any]) -> str:
+        return load_pipeline_text(json.dumps({**text, "sim": sim}), source="/tmp/pinned.yaml").rollout_hash
+
+    before = {
+        "one vector env": "1d76cf2103c141a93b9a394562dd87057fd460c0ee8f5c8cc4802d939a38f4ae",
+        "sync asked for": "f16ffd4f74e53eb1f387615e6c4deb7be34e8c0a21d3c5b7c8e43275c59b107d",
+        "a callable": "4c8c0c93c6a85a41bc86ee87f753439c295aa25814cc5fe9406ab699b69dedb3",
+        "one slot": "0544f323e89794f1e26330e5c1aa1a0965130ac36640487c0d718c2891118512",
+    }
+    assert rollout_hash({"factory": "CartPole-v1", "num_envs": 2}) != before["one vector env"]
+    sync = {"factory": "CartPole-v1", "num_envs": 2, "args": {"vectorization_mode": "sync"}}
+    assert rollout_hash(sync) == before["sync asked for"], "still one SyncVectorEnv: current"
+    assert rollout_hash({"factory": "envs.faulty:faulty", "num_envs": 2}) == before["a callable"]
+    assert rollout_hash({"factory": "CartPole-v1", "num_envs": 1}) == before["one slot"], "one env either way"
 
 
 def test_a_matrix_value_added_leaves_the_rollout_hash_of_its_control_and_of_the_other_values_as_they_were() -> None:
