@@ -19,15 +19,15 @@ Grades follow the bridge (:mod:`.episodes` keeps each slot's record): success is
 env reports it, the score is success when the env reports a success signal, else the episode
 return. An episode cut short by ``reset`` or ``close`` ends as failed with ``truncated=True``.
 
-A wrapper writing a dataset is finalized at interpreter exit if it was never closed: the finalizer
-is registered when the wrapper is created, and runs on the normal way out of the program (the end
-of the script, ``sys.exit``, an uncaught exception) like ``close()`` does: open episodes end cut
-short, the sinks close, the dataset is published. It runs before Python joins the remaining
-threads (``threading``'s own exit hooks), while the dataset writers still take work; publishing
-then starts no thread (Python refuses new threads at exit): a ``wrap()`` dataset is one part, which
-is checked from its files and renamed into place. The env itself is not closed. Nothing runs on
-``os._exit``, SIGKILL or an unhandled SIGTERM: then the finalized parts of the episodes already
-written stay in the dataset's staging directory (``.<name>.staging-*``), unpublished.
+A wrapper writing anything (traces, a dataset, sinks of the caller's) is finalized at interpreter exit if it
+was never closed: the finalizer is registered when the wrapper is created, and runs on the normal way out of
+the program (the end of the script, ``sys.exit``, an uncaught exception) like ``close()`` does: open episodes
+end cut short (their traces get their grade line), the sinks close, the dataset is published. It runs
+before Python joins the remaining threads (``threading``'s own exit hooks), while the dataset writers
+still take work; publishing then starts no thread (Python refuses new threads at exit): a ``wrap()``
+dataset is one part, which is checked from its files and renamed into place. The env itself is not
+closed. Nothing runs on ``os._exit``, SIGKILL or an unhandled SIGTERM: then the finalized parts of the
+episodes already written stay in the dataset's staging directory (``.<name>.staging-*``), unpublished.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def wrap(
 
     With ``dataset``, the episodes are also written as a LeRobot v3 dataset, exactly as an eval's
     dataset asset writes them, and published there (atomically) when the wrapper is closed, or
-    when the program exits without closing it (see the module docstring for what that covers).
+    when the program exits without closing it, as traces and sinks are closed then (see the module docstring).
     The wrapper owns the sinks: closing it ends open episodes and closes them.
     """
     options = WrapOptions(
@@ -85,7 +85,7 @@ def wrap(
         wrapper: RecordEpisodes | RecordVectorEpisodes = RecordVectorEpisodes(env, options)
     else:
         wrapper = RecordEpisodes(env, options)
-    if dataset is not None:
+    if dataset is not None or trace_dir is not None or sinks:  # what it writes ends whole, even unclosed
         wrapper.episodes.close_at_exit()
     return wrapper
 

@@ -291,7 +291,8 @@ EXITS_WITHOUT_CLOSE = textwrap.dedent(
 
     from hud_pipelines.recording.wrap import wrap
 
-    env = wrap(gym.make("CartPole-v1"), job="unclosed", dataset=Path(sys.argv[1]))
+    writes = {sys.argv[2]: Path(sys.argv[1])}  # dataset=... or trace_dir=...
+    env = wrap(gym.make("CartPole-v1"), job="unclosed", **writes)
     for seed in (0, 1):
         env.reset(seed=seed)
         done = False
@@ -306,13 +307,11 @@ EXITS_WITHOUT_CLOSE = textwrap.dedent(
 )
 
 
-def test_an_unclosed_wrap_dataset_is_published_at_exit(tmp_path: Path) -> None:
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-    target = tmp_path / "unclosed"
+def _exit_without_close(target: Path, writes: str) -> None:
+    """Run :data:`EXITS_WITHOUT_CLOSE` writing ``writes`` (``dataset`` or ``trace_dir``) to ``target``."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-c", EXITS_WITHOUT_CLOSE, str(target)],
+        [sys.executable, "-c", EXITS_WITHOUT_CLOSE, str(target), writes],
         cwd=REPO,
         env=environment,
         capture_output=True,
@@ -323,12 +322,30 @@ def test_an_unclosed_wrap_dataset_is_published_at_exit(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "EXITING" in done.stdout
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_an_unclosed_wrap_dataset_is_published_at_exit(tmp_path: Path) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    target = tmp_path / "unclosed"
+    _exit_without_close(target, "dataset")
     dataset = LeRobotDataset("local/unclosed", root=target)
     records = read_episode_records(target)
     assert dataset.num_episodes == len(records) == 3  # two finished, one cut short at exit
     assert [r["steps"] for r in records][-1] == 3
     assert dataset.num_frames == sum(int(str(r["frames"])) for r in records)
     assert not list(tmp_path.glob(".unclosed.staging-*"))
+
+
+def test_the_traces_of_an_unclosed_wrap_end_with_their_grades_at_exit(tmp_path: Path) -> None:
+    """Before, only a wrapper writing a dataset was closed at exit: the episode still open had no grade line."""
+    _exit_without_close(tmp_path, "trace_dir")
+    traces = read_traces(tmp_path / "unclosed")
+    assert len(traces) == 3
+    assert [t.grade is not None for t in traces] == [True, True, True]
+    *finished, cut = [t.grade for t in traces if t.grade is not None]
+    assert [g["terminated"] for g in finished] == [True, True]
+    assert (cut["steps"], cut["truncated"], cut["success"]) == (3, True, False), "cut short at exit, as close() ends it"
 
 
 class _BreaksOnSeedOne(gym.Env[np.ndarray, np.ndarray]):
