@@ -46,7 +46,25 @@ def record_configuration(
     text = json.dumps(record, indent=1)
     write_atomically(_run_record_path(outputs, run_id), text)  # the run's own steps judge by it (:class:`CurrentBy`)
     write_atomically(outputs.configuration_json, text)
+    _forget_old_runs(outputs)
     return overrides
+
+
+RUN_RECORDS_KEPT = 200
+"""The latest runs whose own records (``configurations/<run id>.json`` and ``.contract``, ``served_sims/<run
+id>.json``) are kept: a run's steps, and a re-execution of it, judge by them; an older run's judges by the latest."""
+
+
+def _forget_old_runs(outputs: EvalOutputs) -> None:
+    """Remove the records of all but the :data:`RUN_RECORDS_KEPT` latest runs (by when each was written), so that
+    a pipeline run every few minutes does not fill its folders."""
+    try:
+        records = sorted(outputs.configurations.glob("*.json"), key=lambda path: path.stat().st_mtime_ns)
+        for old in records[: max(0, len(records) - RUN_RECORDS_KEPT)]:
+            for path in (old, old.with_suffix(".contract"), outputs.served_sims / old.name):
+                path.unlink(missing_ok=True)
+    except OSError:  # another run forgetting the same records meanwhile: what is left is theirs to remove
+        return
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,33 @@ def test_a_run_claims_one_served_sim_that_its_steps_and_units_hold_to_and_a_late
     assert recorded_provenance(outputs)["fingerprint"] not in {spawned["fingerprint"], claimed["fingerprint"]}
 
 
+def test_only_the_latest_runs_records_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run wrote ``configurations/<run id>.json`` (with its contract note and served-sim claim) and none was
+    ever removed: a pipeline run every few minutes filled its folder."""
+    import hashlib
+    import os
+
+    from hud_pipelines.eval import configuration
+    from hud_pipelines.eval.outputs import EvalOutputs
+
+    monkeypatch.setattr(configuration, "RUN_RECORDS_KEPT", 2)
+    spec = _spec(tmp_path)
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    served = {"factory": "/a/envs/x.py:make", "factory_name": "x.py:make", "args": {}, "packages": {}}
+    for number in range(1, 5):
+        configuration.record_configuration(spec, spec, outputs, run_id=f"run-{number}")
+        configuration.write_contract(outputs, f"run-{number}", "{}")
+        configuration.claim_served_sim(outputs, f"run-{number}", served)
+        for folder in (outputs.configurations, outputs.served_sims):  # written a second apart, as runs are
+            for path in folder.glob(f"run-{number}.*"):
+                os.utime(path, ns=(number * 10**9, number * 10**9))
+    names = sorted(p.name for p in outputs.configurations.iterdir())
+    assert names == ["run-3.contract", "run-3.json", "run-4.contract", "run-4.json"]
+    assert sorted(p.name for p in outputs.served_sims.iterdir()) == ["run-3.json", "run-4.json"]
+    assert configuration.read_served_sim(outputs, "run-4") == served, "the latest run's own records are whole"
+    assert configuration.recorded_provenance(outputs, "run-4")["contract_hash"] == hashlib.sha256(b"{}").hexdigest()
+
+
 CONTROLLER = """
 import numpy as np
 
