@@ -263,17 +263,21 @@ def test_a_spawned_sim_is_probed_with_the_first_tasks_seeds_and_options_and_noth
     assert "probe" not in json.dumps(s.model_dump(mode="json"))
 
 
+PINNED: dict[str, Any] = {
+    "name": "pinned",
+    "sim": {"factory": "CartPole-v1", "num_envs": 2},
+    "agent": {"policy": {"kind": "random", "seed": 3}},
+    "tasks": [{"name": "t", "seed": 7}],
+    "max_steps": 50,
+    "graders": [{"kind": "success"}, {"kind": "return", "threshold": 10}],
+}
+"""A pipeline whose rollout hashes, as earlier versions took them, the tests below pin."""
+
+
 def test_a_key_added_later_leaves_the_rollout_hash_of_a_pipeline_that_does_not_set_it_as_it_was() -> None:
     import json
 
-    text = {
-        "name": "pinned",
-        "sim": {"factory": "CartPole-v1", "num_envs": 2},
-        "agent": {"policy": {"kind": "random", "seed": 3}},
-        "tasks": [{"name": "t", "seed": 7}],
-        "max_steps": 50,
-        "graders": [{"kind": "success"}, {"kind": "return", "threshold": 10}],
-    }
+    text = PINNED
     spec = load_pipeline_text(json.dumps(text), source="/tmp/pinned.yaml")
     # the hash this pipeline had before success graders took `at` (its results stay current on upgrading), with its
     # two slots stepped one env each: see the next test
@@ -292,14 +296,7 @@ def test_results_of_a_registry_id_whose_slots_were_one_vector_env_are_not_curren
     The hashes before that change are pinned: the stepping that changed leaves it, the rest keep theirs."""
     import json
 
-    text = {
-        "name": "pinned",
-        "sim": {"factory": "CartPole-v1", "num_envs": 2},
-        "agent": {"policy": {"kind": "random", "seed": 3}},
-        "tasks": [{"name": "t", "seed": 7}],
-        "max_steps": 50,
-        "graders": [{"kind": "success"}, {"kind": "return", "threshold": 10}],
-    }
+    text = PINNED
 
     def rollout_hash(sim: dict[str, Any]) -> str:
         return load_pipeline_text(json.dumps({**text, "sim": sim}), source="/tmp/pinned.yaml").rollout_hash
