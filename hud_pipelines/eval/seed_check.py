@@ -55,15 +55,18 @@ class SeedCheck:
 
 def check_seeded_reset(
     client: SimClient | ShardedSim, tasks: Sequence[Mapping[str, Any]], *, rollout_hash: str
-) -> SeedCheck:
-    """Reset the sim twice with ``tasks`` and compare (a failed reset raises: there is no verdict)."""
+) -> SeedCheck | None:
+    """Reset the sim twice with ``tasks`` and compare; ``None`` (no verdict) where no slot started both times (a
+    failed reset raises)."""
     wanted = [dict(task) for task in tasks]
     first = _readings(client.reset(wanted))
     second = _readings(client.reset(wanted))
+    pairs = enumerate(zip(first, second, strict=True))
+    started = [(slot, before, after) for slot, (before, after) in pairs if before is not None and after is not None]
+    if not started:  # a slot that errored at reset says nothing about its seed
+        return None
     differing: dict[str, list[str]] = {}
-    for slot, (before, after) in enumerate(zip(first, second, strict=True)):
-        if before is None or after is None:  # a slot that errored at reset says nothing about its seed
-            continue
+    for slot, before, after in started:
         changed = [name for name in before if not _same(before[name], after[name])]
         if changed:
             differing[str(slot)] = changed

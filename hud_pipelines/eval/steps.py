@@ -77,7 +77,7 @@ def seed_checked_contract(spec: PipelineSpec, pool: SimPool, outputs: EvalOutput
     """
     outputs.seed_check.unlink(missing_ok=True)  # a sim that does not start leaves no verdict of an earlier one
     tasks = spec.slot_tasks(*spec.partitions()[0])
-    checked: list[SeedCheck] = []  # stays empty when a reset of the check failed
+    checked: list[SeedCheck | None] = []  # stays empty when a reset of the check failed
     contract = pool.contract(
         then=lambda client: checked.append(check_seeded_reset(client, tasks, rollout_hash=spec.rollout_hash))
     )

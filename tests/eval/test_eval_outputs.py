@@ -471,6 +471,30 @@ def test_a_sim_that_does_not_repeat_its_start_for_a_seed_is_named_in_the_report(
     assert "does not repeat" not in (tmp_path / "seeded" / "placed" / "report.md").read_text()
 
 
+def test_a_seed_check_in_which_no_slot_started_has_no_verdict() -> None:
+    """Every slot's reset raised: no observation was compared, so nothing may say the sim repeats its start (the
+    second reset builds the envs anew, and its probe raises as the check's reset: no verdict either)."""
+    from hud_pipelines.errors import RemoteError
+    from hud_pipelines.eval.seed_check import SeedCheck, check_seeded_reset
+    from hud_pipelines.sim.bridge import GymBridge
+    from hud_pipelines.sim.client import SimClient
+    from tests.conftest import FAULTY
+
+    tasks = [{"seed": 0}, {"seed": 1}]
+    checked: list[object] = []
+    for fault_seed in (None, 1):  # every slot's reset raises / slot 1's alone
+        build = {"fault": "raise_reset", "fault_seed": fault_seed}
+        with GymBridge(FAULTY, 2, build_args=build) as bridge, SimClient.in_process(bridge) as client:
+            try:
+                checked.append(check_seeded_reset(client, tasks, rollout_hash="h"))
+            except RemoteError:  # a reset of the check failed
+                checked.append(None)
+    nothing, one_started = checked
+    assert nothing is None
+    assert isinstance(one_started, SeedCheck)
+    assert one_started.repeats, "slot 0 started twice the same: a verdict"
+
+
 def test_every_grader_after_the_first_is_a_column_of_the_grades_and_a_line_of_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

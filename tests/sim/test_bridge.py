@@ -674,6 +674,24 @@ def test_a_reset_that_fails_in_every_slot_errors_each_slot_in_its_own_words() ->
         assert bridge.slots.states == [SlotState.ERRORED, SlotState.ERRORED]
 
 
+def test_a_reset_in_which_no_env_started_has_the_next_reset_build_them_anew() -> None:
+    """An env whose reset raised may be broken (a lost render context): the sim does not serve it again. A slot
+    whose reset raised beside one that started keeps its env, as before."""
+    with GymBridge(FAULTY, 1, build_args={"fault": "raise_reset", "fault_seed": 1}) as bridge:
+        assert bridge.reset([{"seed": 1}]).status == ["errored"]
+        broken = bridge.envs
+        assert bridge.reset([{"seed": 0}]).status == ["running"]
+        assert bridge.envs is not broken
+        kept = bridge.envs
+        assert bridge.reset([{"seed": 2}]).status == ["running"]
+        assert bridge.envs is kept
+    with GymBridge(FAULTY, 2, build_args={"fault": "raise_reset", "fault_seed": 1}) as bridge:
+        assert bridge.reset([{"seed": 0}, {"seed": 1}]).status == ["running", "errored"]
+        partly = bridge.envs
+        bridge.reset([{"seed": 0}, {"seed": 2}])
+        assert bridge.envs is partly
+
+
 def test_an_observation_that_breaks_the_contract_fails_the_slot() -> None:
     with GymBridge(FAULTY, 2, build_args={"fault": "wrong_shape_step", "at_step": 1, "fault_seed": 0}) as bridge:
         bridge.reset([{"seed": 0}, {"seed": 1}])
