@@ -16,7 +16,9 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +97,7 @@ class Episodes:
         for module in _REGISTER_EXIT_HOOKS_ON_IMPORT:
             importlib.import_module(module)
         if self._at_exit is None:
-            self._at_exit = _CloseAtExit(self)
+            self._at_exit = _CloseAtExit(self, keep=self.options.dataset is not None)
             _register_before_threads_join(self._at_exit)
 
     def ensure_contract(self, env: Any, observation_space: Any, action_space: Any, sample: object) -> None:
@@ -234,7 +236,7 @@ class Episodes:
     def close(self) -> None:
         self.closed = True
         if self._at_exit is not None:
-            self._at_exit.episodes = None
+            self._at_exit.forget()
             self._at_exit = None
         for slot in range(self.num_slots):
             self.end(slot, terminated=False, truncated=True, reason=CUT_SHORT)
@@ -258,19 +260,31 @@ def _register_before_threads_join(hook: Callable[[], None]) -> None:
 
 
 class _CloseAtExit:
-    """An exit hook that closes the episodes of a wrapper nobody closed (and then forgets them)."""
+    """An exit hook that closes the episodes of a wrapper nobody closed (and then forgets them).
 
-    def __init__(self, episodes: Episodes) -> None:
-        self.episodes: Episodes | None = episodes
+    It keeps a wrapper writing a dataset alive to the end (the dataset is published then); any other it holds
+    weakly, so that a wrapper dropped unclosed is let go, its open files with it. It runs only in the process
+    that registered it: a forked child's exit must not end the parent's episodes in the parent's files.
+    """
+
+    def __init__(self, episodes: Episodes, *, keep: bool) -> None:
+        self._kept: Episodes | None = episodes if keep else None
+        self._weak: weakref.ref[Episodes] | None = weakref.ref(episodes)
+        self._pid = os.getpid()
+
+    def forget(self) -> None:
+        self._kept, self._weak = None, None
 
     def __call__(self) -> None:
-        episodes, self.episodes = self.episodes, None
-        if episodes is None:
+        episodes = self._weak() if self._weak is not None else None
+        self.forget()
+        if episodes is None or os.getpid() != self._pid:
             return
         try:
             episodes.close()
         except Exception:
-            logger.exception("closing an unclosed wrap() at exit failed; its dataset was not published")
+            said = "; its dataset was not published" if episodes.options.dataset is not None else ""
+            logger.exception("closing an unclosed wrap() at exit failed%s", said)
 
 
 def _not_finite(observation: dict[str, npt.NDArray[Any]], reward: float | None, when: str, slot: int) -> str | None:

@@ -22,7 +22,9 @@ return. An episode cut short by ``reset`` or ``close`` ends as failed with ``tru
 A wrapper writing anything (traces, a dataset, sinks of the caller's) is finalized at interpreter exit if it
 was never closed: the finalizer is registered when the wrapper is created, and runs on the normal way out of
 the program (the end of the script, ``sys.exit``, an uncaught exception) like ``close()`` does: open episodes
-end cut short (their traces get their grade line), the sinks close, the dataset is published. It runs
+end cut short (their traces get their grade line), the sinks close, the dataset is published. A wrapper
+writing no dataset is held weakly meanwhile: dropped unclosed, it is let go (its open trace file closes as
+any dropped file does, with Python's ``ResourceWarning``). Only the process that made it runs it. It runs
 before Python joins the remaining threads (``threading``'s own exit hooks), while the dataset writers
 still take work; publishing then starts no thread (Python refuses new threads at exit): a ``wrap()``
 dataset is one part, which is checked from its files and renamed into place. The env itself is not

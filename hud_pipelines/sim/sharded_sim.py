@@ -11,8 +11,8 @@ options) of slot ``i``, so its episode is the one it would have been in one sim 
 What a single sim does for its finished slots, the joined sim does for a finished child: a child
 whose slots have all ended is not sent any more steps (it would refuse them) and its rows keep
 their final frame with a zero reward, as the sim's own hold would give them. A child that answers a
-reset or step with an env fault while the others answered (every one of its slots raised at once)
-ends those slots as errored with the env's error, as one sim would have ended those slots; a child
+reset or step with an env fault while the others answered (its vector env raised as a whole: a slot's
+own env raising errors that slot in the child's frame) ends those slots as errored with the env's error; a child
 that crashes, hangs or breaks the protocol fails the whole instance with the error a single client
 raises (same type, so the same :class:`~hud_pipelines.errors.Fault`), naming the child and its
 slots, and every other child is stopped with it.

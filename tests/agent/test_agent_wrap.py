@@ -348,6 +348,29 @@ def test_the_traces_of_an_unclosed_wrap_end_with_their_grades_at_exit(tmp_path: 
     assert (cut["steps"], cut["truncated"], cut["success"]) == (3, True, False), "cut short at exit, as close() ends it"
 
 
+@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_wrapper_dropped_unclosed_is_let_go_unless_it_writes_a_dataset(tmp_path: Path) -> None:
+    """Its exit hook held every trace-writing wrapper to the end: 200 dropped wrappers kept 200 trace files open.
+    Let go, its open trace file is closed as any dropped file is (Python warns of it: the warnings ignored here)."""
+    import gc
+    import weakref
+
+    env = wrap(gym.make("CartPole-v1"), trace_dir=tmp_path / "traces")
+    env.reset(seed=0)
+    env.step(0)
+    episodes = weakref.ref(env.episodes)
+    del env
+    gc.collect()
+    assert episodes() is None, "nothing holds a dropped wrapper of traces"
+    kept = wrap(gym.make("CartPole-v1"), dataset=tmp_path / "data")
+    episodes = weakref.ref(kept.episodes)
+    del kept
+    gc.collect()
+    held = episodes()
+    assert held is not None, "a dataset's wrapper is kept to be published at exit"
+    held.close()
+
+
 class _BreaksOnSeedOne(gym.Env[np.ndarray, np.ndarray]):
     """Four-step episodes; on seed 1 the second step raises (``fault="raise"``) or returns three values for two."""
 
