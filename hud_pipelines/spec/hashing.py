@@ -38,12 +38,15 @@ MISSING = object()
 
 
 def with_slot_stepping(dumped: dict[str, Any]) -> dict[str, Any]:
-    """``dumped`` with :data:`REGISTRY_SLOTS_APART` in its sim where a registry id (no ``:``) steps several slots
-    one env each (its ``args`` set no ``vectorization_mode``)."""
+    """``dumped`` with :data:`REGISTRY_SLOTS_APART` in its sim where a registry id (a ``factory`` without ``:``, or a
+    ``lerobot_env``) has sims of several slots (``num_envs`` over ``shards``) that its ``args`` do not make one vector
+    env (no ``vectorization_mode``, or ``null``, which meant ``sync`` then)."""
     sim: dict[str, Any] = dumped.get("sim") or {}
     factory, args = sim.get("factory"), dict[str, Any](sim.get("args") or {})
-    apart = isinstance(factory, str) and ":" not in factory and "vectorization_mode" not in args
-    return {**dumped, "sim": {**sim, **REGISTRY_SLOTS_APART}} if apart and sim.get("num_envs", 1) > 1 else dumped
+    registry = bool(sim.get("lerobot_env")) or (isinstance(factory, str) and ":" not in factory)
+    slots_per_sim = -(-int(sim.get("num_envs", 1)) // int(sim.get("shards", 1)))  # the largest shard's
+    apart = registry and slots_per_sim > 1 and args.get("vectorization_mode") is None
+    return {**dumped, "sim": {**sim, **REGISTRY_SLOTS_APART}} if apart else dumped
 
 
 def without_later_defaults(dumped: dict[str, Any]) -> dict[str, Any]:

@@ -312,6 +312,19 @@ def test_results_of_a_registry_id_whose_slots_were_one_vector_env_are_not_curren
     assert rollout_hash(sync) == before["sync asked for"], "still one SyncVectorEnv: current"
     assert rollout_hash({"factory": "envs.faulty:faulty", "num_envs": 2}) == before["a callable"]
     assert rollout_hash({"factory": "CartPole-v1", "num_envs": 1}) == before["one slot"], "one env either way"
+    one_each = {"factory": "CartPole-v1", "num_envs": 2, "shards": 2}
+    assert rollout_hash(one_each) == "5ff58c9809b38ba28752fd5940580269862381dc1b4ca1af6edad426cd8a38ef", "one a shard"
+    two_in_one = {"factory": "CartPole-v1", "num_envs": 3, "shards": 2}
+    assert rollout_hash(two_in_one) != "d8b929fdf411e56a1df51ea8a6197475bce1ee3b3ea24f31ad70ff32437b3505"
+    null_mode = {"factory": "CartPole-v1", "num_envs": 2, "args": {"vectorization_mode": None}}  # meant sync then
+    assert rollout_hash(null_mode) != "0bc9b0c15ce942540bea634551fe11865d9e2217f8636f511dfec141615b2377"
+    from hud_pipelines.spec.hashing import REGISTRY_SLOTS_APART, with_slot_stepping
+
+    lerobot = {"sim": {"lerobot_env": {"type": "pusht"}, "num_envs": 2}}  # a registry id, as its config expands
+    assert with_slot_stepping(lerobot)["sim"].items() >= REGISTRY_SLOTS_APART.items()
+    assert with_slot_stepping({"sim": {"lerobot_env": {"type": "pusht"}, "num_envs": 1}}) == {
+        "sim": {"lerobot_env": {"type": "pusht"}, "num_envs": 1}
+    }
 
 
 def test_a_matrix_value_added_leaves_the_rollout_hash_of_its_control_and_of_the_other_values_as_they_were() -> None:
