@@ -226,7 +226,6 @@ class GymBridge:
             raise
         except ENV_FAILURES as exc:
             raise self._reset_failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from exc
-        self._rebuild = len(started.errors) == self.num_envs  # no env started: a broken one is not served again
         assert self._actions is not None
         self._actions.restart()
         prompts = [own or task_prompt(self.factory, task) for own, task in zip(started.prompts, tasks, strict=True)]

@@ -36,7 +36,7 @@ def built_envs(factory: Factory, build_args: dict[str, Any], num_envs: int) -> G
         else:
             for _ in range(num_envs):
                 built.append(factory.build(build_args, 1))
-            envs = ReplicatedEnvs(built)
+            envs = ReplicatedEnvs(built, build_one=lambda: factory.build(build_args, 1))
         yield envs
     except BaseException:
         for env in built:

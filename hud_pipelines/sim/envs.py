@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import traceback
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,11 +227,19 @@ def _idle_hook_of(*holders: Any) -> Any:
 
 
 class ReplicatedEnvs(SlotEnvs):
-    """N copies of a single env in this process; ``N = 1`` is the plain single-env case."""
+    """N copies of a single env in this process; ``N = 1`` is the plain single-env case.
 
-    def __init__(self, envs: list[Any]) -> None:
+    A copy whose ``reset`` or ``step`` raised is built anew (``build_one``) before its slot's next reset: it may be
+    broken for good (gymnasium's env checker, whose first reset raised, refuses the first step after), and a slot's
+    next episode must start as it would on any other slot of any split, never from another episode's wreck.
+    """
+
+    def __init__(self, envs: list[Any], build_one: Callable[[], Any] | None = None) -> None:
         super().__init__()
         self.envs = envs
+        self.build_one = build_one
+        self.spoilt: set[int] = set()
+        """Slots whose env raised: built anew at their next reset."""
         self.num_slots = len(envs)
         first = envs[0]
         self.source = first
@@ -248,15 +257,26 @@ class ReplicatedEnvs(SlotEnvs):
 
     def reset(self, seeds: list[int | None], options: list[dict[str, Any] | None], out: ObservationBuffer) -> Started:
         started = Started(prompts=[None] * self.num_slots)
-        for slot, env in enumerate(self.envs):
+        for slot in range(self.num_slots):
             try:
+                env = self._fresh(slot)
                 observation = reset_observation(env.reset(seed=seeds[slot], options=options[slot]))
                 self.write_slot(out, observation, slot, "reset")
             except ENV_FAILURES:  # this slot's env failed (or returned what the contract refuses): it errors alone
                 started.errors[slot] = traceback.format_exc()
+                self.spoilt.add(slot)
                 continue
             started.prompts[slot] = prompt_of(env)
         return started
+
+    def _fresh(self, slot: int) -> Any:
+        """Slot ``slot``'s env, built anew first when it raised (what the build raises is the slot's reset's)."""
+        if slot in self.spoilt and self.build_one is not None:
+            built = self.build_one()
+            close_env(self.envs[slot])
+            self.envs[slot] = built
+            self.spoilt.discard(slot)
+        return self.envs[slot]
 
     def step(self, actions: Any, active: npt.NDArray[np.bool_], out: ObservationBuffer) -> Tick:
         tick = Tick.empty(self.num_slots)
@@ -272,6 +292,7 @@ class ReplicatedEnvs(SlotEnvs):
                 tick.success[slot] = success_of(info)
             except ENV_FAILURES:  # the env's own code failed: report it against this slot, keep the others
                 tick.errors[slot] = traceback.format_exc()
+                self.spoilt.add(slot)
         return tick
 
     def close(self) -> None:

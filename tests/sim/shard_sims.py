@@ -55,7 +55,7 @@ class JammingEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
     """Observation ``[t]``; an episode whose seed is below ``below`` raises in its own words at ``phase``
     (``reset``, or ``step`` at step 2)."""
 
-    metadata: dict[str, Any] = {}  # noqa: RUF012 - gymnasium's own class attribute
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - gymnasium's own class attribute
 
     def __init__(self, below: int, phase: str) -> None:
         self.below = below
