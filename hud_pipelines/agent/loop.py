@@ -28,7 +28,7 @@ from hud_pipelines.agent.run_failures import (
     say_once,
 )
 from hud_pipelines.contract import Contract
-from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError, fault_of
+from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, errored
 from hud_pipelines.wire.messages import Observation
 
@@ -135,7 +135,7 @@ class LockstepRun:
         try:
             observation = self.sim.reset(tasks)
         except HudPipelinesError as exc:
-            reason, fault = self._cause(f"reset failed: {exc}", fault_of(exc))
+            reason, fault = self._cause(*SimFailed.of_reset(exc))
             slots.begin(prompts or [""] * len(self.keys))
             for slot in range(len(self.keys)):
                 slots.end(slot, errored(reason, 0, 0.0, fault))

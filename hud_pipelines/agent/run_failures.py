@@ -63,6 +63,13 @@ class SimFailed(RunFailed):
             return cls(exc.message if isinstance(exc, RemoteError) else str(exc), fault)
         return cls(f"{type(exc).__name__}: {exc}", fault)
 
+    @classmethod
+    def of_reset(cls, exc: HudPipelinesError) -> tuple[str, Fault]:
+        """Why a reset the sim refused ends every slot: the env's exception in its own words, as a step's says it
+        (and as a sharded sim's child that raised beside others that answered), anything else as the reset's."""
+        failed = cls.of(exc)
+        return (failed.reason, failed.fault) if failed.fault is Fault.ENV else (f"reset failed: {exc}", failed.fault)
+
 
 _SAID: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
 """The failures already logged, per policy object: a run's instances share one, and meet the same bug."""

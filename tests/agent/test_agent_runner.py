@@ -142,6 +142,20 @@ def test_a_sim_crash_errors_the_running_slots_and_keeps_finished_ones(sink: Reco
     assert set(sink.ended) == set(sink.begun)
 
 
+def test_an_env_that_raised_in_a_reset_as_a_whole_is_said_in_its_words_as_at_a_step(sink: RecordingSink) -> None:
+    """Before, "reset failed: sim error during reset: ..." and the sim's whole traceback: the words a step's fault,
+    and a sharded sim's child that raised beside children that answered, give without them."""
+    from hud_pipelines.errors import Fault, RemoteError
+
+    class ResetRaises(CountdownSim):
+        def reset(self, tasks: list[dict[str, Any]]) -> Any:
+            said = "env.reset raised KeyError: 'difficulty'"
+            raise RemoteError(said, phase="reset", remote_traceback="Traceback ...\nKeyError", cause="env")
+
+    _, outcomes = run(ResetRaises([5, 5]), SlotEcho(length=1), sink, max_steps=10)
+    assert [(o.error, o.fault) for o in outcomes] == [("env.reset raised KeyError: 'difficulty'", Fault.ENV)] * 2
+
+
 def test_a_slot_error_in_the_observation_errors_only_that_slot(sink: RecordingSink) -> None:
     sim = CountdownSim([6, 6, 6], slot_errors={3: [1]})
     _, outcomes = run(sim, SlotEcho(length=1), sink, max_steps=50)
