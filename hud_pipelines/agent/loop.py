@@ -363,7 +363,7 @@ class LockstepRun:
         except CODE_FAILURES as exc:
             if not code_failed(exc):
                 raise
-            self.slots.error(slot, f"adapt_chunk failed for slot {slot}: {type(exc).__name__}: {exc}", Fault.POLICY)
+            self.slots.error(slot, f"adapt_chunk raised {type(exc).__name__}: {exc}", Fault.POLICY)
             return None
 
     def _stream(self, slot: int) -> tuple[int, ...]:

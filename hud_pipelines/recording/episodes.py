@@ -156,7 +156,7 @@ class Episodes:
         self.last[slot] = observation
         for sink in self.sinks:
             sink.begin(key, self.prompt)
-        if (problem := _not_finite(observation, None, "at reset", slot)) is not None:
+        if (problem := _not_finite(observation, None, f"at reset (seed {seed})")) is not None:
             self._finish(slot, lambda record: errored(problem, 0, 0.0, Fault.NONFINITE))
 
     def step(
@@ -175,7 +175,7 @@ class Episodes:
         assert self.contract is not None
         record = self.records[slot]
         index = int(record.steps[0])
-        if (problem := _not_finite(observation, reward, f"at step {index + 1}", slot)) is not None:
+        if (problem := _not_finite(observation, reward, f"(seed {key.seed}, step {index + 1})")) is not None:
             # as the sim's screening ends it: errored, with the steps before it (the agent loop's grade)
             self._finish(slot, lambda ended: errored(problem, ended.steps, ended.total_reward, Fault.NONFINITE))
             return
@@ -287,12 +287,13 @@ class _CloseAtExit:
             logger.exception("closing an unclosed wrap() at exit failed%s", said)
 
 
-def _not_finite(observation: dict[str, npt.NDArray[Any]], reward: float | None, when: str, slot: int) -> str | None:
-    """Why ``slot``'s episode ends as errored, as the sim's screening says it (:mod:`hud_pipelines.sim.screen`): a
-    float observation or the reward holds NaN or infinity; ``None`` when none does."""
+def _not_finite(observation: dict[str, npt.NDArray[Any]], reward: float | None, when: str) -> str | None:
+    """Why an episode ends as errored, as the sim's screening says it (:mod:`hud_pipelines.sim.screen`): a float
+    observation or the reward holds NaN or infinity; ``None`` when none does. ``when`` names the episode and the
+    step (``(seed 7, step 2)``), never the slot."""
     for key, value in observation.items():
         if value.dtype.kind == "f" and not np.isfinite(value).all():
-            return f"observation {key!r} is not finite {when} (slot {slot})"
+            return f"observation {key!r} is not finite {when}"
     if reward is not None and not math.isfinite(reward):
-        return f"reward {reward} is not finite {when} (slot {slot})"
+        return f"reward {reward} is not finite {when}"
     return None

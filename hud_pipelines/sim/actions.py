@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, TypeGuard
 
@@ -95,14 +96,16 @@ class ActionAdapter:
         return spec
 
     def validate(
-        self, action: object, running: npt.NDArray[np.bool_], *, scalar: bool = False
+        self, action: object, running: npt.NDArray[np.bool_], where: Callable[[int], str], *, scalar: bool = False
     ) -> tuple[npt.NDArray[np.float64], dict[int, str]]:
         """Check a frame; returns the ``[N, A]`` rows to apply and the running slots whose row is refused.
 
         A frame of the wrong type, shape or dtype is refused whole (:class:`ActionError`); a running
         slot's row that is not finite or out of range is refused alone, with the reason: that slot
         gets the hold action like a finished one, and the caller ends its episode. ``scalar`` words
-        the errors in scalar framing (no slot axis), as the client sent the frame.
+        the errors in scalar framing (no slot axis), as the client sent the frame. ``where(slot)`` names a
+        refused row's episode (``seed 5, step 3``): the same episode is refused in the same words whichever
+        slot ``num_envs`` put it in.
         """
         frame = self._frame(action, scalar)
         rows = frame.astype(np.float64)
@@ -117,19 +120,19 @@ class ActionAdapter:
         finite: npt.NDArray[np.bool_] = np.all(np.isfinite(rows), axis=1)
         if not finite[running].all():
             for slot in np.flatnonzero(running & ~finite).tolist():
-                refused[slot] = (
-                    f"slot {slot}: non-finite action {frame[slot].tolist()} (NaN or inf); {self._expected()}"
-                )
+                refused[slot] = f"action {frame[slot].tolist()} is not finite ({where(slot)}); {self._expected()}"
         checked = running & finite
         if self.discrete:
             for slot in self._outside(rows, checked):
                 refused[slot] = (
-                    f"slot {slot}: action {frame[slot].tolist()} is outside the discrete range; {self._expected()}"
+                    f"action {frame[slot].tolist()} is outside the discrete range ({where(slot)}); {self._expected()}"
                 )
         else:
             if self.bounds is BoundsMode.ERROR:
                 for slot in self._outside(rows, checked):
-                    refused[slot] = f"slot {slot}: action {frame[slot].tolist()} is out of bounds; {self._expected()}"
+                    refused[slot] = (
+                        f"action {frame[slot].tolist()} is out of bounds ({where(slot)}); {self._expected()}"
+                    )
             np.clip(rows, self.low, self.high, out=rows)
         applied = running.copy()
         applied[list(refused)] = False

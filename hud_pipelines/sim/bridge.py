@@ -255,7 +255,9 @@ class GymBridge:
         self.slots.require_running()
         envs = self._require_envs()
         assert self._actions is not None
-        rows, refused = self._actions.validate(action, self.slots.running(), scalar=scalar)
+        rows, refused = self._actions.validate(
+            action, self.slots.running(), lambda slot: self._where(slot, stepping=True), scalar=scalar
+        )
         errors = [SlotError(slot=slot, message=reason, cause="action") for slot, reason in refused.items()]
         for slot, reason in refused.items():
             self.slots.fail(slot, reason)
@@ -344,7 +346,9 @@ class GymBridge:
         """
         if all_finite(self._obs, self._float_features, reward):  # the usual frame: nothing to screen slot by slot
             return [], []
-        found = screen_nonfinite(self._obs, self._float_features, rows, reward, self.slots.steps)
+        found = screen_nonfinite(
+            self._obs, self._float_features, rows, reward, lambda slot: self._where(slot, stepping=reward is not None)
+        )
         if found.flagged.any():
             self.slots.flag_nonfinite(found.flagged)
         for slot, reason in found.reasons.items():

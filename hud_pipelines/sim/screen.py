@@ -1,13 +1,13 @@
 """Non-finite screening: a slot whose observation or reward holds NaN or infinity ends as errored.
 
 Such a value is passed on as it came (flagged on the wire), and the slot's episode ends at once,
-naming the feature (or the reward) and the step, while the other slots go on. Only float features
+naming the feature (or the reward), the seed and the step, while the other slots go on. Only float features
 can hold one; the check costs one ``isfinite`` per float feature per frame.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,17 +42,18 @@ def screen_nonfinite(
     float_features: list[str],
     rows: npt.NDArray[np.bool_],
     reward: npt.NDArray[np.float64] | None,
-    steps: npt.NDArray[np.int64],
+    where: Callable[[int], str],
 ) -> NonFinite:
     """Screen the slots among ``rows`` of a batched frame; ``reward`` is ``None`` for a reset.
 
-    ``steps`` are the steps each slot's episode has counted before this frame (steps count from 1).
+    ``where(slot)`` names the slot's episode (``seed 7, step 2``), not the slot: which slot a seed runs in
+    depends on ``num_envs``, and the words of an episode's end must not.
     """
     num_slots = len(rows)
     found = NonFinite(flagged=np.zeros(num_slots, dtype=np.bool_))
 
     def when(slot: int) -> str:
-        return "at reset" if reward is None else f"at step {int(steps[slot]) + 1}"
+        return f"at reset ({where(slot)})" if reward is None else f"({where(slot)})"
 
     for key in float_features:
         values = observation[key].reshape(num_slots, -1)
@@ -61,8 +62,8 @@ def screen_nonfinite(
         bad = rows & ~np.isfinite(values).all(axis=1)
         found.flagged |= bad
         for slot in np.flatnonzero(bad).tolist():
-            found.reasons.setdefault(slot, f"observation {key!r} is not finite {when(slot)} (slot {slot})")
+            found.reasons.setdefault(slot, f"observation {key!r} is not finite {when(slot)}")
     if reward is not None and not np.isfinite(reward[rows]).all():
         for slot in np.flatnonzero(rows & ~np.isfinite(reward)).tolist():
-            found.reasons.setdefault(slot, f"reward {reward[slot]} is not finite {when(slot)} (slot {slot})")
+            found.reasons.setdefault(slot, f"reward {reward[slot]} is not finite {when(slot)}")
     return found

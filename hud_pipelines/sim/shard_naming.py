@@ -22,14 +22,15 @@ def describe(shard: int, slots: range, shards: int) -> str:
     return f"shard {shard} of {shards} ({span})"
 
 
-_SLOT_NUMBER = re.compile(r"(?:^|(?<=\()|(?<=: )|(?<=, ))slot (\d+)(?=: |\)| reset: | step: )")
-"""A slot as the sim's own messages name it (``slot 2: action ...``, ``... (slot 2)``, ``slot 2 step: ...``);
-an env's own text (``gripper slot 0 jammed``) is left as it is."""
+_SLOT_NUMBER = re.compile(r"(?:^|(?<=: ))slot (\d+)(?=: | reset: | step: )")
+"""A slot as the sim's own whole-frame messages name it (``slot 2: seed must be ...``, ``slot 2 step: observation
+...``); an env's own text (``gripper slot 0 jammed``) is left as it is. An episode's own end (an env that raised,
+a refused row, a value not finite) names its seed and step instead, which no split of the slots changes."""
 
 
 def instance_slots(message: str, offset: int) -> str:
     """A child's message with the slot numbers it gives as the instance's: the child numbers its own slice
-    from 0 (``(slot 1)`` of the child of slots 2-3 is slot 3 of the instance, the grade row's)."""
+    from 0 (``slot 1`` of the child of slots 2-3 is slot 3 of the instance, the grade row's)."""
     return _SLOT_NUMBER.sub(lambda found: f"slot {int(found[1]) + offset}", message) if offset else message
 
 

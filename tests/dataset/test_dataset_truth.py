@@ -290,7 +290,7 @@ def test_an_action_beyond_the_contracts_bounds_is_stored_as_the_sim_applied_it()
     )
     asked = np.array([3.0, -0.5], np.float32)
     space = gym.spaces.Box(low=np.array([-2, -1], np.float32), high=np.array([2, 1], np.float32), dtype=np.float32)
-    applied, refused = ActionAdapter(action_feature, space, 1).validate(asked[None], np.array([True]))
+    applied, refused = ActionAdapter(action_feature, space, 1).validate(asked[None], np.array([True]), str)
     assert refused == {}
     recorded = Frame(0, {"pos": np.zeros(1, np.float32)}, asked, 0.0, False, False, False)
     stored = DatasetLayout.build(contract).lerobot_frame(recorded)["action"]

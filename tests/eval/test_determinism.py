@@ -240,3 +240,58 @@ def test_camera_frames_decode_the_same_under_any_schedule(tmp_path: Path) -> Non
     assert len(decoded[0]) == len(decoded[1]) == 4 * 15
     for first, other in zip(*decoded, strict=True):
         assert first.equal(other)
+
+
+SEED_PUSHER = '''
+import numpy as np
+
+
+class PushSeedFour:
+    """Pushes the episode of seed 4 out of the action bounds (FaultyEnv's observation is [t, action, seed])."""
+
+    def infer(self, batch):
+        seed = batch.observation["state"][:, 2]
+        return np.where(seed == 4, 5.0, 0.0).astype(np.float32)[:, None]
+'''
+
+
+@pytest.mark.parametrize("fault", ["nan_step", "nan_reward_step"])
+def test_an_episodes_error_is_said_in_the_same_words_whatever_slot_num_envs_puts_it_in(
+    tmp_path: Path, fault: str
+) -> None:
+    """Seed 5's value turns NaN at step 2 and seed 4's action is refused as out of bounds: the rows said "(slot 1)"
+    with four slots per sim and "(slot 2)" with three, so the same seeds' results differed by ``num_envs``."""
+    (tmp_path / "pusher.py").write_text(SEED_PUSHER)
+    faulty = {
+        "factory": f"{REPO / 'envs' / 'faulty.py'}:faulty",
+        "bounds": "error",
+        "args": {"fault": fault, "fault_seed": 5},
+    }
+    by_seed: list[list[dict[str, Any]]] = []
+    for num_envs, group in ((4, 3), (3, 4)):  # the same twelve seeds
+        path = _pipeline(
+            tmp_path,
+            f"refused{num_envs}",
+            {"kind": "scripted", "target": "pusher.py:PushSeedFour"},
+            sim={**faulty, "num_envs": num_envs},
+            tasks=[{"name": "push", "seed": 0}],
+            group=group,
+            max_steps=5,
+            graders=[{"kind": "return", "threshold": 3}],
+        )
+        evaluation = evaluate(load_pipeline(path), outputs_dir=tmp_path / f"out{num_envs}", project_dir=REPO)
+        rows = sorted(_grades(evaluation), key=lambda r: r["seed"])
+        by_seed.append(
+            [
+                {k: v for k, v in r.items() if k not in ("pipeline", "instance", "slot", "partition", "group_id")}
+                for r in rows
+            ]
+        )
+        errors = {r["seed"]: r["error"] for r in rows if r["error"]}
+        said = "observation 'state' is not finite" if fault == "nan_step" else "reward nan is not finite"
+        assert errors == {
+            4: "action [5.0] is out of bounds (seed 4, step 1); expected a finite float32[A=1] (names ['action_0']) "
+            "within low [-1.0], high [1.0]",
+            5: f"{said} (seed 5, step 2)",
+        }
+    assert by_seed[0] == by_seed[1], "num_envs moved the seeds, not their episodes nor their errors"

@@ -149,12 +149,12 @@ CASES = {
     "step/nan-observation/slot": Case(
         {"fault": "nan_step", "fault_seed": ONE_SLOT},
         errored={ONE_SLOT: Fault.NONFINITE},
-        reason="not finite at step 2",
+        reason="not finite (seed 3, step 2)",
     ),
     "step/nan-reward/slot": Case(
         {"fault": "nan_reward_step", "fault_seed": ONE_SLOT},
         errored={ONE_SLOT: Fault.NONFINITE},
-        reason="reward",
+        reason="reward nan is not finite (seed 3, step 2)",
     ),
     "step/slow/instance": Case(
         {"fault": "slow_step", "fault_seed": ONE_INSTANCE, "delay_s": 1.0},

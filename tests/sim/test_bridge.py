@@ -336,7 +336,7 @@ def test_a_non_finite_action_row_errors_its_slot_only(bad: float) -> None:
     assert refused.status == ["running", "running", "errored"]
     assert [e.slot for e in refused.errors] == [2]
     message = refused.errors[0].message
-    assert message.startswith(f"slot 2: non-finite action [{frames[1][2, 0]}, {bad}] (NaN or inf)")
+    assert message.startswith(f"action [{frames[1][2, 0]}, {bad}] is not finite (seed 2, step 2); ")
     assert (
         "expected a finite float32[A=2] (names ['action_0', 'action_1']) within low [-1.0, -1.0], high [1.0, 1.0]"
         in (message)
@@ -388,7 +388,7 @@ def test_continuous_bounds_clip_by_default_or_error_the_slot_when_asked() -> Non
     assert reply.status == ["running", "errored"]
     assert [e.slot for e in reply.errors] == [1]
     assert reply.errors[0].message.startswith(
-        "slot 1: action [0.0, 1.5] is out of bounds; expected a finite float32[A=2]"
+        "action [0.0, 1.5] is out of bounds (seed 1, step 1); expected a finite float32[A=2]"
     )
     assert "within low [-1.0, -1.0], high [1.0, 1.0]" in reply.errors[0].message
 
@@ -404,7 +404,8 @@ def test_discrete_actions_are_cast_to_int_and_range_checked_per_slot() -> None:
         assert reply.status == ["errored", "running"]
         assert reply.reward.tolist() == [0.0, 0.0]
         assert [e.message for e in reply.errors] == [
-            "slot 0: action [3] is outside the discrete range; expected a finite int64[A=1] (names ['action_0']) "
+            "action [3] is outside the discrete range (seed 0, step 3); expected a finite int64[A=1] "
+            "(names ['action_0']) "
             "within low [0.0], high [2.0]"
         ]
         assert [r.steps for r in bridge.slots.records] == [2, 3]
@@ -413,7 +414,7 @@ def test_discrete_actions_are_cast_to_int_and_range_checked_per_slot() -> None:
 def test_action_adapter_reshapes_to_the_space() -> None:
     space = gym.spaces.Box(-1, 1, (2, 2), np.float32)
     adapter = ActionAdapter(action_feature(space), space, 2)
-    rows, refused = adapter.validate(np.arange(8, dtype=np.float64).reshape(2, 4) / 10, np.array([True, True]))
+    rows, refused = adapter.validate(np.arange(8, dtype=np.float64).reshape(2, 4) / 10, np.array([True, True]), str)
     assert refused == {}
     batch = adapter.to_env(rows, batched=True)
     assert batch.shape == (2, 2, 2)
@@ -422,7 +423,7 @@ def test_action_adapter_reshapes_to_the_space() -> None:
     assert [a.shape for a in per_slot] == [(2, 2), (2, 2)]
     multi = gym.spaces.MultiDiscrete([3, 3])
     adapter = ActionAdapter(action_feature(multi), multi, 1)
-    rows, _ = adapter.validate(np.array([[2.2, 0.1]]), np.array([True]))
+    rows, _ = adapter.validate(np.array([[2.2, 0.1]]), np.array([True]), str)
     assert adapter.to_env(rows, batched=True).tolist() == [[2, 0]]
 
 
@@ -740,7 +741,7 @@ def test_a_non_finite_observation_ends_its_slot_as_errored_naming_the_feature_an
         assert reply.status == ["running", "errored", "running"]
         assert reply.nonfinite == [1]
         assert [(e.slot, e.message) for e in reply.errors] == [
-            (1, "observation 'state' is not finite at step 2 (slot 1)")
+            (1, "observation 'state' is not finite (seed 1, step 2)")
         ]
         assert reply.reward.tolist() == [1.0, 0.0, 1.0]
         later = bridge.step(np.zeros((3, 1)))
@@ -752,7 +753,7 @@ def test_a_non_finite_observation_ends_its_slot_as_errored_naming_the_feature_an
     assert [s["steps"] for s in slots] == [3, 1, 3]
     assert [s["total_reward"] for s in slots] == [3.0, 1.0, 3.0]
     assert [s["nonfinite_steps"] for s in slots] == [0, 1, 0]
-    assert slots[1]["error"] == "observation 'state' is not finite at step 2 (slot 1)"
+    assert slots[1]["error"] == "observation 'state' is not finite (seed 1, step 2)"
 
 
 NAN_ENVS = """
@@ -785,13 +786,13 @@ def test_a_non_finite_reward_or_reset_observation_ends_the_slot_as_errored(tmp_p
         replies = [bridge.step(np.zeros((2, 1))) for _ in range(4)]
         slots = bridge.result()["slots"]
         assert [r.status[1] for r in replies] == ["running", "running", "errored", "errored"]
-        assert [e.message for e in replies[2].errors] == ["reward nan is not finite at step 3 (slot 1)"]
+        assert [e.message for e in replies[2].errors] == ["reward nan is not finite (seed 1, step 3)"]
         assert replies[2].nonfinite == []
         assert [s["total_reward"] for s in slots] == [4.0, 2.0]  # the NaN never reaches the return
         assert [s["steps"] for s in slots] == [4, 2]
         reply = bridge.reset([{"seed": 0, "bad_reset": 0}, {"seed": 1, "bad_reset": 0}])
     assert reply.status == ["errored", "running"]
-    assert [e.message for e in reply.errors] == ["observation 'state' is not finite at reset (slot 0)"]
+    assert [e.message for e in reply.errors] == ["observation 'state' is not finite at reset (seed 0)"]
     assert reply.nonfinite == [0]
 
 

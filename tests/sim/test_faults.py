@@ -476,10 +476,10 @@ def test_wrong_action_shape_dtype_or_nan_names_the_expected_spec(sim: SimProcess
         with pytest.raises(RemoteError, match=rf"action has dtype bool, {expected}"):
             client.step(np.array([[True]]))
         assert client.step([[0.5]]).observation["state"][0, 0] == 1.0  # nothing was applied before
-        for bad in (np.nan, np.inf):  # a bad row errors its slot (here the only one): an observation says so
+        for bad, step in ((np.nan, 2), (np.inf, 1)):  # a bad row errors its slot, the only one
             reply = client.step([[bad]])
             assert reply.status == ["errored"]
-            assert reply.errors[0].message.startswith(f"slot 0: non-finite action [{bad}] (NaN or inf); expected")
+            assert reply.errors[0].message.startswith(f"action [{bad}] is not finite (seed 0, step {step}); expected")
             client.reset({"seed": 0})
     assert_serving(sim)
 

@@ -104,12 +104,12 @@ def test_served_bad_action_rows_and_non_finite_observations_error_their_slot_onl
         reply = client.step(np.array([[0.5], [np.nan], [0.25]], np.float32))
         assert reply.status == ["running", "errored", "running"]
         assert [e.slot for e in reply.errors] == [1]
-        assert reply.errors[0].message.startswith("slot 1: non-finite action [nan] (NaN or inf); expected a finite")
+        assert reply.errors[0].message.startswith("action [nan] is not finite (seed 11, step 1); expected a finite")
         assert reply.observation["state"][[0, 2]].tolist() == [[1.0, 0.5, 10.0], [1.0, 0.25, 12.0]]
         reply = client.step(np.zeros((3, 1), np.float32))
         assert reply.status == ["running", "errored", "errored"]
         assert [(e.slot, e.message) for e in reply.errors] == [
-            (2, "observation 'state' is not finite at step 2 (slot 2)")
+            (2, "observation 'state' is not finite (seed 12, step 2)")
         ]
         assert client.step(np.zeros((3, 1), np.float32)).observation["state"][0, 0] == 3.0
         slots = client.result().slots
