@@ -170,7 +170,7 @@ class SlotEnvs(ABC):
         (flattening, the message's text) is per slot and per step."""
         key = self.names.get("") if len(self.names) == 1 else None
         if key is None or not copied_bare(out[key], observation, slot):
-            self.write(out, flatten_observation(observation), slot, f"slot {slot} {phase}")
+            self.write(out, flatten_observation(observation), slot, phase)  # the bridge names the seed and step
 
 
 # ---------------------------------------------------------------------------------------------

@@ -255,12 +255,23 @@ class PushSeedFour:
 '''
 
 
-@pytest.mark.parametrize("fault", ["nan_step", "nan_reward_step"])
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ("nan_step", "observation 'state' is not finite"),
+        ("nan_reward_step", "reward nan is not finite"),
+        (
+            "wrong_shape_step",
+            "hud_pipelines.errors.ContractError: step: observation 'state' is float32[5], the contract says float32[3]",
+        ),
+    ],
+)
 def test_an_episodes_error_is_said_in_the_same_words_whatever_slot_num_envs_puts_it_in(
-    tmp_path: Path, fault: str
+    tmp_path: Path, fault: str, said: str
 ) -> None:
-    """Seed 5's value turns NaN at step 2 and seed 4's action is refused as out of bounds: the rows said "(slot 1)"
-    with four slots per sim and "(slot 2)" with three, so the same seeds' results differed by ``num_envs``."""
+    """Seed 5's value turns NaN (or its observation's shape breaks the contract) at step 2 and seed 4's action is
+    refused as out of bounds: the rows said "(slot 1)" or "slot 1 step:" with four slots per sim and "(slot 2)" or
+    "slot 2 step:" with three, so the same seeds' results differed by ``num_envs``."""
     (tmp_path / "pusher.py").write_text(SEED_PUSHER)
     faulty = {
         "factory": f"{REPO / 'envs' / 'faulty.py'}:faulty",
@@ -288,7 +299,6 @@ def test_an_episodes_error_is_said_in_the_same_words_whatever_slot_num_envs_puts
             ]
         )
         errors = {r["seed"]: r["error"] for r in rows if r["error"]}
-        said = "observation 'state' is not finite" if fault == "nan_step" else "reward nan is not finite"
         assert errors == {
             4: "action [5.0] is out of bounds (seed 4, step 1); expected a finite float32[A=1] (names ['action_0']) "
             "within low [-1.0], high [1.0]",
