@@ -231,7 +231,8 @@ class GymBridge:
         prompts = [own or task_prompt(self.factory, task) for own, task in zip(started.prompts, tasks, strict=True)]
         errors: list[SlotError] = []
         for slot, formatted in started.errors.items():
-            message = f"env.reset raised {exception_line(formatted)} ({self._where(slot)})"
+            said = "building the env anew raised" if slot in started.unbuilt else "env.reset raised"
+            message = f"{said} {exception_line(formatted)} ({self._where(slot)})"
             self.slots.fail(slot, message)
             errors.append(SlotError(slot=slot, message=message, traceback=formatted))
         nonfinite, invalid = self._end_nonfinite(self.slots.running(), None)

@@ -79,6 +79,8 @@ class Started:
     prompts: list[str | None]
     errors: dict[int, str] = field(default_factory=dict[int, str])
     """Per-slot tracebacks of exceptions raised by that slot's env (replicated envs only)."""
+    unbuilt: set[int] = field(default_factory=set[int])
+    """Slots among ``errors`` whose env raised while it was built anew, before its reset."""
 
 
 @dataclass
@@ -260,6 +262,11 @@ class ReplicatedEnvs(SlotEnvs):
         for slot in range(self.num_slots):
             try:
                 env = self._fresh(slot)
+            except ENV_FAILURES:  # still spoilt: built anew again at the slot's next reset
+                started.errors[slot] = traceback.format_exc()
+                started.unbuilt.add(slot)
+                continue
+            try:
                 observation = reset_observation(env.reset(seed=seeds[slot], options=options[slot]))
                 self.write_slot(out, observation, slot, "reset")
             except ENV_FAILURES:  # this slot's env failed (or returned what the contract refuses): it errors alone
@@ -270,7 +277,7 @@ class ReplicatedEnvs(SlotEnvs):
         return started
 
     def _fresh(self, slot: int) -> Any:
-        """Slot ``slot``'s env, built anew first when it raised (what the build raises is the slot's reset's)."""
+        """Slot ``slot``'s env, built anew first when it raised."""
         if slot in self.spoilt and self.build_one is not None:
             built = self.build_one()
             close_env(self.envs[slot])

@@ -696,6 +696,43 @@ def test_an_env_that_raised_is_built_anew_before_its_slots_next_episode_and_no_o
         assert cast(ReplicatedEnvs, bridge.envs).envs[0] is not stepped
 
 
+UNBUILDABLE_ENVS = """
+import os, gymnasium as gym, numpy as np
+
+class _Env(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    def reset(self, *, seed=None, options=None):
+        if seed == 1:
+            raise RuntimeError("the gripper jammed")
+        return np.zeros(1, np.float32), {}
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+def make(down: str):
+    if os.path.exists(down):
+        raise OSError("the license server is down")
+    return _Env()
+"""
+
+
+def test_an_env_that_cannot_be_built_anew_errors_its_slots_next_episode_in_those_words(tmp_path: Any) -> None:
+    """Seed 1's reset raised; the license server goes down before the slot's env is built anew: that episode read
+    "env.reset raised OSError: ...", though no reset ran. The slot is built anew again at its next reset."""
+    module, down = tmp_path / "unbuildable_envs.py", tmp_path / "down"
+    module.write_text(UNBUILDABLE_ENVS)
+    with GymBridge(f"{module}:make", 2, build_args={"down": str(down)}) as bridge:
+        assert bridge.reset([{"seed": 0}, {"seed": 1}]).status == ["running", "errored"]
+        down.touch()
+        reply = bridge.reset([{"seed": 3}, {"seed": 2}])
+        assert reply.status == ["running", "errored"]
+        assert [e.message for e in reply.errors] == [
+            "building the env anew raised OSError: the license server is down (seed 2)"
+        ]
+        down.unlink()
+        assert bridge.reset([{"seed": 3}, {"seed": 2}]).status == ["running", "running"]
+
+
 def test_a_reset_in_which_every_slot_raised_does_not_spoil_the_next_resets_healthy_seeds() -> None:
     """Seeds below 13 jam at reset. Both slots' resets raised; then seed 12 raises again beside seed 13, which runs:
     the envs were built anew and probed with seed 12 first, and that probe errored seed 13 with seed 12's words."""
