@@ -36,7 +36,7 @@ from hud_pipelines.eval.runner import sim_settings
 from hud_pipelines.sim.pool import SimPool
 from hud_pipelines.spec.agent import AgentConfig
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.sim_section import DEFAULT_BUSY_TIMEOUT_S, SimSpec
+from hud_pipelines.spec.sim_section import DEFAULT_BUSY_TIMEOUT_S, DEFAULT_MAX_FRAME_MB, SimSpec
 
 
 def resource_key(pipeline: str, part: str) -> str:
@@ -67,6 +67,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     python: str | None = Field(default=None, description="the sim's interpreter, or a uv project directory")
     hold: str = Field(default="last", description="action of a finished slot: last or zero")
     bounds: str = Field(default="clip", description="out-of-bounds continuous actions: clip or error")
+    max_frame_mb: float = Field(default=DEFAULT_MAX_FRAME_MB, description="the largest message of a sim's link, MiB")
     url: str | None = Field(default=None, description="ws://host:port of a sim served elsewhere")
     urls: list[str] | None = Field(default=None, description="a fleet: ws://host:port of several served sims")
     fleet: str | None = Field(default=None, description="a fleet file: served sims, each with its token")
@@ -89,6 +90,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "python": self.python,
             "hold": self.hold,
             "bounds": self.bounds,
+            "max_frame_mb": self.max_frame_mb,
             "url": self.url,
             "urls": self.urls,
             "fleet": self.fleet,

@@ -85,6 +85,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
         cwd=cwd,
         python=None if sim.python is None else spec.resolve_path(sim.python),
         shards=sim.shards,
+        max_frame_bytes=sim.max_frame_bytes,
     )
 
 

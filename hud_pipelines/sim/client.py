@@ -288,8 +288,8 @@ class SimClient(Closeable):
                 f"the connection to the sim at {self.url} closed during {phase}: a message exceeded the frame limit "
                 f"({exc.reason}); one frame carries a whole batch (every slot's observation or action, the "
                 "contract's bounds): fewer slots per sim (sim.num_envs), a spawned sim's slots split over processes "
-                "(sim.shards: a frame each), smaller observations, or a served sim started with a larger "
-                "--max-frame-bytes fit"
+                "(sim.shards: a frame each), smaller observations, or a larger limit (a spawned sim's "
+                "sim.max_frame_mb, a served sim's --max-frame-bytes) fit"
             )
         if isinstance(exc, LinkClosed) and exc.code in _BROKEN_PROTOCOL_CODES:  # alive: one side refused the bytes
             refused = "this client refused a frame from the sim" if exc.refused_here else "the sim refused a frame"

@@ -128,7 +128,10 @@ class SimPool(Closeable):
             # at least the server's own wait for a closing connection: its 409 then says what held the sim
             connect_timeout_s = min(max(settings.step_timeout_s, CLOSING_WAIT_S + 1.0), DEFAULT_CONNECT_TIMEOUT_S)
             client = process.connect(
-                framing=Framing.BATCHED, step_timeout_s=settings.step_timeout_s, connect_timeout_s=connect_timeout_s
+                framing=Framing.BATCHED,
+                step_timeout_s=settings.step_timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                max_frame_bytes=settings.max_frame_bytes,
             )
             try:
                 self._require_same_sim(client, attached=server is not None)

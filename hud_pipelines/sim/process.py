@@ -44,7 +44,7 @@ from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIM
 from hud_pipelines.sim.proc import MARK_ENV, descendants
 from hud_pipelines.sim.serve import TOKEN_ENV
 from hud_pipelines.wire.codec import is_map
-from hud_pipelines.wire.messages import Framing
+from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, Framing
 
 log = logging.getLogger(__name__)
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
@@ -172,16 +172,18 @@ class SimProcess(Closeable):
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         reset_timeout_s: float | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> SimClient:
         """A client of this sim; a spawned child's process group is killed when a request times out.
 
         ``framing=None`` lets the sim choose (``scalar`` for one slot). The client always hands out
-        batched arrays.
+        batched arrays. ``max_frame_bytes``: the largest message it takes before the sim's hello announces its own.
         """
         return SimClient(
             self.url,
             self.token,
             framing=framing,
+            max_frame_bytes=max_frame_bytes,
             step_timeout_s=step_timeout_s,
             reset_timeout_s=reset_timeout_s,
             connect_timeout_s=connect_timeout_s,

@@ -21,7 +21,7 @@ from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIM
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.shard_naming import describe, shard_error
 from hud_pipelines.sim.sharded_sim import ShardedSim
-from hud_pipelines.wire.messages import Framing
+from hud_pipelines.wire.messages import DEFAULT_MAX_FRAME_BYTES, Framing
 
 
 def split_slots(num_envs: int, shards: int) -> list[range]:
@@ -133,6 +133,7 @@ class ShardedProcess:
         framing: Framing | None = Framing.BATCHED,
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> ShardedSim:
         """One client over every child; a failure of one child kills them all."""
         clients: list[SimClient] = []
@@ -141,7 +142,10 @@ class ShardedProcess:
                 try:
                     clients.append(
                         process.connect(
-                            framing=framing, step_timeout_s=step_timeout_s, connect_timeout_s=connect_timeout_s
+                            framing=framing,
+                            step_timeout_s=step_timeout_s,
+                            connect_timeout_s=connect_timeout_s,
+                            max_frame_bytes=max_frame_bytes,
                         )
                     )
                 except (SimError, WireError) as exc:

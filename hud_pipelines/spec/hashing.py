@@ -34,6 +34,10 @@ were one gymnasium ``SyncVectorEnv`` before they were one env each: a vector env
 options and casts observations to its space's dtype, so an env that needs either ran other episodes then, and
 results of that stepping are not current."""
 
+LINK_SETTINGS: dict[str, set[str]] = {"sim": {"max_frame_mb"}}
+"""Settings of the link to a sim, never in the rollout hash: a frame that fits makes the same episode under any limit,
+and one that does not makes none."""
+
 MISSING = object()
 
 
@@ -50,9 +54,13 @@ def with_slot_stepping(dumped: dict[str, Any]) -> dict[str, Any]:
 
 
 def without_later_defaults(dumped: dict[str, Any]) -> dict[str, Any]:
-    """``dumped`` without the :data:`LATER_DEFAULTS` keys that hold their default, and the :data:`SCHEDULING`
-    settings at theirs."""
+    """``dumped`` without the :data:`LATER_DEFAULTS` keys that hold their default nor the :data:`LINK_SETTINGS`, and
+    the :data:`SCHEDULING` settings at theirs."""
     out = dict(dumped)
+    for section, keys in LINK_SETTINGS.items():
+        held_link: dict[str, Any] = out.get(section) or {}
+        if keys & held_link.keys():
+            out[section] = {k: v for k, v in held_link.items() if k not in keys}
     for section, defaults in SCHEDULING.items():
         held: dict[str, Any] = out.get(section) or {}
         if held:

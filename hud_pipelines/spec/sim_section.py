@@ -20,11 +20,14 @@ from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.spec.base import Count, Float, StrictModel, schema_default
 from hud_pipelines.spec.sections import spec_rule, spec_rules
 
-SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python")
+SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python", "max_frame_mb")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
 PROBED_TASKS = 3
 """How many of a pipeline's first tasks a spawned sim's start-up probe tries in turn: enough that one task whose
 options break ``reset`` does not stop every task's sims, few enough that a sim whose every reset fails says so soon."""
+DEFAULT_MAX_FRAME_MB = 64.0
+"""The largest WebSocket message of a spawned sim's link, in MiB, unless ``sim.max_frame_mb`` says (``serve``'s
+``--max-frame-bytes`` default)."""
 DEFAULT_BUSY_TIMEOUT_S = 600.0
 """How long an instance waits for served sims that other clients drive, unless ``sim.busy_timeout_s`` says."""
 ATTACH_SOURCES = ("factory", "url", "urls", "fleet")
@@ -125,6 +128,14 @@ class SimSpec(StrictModel):
         default=BoundsMode.CLIP,
         description="out-of-bounds continuous actions: `clip` into the bounds, or `error` (a spawned sim's; a sim at "
         "`url` has its server's `--bounds`)",
+    )
+    max_frame_mb: Float = Field(
+        default=DEFAULT_MAX_FRAME_MB,
+        gt=0,
+        exclude_if=lambda value: value == DEFAULT_MAX_FRAME_MB,  # and never in the rollout hash (it is the link's)
+        description="the largest message of a spawned sim's link, in MiB: one frame carries a whole batch (every "
+        "slot's observation), so many slots of large cameras may need more; a larger frame ends the instance as "
+        "`sim_link`, naming this key (a sim at `url` has its server's `--max-frame-bytes`)",
     )
     url: str | None = Field(
         default=None,
@@ -255,6 +266,11 @@ class SimSpec(StrictModel):
         return list(self.urls) if self.urls is not None else [self.url] if self.url is not None else []
 
     @property
+    def max_frame_bytes(self) -> int:
+        """``max_frame_mb`` in bytes."""
+        return int(self.max_frame_mb * 2**20)
+
+    @property
     def spawned(self) -> bool:
         """The pipeline starts (and owns) the sim, rather than attaching to one served elsewhere."""
         return self.factory is not None
@@ -264,6 +280,8 @@ class SimSpec(StrictModel):
         seeds and options of the start-up resets, tried in turn, that sample an observation to derive the contract
         (a pipeline's first tasks', since an env's ``reset`` may need them)."""
         options = ["--hold", self.hold.value, "--bounds", self.bounds.value]
+        if self.max_frame_mb != DEFAULT_MAX_FRAME_MB:
+            options += ["--max-frame-bytes", str(self.max_frame_bytes)]
         for seed, reset_options in probes:
             options += ["--probe-seed", str(seed), "--probe-options", json.dumps(dict(reset_options), default=str)]
         return options

@@ -853,3 +853,21 @@ def test_a_dataset_section_that_does_not_fit_the_sims_contract_is_refused_before
     at = re.escape(f"{yaml.resolve()}:1:") + r"\d+: dataset\.state_features: "  # its line, as validate names it
     assert re.search(at + "the dataset section does not fit the sim's contract", said), said
     assert not list((tmp_path / "dagster").rglob("rollouts/*.json")), "nor in a Dagster run"
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_spawned_sims_frame_limit_is_the_yamls(tmp_path: Path, shards: int) -> None:
+    """A reset of 512 CartPole slots is a frame of about 25 kB (13 kB a shard): over a limit of 0.01 MiB the instance
+    ends as ``sim_link`` naming the key that raises it, and with that key raised the episodes run."""
+
+    def run(name: str, limit: float) -> list[GradeRow]:
+        sim = {"factory": "CartPole-v1", "num_envs": 512, "shards": shards, "max_frame_mb": limit}
+        spec = _spec(tmp_path, name=name, sim=sim, max_steps=2, dataset=None)
+        return evaluate(spec, outputs_dir=tmp_path / name, project_dir=REPO).rows
+
+    refused = run("small", 0.01)
+    assert {(row.status, row.fault) for row in refused} == {(EpisodeStatus.ERRORED.value, Fault.SIM_LINK.value)}
+    said = refused[0].error or ""
+    assert "a message exceeded the frame limit" in said, said
+    assert "sim.max_frame_mb" in said, said
+    assert {(row.status, row.steps) for row in run("raised", 0.1)} == {(EpisodeStatus.FAILED.value, 2)}, "graded"

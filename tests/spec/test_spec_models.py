@@ -22,6 +22,7 @@ from hud_pipelines.spec import (
 from hud_pipelines.spec.agent import LeRobotPolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.loader import load_pipeline_text
 from hud_pipelines.spec.models import SOURCE_CONTEXT
+from hud_pipelines.spec.problems import SpecError
 
 
 def spec(source: Path | None = None, **overrides: Any) -> PipelineSpec:
@@ -243,6 +244,25 @@ def test_spec_hash_is_stable_and_follows_content(tmp_path: Path) -> None:
 def test_serve_options_carry_hold_and_bounds() -> None:
     s = spec(sim={"factory": "CartPole-v1", "hold": "zero", "bounds": "error"})
     assert s.sim.serve_options()[:4] == ["--hold", "zero", "--bounds", "error"]
+
+
+def test_a_spawned_sims_frame_limit_reaches_its_child_and_never_the_rollout_hash() -> None:
+    """A spawned sim's link refused frames over 64 MiB, and only a served sim's ``--max-frame-bytes`` raised it."""
+    import json
+
+    def sim(**fields: Any) -> PipelineSpec:
+        return load_pipeline_text(json.dumps({**PINNED, "sim": {**PINNED["sim"], **fields}}), source="/tmp/p.yaml")
+
+    assert "--max-frame-bytes" not in sim().sim.serve_options()
+    options = sim(max_frame_mb=256).sim.serve_options()
+    assert options[options.index("--max-frame-bytes") + 1] == str(256 * 2**20)
+    assert sim(max_frame_mb=0.5).sim.serve_options()[-2:] == ["--max-frame-bytes", str(2**19)]
+    assert sim(max_frame_mb=256).rollout_hash == sim().rollout_hash == sim(max_frame_mb=64).rollout_hash
+    assert "max_frame_mb" not in json.dumps(sim().model_dump(mode="json")), "unset, the dump is as it was"
+    with pytest.raises(SpecError, match="max_frame_mb"):
+        sim(max_frame_mb=0)
+    with pytest.raises(SpecError, match="'max_frame_mb' configures a spawned sim"):
+        load_pipeline_text(json.dumps({**PINNED, "sim": {"url": "ws://h:1", "token": "t", "max_frame_mb": 128}}))
 
 
 def test_a_spawned_sim_is_probed_with_the_first_tasks_seeds_and_options_and_nothing_else_records_them() -> None:
