@@ -17,11 +17,13 @@ the code location loaded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 
@@ -342,13 +344,27 @@ def cut_short(spec: PipelineSpec, outputs: EvalOutputs, registered: Sequence[Che
         lacking: list[str] = []
         for key in spec.partition_keys():
             path = folder.result(key)
-            result = InstanceResult.read(path) if path.is_file() else None
-            if result is not None and result.fault is Fault.INTERRUPTED:
-                lacking.append(f"{key}:{result.run_id}")
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            run_id = _interrupted_run(str(path), (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size))
+            if run_id is not None:
+                lacking.append(f"{key}:{run_id}")
         if lacking:
             digest = hashlib.sha256("\n".join(lacking).encode()).hexdigest()[:12]
             cut[checkpoint.label] = f"{checkpoint.label}@resume-{digest}"
     return cut
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _interrupted_run(path: str, version: tuple[int, int, int, int]) -> str | None:
+    """The run that interrupted the instance whose result is at ``path``, ``None`` when none did: read once per
+    version of the file (a result is replaced whole, by a rename), not on every tick of the sensor for every
+    instance of every registered checkpoint."""
+    del version  # the cache's key (inode, times, size): a rewritten result is read anew
+    result = InstanceResult.read(Path(path))
+    return result.run_id if result.fault is Fault.INTERRUPTED else None
 
 
 def cancelled_unstarted(

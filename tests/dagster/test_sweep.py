@@ -287,7 +287,7 @@ def test_dagster_job_execute_runs_the_registered_checkpoints_in_their_order_and_
 
 
 def test_the_sensor_asks_once_more_for_a_registered_checkpoint_whose_run_was_cut_short(
-    run: LeRobotRun, tmp_path: Path, local: Path
+    run: LeRobotRun, tmp_path: Path, local: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A registered checkpoint is not new: when the run evaluating it was cancelled (the UI's Terminate, a stopped
     ``dagster dev``), its interrupted instances were never asked for again, and every later run of the sweep failed
@@ -316,11 +316,21 @@ def test_the_sensor_asks_once_more_for_a_registered_checkpoint_whose_run_was_cut
 
         [request] = requests()
         assert (request.run_key or "").startswith("000500@resume-"), request.run_key
+        read: list[Path] = []
+        reading = InstanceResult.read
+
+        def counted(path: Path) -> InstanceResult:
+            read.append(path)
+            return reading(path)
+
+        monkeypatch.setattr(InstanceResult, "read", counted)
         assert request.tags[sweeps.CHECKPOINTS_TAG] == "000500"
         assert request.tags[sweeps.RANGE_START_TAG] == "000500|near-i0"
         assert [r.run_key for r in requests()] == [request.run_key], "one key for one cut-short run: asked once"
+        assert read == [], "a result is read once per version, not on every tick"
         finished.write(result_path)  # the run it asked for finished it
         assert not requests()
+        assert read == [result_path]
         dataclasses.replace(finished, fault=Fault.SIM_CRASHED, run_id="crashed").write(result_path)
         assert not requests(), "an instance's own fault is not run again and again: its check says how to rerun it"
 
