@@ -202,6 +202,6 @@ def test_a_matrix_values_errors_are_counted_and_listed_in_the_report(
     assert "| reach | reach | far | n/a | 4/4 |" in section, "every episode of the value errored, and says so"
     assert "| reach | reach | 1.5 | " in section
     errored = section[section.index("## Errored episodes of the perturbations") :].split("\n## ", 1)[0]
-    said = "- reach-reach-far instance 0 slot {0} (env): TypeError: '&lt;' not supported between instances of "
-    assert all(said.format(slot) in errored for slot in range(4)), "each episode's own error, its seed and step"
+    said = "- reach-reach-far seed {0} (instance 0 slot {1}) (env): TypeError: '&lt;' not supported between "
+    assert all(said.format(7 + slot, slot) in errored for slot in range(4)), "each episode's own error, its seed"
     assert "reach-reach-1.5" not in errored
