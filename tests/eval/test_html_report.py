@@ -513,7 +513,7 @@ def test_report_md_lists_each_errored_episode_on_one_line() -> None:
     listed = markdown.split("## Errored episodes\n\n", 1)[1].strip().splitlines()
     assert len(listed) == 2, listed
     assert all(line.startswith("- ") for line in listed)
-    assert listed[1].startswith("- t seed 1 (instance 0 slot 1) "), "named by its seed, which no split of slots moves"
+    assert listed[1].startswith("- t seed 1 (instance 0 slot 1): "), "named by its seed, which no split of slots moves"
     assert "step failed on purpose" in listed[0]
     assert "plain reason &lt;script>alert(2)&lt;/script> & more" in listed[1], "an env's text is data, never markup"
     assert "<script>" not in markdown
