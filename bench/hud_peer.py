@@ -7,8 +7,8 @@ of batch ``b`` gets ``seed + b * N + i``) run three ways, N envs stepped togethe
 - ``in-process``: a ``SyncVectorEnv`` stepped in a plain loop, the rule applied to all N rows at once
   (the baseline, in this process);
 - ``ours``: one served sim of N slots (``SimProcess``, a child process) driven by ``RobotAgent``,
-  one batched forward of the rule per tick, a JSON-lines trace per episode (``--no-traces`` to
-  skip); in its own process;
+  one batched forward of the rule per tick, a JSON-lines trace per episode written as an eval
+  writes it, on a thread of its own (``--no-traces`` to skip); in its own process;
 - ``hud``: hud 0.6.21 the way its docs drive a vectorized gym sim: an ``Environment`` with
   ``env.gym("Pendulum-v1", num_envs=N)`` (its sim program in a child process), a template that claims
   a slot (``sim.reset`` -> token as the rollout's binding) and grades it (``sim.result``), and
@@ -123,6 +123,7 @@ def run_in_process(n: int, batches: int, seed: int) -> dict[str, Any]:
 def ours_side(args: argparse.Namespace) -> dict[str, Any]:
     from hud_pipelines.agent.builtin import scripted_policy
     from hud_pipelines.agent.runner import RobotAgent
+    from hud_pipelines.recording.background import InBackground
     from hud_pipelines.recording.events import EpisodeSink
     from hud_pipelines.recording.traces import TraceRecorder
     from hud_pipelines.sim.process import SimProcess
@@ -131,7 +132,8 @@ def ours_side(args: argparse.Namespace) -> dict[str, Any]:
     with SimProcess.spawn(ENV_ID, num_envs=n) as process, process.connect() as client:
         contract = client.contract
         agent = RobotAgent(scripted_policy(POLICY, contract), contract)
-        recorder = TraceRecorder(Path(args.traces), contract) if args.traces else None
+        # as an eval writes them: on a thread of their own (``hud_pipelines.eval.rollouts``)
+        recorder = InBackground(TraceRecorder(Path(args.traces), contract)) if args.traces else None
         sinks: list[EpisodeSink] = [recorder] if recorder is not None else []
 
         def batch(index: int) -> list[float]:

@@ -65,12 +65,15 @@ def rollouts_step(
     written: dict[str, ContainedSink] = {}  # each instance's dataset writer, until its shard is committed
 
     def sinks(partition: Partition, contract: Contract) -> list[EpisodeSink]:
+        from hud_pipelines.recording.background import InBackground
         from hud_pipelines.recording.traces import TraceRecorder
 
         key = spec.partition_key(*partition)
         recorders: list[EpisodeSink] = [
             ContainedSink.built(
-                lambda: TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos),
+                lambda: InBackground(
+                    TraceRecorder(traces, contract, video=spec.traces.video, max_videos=spec.traces.max_videos)
+                ),
                 "traces",
                 f"{spec.name}, instance {key}",
             )
