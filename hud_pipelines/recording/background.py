@@ -32,7 +32,8 @@ Call = tuple[Callable[..., None], tuple[Any, ...]]
 
 
 class InBackground:
-    """``sink``'s calls made in order on a thread of its own (see the module docstring)."""
+    """``sink``'s calls made in order on a thread of its own (see the module docstring). Its caller is one thread, as
+    an instance's agent loop is: a call is made at once only when that caller has nothing queued."""
 
     def __init__(self, sink: EpisodeSink, *, hand_off_rows: int = HAND_OFF_ROWS) -> None:
         self.sink = sink
