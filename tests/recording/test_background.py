@@ -11,16 +11,10 @@ import numpy as np
 import pytest
 
 from hud_pipelines.contract import Contract, Feature
+from hud_pipelines.recording import events
 from hud_pipelines.recording.background import InBackground
 from hud_pipelines.recording.contained import ContainedSink
-from hud_pipelines.recording.events import (
-    EpisodeKey,
-    EpisodeOutcome,
-    EpisodeSink,
-    EpisodeStatus,
-    FrameBatch,
-    InferenceBatch,
-)
+from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
 from hud_pipelines.recording.trace_reader import read_trace
 from hud_pipelines.recording.traces import TraceRecorder
 
@@ -33,12 +27,12 @@ CONTRACT = Contract(
 )
 
 
-def _ticks(slots: int, steps: int, *, seed: int = 0) -> list[tuple[FrameBatch, InferenceBatch]]:
+def _ticks(slots: int, steps: int, *, seed: int = 0) -> list[tuple[events.FrameBatch, events.InferenceBatch]]:
     rng = np.random.default_rng(seed)
     keys = [EpisodeKey("job", "t", 0, slot, 0, 10 + slot) for slot in range(slots)]
     return [
         (
-            FrameBatch(
+            events.FrameBatch(
                 keys=keys,
                 index=np.full(slots, step, dtype=np.int64),
                 observation={"state": rng.standard_normal((slots, 3)).astype(np.float32)},
@@ -48,7 +42,7 @@ def _ticks(slots: int, steps: int, *, seed: int = 0) -> list[tuple[FrameBatch, I
                 truncated=np.full(slots, step == steps - 1),
                 success=rng.random(slots) < 0.5,
             ),
-            InferenceBatch(
+            events.InferenceBatch(
                 keys=keys,
                 step=np.full(slots, step, dtype=np.int64),
                 chunk=rng.standard_normal((slots, 1, 2)).astype(np.float32),
@@ -60,7 +54,9 @@ def _ticks(slots: int, steps: int, *, seed: int = 0) -> list[tuple[FrameBatch, I
     ]
 
 
-def _record(sink: EpisodeSink, ticks: list[tuple[FrameBatch, InferenceBatch]], *, scribble: bool = False) -> None:
+def _record(
+    sink: events.EpisodeSink, ticks: list[tuple[events.FrameBatch, events.InferenceBatch]], *, scribble: bool = False
+) -> None:
     """Drive ``sink`` as the agent loop does; ``scribble``: overwrite every array once the call returned."""
     keys = ticks[0][0].keys
     for key in keys:
@@ -109,11 +105,11 @@ class _Slow:
     def begin(self, key: EpisodeKey, prompt: str) -> None:
         self._hear(f"begin {key.slot}")
 
-    def add_frames(self, batch: FrameBatch) -> None:
+    def add_frames(self, batch: events.FrameBatch) -> None:
         time.sleep(0.01)
         self._hear(f"frames {int(batch.index[0])}")
 
-    def add_inferences(self, batch: InferenceBatch) -> None:
+    def add_inferences(self, batch: events.InferenceBatch) -> None:
         self._hear(f"inferences {int(batch.step[0])}")
 
     def end(self, key: EpisodeKey, outcome: EpisodeOutcome) -> None:
