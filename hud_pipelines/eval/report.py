@@ -231,7 +231,7 @@ def errored_section(rows: Sequence[GradeRow], title: str, *, most: int = 20) -> 
         return []
     lines = ["", f"## {title}", ""]
     lines += [
-        f"- {r.task} seed {r.seed} (instance {r.instance} slot {r.slot})"
+        f"- {r.task} {'unseeded' if r.seed is None else f'seed {r.seed}'} (instance {r.instance} slot {r.slot})"
         f"{f' ({r.fault.value})' if r.fault is not None else ''}: {no_html(one_line(r.error))}"
         for r in errors[:most]
     ]

@@ -47,8 +47,8 @@ class SeedCheck:
         seed = self.seeds[int(slot)]
         return (
             f"the sim does not repeat an episode's start for the same seed: two resets with seed {seed} gave "
-            f"different {', '.join(features)} ({len(self.differing)} of the {len(self.seeds)} seeds reset twice "
-            "differed), so its episodes will differ from run to run: its reset may draw from an unseeded "
+            f"different {', '.join(features)} ({len(self.differing)} of the first instance's {len(self.seeds)} "
+            "seeds differed), so its episodes will differ from run to run: its reset may draw from an unseeded "
             "random generator (np.random, random) instead of self.np_random"
         )
 

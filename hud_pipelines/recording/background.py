@@ -7,15 +7,16 @@ while the loop waits (measured in ``bench/hud_peer.md``). :class:`InBackground` 
 order and makes them on its thread; a call arriving while nothing is queued and too small to be worth
 a hand-off (a tick of few slots, an episode's begin or end) is made at once, in order all the same.
 
-A batch is copied before it is queued, so what the sink writes is what the tick held whatever the caller
-(a policy that reuses its output array) does with its arrays afterwards. The sink's first exception
-stops the forwarding and is raised to the caller at its next call, or at :meth:`InBackground.close`,
-which waits for every queued call and then closes the sink on the caller's thread.
+A batch handed to a sink is the sink's: the agent loop hands each tick arrays of its own, never a buffer
+it writes again (the dataset writer keeps a tick's rows until its episode ends, the trace writer's video
+encoder until it encodes them), so nothing is copied here. At most :data:`QUEUED_CALLS` calls wait,
+which bounds what the queue holds to a few ticks. The sink's first exception stops the forwarding and
+is raised to the caller at its next call, or at :meth:`InBackground.close`, which waits for the queued
+calls and then closes the sink on the caller's thread, whatever happened to them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
 from collections.abc import Callable
@@ -25,8 +26,9 @@ from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSi
 
 HAND_OFF_ROWS = 8
 """Rows from which a batch is handed to the thread: below, waking it costs about what the work does."""
-QUEUED_CALLS = 64
-"""Calls queued at most; the caller waits beyond (a sink slower than the loop holds its memory to this)."""
+QUEUED_CALLS = 4
+"""Calls waiting at most (two ticks: a forward's inferences and a step's frames each); the caller waits beyond,
+so a sink slower than the loop (a camera's video on a slow disk) holds a few ticks, never a run's worth."""
 
 Call = tuple[Callable[..., None], tuple[Any, ...]]
 
@@ -45,6 +47,9 @@ class InBackground:
         self._counting = threading.Lock()
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._ended = threading.Event()
+        """Set by the thread as it ends: waited for instead of ``Thread.join``, which an interrupt (a KeyboardInterrupt
+        while it waits) leaves believing the thread ended, so the next join returns while it still writes."""
 
     def begin(self, key: EpisodeKey, prompt: str) -> None:
         self._submit(self.sink.begin, key, prompt)
@@ -52,48 +57,42 @@ class InBackground:
     def add_frames(self, batch: FrameBatch) -> None:
         if len(batch) < self.hand_off_rows:
             self._submit(self.sink.add_frames, batch)
-            return
-        owned = dataclasses.replace(
-            batch,
-            keys=list(batch.keys),
-            index=batch.index.copy(),
-            observation={name: values.copy() for name, values in batch.observation.items()},
-            action=batch.action.copy(),
-            reward=batch.reward.copy(),
-            terminated=batch.terminated.copy(),
-            truncated=batch.truncated.copy(),
-            success=batch.success.copy(),
-        )
-        self._hand_off(self.sink.add_frames, owned)
+        else:
+            self._hand_off(self.sink.add_frames, batch)
 
     def add_inferences(self, batch: InferenceBatch) -> None:
         if len(batch) < self.hand_off_rows:
             self._submit(self.sink.add_inferences, batch)
-            return
-        owned = dataclasses.replace(batch, keys=list(batch.keys), step=batch.step.copy(), chunk=batch.chunk.copy())
-        self._hand_off(self.sink.add_inferences, owned)
+        else:
+            self._hand_off(self.sink.add_inferences, batch)
 
     def end(self, key: EpisodeKey, outcome: EpisodeOutcome) -> None:
         self._submit(self.sink.end, key, outcome)
 
     def close(self) -> None:
         """Wait for every queued call, then close the sink (a writer finalizes what it wrote, failed or not); the
-        sink's first exception, if any, is raised after."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join()
+        sink's first exception, if any, is raised after. The thread is forgotten only once it has ended, so a
+        close interrupted while it waits leaves the next close to wait again, never to close under it."""
         try:
-            self.sink.close()
+            thread = self._thread
+            if thread is not None:
+                self._queue.put(None)
+                self._ended.wait()
+                thread.join()
+                self._thread = None
         finally:
-            self._raise_failure()
+            if self._thread is None:
+                try:
+                    self.sink.close()
+                finally:
+                    self._raise_failure()
 
     # -- helpers ---------------------------------------------------------------------------------------
 
     def _submit(self, call: Callable[..., None], *args: Any) -> None:
         """Make the call now when nothing is queued (the order holds), else queue it behind the others."""
-        self._raise_failure()
         if self._pending == 0:  # the thread is idle and stays so: only this caller queues work
+            self._raise_failure()  # read after the count: the thread records a failure before it counts down
             call(*args)
             return
         self._hand_off(call, *args)
@@ -101,23 +100,27 @@ class InBackground:
     def _hand_off(self, call: Callable[..., None], *args: Any) -> None:
         self._raise_failure()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="recording", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="recording", daemon=True)
+            thread.start()  # kept only once it runs: a thread that could not start is never waited for
+            self._thread = thread
         with self._counting:
             self._pending += 1
         self._queue.put((call, args))
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            call, args = item
-            try:
-                if self._failure is None:  # after the first failure, the sink hears nothing more
-                    call(*args)
-            except BaseException as exc:  # raised to the caller at its next call
-                self._failure = exc
-            finally:
-                with self._counting:
-                    self._pending -= 1
+        try:
+            while (item := self._queue.get()) is not None:
+                call, args = item
+                try:
+                    if self._failure is None:  # after the first failure, the sink hears nothing more
+                        call(*args)
+                except BaseException as exc:  # raised to the caller at its next call
+                    self._failure = exc
+                finally:
+                    with self._counting:
+                        self._pending -= 1
+        finally:
+            self._ended.set()
 
     def _raise_failure(self) -> None:
         failure = self._failure

@@ -304,7 +304,8 @@ class GymBridge:
         Not the slot: the error frame carries it, renumbered where a sharded instance joins children.
         """
         record = self.slots.record(slot)
-        return f"seed {record.seed}, step {record.steps + 1}" if stepping else f"seed {record.seed}"
+        seed = "unseeded" if record.seed is None else f"seed {record.seed}"
+        return f"{seed}, step {record.steps + 1}" if stepping else seed
 
     def result(self) -> dict[str, Any]:
         """``{score, success, slots}`` of the current episodes."""

@@ -28,6 +28,6 @@ class SimSettings:
     python: Path | None = None
     """The spawned children's interpreter (a file, or a uv project directory); ``None``: the agent's."""
     shards: int = 1
+    """Children per spawned instance, each serving a slice of the ``num_envs`` slots (stepped in parallel)."""
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     """The largest message of a spawned sim's link, both ways (its child's ``--max-frame-bytes`` says it too)."""
-    """Children per spawned instance, each serving a slice of the ``num_envs`` slots (stepped in parallel)."""

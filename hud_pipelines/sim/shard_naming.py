@@ -22,10 +22,11 @@ def describe(shard: int, slots: range, shards: int) -> str:
     return f"shard {shard} of {shards} ({span})"
 
 
-_SLOT_NUMBER = re.compile(r"(?:^|(?<=: ))slot (\d+)(?=: | reset: | step: )")
-"""A slot as the sim's own whole-frame messages name it (``slot 2: seed must be ...``, ``slot 2 step: observation
-...``); an env's own text (``gripper slot 0 jammed``) is left as it is. An episode's own end (an env that raised,
-a refused row, a value not finite) names its seed and step instead, which no split of the slots changes."""
+_SLOT_NUMBER = re.compile(r"(?:^|(?<=: ))slot (\d+)(?=: )")
+"""A slot as the sim's own whole-request messages name it (``slot 2: seed must be an integer or null, got ...``); an
+env's own text (``gripper slot 0 jammed``) is left as it is. An episode's own end (an env that raised, a refused
+row, a value not finite, an observation the contract refuses) names its seed and step instead, which no split of
+the slots changes."""
 
 
 def instance_slots(message: str, offset: int) -> str:

@@ -459,7 +459,7 @@ def test_a_sim_that_does_not_repeat_its_start_for_a_seed_is_named_in_the_report(
     report = (tmp_path / "unseeded" / "placed" / "report.md").read_text()
     assert (
         "**Warning:** the sim does not repeat an episode's start for the same seed: two resets with seed 0 gave "
-        "different state (2 of the 2 seeds reset twice differed)"
+        "different state (2 of the first instance's 2 seeds differed)"
     ) in report
     page = (tmp_path / "unseeded" / "placed" / "report.html").read_text()
     assert "<strong>Warning:</strong> the sim does not repeat an episode&#x27;s start" in page

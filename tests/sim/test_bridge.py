@@ -393,6 +393,17 @@ def test_continuous_bounds_clip_by_default_or_error_the_slot_when_asked() -> Non
     assert "within low [-1.0, -1.0], high [1.0, 1.0]" in reply.errors[0].message
 
 
+def test_an_unseeded_episodes_error_says_it_is_unseeded() -> None:
+    """It read "(seed None, step 1)"."""
+    with GymBridge(POINT_MASS, 2, bounds=BoundsMode.ERROR) as bridge:
+        bridge.reset([{"seed": None}, {"seed": 1}])
+        reply = bridge.step(np.array([[0.0, 1.5], [0.0, 1.5]]))
+    assert [e.message.split(";")[0] for e in reply.errors] == [
+        "action [0.0, 1.5] is out of bounds (unseeded, step 1)",
+        "action [0.0, 1.5] is out of bounds (seed 1, step 1)",
+    ]
+
+
 def test_discrete_actions_are_cast_to_int_and_range_checked_per_slot() -> None:
     with GymBridge(PROBE, 2) as bridge:
         bridge.reset([{"seed": 0}, {"seed": 1}])

@@ -155,12 +155,13 @@ def test_a_childs_messages_renumber_the_slots_the_sim_names_and_leave_the_envs_o
     from hud_pipelines.sim.shard_naming import instance_slots
 
     said = {
-        "ContractError: slot 1 step: observation 'x' is": "ContractError: slot 3 step: observation 'x' is",
+        "slot 1: seed must be an integer or null, got 'x'": "slot 3: seed must be an integer or null, got 'x'",
+        "TaskArgumentError: slot 0: options must be a map": "TaskArgumentError: slot 2: options must be a map",
         "RuntimeError: gripper slot 0 jammed (seed 2, step 2)": "RuntimeError: gripper slot 0 jammed (seed 2, step 2)",
         "RuntimeError: slot 1 of the rack is empty": "RuntimeError: slot 1 of the rack is empty",
     }
     assert {message: instance_slots(message, 2) for message in said} == said
-    first = "ContractError: slot 1 step: observation 'x' is"
+    first = "slot 1: seed must be an integer or null, got 'x'"
     assert instance_slots(first, 0) == first, "the first child's slots are the instance's"
 
 
