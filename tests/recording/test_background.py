@@ -185,3 +185,31 @@ def test_a_thread_that_cannot_start_fails_the_call_and_the_sink_is_still_closed(
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def test_what_waits_for_the_thread_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sink slower than the loop (a camera's video on a slow disk) held every tick queued to it: 64 ticks of two
+    480x640 cameras at 32 slots are 3.5 GiB. The caller now waits once the queued arrays reach the budget."""
+    from hud_pipelines.recording import background
+
+    monkeypatch.setattr(background, "QUEUED_BYTES", 200)  # a tick of 8 slots: frames 160 bytes, inferences 64
+    gate = threading.Event()
+    slow = _Slow(gate=gate)
+    sink = InBackground(slow)
+    ticks = _ticks(8, 3)
+
+    def record() -> None:
+        for frames, inferences in ticks:
+            sink.add_inferences(inferences)
+            sink.add_frames(frames)
+
+    producer = threading.Thread(target=record)
+    producer.start()
+    producer.join(timeout=0.5)
+    assert producer.is_alive(), "the second tick waits while the first one's frames are queued"
+    assert slow.heard == ["inferences 0"]
+    gate.set()
+    producer.join(timeout=30)
+    assert not producer.is_alive()
+    sink.close()
+    assert slow.heard == [f"{kind} {step}" for step in range(3) for kind in ("inferences", "frames")]
