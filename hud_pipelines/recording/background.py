@@ -109,6 +109,7 @@ class InBackground:
         self._raise_failure()
         if self._thread is None:
             thread = threading.Thread(target=self._run, name="recording", daemon=True)
+            self._ended.clear()
             thread.start()  # kept only once it runs: a thread that could not start is never waited for
             self._thread = thread
         with self._counting:
@@ -128,7 +129,7 @@ class InBackground:
                 except BaseException as exc:  # raised to the caller at its next call
                     self._failure = exc
                 finally:
-                    del args  # the batch is let go now, not when the next call comes
+                    del item, args  # the batch is let go now, not when the next call comes
                     with self._counting:
                         self._pending -= 1
                         self._queued_bytes -= size
