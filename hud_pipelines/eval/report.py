@@ -27,6 +27,7 @@ from hud_pipelines.eval.grades import (
     summarize_by_task,
 )
 from hud_pipelines.recording.events import EpisodeStatus
+from hud_pipelines.sim.slots import seed_named
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -231,7 +232,7 @@ def errored_section(rows: Sequence[GradeRow], title: str, *, most: int = 20) -> 
         return []
     lines = ["", f"## {title}", ""]
     lines += [
-        f"- {r.task} {'unseeded' if r.seed is None else f'seed {r.seed}'} (instance {r.instance} slot {r.slot})"
+        f"- {r.task} {seed_named(r.seed)} (instance {r.instance} slot {r.slot})"
         f"{f' ({r.fault.value})' if r.fault is not None else ''}: {no_html(one_line(r.error))}"
         for r in errors[:most]
     ]

@@ -40,7 +40,7 @@ from hud_pipelines.recording.events import (
     errored,
 )
 from hud_pipelines.sim.envs import prompt_of
-from hud_pipelines.sim.slots import SlotBatch, SlotRecord
+from hud_pipelines.sim.slots import SlotBatch, SlotRecord, seed_named
 
 if TYPE_CHECKING:
     from hud_pipelines.dataset.publish import DatasetBuild
@@ -156,7 +156,7 @@ class Episodes:
         self.last[slot] = observation
         for sink in self.sinks:
             sink.begin(key, self.prompt)
-        if (problem := _not_finite(observation, None, f"at reset ({_seed(seed)})")) is not None:
+        if (problem := _not_finite(observation, None, f"at reset ({seed_named(seed)})")) is not None:
             self._finish(slot, lambda record: errored(problem, 0, 0.0, Fault.NONFINITE))
 
     def step(
@@ -175,7 +175,7 @@ class Episodes:
         assert self.contract is not None
         record = self.records[slot]
         index = int(record.steps[0])
-        if (problem := _not_finite(observation, reward, f"({_seed(key.seed)}, step {index + 1})")) is not None:
+        if (problem := _not_finite(observation, reward, f"({seed_named(key.seed)}, step {index + 1})")) is not None:
             # as the sim's screening ends it: errored, with the steps before it (the agent loop's grade)
             self._finish(slot, lambda ended: errored(problem, ended.steps, ended.total_reward, Fault.NONFINITE))
             return
@@ -285,11 +285,6 @@ class _CloseAtExit:
         except Exception:
             said = "; its dataset was not published" if episodes.options.dataset is not None else ""
             logger.exception("closing an unclosed wrap() at exit failed%s", said)
-
-
-def _seed(seed: int | None) -> str:
-    """An episode as the sim's messages name it: by its seed (``unseeded``: an episode no seed repeats)."""
-    return "unseeded" if seed is None else f"seed {seed}"
 
 
 def _not_finite(observation: dict[str, npt.NDArray[Any]], reward: float | None, when: str) -> str | None:

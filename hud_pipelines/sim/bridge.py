@@ -52,7 +52,7 @@ from hud_pipelines.sim.envs import (
 )
 from hud_pipelines.sim.factory import Factory, resolve_factory
 from hud_pipelines.sim.screen import all_finite, screen_nonfinite
-from hud_pipelines.sim.slots import SlotBatch, every, some
+from hud_pipelines.sim.slots import SlotBatch, every, seed_named, some
 from hud_pipelines.sim.tasks import read_tasks, refuse_shared_seed, task_prompt
 from hud_pipelines.wire.messages import Observation, SlotError
 
@@ -304,7 +304,7 @@ class GymBridge:
         Not the slot: the error frame carries it, renumbered where a sharded instance joins children.
         """
         record = self.slots.record(slot)
-        seed = "unseeded" if record.seed is None else f"seed {record.seed}"
+        seed = seed_named(record.seed)
         return f"{seed}, step {record.steps + 1}" if stepping else seed
 
     def result(self) -> dict[str, Any]:

@@ -36,6 +36,12 @@ def episode_score(success: bool, success_reported: bool, total_reward: float) ->
     return float(success) if success_reported else total_reward
 
 
+def seed_named(seed: int | None) -> str:
+    """An episode as messages and reports name it, by its seed (``seed 7``; ``unseeded``: no seed repeats it), never
+    by the slot it ran in, which ``num_envs`` decides."""
+    return "unseeded" if seed is None else f"seed {seed}"
+
+
 def every(mask: npt.NDArray[np.bool_]) -> bool:
     """``mask.all()`` for the per-tick path: ``count_nonzero`` skips numpy's Python-level reduction
     wrapper, a third of the cost on the small masks every tick checks several times."""

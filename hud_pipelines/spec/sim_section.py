@@ -131,7 +131,7 @@ class SimSpec(StrictModel):
     )
     max_frame_mb: Float = Field(
         default=DEFAULT_MAX_FRAME_MB,
-        gt=0,
+        ge=0.001,  # a limit that rounds to no bytes at all would refuse the handshake itself
         exclude_if=lambda value: value == DEFAULT_MAX_FRAME_MB,  # and never in the rollout hash (it is the link's)
         description="the largest message of a spawned sim's link, in MiB: one frame carries a whole batch (every "
         "slot's observation), so many slots of large cameras may need more; a larger frame ends the instance as "

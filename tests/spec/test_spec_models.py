@@ -259,8 +259,9 @@ def test_a_spawned_sims_frame_limit_reaches_its_child_and_never_the_rollout_hash
     assert sim(max_frame_mb=0.5).sim.serve_options()[-2:] == ["--max-frame-bytes", str(2**19)]
     assert sim(max_frame_mb=256).rollout_hash == sim().rollout_hash == sim(max_frame_mb=64).rollout_hash
     assert "max_frame_mb" not in json.dumps(sim().model_dump(mode="json")), "unset, the dump is as it was"
-    with pytest.raises(SpecError, match="max_frame_mb"):
-        sim(max_frame_mb=0)
+    for unusable in (0, 1e-7, "big", True):
+        with pytest.raises(SpecError, match="max_frame_mb"):
+            sim(max_frame_mb=unusable)
     with pytest.raises(SpecError, match="'max_frame_mb' configures a spawned sim"):
         load_pipeline_text(json.dumps({**PINNED, "sim": {"url": "ws://h:1", "token": "t", "max_frame_mb": 128}}))
 
