@@ -1,23 +1,18 @@
 """Shards -> one dataset, through lerobot's own aggregation (``lerobot.datasets.aggregate``).
 
 A shard is a directory of parts (``part-000``...), each a complete lerobot dataset written by one
-writer thread. Merging takes the parts in a stable order (by path), so episode indices of the
-merged dataset follow shard name, then part, then the order episodes ended within the part. The
-``hud_episodes.jsonl`` sidecars are merged with the same offsets.
+writer thread. lerobot merges the parts in the order given, and the ``hud_episodes.jsonl`` sidecars
+are merged with the same offsets; then the episodes are laid out in one order whatever the schedule
+(by task and seed: :mod:`.canonical`), which also writes the data files and ``stats.json``.
 
 Its memory is flat in the episodes merged: lerobot appends each part's rows to the merged data
-file by reading the whole file back, so the merge asks it for one data file per part and packs
-them into lerobot's layout itself, one row group at a time (:mod:`.pack`).
+file by reading the whole file back, so the merge asks it for one data file per part, and the
+canonical layout writes the rows again one episode at a time.
 
 Parts that hold no episode are skipped; a part that cannot be read (its writer was killed before
 finalizing) is skipped with a warning and reported, never merged half-written.
 
-``stats.json`` of a merged dataset describes its data: lerobot aggregates the parts' stats, which
-is right for every feature whose values merging leaves alone, but it keeps each part's own stats of
-the columns merging renumbers (``index``, ``episode_index``, ``task_index``), so their ranges
-described one part. Those are recomputed from the merged rows, per episode and folded together as
-lerobot's ``save_episode`` folds them, leaving out episodes kept flagged as non-finite (as the
-parts' stats do). lerobot's progress bars are silenced while it merges.
+lerobot's progress bars are silenced while it merges.
 """
 
 from __future__ import annotations
@@ -30,28 +25,15 @@ import threading
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from unittest import mock
 
-import numpy as np
-
-from hud_pipelines.dataset.lerobot_api import (
-    Stats,
-    aggregate_stats,
-    episode_stats,
-    load_stats,
-    parquet_columns,
-    parquet_rows,
-    write_stats,
-)
-from hud_pipelines.dataset.pack import pack_data_files
+from hud_pipelines.dataset.canonical import lay_out_canonically
+from hud_pipelines.dataset.lerobot_api import load_stats, parquet_rows
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError
 
 logger = logging.getLogger(__name__)
 
-RENUMBERED_COLUMNS = ("index", "episode_index", "task_index")
-"""Columns whose values merging changes (offset or relabelled); all others keep their values."""
 _QUIET_LOCK = threading.Lock()
 
 
@@ -88,11 +70,10 @@ def _episodes_in(part: Path) -> int:
 class _PartCounts:
     episodes: int
     frames: int
-    stats: dict[str, Any] | None
 
 
 def _open_part(part: Path) -> _PartCounts | str:
-    """The part's counts and stats, or why the part cannot be merged.
+    """The part's counts, or why the part cannot be merged.
 
     Checked from the files (``info.json`` against the parquet footers, which a killed writer never
     wrote), not by loading lerobot's metadata: that starts threads, which Python refuses at
@@ -103,12 +84,12 @@ def _open_part(part: Path) -> _PartCounts | str:
     try:
         episode_rows = _parquet_rows(part / "meta" / "episodes")
         data_rows = _parquet_rows(part / "data")
-        stats = load_stats(part)
+        load_stats(part)  # a part whose writer was killed may have none, or half of one
     except Exception as exc:  # a killed writer leaves parquet files without footers
         return f"unreadable: {exc!r}"
     if (episode_rows, data_rows) != (episodes, frames):
         return f"its files hold {episode_rows} episodes / {data_rows} frames of {episodes} / {frames} (not finalized)"
-    return _PartCounts(episodes, frames, stats)
+    return _PartCounts(episodes, frames)
 
 
 def _parquet_rows(directory: Path) -> int:
@@ -120,8 +101,9 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     """Merge dataset parts into ``dest`` (which must not exist).
 
     One readable part is copied (or renamed, with ``move_single``, when it lives on the same file
-    system and may be consumed); several are aggregated by lerobot. The result is checked: its
-    episode and frame counts must be the sum of the parts'.
+    system and may be consumed); several are aggregated by lerobot. Either way the episodes are then
+    laid out in canonical order. The result is checked: its episode and frame counts must be the sum
+    of the parts'.
     """
     dest = Path(dest)
     if dest.exists():
@@ -160,11 +142,10 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
                 aggr_repo_id=repo_id,
                 roots=list(usable),
                 aggr_root=dest,
-                concatenate_data=False,  # packed below, without re-reading what was merged so far
+                concatenate_data=False,  # laid out below, without re-reading what was merged so far
             )
-        pack_data_files(dest)
         _merge_sidecars(usable, [m.episodes for m in metas], dest)
-        _write_merged_stats(dest, [m.stats for m in metas])
+    lay_out_canonically(dest)
     info = json.loads((dest / INFO_FILE).read_text())
     if (info.get("total_episodes"), info.get("total_frames")) != (expected_episodes, expected_frames):
         raise DatasetWriteError(
@@ -211,38 +192,6 @@ class _SilentTqdm:
     @staticmethod
     def tqdm[T](iterable: Iterable[T], *args: object, **kwargs: object) -> Iterable[T]:
         return iterable
-
-
-def _write_merged_stats(dest: Path, part_stats: Sequence[dict[str, Any] | None]) -> None:
-    """``stats.json`` of the merged data: lerobot's aggregate of the parts, renumbered columns recomputed."""
-    stats = aggregate_stats([s for s in part_stats if s])
-    for column in RENUMBERED_COLUMNS:
-        stats.pop(column, None)
-    stats.update(_renumbered_column_stats(dest))
-    # sorted: lerobot's aggregate orders features by set iteration, which differs from process to process
-    write_stats({name: stats[name] for name in sorted(stats)}, dest)
-
-
-def _renumbered_column_stats(root: Path) -> dict[str, Any]:
-    """Stats of the renumbered columns over the episodes that count (not kept flagged as non-finite).
-
-    Per episode with lerobot's ``compute_episode_stats``, folded in episode order with
-    ``aggregate_stats`` as ``save_episode`` does: the stats lerobot writes for one dataset of these
-    episodes.
-    """
-    files = [str(f) for f in sorted((root / "data").glob("*/*.parquet"))]
-    columns = parquet_columns(files, RENUMBERED_COLUMNS)
-    left_out = {int(str(r["episode_index"])) for r in read_episode_records(root) if r.get("in_stats") is False}
-    features = {name: {"dtype": "int64", "shape": (1,), "names": None} for name in RENUMBERED_COLUMNS}
-    episodes = columns["episode_index"]
-    stats: Stats | None = None
-    for episode in (int(e) for e in np.unique(episodes)):
-        if episode in left_out:
-            continue
-        rows = episodes == episode
-        one = episode_stats({name: values[rows] for name, values in columns.items()}, features)
-        stats = one if stats is None else aggregate_stats([stats, one])
-    return stats or {}
 
 
 def read_episode_records(root: Path) -> list[dict[str, object]]:

@@ -48,8 +48,7 @@ class DatasetOptions(StrictModel):
         default=1,
         le=32,
         description="writer threads per shard; each owns one part of the shard, so parts are written in parallel; "
-        "episodes go to the writers in turn, so a dataset's episode order is the same on every run, and depends on "
-        "`writers` (each part's episodes come before the next part's)",
+        "merging the parts puts the episodes in one order (by task, then seed), whatever the writers",
     )
     queued_episodes: Count = Field(
         default=4, description="finished episodes that may wait for a writer before end() blocks (bounds memory)"

@@ -243,8 +243,8 @@ class DatasetSpec(StrictModel):
     writers: Count = Field(
         default=1,
         le=32,
-        description="writers per instance shard, each writing one part; episodes go to them in turn, so the "
-        "dataset's episode order is the same on every run (with several, each part's episodes come before the next's)",
+        description="writers per instance shard, each writing one part in parallel; the published dataset puts its "
+        "episodes in one order whatever the writers (by task, then seed), so it is the same files for any `writers`",
     )
 
     def writer_options(self) -> DatasetOptions:

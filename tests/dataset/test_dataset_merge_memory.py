@@ -1,9 +1,10 @@
-"""A merge holds one part's rows at a time, and packs them into the files lerobot's own merge writes.
+"""A merge holds one part's rows at a time, and lays them out in the files lerobot's own merge writes.
 
 lerobot's ``aggregate_datasets`` re-reads the merged data file for every part it appends, so its
 memory grows with the episodes merged (``bench/memory.md``). The merge asks it for one file per
-part and packs those itself (:mod:`hud_pipelines.dataset.pack`); the reference for the packed
-layout is lerobot's concatenating merge of the same parts.
+part and lays the rows out again itself, one episode at a time (:mod:`hud_pipelines.dataset.canonical`);
+where the parts already hold their episodes in canonical order, the reference for that layout is
+lerobot's concatenating merge of the same parts.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from hud_pipelines.contract import Contract, Feature, FeatureType
+from hud_pipelines.dataset.canonical import lay_out_canonically
 from hud_pipelines.dataset.merge import find_parts, merge_parts
-from hud_pipelines.dataset.pack import pack_data_files
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.recording.events import EpisodeStatus, Frame
 from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions
@@ -116,7 +117,9 @@ def test_a_merge_never_reads_more_than_one_part_of_data_at_once(
 
 
 @pytest.mark.parametrize("cameras", [None, CameraStorage.VIDEO, CameraStorage.IMAGE])
-def test_the_packed_files_are_the_ones_lerobots_merge_writes(tmp_path: Path, cameras: CameraStorage | None) -> None:
+def test_parts_in_canonical_order_are_laid_out_in_the_files_lerobots_merge_writes(
+    tmp_path: Path, cameras: CameraStorage | None
+) -> None:
     parts = write_parts(tmp_path / "shards") if cameras is None else write_camera_parts(tmp_path / "shards", cameras)
     ours = merge_parts(parts, tmp_path / "ours", repo_id=REPO_ID).root
     lerobot_merge(parts, tmp_path / "lerobot")
@@ -131,21 +134,19 @@ def test_the_packed_files_are_the_ones_lerobots_merge_writes(tmp_path: Path, cam
     assert episode_files(ours) == episode_files(theirs)
 
 
-def test_packing_rotates_files_and_chunks_as_lerobot_does(tmp_path: Path) -> None:
-    """A size limit below two parts' rows and two files per chunk: several files in several chunks."""
-    from lerobot.datasets.io_utils import get_parquet_file_size_in_mb
-
+def test_the_layout_rotates_files_at_the_size_limit_and_chunks_at_the_chunk_size(tmp_path: Path) -> None:
+    """A size limit of two and a half episodes' rows and two files per chunk: several files in several chunks."""
     parts = write_parts(tmp_path / "shards")
-    part_mb = max(get_parquet_file_size_in_mb(p) for part in parts for p in part.glob("data/*/*.parquet"))
-    sizes = {"data_files_size_in_mb": 1.5 * part_mb, "chunk_size": 2}
-    lerobot_merge(parts, tmp_path / "lerobot", **sizes)
+    episode_bytes = pq.read_table(parts[0] / "data").slice(0, STEPS).nbytes
+    sizes = {"data_files_size_in_mb": 2.5 * episode_bytes / 1024**2, "chunk_size": 2}
     lerobot_merge(parts, tmp_path / "ours", concatenate_data=False, **sizes)
-    pack_data_files(tmp_path / "ours")
+    lay_out_canonically(tmp_path / "ours")
 
-    theirs = layout(tmp_path / "lerobot")
-    assert len({name.split("/")[1] for name in theirs}) > 1  # the limit made lerobot rotate files and chunks
-    assert layout(tmp_path / "ours") == theirs
-    assert episode_files(tmp_path / "ours") == episode_files(tmp_path / "lerobot")
+    files = layout(tmp_path / "ours")
+    episodes = sum(EPISODES_PER_PART)
+    assert list(files) == [f"data/chunk-00{i // 2}/file-00{i % 2}.parquet" for i in range((episodes + 1) // 2)]
+    assert all(rows == groups * STEPS and groups <= 2 for rows, groups in files.values())
+    assert [(c, f) for _, c, f in episode_files(tmp_path / "ours")] == [(i // 4, i // 2 % 2) for i in range(episodes)]
     info = json.loads((tmp_path / "ours" / "meta" / "info.json").read_text())
     assert info["chunks_size"] == 2
-    assert check_episodes(load(tmp_path / "ours")) == [STEPS] * sum(EPISODES_PER_PART)
+    assert check_episodes(load(tmp_path / "ours")) == [STEPS] * episodes

@@ -230,16 +230,20 @@ def test_camera_frames_decode_the_same_under_any_schedule(tmp_path: Path) -> Non
         graders=[{"kind": "return"}],
         dataset={"repo_id": "local/filmed", "video": True},
     )
+    one_sim = path.with_name("one-sim.yaml")  # the same four seeds on one sim of four slots, written by two writers
+    text = json.loads(path.read_text())
+    sim, dataset = {**text["sim"], "num_envs": 4}, {**text["dataset"], "writers": 2}
+    one_sim.write_text(json.dumps({**text, "sim": sim, "group": 1, "dataset": dataset}))
     decoded = []
-    for i, (concurrent, ahead) in enumerate([(1, 0), (2, 8)]):
-        run = _run(path, tmp_path / f"out{i}", max_concurrent=concurrent, send_ahead=ahead)
+    for i, (concurrent, ahead, pipeline) in enumerate([(1, 0, path), (2, 8, path), (1, 0, one_sim)]):
+        run = _run(pipeline, tmp_path / f"out{i}", max_concurrent=concurrent, send_ahead=ahead)
         assert run.dataset is not None
         dataset = LeRobotDataset("local/filmed", root=run.dataset.path)
         key = next(k for k in dataset.meta.video_keys)
         decoded.append([dataset[index][key] for index in range(dataset.num_frames)])
-    assert len(decoded[0]) == len(decoded[1]) == 4 * 15
-    for first, other in zip(*decoded, strict=True):
-        assert first.equal(other)
+    assert len(decoded[0]) == len(decoded[1]) == len(decoded[2]) == 4 * 15
+    for first, *others in zip(*decoded, strict=True):
+        assert all(first.equal(other) for other in others)
 
 
 SEED_PUSHER = '''
@@ -305,3 +309,50 @@ def test_an_episodes_error_is_said_in_the_same_words_whatever_slot_num_envs_puts
             5: f"{said} (seed 5, step 2)",
         }
     assert by_seed[0] == by_seed[1], "num_envs moved the seeds, not their episodes nor their errors"
+
+
+def _dataset_files(evaluation: Evaluation) -> dict[str, bytes]:
+    """Every file of the published dataset by path, but its videos and the two that say where it came from:
+    ``hud_episodes.jsonl`` (each episode's instance and slot) and ``hud_published_from.json`` (the shards)."""
+    assert evaluation.dataset is not None
+    root = evaluation.dataset.path
+    placed = ("hud_episodes.jsonl", "hud_published_from.json")
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix != ".mp4" and p.name not in placed)
+    return {str(p.relative_to(root)): p.read_bytes() for p in files}
+
+
+def test_the_same_seeds_publish_the_same_dataset_files_whatever_num_envs_and_writers(tmp_path: Path) -> None:
+    """Twelve seeds on sims of four slots and of three, written by one writer per shard and by two: the episodes
+    came in the order they ended in each instance and part, so ``episode_index``, ``index``, the files and the last
+    bits of the stats changed with the schedule while every seed's frames were the same."""
+    tasks = [{"name": "balance", "seed": 7}, {"name": "again", "seed": 100, "prompt": "balance again"}]
+    path = _pipeline(tmp_path, "ordered", {"kind": "random", "seed": 3}, tasks=tasks)
+    text = json.loads(path.read_text())
+    schedules = {
+        "four-slots": {},
+        "three-slots-two-writers": {
+            "sim": {**text["sim"], "num_envs": 3},
+            "group": 4,
+            "dataset": {**text["dataset"], "writers": 2},
+        },
+        "four-slots-two-writers-concurrent": {"max_concurrent": 3, "dataset": {**text["dataset"], "writers": 2}},
+    }
+    published: dict[str, dict[str, bytes]] = {}
+    records: dict[str, list[tuple[int, int]]] = {}
+    for name, changes in schedules.items():
+        variant = path.with_name(f"{name}.yaml")
+        variant.write_text(json.dumps({**text, **changes}))
+        evaluation = evaluate(load_pipeline(variant), outputs_dir=tmp_path / name, project_dir=REPO)
+        assert evaluation.dataset is not None
+        published[name] = _dataset_files(evaluation)
+        sidecar = (evaluation.dataset.path / "meta" / "hud_episodes.jsonl").read_text().splitlines()
+        records[name] = [(r["episode_index"], r["seed"]) for r in map(json.loads, sidecar)]
+    first, *others = published.values()
+    assert {"meta/stats.json", "meta/tasks.parquet", "meta/info.json"} <= set(first)
+    assert any(p.startswith("data/") for p in first)
+    assert any(p.startswith("meta/episodes/") for p in first)
+    for name, files in zip(list(published)[1:], others, strict=True):
+        assert set(files) == set(first), name
+        assert [p for p in first if files[p] != first[p]] == [], name
+    seeds = [*range(7, 19), *range(100, 112)]
+    assert all(pairs == list(enumerate(seeds)) for pairs in records.values()), records
