@@ -11,64 +11,55 @@ instance, slot and episode), from ``hud_episodes.jsonl``. Not by job: an eval's 
 from several runs, each its own job.
 
 - **Data rows** are written in that order, one episode (one row group) at a time, so memory stays
-  flat in the episodes. ``index``, ``episode_index`` and ``task_index`` are renumbered; tasks are
-  numbered in the order of their first episode. A new file starts when the next episode would take
-  the current one to ``data_files_size_in_mb`` of arrow bytes, and a new chunk every ``chunks_size``
-  files.
-- **``meta/episodes`` rows** move with their episodes. Their video columns are kept: a frame is
-  found by file and timestamp, not by position. The per-episode stats of the renumbered columns are
-  recomputed.
+  flat in the episodes, in the schema lerobot's writer gives them. ``index``, ``episode_index`` and
+  ``task_index`` are renumbered; tasks are numbered in the order of their first episode. A new file
+  starts when the next episode would take the current one to ``data_files_size_in_mb`` of arrow
+  bytes, and a new chunk every ``chunks_size`` files.
+- **``meta/episodes`` rows** move with their episodes. Their video timestamps are kept (a frame is
+  found by file and timestamp, not by position); each camera's video files are numbered by the last
+  episode they hold, so lerobot's resume appends after them. The per-episode stats of the renumbered
+  columns are recomputed.
 - **``stats.json``** is folded from the per-episode stats in that order, as lerobot's
   ``save_episode`` folds them. Episodes kept out of the stats (errored, or holding NaN) are left
   out.
 
-The same pipeline and seeds give byte-equal data files, episodes metadata, tasks and stats however
-they were scheduled. Video files hold the same frames for each episode, but in the order the merge
-met them.
+The same pipeline and seeds give byte-equal data files, episodes metadata (but its video columns),
+tasks and stats however they were scheduled. Video files hold the same frames for each episode, but
+in the order the merge met them, so where each episode lies in them differs.
+
+It writes a new dataset beside the source and renames it into place, so an interrupt never leaves
+a half-ordered dataset, and a part being consumed stays whole until the result is in place.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hud_pipelines.dataset.lerobot_api import Stats, aggregate_stats, episode_stats, write_stats
+from hud_pipelines.dataset.layout_rows import (
+    DATA_DIR,
+    RENUMBERED_COLUMNS,
+    TASKS_FILE,
+    ChunkFile,
+    Placed,
+    Tasks,
+    file_path,
+    parquet_files,
+    write_data,
+)
+from hud_pipelines.dataset.lerobot_api import Stats, aggregate_stats, write_stats
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
 from hud_pipelines.errors import DatasetWriteError
 
-RENUMBERED_COLUMNS = ("index", "episode_index", "task_index")
-"""Columns whose values depend on an episode's place in the dataset; all others keep their values."""
-DATA_DIR = "data"
 EPISODES_DIR = "meta/episodes"
-TASKS_FILE = "meta/tasks.parquet"
-_STAGING_DIR = ".canonical"
+STATS_FILE = "meta/stats.json"
 _STATS_PREFIX = "stats/"
-
-ChunkFile = tuple[int, int]
-"""A file's ``(chunk_index, file_index)``, as lerobot numbers ``chunk-XXX/file-YYY.parquet``."""
-
-
-def file_path(root: Path, directory: str, at: ChunkFile) -> Path:
-    """lerobot's ``<directory>/chunk-XXX/file-YYY.parquet`` (``DEFAULT_DATA_PATH``'s pattern)."""
-    return root / directory / f"chunk-{at[0]:03d}" / f"file-{at[1]:03d}.parquet"
-
-
-def parquet_files(root: Path, directory: str) -> list[Path]:
-    """Every ``chunk-XXX/file-YYY.parquet`` under ``root/directory``, in lerobot's numeric order."""
-    found: list[tuple[ChunkFile, Path]] = []
-    for path in (root / directory).glob("chunk-*/file-*.parquet"):
-        try:
-            at = (int(path.parent.name.removeprefix("chunk-")), int(path.stem.removeprefix("file-")))
-        except ValueError as exc:
-            raise DatasetWriteError(f"{path}: not a lerobot chunk-XXX/file-YYY.parquet name") from exc
-        found.append((at, path))
-    return [path for _, path in sorted(found)]
 
 
 def episode_order(records: Sequence[dict[str, Any]]) -> list[int]:
@@ -83,52 +74,92 @@ def episode_order(records: Sequence[dict[str, Any]]) -> list[int]:
     return sorted(range(len(records)), key=lambda i: place(records[i]))
 
 
-def lay_out_canonically(root: Path) -> None:
-    """Rewrite the dataset at ``root`` in place with its episodes in canonical order (module docstring)."""
+def lay_out_canonically(source: Path, dest: Path, *, consume: bool) -> None:
+    """Write the dataset at ``source`` to ``dest`` (which must not exist) with its episodes in canonical order.
+
+    Everything is written beside ``dest`` first and renamed into place at the end, and ``source`` is
+    left whole until then: an interrupted layout leaves the source as it was, never a half-ordered
+    dataset. With ``consume`` the files kept as they are (videos, ``info.json``) are hard-linked rather
+    than copied, where the file system allows, and ``source`` is removed once ``dest`` is in place.
+    """
     import pyarrow.parquet as pq
 
     parquet: Any = pq
-    records = _records(root)
-    meta: Any = _read_episodes(root, parquet)
+    partial = dest.parent / f".{dest.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    records = _records(source)
+    meta: Any = _read_episodes(source, parquet)
     if records and len(records) != meta.num_rows:
-        raise DatasetWriteError(f"{root}: {EPISODES_SIDECAR} lists {len(records)} episodes of {meta.num_rows}")
+        raise DatasetWriteError(f"{source}: {EPISODES_SIDECAR} lists {len(records)} episodes of {meta.num_rows}")
     order = episode_order(records) if records else list(range(meta.num_rows))
-    info = json.loads((root / INFO_FILE).read_text())
-    tasks = _Tasks.read(root, [meta.column("tasks")[old].as_py() for old in order])
-    staging = root / _STAGING_DIR
-    shutil.rmtree(staging, ignore_errors=True)
-    rows = _EpisodeRows(parquet_files(root, DATA_DIR), parquet)
-    files = _Rotation(float(info["data_files_size_in_mb"]), int(info["chunks_size"]))
-    placed: list[_Placed] = []
-    writer: Any = None
-    try:
-        for new, old in enumerate(order):
-            table = _renumbered(rows.episode(old), new, placed[-1].to_index if placed else 0, tasks)
-            at, fresh = files.place(table.nbytes)
-            if fresh:
-                if writer is not None:
-                    writer.close()
-                target = file_path(staging, DATA_DIR, at)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                writer = parquet.ParquetWriter(str(target), table.schema, compression="snappy", use_dictionary=True)
-            writer.write_table(table)
-            start = placed[-1].to_index if placed else 0
-            placed.append(_Placed(at, start, start + table.num_rows, _bookkeeping_stats(table)))
-    finally:
-        rows.close()
-        if writer is not None:
-            writer.close()
+    info = json.loads((source / INFO_FILE).read_text())
+    tasks = Tasks.read(source, [meta.column("tasks")[old].as_py() for old in order])
+    placed = write_data(source, partial, order, tasks, info, parquet)
     episodes = _placed_episodes(meta.take(order), placed)
-    _write_episodes(episodes, staging, info, parquet)
-    for directory in (DATA_DIR, EPISODES_DIR):
-        shutil.rmtree(root / directory)
-        (staging / directory).rename(root / directory)
-    shutil.rmtree(staging)
-    tasks.write(root)
+    episodes = _link_videos(source, partial, episodes, info, consume)
+    _write_episodes(episodes, partial, info, parquet)
+    tasks.write(partial)
     if records:
-        _write_records(root, [records[old] for old in order])
+        _write_records(partial, [records[old] for old in order])
     in_stats = [records[old].get("in_stats") is not False for old in order] if records else [True] * len(order)
-    write_stats(_folded_stats(episodes, in_stats), root)
+    write_stats(_folded_stats(episodes, in_stats), partial)
+    _keep_the_rest(source, partial, consume)
+    partial.rename(dest)
+    if consume:
+        shutil.rmtree(source)
+
+
+def _link_videos(source: Path, partial: Path, meta: Any, info: dict[str, Any], consume: bool) -> Any:
+    """Each camera's video files, numbered in the order of the last episode each holds.
+
+    lerobot appends a resumed dataset's next episode to the file of its last episode, or to the file
+    numbered after it: that must be the highest-numbered file, or the append overwrites another
+    episode's video."""
+    import pyarrow as pa
+
+    arrow: Any = pa
+    chunk_size = int(info["chunks_size"])
+    videos = [name for name, spec in info["features"].items() if spec.get("dtype") == "video"]
+    for key in videos:
+        chunk_column, file_column = f"videos/{key}/chunk_index", f"videos/{key}/file_index"
+        held = list(zip(meta.column(chunk_column).to_pylist(), meta.column(file_column).to_pylist(), strict=True))
+        last = {at: episode for episode, at in enumerate(held)}
+        renamed = {at: divmod(number, chunk_size) for number, at in enumerate(sorted(last, key=last.__getitem__))}
+        for old, new in renamed.items():
+            target = partial / _video_path(info, key, new)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _keep(source / _video_path(info, key, old), target, consume)
+        for column, part in ((chunk_column, 0), (file_column, 1)):
+            position = meta.schema.get_field_index(column)
+            numbers: list[int] = [renamed[at][part] for at in held]
+            meta = meta.set_column(position, meta.schema.field(position), arrow.array(numbers, pa.int64()))
+    return meta
+
+
+def _video_path(info: dict[str, Any], key: str, at: ChunkFile) -> str:
+    return str(info["video_path"]).format(video_key=key, chunk_index=at[0], file_index=at[1])
+
+
+def _keep_the_rest(source: Path, partial: Path, consume: bool) -> None:
+    """Every file of ``source`` the layout does not write itself (``info.json``, anything lerobot adds)."""
+    written = {DATA_DIR, EPISODES_DIR, "videos", TASKS_FILE, STATS_FILE, EPISODES_SIDECAR}
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if path.is_file() and not any(relative.is_relative_to(w) for w in written):
+            target = partial / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _keep(path, target, consume)
+
+
+def _keep(path: Path, target: Path, consume: bool) -> None:
+    """``path`` at ``target``: a hard link when the source is consumed (nothing copied), else a copy."""
+    if consume:
+        try:
+            os.link(path, target)
+            return
+        except OSError:  # another file system, or one without hard links
+            pass
+    shutil.copy2(path, target)
 
 
 def _records(root: Path) -> list[dict[str, Any]]:
@@ -154,128 +185,7 @@ def _read_episodes(root: Path, parquet: Any) -> Any:
     return arrow.concat_tables([t.replace_schema_metadata(None) for t in tables]).sort_by("episode_index")
 
 
-@dataclass
-class _Tasks:
-    """``meta/tasks.parquet`` renumbered: tasks in the order of their first episode, unused ones after."""
-
-    frame: Any
-    new_index: dict[int, int]
-
-    @classmethod
-    def read(cls, root: Path, episode_tasks: Sequence[Sequence[str]]) -> _Tasks:
-        import pandas as pd
-
-        old: Any = pd.read_parquet(root / TASKS_FILE)
-        named = {str(task): int(index) for task, index in zip(old.index, old["task_index"], strict=True)}
-        ordered = list(dict.fromkeys([t for tasks in episode_tasks for t in tasks if t in named] + list(named)))
-        frame: Any = pd.DataFrame({"task_index": range(len(ordered))}, index=pd.Index(ordered, name="task"))
-        return cls(frame, {named[task]: new for new, task in enumerate(ordered)})
-
-    def write(self, root: Path) -> None:
-        self.frame.to_parquet(root / TASKS_FILE)
-
-    def renumber(self, old: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype[np.int64]]:
-        lookup = np.full(max(self.new_index) + 1, -1, dtype=np.int64)
-        lookup[list(self.new_index)] = list(self.new_index.values())
-        return lookup[old]
-
-
-class _EpisodeRows:
-    """Reads one episode's data rows at a time from the merged files, wherever they lie.
-
-    One file is open at a time (an eval's episodes mostly come in runs from the same part), so a merge
-    of thousands of parts never holds thousands of open files."""
-
-    def __init__(self, files: list[Path], parquet: Any) -> None:
-        self._parquet = parquet
-        self._paths = files
-        self._open: tuple[int, Any] | None = None
-        self._where: dict[int, list[tuple[int, int]]] = {}
-        for number in range(len(files)):
-            source = self._file(number)
-            for group in range(source.num_row_groups):
-                labels: np.ndarray[Any, np.dtype[np.int64]] = (
-                    source.read_row_group(group, columns=["episode_index"]).column(0).to_numpy()
-                )
-                for episode in np.unique(labels).tolist():
-                    self._where.setdefault(int(episode), []).append((number, group))
-
-    def episode(self, index: int) -> Any:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        arrow: Any = pa
-        compute: Any = pc
-        pieces: list[Any] = []
-        for number, group in self._where.get(index, []):
-            table = self._file(number).read_row_group(group)
-            pieces.append(table.filter(compute.equal(table.column("episode_index"), index)))
-        if not pieces:
-            raise DatasetWriteError(f"episode {index} has no data rows")
-        return arrow.concat_tables(pieces)
-
-    def _file(self, number: int) -> Any:
-        if self._open is None or self._open[0] != number:
-            self.close()
-            self._open = (number, self._parquet.ParquetFile(self._paths[number]))
-        return self._open[1]
-
-    def close(self) -> None:
-        if self._open is not None:
-            self._open[1].close()
-            self._open = None
-
-
-def _renumbered(table: Any, episode: int, first_index: int, tasks: _Tasks) -> Any:
-    import pyarrow as pa
-
-    rows: int = table.num_rows
-    values: dict[str, np.ndarray[Any, np.dtype[np.int64]]] = {
-        "episode_index": np.full(rows, episode, dtype=np.int64),
-        "index": np.arange(first_index, first_index + rows, dtype=np.int64),
-        "task_index": tasks.renumber(table.column("task_index").to_numpy()),
-    }
-    for name, column in values.items():
-        position = table.schema.get_field_index(name)
-        table = table.set_column(position, table.schema.field(position), pa.array(column, type=pa.int64()))
-    return table
-
-
-class _Rotation:
-    """lerobot's file and chunk numbering: a new file when the next episode would fill this one."""
-
-    def __init__(self, max_mb: float, chunk_size: int) -> None:
-        self._max_bytes = max_mb * 1024**2
-        self._chunk_size = chunk_size
-        self._at: ChunkFile | None = None
-        self._bytes = 0
-
-    def place(self, size: int) -> tuple[ChunkFile, bool]:
-        """The file that takes an episode of ``size`` bytes, and whether it is a new one."""
-        fresh = self._at is None or self._bytes + size >= self._max_bytes
-        if self._at is None:
-            self._at = (0, 0)
-        elif fresh:
-            chunk, index = self._at
-            self._at = (chunk + 1, 0) if index == self._chunk_size - 1 else (chunk, index + 1)
-        self._bytes = size if fresh else self._bytes + size
-        return self._at, fresh
-
-
-@dataclass(frozen=True)
-class _Placed:
-    at: ChunkFile
-    from_index: int
-    to_index: int
-    stats: Stats = field(default_factory=dict[str, dict[str, Any]])
-
-
-def _bookkeeping_stats(table: Any) -> Stats:
-    features = {name: {"dtype": "int64", "shape": (1,), "names": None} for name in RENUMBERED_COLUMNS}
-    return episode_stats({name: table.column(name).to_numpy() for name in RENUMBERED_COLUMNS}, features)
-
-
-def _placed_episodes(meta: Any, placed: list[_Placed]) -> Any:
+def _placed_episodes(meta: Any, placed: list[Placed]) -> Any:
     """``meta/episodes`` rows in their new order, pointing at the rows' new places."""
     import pyarrow as pa
 
@@ -299,7 +209,10 @@ def _placed_episodes(meta: Any, placed: list[_Placed]) -> Any:
 
 
 def _write_episodes(meta: Any, staging: Path, info: dict[str, Any], parquet: Any) -> None:
-    """The episodes' rows in files of at most ``data_files_size_in_mb`` (at least one row each)."""
+    """The episodes' rows in files of at most ``data_files_size_in_mb`` (at least one row each).
+
+    The dataset's own limit rather than lerobot's fixed 100 MB for metadata: one file either way for
+    any eval of fewer than tens of thousands of episodes, and a limit the dataset states."""
     import pyarrow as pa
 
     per_row = max(1, meta.nbytes // max(1, meta.num_rows))
@@ -324,19 +237,29 @@ def _write_episodes(meta: Any, staging: Path, info: dict[str, Any], parquet: Any
 
 def _folded_stats(meta: Any, in_stats: list[bool]) -> Stats:
     """Each feature's stats over the episodes that count, folded episode by episode in dataset order."""
-    names = [c for c in meta.column_names if c.startswith(_STATS_PREFIX)]
+    columns = {name: _stats_array(meta.column(name)) for name in meta.column_names if name.startswith(_STATS_PREFIX)}
     stats: Stats | None = None
-    for row, counted in zip(_stats_rows(meta, names), in_stats, strict=True):
-        if counted:
-            stats = row if stats is None else aggregate_stats([stats, row])
+    for row, counted in enumerate(in_stats):
+        if not counted:
+            continue
+        one: Stats = {}
+        for name, values in columns.items():
+            feature, stat = name.removeprefix(_STATS_PREFIX).rsplit("/", 1)
+            one.setdefault(feature, {})[stat] = values[row]
+        stats = one if stats is None else aggregate_stats([stats, one])
     return {name: (stats or {})[name] for name in sorted(stats or {})}
 
 
-def _stats_rows(meta: Any, names: list[str]) -> Iterator[Stats]:
-    columns = {name: meta.column(name).to_pylist() for name in names}
-    for row in range(meta.num_rows):
-        one: Stats = {}
-        for name in names:
-            feature, stat = name.removeprefix(_STATS_PREFIX).rsplit("/", 1)
-            one.setdefault(feature, {})[stat] = np.asarray(columns[name][row])
-        yield one
+def _stats_array(column: Any) -> np.ndarray[Any, Any]:
+    """A per-episode stats column (nested lists, one per episode) as one array of ``(episodes, *shape)``,
+    read without a Python object per value."""
+    import pyarrow as pa
+
+    arrow: Any = pa
+    values: Any = column.combine_chunks()
+    rows: int = len(values)
+    shape = np.asarray(values[0].as_py()).shape if rows else ()
+    while arrow.types.is_list(values.type) or arrow.types.is_fixed_size_list(values.type):
+        values = values.flatten()
+    flat: np.ndarray[Any, Any] = values.to_numpy(zero_copy_only=False)
+    return flat.reshape(rows, *shape)

@@ -100,10 +100,10 @@ def _parquet_rows(directory: Path) -> int:
 def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single: bool = False) -> MergeResult:
     """Merge dataset parts into ``dest`` (which must not exist).
 
-    One readable part is copied (or renamed, with ``move_single``, when it lives on the same file
-    system and may be consumed); several are aggregated by lerobot. Either way the episodes are then
-    laid out in canonical order. The result is checked: its episode and frame counts must be the sum
-    of the parts'.
+    One readable part is laid out into ``dest`` in canonical order; several are aggregated by lerobot
+    beside ``dest`` first. A part is never changed; with ``move_single`` a single part is consumed
+    (its videos hard-linked, not copied, and the part removed once ``dest`` is in place). The result
+    is checked: its episode and frame counts must be the sum of the parts'.
     """
     dest = Path(dest)
     if dest.exists():
@@ -111,7 +111,7 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     usable: list[Path] = []
     metas: list[_PartCounts] = []
     skipped: list[tuple[Path, str]] = []
-    for part in (Path(p) for p in parts):  # in the order given: the merged episodes' order
+    for part in (Path(p) for p in parts):
         if _episodes_in(part) == 0:
             skipped.append((part, "no episodes"))
             continue
@@ -129,23 +129,22 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     expected_frames = sum(m.frames for m in metas)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if len(usable) == 1:
-        if move_single:
-            usable[0].rename(dest)
-        else:
-            shutil.copytree(usable[0], dest)
+        lay_out_canonically(usable[0], dest, consume=move_single)
     else:
         from lerobot.datasets.aggregate import aggregate_datasets
 
+        aggregated = dest.parent / f".{dest.name}.aggregated"
+        shutil.rmtree(aggregated, ignore_errors=True)
         with quiet_aggregation():
             aggregate_datasets(
                 repo_ids=[repo_id] * len(usable),
                 aggr_repo_id=repo_id,
                 roots=list(usable),
-                aggr_root=dest,
+                aggr_root=aggregated,
                 concatenate_data=False,  # laid out below, without re-reading what was merged so far
             )
-        _merge_sidecars(usable, [m.episodes for m in metas], dest)
-    lay_out_canonically(dest)
+        merge_sidecars(usable, [m.episodes for m in metas], aggregated)
+        lay_out_canonically(aggregated, dest, consume=True)
     info = json.loads((dest / INFO_FILE).read_text())
     if (info.get("total_episodes"), info.get("total_frames")) != (expected_episodes, expected_frames):
         raise DatasetWriteError(
@@ -157,7 +156,8 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
     )
 
 
-def _merge_sidecars(parts: Sequence[Path], episode_counts: Sequence[int], dest: Path) -> None:
+def merge_sidecars(parts: Sequence[Path], episode_counts: Sequence[int], dest: Path) -> None:
+    """The parts' ``hud_episodes.jsonl`` as one, numbered as lerobot's merge numbers their episodes."""
     offset = 0
     lines: list[str] = []
     for part, count in zip(parts, episode_counts, strict=True):

@@ -18,7 +18,7 @@ Why it looks like this:
   finished episode on a bounded queue of a writer thread (``options.writers``), each writing its own
   *part* (a complete lerobot dataset under ``<root>/part-<i>``) with lerobot in this process. The
   writers take episodes in turn (the k-th to end goes to writer k mod writers), never whichever is
-  free first: a part holds the same episodes on every run, and so does the merged dataset. (A child
+  free first, so a part holds the same episodes on every run. (A child
   process per part was measured too and never paid for its start-up, pipe and merge:
   ``bench/dataset.md``.) The queue bounds keep memory flat whatever the number of episodes: at most
   slots x episode length frames plus ``queued_episodes`` finished episodes (at least one per writer)
@@ -26,8 +26,9 @@ Why it looks like this:
 - **finalize always runs.** Each writer finalizes its part when the sink closes, when the writer
   fails, and when the program's main thread ends without closing it. Writers are not daemon
   threads, so an interrupt in the caller still lets them finish the part they hold.
-- Episodes of one part keep their end order; several parts are merged in part order
-  (:mod:`.merge`), and ``meta/hud_episodes.jsonl`` maps every episode back to its ``EpisodeKey``.
+- Episodes of one part keep their end order; publishing merges the parts and lays the episodes out
+  by task, then seed (:mod:`.merge`, :mod:`.canonical`), so the dataset is the same whatever the
+  writers and slots, and ``meta/hud_episodes.jsonl`` maps every episode back to its ``EpisodeKey``.
 """
 
 from __future__ import annotations

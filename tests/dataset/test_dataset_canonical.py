@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from hud_pipelines.dataset.merge import find_parts, merge_parts, read_episode_records
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
-from hud_pipelines.recording.events import EpisodeKey, EpisodeStatus
+from hud_pipelines.recording.events import EpisodeKey, EpisodeStatus, Frame
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions
 from tests.dataset.support import SPEC, check_episodes, frame, load, outcome
 
 REPO_ID = "local/ordered"
@@ -100,3 +103,106 @@ def test_a_single_part_is_laid_out_in_the_same_order(tmp_path: Path) -> None:
     assert check_episodes(dataset) == [STEPS] * 4
     slots = dataset.hf_dataset.with_format("numpy")[:]["observation.state"][:, 0]
     np.testing.assert_array_equal(slots, np.repeat([2, 0, 3, 1], STEPS))
+
+
+def test_one_part_and_several_give_the_same_files(tmp_path: Path) -> None:
+    """A single part holds lerobot's writer's schema, lerobot's merge of several its round trip through pandas:
+    the layout writes both in the writer's."""
+    episodes = [episode for shard in PARTS.values() for episode in shard]
+    write_shards(tmp_path / "two")
+    with LeRobotDatasetSink(SPEC, tmp_path / "one" / "only", fps=10) as sink:
+        for slot, (task, seed) in enumerate(episodes):
+            key = EpisodeKey(job="unit", task=task, instance=0, slot=slot, episode=0, seed=seed)
+            sink.begin(key, f"task {task}")
+            for step in range(STEPS):
+                sink.add(key, frame(-1 if seed is None else seed, step, last=step == STEPS - 1))
+            sink.end(key, outcome(EpisodeStatus.SUCCEEDED, STEPS))
+    several = merge_parts(find_parts([tmp_path / "two"]), tmp_path / "several", repo_id=REPO_ID).root
+    single = merge_parts(find_parts([tmp_path / "one"]), tmp_path / "single", repo_id=REPO_ID).root
+
+    assert files_of(single) == files_of(several)
+
+
+def test_an_interrupted_layout_leaves_the_part_whole_and_no_dataset(tmp_path: Path, monkeypatch: Any) -> None:
+    """With ``move_single`` the part is consumed: a layout that stopped half-way (a SIGTERM raised in it) must
+    leave it as it was, since it is the only copy of its episodes, and a second publish must work."""
+    from hud_pipelines.dataset import canonical
+
+    (part,) = write_shards(tmp_path / "shards")[:1]
+    before = files_of(part)
+
+    def stopped(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(canonical, "write_stats", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            merge_parts([part], tmp_path / "merged", repo_id=REPO_ID, move_single=True)
+    assert not (tmp_path / "merged").exists()
+    assert files_of(part) == before
+
+    merged = merge_parts([part], tmp_path / "merged", repo_id=REPO_ID, move_single=True)
+    assert check_episodes(load(merged.root)) == [STEPS] * 4
+    assert not part.exists()
+    assert not list(tmp_path.glob(".merged*")), "nothing half-written is left beside the dataset"
+
+
+def test_lerobot_appends_to_a_laid_out_video_dataset_without_overwriting_an_episode(tmp_path: Path) -> None:
+    """The canonically last episode can lie in the first video file: lerobot's resume writes the next episode
+    into the file after the last episode's, which held other episodes, until the files are numbered by the last
+    episode each holds."""
+    from lerobot.configs import RGBEncoderConfig
+    from lerobot.datasets.aggregate import aggregate_datasets
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from hud_pipelines.dataset.canonical import lay_out_canonically
+    from hud_pipelines.dataset.merge import merge_sidecars, quiet_aggregation
+    from tests.dataset.test_dataset_merge_memory import camera_contract
+
+    shards = {"a": [9, 1], "b": [2, 3]}  # seed 9, laid out last, is in the first part: the first video file
+    options = DatasetOptions(cameras=CameraStorage.VIDEO)
+    for instance, (shard, seeds) in enumerate(shards.items()):
+        with LeRobotDatasetSink(camera_contract(), tmp_path / shard, options=options) as sink:
+            for slot, seed in enumerate(seeds):
+                key = EpisodeKey(job="unit", task=0, instance=instance, slot=slot, episode=0, seed=seed)
+                sink.begin(key, "look")
+                for step in range(STEPS):
+                    observation = {"front": _pixels(seed), "pos": np.array([seed, step], dtype=np.float32)}
+                    last = step == STEPS - 1
+                    sink.add(key, Frame(step, observation, np.zeros(1, np.float32), 0.0, last, False, last))
+                sink.end(key, outcome(EpisodeStatus.SUCCEEDED, STEPS))
+    parts = find_parts([tmp_path / shard for shard in shards])
+    with quiet_aggregation():  # a video file per part, as a dataset past the video file size has
+        aggregate_datasets(
+            [REPO_ID] * 2, REPO_ID, roots=parts, aggr_root=tmp_path / "aggr", video_files_size_in_mb=1e-6
+        )
+    merge_sidecars(parts, [2, 2], tmp_path / "aggr")
+    lay_out_canonically(tmp_path / "aggr", tmp_path / "merged", consume=True)
+
+    h264 = RGBEncoderConfig(vcodec="h264", preset="ultrafast")  # the sink's codec, as the files are
+    resumed = LeRobotDataset.resume(REPO_ID, root=tmp_path / "merged", rgb_encoder=h264)
+    for step in range(STEPS):
+        resumed.add_frame(
+            {
+                "observation.images.front": _pixels(77),
+                "observation.state": np.array([77, step], dtype=np.float32),
+                "action": np.zeros(1, np.float32),
+                "next.reward": np.zeros(1, np.float32),
+                "next.done": np.array([step == STEPS - 1]),
+                "next.success": np.array([False]),
+                "task": "look",
+            }
+        )
+    resumed.save_episode()
+    resumed.finalize()
+
+    dataset = load(tmp_path / "merged")
+    assert dataset.num_episodes == 5
+    for index in range(dataset.num_frames):
+        item = dataset[index]
+        seed = int(item["observation.state"][0])
+        assert abs(float(item["observation.images.front"].mean()) - _pixels(seed)[0, 0, 0] / 255) < 3 / 255, index
+
+
+def _pixels(seed: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    return np.full((8, 8, 3), seed * 3 + 5, dtype=np.uint8)
