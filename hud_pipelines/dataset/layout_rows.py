@@ -78,6 +78,8 @@ def write_data(
 
 
 def data_schema(info: dict[str, Any]) -> Any:
+    """The arrow schema lerobot's writer gives the data of these features (its ``get_hf_features_from_features``,
+    with the shapes as tuples, as lerobot holds them in memory: ``info.json`` spells them as lists)."""
     from lerobot.datasets import feature_utils
 
     lerobot_features: Any = feature_utils

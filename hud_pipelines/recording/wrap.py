@@ -27,7 +27,8 @@ writing no dataset is held weakly meanwhile: dropped unclosed, it is let go (its
 any dropped file does, with Python's ``ResourceWarning``). Only the process that made it runs it. It runs
 before Python joins the remaining threads (``threading``'s own exit hooks), while the dataset writers
 still take work; publishing then starts no thread (Python refuses new threads at exit): a ``wrap()``
-dataset is one part, which is checked from its files and renamed into place. The env itself is not
+dataset is one part, which is checked from its files and laid out by task and seed with pyarrow (no Python
+thread; ``test_an_unclosed_wrap_dataset_is_published_at_exit``). The env itself is not
 closed. Nothing runs on ``os._exit``, SIGKILL or an unhandled SIGTERM: then the finalized parts of the
 episodes already written stay in the dataset's staging directory (``.<name>.staging-*``), unpublished.
 """

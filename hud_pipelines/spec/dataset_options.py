@@ -47,8 +47,7 @@ class DatasetOptions(StrictModel):
     writers: Count = Field(
         default=1,
         le=32,
-        description="writer threads per shard; each owns one part of the shard, so parts are written in parallel; "
-        "merging the parts puts the episodes in one order (by task, then seed), whatever the writers",
+        description="writer threads per shard, each writing its own part; the merge orders episodes by task, then seed",
     )
     queued_episodes: Count = Field(
         default=4, description="finished episodes that may wait for a writer before end() blocks (bounds memory)"
