@@ -322,9 +322,10 @@ def _dataset_files(evaluation: Evaluation) -> dict[str, bytes]:
 
 
 def test_the_same_seeds_publish_the_same_dataset_files_whatever_num_envs_and_writers(tmp_path: Path) -> None:
-    """Twelve seeds on sims of four slots and of three, written by one writer per shard and by two: the episodes
-    came in the order they ended in each instance and part, so ``episode_index``, ``index``, the files and the last
-    bits of the stats changed with the schedule while every seed's frames were the same."""
+    """Two tasks' twelve seeds each on sims of four slots and of three, written by one writer per shard and by two,
+    one instance at a time and three: the episodes came in the order they ended in each instance and part, so
+    ``episode_index``, ``index``, the files and the last bits of the stats changed with the schedule while every
+    seed's frames were the same."""
     tasks = [{"name": "balance", "seed": 7}, {"name": "again", "seed": 100, "prompt": "balance again"}]
     path = _pipeline(tmp_path, "ordered", {"kind": "random", "seed": 3}, tasks=tasks)
     text = json.loads(path.read_text())
