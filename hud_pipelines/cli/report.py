@@ -93,7 +93,7 @@ def _outdated_dataset(spec: PipelineSpec, outputs: EvalOutputs, now: CurrentBy, 
     """Where the published dataset (a sweep's: each checkpoint's) holds episodes the grades no longer count (the
     configuration changed since the run that published it, or a later run's blocking check held its dataset back):
     ``report`` writes no dataset. ``None`` where none does."""
-    from hud_pipelines.dataset.merge import read_episode_records
+    from hud_pipelines.dataset.part import read_episode_records
     from hud_pipelines.eval.publishing import member_dataset
     from hud_pipelines.eval.rows import collect_rows, sweep_members
 

@@ -51,10 +51,11 @@ from hud_pipelines.dataset.layout_rows import (
     Tasks,
     file_path,
     parquet_files,
+    with_column,
     write_data,
 )
 from hud_pipelines.dataset.lerobot_api import Stats, aggregate_stats, write_stats
-from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE
+from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE, read_episode_records
 from hud_pipelines.errors import DatasetWriteError
 
 EPISODES_DIR = "meta/episodes"
@@ -115,9 +116,6 @@ def _link_videos(source: Path, partial: Path, meta: Any, info: dict[str, Any], c
     lerobot appends a resumed dataset's next episode to the file of its last episode, or to the file
     numbered after it: that must be the highest-numbered file, or the append overwrites another
     episode's video."""
-    import pyarrow as pa
-
-    arrow: Any = pa
     chunk_size = int(info["chunks_size"])
     videos = [name for name, spec in info["features"].items() if spec.get("dtype") == "video"]
     for key in videos:
@@ -130,9 +128,7 @@ def _link_videos(source: Path, partial: Path, meta: Any, info: dict[str, Any], c
             target.parent.mkdir(parents=True, exist_ok=True)
             _keep(source / _video_path(info, key, old), target, consume)
         for column, part in ((chunk_column, 0), (file_column, 1)):
-            position = meta.schema.get_field_index(column)
-            numbers: list[int] = [renamed[at][part] for at in held]
-            meta = meta.set_column(position, meta.schema.field(position), arrow.array(numbers, pa.int64()))
+            meta = with_column(meta, column, [renamed[at][part] for at in held])
     return meta
 
 
@@ -163,11 +159,7 @@ def _keep(path: Path, target: Path, consume: bool) -> None:
 
 
 def _records(root: Path) -> list[dict[str, Any]]:
-    sidecar = root / EPISODES_SIDECAR
-    if not sidecar.is_file():
-        return []
-    records = [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]
-    return sorted(records, key=lambda r: int(r["episode_index"]))
+    return sorted(read_episode_records(root), key=lambda r: int(r["episode_index"]))
 
 
 def _write_records(root: Path, records: list[dict[str, Any]]) -> None:
@@ -187,8 +179,6 @@ def _read_episodes(root: Path, parquet: Any) -> Any:
 
 def _placed_episodes(meta: Any, placed: list[Placed]) -> Any:
     """``meta/episodes`` rows in their new order, pointing at the rows' new places."""
-    import pyarrow as pa
-
     columns: dict[str, list[Any]] = {
         "episode_index": list(range(len(placed))),
         "data/chunk_index": [p.at[0] for p in placed],
@@ -200,11 +190,7 @@ def _placed_episodes(meta: Any, placed: list[Placed]) -> Any:
         for stat in placed[0].stats[name] if placed else {}:
             columns[f"{_STATS_PREFIX}{name}/{stat}"] = [p.stats[name][stat].tolist() for p in placed]
     for name, values in columns.items():
-        position = meta.schema.get_field_index(name)
-        if position >= 0:
-            meta = meta.set_column(
-                position, meta.schema.field(position), pa.array(values, meta.schema.field(position).type)
-            )
+        meta = with_column(meta, name, values)
     return meta
 
 
@@ -213,8 +199,6 @@ def _write_episodes(meta: Any, staging: Path, info: dict[str, Any], parquet: Any
 
     The dataset's own limit rather than lerobot's fixed 100 MB for metadata: one file either way for
     any eval of fewer than tens of thousands of episodes, and a limit the dataset states."""
-    import pyarrow as pa
-
     per_row = max(1, meta.nbytes // max(1, meta.num_rows))
     rows_per_file = max(1, int(float(info["data_files_size_in_mb"]) * 1024**2 // per_row))
     chunk_size = int(info["chunks_size"])
@@ -225,9 +209,7 @@ def _write_episodes(meta: Any, staging: Path, info: dict[str, Any], parquet: Any
         chunks.append(number // chunk_size)
         files.append(number % chunk_size)
     for name, values in (("meta/episodes/chunk_index", chunks), ("meta/episodes/file_index", files)):
-        position = meta.schema.get_field_index(name)
-        if position >= 0:
-            meta = meta.set_column(position, meta.schema.field(position), pa.array(values, pa.int64()))
+        meta = with_column(meta, name, values)
     for start in range(0, meta.num_rows, rows_per_file):
         number = start // rows_per_file
         target = file_path(staging, EPISODES_DIR, (number // chunk_size, number % chunk_size))

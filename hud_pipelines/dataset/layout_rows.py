@@ -164,9 +164,20 @@ class EpisodeRows:
             self._open = None
 
 
-def renumbered(table: Any, episode: int, first_index: int, tasks: Tasks) -> Any:
+def with_column(table: Any, name: str, values: Any) -> Any:
+    """``table`` with column ``name`` holding ``values``, its field (type, metadata) kept; ``table``
+    itself when it has no such column. ``set_column`` with a bare name would drop the field's
+    metadata and infer another type, and lerobot reads both back."""
     import pyarrow as pa
 
+    position: int = table.schema.get_field_index(name)
+    if position < 0:
+        return table
+    kept = table.schema.field(position)
+    return table.set_column(position, kept, pa.array(values, kept.type))
+
+
+def renumbered(table: Any, episode: int, first_index: int, tasks: Tasks) -> Any:
     rows: int = table.num_rows
     values: dict[str, np.ndarray[Any, np.dtype[np.int64]]] = {
         "episode_index": np.full(rows, episode, dtype=np.int64),
@@ -174,8 +185,7 @@ def renumbered(table: Any, episode: int, first_index: int, tasks: Tasks) -> Any:
         "task_index": tasks.renumber(table.column("task_index").to_numpy()),
     }
     for name, column in values.items():
-        position = table.schema.get_field_index(name)
-        table = table.set_column(position, table.schema.field(position), pa.array(column, type=pa.int64()))
+        table = with_column(table, name, column)
     return table
 
 

@@ -192,11 +192,3 @@ class _SilentTqdm:
     @staticmethod
     def tqdm[T](iterable: Iterable[T], *args: object, **kwargs: object) -> Iterable[T]:
         return iterable
-
-
-def read_episode_records(root: Path) -> list[dict[str, object]]:
-    """The ``hud_episodes.jsonl`` records of a dataset (empty when it has none)."""
-    sidecar = Path(root) / EPISODES_SIDECAR
-    if not sidecar.is_file():
-        return []
-    return [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]

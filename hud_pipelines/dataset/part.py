@@ -166,6 +166,14 @@ class PartWriter:
             sidecar.write(json.dumps(line) + "\n")
 
 
+def read_episode_records(root: Path) -> list[dict[str, Any]]:
+    """The ``hud_episodes.jsonl`` records of a dataset, in file order (empty when it has none)."""
+    sidecar = Path(root) / EPISODES_SIDECAR
+    if not sidecar.is_file():
+        return []
+    return [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]
+
+
 def _restore_stats(dataset: LeRobotDataset, stats: Stats | None) -> None:
     """Undo what ``save_episode`` aggregated into ``stats.json`` from an episode kept out of the stats.
 

@@ -14,7 +14,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from hud_pipelines.dataset.lerobot_api import features_of, stats_of
-from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.dataset.writer import default_repo_id
 from hud_pipelines.recording.thumbnails import as_uint8_rgb, markdown_image, strip_png
 

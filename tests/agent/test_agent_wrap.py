@@ -21,7 +21,7 @@ from envs.vectorized import point_mass
 from hud_pipelines.agent.builtin import FunctionPolicy
 from hud_pipelines.agent.runner import RobotAgent
 from hud_pipelines.contract import load_contract
-from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.errors import ContractError, Fault, HudPipelinesError
 from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.trace_reader import read_traces

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from hud_pipelines.dataset.merge import find_parts, merge_parts, read_episode_records
+from hud_pipelines.dataset.merge import find_parts, merge_parts
+from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.recording.events import EpisodeKey, EpisodeStatus, Frame
 from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions

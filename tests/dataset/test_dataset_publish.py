@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hud_pipelines.dataset.merge import find_parts, read_episode_records
+from hud_pipelines.dataset.merge import find_parts
+from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.dataset.publish import OWNER_FILE, DatasetBuild, publish_shards, swap_in
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
 from hud_pipelines.errors import DatasetWriteError, EmptyDatasetError

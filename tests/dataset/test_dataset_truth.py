@@ -14,7 +14,7 @@ import pytest
 
 from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.features import DatasetLayout
-from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.dataset.publish import DatasetBuild, publish_shards
 from hud_pipelines.dataset.shards import ShardStore
 from hud_pipelines.dataset.sources import dataset_robot_type

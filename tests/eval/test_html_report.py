@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import steps
 from hud_pipelines.eval.checks import verdicts

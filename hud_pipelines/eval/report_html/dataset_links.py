@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hud_pipelines.dataset.merge import read_episode_records
+from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.eval.outputs import write_atomically
 
 DATASET_SCRIPT = "dataset.js"
