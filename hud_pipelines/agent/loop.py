@@ -146,9 +146,7 @@ class LockstepRun:
         slots.begin(self.prompts)
         slots.running[:] = True  # until the reply says otherwise: a slot the sim errored keeps its reason
         slots.apply_errors(observation)
-        for slot, status in enumerate(observation.status):
-            if slots.running[slot] and status != "running":
-                slots.running[slot] = False
+        slots.running &= np.array([status == "running" for status in observation.status], dtype=bool)
         for slot in np.flatnonzero(~slots.running):
             if slots.outcomes[slot] is None:
                 slots.end(int(slot), errored(f"slot is {observation.status[slot]} after reset", 0, 0.0, Fault.ENV))
@@ -156,7 +154,8 @@ class LockstepRun:
             self._start_history(observation)
         slots.report_ends()
         try:
-            self._reset_policy()
+            if slots.running.any():  # no episode started: nothing for the policy to begin, nor to fail
+                self._reset_policy()
             while slots.running.any() and self.stats.ticks < max_steps:
                 observation = self._tick(observation, max_steps)
                 slots.report_ends()

@@ -45,7 +45,9 @@ from hud_pipelines.errors import (
     WireError,
 )
 from hud_pipelines.sim.client import SimClient
+from hud_pipelines.sim.factory import EPISODIC_ARGS
 from hud_pipelines.sim.shard_naming import contract_difference, describe, instance_slots, shard_error
+from hud_pipelines.sim.tasks import build_difference
 from hud_pipelines.wire.messages import Observation, Result, SlotError
 
 RUNNING = "running"
@@ -116,6 +118,8 @@ class ShardedSim(Closeable):
             tasks = [dict(tasks) for _ in range(self.num_envs)]
         if len(tasks) != self.num_envs:
             raise SimError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
+        if (differs := build_difference([_build_part(task) for task in tasks])) is not None:
+            raise SimError(differs)  # each child would check only its own slice
         self._sent.clear()
         self._arrived.clear()
         slices = [tasks[slots.start : slots.stop] for slots in self.slots]
@@ -327,6 +331,11 @@ class ShardedSim(Closeable):
                     f"({contract_difference(first, client.contract)}): every shard of an instance must serve "
                     "the same features"
                 )
+
+
+def _build_part(task: dict[str, Any]) -> dict[str, Any]:
+    """What of a task the sim builds from: all but its episodic arguments (:meth:`Factory.split_task`)."""
+    return {key: value for key, value in task.items() if key not in EPISODIC_ARGS}
 
 
 def _outcome(result: Callable[[], Observation], exc: BaseException | None) -> Observation | BaseException:

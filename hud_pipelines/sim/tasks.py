@@ -10,7 +10,7 @@ give slots distinct seeds, and a registry id's ``vectorization_mode`` is fixed w
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -36,18 +36,27 @@ def read_tasks(
         raise TaskArgumentError(f"reset needs one task per slot: {num_envs} slots, {len(tasks)} tasks")
     split = [factory.split_task(task) for task in tasks]
     build_args = split[0][0]
-    for slot, (slot_build, _) in enumerate(split):
-        if slot_build != build_args:
-            raise TaskArgumentError(
-                f"slot {slot} asks for build arguments {slot_build}, slot 0 for {build_args}: the slots of one "
-                "sim share one build"
-            )
+    if (differs := build_difference([slot_build for slot_build, _ in split])) is not None:
+        raise TaskArgumentError(differs)
     refuse_fixed(factory, num_envs, operator_args, build_args)
     return SlotTasks(
         build_args=build_args,
         seeds=[_seed(episodic.get("seed"), slot) for slot, (_, episodic) in enumerate(split)],
         options=[_options(episodic.get("options"), slot) for slot, (_, episodic) in enumerate(split)],
     )
+
+
+def build_difference(builds: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the slots' build arguments cannot share one build (the first slot that differs), or ``None``.
+
+    Led by ``slot N: `` so that a sharded instance names its own slot numbers (:mod:`.shard_naming`)."""
+    for slot, build in enumerate(builds):
+        if build != builds[0]:
+            return (
+                f"slot {slot}: asks for build arguments {dict(build)}, the first slot for {dict(builds[0])}: the "
+                "slots of one sim share one build"
+            )
+    return None
 
 
 def refuse_fixed(

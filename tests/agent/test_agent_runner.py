@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -473,3 +474,21 @@ def test_an_env_that_reports_its_failure_scores_zero_however_long_it_ran() -> No
     assert [o.total_reward for o in outcomes] == [float(CARTPOLE_SUCCESS_STEPS)] * 2
     assert [o.status for o in outcomes] == [EpisodeStatus.FAILED] * 2
     assert [o.score for o in outcomes] == [0.0, 0.0] == graded_by_the_sim
+
+
+def test_the_policy_is_reset_only_when_an_episode_starts(sink: RecordingSink) -> None:
+    """Before, a reset that left no slot running still reset the policy, and what that reset raised was said
+    of no slot."""
+
+    class NoSlotStarts(CountdownSim):
+        def reset(self, tasks: list[dict[str, Any]]) -> Any:
+            observation = super().reset(tasks)
+            self.status = ["errored"] * self.num_envs
+            return dataclasses.replace(observation, status=list(self.status))
+
+    policy = SlotEcho(length=1)
+    _, outcomes = run(NoSlotStarts([3, 3]), policy, sink, max_steps=10)
+    assert [o.status for o in outcomes] == [EpisodeStatus.ERRORED] * 2
+    assert (policy.resets, policy.calls) == (0, [])
+    run(CountdownSim([3, 3]), policy, max_steps=10)
+    assert policy.resets == 1

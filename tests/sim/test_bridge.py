@@ -570,7 +570,7 @@ def test_unknown_or_inconsistent_task_arguments_are_refused() -> None:
         with pytest.raises(TaskArgumentError, match=r"'delay' is accepted neither by the factory faulty\(fault: str"):
             bridge.reset([{"delay": 1}, {}])
         with pytest.raises(
-            TaskArgumentError, match=re.escape("slot 1 asks for build arguments {'at_step': 3}, slot 0 for {}")
+            TaskArgumentError, match=re.escape("slot 1: asks for build arguments {'at_step': 3}, the first slot for {}")
         ):
             bridge.reset([{}, {"at_step": 3}])
         with pytest.raises(TaskArgumentError, match="one task per slot: 2 slots, 1 tasks"):

@@ -241,3 +241,16 @@ def test_a_shards_error_keeps_its_type_and_cause_so_its_fault_is_the_childs() ->
     misfit = shard_error(SimContractError("observation feature 'state' came as ..."), "shard 1", 4)
     assert fault_of(misfit) is Fault.CONTRACT
     assert str(misfit).startswith("shard 1: ")
+
+
+def test_slots_that_ask_for_other_builds_are_refused_as_one_sim_refuses_them_with_the_instances_slot() -> None:
+    """Before, each child compared only its own slice: slots 0-1 asking for one build and slots 2-3 for
+    another started two builds in one instance, which one sim of four slots refuses."""
+    settings = SimSettings(factory=FAULTY, num_envs=4)
+    tasks: list[dict[str, Any]] = [{"seed": 0}, {"seed": 1}, {"seed": 2, "at_step": 3}, {"seed": 3, "at_step": 3}]
+    said = "slot 2: asks for build arguments {'at_step': 3}, the first slot for {}"
+    for shards in (1, 2):
+        with SimPool(dataclasses.replace(settings, shards=shards)) as pool, pool.sim() as live:
+            with pytest.raises(SimError, match=re.escape(said)):
+                live.client.reset(tasks)
+            assert [o.tolist() for o in live.client.reset([{"seed": s} for s in range(4)]).observation.values()]
