@@ -15,17 +15,17 @@ from several runs, each its own job.
   ``task_index`` are renumbered; tasks are numbered in the order of their first episode. A new file
   starts when the next episode would take the current one to ``data_files_size_in_mb`` of arrow
   bytes, and a new chunk every ``chunks_size`` files.
-- **``meta/episodes`` rows** move with their episodes. Their video timestamps are kept (a frame is
-  found by file and timestamp, not by position); each camera's video files are numbered by the last
-  episode they hold, so lerobot's resume appends after them. The per-episode stats of the renumbered
+- **``meta/episodes`` rows** move with their episodes. The per-episode stats of the renumbered
   columns are recomputed.
+- **Video files**: each camera's episodes are copied (their packets, not decoded) into new files in
+  that order, rotated at ``video_files_size_in_mb`` (:mod:`.layout_videos`); ``meta/episodes`` says
+  where each now lies. The last episode is in the last file, so lerobot's resume appends after it.
 - **``stats.json``** is folded from the per-episode stats in that order, as lerobot's
   ``save_episode`` folds them. Episodes kept out of the stats (errored, or holding NaN) are left
   out.
 
-The same pipeline and seeds give byte-equal data files, episodes metadata (but its video columns),
-tasks and stats however they were scheduled. Video files hold the same frames for each episode, but
-in the order the merge met them, so where each episode lies in them differs.
+The same pipeline and seeds give byte-equal data files, episodes metadata, tasks, stats and video
+files however they were scheduled.
 
 It writes a new dataset beside the source and renames it into place, so an interrupt never leaves
 a half-ordered dataset, and a part being consumed stays whole until the result is in place.
@@ -54,6 +54,7 @@ from hud_pipelines.dataset.layout_rows import (
     with_column,
     write_data,
 )
+from hud_pipelines.dataset.layout_videos import EpisodeVideo, remux_in_order
 from hud_pipelines.dataset.lerobot_api import Stats, aggregate_stats, write_stats
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE, read_episode_records
 from hud_pipelines.errors import DatasetWriteError
@@ -80,7 +81,7 @@ def lay_out_canonically(source: Path, dest: Path, *, consume: bool) -> None:
 
     Everything is written beside ``dest`` first and renamed into place at the end, and ``source`` is
     left whole until then: an interrupted layout leaves the source as it was, never a half-ordered
-    dataset. With ``consume`` the files kept as they are (videos, ``info.json``) are hard-linked rather
+    dataset. With ``consume`` the files kept as they are (``info.json``, anything lerobot adds) are hard-linked rather
     than copied, where the file system allows, and ``source`` is removed once ``dest`` is in place.
     """
     import pyarrow.parquet as pq
@@ -97,7 +98,7 @@ def lay_out_canonically(source: Path, dest: Path, *, consume: bool) -> None:
     tasks = Tasks.read(source, [meta.column("tasks")[old].as_py() for old in order])
     placed = write_data(source, partial, order, tasks, info, parquet)
     episodes = _placed_episodes(meta.take(order), placed)
-    episodes = _link_videos(source, partial, episodes, info, consume)
+    episodes = _remux_videos(source, partial, episodes, info)
     _write_episodes(episodes, partial, info, parquet)
     tasks.write(partial)
     if records:
@@ -110,25 +111,29 @@ def lay_out_canonically(source: Path, dest: Path, *, consume: bool) -> None:
         shutil.rmtree(source)
 
 
-def _link_videos(source: Path, partial: Path, meta: Any, info: dict[str, Any], consume: bool) -> Any:
-    """Each camera's video files, numbered in the order of the last episode each holds.
-
-    lerobot appends a resumed dataset's next episode to the file of its last episode, or to the file
-    numbered after it: that must be the highest-numbered file, or the append overwrites another
-    episode's video."""
-    chunk_size = int(info["chunks_size"])
+def _remux_videos(source: Path, partial: Path, meta: Any, info: dict[str, Any]) -> Any:
+    """Each camera's episodes re-muxed in dataset order (:mod:`.layout_videos`), ``meta``'s video columns
+    pointing at where they now lie."""
     videos = [name for name, spec in info["features"].items() if spec.get("dtype") == "video"]
     for key in videos:
-        chunk_column, file_column = f"videos/{key}/chunk_index", f"videos/{key}/file_index"
-        held = list(zip(meta.column(chunk_column).to_pylist(), meta.column(file_column).to_pylist(), strict=True))
-        last = {at: episode for episode, at in enumerate(held)}
-        renamed = {at: divmod(number, chunk_size) for number, at in enumerate(sorted(last, key=last.__getitem__))}
-        for old, new in renamed.items():
-            target = partial / _video_path(info, key, new)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _keep(source / _video_path(info, key, old), target, consume)
-        for column, part in ((chunk_column, 0), (file_column, 1)):
-            meta = with_column(meta, column, [renamed[at][part] for at in held])
+        columns = {
+            part: f"videos/{key}/{part}" for part in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+        }
+        chunks, files, starts, ends = (meta.column(column).to_pylist() for column in columns.values())
+        episodes = [
+            EpisodeVideo(source / _video_path(info, key, (chunk, file)), start, end)
+            for chunk, file, start, end in zip(chunks, files, starts, ends, strict=True)
+        ]
+        placed = remux_in_order(
+            episodes,
+            lambda at, key=key: partial / _video_path(info, key, at),
+            max_mb=float(info["video_files_size_in_mb"]),
+            chunk_size=int(info["chunks_size"]),
+        )
+        meta = with_column(meta, columns["chunk_index"], [p.at[0] for p in placed])
+        meta = with_column(meta, columns["file_index"], [p.at[1] for p in placed])
+        meta = with_column(meta, columns["from_timestamp"], [p.from_timestamp for p in placed])
+        meta = with_column(meta, columns["to_timestamp"], [p.to_timestamp for p in placed])
     return meta
 
 

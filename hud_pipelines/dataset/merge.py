@@ -102,7 +102,7 @@ def merge_parts(parts: Sequence[Path], dest: Path, *, repo_id: str, move_single:
 
     One readable part is laid out into ``dest`` in canonical order; several are aggregated by lerobot
     beside ``dest`` first. A part is never changed; with ``move_single`` a single part is consumed
-    (its videos hard-linked, not copied, and the part removed once ``dest`` is in place). The result
+    (removed once ``dest`` is in place). The result
     is checked: its episode and frame counts must be the sum of the parts'.
     """
     dest = Path(dest)

@@ -8,6 +8,7 @@ first episode, every row pointing at its own episode's task string and values.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +208,60 @@ def test_lerobot_appends_to_a_laid_out_video_dataset_without_overwriting_an_epis
 
 def _pixels(seed: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return np.full((8, 8, 3), seed * 3 + 5, dtype=np.uint8)
+
+
+def test_video_files_rotate_at_the_datasets_size_each_episode_in_order_and_decoding_to_its_own_frames(
+    tmp_path: Path,
+) -> None:
+    """Each camera's episodes are re-muxed in dataset order: a file holds consecutive episodes, each starting where
+    the one before it ended, and a new file starts when the next episode would take it to the dataset's
+    ``video_files_size_in_mb``."""
+    from tests.dataset.test_dataset_merge_memory import camera_contract
+
+    seeds = [5, 3, 4, 0, 2, 1]
+    options = DatasetOptions(cameras=CameraStorage.VIDEO)
+    with LeRobotDatasetSink(camera_contract(), tmp_path / "part", options=options) as sink:
+        for slot, seed in enumerate(seeds):
+            key = EpisodeKey(job="unit", task=0, instance=0, slot=slot, episode=0, seed=seed)
+            sink.begin(key, "look")
+            for step in range(STEPS):
+                observation = {"front": _pixels(seed), "pos": np.array([seed, step], dtype=np.float32)}
+                last = step == STEPS - 1
+                sink.add(key, Frame(step, observation, np.zeros(1, np.float32), 0.0, last, False, last))
+            sink.end(key, outcome(EpisodeStatus.SUCCEEDED, STEPS))
+    [part] = find_parts([tmp_path / "part"])
+    info_path = part / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    episode_mb = sum(p.stat().st_size for p in (part / "videos").rglob("*.mp4")) / len(seeds) / 1024**2
+    info["video_files_size_in_mb"] = 2.5 * episode_mb  # two or three episodes a file
+    info_path.write_text(json.dumps(info))
+
+    merged = merge_parts([part], tmp_path / "merged", repo_id=REPO_ID).root
+    [meta_file] = (merged / "meta" / "episodes").rglob("*.parquet")
+    columns = pq.read_table(meta_file).to_pydict()
+    column = "videos/observation.images.front/{}".format
+    files = list(zip(columns[column("chunk_index")], columns[column("file_index")], strict=True))
+    starts, ends = columns[column("from_timestamp")], columns[column("to_timestamp")]
+    assert files == sorted(files)
+    assert 1 < len(set(files)) < len(seeds), files
+    for episode in range(len(seeds)):
+        continues = episode > 0 and files[episode] == files[episode - 1]
+        assert starts[episode] == (ends[episode - 1] if continues else 0.0), (episode, starts, ends)
+        assert ends[episode] - starts[episode] == pytest.approx(STEPS / info["fps"])
+    videos = sorted((merged / "videos").rglob("*.mp4"))
+    assert len(videos) == len(set(files))
+    dataset = load(merged)
+    assert [int(dataset[i]["observation.state"][0]) for i in range(0, dataset.num_frames, STEPS)] == sorted(seeds)
+    for index in range(dataset.num_frames):
+        item = dataset[index]
+        seed = int(item["observation.state"][0])
+        assert abs(float(item["observation.images.front"].mean()) - _pixels(seed)[0, 0, 0] / 255) < 3 / 255, index
+    from hud_pipelines.dataset.layout_videos import EpisodeVideo, remux_in_order
+    from hud_pipelines.errors import DatasetWriteError
+
+    with pytest.raises(
+        DatasetWriteError, match=rf"{re.escape(str(videos[0]))}: no key frame starts the episode at 100"
+    ):
+        remux_in_order(
+            [EpisodeVideo(videos[0], 100.0, 100.5)], lambda at: tmp_path / f"{at}.mp4", max_mb=1, chunk_size=9
+        )

@@ -235,15 +235,21 @@ def test_camera_frames_decode_the_same_under_any_schedule(tmp_path: Path) -> Non
     sim, dataset = {**text["sim"], "num_envs": 4}, {**text["dataset"], "writers": 2}
     one_sim.write_text(json.dumps({**text, "sim": sim, "group": 1, "dataset": dataset}))
     decoded = []
+    published: list[dict[str, bytes]] = []
     for i, (concurrent, ahead, pipeline) in enumerate([(1, 0, path), (2, 8, path), (1, 0, one_sim)]):
         run = _run(pipeline, tmp_path / f"out{i}", max_concurrent=concurrent, send_ahead=ahead)
         assert run.dataset is not None
         dataset = LeRobotDataset("local/filmed", root=run.dataset.path)
         key = next(k for k in dataset.meta.video_keys)
         decoded.append([dataset[index][key] for index in range(dataset.num_frames)])
+        published.append(_dataset_files(run))
     assert len(decoded[0]) == len(decoded[1]) == len(decoded[2]) == 4 * 15
     for first, *others in zip(*decoded, strict=True):
         assert all(first.equal(other) for other in others)
+    assert any(p.endswith(".mp4") for p in published[0])
+    for files in published[1:]:
+        assert set(files) == set(published[0])
+        assert [p for p in files if files[p] != published[0][p]] == [], "the same seeds, other dataset files"
 
 
 SEED_PUSHER = '''
@@ -312,12 +318,12 @@ def test_an_episodes_error_is_said_in_the_same_words_whatever_slot_num_envs_puts
 
 
 def _dataset_files(evaluation: Evaluation) -> dict[str, bytes]:
-    """Every file of the published dataset by path, but its videos and the two that say where it came from:
+    """Every file of the published dataset by path, but the two that say where it came from:
     ``hud_episodes.jsonl`` (each episode's instance and slot) and ``hud_published_from.json`` (the shards)."""
     assert evaluation.dataset is not None
     root = evaluation.dataset.path
     placed = ("hud_episodes.jsonl", "hud_published_from.json")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix != ".mp4" and p.name not in placed)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in placed)
     return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
