@@ -55,8 +55,9 @@ from hud_pipelines.dataset.layout_rows import (
     write_data,
 )
 from hud_pipelines.dataset.layout_videos import EpisodeVideo, remux_in_order
-from hud_pipelines.dataset.lerobot_api import Stats, aggregate_stats, write_stats
+from hud_pipelines.dataset.lerobot_api import Stats, write_stats
 from hud_pipelines.dataset.part import EPISODES_SIDECAR, INFO_FILE, read_episode_records
+from hud_pipelines.dataset.stats_fold import fold_in_order
 from hud_pipelines.errors import DatasetWriteError
 
 EPISODES_DIR = "meta/episodes"
@@ -224,17 +225,13 @@ def _write_episodes(meta: Any, staging: Path, info: dict[str, Any], parquet: Any
 
 def _folded_stats(meta: Any, in_stats: list[bool]) -> Stats:
     """Each feature's stats over the episodes that count, folded episode by episode in dataset order."""
-    columns = {name: _stats_array(meta.column(name)) for name in meta.column_names if name.startswith(_STATS_PREFIX)}
-    stats: Stats | None = None
-    for row, counted in enumerate(in_stats):
-        if not counted:
-            continue
-        one: Stats = {}
-        for name, values in columns.items():
+    columns: dict[str, dict[str, np.ndarray[Any, Any]]] = {}
+    for name in meta.column_names:
+        if name.startswith(_STATS_PREFIX):
             feature, stat = name.removeprefix(_STATS_PREFIX).rsplit("/", 1)
-            one.setdefault(feature, {})[stat] = values[row]
-        stats = one if stats is None else aggregate_stats([stats, one])
-    return {name: (stats or {})[name] for name in sorted(stats or {})}
+            columns.setdefault(feature, {})[stat] = _stats_array(meta.column(name))
+    stats = fold_in_order(columns, (row for row, counted in enumerate(in_stats) if counted))
+    return {name: stats[name] for name in sorted(stats)}
 
 
 def _stats_array(column: Any) -> np.ndarray[Any, Any]:

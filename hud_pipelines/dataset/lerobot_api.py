@@ -43,13 +43,6 @@ def write_stats(stats: Stats, root: Path) -> None:
     io_utils.write_stats(stats, root)
 
 
-def aggregate_stats(stats: list[Stats]) -> Stats:
-    """Stats of several datasets (or episodes) folded into one, as ``save_episode`` folds them."""
-    from lerobot.datasets import compute_stats
-
-    return cast("Stats", compute_stats.aggregate_stats(stats))
-
-
 def episode_stats(columns: dict[str, npt.NDArray[Any]], features: dict[str, dict[str, Any]]) -> Stats:
     """lerobot's ``compute_episode_stats`` of one episode's columns."""
     from lerobot.datasets import compute_stats
