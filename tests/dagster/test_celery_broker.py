@@ -42,9 +42,12 @@ from tests.dagster.test_celery import (
     _step_successes,
 )
 
-RUN_DEADLINE_S = 60.0
-"""How long a run may take once its broker came back (the held unit's few steps and the eval's last steps)."""
-WAIT_S = 60.0
+RUN_DEADLINE_S = 180.0
+"""How long a run may take once its broker came back (the held unit's few steps and the eval's last steps): a
+bound, never a wait, as wide as a loaded two-core machine needs."""
+WAIT_S = 180.0
+"""How long a worker may take to start and take its first unit (it imports the stack first): a bound too. 60 s
+was once too short on a loaded two-core machine."""
 LEASE_S = 4.0
 
 
