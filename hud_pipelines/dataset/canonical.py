@@ -122,7 +122,7 @@ def _remux_videos(source: Path, partial: Path, meta: Any, info: dict[str, Any]) 
         }
         chunks, files, starts, ends = (meta.column(column).to_pylist() for column in columns.values())
         episodes = [
-            EpisodeVideo(source / _video_path(info, key, (chunk, file)), start, end)
+            EpisodeVideo(source / _video_path(info, key, (chunk, file)), (start, end))
             for chunk, file, start, end in zip(chunks, files, starts, ends, strict=True)
         ]
         placed = remux_in_order(
@@ -133,8 +133,8 @@ def _remux_videos(source: Path, partial: Path, meta: Any, info: dict[str, Any]) 
         )
         meta = with_column(meta, columns["chunk_index"], [p.at[0] for p in placed])
         meta = with_column(meta, columns["file_index"], [p.at[1] for p in placed])
-        meta = with_column(meta, columns["from_timestamp"], [p.from_timestamp for p in placed])
-        meta = with_column(meta, columns["to_timestamp"], [p.to_timestamp for p in placed])
+        meta = with_column(meta, columns["from_timestamp"], [p.seconds[0] for p in placed])
+        meta = with_column(meta, columns["to_timestamp"], [p.seconds[1] for p in placed])
     return meta
 
 

@@ -32,20 +32,18 @@ from hud_pipelines.errors import DatasetWriteError
 
 @dataclass(frozen=True)
 class EpisodeVideo:
-    """Where one episode's frames lie in a source video file."""
+    """Where one episode's frames lie in a source video file: the file, and ``(from_timestamp, to_timestamp)``."""
 
     path: Path
-    from_timestamp: float
-    to_timestamp: float
+    seconds: tuple[float, float]
 
 
 @dataclass(frozen=True)
 class PlacedVideo:
-    """Where one episode's frames lie in the new video files."""
+    """Where one episode's frames lie in the new video files: the file, and ``(from_timestamp, to_timestamp)``."""
 
     at: ChunkFile
-    from_timestamp: float
-    to_timestamp: float
+    seconds: tuple[float, float]
 
 
 def remux_in_order(
@@ -68,7 +66,7 @@ def remux_in_order(
                 path.parent.mkdir(parents=True, exist_ok=True)
                 out = _Output(path, stream)
             start, end = out.append(stream, packets, episode)
-            placed.append(PlacedVideo(at, float(start), float(end)))
+            placed.append(PlacedVideo(at, (float(start), float(end))))
     finally:
         if out is not None:
             out.close()
@@ -93,8 +91,8 @@ class _Sources:
         base = Fraction(stream.time_base)
         rate: Fraction | None = stream.average_rate
         frame = 1 / (rate * base) if rate else Fraction(0)
-        low = Fraction(episode.from_timestamp) / base - frame / 2
-        high = Fraction(episode.to_timestamp) / base - frame / 2
+        low = Fraction(episode.seconds[0]) / base - frame / 2
+        high = Fraction(episode.seconds[1]) / base - frame / 2
         container.seek(max(0, int(low)), stream=stream, backward=True, any_frame=False)
         packets: list[Any] = []
         for packet in container.demux(stream):
@@ -106,8 +104,8 @@ class _Sources:
                 packets.append(packet)
         if not packets or not packets[0].is_keyframe:
             raise DatasetWriteError(
-                f"{episode.path}: no key frame starts the episode at {episode.from_timestamp:.6f} s "
-                f"(to {episode.to_timestamp:.6f} s)"
+                f"{episode.path}: no key frame starts the episode at {episode.seconds[0]:.6f} s "
+                f"(to {episode.seconds[1]:.6f} s)"
             )
         return stream, packets
 
@@ -136,7 +134,7 @@ class _Output:
             raise DatasetWriteError(
                 f"{episode.path}: time base {source.time_base} differs from {self._base} of the episodes before"
             )
-        length = round((Fraction(episode.to_timestamp) - Fraction(episode.from_timestamp)) / self._base)
+        length = round((Fraction(episode.seconds[1]) - Fraction(episode.seconds[0])) / self._base)
         shift = self._next - min(packet.pts for packet in packets)
         start = self._next
         for packet in packets:

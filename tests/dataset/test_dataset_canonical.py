@@ -159,20 +159,10 @@ def test_lerobot_appends_to_a_laid_out_video_dataset_without_overwriting_an_epis
 
     from hud_pipelines.dataset.canonical import lay_out_canonically
     from hud_pipelines.dataset.merge import merge_sidecars, quiet_aggregation
-    from tests.dataset.test_dataset_merge_memory import camera_contract
 
     shards = {"a": [9, 1], "b": [2, 3]}  # seed 9, laid out last, is in the first part: the first video file
-    options = DatasetOptions(cameras=CameraStorage.VIDEO)
     for instance, (shard, seeds) in enumerate(shards.items()):
-        with LeRobotDatasetSink(camera_contract(), tmp_path / shard, options=options) as sink:
-            for slot, seed in enumerate(seeds):
-                key = EpisodeKey(job="unit", task=0, instance=instance, slot=slot, episode=0, seed=seed)
-                sink.begin(key, "look")
-                for step in range(STEPS):
-                    observation = {"front": _pixels(seed), "pos": np.array([seed, step], dtype=np.float32)}
-                    last = step == STEPS - 1
-                    sink.add(key, Frame(step, observation, np.zeros(1, np.float32), 0.0, last, False, last))
-                sink.end(key, outcome(EpisodeStatus.SUCCEEDED, STEPS))
+        write_camera_part(tmp_path / shard, seeds, instance)
     parts = find_parts([tmp_path / shard for shard in shards])
     with quiet_aggregation():  # a video file per part, as a dataset past the video file size has
         aggregate_datasets(
@@ -206,6 +196,21 @@ def test_lerobot_appends_to_a_laid_out_video_dataset_without_overwriting_an_epis
         assert abs(float(item["observation.images.front"].mean()) - _pixels(seed)[0, 0, 0] / 255) < 3 / 255, index
 
 
+def write_camera_part(root: Path, seeds: list[int], instance: int = 0) -> None:
+    """A part of one episode per seed, in that order, each with an 8x8 camera of one shade per seed."""
+    from tests.dataset.test_dataset_merge_memory import camera_contract
+
+    with LeRobotDatasetSink(camera_contract(), root, options=DatasetOptions(cameras=CameraStorage.VIDEO)) as sink:
+        for slot, seed in enumerate(seeds):
+            key = EpisodeKey(job="unit", task=0, instance=instance, slot=slot, episode=0, seed=seed)
+            sink.begin(key, "look")
+            for step in range(STEPS):
+                observation = {"front": _pixels(seed), "pos": np.array([seed, step], dtype=np.float32)}
+                last = step == STEPS - 1
+                sink.add(key, Frame(step, observation, np.zeros(1, np.float32), 0.0, last, False, last))
+            sink.end(key, outcome(EpisodeStatus.SUCCEEDED, STEPS))
+
+
 def _pixels(seed: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return np.full((8, 8, 3), seed * 3 + 5, dtype=np.uint8)
 
@@ -216,19 +221,8 @@ def test_video_files_rotate_at_the_datasets_size_each_episode_in_order_and_decod
     """Each camera's episodes are re-muxed in dataset order: a file holds consecutive episodes, each starting where
     the one before it ended, and a new file starts when the next episode would take it to the dataset's
     ``video_files_size_in_mb``."""
-    from tests.dataset.test_dataset_merge_memory import camera_contract
-
     seeds = [5, 3, 4, 0, 2, 1]
-    options = DatasetOptions(cameras=CameraStorage.VIDEO)
-    with LeRobotDatasetSink(camera_contract(), tmp_path / "part", options=options) as sink:
-        for slot, seed in enumerate(seeds):
-            key = EpisodeKey(job="unit", task=0, instance=0, slot=slot, episode=0, seed=seed)
-            sink.begin(key, "look")
-            for step in range(STEPS):
-                observation = {"front": _pixels(seed), "pos": np.array([seed, step], dtype=np.float32)}
-                last = step == STEPS - 1
-                sink.add(key, Frame(step, observation, np.zeros(1, np.float32), 0.0, last, False, last))
-            sink.end(key, outcome(EpisodeStatus.SUCCEEDED, STEPS))
+    write_camera_part(tmp_path / "part", seeds)
     [part] = find_parts([tmp_path / "part"])
     info_path = part / "meta" / "info.json"
     info = json.loads(info_path.read_text())
@@ -263,5 +257,5 @@ def test_video_files_rotate_at_the_datasets_size_each_episode_in_order_and_decod
         DatasetWriteError, match=rf"{re.escape(str(videos[0]))}: no key frame starts the episode at 100"
     ):
         remux_in_order(
-            [EpisodeVideo(videos[0], 100.0, 100.5)], lambda at: tmp_path / f"{at}.mp4", max_mb=1, chunk_size=9
+            [EpisodeVideo(videos[0], (100.0, 100.5))], lambda at: tmp_path / f"{at}.mp4", max_mb=1, chunk_size=9
         )
