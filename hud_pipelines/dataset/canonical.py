@@ -121,9 +121,10 @@ def _remux_videos(source: Path, partial: Path, meta: Any, info: dict[str, Any]) 
             part: f"videos/{key}/{part}" for part in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
         }
         chunks, files, starts, ends = (meta.column(column).to_pylist() for column in columns.values())
+        rows = np.subtract(meta.column("dataset_to_index").to_numpy(), meta.column("dataset_from_index").to_numpy())
         episodes = [
-            EpisodeVideo(source / _video_path(info, key, (chunk, file)), (start, end))
-            for chunk, file, start, end in zip(chunks, files, starts, ends, strict=True)
+            EpisodeVideo(source / _video_path(info, key, (chunk, file)), (start, end), int(frames))
+            for chunk, file, start, end, frames in zip(chunks, files, starts, ends, rows, strict=True)
         ]
         placed = remux_in_order(
             episodes,

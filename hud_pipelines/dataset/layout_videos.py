@@ -10,17 +10,25 @@ same video files however they were scheduled:
 - in the new file its timestamps are shifted to follow the episodes before it, and its
   ``from_timestamp`` and ``to_timestamp`` are those times in the stream's time base, so they do not
   depend on float sums of earlier durations;
+- every episode is decoded as far ahead of its first frame as the camera's most delayed one (a codec
+  that reorders frames delays long episodes and not one- or two-frame ones), so decoding times rise
+  through the file and seeking finds every episode the same way;
 - a new file starts when the next episode's packets would take the current one to
   ``video_files_size_in_mb`` (lerobot's rule for its writer), a new chunk every ``chunks_size``
   files; the files are muxed as lerobot's concatenation muxes them (the first source's stream as
-  template, ``faststart``).
+  template, ``faststart``);
+- an episode must yield one packet per row, starting on a key frame, or the layout stops with an
+  error naming the file and the episode's times.
 
-One episode's packets are held at a time, so memory stays flat in the episodes.
+One episode's packets are held at a time, and a source file is closed after its last episode (at
+most :data:`OPEN_SOURCES` open at once), so memory stays flat in the episodes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import collections
+import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -32,10 +40,12 @@ from hud_pipelines.errors import DatasetWriteError
 
 @dataclass(frozen=True)
 class EpisodeVideo:
-    """Where one episode's frames lie in a source video file: the file, and ``(from_timestamp, to_timestamp)``."""
+    """Where one episode's frames lie in a source video file: the file, ``(from_timestamp, to_timestamp)``, and
+    how many frames (rows) the episode has."""
 
     path: Path
     seconds: tuple[float, float]
+    frames: int
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,10 @@ class PlacedVideo:
     seconds: tuple[float, float]
 
 
+OPEN_SOURCES = 16
+"""Source files kept open at once: each holds its file's whole index (tens of bytes a frame) and a descriptor."""
+
+
 def remux_in_order(
     episodes: list[EpisodeVideo], target: Callable[[ChunkFile], Path], *, max_mb: float, chunk_size: int
 ) -> list[PlacedVideo]:
@@ -53,66 +67,121 @@ def remux_in_order(
     rotates them; where each episode now lies."""
     placed: list[PlacedVideo] = []
     rotation = Rotation(max_mb, chunk_size)
-    sources = _Sources()
-    out: _Output | None = None
+    delay = _decoding_delay(episodes)
+    sources = _Sources({episode.path: index for index, episode in enumerate(episodes)})
     try:
-        for episode in episodes:
-            stream, packets = sources.episode_packets(episode)
-            at, fresh = rotation.place(sum(packet.size for packet in packets))
-            if out is None or fresh:
-                if out is not None:
-                    out.close()
-                path = target(at)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                out = _Output(path, stream)
-            start, end = out.append(stream, packets, episode)
-            placed.append(PlacedVideo(at, (float(start), float(end))))
+        out: _Output | None = None
+        try:
+            for index, episode in enumerate(episodes):
+                stream, packets = sources.episode_packets(episode)
+                at, fresh = rotation.place(sum(packet.size for packet in packets))
+                if out is None or fresh:
+                    if out is not None:
+                        out.close()
+                        out = None
+                    path = target(at)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    out = _Output(path, stream)
+                start, end = out.append(stream, packets, episode, delay)
+                placed.append(PlacedVideo(at, (float(start), float(end))))
+                sources.used(index, episode.path)
+        finally:
+            if out is not None:
+                out.close()
     finally:
-        if out is not None:
-            out.close()
         sources.close()
     return placed
 
 
-class _Sources:
-    """The source files, each opened once and kept open while episodes are read from it."""
+def _decoding_delay(episodes: list[EpisodeVideo]) -> int:
+    """How far ahead of its first frame's time the longest-delayed episode is decoded (in the stream's time
+    base): 0 for a codec that does not reorder frames (h264 as written here, AV1)."""
+    sources = _Sources({episode.path: index for index, episode in enumerate(episodes)})
+    try:
+        delay = 0
+        for index, episode in enumerate(episodes):
+            first = sources.first_packet(episode)
+            delay = max(delay, first.pts - first.dts)
+            sources.used(index, episode.path)
+        return delay
+    finally:
+        sources.close()
 
-    def __init__(self) -> None:
-        self._open: dict[Path, Any] = {}
+
+class _Sources:
+    """The source files: each opened when an episode needs it, closed after its last episode, and at most
+    :data:`OPEN_SOURCES` open at once (the least recently read closes first)."""
+
+    def __init__(self, last_use: dict[Path, int]) -> None:
+        self._last_use = last_use
+        self._open: collections.OrderedDict[Path, Any] = collections.OrderedDict()
 
     def episode_packets(self, episode: EpisodeVideo) -> tuple[Any, list[Any]]:
         """The video stream of the episode's file, and the episode's packets in decode order."""
-        import av
+        stream, read = self._read(episode)
+        packets = list(read)
+        if len(packets) != episode.frames:
+            raise DatasetWriteError(f"{_where(episode)} has {len(packets)} video frames for its {episode.frames} rows")
+        return stream, packets
 
-        container = self._open.get(episode.path)
-        if container is None:
-            container = self._open[episode.path] = av.open(str(episode.path))
+    def first_packet(self, episode: EpisodeVideo) -> Any:
+        """The episode's first packet in decode order (its key frame)."""
+        return next(self._read(episode)[1])
+
+    def _read(self, episode: EpisodeVideo) -> tuple[Any, Iterator[Any]]:
+        """The episode's packets, by presentation time, from a seek to its key frame; the first is checked."""
+        container = self._container(episode.path)
         stream: Any = container.streams.video[0]
         base = Fraction(stream.time_base)
-        rate: Fraction | None = stream.average_rate
-        frame = 1 / (rate * base) if rate else Fraction(0)
+        frame = _frame_ticks(episode, base)
         low = Fraction(episode.seconds[0]) / base - frame / 2
         high = Fraction(episode.seconds[1]) / base - frame / 2
         container.seek(max(0, int(low)), stream=stream, backward=True, any_frame=False)
-        packets: list[Any] = []
-        for packet in container.demux(stream):
-            if packet.pts is None or packet.dts is None:
-                continue  # the demuxer's flush packet
-            if packet.pts >= high:
-                break
-            if packet.pts >= low:
-                packets.append(packet)
-        if not packets or not packets[0].is_keyframe:
-            raise DatasetWriteError(
-                f"{episode.path}: no key frame starts the episode at {episode.seconds[0]:.6f} s "
-                f"(to {episode.seconds[1]:.6f} s)"
-            )
-        return stream, packets
+
+        def packets() -> Iterator[Any]:
+            for packet in container.demux(stream):
+                if packet.pts is None or packet.dts is None:
+                    continue  # the demuxer's flush packet
+                if packet.pts >= high:
+                    return
+                if packet.pts >= low:
+                    yield packet
+
+        read = packets()
+        first = next(read, None)
+        if first is None or not first.is_keyframe:
+            raise DatasetWriteError(f"{_where(episode)} starts on no key frame")
+        return stream, itertools.chain([first], read)
+
+    def used(self, index: int, path: Path) -> None:
+        """Episode ``index`` was read from ``path``: the file closes when it was its last."""
+        if self._last_use[path] == index:
+            self._open.pop(path).close()
 
     def close(self) -> None:
-        for container in self._open.values():
-            container.close()
-        self._open.clear()
+        while self._open:
+            self._open.popitem()[1].close()
+
+    def _container(self, path: Path) -> Any:
+        import av
+
+        if path in self._open:
+            self._open.move_to_end(path)
+            return self._open[path]
+        while len(self._open) >= OPEN_SOURCES:
+            self._open.popitem(last=False)[1].close()
+        container = self._open[path] = av.open(str(path))
+        return container
+
+
+def _where(episode: EpisodeVideo) -> str:
+    return f"{episode.path}: the episode at {episode.seconds[0]:.6f}-{episode.seconds[1]:.6f} s"
+
+
+def _frame_ticks(episode: EpisodeVideo, base: Fraction) -> Fraction:
+    """One frame's duration in time base ``base``, from the episode's own span: a stream's average rate is not
+    the frame rate once episodes of some codecs lie apart (see :meth:`_Output.append`)."""
+    return (Fraction(episode.seconds[1]) - Fraction(episode.seconds[0])) / base / max(1, episode.frames)
 
 
 class _Output:
@@ -121,25 +190,37 @@ class _Output:
     def __init__(self, path: Path, template: Any) -> None:
         import av
 
-        self._container = av.open(str(path), mode="w", options={"movflags": "faststart"})
-        self._stream = self._container.add_stream_from_template(template=template, opaque=True)
+        self._container: Any = av.open(str(path), mode="w", options={"movflags": "faststart"})
+        try:
+            self._stream = self._container.add_stream_from_template(template=template, opaque=True)
+        except BaseException:
+            self._container.close()
+            raise
         self._stream.time_base = template.time_base
         self._base = Fraction(template.time_base)
         self._next = 0
         """The presentation time (in the stream's time base) the next episode starts at."""
 
-    def append(self, source: Any, packets: list[Any], episode: EpisodeVideo) -> tuple[Fraction, Fraction]:
-        """The episode's packets at the end of the file; its start and end in seconds."""
+    def append(self, source: Any, packets: list[Any], episode: EpisodeVideo, delay: int) -> tuple[Fraction, Fraction]:
+        """The episode's packets at the end of the file; its start and end in seconds.
+
+        Every episode is decoded ``delay`` ahead of its first frame's time. A codec that reorders frames (x265
+        for depth cameras) decodes a long episode two frames ahead and a one- or two-frame episode not ahead at
+        all: laid side by side as they are, a long episode's first packet would be decoded before the short
+        one's last (the muxer refuses the file), and a file that starts with a short episode would not shift
+        its index by the delay, so a seek to a long episode's first frame would land after it."""
         if Fraction(source.time_base) != self._base:
             raise DatasetWriteError(
                 f"{episode.path}: time base {source.time_base} differs from {self._base} of the episodes before"
             )
         length = round((Fraction(episode.seconds[1]) - Fraction(episode.seconds[0])) / self._base)
-        shift = self._next - min(packet.pts for packet in packets)
+        first = min(packet.pts for packet in packets)
         start = self._next
+        shift = start - first
+        earlier = delay - (first - packets[0].dts)  # how much earlier than its own delay it is decoded
         for packet in packets:
             packet.pts += shift
-            packet.dts += shift
+            packet.dts += shift - earlier
             packet.stream = self._stream
             self._container.mux(packet)
         self._next = start + length

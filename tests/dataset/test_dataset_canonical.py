@@ -8,7 +8,10 @@ first episode, every row pointing at its own episode's task string and values.
 from __future__ import annotations
 
 import json
+import os
 import re
+import resource
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from hud_pipelines.contract import Contract, Feature, FeatureType
 from hud_pipelines.dataset.merge import find_parts, merge_parts
 from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.dataset.writer import LeRobotDatasetSink
@@ -253,9 +257,94 @@ def test_video_files_rotate_at_the_datasets_size_each_episode_in_order_and_decod
     from hud_pipelines.dataset.layout_videos import EpisodeVideo, remux_in_order
     from hud_pipelines.errors import DatasetWriteError
 
-    with pytest.raises(
-        DatasetWriteError, match=rf"{re.escape(str(videos[0]))}: no key frame starts the episode at 100"
-    ):
-        remux_in_order(
-            [EpisodeVideo(videos[0], (100.0, 100.5))], lambda at: tmp_path / f"{at}.mp4", max_mb=1, chunk_size=9
+    def remux(episode: EpisodeVideo) -> None:
+        remux_in_order([episode], lambda at: tmp_path / f"{at}.mp4", max_mb=1, chunk_size=9)
+
+    where = f"{re.escape(str(videos[0]))}: the episode at"
+    with pytest.raises(DatasetWriteError, match=rf"{where} 100.000000-100.500000 s starts on no key frame"):
+        remux(EpisodeVideo(videos[0], (100.0, 100.5), STEPS))
+    with pytest.raises(DatasetWriteError, match=rf"{where} 0.000000-0.500000 s has 5 video frames for its 4 rows"):
+        remux(EpisodeVideo(videos[0], (0.0, 0.5), STEPS - 1))
+
+
+def test_a_depth_episode_that_reorders_frames_follows_a_short_one_that_does_not(tmp_path: Path) -> None:
+    """x265 (a depth camera's codec) decodes an episode of three frames or more two frames ahead, a shorter one
+    not ahead: laid out after a two-frame episode, a long one's first packet came before the short one's last,
+    and the muxer refused the file (the whole publish failed). Every episode now decodes to the frames it had.
+
+    (lerobot's own writer refuses the same two episodes in this order; and its seeking reader may miss the
+    first frame of a long depth episode that follows a short one, as it may in files it writes itself.)"""
+    depth = Contract(
+        control_rate=10,
+        robot_type="unit",
+        features={
+            "depth": Feature(role="observation", type=FeatureType.DEPTH, dtype="float32", shape=(16, 16)),
+            "pos": Feature(role="observation", dtype="float32", shape=(2,)),
+            "action": Feature(role="action", dtype="float32", shape=(1,)),
+        },
+    )
+    lengths = {2: 5, 1: 2}  # seed -> frames, in the order they ended; laid out by seed: 2 frames, then 5
+    with LeRobotDatasetSink(depth, tmp_path / "part") as sink:
+        for slot, (seed, steps) in enumerate(lengths.items()):
+            key = EpisodeKey(job="unit", task=0, instance=0, slot=slot, episode=0, seed=seed)
+            sink.begin(key, "look")
+            for step in range(steps):
+                observation = {
+                    "depth": np.full((16, 16), seed + step / 10, np.float32),
+                    "pos": np.float32([seed, step]),
+                }
+                last = step == steps - 1
+                sink.add(key, Frame(step, observation, np.zeros(1, np.float32), 0.0, last, False, last))
+            sink.end(key, outcome(EpisodeStatus.SUCCEEDED, steps))
+    [part] = find_parts([tmp_path / "part"])
+    merged = merge_parts([part], tmp_path / "merged", repo_id=REPO_ID).root
+    states = load(merged).hf_dataset.with_format("numpy")[:]["observation.state"]  # rows, no video decoded
+    assert [int(state[0]) for state in states] == [1, 1, 2, 2, 2, 2, 2]
+    before, after = _depth_frames_by_seed(part), _depth_frames_by_seed(merged)
+    assert [len(after[seed]) for seed in (1, 2)] == [2, 5]
+    for seed, frames in before.items():
+        assert all(np.array_equal(a, b) for a, b in zip(frames, after[seed], strict=True)), seed
+
+
+def _depth_frames_by_seed(root: Path) -> dict[int, list[np.ndarray[Any, Any]]]:
+    """Each episode's frames, decoded from the start of the file (no seek), by the time ``meta/episodes`` gives."""
+    import av
+
+    [meta_file] = (root / "meta" / "episodes").rglob("*.parquet")
+    columns = pq.read_table(meta_file).to_pydict()
+    [video] = (root / "videos").rglob("*.mp4")
+    with av.open(str(video)) as container:
+        decoded = {round(float(f.time), 4): f.to_ndarray(format="gray12le") for f in container.decode(video=0)}
+    frames: dict[int, list[np.ndarray[Any, Any]]] = {}
+    data = load(root)
+    states = data.hf_dataset.with_format("numpy")[:]["observation.state"]
+    for episode, start in enumerate(columns["videos/observation.images.depth/from_timestamp"]):
+        first, end = columns["dataset_from_index"][episode], columns["dataset_to_index"][episode]
+        frames[int(states[first][0])] = [decoded[round(start + step / data.fps, 4)] for step in range(end - first)]
+    return frames
+
+
+def test_source_video_files_are_closed_after_their_last_episode_and_few_are_open_at_once(tmp_path: Path) -> None:
+    """Every source file stayed open until the camera was done: a merge of many video files ran out of file
+    descriptors (and held each file's index in memory)."""
+    from hud_pipelines.dataset.layout_videos import EpisodeVideo, remux_in_order
+
+    write_camera_part(tmp_path / "part", [0])
+    [source] = (tmp_path / "part").rglob("*.mp4")
+    copies = [tmp_path / "sources" / f"file-{number:03d}.mp4" for number in range(120)]
+    copies[0].parent.mkdir()
+    for copy in copies:
+        shutil.copy(source, copy)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+    try:
+        placed = remux_in_order(
+            [EpisodeVideo(path, (0.0, STEPS / 10), STEPS) for path in copies * 2],  # each file read twice
+            lambda at: tmp_path / "out" / f"{at[0]}-{at[1]}.mp4",
+            max_mb=200,
+            chunk_size=1000,
         )
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert [p.seconds[0] for p in placed] == [n * STEPS / 10 for n in range(240)]
+    assert len(os.listdir("/proc/self/fd")) < 40
