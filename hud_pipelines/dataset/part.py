@@ -119,7 +119,7 @@ class PartWriter:
         dataset.finalize()
 
     def _create(self, layout: DatasetLayout) -> LeRobotDataset:
-        from lerobot.configs import RGBEncoderConfig
+        from lerobot.configs import DepthEncoderConfig, RGBEncoderConfig
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
         quiet_libraries()
@@ -135,6 +135,7 @@ class PartWriter:
             robot_type=layout.robot_type,
             use_videos=layout.uses_video,
             rgb_encoder=encoder,
+            depth_encoder=DepthEncoderConfig(extra_options={"x265-params": DEPTH_X265_PARAMS}),
             streaming_encoding=in_memory,
         )
         if in_memory:
@@ -172,6 +173,12 @@ def read_episode_records(root: Path) -> list[dict[str, Any]]:
     if not sidecar.is_file():
         return []
     return [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]
+
+
+DEPTH_X265_PARAMS = "lossless=1:bframes=0"
+"""lerobot's lossless depth encoding without frames decoded out of order: with them x265 decodes an episode of
+three frames or more two frames ahead and a shorter one not ahead, and lerobot's writer then refuses a long
+episode after a short one (the muxer's decoding times would fall), and its reader misses frames across them."""
 
 
 def _restore_stats(dataset: LeRobotDataset, stats: Stats | None) -> None:

@@ -267,13 +267,8 @@ def test_video_files_rotate_at_the_datasets_size_each_episode_in_order_and_decod
         remux(EpisodeVideo(videos[0], (0.0, 0.5), STEPS - 1))
 
 
-def test_a_depth_episode_that_reorders_frames_follows_a_short_one_that_does_not(tmp_path: Path) -> None:
-    """x265 (a depth camera's codec) decodes an episode of three frames or more two frames ahead, a shorter one
-    not ahead: laid out after a two-frame episode, a long one's first packet came before the short one's last,
-    and the muxer refused the file (the whole publish failed). Every episode now decodes to the frames it had.
-
-    (lerobot's own writer refuses the same two episodes in this order; and its seeking reader may miss the
-    first frame of a long depth episode that follows a short one, as it may in files it writes itself.)"""
+def write_depth_part(root: Path, lengths: dict[int, int]) -> Path:
+    """A part with a 16x16 depth camera: one episode per seed of ``lengths[seed]`` frames, in that order."""
     depth = Contract(
         control_rate=10,
         robot_type="unit",
@@ -283,8 +278,7 @@ def test_a_depth_episode_that_reorders_frames_follows_a_short_one_that_does_not(
             "action": Feature(role="action", dtype="float32", shape=(1,)),
         },
     )
-    lengths = {2: 5, 1: 2}  # seed -> frames, in the order they ended; laid out by seed: 2 frames, then 5
-    with LeRobotDatasetSink(depth, tmp_path / "part") as sink:
+    with LeRobotDatasetSink(depth, root) as sink:
         for slot, (seed, steps) in enumerate(lengths.items()):
             key = EpisodeKey(job="unit", task=0, instance=0, slot=slot, episode=0, seed=seed)
             sink.begin(key, "look")
@@ -296,7 +290,34 @@ def test_a_depth_episode_that_reorders_frames_follows_a_short_one_that_does_not(
                 last = step == steps - 1
                 sink.add(key, Frame(step, observation, np.zeros(1, np.float32), 0.0, last, False, last))
             sink.end(key, outcome(EpisodeStatus.SUCCEEDED, steps))
-    [part] = find_parts([tmp_path / "part"])
+    [part] = find_parts([root])
+    return part
+
+
+def test_depth_episodes_of_any_length_are_written_laid_out_and_read_in_any_order(tmp_path: Path) -> None:
+    """lerobot's depth codec (lossless x265) decoded an episode of three frames or more two frames ahead and a
+    shorter one not ahead: its writer refused a long episode after a short one (the muxer's decoding times fell),
+    and its reader missed frames across them. The part encodes depth without frames out of order."""
+    part = write_depth_part(tmp_path / "part", {3: 1, 2: 5, 1: 2, 4: 3})
+    merged = merge_parts([part], tmp_path / "merged", repo_id=REPO_ID).root
+    for root, seeds in ((part, [3, 2, 1, 4]), (merged, [1, 2, 3, 4])):
+        dataset = load(root)
+        items = [dataset[index] for index in range(dataset.num_frames)]  # lerobot decodes each by its time
+        assert [int(item["observation.state"][0]) for item in items if item["observation.state"][1] == 0] == seeds
+        for item in items:
+            seed, step = (float(v) for v in item["observation.state"])
+            assert float(item["observation.images.depth"].mean()) / 1000 == pytest.approx(seed + step / 10, abs=0.01)
+
+
+def test_episodes_decoded_ahead_by_other_delays_share_one_in_a_laid_out_file(tmp_path: Path, monkeypatch: Any) -> None:
+    """With frames out of order (lerobot's own depth encoding), an episode of three frames or more is decoded two
+    frames ahead and a shorter one not ahead: laid out after a two-frame episode, a long one's first packet came
+    before the short one's last, and the muxer refused the file (the whole publish failed). Each episode now
+    decodes to the frames it had."""
+    from hud_pipelines.dataset import part as part_module
+
+    monkeypatch.setattr(part_module, "DEPTH_X265_PARAMS", "lossless=1")  # lerobot's default: B-frames
+    part = write_depth_part(tmp_path / "part", {2: 5, 1: 2})  # laid out by seed: 2 frames, then 5
     merged = merge_parts([part], tmp_path / "merged", repo_id=REPO_ID).root
     states = load(merged).hf_dataset.with_format("numpy")[:]["observation.state"]  # rows, no video decoded
     assert [int(state[0]) for state in states] == [1, 1, 2, 2, 2, 2, 2]
