@@ -40,10 +40,12 @@ from hud_pipelines.dataset.fields import CameraField, VectorField, lerobot_keys,
 from hud_pipelines.dataset.sources import UNKNOWN_ROBOT, SourceFeature, source_features
 from hud_pipelines.errors import ContractError
 from hud_pipelines.recording.events import Frame
-from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions
+from hud_pipelines.spec.dataset_options import CameraStorage, DatasetOptions, VideoCodec
 
 logger = logging.getLogger(__name__)
 
+AV1_MIN_WIDTH = 25
+"""The narrowest frame SVT-AV1 (3.0, as PyAV ships it) encodes: narrower ones end the process with SIGFPE."""
 ERRORED = "episode.errored"
 """Per-frame flag of an episode that ended errored; only declared when errored episodes are kept."""
 
@@ -63,6 +65,8 @@ class DatasetLayout:
     keep_errored: bool
     action_bounds: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
     """The contract's action bounds, which the sim clips a continuous action into before the env applies it."""
+    codec: VideoCodec = VideoCodec.H264
+    """What RGB video cameras are encoded with."""
 
     @classmethod
     def build(
@@ -125,8 +129,10 @@ class DatasetLayout:
             action=action,
             keep_errored=options.keep_errored,
             action_bounds=_bounds(actions[0]),
+            codec=options.codec,
         )
         layout.check_keys()
+        layout.check_codec()
         return layout
 
     # -- shapes ------------------------------------------------------------------------------
@@ -153,13 +159,15 @@ class DatasetLayout:
                 raise ContractError(f"feature {field.source!r} has no shape and is missing from the first frame")
             return replace(field, source_shape=tuple(np.shape(value)))
 
-        return replace(
+        filled = replace(
             self,
             cameras=tuple(fill(c, observation.get(c.source)) for c in self.cameras),
             state=tuple(fill(v, observation.get(v.source)) for v in self.state),
             vectors=tuple(fill(v, observation.get(v.source)) for v in self.vectors),
             action=fill(self.action, action),
         )
+        filled.check_codec()
+        return filled
 
     # -- lerobot features --------------------------------------------------------------------
 
@@ -170,6 +178,20 @@ class DatasetLayout:
             if key in seen and seen[key] != source:
                 raise ContractError(f"features {seen[key]!r} and {source!r} both map to the lerobot key {key!r}")
             seen[key] = source
+
+    def check_codec(self) -> None:
+        """Refuse an RGB video camera the codec cannot encode (one whose shape is known), before a frame is written:
+        SVT-AV1 kills the whole process, every grade with it, on frames narrower than :data:`AV1_MIN_WIDTH`."""
+        if self.codec is not VideoCodec.AV1:
+            return
+        for camera in self.cameras:
+            if camera.storage is CameraStorage.VIDEO and camera.kind is FeatureType.RGB and camera.source_shape:
+                width = camera.stored_shape[1]
+                if width < AV1_MIN_WIDTH:
+                    raise ContractError(
+                        f"camera {camera.source!r} is {width} pixels wide: codec {self.codec.value} crashes the "
+                        f"process on frames narrower than {AV1_MIN_WIDTH}; store it with codec h264 (the default)"
+                    )
 
     def _keyed_sources(self) -> list[tuple[str, str]]:
         pairs = [(c.key, c.source) for c in self.cameras]

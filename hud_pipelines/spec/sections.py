@@ -233,7 +233,9 @@ class DatasetSpec(StrictModel):
         "first step (at reset) has no frame, and a LeRobot episode needs one: it stays in the grades only",
     )
     codec: VideoCodec = Field(
-        default=VideoCodec.H264, description="video codec: `h264` (fast, the default) or `libsvtav1` (smaller)"
+        default=VideoCodec.H264,
+        description="video codec: `h264` (fast, the default) or `libsvtav1` (smaller; "
+        "its RGB cameras must be at least 25 pixels wide)",
     )
     state_features: list[str] | None = Field(
         default=None,

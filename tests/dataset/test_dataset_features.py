@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -234,3 +235,31 @@ def test_writer_numbers_refuse_booleans_as_the_pipeline_file_does(setting: str) 
         DatasetOptions.model_validate({setting: True})
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         DatasetOptions(queued_episodes=0)
+
+
+def test_an_av1_video_camera_narrower_than_svt_av1_encodes_is_refused_before_a_frame_is_written() -> None:
+    """SVT-AV1 ended the whole process (SIGFPE) on a frame under 25 pixels wide: every grade of the run was lost."""
+    from hud_pipelines.dataset.features import AV1_MIN_WIDTH
+    from hud_pipelines.spec.dataset_options import CameraStorage, VideoCodec
+
+    def camera(width: int, kind: FeatureType = FeatureType.RGB) -> Feature:
+        shape = (32, width, 1 if kind is FeatureType.DEPTH else 3)
+        return Feature(
+            role="observation", type=kind, dtype="float32" if kind is FeatureType.DEPTH else "uint8", shape=shape
+        )
+
+    av1 = DatasetOptions(cameras=CameraStorage.VIDEO, codec=VideoCodec.AV1)
+    said = rf"camera 'pixels' is {AV1_MIN_WIDTH - 1} pixels wide: codec libsvtav1 crashes the process"
+    with pytest.raises(ContractError, match=said):
+        DatasetLayout.build(_contract(pixels=camera(AV1_MIN_WIDTH - 1)), av1)
+    DatasetLayout.build(_contract(pixels=camera(AV1_MIN_WIDTH + 1)), av1)  # padded to an even width: encodable
+    DatasetLayout.build(_contract(pixels=camera(8)), DatasetOptions(cameras=CameraStorage.VIDEO))  # h264
+    DatasetLayout.build(_contract(pixels=camera(8)), av1.model_copy(update={"cameras": CameraStorage.IMAGE}))
+    DatasetLayout.build(_contract(pixels=camera(8, FeatureType.DEPTH)), av1)  # depth has its own codec
+    known = DatasetLayout.build(_contract(pixels=camera(64)), av1)
+    unknown = dataclasses.replace(
+        known, cameras=tuple(dataclasses.replace(c, source_shape=None) for c in known.cameras)
+    )
+    observation = {"pixels": np.zeros((32, 16, 3), np.uint8), "agent_pos": np.zeros(2)}
+    with pytest.raises(ContractError, match="camera 'pixels' is 16 pixels wide"):
+        unknown.with_shapes_from(observation, np.zeros(2, np.float32))

@@ -871,3 +871,49 @@ def test_a_spawned_sims_frame_limit_is_the_yamls(tmp_path: Path, shards: int) ->
     assert "a message exceeded the frame limit" in said, said
     assert "sim.max_frame_mb" in said, said
     assert {(row.status, row.steps) for row in run("raised", 0.1)} == {(EpisodeStatus.FAILED.value, 2)}, "graded"
+
+
+NARROW_CAMERA = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Narrow(gym.Env):
+    """A 16-pixel-wide camera and a position."""
+
+    observation_space = gym.spaces.Dict(
+        {
+            "pixels": gym.spaces.Box(0, 255, (24, 16, 3), np.uint8),
+            "state": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+        }
+    )
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observation(), {}
+
+    def step(self, action):
+        return self._observation(), 0.0, False, False, {}
+
+    def _observation(self):
+        return {"pixels": np.zeros((24, 16, 3), np.uint8), "state": np.zeros(2, np.float32)}
+'''
+
+
+def test_a_camera_too_narrow_for_the_datasets_codec_is_refused_before_any_rollout(tmp_path: Path) -> None:
+    """SVT-AV1 ended the eval's process (SIGFPE) at the first episode's video: no grade, no report."""
+    from hud_pipelines.errors import ContractError
+
+    (tmp_path / "narrow.py").write_text(NARROW_CAMERA)
+    spec = _spec(
+        tmp_path,
+        sim={"factory": f"{tmp_path / 'narrow.py'}:Narrow", "num_envs": 1},
+        agent={"policy": {"kind": "random"}},
+        max_steps=3,
+        graders=[{"kind": "return"}],
+        dataset={"repo_id": "local/placed", "video": True, "codec": "libsvtav1"},
+    )
+    with pytest.raises(ContractError, match="camera 'pixels' is 16 pixels wide: codec libsvtav1 crashes the process"):
+        evaluate(spec, outputs_dir=tmp_path / "out", project_dir=REPO)
+    assert not list((tmp_path / "out").rglob("rollouts/*.json"))
