@@ -51,10 +51,12 @@ def write_report(
             _open(written.html.as_uri())
         return code
     import functools
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import ThreadingHTTPServer
+
+    from hud_pipelines.cli.report_server import ReportRequestHandler
 
     # Rooted at the outputs (not the pipeline's folder) so the links to its dataset resolve too.
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(outputs.root))
+    handler = functools.partial(ReportRequestHandler, directory=str(outputs.root))
     try:
         server = ThreadingHTTPServer(("127.0.0.1", serve_port), handler)
     except OSError as exc:

@@ -7,15 +7,13 @@ report asset's link to it, and the defects of ``report.md`` it came with.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import json
 import re
 import shutil
-import threading
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hud_pipelines.cli.report_server import ReportRequestHandler
 from hud_pipelines.dataset.part import read_episode_records
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import steps
@@ -37,6 +36,7 @@ from hud_pipelines.recording.events import EpisodeStatus
 from hud_pipelines.recording.thumbnails import last_frame
 from hud_pipelines.spec.loader import load_pipeline_text
 from tests.dagster.support import REPO, SIMS, pipeline_text, sim_label
+from tests.eval.test_report_server import serving
 
 CAMERA = f"{REPO / 'envs' / 'camera_pendulum.py'}:camera_pendulum"
 DEADLINE_MS = 15_000
@@ -308,12 +308,8 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 
 def test_the_report_works_from_a_plain_static_file_server(camera_eval: CameraEval, browser: Any) -> None:
-    root = camera_eval.outputs.root
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        page = Page(browser, f"http://127.0.0.1:{server.server_port}/{camera_eval.outputs.pipeline}/report.html")
+    with serving(camera_eval.outputs.root, _QuietHandler) as base:
+        page = Page(browser, f"{base}/{camera_eval.outputs.pipeline}/report.html")
         page.tab.wait_for_function(
             "[...document.querySelectorAll('video')].every(v => v.readyState >= 1 && v.duration > 0)",
             timeout=DEADLINE_MS,
@@ -321,10 +317,30 @@ def test_the_report_works_from_a_plain_static_file_server(camera_eval: CameraEva
         assert page.tab.locator("svg path.line").count() == sum(len(n) for n in camera_eval.names.values())
         assert page.errors == []
         page.close()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+
+
+class _QuietReportHandler(ReportRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_a_served_reports_videos_can_be_seeked(camera_eval: CameraEval, browser: Any) -> None:
+    """``report --serve`` answered every request with the whole file: the browser could play a video but not seek
+    it (its time stayed at 0), so neither scrubbing an episode nor the cursor that follows playback worked."""
+    with serving(camera_eval.outputs.root, _QuietReportHandler) as base:
+        page = Page(browser, f"{base}/{camera_eval.outputs.pipeline}/report.html")
+        video = page.tab.locator("video").first
+        video.evaluate("v => v.readyState >= 1 || new Promise(done => v.addEventListener('loadedmetadata', done))")
+        target = video.evaluate("v => { const at = v.duration / 2; v.currentTime = at; return at; }")
+        page.tab.wait_for_function(
+            "at => { const v = document.querySelector('video'); "
+            "return !v.seeking && Math.abs(v.currentTime - at) < 0.05 }",
+            arg=target,
+            timeout=DEADLINE_MS,
+        )
+        assert target > 0
+        assert page.errors == []
+        page.close()
 
 
 # -- errored and interrupted episodes --------------------------------------------------------------------
