@@ -224,10 +224,14 @@ def errors_against(
 
 def unpaired_cause(candidate: Sequence[GradeRow], baseline: Sequence[GradeRow]) -> str:
     """Why no episode pairs up: one side's rows are all of a configuration since changed (``not_run``: they pair
-    with nothing), said with their reason; else, most likely, other tasks or seeds."""
+    with nothing), said with their reason; or all errored (an error is no answer to pair), said with the first
+    error; else, most likely, other tasks or seeds."""
     for whose, rows in (("this eval's", candidate), ("the baseline's", baseline)):
         if rows and all(row.fault is Fault.NOT_RUN for row in rows):
             return f"{whose} rows have no current result, e.g. {_stale_reason(rows[0])}"
+        errored = [row for row in rows if errored_in_a_run(row)]
+        if errored and all(row.status is EpisodeStatus.ERRORED for row in rows):
+            return f"{whose} episodes all errored ({len(errored)} in a run), e.g. {one_line(errored[0].error or '')}"
     return "same tasks and seeds?"
 
 

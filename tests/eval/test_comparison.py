@@ -618,3 +618,20 @@ def test_no_regression_against_results_gone_stale_says_so_not_that_tasks_or_seed
     assert "same tasks and seeds" not in verdict.description
     elsewhere = [dataclasses.replace(row, seed=(row.seed or 0) + 100) for row in candidate]  # other seeds: no pair
     assert "(same tasks and seeds?)" in regression_verdict(gate, elsewhere, candidate, baseline_name="b").description
+
+
+def test_no_regression_where_every_episode_errored_says_so_not_that_tasks_or_seeds_differ() -> None:
+    """Before, a candidate whose every episode errored (its grader returned no grade) failed the check saying
+    "no episode pairs up ... (same tasks and seeds?)": they were the same, and errors are no answers to pair."""
+    from hud_pipelines.eval.checks import regression_verdict
+    from hud_pipelines.spec.grading import NoRegressionCheck
+
+    said = "GraderError: grader returned 'yes', not a grade"
+    broken = [
+        dataclasses.replace(_row(slot, False), status=EpisodeStatus.ERRORED, fault=Fault.GRADER, error=said)
+        for slot in range(12)
+    ]
+    baseline = [_row(slot, slot < 6) for slot in range(12)]
+    verdict = regression_verdict(NoRegressionCheck(baseline="b"), broken, baseline, baseline_name="b")
+    assert not verdict.passed
+    assert f"(this eval's episodes all errored (12 in a run), e.g. {said})" in verdict.description, verdict.description
