@@ -9,7 +9,8 @@ frames) is the business of the policy behind the seam.
 (openpi's ``BasePolicy`` idea): every built-in kind derives from it, and the agent reads the members
 directly, never by probing:
 
-- ``reset()``: called at the start of every run of episodes (stateful policies clear their state);
+- ``reset()``: called at the start of every run of episodes where one starts (stateful policies clear their
+  state);
 - ``horizon``: how many actions of a chunk the policy wants executed before it is asked again
   (LeRobot's ``n_action_steps``); the agent's own ``horizon`` setting wins over it;
 - ``observation_steps``: how many past observations the policy reads (LeRobot's ``n_obs_steps``);

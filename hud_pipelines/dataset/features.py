@@ -180,12 +180,13 @@ class DatasetLayout:
             seen[key] = source
 
     def check_codec(self) -> None:
-        """Refuse an RGB video camera the codec cannot encode (one whose shape is known), before a frame is written:
+        """Refuse a video camera the codec cannot encode (one whose shape is known; depth maps have their own codec),
+        before a frame is written:
         SVT-AV1 kills the whole process, every grade with it, on frames narrower than :data:`AV1_MIN_WIDTH`."""
         if self.codec is not VideoCodec.AV1:
             return
         for camera in self.cameras:
-            if camera.storage is CameraStorage.VIDEO and camera.kind is FeatureType.RGB and camera.source_shape:
+            if camera.storage is CameraStorage.VIDEO and camera.kind is not FeatureType.DEPTH and camera.source_shape:
                 width = camera.stored_shape[1]
                 if width < AV1_MIN_WIDTH:
                     raise ContractError(

@@ -26,7 +26,6 @@ most :data:`OPEN_SOURCES` open at once), so memory stays flat in the episodes.
 
 from __future__ import annotations
 
-import collections
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -68,7 +67,7 @@ def remux_in_order(
     placed: list[PlacedVideo] = []
     rotation = Rotation(max_mb, chunk_size)
     delay = _decoding_delay(episodes)
-    sources = _Sources({episode.path: index for index, episode in enumerate(episodes)})
+    sources = _Sources([episode.path for episode in episodes])
     try:
         out: _Output | None = None
         try:
@@ -77,14 +76,14 @@ def remux_in_order(
                 at, fresh = rotation.place(sum(packet.size for packet in packets))
                 if out is None or fresh:
                     if out is not None:
-                        out.close()
-                        out = None
+                        closing, out = out, None  # closed once, whatever its close raises
+                        closing.close()
                     path = target(at)
                     path.parent.mkdir(parents=True, exist_ok=True)
                     out = _Output(path, stream)
                 start, end = out.append(stream, packets, episode, delay)
                 placed.append(PlacedVideo(at, (float(start), float(end))))
-                sources.used(index, episode.path)
+                sources.used(index)
         finally:
             if out is not None:
                 out.close()
@@ -96,25 +95,34 @@ def remux_in_order(
 def _decoding_delay(episodes: list[EpisodeVideo]) -> int:
     """How far ahead of its first frame's time the longest-delayed episode is decoded (in the stream's time
     base): 0 for a codec that does not reorder frames (h264 as written here, AV1)."""
-    sources = _Sources({episode.path: index for index, episode in enumerate(episodes)})
+    sources = _Sources([episode.path for episode in episodes])
     try:
         delay = 0
         for index, episode in enumerate(episodes):
             first = sources.first_packet(episode)
             delay = max(delay, first.pts - first.dts)
-            sources.used(index, episode.path)
+            sources.used(index)
         return delay
     finally:
         sources.close()
 
 
 class _Sources:
-    """The source files: each opened when an episode needs it, closed after its last episode, and at most
-    :data:`OPEN_SOURCES` open at once (the least recently read closes first)."""
+    """The source files of the episodes, read in the order given: each opened when an episode needs it, closed
+    after its last episode, and at most :data:`OPEN_SOURCES` open at once. When one more must open, the file
+    needed again latest closes: the whole order is known, so the fewest files are opened again."""
 
-    def __init__(self, last_use: dict[Path, int]) -> None:
-        self._last_use = last_use
-        self._open: collections.OrderedDict[Path, Any] = collections.OrderedDict()
+    def __init__(self, paths: list[Path]) -> None:
+        self._paths = paths
+        self._next_use = [len(paths)] * len(paths)
+        """For each episode, the next one that reads its file (``len(paths)``: none)."""
+        later: dict[Path, int] = {}
+        for index in reversed(range(len(paths))):
+            self._next_use[index] = later.get(paths[index], len(paths))
+            later[paths[index]] = index
+        self._open: dict[Path, Any] = {}
+        self._due: dict[Path, int] = {}
+        """For each open file but the one being read, the next episode that reads it."""
 
     def episode_packets(self, episode: EpisodeVideo) -> tuple[Any, list[Any]]:
         """The video stream of the episode's file, and the episode's packets in decode order."""
@@ -153,25 +161,31 @@ class _Sources:
             raise DatasetWriteError(f"{_where(episode)} starts on no key frame")
         return stream, itertools.chain([first], read)
 
-    def used(self, index: int, path: Path) -> None:
-        """Episode ``index`` was read from ``path``: the file closes when it was its last."""
-        if self._last_use[path] == index:
-            self._open.pop(path).close()
+    def used(self, index: int) -> None:
+        """Episode ``index`` was read: its file closes when no later episode reads it."""
+        path, upcoming = self._paths[index], self._next_use[index]
+        if upcoming == len(self._paths):
+            self._close(path)
+        else:
+            self._due[path] = upcoming
 
     def close(self) -> None:
-        while self._open:
-            self._open.popitem()[1].close()
+        for path in list(self._open):
+            self._close(path)
 
     def _container(self, path: Path) -> Any:
         import av
 
         if path in self._open:
-            self._open.move_to_end(path)
             return self._open[path]
         while len(self._open) >= OPEN_SOURCES:
-            self._open.popitem(last=False)[1].close()
+            self._close(max(self._due, key=self._due.__getitem__))
         container = self._open[path] = av.open(str(path))
         return container
+
+    def _close(self, path: Path) -> None:
+        self._due.pop(path, None)
+        self._open.pop(path).close()
 
 
 def _where(episode: EpisodeVideo) -> str:

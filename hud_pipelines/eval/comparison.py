@@ -311,7 +311,7 @@ def run_compare(args: argparse.Namespace, judge: Judge | None = None) -> int:
     if args.fail_if_worse and result.pairs == 0:  # a gate never passes on nothing, as no_regression does not
         print(
             f"--fail-if-worse: no episode of {candidate.name} pairs up with one of {baseline.name} "
-            "(same tasks and seeds?): nothing to judge",
+            f"({unpaired_cause(candidate.rows, baseline.rows)}): nothing to judge",
             file=sys.stderr,
         )
         return 1

@@ -118,8 +118,6 @@ class ShardedSim(Closeable):
             tasks = [dict(tasks) for _ in range(self.num_envs)]
         if len(tasks) != self.num_envs:
             raise SimError(f"reset needs one task per slot: {self.num_envs} slots, {len(tasks)} tasks")
-        if (differs := build_difference([_build_part(task) for task in tasks])) is not None:
-            raise SimError(differs)  # each child would check only its own slice
         self._sent.clear()
         self._arrived.clear()
         slices = [tasks[slots.start : slots.stop] for slots in self.slots]
@@ -127,7 +125,12 @@ class ShardedSim(Closeable):
             futures = [pool.submit(client.reset, part) for client, part in zip(self.clients, slices, strict=True)]
             outcomes: list[Observation | BaseException] = [_outcome(f.result, f.exception()) for f in futures]
         self._seq += 1
-        return self._join(self._seq, outcomes, phase="reset", sent=[True] * self.shards)
+        joined = self._join(self._seq, outcomes, phase="reset", sent=[True] * self.shards)
+        # Each child compares only its own slice's builds; after them, so that a key no factory takes is refused
+        # in the children's words first, as one sim refuses it before it compares builds.
+        if (differs := build_difference([_build_part(task) for task in tasks])) is not None:
+            raise SimError(differs)
+        return joined
 
     def step(self, action: npt.NDArray[Any]) -> Observation:
         return self.receive_step(self.send_step(action))

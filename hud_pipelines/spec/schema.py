@@ -204,7 +204,8 @@ object with `infer(batch)`.
   continuous one is clipped (`sim.bounds`). Any other shape fails the call, naming the shape
   expected.
 - **Optional members** of the callable or policy object: `reset()` runs before the first run of
-  episodes, and before every run when instances take turns (`max_concurrent: 1`): instances that
+  episodes, and before every run when instances take turns (`max_concurrent: 1`), when an episode
+  starts (a reset that leaves no slot running does not reset the policy): instances that
   share the policy at once would clear each other's state, so key per-episode state on
   `batch.episodes`; an integer attribute `horizon` executes only the first `horizon`
   actions of each chunk before asking again (`agent.horizon` wins over it).

@@ -235,7 +235,7 @@ class DatasetSpec(StrictModel):
     codec: VideoCodec = Field(
         default=VideoCodec.H264,
         description="video codec: `h264` (fast, the default) or `libsvtav1` (smaller; "
-        "its RGB cameras must be at least 25 pixels wide)",
+        "its cameras but depth maps must be at least 25 pixels wide)",
     )
     state_features: list[str] | None = Field(
         default=None,

@@ -243,7 +243,7 @@ def test_an_av1_video_camera_narrower_than_svt_av1_encodes_is_refused_before_a_f
     from hud_pipelines.spec.dataset_options import CameraStorage, VideoCodec
 
     def camera(width: int, kind: FeatureType = FeatureType.RGB) -> Feature:
-        shape = (32, width, 1 if kind is FeatureType.DEPTH else 3)
+        shape = (32, width, 3 if kind is FeatureType.RGB else 1)
         return Feature(
             role="observation", type=kind, dtype="float32" if kind is FeatureType.DEPTH else "uint8", shape=shape
         )
@@ -256,6 +256,8 @@ def test_an_av1_video_camera_narrower_than_svt_av1_encodes_is_refused_before_a_f
     DatasetLayout.build(_contract(pixels=camera(8)), DatasetOptions(cameras=CameraStorage.VIDEO))  # h264
     DatasetLayout.build(_contract(pixels=camera(8)), av1.model_copy(update={"cameras": CameraStorage.IMAGE}))
     DatasetLayout.build(_contract(pixels=camera(8, FeatureType.DEPTH)), av1)  # depth has its own codec
+    with pytest.raises(ContractError, match=said):  # a gray camera is encoded as RGB
+        DatasetLayout.build(_contract(pixels=camera(AV1_MIN_WIDTH - 1, FeatureType.GRAY)), av1)
     known = DatasetLayout.build(_contract(pixels=camera(64)), av1)
     unknown = dataclasses.replace(
         known, cameras=tuple(dataclasses.replace(c, source_shape=None) for c in known.cameras)

@@ -203,7 +203,9 @@ def test_hud_pipelines_compare_reads_two_grade_files(tmp_path: Path, capsys: pyt
     (tmp_path / "c.json").write_text(json.dumps([r.as_dict() for r in elsewhere]))
     assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "c.json")]) == 0, "a comparison, not a gate"
     assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--fail-if-worse"]) == 1
-    assert "no episode of" in capsys.readouterr().err, "a gate never passes on no paired episode"
+    said = capsys.readouterr().err
+    assert "no episode of" in said, "a gate never passes on no paired episode"
+    assert "(same tasks and seeds?)" in said
 
 
 def test_the_no_regression_check_fails_a_worse_candidate_and_passes_an_inconclusive_one(tmp_path: Path) -> None:

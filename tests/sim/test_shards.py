@@ -249,8 +249,12 @@ def test_slots_that_ask_for_other_builds_are_refused_as_one_sim_refuses_them_wit
     settings = SimSettings(factory=FAULTY, num_envs=4)
     tasks: list[dict[str, Any]] = [{"seed": 0}, {"seed": 1}, {"seed": 2, "at_step": 3}, {"seed": 3, "at_step": 3}]
     said = "slot 2: asks for build arguments {'at_step': 3}, the first slot for {}"
+    misspelled: list[dict[str, Any]] = [{"seed": 0}, {"seed": 1}, {"seed": 2, "at_stpe": 3}, {"seed": 3}]
+    typo = "task argument 'at_stpe' is accepted neither by the factory faulty"
     for shards in (1, 2):
         with SimPool(dataclasses.replace(settings, shards=shards)) as pool, pool.sim() as live:
             with pytest.raises(SimError, match=re.escape(said)):
                 live.client.reset(tasks)
+            with pytest.raises(SimError, match=re.escape(typo) + r".*did you mean 'at_step'"):
+                live.client.reset(misspelled)  # the key is refused first, as one sim refuses it
             assert [o.tolist() for o in live.client.reset([{"seed": s} for s in range(4)]).observation.values()]
