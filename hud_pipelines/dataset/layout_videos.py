@@ -194,7 +194,7 @@ def _where(episode: EpisodeVideo) -> str:
 
 def _frame_ticks(episode: EpisodeVideo, base: Fraction) -> Fraction:
     """One frame's duration in time base ``base``, from the episode's own span: a stream's average rate is not
-    the frame rate once episodes of some codecs lie apart (see :meth:`_Output.append`)."""
+    always the frame rate (lerobot's depth files report one from their decoding times)."""
     return (Fraction(episode.seconds[1]) - Fraction(episode.seconds[0])) / base / max(1, episode.frames)
 
 
@@ -218,11 +218,12 @@ class _Output:
     def append(self, source: Any, packets: list[Any], episode: EpisodeVideo, delay: int) -> tuple[Fraction, Fraction]:
         """The episode's packets at the end of the file; its start and end in seconds.
 
-        Every episode is decoded ``delay`` ahead of its first frame's time. A codec that reorders frames (x265
-        for depth cameras) decodes a long episode two frames ahead and a one- or two-frame episode not ahead at
-        all: laid side by side as they are, a long episode's first packet would be decoded before the short
-        one's last (the muxer refuses the file), and a file that starts with a short episode would not shift
-        its index by the delay, so a seek to a long episode's first frame would land after it."""
+        Every episode is decoded ``delay`` ahead of its first frame's time. A codec that reorders frames (x265 as
+        lerobot sets it for depth maps; the parts here turn that off) decodes a long episode two frames ahead and
+        a one- or two-frame episode not ahead at all: laid side by side as they are, a long episode's first
+        packet would be decoded before the short one's last (the muxer refuses the file), and a file that starts
+        with a short episode would not shift its index by the delay, so a seek to a long episode's first frame
+        would land after it."""
         if Fraction(source.time_base) != self._base:
             raise DatasetWriteError(
                 f"{episode.path}: time base {source.time_base} differs from {self._base} of the episodes before"
