@@ -80,7 +80,8 @@ class SimClient(Closeable):
 
     ``step_timeout_s`` bounds every step and result; ``reset_timeout_s`` (default: the same) bounds
     a reset, which may rebuild the env. ``link`` replaces the WebSocket connection to ``url`` (see
-    :meth:`in_process`).
+    :meth:`in_process`); ``local_socket`` reaches the server of ``url`` through a Unix socket of this host that
+    it named (:attr:`SimProcess.local_socket`).
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class SimClient(Closeable):
         on_timeout: Callable[[], None] | None = None,
         exit_status: Callable[[], int | None] | None = None,
         link: Link | None = None,
+        local_socket: str | None = None,
     ) -> None:
         self.url = url
         self.step_timeout_s = step_timeout_s
@@ -106,7 +108,9 @@ class SimClient(Closeable):
         self._exit_status = exit_status or (lambda: None)
         """The spawned child's exit status once it exited (read after the diagnosis, which waits for it)."""
         self._session = ClientSession(framing, peer=url)
-        self._link = link if link is not None else self._connect(token, max_frame_bytes, connect_timeout_s)
+        self._link = (
+            link if link is not None else self._connect(token, max_frame_bytes, connect_timeout_s, local_socket)
+        )
         try:
             self._send(self._session.hello(), "handshake", connect_timeout_s)
             try:
@@ -136,10 +140,14 @@ class SimClient(Closeable):
         link = InProcessLink(bridge)
         return cls(link.url, "", framing=framing, link=link)
 
-    def _connect(self, token: str, max_frame_bytes: int, timeout_s: float) -> Link:
+    def _connect(self, token: str, max_frame_bytes: int, timeout_s: float, local_socket: str | None) -> Link:
         try:
             return WebSocketLink(
-                self.url, headers={"Authorization": f"Bearer {token}"}, max_size=max_frame_bytes, timeout_s=timeout_s
+                self.url,
+                headers={"Authorization": f"Bearer {token}"},
+                max_size=max_frame_bytes,
+                timeout_s=timeout_s,
+                local_socket=local_socket,
             )
         except LinkRefused as exc:
             refused = f"the sim at {self.url} refused the connection: {exc}"

@@ -43,7 +43,10 @@ class Connection:
     """
 
     def __init__(self, sock: socket.socket, protocol: ServerProtocol) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
+        """Over TCP (another host, or this one by its URL); else a local socket (``SimServer.local_socket``)."""
+        if self.tcp:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(SEND_TIMEOUT_S)  # bounds sends; reads wait in poll() with their own deadline
         self.sock = sock
         self.protocol = protocol
@@ -180,7 +183,9 @@ class Connection:
         self._flush(queue)
 
     def keepalive(self) -> None:
-        _enable_tcp_keepalive(self.sock)
+        """Probe a TCP peer that may vanish with its host; a local socket's peer is known gone at once."""
+        if self.tcp:
+            _enable_tcp_keepalive(self.sock)
 
     def finish(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the closing handshake to complete, then drop the socket."""

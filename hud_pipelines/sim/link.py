@@ -61,15 +61,35 @@ class Link(Protocol):
 class WebSocketLink:
     """One WebSocket connection; use it from one thread at a time."""
 
-    def __init__(self, url: str, *, headers: dict[str, str], max_size: int | None, timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: dict[str, str],
+        max_size: int | None,
+        timeout_s: float,
+        local_socket: str | None = None,
+    ) -> None:
+        """Connect to ``url``, or to the server of ``url`` through its ``local_socket`` (same host: see
+        :func:`local_socket_address`), which the handshake still addresses as ``url``."""
         try:
             uri = parse_uri(url)
         except InvalidURI as exc:
             raise LinkError(f"not a WebSocket URL: {url!r} ({exc})") from exc
         deadline = time.monotonic() + timeout_s
-        sock = socket.create_connection((uri.host, uri.port), timeout=timeout_s)
+        if local_socket is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout_s)
+                sock.connect(local_socket_address(local_socket))
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection((uri.host, uri.port), timeout=timeout_s)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if local_socket is None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if uri.secure:
                 sock = ssl.create_default_context().wrap_socket(sock, server_hostname=uri.host)
         except BaseException:
@@ -264,6 +284,12 @@ class WebSocketLink:
                 refused_here=True,
             )
         return LinkClosed("the connection closed without a close frame")
+
+
+def local_socket_address(name: str) -> str:
+    """The address of a local (Unix) socket named in a sim's ready line: ``@name`` is in Linux's abstract
+    namespace (no file; gone with the process that listens, however it ends), anything else a path."""
+    return "\0" + name[1:] if name.startswith("@") else name
 
 
 def header_seconds(value: str | None) -> float | None:
