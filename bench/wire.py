@@ -14,6 +14,8 @@ the in-process loop and of both served processes together (the served overhead i
 what counts on a machine whose cores are busy with other work). ``own us/tick`` is the Python work
 the process shape adds per tick without its transport: the same loop through the real client and
 server sessions, codec and bridge in this process (``SimClient.in_process``) minus the plain loop.
+``TCP trip ms`` is the served loop's round trip through the same child by its URL (loopback TCP)
+rather than its local socket (what a spawned sim's clients use on Linux), in the same repeat.
 
 CartPole is driven by a balancing rule computed from the observation on both sides (so episodes do
 not end at once); Pendulum and the camera sim get the same random torques.
@@ -144,11 +146,14 @@ def child_cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def time_served(sim: SimProcess, config: Config, policy: Callable[[int, Array], Array]) -> tuple[float, float, float]:
+def time_served(
+    sim: SimProcess, config: Config, policy: Callable[[int, Array], Array], *, tcp: bool = False
+) -> tuple[float, float, float]:
     """Env-steps per second through the wire, the median round trip of one frame (ms), and the CPU
-    microseconds per env-step of both processes together."""
+    microseconds per env-step of both processes together; ``tcp``: by the sim's URL, not its local socket."""
     tasks = [{"seed": slot} for slot in range(config.num_envs)]
-    with sim.connect(framing=Framing.BATCHED) as client:
+    by = SimProcess.attach(sim.url, sim.token) if tcp else sim
+    with by.connect(framing=Framing.BATCHED) as client:
         reply = client.reset(tasks)
         for step in range(10):
             reply = client.step(policy(step, reply.observation["state"]))
@@ -201,6 +206,8 @@ class Row:
     cpu_served_us: float
     own_work_us: float
     """Per tick: the in-process wire loop minus the plain loop (see :func:`time_own_work`)."""
+    trip_tcp_ms: float
+    """The served round trip by the sim's URL (loopback TCP) instead of its local socket."""
 
 
 def measure(config: Config, repeats: int) -> Row:
@@ -215,6 +222,7 @@ def measure(config: Config, repeats: int) -> Row:
         cpu_local: list[float] = []
         cpu_served: list[float] = []
         own: list[float] = []
+        trips_tcp: list[float] = []
         for _ in range(repeats):
             rate, cpu = time_in_process(env, config, policy)
             local.append(rate)
@@ -225,6 +233,7 @@ def measure(config: Config, repeats: int) -> Row:
             trips.append(trip)
             cpu_served.append(cpu)
             ratios.append(served[-1] / local[-1])
+            trips_tcp.append(time_served(sim, config, policy, tcp=True)[1])
     finally:
         sim.close()
         env.close()
@@ -238,6 +247,7 @@ def measure(config: Config, repeats: int) -> Row:
         median(cpu_local),
         median(cpu_served),
         median(own),
+        median(trips_tcp),
     )
 
 
@@ -274,7 +284,7 @@ def main() -> int:
     rows: list[Row] = []
     header = (
         f"{'sim':<10}{'N':>4}{'camera':>8}{'in-process/s':>15}{'served/s':>12}{'ratio':>8}{'round trip ms':>15}"
-        f"{'CPU us/step':>13}{'served CPU':>12}{'own us/tick':>13}"
+        f"{'CPU us/step':>13}{'served CPU':>12}{'own us/tick':>13}{'TCP trip ms':>13}"
     )
     print(header)
     print("-" * len(header))
@@ -287,7 +297,7 @@ def main() -> int:
         print(
             f"{config.name:<10}{config.num_envs:>4}{camera:>8}{row.in_process:>15,.0f}{row.served:>12,.0f}"
             f"{row.ratio:>8.2f}{row.trip_ms:>15.2f}{row.cpu_in_process_us:>13.1f}{row.cpu_served_us:>12.1f}"
-            f"{row.own_work_us:>13.1f}",
+            f"{row.own_work_us:>13.1f}{row.trip_tcp_ms:>13.2f}",
             flush=True,
         )
     spawn_times = [] if args.only else spawn_to_first_observation(args.repeats)
@@ -298,6 +308,8 @@ def main() -> int:
         )
     summary: dict[str, Any] = {f"ratio_{row.config.key}": round(row.ratio, 3) for row in rows}
     summary |= {f"own_work_us_{row.config.key}": round(row.own_work_us, 1) for row in rows}
+    summary |= {f"trip_ms_{row.config.key}": round(row.trip_ms, 3) for row in rows}
+    summary |= {f"trip_tcp_ms_{row.config.key}": round(row.trip_tcp_ms, 3) for row in rows}
     if spawn_times:
         summary["spawn_to_first_observation_s"] = round(statistics.median(spawn_times), 3)
     print(json.dumps(summary))
