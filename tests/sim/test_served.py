@@ -274,7 +274,8 @@ def test_a_spawned_sims_clients_go_through_its_local_socket_which_asks_the_token
     spawn: Spawn,
 ) -> None:
     sim = spawn("CartPole-v1")
-    assert sim.local_socket is not None and sim.local_socket.startswith("@hud-pipelines-sim-")
+    assert sim.local_socket is not None
+    assert sim.local_socket.startswith("@hud-pipelines-sim-")
     address = "\0" + sim.local_socket[1:]
     with sim.connect() as client:
         assert client._link._sock.family == socket.AF_UNIX  # type: ignore[attr-defined]
