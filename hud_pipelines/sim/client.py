@@ -153,6 +153,7 @@ class SimClient(Closeable):
             refused = f"the sim at {self.url} refused the connection: {exc}"
             raise SimRefusedError(refused, status=exc.status, running_for_s=exc.running_for_s) from exc
         except (OSError, LinkError) as exc:
+            through = f" (through its local socket {local_socket})" if local_socket is not None else ""
             diagnosis = self._diagnosis()
             waited = (
                 f" (waited {timeout_s:g} s for the connection and its handshake)"
@@ -160,7 +161,8 @@ class SimClient(Closeable):
                 else ""
             )
             raise SimCrashedError(
-                f"cannot connect to the sim at {self.url}: {exc}{waited}{diagnosis}", returncode=self._exit_status()
+                f"cannot connect to the sim at {self.url}{through}: {exc}{waited}{diagnosis}",
+                returncode=self._exit_status(),
             ) from exc
 
     @property

@@ -30,6 +30,7 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from hud_pipelines.errors import LinkClosed, LinkError, LinkRefused
+from hud_pipelines.sim.local_socket import address as local_address
 from hud_pipelines.wire.messages import RUNNING_FOR_HEADER
 
 RECV_CHUNK_BYTES = 1 << 20
@@ -70,8 +71,8 @@ class WebSocketLink:
         timeout_s: float,
         local_socket: str | None = None,
     ) -> None:
-        """Connect to ``url``, or to the server of ``url`` through its ``local_socket`` (same host: see
-        :func:`local_socket_address`), which the handshake still addresses as ``url``."""
+        """Connect to ``url``, or to the server of ``url`` through the ``local_socket`` it named (``@name``, see
+        :mod:`hud_pipelines.sim.local_socket`), the handshake still addressed to ``url``."""
         try:
             uri = parse_uri(url)
         except InvalidURI as exc:
@@ -81,7 +82,7 @@ class WebSocketLink:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.settimeout(timeout_s)
-                sock.connect(local_socket_address(local_socket))
+                sock.connect(local_address(local_socket))
             except BaseException:
                 sock.close()
                 raise
@@ -284,12 +285,6 @@ class WebSocketLink:
                 refused_here=True,
             )
         return LinkClosed("the connection closed without a close frame")
-
-
-def local_socket_address(name: str) -> str:
-    """The address of a local (Unix) socket named in a sim's ready line: ``@name`` is in Linux's abstract
-    namespace (no file; gone with the process that listens, however it ends), anything else a path."""
-    return "\0" + name[1:] if name.startswith("@") else name
 
 
 def header_seconds(value: str | None) -> float | None:

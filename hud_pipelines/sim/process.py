@@ -41,6 +41,7 @@ from hud_pipelines.closing import Closeable
 from hud_pipelines.errors import SimStartError
 from hud_pipelines.sim.child_diagnosis import ChildDiagnosis
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, SimClient
+from hud_pipelines.sim.local_socket import ENV as LOCAL_SOCKET_ENV
 from hud_pipelines.sim.proc import MARK_ENV, descendants
 from hud_pipelines.sim.serve import TOKEN_ENV
 from hud_pipelines.wire.codec import is_map
@@ -70,8 +71,9 @@ class SimProcess(Closeable):
         self.url = url
         self.token = token
         self.local_socket: str | None = None
-        """The Unix socket a spawned child listens on as well (its ready line's ``local_socket``), which its clients
-        use: a third of a loopback TCP round trip. ``None``: attached, or a platform without one (the URL is used)."""
+        """The local socket a spawned child listens on as well (its ready line's ``local_socket``,
+        :mod:`hud_pipelines.sim.local_socket`), which its clients use. ``None``: attached, not Linux, or a child that
+        could not open one or was told not to (``HUD_PIPELINES_LOCAL_SOCKET=0`` in ``env``): the URL serves."""
         self._popen = popen
         self._terminated_at: float | None = None
         """When it was asked to stop (SIGTERM): a close that comes later waits what is left of its grace period."""
@@ -129,7 +131,6 @@ class SimProcess(Closeable):
             "--port",
             str(port),
             "--parent-watch",
-            "--local-socket",
             "--idle-timeout-s",
             f"{idle_timeout_s:g}",
             *options,
@@ -139,7 +140,7 @@ class SimProcess(Closeable):
         for key, value in (build_args or {}).items():
             command += ["--arg", f"{key}={json.dumps(value)}"]
         mark = secrets.token_hex(8)
-        child_env = {**os.environ, **(env or {}), TOKEN_ENV: token, MARK_ENV: mark}
+        child_env = {**os.environ, LOCAL_SOCKET_ENV: "1", **(env or {}), TOKEN_ENV: token, MARK_ENV: mark}
         if python is not None:
             child_env["PYTHONPATH"] = _with_package_root(child_env.get("PYTHONPATH", ""))
         try:

@@ -36,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 from hud_pipelines.errors import EnvFault, HudPipelinesError
+from hud_pipelines.sim import local_socket
 from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.envs import ProbeReset
@@ -143,9 +144,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--local-socket",
         action="store_true",
+        default=os.environ.get(local_socket.ENV) == "1",
         help="also listen on a Unix socket of Linux's abstract namespace, named in the ready line as local_socket, "
-        "for a client on this host (a round trip costs about a third of one over loopback TCP; elsewhere than "
-        "Linux: not opened, not named)",
+        "for clients of this host: a third of loopback TCP's kernel cost per message, a few percent of a served "
+        f"step (default: ${local_socket.ENV} is 1, as a spawning parent sets it; elsewhere than Linux: not opened)",
     )
     parser.add_argument("--parent-watch", action="store_true", help=argparse.SUPPRESS)
 
@@ -213,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             max_frame_bytes=args.max_frame_bytes,
             idle_timeout_s=args.idle_timeout_s,
-            local_socket=_local_socket_name() if args.local_socket and sys.platform == "linux" else None,
+            local_socket=local_socket.new_name() if args.local_socket and sys.platform == "linux" else None,
         )
         port = server.start()
         host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
@@ -250,11 +252,6 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     finally:
         _shut_down(executor, server, bridge)
-
-
-def _local_socket_name() -> str:
-    """A name of the abstract namespace no other process holds: ours, and unguessable (the token still guards it)."""
-    return f"@hud-pipelines-sim-{os.getpid()}-{secrets.token_hex(8)}"
 
 
 def _report_fatal(exc: BaseException) -> None:

@@ -48,7 +48,7 @@ from websockets.server import ServerProtocol
 from hud_pipelines.errors import HudPipelinesError, Phase, SimShuttingDown
 from hud_pipelines.sim.bridge import GymBridge
 from hud_pipelines.sim.connection import Connection
-from hud_pipelines.sim.link import local_socket_address
+from hud_pipelines.sim.local_socket import listen as listen_locally
 from hud_pipelines.sim.main_thread import MainThreadExecutor
 from hud_pipelines.sim.session import SERVER_NAME, Outcome, Session
 from hud_pipelines.wire.codec import packb
@@ -92,8 +92,9 @@ class SimServer:
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
     """Seconds a client may send nothing after its hello before it is closed (``None``, or 0 given: forever)."""
     local_socket: str | None = None
-    """A Unix socket to listen on as well (``@name``: Linux's abstract namespace), for a client on this host: a
-    round trip through it costs about a third of one through loopback TCP. Same token, same admission."""
+    """A name of Linux's abstract socket namespace (``@name``) to listen on as well, for a client of this host: a
+    third of loopback TCP's kernel cost per message. Same token, same admission. ``None`` once it cannot be opened
+    (the URL serves alone: it is only a shortcut)."""
 
     def __post_init__(self) -> None:
         self.idle_timeout_s = self.idle_timeout_s or None
@@ -136,15 +137,18 @@ class SimServer:
         except BaseException:
             listener.close()
             raise
-        if self.local_socket is not None:
-            try:
-                self._local_listener = _listen_locally(self.local_socket)
-            except BaseException:
-                listener.close()
-                raise
+        try:
+            self._local_listener = None if self.local_socket is None else listen_locally(self.local_socket)
+            if self._local_listener is None:
+                self.local_socket = None
+            self._wake = socket.socketpair()
+            self._watch_signals()
+        except BaseException:  # nothing left bound: a retry may take the same port and name
+            for sock in (listener, self._local_listener, *(self._wake or ())):
+                if sock is not None:
+                    sock.close()
+            raise
         self._listener = listener
-        self._wake = socket.socketpair()
-        self._watch_signals()
         self.port = int(listener.getsockname()[1])
         self._thread = threading.Thread(target=self._accept_forever, name="hud-sim-server", daemon=True)
         self._thread.start()
@@ -259,7 +263,7 @@ class SimServer:
         if offered is None:
             offered = parse_qs(urlsplit(request.path).query).get("token", [""])[0]
         if not hmac.compare_digest(offered.encode(), self.token.encode()):
-            log.warning("refused a connection from %s: missing or wrong token", connection.peer)
+            log.warning("refused a connection from %s: missing or wrong token", connection.peer or "the local socket")
             return connection.protocol.reject(HTTPStatus.UNAUTHORIZED, "missing or wrong capability token\n")
         with self._state:
             noticed_by = time.monotonic() + min(CLOSE_NOTICE_S, max(deadline - time.monotonic(), 0.0))
@@ -380,17 +384,6 @@ class SimServer:
         log.error("serving a request failed", exc_info=failure)
         connection.leaving = True
         connection.close(CloseCode.INTERNAL_ERROR, "internal error")
-
-
-def _listen_locally(name: str) -> socket.socket:
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(local_socket_address(name))
-        listener.listen(16)
-    except OSError as exc:
-        listener.close()
-        raise HudPipelinesError(f"cannot listen on the local socket {name}: {exc.strerror or exc}") from exc
-    return listener
 
 
 def _bearer(header: str | None) -> str | None:

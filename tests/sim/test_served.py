@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -267,30 +266,6 @@ def test_attach_gives_the_same_client_and_does_not_own_the_sim(probe_sim: SimPro
         assert client.reset({"seed": 2}).status == ["running"]
     attached.close()
     assert probe_sim.alive()
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="the abstract socket namespace is Linux's")
-def test_a_spawned_sims_clients_go_through_its_local_socket_which_asks_the_token_and_goes_with_it(
-    spawn: Spawn,
-) -> None:
-    sim = spawn("CartPole-v1")
-    assert sim.local_socket is not None
-    assert sim.local_socket.startswith("@hud-pipelines-sim-")
-    address = "\0" + sim.local_socket[1:]
-    with sim.connect() as client:
-        assert client._link._sock.family == socket.AF_UNIX  # type: ignore[attr-defined]
-        assert client.reset({"seed": 3}).status == ["running"]
-    with SimProcess.attach(sim.url, sim.token).connect() as client:  # its URL serves as before
-        assert client._link._sock.family == socket.AF_INET  # type: ignore[attr-defined]
-        assert client.reset({"seed": 3}).status == ["running"]
-    with socket.socket(socket.AF_UNIX) as raw:  # no token, no sim: the same admission as its URL's
-        raw.connect(address)
-        with pytest.raises(InvalidStatus) as refused:
-            connect(sim.url, sock=raw, compression=None, open_timeout=10)
-    assert refused.value.response.status_code == 401
-    sim.close()
-    with socket.socket(socket.AF_UNIX) as raw, pytest.raises(ConnectionRefusedError):
-        raw.connect(address)  # the name went with the process: no file left behind to clean up
 
 
 # ---------------------------------------------------------------------------------------------
