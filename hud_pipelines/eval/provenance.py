@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.contract.file import load_contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sources
 from hud_pipelines.eval.grades import no_html
@@ -129,16 +130,38 @@ def environment(spec: PipelineSpec, code: dict[str, str] | None = None) -> dict[
 
 
 def with_current_code(recorded: dict[str, Any], spec: PipelineSpec) -> dict[str, Any]:
-    """The latest run's provenance (``recorded``) with the code and weights files it read digested as they are now.
+    """The latest run's provenance (``recorded``) with the code and weights files it read digested as they are now,
+    and the contract file's hash as it reads now.
 
     What results are judged by when nothing runs (``hud-pipelines report``, a Dagster asset materialized on its
-    own): an edit of the code since the last run shows its results as stale at once, as the next run would.
-    A served sim's own code is known only to its server: it stays as the run recorded it.
+    own): an edit of the code or of the contract file since the last run shows its results as stale at once, as
+    the next run would. A served sim's own code is known only to its server: it stays as the run recorded it.
     """
+    updated = recorded
+    contract_now = contract_hash_now(spec)
+    if recorded.get("contract_hash") and contract_now is not None:
+        updated = updated | {"contract_hash": contract_now}
     if not recorded.get("sources"):  # no run yet, a run recorded before sources were, or no file to read
-        return recorded
-    updated = recorded | {"sources": sources.digested_again(recorded["sources"], spec)}
+        return updated
+    updated = updated | {"sources": sources.digested_again(recorded["sources"], spec)}
     return updated | {"fingerprint": fingerprint(updated)}
+
+
+def contract_hash_now(spec: PipelineSpec) -> str | None:
+    """The hash a run would record for the contract file ``sim.contract`` as it reads now (``None``: no file, or one
+    that does not load, which the next run reports).
+
+    It is the hash of the contract as loaded, not of the file's bytes: a run records the contract its sim merged,
+    which is the file's as long as the env still fits it, so a run and the file as it left it hash alike however
+    the file is formatted, and only an edit of what it says (names, bounds, rates) differs.
+    """
+    path = spec.contract_path
+    if path is None or not path.is_file():
+        return None
+    try:
+        return hashlib.sha256(load_contract(path).to_json().encode()).hexdigest()
+    except (HudPipelinesError, OSError, ValueError):
+        return None
 
 
 def fingerprint(record: dict[str, Any]) -> str:

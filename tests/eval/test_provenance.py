@@ -10,7 +10,9 @@ import pytest
 
 from hud_pipelines.errors import Fault
 from hud_pipelines.eval import provenance
-from hud_pipelines.eval.configuration import CurrentBy
+from hud_pipelines.eval.configuration import CurrentBy, judged_now
+from hud_pipelines.eval.outputs import EvalOutputs
+from hud_pipelines.eval.rows import collect_rows
 from hud_pipelines.eval.steps import evaluate
 from tests.dagster.support import REPO
 from tests.eval.test_eval_outputs import _spec
@@ -438,8 +440,14 @@ def test_an_edit_of_the_contract_file_makes_earlier_results_another_environments
     assert {row.fault for row in again.rows} == {None}, "the same contract: the other instance's result is current"
 
     contract = json.loads((tmp_path / "bounded.json").read_text())
+    (tmp_path / "bounded.json").write_text(json.dumps(contract, indent=4))  # only its formatting
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    assert {row.fault for row in collect_rows(spec, outputs, current=judged_now(spec, outputs))} == {None}
     contract["features"]["action"]["high"] = [1.0]  # the action is clipped to 1 from now on
     (tmp_path / "bounded.json").write_text(json.dumps(contract))
+    now = collect_rows(spec, outputs, current=judged_now(spec, outputs))  # as `hud-pipelines report` judges them
+    assert {row.fault for row in now} == {Fault.NOT_RUN}, "stale at once, before the next run: as after a code edit"
+    assert all("the contract changed" in (row.error or "") for row in now)
     edited = evaluate(spec, outputs_dir=tmp_path / "out", partitions=[spec.partitions()[0]])
     stale = [row for row in edited.rows if row.instance == 1]
     assert {row.fault for row in stale} == {Fault.NOT_RUN}, "a result of the contract before the edit is not current"
