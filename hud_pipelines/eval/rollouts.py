@@ -174,8 +174,9 @@ def put_in_place(
 
 def kept_result(attempt: InstanceResult, outputs: EvalOutputs) -> InstanceResult | None:
     """The earlier result an ``attempt`` that never started, or whose sim died or hung, leaves in place: one of
-    another run that ran to its end under the same configuration of its task (a served sim that is down, or
-    killed mid-run, must not wipe what it served)."""
+    another run that ran to its end under the same configuration of its task, in the same environment (a served sim
+    that is down, or killed mid-run, must not wipe what it served; but after an edit of the code, the contract or
+    the packages the earlier result is stale anyway, and the attempt's error is what there is to say now)."""
     if attempt.fault not in KEEPS_EARLIER:
         return None
     try:
@@ -183,6 +184,8 @@ def kept_result(attempt: InstanceResult, outputs: EvalOutputs) -> InstanceResult
     except (OSError, ValueError, KeyError):
         return None
     same = earlier.rollout_hash == attempt.rollout_hash and earlier.run_id != attempt.run_id
+    if same and provenance.other_environment(earlier.provenance, attempt.provenance):
+        return None
     return earlier if same and not earlier.failed else None
 
 

@@ -688,6 +688,30 @@ def test_instances_that_kept_their_results_are_said_in_a_line_a_fault_with_the_c
     ]
 
 
+def test_an_attempt_that_did_not_start_after_an_edit_replaces_the_earlier_result_instead_of_keeping_it(
+    tmp_path: Path,
+) -> None:
+    """A sim that no longer starts after an edit of its code: the earlier result is of another environment (stale
+    whatever happens), so the attempt's own error is what its rows say, not a ``not_run`` naming the edit."""
+    import dataclasses
+
+    from hud_pipelines.eval.results import unreached_result
+    from hud_pipelines.eval.rollouts import kept_failure, kept_result
+
+    spec = _spec(tmp_path)
+    outputs = EvalOutputs(tmp_path / "out", spec.name)
+    (partition, *_) = spec.partitions()
+    ran_in = {"fingerprint": "0123", "sources": {"env.py": "digest-before"}}
+    finished = unreached_result(spec, partition, "stand-in", Fault.ENV, run_id="first")
+    dataclasses.replace(finished, error=None, fault=None, provenance=ran_in).write(outputs.result(finished.key))
+    broken = unreached_result(spec, partition, "ImportError: broken after an edit", Fault.SIM_START, run_id="second")
+    unchanged = dataclasses.replace(broken, provenance=ran_in)
+    assert kept_result(unchanged, outputs) is not None, "the same environment: a sim down keeps what it served"
+    edited = dataclasses.replace(broken, provenance={"fingerprint": "4567", "sources": {"env.py": "digest-after"}})
+    assert kept_result(edited, outputs) is None
+    assert kept_failure(spec, outputs, [edited]) is None, "nothing kept: the run's error is the attempt's own"
+
+
 def test_a_stale_result_names_what_of_the_configuration_changed_where_the_runs_recorded_it(tmp_path: Path) -> None:
     import dataclasses
 
