@@ -19,7 +19,11 @@ import numpy as np
 BOOTSTRAP_SAMPLES = 4000
 BOOTSTRAP_SEED = 20261201
 EXACT_FLIPS_UP_TO = 12
-"""Pairs up to which the sign-flip test enumerates every flip (4,096); above, it draws BOOTSTRAP_SAMPLES."""
+"""Nonzero differences up to which the sign-flip test enumerates every flip (4,096); above, it draws
+BOOTSTRAP_SAMPLES."""
+EXACT_FLIP_CELLS = 1 << 20
+"""The most (flip, tie count) cells an exact test enumerates: ``2^k x (m + 1)`` for ``k`` nonzero differences and
+``m`` zeros (4,096 flips beside 255 zeros)."""
 Z_80_POWER = NormalDist().inv_cdf(0.8)
 """The standard normal quantile for 80% power."""
 
@@ -72,9 +76,9 @@ def paired_difference_interval(won: int, lost: int, pairs: int, alpha: float) ->
     return _zeroed(max(bounds[0], -lost_share)), _zeroed(min(bounds[1], won_share))
 
 
-def _zeroed(bound: float) -> float:
+def _zeroed(bound: float, tolerance: float = 1e-12) -> float:
     """A bound within bisection noise of zero is zero: whether it excludes zero is the test's verdict."""
-    return 0.0 if abs(bound) < 1e-12 else bound
+    return 0.0 if abs(bound) < tolerance else bound
 
 
 def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
@@ -128,42 +132,60 @@ def sign_flip_test(
     the shifts it does not reject at ``alpha`` (``None`` where it can reject none: too few pairs).
 
     A flip's sum of shifted differences is ``flipped_sum - shift * sign_sum``: both are computed once, so
-    each p-value of the interval's search costs one pass over the flips, whatever the number of pairs.
+    each p-value of the interval's search costs one pass over the flips, whatever the number of pairs. The
+    pairs are taken in sorted order, so that a drawn test (many pairs) does not depend on the order of the rows.
     """
-    flipped, sign_sums, exact = _flip_sums(differences)
+    differences = np.sort(differences)
+    flipped, sign_sums, weights = _flip_sums(differences)
     total, n = float(differences.sum()), differences.size
 
     def p_value(shift: float) -> float:
         observed = abs(total - shift * n) * (1 - 1e-9)  # the tolerance keeps the observed flip and its ties in
-        as_extreme = int(np.count_nonzero(np.abs(flipped - shift * sign_sums) >= observed))
-        return as_extreme / flipped.size if exact else (as_extreme + 1) / (flipped.size + 1)
+        as_extreme = np.abs(flipped - shift * sign_sums) >= observed
+        if weights is not None:
+            return min(1.0, float(weights[as_extreme].sum()))
+        return (int(np.count_nonzero(as_extreme)) + 1) / (flipped.size + 1)
 
     mean, spread = float(differences.mean()), float(np.ptp(differences)) + abs(float(differences.mean())) + 1.0
     far_low, far_high = mean - 4 * spread, mean + 4 * spread  # every difference one sign: the smallest p
     p = p_value(0.0)
     if p_value(far_low) >= alpha or p_value(far_high) >= alpha:
         return p, None
-    return p, (_crossing(p_value, far_low, mean, alpha), _crossing(p_value, far_high, mean, alpha))
+    scale = float(np.abs(differences).max())
+    low, high = _crossing(p_value, far_low, mean, alpha), _crossing(p_value, far_high, mean, alpha)
+    return p, (_zeroed(low, 1e-8 * scale), _zeroed(high, 1e-8 * scale))  # within the ties' tolerance of zero: zero
 
 
 def _flip_sums(
     differences: np.ndarray[Any, np.dtype[np.float64]],
-) -> tuple[np.ndarray[Any, np.dtype[np.float64]], np.ndarray[Any, np.dtype[np.float64]], bool]:
-    """Each flip's signed sum of ``differences`` and its sum of signs, and whether the flips are every one of
-    the ``2^n`` (else BOOTSTRAP_SAMPLES drawn from a fixed seed, a block at a time: memory stays small)."""
-    n = differences.size
-    if n <= EXACT_FLIPS_UP_TO:
-        flips: np.ndarray[Any, np.dtype[np.int64]] = np.arange(2**n, dtype=np.int64).reshape(-1, 1)
-        signs = (1 - 2 * (np.right_shift(flips, np.arange(n, dtype=np.int64)) & 1)).astype(np.float64)
-        return signs @ differences, signs.sum(axis=1), True
+) -> tuple[np.ndarray[Any, np.dtype[np.float64]], np.ndarray[Any, np.dtype[np.float64]], Any]:
+    """Each flip's signed sum of ``differences`` and its sum of signs, and each flip's probability where they are
+    exact (``None`` where BOOTSTRAP_SAMPLES flips were drawn from a fixed seed, a block at a time: memory stays small).
+
+    Exact where the nonzero differences are few (up to EXACT_FLIPS_UP_TO), however many ties there are: a zero
+    difference's flip only adds its sign to the sign sum, so the ``m`` zeros enter as the ``m + 1`` values their
+    signs can sum to, each with its binomial probability, beside every flip of the nonzero ones.
+    """
+    nonzero = differences[differences != 0]
+    k, m = nonzero.size, differences.size - nonzero.size
+    if k <= EXACT_FLIPS_UP_TO and (2**k) * (m + 1) <= EXACT_FLIP_CELLS:
+        flips: np.ndarray[Any, np.dtype[np.int64]] = np.arange(2**k, dtype=np.int64).reshape(-1, 1)
+        signs = (1 - 2 * (np.right_shift(flips, np.arange(k, dtype=np.int64)) & 1)).astype(np.float64)
+        ties = np.arange(m + 1)  # how many zeros flip to -1
+        log_factorial = _log_factorials(m)
+        tie_chance = np.exp(log_factorial[m] - log_factorial[ties] - log_factorial[m - ties] - m * math.log(2))
+        flipped = np.repeat(signs @ nonzero, m + 1)
+        sign_sums = (signs.sum(axis=1)[:, None] + (m - 2 * ties)[None, :]).ravel()
+        return flipped, sign_sums, np.tile(tie_chance / 2**k, 2**k)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
+    n = differences.size
     rows = max(1, (1 << 20) // n)
     flipped, sign_sums = np.empty(BOOTSTRAP_SAMPLES), np.empty(BOOTSTRAP_SAMPLES)
     for start in range(0, BOOTSTRAP_SAMPLES, rows):
         block = rng.choice([-1.0, 1.0], size=(min(rows, BOOTSTRAP_SAMPLES - start), n))
         flipped[start : start + len(block)] = block @ differences
         sign_sums[start : start + len(block)] = block.sum(axis=1)
-    return flipped, sign_sums, False
+    return flipped, sign_sums, None
 
 
 def _crossing(p_value: Callable[[float], float], rejected: float, kept: float, alpha: float) -> float:

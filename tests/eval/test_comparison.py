@@ -142,6 +142,34 @@ def test_the_score_test_on_few_pairs_is_the_exact_sign_flip_test_and_gives_no_in
         assert "too few pairs for a 95% interval, p = " in describe(result, "a", "b")
 
 
+def test_the_score_test_of_few_changed_pairs_among_many_ties_is_exact_whatever_the_rows_order() -> None:
+    """48 pairs of which 4 changed, the score a multiple of success: the sign-flip test is McNemar's exact test
+    (p = 0.125), not a draw whose p-value moved with the order of the rows; its interval's bound is 0, not 1e-9."""
+    rng = np.random.default_rng(0)
+    won = {3, 17, 31, 41}  # odd: the baseline failed these
+    candidate = [_row(i, i in won or i % 2 == 0, score=2.5 * (i in won or i % 2 == 0)) for i in range(48)]
+    baseline = [_row(i, i % 2 == 0, score=2.5 * (i % 2 == 0)) for i in range(48)]
+    results = [compare(list(rng.permutation(candidate)), list(rng.permutation(baseline))) for _ in range(3)]
+    assert [result.mcnemar_p for result in results] == pytest.approx([0.125] * 3)
+    assert [result.score_p for result in results] == pytest.approx([0.125] * 3)
+    assert len({result.score_interval for result in results}) == 1
+    interval = results[0].score_interval
+    assert interval is not None
+    assert interval[0] == 0.0 or interval[0] < -1e-6, interval
+
+
+@pytest.mark.parametrize("zeros", [0, 3, 10])
+def test_the_score_test_with_ties_is_scipys_exact_permutation_test(zeros: int) -> None:
+    differences = np.concatenate((np.random.default_rng(zeros).normal(0.7, 1.0, 6), np.zeros(zeros)))
+    p, interval = sign_flip_test(differences, 0.05)
+    reference = stats.permutation_test(
+        (differences,), np.mean, permutation_type="samples", vectorized=True, n_resamples=np.inf
+    ).pvalue
+    assert p == pytest.approx(reference, abs=1e-12)
+    if interval is not None:
+        assert (interval[0] > 0 or interval[1] < 0) == (p < 0.05), (p, interval)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_score_test_agrees_with_scipys_permutation_test_and_its_interval_excludes_zero_exactly_when_p_does(
     seed: int,
