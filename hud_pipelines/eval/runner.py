@@ -56,7 +56,7 @@ from hud_pipelines.sim.pool import LiveSim, SimPool
 from hud_pipelines.sim.settings import SimSettings
 from hud_pipelines.spec.fleet import attached_servers
 from hud_pipelines.spec.models import Partition, PipelineSpec
-from hud_pipelines.spec.sim_section import PROBED_TASKS
+from hud_pipelines.spec.sim_section import probe_resets
 
 log = logging.getLogger(__name__)
 METRICS, BY_SIGNAL = "metrics", "success_by_signal"
@@ -71,7 +71,7 @@ def sim_settings(spec: PipelineSpec, *, cwd: Path | None = None) -> SimSettings:
     """How the pipeline's sims are started (or attached to). How a registry id is vectorized (one env per slot by
     default: each slot keeps its own seed) is the sim's: ``serve`` and a pipeline build it the same way."""
     sim = spec.sim
-    probes = [(task.seed, task.options) for task in spec.tasks[:PROBED_TASKS]]  # an env's reset may need them
+    probes = probe_resets([(task.seed, task.options) for task in spec.tasks], spec.group * sim.num_envs)
     return SimSettings(
         factory=spec.factory,
         build_args=dict(sim.args),

@@ -23,8 +23,20 @@ from hud_pipelines.spec.sections import spec_rule, spec_rules
 SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python", "max_frame_mb")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
 PROBED_TASKS = 3
-"""How many of a pipeline's first tasks a spawned sim's start-up probe tries in turn: enough that one task whose
-options break ``reset`` does not stop every task's sims, few enough that a sim whose every reset fails says so soon."""
+"""How many resets of a pipeline's first episodes a spawned sim's start-up probe tries in turn (the first tasks',
+then their next seeds'): enough that one task or seed whose ``reset`` raises does not stop every sim, few enough
+that a sim whose every reset fails says so soon."""
+
+
+def probe_resets(tasks: Sequence[tuple[int, Mapping[str, Any]]], episodes: int) -> list[tuple[int, Mapping[str, Any]]]:
+    """The seeds and options of a spawned sim's start-up probe, tried in turn until a reset works, from the tasks'
+    (seed, options) in order, each with ``episodes`` seeds (``seed``, ``seed + 1``, ...): the first episode's of
+    each of the first tasks, then their next episodes', :data:`PROBED_TASKS` in all. An env's reset may need its
+    task's options, and one task or one seed whose reset raises must error only its own episodes, not every sim."""
+    ranked = [(seed + rank, options) for rank in range(episodes) for seed, options in tasks[:PROBED_TASKS]]
+    return ranked[:PROBED_TASKS]
+
+
 DEFAULT_MAX_FRAME_MB = 64.0
 """The largest WebSocket message of a spawned sim's link, in MiB, unless ``sim.max_frame_mb`` says (``serve``'s
 ``--max-frame-bytes`` default)."""

@@ -273,14 +273,18 @@ def test_a_spawned_sim_is_probed_with_the_first_tasks_seeds_and_options_and_noth
     from hud_pipelines.spec.sim_section import PROBED_TASKS
 
     tasks = [{"seed": 40, "options": {"difficulty": 0.3}}, {"name": "hard", "seed": 9, "options": {"difficulty": 1}}]
-    s = spec(tasks=tasks)
+    s = spec(tasks=tasks, group=2)
     first, second = ("--probe-seed", "40", "--probe-options", '{"difficulty": 0.3}'), ("--probe-seed", "9")
-    assert sim_settings(s).options[4:] == (*first, *second, "--probe-options", '{"difficulty": 1}')
+    third = ("--probe-seed", "41", "--probe-options", '{"difficulty": 0.3}')  # the first task's next episode
+    assert sim_settings(s).options[4:] == (*first, *second, "--probe-options", '{"difficulty": 1}', *third)
+    one_task = spec(tasks=[{"seed": 7}], group=2)  # one seed whose reset raises errors its own episodes only
+    assert sim_settings(one_task).options[4:].count("--probe-seed") == 2, "its two episodes' seeds, no other"
+    assert sim_settings(one_task).options[5:10:4] == ("7", "8")
     many = spec(tasks=[{"name": f"t{i}", "seed": i} for i in range(PROBED_TASKS + 2)])
     assert sim_settings(many).options[4:].count("--probe-seed") == PROBED_TASKS, "a sim that cannot reset says so soon"
     assert sim_settings(spec()).options[4:] == ("--probe-seed", "0", "--probe-options", "{}")
     assert s.sim.serve_options() == ["--hold", s.sim.hold.value, "--bounds", s.sim.bounds.value], "no probe asked"
-    assert s.rollout_hash == spec(tasks=tasks).rollout_hash  # the tasks are hashed; the probe adds nothing
+    assert s.rollout_hash == spec(tasks=tasks, group=2).rollout_hash  # the tasks are hashed; the probe adds nothing
     assert "probe" not in json.dumps(s.model_dump(mode="json"))
 
 
