@@ -216,7 +216,7 @@ def run_pipeline(
         warned = [
             success_signal_warning(spec.graders[0], rows, run_id),
             unevaluated_warning(spec, outputs, rows) if spec.is_sweep else None,
-            episode_errors_warning(spec.checks, this_run),
+            episode_errors_warning(spec.checks, this_run, control_tasks(spec)),
             recording_warning(
                 r for r in current_results(spec, outputs, this_run_judges).values() if r.run_id == run_id
             ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -194,7 +194,9 @@ def success_signal_warning(grader: GraderSpec, rows: Sequence[GradeRow], run_id:
     )
 
 
-def episode_errors_warning(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]) -> str | None:
+def episode_errors_warning(
+    checks: Sequence[CheckSpec], rows: Sequence[GradeRow], controls: Collection[str] | None = None
+) -> str | None:
     """A warning when episodes errored on their own (an env or policy raised, a refused action) and no
     ``max_error_rate`` check looks at errors: no built-in check fails on them, so the run would pass with
     its rate taken over fewer episodes than it scheduled, and say nothing.
@@ -204,9 +206,14 @@ def episode_errors_warning(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]
     that never loaded), as the ``max_error_rate`` it advises would count them: the rate is taken without all of
     them. ``not_run`` rows are not errors of a run, there as in ``max_error_rate``: left out of both figures.
     The first error quoted is of an episode that errored on its own (``instances_completed`` quotes the others).
+    ``controls``: a matrix's control tasks, all a ``max_error_rate`` check judges: its perturbations' errors are
+    said even so.
     """
-    if any(isinstance(check, MaxErrorRateCheck) for check in checks):
+    bounded = any(isinstance(check, MaxErrorRateCheck) for check in checks)
+    if bounded and controls is None:
         return None
+    if bounded:
+        rows = [row for row in rows if row.task not in controls]  # what no check sees
     own = next((row for row in rows if row.fault is not None and not row.fault.ends_instance), None)
     if own is None:
         return None
@@ -215,10 +222,16 @@ def episode_errors_warning(checks: Sequence[CheckSpec], rows: Sequence[GradeRow]
     scheduled = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
     labels = sorted({row.checkpoint for row in rows if row.checkpoint is not None})  # a sweep's: whose episodes
     of = f" of checkpoint {labels[0]}" if len(labels) == 1 else f" of {len(labels)} checkpoints" if labels else ""
+    said = f"{faults.total()} of {scheduled} episode(s){of} errored ({counted}; the first: {one_line(own.error or '')})"
+    if bounded:
+        return (
+            f"{said} in perturbation tasks: the max_error_rate check judges the control tasks only; each "
+            "perturbation's errors are in the report's perturbations table"
+        )
+    scope = " of the control tasks" if controls is not None else ""
     return (
-        f"{faults.total()} of {scheduled} episode(s){of} errored ({counted}; the first: {one_line(own.error or '')}): "
-        "errored episodes are left out of the success rate, and no max_error_rate check bounds them; add "
-        "{kind: max_error_rate, value: 0.0} to its checks to fail the run when an episode errors"
+        f"{said}: errored episodes are left out of the success rate, and no max_error_rate check bounds them; add "
+        f"{{kind: max_error_rate, value: 0.0}} to its checks to fail the run when an episode{scope} errors"
     )
 
 

@@ -315,6 +315,19 @@ def test_episodes_that_errored_on_their_own_are_warned_of_unless_a_check_reads_e
     crashed = errored(Fault.SIM_CRASHED, "the sim died")  # instances_completed fails on it already
     assert episode_errors_warning([], [_row(EpisodeStatus.FAILED), crashed, not_run]) is None
 
+    # a matrix: its checks judge the control tasks, so a perturbation's errors are said even with the check
+    arm = [dataclasses.replace(row, task="t/scale=abc") for row in rows]
+    bounded = [MaxErrorRateCheck(value=0.0)]
+    assert episode_errors_warning(bounded, [*rows, *arm], controls={rows[0].task}) == (
+        "2 of 3 episode(s) errored (policy 1, env 1; the first: policy failed: boom) in perturbation tasks: the "
+        "max_error_rate check judges the control tasks only; each perturbation's errors are in the report's "
+        "perturbations table"
+    )
+    assert episode_errors_warning(bounded, rows, controls={rows[0].task}) is None, "only the controls errored"
+    unbounded = episode_errors_warning([], rows, controls={rows[0].task})
+    assert unbounded is not None
+    assert unbounded.endswith("to fail the run when an episode of the control tasks errors")
+
 
 def test_the_episode_errors_warning_counts_every_errored_episode_those_of_failed_instances_too() -> None:
     """Before, a sweep whose checkpoint never loaded (32 episodes of fault setup) and with 2 env errors said
