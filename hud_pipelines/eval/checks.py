@@ -210,9 +210,9 @@ def episode_errors_warning(
     said even so.
     """
     bounded = any(isinstance(check, MaxErrorRateCheck) for check in checks)
-    if bounded and controls is None:
-        return None
     if bounded:
+        if controls is None:
+            return None
         rows = [row for row in rows if row.task not in controls]  # what no check sees
     own = next((row for row in rows if row.fault is not None and not row.fault.ends_instance), None)
     if own is None:
