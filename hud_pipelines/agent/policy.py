@@ -252,12 +252,18 @@ def _positive_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def action_array(actions: object, *, source: str, expected: str) -> npt.NDArray[np.float32]:
     """A policy's answer as float32 numbers; what is no array of numbers is an error naming ``source`` and the
     ``expected`` shape (numpy's own words named neither). It is a :class:`PolicyError`, not a shape error: a row's
     own answer may be what broke it (a ragged list), so a stacked forward is run again per caller to find it."""
     try:
-        return np.asarray(to_numpy(actions), dtype=np.float32)  # a tensor that requires grad, or on a GPU, too
+        numbers = np.asarray(to_numpy(actions))  # a tensor that requires grad, or on a GPU, too
+        if numbers.dtype.kind == "f" and numbers.dtype.itemsize > 4:  # past float32's range is out of bounds, not inf
+            numbers = np.clip(numbers, -FLOAT32_MAX, FLOAT32_MAX, out=numbers.copy(), where=np.isfinite(numbers))
+        return numbers.astype(np.float32, copy=False)
     except (TypeError, ValueError) as exc:  # a dict, a generator, strings, ragged rows: no array of numbers
         raise PolicyError(
             f"{source} returned a {type(actions).__name__} that is no array of numbers ({exc}); expected {expected}"

@@ -144,6 +144,9 @@ def test_outputs_are_normalised_to_chunks_or_refused() -> None:
     assert as_chunks(np.zeros((3, 2)), 3, 2, source="p").shape == (3, 1, 2)
     assert as_chunks(np.zeros(3), 3, 1, source="p").shape == (3, 1, 1)
     assert as_chunks(np.zeros((3, 7, 2)), 3, 2, source="p").shape == (3, 7, 2)
+    huge = as_chunks(np.array([[1e40, -1e40, 0.5], [np.inf, np.nan, -np.inf]]), 2, 3, source="p")  # no overflow
+    top = float(np.finfo(np.float32).max)  # beyond float32 is out of bounds (clipped or refused), not non-finite
+    np.testing.assert_array_equal(huge[:, 0], np.array([[top, -top, 0.5], [np.inf, np.nan, -np.inf]], np.float32))
     with pytest.raises(PolicyError, match=r"policy X returned actions of shape \[3, 4\]; expected \[B=3, T, A=2\]"):
         as_chunks(np.zeros((3, 4)), 3, 2, source="policy X")
     with pytest.raises(PolicyError):
