@@ -105,13 +105,13 @@ def run_pipeline(
     from hud_pipelines.dagster.step_recovery import retried_steps
     from hud_pipelines.dagster.unit_tags import RUN_QUEUE_TAG
     from hud_pipelines.eval import progress
-    from hud_pipelines.eval.checks import episode_errors_warning, success_signal_warning
     from hud_pipelines.eval.configuration import CurrentBy, current_rollout_hashes
     from hud_pipelines.eval.outputs import EvalOutputs, default_outputs_root
     from hud_pipelines.eval.perturbations import control_tasks
     from hud_pipelines.eval.results import recording_warning
     from hud_pipelines.eval.rollouts import kept_pairs
     from hud_pipelines.eval.rows import collect_rows, current_results
+    from hud_pipelines.eval.run_warnings import episode_errors_warning, success_signal_warning
     from hud_pipelines.eval.seed_check import seed_warning
     from hud_pipelines.eval.steps import dataset_root, failed_run_step
     from hud_pipelines.eval.sweep_warnings import unevaluated_warning

@@ -197,7 +197,7 @@ class ErrorsAgainst:
         return (
             f"{self.here + self.there} episode(s) errored on one side only ({self.here} in {candidate}, "
             f"{self.there} in the baseline); had they gone against {candidate}, success {-self.drop():+.1%} "
-            f"(McNemar p = {self.worst.mcnemar_p:.3g}) over {self.worst.pairs} paired episodes"
+            f"(McNemar p = {self.worst.mcnemar_p:.3g}) over {paired_episodes(self.worst.pairs)}"
         )
 
 
@@ -323,6 +323,11 @@ def confidence_label(alpha: float) -> str:
     return f"{100 * (1 - alpha):.10g}%"
 
 
+def paired_episodes(count: int) -> str:
+    """``1 paired episode``, ``3 paired episodes``."""
+    return f"{count} paired episode{'' if count == 1 else 's'}"
+
+
 def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
     """The comparison in a few lines for a terminal."""
     if result.pairs == 0:
@@ -330,7 +335,7 @@ def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
     low, high = result.success_interval or (math.nan, math.nan)
     lines = [
         f"{candidate} vs {baseline}: {result.verdict.value} (McNemar exact p = {result.mcnemar_p:.3g})",
-        f"  {result.pairs} paired episodes ({result.unpaired} left out): both succeeded {result.both_succeeded}, "
+        f"  {paired_episodes(result.pairs)} ({result.unpaired} left out): both succeeded {result.both_succeeded}, "
         f"only the candidate {result.only_candidate}, only the baseline {result.only_baseline}, "
         f"neither {result.neither}",
         f"  success difference {result.success_difference:+.1%} ({confidence_label(result.alpha)} CI {low:+.1%} to "
@@ -347,7 +352,7 @@ def describe(result: PairedComparison, candidate: str, baseline: str) -> str:
     if result.verdict is Verdict.NO_DIFFERENCE and result.episodes_needed is not None:
         answer = "no difference detected" if result.pairs >= result.episodes_needed else "inconclusive"
         lines.append(
-            f"  {answer}: about {result.episodes_needed} paired episodes would detect a "
+            f"  {answer}: about {paired_episodes(result.episodes_needed)} would detect a "
             f"{result.min_effect:.0%} difference at 80% power"
         )
     return "\n".join(lines)

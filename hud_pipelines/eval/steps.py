@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from hud_pipelines.contract import Contract, state_images
 from hud_pipelines.errors import ContractError, DatasetFitError, HudPipelinesError
-from hud_pipelines.eval import perturbations, provenance, sweep, sweep_warnings
-from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts, episode_errors_warning, success_signal_warning
+from hud_pipelines.eval import perturbations, provenance, run_warnings, sweep, sweep_warnings
+from hud_pipelines.eval.checks import CheckVerdict, builtin_verdicts
 from hud_pipelines.eval.configuration import (
     LATEST,
     CurrentBy,
@@ -187,10 +187,10 @@ def report_step(
     gone = sweep_warnings.gone_warning(spec, outputs, rows) if spec.is_sweep else None
     unevaluated = sweep_warnings.unevaluated_warning(spec, outputs, rows) if spec.is_sweep else None
     stale = sweep_warnings.stale_warning(rows) if spec.is_sweep else None
-    errored = episode_errors_warning(spec.checks, headline)
+    errored = run_warnings.episode_errors_warning(spec.checks, headline)
     recorded = None if spec.is_sweep else recording_warning(current_results(spec, outputs, current).values())
     failed = run_failure and f"this run failed, so these are the results it kept of earlier runs, if any: {run_failure}"
-    signal = success_signal_warning(spec.graders[0], headline)
+    signal = run_warnings.success_signal_warning(spec.graders[0], headline)
     warned = [w for w in (failed, unevaluated, stale, signal, errored, recorded, seeded, mixed, gone, *notes) if w]
     context = ReportContext(
         checks=checks,

@@ -10,18 +10,11 @@ import pytest
 
 from hud_pipelines.errors import Fault, GraderError
 from hud_pipelines.eval import sweep
-from hud_pipelines.eval.checks import (
-    answered_verdict,
-    check_verdict,
-    episode_errors_warning,
-    instances_verdict,
-    rerun_command,
-    success_signal_warning,
-    verdicts,
-)
+from hud_pipelines.eval.checks import answered_verdict, check_verdict, instances_verdict, rerun_command, verdicts
 from hud_pipelines.eval.graders import build_graders, grader_text, score_bounds
 from hud_pipelines.eval.grades import GradeRow, summarize, summarize_by_task, wilson_interval
 from hud_pipelines.eval.report import figures_line, render_markdown
+from hud_pipelines.eval.run_warnings import episode_errors_warning, success_signal_warning
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeStatus
 from hud_pipelines.spec.grading import (
     CallableGrader,
