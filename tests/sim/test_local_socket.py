@@ -9,7 +9,6 @@ import logging
 import secrets
 import socket
 import sys
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +21,7 @@ from hud_pipelines.sim.client import SimClient
 from hud_pipelines.sim.main_thread import MainThreadExecutor
 from hud_pipelines.sim.process import SimProcess
 from hud_pipelines.sim.server import SimServer
+from tests.sim.test_sim_executor import driven_from_a_thread
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the abstract socket namespace is Linux's")
 Spawn = Callable[..., SimProcess]
@@ -62,25 +62,6 @@ def test_a_spawned_sim_told_to_open_no_local_socket_is_served_by_its_url(spawn: 
         assert client.reset({"seed": 3}).status == ["running"]
 
 
-def serve_one_reset(server: SimServer, executor: MainThreadExecutor, *, port: int) -> list[list[str]]:
-    """Drive ``server`` by its URL from a thread while this (main) thread runs the sim; the statuses it saw."""
-    statuses: list[list[str]] = []
-
-    def drive() -> None:
-        try:
-            with SimClient(f"ws://127.0.0.1:{port}", "secret", step_timeout_s=10) as client:
-                statuses.append(client.reset({"seed": 0}).status)
-        finally:
-            executor.stop()
-
-    client_thread = threading.Thread(target=drive)
-    client_thread.start()
-    executor.run_forever()
-    client_thread.join(timeout=10)
-    server.stop()
-    return statuses
-
-
 def test_a_local_socket_that_cannot_be_opened_leaves_the_url_serving_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -93,7 +74,10 @@ def test_a_local_socket_that_cannot_be_opened_leaves_the_url_serving_and_says_so
             port = server.start()
         assert server.local_socket is None  # what the ready line names: nothing, so clients use the URL
         assert f"serving by URL only: cannot listen on {name} (Address already in use)" in caplog.text
-        assert serve_one_reset(server, executor, port=port) == [["running"]]
+        statuses: list[list[str]] = []
+        driven_from_a_thread(executor, port, lambda client: statuses.append(client.reset({"seed": 0}).status))
+        server.stop()
+        assert statuses == [["running"]]
 
 
 def test_a_server_that_fails_to_start_leaves_its_port_and_name_free(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -104,6 +105,23 @@ def test_an_interrupt_in_a_job_releases_its_waiter_and_propagates() -> None:
         future.result(timeout=1)
 
 
+def driven_from_a_thread(executor: MainThreadExecutor, port: int, drive: Callable[[SimClient], None]) -> None:
+    """Run ``drive`` with a client of the server at ``port`` on a thread of its own while this (main) thread serves
+    the sim, until it is done."""
+
+    def client_main() -> None:
+        try:
+            with SimClient(f"ws://127.0.0.1:{port}", "secret", step_timeout_s=10) as client:
+                drive(client)
+        finally:
+            executor.stop()
+
+    client_thread = threading.Thread(target=client_main)
+    client_thread.start()
+    executor.run_forever()
+    client_thread.join(timeout=10)
+
+
 def test_replies_leave_from_the_thread_that_runs_the_sim(monkeypatch: pytest.MonkeyPatch) -> None:
     """One hand-off per request: the serving thread queues it, the sim's thread steps and sends the reply itself."""
     senders: list[str] = []
@@ -120,18 +138,11 @@ def test_replies_leave_from_the_thread_that_runs_the_sim(monkeypatch: pytest.Mon
         port = sim.start()
         statuses: list[list[str]] = []
 
-        def drive() -> None:
-            try:
-                with SimClient(f"ws://127.0.0.1:{port}", "secret", step_timeout_s=10) as client:
-                    statuses.append(client.reset({"seed": 0}).status)
-                    statuses.append(client.step([[1]]).status)
-            finally:
-                executor.stop()
+        def drive(client: SimClient) -> None:
+            statuses.append(client.reset({"seed": 0}).status)
+            statuses.append(client.step([[1]]).status)
 
-        client_thread = threading.Thread(target=drive)
-        client_thread.start()
-        executor.run_forever()
-        client_thread.join(timeout=10)
+        driven_from_a_thread(executor, port, drive)
         sim.stop()
     assert statuses == [["running"], ["running"]]
     assert senders[:3] == [threading.current_thread().name] * 3  # hello, reset, step
