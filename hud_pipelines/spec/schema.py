@@ -200,9 +200,9 @@ object with `infer(batch)`.
 - **Output.** An array (or nested list) of shape `[B, A]`, one action per slot, or `[B, T, A]`, a
   chunk of `T` actions per slot executed one per step before that slot asks again; `A` is the size
   of the contract's `action` feature, values in its order (`[B]` is accepted when `A` is 1).
-  Values are read as floats: a discrete action is rounded to the nearest integer, an out-of-bounds
-  continuous one is clipped (`sim.bounds`). Any other shape fails the call, naming the shape
-  expected.
+  Values are read as floats: a discrete action is rounded to the nearest integer (a half to the
+  even one), an out-of-bounds continuous one is clipped (`sim.bounds`). Any other shape fails the
+  call, naming the shape expected.
 - **Optional members** of the callable or policy object: `reset()` runs before the first run of
   episodes, and before every run when instances take turns (`max_concurrent: 1`), when an episode
   starts (a reset that leaves no slot running does not reset the policy): instances that
