@@ -261,7 +261,8 @@ def action_array(actions: object, *, source: str, expected: str) -> npt.NDArray[
     own answer may be what broke it (a ragged list), so a stacked forward is run again per caller to find it."""
     try:
         numbers = np.asarray(to_numpy(actions))  # a tensor that requires grad, or on a GPU, too
-        if numbers.dtype.kind == "f" and numbers.dtype.itemsize > 4:  # past float32's range is out of bounds, not inf
+        wide = numbers.dtype.kind == "f" and numbers.dtype.itemsize > 4
+        if wide and not (np.abs(numbers) <= FLOAT32_MAX).all():  # past float32's range is out of bounds, not inf
             numbers = np.clip(numbers, -FLOAT32_MAX, FLOAT32_MAX, out=numbers.copy(), where=np.isfinite(numbers))
         return numbers.astype(np.float32, copy=False)
     except (TypeError, ValueError) as exc:  # a dict, a generator, strings, ragged rows: no array of numbers

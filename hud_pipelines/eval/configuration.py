@@ -161,7 +161,7 @@ def judged_now(spec: PipelineSpec, outputs: EvalOutputs) -> CurrentBy:
     """What a result must match to count when no run is under way: the latest run's configuration, with the code and
     weights files it read digested as they are now (an edit since that run shows its results as stale at once, as
     the next run would find them)."""
-    return CurrentBy(environment=provenance.with_current_code(recorded_provenance(outputs), spec))
+    return CurrentBy(environment=provenance.with_current_code(recorded_provenance(outputs), spec, outputs.contract))
 
 
 def judged_in_run(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, parent: str | None = None) -> CurrentBy:

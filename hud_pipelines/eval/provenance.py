@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hud_pipelines.contract.file import load_contract
+from hud_pipelines.contract.file import load_contract, merge_contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sources
 from hud_pipelines.eval.grades import no_html
@@ -129,17 +129,17 @@ def environment(spec: PipelineSpec, code: dict[str, str] | None = None) -> dict[
     }
 
 
-def with_current_code(recorded: dict[str, Any], spec: PipelineSpec) -> dict[str, Any]:
+def with_current_code(recorded: dict[str, Any], spec: PipelineSpec, derived: Path | None = None) -> dict[str, Any]:
     """The latest run's provenance (``recorded``) with the code and weights files it read digested as they are now,
-    and the contract file's hash as it reads now.
+    and its contract's hash as the contract file reads now (``derived``: the contract the run derived).
 
     What results are judged by when nothing runs (``hud-pipelines report``, a Dagster asset materialized on its
     own): an edit of the code or of the contract file since the last run shows its results as stale at once, as
     the next run would. A served sim's own code is known only to its server: it stays as the run recorded it.
     """
     updated = recorded
-    contract_now = contract_hash_now(spec)
-    if recorded.get("contract_hash") and contract_now is not None:
+    contract_now = None if derived is None else contract_hash_now(spec, derived)
+    if recorded.get("contract_hash") and contract_now is not None:  # not in the fingerprint: compared on its own
         updated = updated | {"contract_hash": contract_now}
     if not recorded.get("sources"):  # no run yet, a run recorded before sources were, or no file to read
         return updated
@@ -147,21 +147,19 @@ def with_current_code(recorded: dict[str, Any], spec: PipelineSpec) -> dict[str,
     return updated | {"fingerprint": fingerprint(updated)}
 
 
-def contract_hash_now(spec: PipelineSpec) -> str | None:
-    """The hash a run would record for the contract file ``sim.contract`` as it reads now (``None``: no file, or one
-    that does not load, which the next run reports).
-
-    It is the hash of the contract as loaded, not of the file's bytes: a run records the contract its sim merged,
-    which is the file's as long as the env still fits it, so a run and the file as it left it hash alike however
-    the file is formatted, and only an edit of what it says (names, bounds, rates) differs.
-    """
+def contract_hash_now(spec: PipelineSpec, derived: Path) -> str | None:
+    """The hash a run would record for its contract with the contract file ``sim.contract`` as it reads now: the file
+    merged over the contract the last run derived (``derived``, as the sim merges it over the env's), so that the
+    file's formatting and the order of its features count for nothing and only an edit of what it says (names,
+    bounds, rates) does. ``None``: no file, or one that does not load or fit, which the next run reports."""
     path = spec.contract_path
-    if path is None or not path.is_file():
+    if path is None or not path.is_file() or not derived.is_file():
         return None
     try:
-        return hashlib.sha256(load_contract(path).to_json().encode()).hexdigest()
+        merged = merge_contract(load_contract(path), load_contract(derived), source=path)
     except (HudPipelinesError, OSError, ValueError):
         return None
+    return hashlib.sha256(merged.to_json().encode()).hexdigest()
 
 
 def fingerprint(record: dict[str, Any]) -> str:

@@ -332,7 +332,7 @@ def kept_pairs(spec: PipelineSpec, outputs: EvalOutputs, labels: Sequence[str], 
     partitions = [spec.partition_for_key(key) for key in instances]
     members = sweep.members(spec, outputs, settle_s=0.0, labels=evaluated)
     environment = provenance.for_run(spec, served_sim=latest_served_sim(outputs) if not spec.sim.spawned else None)
-    environment["contract_hash"] = provenance.contract_hash_now(spec)  # an edit of the file since: none current
+    environment["contract_hash"] = provenance.contract_hash_now(spec, outputs.contract)  # an edit since: stale
     return sum(current(member, partition, environment) for member in members for partition in partitions)
 
 

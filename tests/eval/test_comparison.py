@@ -158,6 +158,13 @@ def test_the_score_test_of_few_changed_pairs_among_many_ties_is_exact_whatever_t
     assert interval[0] == 0.0 or interval[0] < -1e-6, interval
 
 
+def test_a_p_value_equal_to_alpha_with_ties_is_alpha_to_the_last_bit_and_keeps_zero_in_the_interval() -> None:
+    for zeros in (0, 4, 6, 11):  # five equal wins: p = 2 / 32 whatever the ties (summed in log space, an ulp off)
+        p, interval = sign_flip_test(np.concatenate((np.ones(5), np.zeros(zeros))), 0.0625)
+        assert p == 0.0625
+        assert interval is None or interval[0] <= 0.0 <= interval[1], (zeros, interval)
+
+
 @pytest.mark.parametrize("zeros", [0, 3, 10])
 def test_the_score_test_with_ties_is_scipys_exact_permutation_test(zeros: int) -> None:
     differences = np.concatenate((np.random.default_rng(zeros).normal(0.7, 1.0, 6), np.zeros(zeros)))

@@ -440,7 +440,8 @@ def test_an_edit_of_the_contract_file_makes_earlier_results_another_environments
     assert {row.fault for row in again.rows} == {None}, "the same contract: the other instance's result is current"
 
     contract = json.loads((tmp_path / "bounded.json").read_text())
-    (tmp_path / "bounded.json").write_text(json.dumps(contract, indent=4))  # only its formatting
+    reordered = {**contract, "features": dict(reversed(contract["features"].items()))}  # the env's order wins
+    (tmp_path / "bounded.json").write_text(json.dumps(reordered, indent=4))  # only its formatting and order
     outputs = EvalOutputs(tmp_path / "out", spec.name)
     assert {row.fault for row in collect_rows(spec, outputs, current=judged_now(spec, outputs))} == {None}
     contract["features"]["action"]["high"] = [1.0]  # the action is clipped to 1 from now on
