@@ -157,13 +157,7 @@ def sign_flip_test(
     return p, (_zeroed(low, 1e-8 * scale), _zeroed(high, 1e-8 * scale))  # within the ties' tolerance of zero: zero
 
 
-def _flip_sums(
-    differences: np.ndarray[Any, np.dtype[np.float64]],
-) -> tuple[
-    np.ndarray[Any, np.dtype[np.float64]],
-    np.ndarray[Any, np.dtype[np.float64]],
-    np.ndarray[Any, np.dtype[np.float64]] | None,
-]:
+def _flip_sums(differences: Floats) -> tuple[Floats, Floats, Floats | None]:
     """Each flip's signed sum of ``differences`` and its sum of signs, and each flip's probability where they are
     exact (``None`` where BOOTSTRAP_SAMPLES flips were drawn from a fixed seed, a block at a time: memory stays small).
 
@@ -192,7 +186,7 @@ def _flip_sums(
     return flipped, sign_sums, None
 
 
-def _binomial_halves(m: int) -> np.ndarray[Any, np.dtype[np.float64]]:
+def _binomial_halves(m: int) -> Floats:
     """``C(m, t) / 2^m`` for ``t = 0 .. m``, each a correctly rounded quotient of integers: exact where it can be (a
     few ties: a p-value equal to alpha stays equal to it, where log-space sums missed it by an ulp)."""
     whole, count, chances = 2**m, 1, [1 / 2**m]
