@@ -48,9 +48,12 @@ class SlotEpisodes:
         sinks: Sequence[EpisodeSink],
         *,
         grade: OutcomeGrader | None = None,
+        action_names: Sequence[str] | None = None,
     ) -> None:
         num_slots = len(keys)
         self.keys = list(keys)
+        self.action_names = action_names
+        """The contract's names of the action's values, for errors that point at one."""
         self.sinks = checked_sinks(sinks)
         self.grade = grade
         self.running = np.zeros(num_slots, dtype=np.bool_)
@@ -80,6 +83,20 @@ class SlotEpisodes:
         self.queue[slots, :length] = chunks
         self.cursor[slots] = 0
         self.length[slots] = length
+
+    def queue_chunks(
+        self, slots: npt.NDArray[np.intp], chunks: npt.NDArray[np.float32], latency_s: float, rows: int
+    ) -> None:
+        """Queue each slot's chunk of one forward in one batched write and tell the sinks; a slot whose chunk is not
+        finite errors instead (it is never sent, and its siblings go on)."""
+        finite = np.isfinite(chunks).reshape(slots.size, -1).all(axis=1)
+        for index in np.flatnonzero(~finite).tolist():
+            slot = int(slots[index])
+            why = non_finite_action(chunks[index], int(self.counts.steps[slot]), self.action_names)
+            self.error(slot, why, Fault.POLICY)
+        loaded, kept = slots[finite], chunks[finite]
+        self.load_many(loaded, kept)
+        self.inferences(loaded, kept, latency_s, rows)
 
     # -- what the sinks hear ----------------------------------------------------------------------
 
@@ -243,3 +260,18 @@ class SlotEpisodes:
 def row(observation: Observation, slot: int) -> ObservationRow:
     """One slot's row of a batched observation."""
     return {k: v[slot] for k, v in observation.observation.items()}
+
+
+def non_finite_action(chunk: npt.NDArray[np.float32], steps_done: int, names: Sequence[str] | None) -> str:
+    """Why a slot's ``[T, A]`` chunk is refused: the step of its first non-finite action, counted from 1 as an env's
+    faults are, and which of that action's values are not finite, by the contract's names (``action_<i>`` without
+    them), so that a NaN out of one head of a policy is found without a debugger."""
+    finite = np.isfinite(chunk)
+    first = int(np.argmin(finite.all(axis=-1)))
+    bad = np.flatnonzero(~finite[first]).tolist()
+    width = chunk.shape[-1]
+    label = list(names) if names is not None and len(names) == width else [f"action_{i}" for i in range(width)]
+    values = ", ".join(f"{label[i]} = {float(chunk[first, i])}" for i in bad[:4])
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    count = f" ({len(bad)} of its {width} values)" if width > 1 else ""
+    return f"the policy returned a non-finite action for step {steps_done + 1 + first}: {values}{more}{count}"

@@ -116,7 +116,7 @@ class LockstepRun:
 
     def __post_init__(self, sinks: list[EpisodeSink], grade: OutcomeGrader | None) -> None:
         keys, settings, sim = self.keys, self.settings, self.sim
-        self.slots = SlotEpisodes(keys, settings.width, sinks, grade=grade)
+        self.slots = SlotEpisodes(keys, settings.width, sinks, grade=grade, action_names=sim.contract.action.names)
         run = next(_RUN_NUMBERS)
         self.episode_ids = [f"{key.trace_id}/{run}" for key in keys]
         """What the policy sees of each row's episode: unique even when a job's trace ids repeat."""
@@ -331,23 +331,12 @@ class LockstepRun:
         rows: int,
     ) -> None:
         if self.settings.adapt_chunk is None:
-            self._load(need, chunks, latency, rows)
+            self.slots.queue_chunks(need, chunks, latency, rows)
             return
         for index, slot in enumerate(need.tolist()):  # each slot's own chunk, maybe of its own length
             adapted = self._adapted(chunks[index], slot, observation)
             if adapted is not None:
-                self._load(need[index : index + 1], adapted[None], latency, rows)
-
-    def _load(self, slots: npt.NDArray[np.intp], chunks: npt.NDArray[np.float32], latency: float, rows: int) -> None:
-        """Queue each slot's chunk in one batched write; a slot whose chunk is not finite errors instead."""
-        finite = np.asarray(np.isfinite(chunks).reshape(slots.size, -1).all(axis=1), dtype=np.bool_)
-        for index in np.flatnonzero(~finite).tolist():  # never sent: these slots error, their siblings go on
-            slot = int(slots[index])  # the step of its first bad action, counted from 1 as the env's faults are
-            bad = int(self.slots.counts.steps[slot]) + 1 + int(np.argmin(np.isfinite(chunks[index]).all(axis=-1)))
-            self.slots.error(slot, f"the policy returned a non-finite action for step {bad}", Fault.POLICY)
-        loaded, kept = slots[finite], chunks[finite]
-        self.slots.load_many(loaded, kept)
-        self.slots.inferences(loaded, kept, latency, rows)
+                self.slots.queue_chunks(need[index : index + 1], adapted[None], latency, rows)
 
     def _adapted(
         self, chunk: npt.NDArray[np.float32], slot: int, observation: Observation

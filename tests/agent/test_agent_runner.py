@@ -17,6 +17,7 @@ from envs.controllers import (
     PENDULUM_SUCCESS_RETURN,
 )
 from hud_pipelines.agent.builtin import FunctionPolicy, scripted_policy
+from hud_pipelines.agent.episodes import non_finite_action
 from hud_pipelines.agent.policy import PolicyBatch
 from hud_pipelines.agent.runner import EpisodeKeys, RobotAgent
 from hud_pipelines.recording.events import EpisodeStatus
@@ -286,7 +287,22 @@ def test_a_non_finite_action_names_the_step_it_was_for_and_errors_only_its_slot(
     _, outcomes = run(sim, FunctionPolicy(chunk, sim.contract), max_steps=50)
     assert outcomes[0].status is not EpisodeStatus.ERRORED
     assert outcomes[1].status is EpisodeStatus.ERRORED
-    assert outcomes[1].error == "the policy returned a non-finite action for step 3"
+    assert outcomes[1].error == "the policy returned a non-finite action for step 3: push = nan"
+
+
+def test_a_non_finite_action_names_its_values_by_the_contracts_names() -> None:
+    chunk = np.zeros((3, 7), dtype=np.float32)
+    chunk[1, [0, 2, 3, 4, 6]] = [np.inf, np.nan, -np.inf, np.nan, np.nan]
+    chunk[2, 5] = np.nan  # a later action's: the first bad one is named
+    names = ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
+    assert non_finite_action(chunk, 10, names) == (
+        "the policy returned a non-finite action for step 12: x = inf, z = nan, roll = -inf, pitch = nan"
+        " and 1 more (5 of its 7 values)"
+    )
+    assert non_finite_action(chunk[2:], 0, None) == (
+        "the policy returned a non-finite action for step 1: action_5 = nan (1 of its 7 values)"
+    )
+    assert non_finite_action(chunk[2:], 0, names[:3]).endswith(": action_5 = nan (1 of its 7 values)")
 
 
 def test_a_wrongly_shaped_chunk_is_an_error_naming_the_shape() -> None:
