@@ -28,7 +28,7 @@ from hud_pipelines.recording.events import (
     checked_sinks,
     errored,
 )
-from hud_pipelines.sim.slots import EpisodeCounts
+from hud_pipelines.sim.slots import EpisodeCounts, every, some
 from hud_pipelines.wire.messages import Observation
 
 ObservationRow = dict[str, npt.NDArray[Any]]
@@ -89,6 +89,10 @@ class SlotEpisodes:
     ) -> None:
         """Queue each slot's chunk of one forward in one batched write and tell the sinks; a slot whose chunk is not
         finite errors instead (it is never sent, and its siblings go on)."""
+        if np.isfinite(np.add.reduce(chunks, axis=None)):  # a sum is finite only if every value is: the usual case
+            self.load_many(slots, chunks)
+            self.inferences(slots, chunks, latency_s, rows)
+            return
         finite = np.isfinite(chunks).reshape(slots.size, -1).all(axis=1)
         for index in np.flatnonzero(~finite).tolist():
             slot = int(slots[index])
@@ -143,29 +147,34 @@ class SlotEpisodes:
         errored = self.apply_errors(reply)  # ended with the steps they completed, as the sim counts them
         stepped = running if not errored else np.array([s for s in running.tolist() if s not in errored], np.intp)
         counts = self.counts
-        counts.steps[stepped] += 1
-        counted = stepped[self.running[stepped]]
-        counts.total_reward[counted] += reply.reward[counted]
-        counts.success[counted] |= reply.success[counted]
-        counts.success_reported[counted] |= reply.success_reported[counted]
+        if stepped.size == self.running.size and every(self.running):  # the usual tick: every slot counts it
+            counts.steps += 1
+            counts.total_reward += reply.reward
+            counts.success |= reply.success
+            counts.success_reported |= reply.success_reported
+        else:
+            counts.steps[stepped] += 1
+            counted = stepped[self.running[stepped]]
+            counts.total_reward[counted] += reply.reward[counted]
+            counts.success[counted] |= reply.success[counted]
+            counts.success_reported[counted] |= reply.success_reported[counted]
         if not stepped.size:
             return
         truncated = reply.truncated[stepped] | cutoff
         ended = reply.terminated[stepped] | truncated
         status = reply.status
-        for slot, done, cut in zip(stepped.tolist(), ended.tolist(), truncated.tolist(), strict=True):
-            if done or status[slot] == "done":  # heard by the sinks after this tick's frames (report_ends)
-                at_end = bool(reply.success_now[slot])
-                self.end(
-                    slot, self.answered(slot, terminated=bool(reply.terminated[slot]), truncated=cut, at_end=at_end)
-                )
+        if some(ended) or "done" in status:  # else no episode ended on this tick
+            for slot, done, cut in zip(stepped.tolist(), ended.tolist(), truncated.tolist(), strict=True):
+                if done or status[slot] == "done":  # heard by the sinks after this tick's frames (report_ends)
+                    terminated, at_end = bool(reply.terminated[slot]), bool(reply.success_now[slot])
+                    self.end(slot, self.answered(slot, terminated=terminated, truncated=cut, at_end=at_end))
         if self.sinks:
-            every = stepped.size == before.num_slots  # the usual tick: the rows as they came, no copy of a camera
+            whole = stepped.size == before.num_slots  # the usual tick: the rows as they came, no copy of a camera
             batch = FrameBatch(
                 keys=self.keys_of(stepped),
                 index=counts.steps[stepped] - 1,
                 observation=dict(before.observation)
-                if every
+                if whole
                 else {k: v[stepped] for k, v in before.observation.items()},
                 action=action[stepped],
                 reward=reply.reward[stepped].astype(np.float64, copy=False),
@@ -178,6 +187,8 @@ class SlotEpisodes:
 
     def apply_errors(self, reply: Observation) -> set[int]:
         """End the running slots the sim reports as errored; returns those slots."""
+        if not reply.errors and "errored" not in reply.status:  # the usual tick
+            return set()
         reasons = {e.slot: (e.message, SLOT_CAUSES.get(e.cause, Fault.ENV)) for e in reply.errors}
         for slot, status in enumerate(reply.status):
             if status == "errored":

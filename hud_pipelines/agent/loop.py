@@ -30,6 +30,7 @@ from hud_pipelines.agent.run_failures import (
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import Fault, HudPipelinesError, RemoteError
 from hud_pipelines.recording.events import EpisodeKey, EpisodeOutcome, EpisodeSink, errored
+from hud_pipelines.sim.slots import some
 from hud_pipelines.wire.messages import Observation
 
 _RUN_NUMBERS = itertools.count(1)
@@ -122,6 +123,8 @@ class LockstepRun:
         """What the policy sees of each row's episode: unique even when a job's trace ids repeat."""
         self.forwards = np.zeros(len(keys), dtype=np.int64)
         """Policy calls made for each slot's episode so far (the last part of its random stream)."""
+        self.streams: list[RandomStream] = [stream_of(key) for key in keys]
+        """Each slot's random stream but for its forward count (:func:`stream_of`)."""
         self.history: dict[str, npt.NDArray[Any]] = {}
         self.prompts: list[str] = [""] * len(keys)
         self.pipelined: PipelinedSim | None = (
@@ -156,7 +159,7 @@ class LockstepRun:
         try:
             if slots.running.any():  # no episode started: nothing for the policy to begin, nor to fail
                 self._reset_policy()
-            while slots.running.any() and self.stats.ticks < max_steps:
+            while some(slots.running) and self.stats.ticks < max_steps:
                 observation = self._tick(observation, max_steps)
                 slots.report_ends()
             self._drop_ahead()
@@ -177,13 +180,13 @@ class LockstepRun:
     def _tick(self, observation: Observation, max_steps: int) -> Observation:
         slots = self.slots
         if self.ahead:  # sent on an earlier tick; slots that ended since ignore their row
-            running = np.flatnonzero(slots.running)
+            running = slots.running.nonzero()[0]
             seq, action = self.ahead.popleft()
         else:
-            need = np.flatnonzero(slots.running & (slots.cursor >= slots.length))
+            need = (slots.running & (slots.cursor >= slots.length)).nonzero()[0]
             if need.size:
                 self._refill(need, observation)
-            running = np.flatnonzero(slots.running)  # a refill may have ended slots (a non-finite action)
+            running = slots.running.nonzero()[0]  # a refill may have ended slots (a non-finite action)
             if not running.size:
                 return observation
             action = self._pop(running, observation)
@@ -274,8 +277,13 @@ class LockstepRun:
             ) from exc
 
     def _refill(self, need: npt.NDArray[np.intp], observation: Observation) -> None:
-        """One forward for the slots in ``need``, their chunks queued (:meth:`_forward`)."""
-        self._forward(need, [self._stream(int(s)) for s in need], observation)
+        """One forward for the slots in ``need``, their chunks queued (:meth:`_forward`); each row draws from its
+        episode's stream at the forwards it had so far (:data:`~.policy.RandomStream`)."""
+        slots: list[int] = need.tolist()
+        done: list[int] = self.forwards[need].tolist()
+        self.forwards[need] += 1
+        streams = [(*self.streams[slot], forward) for slot, forward in zip(slots, done, strict=True)]
+        self._forward(need, streams, observation)
 
     def _forward(self, need: npt.NDArray[np.intp], streams: list[RandomStream], observation: Observation) -> None:
         """One forward for ``need``, its chunks queued. When the policy's own code raised, each row is forwarded
@@ -354,17 +362,6 @@ class LockstepRun:
             self.slots.error(slot, f"adapt_chunk raised {type(exc).__name__}: {exc}", Fault.POLICY)
             return None
 
-    def _stream(self, slot: int) -> tuple[int, ...]:
-        """The random stream of ``slot``'s next forward: its episode (by task and seed where it has one, wherever
-        ``num_envs`` placed it and whatever tasks come before it) and how many forwards it had
-        (:data:`~.policy.RandomStream`)."""
-        key = self.keys[slot]
-        forward = int(self.forwards[slot])
-        self.forwards[slot] += 1
-        if key.seed is None:
-            return (key.stream_task, key.instance, key.slot, key.episode, forward)
-        return (SEEDED_STREAM, key.stream_task, key.seed, key.episode, forward)
-
     def _policy_rows(self, observation: Observation, need: npt.NDArray[np.intp]) -> dict[str, npt.NDArray[Any]]:
         source = self.history or observation.observation
         if need.size == len(self.keys):
@@ -386,3 +383,11 @@ class LockstepRun:
         """The caller's own reason when it stopped the run on purpose, else the failure as seen."""
         cause = self.stop_cause() if self.stop_cause is not None else None
         return cause if cause is not None else (reason, fault)
+
+
+def stream_of(key: EpisodeKey) -> tuple[int, ...]:
+    """The random stream of ``key``'s episode but for the forward count that ends it: by task and seed where it has
+    one (wherever ``num_envs`` placed it and whatever tasks come before it), else by its place in the job."""
+    if key.seed is None:
+        return (key.stream_task, key.instance, key.slot, key.episode)
+    return (SEEDED_STREAM, key.stream_task, key.seed, key.episode)
