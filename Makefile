@@ -36,6 +36,7 @@ lint: setup
 bench: setup
 	.venv/bin/python bench/wire.py
 	.venv/bin/python bench/bridge.py
+	.venv/bin/python bench/agent_loop.py
 	.venv/bin/python bench/agent.py
 	.venv/bin/python bench/remote.py
 	.venv/bin/python bench/dataset.py
