@@ -314,11 +314,11 @@ class LockstepRun:
         self, need: npt.NDArray[np.intp], streams: list[RandomStream], observation: Observation
     ) -> tuple[npt.NDArray[np.float32], float, int]:
         """The policy's chunks for the rows of ``need`` (cut to the horizon), the forward's seconds and rows."""
-        settings = self.settings
+        settings, rows = self.settings, need.tolist()
         batch = PolicyBatch(
             observation=self._policy_rows(observation, need),
-            prompts=[self.prompts[s] for s in need],
-            episodes=[self.episode_ids[s] for s in need],
+            prompts=[self.prompts[s] for s in rows],
+            episodes=[self.episode_ids[s] for s in rows],
             streams=streams,
         )
         started = time.perf_counter()

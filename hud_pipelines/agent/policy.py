@@ -264,7 +264,7 @@ def action_array(actions: object, *, source: str, expected: str) -> npt.NDArray[
         wide = numbers.dtype.kind == "f" and numbers.dtype.itemsize > 4
         if wide and not (np.abs(numbers) <= FLOAT32_MAX).all():  # past float32's range is out of bounds, not inf
             numbers = np.clip(numbers, -FLOAT32_MAX, FLOAT32_MAX, out=numbers.copy(), where=np.isfinite(numbers))
-        return numbers.astype(np.float32, copy=False)
+        return numbers if numbers.dtype == np.float32 else numbers.astype(np.float32)
     except (TypeError, ValueError) as exc:  # a dict, a generator, strings, ragged rows: no array of numbers
         raise PolicyError(
             f"{source} returned a {type(actions).__name__} that is no array of numbers ({exc}); expected {expected}"
@@ -277,12 +277,13 @@ def as_chunks(actions: object, rows: int, width: int, *, source: str) -> Actions
     A shape that cannot be read that way is an error naming ``source`` and the expected shape.
     """
     array = action_array(actions, source=source, expected=f"[B={rows}, T, A={width}] or [B={rows}, A={width}]")
-    if array.ndim == 2 and array.shape == (rows, width):
-        return array[:, None, :]
-    if array.ndim == 1 and width == 1 and array.shape == (rows,):
-        return array.reshape(rows, 1, 1)
-    if array.ndim == 3 and array.shape[0] == rows and array.shape[2] == width and array.shape[1] >= 1:
+    shape = array.shape
+    if len(shape) == 3 and shape[0] == rows and shape[2] == width and shape[1] >= 1:  # the usual answer: chunks
         return array
+    if len(shape) == 2 and shape == (rows, width):
+        return array[:, None, :]
+    if len(shape) == 1 and width == 1 and shape == (rows,):
+        return array.reshape(rows, 1, 1)
     raise PolicyShapeError(
         f"{source} returned actions of shape {list(array.shape)}; "
         f"expected [B={rows}, T, A={width}] or [B={rows}, A={width}]"
