@@ -54,6 +54,17 @@ class _Success:
         return Grade(float(success), success, by_signal=True)
 
 
+RETURN_TOLERANCE = 1e-9
+"""How far below a return grader's threshold a return still reaches it, relative to the threshold (at least 1):
+a return is a float64 sum of one reward per step, and ten rewards of 0.1 add up to 0.9999999999999999, which
+must reach the threshold 1 they reach on paper. It is far below any reward's own resolution."""
+
+
+def reaches(total_reward: float, threshold: float) -> bool:
+    """Whether a return reaches ``threshold``, up to the rounding of its sum (:data:`RETURN_TOLERANCE`)."""
+    return total_reward >= threshold - RETURN_TOLERANCE * max(1.0, abs(threshold))
+
+
 class _Return:
     def __init__(self, name: str, threshold: float | None) -> None:
         self.name = name
@@ -62,7 +73,7 @@ class _Return:
     def grade(self, outcome: EpisodeOutcome, key: EpisodeKey) -> Grade:
         if self.threshold is None:
             return Grade(outcome.total_reward, outcome.success, by_signal=True)
-        return Grade(outcome.total_reward, outcome.total_reward >= self.threshold, by_signal=False)
+        return Grade(outcome.total_reward, reaches(outcome.total_reward, self.threshold), by_signal=False)
 
 
 class _Callable:

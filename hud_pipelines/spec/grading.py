@@ -52,7 +52,9 @@ class ReturnGrader(_Named):
     kind: Literal["return"] = Field(default="return", description="selects this grader")
     threshold: Float | None = Field(
         default=None,
-        description="return at or above which an episode succeeded; omitted: the env's success signal decides",
+        description="return at or above which an episode succeeded (a sum of rewards that reaches it on paper "
+        "reaches it: ten steps of 0.1 reach 1.0, whatever the float sum's last bit); omitted: the env's success "
+        "signal decides",
     )
 
 

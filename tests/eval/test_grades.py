@@ -392,6 +392,8 @@ def test_graders_read_success_return_and_callables(tmp_path: Path) -> None:
     assert returns.grade(outcome, KEY) == (3.5, False, True)  # no threshold: the env's signal decides
     assert threshold.grade(outcome, KEY) == (3.5, False, False)
     assert threshold.grade(_outcome(False, 4.0), KEY).success
+    assert not threshold.grade(_outcome(False, 3.9999), KEY).success
+
     assert by_steps.grade(outcome, KEY) == (10.0, True, False)
     assert flag.grade(outcome, KEY) == (1.0, True, False)
     with pytest.raises(GraderError, match=r"broken.*returned 'yes'"):
@@ -456,3 +458,17 @@ def test_errored_episodes_that_could_decide_a_success_rate_check_fail_it_as_unde
     assert "undecided" not in check_verdict(gate, _rows(1, 9) + policy_errors).description, "fails either way"
     not_run = [dataclasses.replace(r, fault=Fault.NOT_RUN) for r in _rows(0, 0, 10)]
     assert check_verdict(gate, _rows(2, 0) + not_run).passed, "instances not run yet are no answer of this eval's"
+
+
+def test_a_return_that_reaches_the_threshold_on_paper_reaches_it_whatever_the_sums_last_bit() -> None:
+    """Ten rewards of 0.1 summed step by step are 0.9999999999999999: the episode failed a threshold of 1."""
+    total = 0.0
+    for _ in range(10):
+        total += 0.1
+    assert total < 1.0
+    (grader,) = build_graders([ReturnGrader(name="thr", threshold=1.0)], base_dir=Path())
+    assert grader.grade(_outcome(False, total), KEY) == (total, True, False)
+    assert not grader.grade(_outcome(False, 1.0 - 1e-6), KEY).success, "a return short of it still fails"
+    (large,) = build_graders([ReturnGrader(name="thr", threshold=-500.0)], base_dir=Path())
+    assert large.grade(_outcome(False, -500.0000000001), KEY).success
+    assert not large.grade(_outcome(False, -500.001), KEY).success
