@@ -126,6 +126,25 @@ def test_an_observation_with_an_images_shape_read_as_state_is_warned_of_with_how
     assert "give it as (height, width, channel), as uint8 (0-255) rather than float32 in the env" in floats[0]
 
 
+def test_a_uint8_grid_bounded_other_than_a_pixels_0_to_255_is_labels_kept_as_state_not_a_lossy_camera() -> None:
+    """MiniGrid's ``Box(0, 10, (7, 7, 3), uint8)`` cells were typed rgb and stored as video: every value read 0."""
+    grid = derive(Box(0, 10, (7, 7, 3), np.uint8)).features["state"]
+    assert (grid.type, grid.shape, grid.high) == (FeatureType.STATE, (7, 7, 3), [10.0] * 147)
+    space = gym.spaces.Dict(
+        {
+            "classes": Box(0, 20, (32, 32, 1), np.uint8),  # a segmentation's classes
+            "camera": Box(0, 255, (32, 32, 3), np.uint8),
+        }
+    )
+    contract = derive(space)
+    assert contract.features["classes"].type is FeatureType.STATE
+    assert contract.features["camera"].type is FeatureType.RGB
+    (warned,) = state_images(contract)
+    assert warned.startswith("observation 'classes' (uint8 [32, 32, 1]) has an image's shape but is read as state")
+    assert "its space bounds it to 0-20, not a pixel's 0-255, so its values are kept exactly as labels" in warned
+    assert derive(Box(0, 255, (7, 7, 3), np.uint8)).features["image"].type is FeatureType.RGB
+
+
 class _DeclaredEnv:
     """Stands for an env whose spaces are declared apart from what it returns."""
 

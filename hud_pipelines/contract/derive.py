@@ -3,7 +3,9 @@
 - features are named as :mod:`.model` says; a bare observation is ``image`` when it looks like a
   camera, else ``state``;
 - cameras are detected as ``HWC`` ``uint8`` arrays with 1, 3 or 4 channels (``gray`` for one
-  channel, ``rgb`` otherwise; edit the type to ``bgr`` or ``depth`` when that is what the sim renders);
+  channel, ``rgb`` otherwise; edit the type to ``bgr`` or ``depth`` when that is what the sim renders) whose
+  space, when the env declares one, spans a pixel's 0-255: a ``uint8`` grid of other bounds holds labels (a
+  grid world's cells, a segmentation's classes) that a lossy video would corrupt, so it is state;
 - bounds come from ``Box`` (when finite), ``Discrete``, ``MultiDiscrete`` and ``MultiBinary`` spaces;
 - the control rate is ``metadata["render_fps"]``, else ``1/dt``, else :data:`DEFAULT_CONTROL_RATE`;
 - the robot type is ``metadata["robot_type"]``, else the env's registry id, else its class.
@@ -37,9 +39,19 @@ _GENERIC_BATCHERS = ("SyncVectorEnv", "AsyncVectorEnv")
 """gymnasium's own vector env classes: their name says nothing about the robot."""
 
 
-def looks_like_camera(array: npt.NDArray[Any]) -> bool:
-    """An ``HWC`` ``uint8`` array with 1, 3 or 4 channels."""
-    return array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in CAMERA_CHANNELS
+def looks_like_camera(array: npt.NDArray[Any], space: gym.Space[Any] | None = None) -> bool:
+    """An ``HWC`` ``uint8`` array with 1, 3 or 4 channels, unless ``space`` bounds it other than a pixel's 0-255
+    (:func:`labels_grid`)."""
+    shaped = array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in CAMERA_CHANNELS
+    return shaped and not labels_grid(space)
+
+
+def labels_grid(space: gym.Space[Any] | None) -> bool:
+    """Whether ``space`` is a ``uint8`` ``Box`` whose bounds are not a pixel's 0-255 everywhere: its values are
+    labels or ids (MiniGrid's cells are ``Box(0, 10)``), as stable-baselines3 reads such a space too."""
+    if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8:
+        return False
+    return not (bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))
 
 
 def camera_advice(shape: Sequence[int], dtype: str = "uint8") -> str:
@@ -69,15 +81,28 @@ def state_images(contract: Contract) -> list[str]:
     """
     return [
         f"observation {name!r} ({feature.dtype} {list(feature.shape)}) has an image's shape but is read as state "
-        f"({feature.size} values a step, no video): {camera_advice(feature.shape, feature.dtype)}; a depth map of "
-        "floats can be scaled to uint8 with one channel and typed depth in the contract file"
+        f"({feature.size} values a step, no video): {_state_image_advice(feature)}"
         for name, feature in contract.state_features.items()
         if _image_shaped(feature.shape)
     ]
 
 
+def _state_image_advice(feature: Feature) -> str:
+    camera_shaped = feature.dtype == "uint8" and len(feature.shape) == 3 and feature.shape[-1] in CAMERA_CHANNELS
+    if camera_shaped and feature.low is not None and feature.high is not None:
+        return (
+            f"its space bounds it to {min(feature.low):g}-{max(feature.high):g}, not a pixel's 0-255, so its values "
+            "are kept exactly as labels; if it is a picture, type it rgb or gray in the contract file (a camera is "
+            "stored as video, which is lossy)"
+        )
+    return (
+        f"{camera_advice(feature.shape, feature.dtype)}; a depth map of floats can be scaled to uint8 with one "
+        "channel and typed depth in the contract file"
+    )
+
+
 def _observation_feature(name: str, sample: npt.NDArray[Any], space: gym.Space[Any] | None) -> Feature:
-    if looks_like_camera(sample):
+    if looks_like_camera(sample, space):
         kind = FeatureType.GRAY if sample.shape[-1] == 1 else FeatureType.RGB
         return Feature(
             role="observation", type=kind, dtype=str(sample.dtype), shape=sample.shape, names=list(CAMERA_NAMES)
@@ -193,7 +218,7 @@ def derive_contract(
     features: dict[str, Feature] = {}
     flat = flatten_observation(sample_observation)
     for name, sample in flat.items():
-        key = name or ("image" if looks_like_camera(sample) else "state")
+        key = name or ("image" if looks_like_camera(sample, observation_space) else "state")
         if key == ACTION:
             raise ContractError(f"an observation feature may not be called {ACTION!r}")
         check_dtype_name(sample.dtype, key)
