@@ -253,8 +253,10 @@ class RemotePolicy(BasePolicy, Closeable):
             raise PolicyLinkError(
                 f"the policy server at {self.url} went away while we waited for {what}: {exc}"
             ) from exc
-        if isinstance(frame, str):
-            raise PolicyError(f"the policy server at {self.url} reported an error:\n{frame}")
+        if isinstance(frame, str):  # its headline is a traceback's last line, the exception (a report shows one)
+            lines = [line.strip() for line in frame.splitlines() if line.strip()] or ["(no text)"]
+            whole = f"\n{frame}" if len(lines) > 1 else ""
+            raise PolicyError(f"the policy server at {self.url} reported an error: {lines[-1]}{whole}")
         try:
             return unpackb(frame)
         except WireError as exc:
