@@ -43,7 +43,7 @@ from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM, resource_key
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.eval import progress, sweep
+from hud_pipelines.eval import progress, rollouts, sweep
 from hud_pipelines.eval.configuration import judged_in_run, record_configuration
 from hud_pipelines.eval.grade_table import grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
@@ -238,8 +238,9 @@ def _build(
             overrides = record_configuration(effective, spec, outputs, run_id=run_id)
             if overrides:
                 context.log.info(f"{name} runs with overrides of its YAML: {overrides}")
+            kept: str | None = None
             if effective.is_sweep:
-                results = _run_sweep(context, effective, pool, outputs, rollouts_key)
+                results, kept = _run_sweep(context, effective, pool, outputs, rollouts_key)
             else:
                 chosen = [spec.partition_for_key(k) for k in context.partition_keys]
                 todo, done = finished_by(effective, outputs, chosen, units.re_executed(context), run_id)
@@ -251,12 +252,12 @@ def _build(
                 results = done + rollouts_step(
                     effective, pool, outputs, run_id=run_id, partitions=todo, on_result=on_result, keep_earlier=True
                 )
+                kept = kept_failure(effective, outputs, results)
             if instances_key in selected:
                 yield dg.MaterializeResult(
                     asset_key=instances_key,
                     metadata=asset_metadata.instances_metadata(outputs, run_id, results, overrides),
                 )
-            kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
             if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
                 raise dg.Failure(description=kept, allow_retries=False)
 
@@ -354,8 +355,9 @@ def _build(
 
 def _run_sweep(
     context: AssetExecutionContext, spec: PipelineSpec, pool: Any, outputs: EvalOutputs, rollouts_key: dg.AssetKey
-) -> list[InstanceResult]:
-    """The selected (checkpoint, instance) pairs, checkpoint after checkpoint on one sim pool; current ones kept."""
+) -> tuple[list[InstanceResult], str | None]:
+    """The selected (checkpoint, instance) pairs, checkpoint after checkpoint on one sim pool, current ones kept;
+    and why the run fails where an attempt kept an earlier result (:func:`sweep_kept_failure`)."""
     chosen = sweeps.run_selection(context, spec, outputs)
 
     def on_result(member: sweep.Member, result: InstanceResult) -> None:
@@ -381,7 +383,8 @@ def _run_sweep(
         context.log_event(dg.AssetMaterialization(asset_key=rollouts_key, partition=key, metadata={"kept": True}))
     if kept:
         context.log.info(f"{spec.name}: {len(kept)} (checkpoint, instance) pair(s) kept their current result")
-    return [result for _, result in ran]
+    kept_earlier = [(m.label, a, e) for m, a in ran if (e := rollouts.kept_result(a, m.outputs)) is not None]
+    return [result for _, result in ran], rollouts.sweep_kept_failure(spec, outputs, kept_earlier)
 
 
 def _comparison_asset(

@@ -59,7 +59,7 @@ def record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key
     )
     result = unreached_result(unit.spec, unit.partition, reason, Fault.WORKER_LOST, run_id=run_id)
     with unit.outputs.instance_lock(result.key):  # a run of it ending meanwhile puts its result in place first
-        if unit.checkpoint is not None or kept_result(result, unit.outputs) is None:  # a sweep records every attempt
+        if kept_result(result, unit.outputs) is None:  # an earlier complete result of the same configuration stays
             result.write(unit.result_path)
     context.log.error(reason)
     report_attempt(context, unit, result, rollouts_key, lost)

@@ -58,7 +58,14 @@ from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance, write_contract
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.rollouts import current, finished_by, kept_failure, kept_result, rollouts_step
+from hud_pipelines.eval.rollouts import (
+    current,
+    finished_by,
+    kept_failure,
+    kept_result,
+    rollouts_step,
+    sweep_kept_failure,
+)
 from hud_pipelines.eval.runner import InstanceResult
 from hud_pipelines.eval.steps import contract_step, record_configuration, refuse_misfit_dataset, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool
@@ -130,9 +137,10 @@ def eval_units_asset(
             first = context.get_mapping_key() == mapping_key(0, key)  # it checks the sim's seeding for the run
             derived = _derive_contract(effective, pool, outputs, context.run.run_id, check_seeds=first)
             result = _run(context, planned, pool, rollouts_key, lost, claims=outputs)
-        kept = planned.checkpoint is None and kept_result(result, planned.outputs) is not None
+        kept = kept_result(result, planned.outputs) is not None
         return {
             "key": key,
+            "label": planned.checkpoint,
             "result": str(planned.result_path),
             "contract": derived,
             "failed": result.failed,
@@ -177,7 +185,15 @@ def eval_units_asset(
         if instances_key in selected:
             metadata = instances_metadata(outputs, run_id, results, effective.overrides(spec))
             yield dg.Output(None, output_name="instances", metadata=metadata)
-        kept = None if effective.is_sweep else kept_failure(effective, outputs, results)
+        if effective.is_sweep:  # each attempt beside the earlier result it kept, which lies where its own would
+            kept_earlier = [
+                (u["label"], InstanceResult.from_dict(u["kept"]), InstanceResult.read(Path(u["result"])))
+                for u in units
+                if u.get("kept")
+            ]
+            kept = sweep_kept_failure(effective, outputs, kept_earlier)
+        else:
+            kept = kept_failure(effective, outputs, results)
         if kept is not None:  # the grades would pass on the kept results: the run fails here, saying why
             raise dg.Failure(description=kept, allow_retries=False)
 
@@ -289,7 +305,7 @@ def _run(
         run_id=context.run.run_id,
         partitions=[unit.partition],
         claims=claims,
-        keep_earlier=unit.checkpoint is None,  # as in process: a sweep's pairs record every attempt
+        keep_earlier=True,  # as in process: an attempt that measured nothing wipes nothing
         checkpoint=unit.checkpoint,
         on_result=lambda result: report_attempt(context, unit, result, rollouts_key, attempt),
     )

@@ -9,6 +9,7 @@ a sweep resumes where it stopped and evaluates a new checkpoint alone.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,6 +198,29 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
     kept = [(attempt, earlier) for attempt in results if (earlier := kept_result(attempt, outputs)) is not None]
     if not kept:
         return None
+    command = rerun_command([attempt.key for attempt, _ in kept], outputs.run_command(spec), spec.partition_keys())
+    return "\n".join([*_kept_lines(kept), f"run them again once they can start: {command}"])
+
+
+def sweep_kept_failure(
+    spec: PipelineSpec, outputs: EvalOutputs, kept: Sequence[tuple[str, InstanceResult, InstanceResult]]
+) -> str | None:
+    """:func:`kept_failure` of a sweep: ``kept`` holds each (checkpoint label, attempt, earlier result it kept), said
+    checkpoint by checkpoint. The kept results are current, which a plain run of the sweep skips: the command
+    evaluates those pairs again (``--rerun``)."""
+    if not kept:
+        return None
+    lines: list[str] = []
+    for label in dict.fromkeys(label for label, _, _ in kept):
+        said = _kept_lines([(attempt, earlier) for of, attempt, earlier in kept if of == label])
+        lines += [f"checkpoint {label}: {line}" for line in said]
+    pairs = [f"{label}{sweep.PARTITION_SEPARATOR}{attempt.key}" for label, attempt, _ in kept]
+    command = [*outputs.run_command(spec), *(word for pair in pairs for word in ("--partition", pair)), "--rerun"]
+    return "\n".join([*lines, f"evaluate them again once they can start: {shlex.join(command)}"])
+
+
+def _kept_lines(kept: Sequence[tuple[InstanceResult, InstanceResult]]) -> list[str]:
+    """What a run that kept earlier results says of each (attempt, earlier result it kept)."""
     # one line per fault and earlier run, with the first instance's reason in one line: a sim down says it once,
     # and reasons that differ only by a port, a process or a stack dump do not push the command out of sight
     alike: dict[tuple[str, str, str], list[InstanceResult]] = {}
@@ -204,14 +228,11 @@ def kept_failure(spec: PipelineSpec, outputs: EvalOutputs, results: Sequence[Ins
         ended = "did not start" if attempt.fault in NEVER_STARTED else "did not complete"
         alike.setdefault((ended, str(attempt.fault), earlier.run_id), []).append(attempt)
     logged = "the run's log"  # grades.json holds the kept rows, which never saw the attempt's reason
-    lines = [
+    return [
         f"instance(s) {', '.join(a.key for a in attempts)} {ended} ({fault}: {one_line(attempts[0].error, logged)}); "
         f"their results of run {run} are kept, as nothing ran to replace them"
         for (ended, fault, run), attempts in alike.items()
     ]
-    invocation = outputs.run_command(spec)
-    command = rerun_command([attempt.key for attempt, _ in kept], invocation, spec.partition_keys())
-    return "\n".join([*lines, f"run them again once they can start: {command}"])
 
 
 def _record_interrupted(
@@ -291,6 +312,7 @@ def sweep_rollouts_step(
             partitions=todo,
             on_result=ended,
             claims=outputs,
+            keep_earlier=True,  # an attempt that measured nothing (weights deleted since, a sim crash) wipes nothing
             checkpoint=member.label,
         )
         ran += [(member, result) for result in results]

@@ -28,7 +28,7 @@ from tests.agent.checkpoint_runs import (
     write_lerobot_run,
 )
 from tests.dagster.support import REPO
-from tests.eval.sweep_sims import sweep_pipeline
+from tests.eval.sweep_sims import CRASH, sweep_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -119,6 +119,29 @@ def test_what_a_resumed_sweep_counts_as_kept_is_judged_under_the_deployment_file
     instances = len(load_pipeline(path).partition_keys())
     kept = f"{instances} of {instances} (checkpoint, instance) pairs keep their current result"
     assert kept in capsys.readouterr().err, "under the same deployment, the results are current"
+
+
+def test_a_sim_that_crashes_under_a_rerun_keeps_each_pairs_earlier_result_and_the_run_fails_saying_so(
+    run: LeRobotRun, tmp_path: Path, local: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's pairs recorded every attempt: the crashed rerun replaced complete results with sim_crashed rows."""
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
+    first = _run_ids(local)["000500"]
+    capsys.readouterr()
+    monkeypatch.setenv(CRASH, "1")  # the same configuration: only the sims die
+    assert main(["run", str(path), "--quiet", "--checkpoint", "000500", "--rerun"]) != 0
+    printed = capsys.readouterr()
+    said = " ".join((printed.out + printed.err).split())
+    assert "checkpoint 000500: instance(s) " in said, said
+    assert "did not complete (sim_crashed: " in said
+    assert "are kept, as nothing ran to replace them" in said
+    command = said.split("evaluate them again once they can start: ")[1]
+    assert "--partition '000500|near-i0'" in command
+    assert "--rerun" in command, "a plain run skips a pair whose kept result is current"
+    assert _run_ids(local)["000500"] == first, "the earlier complete results stand"
+    rows = json.loads((local / "reach_sweep" / "grades.json").read_text())
+    assert {row["status"] for row in rows} <= {"succeeded", "failed"}, "no errored row replaced a measured one"
 
 
 def test_validate_counts_a_sweeps_episodes_per_checkpoint_and_over_the_checkpoints_found(

@@ -9,12 +9,15 @@ different weights act, and succeed, differently.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 REACH = 0.6
+CRASH = "REACH2D_CRASH"
+"""Set in the environment of the run, its sims die on their first step (a crash that changes no configuration)."""
 
 
 class Reach2D(gym.Env[dict[str, np.ndarray], np.ndarray]):
@@ -40,6 +43,8 @@ class Reach2D(gym.Env[dict[str, np.ndarray], np.ndarray]):
         return self._observation(), {}
 
     def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        if os.environ.get(CRASH):
+            os._exit(9)
         self._pos = np.clip(self._pos + 0.1 * np.asarray(action, np.float32), -5.0, 5.0).astype(np.float32)
         distance = float(np.linalg.norm(self._pos - self._goal[:2]))
         success = distance < self.reach
