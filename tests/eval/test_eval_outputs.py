@@ -436,6 +436,24 @@ class Unseeded(gym.Env):
 
     def step(self, action):
         return self.position, 0.0, False, False, {}
+
+
+class NoisyStep(gym.Env):
+    """Starts from its seed, then steps with the global generator's noise: each run of a seed goes its own way."""
+
+    observation_space = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = self.np_random.uniform(-1.0, 1.0, 2).astype(np.float32)
+        return self.position, {}
+
+    def step(self, action):
+        assert action == 0, "the check steps a whole-number action at its lower bound"
+        if self.np_random.random() < 2.0:  # its own generator, as it should: every run the same
+            self.position = self.position + np.random.normal(0.0, 0.1, 2).astype(np.float32)
+        return self.position, 1.0, False, False, {}
 '''
 
 
@@ -469,6 +487,29 @@ def test_a_sim_that_does_not_repeat_its_start_for_a_seed_is_named_in_the_report(
     check = json.loads((tmp_path / "seeded" / "placed" / "seed_check.json").read_text())
     assert (check["seeds"], check["differing"]) == ([0, 1], {})
     assert "does not repeat" not in (tmp_path / "seeded" / "placed" / "report.md").read_text()
+
+
+def test_a_sim_whose_step_draws_from_an_unseeded_generator_is_named_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check only reset the sim: an env whose step used the global np.random passed it, run after run."""
+    monkeypatch.chdir(REPO)
+    (tmp_path / "unseeded_env.py").write_text(UNSEEDED_ENV)
+    noisy = _spec(
+        tmp_path,
+        sim={"factory": "unseeded_env.py:NoisyStep", "num_envs": 2},
+        agent={"policy": {"kind": "constant"}},
+        dataset={"enabled": False},
+    )
+    evaluate(noisy, outputs_dir=tmp_path / "noisy")
+    check = json.loads((tmp_path / "noisy" / "placed" / "seed_check.json").read_text())
+    assert check["differing"] == {"0": ["state after step 1"], "1": ["state after step 1"]}, "its start repeats"
+    report = (tmp_path / "noisy" / "placed" / "report.md").read_text()
+    assert (
+        "**Warning:** the sim does not repeat an episode for the same seed and actions: two resets with seed 0, "
+        "each stepped with the same action, gave different state after step 1 (2 of the first instance's 2 seeds "
+        "differed)"
+    ) in " ".join(report.split())
 
 
 def test_a_seed_check_in_which_no_slot_started_has_no_verdict() -> None:
