@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 AV1_MIN_WIDTH = 25
 """The narrowest frame SVT-AV1 (3.0, as PyAV ships it) encodes: narrower ones end the process with SIGFPE."""
 ERRORED = "episode.errored"
+FLOAT32_EXACT = 2.0**24
+"""float32, ``observation.state``'s dtype, holds every integer up to this magnitude, and skips some above it."""
 """Per-frame flag of an episode that ended errored; only declared when errored episodes are kept."""
 
 FrameDict = dict[str, npt.NDArray[Any]]
@@ -107,7 +109,9 @@ class DatasetLayout:
             if f.camera is not None
         )
         vectors = {f.name: f for f in observations if f.camera is None}
-        state_names = list(vectors) if options.state_features is None else options.state_features
+        state_names = options.state_features
+        if state_names is None:  # every vector whose values observation.state's float32 keeps
+            state_names = [name for name, feature in vectors.items() if exact_in_float32(feature)]
         unknown = [n for n in state_names if n not in vectors]
         if unknown:
             raise ContractError(
@@ -322,3 +326,15 @@ def _bounds(action: SourceFeature) -> tuple[npt.NDArray[np.float64], npt.NDArray
     if action.low is None or action.high is None or len(action.low) != len(action.high):
         return None
     return np.asarray(action.low, dtype=np.float64), np.asarray(action.high, dtype=np.float64)
+
+
+def exact_in_float32(feature: SourceFeature) -> bool:
+    """Whether ``observation.state`` (float32) keeps every value of the vector ``feature``: an integer one of 32 or
+    64 bits, unless its bounds stay within 2^24, may count past it (a tick counter, an id, a timestamp), where
+    float32 rounds 33554433 to 33554432; such a feature keeps its own ``observation.<name>`` in its own dtype by
+    default. Floats are stored as float32 as lerobot's policies read them."""
+    if feature.dtype.kind not in "iu" or feature.dtype.itemsize < 4:
+        return True
+    if feature.low is None or feature.high is None:
+        return False
+    return max(abs(value) for value in (*feature.low, *feature.high)) <= FLOAT32_EXACT

@@ -38,7 +38,8 @@ class DatasetOptions(StrictModel):
     state_features: list[str] | None = Field(
         default=None,
         description="observation features concatenated, in this order, into observation.state; by default every "
-        "non-camera observation feature in contract order. The other vectors become observation.<name>",
+        "non-camera observation feature in contract order whose values float32 keeps "
+        "(:func:`~hud_pipelines.dataset.features.exact_in_float32`). The other vectors become observation.<name>",
     )
     keep_errored: bool = Field(
         default=False,

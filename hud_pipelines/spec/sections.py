@@ -239,8 +239,10 @@ class DatasetSpec(StrictModel):
     )
     state_features: list[str] | None = Field(
         default=None,
-        description="observation features concatenated, in this order, into `observation.state`; default: every "
-        "non-camera observation feature in contract order (the others become `observation.<name>`)",
+        description="observation features concatenated, in this order, into `observation.state` (float32); default: "
+        "every non-camera observation feature in contract order whose values float32 keeps (an integer one of 32 or "
+        "64 bits bounded past 2^24, or not bounded, would lose counts: it stays apart); the others become "
+        "`observation.<name>` in their own dtype",
     )
     writers: Count = Field(
         default=1,

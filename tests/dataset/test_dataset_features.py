@@ -85,6 +85,24 @@ def test_state_features_option_splits_other_vectors_out() -> None:
         DatasetLayout.build(_contract(), DatasetOptions(state_features=["nope"]))
 
 
+def test_an_integer_that_float32_would_round_keeps_its_own_key_and_dtype_unless_state_features_says() -> None:
+    """A tick counting from 33554433 was concatenated into observation.state's float32 and read 33554432 twice."""
+    ticks = Feature(role="observation", dtype="int64", shape=(1,), low=[0], high=[2.0**40])
+    small = Feature(role="observation", dtype="int64", shape=(1,), low=[0], high=[2.0**24])
+    unbounded = Feature(role="observation", dtype="int32", shape=(1,))
+    cells = Feature(role="observation", dtype="uint8", shape=(2,))  # 8 bits: float32 holds every value
+    layout = DatasetLayout.build(_contract(tick=ticks, small=small, count=unbounded, cells=cells))
+    features = layout.lerobot_features()
+    assert features["observation.state"]["names"] == ["x", "y", "small_0", "cells_0", "cells_1"]
+    assert features["observation.tick"]["dtype"] == "int64"
+    assert features["observation.count"]["dtype"] == "int32"
+    observation = {"pixels": np.zeros((4, 6, 3), np.uint8), "agent_pos": np.zeros(2), "cells": np.array([1, 2])}
+    frame = _frame(observation | {"tick": np.array([33554433]), "small": np.array([7]), "count": np.array([5])})
+    assert layout.lerobot_frame(frame)["observation.tick"].tolist() == [33554433]
+    asked = DatasetLayout.build(_contract(tick=ticks), DatasetOptions(state_features=["agent_pos", "tick"]))
+    assert asked.lerobot_features()["observation.state"]["names"] == ["x", "y", "tick_0"], "as the YAML says"
+
+
 @pytest.mark.parametrize(
     ("kind", "shape", "pixel", "stored"),
     [
