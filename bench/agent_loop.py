@@ -96,7 +96,7 @@ def main() -> None:
     print(f"{'N':>4}{'plain us/tick':>15}{'agent us/tick':>15}{'own us/tick':>13}{'plain/agent':>13}")
     figures: dict[str, float] = {}
     for n in (1, 8, 32):
-        batches = max(2, (64 // n) // (4 if args.quick else 1))
+        batches = max(2, max(6, 64 // n) // (4 if args.quick else 1))
         runs = [measure(n, batches, 1000) for _ in range(args.repeats)]
         plain = statistics.median(run["plain"] for run in runs) * 1e6
         agent = statistics.median(run["agent"] for run in runs) * 1e6
