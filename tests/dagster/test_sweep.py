@@ -97,9 +97,7 @@ def test_a_run_names_the_checkpoints_it_leaves_out_because_they_are_incomplete(
 def test_what_a_resumed_sweep_counts_as_kept_is_judged_under_the_deployment_file_as_the_run_judges_it(
     run: LeRobotRun, tmp_path: Path, local: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = _write_sweep(tmp_path, str(run.output_dir))
-    assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
-    first = _run_ids(local)["000500"]
+    path, first = _swept_once(run, tmp_path, local)
     deployment = tmp_path / "deployment.yaml"
     deployment.write_text("pipelines:\n  reach_sweep: {sim: {args: {reach: 0.5}}}\n")
     monkeypatch.setenv("HUD_PIPELINES_DEPLOYMENT", str(deployment))
@@ -125,9 +123,7 @@ def test_a_sim_that_crashes_under_a_rerun_keeps_each_pairs_earlier_result_and_th
     run: LeRobotRun, tmp_path: Path, local: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sweep's pairs recorded every attempt: the crashed rerun replaced complete results with sim_crashed rows."""
-    path = _write_sweep(tmp_path, str(run.output_dir))
-    assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
-    first = _run_ids(local)["000500"]
+    path, first = _swept_once(run, tmp_path, local)
     capsys.readouterr()
     monkeypatch.setenv(CRASH, "1")  # the same configuration: only the sims die
     assert main(["run", str(path), "--quiet", "--checkpoint", "000500", "--rerun"]) != 0
@@ -150,6 +146,13 @@ def test_validate_counts_a_sweeps_episodes_per_checkpoint_and_over_the_checkpoin
     path = _write_sweep(tmp_path, str(run.output_dir))
     assert main(["validate", str(path)]) == 0
     assert "4 episodes per checkpoint x 3 checkpoint(s) found now = 12)" in capsys.readouterr().out
+
+
+def _swept_once(run: LeRobotRun, tmp_path: Path, local: Path) -> tuple[Path, set[str]]:
+    """The sweep of ``run``'s checkpoints, its checkpoint 000500 evaluated: its path and the runs that did it."""
+    path = _write_sweep(tmp_path, str(run.output_dir))
+    assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
+    return path, _run_ids(local)["000500"]
 
 
 def _run_ids(outputs: Path) -> dict[str, set[str]]:

@@ -457,29 +457,35 @@ class NoisyStep(gym.Env):
 '''
 
 
+def _seed_checked(tmp_path: Path, env_class: str) -> tuple[dict[str, Any], str]:
+    """Evaluate ``UNSEEDED_ENV``'s ``env_class`` (two slots, a constant policy) into ``tmp_path/<env_class>``: its
+    seed check and its report."""
+    (tmp_path / "unseeded_env.py").write_text(UNSEEDED_ENV)
+    spec = _spec(
+        tmp_path,
+        sim={"factory": f"unseeded_env.py:{env_class}", "num_envs": 2},
+        agent={"policy": {"kind": "constant"}},
+        dataset={"enabled": False},
+    )
+    evaluate(spec, outputs_dir=tmp_path / env_class)
+    check = json.loads((tmp_path / env_class / "placed" / "seed_check.json").read_text())
+    return check, (tmp_path / env_class / "placed" / "report.md").read_text()
+
+
 def test_a_sim_that_does_not_repeat_its_start_for_a_seed_is_named_in_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    (tmp_path / "unseeded_env.py").write_text(UNSEEDED_ENV)
-    unseeded = _spec(
-        tmp_path,
-        sim={"factory": "unseeded_env.py:Unseeded", "num_envs": 2},
-        agent={"policy": {"kind": "constant"}},
-        dataset={"enabled": False},
-    )
-    evaluate(unseeded, outputs_dir=tmp_path / "unseeded")
-    check = json.loads((tmp_path / "unseeded" / "placed" / "seed_check.json").read_text())
+    check, report = _seed_checked(tmp_path, "Unseeded")
     assert (check["seeds"], check["differing"]) == ([0, 1], {"0": ["state"], "1": ["state"]})
-    outputs = EvalOutputs(tmp_path / "unseeded", "placed")
+    outputs = EvalOutputs(tmp_path / "Unseeded", "placed")
     assert seed_warning(outputs, check["rollout_hash"]) is not None
     assert seed_warning(outputs, "another configuration") is None, "the check speaks for what it checked"
-    report = (tmp_path / "unseeded" / "placed" / "report.md").read_text()
     assert (
         "**Warning:** the sim does not repeat an episode's start for the same seed: two resets with seed 0 gave "
         "different state (2 of the first instance's 2 seeds differed)"
     ) in report
-    page = (tmp_path / "unseeded" / "placed" / "report.html").read_text()
+    page = (tmp_path / "Unseeded" / "placed" / "report.html").read_text()
     assert "<strong>Warning:</strong> the sim does not repeat an episode&#x27;s start" in page
 
     seeded = _spec(tmp_path, dataset={"enabled": False})  # CartPole starts from self.np_random
@@ -494,17 +500,8 @@ def test_a_sim_whose_step_draws_from_an_unseeded_generator_is_named_in_the_repor
 ) -> None:
     """The check only reset the sim: an env whose step used the global np.random passed it, run after run."""
     monkeypatch.chdir(REPO)
-    (tmp_path / "unseeded_env.py").write_text(UNSEEDED_ENV)
-    noisy = _spec(
-        tmp_path,
-        sim={"factory": "unseeded_env.py:NoisyStep", "num_envs": 2},
-        agent={"policy": {"kind": "constant"}},
-        dataset={"enabled": False},
-    )
-    evaluate(noisy, outputs_dir=tmp_path / "noisy")
-    check = json.loads((tmp_path / "noisy" / "placed" / "seed_check.json").read_text())
+    check, report = _seed_checked(tmp_path, "NoisyStep")
     assert check["differing"] == {"0": ["state after step 1"], "1": ["state after step 1"]}, "its start repeats"
-    report = (tmp_path / "noisy" / "placed" / "report.md").read_text()
     assert (
         "**Warning:** the sim does not repeat an episode for the same seed and actions: two resets with seed 0, "
         "each stepped with the same action, gave different state after step 1 (2 of the first instance's 2 seeds "
