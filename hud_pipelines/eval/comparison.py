@@ -270,6 +270,12 @@ def run_compare(args: argparse.Namespace, judge: Judge | None = None) -> int:
             "grades are read as its last run wrote them, not judged against the code as it is now",
             file=sys.stderr,
         )
+    for where in dict.fromkeys(side.where for side in (candidate, baseline) if side.folder):
+        print(
+            f"note: the folder {where} is read as its last run wrote it; give its pipeline's name to judge it against "
+            "the code, weights and configuration as they are now, as `report` does",
+            file=sys.stderr,
+        )
     for side in (candidate, baseline):
         stale = [row for row in side.rows if row.fault is Fault.NOT_RUN]
         if stale:

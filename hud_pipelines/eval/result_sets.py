@@ -39,6 +39,8 @@ class ResultSet:
     setting none of them recorded is absent."""
     unjudged: bool = False
     """A pipeline's rows read as its last run wrote them: no pipeline file of that name is found here to judge them."""
+    folder: bool = False
+    """An outputs folder's rows, read as its last run wrote them (its pipeline's name would judge them now)."""
 
     @property
     def name(self) -> str:
@@ -98,7 +100,8 @@ def read_result_set(
     rows = [row for row in rows if row.task not in arms]
     labels = tuple(dict.fromkeys(row.checkpoint for row in rows if row.checkpoint is not None))
     if checkpoint is None and len(labels) < 2:
-        return ResultSet(rows, where, arms=len(arms), settings=_settings(path.parent, rows), unjudged=unjudged)
+        settings = _settings(path.parent, rows)
+        return ResultSet(rows, where, arms=len(arms), settings=settings, unjudged=unjudged, folder=Path(where).is_dir())
     chosen = label_named(checkpoint, labels) if checkpoint is not None else labels[-1]
     if chosen not in labels:
         raise HudPipelinesError(
@@ -108,7 +111,9 @@ def read_result_set(
         )
     rows = [row for row in rows if row.checkpoint == chosen]
     member = path.parent / "checkpoints" / chosen
-    return ResultSet(rows, where, chosen, labels, len(arms), settings=_settings(member, rows), unjudged=unjudged)
+    settings = _settings(member, rows)
+    folder = Path(where).is_dir()
+    return ResultSet(rows, where, chosen, labels, len(arms), settings=settings, unjudged=unjudged, folder=folder)
 
 
 def _rows_of(path: Path) -> list[GradeRow]:

@@ -25,6 +25,10 @@ from hud_pipelines.eval.paired_tests import (
 )
 from hud_pipelines.recording.events import EpisodeStatus
 
+FOLDER_NOTE = (
+    "give its pipeline's name to judge it against the code, weights and configuration as they are now, as `report` does"
+)
+
 
 def _row(slot: int, success: bool, *, score: float | None = None, errored: bool = False, task: str = "t") -> GradeRow:
     status = EpisodeStatus.ERRORED if errored else EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED
@@ -512,7 +516,8 @@ def test_compare_notes_sides_run_with_other_episode_lengths_or_graders(
     assert "graders" not in err, "the same graders: nothing to say; results of other runs are not read"
     assert "sim_factory" not in err, "a file's relative and absolute paths name one factory"
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a" / "grades.json")]) == 0
-    assert "note" not in capsys.readouterr().err
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note")]
+    assert notes == [f"note: the folder {tmp_path / 'a'} is read as its last run wrote it; {FOLDER_NOTE}"]
 
 
 def test_the_no_regression_check_does_not_pass_on_episodes_that_errored_where_the_baseline_answered(
@@ -624,7 +629,9 @@ def test_compare_judges_a_pipeline_it_is_given_by_name_or_file_as_report_does(
         assert "--partition" not in said.err, "every stale instance runs again, not the first alone"
         assert "lean.py" in said.err, "the note says what changed"
     assert main(["compare", str(outputs / "leaning"), str(kept), "--json"]) == 0, "a folder is read as it was written"
-    assert json.loads(capsys.readouterr().out)["pairs"] == 4
+    said = capsys.readouterr()
+    assert json.loads(said.out)["pairs"] == 4
+    assert f"note: the folder {outputs / 'leaning'} is read as its last run wrote it; give its pipeline" in said.err
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")  # no pipelines folder here: the name's grades, as written, and said so
     assert main(["compare", "leaning", str(kept), "--outputs", str(outputs), "--json"]) == 0
