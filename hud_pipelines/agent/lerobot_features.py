@@ -35,7 +35,7 @@ import numpy.typing as npt
 import torch
 from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.envs.utils import preprocess_observation as _preprocess_observation  # pyright: ignore[reportUnknownVariableType]
-from lerobot.utils.constants import ACTION, OBS_ENV_STATE, OBS_IMAGES, OBS_STATE
+from lerobot.utils.constants import ACTION, OBS_ENV_STATE, OBS_IMAGES, OBS_PREFIX, OBS_STATE
 
 from hud_pipelines.agent.policy import Actions, as_chunks
 from hud_pipelines.agent.torch_runtime import (
@@ -79,7 +79,11 @@ class LeRobotAdapter:
                 key = expected_images[0]
             self.cameras[name] = key
         self.separate_states: dict[str, str] = {n: rename[n] for n in contract.state_features if n in rename}
-        self.concatenated: list[str] = [n for n in contract.state_features if n not in rename]
+        for name in contract.state_features:  # a dataset kept it apart (an integer float32 would round), as it reads
+            key = f"{OBS_PREFIX}{name.replace('/', '_')}"
+            if name not in rename and key in expected and key != OBS_STATE:
+                self.separate_states[name] = key
+        self.concatenated: list[str] = [n for n in contract.state_features if n not in self.separate_states]
         if expected:
             produced = set(self.input_keys)
             missing = sorted(k for k in expected if k not in produced)

@@ -130,6 +130,29 @@ def test_adapter_renames_and_falls_back_to_the_policys_single_image_key() -> Non
         LeRobotAdapter(contract, rename={"nope": "x"})
 
 
+def test_a_state_the_dataset_kept_apart_is_given_apart_to_a_policy_that_expects_it_so() -> None:
+    """A dataset keeps an integer float32 would round as observation.<name>; a policy trained on it expects it there,
+    and one trained when it was inside observation.state still gets it there."""
+    from lerobot.configs.types import FeatureType as LeRobotType
+    from lerobot.configs.types import PolicyFeature
+
+    contract = camera_and_position(tick=Feature(role="observation", dtype="int64", shape=(1,)))
+    rows = {"pixels": np.zeros((1, 4, 6, 3), np.uint8), "agent_pos": np.ones((1, 2), np.float32)}
+    rows["tick"] = np.array([[33554433]], np.int64)
+    expected = {
+        OBS_IMAGE: PolicyFeature(type=LeRobotType.VISUAL, shape=(3, 4, 6)),
+        OBS_STATE: PolicyFeature(type=LeRobotType.STATE, shape=(2,)),
+        "observation.tick": PolicyFeature(type=LeRobotType.STATE, shape=(1,)),
+    }
+    inputs = LeRobotAdapter(contract, expected_inputs=expected).inputs(rows, "")
+    assert inputs[OBS_STATE].shape == (1, 2)  # pyright: ignore[reportAttributeAccessIssue]
+    assert inputs["observation.tick"].shape == (1, 1)  # pyright: ignore[reportAttributeAccessIssue]
+    inside = {OBS_IMAGE: expected[OBS_IMAGE], OBS_STATE: PolicyFeature(type=LeRobotType.STATE, shape=(3,))}
+    inputs = LeRobotAdapter(contract, expected_inputs=inside).inputs(rows, "")
+    assert set(inputs) == {OBS_IMAGE, OBS_STATE, "task"}
+    assert inputs[OBS_STATE].shape == (1, 3)  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def test_a_checkpoint_whose_inputs_have_other_shapes_is_refused_naming_both_sides() -> None:
     from lerobot.configs.types import FeatureType as LeRobotType
     from lerobot.configs.types import PolicyFeature
