@@ -127,7 +127,7 @@ def test_an_observation_with_an_images_shape_read_as_state_is_warned_of_with_how
 
 
 def test_a_uint8_grid_bounded_other_than_a_pixels_0_to_255_is_labels_kept_as_state_not_a_lossy_camera() -> None:
-    """MiniGrid's ``Box(0, 10, (7, 7, 3), uint8)`` cells were typed rgb and stored as video: every value read 0."""
+    """A grid world's ``Box(0, 10, (7, 7, 3), uint8)`` cells were typed rgb and stored as video: every value read 0."""
     grid = derive(Box(0, 10, (7, 7, 3), np.uint8)).features["state"]
     assert (grid.type, grid.shape, grid.high) == (FeatureType.STATE, (7, 7, 3), [10.0] * 147)
     space = gym.spaces.Dict(
@@ -143,6 +143,23 @@ def test_a_uint8_grid_bounded_other_than_a_pixels_0_to_255_is_labels_kept_as_sta
     assert warned.startswith("observation 'classes' (uint8 [32, 32, 1]) has an image's shape but is read as state")
     assert "its space bounds it to 0-20, not a pixel's 0-255, so its values are kept exactly as labels" in warned
     assert derive(Box(0, 255, (7, 7, 3), np.uint8)).features["image"].type is FeatureType.RGB
+
+
+def test_a_contract_file_types_a_uint8_image_a_camera_or_labels_whatever_its_bounds_said() -> None:
+    """MiniGrid declares its grid 0-255 (read as a picture); another env declares a picture 0-250: the file decides."""
+    grid = derive(Box(0, 255, (7, 7, 3), np.uint8))
+    as_labels = grid.features["image"].model_copy(update={"type": FeatureType.STATE, "names": None})
+    edited = grid.model_copy(update={"features": {**grid.features, "image": as_labels}})
+    assert merge_contract(edited, grid, source="grid.json").features["image"].type is FeatureType.STATE
+    picture = derive(Box(0, 250, (8, 8, 3), np.uint8))
+    as_camera = picture.features["state"].model_copy(update={"type": FeatureType.RGB, "names": None})
+    edited = picture.model_copy(update={"features": {**picture.features, "state": as_camera}})
+    assert merge_contract(edited, picture, source="picture.json").features["state"].is_camera
+    floats = derive(Box(0, 1, (8, 8, 3), np.float32))
+    as_camera = floats.features["state"].model_copy(update={"type": FeatureType.RGB, "names": None})
+    edited = floats.model_copy(update={"features": {**floats.features, "state": as_camera}})
+    with pytest.raises(ContractError, match="a camera must be a uint8 array"):
+        merge_contract(edited, floats, source="floats.json")
 
 
 class _DeclaredEnv:

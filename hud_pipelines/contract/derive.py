@@ -48,7 +48,8 @@ def looks_like_camera(array: npt.NDArray[Any], space: gym.Space[Any] | None = No
 
 def labels_grid(space: gym.Space[Any] | None) -> bool:
     """Whether ``space`` is a ``uint8`` ``Box`` whose bounds are not a pixel's 0-255 everywhere: its values are
-    labels or ids (MiniGrid's cells are ``Box(0, 10)``), as stable-baselines3 reads such a space too."""
+    labels or ids (a grid world's cells declared ``Box(0, 10)``), as stable-baselines3 reads such a space too.
+    MiniGrid declares its grid ``Box(0, 255)``, read as a picture: its contract file types it ``state`` to keep it."""
     if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8:
         return False
     return not (bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))

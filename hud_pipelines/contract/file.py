@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from hud_pipelines.contract.derive import camera_advice
+from hud_pipelines.contract.derive import CAMERA_CHANNELS, camera_advice
 from hud_pipelines.contract.model import CAMERA_NAMES, Contract, Feature
 from hud_pipelines.errors import ContractError
 
@@ -62,9 +62,10 @@ def merge_contract(edited: Contract, derived: Contract, *, source: Path | str, f
                 f"{source}: feature {name!r} is {kept.role} {_layout(kept)} in the contract file but "
                 f"{fresh.role} {_layout(fresh)} in the env{hint or '; fix the file or delete it to derive it again'}"
             )
-        if kept.is_camera != fresh.is_camera:
+        switched = kept.is_camera != fresh.is_camera  # the file's word, where a uint8 image's bounds were unsure
+        if switched and not _camera_shaped(fresh):
             raise ContractError(f"{source}: {_camera_mismatch(name, kept, fresh)}{hint}")
-        if not _names_fit(kept, fresh):
+        if not _names_fit(kept, kept if switched else fresh):
             raise ContractError(
                 f"{source}: feature {name!r} has {len(kept.names or [])} names for {fresh.size} values{hint}"
             )
@@ -192,12 +193,17 @@ def _names_fit(kept: Feature, fresh: Feature) -> bool:
     return len(kept.names) == fresh.size
 
 
+def _camera_shaped(feature: Feature) -> bool:
+    """A ``uint8`` ``HWC`` array with 1, 3 or 4 channels: a picture or a grid of labels, as its file types it (a
+    space bounded 0-255 is read as a picture, any other as labels, :func:`~.derive.labels_grid`)."""
+    shape = feature.shape
+    return feature.dtype == "uint8" and len(shape) == 3 and shape[-1] in CAMERA_CHANNELS
+
+
 def _camera_mismatch(name: str, kept: Feature, fresh: Feature) -> str:
     """Why a feature cannot change between state and camera in the file: cameras are what the env gives as
     ``uint8`` ``HWC`` images, and the dataset and the traces store them as such (channel-first, or another
     dtype, is read as state: transpose or convert it in the env)."""
-    if fresh.is_camera:
-        return f"feature {name!r} is a camera ({_layout(fresh)}) in the env; it cannot be typed {kept.type.value}"
     return (
         f"feature {name!r} is typed {kept.type.value} in the contract file, but the env gives {_layout(fresh)}, which "
         f"is read as state ({fresh.size} values): {camera_advice(fresh.shape, fresh.dtype)}"
