@@ -9,7 +9,6 @@ a sweep resumes where it stopped and evaluates a new checkpoint alone.
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -208,15 +207,20 @@ def sweep_kept_failure(
     """:func:`kept_failure` of a sweep: ``kept`` holds each (checkpoint label, attempt, earlier result it kept), said
     checkpoint by checkpoint. The kept results are current, which a plain run of the sweep skips: the command
     evaluates those pairs again (``--rerun``)."""
+    from hud_pipelines.eval.checks import rerun_command
+
     if not kept:
         return None
     lines: list[str] = []
-    for label in dict.fromkeys(label for label, _, _ in kept):
+    commands: list[str] = []
+    rerun = [*outputs.run_command(spec), "--rerun"]
+    for label in dict.fromkeys(label for label, _, _ in kept):  # a run takes one checkpoint's contiguous range
         said = _kept_lines([(attempt, earlier) for of, attempt, earlier in kept if of == label])
         lines += [f"checkpoint {label}: {line}" for line in said]
-    pairs = [f"{label}{sweep.PARTITION_SEPARATOR}{attempt.key}" for label, attempt, _ in kept]
-    command = [*outputs.run_command(spec), *(word for pair in pairs for word in ("--partition", pair)), "--rerun"]
-    return "\n".join([*lines, f"evaluate them again once they can start: {shlex.join(command)}"])
+        pairs = [f"{label}{sweep.PARTITION_SEPARATOR}{attempt.key}" for of, attempt, _ in kept if of == label]
+        order = [f"{label}{sweep.PARTITION_SEPARATOR}{key}" for key in spec.partition_keys()]
+        commands.append(rerun_command(pairs, rerun, order))
+    return "\n".join([*lines, f"evaluate them again once they can start: {'; '.join(commands)}"])
 
 
 def _kept_lines(kept: Sequence[tuple[InstanceResult, InstanceResult]]) -> list[str]:
