@@ -47,9 +47,9 @@ logger = logging.getLogger(__name__)
 AV1_MIN_WIDTH = 25
 """The narrowest frame SVT-AV1 (3.0, as PyAV ships it) encodes: narrower ones end the process with SIGFPE."""
 ERRORED = "episode.errored"
+"""Per-frame flag of an episode that ended errored; only declared when errored episodes are kept."""
 FLOAT32_EXACT = 2.0**24
 """float32, ``observation.state``'s dtype, holds every integer up to this magnitude, and skips some above it."""
-"""Per-frame flag of an episode that ended errored; only declared when errored episodes are kept."""
 
 FrameDict = dict[str, npt.NDArray[Any]]
 

@@ -49,7 +49,7 @@ class SeedCheck:
             return None
         slot, features = next(iter(self.differing.items()))
         seed = self.seeds[int(slot)]
-        if not any(" step" in feature for feature in features):  # the starts differed (a step's readings say so)
+        if not any(" step" in feature for feature in features):  # the starts differed (a step's readings say " step")
             return (
                 f"the sim does not repeat an episode's start for the same seed: two resets with seed {seed} gave "
                 f"different {', '.join(features)} ({len(self.differing)} of the first instance's {len(self.seeds)} "
@@ -139,7 +139,7 @@ def _first_difference(before: Stages, after: Stages) -> list[str]:
         if changed:
             return changed
     if len(before) != len(after):  # one run of the slot ended, or errored, sooner
-        return [f"steps before its end ({len(before) - 1} against {len(after) - 1})"]
+        return [f"episode lengths ({len(before) - 1} against {len(after) - 1} steps)"]  # " step": a step's reading
     return []
 
 
