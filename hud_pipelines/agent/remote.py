@@ -253,10 +253,9 @@ class RemotePolicy(BasePolicy, Closeable):
             raise PolicyLinkError(
                 f"the policy server at {self.url} went away while we waited for {what}: {exc}"
             ) from exc
-        if isinstance(frame, str):  # its headline is a traceback's last line, the exception (a report shows one)
-            lines = [line.strip() for line in frame.splitlines() if line.strip()] or ["(no text)"]
-            whole = f"\n{frame}" if len(lines) > 1 else ""
-            raise PolicyError(f"the policy server at {self.url} reported an error: {lines[-1]}{whole}")
+        if isinstance(frame, str):  # headed by the exception a traceback ends with (a report shows one line)
+            whole = f"\n{frame}" if len(frame.strip().splitlines()) > 1 else ""
+            raise PolicyError(f"the policy server at {self.url} reported an error: {_headline(frame)}{whole}")
         try:
             return unpackb(frame)
         except WireError as exc:
@@ -280,3 +279,13 @@ def _stack_chunks(chunks: list[Actions]) -> Actions:
         shortest = min(lengths)
         chunks = [c[:shortest] for c in chunks]
     return np.stack(chunks).astype(np.float32, copy=False)
+
+
+def _headline(text: str) -> str:
+    """A policy server's error in one line: the exception line after a Python traceback's last frame (its first
+    line, where the message has several), else the text's last line."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    frames = [index for index, line in enumerate(lines) if line.startswith("  File ")]
+    after = lines[frames[-1] + 1 :] if frames else []
+    exception = next((line for line in after if not line.startswith(" ")), None)
+    return (exception or (lines[-1] if lines else "(no text)")).strip()

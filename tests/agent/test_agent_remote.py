@@ -437,3 +437,19 @@ def test_a_policy_server_restarted_on_its_address_is_waited_for_briefly_and_one_
         remote.close()
         for server in restarted:
             server.close()
+
+
+def test_a_servers_error_is_headed_by_the_exception_its_traceback_ends_with() -> None:
+    """The last line of a traceback whose exception message has several lines was the message's tail alone."""
+    from hud_pipelines.agent.remote import _headline  # pyright: ignore[reportPrivateUsage]
+
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "server.py", line 3, in infer\n'
+        "    model.load_state_dict(state)\n"
+        "RuntimeError: Error(s) in loading state_dict for Net:\n"
+        '\tMissing key(s) in state_dict: "head.weight".\n'
+    )
+    assert _headline(traceback) == "RuntimeError: Error(s) in loading state_dict for Net:"
+    assert _headline("the model is not loaded") == "the model is not loaded"
+    assert _headline("first\nlast line\n") == "last line"
