@@ -114,3 +114,38 @@ def test_weights_saved_while_a_run_plans_are_hashed_anew_not_recorded_under_the_
     (now,) = sweep.evaluated(spec, outputs)
     assert now.changed, "the files are not those the recorded hash is of"
     assert now.content_hash != planned.content_hash
+
+
+def test_the_command_that_evaluates_kept_pairs_again_is_one_contiguous_range_of_one_checkpoint_each(
+    tmp_path: Path,
+) -> None:
+    """One command with every kept pair could not run (one run takes a contiguous range) and, as a cross product of
+    its labels and instances, would have evaluated finished pairs again."""
+    from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.results import unreached_result
+    from hud_pipelines.eval.rollouts import sweep_kept_failure
+    from hud_pipelines.spec.loader import load_pipeline
+    from tests.eval.sweep_sims import sweep_pipeline
+
+    (tmp_path / "checkpoints").mkdir()
+    path = tmp_path / "reach_sweep.yaml"
+    three = sweep_pipeline(str(tmp_path / "checkpoints"), tasks=[{"name": "near", "seed": 10}], group=3)
+    path.write_text(json.dumps(three))
+    spec = load_pipeline(path)
+    assert spec.partition_keys() == ["near-i0", "near-i1", "near-i2"]
+
+    def attempt(key: str, run: str) -> Any:
+        return unreached_result(spec, spec.partition_for_key(key), "the sim did not start", Fault.SIM_START, run_id=run)
+
+    kept = [(label, attempt(key, "now"), attempt(key, "before")) for label, key in (("A", "near-i0"), ("A", "near-i2"))]
+    kept.append(("B", attempt("near-i1", "now"), attempt("near-i1", "before")))
+    said = sweep_kept_failure(spec, EvalOutputs(tmp_path / "outputs", spec.name), kept) or ""
+    lines = said.splitlines()
+    assert lines[0].startswith("checkpoint A: instance(s) near-i0, near-i2 did not start (sim_start: ")
+    assert lines[1].startswith("checkpoint B: instance(s) near-i1 did not start")
+    commands = lines[2].removeprefix("evaluate them again once they can start: ").split("; ")
+    assert [command.split("--rerun ")[1] for command in commands] == [
+        "--partition 'A|near-i0'",
+        "--partition 'A|near-i2'",
+        "--partition 'B|near-i1'",
+    ]
