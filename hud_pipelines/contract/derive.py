@@ -42,8 +42,12 @@ _GENERIC_BATCHERS = ("SyncVectorEnv", "AsyncVectorEnv")
 def looks_like_camera(array: npt.NDArray[Any], space: gym.Space[Any] | None = None) -> bool:
     """An ``HWC`` ``uint8`` array with 1, 3 or 4 channels, unless ``space`` bounds it other than a pixel's 0-255
     (:func:`labels_grid`)."""
-    shaped = array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in CAMERA_CHANNELS
-    return shaped and not labels_grid(space)
+    return camera_shaped(array.dtype, array.shape) and not labels_grid(space)
+
+
+def camera_shaped(dtype: np.dtype[Any] | str, shape: Sequence[int]) -> bool:
+    """A ``uint8`` ``HWC`` shape with 1, 3 or 4 channels: a picture, or a grid of labels (:func:`labels_grid`)."""
+    return np.dtype(dtype) == np.uint8 and len(shape) == 3 and shape[-1] in CAMERA_CHANNELS
 
 
 def labels_grid(space: gym.Space[Any] | None) -> bool:
@@ -89,8 +93,7 @@ def state_images(contract: Contract) -> list[str]:
 
 
 def _state_image_advice(feature: Feature) -> str:
-    camera_shaped = feature.dtype == "uint8" and len(feature.shape) == 3 and feature.shape[-1] in CAMERA_CHANNELS
-    if camera_shaped and feature.low is not None and feature.high is not None:
+    if camera_shaped(feature.dtype, feature.shape) and feature.low is not None and feature.high is not None:
         return (
             f"its space bounds it to {min(feature.low):g}-{max(feature.high):g}, not a pixel's 0-255, so its values "
             "are kept exactly as labels; if it is a picture, type it rgb or gray in the contract file (a camera is "

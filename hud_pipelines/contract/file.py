@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from hud_pipelines.contract.derive import CAMERA_CHANNELS, camera_advice
+from hud_pipelines.contract.derive import camera_advice, camera_shaped
 from hud_pipelines.contract.model import CAMERA_NAMES, Contract, Feature
 from hud_pipelines.errors import ContractError
 
@@ -63,7 +63,7 @@ def merge_contract(edited: Contract, derived: Contract, *, source: Path | str, f
                 f"{fresh.role} {_layout(fresh)} in the env{hint or '; fix the file or delete it to derive it again'}"
             )
         switched = kept.is_camera != fresh.is_camera  # the file's word, where a uint8 image's bounds were unsure
-        if switched and not _camera_shaped(fresh):
+        if switched and not camera_shaped(fresh.dtype, fresh.shape):
             raise ContractError(f"{source}: {_camera_mismatch(name, kept, fresh)}{hint}")
         if not _names_fit(kept, kept if switched else fresh):
             raise ContractError(
@@ -191,13 +191,6 @@ def _names_fit(kept: Feature, fresh: Feature) -> bool:
     if kept.is_camera or fresh.is_camera:
         return kept.is_camera and fresh.is_camera
     return len(kept.names) == fresh.size
-
-
-def _camera_shaped(feature: Feature) -> bool:
-    """A ``uint8`` ``HWC`` array with 1, 3 or 4 channels: a picture or a grid of labels, as its file types it (a
-    space bounded 0-255 is read as a picture, any other as labels, :func:`~.derive.labels_grid`)."""
-    shape = feature.shape
-    return feature.dtype == "uint8" and len(shape) == 3 and shape[-1] in CAMERA_CHANNELS
 
 
 def _camera_mismatch(name: str, kept: Feature, fresh: Feature) -> str:
