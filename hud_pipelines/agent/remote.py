@@ -18,12 +18,14 @@ row (``batched=False``); a server that accepts a leading batch axis gets the who
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import reprlib
 import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -80,6 +82,8 @@ class RemotePolicy(BasePolicy, Closeable):
         self._ws: ClientConnection | None = None
         self.metadata: dict[str, Any] = {}
         """What the server says of its policy (its first frame on each connection)."""
+        self._held: dict[str, Any] | None = None
+        """The identity (:meth:`identity`) every connection's server must have: the policy the run met first."""
         self._served = False
         """Whether a connection ever opened: a server that refuses one only after that may be restarting."""
         self._refused_since: float | None = None
@@ -122,6 +126,26 @@ class RemotePolicy(BasePolicy, Closeable):
         raise PolicyError(
             f"the policy server at {self.url} returned actions of shape {list(reply.shape)} for one observation; "
             f"expected [T, A={self.width}] or [A={self.width}]"
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """What the server said of its policy, as JSON (:func:`metadata_identity`): a result's provenance holds it, so
+        results of another policy served at the same address are never pooled with these."""
+        return metadata_identity(self.metadata)
+
+    def hold_to(self, identity: dict[str, Any]) -> None:
+        """Refuse a server that says its policy is another than ``identity`` (the run's, which another process may
+        have met first), now and on every later connection: a server restarted on its address with other weights
+        mid-run fails the forward as a lost server does, rather than answer the rest of the episodes."""
+        self._held = identity
+        self._refuse_another(self.metadata)
+
+    def _refuse_another(self, metadata: dict[str, Any]) -> None:
+        if self._held is None or _canonical(metadata_identity(metadata)) == _canonical(self._held):
+            return
+        raise PolicyLinkError(
+            f"the policy server at {self.url} serves another policy than this run's: it says "
+            f"{_said(metadata_identity(metadata))}, the run's said {_said(self._held)}"
         )
 
     def close(self) -> None:
@@ -179,6 +203,7 @@ class RemotePolicy(BasePolicy, Closeable):
                 self._open = ws
             self._given_up(epoch)
             metadata = self._receive(ws, "the metadata frame")
+            self._refuse_another(metadata if is_map(metadata) else {"metadata": metadata})
             with self._state:
                 self._open = None
                 if epoch == self._epoch:
@@ -271,6 +296,35 @@ class RemotePolicy(BasePolicy, Closeable):
         if ws is not None:
             with contextlib.suppress(OSError, WebSocketException):
                 ws.close()
+
+
+def metadata_identity(metadata: Any) -> Any:
+    """``metadata`` as JSON with its keys in order: an array or bytes as its dtype, shape and sha256 (normalization
+    statistics are not worth a provenance's bytes, and their digest tells them apart as well)."""
+    if isinstance(metadata, np.ndarray):
+        array = np.ascontiguousarray(cast(npt.NDArray[Any], metadata))
+        digest = hashlib.sha256(array.view(np.uint8).reshape(-1)).hexdigest()
+        return {"array": array.dtype.str, "shape": list(array.shape), "sha256": digest}
+    if isinstance(metadata, bytes):
+        return {"bytes": len(metadata), "sha256": hashlib.sha256(metadata).hexdigest()}
+    if isinstance(metadata, np.generic):
+        return metadata_identity(metadata.item())
+    if is_map(metadata):
+        keyed = {k.decode() if isinstance(k, bytes) else str(k): v for k, v in metadata.items()}
+        return {key: metadata_identity(keyed[key]) for key in sorted(keyed)}
+    if isinstance(metadata, list | tuple):
+        return [metadata_identity(item) for item in cast(list[Any], metadata)]
+    return metadata if metadata is None or isinstance(metadata, str | int | float) else repr(metadata)
+
+
+def _canonical(identity: Any) -> str:
+    return json.dumps(identity, sort_keys=True)
+
+
+def _said(identity: Any) -> str:
+    """An identity in a line of an error (``{}``: nothing)."""
+    text = _canonical(identity)
+    return "nothing of its policy" if not identity else text if len(text) <= 200 else f"{text[:197]}..."
 
 
 def _stack_chunks(chunks: list[Actions]) -> Actions:

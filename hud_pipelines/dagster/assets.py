@@ -43,15 +43,16 @@ from hud_pipelines.dagster.executors import executor_for
 from hud_pipelines.dagster.overlap import tag_running
 from hud_pipelines.dagster.resources import AGENT, CONTRACT, GRADERS, SIM, resource_key
 from hud_pipelines.errors import HudPipelinesError
-from hud_pipelines.eval import progress, rollouts, sweep
+from hud_pipelines.eval import progress, sweep
 from hud_pipelines.eval.configuration import judged_in_run, record_configuration
 from hud_pipelines.eval.grade_table import grade_cell, grade_columns
 from hud_pipelines.eval.grades import GradeRow, Summary, summarize
 from hud_pipelines.eval.judging import headline_rows
+from hud_pipelines.eval.kept import kept_failure, kept_result, sweep_kept_failure
 from hud_pipelines.eval.outputs import EvalOutputs
 from hud_pipelines.eval.report import rate_text, success_interval
 from hud_pipelines.eval.results import InstanceResult
-from hud_pipelines.eval.rollouts import finished_by, kept_failure, sweep_rollouts_step
+from hud_pipelines.eval.rollouts import finished_by, sweep_rollouts_step
 from hud_pipelines.eval.steps import (
     comparison_step,
     contract_step,
@@ -383,8 +384,8 @@ def _run_sweep(
         context.log_event(dg.AssetMaterialization(asset_key=rollouts_key, partition=key, metadata={"kept": True}))
     if kept:
         context.log.info(f"{spec.name}: {len(kept)} (checkpoint, instance) pair(s) kept their current result")
-    kept_earlier = [(m.label, a, e) for m, a in ran if (e := rollouts.kept_result(a, m.outputs)) is not None]
-    return [result for _, result in ran], rollouts.sweep_kept_failure(spec, outputs, kept_earlier)
+    kept_earlier = [(m.label, a, e) for m, a in ran if (e := kept_result(a, m.outputs)) is not None]
+    return [result for _, result in ran], sweep_kept_failure(spec, outputs, kept_earlier)
 
 
 def _comparison_asset(

@@ -3,7 +3,7 @@
 A failed or cancelled eval step skips the ``grades`` and ``report`` steps after it, so the files on
 disk would keep saying what an earlier run measured, all green, while the instances' results already
 hold what this run did (``interrupted`` episodes, or the earlier results it kept: see
-:func:`~hud_pipelines.eval.rollouts.kept_failure`). The step writes them itself before it fails,
+:func:`~hud_pipelines.eval.kept.kept_failure`). The step writes them itself before it fails,
 saying why; ``instances_completed`` then fails with that reason. ``hud-pipelines run`` writes them
 once its run ends, with every failed step's line, so a run it launched is left to it.
 """

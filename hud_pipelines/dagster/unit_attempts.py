@@ -20,8 +20,8 @@ from hud_pipelines.dagster.metadata import instance_metadata
 from hud_pipelines.dagster.unit_tags import RESULT_METADATA
 from hud_pipelines.dataset.shards import ShardStore
 from hud_pipelines.errors import Fault
+from hud_pipelines.eval.kept import kept_result
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.rollouts import kept_result
 from hud_pipelines.eval.runner import InstanceResult, unreached_result
 from hud_pipelines.spec.models import Partition, PipelineSpec
 
@@ -48,7 +48,7 @@ def record_lost(context: OpExecutionContext, unit: Unit, lost: int, rollouts_key
     attempt wrote no result of it (:func:`stands_after_the_loss`, asked first).
 
     Unless an earlier run of the same configuration completed it: that result stays, as it stays when a sim
-    dies under an instance (:data:`~hud_pipelines.eval.rollouts.KEEPS_EARLIER`), and the finish step fails the
+    dies under an instance (:data:`~hud_pipelines.eval.kept.KEEPS_EARLIER`), and the finish step fails the
     run saying so. What the lost attempt staged of its shard is left: its worker may only be cut off and run on
     (its result and shard then stand as any attempt's); a later run's commit of the instance clears it.
     """

@@ -57,15 +57,9 @@ from hud_pipelines.dagster.unit_tags import QUEUE_TAG, UNIT_TAG
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sweep
 from hud_pipelines.eval.configuration import claim_served_sim, read_served_sim, recorded_provenance, write_contract
+from hud_pipelines.eval.kept import kept_failure, kept_result, sweep_kept_failure
 from hud_pipelines.eval.outputs import EvalOutputs
-from hud_pipelines.eval.rollouts import (
-    current,
-    finished_by,
-    kept_failure,
-    kept_result,
-    rollouts_step,
-    sweep_kept_failure,
-)
+from hud_pipelines.eval.rollouts import current, finished_by, rollouts_step
 from hud_pipelines.eval.runner import InstanceResult
 from hud_pipelines.eval.steps import contract_step, record_configuration, refuse_misfit_dataset, seed_checked_contract
 from hud_pipelines.sim.pool import SimPool

@@ -52,7 +52,8 @@ def record_configuration(
 
 RUN_RECORDS_KEPT = 200
 """The latest runs whose own records (``configurations/<run id>.json`` and ``.contract``, ``served_sims/<run
-id>.json``) are kept: a run's steps, and a re-execution of it, judge by them; an older run's judges by the latest."""
+id>.json``, ``served_policies/<run id>.json``) are kept: a run's steps, and a re-execution of it, judge by them;
+an older run's judges by the latest."""
 
 
 def _forget_old_runs(outputs: EvalOutputs) -> None:
@@ -61,7 +62,11 @@ def _forget_old_runs(outputs: EvalOutputs) -> None:
     try:
         records = sorted(outputs.configurations.glob("*.json"), key=lambda path: path.stat().st_mtime_ns)
         for old in records[: max(0, len(records) - RUN_RECORDS_KEPT)]:
-            for path in (old, old.with_suffix(".contract"), outputs.served_sims / old.name):
+            for path in (
+                old,
+                old.with_suffix(".contract"),
+                *(f / old.name for f in (outputs.served_sims, outputs.served_policies)),
+            ):
                 path.unlink(missing_ok=True)
     except OSError:  # another run forgetting the same records meanwhile: what is left is theirs to remove
         return
@@ -189,7 +194,8 @@ def recorded_provenance(outputs: EvalOutputs, run_id: str | None = None) -> dict
     A run records its configuration before any sim is met; the served sim it runs is learnt later, by
     whichever step meets one first (the contract step, a unit on a worker), and claimed for the run
     (:func:`claim_served_sim`); so is the contract it derived (:func:`write_contract`: a run on workers records its
-    configuration before any unit derives it), else the one written before, where none was recorded.
+    configuration before any unit derives it), else the one written before, where none was recorded; and so is
+    what a remote policy's server said of its policy (:func:`hold_served_policy`).
     """
     record = _record(outputs, run_id)
     if not record:
@@ -203,6 +209,10 @@ def recorded_provenance(outputs: EvalOutputs, run_id: str | None = None) -> dict
     served = read_served_sim(outputs, str(record.get("run_id")))
     if served is None and record.get("attached"):  # it met no served sim (all down): the last one met stands
         served = latest_served_sim(outputs)
+    policy = read_served_policy(outputs, str(record.get("run_id")))
+    if policy is None and (recorded.get("policy") or {}).get("kind") == "remote":  # its server was down: likewise
+        policy = _latest_claim(outputs.served_policies)
+    recorded = provenance.with_served_policy(recorded, policy) if policy else recorded
     return provenance.with_served_sim(recorded, served) if served else recorded
 
 
@@ -223,18 +233,7 @@ def claim_served_sim(outputs: EvalOutputs, run_id: str, served: dict[str, Any]) 
     link is made only where no file is): every step and unit of the run holds its sims to that one,
     and a run of another served sim, at the same time or later, has its own.
     """
-    path = _claim_path(outputs, run_id)
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
-        partial.write_text(json.dumps(served, indent=1))
-        try:
-            os.link(partial, path)
-        except FileExistsError:  # another unit of the run claimed first: its claim holds
-            pass
-        finally:
-            partial.unlink(missing_ok=True)
-    return _read_claim(path) or served
+    return _claim(_claim_path(outputs, run_id), served)
 
 
 def read_served_sim(outputs: EvalOutputs, run_id: str) -> dict[str, Any] | None:
@@ -244,11 +243,44 @@ def read_served_sim(outputs: EvalOutputs, run_id: str) -> dict[str, Any] | None:
 
 def latest_served_sim(outputs: EvalOutputs) -> dict[str, Any] | None:
     """The most recent claim of any run (a run that met no served sim keeps judging by it)."""
-    claims = (
-        sorted(outputs.served_sims.glob("*.json"), key=lambda p: p.stat().st_mtime)
-        if outputs.served_sims.is_dir()
-        else []
-    )
+    return _latest_claim(outputs.served_sims)
+
+
+def hold_served_policy(policy: object, outputs: EvalOutputs, run_id: str) -> None:
+    """Claim what a remote policy's server says of its policy for run ``run_id``, as a served sim is claimed
+    (:func:`claim_served_sim`, in ``served_policies/<run id>.json``), and hold the policy to the claim: its
+    results' provenance holds it, so the results of another policy served at the same address are never
+    pooled with these, and a server of another policy than the run's is refused
+    (:class:`~hud_pipelines.errors.PolicyLinkError`). Any other policy has no server: nothing to claim."""
+    from hud_pipelines.agent.remote import RemotePolicy
+
+    if isinstance(policy, RemotePolicy):
+        identity = policy.identity()
+        policy.hold_to(_claim(_run_file(outputs.served_policies, run_id), {"metadata": identity})["metadata"])
+
+
+def read_served_policy(outputs: EvalOutputs, run_id: str) -> dict[str, Any] | None:
+    """What the policy server that run ``run_id`` claimed said of its policy (``None``: that run claimed none)."""
+    return _read_claim(_run_file(outputs.served_policies, run_id))
+
+
+def _claim(path: Path, claimed: dict[str, Any]) -> dict[str, Any]:
+    """The claim at ``path``: the first one made there, in whichever process (``claimed``, where none was)."""
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+        partial.write_text(json.dumps(claimed, indent=1))
+        try:
+            os.link(partial, path)
+        except FileExistsError:  # another unit of the run claimed first: its claim holds
+            pass
+        finally:
+            partial.unlink(missing_ok=True)
+    return _read_claim(path) or claimed
+
+
+def _latest_claim(folder: Path) -> dict[str, Any] | None:
+    claims = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     return _read_claim(claims[-1]) if claims else None
 
 

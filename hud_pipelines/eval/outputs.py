@@ -67,6 +67,8 @@ class EvalOutputs:
     """Whether the sim repeated an episode's start for the same seed, checked by the latest contract step."""
     served_sims = _Entry("served_sims")
     """``<run id>.json`` per run that met a served sim: what the sim that run holds its sims to says it is."""
+    served_policies = _Entry("served_policies")
+    """``<run id>.json`` per run of a remote policy: what its server said of the policy (``{"metadata": ...}``)."""
 
     def run_command(self, spec: PipelineSpec) -> list[str]:
         """``hud-pipelines run`` of ``spec`` (:func:`~hud_pipelines.spec.loader.run_argument`) writing here: with

@@ -46,6 +46,7 @@ def for_run(
     *,
     contract_json: str | None = None,
     served_sim: dict[str, Any] | None = None,
+    served_policy: dict[str, Any] | None = None,
     code: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The provenance of a run of ``spec`` (a sweep member's includes its checkpoint's content hash).
@@ -53,8 +54,9 @@ def for_run(
     ``served_sim``: what the served sim that gave the contract says it is (:mod:`hud_pipelines.sim.identity`).
     A sim attached by URL runs where its server was started, with the server's arguments: its factory,
     arguments, interpreter and packages are the server's, and they are part of the fingerprint, so the
-    results of a server started otherwise are never merged with these. ``code``: the sources as digested
-    before the run loaded them (:func:`hud_pipelines.eval.sources.digests`), else digested now.
+    results of a server started otherwise are never merged with these. ``served_policy``: what a remote policy's
+    server said of its policy (``{"metadata": ...}``), likewise. ``code``: the sources as digested before the run
+    loaded them (:func:`hud_pipelines.eval.sources.digests`), else digested now.
     """
     record: dict[str, Any] = {
         **environment(spec, code),
@@ -66,6 +68,7 @@ def for_run(
         "contract_hash": None if contract_json is None else hashlib.sha256(contract_json.encode()).hexdigest(),
         "rollout_hash": spec.rollout_hash,
     }
+    record = with_served_policy(record, served_policy) if served_policy else record
     return with_served_sim(record, served_sim) if served_sim else record | {"fingerprint": fingerprint(record)}
 
 
@@ -110,6 +113,12 @@ def with_served_sim(record: dict[str, Any], served_sim: dict[str, Any]) -> dict[
         "sim_packages": served_sim.get("packages") or {},
         "served_sim": {name: served_sim.get(name) for name in SERVED_FIELDS if name != "sources" or name in served_sim},
     }
+    return updated | {"fingerprint": fingerprint(updated)}
+
+
+def with_served_policy(record: dict[str, Any], served_policy: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with what a remote policy's server said of its policy (:func:`for_run`), and its fingerprint anew."""
+    updated = record | {"served_policy": served_policy}
     return updated | {"fingerprint": fingerprint(updated)}
 
 
@@ -170,14 +179,16 @@ def fingerprint(record: dict[str, Any]) -> str:
     if record.get("served_sim"):  # absent for a spawned sim: its fingerprint is what it always was
         picked["served_sim"] = record["served_sim"]
         picked["sim_python"] = None  # where a server's interpreter lies differs between machines, not the sim
+    if record.get("served_policy"):  # absent for a policy of this process: its fingerprint is what it always was
+        picked["served_policy"] = record["served_policy"]
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:
     """Whether a result ran in another environment than the current one (no fingerprint counts as the same).
 
-    A result recorded before sources were (``sources`` absent, or a served sim's record without them) is
-    judged on the rest of the fingerprint.
+    A result recorded before sources were (``sources`` absent, or a served sim's record without them), or
+    before a remote policy's server was (``served_policy`` absent), is judged on the rest of the fingerprint.
     """
     ran_in, current_in = ran.get("fingerprint"), current.get("fingerprint")
     if not ran_in or not current_in:
@@ -185,8 +196,9 @@ def other_environment(ran: dict[str, Any], current: dict[str, Any]) -> bool:
     if _contract_changed(ran, current):
         return True
     judged = current
-    if "sources" not in ran and current.get("sources"):
-        judged = {key: value for key, value in judged.items() if key != "sources"}
+    for name in ("sources", "served_policy"):
+        if name not in ran and judged.get(name):
+            judged = {key: value for key, value in judged.items() if key != name}
     served: dict[str, Any] = current.get("served_sim") or {}
     if "sources" in served and "sources" not in (ran.get("served_sim") or {}):  # its server sent no code digests
         judged = judged | {"served_sim": {key: value for key, value in served.items() if key != "sources"}}
@@ -219,6 +231,9 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     if served_was != served_now:
         before, after = (describe(r) if r else "a spawned sim" for r in (served_was, served_now))
         changes.append(f"the served sim {before} -> {after}")
+    policy_was, policy_now = (record.get("served_policy") for record in (old, new))
+    if policy_was and policy_now and policy_was != policy_now:
+        changes.append(f"the policy server's metadata {_said(policy_was)} -> {_said(policy_now)}")
     return ", ".join(changes) or "the environment changed"
 
 
@@ -227,6 +242,16 @@ def _contract_changed(ran: dict[str, Any], current: dict[str, Any]) -> bool:
     names, bounds or rates; a result that recorded none is judged on the rest)."""
     was, now = ran.get("contract_hash"), current.get("contract_hash")
     return bool(was) and bool(now) and was != now
+
+
+def _said(served_policy: dict[str, Any]) -> str:
+    """What a policy server said of its policy, in a line (JSON, cut at 300 characters); an empty metadata frame
+    says so, and that the results of another policy at the same address cannot be told from these."""
+    metadata = served_policy.get("metadata")
+    if not metadata:
+        return "nothing (an empty metadata frame: another policy served at its address would not be told apart)"
+    text = json.dumps(metadata, sort_keys=True)
+    return f"`{text if len(text) <= 300 else text[:297] + '...'}`"
 
 
 def _edited(was: dict[str, str], now: dict[str, str]) -> str:
@@ -258,6 +283,8 @@ def markdown(record: dict[str, Any]) -> str:
     ]
     if record.get("checkpoint_hash"):
         lines.append(f"- checkpoint sha256 `{record['checkpoint_hash']}`")
+    if record.get("served_policy"):
+        lines.append(f"- the policy server's metadata: {_said(record['served_policy'])}")
     return "\n".join(no_html(line) for line in lines) + "\n"  # args, paths and policy settings are the user's text
 
 

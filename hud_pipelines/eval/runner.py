@@ -101,6 +101,7 @@ class EvalRunner:
     on_result: ResultCallback | None = None
     checkpoint: str | None = None
     """The label of the sweep member ``spec`` is: its instances are named ``<label>|<instance>`` in the log."""
+    on_policy: Callable[[object], None] | None = None  # given the policy once built, before any instance runs
     _graders: list[Grader] = field(default_factory=list[Grader], init=False)
     _said: dict[tuple[Fault, str], str] = field(default_factory=dict[tuple[Fault, str], str], init=False)
     _details: dict[str, str] = field(default_factory=dict[str, str], init=False)  # below a headline: a stderr tail
@@ -140,6 +141,8 @@ class EvalRunner:
                 torch_threads=agent.torch_threads,
                 lockstep_threads=agent.lockstep_threads,
             )
+            if self.on_policy is not None:
+                self.on_policy(policy)
         except CODE_FAILURES as exc:  # no policy: every instance errors with the reason
             if not code_failed(exc):  # a worker's shutdown goes on up
                 raise

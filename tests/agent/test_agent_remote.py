@@ -59,8 +59,11 @@ class PolicyServer:
         answers: int | None = None,
         port: int = 0,
         late_metadata: dict[int, float] | None = None,
+        metadata: Any = None,
     ) -> None:
         self.infer = infer
+        self.metadata = {"policy": "test", "action_horizon": 3} if metadata is None else metadata
+        """What its first frame on each connection says of its policy."""
         self.late_metadata = late_metadata or {}
         """Connection number -> seconds its metadata frame is held back (a server busy when a client connects)."""
         self.answers = answers
@@ -83,7 +86,7 @@ class PolicyServer:
         assert ws.request is not None
         self.headers.append(ws.request.headers.get("Authorization"))
         time.sleep(self.late_metadata.get(len(self.headers) - 1, 0.0))
-        ws.send(openpi_pack({"policy": "test", "action_horizon": 3}))
+        ws.send(openpi_pack(self.metadata))
         try:
             for message in ws:
                 assert isinstance(message, bytes)
@@ -260,8 +263,8 @@ def test_a_policy_server_that_goes_away_fails_its_instance_and_earlier_results_s
     import time
 
     from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.kept import kept_failure
     from hud_pipelines.eval.outputs import EvalOutputs
-    from hud_pipelines.eval.rollouts import kept_failure
     from hud_pipelines.eval.steps import evaluate
     from hud_pipelines.spec.loader import load_pipeline_text
 
@@ -453,3 +456,121 @@ def test_a_servers_error_is_headed_by_the_exception_its_traceback_ends_with() ->
     assert _headline(traceback) == "RuntimeError: Error(s) in loading state_dict for Net:"
     assert _headline("the model is not loaded") == "the model is not loaded"
     assert _headline("first\nlast line\n") == "last line"
+
+
+def test_a_policy_held_to_its_runs_server_refuses_a_server_of_another_policy_restarted_on_its_address() -> None:
+    """A server restarted mid-run with other weights answered the rest of the run's episodes: one rate of two
+    policies. A policy held to what its run's server said of its policy refuses a connection to another, as a
+    lost server's forward fails (``policy_link``); the same policy restarted is served on."""
+    from hud_pipelines.errors import PolicyLinkError
+
+    push = _echo(slow_on=-1, seconds=0)
+    weights = np.arange(4, dtype=np.float32)
+    first = PolicyServer(push, metadata={"policy": "pi0", "stats": weights, b"step": np.int64(1000)})
+    url, port = first.url, int(first.url.rsplit(":", 1)[1])
+    model = RemotePolicy(url, countdown_contract(), timeout_s=5)
+    try:
+        identity = model.identity()
+        assert identity["step"] == 1000, "JSON: its keys as text"
+        assert identity["stats"]["shape"] == [4], "an array as its dtype, shape and digest"
+        model.hold_to(identity)
+        assert _ask(model, 1) == 1
+        first.close()
+        same = PolicyServer(push, port=port, metadata={"policy": "pi0", "stats": weights.copy(), "step": 1000})
+        try:
+            assert _ask(model, 2) == 2, "the same policy restarted on its address is served on"
+        finally:
+            same.close()
+        other = PolicyServer(push, port=port, metadata={"policy": "pi0", "stats": weights + 1, "step": 2000})
+        try:
+            with pytest.raises(PolicyLinkError, match="serves another policy than this run's") as refused:
+                _ask(model, 3)
+            assert '"step": 2000' in str(refused.value)
+            assert '"step": 1000' in str(refused.value)
+        finally:
+            other.close()
+    finally:
+        model.close()
+
+
+def test_results_of_another_policy_served_at_the_same_address_are_not_pooled_with_the_first(tmp_path: Path) -> None:
+    """Two policies served in turn at one URL had one configuration: a run of one instance with the second
+    kept the first's results of the others as current, and the rate pooled both. What the server says of its
+    policy is now in the results' provenance: the first's show as not run, naming what changed; the same
+    policy served again keeps them."""
+    import json
+
+    from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.steps import evaluate
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    def push(observation: dict[str, Any]) -> np.ndarray:
+        return np.ones((2, 1), dtype=np.float32)
+
+    def served(metadata: dict[str, Any], port: int = 0) -> PolicyServer:
+        return PolicyServer(push, port=port, metadata=metadata)
+
+    def run(url: str, instance: int | None = None) -> Any:
+        policy = {"kind": "remote", "url": url, "rename": {"state": "observation/state"}, "timeout_s": 10}
+        text = {
+            "name": "remote_identity",
+            "sim": {"factory": "CartPole-v1", "num_envs": 1},
+            "agent": {"policy": policy},
+            "group": 2,
+            "max_steps": 5,
+            "graders": [{"kind": "return", "threshold": 5}],
+        }
+        spec = load_pipeline_text(json.dumps(text), source=tmp_path / "remote_identity.yaml")
+        chosen = None if instance is None else [spec.partition_for_key(f"task0-i{instance}")]
+        return evaluate(spec, outputs_dir=tmp_path / "out", partitions=chosen)
+
+    first = served({"policy": "a"})
+    url, port = first.url, int(first.url.rsplit(":", 1)[1])
+    try:
+        run(url)
+    finally:
+        first.close()
+    again = served({"policy": "a"}, port)
+    try:
+        same = run(url, instance=1)
+    finally:
+        again.close()
+    assert all(row.fault is None for row in same.rows), "the same policy: the other instance's result is current"
+    other = served({"policy": "b"}, port)
+    try:
+        second = run(url, instance=1)
+    finally:
+        other.close()
+    stale = [row for row in second.rows if row.instance == 0]
+    assert stale
+    assert {row.fault for row in stale} == {Fault.NOT_RUN}, "the first policy's results are not pooled"
+    assert all(
+        """the policy server's metadata `{"policy": "a"}` -> `{"policy": "b"}`""" in (row.error or "") for row in stale
+    )
+    assert all(row.fault is None for row in second.rows if row.instance == 1)
+    report = (tmp_path / "out" / "remote_identity" / "report.md").read_text()
+    assert """- the policy server's metadata: `{"policy": "b"}`""" in report
+
+
+def test_a_unit_whose_server_serves_another_policy_than_its_runs_first_claim_is_refused(tmp_path: Path) -> None:
+    """Units of one run on several workers may reach several servers behind one URL: the first claim of the run
+    holds, and a unit that meets another policy is refused before any episode, naming both."""
+    from hud_pipelines.errors import PolicyLinkError
+    from hud_pipelines.eval.configuration import hold_served_policy, read_served_policy
+    from hud_pipelines.eval.outputs import EvalOutputs
+
+    outputs = EvalOutputs(tmp_path, "claimed")
+    first, second = (PolicyServer(_echo(slow_on=-1, seconds=0), metadata={"policy": name}) for name in "ab")
+    try:
+        one, other = (RemotePolicy(server.url, countdown_contract(), timeout_s=5) for server in (first, second))
+        hold_served_policy(one, outputs, "run-1")
+        assert read_served_policy(outputs, "run-1") == {"metadata": {"policy": "a"}}
+        with pytest.raises(PolicyLinkError, match=r'says `?\{"policy": "b"\}`?, the run\'s said `?\{"policy": "a"\}'):
+            hold_served_policy(other, outputs, "run-1")
+        hold_served_policy(other, outputs, "run-2")  # another run claims its own
+        assert _ask(other, 4) == 4
+        one.close()
+        other.close()
+    finally:
+        first.close()
+        second.close()

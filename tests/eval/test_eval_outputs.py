@@ -704,8 +704,8 @@ def test_instances_that_kept_their_results_are_said_in_a_line_a_fault_with_the_c
     The whole reason is in the run's log: grades.json holds the kept earlier rows, which never saw it."""
     import dataclasses
 
+    from hud_pipelines.eval.kept import kept_failure
     from hud_pipelines.eval.results import unreached_result
-    from hud_pipelines.eval.rollouts import kept_failure
 
     spec = _spec(tmp_path, group=3)
     outputs = EvalOutputs(tmp_path / "out", spec.name)
@@ -733,8 +733,8 @@ def test_an_attempt_that_did_not_start_after_an_edit_replaces_the_earlier_result
     whatever happens), so the attempt's own error is what its rows say, not a ``not_run`` naming the edit."""
     import dataclasses
 
+    from hud_pipelines.eval.kept import kept_failure, kept_result
     from hud_pipelines.eval.results import unreached_result
-    from hud_pipelines.eval.rollouts import kept_failure, kept_result
 
     spec = _spec(tmp_path)
     outputs = EvalOutputs(tmp_path / "out", spec.name)

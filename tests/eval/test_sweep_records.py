@@ -122,8 +122,8 @@ def test_the_command_that_evaluates_kept_pairs_again_is_one_contiguous_range_of_
     """One command with every kept pair could not run (one run takes a contiguous range) and, as a cross product of
     its labels and instances, would have evaluated finished pairs again."""
     from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.kept import sweep_kept_failure
     from hud_pipelines.eval.results import unreached_result
-    from hud_pipelines.eval.rollouts import sweep_kept_failure
     from hud_pipelines.spec.loader import load_pipeline
     from tests.eval.sweep_sims import sweep_pipeline
 

@@ -295,8 +295,8 @@ def test_a_run_that_meets_no_served_sim_keeps_every_earlier_result_and_fails_say
     """An instance whose sim is down measured nothing: its earlier result of the same configuration stays
     (it was wiped by errored rows), and the run still fails, naming the sim and what runs it again."""
     from hud_pipelines.cli.main import main
+    from hud_pipelines.eval.kept import kept_failure
     from hud_pipelines.eval.outputs import EvalOutputs
-    from hud_pipelines.eval.rollouts import kept_failure
 
     monkeypatch.chdir(REPO)
     port = str(_free_port())
@@ -490,8 +490,8 @@ def test_an_instance_whose_served_sim_dies_under_it_keeps_its_earlier_complete_r
 ) -> None:
     """A served machine lost mid-run is not the configuration's doing (the earlier run of it completed): the
     instance keeps what it measured then, and the run fails saying so."""
+    from hud_pipelines.eval.kept import kept_failure
     from hud_pipelines.eval.outputs import EvalOutputs
-    from hud_pipelines.eval.rollouts import kept_failure
 
     monkeypatch.chdir(REPO)
     armed = tmp_path / "crash"  # seeds are instance * 2 + slot: seed 4 is instance 2, which dies at step 5 when armed
