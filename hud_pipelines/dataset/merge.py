@@ -25,6 +25,7 @@ import threading
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 from hud_pipelines.dataset.canonical import lay_out_canonically
@@ -59,6 +60,32 @@ def find_parts(roots: Iterable[Path]) -> list[Path]:
         elif root.is_dir():
             found.update(dict.fromkeys(sorted(info.parent.parent for info in root.glob(f"**/{INFO_FILE}"))))
     return list(found)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What lerobot's merge needs equal in every dataset it merges: fps, robot type and features (a video's without
+    its encoding ``info``, which the merge does not compare)."""
+
+    fps: object
+    robot_type: object
+    features: dict[str, dict[str, Any]]
+
+    def described(self, key: str) -> str:
+        """Feature ``key`` in a few characters (``int64[1]``)."""
+        feature = self.features[key]
+        return f"{feature.get('dtype')}{list(feature.get('shape') or [])}"
+
+
+def schema(shard: Path) -> Schema | None:
+    """The :class:`Schema` of ``shard`` as its first part that holds episodes says it (``None``: no such part)."""
+    for part in find_parts([shard]):
+        info: dict[str, Any] = json.loads((part / INFO_FILE).read_text())
+        if int(info.get("total_episodes", 0)):
+            features: dict[str, dict[str, Any]] = info.get("features") or {}
+            without_info = {key: {k: v for k, v in f.items() if k != "info"} for key, f in features.items()}
+            return Schema(info.get("fps"), info.get("robot_type"), without_info)
+    return None
 
 
 def _episodes_in(part: Path) -> int:

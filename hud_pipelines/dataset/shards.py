@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from hud_pipelines.contract import Contract
-from hud_pipelines.dataset.merge import find_parts
+from hud_pipelines.dataset.merge import Schema, find_parts, schema
 from hud_pipelines.dataset.publish import publish_shards
 from hud_pipelines.dataset.sources import dataset_robot_type
 from hud_pipelines.dataset.summary import DatasetSummary, summarize_dataset
@@ -207,6 +207,7 @@ class ShardStore:
             )
         shards = [self.outputs.shard(k) for k in written]
         self._refuse_incomplete(written)
+        self._refuse_other_schemas(written)
         if not find_parts(shards):
             raise EmptyDatasetError(
                 f"{self.spec.name}: no episode to publish: every episode of the {len(shards)} instance(s) that ran "
@@ -276,6 +277,21 @@ class ShardStore:
             failed, "the dataset writer of {n} instance(s) failed, so their shards hold only part of their episodes"
         )
 
+    def _refuse_other_schemas(self, keys: Iterable[str]) -> None:
+        """Refuse shards that hold other features than the latest one (lerobot's merge fails on them, naming no
+        instance): written by an earlier version of this package (one that stored an integer feature inside
+        ``observation.state``, say) or of the sim. The latest shard is the layout that a run writes now."""
+        schemas = {k: found for k in keys if (found := schema(self.outputs.shard(k))) is not None}
+        if len(schemas) < 2:
+            return
+        latest = max(schemas, key=lambda k: (self.outputs.shard(k) / RUN_FILE).stat().st_mtime_ns)
+        other = {
+            k: f"its shard holds {_schema_difference(found, schemas[latest])} than instance {latest}'s, the latest"
+            for k, found in schemas.items()
+            if found != schemas[latest]
+        }
+        self._refuse(other, "{n} instance(s) have shards written with other features, which cannot be merged")
+
     def _refuse(self, instances: Mapping[str, str], what: str) -> None:
         """Raise saying ``what`` of ``instances`` (``{n}``: how many), each with why, and the command that runs them
         again."""
@@ -298,6 +314,24 @@ class ShardStore:
     def summary(self, target: Path) -> DatasetSummary:
         """What the dataset published at ``target`` holds (it loads it with lerobot: seconds)."""
         return summarize_dataset(target, repo_id=self.spec.dataset_repo_id)
+
+
+def _schema_difference(found: Schema, latest: Schema) -> str:
+    """How a shard's :class:`~hud_pipelines.dataset.merge.Schema` differs from the latest's, in words."""
+    differ = [
+        f"{name} {getattr(found, name)!r} (not {getattr(latest, name)!r})"
+        for name in ("fps", "robot_type")
+        if getattr(found, name) != getattr(latest, name)
+    ]
+    for key in sorted(set(found.features) | set(latest.features)):
+        if key not in latest.features:
+            differ.append(f"{key} {found.described(key)}")
+        elif key not in found.features:
+            differ.append(f"no {key} ({latest.described(key)})")
+        elif found.features[key] != latest.features[key]:
+            was, now = found.described(key), latest.described(key)
+            differ.append(f"{key} {was} (not {now})" if was != now else f"{key} with other names or fields")
+    return f"other features ({', '.join(differ)})"
 
 
 _WRITING = ".writing"

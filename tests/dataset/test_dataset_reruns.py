@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hud_pipelines.errors import DatasetWriteError
@@ -72,3 +73,37 @@ def test_a_dataset_never_loses_the_episodes_of_a_rerun_without_its_shard_or_of_a
     stills = _spec(tmp_path, keep_errored=True, video=False, codec="libsvtav1")  # CartPole has no camera to store
     evaluate(stills, outputs_dir=out, partitions=[Partition(0, 0)])
     assert _published(tmp_path) == 4, "settings that change nothing a shard holds refuse nothing"
+
+
+def test_shards_of_another_layout_are_refused_naming_their_instances_not_left_to_lerobots_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard written by an earlier version, which kept an int64 tick inside ``observation.state``, recorded the same
+    settings as one written since (the tick in its own ``observation.tick``): publishing both failed in lerobot's
+    merge, naming no instance. The shard of another layout than the latest is refused, with the command that
+    writes it again; once it ran, the dataset publishes."""
+    from hud_pipelines.dataset import features
+
+    monkeypatch.chdir(REPO)
+    section = json.dumps({"repo_id": "local/ticks", "root": str(tmp_path / "published")})
+    text = (
+        "name: ticks\nsim: {factory: 'tests.dataset.tick_sim:TickEnv', num_envs: 1}\ngroup: 2\nmax_steps: 10\n"
+        f"agent: {{policy: {{kind: constant}}}}\ngraders: [{{kind: return, threshold: 5}}]\ndataset: {section}\n"
+    )
+    spec = load_pipeline_text(text, source=tmp_path / "ticks.yaml")
+    out = tmp_path / "out"
+    with monkeypatch.context() as earlier:  # the earlier rule: every vector feature inside observation.state
+        earlier.setattr(features, "exact_in_float32", lambda feature: True)
+        evaluate(spec, outputs_dir=out)
+    with pytest.raises(DatasetWriteError) as refused:
+        evaluate(spec, outputs_dir=out, partitions=[Partition(0, 1)])
+    said = str(refused.value)
+    assert "1 instance(s) have shards written with other features, which cannot be merged" in said, said
+    assert "task0-i0: its shard holds other features (observation.state float32[3] (not float32[2])" in said
+    assert "no observation.tick (int64[1])) than instance task0-i1's, the latest" in said
+    assert said.endswith("--partition task0-i0")
+    evaluate(spec, outputs_dir=out, partitions=[Partition(0, 0)])
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    ticks = LeRobotDataset("local/ticks", root=tmp_path / "published").hf_dataset["observation.tick"]
+    assert {int(np.asarray(t).reshape(-1)[0]) for t in ticks} >= {2**25 + 1}, "stored exactly, in its own key"
