@@ -259,30 +259,18 @@ def test_a_policy_server_that_goes_away_fails_its_instance_and_earlier_results_s
     """A server lost mid-run errored every later episode as the policy's fault: the run passed with 2 of 12
     answered, and those errored rows replaced the complete results of an earlier run. Now the instance
     fails (``policy_link``), as when its sim dies, and the earlier results of its configuration are kept."""
-    import json
     import time
 
     from hud_pipelines.errors import Fault
     from hud_pipelines.eval.kept import kept_failure
     from hud_pipelines.eval.outputs import EvalOutputs
     from hud_pipelines.eval.steps import evaluate
-    from hud_pipelines.spec.loader import load_pipeline_text
 
     def push(observation: dict[str, Any]) -> np.ndarray:
         return np.ones((2, 1), dtype=np.float32)
 
     def spec_for(url: str) -> Any:
-        policy = {"kind": "remote", "url": url, "rename": {"state": "observation/state"}, "timeout_s": 10}
-        text = {
-            "name": "remote_lost",
-            "sim": {"factory": "CartPole-v1", "num_envs": 2},
-            "agent": {"policy": policy},
-            "group": 2,
-            "max_concurrent": 1,
-            "max_steps": 30,
-            "graders": [{"kind": "return", "threshold": 5}],
-        }
-        return load_pipeline_text(json.dumps(text), source=tmp_path / "remote_lost.yaml")
+        return _remote_pipeline(tmp_path / "remote_lost.yaml", url, num_envs=2, max_steps=30, max_concurrent=1)
 
     healthy = PolicyServer(push)
     url = healthy.url  # the same server is restarted below: the same configuration
@@ -392,6 +380,25 @@ def _echo(*, slow_on: float, seconds: float) -> Callable[[dict[str, Any]], np.nd
     return infer
 
 
+def _remote_pipeline(path: Path, url: str, *, num_envs: int, max_steps: int, **more: Any) -> Any:
+    """A CartPole pipeline of two instances driven by the policy server at ``url``, named by ``path``'s stem."""
+    import json
+
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    policy = {"kind": "remote", "url": url, "rename": {"state": "observation/state"}, "timeout_s": 10}
+    text = {
+        "name": path.stem,
+        "sim": {"factory": "CartPole-v1", "num_envs": num_envs},
+        "agent": {"policy": policy},
+        "group": 2,
+        "max_steps": max_steps,
+        "graders": [{"kind": "return", "threshold": 5}],
+        **more,
+    }
+    return load_pipeline_text(json.dumps(text), source=path)
+
+
 def _ask(policy: Policy, value: float) -> float:
     """The one action ``policy`` gives for a one-row batch of state ``[value, value]``."""
     batch = PolicyBatch(observation={"state": np.full((1, 2), value, np.float32)}, prompts=[""])
@@ -498,11 +505,9 @@ def test_results_of_another_policy_served_at_the_same_address_are_not_pooled_wit
     kept the first's results of the others as current, and the rate pooled both. What the server says of its
     policy is now in the results' provenance: the first's show as not run, naming what changed; the same
     policy served again keeps them."""
-    import json
 
     from hud_pipelines.errors import Fault
     from hud_pipelines.eval.steps import evaluate
-    from hud_pipelines.spec.loader import load_pipeline_text
 
     def push(observation: dict[str, Any]) -> np.ndarray:
         return np.ones((2, 1), dtype=np.float32)
@@ -511,16 +516,7 @@ def test_results_of_another_policy_served_at_the_same_address_are_not_pooled_wit
         return PolicyServer(push, port=port, metadata=metadata)
 
     def run(url: str, instance: int | None = None) -> Any:
-        policy = {"kind": "remote", "url": url, "rename": {"state": "observation/state"}, "timeout_s": 10}
-        text = {
-            "name": "remote_identity",
-            "sim": {"factory": "CartPole-v1", "num_envs": 1},
-            "agent": {"policy": policy},
-            "group": 2,
-            "max_steps": 5,
-            "graders": [{"kind": "return", "threshold": 5}],
-        }
-        spec = load_pipeline_text(json.dumps(text), source=tmp_path / "remote_identity.yaml")
+        spec = _remote_pipeline(tmp_path / "remote_identity.yaml", url, num_envs=1, max_steps=5)
         chosen = None if instance is None else [spec.partition_for_key(f"task0-i{instance}")]
         return evaluate(spec, outputs_dir=tmp_path / "out", partitions=chosen)
 
