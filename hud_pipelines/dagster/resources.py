@@ -68,6 +68,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
     hold: str = Field(default="last", description="action of a finished slot: last or zero")
     bounds: str = Field(default="clip", description="out-of-bounds continuous actions: clip or error")
     max_frame_mb: float = Field(default=DEFAULT_MAX_FRAME_MB, description="the largest message of a sim's link, MiB")
+    data_files: list[str] = Field(default_factory=list, description="files the sim reads besides its code")
     url: str | None = Field(default=None, description="ws://host:port of a sim served elsewhere")
     urls: list[str] | None = Field(default=None, description="a fleet: ws://host:port of several served sims")
     fleet: str | None = Field(default=None, description="a fleet file: served sims, each with its token")
@@ -91,6 +92,7 @@ class SimResource(dg.ConfigurableResource):  # type: ignore[misc]
             "hold": self.hold,
             "bounds": self.bounds,
             "max_frame_mb": self.max_frame_mb,
+            "data_files": list(self.data_files),
             "url": self.url,
             "urls": self.urls,
             "fleet": self.fleet,

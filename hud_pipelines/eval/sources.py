@@ -8,8 +8,9 @@ as another environment's (``not_run``) and a sweep evaluates its checkpoints aga
 table holding results of two versions of the code.
 
 Followed: each target's own file and every file of the project that its code imports, through
-their own imports and relative ones (:func:`~hud_pipelines.targets.target_sources`); not followed:
-the standard library and installed packages, and code only a sim's own interpreter can find (its
+their own imports and relative ones (:func:`~hud_pipelines.targets.target_sources`), and the files a
+spawned sim reads besides its code, as ``sim.data_files`` lists them (:mod:`hud_pipelines.spec.sim_files`);
+not followed: the standard library and installed packages, and code only a sim's own interpreter can find (its
 packages' versions are recorded instead). A sweep's checkpoints are identified by content already
 (:attr:`PipelineSpec.checkpoint_hash`).
 """
@@ -25,6 +26,7 @@ from hud_pipelines.errors import CheckpointError
 from hud_pipelines.spec.agent import LeRobotPolicyConfig, PolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.grading import CallableGrader
 from hud_pipelines.spec.models import PipelineSpec
+from hud_pipelines.spec.sim_files import expand
 from hud_pipelines.targets import CODE_DIGEST_CHARS, code_digest, target_sources
 
 _WEIGHTS: dict[tuple[tuple[str, int, int], ...], str] = {}
@@ -49,6 +51,8 @@ def digests(spec: PipelineSpec) -> dict[str, str]:
     weights = _weights_path(spec, policy)
     if weights is not None:
         found[_relative(weights, spec)] = _weights_digest(weights)
+    for file in expand(spec.sim.data_files, spec.base_dir) if spec.sim.spawned else ():
+        found[_relative(file, spec)] = code_digest(file) if file.suffix == ".py" else _weights_digest(file)
     return found
 
 

@@ -27,6 +27,7 @@ from hud_pipelines.spec.lerobot_types import lerobot_type_problems
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem, did_you_mean
 from hud_pipelines.spec.sections import is_file_target
+from hud_pipelines.spec.sim_files import data_file_problems, fleet_file_problems, python_problems
 from hud_pipelines.spec.target_check import target_parameters, target_problem
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ def deep_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
         return [
             *python_problems(spec, document),
             *fleet_file_problems(spec, document),
+            *data_file_problems(spec, document),
             *_factory_problems(spec, document),
             *contract_problems(spec, document),
             *policy_problems(spec, document),
@@ -89,32 +91,6 @@ def _resolved(target: str, where: KeyPath, document: YamlDocument) -> tuple[Fact
 def _section(value: object) -> dict[str, object] | None:
     """A mapping of the raw document as such (YAML keys are strings: the reader refuses others)."""
     return cast(dict[str, object], value) if isinstance(value, dict) else None
-
-
-def python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    """A ``sim.python`` that names no interpreter (a uv project not set up yet) is found before a run."""
-    if spec.sim.python is None:
-        return []
-    from hud_pipelines.sim.process import sim_interpreter
-
-    try:
-        sim_interpreter(spec.resolve_path(spec.sim.python))
-    except HudPipelinesError as exc:
-        return [document.problem(("sim", "python"), str(exc))]
-    return []
-
-
-def fleet_file_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    """A ``sim.fleet`` file that does not load: its own problems, at their lines in that file; one that is not
-    there, at the pipeline's ``sim.fleet``."""
-    if spec.sim.fleet is None:
-        return []
-    from hud_pipelines.spec.fleet import fleet_problems
-
-    path = spec.resolve_path(spec.sim.fleet)
-    if not path.is_file():
-        return [document.problem(("sim", "fleet"), f"no fleet file at {path}")]
-    return fleet_problems(path)
 
 
 def sweep_source_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:

@@ -38,6 +38,10 @@ LINK_SETTINGS: dict[str, set[str]] = {"sim": {"max_frame_mb"}}
 """Settings of the link to a sim, never in the rollout hash: a frame that fits makes the same episode under any limit,
 and one that does not makes none."""
 
+TRACKED_FILES: dict[str, set[str]] = {"sim": {"data_files"}}
+"""What lists files whose content the provenance holds, never in the rollout hash: listing one adds its digest to the
+results' fingerprint (:mod:`hud_pipelines.eval.sources`), it does not change what a rollout does."""
+
 MISSING = object()
 
 
@@ -54,10 +58,10 @@ def with_slot_stepping(dumped: dict[str, Any]) -> dict[str, Any]:
 
 
 def without_later_defaults(dumped: dict[str, Any]) -> dict[str, Any]:
-    """``dumped`` without the :data:`LATER_DEFAULTS` keys that hold their default nor the :data:`LINK_SETTINGS`, and
-    the :data:`SCHEDULING` settings at theirs."""
+    """``dumped`` without the :data:`LATER_DEFAULTS` keys that hold their default nor the :data:`LINK_SETTINGS` and
+    :data:`TRACKED_FILES`, and the :data:`SCHEDULING` settings at theirs."""
     out = dict(dumped)
-    for section, keys in LINK_SETTINGS.items():
+    for section, keys in (*LINK_SETTINGS.items(), *TRACKED_FILES.items()):
         held_link: dict[str, Any] = out.get(section) or {}
         if keys & held_link.keys():
             out[section] = {k: v for k, v in held_link.items() if k not in keys}

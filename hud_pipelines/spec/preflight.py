@@ -17,18 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from hud_pipelines.spec.deep import (
-    contract_problems,
-    fleet_file_problems,
-    grader_problems,
-    policy_problems,
-    python_problems,
-    sweep_source_problems,
-)
+from hud_pipelines.spec.deep import contract_problems, grader_problems, policy_problems, sweep_source_problems
 from hud_pipelines.spec.document import YamlDocument, read_document
 from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem
 from hud_pipelines.spec.sections import is_file_target
+from hud_pipelines.spec.sim_files import data_file_problems, fleet_file_problems, python_problems
 from hud_pipelines.spec.target_check import target_problem
 
 RUN_CONFIGURATION = "the run's configuration (run config or deployment file)"
@@ -52,6 +46,7 @@ def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: Pipe
     problems: list[Problem] = []
     if kept("sim"):
         problems += [*python_problems(spec, document), *fleet_file_problems(spec, document)]
+        problems += data_file_problems(spec, document)
         problems += _factory_problems(spec, document)
     if kept("sim", "agent"):
         problems += contract_problems(spec, document)

@@ -20,7 +20,7 @@ from hud_pipelines.sim.actions import BoundsMode, HoldMode
 from hud_pipelines.spec.base import Count, Float, StrictModel, schema_default
 from hud_pipelines.spec.sections import spec_rule, spec_rules
 
-SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python", "max_frame_mb")
+SPAWN_ONLY_FIELDS = ("args", "contract", "startup_timeout_s", "hold", "bounds", "python", "max_frame_mb", "data_files")
 """Sim settings that configure a child the pipeline spawns; a sim attached by ``url`` was set up by its server."""
 PROBED_TASKS = 3
 """How many resets of a pipeline's first episodes a spawned sim's start-up probe tries in turn (the first tasks',
@@ -102,6 +102,15 @@ class SimSpec(StrictModel):
         "longer match the env, and `hud-pipelines contract <pipeline>` refreshes it, keeping the edits that "
         "still fit; omitted: derived in memory each run; not with `url` (a served sim's contract is its server's "
         "`--contract`)",
+    )
+    data_files: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list[str],
+        json_schema_extra=schema_default([]),
+        description="files the sim reads besides its Python code (a MuJoCo XML and its meshes, a JSON scene, a module "
+        "it imports by name at run time), relative to the YAML file: a file, a folder (every file below it) or a glob "
+        "pattern (`assets/**/*.xml`); their content joins the results' provenance as the code's does (its imports "
+        "are followed on their own), so after an edit of one the earlier results show as not run until they run "
+        "again; never in the rollout hash; only for a spawned sim (`factory`)",
     )
     startup_timeout_s: Float = Field(
         default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"

@@ -494,3 +494,68 @@ def test_a_runs_results_stay_current_when_an_overlapping_run_rewrites_the_contra
     result = json.loads((contract.parent / "rollouts" / "task0-i0.json").read_text())
     written = __import__("hashlib").sha256(contract.read_text().encode()).hexdigest()
     assert result["provenance"]["contract_hash"] != written, "the other run's contract.json stands over this run's"
+
+
+SCENE_SIM = """
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+
+class Reach(gym.Env):
+    def __init__(self):
+        self.target = json.loads((Path(__file__).parent / "scene.json").read_text())["target"]
+        self.observation_space = gym.spaces.Box(-10, 10, (1,), np.float32)
+        self.action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x = 0.0
+        return np.array([self.x], np.float32), {}
+
+    def step(self, action):
+        self.x += float(action[0])
+        return np.array([self.x], np.float32), -abs(self.x - self.target), False, False, {}
+"""
+
+
+def test_an_edit_of_a_data_file_the_sim_reads_makes_earlier_results_stale_once_data_files_lists_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sim that reads ``scene.json`` beside it: an edit of the scene kept the earlier results current (its imports
+    name no such file), and a run of one instance pooled two scenes into one rate. Listed in ``sim.data_files``,
+    its content is in the fingerprint: the earlier results are not run, at once (``report``) and after a run."""
+    from hud_pipelines.spec.loader import load_pipeline_text
+
+    monkeypatch.chdir(REPO)
+    (tmp_path / "scene_sim.py").write_text(SCENE_SIM)
+    (tmp_path / "scene.json").write_text('{"target": 1.0}')
+
+    def spec_with(**sim: Any) -> Any:
+        text = {
+            "name": "scene",
+            "sim": {"factory": "scene_sim.py:Reach", **sim},
+            "agent": {"policy": {"kind": "constant", "value": [0.5]}},
+            "group": 2,
+            "max_steps": 4,
+            "graders": [{"kind": "return", "threshold": -2}],
+        }
+        return load_pipeline_text(json.dumps(text), source=tmp_path / "scene.yaml")
+
+    spec = spec_with(data_files=["scene.json"])
+    assert spec.rollout_hash == spec_with().rollout_hash, "listing a file changes what is tracked, not a rollout"
+    assert "scene.json" not in provenance.environment(spec_with())["sources"], "no import names it"
+    assert "scene.json" in provenance.environment(spec)["sources"]
+    outputs = EvalOutputs(tmp_path / "out", "scene")
+    evaluate(spec, outputs_dir=outputs.root)
+
+    (tmp_path / "scene.json").write_text('{"target": 1.5}')
+    now = collect_rows(spec, outputs, current=judged_now(spec, outputs))  # as `hud-pipelines report` judges them
+    assert {row.fault for row in now} == {Fault.NOT_RUN}, "stale at once, as after an edit of the code"
+    second = evaluate(spec, outputs_dir=outputs.root, partitions=[spec.partitions()[0]])
+    stale = [row for row in second.rows if row.instance == 1]
+    assert {row.fault for row in stale} == {Fault.NOT_RUN}, "results of the old scene are not pooled with the new"
+    assert all("code or weights changed: scene.json" in (row.error or "") for row in stale), stale[0].error
+    assert {row.fault for row in second.rows if row.instance == 0} == {None}
