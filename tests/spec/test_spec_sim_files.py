@@ -1,0 +1,44 @@
+"""``sim.data_files``: the files a spawned sim reads besides its code, found before a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hud_pipelines.spec.loader import load_file, load_pipeline_to_run
+from hud_pipelines.spec.problems import SpecError
+from hud_pipelines.spec.sim_files import expand
+
+
+def _pipeline(tmp_path: Path, sim: str) -> Path:
+    path = tmp_path / "scene.yaml"
+    path.write_text(f"name: scene\nsim:\n{sim}\nagent:\n  policy: {{kind: random}}\n")
+    return path
+
+
+def test_data_files_are_files_folders_and_glob_patterns_each_file_once(tmp_path: Path) -> None:
+    (tmp_path / "assets" / "meshes").mkdir(parents=True)
+    for name in ("scene.json", "assets/robot.xml", "assets/meshes/arm.stl", "assets/meshes/hand.stl"):
+        (tmp_path / name).write_text(name)
+    found = expand(["scene.json", "assets", "assets/**/*.stl"], tmp_path)
+    names = [path.relative_to(tmp_path).as_posix() for path in found]
+    assert names == ["scene.json", "assets/meshes/arm.stl", "assets/meshes/hand.stl", "assets/robot.xml"]
+
+
+def test_a_data_file_that_names_no_file_is_refused_at_its_line_by_validate_and_run(tmp_path: Path) -> None:
+    """A typo would leave the file it meant untracked: its edits would pool results of two scenes again."""
+    (tmp_path / "scene.json").write_text("{}")
+    sim = "  factory: CartPole-v1\n  data_files:\n    - scene.json\n    - scnee.json\n"
+    pipeline = _pipeline(tmp_path, sim)
+    [problem] = load_file(pipeline, deep=True).problems
+    assert (problem.path, problem.line) == ("sim.data_files[1]", 6), problem
+    assert problem.message == f"'scnee.json' names no file under {tmp_path}"
+    with pytest.raises(SpecError, match=r"sim\.data_files\[1\]: 'scnee.json' names no file"):
+        load_pipeline_to_run(pipeline)
+
+
+def test_a_served_sims_data_files_are_its_servers(tmp_path: Path) -> None:
+    sim = "  url: ws://simhost:8765\n  token: t\n  data_files: [scene.json]\n"
+    problems = load_file(_pipeline(tmp_path, sim), deep=False).problems
+    assert any("'data_files' configures a spawned sim" in p.message for p in problems), problems
