@@ -86,7 +86,10 @@ def episode_errors_warning(
     scheduled = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
     labels = sorted({row.checkpoint for row in rows if row.checkpoint is not None})  # a sweep's: whose episodes
     of = f" of checkpoint {labels[0]}" if len(labels) == 1 else f" of {len(labels)} checkpoints" if labels else ""
-    said = f"{faults.total()} of {scheduled} episode(s){of} errored ({counted}; the first: {one_line(own.error or '')})"
+    not_run = len(rows) - scheduled  # said, so that its figures add up to the scheduled episodes the summary counts
+    pending = f", besides {not_run} not run with this configuration yet" if not_run else ""
+    first = one_line(own.error or "")
+    said = f"{faults.total()} of {scheduled} episode(s){of} errored{pending} ({counted}; the first: {first})"
     if bounded:
         return (
             f"{said} in perturbation tasks: the max_error_rate check judges the control tasks only; each "

@@ -302,7 +302,10 @@ def test_episodes_that_errored_on_their_own_are_warned_of_unless_a_check_reads_e
     not_run = errored(Fault.NOT_RUN, "not run with this configuration")
     warned = episode_errors_warning([], [*rows, errored(Fault.POLICY, "again"), not_run])
     assert warned is not None
-    assert warned.startswith("3 of 4 episode(s) errored (policy 2, env 1; the first: policy failed: boom)")
+    assert warned.startswith(  # its figures add up to the 5 scheduled the summary counts
+        "3 of 4 episode(s) errored, besides 1 not run with this configuration yet (policy 2, env 1; the first: "
+        "policy failed: boom)"
+    )
     assert episode_errors_warning([MaxErrorRateCheck(value=0.5)], rows) is None, "the check decides on them"
     assert episode_errors_warning([MinSuccessRateCheck(value=0.5)], rows) is not None
     crashed = errored(Fault.SIM_CRASHED, "the sim died")  # instances_completed fails on it already
@@ -333,7 +336,9 @@ def test_the_episode_errors_warning_counts_every_errored_episode_those_of_failed
     rows = [*never_loaded, *[_row(EpisodeStatus.SUCCEEDED)] * 30, *[errored(Fault.ENV, "env: x")] * 2]
     warned = episode_errors_warning([], [*rows, errored(Fault.NOT_RUN, "not run with this configuration")])
     assert warned is not None
-    assert warned.startswith("34 of 64 episode(s) errored (setup 32, env 2; the first: env: x): "), warned
+    assert warned.startswith(
+        "34 of 64 episode(s) errored, besides 1 not run with this configuration yet (setup 32, "
+    ), warned
     assert episode_errors_warning([], [*never_loaded, _row(EpisodeStatus.FAILED)]) is None, "instances_completed fails"
 
 
