@@ -33,6 +33,13 @@ def write_report(
 
     spec = load_pipeline_for_results(resolve_pipeline_file(pipeline, pipelines_dir))
     outputs = EvalOutputs((outputs_dir or default_outputs_root()).resolve(), spec.name)
+    if not outputs.base.is_dir():  # a mistyped --outputs would get a report of nothing run, written where none was
+        print(
+            f"no results of {spec.name} at {outputs.base}: run it first ({' '.join(outputs.run_command(spec))}), "
+            "or give the --outputs its runs wrote to",
+            file=sys.stderr,
+        )
+        return 2
     now = judged_now(spec, outputs)
     _, checks = grades_step(spec, outputs, now)
     dataset = dataset_root(spec, outputs, Path.cwd())

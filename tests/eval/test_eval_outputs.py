@@ -279,6 +279,10 @@ def test_hud_pipelines_report_writes_and_serves_the_page(
     page.unlink()
     assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "out")]) == 0
     assert page.is_file()
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "placed.yaml"), "--outputs", str(tmp_path / "typo")]) == 2
+    assert f"no results of placed at {tmp_path / 'typo' / 'placed'}: run it first" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists(), "a mistyped folder gets no report of nothing run"
     edited = spec.model_dump(mode="json") | {"max_steps": 25}  # the results are now another configuration's
     (tmp_path / "placed.yaml").write_text(json.dumps(edited))
     capsys.readouterr()
