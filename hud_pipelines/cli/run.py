@@ -111,7 +111,7 @@ def run_pipeline(
     from hud_pipelines.eval.results import recording_warning
     from hud_pipelines.eval.rollouts import kept_pairs
     from hud_pipelines.eval.rows import collect_rows, current_results
-    from hud_pipelines.eval.run_warnings import episode_errors_warning, success_signal_warning
+    from hud_pipelines.eval.run_warnings import episode_errors_warning, rewritten_warning, success_signal_warning
     from hud_pipelines.eval.seed_check import seed_warning
     from hud_pipelines.eval.steps import dataset_root, failed_run_step
     from hud_pipelines.eval.sweep_warnings import unevaluated_warning
@@ -157,7 +157,7 @@ def run_pipeline(
     # Dagster's console logger would print every failure with a stack trace; the summary below says
     # what failed in a line each, and the full event log stays in the instance (`dagster dev`).
     run_config = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-    finished: list[str] = []
+    finished: list[InstanceResult] = []
     result: ExecutionResult | None = None
     with finishing_despite_signals() as late:  # a signal once the run ended would leave the last green report
         with catching_interrupts() as received:
@@ -203,7 +203,7 @@ def run_pipeline(
             if spec.is_sweep:  # its results name no checkpoint: what is left is counted in pairs
                 rest = how_to_resume_sweep(units - len(finished), invocation, asked, rerun=rerun)
             else:
-                unfinished = [key for key in ordered if key not in finished]
+                unfinished = [key for key in ordered if key not in {r.key for r in finished}]
                 rest = how_to_resume(unfinished, invocation, spec.partition_keys())
             problems.insert(
                 0,
@@ -217,6 +217,7 @@ def run_pipeline(
             success_signal_warning(spec.graders[0], rows, run_id),
             unevaluated_warning(spec, outputs, rows) if spec.is_sweep else None,
             episode_errors_warning(spec.checks, this_run, control_tasks(spec)),
+            rewritten_warning(rows, [r.key for r in finished if not r.failed], run_id),
             recording_warning(
                 r for r in current_results(spec, outputs, this_run_judges).values() if r.run_id == run_id
             ),
@@ -228,11 +229,13 @@ def run_pipeline(
     return 128 + int(stopped) if stopped is not None else 0 if succeeded else 1
 
 
-def _counting(finished: list[str], then: Callable[[InstanceResult], None]) -> Callable[[InstanceResult], None]:
-    """A progress listener that also notes each finished instance's key."""
+def _counting(
+    finished: list[InstanceResult], then: Callable[[InstanceResult], None]
+) -> Callable[[InstanceResult], None]:
+    """A progress listener that also notes each finished instance's result."""
 
     def listener(result: InstanceResult) -> None:
-        finished.append(result.key)
+        finished.append(result)
         then(result)
 
     return listener
@@ -316,10 +319,11 @@ def _cut(text: str, width: int = 60) -> str:
 
 
 def _whole(rows: list[GradeRow], run_id: str, of: str = "") -> str:
-    """``all 20 rows of 000500, with 8 from earlier runs and 12 not run yet``: what a figure over them counts."""
+    """``all 20 rows of 000500, with 8 from other runs and 12 not run yet``: what a figure over them counts (other runs:
+    earlier ones, or one that ran some of the same instances at the same time)."""
     current = sum(1 for row in rows if row.fault is not Fault.NOT_RUN)
     mine = sum(1 for row in rows if row.run_id == run_id)
-    *parts, last = [f"{current - mine} from earlier runs", *not_run_parts(rows)]
+    *parts, last = [f"{current - mine} from other runs", *not_run_parts(rows)]
     return f"all {len(rows)} rows{of}, with {', '.join(parts) + ' and ' if parts else ''}{last}"
 
 

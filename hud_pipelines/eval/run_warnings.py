@@ -100,3 +100,25 @@ def episode_errors_warning(
         f"{said}: errored episodes are left out of the success rate, and no max_error_rate check bounds them; add "
         f"{{kind: max_error_rate, value: 0.0}} to its checks to fail the run when an episode{scope} errors"
     )
+
+
+def rewritten_warning(rows: Sequence[GradeRow], completed: Collection[str], run_id: str) -> str | None:
+    """A warning when instances this run completed (``completed``: their keys) hold another run's results by its
+    end: a run of the same instances at the same time wrote over them (the later run is told of the overlap as it
+    starts; this tells the earlier one), so a figure over all the rows counts that run's episodes for them. A
+    sweep's rows are left out: its results do not name their checkpoint."""
+    others: dict[str, list[str]] = {}
+    for row in rows:
+        if row.checkpoint is None and row.group_id in completed and row.run_id != run_id:
+            keys = others.setdefault(row.run_id, [])
+            keys += [] if row.group_id in keys else [row.group_id]
+    if not others:
+        return None
+    said = "; ".join(
+        f"{', '.join(keys[:5])}{' and more' if len(keys) > 5 else ''} by run {run}" for run, keys in others.items()
+    )
+    count = sum(len(keys) for keys in others.values())
+    return (
+        f"{count} instance(s) this run completed were written over by a run of them at the same time ({said}): "
+        "the figures over all rows count that run's episodes for them"
+    )

@@ -106,7 +106,7 @@ def test_what_a_resumed_sweep_counts_as_kept_is_judged_under_the_deployment_file
     assert main(["run", str(path), "--quiet", "--partition", one]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "this run, 000500: success rate" in said
-    assert "all 4 rows of 000500, with 0 from earlier runs and 2 stale (run before the configuration" in said, said
+    assert "all 4 rows of 000500, with 0 from other runs and 2 stale (run before the configuration" in said, said
     assert main(["run", str(path), "--quiet", "--checkpoint", "000500"]) == 0
     kept = "1 of 2 (checkpoint, instance) pairs keep their current result"
     assert kept in " ".join(capsys.readouterr().err.split()), "another sim: only the pair just run under it is current"

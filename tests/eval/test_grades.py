@@ -477,3 +477,21 @@ def test_a_return_that_reaches_the_threshold_on_paper_reaches_it_whatever_the_su
     (large,) = build_graders([ReturnGrader(name="thr", threshold=-500.0)], base_dir=Path())
     assert large.grade(_outcome(False, -500.0000000001), KEY).success
     assert not large.grade(_outcome(False, -500.001), KEY).success
+
+
+def test_instances_another_run_wrote_over_at_the_same_time_are_said_to_the_run_that_completed_them() -> None:
+    """Two runs of the same instances at once: the earlier one's summary counted the later one's rows as "from
+    earlier runs", and nothing told it that its own results had been written over."""
+    from hud_pipelines.eval.run_warnings import rewritten_warning
+
+    def row(instance: int, run_id: str, checkpoint: str | None = None) -> GradeRow:
+        plain = dataclasses.replace(_row(EpisodeStatus.FAILED), instance=instance, group_id=f"t-i{instance}")
+        return dataclasses.replace(plain, run_id=run_id, checkpoint=checkpoint)
+
+    rows = [row(0, "mine"), row(1, "later"), row(1, "later"), row(2, "earlier"), row(3, "later", checkpoint="000500")]
+    warned = rewritten_warning(rows, ["t-i0", "t-i1", "t-i3"], "mine")
+    assert warned == (
+        "1 instance(s) this run completed were written over by a run of them at the same time (t-i1 by run later): "
+        "the figures over all rows count that run's episodes for them"
+    ), "t-i2 was not this run's to complete; a sweep's rows name no key of the results"
+    assert rewritten_warning(rows, ["t-i2"], "earlier") is None, "what it completed holds its own results"

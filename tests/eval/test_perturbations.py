@@ -142,7 +142,7 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     partition = ["--partition", "reach-i0"]  # a partial run: its line over every row is the control tasks' too
     assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli"), *partition]) == 0
     out = capsys.readouterr().out
-    assert f"from earlier runs, control tasks: success rate {check.observed:.1%}" in out, out
+    assert f"from other runs, control tasks: success rate {check.observed:.1%}" in out, out
     arm = ["--partition", "reach-reach-1.5-i0"]  # a matrix value alone: no control task ran, none to figure
     assert main(["run", str(path), "--quiet", "--outputs", str(tmp_path / "cli"), *arm]) == 0
     out = capsys.readouterr().out
@@ -154,7 +154,7 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     rows = json.loads((tmp_path / "fresh" / "reach_matrix" / "grades.json").read_text())
     never = sum(1 for row in rows if row["fault"] == "not_run")
     assert 0 < never < len(rows)
-    assert f"all {len(rows)} rows, with 0 from earlier runs and {never} not run yet" in capsys.readouterr().out
+    assert f"all {len(rows)} rows, with 0 from other runs and {never} not run yet" in capsys.readouterr().out
     report = (tmp_path / "fresh" / "reach_matrix" / "report.md").read_text()
     assert f"produced {len(rows) - never} of the {len(rows)} rows; {never} row(s) not run yet." in report, (
         "which runs produced the rows is said of every task's, the perturbed ones too (as the page says it)"
@@ -169,7 +169,7 @@ def test_checks_and_the_headline_judge_the_control_tasks_never_the_pooled_arms(
     rows = json.loads((tmp_path / "cli" / "reach_matrix" / "grades.json").read_text())
     stale = sum(1 for row in rows if row["fault"] == "not_run")
     assert stale == len(rows) - 4, "every instance but the one this run ran again (its 4 slots)"
-    assert f"all {len(rows)} rows, with 0 from earlier runs and {stale} stale (run before the configuration" in out
+    assert f"all {len(rows)} rows, with 0 from other runs and {stale} stale (run before the configuration" in out
     report = (tmp_path / "cli" / "reach_matrix" / "report.md").read_text()
     assert "row(s) stale (run before the configuration changed)." in report
     assert "earlier runs produced" not in report, "a stale row is not an earlier run's result"
