@@ -72,9 +72,12 @@ class ClientSession:
         """Take the server's answer to the hello; the session serves from here on."""
         try:
             hello = parse_reply(unpackb(frame), Framing.BATCHED, None)
-        except WireError as exc:
+        except WireError as exc:  # another kind of server at the address (a policy server) answers so too
             self.fail(f"undecodable reply during handshake: {exc}")
-            raise
+            raise WireError(
+                f"{self.peer} answered the handshake with a frame that is no sim's hello ({exc}): is it a sim served "
+                "by `hud-pipelines serve`, or another kind of server (a policy server)?"
+            ) from exc
         if isinstance(hello, ErrorFrame):
             self.fail(hello.message)
             raise RemoteError(hello.message, phase=hello.phase)

@@ -314,3 +314,16 @@ def test_a_slot_that_ended_keeps_its_non_finite_row_while_a_done_slot_must_still
     session.step(np.zeros((SLOTS, 1)))
     with pytest.raises(WireError, match="sent slot 1 as done with a non-finite reward it did not flag"):
         session.receive(packb(frame))
+
+
+def test_another_kind_of_server_at_a_sims_address_is_named_by_its_address_and_what_it_may_be() -> None:
+    """A pipeline's ``sim.url`` at an openpi policy server said only "a frame must be a msgpack map with a 'type'
+    key", naming neither the address nor what was wrong with it."""
+    session = ClientSession(peer="ws://gpu-box:8000")
+    session.hello()
+    with pytest.raises(WireError) as refused:
+        session.receive_hello(packb({"policy": "pi0", "action_horizon": 10}))  # an openpi server's metadata frame
+    said = str(refused.value)
+    assert said.startswith("ws://gpu-box:8000 answered the handshake with a frame that is no sim's hello (a frame must")
+    assert said.endswith("is it a sim served by `hud-pipelines serve`, or another kind of server (a policy server)?")
+    assert session.broken is not None, "the session is unusable from there on"
