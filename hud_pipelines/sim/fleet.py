@@ -168,6 +168,21 @@ def stuck_in_a_gone_request(exc: SimError, server: str, step_timeout_s: float) -
     return hung
 
 
+def busy_with(refused: SimError, busy_timeout_s: float, step_timeout_s: float) -> str:
+    """What a busy served sim is doing, as its refusal says: a request of a connection that has gone (a run cut short
+    while its step ran: its server says for how long), or another client's work."""
+    running_for_s = refused.running_for_s if isinstance(refused, SimRefusedError) else None
+    if running_for_s is None:
+        return (
+            "is busy, driven by another client: waiting for it or another one "
+            f"(sim.busy_timeout_s = {busy_timeout_s:g})"
+        )
+    return (
+        f"is still running a request of a connection that has gone ({running_for_s:.0f} s so far): waiting for it to "
+        f"end, or for another server; past sim.step_timeout_s = {step_timeout_s:g} s it is presumed hung"
+    )
+
+
 def naming(exc: SimError, server: str) -> SimError:
     """``exc`` with its message prefixed by the server it came from, its fields (status, deadline...) kept."""
     named = type(exc).__new__(type(exc))  # not the constructor: each error type has keyword-only fields

@@ -28,7 +28,15 @@ from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import HudPipelinesError, SimCrashedError, SimError, SimStartError, SimTimeoutError
 from hud_pipelines.sim.client import DEFAULT_CONNECT_TIMEOUT_S, SimClient
-from hud_pipelines.sim.fleet import Fleet, ServerUnreachable, is_busy, naming, reachable, stuck_in_a_gone_request
+from hud_pipelines.sim.fleet import (
+    Fleet,
+    ServerUnreachable,
+    busy_with,
+    is_busy,
+    naming,
+    reachable,
+    stuck_in_a_gone_request,
+)
 from hud_pipelines.sim.identity import describe, same_sim
 from hud_pipelines.sim.process import DEFAULT_GRACE_S, SimProcess
 from hud_pipelines.sim.settings import SimSettings
@@ -271,10 +279,9 @@ class SimPool(Closeable):
                 if server not in self._said_busy:  # once a server: a run that waits says why it does not move
                     self._said_busy.add(server)
                     log.warning(
-                        "served sim %s is busy, driven by another client: waiting for it or another one "
-                        "(sim.busy_timeout_s = %g)",
+                        "served sim %s %s",
                         server,
-                        self.settings.busy_timeout_s,
+                        busy_with(exc, self.settings.busy_timeout_s, self.settings.step_timeout_s),
                     )
                 if waited_s >= self.settings.busy_timeout_s:
                     self._servers.give_back(server)

@@ -710,3 +710,18 @@ def test_a_served_sim_that_dies_in_the_seed_check_is_named_by_what_killed_it() -
     finally:
         pool.close(grace_s=0)
         stop_served(process)
+
+
+def test_a_busy_sim_that_runs_a_gone_connections_request_is_said_so_not_another_clients() -> None:
+    """A run cut short while its step hung left the server running it: the next run said "busy, driven by another
+    client" and a 600 s wait, though the server's refusal said no client drives it, and for how long it had run."""
+    from hud_pipelines.errors import SimRefusedError
+    from hud_pipelines.sim.fleet import busy_with
+
+    gone = SimRefusedError("busy", status=409, running_for_s=7.4)
+    assert busy_with(gone, 600, 60) == (
+        "is still running a request of a connection that has gone (7 s so far): waiting for it to end, or for another "
+        "server; past sim.step_timeout_s = 60 s it is presumed hung"
+    )
+    driven = SimRefusedError("busy", status=409)
+    assert busy_with(driven, 600, 60).startswith("is busy, driven by another client: waiting for it or another one")
