@@ -132,6 +132,7 @@ class LeasedCeleryExecutor(CeleryExecutor):
                 step,
                 attempt=attempt,
                 executor=self,
+                queue=queue,
             )
 
         tag_orchestrator(plan_context.instance, plan_context.dagster_run.run_id)

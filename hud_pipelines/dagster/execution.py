@@ -64,7 +64,8 @@ class ExecutionSettings(BaseModel):
     lease_s: float = Field(
         default=30.0,
         gt=0,
-        description="a running unit whose worker has not renewed its lease for this long is taken as lost",
+        description="a running unit whose worker has not renewed its lease for this long is taken as lost; a step "
+        "that no worker has taken for this long is said (the run waits for a worker of its queue)",
     )
 
     image: str | None = Field(default=None, description="k8s: the image of the step pods (default: the run's)")

@@ -18,6 +18,7 @@ these rules are the part that reads the broker, the leases and the event log.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from hud_pipelines.dagster.lease import lease_holder
 
 POLL_INTERVAL_S = 0.2
 """The shortest time between two looks at one step's broker state, lease and event log."""
+
+log = logging.getLogger(__name__)
 
 RECORDING_ATTEMPT = "WorkerLostNoRetryLeft"
 """The error class of a lost unit's last retry event: the attempt it starts only records the instance as
@@ -97,8 +100,11 @@ class LeasedResult:
         *,
         attempt: int,
         executor: LostStepRules,
+        queue: str = "",
     ) -> None:
         self._send = send
+        self._queue = queue
+        self._said_queued = False
         self._client = client
         self._watch = watch
         self._context = context
@@ -183,11 +189,27 @@ class LeasedResult:
             return False
         if self._holder is None and not self._watch.restarted_since(self._sent_at):
             if self._result.state != "STARTED":
+                self._say_queued()
                 return False  # queued: no worker has taken it yet
             self._holder = _started_by(self._result.info)  # it started and ended between two ticks
         if self._result.ready():  # it ended (and gave the lease up) between the two reads
             return True
         return self._unleased()
+
+    def _say_queued(self) -> None:
+        """Say once that no worker took the step within ``lease_s`` (the time a worker may be silent): a run whose
+        queue no worker consumes (a control queue no worker was started on) would wait in silence for one."""
+        waited = time.monotonic() - self._sent_at
+        if self._said_queued or waited < self._executor.lease_s:
+            return
+        self._said_queued = True
+        message = (
+            f'step "{self._step.key}" has waited {waited:.0f} s on queue "{self._queue}" with no worker taking it: the '
+            "run waits for one; start a worker that consumes that queue (celery -A hud_pipelines.dagster.worker "
+            f"worker --queues {self._queue}), or see that its workers are up and not busy"
+        )
+        self._context.log.warning(message)
+        log.warning(message)  # the CLI's console shows no Dagster log lines below CRITICAL
 
     def _unleased(self) -> bool:
         """No lease and no result: ended with its result lost, waiting for its keeper, requeued, or lost."""

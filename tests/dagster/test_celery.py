@@ -838,7 +838,7 @@ def test_ctrl_c_stops_a_celery_run_whose_units_no_worker_took(write_pipeline: Wr
     with redis_server(tmp_path / "redis") as (broker, _):
         env = {
             **os.environ,
-            DEPLOYMENT_ENV: str(_deployment(tmp_path, broker)),
+            DEPLOYMENT_ENV: str(_deployment(tmp_path, broker, lease_s=3)),
             "DAGSTER_HOME": str(tmp_path / "dagster_home"),
             "HF_HUB_OFFLINE": "1",
             "PYTHONPATH": str(REPO),
@@ -863,6 +863,9 @@ def test_ctrl_c_stops_a_celery_run_whose_units_no_worker_took(write_pipeline: Wr
             assert "run interrupted by SIGINT after 0 of 2 instance(s)" in printed.decode()
             said = " ".join(printed.decode().split())  # the summary wraps its lines
             assert "the units already running on workers finish there and write their results" in said, said[-3000:]
+            # no worker consumes the control queue: the run said so once lease_s passed (it waited in silence)
+            assert 'step "unserved__eval.plan" has waited 3 s on queue "cpu" with no worker taking it' in said
+            assert "start a worker that consumes that queue (celery -A hud_pipelines.dagster.worker worker" in said
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
