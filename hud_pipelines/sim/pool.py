@@ -172,7 +172,13 @@ class SimPool(Closeable):
                 self.served_sim, self._served_by = identity, client.url
             expected, first = self.served_sim, self._served_by
         if identity and expected and not same_sim(identity, expected):  # a sim saying nothing is not compared
-            met = f" (served by {first}, the first this run met)" if first and first != client.url else ""
+            if first == client.url:  # one address, restarted otherwise mid-run
+                raise SimStartError(
+                    f"it now serves {describe(identity)}, but this run began on {describe(expected)} at this address "
+                    "(restarted with other arguments or packages): restart it as it was to finish this run, or run "
+                    "again to evaluate the sim it serves now"
+                )
+            met = f" (served by {first}, the first this run met)" if first else ""
             raise SimStartError(
                 f"it serves {describe(identity)}, but this run's served sim is {describe(expected)}{met}: every "
                 "served sim of a pipeline must serve the same sim with the same arguments and package versions; "

@@ -514,19 +514,22 @@ def test_an_instance_whose_served_sim_dies_under_it_keeps_its_earlier_complete_r
     assert f"their results of run {first.run_id} are kept" in said
 
 
+@pytest.mark.parametrize("otherwise", [False, True])
 def test_a_served_sim_restarted_on_its_address_mid_run_takes_the_later_instances(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, otherwise: bool
 ) -> None:
     """The instance on it when it died fails; the next waits for it to listen again, instead of failing on a
-    server the run had written off the moment it went away."""
+    server the run had written off the moment it went away. Restarted with other arguments, it is refused, said as
+    the one address restarted otherwise (it was said as another server of a fleet)."""
     monkeypatch.chdir(REPO)
     first, url = serve_cartpole("--arg", "crash_seeds=[4]")  # it kills itself in instance 2 (seeds 4 and 5)
     servers = [first]
+    label = ["--arg", "label=other"] if otherwise else []
 
     def restart() -> None:
         first.wait(timeout=60)
         time.sleep(0.3)  # the next instance has met the closed port by now
-        servers.append(serve_cartpole("--arg", "crash_seeds=[4]", "--port", url.rsplit(":", 1)[1])[0])
+        servers.append(serve_cartpole("--arg", "crash_seeds=[4]", *label, "--port", url.rsplit(":", 1)[1])[0])
 
     restarting = threading.Thread(target=restart, daemon=True)
     restarting.start()
@@ -538,9 +541,14 @@ def test_a_served_sim_restarted_on_its_address_mid_run_takes_the_later_instances
         for process in servers:
             stop_served(process)
     results = {r.instance: r for r in evaluation.results}
-    assert [results[i].failed for i in range(4)] == [False, False, True, False]
+    assert [results[i].failed for i in range(4)] == [False, False, True, otherwise]
     assert results[2].fault is Fault.SIM_CRASHED
     assert results[3].server == url
+    if otherwise:
+        assert results[3].fault is Fault.SIM_START
+        assert f"served sim {url}: it now serves " in (results[3].error or ""), results[3].error
+        assert "at this address (restarted with other arguments or packages)" in (results[3].error or "")
+        return
     assert {row.instance for row in evaluation.rows if row.fault is not None} == {2}
 
 
