@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, model_validator
 
 from hud_pipelines.spec.base import Count, Float, Int, StrictModel, target_field
+from hud_pipelines.spec.problems import did_you_mean
 from hud_pipelines.spec.sections import spec_rule
 
 DEFAULT_SEND_AHEAD = 8
@@ -67,6 +68,24 @@ def _usable_label(label: str) -> str:
     if problem is not None:
         raise ValueError(problem)
     return label
+
+
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hpu", "npu", "mtia", "xla", "meta", "privateuseone")
+"""The torch device types a policy's ``device`` may name (with ``:<index>``), besides ``auto``."""
+
+
+def _torch_device(device: str) -> str:
+    """``device`` when it names a torch device (a typo would fail every instance of the run, found only there)."""
+    kind, colon, index = device.partition(":")
+    if device == "auto" or (kind in DEVICE_TYPES and (not colon or index.isdigit())):
+        return device
+    raise ValueError(
+        f"unknown torch device {device!r}: 'auto', or one of {', '.join(DEVICE_TYPES)} with an optional "
+        f"':<index>' ('cuda:1'){did_you_mean(kind, DEVICE_TYPES)}"
+    )
+
+
+Device = Annotated[str, AfterValidator(_torch_device)]
 
 
 class CheckpointEntry(StrictModel):
@@ -140,7 +159,7 @@ class TorchPolicyConfig(StrictModel):
         description="a sweep over state_dict files instead of one checkpoint: a directory of *.pt / *.pth files "
         "(one checkpoint each, named by file), several directories, or a list of {label, path}",
     )
-    device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...")
+    device: Device = Field(default="auto", description="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...")
 
     @model_validator(mode="after")
     def _one_checkpoint_source(self) -> TorchPolicyConfig:
@@ -169,7 +188,7 @@ class LeRobotPolicyConfig(StrictModel):
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="config fields to override (e.g. n_action_steps)"
     )
-    device: str = Field(default="auto", description="'auto' (CUDA when present), 'cpu', 'cuda', ...")
+    device: Device = Field(default="auto", description="'auto' (CUDA when present), 'cpu', 'cuda', ...")
     rename: dict[str, str] = Field(
         default_factory=dict,
         description="contract feature -> LeRobot input key, for inputs not named observation.images.<camera> / "

@@ -107,3 +107,18 @@ def test_rotating_a_credential_keeps_earlier_results() -> None:
         return PipelineSpec.model_validate(data).rollout_hash
 
     assert served("a") == served("b")
+
+
+@pytest.mark.parametrize("kind", ["torch", "lerobot"])
+def test_a_misspelled_torch_device_is_refused_at_its_line_not_in_every_instance(kind: str) -> None:
+    """``device: cdua`` passed validate and failed every instance of the run with torch's own error."""
+    policy = "{kind: torch, target: 'm.py:Net'" if kind == "torch" else "{kind: lerobot, type: act"
+    text = f"name: strict\nsim: {{factory: CartPole-v1}}\nagent:\n  policy: {policy}, device: cdua}}\n"
+    with pytest.raises(SpecError) as caught:
+        load_pipeline_text(text, source="strict.yaml")
+    [rendered] = [p.render().splitlines()[0] for p in caught.value.problems]
+    assert rendered.startswith("strict.yaml:4:")
+    assert "agent.policy.device: unknown torch device 'cdua': 'auto', or one of cpu, cuda," in rendered
+    assert rendered.endswith("(did you mean 'cuda'?)")
+    for device in ("auto", "cpu", "cuda", "cuda:1", "mps"):
+        load_pipeline_text(text.replace("cdua", device), source="strict.yaml")
