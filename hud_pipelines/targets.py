@@ -57,9 +57,10 @@ def load_target(
         raise error(f"{what} {spec!r}: {module_part} has no attribute {attribute!r}{suggestion}") from None
 
 
-def one_argument_refused(fn: Callable[..., Any]) -> str | None:
-    """Why ``fn`` cannot be called with one positional argument (a callable grader's episode dict), or ``None``:
-    also where its signature cannot be read (a builtin), for the call to say."""
+def one_argument_refused(fn: Callable[..., Any], argument: str = "the episode dict") -> str | None:
+    """Why ``fn`` cannot be called with one positional argument (``argument``: a callable grader's episode dict, a
+    scripted policy function's observation batch), or ``None``: also where its signature cannot be read (a builtin),
+    for the call to say."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -67,7 +68,7 @@ def one_argument_refused(fn: Callable[..., Any]) -> str | None:
     try:
         signature.bind(None)
     except TypeError as exc:
-        return f"takes {signature} but is called with one argument, the episode dict ({exc})"
+        return f"takes {signature} but is called with one argument, {argument} ({exc})"
     return None
 
 

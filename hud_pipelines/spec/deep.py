@@ -310,6 +310,8 @@ def policy_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: boo
     problems: list[Problem] = []
     if isinstance(policy, ScriptedPolicyConfig | TorchPolicyConfig):
         message = target_problem(policy.target, spec.base_dir, run_code=run_code)
+        if message is None and run_code and isinstance(policy, ScriptedPolicyConfig) and not policy.args:
+            message = _one_argument_problem(spec, policy.target, "the observation batch")
         if message is not None:
             problems.append(document.problem((*where, "target"), message))
         else:
@@ -356,20 +358,26 @@ def grader_problems(spec: PipelineSpec, document: YamlDocument, *, run_code: boo
         if isinstance(grader, CallableGrader):
             message = target_problem(grader.target, spec.base_dir, run_code=run_code)
             if message is None and run_code:
-                message = _grader_call_problem(spec, grader)
+                message = _one_argument_problem(spec, grader.target, "the episode dict")
             if message is not None:
                 problems.append(document.problem(("graders", index, "target"), message))
     return problems
 
 
-def _grader_call_problem(spec: PipelineSpec, grader: CallableGrader) -> str | None:
-    """Why the grader's function cannot take the episode dict alone (``None``: it can, or it does not load here)."""
+def _one_argument_problem(spec: PipelineSpec, target: str, argument: str) -> str | None:
+    """Why a target's function cannot be called with ``argument`` alone (a grader's episode dict, a scripted policy's
+    observation batch); ``None``: it can, it is a class or a policy object (built first), or it does not load here."""
+    import inspect
+
     from hud_pipelines.targets import load_target, one_argument_refused
 
     try:
-        return one_argument_refused(load_target(grader.target, base_dir=spec.base_dir))
+        found = load_target(target, base_dir=spec.base_dir)
     except Exception:
         return None
+    if inspect.isclass(found) or hasattr(found, "infer") or not callable(found):
+        return None
+    return one_argument_refused(found, argument)
 
 
 def _describe(exc: BaseException) -> str:

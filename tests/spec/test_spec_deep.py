@@ -135,6 +135,29 @@ def test_a_grader_function_that_cannot_take_the_episode_alone_is_refused_before_
             build_graders([grader], base_dir=folder)
 
 
+def test_a_scripted_policy_function_that_cannot_take_the_observations_alone_is_refused_at_its_line(
+    write_yaml: WriteYaml,
+) -> None:
+    """``def act():`` passed validate, and every slot of the run printed its traceback twice."""
+    write_yaml(
+        "class Factory:\n    def __init__(self):\n        pass\n"
+        "    def __call__(self, observation):\n        return None\n"
+        "def act(observation):\n    return None\n"
+        "def none():\n    return None\n",
+        "controllers/signatures.py",
+    )
+    for name, accepted in (("act", True), ("Factory", True), ("none", False)):
+        policy = f"{{kind: scripted, target: 'controllers/signatures.py:{name}'}}"
+        path = write_yaml(pipeline(policy), "p.yaml")
+        if accepted:
+            assert load_pipeline(path, deep=True).name == "deep"
+            continue
+        with pytest.raises(SpecError) as refused:
+            load_pipeline(path, deep=True)
+        said = str(refused.value)
+        assert "agent.policy.target: takes () but is called with one argument, the observation batch" in said, said
+
+
 def test_a_lerobot_policy_type_lerobot_does_not_know_is_refused_at_its_line(write_yaml: WriteYaml) -> None:
     """Before, validate passed ``type: actt`` and every instance of the run errored as setup."""
     from hud_pipelines.spec.lerobot_types import lerobot_policy_types
