@@ -18,14 +18,12 @@ row (``batched=False``); a server that accepts a leading batch axis gets the who
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import reprlib
 import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +32,7 @@ from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
 from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chunks
+from hud_pipelines.agent.policy_identity import canonical, metadata_identity, said
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import PolicyError, PolicyLinkError, PolicyTimeoutError, WireError
@@ -141,11 +140,11 @@ class RemotePolicy(BasePolicy, Closeable):
         self._refuse_another(self.metadata)
 
     def _refuse_another(self, metadata: dict[str, Any]) -> None:
-        if self._held is None or _canonical(metadata_identity(metadata)) == _canonical(self._held):
+        if self._held is None or canonical(metadata_identity(metadata)) == canonical(self._held):
             return
         raise PolicyLinkError(
             f"the policy server at {self.url} serves another policy than this run's: it says "
-            f"{_said(metadata_identity(metadata))}, the run's said {_said(self._held)}"
+            f"{said(metadata_identity(metadata))}, the run's said {said(self._held)}"
         )
 
     def close(self) -> None:
@@ -296,35 +295,6 @@ class RemotePolicy(BasePolicy, Closeable):
         if ws is not None:
             with contextlib.suppress(OSError, WebSocketException):
                 ws.close()
-
-
-def metadata_identity(metadata: Any) -> Any:
-    """``metadata`` as JSON with its keys in order: an array or bytes as its dtype, shape and sha256 (normalization
-    statistics are not worth a provenance's bytes, and their digest tells them apart as well)."""
-    if isinstance(metadata, np.ndarray):
-        array = np.ascontiguousarray(cast(npt.NDArray[Any], metadata))
-        digest = hashlib.sha256(array.view(np.uint8).reshape(-1)).hexdigest()
-        return {"array": array.dtype.str, "shape": list(array.shape), "sha256": digest}
-    if isinstance(metadata, bytes):
-        return {"bytes": len(metadata), "sha256": hashlib.sha256(metadata).hexdigest()}
-    if isinstance(metadata, np.generic):
-        return metadata_identity(metadata.item())
-    if is_map(metadata):
-        keyed = {k.decode() if isinstance(k, bytes) else str(k): v for k, v in metadata.items()}
-        return {key: metadata_identity(keyed[key]) for key in sorted(keyed)}
-    if isinstance(metadata, list | tuple):
-        return [metadata_identity(item) for item in cast(list[Any], metadata)]
-    return metadata if metadata is None or isinstance(metadata, str | int | float) else repr(metadata)
-
-
-def _canonical(identity: Any) -> str:
-    return json.dumps(identity, sort_keys=True)
-
-
-def _said(identity: Any) -> str:
-    """An identity in a line of an error (``{}``: nothing)."""
-    text = _canonical(identity)
-    return "nothing of its policy" if not identity else text if len(text) <= 200 else f"{text[:197]}..."
 
 
 def _stack_chunks(chunks: list[Actions]) -> Actions:

@@ -203,7 +203,8 @@ def run_pipeline(
             if spec.is_sweep:  # its results name no checkpoint: what is left is counted in pairs
                 rest = how_to_resume_sweep(units - len(finished), invocation, asked, rerun=rerun)
             else:
-                unfinished = [key for key in ordered if key not in {r.key for r in finished}]
+                done = {r.key for r in finished}
+                unfinished = [key for key in ordered if key not in done]
                 rest = how_to_resume(unfinished, invocation, spec.partition_keys())
             problems.insert(
                 0,

@@ -47,7 +47,7 @@ from hud_pipelines.dagster.execution import ExecutionSettings
 from hud_pipelines.dagster.lease import lease_url
 from hud_pipelines.dagster.location import LOCATION_DIGEST, run_digest
 from hud_pipelines.dagster.overlap import tag_orchestrator
-from hud_pipelines.dagster.step_recovery import LeasedResult
+from hud_pipelines.dagster.step_recovery import LeasedResult, QueueWatch
 from hud_pipelines.dagster.unit_tags import RESULT_METADATA, RUN_QUEUE_TAG, UNIT_TAG
 from hud_pipelines.eval import progress
 from hud_pipelines.eval.runner import InstanceResult
@@ -104,6 +104,7 @@ class LeasedCeleryExecutor(CeleryExecutor):
         client = redis_client(self.lease_url)
         watch = BrokerWatch(self.broker, self.lease_url, plan_context.dagster_run.run_id, down_s=self.lease_s)
         registered: dict[int, Any] = {}  # the app's step task, registered once (not once per submission)
+        queues = QueueWatch()
 
         def submit(
             app: Any,
@@ -133,6 +134,7 @@ class LeasedCeleryExecutor(CeleryExecutor):
                 attempt=attempt,
                 executor=self,
                 queue=queue,
+                queues=queues,
             )
 
         tag_orchestrator(plan_context.instance, plan_context.dagster_run.run_id)

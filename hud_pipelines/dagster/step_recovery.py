@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import redis
@@ -81,6 +81,15 @@ class LoggedAttempt:
         return any(e.is_step_success or e.is_step_failure or e.is_step_up_for_retry for e in self.events)
 
 
+@dataclass
+class QueueWatch:
+    """The run's queues whose steps a worker took (a lease seen), and those it said no worker takes: said once a
+    queue, and only of one no step of which was taken (the units of a busy queue wait their turn, not for a worker)."""
+
+    taken: set[str] = field(default_factory=set[str])
+    said: set[str] = field(default_factory=set[str])
+
+
 class LeasedResult:
     """A submitted step's Celery result that is also *ready* when its worker lost the lease.
 
@@ -100,11 +109,12 @@ class LeasedResult:
         *,
         attempt: int,
         executor: LostStepRules,
-        queue: str = "",
+        queue: str,
+        queues: QueueWatch,
     ) -> None:
         self._send = send
         self._queue = queue
-        self._said_queued = False
+        self._queues = queues
         self._client = client
         self._watch = watch
         self._context = context
@@ -182,10 +192,12 @@ class LeasedResult:
             self._result = self._send()
             self._sent_at = time.monotonic()
         if self._result.ready():
+            self._queues.taken.add(self._queue)  # a worker ran it
             return True
         holder = lease_holder(self._client, str(self._result.id))
         if holder is not None:
             self._holder = holder
+            self._queues.taken.add(self._queue)
             return False
         if self._holder is None and not self._watch.restarted_since(self._sent_at):
             if self._result.state != "STARTED":
@@ -197,12 +209,13 @@ class LeasedResult:
         return self._unleased()
 
     def _say_queued(self) -> None:
-        """Say once that no worker took the step within ``lease_s`` (the time a worker may be silent): a run whose
-        queue no worker consumes (a control queue no worker was started on) would wait in silence for one."""
+        """Say, once a queue, that no worker took a step of it within ``lease_s`` (the time a worker may be silent)
+        while none of its steps was taken: a run whose queue no worker consumes (a control queue no worker was started
+        on) would wait in silence for one."""
         waited = time.monotonic() - self._sent_at
-        if self._said_queued or waited < self._executor.lease_s:
+        if self._queue in self._queues.taken or self._queue in self._queues.said or waited < self._executor.lease_s:
             return
-        self._said_queued = True
+        self._queues.said.add(self._queue)
         message = (
             f'step "{self._step.key}" has waited {waited:.0f} s on queue "{self._queue}" with no worker taking it: the '
             "run waits for one; start a worker that consumes that queue (celery -A hud_pipelines.dagster.worker "

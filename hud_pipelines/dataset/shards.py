@@ -284,7 +284,7 @@ class ShardStore:
         schemas = {k: found for k in keys if (found := schema(self.outputs.shard(k))) is not None}
         if len(schemas) < 2:
             return
-        latest = max(schemas, key=lambda k: (self.outputs.shard(k) / RUN_FILE).stat().st_mtime_ns)
+        latest = max(schemas, key=lambda k: _written_at(self.outputs.shard(k)))
         other = {
             k: f"its shard holds {_schema_difference(found, schemas[latest])} than instance {latest}'s, the latest"
             for k, found in schemas.items()
@@ -314,6 +314,14 @@ class ShardStore:
     def summary(self, target: Path) -> DatasetSummary:
         """What the dataset published at ``target`` holds (it loads it with lerobot: seconds)."""
         return summarize_dataset(target, repo_id=self.spec.dataset_repo_id)
+
+
+def _written_at(shard: Path) -> int:
+    """When ``shard`` was committed (its run file's time); one from before shards named their run is the oldest."""
+    try:
+        return (shard / RUN_FILE).stat().st_mtime_ns
+    except OSError:
+        return -1
 
 
 def _schema_difference(found: Schema, latest: Schema) -> str:

@@ -209,9 +209,8 @@ def recorded_provenance(outputs: EvalOutputs, run_id: str | None = None) -> dict
     served = read_served_sim(outputs, str(record.get("run_id")))
     if served is None and record.get("attached"):  # it met no served sim (all down): the last one met stands
         served = latest_served_sim(outputs)
-    policy = read_served_policy(outputs, str(record.get("run_id")))
-    if policy is None and (recorded.get("policy") or {}).get("kind") == "remote":  # its server was down: likewise
-        policy = _latest_claim(outputs.served_policies)
+    remote = isinstance(agent := recorded.get("policy"), dict) and cast(dict[str, Any], agent).get("kind") == "remote"
+    policy = read_served_policy(outputs, str(record.get("run_id")), remote=remote)
     recorded = provenance.with_served_policy(recorded, policy) if policy else recorded
     return provenance.with_served_sim(recorded, served) if served else recorded
 
@@ -255,13 +254,22 @@ def hold_served_policy(policy: object, outputs: EvalOutputs, run_id: str) -> Non
     from hud_pipelines.agent.remote import RemotePolicy
 
     if isinstance(policy, RemotePolicy):
-        identity = policy.identity()
-        policy.hold_to(_claim(_run_file(outputs.served_policies, run_id), {"metadata": identity})["metadata"])
+        try:
+            claimed = _claim(_run_file(outputs.served_policies, run_id), {"metadata": policy.identity()})
+            policy.hold_to(claimed["metadata"])
+        except BaseException:  # no instance runs on it: its connection is closed, not left to the garbage collector
+            policy.close()
+            raise
 
 
-def read_served_policy(outputs: EvalOutputs, run_id: str) -> dict[str, Any] | None:
-    """What the policy server that run ``run_id`` claimed said of its policy (``None``: that run claimed none)."""
-    return _read_claim(_run_file(outputs.served_policies, run_id))
+def read_served_policy(outputs: EvalOutputs, run_id: str, *, remote: bool = False) -> dict[str, Any] | None:
+    """What the policy server that run ``run_id`` claimed said of its policy (``None``: that run claimed none).
+
+    ``remote``: the run's policy is a remote one; where its server could not be reached (no claim), the latest
+    claim of any run stands, as for a served sim that is down: the attempt measured nothing, and must not be
+    judged another environment than the results it leaves in place."""
+    claimed = _read_claim(_run_file(outputs.served_policies, run_id))
+    return claimed if claimed is not None or not remote else _latest_claim(outputs.served_policies)
 
 
 def _claim(path: Path, claimed: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hud_pipelines.agent.policy_identity import said
 from hud_pipelines.contract.file import load_contract, merge_contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sources
@@ -233,7 +234,7 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
         changes.append(f"the served sim {before} -> {after}")
     policy_was, policy_now = (record.get("served_policy") for record in (old, new))
     if policy_was and policy_now and policy_was != policy_now:
-        changes.append(f"the policy server's metadata {_said(policy_was)} -> {_said(policy_now)}")
+        changes.append(f"the policy server's metadata {said(policy_was['metadata'])} -> {said(policy_now['metadata'])}")
     return ", ".join(changes) or "the environment changed"
 
 
@@ -244,19 +245,18 @@ def _contract_changed(ran: dict[str, Any], current: dict[str, Any]) -> bool:
     return bool(was) and bool(now) and was != now
 
 
-def _said(served_policy: dict[str, Any]) -> str:
-    """What a policy server said of its policy, in a line (JSON, cut at 300 characters); an empty metadata frame
-    says so, and that the results of another policy at the same address cannot be told from these."""
-    metadata = served_policy.get("metadata")
-    if not metadata:
-        return "nothing (an empty metadata frame: another policy served at its address would not be told apart)"
-    text = json.dumps(metadata, sort_keys=True)
-    return f"`{text if len(text) <= 300 else text[:297] + '...'}`"
-
-
 def _edited(was: dict[str, str], now: dict[str, str]) -> str:
-    """The names of the files whose digests differ (``my_env.py, helpers.py``), or ``""``."""
-    return ", ".join(sorted(Path(path).name for path in set(was) | set(now) if was.get(path) != now.get(path)))
+    """The names of the files whose digests differ (``my_env.py, helpers.py``), the first few of many, those that no
+    digest of the earlier result held said apart (listed in ``sim.data_files`` since), or ``""``."""
+    differ = sorted(Path(path).name for path in set(was) | set(now) if path in was and was[path] != now.get(path))
+    added = sorted(Path(path).name for path in set(now) - set(was))
+    parts = [_some(differ), *([f"newly tracked {_some(added)}"] if added else [])]
+    return ", ".join(part for part in parts if part)
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    """``a, b, c and 7 more``: a list of names a line can hold."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def markdown(record: dict[str, Any]) -> str:
@@ -284,7 +284,9 @@ def markdown(record: dict[str, Any]) -> str:
     if record.get("checkpoint_hash"):
         lines.append(f"- checkpoint sha256 `{record['checkpoint_hash']}`")
     if record.get("served_policy"):
-        lines.append(f"- the policy server's metadata: {_said(record['served_policy'])}")
+        metadata = record["served_policy"].get("metadata")
+        blind = "" if metadata else ": another policy served at its address would not be told apart from it"
+        lines.append(f"- the policy server's metadata: {said(metadata)}{blind}")
     return "\n".join(no_html(line) for line in lines) + "\n"  # args, paths and policy settings are the user's text
 
 

@@ -107,7 +107,7 @@ def rollouts_step(
             elif not spec.sim.spawned:  # no served sim met yet: nothing to say of its environment
                 ran = provenance.for_run(spec, contract_json=contract_json, code=code)
                 return {k: v for k, v in ran.items() if k != "fingerprint"}
-            served_policy = read_served_policy(claimed_at, run_id)
+            served_policy = read_served_policy(claimed_at, run_id, remote=spec.agent.policy.kind == "remote")
             recorded.append(
                 provenance.for_run(
                     spec,

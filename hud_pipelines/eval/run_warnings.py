@@ -120,5 +120,5 @@ def rewritten_warning(rows: Sequence[GradeRow], completed: Collection[str], run_
     count = sum(len(keys) for keys in others.values())
     return (
         f"{count} instance(s) this run completed were written over by a run of them at the same time ({said}): "
-        "the figures over all rows count that run's episodes for them"
+        "the figures over all rows count that run's results for them (as not run, where it ran another configuration)"
     )

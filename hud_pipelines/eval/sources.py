@@ -26,7 +26,7 @@ from hud_pipelines.errors import CheckpointError
 from hud_pipelines.spec.agent import LeRobotPolicyConfig, PolicyConfig, ScriptedPolicyConfig, TorchPolicyConfig
 from hud_pipelines.spec.grading import CallableGrader
 from hud_pipelines.spec.models import PipelineSpec
-from hud_pipelines.spec.sim_files import expand
+from hud_pipelines.spec.sim_files import MAX_DATA_FILES, expand
 from hud_pipelines.targets import CODE_DIGEST_CHARS, code_digest, target_sources
 
 _WEIGHTS: dict[tuple[tuple[str, int, int], ...], str] = {}
@@ -51,8 +51,11 @@ def digests(spec: PipelineSpec) -> dict[str, str]:
     weights = _weights_path(spec, policy)
     if weights is not None:
         found[_relative(weights, spec)] = _weights_digest(weights)
-    for file in expand(spec.sim.data_files, spec.base_dir) if spec.sim.spawned else ():
-        found[_relative(file, spec)] = code_digest(file) if file.suffix == ".py" else _weights_digest(file)
+    for pattern in spec.sim.data_files if spec.sim.spawned else ():
+        outside = Path(pattern).expanduser().is_absolute()  # named where it lies, wherever the project moves
+        for file in expand([pattern], spec.base_dir)[:MAX_DATA_FILES]:
+            name = str(file) if outside else _relative(file, spec)
+            found[name] = code_digest(file) if file.suffix == ".py" else _weights_digest(file)
     return found
 
 

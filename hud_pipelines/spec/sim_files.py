@@ -10,6 +10,7 @@ their content joins the results' fingerprint as the code's does (:mod:`hud_pipel
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,30 +20,64 @@ from hud_pipelines.spec.models import PipelineSpec
 from hud_pipelines.spec.problems import Problem
 
 MAX_DATA_FILES = 10_000
-"""The most files the patterns are expanded to: a sim's assets, not a disk (each is read whole every run)."""
+"""The most files the patterns may name: a sim's assets, not a disk (each is read whole every run)."""
+SKIPPED = ("__pycache__",)
+"""Folders never walked: what Python writes while the sim runs would make every earlier result stale."""
 
 
 def expand(patterns: Sequence[str], base_dir: Path) -> list[Path]:
-    """The files ``patterns`` name, relative to ``base_dir``: a file, every file below a folder, or what a glob
-    pattern (``**`` for any depth) matches; each once, in order, at most :data:`MAX_DATA_FILES`."""
+    """The files ``patterns`` name, relative to ``base_dir``: a file, every file below a folder (through its symbolic
+    links, each folder once), or what a glob pattern (``**`` for any depth) matches; each once, in order, at most
+    :data:`MAX_DATA_FILES` + 1 (one more says there are too many). Hidden files and folders, ``__pycache__`` and
+    ``.pyc`` files are left out: what the sim or an editor writes beside its data is not its data."""
     found: dict[Path, None] = {}
     for pattern in patterns:
-        for name in sorted(glob.glob(str(base_dir / Path(pattern).expanduser()), recursive=True)):
-            path = Path(name).resolve()
-            below = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-            found.update(dict.fromkeys(below))
-            if len(found) >= MAX_DATA_FILES:
-                return list(found)[:MAX_DATA_FILES]
+        joined = Path(glob.escape(str(base_dir))) / Path(pattern).expanduser()  # the pipeline's folder is no pattern
+        for name in sorted(glob.glob(str(joined), recursive=True)):
+            path = Path(name)
+            if _kept(path):
+                found.update(dict.fromkeys(_files_below(path) if path.is_dir() else [path.resolve()]))
+            if len(found) > MAX_DATA_FILES:
+                return list(found)[: MAX_DATA_FILES + 1]
     return list(found)
 
 
+def _files_below(folder: Path) -> list[Path]:
+    """Every kept file below ``folder``, in order, following symbolic links to folders (a shared mesh store), each
+    real folder once (a link to a folder above would loop); stops past :data:`MAX_DATA_FILES`."""
+    files: list[Path] = []
+    seen: set[str] = set()
+    for root, folders, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            folders[:] = []
+            continue
+        seen.add(real)
+        folders[:] = sorted(f for f in folders if _kept(Path(f)) and f not in SKIPPED)
+        files += [(Path(root) / n).resolve() for n in sorted(names) if _kept(Path(n))]
+        if len(files) > MAX_DATA_FILES:
+            break
+    return files
+
+
+def _kept(path: Path) -> bool:
+    return not path.name.startswith(".") and path.suffix != ".pyc" and path.name not in SKIPPED
+
+
 def data_file_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:
-    """Each ``sim.data_files`` entry that names no file: a typo would leave the file it meant untracked."""
-    return [
-        document.problem(("sim", "data_files", index), f"{pattern!r} names no file under {spec.base_dir}")
-        for index, pattern in enumerate(spec.sim.data_files)
-        if not expand([pattern], spec.base_dir)
-    ]
+    """Each ``sim.data_files`` entry that names no file (a typo would leave the file it meant untracked), or more
+    than :data:`MAX_DATA_FILES` (a folder of the project's, not the sim's)."""
+    problems: list[Problem] = []
+    for index, pattern in enumerate(spec.sim.data_files):
+        named = expand([pattern], spec.base_dir)
+        if not named:
+            problems.append(
+                document.problem(("sim", "data_files", index), f"{pattern!r} names no file under {spec.base_dir}")
+            )
+        elif len(named) > MAX_DATA_FILES:
+            message = f"{pattern!r} names more than {MAX_DATA_FILES} files: list the files and folders the sim reads"
+            problems.append(document.problem(("sim", "data_files", index), message))
+    return problems
 
 
 def python_problems(spec: PipelineSpec, document: YamlDocument) -> list[Problem]:

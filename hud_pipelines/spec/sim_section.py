@@ -107,10 +107,10 @@ class SimSpec(StrictModel):
         default_factory=list[str],
         json_schema_extra=schema_default([]),
         description="files the sim reads besides its Python code (a MuJoCo XML and its meshes, a JSON scene, a module "
-        "it imports by name at run time), relative to the YAML file: a file, a folder (every file below it) or a glob "
-        "pattern (`assets/**/*.xml`); their content joins the results' provenance as the code's does (its imports "
-        "are followed on their own), so after an edit of one the earlier results show as not run until they run "
-        "again; never in the rollout hash; only for a spawned sim (`factory`)",
+        "it imports by name at run time), relative to the YAML file: a file, a folder (every file below it, hidden "
+        "files and `__pycache__` left out) or a glob pattern (`assets/**/*.xml`); their content joins the results' "
+        "provenance as the code's does (its imports are followed on their own), so after an edit of one the earlier "
+        "results show as not run until they run again; never in the rollout hash; only for a spawned sim (`factory`)",
     )
     startup_timeout_s: Float = Field(
         default=120.0, gt=0, description="deadline for the sim child to build its envs and listen"

@@ -76,7 +76,7 @@ class ClientSession:
             self.fail(f"undecodable reply during handshake: {exc}")
             raise WireError(
                 f"{self.peer} answered the handshake with a frame that is no sim's hello ({exc}): is it a sim served "
-                "by `hud-pipelines serve`, or another kind of server (a policy server)?"
+                "by `hud-pipelines serve` of this version, or another kind of server (a policy server)?"
             ) from exc
         if isinstance(hello, ErrorFrame):
             self.fail(hello.message)

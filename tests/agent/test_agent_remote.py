@@ -570,3 +570,48 @@ def test_a_unit_whose_server_serves_another_policy_than_its_runs_first_claim_is_
     finally:
         first.close()
         second.close()
+
+
+def test_a_policy_server_down_at_the_start_of_a_run_leaves_the_earlier_results_in_place(tmp_path: Path) -> None:
+    """A run that could not reach its policy server claimed no identity, so its attempts were judged another
+    environment than the earlier results (which carry one) and wiped them. The latest claim stands for it."""
+    from hud_pipelines.errors import Fault
+    from hud_pipelines.eval.steps import evaluate
+
+    server = PolicyServer(lambda observation: np.ones((1, 1), np.float32), metadata={"policy": "a"})
+    url = server.url
+    spec = _remote_pipeline(tmp_path / "remote_down.yaml", url, num_envs=1, max_steps=3)
+    try:
+        first = evaluate(spec, outputs_dir=tmp_path / "out")
+    finally:
+        server.close()
+    assert {row.fault for row in first.rows} == {None}
+    down = evaluate(spec, outputs_dir=tmp_path / "out")
+    assert {r.fault for r in down.results} == {Fault.POLICY_LINK}
+    assert down.rows == first.rows, "the earlier complete results stand"
+
+
+def test_a_policy_identity_is_strict_json_that_tells_apart_what_the_server_said() -> None:
+    from hud_pipelines.agent.policy_identity import LONG_LIST, canonical, metadata_identity
+
+    said = metadata_identity(
+        {
+            b"\xff": 1,  # no UTF-8: kept, not a crash of every instance
+            b"a": 1,
+            "a": 2,  # two keys, not one
+            "nan": float("nan"),
+            "scalar": np.float32(0.5),
+            "zero_d": np.array(3.0),
+            "stats": list(range(LONG_LIST + 1)),
+        }
+    )
+    text = canonical(said)
+    __import__("json").loads(text, parse_constant=lambda name: pytest.fail(f"{name} is no strict JSON"))
+    assert said["\\xff"] == 1
+    assert {said["a"], said["'a'"]} == {1, 2}
+    assert said["zero_d"]["shape"] == [], "a 0-d array keeps its shape"
+    assert said["stats"]["list"] == LONG_LIST + 1, "a long list is its length and digest"
+    assert said["scalar"] == 0.5
+    assert metadata_identity({"stats": list(range(LONG_LIST + 1))}) != metadata_identity(
+        {"stats": list(range(1, LONG_LIST + 2))}
+    )

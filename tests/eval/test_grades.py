@@ -492,6 +492,6 @@ def test_instances_another_run_wrote_over_at_the_same_time_are_said_to_the_run_t
     warned = rewritten_warning(rows, ["t-i0", "t-i1", "t-i3"], "mine")
     assert warned == (
         "1 instance(s) this run completed were written over by a run of them at the same time (t-i1 by run later): "
-        "the figures over all rows count that run's episodes for them"
+        "the figures over all rows count that run's results for them (as not run, where it ran another configuration)"
     ), "t-i2 was not this run's to complete; a sweep's rows name no key of the results"
     assert rewritten_warning(rows, ["t-i2"], "earlier") is None, "what it completed holds its own results"

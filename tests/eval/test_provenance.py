@@ -559,3 +559,11 @@ def test_an_edit_of_a_data_file_the_sim_reads_makes_earlier_results_stale_once_d
     assert {row.fault for row in stale} == {Fault.NOT_RUN}, "results of the old scene are not pooled with the new"
     assert all("code or weights changed: scene.json" in (row.error or "") for row in stale), stale[0].error
     assert {row.fault for row in second.rows if row.instance == 0} == {None}
+
+
+def test_a_stale_results_reason_names_a_few_edited_files_and_says_which_are_newly_tracked() -> None:
+    """Listing a folder of meshes in ``sim.data_files`` named hundreds of files as "changed" in every stale row."""
+    was = {"env.py": "1", **{f"meshes/m{i}.stl": "a" for i in range(3)}}
+    now = {"env.py": "2", **{f"meshes/m{i}.stl": "a" for i in range(3)}, **{f"new/n{i}.stl": "b" for i in range(8)}}
+    said = provenance.difference({"sources": was}, {"sources": now})
+    assert said == "code or weights changed: env.py, newly tracked n0.stl, n1.stl, n2.stl, n3.stl, n4.stl and 3 more"

@@ -18,12 +18,19 @@ def _pipeline(tmp_path: Path, sim: str) -> Path:
 
 
 def test_data_files_are_files_folders_and_glob_patterns_each_file_once(tmp_path: Path) -> None:
-    (tmp_path / "assets" / "meshes").mkdir(parents=True)
-    for name in ("scene.json", "assets/robot.xml", "assets/meshes/arm.stl", "assets/meshes/hand.stl"):
-        (tmp_path / name).write_text(name)
-    found = expand(["scene.json", "assets", "assets/**/*.stl"], tmp_path)
+    """Through a symbolic link to a shared folder (each real folder once), in a pipeline folder whose name is a
+    glob pattern, without what Python or an editor writes beside the data (it would make every result stale)."""
+    base = tmp_path / "project[1]"
+    (base / "assets" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "hand.stl").write_text("hand")
+    (base / "assets" / "meshes").symlink_to(tmp_path / "shared")
+    (base / "assets" / "loop").symlink_to(base / "assets")
+    for name in ("scene.json", "assets/robot.xml", "assets/.robot.xml.swp", "assets/__pycache__/m.cpython-312.pyc"):
+        (base / name).write_text(name)
+    found = expand(["scene.json", "assets", "assets/**/*.stl"], base)
     names = [path.relative_to(tmp_path).as_posix() for path in found]
-    assert names == ["scene.json", "assets/meshes/arm.stl", "assets/meshes/hand.stl", "assets/robot.xml"]
+    assert names == ["project[1]/scene.json", "project[1]/assets/robot.xml", "shared/hand.stl"]
 
 
 def test_a_data_file_that_names_no_file_is_refused_at_its_line_by_validate_and_run(tmp_path: Path) -> None:

@@ -325,5 +325,5 @@ def test_another_kind_of_server_at_a_sims_address_is_named_by_its_address_and_wh
         session.receive_hello(packb({"policy": "pi0", "action_horizon": 10}))  # an openpi server's metadata frame
     said = str(refused.value)
     assert said.startswith("ws://gpu-box:8000 answered the handshake with a frame that is no sim's hello (a frame must")
-    assert said.endswith("is it a sim served by `hud-pipelines serve`, or another kind of server (a policy server)?")
+    assert said.endswith("by `hud-pipelines serve` of this version, or another kind of server (a policy server)?")
     assert session.broken is not None, "the session is unusable from there on"
