@@ -122,12 +122,11 @@ def test_a_grader_function_that_cannot_take_the_episode_alone_is_refused_before_
     for name, accepted in (("two", False), ("one", True), ("none", False)):
         target = f"graders/two_argument_graders.py:{name}"
         path = write_yaml(pipeline("{kind: random}", f"graders: [{{kind: callable, target: '{target}'}}]\n"), "g.yaml")
+        said = _deep_refusal(path)
         if accepted:
-            assert load_pipeline(path, deep=True).name == "deep"
+            assert said is None, said
             continue
-        with pytest.raises(SpecError) as refused:
-            load_pipeline(path, deep=True)
-        said = str(refused.value)
+        assert said is not None
         assert "graders[0].target: takes (" in said, said
         assert "but is called with one argument, the episode dict" in said, said
         grader = CallableGrader(name="ref", target=str(folder / f"two_argument_graders.py:{name}"))
@@ -148,14 +147,19 @@ def test_a_scripted_policy_function_that_cannot_take_the_observations_alone_is_r
     )
     for name, accepted in (("act", True), ("Factory", True), ("none", False)):
         policy = f"{{kind: scripted, target: 'controllers/signatures.py:{name}'}}"
-        path = write_yaml(pipeline(policy), "p.yaml")
-        if accepted:
-            assert load_pipeline(path, deep=True).name == "deep"
-            continue
-        with pytest.raises(SpecError) as refused:
-            load_pipeline(path, deep=True)
-        said = str(refused.value)
-        assert "agent.policy.target: takes () but is called with one argument, the observation batch" in said, said
+        said = _deep_refusal(write_yaml(pipeline(policy), "p.yaml"))
+        assert (said is None) == accepted, said
+        if said is not None:
+            assert "agent.policy.target: takes () but is called with one argument, the observation batch" in said, said
+
+
+def _deep_refusal(path: Path) -> str | None:
+    """What a deep load of the pipeline at ``path`` refuses (``None``: it loads)."""
+    try:
+        load_pipeline(path, deep=True)
+    except SpecError as refused:
+        return str(refused)
+    return None
 
 
 def test_a_lerobot_policy_type_lerobot_does_not_know_is_refused_at_its_line(write_yaml: WriteYaml) -> None:
