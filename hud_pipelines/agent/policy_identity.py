@@ -61,6 +61,17 @@ def said(identity: Any) -> str:
     return f"`{text if len(text) <= SAID_CHARS else text[: SAID_CHARS - 3] + '...'}`"
 
 
+def changed(was: Any, now: Any) -> str:
+    """How an identity changed, in a line: both as :func:`said` quotes them, or, where they read alike that far (a
+    change past the cut), the top-level keys whose values differ."""
+    before, after = said(was), said(now)
+    if before != after or not isinstance(was, dict) or not isinstance(now, dict):
+        return f"{before} -> {after}"
+    old, new = cast(dict[str, Any], was), cast(dict[str, Any], now)
+    keys = sorted(k for k in {*old, *new} if canonical(old.get(k)) != canonical(new.get(k)))
+    return f"changed in {', '.join(keys)} (past the first {SAID_CHARS} characters of {before})"
+
+
 def _key_text(key: object) -> str:
     """A map key as text: a text key as it is, a bytes key decoded (openpi's encoder writes either), others' repr."""
     if isinstance(key, bytes):

@@ -32,7 +32,7 @@ from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
 from hud_pipelines.agent.policy import Actions, BasePolicy, PolicyBatch, as_chunks
-from hud_pipelines.agent.policy_identity import canonical, metadata_identity, said
+from hud_pipelines.agent.policy_identity import canonical, changed, metadata_identity
 from hud_pipelines.closing import Closeable
 from hud_pipelines.contract import Contract
 from hud_pipelines.errors import PolicyError, PolicyLinkError, PolicyTimeoutError, WireError
@@ -143,8 +143,8 @@ class RemotePolicy(BasePolicy, Closeable):
         if self._held is None or canonical(metadata_identity(metadata)) == canonical(self._held):
             return
         raise PolicyLinkError(
-            f"the policy server at {self.url} serves another policy than this run's: it says "
-            f"{said(metadata_identity(metadata))}, the run's said {said(self._held)}"
+            f"the policy server at {self.url} serves another policy than this run's: what it says of its policy "
+            f"{changed(self._held, metadata_identity(metadata))}"
         )
 
     def close(self) -> None:

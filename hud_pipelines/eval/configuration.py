@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from hud_pipelines.eval import provenance
+from hud_pipelines.eval import provenance, sources
 from hud_pipelines.eval.outputs import EvalOutputs, write_atomically
 from hud_pipelines.spec.hashing import checkpoint_rollout_hash
 from hud_pipelines.spec.models import PipelineSpec
@@ -39,7 +39,9 @@ def record_configuration(
         "task_rollout_hashes": RolloutHashes.of(effective).tasks,
         "yaml_rollout_hash": base.rollout_hash,
         "overrides": overrides,
-        "provenance": provenance.for_run(effective, contract_json=contract),
+        "provenance": provenance.for_run(
+            effective, contract_json=contract, code=sources.digests(effective, outputs.root)
+        ),
         "attached": not effective.sim.spawned,
     }
     outputs.configurations.mkdir(parents=True, exist_ok=True)
@@ -166,7 +168,8 @@ def judged_now(spec: PipelineSpec, outputs: EvalOutputs) -> CurrentBy:
     """What a result must match to count when no run is under way: the latest run's configuration, with the code and
     weights files it read digested as they are now (an edit since that run shows its results as stale at once, as
     the next run would find them)."""
-    return CurrentBy(environment=provenance.with_current_code(recorded_provenance(outputs), spec, outputs.contract))
+    recorded = recorded_provenance(outputs)
+    return CurrentBy(environment=provenance.with_current_code(recorded, spec, outputs.contract, outputs.root))
 
 
 def judged_in_run(spec: PipelineSpec, outputs: EvalOutputs, run_id: str, parent: str | None = None) -> CurrentBy:

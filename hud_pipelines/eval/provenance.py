@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hud_pipelines.agent.policy_identity import said
+from hud_pipelines.agent.policy_identity import changed, said
 from hud_pipelines.contract.file import load_contract, merge_contract
 from hud_pipelines.errors import HudPipelinesError
 from hud_pipelines.eval import sources
@@ -139,13 +139,16 @@ def environment(spec: PipelineSpec, code: dict[str, str] | None = None) -> dict[
     }
 
 
-def with_current_code(recorded: dict[str, Any], spec: PipelineSpec, derived: Path | None = None) -> dict[str, Any]:
+def with_current_code(
+    recorded: dict[str, Any], spec: PipelineSpec, derived: Path | None = None, outputs_root: Path | None = None
+) -> dict[str, Any]:
     """The latest run's provenance (``recorded``) with the code and weights files it read digested as they are now,
     and its contract's hash as the contract file reads now (``derived``: the contract the run derived).
 
     What results are judged by when nothing runs (``hud-pipelines report``, a Dagster asset materialized on its
     own): an edit of the code or of the contract file since the last run shows its results as stale at once, as
-    the next run would. A served sim's own code is known only to its server: it stays as the run recorded it.
+    the next run would (``outputs_root``: where the runs write, never a data file). A served sim's own code is known
+    only to its server: it stays as the run recorded it.
     """
     updated = recorded
     contract_now = None if derived is None else contract_hash_now(spec, derived)
@@ -153,7 +156,7 @@ def with_current_code(recorded: dict[str, Any], spec: PipelineSpec, derived: Pat
         updated = updated | {"contract_hash": contract_now}
     if not recorded.get("sources"):  # no run yet, a run recorded before sources were, or no file to read
         return updated
-    updated = updated | {"sources": sources.digested_again(recorded["sources"], spec)}
+    updated = updated | {"sources": sources.digested_again(recorded["sources"], spec, outputs_root)}
     return updated | {"fingerprint": fingerprint(updated)}
 
 
@@ -234,7 +237,7 @@ def difference(old: dict[str, Any], new: dict[str, Any]) -> str:
         changes.append(f"the served sim {before} -> {after}")
     policy_was, policy_now = (record.get("served_policy") for record in (old, new))
     if policy_was and policy_now and policy_was != policy_now:
-        changes.append(f"the policy server's metadata {said(policy_was['metadata'])} -> {said(policy_now['metadata'])}")
+        changes.append(f"the policy server's metadata {changed(policy_was['metadata'], policy_now['metadata'])}")
     return ", ".join(changes) or "the environment changed"
 
 

@@ -89,7 +89,7 @@ def rollouts_step(
         return recorders
 
     finished: set[str] = set()
-    code = sources.digests(spec)  # before the run loads any of it: an edit during the run is not its code
+    code = sources.digests(spec, (claims or outputs).root)  # before the run loads any: an edit during it is not its
 
     recorded: list[dict[str, Any]] = []
     claimed_at = claims or outputs
@@ -299,7 +299,8 @@ def kept_pairs(spec: PipelineSpec, outputs: EvalOutputs, labels: Sequence[str], 
         return 0
     partitions = [spec.partition_for_key(key) for key in instances]
     members = sweep.members(spec, outputs, settle_s=0.0, labels=evaluated)
-    environment = provenance.for_run(spec, served_sim=latest_served_sim(outputs) if not spec.sim.spawned else None)
+    served = latest_served_sim(outputs) if not spec.sim.spawned else None
+    environment = provenance.for_run(spec, served_sim=served, code=sources.digests(spec, outputs.root))
     environment["contract_hash"] = provenance.contract_hash_now(spec, outputs.contract)  # an edit since: stale
     return sum(current(member, partition, environment) for member in members for partition in partitions)
 

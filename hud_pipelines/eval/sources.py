@@ -33,8 +33,9 @@ _WEIGHTS: dict[tuple[tuple[str, int, int], ...], str] = {}
 """Each file's (path, size, mtime) -> digest: a policy's weights are hashed once per version in a process."""
 
 
-def digests(spec: PipelineSpec) -> dict[str, str]:
-    """Path -> short sha256 of every code file the pipeline's targets read, and of a single policy's weights.
+def digests(spec: PipelineSpec, outputs_root: Path | None = None) -> dict[str, str]:
+    """Path -> short sha256 of every code file the pipeline's targets read, of a single policy's weights, and of the
+    files ``sim.data_files`` lists (none below ``outputs_root``, where the runs write).
 
     Paths are relative to the pipeline's folder: the same project checked out or mounted elsewhere has
     the same sources (its results stay current there).
@@ -51,22 +52,33 @@ def digests(spec: PipelineSpec) -> dict[str, str]:
     weights = _weights_path(spec, policy)
     if weights is not None:
         found[_relative(weights, spec)] = _weights_digest(weights)
+    return found | data_file_digests(spec, outputs_root)
+
+
+def data_file_digests(spec: PipelineSpec, outputs_root: Path | None = None) -> dict[str, str]:
+    """The digests of the files ``sim.data_files`` names now (none below ``outputs_root``); a module among them with
+    the project's files it imports, as a target's (the sim imports it by name: no import of its code names it)."""
+    found: dict[str, str] = {}
     for pattern in spec.sim.data_files if spec.sim.spawned else ():
         outside = Path(pattern).expanduser().is_absolute()  # named where it lies, wherever the project moves
-        for file in expand([pattern], spec.base_dir)[:MAX_DATA_FILES]:
-            name = str(file) if outside else _relative(file, spec)
-            found[name] = code_digest(file) if file.suffix == ".py" else _weights_digest(file)
+        for file in expand([pattern], spec.base_dir, leaving_out=outputs_root)[:MAX_DATA_FILES]:
+            read = target_sources(f"{file}:_", spec.base_dir) if file.suffix == ".py" else [file]
+            for path in read or [file]:
+                name = str(path) if outside else _relative(path, spec)
+                found[name] = code_digest(path) if path.suffix == ".py" else _weights_digest(path)
     return found
 
 
-def digested_again(recorded: dict[str, str], spec: PipelineSpec) -> dict[str, str]:
+def digested_again(recorded: dict[str, str], spec: PipelineSpec, outputs_root: Path | None = None) -> dict[str, str]:
     """The files of ``recorded`` (a run's :func:`digests`) digested as they are now: the very files that run read,
-    those of a policy its run configuration named instead of the YAML's included (a file gone is ``unreadable``)."""
+    those of a policy its run configuration named instead of the YAML's included (a file gone is ``unreadable``);
+    and the files ``sim.data_files`` names now (one added to a listed folder, a link pointed elsewhere), as the
+    next run would digest them."""
     found: dict[str, str] = {}
     for name in recorded:
         path = spec.base_dir.resolve() / name
         found[name] = code_digest(path) if path.suffix == ".py" else _weights_digest(path)
-    return found
+    return found | data_file_digests(spec, outputs_root)
 
 
 def _relative(path: Path, spec: PipelineSpec) -> str:

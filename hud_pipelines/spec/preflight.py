@@ -65,6 +65,7 @@ def runnable_problems(spec: PipelineSpec, document: YamlDocument, deployed: Pipe
         replaced += grader_problems(deployed, overrides, run_code=False)
     if deployed is not None and overrides is not None and not kept("sim") and deployed.sim.spawned:
         replaced += _factory_problems(deployed, overrides)  # another sim spawned here: its factory is read here too
+        replaced += data_file_problems(deployed, overrides)
     return [*problems, *(dataclasses.replace(p, line=0, column=0, source_line=None) for p in replaced)]
 
 

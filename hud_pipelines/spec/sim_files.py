@@ -25,28 +25,34 @@ SKIPPED = ("__pycache__",)
 """Folders never walked: what Python writes while the sim runs would make every earlier result stale."""
 
 
-def expand(patterns: Sequence[str], base_dir: Path) -> list[Path]:
+def expand(patterns: Sequence[str], base_dir: Path, *, leaving_out: Path | None = None) -> list[Path]:
     """The files ``patterns`` name, relative to ``base_dir``: a file, every file below a folder (through its symbolic
     links, each folder once), or what a glob pattern (``**`` for any depth) matches; each once, in order, at most
     :data:`MAX_DATA_FILES` + 1 (one more says there are too many). Hidden files and folders, ``__pycache__`` and
-    ``.pyc`` files are left out: what the sim or an editor writes beside its data is not its data."""
+    ``.pyc`` files are left out unless named exactly: what the sim or an editor writes beside its data is not its
+    data; so is everything below ``leaving_out`` (the outputs root: a run's own results would be taken for the
+    sim's data, and every run would find them changed)."""
     found: dict[Path, None] = {}
+    outputs = None if leaving_out is None else leaving_out.resolve()
     for pattern in patterns:
         joined = Path(glob.escape(str(base_dir))) / Path(pattern).expanduser()  # the pipeline's folder is no pattern
+        exact = not glob.has_magic(pattern)
         for name in sorted(glob.glob(str(joined), recursive=True)):
             path = Path(name)
-            if _kept(path):
-                found.update(dict.fromkeys(_files_below(path) if path.is_dir() else [path.resolve()]))
+            if exact or _kept(path):
+                files = _files_below(path, outputs) if path.is_dir() else [path.resolve()]
+                found.update(dict.fromkeys(f for f in files if outputs is None or not f.is_relative_to(outputs)))
             if len(found) > MAX_DATA_FILES:
                 return list(found)[: MAX_DATA_FILES + 1]
     return list(found)
 
 
-def _files_below(folder: Path) -> list[Path]:
+def _files_below(folder: Path, leaving_out: Path | None) -> list[Path]:
     """Every kept file below ``folder``, in order, following symbolic links to folders (a shared mesh store), each
-    real folder once (a link to a folder above would loop); stops past :data:`MAX_DATA_FILES`."""
+    real folder once (a link to a folder above would loop), none below ``leaving_out``; stops past
+    :data:`MAX_DATA_FILES`."""
     files: list[Path] = []
-    seen: set[str] = set()
+    seen: set[str] = {str(leaving_out)} if leaving_out is not None else set()
     for root, folders, names in os.walk(folder, followlinks=True):
         real = os.path.realpath(root)
         if real in seen:

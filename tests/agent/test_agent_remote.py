@@ -561,7 +561,7 @@ def test_a_unit_whose_server_serves_another_policy_than_its_runs_first_claim_is_
         one, other = (RemotePolicy(server.url, countdown_contract(), timeout_s=5) for server in (first, second))
         hold_served_policy(one, outputs, "run-1")
         assert read_served_policy(outputs, "run-1") == {"metadata": {"policy": "a"}}
-        with pytest.raises(PolicyLinkError, match=r'says `?\{"policy": "b"\}`?, the run\'s said `?\{"policy": "a"\}'):
+        with pytest.raises(PolicyLinkError, match=r'of its policy `\{"policy": "a"\}` -> `\{"policy": "b"\}`'):
             hold_served_policy(other, outputs, "run-1")
         hold_served_policy(other, outputs, "run-2")  # another run claims its own
         assert _ask(other, 4) == 4
@@ -615,3 +615,14 @@ def test_a_policy_identity_is_strict_json_that_tells_apart_what_the_server_said(
     assert metadata_identity({"stats": list(range(LONG_LIST + 1))}) != metadata_identity(
         {"stats": list(range(1, LONG_LIST + 2))}
     )
+
+
+def test_metadata_that_differs_past_what_a_message_quotes_is_said_by_the_keys_that_differ() -> None:
+    """Two long metadata frames differing after their first 300 characters read as the same quoted text twice."""
+    from hud_pipelines.agent.policy_identity import changed
+
+    long = {"a_norm": "q" * 400, "step": 1}
+    assert changed(long, long | {"step": 2}) == (
+        f'changed in step (past the first 300 characters of `{{"a_norm": "{"q" * 285}...`)'
+    )
+    assert changed({"policy": "a"}, {"policy": "b"}) == '`{"policy": "a"}` -> `{"policy": "b"}`'

@@ -544,12 +544,23 @@ def test_an_edit_of_a_data_file_the_sim_reads_makes_earlier_results_stale_once_d
         }
         return load_pipeline_text(json.dumps(text), source=tmp_path / "scene.yaml")
 
-    spec = spec_with(data_files=["scene.json"])
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "arm.xml").write_text("<arm/>")
+    spec = spec_with(data_files=["**/*.json", "assets"])  # the outputs below the pipeline's folder match the glob
     assert spec.rollout_hash == spec_with().rollout_hash, "listing a file changes what is tracked, not a rollout"
     assert "scene.json" not in provenance.environment(spec_with())["sources"], "no import names it"
     assert "scene.json" in provenance.environment(spec)["sources"]
     outputs = EvalOutputs(tmp_path / "out", "scene")
     evaluate(spec, outputs_dir=outputs.root)
+    again = evaluate(spec, outputs_dir=outputs.root, partitions=[spec.partitions()[0]])
+    assert {row.fault for row in again.rows} == {None}, "the run's own outputs are never its sim's data"
+
+    (tmp_path / "assets" / "hand.xml").write_text("<hand/>")  # a file added to a listed folder: seen by `report`
+    now = collect_rows(spec, outputs, current=judged_now(spec, outputs))
+    assert {row.fault for row in now} == {Fault.NOT_RUN}
+    assert all("code or weights changed: newly tracked hand.xml" in (row.error or "") for row in now), now[0].error
+    (tmp_path / "assets" / "hand.xml").unlink()
+    assert {row.fault for row in collect_rows(spec, outputs, current=judged_now(spec, outputs))} == {None}
 
     (tmp_path / "scene.json").write_text('{"target": 1.5}')
     now = collect_rows(spec, outputs, current=judged_now(spec, outputs))  # as `hud-pipelines report` judges them

@@ -49,3 +49,18 @@ def test_a_served_sims_data_files_are_its_servers(tmp_path: Path) -> None:
     sim = "  url: ws://simhost:8765\n  token: t\n  data_files: [scene.json]\n"
     problems = load_file(_pipeline(tmp_path, sim), deep=False).problems
     assert any("'data_files' configures a spawned sim" in p.message for p in problems), problems
+
+
+def test_a_hidden_file_named_exactly_is_tracked_and_a_listed_modules_imports_are_followed(tmp_path: Path) -> None:
+    """``.scene.json`` named exactly was refused as no file; ``plugin.py`` (imported by name at run time) was digested
+    alone, so an edit of the helper it imports kept the earlier results current."""
+    from hud_pipelines.eval.sources import data_file_digests
+    from hud_pipelines.spec.loader import load_pipeline
+
+    (tmp_path / ".scene.json").write_text("{}")
+    (tmp_path / "plugin.py").write_text("from helper_of_plugin import T\n")
+    (tmp_path / "helper_of_plugin.py").write_text("T = 3.0\n")
+    assert expand([".scene.json"], tmp_path) == [(tmp_path / ".scene.json").resolve()]
+    sim = "  factory: CartPole-v1\n  data_files: [.scene.json, plugin.py]\n"
+    spec = load_pipeline(_pipeline(tmp_path, sim), deep=True)
+    assert sorted(data_file_digests(spec)) == [".scene.json", "helper_of_plugin.py", "plugin.py"]
