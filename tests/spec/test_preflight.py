@@ -206,6 +206,9 @@ def test_a_sim_factory_a_deployment_file_spawns_in_place_of_the_yamls_is_judged_
     assert "CartPol-v1" in said
     deployment.write_text("pipelines:\n  p:\n    sim: {factory: Pendulum-v1}\n")
     assert load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, path.parent)).name == "p"
+    deployment.write_text("pipelines:\n  p:\n    sim: {data_files: [nothere.json]}\n")  # its files, checked too
+    with pytest.raises(SpecError, match=r"configuration .*: sim\.data_files\[0\]: 'nothere.json' names no file"):
+        load_pipeline_to_run(path, as_deployed=lambda yaml: deployed_spec(yaml, path.parent))
 
 
 def test_a_policy_the_deployment_leaves_as_it_is_is_judged_at_the_yamls_line_and_one_it_replaces_as_its_own(
