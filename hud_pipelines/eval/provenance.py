@@ -28,6 +28,8 @@ from hud_pipelines.sim.identity import describe, factory_distribution, package_v
 from hud_pipelines.spec.hashing import CREDENTIALS
 from hud_pipelines.spec.models import PipelineSpec
 
+UNREADABLE = "unreadable"
+"""The digest of a file that cannot be read (:func:`hud_pipelines.targets.code_digest`): deleted, or not readable."""
 PACKAGES = ("hud-pipelines", "gymnasium", "mujoco", "numpy", "torch", "lerobot", "dagster")
 """Packages of the agent's environment whose versions a result records."""
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -250,11 +252,14 @@ def _contract_changed(ran: dict[str, Any], current: dict[str, Any]) -> bool:
 
 def _edited(was: dict[str, str], now: dict[str, str]) -> str:
     """The names of the files whose digests differ (``my_env.py, helpers.py``), the first few of many, those that no
-    digest of the earlier result held said apart (listed in ``sim.data_files`` since), or ``""``."""
-    differ = sorted(Path(path).name for path in set(was) | set(now) if path in was and was[path] != now.get(path))
+    digest of the earlier result held said apart (listed in ``sim.data_files`` since), and so those that cannot be
+    read now (deleted since), or ``""``."""
+    changed = [path for path in was if was[path] != now.get(path)]  # no longer read by the code is a change too
+    gone = sorted(Path(path).name for path in changed if now.get(path) == UNREADABLE)
+    differ = sorted(Path(path).name for path in changed if now.get(path) != UNREADABLE)
     added = sorted(Path(path).name for path in set(now) - set(was))
-    parts = [_some(differ), *([f"newly tracked {_some(added)}"] if added else [])]
-    return ", ".join(part for part in parts if part)
+    parts = [_some(differ), *([f"unreadable now {_some(gone)}"] if gone else [])]
+    return ", ".join([*(part for part in parts if part), *([f"newly tracked {_some(added)}"] if added else [])])
 
 
 def _some(names: list[str], shown: int = 5) -> str:

@@ -578,3 +578,6 @@ def test_a_stale_results_reason_names_a_few_edited_files_and_says_which_are_newl
     now = {"env.py": "2", **{f"meshes/m{i}.stl": "a" for i in range(3)}, **{f"new/n{i}.stl": "b" for i in range(8)}}
     said = provenance.difference({"sources": was}, {"sources": now})
     assert said == "code or weights changed: env.py, newly tracked n0.stl, n1.stl, n2.stl, n3.stl, n4.stl and 3 more"
+    deleted = now | {"meshes/m1.stl": provenance.UNREADABLE}  # a data file deleted since is said so, not "changed"
+    said = provenance.difference({"sources": was}, {"sources": deleted})
+    assert said.startswith("code or weights changed: env.py, unreadable now m1.stl, newly tracked n0.stl"), said
