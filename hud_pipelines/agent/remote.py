@@ -140,11 +140,12 @@ class RemotePolicy(BasePolicy, Closeable):
         self._refuse_another(self.metadata)
 
     def _refuse_another(self, metadata: dict[str, Any]) -> None:
-        if self._held is None or canonical(metadata_identity(metadata)) == canonical(self._held):
+        identity = metadata_identity(metadata)
+        if self._held is None or canonical(identity) == canonical(self._held):
             return
         raise PolicyLinkError(
             f"the policy server at {self.url} serves another policy than this run's: what it says of its policy "
-            f"{changed(self._held, metadata_identity(metadata))}"
+            f"{changed(self._held, identity)}"
         )
 
     def close(self) -> None:
@@ -201,8 +202,9 @@ class RemotePolicy(BasePolicy, Closeable):
             with self._state:
                 self._open = ws
             self._given_up(epoch)
-            metadata = self._receive(ws, "the metadata frame")
-            self._refuse_another(metadata if is_map(metadata) else {"metadata": metadata})
+            said = self._receive(ws, "the metadata frame")
+            metadata: dict[str, Any] = said if is_map(said) else {"metadata": said}
+            self._refuse_another(metadata)
             with self._state:
                 self._open = None
                 if epoch == self._epoch:
@@ -213,7 +215,7 @@ class RemotePolicy(BasePolicy, Closeable):
             if isinstance(exc, PolicyTimeoutError):  # a server that never says what it serves is unusable
                 raise PolicyLinkError(str(exc)) from exc
             raise
-        self.metadata = metadata if is_map(metadata) else {"metadata": metadata}
+        self.metadata = metadata
         return ws
 
     def _may_return(self, exc: BaseException, epoch: int) -> bool:

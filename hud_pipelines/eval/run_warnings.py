@@ -107,15 +107,15 @@ def rewritten_warning(rows: Sequence[GradeRow], completed: Collection[str], run_
     end: a run of the same instances at the same time wrote over them (the later run is told of the overlap as it
     starts; this tells the earlier one), so a figure over all the rows counts that run's episodes for them. A
     sweep's rows are left out: its results do not name their checkpoint."""
-    others: dict[str, list[str]] = {}
+    others: dict[str, dict[str, None]] = {}  # run -> its instances, in order, each once
     for row in rows:
         if row.checkpoint is None and row.group_id in completed and row.run_id != run_id:
-            keys = others.setdefault(row.run_id, [])
-            keys += [] if row.group_id in keys else [row.group_id]
+            others.setdefault(row.run_id, {})[row.group_id] = None
     if not others:
         return None
     said = "; ".join(
-        f"{', '.join(keys[:5])}{' and more' if len(keys) > 5 else ''} by run {run}" for run, keys in others.items()
+        f"{', '.join(list(keys)[:5])}{' and more' if len(keys) > 5 else ''} by run {run}"
+        for run, keys in others.items()
     )
     count = sum(len(keys) for keys in others.values())
     return (
